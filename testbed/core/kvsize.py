@@ -1,0 +1,54 @@
+"""KV cache size of a request, whole and per layer, in paper bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.core.scenario import ModelSpec
+
+
+@dataclass(frozen=True)
+class KVModel:
+    linear_state_bytes: int
+    full_bytes_per_token: float
+    kinds: tuple[str, ...]
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> "KVModel":
+        return cls(spec.linear_state_bytes, spec.full_attention_bytes_per_token, tuple(spec.layer_kinds()))
+
+    @property
+    def layers(self) -> int:
+        return len(self.kinds)
+
+    def total(self, tokens: int) -> int:
+        """KV bytes of a prefix of `tokens` tokens (linear state is per request, fixed)."""
+        return self.linear_state_bytes + round(self.full_bytes_per_token * tokens)
+
+    def incremental(self, tokens: int, cached: int) -> int:
+        """Bytes a prefill of `tokens` total with `cached` cached must ship: the new full-attention
+        blocks plus the whole linear state (it is rewritten for the new length)."""
+        return self.linear_state_bytes + round(self.full_bytes_per_token * max(tokens - cached, 0))
+
+    def per_layer(self, total_linear: int, total_full: int) -> list[int]:
+        """Split linear-state and full-attention bytes evenly over the layers of each kind;
+        the remainder goes to the last layer of that kind so the sum is exact."""
+        n_lin = self.kinds.count("linear")
+        n_full = self.kinds.count("full")
+        out: list[int] = []
+        seen = {"linear": 0, "full": 0}
+        for kind in self.kinds:
+            seen[kind] += 1
+            if kind == "linear":
+                share, last = divmod(total_linear, n_lin) if n_lin else (0, 0)
+                out.append(share + (last if seen[kind] == n_lin else 0))
+            else:
+                share, last = divmod(total_full, n_full) if n_full else (0, 0)
+                out.append(share + (last if seen[kind] == n_full else 0))
+        return out
+
+    def layer_bytes(self, tokens: int, cached: int = 0, byte_scale: float = 1.0) -> list[int]:
+        """Per-layer bytes to ship for a prefill, divided by byte_scale (wire bytes when > 1)."""
+        lin = round(self.linear_state_bytes / byte_scale) if self.kinds.count("linear") else 0
+        full = round(self.full_bytes_per_token * max(tokens - cached, 0) / byte_scale) if self.kinds.count("full") else 0
+        return self.per_layer(lin, full)

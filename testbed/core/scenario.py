@@ -1,0 +1,219 @@
+"""Scenario schema: a deployment (model, hardware, clusters, links, policy, scale, SLO, workload).
+
+Pure data and validation; reading YAML files lives in `testbed.scenarios`.
+All figures are in paper units (seconds, bytes, tokens) unless a name says `wire`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MIB = 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """KV footprint of the served model.
+
+    KV bytes of a request = linear_state_bytes + full_attention_bytes_per_token * tokens.
+    The layer pattern repeats to `layers` and tells which layers hold which part, so that
+    KV can be streamed layer by layer.
+    """
+
+    name: str
+    layers: int = Field(gt=0, le=4096)
+    layer_pattern: list[Literal["linear", "full"]] = Field(min_length=1)
+    linear_state_bytes: int = Field(ge=0)
+    full_attention_bytes_per_token: float = Field(ge=0)
+    block_tokens: int = Field(default=512, gt=0)
+
+    @model_validator(mode="after")
+    def _kinds_present(self) -> "ModelSpec":
+        kinds = self.layer_kinds()
+        if self.linear_state_bytes > 0 and "linear" not in kinds:
+            raise ValueError("linear_state_bytes > 0 but layer_pattern has no 'linear' layer")
+        if self.full_attention_bytes_per_token > 0 and "full" not in kinds:
+            raise ValueError("full_attention_bytes_per_token > 0 but layer_pattern has no 'full' layer")
+        return self
+
+    def layer_kinds(self) -> list[str]:
+        pat = self.layer_pattern
+        return [pat[i % len(pat)] for i in range(self.layers)]
+
+
+class TablePrefill(_Strict):
+    """Prefill time interpolated piecewise-linearly over uncached tokens (extrapolated at the ends)."""
+
+    kind: Literal["table"]
+    points: list[tuple[float, float]] = Field(min_length=2)
+    cached_token_s: float = Field(default=0.0, ge=0)
+
+    @field_validator("points")
+    @classmethod
+    def _sorted(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        xs = [p[0] for p in v]
+        if any(b <= a for a, b in zip(xs, xs[1:])):
+            raise ValueError("points must have strictly increasing token counts")
+        if any(p[1] <= 0 or p[0] < 0 for p in v):
+            raise ValueError("points must have non-negative tokens and positive seconds")
+        return v
+
+
+class PolynomialPrefill(_Strict):
+    """Prefill time = sum(c_i * l**i) over uncached tokens l, plus cached_token_s per cached token."""
+
+    kind: Literal["polynomial"]
+    coefficients: list[float] = Field(min_length=1)
+    cached_token_s: float = Field(default=0.0, ge=0)
+
+
+PrefillSpec = Annotated[Union[TablePrefill, PolynomialPrefill], Field(discriminator="kind")]
+
+
+class DecodeSpec(_Strict):
+    """Decode step time = base_s + per_seq_s * batch + per_context_token_s * sum(context)."""
+
+    base_s: float = Field(gt=0)
+    per_seq_s: float = Field(default=0.0, ge=0)
+    per_context_token_s: float = Field(default=0.0, ge=0)
+    bs_max: int = Field(gt=0)
+    kv_capacity_bytes: int = Field(gt=0)
+
+
+class HardwareSpec(_Strict):
+    prefill: PrefillSpec
+    decode: DecodeSpec | None = None
+
+
+class ClusterSpec(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,15}$")
+    datacenter: str = Field(pattern=r"^[a-z][a-z0-9-]{0,15}$")
+    kind: Literal["prfaas", "pd"]
+    hardware: str
+    prefill: int = Field(ge=0, le=64)
+    decode: int = Field(ge=0, le=64)
+
+
+class LinksSpec(_Strict):
+    intra_dc: str = "lan"
+    inter_dc: str = "cross-region-100g"
+
+
+class PolicySpec(_Strict):
+    name: Literal["homogeneous", "naive", "prfaas"]
+    threshold: int | Literal["auto"] | None = None
+    bandwidth_aware: bool = False
+    cache_aware: bool = False
+
+    @model_validator(mode="after")
+    def _threshold(self) -> "PolicySpec":
+        if self.name == "prfaas" and self.threshold is None:
+            raise ValueError("policy 'prfaas' needs a threshold (tokens or 'auto')")
+        if isinstance(self.threshold, int) and self.threshold < 0:
+            raise ValueError("threshold must be >= 0")
+        return self
+
+
+class ScaleSpec(_Strict):
+    """Wire time = paper time / speedup; wire bytes = paper bytes / byte_scale."""
+
+    speedup: float = Field(default=1.0, gt=0, le=1000)
+    byte_scale: float = Field(default=1.0, ge=1, le=1e9)
+
+
+class SLOSpec(_Strict):
+    ttft_s: float = Field(default=10.0, gt=0)
+    tpot_s: float = Field(default=0.025, gt=0)
+
+
+class LengthDist(_Strict):
+    distribution: Literal["lognormal"] = "lognormal"
+    mu: float = 9.90
+    sigma: float = Field(default=1.00, gt=0)
+    min: int = Field(default=128, ge=1)
+    max: int = Field(default=131072, ge=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "LengthDist":
+        if self.max < self.min:
+            raise ValueError("max must be >= min")
+        return self
+
+
+class WorkloadSpec(_Strict):
+    """The paper's synthetic workload: Poisson arrivals, log-normal input, fixed output."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    input: LengthDist = LengthDist()
+    output_tokens: int = Field(default=1024, gt=0)
+    rate: float = Field(default=1.0, gt=0)
+    requests: int = Field(default=200, gt=0)
+    seed: int = 1
+
+
+class TransferSpec(_Strict):
+    connections: int = Field(default=4, ge=1, le=64)
+    chunk_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * MIB)
+    sndbuf_bytes: int | None = Field(default=None, ge=4096)
+    rcvbuf_bytes: int | None = Field(default=None, ge=4096)
+    congestion: str | None = None
+    checksum: bool = False
+
+
+class ServingSpec(_Strict):
+    """How the mock nodes talk to clients."""
+
+    stream_interval: int = Field(default=1, ge=1, le=1024)
+
+
+class Scenario(_Strict):
+    name: str
+    description: str = ""
+    model: ModelSpec
+    hardware: dict[str, HardwareSpec]
+    clusters: list[ClusterSpec] = Field(min_length=1)
+    links: LinksSpec = LinksSpec()
+    policy: PolicySpec
+    scale: ScaleSpec = ScaleSpec()
+    slo: SLOSpec = SLOSpec()
+    workload: WorkloadSpec = WorkloadSpec()
+    transfer: TransferSpec = TransferSpec()
+    serving: ServingSpec = ServingSpec()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        names = [c.name for c in self.clusters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"cluster names must be unique, got {names}")
+        for c in self.clusters:
+            if c.hardware not in self.hardware:
+                raise ValueError(
+                    f"cluster {c.name!r} names hardware {c.hardware!r}, not one of {sorted(self.hardware)}"
+                )
+            if c.decode > 0 and self.hardware[c.hardware].decode is None:
+                raise ValueError(f"cluster {c.name!r} has decode instances but hardware {c.hardware!r} has no decode profile")
+            if c.kind == "prfaas" and c.decode > 0:
+                raise ValueError(f"cluster {c.name!r} is a PrfaaS cluster and cannot hold decode instances")
+        if not any(c.kind == "pd" and c.decode > 0 for c in self.clusters):
+            raise ValueError("at least one 'pd' cluster with decode instances is required")
+        if not any(c.prefill > 0 for c in self.clusters):
+            raise ValueError("at least one cluster with prefill instances is required")
+        pol = self.policy.name
+        has_prfaas = any(c.kind == "prfaas" and c.prefill > 0 for c in self.clusters)
+        has_pdp = any(c.kind == "pd" and c.prefill > 0 for c in self.clusters)
+        if pol in ("naive", "prfaas") and not has_prfaas:
+            raise ValueError(f"policy {pol!r} needs a 'prfaas' cluster with prefill instances")
+        if pol in ("homogeneous", "prfaas") and not has_pdp:
+            raise ValueError(f"policy {pol!r} needs a 'pd' cluster with prefill instances")
+        return self
+
+    def cluster(self, name: str) -> ClusterSpec:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(name)

@@ -1,0 +1,103 @@
+"""Read scenario YAML files: `extends` chains, deep merge, validation errors naming file and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from testbed.core.scenario import Scenario
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+class ScenarioError(ValueError):
+    """An invalid scenario: the message names the file and each offending field."""
+
+
+def resolve_path(name_or_path: str | Path) -> Path:
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    for cand in (SCENARIO_DIR / f"{p}.yaml", SCENARIO_DIR / str(p)):
+        if cand.exists():
+            return cand
+    known = sorted(f.stem for f in SCENARIO_DIR.glob("*.yaml")) if SCENARIO_DIR.is_dir() else []
+    raise ScenarioError(f"scenario {str(name_or_path)!r} not found (a path, or one of: {', '.join(known)})")
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if path.resolve() in seen:
+        raise ScenarioError(f"{path}: 'extends' loops back to itself")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: not valid YAML: {e}") from None
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    parent = data.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ScenarioError(f"{path}: field 'extends' must be a file name")
+        ppath = (path.parent / parent) if not Path(parent).is_absolute() else Path(parent)
+        data = _deep_merge(_read_raw(ppath, seen + (path.resolve(),)), data)
+    return data
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid scenario ({err.error_count()} error{'s' if err.error_count() != 1 else ''})"]
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        lines.append(f"  field '{loc}': {e['msg']}")
+    return "\n".join(lines)
+
+
+def validate(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(format_validation_error(source, e)) from None
+
+
+def load_scenario(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
+    """Load, merge `extends` parents and `overrides` (a nested dict), validate."""
+    path = resolve_path(name_or_path)
+    data = _read_raw(path)
+    if overrides:
+        data = _deep_merge(data, overrides)
+    return validate(data, str(path))
+
+
+def dump_scenario(sc: Scenario) -> str:
+    return yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False)
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`a.b.c=value` pairs (value parsed as YAML) -> nested dict."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ScenarioError(f"override {pair!r} must look like field.path=value")
+        key, raw = pair.split("=", 1)
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
