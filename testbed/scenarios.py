@@ -51,13 +51,14 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         data = {}
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    parent = data.pop("extends", None)
+    out: dict[str, Any] = data
+    parent = out.pop("extends", None)
     if parent is not None:
         if not isinstance(parent, str):
             raise ScenarioError(f"{path}: field 'extends' must be a file name")
         ppath = (path.parent / parent) if not Path(parent).is_absolute() else Path(parent)
-        data = _deep_merge(_read_raw(ppath, seen + (path.resolve(),)), data)
-    return data
+        out = _deep_merge(_read_raw(ppath, seen + (path.resolve(),)), out)
+    return out
 
 
 def format_validation_error(source: str, err: ValidationError) -> str:

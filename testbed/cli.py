@@ -1,0 +1,186 @@
+"""`testbed`: one entry point, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from testbed.scenarios import ScenarioError, load_scenario, parse_overrides
+
+
+def _add_scenario_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
+    p.add_argument("--trace", help="trace file to replay instead of the scenario's synthetic workload")
+    p.add_argument("--format", default="auto", help="trace format (default: from the file)")
+    p.add_argument("--rate", type=float, help="offered rate in paper req/s (rescales the trace's arrivals)")
+    p.add_argument("--requests", type=int, help="replay only the first N requests")
+    p.add_argument("--backend", choices=["local", "inproc"], default="local",
+                   help="local: one process per service on loopback; inproc: all in this process")
+    p.add_argument("--json", action="store_true", help="print figures as JSON")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    ov = parse_overrides(args.set)
+    if args.trace is None:
+        wl: dict[str, Any] = {}
+        if args.rate is not None:
+            wl["rate"] = args.rate
+        if args.requests is not None:
+            wl["requests"] = args.requests
+        if wl:
+            ov.setdefault("workload", {}).update(wl)
+    return ov
+
+
+def _trace_for(sc: Any, args: argparse.Namespace) -> Any:
+    from testbed.traces import transforms
+    from testbed.traces.loader import load_trace, trace_from_workload
+
+    if args.trace is None:
+        return trace_from_workload(sc.workload)
+    tr = load_trace(args.trace, args.format)
+    if args.requests is not None:
+        tr = transforms.head(tr, args.requests)
+    if args.rate is not None:
+        tr = transforms.rescale_rate(tr, args.rate)
+    return tr
+
+
+def _progress_runner(label: str, enabled: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("sent {task.fields[sent]}  failed {task.fields[failed]}"), TimeElapsedColumn(),
+                    disable=not enabled, transient=False)
+    return prog
+
+
+async def _run_one(sc: Any, trace: Any, out: Path, backend: str, show: bool) -> Any:
+    from testbed.runner import run_replay_async
+
+    prog = _progress_runner(sc.name, show)
+    task = prog.add_task(sc.name, total=len(trace), sent=0, failed=0)
+
+    def cb(s: Any) -> None:
+        prog.update(task, completed=s.completed + s.failed, sent=s.sent, failed=s.failed)
+
+    with prog:
+        return await run_replay_async(sc, trace, out, backend, on_progress=cb)  # type: ignore[arg-type]
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from testbed.metrics.report import write_comparison
+
+    names = args.compare or [args.scenario]
+    if not names or names == [None]:
+        print("replay: give --scenario NAME or --compare NAME...", file=sys.stderr)
+        return 2
+    scenarios = [load_scenario(n, _overrides(args)) for n in names]
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
+    show = not args.json and sys.stderr.isatty()
+    results = []
+    try:
+        for sc in scenarios:
+            trace = _trace_for(sc, args)
+            out = base / sc.name if len(scenarios) > 1 else base
+            if not args.json:
+                print(f"replaying {len(trace)} requests of {trace.source} on {sc.name} "
+                      f"(speedup {sc.scale.speedup:g}, byte_scale {sc.scale.byte_scale:g}) -> {out}", file=sys.stderr)
+            results.append(asyncio.run(_run_one(sc, trace, out, args.backend, show)))
+    except KeyboardInterrupt:
+        print(f"interrupted: services stopped, records so far kept under {base}", file=sys.stderr)
+        return 130
+    if len(results) > 1:
+        write_comparison([r.run_dir for r in results], base)
+    if args.json:
+        print(json.dumps({r.run_dir.name: r.summary for r in results} if len(results) > 1 else results[0].summary,
+                         indent=1))
+    else:
+        from testbed.metrics.command import print_summary_table
+        for r in results:
+            print_summary_table(r.summary, title=f"{r.run_dir.name}")
+        where = base / "comparison.md" if len(results) > 1 else base / "report.md"
+        print(f"report: {where}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from testbed.deploy.inproc import make_service_app
+    from testbed.live.deployment import Deployment
+
+    dep = Deployment.read(Path(args.deployment))
+    ep = dep.router if args.id == "router" else dep.nodes[args.id].http
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.id} %(name)s %(levelname)s %(message)s",
+                        force=True)
+    web.run_app(make_service_app(dep, args.id), host=dep.bind_host, port=ep.port, print=None, access_log=None)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from testbed.bench import fidelity
+
+    return fidelity(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from testbed.metrics import command as metrics_cmd
+    from testbed.model import command as model_cmd
+    from testbed.traces import command as trace_cmd
+
+    p = argparse.ArgumentParser(prog="testbed", description="Cross-datacenter PD-disaggregation testbed (PrfaaS)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("replay", help="replay a trace against a scenario and report")
+    r.add_argument("--scenario", help="scenario name (scenarios/NAME.yaml) or path")
+    r.add_argument("--compare", nargs="+", metavar="SCENARIO",
+                   help="run several scenarios on the same workload and write one comparison report")
+    r.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
+    _add_scenario_args(r)
+    r.set_defaults(func=cmd_replay)
+
+    s = sub.add_parser("serve", help="run one service of a deployment (used by the deploy backends)")
+    s.add_argument("role", choices=["router", "prefill", "decode"])
+    s.add_argument("--deployment", required=True)
+    s.add_argument("--id", required=True)
+    s.set_defaults(func=cmd_serve)
+
+    b = sub.add_parser("bench", help="benchmarks that print figures")
+    b.add_argument("which", choices=["fidelity"])
+    b.add_argument("--scenario", default="paper-prfaas")
+    b.add_argument("--requests", type=int, default=40)
+    b.add_argument("--out", help="run directory")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    model_cmd.register(sub)
+    trace_cmd.register(sub)
+    metrics_cmd.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    try:
+        rc: int = args.func(args)
+        return rc
+    except ScenarioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        # Trace and input errors carry file/line/field in their message.
+        if type(e).__name__ in ("TraceError",):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise

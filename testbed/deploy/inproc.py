@@ -1,0 +1,52 @@
+"""All services in the current event loop (tests and quick runs): same apps, same wire protocol,
+no processes to manage."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from aiohttp import web
+
+from testbed.live import decode_node, prefill_node, router
+from testbed.live.common import ServiceConfig
+from testbed.live.deployment import Deployment
+
+
+def make_service_app(dep: Deployment, node_id: str) -> web.Application:
+    cfg = ServiceConfig(dep, node_id)
+    if node_id == "router":
+        return router.make_app(cfg)
+    role = dep.nodes[node_id].role
+    return prefill_node.make_app(cfg) if role == "prefill" else decode_node.make_app(cfg)
+
+
+class InProcessBackend:
+    def __init__(self, dep: Deployment, skip: frozenset[str] = frozenset()) -> None:
+        self.dep = dep
+        self.skip = skip        # services left down on purpose (failure tests)
+        self._runners: list[web.AppRunner] = []
+
+    async def __aenter__(self) -> Deployment:
+        try:
+            # Decode nodes first (they own the KV ports), the router last.
+            order = sorted(self.dep.nodes, key=lambda n: self.dep.nodes[n].role != "decode") + ["router"]
+            for nid in order:
+                if nid in self.skip:
+                    continue
+                ep = self.dep.router if nid == "router" else self.dep.nodes[nid].http
+                runner = web.AppRunner(make_service_app(self.dep, nid), access_log=None)
+                await runner.setup()
+                self._runners.append(runner)
+                await web.TCPSite(runner, self.dep.bind_host, ep.port).start()
+        except BaseException:
+            await self.close()
+            raise
+        return self.dep
+
+    async def close(self) -> None:
+        while self._runners:
+            await self._runners.pop().cleanup()
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()

@@ -1,0 +1,50 @@
+"""Pieces every live service shares: config, AppKeys, health and metrics routes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from testbed.core.scaling import Scale
+from testbed.live.deployment import Deployment
+
+REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    deployment: Deployment
+    node_id: str               # "router" for the router
+    sample_interval: float = 0.1   # wire seconds between time-series samples
+
+    @property
+    def scale(self) -> Scale:
+        return Scale.from_spec(self.deployment.scenario.scale)
+
+    def series_path(self) -> Path | None:
+        rd = self.deployment.run_dir
+        return Path(rd) / "timeseries" / f"{self.node_id}.jsonl" if rd else None
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def add_common_routes(app: web.Application) -> None:
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+
+
+def bad_request(msg: str) -> web.HTTPBadRequest:
+    """OpenAI-shaped error body, so real clients surface the message."""
+    body = json.dumps({"error": {"message": msg, "type": "invalid_request_error"}})
+    return web.HTTPBadRequest(text=body, content_type="application/json")

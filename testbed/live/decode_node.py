@@ -1,0 +1,204 @@
+"""Mock decode instance: waits for all of a request's KV, admits it into the continuous batch
+(BS_max and KV memory permitting), runs calibrated steps and streams token counts.
+
+POST /decode {request_id, transfer_id, input_tokens, output_tokens, kv_bytes_paper}
+  -> 200, NDJSON stream: {"event": "kv", ...} {"event": "admitted", ...}
+     {"event": "tokens", "n": cumulative, "t": ...}... {"event": "done", ...}
+     or {"event": "error", "reason": ...}. Closing the request aborts the sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge
+
+from testbed.core.decode_batch import AdmissionError, DecodeBatch, DecodeSeq
+from testbed.core.kvsize import KVModel
+from testbed.core.servicetime import DecodeStepTime
+from testbed.live.clock import now, sleep_until
+from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
+from testbed.live.kv_transport import KVReceiver
+from testbed.live.series import Sample, SeriesWriter, sample_forever
+
+log = logging.getLogger("testbed.decode")
+KV_TIMEOUT_S = 120.0     # wire seconds a decode request waits for its KV before failing
+
+
+@dataclass
+class DecodeState:
+    cfg: ServiceConfig
+    batch: DecodeBatch
+    receiver: KVReceiver
+    kv: KVModel
+    stream_interval: int
+    streams: dict[str, asyncio.Queue[dict[str, Any]]] = field(default_factory=dict)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    steps: int = 0
+    completed: int = 0
+
+
+STATE = web.AppKey("decode_state", DecodeState)
+
+
+async def _batch_loop(st: DecodeState) -> None:
+    b = st.batch
+    step_start: float | None = None
+    while True:
+        if b.idle:
+            st.wakeup.clear()
+            await st.wakeup.wait()
+            step_start = None
+            continue
+        t = now()
+        # Keep the step cadence on absolute deadlines unless the loop stalled for a whole step.
+        if step_start is None or t - step_start > b.step_duration():
+            step_start = t
+        for s in b.admit(step_start):
+            st.streams[s.request_id].put_nowait({"event": "admitted", "t": step_start})
+        if not b.running:
+            # The FCFS head waits for memory that only a finishing sequence can free.
+            st.wakeup.clear()
+            await st.wakeup.wait()
+            step_start = None
+            continue
+        deadline = step_start + b.step_duration()
+        await sleep_until(deadline)
+        te = now()
+        st.steps += 1
+        for r in b.complete_step():
+            s = r.seq
+            q = st.streams.get(s.request_id)
+            if q is None:
+                continue
+            if r.finished or s.generated == 1 or s.generated % st.stream_interval == 0:
+                q.put_nowait({"event": "tokens", "n": s.generated, "t": te})
+            if r.finished:
+                st.completed += 1
+                q.put_nowait({"event": "done", "t": te})
+        step_start = deadline
+
+
+async def handle_decode(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    try:
+        body = await request.json()
+    except ValueError:
+        raise bad_request("body is not JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("body must be a JSON object")
+    rid = body.get("request_id")
+    if not isinstance(rid, str) or not rid:
+        raise bad_request("field 'request_id' must be a non-empty string")
+    vals: dict[str, int] = {}
+    for name, lo in (("transfer_id", 0), ("input_tokens", 1), ("output_tokens", 1), ("kv_bytes_paper", 0)):
+        v = body.get(name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise bad_request(f"field '{name}' must be an integer >= {lo}")
+        vals[name] = v
+    if rid in st.streams:
+        raise bad_request(f"request {rid!r} is already decoding here")
+
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+
+    async def emit(ev: dict[str, Any]) -> None:
+        await resp.write(json.dumps(ev).encode() + b"\n")
+
+    q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    st.streams[rid] = q
+    try:
+        result = await asyncio.wait_for(st.receiver.expect(vals["transfer_id"]), KV_TIMEOUT_S)
+        if not result.ok:
+            await emit({"event": "error", "reason": f"kv transfer failed: {result.reason}"})
+            return resp
+        await emit({"event": "kv", "first_byte": result.first_byte, "complete": result.complete,
+                    "bytes": result.bytes})
+        # Reserve memory for the prompt's KV and for what decoding will append.
+        growth = round(st.kv.full_bytes_per_token * vals["output_tokens"])
+        seq = DecodeSeq(rid, vals["input_tokens"], vals["output_tokens"], vals["kv_bytes_paper"] + growth)
+        try:
+            st.batch.submit(seq)
+        except AdmissionError as e:
+            await emit({"event": "error", "reason": str(e)})
+            return resp
+        st.wakeup.set()
+        while True:
+            ev = await q.get()
+            await emit(ev)
+            if ev["event"] == "done":
+                break
+        await resp.write_eof()
+        return resp
+    except asyncio.TimeoutError:
+        await emit({"event": "error", "reason": f"kv transfer did not complete within {KV_TIMEOUT_S:g} s"})
+        return resp
+    finally:
+        st.streams.pop(rid, None)
+        if st.batch.abort(rid):
+            st.wakeup.set()
+
+
+def _collect(st: DecodeState) -> list[Sample]:
+    b = st.batch
+    return [
+        ("running_batch", float(len(b.running)), {}),
+        ("queue_depth", float(len(b.waiting)), {}),
+        ("kv_usage_bytes", float(b.kv_used), {}),
+        ("kv_bytes_received", float(st.receiver.bytes_received), {}),
+    ]
+
+
+def _metrics(reg: CollectorRegistry, st: DecodeState) -> None:
+    labels = {"node": st.cfg.node_id}
+    b = st.batch
+    for name, doc, fn in (
+        ("vllm:num_requests_running", "Sequences in the decode batch", lambda: len(b.running)),
+        ("vllm:num_requests_waiting", "Sequences with KV waiting for admission", lambda: len(b.waiting)),
+        ("vllm:kv_cache_usage_perc", "KV memory in use, fraction", lambda: b.kv_used / b.kv_capacity),
+        ("testbed_kv_bytes_received", "KV bytes received (wire)", lambda: st.receiver.bytes_received),
+        ("testbed_decode_steps", "Decode steps run", lambda: st.steps),
+        ("testbed_decode_completed", "Sequences finished", lambda: st.completed),
+    ):
+        Gauge(name, doc, labels.keys(), registry=reg).labels(**labels).set_function(fn)
+
+
+def make_app(cfg: ServiceConfig) -> web.Application:
+    sc = cfg.deployment.scenario
+    node = cfg.deployment.nodes[cfg.node_id]
+    hw = sc.hardware[sc.cluster(node.cluster).hardware]
+    if hw.decode is None:
+        raise ValueError(f"{cfg.node_id}: hardware of cluster {node.cluster!r} has no decode profile")
+    dspec = hw.decode
+    app = web.Application(client_max_size=1 << 20)
+    reg = CollectorRegistry()
+    app[REGISTRY_KEY] = reg
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        receiver = KVReceiver(verify=sc.transfer.checksum, rcvbuf=sc.transfer.rcvbuf_bytes)
+        assert node.kv is not None
+        await receiver.start(cfg.deployment.bind_host, node.kv.port)
+        batch = DecodeBatch(DecodeStepTime.from_spec(dspec), dspec.bs_max, dspec.kv_capacity_bytes,
+                            time_scale=sc.scale.speedup)
+        st = DecodeState(cfg, batch, receiver, KVModel.from_spec(sc.model), sc.serving.stream_interval)
+        app[STATE] = st
+        _metrics(reg, st)
+        series = SeriesWriter(cfg.series_path(), cfg.node_id)
+        tasks = [asyncio.create_task(_batch_loop(st)),
+                 asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval))]
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await receiver.close()
+        series.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/decode", handle_decode)
+    add_common_routes(app)
+    return app

@@ -1,0 +1,151 @@
+"""OpenAI-style request parsing and response chunks (completions and chat completions).
+
+Prompt length: token ids count as given; text is estimated at one token per 4 UTF-8 bytes
+(the mock nodes never see text, only lengths). The `testbed` extension field carries a trace's
+exact length and prefix block hashes: {"input_tokens": N, "hash_ids": [...], "request_id": "..."}.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_LIMIT = 1 << 20
+
+
+class RequestError(ValueError):
+    """Client error; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    kind: str                   # completions | chat
+    model: str
+    input_tokens: int
+    output_tokens: int
+    stream: bool
+    include_usage: bool
+    hash_ids: tuple[int, ...] = ()
+    client_request_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text.encode()) / 4))
+
+
+def _prompt_tokens(prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return estimate_tokens(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        return len(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1:
+        return _prompt_tokens(prompt[0])
+    raise RequestError("field 'prompt' must be a string, a list of token ids, or a one-element list of either")
+
+
+def _chat_tokens(messages: Any) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("field 'messages' must be a non-empty list")
+    total = 0
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError(f"field 'messages[{i}]' must be an object")
+        content = m.get("content", "")
+        if isinstance(content, list):   # content parts
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise RequestError(f"field 'messages[{i}].content' must be a string or a list of parts")
+        total += estimate_tokens(content) + 4    # role and separators, as chat templates add
+    return total
+
+
+def parse(body: Any, kind: str) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise RequestError("body must be a JSON object")
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise RequestError("field 'model' must be a string")
+    n = body.get("n", 1)
+    if n != 1:
+        raise RequestError("field 'n': only n=1 is supported")
+    ext = body.get("testbed") or {}
+    if not isinstance(ext, dict):
+        raise RequestError("field 'testbed' must be an object")
+    if "input_tokens" in ext:
+        tokens = ext["input_tokens"]
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+            raise RequestError("field 'testbed.input_tokens' must be an integer >= 1")
+    elif kind == "chat":
+        tokens = _chat_tokens(body.get("messages"))
+    else:
+        if "prompt" not in body:
+            raise RequestError("field 'prompt' is required (or 'testbed.input_tokens')")
+        tokens = _prompt_tokens(body["prompt"])
+    hash_ids = ext.get("hash_ids", [])
+    if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
+        raise RequestError("field 'testbed.hash_ids' must be a list of integers")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+        raise RequestError(f"field 'max_tokens' must be an integer in [1, {MAX_TOKENS_LIMIT}]")
+    stream = bool(body.get("stream", False))
+    so = body.get("stream_options") or {}
+    include_usage = bool(so.get("include_usage", False)) if isinstance(so, dict) else False
+    rid = ext.get("request_id")
+    return ParsedRequest(kind, model, tokens, max_tokens, stream, include_usage, tuple(hash_ids),
+                         rid if isinstance(rid, str) else None)
+
+
+TOKEN_TEXT = " tok"
+
+
+def chunk(req: ParsedRequest, cid: str, model: str, new_tokens: int, first: bool,
+          finish: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    created = int(time.time())
+    text = TOKEN_TEXT * new_tokens
+    if req.kind == "chat":
+        delta: dict[str, Any] = {"content": text} if (text or not first) else {}
+        if first:
+            delta = {"role": "assistant", "content": text}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        out: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [choice]}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        out = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+    if extra:
+        out.update(extra)
+    return out
+
+
+def usage(req: ParsedRequest, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": req.input_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": req.input_tokens + completion_tokens}
+
+
+def usage_chunk(req: ParsedRequest, cid: str, model: str, completion_tokens: int) -> dict[str, Any]:
+    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    return {"id": cid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
+            "usage": usage(req, completion_tokens)}
+
+
+def full_response(req: ParsedRequest, cid: str, model: str, tokens: int, finish: str,
+                  extra: dict[str, Any]) -> dict[str, Any]:
+    created = int(time.time())
+    text = TOKEN_TEXT * tokens
+    if req.kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    out = {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice],
+           "usage": usage(req, tokens)}
+    out.update(extra)
+    return out

@@ -1,0 +1,220 @@
+"""Mock prefill instance: FCFS queue, calibrated compute layer by layer, KV streamed per layer.
+
+POST /prefill {request_id, transfer_id, input_tokens, cached_tokens, decode_node}
+  -> 200 {queued, start, end, modelled, transfer_start, transfer_sent, kv_bytes_wire} once the
+     compute has ended and every KV byte has been handed to TCP; 502 {error} if the transfer failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from testbed.core.kvsize import KVModel
+from testbed.core.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.servicetime import PrefillTime
+from testbed.live.clock import now, sleep_until
+from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
+from testbed.live.kv_transport import KVSender, TransferFailed
+from testbed.live.series import Sample, SeriesWriter, sample_forever
+
+log = logging.getLogger("testbed.prefill")
+
+
+@dataclass
+class _Pending:
+    job: PrefillJob
+    transfer_id: int
+    dest: tuple[str, int]
+    tokens: int
+    done: asyncio.Future[dict[str, Any]]
+
+
+@dataclass
+class PrefillState:
+    cfg: ServiceConfig
+    queue: PrefillQueue
+    sender: KVSender
+    model_time: PrefillTime
+    kv: KVModel
+    pending: dict[str, _Pending] = field(default_factory=dict)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    finishing: set[asyncio.Task[None]] = field(default_factory=set)
+    completed: int = 0
+    failed: int = 0
+
+
+STATE = web.AppKey("prefill_state", PrefillState)
+
+
+async def _run_job(st: PrefillState, p: _Pending) -> None:
+    job = p.job
+    assert job.started_at is not None
+    start = job.started_at
+    sc = st.cfg.deployment.scenario
+    layer_bytes = st.kv.layer_bytes(p.tokens, job.cached_tokens, sc.scale.byte_scale)
+    transfer = st.sender.start(p.dest, p.transfer_id, sum(layer_bytes), len(layer_bytes))
+    n = len(layer_bytes)
+    # Layer i's KV exists once layer i's share of the modelled compute has elapsed.
+    handoff: float | None = None
+    for i, nbytes in enumerate(layer_bytes):
+        await sleep_until(start + job.duration * (i + 1) / n)
+        transfer.send_layer(i, nbytes)
+        if handoff is None:
+            handoff = now()
+    end = now()
+    st.queue.finish(end)
+
+    async def finish() -> None:
+        try:
+            sent = await transfer.finish()
+            st.completed += 1
+            result: dict[str, Any] = {
+                "queued": job.queued_at, "start": start, "end": end, "modelled": job.duration,
+                "transfer_start": handoff, "first_byte_sent": transfer.first_send, "transfer_sent": sent,
+                "kv_bytes_wire": sum(layer_bytes),
+            }
+        except TransferFailed as e:
+            st.failed += 1
+            result = {"error": f"kv transfer failed: {e}", "queued": job.queued_at, "start": start, "end": end,
+                      "modelled": job.duration}
+        if not p.done.done():
+            p.done.set_result(result)
+
+    task = asyncio.create_task(finish())
+    st.finishing.add(task)
+    task.add_done_callback(st.finishing.discard)
+
+
+async def _worker(st: PrefillState) -> None:
+    while True:
+        job = st.queue.start_next(now())
+        if job is None:
+            st.wakeup.clear()
+            await st.wakeup.wait()
+            continue
+        p = st.pending.pop(job.request_id)
+        try:
+            await _run_job(st, p)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # keep serving the queue whatever one job did
+            log.exception("prefill %s failed", job.request_id)
+            if st.queue.current is not None:
+                st.queue.finish(now())
+            if not p.done.done():
+                p.done.set_result({"error": f"prefill failed: {e}"})
+
+
+def _int_field(body: dict[str, Any], name: str, minimum: int = 0) -> int:
+    v = body.get(name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise bad_request(f"field '{name}' must be an integer >= {minimum}")
+    return v
+
+
+async def handle_prefill(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    try:
+        body = await request.json()
+    except ValueError:
+        raise bad_request("body is not JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("body must be a JSON object")
+    rid = body.get("request_id")
+    if not isinstance(rid, str) or not rid:
+        raise bad_request("field 'request_id' must be a non-empty string")
+    tid = _int_field(body, "transfer_id")
+    tokens = _int_field(body, "input_tokens", 1)
+    cached = _int_field(body, "cached_tokens")
+    if cached > tokens:
+        raise bad_request("field 'cached_tokens' exceeds 'input_tokens'")
+    dnode = st.cfg.deployment.nodes.get(str(body.get("decode_node")))
+    if dnode is None or dnode.kv is None:
+        raise bad_request(f"field 'decode_node': unknown decode node {body.get('decode_node')!r}")
+    if rid in st.pending:
+        raise bad_request(f"request {rid!r} is already queued here")
+    scale = st.cfg.scale
+    duration = scale.wire_seconds(st.model_time(tokens - cached, cached))
+    job = PrefillJob(rid, tokens - cached, cached, duration)
+    fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    st.pending[rid] = _Pending(job, tid, (dnode.kv.host, dnode.kv.port), tokens, fut)
+    st.queue.push(job, now())
+    st.wakeup.set()
+    try:
+        result = await fut
+    except asyncio.CancelledError:
+        # The router gave up: drop the job if it has not started.
+        if st.queue.remove(rid):
+            st.pending.pop(rid, None)
+        raise
+    return web.json_response(result, status=502 if "error" in result else 200)
+
+
+def _collect(st: PrefillState) -> list[Sample]:
+    out: list[Sample] = [
+        ("queue_depth", float(st.queue.depth), {}),
+        ("running", 1.0 if st.queue.current else 0.0, {}),
+        ("kv_backlog_bytes", float(st.sender.backlog_bytes), {}),
+        ("kv_bytes_sent", float(st.sender.bytes_sent), {}),
+    ]
+    for c in st.sender.tcp_info():
+        labels = {"dest": f"{c.dest[0]}:{c.dest[1]}", "conn": str(c.conn)}
+        out += [
+            ("tcp_rtt_us", float(c.rtt_us), labels),
+            ("tcp_total_retrans", float(c.total_retrans), labels),
+            ("tcp_delivery_rate_Bps", float(c.delivery_rate_Bps), labels),
+            ("tcp_snd_cwnd", float(c.snd_cwnd), labels),
+        ]
+    return out
+
+
+def _metrics(reg: CollectorRegistry, st: PrefillState) -> None:
+    labels = {"node": st.cfg.node_id}
+    Gauge("vllm:num_requests_waiting", "Prefill requests waiting", labels.keys(), registry=reg) \
+        .labels(**labels).set_function(lambda: st.queue.depth)
+    Gauge("vllm:num_requests_running", "Prefill requests computing", labels.keys(), registry=reg) \
+        .labels(**labels).set_function(lambda: 1 if st.queue.current else 0)
+    Gauge("testbed_kv_backlog_bytes", "KV bytes queued, not yet written", labels.keys(), registry=reg) \
+        .labels(**labels).set_function(lambda: st.sender.backlog_bytes)
+    Gauge("testbed_kv_bytes_sent", "KV bytes written to TCP (wire)", labels.keys(), registry=reg) \
+        .labels(**labels).set_function(lambda: st.sender.bytes_sent)
+    Gauge("testbed_prefills_completed", "Prefills whose KV was sent", labels.keys(), registry=reg) \
+        .labels(**labels).set_function(lambda: st.completed)
+    Gauge("testbed_prefills_failed", "Prefills whose KV transfer failed", labels.keys(), registry=reg) \
+        .labels(**labels).set_function(lambda: st.failed)
+
+
+def make_app(cfg: ServiceConfig) -> web.Application:
+    sc = cfg.deployment.scenario
+    node = cfg.deployment.nodes[cfg.node_id]
+    hw = sc.hardware[sc.cluster(node.cluster).hardware]
+    app = web.Application(client_max_size=1 << 20)
+    reg = CollectorRegistry()
+    app[REGISTRY_KEY] = reg
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        t = sc.transfer
+        sender = KVSender(t.connections, t.chunk_bytes, t.sndbuf_bytes, t.congestion, t.checksum)
+        st = PrefillState(cfg, PrefillQueue(), sender, PrefillTime.from_spec(hw.prefill), KVModel.from_spec(sc.model))
+        app[STATE] = st
+        _metrics(reg, st)
+        series = SeriesWriter(cfg.series_path(), cfg.node_id)
+        tasks = [asyncio.create_task(_worker(st)),
+                 asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval))]
+        yield
+        for task in tasks + list(st.finishing):
+            task.cancel()
+        await asyncio.gather(*tasks, *st.finishing, return_exceptions=True)
+        await sender.close()
+        series.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/prefill", handle_prefill)
+    add_common_routes(app)
+    return app

@@ -1,0 +1,165 @@
+"""Open-loop trace replay against the router's OpenAI-style streaming API.
+
+Each trace request is sent at its (time-scaled) timestamp whatever happened to earlier ones,
+and lands in the records exactly once: completed, failed with the reason, or, when the run is
+interrupted, failed as interrupted / not sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import aiohttp
+
+from testbed.live.clock import now, sleep_until
+from testbed.metrics.records import RecordWriter, RequestRecord
+from testbed.traces.types import Trace, TraceRequest
+
+START_LEAD_S = 0.5      # first request leaves this long after t0, so t0 is never in the past
+
+
+@dataclass
+class ReplayStats:
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    total: int = 0
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def fill_from_ext(rec: RequestRecord, ext: dict[str, Any], t0: float) -> None:
+    """Copy the router's per-request stamps (unix seconds) into the record (relative to t0)."""
+    def rel(key: str) -> float:
+        return _num(ext.get(key)) - t0
+
+    rec.routed = rel("routed")
+    rec.prefill_cluster = str(ext.get("prefill_cluster") or "")
+    rec.prefill_node = str(ext.get("prefill_node") or "")
+    rec.decode_node = str(ext.get("decode_node") or "")
+    rec.crossed_wan = bool(ext.get("crossed_wan", False))
+    rec.threshold = _num(ext.get("threshold"))
+    rec.cached_tokens = int(ext.get("cached_tokens") or 0)
+    rec.prefill_queued = rel("prefill_queued")
+    rec.prefill_start = rel("prefill_start")
+    rec.prefill_end = rel("prefill_end")
+    rec.prefill_modelled = _num(ext.get("prefill_modelled"))
+    rec.transfer_start = rel("prefill_transfer_start")
+    rec.transfer_end = rel("transfer_end")
+    rec.decode_admitted = rel("decode_admitted")
+    rec.kv_bytes_paper = int(ext.get("kv_bytes_paper") or 0)
+    rec.kv_bytes_wire = int(ext.get("kv_bytes_wire") or 0)
+
+
+async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord,
+                   t0: float, model: str) -> None:
+    body = {
+        "model": model, "prompt": "", "max_tokens": tr.output_tokens, "stream": True,
+        "stream_options": {"include_usage": True},
+        "testbed": {"input_tokens": tr.input_tokens, "hash_ids": list(tr.hash_ids), "request_id": tr.request_id},
+    }
+    rec.arrival = now() - t0
+    ext: dict[str, Any] | None = None
+    error: str | None = None
+    tokens = 0
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            text = await resp.text()
+            rec.outcome, rec.reason = "failed", f"router answered {resp.status}: {text[:200]}"
+            return
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            obj = json.loads(data)
+            if "error" in obj:
+                error = str(obj["error"].get("message", obj["error"]))
+            if "testbed" in obj:
+                ext = obj["testbed"]
+            if obj.get("usage"):
+                tokens = int(obj["usage"].get("completion_tokens", tokens))
+            for ch in obj.get("choices", []):
+                if ch.get("text"):
+                    t = now() - t0
+                    if math.isnan(rec.first_token):
+                        rec.first_token = t
+                    rec.last_token = t
+    if ext is not None:
+        fill_from_ext(rec, ext, t0)
+    rec.tokens_received = tokens
+    if error is not None:
+        rec.outcome, rec.reason = "failed", error
+    elif ext is None or ext.get("state") != "completed":
+        rec.outcome, rec.reason = "failed", "stream ended without a completed record"
+    elif tokens != tr.output_tokens:
+        rec.outcome, rec.reason = "failed", f"received {tokens} of {tr.output_tokens} tokens"
+    else:
+        rec.outcome = "completed"
+
+
+async def replay(trace: Trace, url: str, writer: RecordWriter, speedup: float, model: str = "",
+                 on_progress: Callable[[ReplayStats], None] | None = None,
+                 request_timeout: float | None = None, t0: float | None = None) -> ReplayStats:
+    """Replay `trace` (paper-time timestamps divided by `speedup`); record times are relative
+    to `t0` (default: now)."""
+    stats = ReplayStats(total=len(trace))
+    t0 = now() if t0 is None else t0
+    first = START_LEAD_S
+    records = [RequestRecord(r.request_id, i, r.input_tokens, r.output_tokens) for i, r in enumerate(trace)]
+    written = [False] * len(records)
+
+    def finish(i: int) -> None:
+        if not written[i]:
+            written[i] = True
+            writer.write(records[i])
+            if records[i].outcome == "completed":
+                stats.completed += 1
+            else:
+                stats.failed += 1
+            if on_progress:
+                on_progress(stats)
+
+    async def run(i: int, tr: TraceRequest) -> None:
+        rec = records[i]
+        try:
+            await asyncio.wait_for(send_one(session, url, tr, rec, t0, model), request_timeout)
+        except asyncio.CancelledError:
+            rec.outcome, rec.reason = "failed", "interrupted: run stopped before the request finished"
+            finish(i)
+            raise
+        except asyncio.TimeoutError:
+            rec.outcome, rec.reason = "failed", f"timed out after {request_timeout:g} s"
+        except (aiohttp.ClientError, ValueError, KeyError) as e:
+            rec.outcome, rec.reason = "failed", f"client error: {type(e).__name__}: {e}"
+        finish(i)
+
+    tasks: list[asyncio.Task[None]] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+    try:
+        for i, tr in enumerate(trace):
+            await sleep_until(t0 + first + tr.timestamp / speedup)
+            tasks.append(asyncio.create_task(run(i, tr)))
+            stats.sent += 1
+            if on_progress:
+                on_progress(stats)
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for i, rec in enumerate(records):
+            if not written[i]:
+                rec.outcome, rec.reason = "failed", "not sent: run interrupted"
+                finish(i)
+        await session.close()
+    return stats

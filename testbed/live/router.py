@@ -1,0 +1,367 @@
+"""The router: OpenAI-style API in front, policy from `testbed.core.policy` behind.
+
+For each request it asks the policy for a prefill and a decode instance, opens the decode
+stream (the decode node then waits for KV), starts the prefill (whose node streams KV to the
+decode node), and relays tokens to the client as they come. The final chunk carries a
+`testbed` field with every timestamp of the request (unix seconds), for the replayer's records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import uuid
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from testbed.core.kvsize import KVModel
+from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
+from testbed.core.policy import Decision, LoadTracker, NoCapacity, Policy, RoutingRequest, get_policy
+from testbed.core.servicetime import PrefillTime
+from testbed.live.clock import now
+from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
+from testbed.live.openai_api import (
+    ParsedRequest, RequestError, chunk, full_response, parse, usage_chunk,
+)
+from testbed.live.series import Sample, SeriesWriter, sample_forever
+
+log = logging.getLogger("testbed.router")
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass
+class RouterMetrics:
+    ttft: Histogram
+    tpot: Histogram
+    e2e: Histogram
+    success: Counter
+    failed: Counter
+    routed: Counter
+
+
+@dataclass
+class RouterState:
+    cfg: ServiceConfig
+    policy: Policy
+    tracker: LoadTracker
+    kv: KVModel
+    prefill_time: dict[str, PrefillTime]
+    session: aiohttp.ClientSession
+    metrics: RouterMetrics
+    decisions: SeriesWriter
+    threshold: float | None
+    transfer_ids: itertools.count[int] = field(
+        default_factory=lambda: itertools.count(random.getrandbits(24) << 32))
+    inflight: int = 0
+
+
+STATE = web.AppKey("router_state", RouterState)
+
+
+class RequestFailed(Exception):
+    pass
+
+
+@dataclass
+class _Progress:
+    life: Lifecycle
+    times: dict[str, Any] = field(default_factory=dict)
+    tokens: int = 0
+
+
+def _route(st: RouterState, req: ParsedRequest, rid: str) -> tuple[Decision, float]:
+    view = st.tracker.view(st.threshold, now())
+    d = st.policy(view, RoutingRequest(rid, req.input_tokens))
+    hw = st.cfg.deployment.scenario.cluster(d.prefill_cluster).hardware
+    work = st.cfg.scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))
+    st.tracker.assign(d, work)
+    return d, work
+
+
+async def _drive(st: RouterState, req: ParsedRequest, rid: str, d: Decision, prog: _Progress
+                 ) -> AsyncIterator[int]:
+    """Run one request through prefill, transfer and decode; yields cumulative token counts."""
+    dep = st.cfg.deployment
+    tid = next(st.transfer_ids)
+    pnode, dnode = dep.nodes[d.prefill_node], dep.nodes[d.decode_node]
+    kv_paper = st.kv.total(req.input_tokens)
+    decode_body = {"request_id": rid, "transfer_id": tid, "input_tokens": req.input_tokens,
+                   "output_tokens": req.output_tokens, "kv_bytes_paper": kv_paper}
+    prefill_body = {"request_id": rid, "transfer_id": tid, "input_tokens": req.input_tokens,
+                    "cached_tokens": d.cached_tokens, "decode_node": d.decode_node}
+    try:
+        dresp = await st.session.post(f"{dnode.http.url}/decode", json=decode_body)
+    except aiohttp.ClientError as e:
+        raise RequestFailed(f"decode node {d.decode_node} unreachable: {e}") from None
+    if dresp.status != 200:
+        text = await dresp.text()
+        dresp.release()
+        raise RequestFailed(f"decode node {d.decode_node} answered {dresp.status}: {text[:200]}")
+
+    async def prefill() -> dict[str, Any]:
+        try:
+            async with st.session.post(f"{pnode.http.url}/prefill", json=prefill_body) as r:
+                res: dict[str, Any] = await r.json()
+                if r.status != 200 and "error" not in res:
+                    res["error"] = f"prefill node answered {r.status}"
+                return res
+        except (aiohttp.ClientError, ValueError) as e:
+            return {"error": f"prefill node {d.prefill_node} unreachable: {e}"}
+
+    prog.times["prefill_enqueue_sent"] = now()
+    ptask = asyncio.create_task(prefill())
+    line_task: asyncio.Task[bytes] = asyncio.create_task(dresp.content.readline())
+    prefill_seen = False
+    try:
+        while True:
+            waiting: set[asyncio.Task[Any]] = {line_task}
+            if not prefill_seen:
+                waiting.add(ptask)
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if ptask in done and not prefill_seen:
+                prefill_seen = True
+                res = ptask.result()
+                st.tracker.prefill_done(d, 0.0)
+                prog.times.update({f"prefill_{k}": v for k, v in res.items() if k != "error"})
+                if "error" in res:
+                    raise RequestFailed(str(res["error"]))
+            if line_task not in done:
+                continue
+            line = line_task.result()
+            if not line:
+                raise RequestFailed(f"decode node {d.decode_node} closed the stream early")
+            ev = json.loads(line)
+            kind = ev.get("event")
+            if kind == "kv":
+                prog.times["transfer_end"] = ev["complete"]
+                prog.times["transfer_first_byte"] = ev["first_byte"]
+                prog.times["kv_bytes_wire"] = ev["bytes"]
+            elif kind == "admitted":
+                prog.times["decode_admitted"] = ev["t"]
+            elif kind == "tokens":
+                prog.times.setdefault("decode_first_token", ev["t"])
+                prog.times["decode_last_token"] = ev["t"]
+                yield int(ev["n"])
+            elif kind == "done":
+                break
+            elif kind == "error":
+                raise RequestFailed(str(ev.get("reason", "decode failed")))
+            line_task = asyncio.create_task(dresp.content.readline())
+        if not prefill_seen:
+            res = await ptask
+            prefill_seen = True
+            st.tracker.prefill_done(d, 0.0)
+            prog.times.update({f"prefill_{k}": v for k, v in res.items() if k != "error"})
+    finally:
+        line_task.cancel()
+        if not prefill_seen:
+            ptask.cancel()
+            st.tracker.prefill_done(d, 0.0)
+        dresp.close()
+
+
+# Stamps in the order the lifecycle expects them; ties keep this order.
+_STAMP_EVENTS = (
+    ("routed", Event.ROUTE), ("prefill_enqueue_sent", Event.ENQUEUE_PREFILL), ("prefill_start", Event.START_PREFILL),
+    ("prefill_transfer_start", Event.TRANSFER_START), ("prefill_end", Event.END_PREFILL),
+    ("transfer_end", Event.KV_COMPLETE), ("decode_admitted", Event.ADMIT),
+    ("decode_first_token", Event.FIRST_TOKEN), ("decode_last_token", Event.FINISH),
+)
+
+
+def _replay_lifecycle(prog: _Progress) -> None:
+    """Drive the request's state machine through its stamps in time order. Stamps come from
+    three processes over two connections, so they are checked once all are in: an order the
+    machine rejects (say, admitted before its KV arrived) is a testbed bug worth failing on."""
+    stamps = [(float(prog.times[k]), i, ev) for i, (k, ev) in enumerate(_STAMP_EVENTS)
+              if isinstance(prog.times.get(k), (int, float))]
+    for t, _, ev in sorted(stamps):
+        prog.life.apply(ev, t)
+    if not prog.life.done:
+        raise RequestFailed(f"incomplete lifecycle: stopped in state {prog.life.state.value}")
+
+
+def _ext(rid: str, req: ParsedRequest, d: Decision | None, prog: _Progress, kv_paper: int) -> dict[str, Any]:
+    t = prog.times
+    out: dict[str, Any] = {
+        "request_id": rid, "client_request_id": req.client_request_id,
+        "input_tokens": req.input_tokens, "output_tokens": req.output_tokens,
+        "state": prog.life.state.value, "reason": prog.life.reason, "routed": t.get("routed"),
+        "kv_bytes_paper": kv_paper, **t,
+    }
+    if d is not None:
+        out.update({"prefill_cluster": d.prefill_cluster, "prefill_node": d.prefill_node,
+                    "decode_cluster": d.decode_cluster, "decode_node": d.decode_node,
+                    "cached_tokens": d.cached_tokens, "crossed_wan": d.crossed_wan,
+                    "threshold": d.threshold, "route_reason": d.reason})
+    return out
+
+
+async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
+    st = request.app[STATE]
+    try:
+        body = await request.json()
+    except ValueError:
+        raise bad_request("body is not JSON") from None
+    try:
+        req = parse(body, kind)
+    except RequestError as e:
+        raise bad_request(str(e)) from None
+    model = req.model or st.cfg.deployment.scenario.model.name
+    rid = req.client_request_id or uuid.uuid4().hex[:16]
+    cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+    t_arrival = now()
+    prog = _Progress(Lifecycle(rid))
+    prog.times["router_arrival"] = t_arrival
+    try:
+        d, work = _route(st, req, rid)
+    except NoCapacity as e:
+        raise web.HTTPServiceUnavailable(text=json.dumps({"error": {"message": str(e)}}),
+                                         content_type="application/json") from None
+    prog.times["routed"] = now()
+    st.metrics.routed.labels(cluster=d.prefill_cluster).inc()
+    st.decisions.write([("decision", float(d.incremental_tokens),
+                         {"request_id": rid, "prefill": d.prefill_node, "decode": d.decode_node,
+                          "threshold": "" if d.threshold is None else f"{d.threshold:g}", "reason": d.reason})])
+    kv_paper = st.kv.total(req.input_tokens)
+    st.inflight += 1
+
+    resp: web.StreamResponse | None = None
+    if req.stream:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+    async def sse(obj: dict[str, Any] | str) -> None:
+        assert resp is not None
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        await resp.write(f"data: {data}\n\n".encode())
+
+    sent = 0
+    first_t: float | None = None
+    try:
+        async for n in _drive(st, req, rid, d, prog):
+            if first_t is None:
+                first_t = now()
+                st.metrics.ttft.observe(first_t - t_arrival)
+            if resp is not None and n > sent:
+                await sse(chunk(req, cid, model, n - sent, sent == 0, None))
+            sent = n
+        _replay_lifecycle(prog)
+        st.metrics.success.labels(finished_reason="length").inc()
+        end = now()
+        st.metrics.e2e.observe(end - t_arrival)
+        if first_t is not None and sent > 1:
+            st.metrics.tpot.observe((end - first_t) / (sent - 1))
+        ext = {"testbed": _ext(rid, req, d, prog, kv_paper)}
+        if resp is None:
+            return web.json_response(full_response(req, cid, model, sent, "length", ext))
+        await sse(chunk(req, cid, model, 0, sent == 0, "length", ext))
+        if req.include_usage:
+            await sse(usage_chunk(req, cid, model, sent))
+        await sse("[DONE]")
+        await resp.write_eof()
+        return resp
+    except (RequestFailed, InvalidTransition) as e:
+        if not prog.life.done:
+            prog.life.apply(Event.FAIL, now(), str(e))
+        st.metrics.failed.labels(reason=str(e).split(":")[0][:40]).inc()
+        log.warning("request %s failed: %s", rid, e)
+        ext = {"testbed": _ext(rid, req, d, prog, kv_paper)}
+        err = {"error": {"message": str(e), "type": "server_error", "code": 502}, **ext}
+        if resp is None:
+            return web.json_response(err, status=502)
+        await sse(err)
+        await sse("[DONE]")
+        await resp.write_eof()
+        return resp
+    finally:
+        st.inflight -= 1
+        st.tracker.decode_done(d)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, "completions")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, "chat")
+
+
+async def models(request: web.Request) -> web.Response:
+    name = request.app[STATE].cfg.deployment.scenario.model.name
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "prfaas-testbed"}]})
+
+
+def _collect(st: RouterState) -> list[Sample]:
+    out: list[Sample] = [("inflight", float(st.inflight), {})]
+    if st.threshold is not None:
+        out.append(("threshold", float(st.threshold), {}))
+    for node, backlog in st.tracker.prefill_backlog.items():
+        out.append(("prefill_assigned", float(st.tracker.active[node]), {"node": node}))
+    return out
+
+
+def _make_metrics(reg: CollectorRegistry) -> RouterMetrics:
+    return RouterMetrics(
+        ttft=Histogram("vllm:time_to_first_token_seconds", "TTFT at the router (wire seconds)",
+                       buckets=TTFT_BUCKETS, registry=reg),
+        tpot=Histogram("vllm:time_per_output_token_seconds", "TPOT at the router (wire seconds)",
+                       buckets=TPOT_BUCKETS, registry=reg),
+        e2e=Histogram("vllm:e2e_request_latency_seconds", "End-to-end latency (wire seconds)",
+                      buckets=TTFT_BUCKETS, registry=reg),
+        success=Counter("vllm:request_success", "Finished requests", ["finished_reason"], registry=reg),
+        failed=Counter("testbed_requests_failed", "Failed requests", ["reason"], registry=reg),
+        routed=Counter("testbed_requests_routed", "Requests routed, by prefill cluster", ["cluster"], registry=reg),
+    )
+
+
+def make_app(cfg: ServiceConfig) -> web.Application:
+    sc = cfg.deployment.scenario
+    app = web.Application(client_max_size=64 << 20)
+    reg = CollectorRegistry()
+    app[REGISTRY_KEY] = reg
+    metrics = _make_metrics(reg)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        # One pooled session to every node; no per-host cap (open-loop load is unbounded).
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        )
+        rd = cfg.deployment.run_dir
+        decisions = SeriesWriter(Path(rd) / "decisions.jsonl" if rd else None, "router")
+        st = RouterState(
+            cfg=cfg, policy=get_policy(sc.policy.name), tracker=LoadTracker(sc), kv=KVModel.from_spec(sc.model),
+            prefill_time={name: PrefillTime.from_spec(hw.prefill) for name, hw in sc.hardware.items()},
+            session=session, metrics=metrics, decisions=decisions, threshold=cfg.deployment.threshold,
+        )
+        app[STATE] = st
+        Gauge("vllm:num_requests_running", "Requests in flight at the router", registry=reg) \
+            .set_function(lambda: st.inflight)
+        Gauge("testbed_routing_threshold_tokens", "Length threshold in force (tokens, -1 if none)",
+              registry=reg).set_function(lambda: -1 if st.threshold is None else st.threshold)
+        series = SeriesWriter(cfg.series_path(), "router")
+        sampler = asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval))
+        yield
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+        await session.close()
+        series.close()
+        decisions.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    add_common_routes(app)
+    return app

@@ -1,0 +1,105 @@
+"""CLI subcommands `report` and `compare` (registered into the main parser by `register`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "report",
+        help="recompute summary.json and report.md of a run",
+        description="Recompute RUN_DIR/summary.json, report.md and its plots from the run's records and time series.",
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
+    p.set_defaults(func=cmd_report)
+
+    c = sub.add_parser(
+        "compare",
+        help="put runs side by side (paper units)",
+        description="Compare runs side by side in paper units; the first run is the baseline of the verdicts.",
+    )
+    c.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    c.add_argument("--out", type=Path, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png")
+    c.add_argument("--json", action="store_true", help="print the summaries and verdicts as JSON")
+    c.set_defaults(func=cmd_compare)
+
+
+def _fail(e: Exception) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    # Imported here: matplotlib costs ~0.5 s, which every other `testbed` command would pay.
+    from testbed.metrics.report import fmt_pct, run_label, summary_rows, write_report
+    from testbed.metrics.summary import write_summary
+
+    run_dir: Path = args.run_dir
+    try:
+        summary = write_summary(run_dir)
+        report = write_report(run_dir, summary)
+    except (OSError, ValueError) as e:  # missing/malformed run files: say which, no traceback
+        return _fail(e)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    run = summary["run"]
+    console = Console()
+    table = Table(
+        title=Text(
+            f"{run_label(summary)}: {run['scenario']}, speedup {run['speedup']:g}, "
+            f"byte_scale {run['byte_scale']:g}, shaping {run['shaping_method']}"
+        )
+    )
+    table.add_column("Metric", no_wrap=True)
+    table.add_column("Paper", justify="right")
+    table.add_column("Wire", justify="right")
+    for row in summary_rows(summary):
+        table.add_row(*(Text(c) for c in row))
+    console.print(table)
+    fid = summary["fidelity"]
+    if fid["warn"]:
+        console.print(Text(f"warning: testbed timing error {fmt_pct(fid['prefill_rel_err_median'])} > 3%", style="yellow"))
+    console.print(Text(f"wrote {run_dir / 'summary.json'} and {report}"))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from testbed.metrics.report import comparison_rows, unique_labels, verdicts, write_comparison
+    from testbed.metrics.summary import summarize
+
+    dirs: list[Path] = args.run_dirs
+    try:
+        summaries = [summarize(d) for d in dirs]
+        written = write_comparison(dirs, args.out, summaries) if args.out is not None else None
+    except (OSError, ValueError) as e:
+        return _fail(e)
+    labels = unique_labels(summaries)
+    lines = verdicts(summaries, labels)
+    if args.json:
+        runs = [{"label": lab, "run_dir": str(d), "summary": s} for lab, d, s in zip(labels, dirs, summaries)]
+        print(json.dumps({"baseline": labels[0], "runs": runs, "verdicts": lines}, indent=2))
+        return 0
+    console = Console()
+    table = Table(title="Runs side by side (paper units)")
+    table.add_column("Metric", no_wrap=True)
+    for lab in labels:
+        table.add_column(Text(lab), justify="right")
+    for metric, cells in comparison_rows(summaries):
+        table.add_row(Text(metric), *(Text(c) for c in cells))
+    console.print(table)
+    for line in lines:
+        console.print(Text(line))
+    if written is not None:
+        console.print(Text(f"wrote {written}"))
+    return 0

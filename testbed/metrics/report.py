@@ -1,0 +1,440 @@
+"""Markdown reports and PNG plots: `write_report` for one run, `write_comparison` for several.
+
+Tables lead with paper units (what the paper's figures mean) and give wire units alongside.
+Plots use matplotlib's object API on Agg canvases, so no display and no global pyplot state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: never pick an interactive backend, even if pyplot is imported later
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from testbed.core.scaling import Scale
+from testbed.metrics.summary import (
+    BREAKDOWN_STAGES,
+    BYTE_COUNTERS,
+    completed_ttfts_wire,
+    load_records,
+    summarize,
+    write_summary,
+)
+from testbed.metrics.timeseries import Sample, counter_rate, group_series, load_timeseries, select
+
+QUEUE_METRICS: tuple[str, ...] = ("queue_depth", "running_batch")
+STAGE_LABELS: dict[str, str] = {
+    "routing": "Routing",
+    "prefill_queue": "Prefill queue",
+    "prefill_compute": "Prefill compute",
+    "transfer_tail": "KV transfer tail",
+    "decode_queue": "Decode queue",
+    "first_step": "First decode step",
+    "other": "Other: network, HTTP",
+}
+NA = "n/a"
+
+# ---------------------------------------------------------------- formatting
+
+
+def fmt(x: float | int | None, unit: str = "") -> str:
+    """3 significant figures, thousands separated, no exponent between 1e-3 and 1e15."""
+    if x is None or isinstance(x, bool):
+        return NA
+    if isinstance(x, int):
+        return f"{x:,}{unit}"
+    if not math.isfinite(x):
+        return NA
+    if x == 0:
+        return f"0{unit}"
+    x = float(f"{x:.3g}")  # round first, so 9.9996 prints as 10.0, not 10.00
+    mag = math.floor(math.log10(abs(x)))
+    if mag >= 15 or mag < -3:
+        s = f"{x:.2e}"
+    elif mag >= 2:
+        s = f"{x:,.0f}"
+    else:
+        s = f"{x:.{2 - mag}f}"
+    return s + unit
+
+
+def fmt_bytes(x: float | None) -> str:
+    """Decimal units (kB = 1000 B), like link rates."""
+    if x is None or not math.isfinite(x):
+        return NA
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(x) < 999.5:
+            return fmt(x, f" {unit}")
+        x /= 1000
+    return fmt(x, " PB")
+
+
+def fmt_rate(bytes_per_s: float | None) -> str:
+    if bytes_per_s is None or not math.isfinite(bytes_per_s):
+        return NA
+    x = bytes_per_s * 8
+    for unit in ("bit/s", "kbit/s", "Mbit/s", "Gbit/s"):
+        if abs(x) < 999.5:
+            return fmt(x, f" {unit}")
+        x /= 1000
+    return fmt(x, " Tbit/s")
+
+
+def fmt_factor(x: float) -> str:
+    """Scale factors print exactly: 4, 256, 0.5."""
+    return f"{x:g}"
+
+
+def fmt_pct(ratio: float | None) -> str:
+    return NA if ratio is None else fmt(ratio * 100, "%")
+
+
+def fmt_ms(seconds: float | None) -> str:
+    return NA if seconds is None else fmt(seconds * 1000, " ms")
+
+
+def fmt_change(value: float | None, base: float | None) -> str:
+    """Relative change, signed: "-48%", "+3.2%"."""
+    if value is None or not base:
+        return NA
+    pct = (value / base - 1) * 100
+    return f"{pct:+.0f}%" if abs(pct) >= 10 else f"{pct:+.1f}%"
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(header), "|" + "---|" * len(header), *(line(r) for r in rows)])
+
+
+# ---------------------------------------------------------------- rows shared by markdown and terminal
+
+
+def run_label(summary: dict[str, Any]) -> str:
+    run = summary["run"]
+    name, policy = str(run["name"]), str(run["policy"])
+    return name if not policy or policy in name else f"{name} ({policy})"
+
+
+def unique_labels(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    """Run labels, numbered where two runs share a name (e.g. repeats of one scenario)."""
+    labels = [run_label(s) for s in summaries]
+    seen: dict[str, int] = {}
+    out = []
+    for lab in labels:
+        seen[lab] = seen.get(lab, 0) + 1
+        out.append(lab if labels.count(lab) == 1 else f"{lab} #{seen[lab]}")
+    return out
+
+
+def summary_rows(s: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(metric, paper units, wire units) for one run."""
+    req, thr, by, eg, w = s["requests"], s["throughput"], s["bytes"], s["wan_egress"], s["wire"]
+    tt, wt, tp, wp = s["ttft_s"], w["ttft_s"], s["tpot_s"], w["tpot_s"]
+    done = f"{req['completed']:,} / {req['total']:,}"
+    rows = [
+        ("Requests completed / total", done, done),
+        ("Requests failed", fmt(req["failed"]), fmt(req["failed"])),
+        ("Run duration", fmt(s["run"]["duration_s_paper"], " s"), fmt(w["duration_s"], " s")),
+        ("Throughput (completed)", fmt(thr["completed_rps_paper"], " req/s"), fmt(thr["completed_rps_wire"], " req/s")),
+        ("Goodput (both SLOs)", fmt(thr["goodput_rps_paper"], " req/s"), fmt(thr["goodput_rps_wire"], " req/s")),
+        ("SLO attainment", fmt_pct(thr["slo_attainment"]), fmt_pct(thr["slo_attainment"])),
+        ("Output tokens", fmt(thr["output_tokens_per_s_paper"], " tok/s"), fmt(thr["output_tokens_per_s_wire"], " tok/s")),
+    ]
+    for k, lab in (("mean", "mean"), ("p50", "P50"), ("p90", "P90"), ("p99", "P99")):
+        rows.append((f"TTFT {lab}", fmt(tt[k], " s"), fmt(wt[k], " s")))
+    for k, lab in (("mean", "mean"), ("p50", "P50"), ("p90", "P90"), ("p99", "P99")):
+        rows.append((f"TPOT {lab}", fmt_ms(tp[k]), fmt_ms(wp[k])))
+    off = fmt_pct(s["offload"]["ratio"])
+    rows += [
+        ("Offload ratio (KV over WAN)", off, off),
+        ("KV bytes per request", fmt_bytes(by["kv_per_request_paper"]), fmt_bytes(by["kv_per_request_wire"])),
+        ("WAN KV per offloaded request", fmt_bytes(by["wan_per_offloaded_request_paper"]),
+         fmt_bytes(by["wan_per_offloaded_request_wire"])),
+        ("KV bytes total", fmt_bytes(by["kv_total_paper"]), fmt_bytes(by["kv_total_wire"])),
+        ("WAN egress mean", fmt_rate(eg["mean_Bps_paper"]), fmt_rate(eg["mean_Bps_wire"])),
+        ("WAN egress peak", fmt_rate(eg["peak_Bps_paper"]), fmt_rate(eg["peak_Bps_wire"])),
+    ]
+    return rows
+
+
+def breakdown_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(stage, paper s, wire s, share of mean TTFT)."""
+    paper, wire, mean = s["ttft_breakdown_s"], s["wire"]["ttft_breakdown_s"], s["ttft_s"]["mean"]
+    return [
+        (
+            STAGE_LABELS[k],
+            fmt(paper[k], " s"),
+            fmt(wire[k], " s"),
+            fmt_pct(paper[k] / mean) if paper[k] is not None and mean else NA,
+        )
+        for k in BREAKDOWN_STAGES
+    ]
+
+
+def comparison_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """(metric, one cell per run), paper units."""
+
+    def row(label: str, f: Any) -> tuple[str, list[str]]:
+        return label, [f(s) for s in summaries]
+
+    rows = [
+        row("Policy", lambda s: s["run"]["policy"] or NA),
+        row("Scenario", lambda s: s["run"]["scenario"] or NA),
+        row("Speedup / byte_scale", lambda s: f"{fmt_factor(s['run']['speedup'])} / {fmt_factor(s['run']['byte_scale'])}"),
+        row("Shaping", lambda s: s["run"]["shaping_method"]),
+        row("Completed / total", lambda s: f"{s['requests']['completed']:,} / {s['requests']['total']:,}"),
+        row("Failed", lambda s: fmt(s["requests"]["failed"])),
+        row("Throughput (req/s)", lambda s: fmt(s["throughput"]["completed_rps_paper"])),
+        row("Goodput (req/s)", lambda s: fmt(s["throughput"]["goodput_rps_paper"])),
+        row("TTFT mean (s)", lambda s: fmt(s["ttft_s"]["mean"])),
+        row("TTFT P50 (s)", lambda s: fmt(s["ttft_s"]["p50"])),
+        row("TTFT P90 (s)", lambda s: fmt(s["ttft_s"]["p90"])),
+        row("TTFT P99 (s)", lambda s: fmt(s["ttft_s"]["p99"])),
+    ]
+    for k in BREAKDOWN_STAGES:
+        rows.append(row(f"  {STAGE_LABELS[k]} (s)", lambda s, k=k: fmt(s["ttft_breakdown_s"][k])))
+    rows += [
+        row("TPOT mean (ms)", lambda s: fmt(None if s["tpot_s"]["mean"] is None else s["tpot_s"]["mean"] * 1000)),
+        row("TPOT P90 (ms)", lambda s: fmt(None if s["tpot_s"]["p90"] is None else s["tpot_s"]["p90"] * 1000)),
+        row("Offload ratio", lambda s: fmt_pct(s["offload"]["ratio"])),
+        row("KV bytes / request", lambda s: fmt_bytes(s["bytes"]["kv_per_request_paper"])),
+        row("WAN KV / offloaded request", lambda s: fmt_bytes(s["bytes"]["wan_per_offloaded_request_paper"])),
+        row("WAN egress mean", lambda s: fmt_rate(s["wan_egress"]["mean_Bps_paper"])),
+        row("Timing fidelity", lambda s: "WARN" if s["fidelity"]["warn"] else "ok"),
+    ]
+    return rows
+
+
+def verdicts(summaries: Sequence[dict[str, Any]], labels: Sequence[str] | None = None) -> list[str]:
+    """One line per run after the first: its mean and P90 TTFT relative to the first run."""
+    labels = list(labels) if labels is not None else unique_labels(summaries)
+    if not summaries:
+        return []
+    base = summaries[0]["ttft_s"]
+    return [
+        f"{lab}: {fmt_change(s['ttft_s']['mean'], base['mean'])} mean TTFT, "
+        f"{fmt_change(s['ttft_s']['p90'], base['p90'])} P90 TTFT vs {labels[0]}"
+        for s, lab in zip(summaries[1:], labels[1:])
+    ]
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _no_data(ax: Axes, msg: str) -> None:
+    ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def plot_ttft_cdf(curves: Sequence[tuple[str, Sequence[float]]], path: Path, slo_s: float | None = None) -> Path:
+    """Empirical CDFs of TTFT (paper seconds), one line per (label, values)."""
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    drawn = False
+    for label, values in curves:
+        if not values:
+            label += " (no completed requests)"
+            ax.plot([], [], label=label)
+            continue
+        x = np.sort(np.asarray(values, dtype=np.float64))
+        y = np.arange(1, x.size + 1) / x.size
+        ax.step(np.concatenate([[x[0]], x]), np.concatenate([[0.0], y]), where="post", label=label)
+        drawn = True
+    if slo_s is not None:
+        ax.axvline(slo_s, color="gray", linestyle="--", linewidth=1, label=f"TTFT SLO ({fmt(slo_s)} s)")
+    if not drawn:
+        _no_data(ax, "no completed requests")
+    ax.set_xlabel("TTFT (paper seconds)")
+    ax.set_ylabel("fraction of completed requests")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    return _save(fig, path)
+
+
+def _series_panel(ax: Axes, samples: Sequence[Sample], speedup: float, ylabel: str) -> None:
+    groups = group_series(samples)
+    for key, series in groups.items():
+        ax.plot([p.t * speedup for p in series], [p.value for p in series], drawstyle="steps-post",
+                label=key, linewidth=1)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if 0 < len(groups) <= 12:  # beyond a dozen lines a legend hides the plot
+        ax.legend(fontsize="x-small", loc="best")
+
+
+def plot_queues(samples: Sequence[Sample], speedup: float, path: Path) -> Path | None:
+    """Queue depth and running batch over time per node; None when no such series exist."""
+    present = [m for m in QUEUE_METRICS if select(samples, metric=m)]
+    if not present:
+        return None
+    fig = Figure(figsize=(8, 2.6 * len(present) + 0.6), layout="constrained")
+    axes = fig.subplots(len(present), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, m in zip(axes, present):
+        _series_panel(ax, select(samples, metric=m), speedup, m)
+    axes[-1].set_xlabel("time since run start (paper seconds)")
+    return _save(fig, path)
+
+
+def plot_links(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | None:
+    """KV egress rate of each byte counter (paper Gbit/s), and the routing threshold if recorded."""
+    counters = [s for s in samples if s.metric in BYTE_COUNTERS]
+    if not counters:
+        return None
+    thresholds = select(samples, metric="threshold")
+    n = 2 if thresholds else 1
+    fig = Figure(figsize=(8, 2.8 * n + 0.6), layout="constrained")
+    axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
+    groups = group_series(counters)
+    for key, series in groups.items():
+        t, r = counter_rate(series)
+        if not t.size:
+            continue
+        # Each rate holds over the interval ending at its stamp: draw it as a step back to the previous one.
+        x = np.concatenate([[series[0].t], t]) * scale.speedup
+        y = np.concatenate([r[:1], r]) * scale.byte_scale / scale.speedup * 8 / 1e9
+        axes[0].plot(x, y, drawstyle="steps-pre", label=key, linewidth=1)
+    axes[0].set_ylabel("egress (paper Gbit/s)")
+    axes[0].grid(alpha=0.3)
+    if len(groups) <= 12:
+        axes[0].legend(fontsize="x-small", loc="best")
+    if thresholds:
+        _series_panel(axes[1], thresholds, scale.speedup, "threshold (tokens)")
+    axes[-1].set_xlabel("time since run start (paper seconds)")
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------- documents
+
+
+def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
+    """Write `report.md` and its plots into the run directory; returns the report's path.
+
+    Without `summary`, recomputes it and rewrites `summary.json`, so the two always agree.
+    """
+    run_dir = Path(run_dir)
+    s = summary if summary is not None else write_summary(run_dir)
+    run = s["run"]
+    scale = Scale(run["speedup"], run["byte_scale"])
+    ttfts = [t * scale.speedup for t in completed_ttfts_wire(load_records(run_dir))]
+    samples = load_timeseries(run_dir)
+
+    plots = [("TTFT CDF", plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", run["slo_ttft_s"]))]
+    for title, p in (
+        ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png")),
+        ("KV egress", plot_links(samples, scale, run_dir / "links.png")),
+    ):
+        if p is not None:
+            plots.append((title, p))
+
+    out = [f"# Run report: {run['name']}", "", _preamble(s), ""]
+    fid = s["fidelity"]
+    if fid["warn"]:
+        out += [
+            f"> **Warning:** the testbed's own timing error is {fmt_pct(fid['prefill_rel_err_median'])} "
+            "(median measured vs modelled prefill time), above 3%: differences of that size are noise.",
+            "",
+        ]
+    out += ["## Summary", "", md_table(["Metric", "Paper units", "Wire units"], summary_rows(s)), ""]
+    out += [
+        "## TTFT breakdown",
+        "",
+        "Mean per stage over completed requests; the stages sum to the mean TTFT.",
+        "",
+        md_table(["Stage", "Paper", "Wire", "Share of TTFT"], breakdown_rows(s)),
+        "",
+        "## Failures",
+        "",
+    ]
+    reasons = s["requests"]["failure_reasons"]
+    out.append(md_table(["Reason", "Requests"], [(r, fmt(n)) for r, n in reasons.items()]) if reasons else "None.")
+    if s["requests"]["pending"]:
+        out += ["", f"Requests that never finished (run interrupted): {fmt(s['requests']['pending'])}."]
+    out += ["", "## Timing fidelity", "", _fidelity_line(fid), "", "## Plots", ""]
+    out += [f"![{title}]({p.name})\n" for title, p in plots]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(out).rstrip() + "\n")
+    return path
+
+
+def _preamble(s: dict[str, Any]) -> str:
+    run = s["run"]
+    thr = "" if run["threshold"] is None else f" (threshold {fmt(run['threshold'])} tokens)"
+    slo = ""
+    if run["slo_ttft_s"] is not None and run["slo_tpot_s"] is not None:
+        slo = f" SLOs: TTFT <= {fmt(run['slo_ttft_s'], ' s')}, TPOT <= {fmt_ms(run['slo_tpot_s'])}."
+    rate = "" if run["offered_rate_rps"] is None else f" Offered load {fmt(run['offered_rate_rps'], ' req/s')}."
+    return (
+        f"Scenario **{run['scenario'] or NA}**, policy **{run['policy'] or NA}**{thr}.{rate}{slo}\n\n"
+        f"Scale: speedup s = {fmt_factor(run['speedup'])} (wire time = paper time / s), "
+        f"byte_scale b = {fmt_factor(run['byte_scale'])} (wire KV bytes = paper bytes / b). "
+        f"WAN shaping: **{run['shaping_method']}**. Figures are in paper units; "
+        "wire units are what this machine measured."
+    )
+
+
+def _fidelity_line(fid: dict[str, Any]) -> str:
+    if not fid["n"]:
+        return "No records with both measured and modelled prefill times."
+    return (
+        f"Median prefill timing error {fmt_ms(fid['prefill_abs_err_median_s'])} wire "
+        f"({fmt_pct(fid['prefill_rel_err_median'])} of the modelled time) over {fmt(fid['n'])} requests"
+        + (" - above the 3% tolerance." if fid["warn"] else ".")
+    )
+
+
+def write_comparison(
+    run_dirs: Sequence[Path], out_dir: Path, summaries: Sequence[dict[str, Any]] | None = None
+) -> Path:
+    """Write `comparison.md` and `ttft_cdf.png` (all runs on one plot) into `out_dir`.
+
+    The first run is the baseline of the verdicts. Run directories are only read; `summaries`
+    (one per run, in order) saves recomputing them.
+    """
+    if not run_dirs:
+        raise ValueError("write_comparison needs at least one run directory")
+    dirs = [Path(d) for d in run_dirs]
+    if summaries is None:
+        summaries = [summarize(d) for d in dirs]
+    elif len(summaries) != len(dirs):
+        raise ValueError(f"{len(summaries)} summaries for {len(dirs)} run directories")
+    labels = unique_labels(summaries)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    curves = [
+        (lab, [t * s["run"]["speedup"] for t in completed_ttfts_wire(load_records(d))])
+        for lab, s, d in zip(labels, summaries, dirs)
+    ]
+    slos = {s["run"]["slo_ttft_s"] for s in summaries}
+    plot_ttft_cdf(curves, out_dir / "ttft_cdf.png", slos.pop() if len(slos) == 1 else None)
+
+    out = [f"# Comparison: {' vs '.join(labels)}", ""]
+    out.append(f"All figures in paper units. Baseline for the verdicts: **{labels[0]}**.")
+    setups = {(s["run"]["speedup"], s["run"]["byte_scale"], s["run"]["shaping_method"]) for s in summaries}
+    if len(setups) > 1:
+        out.append("Note: the runs differ in scale or shaping method (see the table); paper units stay comparable, "
+                   "testbed artefacts may not.")
+    out += ["", "## Verdict", ""]
+    out += [f"- {v}" for v in verdicts(summaries, labels)] or ["- Only one run: nothing to compare."]
+    out += ["", "## Side by side", ""]
+    out.append(md_table(["Metric", *labels], [(m, *cells) for m, cells in comparison_rows(summaries)]))
+    out += ["", "## TTFT CDF", "", "![TTFT CDF](ttft_cdf.png)", "", "## Runs", ""]
+    out += [f"- {lab}: `{d}`" for lab, d in zip(labels, dirs)]
+    path = out_dir / "comparison.md"
+    path.write_text("\n".join(out) + "\n")
+    return path

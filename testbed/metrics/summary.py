@@ -1,0 +1,421 @@
+"""Run summary: `summarize(run_dir)` reads `run.json`, `records.csv` and `timeseries/`, and
+`write_summary(run_dir)` also writes the result to `summary.json`.
+
+Records hold wire seconds and bytes; every figure here is given in paper units (wire seconds x
+speedup, wire bytes x byte_scale, wire rates / speedup) and, under keys ending in `_wire` or
+in the `wire` section, in wire units. TTFT, TPOT, breakdown, offload and KV bytes count completed
+requests only. Figures over an empty set are `null`, never NaN. `summary.json` keys:
+
+| Key | Meaning |
+|---|---|
+| `schema` | Layout version of this file (1). |
+| `run.name`, `run.scenario`, `run.policy` | From `run.json`. |
+| `run.threshold` | Routing threshold in force (tokens), `null` if none. |
+| `run.speedup`, `run.byte_scale` | Scale factors: wire time = paper time / speedup; wire KV bytes = paper bytes / byte_scale. |
+| `run.shaping_method` | How the WAN link was shaped (`run.json` `shaping.method`). |
+| `run.offered_rate_rps` | Offered arrival rate, paper req/s. |
+| `run.slo_ttft_s`, `run.slo_tpot_s` | SLOs, paper seconds (`null` if `run.json` has none). |
+| `run.duration_s_paper` | Run length (`t_end - t0`, else the latest record time) in paper seconds. |
+| `requests.total` | Records in `records.csv`. |
+| `requests.completed`, `requests.failed` | Records with outcome `completed` / `failed`. |
+| `requests.pending` | Records with any other outcome (the run stopped before they finished). |
+| `requests.failure_reasons` | `{reason: count}` over failed records (`unknown` when empty). |
+| `throughput.completed_rps_paper`, `_wire` | Completed requests / run duration. |
+| `throughput.output_tokens_per_s_paper`, `_wire` | Tokens received by completed requests / run duration. |
+| `throughput.goodput_rps_paper`, `_wire` | Completed requests meeting both SLOs / run duration. A request with fewer than 2 tokens has no TPOT and meets the TPOT SLO. |
+| `throughput.slo_met` | Number of requests meeting both SLOs. |
+| `throughput.slo_attainment` | `slo_met / requests.total` (failed and pending requests miss). |
+| `ttft_s.n`, `.mean`, `.p50`, `.p90`, `.p99` | TTFT (first token - arrival) of completed requests, paper s. Percentiles linear-interpolated (numpy). |
+| `ttft_breakdown_s.routing` | Mean `routed - arrival`, paper s. |
+| `ttft_breakdown_s.prefill_queue` | Mean `prefill_start - prefill_queued`. |
+| `ttft_breakdown_s.prefill_compute` | Mean `prefill_end - prefill_start`. |
+| `ttft_breakdown_s.transfer_tail` | Mean `transfer_end - prefill_end`: the KV transfer TTFT pays after layer-wise pipelining. |
+| `ttft_breakdown_s.decode_queue` | Mean `decode_admitted - transfer_end`. |
+| `ttft_breakdown_s.first_step` | Mean `first_token - decode_admitted`. |
+| `ttft_breakdown_s.other` | Mean of the rest of each TTFT (HTTP hops, router to prefill node). A stage a request did not record counts 0 and its time lands here, so the parts sum to `ttft_s.mean`. |
+| `tpot_s.n`, `.mean`, `.p50`, `.p90`, `.p99` | TPOT `(last_token - first_token) / (tokens - 1)` of completed requests with >= 2 tokens, paper s. |
+| `offload.ratio` | Share of completed requests whose KV crossed the WAN. |
+| `offload.requests` | Number of those requests. |
+| `bytes.kv_total_paper`, `_wire` | KV bytes of completed requests. Paper bytes are the recorded `kv_bytes_paper` (wire x byte_scale where not recorded). |
+| `bytes.kv_per_request_paper`, `_wire` | `kv_total / requests.completed`. |
+| `bytes.wan_total_paper`, `_wire` | KV bytes of completed requests that crossed the WAN. |
+| `bytes.wan_per_offloaded_request_paper`, `_wire` | `wan_total / offload.requests`. |
+| `wan_egress.bytes_paper`, `_wire` | Growth of the byte counters (`bytes_sent`, `kv_bytes_sent` series) of sources that sent KV across the WAN (prefill nodes of offloaded requests). |
+| `wan_egress.mean_Bps_paper`, `_wire` | That growth / the span of those series, bytes/s (paper rate = wire rate x byte_scale / speedup). Divide by the link's rate for utilisation. |
+| `wan_egress.peak_Bps_paper`, `_wire` | Highest rate of their summed counters between consecutive sampling instants. |
+| `links.<series>.{metric, wan, bytes_paper, bytes_wire, mean_Bps_paper, peak_Bps_paper, mean_Bps_wire, peak_Bps_wire}` | The same per byte-counter series (`source` or `source{label=value}`); `wan` tells whether the source sent KV across the WAN. |
+| `fidelity.n` | Records with measured and modelled prefill durations (any outcome). |
+| `fidelity.prefill_abs_err_median_s` | Median abs(measured prefill - `prefill_modelled`), wire s: the testbed's own timing error. |
+| `fidelity.prefill_rel_err_median` | Median of that error / modelled duration. |
+| `fidelity.warn` | `prefill_rel_err_median` > 3%: service-time emulation is off, distrust fine differences. |
+| `wire.duration_s` | Run length in wire seconds. |
+| `wire.ttft_s`, `wire.ttft_breakdown_s`, `wire.tpot_s` | The paper-unit sections above, in wire seconds. |
+| `timeseries.samples`, `timeseries.metrics` | Number of time-series samples and the metric names present. |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.core.scaling import Scale
+from testbed.metrics.records import RequestRecord, read_records
+from testbed.metrics.timeseries import (
+    Sample,
+    counter_rate,
+    counter_total,
+    group_series,
+    load_timeseries,
+    metrics_of,
+    resample,
+)
+
+SCHEMA_VERSION = 1
+FIDELITY_WARN_REL = 0.03
+BREAKDOWN_STAGES: tuple[str, ...] = (
+    "routing",
+    "prefill_queue",
+    "prefill_compute",
+    "transfer_tail",
+    "decode_queue",
+    "first_step",
+    "other",
+)
+BYTE_COUNTERS: frozenset[str] = frozenset({"bytes_sent", "kv_bytes_sent"})
+_TIME_FIELDS: tuple[str, ...] = (
+    "arrival", "routed", "prefill_queued", "prefill_start", "prefill_end", "transfer_start",
+    "transfer_end", "decode_admitted", "first_token", "last_token",
+)
+
+
+class RunDirError(ValueError):
+    """The directory is not a readable run directory (missing or malformed `run.json`)."""
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """What the summary needs from `run.json`."""
+
+    name: str
+    scenario: str
+    policy: str
+    t0: float
+    t_end: float | None
+    scale: Scale
+    shaping_method: str
+    slo_ttft_s: float | None
+    slo_tpot_s: float | None
+    offered_rate_rps: float | None
+    threshold: float | None
+
+
+def load_run_meta(run_dir: Path) -> RunMeta:
+    p = Path(run_dir) / "run.json"
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise RunDirError(f"{p}: missing; is {run_dir} a run directory?") from None
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(raw, dict):
+        raise RunDirError(f"{p}: expected a JSON object")
+    scale = raw.get("scale")
+    if not isinstance(scale, dict):
+        # Guessing 1/1 would silently print wire figures as paper figures.
+        raise RunDirError(f"{p}: 'scale' with 'speedup' and 'byte_scale' is required")
+    speedup, byte_scale = _num(scale, "speedup"), _num(scale, "byte_scale")
+    if speedup is None or speedup <= 0 or byte_scale is None or byte_scale <= 0:
+        raise RunDirError(f"{p}: scale.speedup and scale.byte_scale must be positive numbers, got {scale!r}")
+    t0 = _num(raw, "t0")
+    if t0 is None:
+        raise RunDirError(f"{p}: 't0' must be a number")
+    shaping = raw.get("shaping")
+    slo_raw = raw.get("slo")
+    slo: dict[str, Any] = slo_raw if isinstance(slo_raw, dict) else {}
+    return RunMeta(
+        name=str(raw.get("name") or Path(run_dir).name),
+        scenario=str(raw.get("scenario") or ""),
+        policy=str(raw.get("policy") or ""),
+        t0=t0,
+        t_end=_num(raw, "t_end"),
+        scale=Scale(speedup, byte_scale),
+        shaping_method=str(shaping.get("method", "unknown")) if isinstance(shaping, dict) else "unknown",
+        slo_ttft_s=_num(slo, "ttft_s"),
+        slo_tpot_s=_num(slo, "tpot_s"),
+        offered_rate_rps=_num(raw, "offered_rate"),
+        threshold=_num(raw, "threshold"),
+    )
+
+
+def _num(d: dict[str, Any], key: str) -> float | None:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def load_records(run_dir: Path) -> list[RequestRecord]:
+    p = Path(run_dir) / "records.csv"
+    if not p.is_file():
+        raise RunDirError(f"{p}: missing; is {run_dir} a run directory?")
+    return read_records(p)
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+def _ratio(a: float, b: float | None) -> float | None:
+    return a / b if b else None
+
+
+def completed_ttfts_wire(records: Sequence[RequestRecord]) -> list[float]:
+    return [r.ttft for r in records if r.outcome == "completed" and _finite(r.ttft)]
+
+
+def _stats(values: Sequence[float], mult: float) -> dict[str, Any]:
+    if not values:
+        return {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    a = np.asarray(values, dtype=np.float64) * mult
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"n": int(a.size), "mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def breakdown_wire(r: RequestRecord) -> dict[str, float]:
+    """One request's TTFT split into stages (wire s); missing stages count 0, the rest is `other`."""
+    parts = {
+        "routing": r.routed - r.arrival,
+        "prefill_queue": r.prefill_start - r.prefill_queued,
+        "prefill_compute": r.prefill_end - r.prefill_start,
+        "transfer_tail": r.transfer_end - r.prefill_end,
+        "decode_queue": r.decode_admitted - r.transfer_end,
+        "first_step": r.first_token - r.decode_admitted,
+    }
+    parts = {k: v if _finite(v) else 0.0 for k, v in parts.items()}
+    parts["other"] = r.ttft - sum(parts.values())
+    return parts
+
+
+def _breakdown_means(done: Sequence[RequestRecord], mult: float) -> dict[str, float | None]:
+    rows = [breakdown_wire(r) for r in done if _finite(r.ttft)]
+    if not rows:
+        return {k: None for k in BREAKDOWN_STAGES}
+    return {k: float(np.mean([row[k] for row in rows])) * mult for k in BREAKDOWN_STAGES}
+
+
+def _kv_paper(r: RequestRecord, scale: Scale) -> float:
+    return float(r.kv_bytes_paper) if r.kv_bytes_paper > 0 else scale.paper_bytes(r.kv_bytes_wire)
+
+
+def _kv_wire(r: RequestRecord, scale: Scale) -> float:
+    return float(r.kv_bytes_wire) if r.kv_bytes_wire > 0 else float(scale.wire_bytes(r.kv_bytes_paper))
+
+
+def _duration_wire(meta: RunMeta, records: Sequence[RequestRecord]) -> float | None:
+    if meta.t_end is not None and meta.t_end > meta.t0:
+        return meta.t_end - meta.t0
+    # An interrupted run may lack t_end: the latest thing any record saw bounds it.
+    times = [v for r in records for f in _TIME_FIELDS if _finite(v := getattr(r, f))]
+    latest = max(times, default=0.0)
+    return latest if latest > 0 else None
+
+
+def _meets_slo(r: RequestRecord, meta: RunMeta) -> bool:
+    assert meta.slo_ttft_s is not None and meta.slo_tpot_s is not None
+    s = meta.scale.speedup
+    if not _finite(r.ttft) or r.ttft * s > meta.slo_ttft_s:
+        return False
+    return not _finite(r.tpot) or r.tpot * s <= meta.slo_tpot_s
+
+
+def _fidelity(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    abs_err: list[float] = []
+    rel_err: list[float] = []
+    for r in records:
+        measured = r.prefill_end - r.prefill_start
+        if _finite(measured) and _finite(r.prefill_modelled):
+            err = abs(measured - r.prefill_modelled)
+            abs_err.append(err)
+            if r.prefill_modelled > 0:
+                rel_err.append(err / r.prefill_modelled)
+    rel = float(np.median(rel_err)) if rel_err else None
+    return {
+        "n": len(abs_err),
+        "prefill_abs_err_median_s": float(np.median(abs_err)) if abs_err else None,
+        "prefill_rel_err_median": rel,
+        "warn": rel is not None and rel > FIDELITY_WARN_REL,
+    }
+
+
+def _rates(t: Sequence[Sample]) -> tuple[float, float | None, float | None]:
+    """(bytes, mean B/s, peak B/s) of one cumulative byte counter, wire units."""
+    total = counter_total(t)
+    span = t[-1].t - t[0].t if len(t) > 1 else 0.0
+    _, rates = counter_rate(t)
+    return total, (total / span if span > 0 else None), (float(rates.max()) if rates.size else None)
+
+
+def _egress(samples: Sequence[Sample], wan_sources: set[str], scale: Scale) -> tuple[dict[str, Any], dict[str, Any]]:
+    def both(total: float, mean: float | None, peak: float | None) -> dict[str, Any]:
+        return {
+            "bytes_paper": scale.paper_bytes(total),
+            "bytes_wire": total,
+            "mean_Bps_paper": None if mean is None else scale.paper_rate_bps(mean),
+            "peak_Bps_paper": None if peak is None else scale.paper_rate_bps(peak),
+            "mean_Bps_wire": mean,
+            "peak_Bps_wire": peak,
+        }
+
+    links: dict[str, Any] = {}
+    wan: list[list[Sample]] = []
+    for key, series in group_series(s for s in samples if s.metric in BYTE_COUNTERS).items():
+        is_wan = series[0].source in wan_sources
+        links[key] = {"metric": series[0].metric, "wan": is_wan, **both(*_rates(series))}
+        if is_wan:
+            wan.append(series)
+    if not wan:
+        return links, both(0.0, None, None)
+    total = sum(counter_total(s) for s in wan)
+    lo, hi = min(s[0].t for s in wan), max(s[-1].t for s in wan)
+    # Peak of the sum: hold each counter on a common grid at the typical sampling interval.
+    gaps = np.concatenate([np.diff([x.t for x in s]) for s in wan])
+    gaps = gaps[gaps > 0]
+    peak: float | None = None
+    if gaps.size and hi > lo:
+        step = float(np.median(gaps))
+        summed: Any = 0.0
+        for s in wan:
+            grid, held = resample(s, step, start=lo, end=hi, how="last")
+            # Before its first sample a counter stands at its first value (no bytes yet counted).
+            summed = summed + np.where(np.isnan(held), s[0].value, held)
+        diffs = np.diff(summed) / step
+        peak = float(np.clip(diffs, 0, None).max()) if diffs.size else None
+    return links, both(total, total / (hi - lo) if hi > lo else None, peak)
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    """The summary of one run directory (see the module docstring for every key)."""
+    run_dir = Path(run_dir)
+    meta = load_run_meta(run_dir)
+    records = load_records(run_dir)
+    samples = load_timeseries(run_dir, t0=meta.t0)
+    scale, s = meta.scale, meta.scale.speedup
+
+    done = [r for r in records if r.outcome == "completed"]
+    failed = [r for r in records if r.outcome == "failed"]
+    reasons = Counter(r.reason or "unknown" for r in failed)
+    dur = _duration_wire(meta, records)
+
+    ttft_w = completed_ttfts_wire(records)
+    tpot_w = [r.tpot for r in done if _finite(r.tpot)]
+    slo_met: int | None = None
+    if meta.slo_ttft_s is not None and meta.slo_tpot_s is not None:
+        slo_met = sum(1 for r in done if _meets_slo(r, meta))
+    tokens = sum(r.tokens_received for r in done)
+
+    offloaded = [r for r in done if r.crossed_wan]
+    kv_p = sum(_kv_paper(r, scale) for r in done)
+    kv_w = sum(_kv_wire(r, scale) for r in done)
+    wan_p = sum(_kv_paper(r, scale) for r in offloaded)
+    wan_w = sum(_kv_wire(r, scale) for r in offloaded)
+    wan_sources = {r.prefill_node for r in records if r.crossed_wan and r.prefill_node}
+    links, wan_egress = _egress(samples, wan_sources, scale)
+
+    def per_s(n: float | None) -> float | None:
+        return None if n is None or not dur else n / dur
+
+    def paper_rate(wire: float | None) -> float | None:
+        return None if wire is None else wire / s
+
+    out: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "run": {
+            "name": meta.name,
+            "scenario": meta.scenario,
+            "policy": meta.policy,
+            "threshold": meta.threshold,
+            "speedup": s,
+            "byte_scale": scale.byte_scale,
+            "shaping_method": meta.shaping_method,
+            "offered_rate_rps": meta.offered_rate_rps,
+            "slo_ttft_s": meta.slo_ttft_s,
+            "slo_tpot_s": meta.slo_tpot_s,
+            "duration_s_paper": None if dur is None else dur * s,
+        },
+        "requests": {
+            "total": len(records),
+            "completed": len(done),
+            "failed": len(failed),
+            "pending": len(records) - len(done) - len(failed),
+            "failure_reasons": dict(reasons.most_common()),
+        },
+        "throughput": {
+            "completed_rps_paper": paper_rate(per_s(len(done))),
+            "completed_rps_wire": per_s(len(done)),
+            "output_tokens_per_s_paper": paper_rate(per_s(tokens)),
+            "output_tokens_per_s_wire": per_s(tokens),
+            "goodput_rps_paper": paper_rate(per_s(slo_met)),
+            "goodput_rps_wire": per_s(slo_met),
+            "slo_met": slo_met,
+            "slo_attainment": None if slo_met is None else _ratio(slo_met, len(records)),
+        },
+        "ttft_s": _stats(ttft_w, s),
+        "ttft_breakdown_s": _breakdown_means(done, s),
+        "tpot_s": _stats(tpot_w, s),
+        "offload": {"ratio": _ratio(len(offloaded), len(done)), "requests": len(offloaded)},
+        "bytes": {
+            "kv_total_paper": kv_p,
+            "kv_total_wire": kv_w,
+            "kv_per_request_paper": _ratio(kv_p, len(done)),
+            "kv_per_request_wire": _ratio(kv_w, len(done)),
+            "wan_total_paper": wan_p,
+            "wan_total_wire": wan_w,
+            "wan_per_offloaded_request_paper": _ratio(wan_p, len(offloaded)),
+            "wan_per_offloaded_request_wire": _ratio(wan_w, len(offloaded)),
+        },
+        "wan_egress": wan_egress,
+        "links": links,
+        "fidelity": _fidelity(records),
+        "wire": {
+            "duration_s": dur,
+            "ttft_s": _stats(ttft_w, 1.0),
+            "ttft_breakdown_s": _breakdown_means(done, 1.0),
+            "tpot_s": _stats(tpot_w, 1.0),
+        },
+        "timeseries": {"samples": len(samples), "metrics": metrics_of(samples)},
+    }
+    safe: dict[str, Any] = _json_safe(out)
+    return safe
+
+
+def _json_safe(v: Any) -> Any:
+    """NaN/inf -> None, numpy scalars -> Python: summary.json stays strict JSON."""
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def write_summary(run_dir: Path) -> dict[str, Any]:
+    """Recompute the summary and write `summary.json` into the run directory."""
+    summary = summarize(run_dir)
+    path = Path(run_dir) / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    # Write-then-rename: a reader never sees a half-written summary.
+    tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    tmp.replace(path)
+    return summary

@@ -1,0 +1,205 @@
+"""Time series of a run: `timeseries/*.jsonl`, one JSON object per line, written by nodes and router.
+
+Line format: `{"ts": unix_time, "source": str, "metric": str, "value": float, "labels": {...}}`.
+Loaded samples carry `t` in wire seconds since the run's `t0` (from `run.json`), like the records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from testbed.metrics.records import TimeSeriesPoint
+
+log = logging.getLogger("testbed.metrics")
+
+# One type for a point, shared with the record schema's definition.
+Sample = TimeSeriesPoint
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class TimeseriesError(ValueError):
+    """A malformed time-series line (other than an interrupted run's truncated last line)."""
+
+
+def load_timeseries(run_dir: Path, t0: float | None = None) -> list[Sample]:
+    """All samples of a run, sorted by time. No `timeseries/` directory means no samples.
+
+    `t0` defaults to `run.json`'s `t0`. A last line that does not parse is dropped with a warning
+    (a writer killed mid-line); any other malformed line raises `TimeseriesError` naming file:line.
+    """
+    d = Path(run_dir) / "timeseries"
+    if not d.is_dir():
+        return []
+    if t0 is None:
+        t0 = _run_t0(Path(run_dir))
+    out: list[Sample] = []
+    for path in sorted(d.glob("*.jsonl")):
+        out.extend(read_jsonl(path, t0))
+    out.sort(key=lambda s: s.t)
+    return out
+
+
+def read_jsonl(path: Path, t0: float) -> list[Sample]:
+    # errors="replace": truncation can split a multi-byte character of the last line.
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    out: list[Sample] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(_parse_line(line, t0))
+        except ValueError as e:
+            if i == last:
+                log.warning("%s:%d: dropping unparsable last line (interrupted run?): %s", path, i + 1, e)
+                continue
+            raise TimeseriesError(f"{path}:{i + 1}: {e}") from None
+    return out
+
+
+def _parse_line(line: str, t0: float) -> Sample:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    ts = _number(obj, "ts")
+    value = math.nan if obj.get("value") is None else _number(obj, "value")
+    source, metric = obj.get("source"), obj.get("metric")
+    if not isinstance(source, str) or not source:
+        raise ValueError("'source' must be a non-empty string")
+    if not isinstance(metric, str) or not metric:
+        raise ValueError("'metric' must be a non-empty string")
+    labels = obj.get("labels") or {}
+    if not isinstance(labels, dict):
+        raise ValueError("'labels' must be an object")
+    return Sample(ts - t0, source, metric, value, {str(k): str(v) for k, v in labels.items()})
+
+
+def _number(obj: dict[str, Any], key: str) -> float:
+    v = obj.get(key)
+    # bool is an int subclass; a boolean timestamp or value is a writer bug, not a number.
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{key!r} must be a number, got {v!r}")
+    return float(v)
+
+
+def _run_t0(run_dir: Path) -> float:
+    p = run_dir / "run.json"
+    try:
+        meta = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise TimeseriesError(f"{p}: missing; needed for t0 (or pass t0=)") from None
+    except json.JSONDecodeError as e:
+        raise TimeseriesError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from None
+    t0 = meta.get("t0") if isinstance(meta, dict) else None
+    if isinstance(t0, bool) or not isinstance(t0, (int, float)):
+        raise TimeseriesError(f"{p}: 't0' must be a number, got {t0!r}")
+    return float(t0)
+
+
+def select(
+    samples: Iterable[Sample],
+    metric: str | None = None,
+    source: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> list[Sample]:
+    """Samples matching `metric`, `source` and every given label (None matches anything)."""
+    return [
+        s
+        for s in samples
+        if (metric is None or s.metric == metric)
+        and (source is None or s.source == source)
+        and (labels is None or all(s.labels.get(k) == v for k, v in labels.items()))
+    ]
+
+
+def series_key(s: Sample) -> str:
+    """`source` or `source{k=v,...}`: one line per key in a plot (e.g. one TCP connection)."""
+    if not s.labels:
+        return s.source
+    return s.source + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+
+
+def group_series(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
+    """Samples split by `series_key`, keys sorted, each list in time order."""
+    groups: dict[str, list[Sample]] = {}
+    for s in samples:
+        groups.setdefault(series_key(s), []).append(s)
+    return {k: sorted(groups[k], key=lambda s: s.t) for k in sorted(groups)}
+
+
+def metrics_of(samples: Iterable[Sample]) -> list[str]:
+    return sorted({s.metric for s in samples})
+
+
+def resample(
+    samples: Sequence[Sample],
+    step: float,
+    *,
+    start: float | None = None,
+    end: float | None = None,
+    how: Literal["last", "mean", "max"] = "last",
+) -> tuple[FloatArray, FloatArray]:
+    """One series on a regular grid `start, start+step, ... <= end` (defaults: its first/last sample).
+
+    "last" holds the latest value at or before each grid time (gauges); "mean"/"max" aggregate the
+    samples in [t, t+step). Grid points without data are NaN.
+    """
+    if step <= 0:
+        raise ValueError(f"step must be > 0, got {step}")
+    ordered = sorted(samples, key=lambda s: s.t)
+    if not ordered:
+        return np.empty(0), np.empty(0)
+    ts = np.array([s.t for s in ordered], dtype=np.float64)
+    vs = np.array([s.value for s in ordered], dtype=np.float64)
+    lo = ts[0] if start is None else start
+    hi = ts[-1] if end is None else end
+    if hi < lo:
+        return np.empty(0), np.empty(0)
+    # The small epsilon keeps `end` on the grid despite float division.
+    grid = lo + step * np.arange(int(math.floor((hi - lo) / step + 1e-9)) + 1, dtype=np.float64)
+    out = np.full(grid.shape, np.nan)
+    if how == "last":
+        idx = np.searchsorted(ts, grid, side="right") - 1
+        ok = idx >= 0
+        out[ok] = vs[idx[ok]]
+        return grid, out
+    left = np.searchsorted(ts, grid, side="left")
+    right = np.searchsorted(ts, grid + step, side="left")
+    for i, (a, b) in enumerate(zip(left, right)):
+        if b > a:
+            out[i] = vs[a:b].mean() if how == "mean" else vs[a:b].max()
+    return grid, out
+
+
+def counter_rate(samples: Sequence[Sample]) -> tuple[FloatArray, FloatArray]:
+    """Per-interval rate of a cumulative counter, stamped at each interval's end.
+
+    Intervals where the counter went down (the writer restarted) are skipped, not negative.
+    """
+    ordered = sorted(samples, key=lambda s: s.t)
+    ts: list[float] = []
+    rates: list[float] = []
+    for a, b in zip(ordered, ordered[1:]):
+        dt, dv = b.t - a.t, b.value - a.value
+        if dt > 0 and dv >= 0:
+            ts.append(b.t)
+            rates.append(dv / dt)
+    return np.array(ts, dtype=np.float64), np.array(rates, dtype=np.float64)
+
+
+def counter_total(samples: Sequence[Sample]) -> float:
+    """Amount a cumulative counter grew over the samples (restarts skipped, like `counter_rate`)."""
+    ordered = sorted(samples, key=lambda s: s.t)
+    return float(sum(max(b.value - a.value, 0.0) for a, b in zip(ordered, ordered[1:]) if not math.isnan(b.value - a.value)))

@@ -1,0 +1,117 @@
+"""`testbed model`: the paper's analytical model (Table 6) for one or more scenarios."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from testbed.core.scenario import Scenario
+from testbed.model.analytical import ModelResult, evaluate
+from testbed.model.optimise import OptimiseResult, optimise, optimise_threshold, resolve_threshold
+from testbed.scenarios import ScenarioError, load_scenario
+
+__all__ = ["register", "run", "resolve_threshold"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "model",
+        help="analytical throughput model of the paper (Table 6)",
+        description="Queue-free stage capacities, Lambda_max, TTFT and PrfaaS egress (PAPER.md section 3.4).",
+    )
+    p.add_argument("--scenario", action="append", required=True, metavar="NAME", help="scenario name or path (repeatable)")
+    p.add_argument("--link-gbps", type=float, default=100.0, help="PrfaaS egress link B_out in Gbit/s (default 100)")
+    p.add_argument("--optimise", action="store_true", help="also run the 2-D grid search over t and the N_p/N_d split")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def _analyse(sc: Scenario, link_bps: float, want_opt: bool) -> tuple[ModelResult, OptimiseResult | None]:
+    # "auto" is resolved exactly as the router resolves it.
+    threshold = resolve_threshold(sc, link_bps) if sc.policy.name == "prfaas" else None
+    res = evaluate(sc, link_bps, threshold=threshold)
+    opt = None
+    if want_opt and sc.policy.name == "prfaas":
+        pds = [c for c in sc.clusters if c.kind == "pd"]
+        # Several PD clusters: no single split to re-role, so optimise t alone.
+        opt = optimise(sc, link_bps) if len(pds) == 1 else optimise_threshold(sc, link_bps)
+    return res, opt
+
+
+def _baseline(results: list[ModelResult]) -> ModelResult:
+    return next((r for r in results if r.policy == "homogeneous"), results[0])
+
+
+def _fmt(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _count(n: int) -> str:
+    return str(n) if n > 0 else "-"
+
+
+def _table(rows: list[tuple[ModelResult, OptimiseResult | None]]) -> Table:
+    results = [r for r, _ in rows]
+    base = _baseline(results)
+    tab = Table(title=f"Analytical model (relative to {base.scenario})")
+    tab.add_column("metric", no_wrap=True)
+    for r in results:
+        tab.add_column(r.scenario, justify="right")
+
+    def line(name: str, cells: list[str]) -> None:
+        tab.add_row(name, *cells)
+
+    line("threshold t", [_fmt(r.threshold / 1000, "{:.1f}K") if r.threshold is not None else "-" for r in results])
+    line("N_prfaas/N_p/N_d", [f"{_count(r.n_prfaas)}/{_count(r.n_p)}/{_count(r.n_d)}" for r in results])
+    line("share to PrfaaS p", [f"{r.p:.1%}" for r in results])
+    line("mean/P90 TTFT (s)", [f"{r.ttft_mean_s:.2f}/{r.ttft_p90_s:.2f}" for r in results])
+    line("+ mean KV tail (ms)", [f"{r.kv_tail_mean_s * 1e3:.2f}" for r in results])
+    line(
+        "Θ prfaas/pdp/pdd (req/s)",
+        [f"{_fmt(r.theta_prfaas)}/{_fmt(r.theta_pdp)}/{_fmt(r.theta_pdd)}" for r in results],
+    )
+    line("Λ_max (req/s)", [f"{r.lambda_max:.2f}" for r in results])
+    line("relative", [f"{r.lambda_max / base.lambda_max:.2f}x" for r in results])
+    line("egress Gbps (% link)", [f"{r.egress_bps / 1e9:.1f} ({r.egress_fraction:.0%})" for r in results])
+    line("bottleneck", [r.bottleneck + (f" ({r.prfaas_bound})" if r.bottleneck == "prfaas" else "") for r in results])
+    if any(o is not None for _, o in rows):
+        line("optimised t", [_fmt(o.threshold / 1000, "{:.1f}K") if o else "-" for _, o in rows])
+        line("optimised N_p/N_d", [f"{o.n_p}/{o.n_d}" if o else "-" for _, o in rows])
+        line("optimised Λ_max (req/s)", [f"{o.lambda_max:.2f}" if o else "-" for _, o in rows])
+    return tab
+
+
+def _json(rows: list[tuple[ModelResult, OptimiseResult | None]]) -> dict[str, Any]:
+    results = [r for r, _ in rows]
+    base = _baseline(results)
+    out: list[dict[str, Any]] = []
+    for r, o in rows:
+        d = r.to_dict()
+        d["relative"] = r.lambda_max / base.lambda_max
+        d["optimised"] = o.to_dict() if o is not None else None
+        out.append(d)
+    return {"baseline": base.scenario, "scenarios": out}
+
+
+def run(args: argparse.Namespace) -> int:
+    link_bps = float(args.link_gbps) * 1e9
+    if link_bps <= 0:
+        print("--link-gbps must be > 0", file=sys.stderr)
+        return 2
+    rows: list[tuple[ModelResult, OptimiseResult | None]] = []
+    try:
+        for name in args.scenario:
+            rows.append(_analyse(load_scenario(name), link_bps, bool(args.optimise)))
+    except (ScenarioError, ValueError) as e:
+        print(f"model: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(_json(rows), indent=2))
+    else:
+        Console().print(_table(rows))
+    return 0

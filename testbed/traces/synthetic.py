@@ -1,0 +1,207 @@
+"""Generated traces.
+
+`synthetic_trace` is the paper's workload (Poisson arrivals, truncated log-normal input, fixed
+output, no prefix reuse). `synth_with_prefixes` is a multi-turn, conversation-like generator
+whose later turns share the earlier turns' prefix blocks, for exercising prefix caches.
+Both are deterministic for a given seed (numpy's PCG64 via `default_rng`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+import numpy.typing as npt
+
+from testbed.core.scenario import LengthDist, WorkloadSpec
+from testbed.traces.types import Trace, TraceRequest
+
+DEFAULT_BLOCK_TOKENS = 512
+
+
+def _phi(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def truncated_lognormal_mean(dist: LengthDist) -> float:
+    """E[X | min <= X <= max] for X ~ LogNormal(mu, sigma), in closed form.
+
+    The paper's (9.90, 1.00, [128, 131072]) gives ~27.5K tokens.
+    """
+    mu, s = dist.mu, dist.sigma
+    la, lb = math.log(dist.min), math.log(dist.max)
+    mass = _phi((lb - mu) / s) - _phi((la - mu) / s)
+    if mass <= 0.0:
+        raise ValueError(f"log-normal(mu={mu}, sigma={s}) has no mass in [{dist.min}, {dist.max}]")
+    upper = _phi((lb - mu - s * s) / s) - _phi((la - mu - s * s) / s)
+    return math.exp(mu + s * s / 2.0) * upper / mass
+
+
+def sample_lengths(rng: np.random.Generator, n: int, dist: LengthDist) -> npt.NDArray[np.int64]:
+    """`n` token counts from LogNormal(mu, sigma) truncated to [min, max] by rejection: draws
+    outside the bounds are redrawn (not clipped, which would pile mass on the bounds)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    # Closed-form mass guards against looping forever on a window the distribution never hits.
+    mass = _phi((math.log(dist.max) - dist.mu) / dist.sigma) - _phi((math.log(dist.min) - dist.mu) / dist.sigma)
+    if mass < 1e-6:
+        raise ValueError(
+            f"log-normal(mu={dist.mu}, sigma={dist.sigma}) has too little mass ({mass:.2g}) in [{dist.min}, {dist.max}]"
+        )
+    out = np.empty(n, dtype=np.float64)
+    filled = 0
+    while filled < n:
+        need = n - filled
+        x = rng.lognormal(dist.mu, dist.sigma, size=need)
+        x = x[(x >= dist.min) & (x <= dist.max)]
+        out[filled : filled + x.size] = x
+        filled += x.size
+    # Integer bounds, so rounding an accepted draw cannot leave [min, max].
+    return np.rint(out).astype(np.int64)
+
+
+def poisson_arrivals(rng: np.random.Generator, n: int, rate: float) -> npt.NDArray[np.float64]:
+    """`n` arrival times (s) of a Poisson process at `rate` req/s, the first at 0."""
+    if rate <= 0 or not math.isfinite(rate):
+        raise ValueError(f"rate must be a positive finite number, got {rate}")
+    if n <= 0:
+        return np.zeros(0, dtype=np.float64)
+    gaps = rng.exponential(1.0 / rate, size=n - 1)
+    return np.concatenate(([0.0], np.cumsum(gaps)))
+
+
+def _blocks(tokens: int, block_tokens: int) -> int:
+    return -(-tokens // block_tokens)
+
+
+def synthetic_trace(spec: WorkloadSpec, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Trace:
+    """The paper's synthetic workload for `spec`.
+
+    Draw order (fixed, for reproducibility): inter-arrival gaps, then input lengths. Every
+    request gets fresh block hashes (ceil(input / block_tokens) of them), so the trace states
+    "no prefix reuse" explicitly and round-trips through the Mooncake format.
+    """
+    rng = np.random.default_rng(spec.seed)
+    times = poisson_arrivals(rng, spec.requests, spec.rate)
+    lengths = sample_lengths(rng, spec.requests, spec.input)
+    reqs: list[TraceRequest] = []
+    next_id = 0
+    for i in range(spec.requests):
+        inp = int(lengths[i])
+        nb = _blocks(inp, block_tokens)
+        reqs.append(
+            TraceRequest(
+                f"synthetic-{i + 1}", float(times[i]), inp, spec.output_tokens, tuple(range(next_id, next_id + nb))
+            )
+        )
+        next_id += nb
+    d = spec.input
+    source = (
+        f"synthetic(lognormal mu={d.mu} sigma={d.sigma} [{d.min}, {d.max}], output={spec.output_tokens}, "
+        f"rate={spec.rate}, requests={spec.requests}, seed={spec.seed})"
+    )
+    return Trace(reqs, source=source, block_tokens=block_tokens)
+
+
+# Defaults in the spirit of Mooncake's conversation trace: inputs mostly 1K-60K tokens (mean
+# ~13-15K), outputs 50-1000, context growing turn by turn; ~2/3 of blocks repeat earlier ones.
+FIRST_TURN = LengthDist(mu=8.6, sigma=1.1, min=128, max=60000)
+FOLLOW_UP = LengthDist(mu=6.5, sigma=1.2, min=16, max=16384)
+OUTPUT = LengthDist(mu=5.9, sigma=0.6, min=50, max=1000)
+
+
+def synth_with_prefixes(
+    n: int,
+    rate: float,
+    seed: int,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    *,
+    sessions: int | None = None,
+    concurrency: int = 16,
+    system_prompts: int = 3,
+    system_prompt_tokens: int = 1024,
+    first_turn: LengthDist = FIRST_TURN,
+    follow_up: LengthDist = FOLLOW_UP,
+    output: LengthDist = OUTPUT,
+    max_input: int = 131072,
+) -> Trace:
+    """Multi-turn conversations with prefix reuse, `n` requests arriving as Poisson at `rate`.
+
+    - `sessions` conversations (default n / 3, i.e. ~3 turns each, skewed: many have one turn,
+      a few many); at most `concurrency` are open at once and each arrival goes to a random open
+      one, so a conversation's turns are spread over a bounded stretch of time.
+    - Each conversation starts from one of `system_prompts` shared system prompts of
+      `system_prompt_tokens` tokens; its full blocks carry the same hashes in every session.
+    - Turn 1 input = system prompt + a `first_turn` message; turn k+1 input = turn k input +
+      turn k output + a `follow_up` message. Turn k+1 reuses the hashes of turn k's *full*
+      input blocks; the rest (the partial tail block, now extended, and new text) get new ids.
+    - A turn that would exceed `max_input` starts the conversation afresh (as users do).
+    - len(hash_ids) == ceil(input_tokens / block_tokens) for every request.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
+    if concurrency < 1 or system_prompts < 1:
+        raise ValueError("concurrency and system_prompts must be >= 1")
+    if not 0 <= system_prompt_tokens < max_input:
+        raise ValueError(f"system_prompt_tokens must be in [0, max_input), got {system_prompt_tokens}")
+    n_sessions = max(1, round(n / 3)) if sessions is None else sessions
+    if n > 0 and not 1 <= n_sessions <= n:
+        raise ValueError(f"sessions must be in [1, n={n}], got {n_sessions}")
+
+    rng = np.random.default_rng(seed)
+    times = poisson_arrivals(rng, n, rate)
+    if n == 0:
+        return Trace([], source=f"synth_with_prefixes(n=0, seed={seed})", block_tokens=block_tokens)
+    weights = rng.exponential(size=n_sessions)
+    turns = 1 + rng.multinomial(n - n_sessions, weights / weights.sum())
+    prompt_of = rng.integers(0, system_prompts, size=n_sessions)
+    # Draw per request up front (vectorised); request i uses first[i] or follow[i], never both.
+    first = sample_lengths(rng, n, first_turn)
+    follow = sample_lengths(rng, n, follow_up)
+    outs = sample_lengths(rng, n, output)
+    picks = rng.random(n)
+
+    sys_full = system_prompt_tokens // block_tokens
+    prompt_ids = [tuple(range(p * sys_full, (p + 1) * sys_full)) for p in range(system_prompts)]
+    next_id = system_prompts * sys_full
+
+    # Per session: context length before the next user message (previous input + its output),
+    # hashes of the previous input's full blocks (the reusable prefix), and turns taken.
+    ctx = [0] * n_sessions
+    shared: list[tuple[int, ...]] = [()] * n_sessions
+    taken = [0] * n_sessions
+    left = [int(t) for t in turns]
+    pending = deque(range(n_sessions))
+    open_: list[int] = []
+    reqs: list[TraceRequest] = []
+    for i in range(n):
+        while len(open_) < concurrency and pending:
+            open_.append(pending.popleft())
+        k = int(picks[i] * len(open_))
+        s = open_[k]
+        fresh = taken[s] == 0
+        inp = ctx[s] + int(follow[i])
+        if not fresh and inp > max_input:
+            fresh = True
+        if fresh:
+            shared[s] = prompt_ids[int(prompt_of[s])]
+            inp = system_prompt_tokens + int(first[i])
+        inp = min(inp, max_input)
+        keep = shared[s]
+        new = _blocks(inp, block_tokens) - len(keep)
+        ids = keep + tuple(range(next_id, next_id + new))
+        next_id += new
+        taken[s] += 1
+        reqs.append(TraceRequest(f"s{s}-t{taken[s]}", float(times[i]), inp, int(outs[i]), ids))
+        shared[s] = ids[: inp // block_tokens]
+        ctx[s] = inp + int(outs[i])
+        left[s] -= 1
+        if left[s] == 0:
+            # Swap-remove: O(1), and deterministic since the pick is by index.
+            open_[k] = open_[-1]
+            open_.pop()
+    source = f"synth_with_prefixes(n={n}, rate={rate}, seed={seed}, sessions={n_sessions})"
+    return Trace(reqs, source=source, block_tokens=block_tokens)

@@ -1,0 +1,91 @@
+"""Trace data types: one request per arrival, in paper time, with optional prefix block hashes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class TraceError(ValueError):
+    """An unusable trace. The message names the file, the 1-based line and the field when known:
+    `traces/x.jsonl:17: field 'input_length': expected a non-negative integer, got "abc"`."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.field = field
+        self.detail = message
+        where = ""
+        if self.path is not None:
+            where = self.path if line is None else f"{self.path}:{line}"
+            where += ": "
+        what = f"field {field!r}: " if field is not None else ""
+        super().__init__(f"{where}{what}{message}")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request. `timestamp` is seconds since the trace's first request (paper time);
+    `hash_ids` are the prefix block hashes (block size = the trace's `block_tokens`);
+    equal hash at equal position = equal prefix block. Empty when the source has none."""
+
+    request_id: str
+    timestamp: float
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests in arrival order (timestamps non-decreasing). Loaders and transforms put the
+    first request at 0; `duration` and `rate` do not rely on it."""
+
+    requests: list[TraceRequest]
+    source: str
+    block_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if self.block_tokens <= 0:
+            raise ValueError(f"block_tokens must be > 0, got {self.block_tokens}")
+        prev = -math.inf
+        for r in self.requests:
+            t = r.timestamp
+            # `not t >= prev` also catches NaN.
+            if not t >= prev or t == math.inf:
+                raise ValueError(
+                    f"{self.source}: request {r.request_id!r} at {t} s is out of order or not finite"
+                )
+            prev = t
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        return iter(self.requests)
+
+    @property
+    def duration(self) -> float:
+        """Seconds from the first to the last arrival (0 for fewer than two requests)."""
+        if not self.requests:
+            return 0.0
+        return self.requests[-1].timestamp - self.requests[0].timestamp
+
+    @property
+    def rate(self) -> float:
+        """Mean arrival rate in requests/s, i.e. 1 / mean inter-arrival gap: (n - 1) / duration.
+        0 for fewer than two requests; inf when they all arrive at once."""
+        n = len(self.requests)
+        if n < 2:
+            return 0.0
+        d = self.duration
+        return (n - 1) / d if d > 0 else math.inf

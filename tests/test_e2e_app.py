@@ -1,0 +1,138 @@
+"""End-to-end on loopback: router, prefill and decode nodes and the TCP KV layer, all in process."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from testbed.core.kvsize import KVModel
+from testbed.core.scenario import Scenario
+from testbed.deploy.inproc import InProcessBackend
+from testbed.deploy.plan import loopback_deployment
+from testbed.live.replayer import replay
+from testbed.metrics.records import RecordWriter, read_records
+from testbed.scenarios import load_scenario
+from testbed.traces.loader import trace_from_workload
+from testbed.traces.types import Trace
+
+pytestmark = pytest.mark.app
+
+
+def fast_scenario(requests: int = 24, output: int = 12, name: str = "paper-prfaas") -> Scenario:
+    return load_scenario(name, {
+        "scale": {"speedup": 40, "byte_scale": 1024},
+        "workload": {"requests": requests, "rate": 4.0, "output_tokens": output, "seed": 3},
+        "serving": {"stream_interval": 1},
+    })
+
+
+async def _replay(sc: Scenario, trace: Trace, tmp: Path, break_decode: str | None = None,
+                  cancel_after: float | None = None) -> list[Any]:
+    dep = loopback_deployment(sc, str(tmp), 19400.0 if sc.policy.name == "prfaas" else None)
+    writer = RecordWriter(tmp / "records.csv")
+    skip = frozenset({break_decode}) if break_decode else frozenset()
+    async with InProcessBackend(dep, skip) as d:
+        task = asyncio.ensure_future(replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name))
+        if cancel_after is not None:
+            await asyncio.sleep(cancel_after)
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+    writer.close()
+    return read_records(tmp / "records.csv")
+
+
+async def test_replay_routes_and_accounts_every_request(tmp_path: Path) -> None:
+    sc = fast_scenario()
+    trace = trace_from_workload(sc.workload)
+    recs = await _replay(sc, trace, tmp_path)
+    assert sorted(r.request_id for r in recs) == sorted(t.request_id for t in trace)
+    assert all(r.outcome == "completed" for r in recs), [r.reason for r in recs if r.outcome != "completed"]
+    kv = KVModel.from_spec(sc.model)
+    for r in recs:
+        assert r.crossed_wan == (r.input_tokens > 19400)
+        assert r.prefill_cluster == ("prfaas" if r.input_tokens > 19400 else "pd")
+        assert r.kv_bytes_wire == sum(kv.layer_bytes(r.input_tokens, 0, 1024))
+        assert r.tokens_received == 12
+        # Stage order: a request's life is monotone in time.
+        seq = [r.arrival, r.routed, r.prefill_start, r.prefill_end, r.transfer_end, r.decode_admitted,
+               r.first_token, r.last_token]
+        assert seq == sorted(seq), (r.request_id, seq)
+        assert r.transfer_start <= r.prefill_end   # layer-wise: KV leaves before compute ends
+    assert (tmp_path / "decisions.jsonl").exists()
+    assert (tmp_path / "timeseries" / "router.jsonl").exists()
+
+
+async def test_failed_decode_node_fails_only_its_requests_with_a_reason(tmp_path: Path) -> None:
+    sc = fast_scenario(requests=20)
+    trace = trace_from_workload(sc.workload)
+    recs = await _replay(sc, trace, tmp_path, break_decode="pd-d0")
+    assert len(recs) == 20 and len({r.request_id for r in recs}) == 20
+    failed = [r for r in recs if r.outcome == "failed"]
+    assert failed and all(r.decode_node == "pd-d0" or "pd-d0" in r.reason for r in failed)
+    assert all("unreachable" in r.reason for r in failed)
+    assert any(r.outcome == "completed" for r in recs)
+
+
+async def test_interrupted_replay_keeps_every_request_once(tmp_path: Path) -> None:
+    sc = fast_scenario(requests=40, output=200)
+    trace = trace_from_workload(sc.workload)
+    recs = await _replay(sc, trace, tmp_path, cancel_after=1.5)
+    assert len(recs) == 40 and len({r.request_id for r in recs}) == 40
+    reasons = {r.reason.split(":")[0] for r in recs if r.outcome == "failed"}
+    assert reasons <= {"interrupted", "not sent"} and reasons
+
+
+async def test_openai_client_streams_against_router(tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai")
+    sc = fast_scenario()
+    dep = loopback_deployment(sc, None, 19400.0)
+    async with InProcessBackend(dep) as d:
+        client = openai.AsyncOpenAI(base_url=f"{d.router.url}/v1", api_key="unused")
+        stream = await client.completions.create(model="kimi-linear-1t", prompt="hello " * 400, max_tokens=9,
+                                                 stream=True)
+        text = ""
+        async for ch in stream:
+            text += ch.choices[0].text if ch.choices else ""
+        assert text.count("tok") == 9
+        chat = await client.chat.completions.create(
+            model="kimi-linear-1t", messages=[{"role": "user", "content": "hi there"}], max_tokens=5,
+            stream=True, stream_options={"include_usage": True})
+        parts, usage = [], None
+        async for ch in chat:
+            if ch.choices and ch.choices[0].delta.content:
+                parts.append(ch.choices[0].delta.content)
+            if ch.usage:
+                usage = ch.usage
+        assert "".join(parts).count("tok") == 5 and usage is not None and usage.completion_tokens == 5
+        full = await client.completions.create(model="m", prompt=[1, 2, 3] * 1000, max_tokens=3,
+                                               extra_body={"testbed": {"input_tokens": 50000}})
+        assert full.usage is not None and full.usage.prompt_tokens == 50000 and full.usage.completion_tokens == 3
+        models = await client.models.list()
+        assert models.data[0].id == "kimi-linear-1t"
+        await client.close()
+
+
+async def test_router_metrics_and_bad_requests(tmp_path: Path) -> None:
+    sc = fast_scenario()
+    dep = loopback_deployment(sc, None, 19400.0)
+    async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
+        async with s.post(f"{d.router.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}) as r:
+            assert r.status == 200
+        async with s.post(f"{d.router.url}/v1/completions", json={"prompt": "x", "max_tokens": -1}) as r:
+            assert r.status == 400 and "max_tokens" in (await r.json())["error"]["message"]
+        async with s.post(f"{d.router.url}/v1/completions", data=b"{not json") as r:
+            assert r.status == 400
+        async with s.get(f"{d.router.url}/metrics") as r:
+            text = await r.text()
+        assert "vllm:time_to_first_token_seconds_count 1.0" in text
+        assert 'testbed_requests_routed_total{cluster="pd"} 1.0' in text
+        node = d.nodes["pd-d0"].http.url
+        async with s.get(f"{node}/metrics") as r:
+            assert "vllm:kv_cache_usage_perc" in await r.text()

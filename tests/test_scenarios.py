@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.scenarios import ScenarioError, load_scenario, parse_overrides
+
+pytestmark = pytest.mark.pure
+
+
+@pytest.mark.parametrize("name", ["paper-prfaas", "paper-homogeneous", "paper-naive"])
+def test_paper_scenarios_load(name: str) -> None:
+    sc = load_scenario(name)
+    assert sc.name == name
+    assert sc.workload.input.mu == 9.90 and sc.workload.output_tokens == 1024
+
+
+def test_paper_deployments_match_table6() -> None:
+    p = load_scenario("paper-prfaas")
+    assert [(c.kind, c.hardware, c.prefill, c.decode) for c in p.clusters] == [
+        ("prfaas", "h200", 4, 0), ("pd", "h20", 3, 5)]
+    assert p.policy.threshold == 19400
+    h = load_scenario("paper-homogeneous")
+    assert [(c.prefill, c.decode) for c in h.clusters] == [(9, 3)]
+    n = load_scenario("paper-naive")
+    assert [(c.prefill, c.decode) for c in n.clusters] == [(4, 0), (0, 8)]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    base = Path(__file__).resolve().parent.parent / "scenarios" / "base" / "paper.yaml"
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"extends: {base}\n" + text)
+    return f
+
+
+def test_invalid_field_names_file_and_field(tmp_path: Path) -> None:
+    f = _write(tmp_path, "name: x\nclusters:\n  - {name: pd, datacenter: a, kind: pd, hardware: h20, prefill: -1, decode: 2}\n"
+                         "policy: {name: homogeneous}\n")
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(f)
+    assert str(f) in str(e.value) and "clusters.0.prefill" in str(e.value)
+
+
+def test_unknown_field_rejected(tmp_path: Path) -> None:
+    f = _write(tmp_path, "name: x\nclusters: []\npolicy: {name: homogeneous}\nscael: {speedup: 2}\n")
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(f)
+    assert "scael" in str(e.value) and "clusters" in str(e.value)
+
+
+def test_cross_field_errors(tmp_path: Path) -> None:
+    f = _write(tmp_path, "name: x\nclusters:\n  - {name: pd, datacenter: a, kind: pd, hardware: tpu, prefill: 1, decode: 1}\n"
+                         "policy: {name: homogeneous}\n")
+    with pytest.raises(ScenarioError, match="names hardware 'tpu'"):
+        load_scenario(f)
+    f = _write(tmp_path, "name: x\nclusters:\n  - {name: pd, datacenter: a, kind: pd, hardware: h20, prefill: 1, decode: 1}\n"
+                         "policy: {name: prfaas, threshold: 100}\n")
+    with pytest.raises(ScenarioError, match="needs a 'prfaas' cluster"):
+        load_scenario(f)
+
+
+def test_bad_yaml_and_missing(tmp_path: Path) -> None:
+    f = tmp_path / "broken.yaml"
+    f.write_text("name: [unclosed\n")
+    with pytest.raises(ScenarioError, match="not valid YAML"):
+        load_scenario(f)
+    with pytest.raises(ScenarioError, match="not found"):
+        load_scenario("no-such-scenario")
+
+
+def test_overrides() -> None:
+    ov = parse_overrides(["scale.speedup=8", "policy.threshold=30000"])
+    sc = load_scenario("paper-prfaas", ov)
+    assert sc.scale.speedup == 8 and sc.policy.threshold == 30000
+    with pytest.raises(ScenarioError, match="field.path=value"):
+        parse_overrides(["nonsense"])
