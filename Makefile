@@ -17,7 +17,7 @@ install: $(STAMP)
 
 ## The main job: the three paper deployments on one seeded workload, one comparison report.
 replay: $(STAMP)
-	$(BIN)/testbed replay --compare paper-prfaas paper-homogeneous paper-naive --out $(RUNS)/paper-compare
+	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --out $(RUNS)/paper-compare
 
 ## The analytical model of the paper (Table 6).
 model: $(STAMP)

@@ -110,5 +110,5 @@ async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: B
         meta.update({"t_end": now(), "interrupted": interrupted})
         meta_path.write_text(json.dumps(meta, indent=1))
         summary = write_summary(run_dir)
-        write_report(run_dir)
+        write_report(run_dir, summary)
     return RunResult(run_dir, stats, interrupted, summary)

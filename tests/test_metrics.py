@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from testbed.metrics.command import register
+from testbed.metrics.command import print_summary_table, register
 from testbed.metrics.records import RequestRecord, write_records
 from testbed.metrics.report import fmt, fmt_bytes, fmt_change, write_comparison, write_report
 from testbed.metrics.summary import RunDirError, summarize, write_summary
@@ -115,7 +115,7 @@ def test_summary_figures_by_hand(tmp_path: Path) -> None:
     assert s["run"] == {
         "name": "paper-prfaas", "scenario": "paper-prfaas", "policy": "prfaas", "threshold": 19400.0,
         "speedup": 4.0, "byte_scale": 256.0, "shaping_method": "htb+tun-delay", "offered_rate_rps": 0.5,
-        "slo_ttft_s": 2.5, "slo_tpot_s": 0.5, "duration_s_paper": 40.0,
+        "slo_ttft_s": 2.5, "slo_tpot_s": 0.5, "duration_s_paper": 40.0, "interrupted": False,
     }
     assert s["requests"] == {
         "total": 7, "completed": 3, "failed": 3, "pending": 1,
@@ -193,8 +193,10 @@ def test_summary_json_is_strict(tmp_path: Path) -> None:
 @pytest.mark.parametrize("records", [[], [rec(1, arrival=0.1, outcome="failed", reason="refused")]],
                          ids=["empty", "failed-only"])
 def test_empty_and_failed_only_runs(tmp_path: Path, records: list[RequestRecord]) -> None:
-    run = make_run(tmp_path / "run", records, timeseries=False, t_end=None, slo=None)
+    # As an interrupted run leaves it: no t_end; and no SLO.
+    run = make_run(tmp_path / "run", records, timeseries=False, t_end=None, slo=None, interrupted=True)
     s = write_summary(run)
+    assert s["run"]["interrupted"] is True
     assert s["requests"]["completed"] == 0
     assert s["ttft_s"] == {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
     assert set(s["ttft_breakdown_s"].values()) == {None}
@@ -203,8 +205,8 @@ def test_empty_and_failed_only_runs(tmp_path: Path, records: list[RequestRecord]
     assert s["throughput"]["goodput_rps_paper"] is None
     assert s["fidelity"] == {"n": 0, "prefill_abs_err_median_s": None, "prefill_rel_err_median": None, "warn": False}
     assert s["wan_egress"]["mean_Bps_paper"] is None
-    report = write_report(run)
-    assert "Run report" in report.read_text()
+    report = write_report(run).read_text()
+    assert "Run report" in report and "interrupted" in report
     assert (run / "ttft_cdf.png").stat().st_size > 0
     assert not (run / "queues.png").exists()
 
@@ -215,6 +217,13 @@ def test_missing_run_json_is_a_clear_error(tmp_path: Path) -> None:
     run_json(tmp_path, scale=None)
     with pytest.raises(RunDirError, match="scale"):
         summarize(tmp_path)
+
+
+def test_run_without_t0_ignores_timeseries(tmp_path: Path) -> None:
+    # A run killed before it started sending: run.json still has t0 = null.
+    run = make_run(tmp_path / "run", [], t0=None)
+    s = summarize(run)
+    assert s["timeseries"]["samples"] == 0 and s["wire"]["duration_s"] is None
 
 
 # ---------------------------------------------------------------- time series
@@ -323,12 +332,15 @@ def test_cli_report_and_compare(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "paper-prfaas: -50% mean TTFT" in out and (tmp_path / "cmp" / "comparison.md").is_file()
     assert _cli(["compare", *map(str, runs[:2]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["baseline"] == "paper-homogeneous"
+    print_summary_table(summarize(runs[1]), title="custom title")
+    assert "custom title" in capsys.readouterr().out
     assert _cli(["report", str(tmp_path / "nope")]) == 2
     assert "run.json: missing" in capsys.readouterr().err
 
 
 def test_formatting() -> None:
-    assert [fmt(x) for x in (0.0, 2.1333, 0.02512, 123.4, 12345.6, 1e-5)] == ["0", "2.13", "0.0251", "123", "12,300", "1.00e-05"]
+    values = (0.0, 2.1333, 0.02512, 0.000872, 9.9996, 123.4, 12345.6, 1e-5)
+    assert [fmt(x) for x in values] == ["0", "2.13", "0.0251", "0.000872", "10.0", "123", "12,300", "1.00e-05"]
     assert fmt(3) == "3" and fmt(None) == "n/a"
     assert fmt_bytes(896_000 / 3) == "299 kB" and fmt_bytes(1.5e9) == "1.50 GB"
     assert fmt_change(2.0, 4.0) == "-50%" and fmt_change(1.03, 1.0) == "+3.0%" and fmt_change(1.0, None) == "n/a"

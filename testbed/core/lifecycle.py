@@ -68,14 +68,14 @@ class Lifecycle:
     def apply(self, event: Event, now: float, reason: str = "") -> State:
         if event is Event.FAIL:
             if self.state in TERMINAL:
-                raise InvalidTransition(f"{self.request_id}: fail in terminal state {self.state.value}")
+                raise InvalidTransition(f"fail in terminal state {self.state.value}")
             self.state = State.FAILED
             self.reason = reason or "failed"
             self.times.setdefault(event, now)
             return self.state
         nxt = TRANSITIONS.get((self.state, event))
         if nxt is None:
-            raise InvalidTransition(f"{self.request_id}: event {event.value} not allowed in state {self.state.value}")
+            raise InvalidTransition(f"event {event.value} not allowed in state {self.state.value}")
         self.state = nxt
         self.times.setdefault(event, now)
         return nxt

@@ -59,8 +59,10 @@ async def _batch_loop(st: DecodeState) -> None:
         # Keep the step cadence on absolute deadlines unless the loop stalled for a whole step.
         if step_start is None or t - step_start > b.step_duration():
             step_start = t
-        for s in b.admit(step_start):
-            st.streams[s.request_id].put_nowait({"event": "admitted", "t": step_start})
+        # Stamp admission when it happens: a sequence whose KV landed after the previous
+        # step's deadline joins this step late, never before its KV existed.
+        for s in b.admit(t):
+            st.streams[s.request_id].put_nowait({"event": "admitted", "t": t})
         if not b.running:
             # The FCFS head waits for memory that only a finishing sequence can free.
             st.wakeup.clear()

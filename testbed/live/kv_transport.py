@@ -173,6 +173,8 @@ class Transfer:
     async def finish(self) -> float:
         """Wait until every chunk is written and drained, send END; return the completion
         time.time(). Raises TransferFailed if a connection carrying this transfer failed."""
+        if self._done:
+            raise RuntimeError(f"transfer {self.transfer_id}: finish() called twice")
         if self._queued != self.total:
             raise ValueError(f"transfer {self.transfer_id}: finish() after {self._queued} of {self.total} bytes")
         self._finishing = True

@@ -271,6 +271,8 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
         await resp.write_eof()
         return resp
     except (RequestFailed, InvalidTransition) as e:
+        if isinstance(e, InvalidTransition):
+            e = RequestFailed(f"stamps out of lifecycle order: {e}")
         if not prog.life.done:
             prog.life.apply(Event.FAIL, now(), str(e))
         st.metrics.failed.labels(reason=str(e).split(":")[0][:40]).inc()

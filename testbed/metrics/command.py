@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,7 +41,7 @@ def _fail(e: Exception) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     # Imported here: matplotlib costs ~0.5 s, which every other `testbed` command would pay.
-    from testbed.metrics.report import fmt_pct, run_label, summary_rows, write_report
+    from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
 
     run_dir: Path = args.run_dir
@@ -53,11 +53,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    run = summary["run"]
     console = Console()
+    print_summary_table(summary, console=console)
+    console.print(Text(f"wrote {run_dir / 'summary.json'} and {report}"))
+    return 0
+
+
+def print_summary_table(summary: dict[str, Any], title: str | None = None, console: Console | None = None) -> None:
+    """One run's summary as a terminal table (paper and wire units), plus its warnings."""
+    from testbed.metrics.report import fmt_pct, run_label, summary_rows
+
+    run = summary["run"]
+    console = console or Console()
+    head = title or run_label(summary)
     table = Table(
         title=Text(
-            f"{run_label(summary)}: {run['scenario']}, speedup {run['speedup']:g}, "
+            f"{head}: {run['scenario']}, speedup {run['speedup']:g}, "
             f"byte_scale {run['byte_scale']:g}, shaping {run['shaping_method']}"
         )
     )
@@ -70,8 +81,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     fid = summary["fidelity"]
     if fid["warn"]:
         console.print(Text(f"warning: testbed timing error {fmt_pct(fid['prefill_rel_err_median'])} > 3%", style="yellow"))
-    console.print(Text(f"wrote {run_dir / 'summary.json'} and {report}"))
-    return 0
+    if run.get("interrupted"):
+        console.print(Text("warning: the run was interrupted; figures cover what finished", style="yellow"))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -25,10 +25,12 @@ from testbed.metrics.summary import (
     BYTE_COUNTERS,
     completed_ttfts_wire,
     load_records,
+    load_run_meta,
+    load_run_timeseries,
     summarize,
     write_summary,
 )
-from testbed.metrics.timeseries import Sample, counter_rate, group_series, load_timeseries, select
+from testbed.metrics.timeseries import Sample, counter_rate, group_series, select
 
 QUEUE_METRICS: tuple[str, ...] = ("queue_depth", "running_batch")
 STAGE_LABELS: dict[str, str] = {
@@ -46,7 +48,7 @@ NA = "n/a"
 
 
 def fmt(x: float | int | None, unit: str = "") -> str:
-    """3 significant figures, thousands separated, no exponent between 1e-3 and 1e15."""
+    """3 significant figures, thousands separated, no exponent between 1e-4 and 1e15."""
     if x is None or isinstance(x, bool):
         return NA
     if isinstance(x, int):
@@ -57,7 +59,7 @@ def fmt(x: float | int | None, unit: str = "") -> str:
         return f"0{unit}"
     x = float(f"{x:.3g}")  # round first, so 9.9996 prints as 10.0, not 10.00
     mag = math.floor(math.log10(abs(x)))
-    if mag >= 15 or mag < -3:
+    if mag >= 15 or mag < -4:
         s = f"{x:.2e}"
     elif mag >= 2:
         s = f"{x:,.0f}"
@@ -290,8 +292,13 @@ def plot_queues(samples: Sequence[Sample], speedup: float, path: Path) -> Path |
     return _save(fig, path)
 
 
-def plot_links(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | None:
-    """KV egress rate of each byte counter (paper Gbit/s), and the routing threshold if recorded."""
+def plot_links(
+    samples: Sequence[Sample], scale: Scale, path: Path, wan_series: frozenset[str] = frozenset()
+) -> Path | None:
+    """KV egress rate of each byte counter (paper Gbit/s), and the routing threshold if recorded.
+
+    Series named in `wan_series` (series keys) are drawn solid and tagged WAN, the rest dashed.
+    """
     counters = [s for s in samples if s.metric in BYTE_COUNTERS]
     if not counters:
         return None
@@ -307,7 +314,9 @@ def plot_links(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | No
         # Each rate holds over the interval ending at its stamp: draw it as a step back to the previous one.
         x = np.concatenate([[series[0].t], t]) * scale.speedup
         y = np.concatenate([r[:1], r]) * scale.byte_scale / scale.speedup * 8 / 1e9
-        axes[0].plot(x, y, drawstyle="steps-pre", label=key, linewidth=1)
+        wan = key in wan_series
+        axes[0].plot(x, y, drawstyle="steps-pre", label=f"{key} (WAN)" if wan else key, linewidth=1,
+                     linestyle="-" if wan else "--")
     axes[0].set_ylabel("egress (paper Gbit/s)")
     axes[0].grid(alpha=0.3)
     if len(groups) <= 12:
@@ -331,17 +340,20 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
     run = s["run"]
     scale = Scale(run["speedup"], run["byte_scale"])
     ttfts = [t * scale.speedup for t in completed_ttfts_wire(load_records(run_dir))]
-    samples = load_timeseries(run_dir)
+    samples = load_run_timeseries(run_dir, load_run_meta(run_dir))
+    wan_series = frozenset(k for k, v in s["links"].items() if v["wan"])
 
     plots = [("TTFT CDF", plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", run["slo_ttft_s"]))]
     for title, p in (
         ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png")),
-        ("KV egress", plot_links(samples, scale, run_dir / "links.png")),
+        ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series)),
     ):
         if p is not None:
             plots.append((title, p))
 
     out = [f"# Run report: {run['name']}", "", _preamble(s), ""]
+    if run["interrupted"]:
+        out += ["> **Note:** the run was interrupted; figures cover the requests that finished.", ""]
     fid = s["fidelity"]
     if fid["warn"]:
         out += [
