@@ -21,8 +21,9 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="auto", help="trace format (default: from the file)")
     p.add_argument("--rate", type=float, help="offered rate in paper req/s (rescales the trace's arrivals)")
     p.add_argument("--requests", type=int, help="replay only the first N requests")
-    p.add_argument("--backend", choices=["local", "inproc"], default="local",
-                   help="local: one process per service on loopback; inproc: all in this process")
+    p.add_argument("--backend", choices=["auto", "netns", "local", "inproc"], default="auto",
+                   help="netns: a namespace per service and shaped WAN links (root); local: one process per "
+                        "service on loopback; inproc: all in this process; auto: netns if root, else local")
     p.add_argument("--json", action="store_true", help="print figures as JSON")
 
 
@@ -72,7 +73,7 @@ async def _run_one(sc: Any, trace: Any, out: Path, backend: str, show: bool) -> 
         prog.update(task, completed=s.completed + s.failed, sent=s.sent, failed=s.failed)
 
     with prog:
-        return await run_replay_async(sc, trace, out, backend, on_progress=cb)  # type: ignore[arg-type]
+        return await run_replay_async(sc, trace, out, backend, on_progress=cb)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -86,6 +87,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
     show = not args.json and sys.stderr.isatty()
+    from testbed.runner import pick_backend
+    backend, warning = pick_backend(args.backend)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     results = []
     try:
         for sc in scenarios:
@@ -94,7 +99,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"replaying {len(trace)} requests of {trace.source} on {sc.name} "
                       f"(speedup {sc.scale.speedup:g}, byte_scale {sc.scale.byte_scale:g}) -> {out}", file=sys.stderr)
-            results.append(asyncio.run(_run_one(sc, trace, out, args.backend, show)))
+            results.append(asyncio.run(_run_one(sc, trace, out, backend, show)))
     except KeyboardInterrupt:
         print(f"interrupted: services stopped, records so far kept under {base}", file=sys.stderr)
         return 130
@@ -133,8 +138,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from testbed import sweep as sweep_cmd
     from testbed.metrics import command as metrics_cmd
+    from testbed.metrics import regress as regress_cmd
     from testbed.model import command as model_cmd
+    from testbed.net import command as net_cmd
     from testbed.traces import command as trace_cmd
 
     p = argparse.ArgumentParser(prog="testbed", description="Cross-datacenter PD-disaggregation testbed (PrfaaS)")
@@ -166,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_cmd.register(sub)
     trace_cmd.register(sub)
     metrics_cmd.register(sub)
+    net_cmd.register(sub)
+    regress_cmd.register(sub)
+    sweep_cmd.register(sub)
     return p
 
 

@@ -17,21 +17,14 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from testbed.core.scenario import Scenario
-from testbed.deploy.inproc import InProcessBackend
-from testbed.deploy.local import LocalBackend
-from testbed.deploy.plan import loopback_deployment
+from testbed.deploy.base import Backend
+from testbed.deploy.loopback import LoopbackBackend
 from testbed.live.clock import now
-from testbed.live.deployment import Deployment
 from testbed.live.replayer import ReplayStats, replay
 from testbed.metrics.records import RecordWriter
 from testbed.scenarios import dump_scenario
 from testbed.traces.types import Trace
 
-Backend = Literal["local", "inproc"]
-LOCAL_SHAPING = {
-    "method": "none",
-    "detail": "local backend: every service on loopback; no WAN delay, rate limit or loss is emulated",
-}
 
 
 @dataclass
@@ -62,13 +55,30 @@ def resolve_threshold(sc: Scenario) -> float | None:
     return float(sc.policy.threshold)
 
 
-def _backend(kind: Backend, dep: Deployment, run_dir: Path) -> AbstractAsyncContextManager[Deployment]:
-    if kind == "local":
-        return LocalBackend(dep, run_dir)
-    return InProcessBackend(dep)
+def pick_backend(requested: str) -> tuple[str, str | None]:
+    """`auto` is netns (real shaped links) when this process may create namespaces, else the
+    local backend with a warning that says what is not emulated."""
+    if requested != "auto":
+        return requested, None
+    import os
+    if os.geteuid() != 0:
+        return "local", ("not root: using the local backend (loopback). WAN delay, rate limits, loss and "
+                         "link schedules are NOT emulated; run as root for the netns backend")
+    if not Path("/var/run/netns").exists() and not os.access("/var/run", os.W_OK):
+        return "local", "cannot create network namespaces: using the local backend; WAN links are NOT emulated"
+    return "netns", None
 
 
-async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: Backend = "local",
+def make_backend(kind: str, sc: Scenario, run_dir: Path, threshold: float | None) -> Backend:
+    if kind in ("local", "inproc"):
+        return LoopbackBackend(kind, sc, run_dir, threshold)
+    if kind == "netns":
+        from testbed.deploy.netns import NetnsBackend
+        return NetnsBackend(sc, run_dir, threshold)
+    raise ValueError(f"unknown backend {kind!r} (local, inproc, netns)")
+
+
+async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: str = "local",
                            name: str | None = None,
                            on_progress: Callable[[ReplayStats], None] | None = None) -> RunResult:
     from testbed.metrics.report import write_report
@@ -78,13 +88,13 @@ async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: B
     (run_dir / "timeseries").mkdir(exist_ok=True)
     (run_dir / "scenario.yaml").write_text(dump_scenario(sc))
     threshold = resolve_threshold(sc)
-    dep = loopback_deployment(sc, str(run_dir.resolve()), threshold)
+    be = make_backend(backend, sc, run_dir, threshold)
     offered = trace.rate if len(trace) > 1 else 0.0
     meta: dict[str, Any] = {
         "name": name or sc.name, "scenario": sc.name, "policy": sc.policy.name, "backend": backend,
         "t0": None, "t_end": None,
         "scale": {"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
-        "shaping": LOCAL_SHAPING, "slo": {"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
+        "shaping": be.shaping(), "slo": {"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
         "offered_rate": offered, "trace": {"source": trace.source, "requests": len(trace)},
         "threshold": threshold, "versions": _versions(), "interrupted": False,
     }
@@ -94,17 +104,23 @@ async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: B
     interrupted = False
     writer = RecordWriter(run_dir / "records.csv")
     try:
-        async with _backend(backend, dep, run_dir) as d:
-            meta["t0"] = t0 = now()
-            meta_path.write_text(json.dumps(meta, indent=1))
-            try:
-                stats = await replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name,
-                                     on_progress, t0=t0)
-            except asyncio.CancelledError:
-                interrupted = True
-                raise
+        await be.start()
+        meta["shaping"] = be.shaping()     # backends learn some facts (e.g. method) only at start
+        meta["t0"] = t0 = now()
+        meta_path.write_text(json.dumps(meta, indent=1))
+        await be.on_t0(t0)
+        url = be.deployment.router.url
+        try:
+            stats = await be.run_client(lambda: replay(trace, url, writer, sc.scale.speedup, sc.model.name,
+                                                       on_progress, t0=t0))
+        except asyncio.CancelledError:
+            interrupted = True
+            raise
     finally:
-        writer.close()
+        try:
+            await asyncio.shield(be.stop())
+        finally:
+            writer.close()
         if meta["t0"] is None:     # stopped before the services came up: nothing was sent
             meta["t0"] = now()
         meta.update({"t_end": now(), "interrupted": interrupted})

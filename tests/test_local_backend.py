@@ -54,7 +54,7 @@ def _serve_processes(run_dir: Path) -> list[int]:
 def test_replay_cli_on_local_backend(tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "12", "--rate", "3",
-                                "--out", str(out), "--json", *FAST), capture_output=True, text=True, timeout=120)
+                                "--out", str(out), "--json", "--backend", "local", *FAST), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary["requests"]["total"] == 12 and summary["requests"]["completed"] == 12
@@ -68,7 +68,7 @@ def test_replay_cli_on_local_backend(tmp_path: Path) -> None:
 def test_ctrl_c_stops_services_and_keeps_records(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
-                                     "--out", str(out), *FAST, "--set", "workload.output_tokens=400"),
+                                     "--out", str(out), "--backend", "local", *FAST, "--set", "workload.output_tokens=400"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     records = out / "records.csv"

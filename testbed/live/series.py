@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
@@ -17,6 +18,7 @@ log = logging.getLogger("testbed.series")
 class SeriesWriter:
     def __init__(self, path: Path | None, source: str) -> None:
         self.source = source
+        self._lock = threading.Lock()   # link monitors write from a thread of their own
         self._fh: TextIO | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -26,17 +28,21 @@ class SeriesWriter:
         if self._fh is None:
             return
         t = now() if ts is None else ts
-        for metric, value, labels in samples:
-            self._fh.write(
-                json.dumps({"ts": round(t, 6), "source": self.source, "metric": metric, "value": value, "labels": labels})
-                + "\n"
-            )
-        self._fh.flush()
+        text = "".join(
+            json.dumps({"ts": round(t, 6), "source": self.source, "metric": metric, "value": value, "labels": labels})
+            + "\n"
+            for metric, value, labels in samples
+        )
+        with self._lock:
+            if self._fh is not None:
+                self._fh.write(text)
+                self._fh.flush()
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
 
 
 async def sample_forever(writer: SeriesWriter, collect: Callable[[], Iterable[Sample]], interval: float) -> None:

@@ -69,6 +69,7 @@ import numpy as np
 
 from testbed.core.scaling import Scale
 from testbed.metrics.records import RequestRecord, read_records
+from testbed.metrics.wanlink import link_usage
 from testbed.metrics.timeseries import (
     Sample,
     counter_rate,
@@ -399,6 +400,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "wan_per_offloaded_request_wire": _ratio(wan_w, len(offloaded)),
         },
         "wan_egress": wan_egress,
+        "wan_link": link_usage(samples, records, scale, dur),
         "links": links,
         "fidelity": _fidelity(records),
         "wire": {

@@ -1,0 +1,35 @@
+"""What the runner needs from a deploy backend: start services, say how links are shaped,
+run the client where the router is reachable, and stop everything it started."""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+from testbed.live.deployment import Deployment
+
+T = TypeVar("T")
+
+
+class Backend(Protocol):
+    name: str
+    deployment: Deployment
+
+    def shaping(self) -> dict[str, Any]:
+        """Facts for run.json: method and parameters of every shaped link."""
+        ...
+
+    async def start(self) -> None:
+        """Bring every service up and healthy; on failure, undo what was done and raise."""
+        ...
+
+    async def on_t0(self, t0: float) -> None:
+        """The replay clock starts at t0 (unix seconds): start clock-relative tasks."""
+        ...
+
+    async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run a client coroutine where the router's address is reachable."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop everything this backend started. Idempotent."""
+        ...

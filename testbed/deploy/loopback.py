@@ -1,0 +1,41 @@
+"""The two loopback backends behind the Backend protocol: one process per service (`local`)
+or every service in this process (`inproc`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Awaitable, Callable, TypeVar
+
+from testbed.core.scenario import Scenario
+from testbed.deploy.inproc import InProcessBackend
+from testbed.deploy.local import LocalBackend
+from testbed.deploy.plan import loopback_deployment
+
+T = TypeVar("T")
+NO_SHAPING = {
+    "method": "none",
+    "detail": "loopback: every service on 127.0.0.1; no WAN delay, rate limit or loss is emulated",
+}
+
+
+class LoopbackBackend:
+    def __init__(self, kind: str, sc: Scenario, run_dir: Path, threshold: float | None) -> None:
+        self.name = kind
+        self.deployment = loopback_deployment(sc, str(run_dir.resolve()), threshold)
+        self._impl: LocalBackend | InProcessBackend = (
+            LocalBackend(self.deployment, run_dir) if kind == "local" else InProcessBackend(self.deployment))
+
+    def shaping(self) -> dict[str, Any]:
+        return dict(NO_SHAPING)
+
+    async def start(self) -> None:
+        await self._impl.__aenter__()
+
+    async def on_t0(self, t0: float) -> None:
+        return None
+
+    async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
+        return await make()
+
+    async def stop(self) -> None:
+        await self._impl.__aexit__(None, None, None)

@@ -1,0 +1,264 @@
+"""netns backend: one network namespace per service, a bridge per datacenter, and a WAN router
+namespace whose interfaces shape every inter-datacenter link (netem where the kernel has it;
+otherwise HTB for the rate and the userspace delay line on a TUN device for delay, jitter and
+loss). Services run the same code as on loopback, each inside its own namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Awaitable, Callable, TypeVar
+
+from testbed.core.linkprofile import LinkParams, LinkProfile, schedule_wire
+from testbed.core.scaling import Scale
+from testbed.core.scenario import Scenario
+from testbed.core.topology import node_specs
+from testbed.deploy.local import serve_argv, wait_healthy
+from testbed.deploy.procs import ProcessGroup
+from testbed.live.clock import sleep_until
+from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
+from testbed.live.series import SeriesWriter
+from testbed.linkprofiles import load_profile
+from testbed.net.capabilities import choose_method, probe_shaping
+from testbed.net.executor import Executor
+from testbed.net.monitor import LinkMonitor, WatchedLink
+from testbed.net.nsexec import nsexec_argv
+from testbed.net.nsthread import NetnsLoop
+from testbed.net.plan import plan_change, plan_up
+from testbed.net.teardown import teardown
+from testbed.net.topology import Topology, build_topology, new_prefix
+
+T = TypeVar("T")
+log = logging.getLogger("testbed.netns")
+HTTP_PORT = 8000
+KV_PORT = 9000
+MONITOR_INTERVAL_S = 0.05     # wire seconds: twice the 10 Hz the reports need, for rate-change tracking
+ROUTER_HOST = "router"
+CLIENT_HOST = "client"
+
+
+class NetnsError(RuntimeError):
+    pass
+
+
+def wan_links(sc: Scenario, profile: LinkProfile, scale: Scale) -> dict[tuple[str, str], LinkParams]:
+    """Every ordered pair of distinct datacenters gets the scenario's inter-DC profile."""
+    dcs = list(dict.fromkeys(c.datacenter for c in sc.clusters))
+    params = profile.wire(scale)
+    return {(a, b): params for a in dcs for b in dcs if a != b}
+
+
+def local_dc(sc: Scenario) -> str:
+    """The datacenter of the decode cluster: where the router and the clients sit."""
+    return next(c.datacenter for c in sc.clusters if c.kind == "pd" and c.decode > 0)
+
+
+def build_netns_topology(sc: Scenario, prefix: str, method: str) -> tuple[Topology, LinkProfile]:
+    profile = load_profile(sc.links.inter_dc)
+    scale = Scale.from_spec(sc.scale)
+    home = local_dc(sc)
+    hosts = [(n.id, n.datacenter) for n in node_specs(sc)] + [(ROUTER_HOST, home), (CLIENT_HOST, home)]
+    topo = build_topology(prefix, hosts, wan_links(sc, profile, scale), method,  # type: ignore[arg-type]
+                          mtu=profile.mtu, tcp=profile.tcp)
+    return topo, profile
+
+
+def netns_deployment(sc: Scenario, topo: Topology, run_dir: str, threshold: float | None) -> Deployment:
+    if sc.transfer.congestion is None and topo.tcp.congestion is not None:
+        # The link profile's congestion control, set per KV socket (see plan.host_sysctls).
+        sc = sc.model_copy(update={"transfer": sc.transfer.model_copy(update={"congestion": topo.tcp.congestion})})
+    nodes: dict[str, NodeEndpoint] = {}
+    for n in node_specs(sc):
+        h = topo.host(n.id)
+        kv = Endpoint(h.ip, KV_PORT) if n.role == "decode" else None
+        nodes[n.id] = NodeEndpoint(n.id, n.role, n.cluster, n.datacenter, Endpoint(h.ip, HTTP_PORT), kv)
+    router = Endpoint(topo.host(ROUTER_HOST).ip, HTTP_PORT)
+    return Deployment(sc, router, nodes, run_dir=run_dir, threshold=threshold, bind_host="0.0.0.0")
+
+
+class NetnsBackend:
+    name = "netns"
+
+    def __init__(self, sc: Scenario, run_dir: Path, threshold: float | None, method: str = "auto") -> None:
+        self.sc = sc
+        self.run_dir = run_dir.resolve()
+        self.scale = Scale.from_spec(sc.scale)
+        self.prefix = new_prefix()
+        self.want_method = method
+        self.method = "unknown"
+        self.topo: Topology | None = None
+        self.profile: LinkProfile | None = None
+        self.deployment = Deployment(sc, Endpoint("0.0.0.0", 0), {}, run_dir=str(self.run_dir), threshold=threshold)
+        self._threshold = threshold
+        self._procs = ProcessGroup(self.run_dir / "logs")
+        self._client: NetnsLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._series: list[SeriesWriter] = []
+        self._monitor: LinkMonitor | None = None
+        self._stopped = False
+
+    # -- facts ----------------------------------------------------------------------------
+    def shaping(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, "backend": "netns", "prefix": self.prefix}
+        if self.topo is not None and self.profile is not None:
+            out["profile"] = self.profile.name
+            out["mtu"] = self.topo.mtu
+            out["links"] = {
+                f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "rate_bps_paper": self.scale.paper_rate_bps(p.rate_bps),
+                              "delay_s_wire": p.delay_s, "jitter_s_wire": p.jitter_s, "loss": p.loss,
+                              "loss_correlation": p.loss_correlation, "queue_bytes": p.queue_bytes,
+                              "ifname": f"dc{self.topo.dc(b).index}"}
+                for (a, b), p in self.topo.links.items()
+            }
+            out["tcp"] = self.profile.tcp.model_dump()
+            out["detail"] = {
+                "netem": "netem qdisc (delay, jitter, loss) under an HTB rate class on the WAN router's egress",
+                "fallback": "HTB rate class + bfifo queue on the WAN router's egress; delay, jitter and loss by "
+                            "the userspace delay line on tun0 in the WAN router namespace (no sch_netem here)",
+                "none": "no shaping",
+            }.get(self.method, "")
+            out["schedule"] = [{"at_s_wire": t, "rate_bps_wire": p.rate_bps, "loss": p.loss, "delay_s_wire": p.delay_s}
+                               for t, p in schedule_wire(self.profile, self.scale)]
+        return out
+
+    # -- start ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            await asyncio.to_thread(self._build)
+            self._spawn_all()
+            self._client = NetnsLoop(self.topo.host(CLIENT_HOST).netns)  # type: ignore[union-attr]
+            self._client.__enter__()
+            await self._wait_healthy()
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _build(self) -> None:
+        caps = probe_shaping()
+        self.method = choose_method(caps, self.want_method)
+        self.topo, self.profile = build_netns_topology(self.sc, self.prefix, self.method)
+        self.deployment = netns_deployment(self.sc, self.topo, str(self.run_dir), self._threshold)
+        self.deployment.write(self.run_dir / "deployment.json")
+        (self.run_dir / "topology.json").write_text(json.dumps(
+            {"prefix": self.prefix, "method": self.method, "wan_ns": self.topo.wan_ns, "mtu": self.topo.mtu,
+             "hosts": {h.name: {"netns": h.netns, "ip": h.ip, "dc": h.dc} for h in self.topo.hosts},
+             "dcs": {d.name: {"subnet": d.subnet, "gateway": d.gateway, "index": d.index} for d in self.topo.dcs}},
+            indent=1))
+        with Executor() as ex:
+            ex.apply(plan_up(self.topo))
+
+    def _spawn(self, key: str, netns: str, argv: list[str]) -> None:
+        self._procs.spawn(key, nsexec_argv(netns, argv))
+
+    def _spawn_all(self) -> None:
+        assert self.topo is not None
+        dep_file = self.run_dir / "deployment.json"
+        if self.method == "fallback":
+            self._spawn("delayline", self.topo.wan_ns, self._delayline_argv())
+        for nid, n in self.deployment.nodes.items():
+            self._spawn(nid, self.topo.host(nid).netns, serve_argv(n.role, dep_file, nid))
+        self._spawn("router", self.topo.host(ROUTER_HOST).netns, serve_argv("router", dep_file, "router"))
+
+    @property
+    def control_path(self) -> Path:
+        # UNIX socket paths are limited to 108 bytes: keep it short and outside the run dir.
+        return Path(f"/tmp/{self.prefix}-delayline.sock")
+
+    def _delayline_argv(self) -> list[str]:
+        assert self.topo is not None
+        dirs: list[dict[str, Any]] = []
+        for (a, b), p in self.topo.links.items():
+            dirs.append({"name": f"{a}->{b}", "dst_subnet": self.topo.dc(b).subnet, "delay_s": p.delay_s,
+                         "jitter_s": p.jitter_s, "loss": p.loss, "loss_correlation": p.loss_correlation,
+                         "seed": len(dirs) + 1})
+        cfg = self.run_dir / "delayline.json"
+        cfg.write_text(json.dumps({"directions": dirs}, indent=1))
+        return [sys.executable, "-m", "testbed.net.delayline", "--tun", "tun0", "--config", str(cfg),
+                "--control", str(self.control_path), "--stats", str(self.run_dir / "timeseries" / "delayline.jsonl")]
+
+    async def _wait_healthy(self) -> None:
+        urls = {"router": self.deployment.router.url, **{k: v.http.url for k, v in self.deployment.nodes.items()}}
+        await self.run_client(lambda: wait_healthy(urls, self._procs))
+
+    # -- during the run -------------------------------------------------------------------
+    async def on_t0(self, t0: float) -> None:
+        assert self.topo is not None and self.profile is not None
+        topo = self.topo
+        watched = [WatchedLink(f"dc{topo.dc(b).index}", f"{a}->{b}") for (a, b) in topo.links]
+        if watched:
+            w = SeriesWriter(self.run_dir / "timeseries" / "wan.jsonl", "wan")
+            self._series.append(w)
+            # Configured rate in force, so plots can draw it under the measured curve.
+            w.write([("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in topo.links.items()],
+                    ts=t0)
+            self._monitor = LinkMonitor(topo.wan_ns, watched, w, MONITOR_INTERVAL_S)
+            await asyncio.to_thread(self._monitor.start)
+            if self.profile.schedule:
+                self._tasks.append(asyncio.create_task(self._run_schedule(t0, w)))
+
+    async def _run_schedule(self, t0: float, w: SeriesWriter) -> None:
+        assert self.topo is not None and self.profile is not None
+        for at, params in schedule_wire(self.profile, self.scale):
+            await sleep_until(t0 + at)
+            await asyncio.to_thread(self.apply_link_change, params)
+            w.write([("link_rate_bps_wire", params.rate_bps, {"link": f"{a}->{b}"}) for (a, b) in self.topo.links])
+            log.info("link change at %.2f s (wire): %s", at, params)
+
+    def apply_link_change(self, params: LinkParams) -> None:
+        """Apply new parameters to every inter-DC direction: kernel rate (and netem), delay line."""
+        assert self.topo is not None
+        with Executor() as ex:
+            for (a, b) in list(self.topo.links):
+                ex.apply(plan_change(self.topo, a, b, params))
+        self.topo.links.update({k: params for k in self.topo.links})
+        if self.method == "fallback":
+            from testbed.net.delayline import control
+            reply = control(str(self.control_path), {"op": "set", "direction": "*", "delay_s": params.delay_s,
+                                                     "jitter_s": params.jitter_s, "loss": params.loss,
+                                                     "loss_correlation": params.loss_correlation})
+            if not reply.get("ok"):
+                raise NetnsError(f"delay line refused a change: {reply}")
+
+    async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
+        if self._client is None:
+            raise NetnsError("client namespace is not up")
+        fut = self._client.submit(make())
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            # Cancelling the wrapper cancels the task in the namespace loop; wait for its cleanup
+            # (the replayer records interrupted requests) before anything is torn down.
+            await asyncio.to_thread(_wait_done, fut, 10.0)
+            raise
+
+    # -- stop -----------------------------------------------------------------------------
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._monitor is not None:
+            await asyncio.to_thread(self._monitor.stop)
+        for w in self._series:
+            w.close()
+        if self._client is not None:
+            self._client.__exit__(None, None, None)
+        await asyncio.to_thread(self._procs.stop, ("router",), ("delayline",))
+        await asyncio.to_thread(teardown, self.prefix)
+        try:
+            self.control_path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _wait_done(fut: Any, timeout: float) -> None:
+    try:
+        fut.result(timeout)
+    except BaseException:
+        pass

@@ -1,0 +1,269 @@
+"""Apply plan operations to the kernel with pyroute2 (no `ip`/`tc` subprocesses).
+
+One cached netlink handle per namespace, one small method per operation type, dispatched by a
+table keyed by the operation's exact type. Any failure is raised as `NetError` naming the
+operation and the kernel's error, e.g.
+`ptb3fa2-wan: tc qdisc add dev dc1 ... netem ...: Specified qdisc kind is unknown. (errno 2)`.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+from pyroute2 import IPRoute, netns  # type: ignore[import-untyped]
+from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
+from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins, sched_pfifo  # type: ignore[import-untyped]
+
+from testbed.net import nsthread
+from testbed.net.plan import (
+    HTB_ROOT,
+    AddAddress,
+    AddBridge,
+    AddNetns,
+    AddRoute,
+    AddRule,
+    AddSrcFilter,
+    AddTun,
+    AddVeth,
+    BfifoLeaf,
+    ChangeHtbClass,
+    ChangeNetem,
+    HtbClass,
+    HtbRoot,
+    LinkUp,
+    NetemLeaf,
+    Operation,
+    SetMaster,
+    SetMtu,
+    SetTxQueueLen,
+    Sysctl,
+)
+
+ETH_P_IP = 0x0800
+
+# pyroute2 0.9.7 knows pfifo but not bfifo: an unknown kind is sent at the root with no options
+# (EEXIST under HTB). Both share `struct tc_fifo_qopt { u32 limit; }`, so the pfifo codec
+# encodes bfifo requests and decodes bfifo dumps (limit in bytes).
+_tc_plugins.setdefault("bfifo", sched_pfifo)
+
+
+class NetError(RuntimeError):
+    """A kernel operation failed; the message names the operation and the kernel's error."""
+
+    def __init__(self, message: str, errno_: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno_
+
+
+def kernel_error(e: BaseException) -> tuple[str, int | None]:
+    """(kernel's text, errno) of a netlink or OS error."""
+    if isinstance(e, NetlinkError):
+        code = int(e.code)
+        text = str(e.args[1]) if len(e.args) > 1 and e.args[1] else os.strerror(code)
+        return text, code
+    if isinstance(e, OSError) and e.errno is not None:
+        return e.strerror or os.strerror(e.errno), e.errno
+    return str(e) or type(e).__name__, None
+
+
+def _err(op: Operation, e: BaseException) -> NetError:
+    text, code = kernel_error(e)
+    suffix = f" (errno {code})" if code is not None else ""
+    return NetError(f"{op.describe()}: {text}{suffix}", code)
+
+
+class Executor:
+    """Context manager applying operations; closes its netlink handles on exit."""
+
+    def __init__(self) -> None:
+        self._handles: dict[str, Any] = {}
+        self.applied: list[Operation] = []
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        handles, self._handles = self._handles, {}
+        for h in handles.values():
+            h.close()
+
+    def apply(self, ops: Iterable[Operation]) -> None:
+        for op in ops:
+            self.apply_one(op)
+
+    def apply_one(self, op: Operation) -> None:
+        handler = _DISPATCH.get(type(op))
+        if handler is None:
+            raise NetError(f"{op.describe()}: no executor for {type(op).__name__}")
+        try:
+            handler(self, op)
+        except NetError:
+            raise
+        except Exception as e:  # pyroute2 raises NetlinkError, OSError and plain Exceptions
+            raise _err(op, e) from e
+        self.applied.append(op)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _ipr(self, ns: str) -> Any:
+        h = self._handles.get(ns)
+        if h is None:
+            # flags=0: never create a namespace as a side effect of opening it;
+            # groups=0: no multicast subscriptions, so no event backlog accumulates.
+            h = IPRoute(netns=ns, flags=0, groups=0, ext_ack=True)
+            self._handles[ns] = h
+        return h
+
+    def _index(self, ns: str, ifname: str) -> int:
+        found = self._ipr(ns).link_lookup(ifname=ifname)
+        if not found:
+            raise OSError(errno.ENODEV, f"no interface {ifname!r} in {ns}")
+        return int(found[0])
+
+    def _drop(self, ns: str) -> None:
+        h = self._handles.pop(ns, None)
+        if h is not None:
+            h.close()
+
+    # -- one method per operation ----------------------------------------------------------------
+
+    def _add_netns(self, op: AddNetns) -> None:
+        if op.ns in netns.listnetns():
+            raise NetError(f"{op.describe()}: namespace exists (errno {errno.EEXIST})", errno.EEXIST)
+        self._drop(op.ns)
+        netns.create(op.ns)
+        if op.ns not in netns.listnetns():
+            raise NetError(f"{op.describe()}: namespace did not appear in {nsthread.NETNS_DIR}")
+
+    def _add_bridge(self, op: AddBridge) -> None:
+        self._ipr(op.ns).link("add", ifname=op.ifname, kind="bridge")
+
+    def _add_veth(self, op: AddVeth) -> None:
+        self._ipr(op.peer_ns)  # fail early, naming the operation, if the peer namespace is missing
+        self._ipr(op.ns).link("add", ifname=op.ifname, kind="veth",
+                              peer={"ifname": op.peer_ifname, "net_ns_fd": op.peer_ns})
+
+    def _add_tun(self, op: AddTun) -> None:
+        # pyroute2 creates it with TUNSETIFF + TUNSETPERSIST in a child that entered op.ns.
+        self._ipr(op.ns).link("add", ifname=op.ifname, kind="tuntap", mode="tun",
+                              ifr={"no_pi": True, "one_queue": False, "vnet_hdr": False, "multi_queue": False})
+        self._index(op.ns, op.ifname)
+
+    def _set_master(self, op: SetMaster) -> None:
+        master = self._index(op.ns, op.master)
+        self._ipr(op.ns).link("set", index=self._index(op.ns, op.ifname), master=master)
+
+    def _set_mtu(self, op: SetMtu) -> None:
+        self._ipr(op.ns).link("set", index=self._index(op.ns, op.ifname), mtu=op.mtu)
+
+    def _set_txqlen(self, op: SetTxQueueLen) -> None:
+        self._ipr(op.ns).link("set", index=self._index(op.ns, op.ifname), txqlen=op.qlen)
+
+    def _add_address(self, op: AddAddress) -> None:
+        iface = ipaddress.ip_interface(op.cidr)
+        try:
+            self._ipr(op.ns).addr("add", index=self._index(op.ns, op.ifname), address=str(iface.ip),
+                                  prefixlen=iface.network.prefixlen)
+        except NetlinkError as e:
+            # The kernel answers EEXIST only for this very address and prefix: already done.
+            if e.code != errno.EEXIST:
+                raise
+
+    def _link_up(self, op: LinkUp) -> None:
+        self._ipr(op.ns).link("set", index=self._index(op.ns, op.ifname), state="up")
+
+    def _add_route(self, op: AddRoute) -> None:
+        spec: dict[str, Any] = {"family": socket.AF_INET}
+        if op.dst != "default":
+            net = ipaddress.ip_network(op.dst)
+            spec.update(dst=str(net.network_address), dst_len=net.prefixlen)
+        else:
+            spec.update(dst="0.0.0.0", dst_len=0)
+        if op.gateway is not None:
+            spec["gateway"] = op.gateway
+        if op.dev is not None:
+            spec["oif"] = self._index(op.ns, op.dev)
+        if op.table is not None:
+            spec["table"] = op.table
+        self._ipr(op.ns).route("add", **spec)
+
+    def _add_rule(self, op: AddRule) -> None:
+        self._ipr(op.ns).rule("add", family=socket.AF_INET, iifname=op.iif, table=op.table, priority=op.priority)
+
+    def _sysctl(self, op: Sysctl) -> None:
+        # /proc/sys/net shows the namespace of the thread that opens it: write from inside.
+        nsthread.run_in_netns(op.ns, nsthread.write_sysctl, op.key, op.value)
+
+    def _htb_root(self, op: HtbRoot) -> None:
+        # default 0: traffic no filter claims (ARP, unshaped pairs) bypasses the classes.
+        self._ipr(op.ns).tc("add", "htb", self._index(op.ns, op.ifname), HTB_ROOT, default=0)
+
+    def _htb_class(self, op: HtbClass, command: str = "add-class") -> None:
+        rate = op.rate_bps // 8  # kernel rates are bytes/s; pyroute2 switches to rate64 above 2^32-1
+        self._ipr(op.ns).tc(command, "htb", self._index(op.ns, op.ifname), op.classid, parent=HTB_ROOT,
+                            rate=rate, ceil=rate, burst=op.burst_bytes, cburst=op.burst_bytes,
+                            quantum=op.quantum)
+
+    def _change_htb_class(self, op: ChangeHtbClass) -> None:
+        self._htb_class(op, "change-class")
+
+    def _add_src_filter(self, op: AddSrcFilter) -> None:
+        net = ipaddress.ip_network(op.src_cidr)
+        if net.version != 4:
+            raise ValueError(f"{op.src_cidr}: only IPv4 subnets are shaped")
+        key = f"0x{int(net.network_address):08x}/0x{int(net.netmask):08x}+12"  # IPv4 source at byte 12
+        self._ipr(op.ns).tc("add-filter", "u32", self._index(op.ns, op.ifname), parent=HTB_ROOT, prio=op.prio,
+                            protocol=ETH_P_IP, target=op.classid, keys=[key])
+
+    def _bfifo(self, op: BfifoLeaf) -> None:
+        self._ipr(op.ns).tc("add", "bfifo", self._index(op.ns, op.ifname), op.handle, parent=op.parent,
+                            limit=op.limit_bytes)
+
+    def _netem(self, op: NetemLeaf, command: str = "add") -> None:
+        # No `rate=`: pyroute2 0.9.7 would also send it as a top-level rate estimator, which
+        # netem-capable kernels reject with ERANGE; HTB above does the rate.
+        loss = op.loss * 100
+        self._ipr(op.ns).tc(command, "netem", self._index(op.ns, op.ifname), op.handle, parent=op.parent,
+                            delay=round(op.delay_s * 1e6), jitter=round(op.jitter_s * 1e6), loss=loss,
+                            loss_corr=op.loss_correlation * 100 if loss else 0, limit=op.limit_packets)
+
+    def _change_netem(self, op: ChangeNetem) -> None:
+        self._netem(op, "change")
+
+
+_DISPATCH: dict[type[Operation], Callable[[Executor, Any], None]] = {
+    AddNetns: Executor._add_netns,
+    AddBridge: Executor._add_bridge,
+    AddVeth: Executor._add_veth,
+    AddTun: Executor._add_tun,
+    SetMaster: Executor._set_master,
+    SetMtu: Executor._set_mtu,
+    SetTxQueueLen: Executor._set_txqlen,
+    AddAddress: Executor._add_address,
+    LinkUp: Executor._link_up,
+    AddRoute: Executor._add_route,
+    AddRule: Executor._add_rule,
+    Sysctl: Executor._sysctl,
+    HtbRoot: Executor._htb_root,
+    HtbClass: Executor._htb_class,
+    ChangeHtbClass: Executor._change_htb_class,
+    AddSrcFilter: Executor._add_src_filter,
+    BfifoLeaf: Executor._bfifo,
+    NetemLeaf: Executor._netem,
+    ChangeNetem: Executor._change_netem,
+}
+
+
+def apply(ops: Iterable[Operation]) -> None:
+    """Apply `ops` with a fresh executor."""
+    with Executor() as ex:
+        ex.apply(ops)
