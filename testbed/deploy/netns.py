@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -30,6 +29,7 @@ from testbed.net.nsexec import nsexec_argv
 from testbed.net.nsthread import NetnsLoop
 from testbed.net.plan import plan_change, plan_up
 from testbed.net.teardown import teardown
+from testbed.net.wanrouter import start_delayline
 from testbed.net.topology import Topology, build_topology, new_prefix
 
 T = TypeVar("T")
@@ -100,6 +100,7 @@ class NetnsBackend:
         self._series: list[SeriesWriter] = []
         self._monitor: LinkMonitor | None = None
         self._stopped = False
+        self._control: Path | None = None
 
     # -- facts ----------------------------------------------------------------------------
     def shaping(self) -> dict[str, Any]:
@@ -129,7 +130,7 @@ class NetnsBackend:
     async def start(self) -> None:
         try:
             await asyncio.to_thread(self._build)
-            self._spawn_all()
+            await asyncio.to_thread(self._spawn_all)
             self._client = NetnsLoop(self.topo.host(CLIENT_HOST).netns)  # type: ignore[union-attr]
             self._client.__enter__()
             await self._wait_healthy()
@@ -158,27 +159,11 @@ class NetnsBackend:
         assert self.topo is not None
         dep_file = self.run_dir / "deployment.json"
         if self.method == "fallback":
-            self._spawn("delayline", self.topo.wan_ns, self._delayline_argv())
+            self._control = start_delayline(self._procs, self.topo, self.run_dir,
+                                            self.run_dir / "timeseries" / "delayline.jsonl")
         for nid, n in self.deployment.nodes.items():
             self._spawn(nid, self.topo.host(nid).netns, serve_argv(n.role, dep_file, nid))
         self._spawn("router", self.topo.host(ROUTER_HOST).netns, serve_argv("router", dep_file, "router"))
-
-    @property
-    def control_path(self) -> Path:
-        # UNIX socket paths are limited to 108 bytes: keep it short and outside the run dir.
-        return Path(f"/tmp/{self.prefix}-delayline.sock")
-
-    def _delayline_argv(self) -> list[str]:
-        assert self.topo is not None
-        dirs: list[dict[str, Any]] = []
-        for (a, b), p in self.topo.links.items():
-            dirs.append({"name": f"{a}->{b}", "dst_subnet": self.topo.dc(b).subnet, "delay_s": p.delay_s,
-                         "jitter_s": p.jitter_s, "loss": p.loss, "loss_correlation": p.loss_correlation,
-                         "seed": len(dirs) + 1})
-        cfg = self.run_dir / "delayline.json"
-        cfg.write_text(json.dumps({"directions": dirs}, indent=1))
-        return [sys.executable, "-m", "testbed.net.delayline", "--tun", "tun0", "--config", str(cfg),
-                "--control", str(self.control_path), "--stats", str(self.run_dir / "timeseries" / "delayline.jsonl")]
 
     async def _wait_healthy(self) -> None:
         urls = {"router": self.deployment.router.url, **{k: v.http.url for k, v in self.deployment.nodes.items()}}
@@ -217,7 +202,7 @@ class NetnsBackend:
         self.topo.links.update({k: params for k in self.topo.links})
         if self.method == "fallback":
             from testbed.net.delayline import control
-            reply = control(str(self.control_path), {"op": "set", "direction": "*", "delay_s": params.delay_s,
+            reply = control(str(self._control), {"op": "set", "direction": "*", "delay_s": params.delay_s,
                                                      "jitter_s": params.jitter_s, "loss": params.loss,
                                                      "loss_correlation": params.loss_correlation})
             if not reply.get("ok"):
@@ -251,10 +236,8 @@ class NetnsBackend:
             self._client.__exit__(None, None, None)
         await asyncio.to_thread(self._procs.stop, ("router",), ("delayline",))
         await asyncio.to_thread(teardown, self.prefix)
-        try:
-            self.control_path.unlink()
-        except FileNotFoundError:
-            pass
+        if self._control is not None:
+            self._control.unlink(missing_ok=True)
 
 
 def _wait_done(fut: Any, timeout: float) -> None:

@@ -60,6 +60,7 @@ class ConnectionStats:
     delivery_rate_Bps: int
     bytes_sent: int
     bytes_acked: int
+    snd_wnd: int = 0          # the peer's advertised receive window, bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +277,7 @@ class KVSender:
                 if info is not None:
                     out.append(ConnectionStats(
                         d.addr, c.index, info.rtt, info.rttvar, info.snd_cwnd, info.total_retrans,
-                        info.delivery_rate, info.bytes_sent, info.bytes_acked,
+                        info.delivery_rate, info.bytes_sent, info.bytes_acked, info.snd_wnd,
                     ))
         return out
 

@@ -1,5 +1,4 @@
-"""Measurement probes run inside namespaces: UDP echo for RTT, a UDP sink for loss, and bulk
-transfers over the project's own KV transport for goodput."""
+"""Measurement probes run inside namespaces: UDP echo for RTT and a UDP sink for loss."""
 
 from __future__ import annotations
 
@@ -9,20 +8,23 @@ import statistics
 import struct
 import time
 from dataclasses import dataclass
+from typing import cast
 
-from testbed.live.kv_transport import KVReceiver, KVSender
 
 _PROBE = struct.Struct("!4sQd")     # magic, sequence, send time
 _MAGIC = b"PTBP"
 
 
 class _Echo(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.t: asyncio.DatagramTransport | None = None
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.t = transport
+        self.t = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.t.sendto(data, addr)
+        if self.t is not None:
+            self.t.sendto(data, addr)
 
 
 class _Sink(asyncio.DatagramProtocol):
@@ -123,34 +125,3 @@ async def send_probes(host: str, port: int, count: int, rate_pps: float, size: i
     finally:
         sock.close()
     return count
-
-
-@dataclass(frozen=True)
-class GoodputResult:
-    connections: int
-    bytes: int
-    seconds: float
-    bps: float
-    ok: bool
-    reason: str
-
-
-async def bulk_goodput(dest: tuple[str, int], nbytes: int, connections: int, transfer_id: int,
-                       chunk_bytes: int = 256 * 1024, sndbuf: int | None = None) -> GoodputResult:
-    """Move `nbytes` in one transfer over `connections` TCP connections; goodput is bytes over
-    the time from the first byte handed to TCP to the last byte acknowledged by the receiver
-    side's completion (measured at the receiver, same wall clock)."""
-    sender = KVSender(connections=connections, chunk_bytes=chunk_bytes, sndbuf=sndbuf)
-    try:
-        t = sender.start(dest, transfer_id, nbytes, 1)
-        t0 = time.time()
-        t.send_layer(0, nbytes)
-        await t.finish()
-    finally:
-        await sender.close()
-    return GoodputResult(connections, nbytes, time.time() - t0, 0.0, True, "")
-
-
-async def receive_one(receiver: KVReceiver, transfer_id: int, timeout: float) -> tuple[bool, float, float, str]:
-    res = await asyncio.wait_for(receiver.expect(transfer_id), timeout)
-    return res.ok, res.first_byte, res.complete, res.reason
