@@ -5,12 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,analysis]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -45,5 +45,34 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/testbed bench fidelity --scenario paper-prfaas
 
+## Measure what a shaped link delivers against its profile (root).
+linkcheck: $(STAMP)
+	$(BIN)/testbed linkcheck cross-region-100g
+	$(BIN)/testbed linkcheck cross-region-100g-lossy
+	$(BIN)/testbed linkcheck cross-region-100g-halving
+
+## WAN usage near capacity: hybrid vs dense KV over a 100 Gbit/s cross-region link (root, netns).
+WAN_SET := --backend netns --rate 3.0 --requests 800 --set scale.speedup=2 --set scale.byte_scale=200
+replay-wan: $(STAMP)
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-dense $(WAN_SET) --out $(RUNS)/wan-hybrid-vs-dense
+
+## Remove every namespace and process a killed run left behind (idempotent).
+down: $(STAMP)
+	$(BIN)/testbed down
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache
+
+## Analysis notebooks (analysis/*.ipynb) executed headless to $(RUNS)/notebooks-html; fails if a cell errors.
+## Inputs: $(RUNS)/paper-compare when `make replay` made it, else a tiny comparison; a tiny threshold sweep.
+NB_FAST    := --backend inproc --set scale.speedup=40 --set workload.output_tokens=16 --set serving.stream_interval=4 --requests 12
+NB_COMPARE  = $(if $(wildcard $(RUNS)/paper-compare/comparison.md),$(RUNS)/paper-compare,$(RUNS)/notebook-compare)
+
+notebooks: $(STAMP)
+	@test -f $(NB_COMPARE)/comparison.md || $(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive \
+	  $(NB_FAST) --out $(RUNS)/notebook-compare
+	@test -f $(RUNS)/notebook-sweep/sweep.csv || $(BIN)/testbed sweep --scenario paper-prfaas \
+	  --param policy.threshold=10000,19400,40000 $(NB_FAST) --out $(RUNS)/notebook-sweep
+	RUNS_DIR=$(abspath $(NB_COMPARE)) RUN_DIR=$(abspath $(NB_COMPARE))/paper-prfaas SWEEP_DIR=$(abspath $(RUNS))/notebook-sweep \
+	  $(BIN)/jupyter nbconvert --execute --to html --ExecutePreprocessor.timeout=600 \
+	  --output-dir $(RUNS)/notebooks-html analysis/*.ipynb

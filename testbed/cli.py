@@ -142,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.metrics import command as metrics_cmd
     from testbed.metrics import regress as regress_cmd
     from testbed.model import command as model_cmd
+    from testbed import capacity as capacity_cmd
     from testbed.net import command as net_cmd
     from testbed.traces import command as trace_cmd
 
@@ -175,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace_cmd.register(sub)
     metrics_cmd.register(sub)
     net_cmd.register(sub)
+    capacity_cmd.register(sub)
     regress_cmd.register(sub)
     sweep_cmd.register(sub)
     return p

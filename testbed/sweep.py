@@ -371,8 +371,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "clusters.1.prefill=2,3,4 (list elements by index); at most twice")
     p.add_argument("--rate", type=float, help="offered rate in paper req/s (workload.rate)")
     p.add_argument("--requests", type=int, help="requests per point (workload.requests)")
-    p.add_argument("--backend", choices=["local", "inproc"], default="local",
-                   help="local: one process per service on loopback; inproc: all in this process")
+    p.add_argument("--backend", choices=["auto", "netns", "local", "inproc"], default="local",
+                   help="netns: namespaces and shaped WAN links (root); local: one process per service on "
+                        "loopback; inproc: all in this process; auto: netns if root, else local")
     p.add_argument("--out", type=Path, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a scenario field for every point (repeatable; list indices allowed)")
@@ -411,6 +412,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 2
     fields = [k for k, _ in params]
     first = points[0].scenario
+    from testbed.runner import pick_backend
+    args.backend, warning = pick_backend(args.backend)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-sweep-{first.name}"
     out.mkdir(parents=True, exist_ok=True)
     facts = {"scenario": first.name, "backend": args.backend, "requests": first.workload.requests,

@@ -6,6 +6,8 @@ Plots use matplotlib's object API on Agg canvases, so no display and no global p
 
 from __future__ import annotations
 
+import json
+
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +32,7 @@ from testbed.metrics.summary import (
     summarize,
     write_summary,
 )
+from testbed.metrics.wanlink import plot_wan, wan_rows
 from testbed.metrics.timeseries import Sample, counter_rate, group_series, select
 
 QUEUE_METRICS: tuple[str, ...] = ("queue_depth", "running_batch")
@@ -347,6 +350,7 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
     for title, p in (
         ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png")),
         ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series)),
+        ("WAN link", plot_wan(samples, scale, run_dir / "wan.png")),
     ):
         if p is not None:
             plots.append((title, p))
@@ -362,6 +366,9 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
             "",
         ]
     out += ["## Summary", "", md_table(["Metric", "Paper units", "Wire units"], summary_rows(s)), ""]
+    wrows = wan_rows(s.get("wan_link", {}))
+    if wrows:
+        out += ["## WAN link", "", _shaping_line(run_dir), "", md_table(["WAN", "Paper units"], wrows), ""]
     out += [
         "## TTFT breakdown",
         "",
@@ -381,6 +388,26 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
     path = run_dir / "report.md"
     path.write_text("\n".join(out).rstrip() + "\n")
     return path
+
+
+def _shaping_line(run_dir: Path) -> str:
+    """How the link was shaped, from run.json, in one sentence."""
+    try:
+        sh = json.loads((run_dir / "run.json").read_text()).get("shaping", {})
+    except (OSError, ValueError):
+        return ""
+    parts = [f"Shaping method **{sh.get('method', '?')}**"]
+    if sh.get("profile"):
+        parts.append(f"profile `{sh['profile']}`")
+    if sh.get("mtu"):
+        parts.append(f"MTU {sh['mtu']}")
+    links = sh.get("links") or {}
+    if links:
+        k, v = next(iter(links.items()))
+        parts.append(f"{k}: {v['rate_bps_wire'] / 1e6:.4g} Mbit/s wire, one-way delay "
+                     f"{v['delay_s_wire'] * 1e3:.3g} ms wire, loss {v['loss']:.2%}, queue {v['queue_bytes']} B")
+    detail = sh.get("detail")
+    return ", ".join(parts) + "." + (f" {detail}." if isinstance(detail, str) and detail else "")
 
 
 def _preamble(s: dict[str, Any]) -> str:

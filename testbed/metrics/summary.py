@@ -51,6 +51,16 @@ requests only. Figures over an empty set are `null`, never NaN. `summary.json` k
 | `fidelity.warn` | `prefill_rel_err_median` > 3%: service-time emulation is off, distrust fine differences. |
 | `wire.duration_s` | Run length in wire seconds. |
 | `wire.ttft_s`, `wire.ttft_breakdown_s`, `wire.tpot_s` | The paper-unit sections above, in wire seconds. |
+| `wan_link.link` | The shaped WAN direction that carried the most bytes (the KV direction), e.g. `dc-remote->dc-local`; absent without shaped links. |
+| `wan_link.mean_bps_paper`, `.mean_bps_wire` | Bits/s through that link from its interface counters, over the arrival window (first to last request sent). |
+| `wan_link.run_mean_bps_paper` | The same over the whole run, including ramp-up and the drain after the last arrival. |
+| `wan_link.peak_bps_paper` | Highest rate over 100 ms (wire) windows. |
+| `wan_link.configured_bps_paper` | The link's configured rate at the start (schedules may change it; utilisation uses the rate in force). |
+| `wan_link.mean_utilisation`, `.peak_utilisation` | Measured rate / configured rate in force: mean over the arrival window, and the highest 100 ms window. |
+| `wan_link.records_bps_paper` | The same traffic from the records: offloaded requests per second x mean KV bytes per offloaded request, over the arrival window; compare with `wan_link.mean_bps_paper`. |
+| `wan_link.bytes_per_offloaded_request_paper` | Interface-counter bytes / offloaded requests. |
+| `wan_link.counters_over_records` | Interface-counter bytes / KV bytes the records say crossed: a check of both (headers make it slightly above 1). |
+| `wan_link.links.<src->dst>` | The same figures for every shaped direction. |
 | `timeseries.samples`, `timeseries.metrics` | Number of time-series samples and the metric names present. |
 """
 

@@ -8,13 +8,14 @@ beside the counters as a check of both.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from testbed.core.scaling import Scale
 from testbed.metrics.records import RequestRecord
-from testbed.metrics.timeseries import Sample, counter_total, group_series, resample
+from testbed.metrics.timeseries import Sample, counter_total, group_series
 
 WINDOW_S = 0.1
 
@@ -27,9 +28,40 @@ def _rate_in_force(changes: Sequence[Sample], t: np.ndarray[Any, Any]) -> np.nda
     return vs[idx]
 
 
+def window_rates(series: Sequence[Sample], window: float = WINDOW_S) -> tuple[np.ndarray[Any, Any],
+                                                                             np.ndarray[Any, Any]]:
+    """Rates (bit/s) of a cumulative byte counter over consecutive windows of at least `window`
+    seconds, each from the samples' own timestamps (a late sample widens its window instead of
+    folding two windows' bytes into one). Returns (window end times, rates)."""
+    ts = np.array([x.t for x in series])
+    vs = np.array([x.value for x in series])
+    ends, rates = [], []
+    i = 0
+    while True:
+        j = int(np.searchsorted(ts, ts[i] + window - 1e-9, side="left"))
+        if j >= len(ts):
+            break
+        ends.append(ts[j])
+        rates.append(max(vs[j] - vs[i], 0.0) * 8 / (ts[j] - ts[i]))
+        i = j
+    return np.array(ends), np.array(rates)
+
+
+def _counter_at(series: Sequence[Sample], t: float) -> float:
+    """A cumulative counter's value at time t (held from the last sample at or before t)."""
+    ts = np.array([x.t for x in series])
+    i = int(np.searchsorted(ts, t, side="right")) - 1
+    return series[max(i, 0)].value
+
+
 def link_usage(samples: Sequence[Sample], records: Sequence[RequestRecord], scale: Scale,
                duration_wire: float | None) -> dict[str, Any]:
+    """Per-link usage. `mean_*` is over the arrival window (first to last request sent): the
+    run's steady state, which is what a deployment sizing compares with; `run_mean_*` also
+    counts the ramp-up and the drain after the last arrival."""
     wan = [s for s in samples if s.source == "wan"]
+    arrivals = [r.arrival for r in records if np.isfinite(r.arrival)]
+    window = (min(arrivals), max(arrivals)) if len(arrivals) > 1 else None
     rates = {k: v for k, v in group_series(x for x in wan if x.metric == "link_rate_bps_wire").items()}
     by_link: dict[str, dict[str, Any]] = {}
     for series in group_series(x for x in wan if x.metric == "link_bytes").values():
@@ -37,22 +69,27 @@ def link_usage(samples: Sequence[Sample], records: Sequence[RequestRecord], scal
         total = counter_total(series)
         changes = next((v for k, v in rates.items() if v and v[0].labels.get("link") == link), [])
         entry: dict[str, Any] = {"bytes_wire": total, "bytes_paper": scale.paper_bytes(total)}
-        mean_Bps = total / duration_wire if duration_wire else None
+        run_Bps = total / duration_wire if duration_wire else None
+        entry["run_mean_bps_wire"] = None if run_Bps is None else run_Bps * 8
+        entry["run_mean_bps_paper"] = None if run_Bps is None else scale.paper_rate_bps(run_Bps * 8)
+        mean_Bps = run_Bps
+        if window is not None and window[1] > window[0]:
+            mean_Bps = (_counter_at(series, window[1]) - _counter_at(series, window[0])) / (window[1] - window[0])
         entry["mean_bps_wire"] = None if mean_Bps is None else mean_Bps * 8
         entry["mean_bps_paper"] = None if mean_Bps is None else scale.paper_rate_bps(mean_Bps * 8)
         if len(series) > 1:
-            grid, held = resample(series, WINDOW_S, start=series[0].t, end=series[-1].t, how="last")
-            held = np.where(np.isnan(held), series[0].value, held)
-            win_bps = np.clip(np.diff(held), 0, None) * 8 / WINDOW_S
+            t_end, win_bps = window_rates(series)
             entry["peak_bps_wire"] = float(win_bps.max()) if win_bps.size else None
             entry["peak_bps_paper"] = (None if entry["peak_bps_wire"] is None
                                        else scale.paper_rate_bps(entry["peak_bps_wire"]))
             if changes and win_bps.size:
-                cfg = _rate_in_force(changes, grid[1:])
+                cfg = _rate_in_force(changes, t_end)
                 util = win_bps / cfg
+                inside = (t_end > window[0]) & (t_end <= window[1]) if window else np.ones_like(util, bool)
                 entry["configured_bps_wire"] = float(changes[0].value)
                 entry["configured_bps_paper"] = scale.paper_rate_bps(float(changes[0].value))
-                entry["mean_utilisation"] = float(util.mean())
+                entry["mean_utilisation"] = float(util[inside].mean()) if inside.any() else float(util.mean())
+                entry["run_mean_utilisation"] = float(util.mean())
                 entry["peak_utilisation"] = float(util.max())
         by_link[link] = entry
     if not by_link:
@@ -62,11 +99,20 @@ def link_usage(samples: Sequence[Sample], records: Sequence[RequestRecord], scal
     m = by_link[main]
     offloaded = [r for r in records if r.outcome == "completed" and r.crossed_wan]
     rec_bytes = float(sum(r.kv_bytes_wire for r in offloaded))
+    # The same traffic from the records: offloaded requests per second x mean KV bytes per
+    # offloaded request, over the arrival window the mean usage above covers.
+    rec_bps: float | None = None
+    if window is not None and window[1] > window[0] and offloaded:
+        per_s = len(offloaded) / (window[1] - window[0])
+        rec_bps = scale.paper_rate_bps(per_s * rec_bytes / len(offloaded) * 8)
     return {
         "link": main,
+        "records_bps_paper": rec_bps,
         "mean_bps_paper": m.get("mean_bps_paper"),
         "peak_bps_paper": m.get("peak_bps_paper"),
         "mean_bps_wire": m.get("mean_bps_wire"),
+        "run_mean_bps_paper": m.get("run_mean_bps_paper"),
+        "window_s_paper": None if window is None else (window[1] - window[0]) * scale.speedup,
         "configured_bps_paper": m.get("configured_bps_paper"),
         "mean_utilisation": m.get("mean_utilisation"),
         "peak_utilisation": m.get("peak_utilisation"),
@@ -75,3 +121,64 @@ def link_usage(samples: Sequence[Sample], records: Sequence[RequestRecord], scal
         "counters_over_records": m["bytes_wire"] / rec_bytes if rec_bytes else None,
         "links": by_link,
     }
+
+
+def plot_wan(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | None:
+    """Each WAN link's measured rate (100 ms windows, paper Gbit/s) with the configured rate in
+    force drawn under it."""
+    from matplotlib.figure import Figure
+
+    wan = [s for s in samples if s.source == "wan"]
+    byte_series = group_series(x for x in wan if x.metric == "link_bytes")
+    if not byte_series:
+        return None
+    rates = group_series(x for x in wan if x.metric == "link_rate_bps_wire")
+    fig = Figure(figsize=(8, 3.4), layout="constrained")
+    ax = fig.subplots()
+    for series in byte_series.values():
+        link = series[0].labels.get("link", "?")
+        if len(series) < 2:
+            continue
+        t_end, bps = window_rates(series)
+        if not t_end.size:
+            continue
+        line = ax.plot(t_end * scale.speedup, [scale.paper_rate_bps(b) / 1e9 for b in bps],
+                       drawstyle="steps-pre", linewidth=0.9, label=f"{link} measured")[0]
+        changes = next((v for v in rates.values() if v and v[0].labels.get("link") == link), [])
+        if changes:
+            xs = [c.t * scale.speedup for c in changes] + [t_end[-1] * scale.speedup]
+            ys = [scale.paper_rate_bps(c.value) / 1e9 for c in changes]
+            ax.step(xs, ys + ys[-1:], where="post", linestyle="--", color=line.get_color(),
+                    label=f"{link} configured")
+    ax.set_xlabel("time since run start (paper seconds)")
+    ax.set_ylabel("WAN rate (paper Gbit/s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc="best")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def wan_rows(w: dict[str, Any]) -> list[tuple[str, str]]:
+    """Report rows for the headline WAN link (empty when no link was shaped)."""
+    if not w.get("link"):
+        return []
+
+    def gbps(x: float | None) -> str:
+        return "n/a" if x is None else f"{x / 1e9:.3g} Gbit/s"
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.1%}"
+
+    per_req = w.get("bytes_per_offloaded_request_paper")
+    ratio = w.get("counters_over_records")
+    return [
+        ("Link (KV direction)", str(w["link"])),
+        ("Configured rate", gbps(w.get("configured_bps_paper"))),
+        ("Mean usage, arrival window (interface counters)", gbps(w.get("mean_bps_paper"))),
+        ("Mean usage, whole run incl. drain", gbps(w.get("run_mean_bps_paper"))),
+        ("Peak usage (100 ms windows)", gbps(w.get("peak_bps_paper"))),
+        ("Mean / peak utilisation", f"{pct(w.get('mean_utilisation'))} / {pct(w.get('peak_utilisation'))}"),
+        ("Bytes per offloaded request (counters)", "n/a" if per_req is None else f"{per_req / 1e6:.4g} MB"),
+        ("Offloaded req/s x KV per offloaded request (records)", gbps(w.get("records_bps_paper"))),
+        ("Counters / KV bytes in records", "n/a" if ratio is None else f"{ratio:.4f}"),
+    ]

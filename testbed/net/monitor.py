@@ -79,7 +79,10 @@ class LinkMonitor:
             nxt = time.monotonic()
             while not self._stop.is_set():
                 try:
-                    self.writer.write(read_counters(ns, self.links))
+                    # Stamp at the read, not at the write: a thread descheduled in between would
+                    # otherwise fold one window's bytes into the next.
+                    ts = time.time()
+                    self.writer.write(read_counters(ns, self.links), ts=ts)
                 except Exception:  # a failed read must not end the run; the next one recovers
                     log.exception("reading link counters in %s failed", self.netns)
                 nxt += self.interval

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from testbed.capacity import judge, search, write_outputs
+from testbed.metrics.records import RequestRecord
+from testbed.scenarios import load_scenario
+
+
+def _rec(i: int, arrival: float, ttft: float, tpot: float = 0.00625, modelled: float = 0.1,
+         outcome: str = "completed") -> RequestRecord:
+    r = RequestRecord(f"r{i}", i, 1000, 11, arrival=arrival, first_token=arrival + ttft,
+                      last_token=arrival + ttft + 10 * tpot, tokens_received=11, prefill_modelled=modelled,
+                      outcome=outcome)
+    return r
+
+
+@pytest.mark.pure
+def test_judge_stable_run() -> None:
+    recs = [_rec(i, i * 0.1, 0.5) for i in range(30)]
+    ok, reasons, fig = judge(recs, speedup=4, ttft_slo=10, tpot_slo=0.025, growth_limit=0.25)
+    assert ok and not reasons
+    assert fig["ttft_p90_s"] == pytest.approx(2.0)
+    assert fig["tpot_p90_s"] == pytest.approx(0.025)
+
+
+@pytest.mark.pure
+def test_judge_names_each_reason() -> None:
+    growing = [_rec(i, i * 0.1, 0.1 + i * 0.05) for i in range(30)]
+    ok, reasons, _ = judge(growing, 4, 10, 0.025, 0.25)
+    assert not ok and any("waiting grows" in r for r in reasons)
+    slow_decode = [_rec(i, i * 0.1, 0.5, tpot=0.008) for i in range(30)]
+    ok, reasons, _ = judge(slow_decode, 4, 10, 0.025, 0.25)
+    assert not ok and any("TPOT" in r for r in reasons)
+    failed = [_rec(0, 0, 0.5)] + [_rec(i, i * 0.1, 0.5, outcome="failed") for i in range(1, 3)]
+    ok, reasons, _ = judge(failed, 4, 10, 0.025, 0.25)
+    assert not ok and reasons[0].startswith("2 of 3 requests failed")
+    late = [_rec(i, i * 0.1, 3.0) for i in range(30)]
+    ok, reasons, _ = judge(late, 4, 10, 0.025, 0.25)
+    assert not ok and any("P90 TTFT" in r for r in reasons)
+
+
+@pytest.mark.app
+def test_search_brackets_capacity(tmp_path: Path) -> None:
+    # One PD-P and one PD-D instance, short outputs: prefill is the bottleneck near 1 / E[T].
+    sc = load_scenario("paper-homogeneous", {
+        "clusters": [{"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20",
+                      "prefill": 1, "decode": 1}],
+        # Speedup 20 keeps the decode step (1.25 ms wire) above the event loop's timer granularity.
+        "scale": {"speedup": 20, "byte_scale": 4096}, "serving": {"stream_interval": 8},
+        "workload": {"requests": 24, "output_tokens": 16, "seed": 2},
+        # Timer lateness at a 1.25 ms step adds a few percent to TPOT; this test is about the
+        # bisection, so the TPOT SLO leaves room for it.
+        "slo": {"ttft_s": 60.0, "tpot_s": 0.03},
+    })
+    res = asyncio.run(search(sc, tmp_path, "inproc", lo=0.12, hi=1.2, probes=4, growth_limit=0.25,
+                             ttft_slo=60.0, verbose=False))
+    write_outputs(res, tmp_path)
+    assert len(res.probes) == 4
+    rates = {round(p.rate, 3): p.stable for p in res.probes}
+    assert rates[0.12] and not rates[1.2], res.probes
+    assert res.lambda_max is not None and 0.12 <= res.lambda_max < 1.2
+    assert res.model_lambda_max is not None and 0.1 < res.model_lambda_max < 0.5
+    assert (tmp_path / "capacity.md").read_text().count("| ") > 4

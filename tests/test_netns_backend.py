@@ -1,0 +1,137 @@
+"""The netns backend end to end: a replay over a shaped WAN link, and teardown after SIGINT and
+after SIGKILL followed by `testbed down`, read back from the kernel and /proc."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+]
+
+FAST = ["--backend", "netns", "--set", "scale.speedup=20", "--set", "scale.byte_scale=1000",
+        "--set", "workload.output_tokens=64", "--set", "serving.stream_interval=8"]
+
+
+def _testbed(*args: str) -> list[str]:
+    return [sys.executable, "-m", "testbed", *args]
+
+
+def _namespaces(prefix: str) -> list[str]:
+    run = Path("/run/netns")
+    return sorted(p.name for p in run.iterdir() if p.name.startswith(prefix)) if run.exists() else []
+
+
+def _processes_mentioning(needle: str) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            try:
+                if needle.encode() in (p / "cmdline").read_bytes():
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _wait_for_prefix(out: Path, timeout: float = 60) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        topo = out / "topology.json"
+        if topo.exists():
+            try:
+                return str(json.loads(topo.read_text())["prefix"])
+            except (ValueError, KeyError):
+                pass
+        time.sleep(0.1)
+    raise AssertionError("the run never wrote topology.json")
+
+
+def _wait_for_records(out: Path, n: int, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    f = out / "records.csv"
+    while time.time() < deadline:
+        if f.exists() and len(f.read_text().splitlines()) > n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} records after {timeout} s")
+
+
+def test_replay_over_shaped_link_counts_wan_bytes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "16", "--rate", "2",
+                                "--out", str(out), "--json", *FAST), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    assert s["requests"]["completed"] == 16
+    assert s["run"]["shaping_method"] in ("fallback", "netem")
+    meta = json.loads((out / "run.json").read_text())
+    link = meta["shaping"]["links"]["dc-remote->dc-local"]
+    assert link["rate_bps_wire"] == pytest.approx(100e9 / 1000 * 20)
+    wan = s["wan_link"]
+    assert wan["link"] == "dc-remote->dc-local"
+    # Interface counters and the records agree on the KV that crossed (headers add a little).
+    assert 1.0 <= wan["counters_over_records"] < 1.05
+    assert _namespaces(meta["shaping"]["prefix"]) == []
+    assert (out / "wan.png").exists()
+
+
+def test_sigint_tears_everything_down_and_keeps_records(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
+                                     "--out", str(out), *FAST, "--set", "workload.output_tokens=600"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        prefix = _wait_for_prefix(out)
+        _wait_for_records(out, 3)
+        assert _namespaces(prefix), "the run's namespaces should exist while it runs"
+        assert _processes_mentioning(str(out / "deployment.json"))
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert _namespaces(prefix) == []
+    assert _processes_mentioning(str(out / "deployment.json")) == []
+    assert _processes_mentioning(prefix) == []
+    with (out / "records.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 60 and len({r["request_id"] for r in rows}) == 60
+    assert any(r["outcome"] == "completed" for r in rows)
+    assert json.loads((out / "run.json").read_text())["interrupted"] is True
+
+
+def test_sigkill_then_down_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
+                                     "--out", str(out), *FAST), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        prefix = _wait_for_prefix(out)
+        _wait_for_records(out, 1)
+        proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # SIGKILL gives the run no chance to clean up: its namespaces and services are still there.
+    assert _namespaces(prefix)
+    assert _processes_mentioning(str(out / "deployment.json"))
+    down = subprocess.run(_testbed("down", "--prefix", prefix, "--json"), capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    removed = json.loads(down.stdout)
+    assert removed["namespaces"] and removed["processes"]
+    assert _namespaces(prefix) == []
+    assert _processes_mentioning(str(out / "deployment.json")) == []
+    again = subprocess.run(_testbed("down", "--prefix", prefix, "--json"), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and json.loads(again.stdout)["namespaces"] == []
