@@ -214,10 +214,25 @@ def comparison_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list
         row("Offload ratio", lambda s: fmt_pct(s["offload"]["ratio"])),
         row("KV bytes / request", lambda s: fmt_bytes(s["bytes"]["kv_per_request_paper"])),
         row("WAN KV / offloaded request", lambda s: fmt_bytes(s["bytes"]["wan_per_offloaded_request_paper"])),
-        row("WAN egress mean", lambda s: fmt_rate(s["wan_egress"]["mean_Bps_paper"])),
+        row("WAN egress mean (senders)", lambda s: fmt_rate(s["wan_egress"]["mean_Bps_paper"])),
+        row("WAN link mean / peak (counters)", lambda s: _wan_cell(s.get("wan_link") or {})),
+        row("WAN utilisation mean / peak", lambda s: _util_cell(s.get("wan_link") or {})),
         row("Timing fidelity", lambda s: "WARN" if s["fidelity"]["warn"] else "ok"),
     ]
     return rows
+
+
+def _wan_cell(w: dict[str, Any]) -> str:
+    if w.get("mean_bps_paper") is None:
+        return NA
+    peak = w.get("peak_bps_paper")
+    return f"{w['mean_bps_paper'] / 1e9:.3g} / {'n/a' if peak is None else f'{peak / 1e9:.3g}'} Gbit/s"
+
+
+def _util_cell(w: dict[str, Any]) -> str:
+    if w.get("mean_utilisation") is None:
+        return NA
+    return f"{fmt_pct(w['mean_utilisation'])} / {fmt_pct(w.get('peak_utilisation'))}"
 
 
 def verdicts(summaries: Sequence[dict[str, Any]], labels: Sequence[str] | None = None) -> list[str]:
