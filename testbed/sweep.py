@@ -45,7 +45,7 @@ TTFT_CURVE_POINTS = 50
 MEASURED_COLUMNS: tuple[str, ...] = (
     "status", "offered_rate_rps", "requests", "completed", "failed", "throughput_rps", "goodput_rps",
     "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "offload_ratio",
-    "wan_egress_mean_Bps", "threshold_used",
+    "wan_egress_mean_Bps", "threshold_used", "measured_lambda_max", "lowest_unstable_rate",
 )
 MODEL_COLUMNS: tuple[str, ...] = (
     "model_lambda_max", "model_theta_prfaas", "model_theta_pdp", "model_theta_pdd", "model_p",
@@ -325,7 +325,7 @@ def sweep_markdown(rows: Sequence[dict[str, Any]], fields: Sequence[str], facts:
         return f(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
 
     head = [*fields, "status", "done / total", "failed", "thr (req/s)", "TTFT mean / P90 / P99 (s)",
-            "TPOT mean", "offload", "WAN egress mean",
+            "TPOT mean", "offload", "WAN egress mean", "measured Λ_max",
             "model Λ_max", "model Θ prfaas / pdp / pdd", "model p", "model TTFT mean / P90 (s)", "load ρ"]
     body = []
     for r in rows:
@@ -334,6 +334,7 @@ def sweep_markdown(rows: Sequence[dict[str, Any]], fields: Sequence[str], facts:
             f"{opt(r['completed'])} / {opt(r['requests'])}", opt(r["failed"]), opt(r["throughput_rps"]),
             f"{opt(r['ttft_mean_s'])} / {opt(r['ttft_p90_s'])} / {opt(r['ttft_p99_s'])}",
             opt(r["tpot_mean_s"], fmt_ms), opt(r["offload_ratio"], fmt_pct), opt(r["wan_egress_mean_Bps"], fmt_rate),
+            opt(r.get("measured_lambda_max")),
             opt(r["model_lambda_max"]),
             " / ".join(opt(r[k]) for k in ("model_theta_prfaas", "model_theta_pdp", "model_theta_pdd")),
             opt(r["model_p"], fmt_pct), f"{opt(r['model_ttft_mean_s'])} / {opt(r['model_ttft_p90_s'])}",
@@ -375,6 +376,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="netns: namespaces and shaped WAN links (root); local: one process per service on "
                         "loopback; inproc: all in this process; auto: netns if root, else local")
     p.add_argument("--out", type=Path, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
+    p.add_argument("--capacity-probes", type=int, default=0, metavar="N",
+                   help="measure Lambda_max at every point by a capacity search of N replays (testbed capacity) "
+                        "instead of one replay at the offered rate")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a scenario field for every point (repeatable; list indices allowed)")
     p.add_argument("--link-gbps", type=float, default=100.0,
@@ -433,7 +437,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     try:
         for pt in points:
-            if _run_and_record(pt, out, args.backend, link_bps, len(points), rows):
+            if _run_and_record(pt, out, args.backend, link_bps, len(points), rows, args.capacity_probes):
                 interrupted = True
             errors = errors or rows[-1]["status"].startswith("error")
             flush()
@@ -452,21 +456,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 130 if interrupted else (1 if errors else 0)
 
 
-def _run_and_record(pt: Point, out: Path, backend: str, link_bps: float, n: int, rows: list[dict[str, Any]]) -> bool:
-    """Run one point and append its row; True when Ctrl-C stopped it."""
+def _run_and_record(pt: Point, out: Path, backend: str, link_bps: float, n: int, rows: list[dict[str, Any]],
+                    capacity_probes: int = 0) -> bool:
+    """Run one point and append its row; True when Ctrl-C stopped it. With `capacity_probes`,
+    the point is a capacity search (testbed.capacity) and its row carries the measured
+    Lambda_max and the figures of the highest stable probe."""
     run_dir = out / pt.label
     where = ", ".join(f"{k}={_value_text(v)}" for k, v in pt.values.items())
     _log(f"[{pt.index + 1}/{n}] {where}: {pt.scenario.workload.requests} requests -> {run_dir}")
     status, interrupted = "ok", False
+    extra: dict[str, Any] = {}
+    summary_dir = run_dir
     try:
-        asyncio.run(_run_point(pt, run_dir, backend))
+        if capacity_probes:
+            res = asyncio.run(_capacity_point(pt, run_dir, backend, capacity_probes, link_bps))
+            extra = {"measured_lambda_max": res.lambda_max, "lowest_unstable_rate": res.lowest_unstable}
+            best = [p for p in res.probes if p.stable and p.rate == res.lambda_max]
+            summary_dir = Path(best[0].run_dir) if best else run_dir
+        else:
+            asyncio.run(_run_point(pt, run_dir, backend))
     except KeyboardInterrupt:
         # The runner has stopped its services and summarised what finished before re-raising.
         status, interrupted = "interrupted", True
     except Exception as e:  # one broken point must not lose the others: record it and go on
         status = f"error: {type(e).__name__}: {e}"
     row = {"point": pt.index, **pt.values, "run_dir": pt.label,
-           **measured_figures(_read_summary(run_dir), status), **model_figures(pt.scenario, link_bps)}
+           **measured_figures(_read_summary(summary_dir), status), **extra, **model_figures(pt.scenario, link_bps)}
     rows.append(row)
     _log(f"    {status}: completed {row['completed']}/{row['requests']}, TTFT mean {_short(row['ttft_mean_s'])} s, "
          f"P90 {_short(row['ttft_p90_s'])} s, throughput {_short(row['throughput_rps'])} req/s "
@@ -476,6 +491,17 @@ def _run_and_record(pt: Point, out: Path, backend: str, link_bps: float, n: int,
 
 def _short(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
+
+
+async def _capacity_point(pt: Point, run_dir: Path, backend: str, probes: int, link_bps: float) -> Any:
+    from testbed.capacity import model_lambda, search, write_outputs
+
+    model = model_lambda(pt.scenario, link_bps) or 1.0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    res = await search(pt.scenario, run_dir, backend, 0.6 * model, 1.3 * model, probes, 0.25,
+                       pt.scenario.slo.ttft_s)
+    write_outputs(res, run_dir)
+    return res
 
 
 async def _run_point(pt: Point, run_dir: Path, backend: str) -> None:
