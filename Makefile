@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,12 +56,25 @@ WAN_SET := --backend netns --rate 3.0 --requests 800 --set scale.speedup=2 --set
 replay-wan: $(STAMP)
 	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-dense $(WAN_SET) --out $(RUNS)/wan-hybrid-vs-dense
 
-## Remove every namespace and process a killed run left behind (idempotent).
+## The container image for the compose backend: built offline, only when missing or stale.
+image: $(STAMP)
+	$(BIN)/python -m testbed.deploy.image
+image-rebuild: $(STAMP)
+	$(BIN)/python -m testbed.deploy.image --rebuild
+base-image:
+	compose/bootstrap-base.sh
+
+## A short paper-prfaas replay on the compose backend over the shaped cross-region link
+## (builds the image first when needed; one container per instance plus router and WAN router).
+replay-compose: $(STAMP)
+	$(BIN)/testbed up --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/compose-prfaas
+
+## Remove every namespace, process and container a killed run left behind (idempotent).
 down: $(STAMP)
 	$(BIN)/testbed down
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache compose/wheels
 
 ## Analysis notebooks (analysis/*.ipynb) executed headless to $(RUNS)/notebooks-html; fails if a cell errors.
 ## Inputs: $(RUNS)/paper-compare when `make replay` made it, else a tiny comparison; a tiny threshold sweep.

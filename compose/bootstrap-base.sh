@@ -42,7 +42,11 @@ if [ "$force" = 0 ] && docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
     exit 0
 fi
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap and chroot)"
-command -v debootstrap >/dev/null || die "debootstrap is not installed (apt-get update && apt-get install -y debootstrap)"
+if ! command -v debootstrap >/dev/null; then
+    log "installing debootstrap from Debian's packages"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; } \
+        || die "debootstrap is missing and could not be installed (apt-get install debootstrap)"
+fi
 DEBIAN_ARCH=${DEBIAN_ARCH:-$(dpkg --print-architecture 2>/dev/null || echo amd64)}
 
 t_start=$EPOCHREALTIME

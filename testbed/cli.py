@@ -21,9 +21,10 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="auto", help="trace format (default: from the file)")
     p.add_argument("--rate", type=float, help="offered rate in paper req/s (rescales the trace's arrivals)")
     p.add_argument("--requests", type=int, help="replay only the first N requests")
-    p.add_argument("--backend", choices=["auto", "netns", "local", "inproc"], default="auto",
-                   help="netns: a namespace per service and shaped WAN links (root); local: one process per "
-                        "service on loopback; inproc: all in this process; auto: netns if root, else local")
+    p.add_argument("--backend", choices=["auto", "netns", "compose", "local", "inproc"], default="auto",
+                   help="netns: a namespace per service and shaped WAN links (root); compose: one container per "
+                        "service, a WAN router container (Docker); local: one process per service on loopback; "
+                        "inproc: all in this process; auto: netns if root, else local")
     p.add_argument("--json", action="store_true", help="print figures as JSON")
 
 
@@ -125,6 +126,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     dep = Deployment.read(Path(args.deployment))
     ep = dep.router if args.id == "router" else dep.nodes[args.id].http
+    if args.route:
+        from testbed.net.routes import add_routes
+        add_routes(args.route)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.id} %(name)s %(levelname)s %(message)s",
                         force=True)
     web.run_app(make_service_app(dep, args.id), host=dep.bind_host, port=ep.port, print=None, access_log=None)
@@ -158,10 +162,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario_args(r)
     r.set_defaults(func=cmd_replay)
 
+    u = sub.add_parser("up", help="replay on the compose backend: build the image if needed, generate the compose "
+                                  "file into the run directory, run, collect, tear down")
+    u.add_argument("--scenario", help="scenario name (scenarios/NAME.yaml) or path")
+    u.add_argument("--compare", nargs="+", metavar="SCENARIO", help=argparse.SUPPRESS)
+    u.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
+    _add_scenario_args(u)
+    u.set_defaults(func=cmd_replay, backend="compose")
+
     s = sub.add_parser("serve", help="run one service of a deployment (used by the deploy backends)")
     s.add_argument("role", choices=["router", "prefill", "decode"])
     s.add_argument("--deployment", required=True)
     s.add_argument("--id", required=True)
+    s.add_argument("--route", action="append", default=[], metavar="CIDR=GATEWAY",
+                   help="add a route first (containers: other datacenters via the WAN router)")
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="benchmarks that print figures")

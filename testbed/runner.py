@@ -75,7 +75,10 @@ def make_backend(kind: str, sc: Scenario, run_dir: Path, threshold: float | None
     if kind == "netns":
         from testbed.deploy.netns import NetnsBackend
         return NetnsBackend(sc, run_dir, threshold)
-    raise ValueError(f"unknown backend {kind!r} (local, inproc, netns)")
+    if kind == "compose":
+        from testbed.deploy.compose import ComposeBackend
+        return ComposeBackend(sc, run_dir, threshold)
+    raise ValueError(f"unknown backend {kind!r} (local, inproc, netns, compose)")
 
 
 async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: str = "local",

@@ -10,9 +10,10 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    d = sub.add_parser("down", help="remove the network namespaces (and processes inside) of testbed runs",
+    d = sub.add_parser("down", help="remove what testbed runs left: namespaces, processes, containers, networks",
                        description="Idempotent: stops processes inside every namespace whose name starts with "
-                                   "PREFIX, deletes the namespaces (and with them veths, TUNs, qdiscs).")
+                                   "PREFIX, deletes the namespaces (and with them veths, TUNs, qdiscs), and removes "
+                                   "the containers, networks and volumes of compose runs labelled with PREFIX.")
     d.add_argument("--prefix", default="ptb", help="namespace name prefix (default: ptb = every run)")
     d.add_argument("--json", action="store_true", help="print what was removed as JSON")
     d.set_defaults(func=cmd_down)
@@ -51,7 +52,15 @@ def cmd_down(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    from testbed.deploy.compose import remove_project
+
+    docker = remove_project(args.prefix)   # containers, networks, volumes of compose runs
+    if args.json:
+        print(json.dumps({**report.to_dict(), "docker": docker}, indent=2))
+    else:
+        print(report.summary())
+        if any(docker.values()):
+            print("docker: removed " + ", ".join(f"{len(v)} {k}" for k, v in docker.items()))
     return 1 if report.errors else 0
 
 

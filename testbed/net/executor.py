@@ -119,7 +119,9 @@ class Executor:
         if h is None:
             # flags=0: never create a namespace as a side effect of opening it;
             # groups=0: no multicast subscriptions, so no event backlog accumulates.
-            h = IPRoute(netns=ns, flags=0, groups=0, ext_ack=True)
+            # ns "" is the namespace this process runs in (a container's, for the WAN router).
+            h = (IPRoute(netns=ns, flags=0, groups=0, ext_ack=True) if ns
+                 else IPRoute(groups=0, ext_ack=True))
             self._handles[ns] = h
         return h
 

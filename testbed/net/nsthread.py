@@ -50,7 +50,10 @@ def enter_netns(name: str) -> None:
 
 def run_in_netns(name: str, fn: Callable[..., T], *args: Any) -> T:
     """Call fn(*args) in a short-lived thread inside namespace `name` and return its result
-    (exceptions propagate). The thread dies afterwards, so no thread is left in a foreign namespace."""
+    (exceptions propagate). The thread dies afterwards, so no thread is left in a foreign namespace.
+    The name "" means the caller's own namespace: fn runs right here."""
+    if name == "":
+        return fn(*args)
     fut: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def body() -> None:

@@ -1,0 +1,202 @@
+"""The testbed's container image: one image for every role, built offline from a source checkout.
+
+`ensure_image()` returns at once when `IMAGE` carries the hash of the current sources in its
+`SOURCE_LABEL`; otherwise it builds the base if missing (compose/bootstrap-base.sh: debootstrap +
+docker import, no registry), the wheelhouse (compose/build-wheelhouse.sh) and the image
+(compose/Dockerfile). It drives the `docker` CLI: the compose backend needs the CLI anyway, its
+plain-text build output streams line by line, and the Docker SDK would be a runtime dependency
+(installed in every container too) for three commands.
+
+`python -m testbed.deploy.image [--rebuild | --hash]` builds (or prints the source hash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+IMAGE = "prfaas-testbed:latest"
+BASE = "prfaas-testbed-base:bookworm"
+SOURCE_LABEL = "io.prfaas-testbed.source-hash"
+STAGE_LABEL = "io.prfaas-testbed.stage"           # on the Dockerfile's intermediate (install) stage
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = "compose/Dockerfile"
+# Everything that goes into the image (or decides how): a change to any of these rebuilds it.
+SOURCE_GLOBS = (
+    "testbed/**/*.py",
+    "pyproject.toml",
+    DOCKERFILE,
+    ".dockerignore",
+    "scenarios/**/*.yaml",
+    "netem_profiles/**/*.yaml",
+    "traces/samples/**/*",
+)
+# Health check of a service container (each service answers GET /health on its HTTP port); exit 0
+# when it answers 2xx, 1 otherwise. `python3` is the image's venv Python (first on PATH).
+HEALTHCHECK_CODE = "import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=2)"
+TAIL_LINES = 30
+ENGINE_TIMEOUT_S = 30.0
+
+
+def healthcheck_test(port: int, host: str = "127.0.0.1", path: str = "/health") -> list[str]:
+    """A compose `healthcheck.test` (or `docker run --health-cmd` argv) for a service on `port`."""
+    return ["CMD", "python3", "-c", HEALTHCHECK_CODE, f"http://{host}:{port}{path}"]
+
+
+class ImageError(RuntimeError):
+    """The engine is unreachable or a build step failed; the message ends with its last output lines."""
+
+
+def source_files(root: Path = REPO_ROOT) -> list[Path]:
+    """The files `source_hash` covers, relative to `root`, sorted (no caches, no hidden files)."""
+    found: set[Path] = set()
+    for pattern in SOURCE_GLOBS:
+        for p in root.glob(pattern):
+            rel = p.relative_to(root)
+            if p.is_file() and not any(part == "__pycache__" or part.startswith(".") for part in rel.parts[:-1]):
+                found.add(rel)
+    return sorted(found, key=lambda r: r.as_posix())
+
+
+def source_hash(root: Path = REPO_ROOT) -> str:
+    """SHA-256 over every source file's relative path and content (order- and mtime-independent)."""
+    h = hashlib.sha256()
+    for rel in source_files(root):
+        data = (root / rel).read_bytes()
+        h.update(rel.as_posix().encode() + b"\0" + str(len(data)).encode() + b"\0")
+        h.update(data)
+    return h.hexdigest()
+
+
+def _docker(*args: str, timeout: float = ENGINE_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise ImageError("the docker CLI is not installed (no `docker` on PATH)") from None
+    except subprocess.TimeoutExpired:
+        raise ImageError(f"`docker {' '.join(args)}` did not answer within {timeout:g} s") from None
+
+
+def check_engine() -> str:
+    """The engine's version; ImageError when the CLI is missing or the engine cannot be reached."""
+    r = _docker("version", "--format", "{{.Server.Version}}")
+    if r.returncode != 0 or not r.stdout.strip():
+        detail = (r.stderr or r.stdout).strip().splitlines()
+        raise ImageError("the Docker engine is not reachable (`docker version` failed): "
+                         + (detail[-1] if detail else f"exit {r.returncode}"))
+    return r.stdout.strip()
+
+
+def image_labels(image: str) -> dict[str, str] | None:
+    """The image's labels ({} when it has none), or None when there is no such image."""
+    r = _docker("image", "inspect", "--format", "{{json .Config.Labels}}", image)
+    if r.returncode != 0:
+        return None
+    labels = json.loads(r.stdout.strip() or "null")
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def _stream(argv: Sequence[str], what: str, log: Callable[[str], None], cwd: Path,
+            env: dict[str, str] | None = None) -> None:
+    """Run argv, passing each output line to log; ImageError with the last lines on failure."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    try:
+        proc = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
+                                env={**os.environ, **(env or {})})
+    except OSError as e:
+        raise ImageError(f"{what}: cannot run {argv[0]}: {e.strerror}") from None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            log(line)
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if rc != 0:
+        raise ImageError(f"{what} failed (exit {rc}); last lines:\n" + "\n".join(tail))
+
+
+def _timed(what: str, log: Callable[[str], None], argv: Sequence[str], cwd: Path,
+           env: dict[str, str] | None = None) -> None:
+    t0 = time.monotonic()
+    log(f"image: {what} ...")
+    _stream(argv, what, log, cwd, env)
+    log(f"image: {what} took {time.monotonic() - t0:.1f} s")
+
+
+def ensure_image(rebuild: bool = False, log: Callable[[str], None] = print) -> str:
+    """Make sure `IMAGE` exists and matches the current sources; build what is missing. Returns IMAGE.
+
+    The base is `BASE` (bootstrapped locally when missing) unless the `BASE_IMAGE` environment
+    variable names another one (e.g. python:3.11-slim-bookworm, pulled by the build).
+    `rebuild` rebuilds the image without the build cache (the base is kept).
+    """
+    check_engine()
+    want = source_hash()
+    labels = image_labels(IMAGE)
+    if not rebuild and labels is not None and labels.get(SOURCE_LABEL) == want:
+        log(f"image: {IMAGE} is up to date (sources {want[:12]})")
+        return IMAGE
+    if not (REPO_ROOT / DOCKERFILE).is_file():
+        raise ImageError(f"building {IMAGE} needs the project's source checkout ({REPO_ROOT / DOCKERFILE} is missing)")
+    log(f"image: building {IMAGE}: " + ("rebuild requested" if rebuild else "not built yet" if labels is None
+                                        else "sources changed"))
+    t0 = time.monotonic()
+    base = os.environ.get("BASE_IMAGE") or BASE
+    if base == BASE and image_labels(BASE) is None:
+        _timed(f"bootstrap base image {BASE}", log, ["bash", "compose/bootstrap-base.sh"], REPO_ROOT,
+               {"BASE_TAG": BASE})
+    _timed("wheelhouse", log, ["bash", "compose/build-wheelhouse.sh"], REPO_ROOT)
+    argv = ["docker", "build", "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"SOURCE_HASH={want}",
+            "-t", IMAGE, "-f", DOCKERFILE]
+    if rebuild:
+        argv.append("--no-cache")
+    # BUILDKIT_PROGRESS: plain lines where `docker build` is BuildKit; the legacy builder ignores it.
+    _timed(f"docker build {IMAGE} (base {base})", log, [*argv, "."], REPO_ROOT, {"BUILDKIT_PROGRESS": "plain"})
+    got = (image_labels(IMAGE) or {}).get(SOURCE_LABEL)
+    if got != want:
+        raise ImageError(f"built {IMAGE} but its {SOURCE_LABEL} label is {got!r}, expected {want!r}")
+    _prune(log)
+    log(f"image: {IMAGE} ready in {time.monotonic() - t0:.1f} s")
+    return IMAGE
+
+
+def _prune(log: Callable[[str], None]) -> None:
+    """Remove our dangling images: the legacy builder's install stage and images this build replaced."""
+    for label in (STAGE_LABEL, SOURCE_LABEL):
+        r = _docker("image", "prune", "--force", "--filter", f"label={label}", timeout=120.0)
+        if r.returncode != 0:
+            log(f"image: pruning old images failed (ignored): {r.stderr.strip()}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m testbed.deploy.image", description="Build the testbed's container image if it is missing or stale.")
+    p.add_argument("--rebuild", action="store_true", help="rebuild even if up to date, without the build cache")
+    p.add_argument("--hash", action="store_true", help="print the hash of the sources and exit")
+    args = p.parse_args(argv)
+    if args.hash:
+        print(source_hash())
+        return 0
+    try:
+        ensure_image(rebuild=args.rebuild, log=lambda line: print(line, flush=True))
+    except ImageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""The WAN router inside a container: the same shaping plan as the netns backend, applied to the
+container's own namespace (namespace name ""), then the delay line in the foreground.
+
+Docker attaches one interface per datacenter network in no fixed order; each is found by the
+address the compose file gave it and renamed `dc{index}`, so the plan's interface names hold.
+Sysctls (ip_forward, rp_filter) come from the compose file: /proc/sys is read-only in a container.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from pyroute2 import IPRoute  # type: ignore[import-untyped]
+
+from testbed.core.linkprofile import LinkParams, TcpSettings
+from testbed.net.capabilities import choose_method, probe_shaping
+from testbed.net.executor import Executor
+from testbed.net.plan import Sysctl, plan_delay_line, plan_shaping
+from testbed.net.topology import DCNet, Topology, dc_ifname
+
+HERE = ""   # the executor's name for the current namespace
+
+
+def wan_config(prefix: str, dcs: list[tuple[str, str, str]], links: dict[tuple[str, str], LinkParams],
+               method: str, mtu: int, control: str, stats: str | None, ready: str) -> dict[str, Any]:
+    """JSON the compose backend writes for the WAN router container. dcs: (name, subnet, address)."""
+    return {
+        "prefix": prefix, "method": method, "mtu": mtu, "control": control, "stats": stats, "ready": ready,
+        "dcs": [{"name": n, "index": i, "subnet": s, "address": a} for i, (n, s, a) in enumerate(dcs)],
+        "links": {f"{a}->{b}": dataclasses.asdict(p) for (a, b), p in links.items()},
+    }
+
+
+def topology_from_config(cfg: dict[str, Any], method: str) -> Topology:
+    dcs = tuple(DCNet(d["name"], int(d["index"]), d["subnet"], HERE, d["address"]) for d in cfg["dcs"])
+    links = {}
+    for key, p in cfg["links"].items():
+        a, b = key.split("->")
+        links[(a, b)] = LinkParams(**p)
+    return Topology(cfg["prefix"], dcs, (), HERE, links, method, int(cfg["mtu"]), TcpSettings())  # type: ignore[arg-type]
+
+
+def rename_interfaces(dcs: list[dict[str, Any]], mtu: int) -> None:
+    """Give the interface holding each DC address the plan's name, and the emulation's MTU."""
+    with IPRoute() as ipr:
+        for d in dcs:
+            idx = None
+            for a in ipr.get_addr(family=2):
+                if a.get_attr("IFA_ADDRESS") == d["address"]:
+                    idx = a["index"]
+            if idx is None:
+                raise RuntimeError(f"no interface holds {d['address']} (datacenter {d['name']})")
+            want = dc_ifname(int(d["index"]))
+            ipr.link("set", index=idx, state="down")
+            ipr.link("set", index=idx, ifname=want, mtu=mtu)
+            ipr.link("set", index=idx, state="up")
+
+
+def healthy(ready: Path) -> bool:
+    """Shaping applied and, with the delay line, its control socket bound (it binds it last)."""
+    try:
+        what = ready.read_text().strip()
+    except OSError:
+        return False
+    return not what.startswith("/") or os.path.exists(what)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) == 2 and args[0] == "--health":
+        return 0 if healthy(Path(args[1])) else 1
+    if len(args) != 1:
+        print("usage: python -m testbed.net.container_wan CONFIG.json | --health READY_FILE", file=sys.stderr)
+        return 2
+    cfg = json.loads(Path(args[0]).read_text())
+    # The host probed the kernel (containers share it, but cannot create a probe namespace).
+    method = cfg.get("method", "auto")
+    if method not in ("netem", "fallback"):
+        method = choose_method(probe_shaping(), method)
+    topo = topology_from_config(cfg, method)
+    rename_interfaces(cfg["dcs"], topo.mtu)
+    ops = plan_shaping(topo, "netem" if method == "netem" else "bfifo")
+    if method == "fallback":
+        ops += plan_delay_line(topo)
+    with Executor() as ex:
+        ex.apply([op for op in ops if not isinstance(op, Sysctl)])
+    print(f"wan router: method {method}, {len(topo.links)} shaped directions, MTU {topo.mtu}", flush=True)
+    ready = Path(cfg["ready"])
+    if method != "fallback":
+        ready.write_text(method)
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+        return 0
+    from testbed.net.delayline import write_config
+    from testbed.net.wanrouter import delayline_directions
+
+    dl_cfg = ready.with_name("delayline.json")
+    write_config(dl_cfg, delayline_directions(topo))
+    ready.write_text(cfg["control"])
+    argv2 = [sys.executable, "-m", "testbed.net.delayline", "--tun", "tun0", "--config", str(dl_cfg),
+             "--control", cfg["control"]]
+    if cfg.get("stats"):
+        argv2 += ["--stats", cfg["stats"]]
+    os.execv(sys.executable, argv2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Compose backend: the generated file (pure), and a real run on the Docker engine (docker tier)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.deploy.compose import compose_spec, layout, wan_links
+from testbed.linkprofiles import load_profile
+from testbed.scenarios import load_scenario
+
+
+def _docker_ok() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+@pytest.mark.pure
+def test_compose_file_has_one_container_per_instance_and_a_wan_router(tmp_path: Path) -> None:
+    sc = load_scenario("paper-prfaas")
+    prof = load_profile(sc.links.inter_dc)
+    spec = compose_spec(sc, prof, "ptb1234", "prfaas-testbed:latest", tmp_path, tmp_path / "ctl")
+    services = spec["services"]
+    assert len(services) == (4 + 3 + 5) + 1 + 1          # instances + router + WAN router
+    assert set(spec["networks"]) == {"dc-dc-remote", "dc-dc-local"}
+    assert not any(n.get("internal") for n in spec["networks"].values())   # see compose_spec
+    lay = layout(sc)
+    wan = services["wan"]
+    assert set(wan["networks"]) == set(spec["networks"]) and "NET_ADMIN" in wan["cap_add"]
+    assert wan["devices"] == ["/dev/net/tun:/dev/net/tun"]
+    assert wan["sysctls"]["net.ipv4.ip_forward"] == "1"
+    # A PrfaaS node routes the local DC's subnet through the WAN router's address on its own network.
+    p0 = services["prfaas-p0"]
+    (net, cfg), = p0["networks"].items()
+    assert net == "dc-dc-remote" and cfg["ipv4_address"] == lay["hosts"]["prfaas-p0"][1]
+    local_subnet = lay["dcs"]["dc-local"][1]
+    assert f"--route={local_subnet}=10.232.0.254" in p0["command"]
+    assert p0["command"][:2] == ["serve", "prefill"] and "healthcheck" in p0
+    assert services["router"]["networks"].keys() == {"dc-dc-local"}
+    # The same document works for both compose tools: no top-level name or version keys.
+    assert set(spec) == {"services", "networks"}
+    yaml.safe_load(yaml.safe_dump(spec))
+    assert set(wan_links(sc, prof)) == {("dc-remote", "dc-local"), ("dc-local", "dc-remote")}
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not _docker_ok(), reason="no Docker engine reachable")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router and the link monitor need root")
+def test_compose_replay_and_teardown(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "12",
+                        "--rate", "2", "--out", str(out), "--json", "--set", "scale.speedup=10",
+                        "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=64",
+                        "--set", "serving.stream_interval=8"],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    assert s["requests"]["completed"] == 12
+    meta = json.loads((out / "run.json").read_text())
+    project = meta["shaping"]["project"]
+    spec = yaml.safe_load((out / "compose.yaml").read_text())
+    assert len(spec["services"]) == 12 + 2
+    assert s["wan_link"]["link"] == "dc-remote->dc-local"
+    assert 1.0 <= s["wan_link"]["counters_over_records"] < 1.05
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=prfaas-testbed.project={project}"],
+                          capture_output=True, text=True).stdout.split()
+    nets = subprocess.run(["docker", "network", "ls", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
+                          capture_output=True, text=True).stdout.split()
+    assert left == [] and nets == []
