@@ -30,6 +30,9 @@ from testbed.metrics.records import RequestRecord, read_records
 from testbed.scenarios import load_scenario, parse_overrides
 
 SLO_SLACK = 1.01        # the testbed's own timing error (see metrics.summary.SLO_TIMING_TOLERANCE)
+# The mock decode step does not slow with load, so TPOT moves only with timer lateness (a few
+# percent on a busy 2-core machine); decode saturation shows up as growing waits instead.
+TPOT_SLACK = 1.05
 
 
 @dataclass
@@ -76,7 +79,7 @@ def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_sl
     ttft = [r.ttft * speedup for r in done]
     tpot = [r.tpot * speedup for r in done if not math.isnan(r.tpot)]
     p90_ttft, p90_tpot = _p90(ttft), _p90(tpot)
-    if p90_tpot is not None and p90_tpot > tpot_slo * SLO_SLACK:
+    if p90_tpot is not None and p90_tpot > tpot_slo * TPOT_SLACK:
         reasons.append(f"P90 TPOT {p90_tpot * 1e3:.1f} ms > SLO {tpot_slo * 1e3:.1f} ms")
     if p90_ttft is not None and p90_ttft > ttft_slo * SLO_SLACK:
         reasons.append(f"P90 TTFT {p90_ttft:.2f} s > SLO {ttft_slo:.2f} s")

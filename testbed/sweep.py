@@ -498,7 +498,7 @@ async def _capacity_point(pt: Point, run_dir: Path, backend: str, probes: int, l
 
     model = model_lambda(pt.scenario, link_bps) or 1.0
     run_dir.mkdir(parents=True, exist_ok=True)
-    res = await search(pt.scenario, run_dir, backend, 0.6 * model, 1.3 * model, probes, 0.25,
+    res = await search(pt.scenario, run_dir, backend, 0.75 * model, 1.25 * model, probes, 0.25,
                        pt.scenario.slo.ttft_s)
     write_outputs(res, run_dir)
     return res

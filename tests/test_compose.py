@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.deploy.compose import compose_spec, layout, wan_links
+from testbed.core.scaling import Scale
+from testbed.deploy.compose import compose_spec, layout
+from testbed.deploy.netns import wan_links
 from testbed.linkprofiles import load_profile
 from testbed.scenarios import load_scenario
 
@@ -50,7 +52,7 @@ def test_compose_file_has_one_container_per_instance_and_a_wan_router(tmp_path: 
     # The same document works for both compose tools: no top-level name or version keys.
     assert set(spec) == {"services", "networks"}
     yaml.safe_load(yaml.safe_dump(spec))
-    assert set(wan_links(sc, prof)) == {("dc-remote", "dc-local"), ("dc-local", "dc-remote")}
+    assert set(wan_links(sc, prof, Scale.from_spec(sc.scale))) == {("dc-remote", "dc-local"), ("dc-local", "dc-remote")}
 
 
 @pytest.mark.docker
@@ -77,3 +79,35 @@ def test_compose_replay_and_teardown(tmp_path: Path) -> None:
     nets = subprocess.run(["docker", "network", "ls", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
                           capture_output=True, text=True).stdout.split()
     assert left == [] and nets == []
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not _docker_ok(), reason="no Docker engine reachable")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router and the link monitor need root")
+def test_ctrl_c_removes_every_container_network_and_volume(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "60",
+                             "--rate", "2", "--out", str(out), "--set", "scale.speedup=10",
+                             "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=400"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 900
+        records = out / "records.csv"
+        while time.time() < deadline and not (records.exists() and len(records.read_text().splitlines()) > 3):
+            time.sleep(0.5)
+        project = json.loads((out / "run.json").read_text())["shaping"]["project"]
+        running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
+                                 capture_output=True, text=True).stdout.split()
+        assert len(running) == 12 + 2
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
+        left = subprocess.run(["docker", *kind, "--filter", f"label=prfaas-testbed.project={project}"],
+                              capture_output=True, text=True).stdout.split()
+        assert left == [], kind
+    rows = (out / "records.csv").read_text().splitlines()
+    assert len(rows) == 61

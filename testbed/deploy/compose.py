@@ -20,11 +20,12 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import yaml
 
-from testbed.core.linkprofile import LinkParams, LinkProfile
+from testbed.core.linkprofile import LinkProfile
 from testbed.core.scaling import Scale
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
 from testbed.deploy.local import BackendError
+from testbed.deploy.netns import local_dc, wan_links
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 from testbed.net.container_wan import wan_config
 
@@ -61,7 +62,7 @@ def _ip(net: ipaddress.IPv4Network | ipaddress.IPv6Network | str, host: int) -> 
 def layout(sc: Scenario, base: str = "10.232") -> dict[str, Any]:
     """Addresses of every container: {dcs: {name: (index, subnet)}, hosts: {id: (dc, ip)}}."""
     dcs = list(dict.fromkeys(c.datacenter for c in sc.clusters))
-    home = next(c.datacenter for c in sc.clusters if c.kind == "pd" and c.decode > 0)
+    home = local_dc(sc)
     counts = {d: 0 for d in dcs}
     hosts: dict[str, tuple[str, str]] = {}
     for name, dc in [(n.id, n.datacenter) for n in node_specs(sc)] + [("router", home)]:
@@ -140,12 +141,6 @@ def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, r
     return {"services": services, "networks": networks}
 
 
-def wan_links(sc: Scenario, profile: LinkProfile) -> dict[tuple[str, str], LinkParams]:
-    dcs = list(dict.fromkeys(c.datacenter for c in sc.clusters))
-    p = profile.wire(Scale.from_spec(sc.scale))
-    return {(a, b): p for a in dcs for b in dcs if a != b}
-
-
 def _run(cmd: list[str], timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
@@ -191,7 +186,7 @@ class ComposeBackend:
         self.lay = layout(sc)
         self.deployment = deployment_for(sc, self.lay, threshold)
         self.rebuild_image = rebuild_image
-        self.links = wan_links(sc, self.profile)
+        self.links = wan_links(sc, self.profile, self.scale)
         self.method = "unknown"
         self._cli: list[str] = []
         self._monitor: Any = None
