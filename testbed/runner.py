@@ -119,6 +119,9 @@ async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: s
         except asyncio.CancelledError:
             interrupted = True
             raise
+        finally:
+            # The run ends with the last record, not after teardown (compose down takes seconds).
+            meta["t_end"] = now()
     finally:
         try:
             await asyncio.shield(be.stop())
@@ -126,7 +129,7 @@ async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: s
             writer.close()
         if meta["t0"] is None:     # stopped before the services came up: nothing was sent
             meta["t0"] = now()
-        meta.update({"t_end": now(), "interrupted": interrupted})
+        meta.update({"t_end": meta["t_end"] or now(), "interrupted": interrupted})
         meta_path.write_text(json.dumps(meta, indent=1))
         summary = write_summary(run_dir)
         write_report(run_dir, summary)

@@ -416,7 +416,8 @@ def test_teardown_kills_processes_and_is_idempotent(capsys: pytest.CaptureFixtur
         capsys.readouterr()
         assert args.func(args) == 0
         assert json.loads(capsys.readouterr().out) == {
-            "prefix": t.prefix + "-", "namespaces": [], "processes": [], "errors": []}
+            "prefix": t.prefix + "-", "namespaces": [], "processes": [], "errors": [],
+            "docker": {"containers": [], "networks": [], "volumes": []}}
         print(f"\n{report.summary()}\n(took {took:.1f} s)")
     finally:
         for p in procs:

@@ -318,8 +318,9 @@ def test_real_slow_decode_fails_on_tpot_and_rerun_passes(tmp_path: Path, capsys:
     capsys.readouterr()
     path = tmp_path / "baseline.yaml"
     wide = [f"--tolerance={k}=1.0" for k in ("ttft_s.mean", "ttft_s.p50", "ttft_s.p90", "ttft_s.p99")]
-    wide += ["--tolerance=tpot_s.mean=0.4", "--tolerance=throughput.completed_rps_paper=0.25",
-             "--tolerance=wan_egress.mean_Bps_paper=0.3"]
+    # Twelve requests on a shared 2-core machine: throughput and egress move with scheduling noise.
+    wide += ["--tolerance=tpot_s.mean=0.4", "--tolerance=throughput.completed_rps_paper=0.5",
+             "--tolerance=wan_egress.mean_Bps_paper=0.5"]
     assert run_cli(capsys, "regress", str(normal), "--baseline", str(path), "--update", *wide)[0] == 0
 
     rc, out, _ = run_cli(capsys, "regress", str(slow), "--baseline", str(path))
