@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -48,3 +49,24 @@ def bad_request(msg: str) -> web.HTTPBadRequest:
     """OpenAI-shaped error body, so real clients surface the message."""
     body = json.dumps({"error": {"message": msg, "type": "invalid_request_error"}})
     return web.HTTPBadRequest(text=body, content_type="application/json")
+
+
+async def node_request(request: web.Request) -> tuple[dict[str, Any], str]:
+    """The JSON object of a router-to-node request and its request id; 400 naming the field."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise bad_request("body is not JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("body must be a JSON object")
+    rid = body.get("request_id")
+    if not isinstance(rid, str) or not rid:
+        raise bad_request("field 'request_id' must be a non-empty string")
+    return body, rid
+
+
+def int_field(body: dict[str, Any], name: str, minimum: int = 0) -> int:
+    v = body.get(name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise bad_request(f"field '{name}' must be an integer >= {minimum}")
+    return v

@@ -22,7 +22,9 @@ from testbed.core.decode_batch import AdmissionError, DecodeBatch, DecodeSeq
 from testbed.core.kvsize import KVModel
 from testbed.core.servicetime import DecodeStepTime
 from testbed.live.clock import now, sleep_until
-from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
+from testbed.live.common import (
+    REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request, int_field, node_request,
+)
 from testbed.live.kv_transport import KVReceiver
 from testbed.live.series import Sample, SeriesWriter, sample_forever
 
@@ -88,21 +90,9 @@ async def _batch_loop(st: DecodeState) -> None:
 
 async def handle_decode(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
-    try:
-        body = await request.json()
-    except ValueError:
-        raise bad_request("body is not JSON") from None
-    if not isinstance(body, dict):
-        raise bad_request("body must be a JSON object")
-    rid = body.get("request_id")
-    if not isinstance(rid, str) or not rid:
-        raise bad_request("field 'request_id' must be a non-empty string")
-    vals: dict[str, int] = {}
-    for name, lo in (("transfer_id", 0), ("input_tokens", 1), ("output_tokens", 1), ("kv_bytes_paper", 0)):
-        v = body.get(name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise bad_request(f"field '{name}' must be an integer >= {lo}")
-        vals[name] = v
+    body, rid = await node_request(request)
+    vals = {name: int_field(body, name, lo)
+            for name, lo in (("transfer_id", 0), ("input_tokens", 1), ("output_tokens", 1), ("kv_bytes_paper", 0))}
     if rid in st.streams:
         raise bad_request(f"request {rid!r} is already decoding here")
 

@@ -19,7 +19,9 @@ from testbed.core.kvsize import KVModel
 from testbed.core.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now, sleep_until
-from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
+from testbed.live.common import (
+    REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request, int_field, node_request,
+)
 from testbed.live.kv_transport import KVSender, TransferFailed
 from testbed.live.series import Sample, SeriesWriter, sample_forever
 
@@ -111,27 +113,12 @@ async def _worker(st: PrefillState) -> None:
                 p.done.set_result({"error": f"prefill failed: {e}"})
 
 
-def _int_field(body: dict[str, Any], name: str, minimum: int = 0) -> int:
-    v = body.get(name)
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise bad_request(f"field '{name}' must be an integer >= {minimum}")
-    return v
-
-
 async def handle_prefill(request: web.Request) -> web.Response:
     st = request.app[STATE]
-    try:
-        body = await request.json()
-    except ValueError:
-        raise bad_request("body is not JSON") from None
-    if not isinstance(body, dict):
-        raise bad_request("body must be a JSON object")
-    rid = body.get("request_id")
-    if not isinstance(rid, str) or not rid:
-        raise bad_request("field 'request_id' must be a non-empty string")
-    tid = _int_field(body, "transfer_id")
-    tokens = _int_field(body, "input_tokens", 1)
-    cached = _int_field(body, "cached_tokens")
+    body, rid = await node_request(request)
+    tid = int_field(body, "transfer_id")
+    tokens = int_field(body, "input_tokens", 1)
+    cached = int_field(body, "cached_tokens")
     if cached > tokens:
         raise bad_request("field 'cached_tokens' exceeds 'input_tokens'")
     dnode = st.cfg.deployment.nodes.get(str(body.get("decode_node")))
