@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -211,13 +212,24 @@ class NetnsBackend:
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         if self._client is None:
             raise NetnsError("client namespace is not up")
-        fut = self._client.submit(make())
+        started, finished = threading.Event(), threading.Event()
+
+        async def tracked() -> T:
+            started.set()
+            try:
+                return await make()
+            finally:
+                finished.set()
+
+        fut = self._client.submit(tracked())
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
-            # Cancelling the wrapper cancels the task in the namespace loop; wait for its cleanup
-            # (the replayer records interrupted requests) before anything is torn down.
-            await asyncio.to_thread(_wait_done, fut, 10.0)
+            # Cancelling the wrapper cancels the task in the namespace loop, but the concurrent
+            # future reports "cancelled" at once: wait for the task's own cleanup (the replayer
+            # records every unfinished request) before anything is torn down.
+            if started.is_set():
+                await asyncio.to_thread(finished.wait, 30.0)
             raise
 
     # -- stop -----------------------------------------------------------------------------
@@ -238,10 +250,3 @@ class NetnsBackend:
         await asyncio.to_thread(teardown, self.prefix)
         if self._control is not None:
             self._control.unlink(missing_ok=True)
-
-
-def _wait_done(fut: Any, timeout: float) -> None:
-    try:
-        fut.result(timeout)
-    except BaseException:
-        pass
