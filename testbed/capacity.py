@@ -23,7 +23,6 @@ import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from testbed.core.scenario import Scenario
 from testbed.metrics.records import RequestRecord, read_records

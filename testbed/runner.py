@@ -10,11 +10,10 @@ import asyncio
 import json
 import platform
 import sys
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from testbed.core.scenario import Scenario
 from testbed.deploy.base import Backend
