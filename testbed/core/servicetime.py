@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Sequence
-
 from testbed.core.scenario import DecodeSpec, PolynomialPrefill, PrefillSpec, TablePrefill
 
 
@@ -62,6 +60,3 @@ class DecodeStepTime:
     def __call__(self, batch: int, context_tokens: int) -> float:
         return self.base_s + self.per_seq_s * batch + self.per_context_token_s * context_tokens
 
-
-def mean_over(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0

@@ -8,7 +8,6 @@ import asyncio
 import itertools
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,6 +329,3 @@ def scale_for(profile: LinkProfile, speedup: float, byte_scale: float | None, wi
         return Scale(speedup, max(profile.rate * speedup / wire_rate, 1.0))
     return Scale(speedup, byte_scale or 1.0)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(2)
