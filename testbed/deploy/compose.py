@@ -79,7 +79,7 @@ def deployment_for(sc: Scenario, lay: dict[str, Any], threshold: float | None) -
     for n in node_specs(sc):
         dc, ip = lay["hosts"][n.id]
         nodes[n.id] = NodeEndpoint(n.id, n.role, n.cluster, n.datacenter, Endpoint(ip, HTTP_PORT),
-                                   Endpoint(ip, KV_PORT) if n.role == "decode" else None)
+                                   Endpoint(ip, KV_PORT))
     _, rip = lay["hosts"]["router"]
     return Deployment(sc, Endpoint(rip, HTTP_PORT), nodes, run_dir=IN_CONTAINER, threshold=threshold,
                       bind_host="0.0.0.0")

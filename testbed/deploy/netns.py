@@ -75,7 +75,7 @@ def netns_deployment(sc: Scenario, topo: Topology, run_dir: str, threshold: floa
     nodes: dict[str, NodeEndpoint] = {}
     for n in node_specs(sc):
         h = topo.host(n.id)
-        kv = Endpoint(h.ip, KV_PORT) if n.role == "decode" else None
+        kv = Endpoint(h.ip, KV_PORT)
         nodes[n.id] = NodeEndpoint(n.id, n.role, n.cluster, n.datacenter, Endpoint(h.ip, HTTP_PORT), kv)
     router = Endpoint(topo.host(ROUTER_HOST).ip, HTTP_PORT)
     return Deployment(sc, router, nodes, run_dir=run_dir, threshold=threshold, bind_host="0.0.0.0")

@@ -11,12 +11,11 @@ from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 def loopback_deployment(sc: Scenario, run_dir: str | None, threshold: float | None,
                         host: str = "127.0.0.1") -> Deployment:
     specs = node_specs(sc)
-    n_kv = sum(1 for s in specs if s.role == "decode")
-    ports = iter(free_ports(1 + len(specs) + n_kv, host))
+    ports = iter(free_ports(1 + 2 * len(specs), host))
     router = Endpoint(host, next(ports))
     nodes: dict[str, NodeEndpoint] = {}
     for s in specs:
         http = Endpoint(host, next(ports))
-        kv = Endpoint(host, next(ports)) if s.role == "decode" else None
+        kv = Endpoint(host, next(ports))
         nodes[s.id] = NodeEndpoint(s.id, s.role, s.cluster, s.datacenter, http, kv)
     return Deployment(sc, router, nodes, run_dir=run_dir, threshold=threshold, bind_host=host)

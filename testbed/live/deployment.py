@@ -28,7 +28,7 @@ class NodeEndpoint:
     cluster: str
     datacenter: str
     http: Endpoint
-    kv: Endpoint | None = None    # decode nodes: KV receiver address as seen by senders
+    kv: Endpoint | None = None    # KV receiver address as seen by senders (decode: prefill KV; prefill: cache moves)
 
 
 @dataclass

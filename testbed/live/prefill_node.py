@@ -122,7 +122,7 @@ async def handle_prefill(request: web.Request) -> web.Response:
     if cached > tokens:
         raise bad_request("field 'cached_tokens' exceeds 'input_tokens'")
     dnode = st.cfg.deployment.nodes.get(str(body.get("decode_node")))
-    if dnode is None or dnode.kv is None:
+    if dnode is None or dnode.role != "decode" or dnode.kv is None:
         raise bad_request(f"field 'decode_node': unknown decode node {body.get('decode_node')!r}")
     if rid in st.pending:
         raise bad_request(f"request {rid!r} is already queued here")
