@@ -1,14 +1,16 @@
 """Routing policies: pure `decide(view, request) -> Decision`, registered by name.
 
-The router (live or simulated) builds a `View` of cluster load; a policy picks the prefill
-cluster, then the least-loaded instance there and the least-loaded decode instance.
+The router (live or simulated) builds a `View` of cluster load and the WAN's state, and looks
+up each cluster's usable cached prefix; a policy picks the prefill cluster (and any cache move),
+then the least-loaded instance there and the least-loaded decode instance. Prefix caches are
+cluster-wide pools, so every instance of a cluster reaches the same cached prefix.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Literal, Mapping
 
 from testbed.core.scenario import Scenario
 
@@ -29,11 +31,17 @@ class ClusterView:
     decode: tuple[InstanceLoad, ...] = ()
 
 
+BandwidthState = Literal["scarce", "abundant"]
+
+
 @dataclass(frozen=True)
 class View:
     clusters: tuple[ClusterView, ...]
     threshold: float | None = None
     now: float = 0.0
+    # WAN state for the cache-aware rules (PAPER.md section 3.4): judged by the router's link
+    # monitor; "scarce" when nothing measures it.
+    bandwidth: BandwidthState = "scarce"
 
     def by_kind(self, kind: str, role: str) -> list[ClusterView]:
         return [c for c in self.clusters if c.kind == kind and getattr(c, role)]
@@ -43,7 +51,19 @@ class View:
 class RoutingRequest:
     request_id: str
     input_tokens: int
-    cached: Mapping[str, int] = field(default_factory=dict)   # cluster -> cached prefix tokens
+    cached: Mapping[str, int] = field(default_factory=dict)   # cluster -> usable cached prefix tokens
+
+
+@dataclass(frozen=True)
+class CacheMove:
+    """Copy a cached prefix between clusters before the prefill: the destination holds
+    `from_tokens` of it already, so only the KV of the tokens in between (and the linear state
+    at `tokens`) crosses."""
+
+    src_cluster: str
+    dst_cluster: str
+    tokens: int
+    from_tokens: int
 
 
 @dataclass(frozen=True)
@@ -52,11 +72,13 @@ class Decision:
     prefill_node: str
     decode_cluster: str
     decode_node: str
-    cached_tokens: int
-    incremental_tokens: int
+    cached_tokens: int          # prefix the prefill reuses (after any cache move)
+    incremental_tokens: int     # what the prefill computes
     crossed_wan: bool
     threshold: float | None
     reason: str
+    decode_cached_tokens: int = 0      # prefix the decode cluster holds: KV below it is not shipped
+    cache_move: CacheMove | None = None
 
 
 class NoCapacity(RuntimeError):
@@ -74,26 +96,36 @@ def least_loaded_decode(c: ClusterView) -> InstanceLoad:
     return min(c.decode, key=lambda i: (i.active, i.node_id))
 
 
-def _decision(view: View, req: RoutingRequest, prefill: ClusterView, reason: str) -> Decision:
+def _decode_cluster(view: View, prefill: ClusterView) -> ClusterView:
     decode_clusters = view.by_kind("pd", "decode")
     if not decode_clusters:
         raise NoCapacity("no pd cluster with decode instances")
     # Prefer decode in the prefill cluster's datacenter; PrfaaS clusters have none, so KV crosses.
     same_dc = [c for c in decode_clusters if c.datacenter == prefill.datacenter]
-    dc = min(same_dc or decode_clusters, key=lambda c: min(i.active for i in c.decode))
+    return min(same_dc or decode_clusters, key=lambda c: min(i.active for i in c.decode))
+
+
+def _decision(view: View, req: RoutingRequest, prefill: ClusterView, reason: str, cache_aware: bool = False,
+              cached: int | None = None, move: CacheMove | None = None) -> Decision:
+    dc = _decode_cluster(view, prefill)
     dnode = least_loaded_decode(dc)
     pnode = least_loaded_prefill(prefill)
-    cached = req.cached.get(prefill.name, 0)
+    use = req.cached.get(prefill.name, 0) if cached is None else cached
+    # The decode side loads what its own cluster's pool holds (a prefix moved in lands there too);
+    # without cache awareness the sender cannot know that, and ships the whole prompt's KV.
+    dec_cached = use if dc.name == prefill.name else req.cached.get(dc.name, 0)
     return Decision(
         prefill_cluster=prefill.name,
         prefill_node=pnode.node_id,
         decode_cluster=dc.name,
         decode_node=dnode.node_id,
-        cached_tokens=cached,
-        incremental_tokens=max(req.input_tokens - cached, 0),
+        cached_tokens=use,
+        incremental_tokens=max(req.input_tokens - use, 0),
         crossed_wan=prefill.datacenter != dc.datacenter,
         threshold=view.threshold,
         reason=reason,
+        decode_cached_tokens=dec_cached if cache_aware else 0,
+        cache_move=move,
     )
 
 
@@ -103,36 +135,65 @@ def _pick(clusters: list[ClusterView]) -> ClusterView:
     return min(clusters, key=lambda c: min(i.backlog for i in c.prefill))
 
 
-def homogeneous(view: View, req: RoutingRequest) -> Decision:
+def homogeneous(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decision:
     """Baseline: every prefill on the local PD cluster's prefill instances."""
-    return _decision(view, req, _pick(view.by_kind("pd", "prefill")), "homogeneous")
+    return _decision(view, req, _pick(view.by_kind("pd", "prefill")), "homogeneous", cache_aware)
 
 
-def naive(view: View, req: RoutingRequest) -> Decision:
+def naive(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decision:
     """Baseline: every prefill in the PrfaaS cluster, whatever its length."""
-    return _decision(view, req, _pick(view.by_kind("prfaas", "prefill")), "naive: all to prfaas")
+    return _decision(view, req, _pick(view.by_kind("prfaas", "prefill")), "naive: all to prfaas", cache_aware)
 
 
-def prfaas(view: View, req: RoutingRequest) -> Decision:
-    """Selective offload: incremental (uncached) length l > t goes to PrfaaS, else PD-P.
-    The incremental length is judged against the PD cluster's own cache (bandwidth-scarce rule;
-    with no cache information both are the full input length)."""
+def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decision:
+    """Selective offload on the incremental length against the threshold t.
+
+    Length-only (cache_aware False): l is the whole prompt; each cluster still reuses its own
+    cached prefix, but routing ignores where caches are and the KV ships whole.
+    Cache-aware, the paper's rules (section 3.4), with l_pd / l_prfaas the cached prefixes:
+    - bandwidth scarce: each cluster's cache judged alone: l_total - l_pd <= t -> PD-P, else
+      PrfaaS (reusing its own l_prfaas); no cache crosses;
+    - bandwidth abundant: l_prefix = max(l_prfaas, l_pd); l_total - l_prefix <= t -> PD-P, else
+      PrfaaS; the longer prefix moves to the chosen cluster when it sits in the other one.
+    Either way only the KV the decode cluster lacks crosses."""
     t = view.threshold if view.threshold is not None else math.inf
     pd = _pick(view.by_kind("pd", "prefill"))
-    l_inc = req.input_tokens - req.cached.get(pd.name, 0)
-    if l_inc > t:
-        return _decision(view, req, _pick(view.by_kind("prfaas", "prefill")), f"l={l_inc} > t={t:g}")
-    return _decision(view, req, pd, f"l={l_inc} <= t={t:g}")
+    pf = _pick(view.by_kind("prfaas", "prefill"))
+    total = req.input_tokens
+    if not cache_aware:
+        if total > t:
+            return _decision(view, req, pf, f"l={total} > t={t:g}")
+        return _decision(view, req, pd, f"l={total} <= t={t:g}")
+    l_pd, l_pf = req.cached.get(pd.name, 0), req.cached.get(pf.name, 0)
+    if view.bandwidth == "scarce":
+        if total - l_pd <= t:
+            return _decision(view, req, pd, f"scarce: l-l_pd={total - l_pd} <= t={t:g}", True)
+        return _decision(view, req, pf, f"scarce: l-l_pd={total - l_pd} > t={t:g}", True)
+    prefix = max(l_pd, l_pf)
+    to_pd = total - prefix <= t
+    dst, src, l_dst, l_src = (pd, pf, l_pd, l_pf) if to_pd else (pf, pd, l_pf, l_pd)
+    op = "<=" if to_pd else ">"
+    move = CacheMove(src.name, dst.name, l_src, l_dst) if l_src > l_dst else None
+    why = f"abundant: l-l_prefix={total - prefix} {op} t={t:g}" + (
+        f", move {l_src - l_dst} cached tokens {src.name}->{dst.name}" if move else "")
+    return _decision(view, req, dst, why, True, cached=prefix, move=move)
 
 
-POLICIES: dict[str, Policy] = {"homogeneous": homogeneous, "naive": naive, "prfaas": prfaas}
+_POLICIES: dict[str, Callable[..., Decision]] = {"homogeneous": homogeneous, "naive": naive, "prfaas": prfaas}
+POLICIES: tuple[str, ...] = tuple(_POLICIES)
 
 
-def get_policy(name: str) -> Policy:
+def get_policy(name: str, cache_aware: bool = False) -> Policy:
     try:
-        return POLICIES[name]
+        fn = _POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(_POLICIES))}") from None
+
+    def decide(view: View, req: RoutingRequest) -> Decision:
+        return fn(view, req, cache_aware)
+
+    decide.__name__ = f"{name}{'+cache' if cache_aware else ''}"
+    return decide
 
 
 class LoadTracker:
@@ -150,7 +211,8 @@ class LoadTracker:
             for i in range(c.decode):
                 self.active[f"{c.name}-d{i}"] = 0
 
-    def view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset()) -> View:
+    def view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset(),
+             bandwidth: BandwidthState = "scarce") -> View:
         cvs = []
         for c in self._clusters:
             p = tuple(
@@ -164,7 +226,7 @@ class LoadTracker:
                 if f"{c.name}-d{i}" not in down
             )
             cvs.append(ClusterView(c.name, c.kind, c.datacenter, p, d))
-        return View(tuple(cvs), threshold, now)
+        return View(tuple(cvs), threshold, now, bandwidth)
 
     def assign(self, d: Decision, prefill_work: float) -> None:
         self.prefill_backlog[d.prefill_node] += prefill_work

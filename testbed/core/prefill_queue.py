@@ -55,6 +55,10 @@ class PrefillQueue:
         """Waiting jobs (not counting the one running)."""
         return len(self._q)
 
+    def waiting_work(self) -> float:
+        """Modelled work of the jobs waiting (not counting the one running)."""
+        return sum(j.duration for j in self._q)
+
     def backlog(self, now: float) -> float:
         """Modelled work left: the running job's remainder plus every waiting job."""
         rest = max(self._busy_until - now, 0.0) if self.current else 0.0

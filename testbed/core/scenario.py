@@ -6,6 +6,7 @@ All figures are in paper units (seconds, bytes, tokens) unless a name says `wire
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -90,6 +91,19 @@ class HardwareSpec(_Strict):
     decode: DecodeSpec | None = None
 
 
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*$", re.I)
+
+
+def size_bytes(v: object) -> object:
+    """'4TiB', '512GiB', 1e12 -> bytes (k/M/G/T are powers of 1024); anything else unchanged,
+    for pydantic to reject with its own message."""
+    if isinstance(v, str) and (m := _SIZE_RE.match(v)):
+        return int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2).lower() or "_"))
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
 class ClusterSpec(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,15}$")
     datacenter: str = Field(pattern=r"^[a-z][a-z0-9-]{0,15}$")
@@ -97,6 +111,13 @@ class ClusterSpec(_Strict):
     hardware: str
     prefill: int = Field(ge=0, le=64)
     decode: int = Field(ge=0, le=64)
+    # The cluster's hybrid prefix cache pool (host DRAM/SSD), paper bytes; 0 = no prefix cache.
+    cache_bytes: int = Field(default=0, ge=0)
+
+    @field_validator("cache_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: object) -> object:
+        return size_bytes(v)
 
 
 class LinksSpec(_Strict):
@@ -104,11 +125,35 @@ class LinksSpec(_Strict):
     inter_dc: str = "cross-region-100g"
 
 
+class ControlSpec(_Strict):
+    """The router's short-term loop (paper seconds): every `interval_s` it reads the PrfaaS
+    senders' delivered and undelivered KV bytes, TCP retransmissions and the prefill backlogs,
+    estimates the bandwidth the WAN gives, judges it scarce or abundant (the cache-aware rules)
+    and, with `bandwidth_aware`, moves the threshold to where the predicted load of the link and
+    of both prefill stages is lowest (see `testbed.core.bandwidth`)."""
+
+    interval_s: float = Field(default=2.0, gt=0)
+    window: int = Field(default=200, ge=10, le=100000)        # recent requests the planner samples
+    target_utilisation: float = Field(default=0.85, gt=0, le=1)
+    abundant_utilisation: float = Field(default=0.5, gt=0, le=1)
+    horizon_s: float = Field(default=20.0, gt=0)              # drain existing backlogs within this
+    saturated_s: float = Field(default=0.5, gt=0)             # undelivered KV worth this much link time = saturated
+    retrans_limit: float = Field(default=0.01, ge=0, le=1)    # retransmitted share that counts as congestion
+    probe_growth: float = Field(default=1.15, ge=1)           # bandwidth estimate growth per unsaturated interval
+    hold_s: float = Field(default=10.0, ge=0)                 # no growth this long after the link last saturated
+    min_change: float = Field(default=0.05, ge=0)             # relative threshold change worth making
+    min_threshold: int | None = Field(default=None, ge=0)     # default: base threshold / 4
+    max_threshold: int | None = Field(default=None, ge=1)     # default: the workload's longest input
+
+
 class PolicySpec(_Strict):
     name: Literal["homogeneous", "naive", "prfaas"]
     threshold: int | Literal["auto"] | None = None
     bandwidth_aware: bool = False
     cache_aware: bool = False
+    # For the cache-aware rules: judged from the measured link (auto), or fixed.
+    bandwidth_state: Literal["auto", "scarce", "abundant"] = "auto"
+    control: ControlSpec = ControlSpec()
 
     @model_validator(mode="after")
     def _threshold(self) -> "PolicySpec":
@@ -116,6 +161,11 @@ class PolicySpec(_Strict):
             raise ValueError("policy 'prfaas' needs a threshold (tokens or 'auto')")
         if isinstance(self.threshold, int) and self.threshold < 0:
             raise ValueError("threshold must be >= 0")
+        if self.bandwidth_aware and self.name != "prfaas":
+            raise ValueError(f"bandwidth_aware needs policy 'prfaas' (a threshold to move), not {self.name!r}")
+        c = self.control
+        if c.min_threshold is not None and c.max_threshold is not None and c.min_threshold > c.max_threshold:
+            raise ValueError("control.min_threshold must be <= control.max_threshold")
         return self
 
 

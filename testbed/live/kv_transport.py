@@ -61,6 +61,20 @@ class ConnectionStats:
     bytes_sent: int
     bytes_acked: int
     snd_wnd: int = 0          # the peer's advertised receive window, bytes
+    notsent_bytes: int = 0    # in the socket, not yet sent
+    unacked: int = 0          # segments in flight
+    snd_mss: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SenderLinkState:
+    """Cumulative counters over every connection a sender has had (for rates by difference),
+    and what it holds now that the network has not delivered."""
+
+    acked_bytes: int          # TCP-acknowledged bytes (frame headers included)
+    retrans_segments: int
+    acked_segments: int       # acked_bytes / MSS, summed per connection
+    undelivered_bytes: int    # queued in the sender + in transport buffers + unsent in sockets + in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +107,7 @@ class _Chunk:
 
 
 class _Conn:
-    __slots__ = ("dest", "index", "reader", "writer", "transfers", "alive", "watcher")
+    __slots__ = ("dest", "index", "reader", "writer", "transfers", "alive", "watcher", "seen_acked", "seen_retrans")
 
     def __init__(self, dest: Dest, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.dest = dest
@@ -105,6 +119,8 @@ class _Conn:
         self.transfers: set[Transfer] = set()
         self.alive = True
         self.watcher: asyncio.Task[None] | None = None
+        self.seen_acked = 0       # TCP_INFO counters at the last link_state()
+        self.seen_retrans = 0
 
 
 class _Dest:
@@ -252,6 +268,9 @@ class KVSender:
         self.transfers_sent = 0
         self.transfers_failed = 0
         self.backlog_bytes = 0
+        self._acked_total = 0
+        self._retrans_total = 0
+        self._acked_segments = 0
         self._zeros = memoryview(bytes(chunk_bytes))
         self._dests: dict[Dest, _Dest] = {}
         self._active: set[Transfer] = set()
@@ -278,8 +297,27 @@ class KVSender:
                     out.append(ConnectionStats(
                         d.addr, c.index, info.rtt, info.rttvar, info.snd_cwnd, info.total_retrans,
                         info.delivery_rate, info.bytes_sent, info.bytes_acked, info.snd_wnd,
+                        info.notsent_bytes, info.unacked, info.snd_mss,
                     ))
         return out
+
+    def link_state(self) -> SenderLinkState:
+        undelivered = self.backlog_bytes
+        for d in self._dests.values():
+            for c in d.live():
+                undelivered += c.writer.transport.get_write_buffer_size()
+                info = read_tcp_info(c.writer.get_extra_info("socket"))
+                if info is None:
+                    continue
+                undelivered += info.notsent_bytes + info.unacked * info.snd_mss
+                # Counters restart with each connection: accumulate their growth.
+                d_acked = max(info.bytes_acked - c.seen_acked, 0)
+                d_retrans = max(info.total_retrans - c.seen_retrans, 0)
+                c.seen_acked, c.seen_retrans = info.bytes_acked, info.total_retrans
+                self._acked_total += d_acked
+                self._retrans_total += d_retrans
+                self._acked_segments += d_acked // max(info.snd_mss, 1)
+        return SenderLinkState(self._acked_total, self._retrans_total, self._acked_segments, undelivered)
 
     async def close(self) -> None:
         self._closed = True

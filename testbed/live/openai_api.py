@@ -3,10 +3,14 @@
 Prompt length: token ids count as given; text is estimated at one token per 4 UTF-8 bytes
 (the mock nodes never see text, only lengths). The `testbed` extension field carries a trace's
 exact length and prefix block hashes: {"input_tokens": N, "hash_ids": [...], "request_id": "..."}.
+Without hashes, a prompt's own content gives them (`block_hashes`): chained hashes of its
+token-id or text blocks, so real clients that resend a conversation's history hit the prefix
+cache as a serving engine's would.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -31,26 +35,47 @@ class ParsedRequest:
     hash_ids: tuple[int, ...] = ()
     client_request_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    content: bytes | tuple[int, ...] = b""     # what the prompt is made of, for block hashes
+
+
+BYTES_PER_TOKEN = 4
+
+
+def block_hashes(content: bytes | tuple[int, ...], block_tokens: int) -> tuple[int, ...]:
+    """One 63-bit hash per block of the prompt (the last may be partial), each chained to the
+    one before, so equal hashes at a position mean equal prefixes (the Mooncake convention)."""
+    if isinstance(content, tuple):
+        data = b"".join(i.to_bytes(8, "little", signed=True) for i in content)
+        step = 8 * block_tokens
+    else:
+        data, step = content, BYTES_PER_TOKEN * block_tokens
+    out: list[int] = []
+    prev = b""
+    for off in range(0, len(data), step):
+        prev = hashlib.blake2b(prev + data[off:off + step], digest_size=8).digest()
+        out.append(int.from_bytes(prev, "little") >> 1)
+    return tuple(out)
 
 
 def estimate_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.encode()) / 4))
 
 
-def _prompt_tokens(prompt: Any) -> int:
+def _prompt_tokens(prompt: Any) -> tuple[int, bytes | tuple[int, ...]]:
     if isinstance(prompt, str):
-        return estimate_tokens(prompt)
+        return estimate_tokens(prompt), prompt.encode()
     if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
-        return len(prompt)
+        return len(prompt), tuple(prompt)
     if isinstance(prompt, list) and len(prompt) == 1:
         return _prompt_tokens(prompt[0])
     raise RequestError("field 'prompt' must be a string, a list of token ids, or a one-element list of either")
 
 
-def _chat_tokens(messages: Any) -> int:
+def _chat_tokens(messages: Any) -> tuple[int, bytes]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("field 'messages' must be a non-empty list")
     total = 0
+    parts: list[bytes] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise RequestError(f"field 'messages[{i}]' must be an object")
@@ -60,7 +85,8 @@ def _chat_tokens(messages: Any) -> int:
         if not isinstance(content, str):
             raise RequestError(f"field 'messages[{i}].content' must be a string or a list of parts")
         total += estimate_tokens(content) + 4    # role and separators, as chat templates add
-    return total
+        parts.append(f"<{m.get('role', '')}>{content}\n".encode())
+    return total, b"".join(parts)
 
 
 def parse(body: Any, kind: str) -> ParsedRequest:
@@ -75,16 +101,17 @@ def parse(body: Any, kind: str) -> ParsedRequest:
     ext = body.get("testbed") or {}
     if not isinstance(ext, dict):
         raise RequestError("field 'testbed' must be an object")
+    content: bytes | tuple[int, ...] = b""
     if "input_tokens" in ext:
         tokens = ext["input_tokens"]
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise RequestError("field 'testbed.input_tokens' must be an integer >= 1")
     elif kind == "chat":
-        tokens = _chat_tokens(body.get("messages"))
+        tokens, content = _chat_tokens(body.get("messages"))
     else:
         if "prompt" not in body:
             raise RequestError("field 'prompt' is required (or 'testbed.input_tokens')")
-        tokens = _prompt_tokens(body["prompt"])
+        tokens, content = _prompt_tokens(body["prompt"])
     hash_ids = ext.get("hash_ids", [])
     if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
         raise RequestError("field 'testbed.hash_ids' must be a list of integers")
@@ -98,7 +125,7 @@ def parse(body: Any, kind: str) -> ParsedRequest:
     include_usage = bool(so.get("include_usage", False)) if isinstance(so, dict) else False
     rid = ext.get("request_id")
     return ParsedRequest(kind, model, tokens, max_tokens, stream, include_usage, tuple(hash_ids),
-                         rid if isinstance(rid, str) else None)
+                         rid if isinstance(rid, str) else None, content=content)
 
 
 TOKEN_TEXT = " tok"

@@ -1,8 +1,16 @@
 """Mock prefill instance: FCFS queue, calibrated compute layer by layer, KV streamed per layer.
 
-POST /prefill {request_id, transfer_id, input_tokens, cached_tokens, decode_node}
+POST /prefill {request_id, transfer_id, input_tokens, cached_tokens, decode_node,
+               [decode_cached_tokens], [cache_in_transfer]}
   -> 200 {queued, start, end, modelled, transfer_start, transfer_sent, kv_bytes_wire} once the
      compute has ended and every KV byte has been handed to TCP; 502 {error} if the transfer failed.
+     The KV shipped is that of the tokens past `decode_cached_tokens` (what the decode side's
+     cluster already holds; default `cached_tokens`) plus the linear state. With
+     `cache_in_transfer`, the compute starts only once that transfer (a cached prefix moved here
+     from another cluster, see /cache/send) has arrived at this node's KV receiver.
+POST /cache/send {request_id, transfer_id, bytes, dest_node}
+  -> 200 {start, sent} once `bytes` (wire) of cached KV are handed to TCP toward `dest_node`.
+GET /status -> queue and sender state for the router's control loop (see `_status`).
 """
 
 from __future__ import annotations
@@ -22,10 +30,11 @@ from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
     REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request, int_field, node_request,
 )
-from testbed.live.kv_transport import KVSender, TransferFailed
+from testbed.live.kv_transport import KVReceiver, KVSender, TransferFailed
 from testbed.live.series import Sample, SeriesWriter, sample_forever
 
 log = logging.getLogger("testbed.prefill")
+CACHE_IN_TIMEOUT_S = 120.0     # wire seconds a prefill waits for a moved-in cached prefix
 
 
 @dataclass
@@ -34,6 +43,8 @@ class _Pending:
     transfer_id: int
     dest: tuple[str, int]
     tokens: int
+    ship_from: int                # leading tokens whose KV the decode side already holds
+    cache_in: int | None          # transfer id of a cached prefix moved here first
     done: asyncio.Future[dict[str, Any]]
 
 
@@ -42,6 +53,7 @@ class PrefillState:
     cfg: ServiceConfig
     queue: PrefillQueue
     sender: KVSender
+    receiver: KVReceiver
     model_time: PrefillTime
     kv: KVModel
     pending: dict[str, _Pending] = field(default_factory=dict)
@@ -49,6 +61,7 @@ class PrefillState:
     finishing: set[asyncio.Task[None]] = field(default_factory=set)
     completed: int = 0
     failed: int = 0
+    moves_sent: int = 0
 
 
 STATE = web.AppKey("prefill_state", PrefillState)
@@ -57,9 +70,21 @@ STATE = web.AppKey("prefill_state", PrefillState)
 async def _run_job(st: PrefillState, p: _Pending) -> None:
     job = p.job
     assert job.started_at is not None
+    extra: dict[str, Any] = {}
+    if p.cache_in is not None:
+        # The prefix moved in from another cluster must be here before attention can use it.
+        extra["cache_wait_start"] = now()
+        try:
+            res = await asyncio.wait_for(st.receiver.expect(p.cache_in), CACHE_IN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise TransferFailed(f"moved cached prefix did not arrive within {CACHE_IN_TIMEOUT_S:g} s") from None
+        if not res.ok:
+            raise TransferFailed(f"cache move failed: {res.reason}")
+        extra.update(cache_in_complete=res.complete, cache_in_bytes=res.bytes)
+        job.started_at = now()
     start = job.started_at
     sc = st.cfg.deployment.scenario
-    layer_bytes = st.kv.layer_bytes(p.tokens, job.cached_tokens, sc.scale.byte_scale)
+    layer_bytes = st.kv.layer_bytes(p.tokens, p.ship_from, sc.scale.byte_scale)
     transfer = st.sender.start(p.dest, p.transfer_id, sum(layer_bytes), len(layer_bytes))
     n = len(layer_bytes)
     # Layer i's KV exists once layer i's share of the modelled compute has elapsed.
@@ -79,12 +104,12 @@ async def _run_job(st: PrefillState, p: _Pending) -> None:
             result: dict[str, Any] = {
                 "queued": job.queued_at, "start": start, "end": end, "modelled": job.duration,
                 "transfer_start": handoff, "first_byte_sent": transfer.first_send, "transfer_sent": sent,
-                "kv_bytes_wire": sum(layer_bytes),
+                "kv_bytes_wire": sum(layer_bytes), **extra,
             }
         except TransferFailed as e:
             st.failed += 1
             result = {"error": f"kv transfer failed: {e}", "queued": job.queued_at, "start": start, "end": end,
-                      "modelled": job.duration}
+                      "modelled": job.duration, **extra}
         if not p.done.done():
             p.done.set_result(result)
 
@@ -105,12 +130,20 @@ async def _worker(st: PrefillState) -> None:
             await _run_job(st, p)
         except asyncio.CancelledError:
             raise
+        except TransferFailed as e:
+            log.warning("prefill %s failed: %s", job.request_id, e.reason)
+            _abandon(st, p, e.reason)
         except Exception as e:  # keep serving the queue whatever one job did
             log.exception("prefill %s failed", job.request_id)
-            if st.queue.current is not None:
-                st.queue.finish(now())
-            if not p.done.done():
-                p.done.set_result({"error": f"prefill failed: {e}"})
+            _abandon(st, p, f"prefill failed: {e}")
+
+
+def _abandon(st: PrefillState, p: _Pending, reason: str) -> None:
+    if st.queue.current is not None:
+        st.queue.finish(now())
+    st.failed += 1
+    if not p.done.done():
+        p.done.set_result({"error": reason, "queued": p.job.queued_at})
 
 
 async def handle_prefill(request: web.Request) -> web.Response:
@@ -121,6 +154,10 @@ async def handle_prefill(request: web.Request) -> web.Response:
     cached = int_field(body, "cached_tokens")
     if cached > tokens:
         raise bad_request("field 'cached_tokens' exceeds 'input_tokens'")
+    ship_from = int_field(body, "decode_cached_tokens") if "decode_cached_tokens" in body else cached
+    if ship_from > tokens:
+        raise bad_request("field 'decode_cached_tokens' exceeds 'input_tokens'")
+    cache_in = int_field(body, "cache_in_transfer") if body.get("cache_in_transfer") is not None else None
     dnode = st.cfg.deployment.nodes.get(str(body.get("decode_node")))
     if dnode is None or dnode.role != "decode" or dnode.kv is None:
         raise bad_request(f"field 'decode_node': unknown decode node {body.get('decode_node')!r}")
@@ -130,7 +167,7 @@ async def handle_prefill(request: web.Request) -> web.Response:
     duration = scale.wire_seconds(st.model_time(tokens - cached, cached))
     job = PrefillJob(rid, tokens - cached, cached, duration)
     fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-    st.pending[rid] = _Pending(job, tid, (dnode.kv.host, dnode.kv.port), tokens, fut)
+    st.pending[rid] = _Pending(job, tid, (dnode.kv.host, dnode.kv.port), tokens, ship_from, cache_in, fut)
     st.queue.push(job, now())
     st.wakeup.set()
     try:
@@ -141,6 +178,41 @@ async def handle_prefill(request: web.Request) -> web.Response:
             st.pending.pop(rid, None)
         raise
     return web.json_response(result, status=502 if "error" in result else 200)
+
+
+async def handle_cache_send(request: web.Request) -> web.Response:
+    """Send a cached prefix's KV to a prefill node of another cluster (a cross-cluster cache
+    move): real bytes over the same connections and links as any KV."""
+    st = request.app[STATE]
+    body, rid = await node_request(request)
+    tid = int_field(body, "transfer_id")
+    nbytes = int_field(body, "bytes", 1)
+    dest = st.cfg.deployment.nodes.get(str(body.get("dest_node")))
+    if dest is None or dest.role != "prefill" or dest.kv is None:
+        raise bad_request(f"field 'dest_node': unknown prefill node {body.get('dest_node')!r}")
+    start = now()
+    transfer = st.sender.start((dest.kv.host, dest.kv.port), tid, nbytes, 1)
+    transfer.send_layer(0, nbytes)
+    try:
+        sent = await transfer.finish()
+    except TransferFailed as e:
+        return web.json_response({"error": f"cache move failed: {e.reason}", "start": start}, status=502)
+    st.moves_sent += 1
+    return web.json_response({"start": start, "first_byte_sent": transfer.first_send, "sent": sent})
+
+
+async def handle_status(request: web.Request) -> web.Response:
+    return web.json_response(_status(request.app[STATE]))
+
+
+def _status(st: PrefillState) -> dict[str, Any]:
+    """Wire units: queued modelled work (s) and the KV sender's counters (bytes, segments)."""
+    ls = st.sender.link_state()
+    return {"t": now(), "queue_depth": st.queue.depth, "backlog_s": st.queue.backlog(now()),
+            "queued_s": st.queue.waiting_work(),
+            "acked_bytes": ls.acked_bytes, "retrans_segments": ls.retrans_segments,
+            "acked_segments": ls.acked_segments, "undelivered_bytes": ls.undelivered_bytes,
+            "kv_bytes_sent": st.sender.bytes_sent}
 
 
 def _collect(st: PrefillState) -> list[Sample]:
@@ -188,7 +260,11 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         t = sc.transfer
         sender = KVSender(t.connections, t.chunk_bytes, t.sndbuf_bytes, t.congestion, t.checksum)
-        st = PrefillState(cfg, PrefillQueue(), sender, PrefillTime.from_spec(hw.prefill), KVModel.from_spec(sc.model))
+        receiver = KVReceiver(verify=t.checksum, rcvbuf=t.rcvbuf_bytes)
+        if node.kv is not None:
+            await receiver.start(cfg.deployment.bind_host, node.kv.port)
+        st = PrefillState(cfg, PrefillQueue(), sender, receiver, PrefillTime.from_spec(hw.prefill),
+                          KVModel.from_spec(sc.model))
         app[STATE] = st
         _metrics(reg, st)
         series = SeriesWriter(cfg.series_path(), cfg.node_id)
@@ -199,9 +275,12 @@ def make_app(cfg: ServiceConfig) -> web.Application:
             task.cancel()
         await asyncio.gather(*tasks, *st.finishing, return_exceptions=True)
         await sender.close()
+        await receiver.close()
         series.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/prefill", handle_prefill)
+    app.router.add_post("/cache/send", handle_cache_send)
+    app.router.add_get("/status", handle_status)
     add_common_routes(app)
     return app

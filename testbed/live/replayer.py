@@ -55,6 +55,12 @@ def fill_from_ext(rec: RequestRecord, ext: dict[str, Any], t0: float) -> None:
     rec.decode_admitted = rel("decode_admitted")
     rec.kv_bytes_paper = int(ext.get("kv_bytes_paper") or 0)
     rec.kv_bytes_wire = int(ext.get("kv_bytes_wire") or 0)
+    rec.decode_cached_tokens = int(ext.get("decode_cached_tokens") or 0)
+    rec.cache_move_tokens = int(ext.get("cache_move_tokens") or 0)
+    rec.cache_move_start = rel("cache_move_sent")
+    rec.cache_move_end = rel("prefill_cache_in_complete")
+    rec.cache_move_bytes_paper = int(ext.get("cache_move_bytes_paper") or 0)
+    rec.cache_move_bytes_wire = int(ext.get("prefill_cache_in_bytes") or 0)
 
 
 async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord,

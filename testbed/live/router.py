@@ -1,9 +1,12 @@
 """The router: OpenAI-style API in front, policy from `testbed.core.policy` behind.
 
-For each request it asks the policy for a prefill and a decode instance, opens the decode
-stream (the decode node then waits for KV), starts the prefill (whose node streams KV to the
-decode node), and relays tokens to the client as they come. The final chunk carries a
-`testbed` field with every timestamp of the request (unix seconds), for the replayer's records.
+For each request it looks up every cluster's usable cached prefix in the global index, asks
+the policy for a prefill and a decode instance (and any cross-cluster cache move), opens the
+decode stream (the decode node then waits for KV), starts the cache move and the prefill (whose
+node streams KV to the decode node), and relays tokens to the client as they come. The final
+chunk carries a `testbed` field with every timestamp of the request (unix seconds), for the
+replayer's records. With a control loop (`testbed.live.link_control`) the threshold and the
+bandwidth state follow the measured WAN.
 """
 
 from __future__ import annotations
@@ -22,14 +25,21 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from testbed.core.bandwidth import BandwidthController, ControlSample, ThresholdChange
+from testbed.core.cache_book import CacheBook
 from testbed.core.kvsize import KVModel
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
-from testbed.core.policy import Decision, LoadTracker, NoCapacity, Policy, RoutingRequest, get_policy
+from testbed.core.policy import (
+    BandwidthState, Decision, LoadTracker, NoCapacity, Policy, RoutingRequest, get_policy, least_loaded_prefill,
+)
+from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache
+from testbed.core.scenario import Scenario
 from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now
 from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
+from testbed.live.link_control import LinkControl, Recent, stage_model
 from testbed.live.openai_api import (
-    ParsedRequest, RequestError, chunk, full_response, parse, usage_chunk,
+    ParsedRequest, RequestError, block_hashes, chunk, full_response, parse, usage_chunk,
 )
 from testbed.live.series import Sample, SeriesWriter, sample_forever
 
@@ -59,9 +69,14 @@ class RouterState:
     metrics: RouterMetrics
     decisions: SeriesWriter
     threshold: float | None
+    book: CacheBook | None = None
+    recent: Recent = field(default_factory=lambda: Recent(200))
+    bandwidth: BandwidthState = "scarce"
+    cache_aware: bool = False
     transfer_ids: itertools.count[int] = field(
         default_factory=lambda: itertools.count(random.getrandbits(24) << 32))
     inflight: int = 0
+    cache_moves: int = 0
 
 
 STATE = web.AppKey("router_state", RouterState)
@@ -78,26 +93,84 @@ class _Progress:
     tokens: int = 0
 
 
-def _route(st: RouterState, req: ParsedRequest, rid: str) -> tuple[Decision, float]:
-    view = st.tracker.view(st.threshold, now())
-    d = st.policy(view, RoutingRequest(rid, req.input_tokens))
-    hw = st.cfg.deployment.scenario.cluster(d.prefill_cluster).hardware
+@dataclass
+class _Plan:
+    """A routed request: the decision and what carrying it out needs."""
+
+    d: Decision
+    work: float                      # modelled prefill, wire seconds (the tracker's backlog)
+    hashes: tuple[int, ...]
+    move_src: str | None = None      # prefill node that sends the moved cached prefix
+    move_bytes_paper: int = 0
+
+
+def _route(st: RouterState, req: ParsedRequest, rid: str) -> _Plan:
+    sc = st.cfg.deployment.scenario
+    hashes = req.hash_ids or block_hashes(req.content, sc.model.block_tokens)
+    cached = st.book.index.usable(hashes, req.input_tokens) if st.book is not None else {}
+    view = st.tracker.view(st.threshold, now(), bandwidth=st.bandwidth)
+    d = st.policy(view, RoutingRequest(rid, req.input_tokens, cached))
+    hw = sc.cluster(d.prefill_cluster).hardware
     work = st.cfg.scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))
     st.tracker.assign(d, work)
-    return d, work
+    plan = _Plan(d, work, hashes)
+    if d.cache_move is not None:
+        src = next(c for c in view.clusters if c.name == d.cache_move.src_cluster)
+        plan.move_src = least_loaded_prefill(src).node_id
+        plan.move_bytes_paper = st.kv.incremental(d.cache_move.tokens, d.cache_move.from_tokens)
+    if st.book is not None:
+        st.book.routed(rid, hashes, d)
+    # The planner judges the length the PD cluster would compute (the scarce rule's l).
+    pd_cached = max((v for k, v in cached.items() if sc.cluster(k).kind == "pd"), default=0)
+    st.recent.add(st.cfg.scale.paper_seconds(now()), req.input_tokens - (pd_cached if st.cache_aware else 0))
+    return plan
 
 
-async def _drive(st: RouterState, req: ParsedRequest, rid: str, d: Decision, prog: _Progress
+async def _move_cache(st: RouterState, rid: str, plan: _Plan, tid: int, prog: _Progress) -> None:
+    """Have the source cluster's node send the cached prefix to the prefill node (the bytes
+    cross the WAN); the prefill node waits for it before computing."""
+    assert plan.move_src is not None
+    src = st.cfg.deployment.nodes[plan.move_src]
+    body = {"request_id": rid, "transfer_id": tid, "bytes": max(st.cfg.scale.wire_bytes(plan.move_bytes_paper), 1),
+            "dest_node": plan.d.prefill_node}
+    prog.times["cache_move_sent"] = now()
+    try:
+        async with st.session.post(f"{src.http.url}/cache/send", json=body) as r:
+            res: dict[str, Any] = await r.json()
+    except (aiohttp.ClientError, ValueError) as e:
+        res = {"error": f"cache move source {plan.move_src} unreachable: {e}"}
+    if "error" in res:
+        log.warning("request %s: %s", rid, res["error"])
+    st.cache_moves += 1
+
+
+async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, prog: _Progress
                  ) -> AsyncIterator[int]:
     """Run one request through prefill, transfer and decode; yields cumulative token counts."""
     dep = st.cfg.deployment
+    d = plan.d
     tid = next(st.transfer_ids)
+    move_tid = next(st.transfer_ids) if d.cache_move is not None else None
     pnode, dnode = dep.nodes[d.prefill_node], dep.nodes[d.decode_node]
     kv_paper = st.kv.total(req.input_tokens)
     decode_body = {"request_id": rid, "transfer_id": tid, "input_tokens": req.input_tokens,
                    "output_tokens": req.output_tokens, "kv_bytes_paper": kv_paper}
     prefill_body = {"request_id": rid, "transfer_id": tid, "input_tokens": req.input_tokens,
-                    "cached_tokens": d.cached_tokens, "decode_node": d.decode_node}
+                    "cached_tokens": d.cached_tokens, "decode_cached_tokens": d.decode_cached_tokens,
+                    "cache_in_transfer": move_tid, "decode_node": d.decode_node}
+    book = st.book
+
+    def prefill_finished(res: dict[str, Any]) -> None:
+        st.tracker.prefill_done(d, plan.work)
+        prog.times.update({f"prefill_{k}": v for k, v in res.items() if k != "error"})
+        if "error" in res:
+            raise RequestFailed(str(res["error"]))
+        if book is not None:
+            if "cache_in_complete" in res:
+                book.moved(rid, plan.hashes, d)
+            book.prefilled(rid, plan.hashes, req.input_tokens, d)
+
+    move_task: asyncio.Task[None] | None = None
     try:
         dresp = await st.session.post(f"{dnode.http.url}/decode", json=decode_body)
     except aiohttp.ClientError as e:
@@ -117,6 +190,8 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, d: Decision, pro
         except (aiohttp.ClientError, ValueError) as e:
             return {"error": f"prefill node {d.prefill_node} unreachable: {e}"}
 
+    if move_tid is not None:
+        move_task = asyncio.create_task(_move_cache(st, rid, plan, move_tid, prog))
     prog.times["prefill_enqueue_sent"] = now()
     ptask = asyncio.create_task(prefill())
     line_task: asyncio.Task[bytes] = asyncio.create_task(dresp.content.readline())
@@ -129,11 +204,7 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, d: Decision, pro
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if ptask in done and not prefill_seen:
                 prefill_seen = True
-                res = ptask.result()
-                st.tracker.prefill_done(d, 0.0)
-                prog.times.update({f"prefill_{k}": v for k, v in res.items() if k != "error"})
-                if "error" in res:
-                    raise RequestFailed(str(res["error"]))
+                prefill_finished(ptask.result())
             if line_task not in done:
                 continue
             line = line_task.result()
@@ -145,6 +216,8 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, d: Decision, pro
                 prog.times["transfer_end"] = ev["complete"]
                 prog.times["transfer_first_byte"] = ev["first_byte"]
                 prog.times["kv_bytes_wire"] = ev["bytes"]
+                if book is not None:
+                    book.kv_complete(rid, plan.hashes, req.input_tokens, d)
             elif kind == "admitted":
                 prog.times["decode_admitted"] = ev["t"]
             elif kind == "tokens":
@@ -159,13 +232,18 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, d: Decision, pro
         if not prefill_seen:
             res = await ptask
             prefill_seen = True
-            st.tracker.prefill_done(d, 0.0)
-            prog.times.update({f"prefill_{k}": v for k, v in res.items() if k != "error"})
+            prefill_finished(res)
+        if move_task is not None:
+            await move_task
     finally:
         line_task.cancel()
         if not prefill_seen:
             ptask.cancel()
-            st.tracker.prefill_done(d, 0.0)
+            st.tracker.prefill_done(d, plan.work)
+        if move_task is not None and not move_task.done():
+            move_task.cancel()
+        if book is not None:
+            book.finished(rid, d)
         dresp.close()
 
 
@@ -190,7 +268,7 @@ def _replay_lifecycle(prog: _Progress) -> None:
         raise RequestFailed(f"incomplete lifecycle: stopped in state {prog.life.state.value}")
 
 
-def _ext(rid: str, req: ParsedRequest, d: Decision | None, prog: _Progress, kv_paper: int) -> dict[str, Any]:
+def _ext(rid: str, req: ParsedRequest, plan: _Plan | None, prog: _Progress, kv_paper: int) -> dict[str, Any]:
     t = prog.times
     out: dict[str, Any] = {
         "request_id": rid, "client_request_id": req.client_request_id,
@@ -198,11 +276,15 @@ def _ext(rid: str, req: ParsedRequest, d: Decision | None, prog: _Progress, kv_p
         "state": prog.life.state.value, "reason": prog.life.reason, "routed": t.get("routed"),
         "kv_bytes_paper": kv_paper, **t,
     }
-    if d is not None:
+    if plan is not None:
+        d = plan.d
         out.update({"prefill_cluster": d.prefill_cluster, "prefill_node": d.prefill_node,
                     "decode_cluster": d.decode_cluster, "decode_node": d.decode_node,
-                    "cached_tokens": d.cached_tokens, "crossed_wan": d.crossed_wan,
-                    "threshold": d.threshold, "route_reason": d.reason})
+                    "cached_tokens": d.cached_tokens, "decode_cached_tokens": d.decode_cached_tokens,
+                    "crossed_wan": d.crossed_wan, "threshold": d.threshold, "route_reason": d.reason})
+        if d.cache_move is not None:
+            out.update({"cache_move_tokens": d.cache_move.tokens - d.cache_move.from_tokens,
+                        "cache_move_src": plan.move_src, "cache_move_bytes_paper": plan.move_bytes_paper})
     return out
 
 
@@ -223,16 +305,19 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
     prog = _Progress(Lifecycle(rid))
     prog.times["router_arrival"] = t_arrival
     try:
-        d, work = _route(st, req, rid)
+        plan = _route(st, req, rid)
     except NoCapacity as e:
         raise web.HTTPServiceUnavailable(text=json.dumps({"error": {"message": str(e)}}),
                                          content_type="application/json") from None
+    d = plan.d
     prog.times["routed"] = now()
     st.metrics.routed.labels(cluster=d.prefill_cluster).inc()
     st.decisions.write([("decision", float(d.incremental_tokens),
                          {"request_id": rid, "prefill": d.prefill_node, "decode": d.decode_node,
+                          "cached": str(d.cached_tokens), "bandwidth": st.bandwidth,
                           "threshold": "" if d.threshold is None else f"{d.threshold:g}", "reason": d.reason})])
-    kv_paper = st.kv.total(req.input_tokens)
+    # What the request moves: the KV the decode side lacks (paper bytes).
+    kv_paper = st.kv.incremental(req.input_tokens, d.decode_cached_tokens)
     st.inflight += 1
 
     resp: web.StreamResponse | None = None
@@ -248,7 +333,7 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
     sent = 0
     first_t: float | None = None
     try:
-        async for n in _drive(st, req, rid, d, prog):
+        async for n in _drive(st, req, rid, plan, prog):
             if first_t is None:
                 first_t = now()
                 st.metrics.ttft.observe(first_t - t_arrival)
@@ -261,7 +346,7 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
         st.metrics.e2e.observe(end - t_arrival)
         if first_t is not None and sent > 1:
             st.metrics.tpot.observe((end - first_t) / (sent - 1))
-        ext = {"testbed": _ext(rid, req, d, prog, kv_paper)}
+        ext = {"testbed": _ext(rid, req, plan, prog, kv_paper)}
         if resp is None:
             return web.json_response(full_response(req, cid, model, sent, "length", ext))
         await sse(chunk(req, cid, model, 0, sent == 0, "length", ext))
@@ -277,7 +362,7 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
             prog.life.apply(Event.FAIL, now(), str(e))
         st.metrics.failed.labels(reason=str(e).split(":")[0][:40]).inc()
         log.warning("request %s failed: %s", rid, e)
-        ext = {"testbed": _ext(rid, req, d, prog, kv_paper)}
+        ext = {"testbed": _ext(rid, req, plan, prog, kv_paper)}
         err = {"error": {"message": str(e), "type": "server_error", "code": 502}, **ext}
         if resp is None:
             return web.json_response(err, status=502)
@@ -310,7 +395,35 @@ def _collect(st: RouterState) -> list[Sample]:
         out.append(("threshold", float(st.threshold), {}))
     for node, backlog in st.tracker.prefill_backlog.items():
         out.append(("prefill_assigned", float(st.tracker.active[node]), {"node": node}))
+    if st.book is not None:
+        for name, pool in st.book.index.pools.items():
+            lab = {"cluster": name}
+            out += [("cache_used_bytes_paper", float(pool.used_bytes), lab),
+                    ("cache_pinned_bytes_paper", float(pool.pinned_bytes), lab),
+                    ("cache_hit_tokens", float(pool.stats.hit_tokens), lab),
+                    ("cache_evicted_bytes_paper", float(pool.stats.evicted_bytes), lab)]
     return out
+
+
+def _cache_book(sc: Scenario, kv: KVModel) -> CacheBook | None:
+    pools = {c.name: HybridPrefixCache.for_model(kv, sc.model.block_tokens, c.cache_bytes)
+             for c in sc.clusters if c.cache_bytes > 0}
+    return CacheBook(CacheIndex(pools)) if pools else None
+
+
+def _controller(cfg: ServiceConfig, threshold: float | None) -> BandwidthController | None:
+    """The short-term loop runs under the prfaas policy when it may move the threshold, or when
+    the cache-aware rules need the measured bandwidth state."""
+    from testbed.linkprofiles import load_profile
+
+    sc = cfg.deployment.scenario
+    pol = sc.policy
+    if pol.name != "prfaas" or threshold is None or threshold <= 0:
+        return None
+    if not (pol.bandwidth_aware or (pol.cache_aware and pol.bandwidth_state == "auto")):
+        return None
+    nominal = load_profile(sc.links.inter_dc).rate
+    return BandwidthController(threshold, nominal, stage_model(sc), pol.control, float(sc.workload.input.max))
 
 
 def _make_metrics(reg: CollectorRegistry) -> RouterMetrics:
@@ -342,10 +455,14 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         )
         rd = cfg.deployment.run_dir
         decisions = SeriesWriter(Path(rd) / "decisions.jsonl" if rd else None, "router")
+        kv = KVModel.from_spec(sc.model)
+        pol = sc.policy
         st = RouterState(
-            cfg=cfg, policy=get_policy(sc.policy.name), tracker=LoadTracker(sc), kv=KVModel.from_spec(sc.model),
+            cfg=cfg, policy=get_policy(pol.name, pol.cache_aware), tracker=LoadTracker(sc), kv=kv,
             prefill_time={name: PrefillTime.from_spec(hw.prefill) for name, hw in sc.hardware.items()},
             session=session, metrics=metrics, decisions=decisions, threshold=cfg.deployment.threshold,
+            book=_cache_book(sc, kv), recent=Recent(pol.control.window), cache_aware=pol.cache_aware,
+            bandwidth="scarce" if pol.bandwidth_state == "auto" else pol.bandwidth_state,
         )
         app[STATE] = st
         Gauge("vllm:num_requests_running", "Requests in flight at the router", registry=reg) \
@@ -353,10 +470,21 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         Gauge("testbed_routing_threshold_tokens", "Length threshold in force (tokens, -1 if none)",
               registry=reg).set_function(lambda: -1 if st.threshold is None else st.threshold)
         series = SeriesWriter(cfg.series_path(), "router")
-        sampler = asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval))
+        tasks = [asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval))]
+        ctl = _controller(cfg, st.threshold)
+        if ctl is not None:
+            def applied(sample: ControlSample, change: ThresholdChange | None) -> None:
+                if pol.bandwidth_state == "auto":
+                    st.bandwidth = sample.state
+                if change is not None:
+                    st.threshold = change.new
+
+            loop = LinkControl(cfg.deployment, ctl, session, st.recent, series, decisions, pol.bandwidth_aware, applied)
+            tasks.append(asyncio.create_task(loop.run()))
         yield
-        sampler.cancel()
-        await asyncio.gather(sampler, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await session.close()
         series.close()
         decisions.close()

@@ -40,10 +40,16 @@ class RequestRecord:
     first_token: float = NAN      # replayer saw the first token
     last_token: float = NAN
     tokens_received: int = 0
-    kv_bytes_paper: int = 0
+    kv_bytes_paper: int = 0       # KV the request shipped to its decode node (what that side lacked)
     kv_bytes_wire: int = 0
     outcome: str = "pending"      # completed | failed
     reason: str = ""
+    decode_cached_tokens: int = 0  # prefix the decode cluster already held (its KV did not ship)
+    cache_move_tokens: int = 0     # cached prefix tokens moved between clusters before the prefill
+    cache_move_start: float = NAN  # router asked the source cluster to send it
+    cache_move_end: float = NAN    # the prefill node holds it
+    cache_move_bytes_paper: int = 0
+    cache_move_bytes_wire: int = 0
 
     @property
     def ttft(self) -> float:

@@ -32,6 +32,7 @@ from testbed.metrics.summary import (
     summarize,
     write_summary,
 )
+from testbed.metrics.control import cache_rows, change_rows, control_rows, plot_control
 from testbed.metrics.wanlink import plot_wan, wan_rows
 from testbed.metrics.timeseries import Sample, counter_rate, group_series, select
 
@@ -214,12 +215,22 @@ def comparison_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list
         row("Offload ratio", lambda s: fmt_pct(s["offload"]["ratio"])),
         row("KV bytes / request", lambda s: fmt_bytes(s["bytes"]["kv_per_request_paper"])),
         row("WAN KV / offloaded request", lambda s: fmt_bytes(s["bytes"]["wan_per_offloaded_request_paper"])),
+        row("WAN bytes / request (KV + cache moves)", lambda s: fmt_bytes(s["bytes"].get("wan_per_request_paper"))),
+        row("Prompt tokens from cache", lambda s: fmt_pct((s.get("cache") or {}).get("cached_token_share"))),
+        row("Cache moves", lambda s: fmt((s.get("cache") or {}).get("moves"))),
+        row("Threshold changes / mean", lambda s: _thr_cell(s.get("control") or {})),
         row("WAN egress mean (senders)", lambda s: fmt_rate(s["wan_egress"]["mean_Bps_paper"])),
         row("WAN link mean / peak (counters)", lambda s: _wan_cell(s.get("wan_link") or {})),
         row("WAN utilisation mean / peak", lambda s: _util_cell(s.get("wan_link") or {})),
         row("Timing fidelity", lambda s: "WARN" if s["fidelity"]["warn"] else "ok"),
     ]
     return rows
+
+
+def _thr_cell(c: dict[str, Any]) -> str:
+    if c.get("threshold_mean") is None:
+        return NA
+    return f"{c.get('threshold_changes', 0):,} / {c['threshold_mean']:,.0f}"
 
 
 def _wan_cell(w: dict[str, Any]) -> str:
@@ -366,6 +377,7 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
         ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png")),
         ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series)),
         ("WAN link", plot_wan(samples, scale, run_dir / "wan.png")),
+        ("Threshold and WAN bandwidth (control loop)", plot_control(samples, scale, run_dir / "control.png")),
     ):
         if p is not None:
             plots.append((title, p))
@@ -384,6 +396,16 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
     wrows = wan_rows(s.get("wan_link", {}))
     if wrows:
         out += ["## WAN link", "", _shaping_line(run_dir), "", md_table(["WAN", "Paper units"], wrows), ""]
+    crows = cache_rows(s)
+    if crows:
+        out += ["## Prefix caches", "", md_table(["Cache", "Value"], crows), ""]
+    krows = control_rows(s)
+    if krows:
+        out += ["## Control loop", "", md_table(["Control", "Value"], krows), ""]
+        changes = change_rows(s)
+        if changes:
+            out += ["Threshold changes (the first 20; all in `summary.json` and `decisions.jsonl`):", "",
+                    md_table(["t (paper s)", "from", "to", "reason"], changes), ""]
     out += [
         "## TTFT breakdown",
         "",

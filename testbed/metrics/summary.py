@@ -41,6 +41,9 @@ requests only. Figures over an empty set are `null`, never NaN. `summary.json` k
 | `bytes.kv_per_request_paper`, `_wire` | `kv_total / requests.completed`. |
 | `bytes.wan_total_paper`, `_wire` | KV bytes of completed requests that crossed the WAN. |
 | `bytes.wan_per_offloaded_request_paper`, `_wire` | `wan_total / offload.requests`. |
+| `bytes.cache_move_paper`, `_wire` | Cached-prefix KV that cross-cluster cache moves of completed requests carried over the WAN. |
+| `bytes.wan_per_request_paper`, `_wire` | `(wan_total + cache_move) / requests.completed`: every byte a request put on the WAN. |
+| `cache.*`, `control.*` | Prefix-cache reuse and cache moves; the control loop's threshold changes and bandwidth estimates (`testbed.metrics.control`). |
 | `wan_egress.bytes_paper`, `_wire` | Growth of the byte counters (`bytes_sent`, `kv_bytes_sent` series) of sources that sent KV across the WAN (prefill nodes of offloaded requests). |
 | `wan_egress.mean_Bps_paper`, `_wire` | That growth / the span of those series, bytes/s (paper rate = wire rate x byte_scale / speedup). Divide by the link's rate for utilisation. |
 | `wan_egress.peak_Bps_paper`, `_wire` | Highest rate of their summed counters, held on a common grid at the median sampling interval. |
@@ -78,6 +81,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.scaling import Scale
+from testbed.metrics.control import cache_summary, control_summary
 from testbed.metrics.records import RequestRecord, read_records
 from testbed.metrics.wanlink import link_usage
 from testbed.metrics.timeseries import (
@@ -353,6 +357,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     kv_w = sum(_kv_wire(r, scale) for r in done)
     wan_p = sum(_kv_paper(r, scale) for r in offloaded)
     wan_w = sum(_kv_wire(r, scale) for r in offloaded)
+    move_p = float(sum(r.cache_move_bytes_paper for r in done))
+    move_w = float(sum(r.cache_move_bytes_wire for r in done))
     wan_sources = {r.prefill_node for r in records if r.crossed_wan and r.prefill_node}
     links, wan_egress = _egress(samples, wan_sources, scale)
 
@@ -408,7 +414,13 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "wan_total_wire": wan_w,
             "wan_per_offloaded_request_paper": _ratio(wan_p, len(offloaded)),
             "wan_per_offloaded_request_wire": _ratio(wan_w, len(offloaded)),
+            "cache_move_paper": move_p,
+            "cache_move_wire": move_w,
+            "wan_per_request_paper": _ratio(wan_p + move_p, len(done)),
+            "wan_per_request_wire": _ratio(wan_w + move_w, len(done)),
         },
+        "cache": cache_summary(done, scale),
+        "control": control_summary(run_dir, meta.t0, samples, scale),
         "wan_egress": wan_egress,
         "wan_link": link_usage(samples, records, scale, dur),
         "links": links,

@@ -1,0 +1,205 @@
+"""Bandwidth-aware routing: the router's short-term control loop (I/O-free).
+
+Every interval the router hands `BandwidthController.update` what it measured:
+- the PrfaaS senders' KV bytes the WAN delivered (TCP-acknowledged) in the interval, and the KV
+  still undelivered (queued in the sender, unsent in the socket, or in flight);
+- their TCP retransmissions;
+- the prefill backlog (modelled work queued) per instance of each stage;
+- the recent arrival rate and the recent requests' incremental lengths.
+
+From these it keeps an estimate of the bandwidth the link gives now: when undelivered KV is
+worth more than `saturated_s` of the delivered rate (or retransmissions exceed `retrans_limit`)
+the link was the limit, so what it delivered is what it has; otherwise, once `hold_s` has passed
+since the last saturation, the estimate grows by `probe_growth` per interval back toward the
+nominal rate (a recovered link is only seen by trying it; the hold keeps the loop from
+oscillating around a link that is still short). It judges the bandwidth abundant or scarce for the cache-aware rules, and, when it
+may adjust, it plans the threshold: for candidate thresholds it predicts, from the recent length
+sample, the load of the link and of both prefill stages, each with its existing backlog spread
+over `horizon_s`, and takes the candidate closest to the base threshold whose loads all stay at
+or below `target_utilisation` (the least loaded one if none does). Changes smaller than
+`min_change` are not made. Every change comes back with its reason, for the run's records.
+
+All figures are in paper units (seconds, bytes, bits/s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from testbed.core.policy import BandwidthState
+from testbed.core.scenario import ControlSpec
+
+
+@dataclass(frozen=True)
+class StageModel:
+    """What the planner needs to predict each stage's load at a threshold."""
+
+    prfaas_instances: int
+    pdp_instances: int
+    prfaas_time: Callable[[float], float]   # prefill seconds of l uncached tokens, PrfaaS hardware
+    pdp_time: Callable[[float], float]      # the same on PD-P hardware
+    wan_bytes: Callable[[float], float]     # KV bytes an offloaded request of l tokens sends
+
+
+@dataclass(frozen=True)
+class LinkSignals:
+    now: float
+    interval_s: float          # since the previous signals
+    delivered_bytes: float     # PrfaaS KV bytes the WAN delivered in the interval
+    undelivered_bytes: float   # PrfaaS KV queued, unsent or in flight now
+    retrans_share: float       # retransmitted / delivered segments in the interval
+    prfaas_backlog_s: float    # modelled prefill work queued per PrfaaS instance
+    pdp_backlog_s: float       # the same per PD-P instance
+    arrival_rate: float        # recent arrivals, req/s
+    lengths: Sequence[float]   # recent requests' incremental lengths (tokens)
+
+
+@dataclass(frozen=True)
+class Loads:
+    link: float
+    prfaas: float
+    pdp: float
+
+    @property
+    def peak(self) -> float:
+        return max(self.link, self.prfaas, self.pdp)
+
+    def text(self) -> str:
+        return f"link {self.link:.2f}, prfaas {self.prfaas:.2f}, pd-p {self.pdp:.2f}"
+
+
+@dataclass(frozen=True)
+class ThresholdChange:
+    at: float
+    old: float
+    new: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class ControlSample:
+    """What one update saw and concluded (the router records every one)."""
+
+    at: float
+    delivered_bps: float
+    bandwidth_bps: float       # the estimate after this update
+    saturated: bool
+    state: BandwidthState
+    threshold: float
+    loads: Loads               # predicted at the threshold in force after the update
+
+
+class BandwidthController:
+    def __init__(self, base_threshold: float, nominal_bps: float, model: StageModel, cfg: ControlSpec,
+                 max_length: float, candidates: int = 48) -> None:
+        if base_threshold <= 0 or nominal_bps <= 0:
+            raise ValueError("base threshold and nominal bandwidth must be > 0")
+        self.base = float(base_threshold)
+        self.threshold = float(base_threshold)
+        self.nominal_bps = nominal_bps
+        self.bandwidth_bps = nominal_bps
+        self.model = model
+        self.cfg = cfg
+        lo = float(cfg.min_threshold) if cfg.min_threshold is not None else self.base / 4
+        hi = float(cfg.max_threshold) if cfg.max_threshold is not None else max(max_length, self.base)
+        self.t_min, self.t_max = max(lo, 1.0), max(hi, lo, 1.0)
+        grid = np.geomspace(self.t_min, self.t_max, candidates)
+        self.candidates: list[float] = sorted({*map(float, grid), self.base})
+        self.state: BandwidthState = "abundant"
+        self._last_saturated = -math.inf
+        self.changes: list[ThresholdChange] = []
+
+    def loads(self, t: float, s: LinkSignals, sample: "_Sample | None" = None) -> Loads:
+        """Predicted utilisation of the link and both prefill stages with threshold t."""
+        m = self.model
+        smp = sample or _Sample.of(s.lengths, m)
+        lam = s.arrival_rate
+        horizon = self.cfg.horizon_s
+        n_long, wan, t_pf, t_pd = smp.split(t)
+        n = len(smp.lengths)
+        p = n_long / n if n else 0.0
+        bw = max(self.bandwidth_bps, 1.0)
+        link = (lam * p * wan * 8.0 + s.undelivered_bytes * 8.0 / horizon) / bw
+        prfaas = (lam * p * t_pf / m.prfaas_instances if m.prfaas_instances else (math.inf if p else 0.0)) \
+            + s.prfaas_backlog_s / horizon
+        pdp = (lam * (1 - p) * t_pd / m.pdp_instances if m.pdp_instances else (math.inf if p < 1 else 0.0)) \
+            + s.pdp_backlog_s / horizon
+        return Loads(link, prfaas, pdp)
+
+    def _estimate(self, s: LinkSignals) -> tuple[float, bool]:
+        delivered_bps = s.delivered_bytes * 8.0 / s.interval_s if s.interval_s > 0 else 0.0
+        drain_s = s.undelivered_bytes * 8.0 / delivered_bps if delivered_bps > 0 else (
+            math.inf if s.undelivered_bytes > 0 else 0.0)
+        saturated = drain_s > self.cfg.saturated_s or s.retrans_share > self.cfg.retrans_limit
+        if saturated:
+            self._last_saturated = s.now
+            if delivered_bps > 0:
+                self.bandwidth_bps = min(delivered_bps, self.nominal_bps)
+        elif s.now - self._last_saturated >= self.cfg.hold_s:
+            self.bandwidth_bps = min(self.nominal_bps, max(delivered_bps, self.bandwidth_bps * self.cfg.probe_growth))
+        else:
+            self.bandwidth_bps = min(self.nominal_bps, max(delivered_bps, self.bandwidth_bps))
+        return delivered_bps, saturated
+
+    def _plan(self, s: LinkSignals) -> tuple[float, Loads]:
+        target = self.cfg.target_utilisation
+        smp = _Sample.of(s.lengths, self.model)
+        scored = [(t, self.loads(t, s, smp)) for t in self.candidates]
+        ok = [(t, ld) for t, ld in scored if ld.peak <= target]
+        if ok:
+            return min(ok, key=lambda x: (abs(math.log(x[0] / self.base)), x[0]))
+        return min(scored, key=lambda x: (round(x[1].peak, 3), abs(math.log(x[0] / self.base))))
+
+    def update(self, s: LinkSignals, adjust: bool) -> tuple[ControlSample, ThresholdChange | None]:
+        delivered_bps, saturated = self._estimate(s)
+        change: ThresholdChange | None = None
+        if adjust and s.lengths and s.arrival_rate > 0:
+            new, planned = self._plan(s)
+            now_loads = self.loads(self.threshold, s)
+            if abs(new - self.threshold) > self.cfg.min_change * self.threshold:
+                why = (f"bandwidth {self.bandwidth_bps / 1e9:.1f} of {self.nominal_bps / 1e9:.0f} Gbit/s"
+                       f"{' (saturated: ' if saturated else ' ('}{s.undelivered_bytes / 1e9:.2f} GB undelivered, "
+                       f"{s.retrans_share:.2%} retransmitted); backlog prfaas {s.prfaas_backlog_s:.1f} s, "
+                       f"pd-p {s.pdp_backlog_s:.1f} s per instance; predicted load at t={self.threshold:.0f}: "
+                       f"{now_loads.text()} -> at t={new:.0f}: {planned.text()}")
+                change = ThresholdChange(s.now, self.threshold, new, why)
+                self.changes.append(change)
+                self.threshold = new
+        loads = self.loads(self.threshold, s)
+        self.state = "abundant" if not saturated and loads.link < self.cfg.abundant_utilisation else "scarce"
+        return ControlSample(s.now, delivered_bps, self.bandwidth_bps, saturated, self.state,
+                             self.threshold, loads), change
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """The recent lengths sorted, with running sums of each stage's per-request cost, so every
+    candidate threshold costs a binary search."""
+
+    lengths: np.ndarray
+    wan: np.ndarray         # cumulative sums, with a leading 0
+    prfaas: np.ndarray
+    pdp: np.ndarray
+
+    @classmethod
+    def of(cls, lengths: Sequence[float], m: StageModel) -> "_Sample":
+        xs = np.sort(np.asarray(lengths, dtype=np.float64))
+
+        def cum(f: Callable[[float], float]) -> np.ndarray:
+            return np.concatenate(([0.0], np.cumsum([f(float(x)) for x in xs])))
+
+        return cls(xs, cum(m.wan_bytes), cum(m.prfaas_time), cum(m.pdp_time))
+
+    def split(self, t: float) -> tuple[int, float, float, float]:
+        """(requests above t, their mean WAN bytes, their mean PrfaaS time, mean PD-P time of the rest)."""
+        n = len(self.lengths)
+        k = int(np.searchsorted(self.lengths, t, side="right"))   # lengths <= t
+        n_long = n - k
+        wan = float(self.wan[-1] - self.wan[k]) / n_long if n_long else 0.0
+        t_pf = float(self.prfaas[-1] - self.prfaas[k]) / n_long if n_long else 0.0
+        t_pd = float(self.pdp[k]) / k if k else 0.0
+        return n_long, wan, t_pf, t_pd

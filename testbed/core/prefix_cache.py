@@ -1,0 +1,271 @@
+"""Hybrid prefix cache pool of one cluster, and the global index over every cluster's pool.
+
+A hybrid model's KV has two parts (PAPER.md, "System"):
+- full-attention KV grows with the prompt and is kept in blocks of `block_tokens`, one entry per
+  prefix block hash; a prompt matches the longest run of its leading blocks that are present
+  (a partial prefix match);
+- linear-attention (or SWA) state has a fixed size and is only valid at the exact length it was
+  taken at. The pool snapshots it at a prompt's last full-block boundary, so a later prompt
+  that extends this one (the next turn of a conversation) finds a state at exactly its match.
+
+The usable cached prefix is the longest block-aligned length L such that every block below L
+is present and (when the model has linear layers) a state taken at exactly L is present.
+
+One capacity is shared by both kinds and by transfer-cache holds (the tail KV of a prefill
+that waits to cross to another cluster, freed when the transfer ends). Eviction is LRU over
+entries nobody pins. A prompt's entries are refreshed leaf first, so within a prefix the deeper
+blocks and the state (useless without every block below them) go before the blocks they hang
+from. Block keys include the position: the trace formats say "equal hash at equal position is
+an equal prefix block".
+
+Everything is in paper bytes and tokens; nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from testbed.core.kvsize import KVModel
+
+# ("b", block index, hash) for a full-attention block, ("s", blocks, hash of the last block)
+# for a linear state taken after that many blocks.
+Key = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a cluster's pool holds of a prompt."""
+
+    tokens: int          # usable prefix (tokens), block-aligned; 0 when nothing is usable
+    full_tokens: int     # leading full-attention blocks present, in tokens (>= tokens)
+
+
+NO_MATCH = Match(0, 0)
+
+
+@dataclass
+class _Entry:
+    nbytes: int
+    pins: int = 0
+
+
+@dataclass
+class PoolStats:
+    lookups: int = 0
+    hit_tokens: int = 0
+    inserted_bytes: int = 0
+    evicted_bytes: int = 0
+    evictions: int = 0
+    refused_bytes: int = 0      # inserts or holds that could not fit (everything else pinned)
+
+
+@dataclass
+class HybridPrefixCache:
+    """One cluster's pool. `capacity_bytes` 0 means the cluster keeps no prefix cache."""
+
+    capacity_bytes: int
+    block_tokens: int
+    block_bytes: int             # full-attention bytes of one block (0: a model with no full layers)
+    state_bytes: int             # one linear-state snapshot (0: a model with no linear layers)
+    used_bytes: int = 0
+    stats: PoolStats = field(default_factory=PoolStats)
+    _entries: OrderedDict[Key, _Entry] = field(default_factory=OrderedDict)
+    _pins: dict[str, list[Key]] = field(default_factory=dict)
+    _holds: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def for_model(cls, kv: KVModel, block_tokens: int, capacity_bytes: int) -> "HybridPrefixCache":
+        has_linear = "linear" in kv.kinds
+        return cls(capacity_bytes, block_tokens, round(kv.full_bytes_per_token * block_tokens),
+                   kv.linear_state_bytes if has_linear else 0)
+
+    # -- queries (no LRU change) ---------------------------------------------------------------
+
+    def match(self, hash_ids: Iterable[int], input_tokens: int) -> Match:
+        """Longest usable cached prefix of a prompt. At least one token is always left to
+        compute (the first output token needs the last prompt token's logits)."""
+        limit = max(input_tokens - 1, 0) // self.block_tokens
+        ids = list(hash_ids)[:limit]
+        full = 0
+        for i, h in enumerate(ids):
+            if ("b", i, h) not in self._entries:
+                break
+            full = i + 1
+        if self.state_bytes == 0:
+            usable = full
+        else:
+            usable = 0
+            for k in range(full, 0, -1):
+                if ("s", k, ids[k - 1]) in self._entries:
+                    usable = k
+                    break
+        return Match(usable * self.block_tokens, full * self.block_tokens)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values() if e.pins) + sum(self._holds.values())
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    def holds(self, key: Key) -> bool:
+        return key in self._entries
+
+    def state_lengths(self) -> list[int]:
+        """Token lengths of every cached linear state (for tests and reports)."""
+        return sorted(k[1] * self.block_tokens for k in self._entries if k[0] == "s")
+
+    # -- updates -------------------------------------------------------------------------------
+
+    def _keys(self, ids: list[int], blocks: int) -> list[Key]:
+        """Keys of a prefix of `blocks` blocks in eviction order: the state, then leaf to root."""
+        keys: list[Key] = []
+        if self.state_bytes and blocks > 0:
+            keys.append(("s", blocks, ids[blocks - 1]))
+        if self.block_bytes:
+            keys.extend(("b", i, ids[i]) for i in range(blocks - 1, -1, -1))
+        return keys
+
+    def _size(self, key: Key) -> int:
+        return self.state_bytes if key[0] == "s" else self.block_bytes
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Evict LRU unpinned entries until `nbytes` fit; False (and nothing evicted) if they
+        cannot fit even then."""
+        free = self.capacity_bytes - self.used_bytes
+        if nbytes <= free:
+            return True
+        evictable = sum(e.nbytes for e in self._entries.values() if not e.pins)
+        if nbytes > free + evictable:
+            return False
+        for key in list(self._entries):
+            if free >= nbytes:
+                break
+            e = self._entries[key]
+            if e.pins:
+                continue
+            del self._entries[key]
+            self.used_bytes -= e.nbytes
+            free += e.nbytes
+            self.stats.evicted_bytes += e.nbytes
+            self.stats.evictions += 1
+        return True
+
+    def _refresh(self, ids: list[int], blocks: int) -> None:
+        # Oldest first in the dict: move the state, then leaf..root, to the end, so the root is
+        # the most recent and the state the least.
+        for key in self._keys(ids, blocks):
+            if key in self._entries:
+                self._entries.move_to_end(key)
+
+    def touch(self, hash_ids: Iterable[int], tokens: int) -> None:
+        """A prefill reuses a prefix of `tokens` tokens: mark its entries as just used."""
+        ids = list(hash_ids)
+        blocks = min(tokens // self.block_tokens, len(ids))
+        self.stats.lookups += 1
+        self.stats.hit_tokens += blocks * self.block_tokens
+        self._refresh(ids, blocks)
+
+    def insert(self, hash_ids: Iterable[int], input_tokens: int) -> int:
+        """Cache the full blocks of a prompt and a linear state at its last full-block boundary.
+        Blocks go in from the root; where the pool is full of pinned entries the rest is left out
+        (and with it the state, which needs every block below it). Returns the bytes added."""
+        ids = list(hash_ids)
+        blocks = min(input_tokens // self.block_tokens, len(ids))
+        if self.capacity_bytes <= 0 or blocks == 0:
+            return 0
+        # Refresh what is already there first, so making room for the rest never evicts it.
+        self._refresh(ids, blocks)
+        added = 0
+        present = 0
+        for i in range(blocks):
+            key: Key = ("b", i, ids[i])
+            if not self.block_bytes or key in self._entries:
+                present = i + 1
+                continue
+            if not self._make_room(self.block_bytes):
+                self.stats.refused_bytes += self.block_bytes * (blocks - i)
+                break
+            self._entries[key] = _Entry(self.block_bytes)
+            self.used_bytes += self.block_bytes
+            added += self.block_bytes
+            present = i + 1
+        if self.state_bytes and present == blocks:
+            skey: Key = ("s", blocks, ids[blocks - 1])
+            if skey not in self._entries:
+                if self._make_room(self.state_bytes):
+                    self._entries[skey] = _Entry(self.state_bytes)
+                    self.used_bytes += self.state_bytes
+                    added += self.state_bytes
+                else:
+                    self.stats.refused_bytes += self.state_bytes
+        self.stats.inserted_bytes += added
+        self._refresh(ids, present)
+        return added
+
+    def pin(self, owner: str, hash_ids: Iterable[int], tokens: int) -> None:
+        """Keep a prefix of `tokens` tokens (its blocks and the state at exactly that length)
+        from eviction until `unpin(owner)`: it is being read (a prefill, a cache move)."""
+        ids = list(hash_ids)
+        blocks = min(tokens // self.block_tokens, len(ids))
+        keys = [k for k in self._keys(ids, blocks) if k in self._entries]
+        for k in keys:
+            self._entries[k].pins += 1
+        self._pins.setdefault(owner, []).extend(keys)
+
+    def unpin(self, owner: str) -> None:
+        for k in self._pins.pop(owner, []):
+            e = self._entries.get(k)
+            if e is not None and e.pins > 0:
+                e.pins -= 1
+
+    def hold(self, owner: str, nbytes: int) -> bool:
+        """Transfer-cache: reserve `nbytes` for a prefill's tail KV until `release(owner)`.
+        False when it cannot fit (the prefill still runs; its tail stays in GPU memory)."""
+        if nbytes <= 0 or owner in self._holds:
+            return True
+        if not self._make_room(nbytes):
+            self.stats.refused_bytes += nbytes
+            return False
+        self._holds[owner] = nbytes
+        self.used_bytes += nbytes
+        return True
+
+    def release(self, owner: str) -> None:
+        """End of a transfer: free its transfer-cache hold and unpin what it read."""
+        self.used_bytes -= self._holds.pop(owner, 0)
+        self.unpin(owner)
+
+    def tail_bytes(self, input_tokens: int) -> int:
+        """What a finished prefill holds beyond its full prefix blocks: the partial last block
+        and the linear state at the prompt's own length (the transfer-cache of a crossing)."""
+        partial = input_tokens % self.block_tokens
+        per_token = self.block_bytes / self.block_tokens
+        return round(partial * per_token) + self.state_bytes
+
+    def check(self) -> None:
+        """Accounting invariants (tests call this after every step)."""
+        total = sum(e.nbytes for e in self._entries.values()) + sum(self._holds.values())
+        assert total == self.used_bytes, (total, self.used_bytes)
+        assert 0 <= self.used_bytes <= max(self.capacity_bytes, 0), (self.used_bytes, self.capacity_bytes)
+
+
+class CacheIndex:
+    """The global KV cache manager's view: every cluster's pool, answering "longest usable
+    cached prefix per cluster" for the router."""
+
+    def __init__(self, pools: Mapping[str, HybridPrefixCache]) -> None:
+        self.pools = dict(pools)
+
+    def lookup(self, hash_ids: Iterable[int], input_tokens: int) -> dict[str, Match]:
+        ids = list(hash_ids)
+        return {name: p.match(ids, input_tokens) for name, p in self.pools.items()}
+
+    def usable(self, hash_ids: Iterable[int], input_tokens: int) -> dict[str, int]:
+        return {name: m.tokens for name, m in self.lookup(hash_ids, input_tokens).items()}
+
+    def pool(self, cluster: str) -> HybridPrefixCache | None:
+        return self.pools.get(cluster)

@@ -1,0 +1,173 @@
+"""Summary sections, report rows and a plot for the prefix caches and the router's control
+loop: what the caches saved, which cache moves crossed the WAN, how the threshold moved and why.
+
+Summary keys (paper units):
+
+| Key | Meaning |
+|---|---|
+| `cache.requests_with_hit` | Completed requests that reused a cached prefix (`cached_tokens` > 0). |
+| `cache.cached_token_share` | Sum of `cached_tokens` / sum of `input_tokens` over completed requests: prefill work the caches saved. |
+| `cache.decode_cached_token_share` | The same for `decode_cached_tokens`: prompt KV the decode side already held, so it was not shipped. |
+| `cache.moves`, `.move_tokens`, `.move_bytes_paper` | Cross-cluster cache moves of completed requests, the tokens and paper bytes they carried. |
+| `cache.move_wait_s` | Mean wait of a prefill for its moved-in prefix (`prefill_start - max(prefill_queued, cache_move_start)` when positive), paper s. |
+| `control.threshold_changes` | Threshold changes the control loop made (`decisions.jsonl`). |
+| `control.changes` | The first 50: `t_s` (paper s since t0), `old`, `new`, `reason`. |
+| `control.threshold_min`, `.threshold_max`, `.threshold_mean` | Over the router's sampled `threshold` series; the mean is time-weighted. |
+| `control.bandwidth_estimate_min_bps` | Lowest estimate of the WAN bandwidth the loop made (paper bit/s). |
+| `control.abundant_share` | Share of control samples that judged the bandwidth abundant. |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from testbed.core.scaling import Scale
+from testbed.metrics.records import RequestRecord
+from testbed.metrics.timeseries import Sample, select
+
+MAX_CHANGES = 50
+
+
+def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, Any]:
+    inp = sum(r.input_tokens for r in done)
+    moves = [r for r in done if r.cache_move_tokens > 0]
+    waits = []
+    for r in moves:
+        if math.isfinite(r.prefill_start) and math.isfinite(r.cache_move_start):
+            waits.append(max(r.prefill_start - max(r.prefill_queued, r.cache_move_start), 0.0) * scale.speedup)
+    return {
+        "requests_with_hit": sum(1 for r in done if r.cached_tokens > 0),
+        "cached_token_share": sum(r.cached_tokens for r in done) / inp if inp else None,
+        "decode_cached_token_share": sum(r.decode_cached_tokens for r in done) / inp if inp else None,
+        "moves": len(moves),
+        "move_tokens": sum(r.cache_move_tokens for r in moves),
+        "move_bytes_paper": float(sum(r.cache_move_bytes_paper for r in moves)),
+        "move_wait_s": float(np.mean(waits)) if waits else None,
+    }
+
+
+def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, Any]]:
+    """Threshold changes from `decisions.jsonl`, in paper seconds since t0."""
+    p = Path(run_dir) / "decisions.jsonl"
+    if not p.is_file() or t0 is None:
+        return []
+    out = []
+    with p.open() as fh:
+        for line in fh:
+            if '"threshold_change"' not in line:
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue   # a line cut short by a killed run
+            labels = d.get("labels") or {}
+            out.append({"t_s": (float(d["ts"]) - t0) * speedup, "old": float(labels.get("old", "nan")),
+                        "new": float(d["value"]), "reason": str(labels.get("reason", ""))})
+    return out
+
+
+def _time_weighted_mean(series: Sequence[Sample]) -> float | None:
+    if len(series) < 2:
+        return series[0].value if series else None
+    t = np.array([p.t for p in series])
+    v = np.array([p.value for p in series])
+    dt = np.diff(t)
+    return float(np.dot(v[:-1], dt) / dt.sum()) if dt.sum() > 0 else float(v.mean())
+
+
+def control_summary(run_dir: Path, t0: float | None, samples: Sequence[Sample], scale: Scale) -> dict[str, Any]:
+    changes = read_changes(run_dir, t0, scale.speedup)
+    thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
+    est = select(samples, metric="wan_bandwidth_estimate_bps_paper")
+    abundant = select(samples, metric="bandwidth_abundant")
+    return {
+        "threshold_changes": len(changes),
+        "changes": changes[:MAX_CHANGES],
+        "threshold_min": min((p.value for p in thr), default=None),
+        "threshold_max": max((p.value for p in thr), default=None),
+        "threshold_mean": _time_weighted_mean(thr),
+        "bandwidth_estimate_min_bps": min((p.value for p in est), default=None),
+        "abundant_share": float(np.mean([p.value for p in abundant])) if abundant else None,
+    }
+
+
+def _f(x: float | None, fmt: str = "{:,.0f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def cache_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    c = s.get("cache") or {}
+    if not c or (not c.get("requests_with_hit") and not c.get("moves") and not c.get("decode_cached_token_share")):
+        return []
+    share = c.get("cached_token_share")
+    dshare = c.get("decode_cached_token_share")
+    rows = [
+        ("Requests reusing a cached prefix", f"{c['requests_with_hit']:,} of {s['requests']['completed']:,}"),
+        ("Prompt tokens served from cache (prefill)", _f(None if share is None else share * 100, "{:.1f}%")),
+        ("Prompt KV the decode side already held", _f(None if dshare is None else dshare * 100, "{:.1f}%")),
+        ("Cross-cluster cache moves", f"{c['moves']:,} ({c['move_tokens']:,} tokens, "
+                                      f"{c['move_bytes_paper'] / 1e9:.3g} GB)"),
+    ]
+    if c.get("move_wait_s") is not None:
+        rows.append(("Mean prefill wait for a moved prefix", f"{c['move_wait_s']:.3f} s"))
+    per = s["bytes"].get("wan_per_request_paper")
+    rows.append(("WAN bytes per request (KV + moves)", _f(None if per is None else per / 1e6, "{:,.1f} MB")))
+    return rows
+
+
+def control_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    c = s.get("control") or {}
+    if not c or c.get("threshold_mean") is None and not c.get("abundant_share"):
+        return []
+    est = c.get("bandwidth_estimate_min_bps")
+    ab = c.get("abundant_share")
+    return [
+        ("Threshold changes", f"{c['threshold_changes']:,}"),
+        ("Threshold min / time-weighted mean / max (tokens)",
+         f"{_f(c['threshold_min'])} / {_f(c['threshold_mean'])} / {_f(c['threshold_max'])}"),
+        ("Lowest WAN bandwidth estimate", _f(None if est is None else est / 1e9, "{:.3g} Gbit/s")),
+        ("Control samples judging bandwidth abundant", _f(None if ab is None else ab * 100, "{:.0f}%")),
+    ]
+
+
+def change_rows(s: dict[str, Any], limit: int = 20) -> list[tuple[str, str, str, str]]:
+    return [(f"{c['t_s']:.1f}", f"{c['old']:,.0f}", f"{c['new']:,.0f}", c["reason"])
+            for c in (s.get("control") or {}).get("changes", [])[:limit]]
+
+
+def plot_control(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | None:
+    """Threshold over time; WAN delivered rate and the loop's bandwidth estimate; predicted loads."""
+    thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
+    est = sorted(select(samples, metric="wan_bandwidth_estimate_bps_paper"), key=lambda p: p.t)
+    if not est:
+        return None
+    dlv = sorted(select(samples, metric="wan_delivered_bps_paper"), key=lambda p: p.t)
+    loads = select(samples, metric="planned_load")
+    fig = Figure(figsize=(8, 7.2), layout="constrained")
+    ax = fig.subplots(3, 1, sharex=True)
+    s = scale.speedup
+    if thr:
+        ax[0].plot([p.t * s for p in thr], [p.value for p in thr], drawstyle="steps-post", linewidth=1.2)
+    ax[0].set_ylabel("threshold t (tokens)")
+    ax[1].plot([p.t * s for p in dlv], [p.value / 1e9 for p in dlv], linewidth=0.8, label="delivered (PrfaaS egress)")
+    ax[1].plot([p.t * s for p in est], [p.value / 1e9 for p in est], drawstyle="steps-post", linewidth=1.2,
+               label="bandwidth estimate")
+    ax[1].set_ylabel("WAN (paper Gbit/s)")
+    ax[1].legend(fontsize="x-small")
+    for stage in ("link", "prfaas", "pdp"):
+        pts = sorted((p for p in loads if p.labels.get("stage") == stage), key=lambda p: p.t)
+        ax[2].plot([p.t * s for p in pts], [p.value for p in pts], linewidth=0.9, label=stage)
+    ax[2].set_ylabel("predicted load")
+    ax[2].set_ylim(0, 2)
+    ax[2].legend(fontsize="x-small")
+    ax[2].set_xlabel("time since run start (paper seconds)")
+    for a in ax:
+        a.grid(alpha=0.3)
+    fig.savefig(path, dpi=110)
+    return path
