@@ -69,8 +69,9 @@ def _p90(xs: list[float]) -> float | None:
 
 
 def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_slo: float,
-          growth_limit: float) -> tuple[bool, list[str], dict[str, float | None]]:
-    """Stable and within SLOs? Figures in paper seconds."""
+          growth_limit: float, growth_s: float | None = None) -> tuple[bool, list[str], dict[str, float | None]]:
+    """Stable and within SLOs? Figures in paper seconds. Waiting may grow by `growth_s` paper
+    seconds (default `growth_limit` x the TTFT SLO) from the first to the last third."""
     done = [r for r in records if r.outcome == "completed"]
     reasons: list[str] = []
     if len(done) < len(records):
@@ -90,7 +91,7 @@ def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_sl
             return (r.ttft - r.prefill_modelled) * speedup
         first = statistics.fmean(wait(r) for r in by_arrival[:third])
         last = statistics.fmean(wait(r) for r in by_arrival[-third:])
-        if last - first > growth_limit * ttft_slo:
+        if last - first > (growth_s if growth_s is not None else growth_limit * ttft_slo):
             reasons.append(f"waiting grows: {first:.2f} s -> {last:.2f} s from the first to the last third")
     figures = {"ttft_mean_s": statistics.fmean(ttft) if ttft else None, "ttft_p90_s": p90_ttft,
                "tpot_p90_s": p90_tpot, "wait_first_s": first, "wait_last_s": last}
@@ -98,7 +99,7 @@ def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_sl
 
 
 async def _probe(sc: Scenario, rate: float, out: Path, backend: str, growth_limit: float,
-                 ttft_slo: float) -> Probe:
+                 ttft_slo: float, growth_s: float | None = None) -> Probe:
     from testbed.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
@@ -107,7 +108,7 @@ async def _probe(sc: Scenario, rate: float, out: Path, backend: str, growth_limi
     res = await run_replay_async(sc_r, trace_from_workload(sc_r.workload), run_dir, backend,
                                  name=f"{sc.name} @ {rate:.3f} req/s")
     recs = read_records(run_dir / "records.csv")
-    ok, reasons, fig = judge(recs, sc.scale.speedup, ttft_slo, sc.slo.tpot_s, growth_limit)
+    ok, reasons, fig = judge(recs, sc.scale.speedup, ttft_slo, sc.slo.tpot_s, growth_limit, growth_s)
     if res.interrupted:
         ok, reasons = False, reasons + ["interrupted"]
     thr = res.summary.get("throughput", {}).get("completed_rps_paper")
@@ -128,13 +129,14 @@ def model_lambda(sc: Scenario, link_bps: float = 100e9) -> float | None:
 
 
 async def search(sc: Scenario, out: Path, backend: str, lo: float, hi: float, probes: int,
-                 growth_limit: float, ttft_slo: float, verbose: bool = True) -> CapacityResult:
+                 growth_limit: float, ttft_slo: float, verbose: bool = True,
+                 growth_s: float | None = None) -> CapacityResult:
     """Bisection: `lo` should be stable and `hi` unstable; each is checked, and widened (halved or
     doubled) if it is not, before the interval is halved `probes` times in all."""
     res = CapacityResult(sc.name, None, None, model_lambda(sc), ttft_slo, sc.slo.tpot_s)
 
     async def run(rate: float) -> bool:
-        p = await _probe(sc, rate, out, backend, growth_limit, ttft_slo)
+        p = await _probe(sc, rate, out, backend, growth_limit, ttft_slo, growth_s)
         res.probes.append(p)
         if verbose:
             print(f"  {rate:.3f} req/s: {'stable' if p.stable else 'UNSTABLE'}"
@@ -190,8 +192,10 @@ def _f(x: float | None) -> str:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("capacity", help="measure Lambda_max by emulation (bisection over offered rates)")
-    p.add_argument("--scenario", required=True)
+    p = sub.add_parser("capacity", help="measure Lambda_max by emulation (bisection over offered rates); with "
+                                        "several scenarios, the paper's Table 6 by emulation")
+    p.add_argument("--scenario", action="append", required=True,
+                   help="scenario (repeatable: several give table6.md with the model beside the measurements)")
     p.add_argument("--backend", choices=["auto", "netns", "local", "inproc"], default="auto")
     p.add_argument("--requests", type=int, default=240, help="requests per probe (default 240)")
     p.add_argument("--lo", type=float, help="a rate expected to be stable (default 0.6 x the model's Lambda_max)")
@@ -200,6 +204,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--ttft-slo", type=float, help="P90 TTFT SLO in paper seconds (default: the scenario's slo.ttft_s)")
     p.add_argument("--growth-limit", type=float, default=0.25,
                    help="unstable when mean wait grows by more than this fraction of the TTFT SLO (default 0.25)")
+    p.add_argument("--wait-growth", type=float, metavar="S",
+                   help="unstable when mean wait grows by more than S paper seconds (overrides --growth-limit; "
+                        f"default with several scenarios: {2.5:g})")
+    p.add_argument("--common-rate", type=float, metavar="R",
+                   help="several scenarios: offered load of the TTFT comparison (default 0.75 x the lowest measured "
+                        "Lambda_max)")
+    p.add_argument("--spread", type=float, default=0.25,
+                   help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--out", type=Path)
     p.add_argument("--json", action="store_true")
@@ -211,10 +223,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     ov = parse_overrides(args.set)
     ov.setdefault("workload", {})["requests"] = args.requests
-    sc = load_scenario(args.scenario, ov)
+    scenarios = [load_scenario(name, ov) for name in args.scenario]
     backend, warning = pick_backend(args.backend)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    if len(scenarios) > 1:
+        return _cmd_table(args, scenarios, backend)
+    sc = scenarios[0]
     model = model_lambda(sc)
     lo = args.lo or (0.6 * model if model else 1.0)
     hi = args.hi or (1.3 * model if model else 4.0)
@@ -224,7 +239,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     print(f"capacity of {sc.name}: bisection in [{lo:.3f}, {hi:.3f}] req/s, {args.probes} probes of "
           f"{args.requests} requests, backend {backend} -> {out}", file=sys.stderr)
     try:
-        res = asyncio.run(search(sc, out, backend, lo, hi, args.probes, args.growth_limit, ttft_slo))
+        res = asyncio.run(search(sc, out, backend, lo, hi, args.probes, args.growth_limit, ttft_slo,
+                                 growth_s=args.wait_growth))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -234,3 +250,26 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     else:
         print((out / "capacity.md").read_text())
     return 0
+
+
+def _cmd_table(args: argparse.Namespace, scenarios: list[Scenario], backend: str) -> int:
+    from testbed.linkprofiles import load_profile
+    from testbed.paper_table import DEFAULT_GROWTH_S, run_table
+
+    out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-table6"
+    out.mkdir(parents=True, exist_ok=True)
+    ttft_slo = args.ttft_slo or max(sc.slo.ttft_s for sc in scenarios)
+    growth = args.wait_growth if args.wait_growth is not None else DEFAULT_GROWTH_S
+    print(f"Table 6 by emulation: {', '.join(sc.name for sc in scenarios)}; {args.probes} probes of {args.requests} "
+          f"requests each, backend {backend} -> {out}", file=sys.stderr)
+    try:
+        deps = asyncio.run(run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate,
+                                     lambda sc: load_profile(sc.links.inter_dc).rate, args.spread))
+    except KeyboardInterrupt:
+        print(f"interrupted: probes so far kept under {out}", file=sys.stderr)
+        return 130
+    if args.json:
+        print((out / "table6.json").read_text())
+    else:
+        print((out / "table6.md").read_text())
+    return 0 if all(d.capacity.lambda_max is not None for d in deps) else 1

@@ -16,8 +16,9 @@ oscillating around a link that is still short). It judges the bandwidth abundant
 may adjust, it plans the threshold: for candidate thresholds it predicts, from the recent length
 sample, the load of the link and of both prefill stages, each with its existing backlog spread
 over `horizon_s`, and takes the candidate closest to the base threshold whose loads all stay at
-or below `target_utilisation` (the least loaded one if none does). Changes smaller than
-`min_change` are not made. Every change comes back with its reason, for the run's records.
+or below `target_utilisation` (the least loaded one if none does). It moves only when that
+lowers the predicted peak load by at least `min_gain` (or, all being fine, brings the threshold
+back toward the base), by more than `min_change`, and once `min_requests` have been seen. Every change comes back with its reason, for the run's records.
 
 All figures are in paper units (seconds, bytes, bits/s).
 """
@@ -51,7 +52,7 @@ class LinkSignals:
     interval_s: float          # since the previous signals
     delivered_bytes: float     # PrfaaS KV bytes the WAN delivered in the interval
     undelivered_bytes: float   # PrfaaS KV queued, unsent or in flight now
-    retrans_share: float       # retransmitted / delivered segments in the interval
+    retrans_share: float       # retransmitted share of the segments sent in the interval
     prfaas_backlog_s: float    # modelled prefill work queued per PrfaaS instance
     pdp_backlog_s: float       # the same per PD-P instance
     arrival_rate: float        # recent arrivals, req/s
@@ -111,6 +112,7 @@ class BandwidthController:
         self.candidates: list[float] = sorted({*map(float, grid), self.base})
         self.state: BandwidthState = "abundant"
         self._last_saturated = -math.inf
+        self._delivered: list[float] = []
         self.changes: list[ThresholdChange] = []
 
     def loads(self, t: float, s: LinkSignals, sample: "_Sample | None" = None) -> Loads:
@@ -132,13 +134,18 @@ class BandwidthController:
 
     def _estimate(self, s: LinkSignals) -> tuple[float, bool]:
         delivered_bps = s.delivered_bytes * 8.0 / s.interval_s if s.interval_s > 0 else 0.0
+        self._delivered.append(delivered_bps)
+        del self._delivered[:-self.cfg.rate_window]
         drain_s = s.undelivered_bytes * 8.0 / delivered_bps if delivered_bps > 0 else (
             math.inf if s.undelivered_bytes > 0 else 0.0)
         saturated = drain_s > self.cfg.saturated_s or s.retrans_share > self.cfg.retrans_limit
         if saturated:
             self._last_saturated = s.now
-            if delivered_bps > 0:
-                self.bandwidth_bps = min(delivered_bps, self.nominal_bps)
+            # TCP's delivery dips after losses: the best of the last few intervals is what the link
+            # gives (a windowed max, as BBR estimates bottleneck bandwidth).
+            best = max(self._delivered)
+            if best > 0:
+                self.bandwidth_bps = min(best, self.nominal_bps)
         elif s.now - self._last_saturated >= self.cfg.hold_s:
             self.bandwidth_bps = min(self.nominal_bps, max(delivered_bps, self.bandwidth_bps * self.cfg.probe_growth))
         else:
@@ -157,10 +164,17 @@ class BandwidthController:
     def update(self, s: LinkSignals, adjust: bool) -> tuple[ControlSample, ThresholdChange | None]:
         delivered_bps, saturated = self._estimate(s)
         change: ThresholdChange | None = None
-        if adjust and s.lengths and s.arrival_rate > 0:
+        cfg = self.cfg
+        if adjust and len(s.lengths) >= cfg.min_requests and s.arrival_rate > 0:
             new, planned = self._plan(s)
             now_loads = self.loads(self.threshold, s)
-            if abs(new - self.threshold) > self.cfg.min_change * self.threshold:
+            if now_loads.peak <= cfg.target_utilisation:
+                # Fine where it is: only go back toward the base threshold, to one that is fine too.
+                worth = (planned.peak <= cfg.target_utilisation
+                         and abs(math.log(new / self.base)) < abs(math.log(self.threshold / self.base)))
+            else:
+                worth = planned.peak < now_loads.peak * (1 - cfg.min_gain)
+            if worth and abs(new - self.threshold) > cfg.min_change * self.threshold:
                 why = (f"bandwidth {self.bandwidth_bps / 1e9:.1f} of {self.nominal_bps / 1e9:.0f} Gbit/s"
                        f"{' (saturated: ' if saturated else ' ('}{s.undelivered_bytes / 1e9:.2f} GB undelivered, "
                        f"{s.retrans_share:.2%} retransmitted); backlog prfaas {s.prfaas_backlog_s:.1f} s, "

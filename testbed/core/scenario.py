@@ -142,6 +142,9 @@ class ControlSpec(_Strict):
     probe_growth: float = Field(default=1.15, ge=1)           # bandwidth estimate growth per unsaturated interval
     hold_s: float = Field(default=10.0, ge=0)                 # no growth this long after the link last saturated
     min_change: float = Field(default=0.05, ge=0)             # relative threshold change worth making
+    min_gain: float = Field(default=0.05, ge=0, lt=1)         # relative drop of the peak load worth a change
+    min_requests: int = Field(default=20, ge=1)               # recent requests needed before planning
+    rate_window: int = Field(default=3, ge=1, le=100)         # intervals whose best delivered rate bounds the link
     min_threshold: int | None = Field(default=None, ge=0)     # default: base threshold / 4
     max_threshold: int | None = Field(default=None, ge=1)     # default: the workload's longest input
 

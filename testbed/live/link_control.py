@@ -135,7 +135,9 @@ class LinkControl:
             interval_s=(t - prev_t) * sc.speedup,
             delivered_bytes=max(tot.acked - prev.acked, 0) * sc.byte_scale,
             undelivered_bytes=undelivered * sc.byte_scale,
-            retrans_share=max(tot.retrans - prev.retrans, 0) / max(tot.segments - prev.segments, 1),
+            # Retransmitted share of the segments put on the wire in the interval.
+            retrans_share=max(tot.retrans - prev.retrans, 0) / max(tot.segments - prev.segments
+                                                                   + tot.retrans - prev.retrans, 1),
             prfaas_backlog_s=queued["prfaas"] * sc.speedup / max(count["prfaas"], 1),
             pdp_backlog_s=queued["pd"] * sc.speedup / max(count["pd"], 1),
             arrival_rate=self.recent.rate(paper_now),
