@@ -200,10 +200,7 @@ def test_trace_basics() -> None:
         _trace([0.0, float("nan")])
 
 
-@pytest.mark.parametrize(
-    ("name", "fmt"),
-    [("x.csv", "auto"), ("x", "auto"), ("x.jsonl", "azure"), ("x.jsonl", "burstgpt"), ("x.jsonl", "parquet")],
-)
+@pytest.mark.parametrize(("name", "fmt"), [("x.csv", "auto"), ("x", "auto"), ("x.txt", "auto"), ("x.jsonl", "parquet")])
 def test_unsupported_format(tmp_path: Path, name: str, fmt: str) -> None:
     p = tmp_path / name
     p.write_text("", encoding="utf-8")

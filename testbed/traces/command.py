@@ -1,20 +1,66 @@
-"""`testbed trace ...`: generate, summarise and validate trace files."""
+"""`testbed trace ...`: generate, summarise and validate trace files; the `--window` syntax."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import re
 import sys
+from array import array
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from testbed.core.scenario import WorkloadSpec
-from testbed.traces.loader import SUPPORTED_FORMATS, load_trace
+from testbed.traces.azure import AZURE_STYLES, write_azure
+from testbed.traces.burstgpt import BURSTGPT_VARIANTS, MODELS, write_burstgpt
+from testbed.traces.csvutil import LoadStats, Window
+from testbed.traces.loader import SUPPORTED_FORMATS, block_tokens_of, detect_format, iter_trace, notes_for
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import synth_with_prefixes, synthetic_trace
-from testbed.traces.types import Trace, TraceError
+from testbed.traces.types import Trace, TraceError, TraceRequest
+
+_SPAN = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", re.ASCII)
+_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+WINDOW_HELP = (
+    "START:END in trace seconds (0 = the file's first row), each with an optional unit s/m/h/d; "
+    "either may be empty: 3600:7200, 1h:2h, 2d:, :10m"
+)
+
+
+def parse_window(text: str) -> Window:
+    """`START:END` -> (start_s, end_s); an empty START is 0, an empty END the end of the trace."""
+    head, sep, tail = text.partition(":")
+    if not sep:
+        raise ValueError(f"expected START:END, got {text!r} ({WINDOW_HELP})")
+    ends: list[float] = []
+    for part, empty in ((head, 0.0), (tail, math.inf)):
+        if not part.strip():
+            ends.append(empty)
+            continue
+        m = _SPAN.fullmatch(part)
+        if m is None:
+            raise ValueError(f"bad time {part.strip()!r} in {text!r} ({WINDOW_HELP})")
+        ends.append(float(m[1]) * _UNIT[m[2]])
+    start, end = ends
+    if not end > start:
+        raise ValueError(f"END must be after START in {text!r}")
+    return start, end
+
+
+def window_arg(text: str) -> Window:
+    """argparse `type=` for --window."""
+    try:
+        return parse_window(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _models_arg(p: argparse.ArgumentParser, flag: str) -> None:
+    p.add_argument(flag, dest="models", action="append", metavar="NAME",
+                   help=f"BurstGPT: keep only this model ({', '.join(MODELS)}; repeatable)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,6 +69,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     s = tsub.add_parser("synth", help="write a generated trace")
     s.add_argument("--format", choices=SUPPORTED_FORMATS, default="mooncake")
+    s.add_argument("--variant", metavar="V",
+                   help=f"azure: {' or '.join(AZURE_STYLES)} layout (default 2024); "
+                        f"burstgpt: {' or '.join(BURSTGPT_VARIANTS)} header (default v2)")
     s.add_argument("--requests", type=int, required=True, metavar="N")
     s.add_argument("--rate", type=float, required=True, metavar="R", help="mean arrivals per second")
     s.add_argument("--seed", type=int, default=1, metavar="S")
@@ -30,17 +79,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument(
         "--prefix-reuse",
         action="store_true",
-        help="multi-turn conversations sharing prefix blocks (default: the paper's workload, no reuse)",
+        help="multi-turn conversations sharing prefix blocks (mooncake only; default: the paper's workload)",
     )
+    s.add_argument("--failed-share", type=float, default=0.0, metavar="F",
+                   help="burstgpt: share of rows written as failed (0 response tokens)")
     s.set_defaults(func=cmd_synth)
 
     i = tsub.add_parser("info", help="summarise a trace")
     i.add_argument("path", metavar="PATH")
     i.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS))
+    i.add_argument("--window", type=window_arg, metavar="START:END", help=WINDOW_HELP)
+    i.add_argument("--keep-failed", action="store_true", help="BurstGPT: count failed requests in (1 output token)")
+    _models_arg(i, "--model")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(func=cmd_info)
 
-    v = tsub.add_parser("validate", help="check a trace file; exit 0 if valid, 2 if not")
+    v = tsub.add_parser("validate", help="check a whole trace file; exit 0 if valid, 2 if not")
     v.add_argument("path", metavar="PATH")
     v.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS))
     v.set_defaults(func=cmd_validate)
@@ -50,65 +104,126 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if args.requests <= 0 or not (args.rate > 0 and math.isfinite(args.rate)):
         print("trace synth: --requests and --rate must be positive", file=sys.stderr)
         return 2
+    variants = {"azure": AZURE_STYLES, "burstgpt": BURSTGPT_VARIANTS}.get(args.format, ())
+    if args.variant is not None and args.variant not in variants:
+        allowed = ", ".join(variants) if variants else "none"
+        print(f"trace synth: --variant for {args.format}: one of {allowed}", file=sys.stderr)
+        return 2
+    if args.prefix_reuse and args.format != "mooncake":
+        print(f"trace synth: --prefix-reuse: the {args.format} format carries no prefix hashes", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.failed_share <= 1.0 or (args.failed_share and args.format != "burstgpt"):
+        print("trace synth: --failed-share is a share in [0, 1], for burstgpt only", file=sys.stderr)
+        return 2
     if args.prefix_reuse:
         trace = synth_with_prefixes(args.requests, args.rate, args.seed)
     else:
         trace = synthetic_trace(WorkloadSpec(requests=args.requests, rate=args.rate, seed=args.seed))
-    write_mooncake(args.out, trace)
+    if args.format == "azure":
+        write_azure(args.out, trace, args.variant or "2024")
+    elif args.format == "burstgpt":
+        write_burstgpt(args.out, trace, args.variant or "v2", seed=args.seed, failed_share=args.failed_share)
+    else:
+        write_mooncake(args.out, trace)
     print(f"wrote {len(trace)} requests ({trace.duration:.1f} s, {trace.rate:.3f} req/s) to {args.out}")
     return 0
 
 
 def prefix_reuse_share(trace: Trace) -> tuple[float, int]:
     """(share of blocks whose hash appeared earlier in the trace, total blocks)."""
-    seen: set[int] = set()
-    total = reused = 0
+    acc = _Summary()
     for r in trace.requests:
-        for h in r.hash_ids:
-            if h in seen:
-                reused += 1
+        acc.add_hashes(r.hash_ids)
+    return acc.reuse()
+
+
+class _Summary:
+    """Summary figures accumulated one request at a time, so a file need not be held."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.first = self.last = 0.0
+        self.inputs = array("q")
+        self.outputs = array("q")
+        self.seen: set[int] = set()
+        self.blocks = self.reused = 0
+
+    def add_hashes(self, ids: tuple[int, ...]) -> None:
+        for h in ids:
+            if h in self.seen:
+                self.reused += 1
             else:
-                seen.add(h)
-        total += len(r.hash_ids)
-    return (reused / total if total else 0.0), total
+                self.seen.add(h)
+        self.blocks += len(ids)
+
+    def add(self, requests: Iterable[TraceRequest]) -> None:
+        for r in requests:
+            if self.n == 0:
+                self.first = r.timestamp
+            self.last = r.timestamp
+            self.n += 1
+            self.inputs.append(r.input_tokens)
+            self.outputs.append(r.output_tokens)
+            if r.hash_ids:
+                self.add_hashes(r.hash_ids)
+
+    def reuse(self) -> tuple[float, int]:
+        return (self.reused / self.blocks if self.blocks else 0.0), self.blocks
+
+    def result(self, source: str, block_tokens: int, notes: Iterable[str]) -> dict[str, Any]:
+        duration = self.last - self.first
+        rate = 0.0 if self.n < 2 else ((self.n - 1) / duration if duration > 0 else math.inf)
+        share, blocks = self.reuse()
+        return {
+            "source": source,
+            "requests": self.n,
+            "duration_s": duration,
+            # JSON has no infinity; a zero-length burst has no finite mean rate.
+            "rate_rps": rate if math.isfinite(rate) else None,
+            "input_tokens": _dist(self.inputs),
+            "output_tokens": _dist(self.outputs),
+            "block_tokens": block_tokens,
+            "blocks": blocks,
+            "prefix_reuse_share": share,
+            "notes": list(notes),
+        }
 
 
-def _dist(values: list[int]) -> dict[str, float]:
+def _dist(values: array[int]) -> dict[str, float]:
     if not values:
         return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "max": 0.0}
-    a = np.asarray(values, dtype=np.float64)
+    a = np.frombuffer(values, dtype=np.int64).astype(np.float64)
     p50, p90 = np.percentile(a, [50, 90])
     return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "max": float(a.max())}
 
 
 def trace_summary(trace: Trace) -> dict[str, Any]:
-    share, blocks = prefix_reuse_share(trace)
-    rate = trace.rate
-    return {
-        "source": trace.source,
-        "requests": len(trace),
-        "duration_s": trace.duration,
-        # JSON has no infinity; a zero-length burst has no finite mean rate.
-        "rate_rps": rate if math.isfinite(rate) else None,
-        "input_tokens": _dist([r.input_tokens for r in trace.requests]),
-        "output_tokens": _dist([r.output_tokens for r in trace.requests]),
-        "block_tokens": trace.block_tokens,
-        "blocks": blocks,
-        "prefix_reuse_share": share,
-    }
+    acc = _Summary()
+    acc.add(trace.requests)
+    return acc.result(trace.source, trace.block_tokens, trace.notes)
 
 
 def _fmt_dist(d: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:,.0f}" for k, v in d.items())
 
 
+def _stream_summary(args: argparse.Namespace, window: Window | None) -> dict[str, Any]:
+    """Summarise a file without holding its requests (the 2024 Azure files have millions)."""
+    fmt = detect_format(args.path) if args.format == "auto" else args.format
+    stats = LoadStats()
+    acc = _Summary()
+    acc.add(iter_trace(args.path, fmt, window=window, keep_failed=getattr(args, "keep_failed", False),
+                       models=getattr(args, "models", None), stats=stats))
+    source = str(args.path) + (f" | window({window[0]:g}, {window[1]:g})" if window is not None else "")
+    return acc.result(source, block_tokens_of(fmt), notes_for(fmt, stats))
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     try:
-        trace = load_trace(args.path, args.format)
+        s = _stream_summary(args, args.window)
     except TraceError as e:
         print(f"trace info: {e}", file=sys.stderr)
         return 2
-    s = trace_summary(trace)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
@@ -119,18 +234,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"rate          {rate}")
     print(f"input tokens  {_fmt_dist(s['input_tokens'])}")
     print(f"output tokens {_fmt_dist(s['output_tokens'])}")
-    print(
-        f"prefix reuse  {100 * s['prefix_reuse_share']:.1f}% of {s['blocks']:,} "
-        f"{s['block_tokens']}-token blocks seen earlier"
-    )
+    if s["blocks"]:
+        print(
+            f"prefix reuse  {100 * s['prefix_reuse_share']:.1f}% of {s['blocks']:,} "
+            f"{s['block_tokens']}-token blocks seen earlier"
+        )
+    else:
+        print("prefix reuse  none (no prefix block hashes)")
+    for note in s["notes"]:
+        print(f"note          {note}")
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
-        trace = load_trace(args.path, args.format)
+        s = _stream_summary(args, None)
     except TraceError as e:
         print(str(e), file=sys.stderr)
         return 2
-    print(f"{args.path}: ok, {len(trace):,} requests over {trace.duration:,.1f} s")
+    print(f"{args.path}: ok, {s['requests']:,} requests over {s['duration_s']:,.1f} s")
+    for note in s["notes"]:
+        print(f"  {note}")
     return 0

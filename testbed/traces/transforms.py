@@ -22,7 +22,7 @@ def _rebuild(trace: Trace, requests: Iterable[TraceRequest], what: str, scale: f
             TraceRequest(r.request_id, (r.timestamp - t0) / scale, r.input_tokens, r.output_tokens, r.hash_ids)
             for r in reqs
         ]
-    return Trace(reqs, source=f"{trace.source} | {what}", block_tokens=trace.block_tokens)
+    return Trace(reqs, source=f"{trace.source} | {what}", block_tokens=trace.block_tokens, notes=trace.notes)
 
 
 def time_scale(trace: Trace, factor: float) -> Trace:

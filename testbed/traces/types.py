@@ -48,20 +48,22 @@ class TraceRequest:
 @dataclass(frozen=True)
 class Trace:
     """Requests in arrival order (timestamps non-decreasing). Loaders and transforms put the
-    first request at 0; `duration` and `rate` do not rely on it."""
+    first request at 0; `duration` and `rate` do not rely on it. `notes` say what a loader
+    skipped or changed to make the requests replayable (e.g. failed requests left out)."""
 
     requests: list[TraceRequest]
     source: str
     block_tokens: int = 512
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_tokens <= 0:
             raise ValueError(f"block_tokens must be > 0, got {self.block_tokens}")
-        prev = -math.inf
+        prev, inf = -math.inf, math.inf
         for r in self.requests:
             t = r.timestamp
             # `not t >= prev` also catches NaN.
-            if not t >= prev or t == math.inf:
+            if not t >= prev or t == inf:
                 raise ValueError(
                     f"{self.source}: request {r.request_id!r} at {t} s is out of order or not finite"
                 )
