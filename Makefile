@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,11 @@ base-image:
 ## (builds the image first when needed; one container per instance plus router and WAN router).
 replay-compose: $(STAMP)
 	$(BIN)/testbed up --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/compose-prfaas
+
+## The same as a Docker Swarm stack (on a swarm manager, as root; nodes labelled per datacenter,
+## see compose/README.md; a single-node swarm gets every label on its only node).
+replay-swarm: $(STAMP)
+	$(BIN)/testbed up --backend swarm --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/swarm-prfaas
 
 ## Remove every namespace, process and container a killed run left behind (idempotent).
 down: $(STAMP)

@@ -15,43 +15,90 @@ from testbed.scenarios import ScenarioError, load_scenario, parse_overrides
 
 
 def _add_scenario_args(p: argparse.ArgumentParser) -> None:
+    from testbed.traces.command import WINDOW_HELP, window_arg
+    from testbed.traces.loader import SUPPORTED_FORMATS
+
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
     p.add_argument("--trace", help="trace file to replay instead of the scenario's synthetic workload")
-    p.add_argument("--format", default="auto", help="trace format (default: from the file)")
+    p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS),
+                   help="trace format (default: from the suffix, and a .csv's header)")
+    p.add_argument("--window", type=window_arg, metavar="START:END",
+                   help=f"replay only the trace's arrivals in this window, read from the file alone: {WINDOW_HELP}")
+    p.add_argument("--sample", type=int, metavar="N", help="keep N requests of the trace drawn at random (after --window)")
+    p.add_argument("--seed", type=int, metavar="S",
+                   help="seed of --sample (default 1); without --trace, the synthetic workload's seed")
+    p.add_argument("--keep-failed", action="store_true",
+                   help="BurstGPT: replay failed requests (0 response tokens) with 1 output token instead of skipping")
+    p.add_argument("--trace-model", dest="trace_models", action="append", metavar="NAME",
+                   help="BurstGPT: replay only this model's requests, e.g. GPT-4 (repeatable)")
     p.add_argument("--rate", type=float, help="offered rate in paper req/s (rescales the trace's arrivals)")
-    p.add_argument("--requests", type=int, help="replay only the first N requests")
-    p.add_argument("--backend", choices=["auto", "netns", "compose", "local", "inproc"], default="auto",
+    p.add_argument("--requests", type=int, help="replay only the first N requests (after --window and --sample)")
+    p.add_argument("--backend", choices=["auto", "netns", "compose", "swarm", "local", "inproc"], default="auto",
                    help="netns: a namespace per service and shaped WAN links (root); compose: one container per "
-                        "service, a WAN router container (Docker); local: one process per service on loopback; "
-                        "inproc: all in this process; auto: netns if root, else local")
+                        "service, a WAN router container (Docker); swarm: the same as a Docker Swarm stack, each "
+                        "datacenter on the nodes labelled for it (root, a swarm manager); local: one process per "
+                        "service on loopback; inproc: all in this process; auto: netns if root, else local")
     p.add_argument("--json", action="store_true", help="print figures as JSON")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from testbed.traces.types import TraceError
+
     ov = parse_overrides(args.set)
     if args.trace is None:
+        only = [f for f, v in (("--window", args.window), ("--sample", args.sample), ("--format", args.format != "auto"),
+                               ("--keep-failed", args.keep_failed), ("--trace-model", args.trace_models)) if v]
+        if only:
+            raise TraceError(f"{', '.join(only)}: only with --trace FILE")
         wl: dict[str, Any] = {}
         if args.rate is not None:
             wl["rate"] = args.rate
         if args.requests is not None:
             wl["requests"] = args.requests
+        if args.seed is not None:
+            wl["seed"] = args.seed
         if wl:
             ov.setdefault("workload", {}).update(wl)
+    else:
+        for flag, n in (("--requests", args.requests), ("--sample", args.sample)):
+            if n is not None and n <= 0:
+                raise TraceError(f"{flag} must be a positive count, got {n}")
+        if args.seed is not None and args.sample is None:
+            raise TraceError("--seed with --trace seeds --sample; give --sample N too")
     return ov
 
 
 def _trace_for(sc: Any, args: argparse.Namespace) -> Any:
+    """The scenario's workload, or --trace: --window and (without --sample) --requests are read
+    from the file alone; then --sample, --requests, --rate in that order."""
     from testbed.traces import transforms
     from testbed.traces.loader import load_trace, trace_from_workload
+    from testbed.traces.types import TraceError
 
     if args.trace is None:
         return trace_from_workload(sc.workload)
-    tr = load_trace(args.trace, args.format)
-    if args.requests is not None:
+    head_in_loader = args.sample is None
+    tr = load_trace(args.trace, args.format, window=args.window,
+                    limit=args.requests if head_in_loader else None,
+                    keep_failed=args.keep_failed, models=args.trace_models)
+    for note in tr.notes:
+        print(f"note: {args.trace}: {note}", file=sys.stderr)
+    if args.sample is not None:
+        if args.sample > len(tr):
+            raise TraceError(f"--sample {args.sample}: the trace has {len(tr)} requests"
+                             + (" in the window" if args.window is not None else ""))
+        tr = transforms.sample(tr, args.sample, 1 if args.seed is None else args.seed)
+    if args.requests is not None and not head_in_loader:
         tr = transforms.head(tr, args.requests)
+    if len(tr) == 0:
+        raise TraceError("no requests to replay" + (" in the window" if args.window is not None else ""),
+                         path=args.trace)
     if args.rate is not None:
-        tr = transforms.rescale_rate(tr, args.rate)
+        try:
+            tr = transforms.rescale_rate(tr, args.rate)
+        except ValueError as e:
+            raise TraceError(f"--rate {args.rate:g}: {e}") from None
     return tr
 
 
@@ -125,13 +172,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from testbed.live.deployment import Deployment
 
     dep = Deployment.read(Path(args.deployment))
+    routes = list(args.route)
+    if args.discover:
+        from testbed.deploy.discovery import discover
+        dep, found = discover(dep, args.id, args.discover)
+        routes += found
     ep = dep.router if args.id == "router" else dep.nodes[args.id].http
-    if args.route:
+    if routes:
         from testbed.net.routes import add_routes
-        add_routes(args.route)
+        add_routes(routes)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.id} %(name)s %(levelname)s %(message)s",
                         force=True)
-    web.run_app(make_service_app(dep, args.id), host=dep.bind_host, port=ep.port, print=None, access_log=None)
+    app = make_service_app(dep, args.id)
+    if args.serve_files and dep.run_dir:
+        from testbed.deploy.discovery import add_file_routes
+        add_file_routes(app, Path(dep.run_dir))
+    web.run_app(app, host=dep.bind_host, port=ep.port, print=None, access_log=None)
     return 0
 
 
@@ -162,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario_args(r)
     r.set_defaults(func=cmd_replay)
 
-    u = sub.add_parser("up", help="replay on the compose backend: build the image if needed, generate the compose "
-                                  "file into the run directory, run, collect, tear down")
+    u = sub.add_parser("up", help="replay on the compose backend (or --backend swarm): build the image if needed, "
+                                  "generate the compose (stack) file into the run directory, run, collect, tear down")
     u.add_argument("--scenario", help="scenario name (scenarios/NAME.yaml) or path")
     u.add_argument("--compare", nargs="+", metavar="SCENARIO", help=argparse.SUPPRESS)
     u.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
@@ -176,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--id", required=True)
     s.add_argument("--route", action="append", default=[], metavar="CIDR=GATEWAY",
                    help="add a route first (containers: other datacenters via the WAN router)")
+    s.add_argument("--discover", metavar="URL",
+                   help="register this service's address with the registry at URL and wait for every other "
+                        "service's (swarm: the WAN router), then route the other datacenters through it")
+    s.add_argument("--serve-files", action="store_true",
+                   help="also answer GET /testbed/files[/PATH] with the files written under the run directory")
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="benchmarks that print figures")

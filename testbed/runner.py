@@ -77,7 +77,10 @@ def make_backend(kind: str, sc: Scenario, run_dir: Path, threshold: float | None
     if kind == "compose":
         from testbed.deploy.compose import ComposeBackend
         return ComposeBackend(sc, run_dir, threshold)
-    raise ValueError(f"unknown backend {kind!r} (local, inproc, netns, compose)")
+    if kind == "swarm":
+        from testbed.deploy.swarm import SwarmBackend
+        return SwarmBackend(sc, run_dir, threshold)
+    raise ValueError(f"unknown backend {kind!r} (local, inproc, netns, compose, swarm)")
 
 
 async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: str = "local",

@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import yaml
 
-from testbed.core.linkprofile import LinkProfile
+from testbed.core.linkprofile import LinkParams, LinkProfile
 from testbed.core.scaling import Scale
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
@@ -155,11 +155,26 @@ def _log_image(line: str) -> None:
     print(f"image: {line}", file=sys.stderr, flush=True)
 
 
-def remove_project(project: str) -> dict[str, list[str]]:
+def link_facts(links: dict[tuple[str, str], LinkParams], scale: Scale) -> dict[str, dict[str, float]]:
+    """Parameters of every shaped direction, wire and paper units, for run.json."""
+    return {f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "rate_bps_paper": scale.paper_rate_bps(p.rate_bps),
+                          "delay_s_wire": p.delay_s, "jitter_s_wire": p.jitter_s, "loss": p.loss,
+                          "loss_correlation": p.loss_correlation, "queue_bytes": p.queue_bytes}
+            for (a, b), p in links.items()}
+
+
+def remove_project(project: str, include_swarm: bool = True) -> dict[str, list[str]]:
     """Every container, network and volume labelled with this project (or, for the bare prefix,
-    with any project): what `compose down` would remove, also when the compose file is gone."""
+    with any project): what `compose down` would remove, also when the compose file is gone.
+    With include_swarm, also the project's swarm services, overlay networks and configs."""
     if shutil.which("docker") is None:
         return {"containers": [], "networks": [], "volumes": []}
+    if include_swarm:
+        from testbed.deploy.swarm import remove_stack
+
+        swarm = remove_stack(project)
+        rest = remove_project(project, include_swarm=False)
+        return {k: list(dict.fromkeys(swarm.get(k, []) + rest.get(k, []))) for k in {**swarm, **rest}}
     sel = f"label=prfaas-testbed.project={project}" if project != PREFIX else "label=prfaas-testbed.project"
     out: dict[str, list[str]] = {}
     for kind, ls, rm in (("containers", ["docker", "ps", "-aq", "--filter", sel], ["docker", "rm", "-f", "-v"]),
@@ -204,10 +219,7 @@ class ComposeBackend:
         return {
             "method": self.method, "backend": "compose", "project": self.project, "profile": self.profile.name,
             "mtu": 65000,
-            "links": {f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "rate_bps_paper": self.scale.paper_rate_bps(p.rate_bps),
-                                    "delay_s_wire": p.delay_s, "jitter_s_wire": p.jitter_s, "loss": p.loss,
-                                    "loss_correlation": p.loss_correlation, "queue_bytes": p.queue_bytes}
-                      for (a, b), p in self.links.items()},
+            "links": link_facts(self.links, self.scale),
             "detail": "WAN router container: HTB rate class + bfifo (or netem) on its interface into each DC network; "
                       "delay, jitter and loss by the userspace delay line on tun0 where the kernel lacks netem",
         }
@@ -298,5 +310,5 @@ class ComposeBackend:
         if self._cli and (self.run_dir / "compose.yaml").exists():
             await asyncio.to_thread(self._compose, "down", "-v", "--remove-orphans", "--timeout", "5",
                                     timeout=120, check=False)
-        await asyncio.to_thread(remove_project, self.project)
+        await asyncio.to_thread(remove_project, self.project, False)
         shutil.rmtree(self.ctl_dir, ignore_errors=True)

@@ -2,15 +2,19 @@
 container's own namespace (namespace name ""), then the delay line in the foreground.
 
 Docker attaches one interface per datacenter network in no fixed order; each is found by the
-address the compose file gave it and renamed `dc{index}`, so the plan's interface names hold.
+address the compose file gave it (or, in a swarm, where addresses are not static, by the
+network's fixed subnet) and renamed `dc{index}`, so the plan's interface names hold.
 Sysctls (ip_forward, rp_filter) come from the compose file: /proc/sys is read-only in a container.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import ipaddress
 import json
 import os
+import stat
 import signal
 import sys
 from pathlib import Path
@@ -20,11 +24,14 @@ from pyroute2 import IPRoute  # type: ignore[import-untyped]
 
 from testbed.core.linkprofile import LinkParams, TcpSettings
 from testbed.net.capabilities import choose_method, probe_shaping
-from testbed.net.executor import Executor
-from testbed.net.plan import Sysctl, plan_delay_line, plan_shaping
+from testbed.net.executor import Executor, NetError
+from testbed.net.plan import (HTB_ROOT, AddTun, HtbClass, HtbRoot, NetemLeaf, Sysctl, plan_delay_line,
+                              plan_shaping)
+from testbed.net.tun import TUN_DEVICE
 from testbed.net.topology import DCNet, Topology, dc_ifname
 
 HERE = ""   # the executor's name for the current namespace
+TUN_DEV = os.makedev(10, 200)
 
 
 def wan_config(prefix: str, dcs: list[tuple[str, str, str]], links: dict[tuple[str, str], LinkParams],
@@ -44,6 +51,56 @@ def topology_from_config(cfg: dict[str, Any], method: str) -> Topology:
         a, b = key.split("->")
         links[(a, b)] = LinkParams(**p)
     return Topology(cfg["prefix"], dcs, (), HERE, links, method, int(cfg["mtu"]), TcpSettings())  # type: ignore[arg-type]
+
+
+def addresses_by_subnet(dcs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`dcs` with each "address" set to this namespace's IPv4 address inside the DC's subnet."""
+    subnets = {d["name"]: ipaddress.ip_network(d["subnet"]) for d in dcs}
+    found: dict[str, str] = {}
+    with IPRoute() as ipr:
+        for a in ipr.get_addr(family=2):
+            ip = ipaddress.ip_address(a.get_attr("IFA_ADDRESS"))
+            found.update({n: str(ip) for n, net in subnets.items() if ip in net})
+    missing = [n for n in subnets if n not in found]
+    if missing:
+        raise RuntimeError(f"no interface in the subnet of {', '.join(missing)} "
+                           f"({', '.join(str(subnets[n]) for n in missing)}): is the service attached to every DC network?")
+    return [{**d, "address": found[d["name"]]} for d in dcs]
+
+
+def ensure_tun_device(path: str = TUN_DEVICE) -> None:
+    """Create /dev/net/tun when the runtime did not pass it in (`docker stack deploy` ignores
+    `devices`). Needs CAP_MKNOD (in Docker's default set) and a device cgroup that allows c 10:200
+    (runc's default list has it, except runc 1.2.0-1.2.3); both give EPERM, so the error names both."""
+    if os.path.exists(path):
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.mknod(path, 0o600 | stat.S_IFCHR, TUN_DEV)
+        os.close(os.open(path, os.O_RDWR))
+    except OSError as e:
+        raise RuntimeError(f"cannot create {path} (c 10:200): {e.strerror}; the container needs CAP_MKNOD and a "
+                           "device cgroup that allows c 10:200 rwm") from e
+
+
+def probe_netem() -> bool:
+    """netem under an HTB class on a throwaway TUN in this namespace: what the kernel of the host
+    this container landed on supports (in a swarm that need not be the manager's kernel)."""
+    dev = "probe0"
+    cls = HTB_ROOT | 0x10
+    try:
+        with Executor() as ex:
+            ex.apply([AddTun(HERE, dev), HtbRoot(HERE, dev), HtbClass(HERE, dev, cls, 100_000_000, 200_000, 65536),
+                      NetemLeaf(HERE, dev, cls, 0.001, 0.0, 0.0, 0.0, 1000)])
+        return True
+    except NetError as e:
+        if e.errno == errno.ENOENT:       # "Specified qdisc kind is unknown"
+            return False
+        raise
+    finally:
+        with IPRoute() as ipr:
+            for idx in ipr.link_lookup(ifname=dev):
+                ipr.link("del", index=idx)
 
 
 def rename_interfaces(dcs: list[dict[str, Any]], mtu: int) -> None:
@@ -71,6 +128,33 @@ def healthy(ready: Path) -> bool:
     return not what.startswith("/") or os.path.exists(what)
 
 
+def apply_shaping(cfg: dict[str, Any], method: str) -> Topology:
+    """Rename the DC interfaces and apply the shaping plan here (the delay line process is the caller's)."""
+    topo = topology_from_config(cfg, method)
+    rename_interfaces(cfg["dcs"], topo.mtu)
+    ops = plan_shaping(topo, "netem" if method == "netem" else "bfifo")
+    if method == "fallback":
+        ops += plan_delay_line(topo)
+    with Executor() as ex:
+        ex.apply([op for op in ops if not isinstance(op, Sysctl)])
+    print(f"wan router: method {method}, {len(topo.links)} shaped directions, MTU {topo.mtu}", flush=True)
+    return topo
+
+
+def delayline_argv(cfg: dict[str, Any], topo: Topology) -> list[str]:
+    """Write the delay line's config next to the ready file; the command that runs it on tun0."""
+    from testbed.net.delayline import write_config
+    from testbed.net.wanrouter import delayline_directions
+
+    dl_cfg = Path(cfg["ready"]).with_name("delayline.json")
+    write_config(dl_cfg, delayline_directions(topo))
+    argv = [sys.executable, "-m", "testbed.net.delayline", "--tun", "tun0", "--config", str(dl_cfg),
+            "--control", cfg["control"]]
+    if cfg.get("stats"):
+        argv += ["--stats", cfg["stats"]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if len(args) == 2 and args[0] == "--health":
@@ -83,29 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     method = cfg.get("method", "auto")
     if method not in ("netem", "fallback"):
         method = choose_method(probe_shaping(), method)
-    topo = topology_from_config(cfg, method)
-    rename_interfaces(cfg["dcs"], topo.mtu)
-    ops = plan_shaping(topo, "netem" if method == "netem" else "bfifo")
-    if method == "fallback":
-        ops += plan_delay_line(topo)
-    with Executor() as ex:
-        ex.apply([op for op in ops if not isinstance(op, Sysctl)])
-    print(f"wan router: method {method}, {len(topo.links)} shaped directions, MTU {topo.mtu}", flush=True)
+    topo = apply_shaping(cfg, method)
     ready = Path(cfg["ready"])
     if method != "fallback":
         ready.write_text(method)
         signal.sigwait({signal.SIGTERM, signal.SIGINT})
         return 0
-    from testbed.net.delayline import write_config
-    from testbed.net.wanrouter import delayline_directions
-
-    dl_cfg = ready.with_name("delayline.json")
-    write_config(dl_cfg, delayline_directions(topo))
+    argv2 = delayline_argv(cfg, topo)
     ready.write_text(cfg["control"])
-    argv2 = [sys.executable, "-m", "testbed.net.delayline", "--tun", "tun0", "--config", str(dl_cfg),
-             "--control", cfg["control"]]
-    if cfg.get("stats"):
-        argv2 += ["--stats", cfg["stats"]]
     os.execv(sys.executable, argv2)
 
 

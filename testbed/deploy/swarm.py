@@ -1,0 +1,533 @@
+"""Swarm backend: the compose backend's deployment as a Docker Swarm stack, for one host or many.
+
+`docker stack deploy` ignores static `ipv4_address` and `devices`, and hosts share no file
+system, so the stack differs from `compose.yaml` where those were relied on:
+
+- one overlay network per datacenter with a fixed `ipam` subnet (attachable, so the host's
+  client container can join the home DC's), services in `endpoint_mode: dnsrr` (no IPVS in the
+  path), each DC's services placed on nodes labelled `prfaas.dc.<dc>=true` and the WAN router on
+  one labelled `prfaas.wan=true` (keys, not values, so one node can carry every label);
+- addresses are learned at start: every service registers with the WAN router, the one service
+  on every DC network (`testbed.deploy.discovery`), and routes the other DCs through it;
+- the deployment and the WAN router's config go in as swarm `configs`; the WAN router creates
+  /dev/net/tun itself, probes netem on its own kernel and samples its own interface counters;
+- the replayer runs on this host, in the network namespace of a small container attached to
+  the home DC's network, and writes the records here as on every backend; at the end the host
+  pulls every service's time series over HTTP and saves `docker service logs`.
+
+`stack.yaml` (with `deployment.json` and `wan.json` beside it) is written into the run
+directory: `docker stack deploy -c stack.yaml NAME` brings the same services up by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Awaitable, Callable, TypeVar
+from urllib.parse import quote
+
+import yaml
+
+from testbed.core.linkprofile import LinkProfile
+from testbed.core.scaling import Scale
+from testbed.core.scenario import Scenario
+from testbed.core.topology import node_specs
+from testbed.deploy.compose import (HEALTH_CMD, HTTP_PORT, IN_CONTAINER, PREFIX, _run, deployment_for, layout,
+                                    link_facts)
+from testbed.deploy.discovery import ADDRESSES, EXTRA_KEY, FILES, with_hosts
+from testbed.deploy.local import BackendError
+from testbed.deploy.netns import wan_links
+from testbed.live.deployment import Deployment
+from testbed.net.container_wan import wan_config
+from testbed.net.nsthread import NetnsLoop
+
+T = TypeVar("T")
+SUBNET_BASE = "10.234"           # apart from compose's 10.232 and netns's 10.231
+OVERLAY_MTU = 65000
+VXLAN_OVERHEAD = 50              # Docker gives containers the overlay's MTU minus this
+CONFIG_DIR = "/etc/testbed"      # swarm configs (read-only files)
+WAN_RUN = "/run/wan"             # the WAN router's own state: delay line config (beside "ready") and socket
+PROJECT_LABEL = "prfaas-testbed.project"
+DC_LABEL = "prfaas.dc."          # node label prfaas.dc.<dc>=true: the node may run that DC's services
+WAN_LABEL = "prfaas.wan"         # node label prfaas.wan=true: the node may run the WAN router
+DISCOVER_URL = f"http://wan:{HTTP_PORT}"
+MONITOR_INTERVAL_S = 0.05
+BAD_STATES = {"failed", "rejected", "orphaned", "complete", "shutdown", "remove"}
+HEALTH_TIMEOUT_S = 300.0
+COLLECT_TIMEOUT_S = 120.0
+
+
+def dc_label(dc: str) -> str:
+    return DC_LABEL + dc
+
+
+def _constraint(label: str) -> str:
+    return f"node.labels.{label} == true"
+
+
+def container_mtu(profile: LinkProfile) -> int:
+    """MTU the containers get: the link profile's if it sets one, else the largest the overlay allows."""
+    return profile.mtu if profile.mtu else OVERLAY_MTU - VXLAN_OVERHEAD
+
+
+def swarm_deployment(sc: Scenario, lay: dict[str, Any], threshold: float | None) -> Deployment:
+    """The deployment every service reads: service names as hosts until discovery fills in
+    addresses, and what discovery needs (who is in which DC, the DC subnets)."""
+    dep = with_hosts(deployment_for(sc, lay, threshold), {sid: sid for sid in lay["hosts"]})
+    info = {"members": {sid: dc for sid, (dc, _) in lay["hosts"].items()},
+            "subnets": {dc: subnet for dc, (_, subnet) in lay["dcs"].items()}}
+    return replace(dep, extra={**dep.extra, EXTRA_KEY: info})
+
+
+def wan_stack_config(project: str, lay: dict[str, Any], links: dict[Any, Any], mtu: int) -> dict[str, Any]:
+    """wan.json for `testbed.deploy.swarm_wan`: addresses blank (found by subnet), method probed there."""
+    cfg = wan_config(project, [(dc, subnet, "") for dc, (_, subnet) in lay["dcs"].items()], links, "auto", mtu,
+                     f"{WAN_RUN}/dl.sock", f"{IN_CONTAINER}/timeseries/delayline.jsonl", f"{WAN_RUN}/ready")
+    cfg["members"] = {sid: dc for sid, (dc, _) in lay["hosts"].items()}
+    cfg["run_dir"] = IN_CONTAINER
+    return cfg
+
+
+def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str) -> dict[str, Any]:
+    """The stack document (pure: no I/O). Config files are named relative to it."""
+    lay = layout(sc, SUBNET_BASE)
+    labels = {PROJECT_LABEL: project}
+    tcp = profile.tcp
+    sysctls: dict[str, str] = {}
+    if tcp.rmem_max:
+        sysctls["net.ipv4.tcp_rmem"] = f"4096 131072 {tcp.rmem_max}"
+    if tcp.wmem_max:
+        sysctls["net.ipv4.tcp_wmem"] = f"4096 16384 {tcp.wmem_max}"
+    networks = {
+        f"dc-{dc}": {"driver": "overlay", "attachable": True,
+                     "driver_opts": {"com.docker.network.driver.mtu": str(container_mtu(profile) + VXLAN_OVERHEAD)},
+                     "ipam": {"config": [{"subnet": subnet}]}, "labels": dict(labels)}
+        for dc, (_, subnet) in lay["dcs"].items()
+    }
+    def common(label: str) -> dict[str, Any]:
+        # restart none: a task that fails stays failed, and the run reports it (as compose does).
+        return {"image": image, "cap_add": ["NET_ADMIN"], "labels": dict(labels),
+                "healthcheck": {"test": list(HEALTH_CMD), "interval": "2s", "timeout": "10s", "retries": 150},
+                "stop_grace_period": "5s",
+                "deploy": {"endpoint_mode": "dnsrr", "replicas": 1, "restart_policy": {"condition": "none"},
+                           "labels": dict(labels), "placement": {"constraints": [_constraint(label)]}}}
+
+    roles = {n.id: n.role for n in node_specs(sc)}
+    services: dict[str, Any] = {}
+    for sid, (dc, _) in lay["hosts"].items():
+        services[sid] = {
+            **common(dc_label(dc)),
+            "command": ["serve", roles.get(sid, "router"), "--deployment", f"{CONFIG_DIR}/deployment.json",
+                        "--id", sid, "--discover", DISCOVER_URL, "--serve-files"],
+            "networks": [f"dc-{dc}"],
+            "sysctls": dict(sysctls),
+            "configs": [{"source": "deployment", "target": f"{CONFIG_DIR}/deployment.json"}],
+        }
+    services["wan"] = {
+        **common(WAN_LABEL),
+        "entrypoint": ["python3", "-m", "testbed.deploy.swarm_wan", f"{CONFIG_DIR}/wan.json"],
+        "init": True,
+        "networks": list(networks),
+        "sysctls": {"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0",
+                    "net.ipv4.conf.default.rp_filter": "0"},
+        "configs": [{"source": "wan", "target": f"{CONFIG_DIR}/wan.json"}],
+    }
+    configs = {"deployment": {"file": "./deployment.json", "labels": dict(labels)},
+               "wan": {"file": "./wan.json", "labels": dict(labels)}}
+    return {"version": "3.8", "services": services, "networks": networks, "configs": configs}
+
+
+# -- reading the swarm's state (parsers are pure) ----------------------------------------------
+
+@dataclass(frozen=True)
+class Task:
+    service: str      # the stack's service name (without the stack prefix)
+    state: str        # current state, lower case: new, pending, ..., starting, running, failed, ...
+    desired: str
+    error: str
+    node: str
+
+
+def parse_tasks(text: str, project: str) -> list[Task]:
+    """`docker stack ps --no-trunc --format '{{json .}}'` output -> tasks."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        name = str(row["Name"]).removeprefix(project + "_").rsplit(".", 1)[0]
+        state = str(row.get("CurrentState", "")).split(" ", 1)[0].lower()
+        out.append(Task(name, state, str(row.get("DesiredState", "")).lower(), str(row.get("Error", "")),
+                        str(row.get("Node", ""))))
+    return out
+
+
+def task_problem(tasks: list[Task]) -> Task | None:
+    """The first task that will not come up: ended, rejected, or unschedulable."""
+    for t in tasks:
+        if t.state in BAD_STATES or (t.state == "pending" and "no suitable node" in t.error):
+            return t
+    return None
+
+
+def all_running(tasks: list[Task], services: set[str]) -> bool:
+    """Every service has a running task (with a health check, swarm says running once healthy)."""
+    return services <= {t.service for t in tasks if t.state == "running"}
+
+
+def missing_labels(nodes: list[dict[str, Any]], wanted: list[str]) -> list[str]:
+    """Labels of `wanted` that no node carries with the value "true"."""
+    return [w for w in wanted if not any(n.get("labels", {}).get(w) == "true" for n in nodes)]
+
+
+def swarm_state() -> tuple[str, bool]:
+    """(LocalNodeState, this node is a manager)."""
+    r = _run(["docker", "info", "--format", "{{.Swarm.LocalNodeState}} {{.Swarm.ControlAvailable}}"], check=False)
+    parts = r.stdout.split()
+    return (parts[0] if parts else "unknown"), (len(parts) > 1 and parts[1] == "true")
+
+
+def swarm_nodes() -> list[dict[str, Any]]:
+    ids = _run(["docker", "node", "ls", "-q"]).stdout.split()
+    r = _run(["docker", "node", "inspect", "--format",
+              '{"id": {{json .ID}}, "hostname": {{json .Description.Hostname}}, "labels": {{json .Spec.Labels}}}', *ids])
+    nodes = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    for n in nodes:
+        n["labels"] = n.get("labels") or {}
+    return nodes
+
+
+def remove_stack(project: str, timeout: float = 90.0) -> dict[str, list[str]]:
+    """`docker stack rm`, then remove whatever is still labelled with the project (or, for the bare
+    prefix, with any project): services, containers, networks, configs, volumes, until none is left.
+    Networks go only once their containers have, which the swarm does asynchronously."""
+    out: dict[str, list[str]] = {k: [] for k in ("services", "containers", "networks", "configs", "volumes")}
+    state, manager = swarm_state()
+    sel = f"label={PROJECT_LABEL}={project}" if project != PREFIX else f"label={PROJECT_LABEL}"
+    table: list[tuple[str, list[str], list[str]]] = [
+        ("containers", ["docker", "ps", "-aq", "--filter", sel], ["docker", "rm", "-f", "-v"]),
+        ("volumes", ["docker", "volume", "ls", "-q", "--filter", sel], ["docker", "volume", "rm", "-f"]),
+    ]
+    if manager:
+        if project != PREFIX:
+            _run(["docker", "stack", "rm", project], check=False)
+        table = [("services", ["docker", "service", "ls", "-q", "--filter", sel], ["docker", "service", "rm"]),
+                 *table,
+                 ("networks", ["docker", "network", "ls", "-q", "--filter", sel, "--filter", "driver=overlay"],
+                  ["docker", "network", "rm"]),
+                 ("configs", ["docker", "config", "ls", "-q", "--filter", sel], ["docker", "config", "rm"])]
+    deadline = time.monotonic() + timeout
+    while True:
+        found = False
+        for kind, ls, rm in table:
+            ids = _run(ls, check=False).stdout.split()
+            if ids:
+                found = True
+                _run(rm + ids, check=False)
+                out[kind] += [i for i in ids if i not in out[kind]]
+        if not found or time.monotonic() > deadline:
+            return out
+        time.sleep(1.0)
+
+
+def _log(line: str) -> None:
+    print(f"swarm: {line}", file=sys.stderr, flush=True)
+
+
+async def _on(loop: NetnsLoop, aw: Awaitable[T]) -> T:
+    return await asyncio.wrap_future(loop.submit(aw))
+
+
+async def _get_json(url: str, timeout: float = 10.0) -> tuple[int, Any]:
+    import aiohttp
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+        async with s.get(url) as r:
+            return r.status, await r.json(content_type=None)
+
+
+async def _post_json(url: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
+    import aiohttp
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+        async with s.post(url, json=body) as r:
+            r.raise_for_status()
+            return await r.json(content_type=None)
+
+
+async def pull_files(base_url: str, dest: Path, timeout: float = 60.0) -> list[str]:
+    """Copy every file a service exports (GET /testbed/files) into dest under the same relative path."""
+    import aiohttp
+    got = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+        async with s.get(base_url + FILES) as r:
+            r.raise_for_status()
+            files = (await r.json())["files"]
+        for rel in files:
+            p = Path(rel)
+            if p.is_absolute() or ".." in p.parts:
+                continue
+            async with s.get(f"{base_url}{FILES}/{quote(rel)}") as r:
+                r.raise_for_status()
+                data = await r.read()
+            (dest / p).parent.mkdir(parents=True, exist_ok=True)
+            (dest / p).write_bytes(data)
+            got.append(rel)
+    return got
+
+
+class SwarmBackend:
+    name = "swarm"
+
+    def __init__(self, sc: Scenario, run_dir: Path, threshold: float | None, rebuild_image: bool = False) -> None:
+        from testbed.linkprofiles import load_profile
+        from testbed.net.topology import new_prefix
+
+        self.sc = sc
+        self.run_dir = run_dir.resolve()
+        self.project = new_prefix()
+        self.profile = load_profile(sc.links.inter_dc)
+        self.scale = Scale.from_spec(sc.scale)
+        self.lay = layout(sc, SUBNET_BASE)
+        self.links = wan_links(sc, self.profile, self.scale)
+        self.mtu = container_mtu(self.profile)
+        self.template = swarm_deployment(sc, self.lay, threshold)
+        self.deployment = self.template
+        self.rebuild_image = rebuild_image
+        self.method = "unknown"          # the WAN router probes its own kernel and says
+        self.placement: dict[str, str] = {}
+        self.labelled: list[str] = []
+        self._client_name = f"{self.project}-client"
+        self._client: NetnsLoop | None = None
+        self._netns_attached = False
+        self._wan_ip: str | None = None
+        self._hosts: dict[str, str] = {}
+        self._cancel = threading.Event()
+        self._deploying = threading.Lock()
+        self._deployed = False
+        self._stopped = False
+
+    def shaping(self) -> dict[str, Any]:
+        return {
+            "method": self.method, "backend": "swarm", "project": self.project, "profile": self.profile.name,
+            "mtu": self.mtu, "links": link_facts(self.links, self.scale), "placement": dict(self.placement),
+            "nodes_labelled": list(self.labelled),
+            "detail": "WAN router service: HTB rate class + bfifo (or netem) on its interface into each DC overlay "
+                      "network; delay, jitter and loss by the userspace delay line on tun0 where its kernel lacks "
+                      "netem; link usage from its own interface counters",
+        }
+
+    # -- start ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            await asyncio.to_thread(self._deploy)
+            await asyncio.to_thread(self._wait_running)
+            await asyncio.to_thread(self._start_client)
+            await self._discover()
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _check_swarm(self) -> None:
+        import os
+        if os.geteuid() != 0:
+            raise BackendError("the swarm backend needs root: the replayer runs in the network namespace of a "
+                               "container on the home datacenter's overlay network")
+        state, manager = swarm_state()
+        if state != "active":
+            raise BackendError(f"this Docker engine is not in a swarm (state {state!r}): run `docker swarm init` "
+                               "(or join one), then label the nodes; see compose/README.md, Multi-host")
+        if not manager:
+            raise BackendError("this node is a swarm worker: run `testbed up --backend swarm` on a manager")
+        nodes = swarm_nodes()
+        wanted = [dc_label(dc) for dc in self.lay["dcs"]] + [WAN_LABEL]
+        missing = missing_labels(nodes, wanted)
+        if missing and len(nodes) == 1:
+            # One node is the only place for everything: label it (the labels stay; removing them
+            # would evict another run's tasks from this node).
+            _run(["docker", "node", "update", *[a for m in missing for a in ("--label-add", f"{m}=true")], nodes[0]["id"]])
+            self.labelled = missing
+            _log(f"labelled the only node {nodes[0]['hostname']} with {', '.join(f'{m}=true' for m in missing)}")
+        elif missing:
+            cmds = "\n".join(f"  docker node update --label-add {m}=true NODE" for m in missing)
+            raise BackendError(f"no swarm node carries {', '.join(missing)}; put each datacenter on its hosts:\n{cmds}")
+
+    def _deploy(self) -> None:
+        from testbed.deploy.image import IMAGE, ensure_image
+
+        self._check_swarm()        # before a build of a minute or more
+        ensure_image(rebuild=self.rebuild_image, log=lambda line: print(line, file=sys.stderr, flush=True))
+        self.template.write(self.run_dir / "deployment.json")
+        (self.run_dir / "wan.json").write_text(json.dumps(
+            wan_stack_config(self.project, self.lay, self.links, self.mtu), indent=1))
+        spec = stack_spec(self.sc, self.profile, self.project, IMAGE)
+        (self.run_dir / "stack.yaml").write_text(
+            f"# prfaas-testbed: scenario {self.sc.name}, for Docker Swarm. Deploy by hand from this directory:\n"
+            f"#   docker stack deploy --resolve-image never -c stack.yaml {self.project}\n"
+            f"# (nodes labelled {', '.join(dc_label(d) + '=true' for d in self.lay['dcs'])} and {WAN_LABEL}=true;\n"
+            f"#  the image {IMAGE} loaded on each). Remove: docker stack rm {self.project}\n"
+            + yaml.safe_dump(spec, sort_keys=False))
+        with self._deploying:       # stop() waits for it: a sweep racing the deploy could miss a service
+            if self._cancel.is_set():   # stopped while the image was being built
+                return
+            self._deployed = True
+            r = _run(["docker", "stack", "deploy", "--resolve-image", "never", "-c", str(self.run_dir / "stack.yaml"),
+                      self.project], timeout=300)
+        ignored = [line for line in (r.stdout + r.stderr).splitlines() if "Ignoring unsupported" in line]
+        if ignored:
+            _log("; ".join(ignored))
+
+    def tasks(self) -> list[Task]:
+        r = _run(["docker", "stack", "ps", "--no-trunc", "--format", "{{json .}}", self.project], check=False)
+        return parse_tasks(r.stdout, self.project) if r.returncode == 0 else []
+
+    def service_logs(self, service: str, tail: int | None = None) -> str:
+        cmd = ["docker", "service", "logs", "--no-task-ids", "--timestamps"]
+        r = _run([*cmd, *(["--tail", str(tail)] if tail else []), f"{self.project}_{service}"], check=False, timeout=60)
+        return r.stdout + r.stderr
+
+    def _wait_running(self, timeout: float = HEALTH_TIMEOUT_S) -> None:
+        want = set(self.lay["hosts"]) | {"wan"}
+        deadline = time.monotonic() + timeout
+        while not self._cancel.is_set():
+            tasks = self.tasks()
+            bad = task_problem(tasks)
+            if bad is not None or time.monotonic() > deadline:
+                if bad is None:
+                    up = {t.service for t in tasks if t.state == "running"}
+                    svc = sorted(want - up)[0]
+                    bad = next((t for t in tasks if t.service == svc), Task(svc, "missing", "", "", ""))
+                how = f"{bad.state}" + (f" ({bad.error})" if bad.error else "") + (f" on {bad.node}" if bad.node else "")
+                hint = ""
+                if "no suitable node" in bad.error:
+                    hint = f"\n(no node satisfies its placement: label the nodes with {DC_LABEL}<dc>=true, {WAN_LABEL}=true)"
+                elif "No such image" in bad.error:
+                    hint = "\n(the image is missing on that node: docker save IMAGE | ssh NODE docker load)"
+                raise BackendError(f"service {bad.service} {how}; last log lines:\n"
+                                   f"{self.service_logs(bad.service, 15) or '(none)'}{hint}")
+            if all_running(tasks, want):
+                self.placement = {t.service: t.node for t in tasks if t.state == "running"}
+                return
+            time.sleep(1.0)
+
+    def _start_client(self) -> None:
+        """A container on the home DC's network whose namespace the replayer runs in."""
+        from pyroute2 import netns  # type: ignore[import-untyped]
+
+        from testbed.deploy.image import IMAGE
+        from testbed.net.nsthread import run_in_netns
+        from testbed.net.routes import add_routes
+
+        home = self.lay["home"]
+        _run(["docker", "run", "-d", "--name", self._client_name, "--label", f"{PROJECT_LABEL}={self.project}",
+              "--network", f"{self.project}_dc-{home}", "--entrypoint", "sleep", IMAGE, "infinity"])
+        pid = int(_run(["docker", "inspect", "-f", "{{.State.Pid}}", self._client_name]).stdout.strip())
+        # Its DNS answers for the home network: the WAN router's address there.
+        got = _run(["docker", "exec", self._client_name, "getent", "hosts", "wan"]).stdout.split()
+        if not got:
+            raise BackendError("the client container cannot resolve the WAN router (`wan`)")
+        self._wan_ip = got[0]
+        netns.attach(self._client_name, pid)
+        self._netns_attached = True
+        others = [f"{subnet}={self._wan_ip}" for dc, (_, subnet) in self.lay["dcs"].items() if dc != home]
+        run_in_netns(self._client_name, add_routes, others)
+        self._client = NetnsLoop(self._client_name).start()
+
+    async def _discover(self) -> None:
+        assert self._client is not None
+        base = f"http://{self._wan_ip}:{HTTP_PORT}"
+        status, view = await _on(self._client, _get_json(base + ADDRESSES))
+        if status != 200:
+            raise BackendError(f"the WAN router's registry is incomplete: {view}")
+        _, info = await _on(self._client, _get_json(base + "/testbed/info"))
+        self._hosts = dict(view["hosts"])
+        self.deployment = with_hosts(self.template, self._hosts)
+        self.method = str(info["method"])
+        _log(f"{self.project}: {len(self.placement)} services running on "
+             f"{', '.join(sorted(set(self.placement.values())))}; shaping {self.method}, MTU {info['mtu']}")
+
+    # -- during the run ---------------------------------------------------------------------
+    async def on_t0(self, t0: float) -> None:
+        assert self._client is not None
+        await _on(self._client, _post_json(f"http://{self._wan_ip}:{HTTP_PORT}/testbed/monitor",
+                                           {"t0": t0, "interval": MONITOR_INTERVAL_S}))
+
+    async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
+        if self._client is None:
+            raise BackendError("the client container is not up")
+        started, finished = threading.Event(), threading.Event()
+
+        async def body() -> T:
+            started.set()
+            try:
+                return await make()
+            finally:
+                finished.set()
+
+        fut = self._client.submit(body())
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            # The future reports "cancelled" at once; the replayer's own cleanup (it records
+            # every unfinished request) still runs in the client loop: let it end first.
+            if started.is_set():
+                await asyncio.to_thread(finished.wait, 30.0)
+            raise
+
+    # -- stop -------------------------------------------------------------------------------
+    async def _collect(self) -> None:
+        """The WAN router's counters stop; every service's files come here."""
+        wan = f"http://{self._wan_ip}:{HTTP_PORT}"
+        try:
+            await _post_json(wan + "/testbed/monitor/stop", {})
+        except Exception as e:
+            _log(f"stopping the WAN router's monitor failed: {e}")
+        targets = {"wan": wan, **{sid: f"http://{ip}:{HTTP_PORT}" for sid, ip in self._hosts.items()}}
+        results = await asyncio.gather(*(pull_files(url, self.run_dir) for url in targets.values()),
+                                       return_exceptions=True)
+        for sid, res in zip(targets, results):
+            if isinstance(res, BaseException):
+                _log(f"could not collect the files of {sid}: {res!r}")
+
+    def _save_logs(self) -> None:
+        services = sorted(set(self.lay["hosts"]) | {"wan"})
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        with ThreadPoolExecutor(4) as pool:
+            for svc, text in zip(services, pool.map(self.service_logs, services)):
+                (self.run_dir / "logs" / f"{svc}.log").write_text(text)
+
+    def _remove_client(self) -> None:
+        from pyroute2 import netns
+
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._netns_attached:
+            netns.remove(self._client_name)
+            self._netns_attached = False
+        _run(["docker", "rm", "-f", self._client_name], check=False)
+
+    def _remove_stack(self) -> dict[str, list[str]]:
+        with self._deploying:
+            return remove_stack(self.project)
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._cancel.set()
+        if self._client is not None and self._wan_ip:
+            try:
+                await asyncio.wait_for(_on(self._client, self._collect()), COLLECT_TIMEOUT_S)
+            except Exception as e:
+                _log(f"collecting files failed: {e!r}")
+        if self._deployed:
+            await asyncio.to_thread(self._save_logs)
+        await asyncio.to_thread(self._remove_client)
+        left = await asyncio.to_thread(self._remove_stack)
+        if any(left.values()):
+            _log(f"{self.project} removed: " + ", ".join(f"{len(v)} {k}" for k, v in left.items() if v))
