@@ -19,7 +19,7 @@ from testbed.traces.burstgpt import BURSTGPT_VARIANTS, MODELS, write_burstgpt
 from testbed.traces.csvutil import LoadStats, Window
 from testbed.traces.loader import SUPPORTED_FORMATS, block_tokens_of, detect_format, iter_trace, notes_for
 from testbed.traces.mooncake import write_mooncake
-from testbed.traces.synthetic import synth_with_prefixes, synthetic_trace
+from testbed.traces.synthetic import REUSE_PROFILES, synth_profile, synthetic_trace
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
 _SPAN = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", re.ASCII)
@@ -77,9 +77,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--seed", type=int, default=1, metavar="S")
     s.add_argument("--out", required=True, metavar="PATH")
     s.add_argument(
-        "--prefix-reuse",
-        action="store_true",
-        help="multi-turn conversations sharing prefix blocks (mooncake only; default: the paper's workload)",
+        "--prefix-reuse", nargs="?", const="chat", choices=tuple(REUSE_PROFILES), metavar="PROFILE",
+        help="multi-turn sessions sharing prefix blocks, shaped as PROFILE: chat (default) or agent "
+             "(long-context agent sessions); mooncake only; without it: the paper's workload",
     )
     s.add_argument("--failed-share", type=float, default=0.0, metavar="F",
                    help="burstgpt: share of rows written as failed (0 response tokens)")
@@ -116,7 +116,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print("trace synth: --failed-share is a share in [0, 1], for burstgpt only", file=sys.stderr)
         return 2
     if args.prefix_reuse:
-        trace = synth_with_prefixes(args.requests, args.rate, args.seed)
+        trace = synth_profile(args.prefix_reuse, args.requests, args.rate, args.seed)
     else:
         trace = synthetic_trace(WorkloadSpec(requests=args.requests, rate=args.rate, seed=args.seed))
     if args.format == "azure":

@@ -110,6 +110,33 @@ FIRST_TURN = LengthDist(mu=8.6, sigma=1.1, min=128, max=60000)
 FOLLOW_UP = LengthDist(mu=6.5, sigma=1.2, min=16, max=16384)
 OUTPUT = LengthDist(mu=5.9, sigma=0.6, min=50, max=1000)
 
+# Named shapes of `synth_with_prefixes` (`testbed trace synth --prefix-reuse PROFILE`):
+# - chat: the defaults above, short conversations (~3 turns) of mostly short prompts;
+# - agent: long-context agent sessions (~10 turns): a 6K-token tool/system prompt shared by
+#   every session of one of 4 agents, a task of ~8K, then tool results of ~2K per turn, so
+#   contexts grow to 30-120K tokens with ~90% of every prompt cached from the turn before.
+REUSE_PROFILES: dict[str, dict[str, object]] = {
+    "chat": {},
+    "agent": {
+        "turns_per_session": 10, "concurrency": 12, "system_prompts": 4, "system_prompt_tokens": 6144,
+        "first_turn": LengthDist(mu=8.8, sigma=0.8, min=512, max=40000),
+        "follow_up": LengthDist(mu=7.6, sigma=0.9, min=64, max=16384),
+        "output": LengthDist(mu=5.5, sigma=0.6, min=32, max=1024),
+    },
+}
+
+
+def synth_profile(name: str, n: int, rate: float, seed: int) -> Trace:
+    """`synth_with_prefixes` with one of REUSE_PROFILES."""
+    try:
+        kw = dict(REUSE_PROFILES[name])
+    except KeyError:
+        raise ValueError(f"unknown prefix-reuse profile {name!r}; known: {', '.join(REUSE_PROFILES)}") from None
+    per = kw.pop("turns_per_session", None)
+    if isinstance(per, int):
+        kw["sessions"] = max(1, n // per)
+    return synth_with_prefixes(n, rate, seed, **kw)  # type: ignore[arg-type]
+
 
 def synth_with_prefixes(
     n: int,
