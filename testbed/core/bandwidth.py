@@ -3,12 +3,13 @@
 Every interval the router hands `BandwidthController.update` what it measured:
 - the PrfaaS senders' KV bytes the WAN delivered (TCP-acknowledged) in the interval, and the KV
   still undelivered (queued in the sender, unsent in the socket, or in flight);
-- their TCP retransmissions;
+- their TCP retransmissions, and the KV transfer tails the offloaded requests paid;
 - the prefill backlog (modelled work queued) per instance of each stage;
 - the recent arrival rate and the recent requests' incremental lengths.
 
 From these it keeps an estimate of the bandwidth the link gives now: when undelivered KV is
-worth more than `saturated_s` of the delivered rate (or retransmissions exceed `retrans_limit`)
+worth more than `saturated_s` of the delivered rate (or retransmissions exceed `retrans_limit`, or
+the mean transfer tail exceeds `tail_limit_s`)
 the link was the limit, so what it delivered is what it has; otherwise, once `hold_s` has passed
 since the last saturation, the estimate grows by `probe_growth` per interval back toward the
 nominal rate (a recovered link is only seen by trying it; the hold keeps the loop from
@@ -16,9 +17,11 @@ oscillating around a link that is still short). It judges the bandwidth abundant
 may adjust, it plans the threshold: for candidate thresholds it predicts, from the recent length
 sample, the load of the link and of both prefill stages, each with its existing backlog spread
 over `horizon_s`, and takes the candidate closest to the base threshold whose loads all stay at
-or below `target_utilisation` (the least loaded one if none does). It moves only when that
+or below their targets (`link_target_utilisation`, `target_utilisation`), or the least loaded
+one if none does. It moves only when that
 lowers the predicted peak load by at least `min_gain` (or, all being fine, brings the threshold
-back toward the base), by more than `min_change`, and once `min_requests` have been seen. Every change comes back with its reason, for the run's records.
+back toward the base by at most `recovery_step`), by more than `min_change`, and once
+`min_requests` have been seen. Every change comes back with its reason, for the run's records.
 
 All figures are in paper units (seconds, bytes, bits/s).
 """
@@ -57,6 +60,7 @@ class LinkSignals:
     pdp_backlog_s: float       # the same per PD-P instance
     arrival_rate: float        # recent arrivals, req/s
     lengths: Sequence[float]   # recent requests' incremental lengths (tokens)
+    tail_s: float | None = None  # mean KV transfer tail of the offloaded requests whose KV arrived in the interval
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,12 @@ class Loads:
     prfaas: float
     pdp: float
 
+    link_target: float = 1.0
+
     @property
     def peak(self) -> float:
-        return max(self.link, self.prfaas, self.pdp)
+        """The highest load, the link's scaled to the prefill stages' target (see ControlSpec)."""
+        return max(self.link / self.link_target, self.prfaas, self.pdp)
 
     def text(self) -> str:
         return f"link {self.link:.2f}, prfaas {self.prfaas:.2f}, pd-p {self.pdp:.2f}"
@@ -130,7 +137,7 @@ class BandwidthController:
             + s.prfaas_backlog_s / horizon
         pdp = (lam * (1 - p) * t_pd / m.pdp_instances if m.pdp_instances else (math.inf if p < 1 else 0.0)) \
             + s.pdp_backlog_s / horizon
-        return Loads(link, prfaas, pdp)
+        return Loads(link, prfaas, pdp, self.cfg.link_target_utilisation / self.cfg.target_utilisation)
 
     def _estimate(self, s: LinkSignals) -> tuple[float, bool]:
         delivered_bps = s.delivered_bytes * 8.0 / s.interval_s if s.interval_s > 0 else 0.0
@@ -138,7 +145,9 @@ class BandwidthController:
         del self._delivered[:-self.cfg.rate_window]
         drain_s = s.undelivered_bytes * 8.0 / delivered_bps if delivered_bps > 0 else (
             math.inf if s.undelivered_bytes > 0 else 0.0)
-        saturated = drain_s > self.cfg.saturated_s or s.retrans_share > self.cfg.retrans_limit
+        # Undelivered KV worth seconds of link time, retransmissions, or the tails TTFT paid: the link is the limit.
+        saturated = (drain_s > self.cfg.saturated_s or s.retrans_share > self.cfg.retrans_limit
+                     or (s.tail_s is not None and s.tail_s > self.cfg.tail_limit_s))
         if saturated:
             self._last_saturated = s.now
             # TCP's delivery dips after losses: the best of the last few intervals is what the link
@@ -169,22 +178,28 @@ class BandwidthController:
             new, planned = self._plan(s)
             now_loads = self.loads(self.threshold, s)
             if now_loads.peak <= cfg.target_utilisation:
-                # Fine where it is: only go back toward the base threshold, to one that is fine too.
+                # Fine where it is: only go back toward the base threshold, to one that is fine too,
+                # and a step at a time: the bandwidth estimate only grows by assumption, so offload
+                # creeps back until the link shows where its limit is now.
                 worth = (planned.peak <= cfg.target_utilisation
                          and abs(math.log(new / self.base)) < abs(math.log(self.threshold / self.base)))
+                step = cfg.recovery_step
+                new = min(max(new, self.threshold / step), self.threshold * step)
+                planned = self.loads(new, s)
             else:
                 worth = planned.peak < now_loads.peak * (1 - cfg.min_gain)
             if worth and abs(new - self.threshold) > cfg.min_change * self.threshold:
+                tail = "" if s.tail_s is None else f", KV tail {s.tail_s:.2f} s"
                 why = (f"bandwidth {self.bandwidth_bps / 1e9:.1f} of {self.nominal_bps / 1e9:.0f} Gbit/s"
                        f"{' (saturated: ' if saturated else ' ('}{s.undelivered_bytes / 1e9:.2f} GB undelivered, "
-                       f"{s.retrans_share:.2%} retransmitted); backlog prfaas {s.prfaas_backlog_s:.1f} s, "
+                       f"{s.retrans_share:.2%} retransmitted{tail}); backlog prfaas {s.prfaas_backlog_s:.1f} s, "
                        f"pd-p {s.pdp_backlog_s:.1f} s per instance; predicted load at t={self.threshold:.0f}: "
                        f"{now_loads.text()} -> at t={new:.0f}: {planned.text()}")
                 change = ThresholdChange(s.now, self.threshold, new, why)
                 self.changes.append(change)
                 self.threshold = new
         loads = self.loads(self.threshold, s)
-        self.state = "abundant" if not saturated and loads.link < self.cfg.abundant_utilisation else "scarce"
+        self.state = "abundant" if not saturated and loads.link < cfg.abundant_utilisation else "scarce"
         return ControlSample(s.now, delivered_bps, self.bandwidth_bps, saturated, self.state,
                              self.threshold, loads), change
 

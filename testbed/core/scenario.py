@@ -134,15 +134,20 @@ class ControlSpec(_Strict):
 
     interval_s: float = Field(default=2.0, gt=0)
     window: int = Field(default=200, ge=10, le=100000)        # recent requests the planner samples
-    target_utilisation: float = Field(default=0.85, gt=0, le=1)
+    target_utilisation: float = Field(default=0.85, gt=0, le=1)   # prefill stages
+    # The link's is lower: busy PrfaaS instances each stream KV at Phi_kv while they compute, so the
+    # link sees N x Phi_kv whenever the cluster is fully busy, well above the mean it is planned on.
+    link_target_utilisation: float = Field(default=0.7, gt=0, le=1)
+    tail_limit_s: float = Field(default=0.5, gt=0)            # mean KV transfer tail that counts as saturation
     abundant_utilisation: float = Field(default=0.5, gt=0, le=1)
     horizon_s: float = Field(default=20.0, gt=0)              # drain existing backlogs within this
-    saturated_s: float = Field(default=0.5, gt=0)             # undelivered KV worth this much link time = saturated
+    saturated_s: float = Field(default=0.3, gt=0)             # undelivered KV worth this much link time = saturated
     retrans_limit: float = Field(default=0.01, ge=0, le=1)    # retransmitted share that counts as congestion
-    probe_growth: float = Field(default=1.15, ge=1)           # bandwidth estimate growth per unsaturated interval
-    hold_s: float = Field(default=10.0, ge=0)                 # no growth this long after the link last saturated
+    probe_growth: float = Field(default=1.25, ge=1)           # bandwidth estimate growth per unsaturated interval
+    hold_s: float = Field(default=6.0, ge=0)                  # no growth this long after the link last saturated
     min_change: float = Field(default=0.05, ge=0)             # relative threshold change worth making
-    min_gain: float = Field(default=0.05, ge=0, lt=1)         # relative drop of the peak load worth a change
+    min_gain: float = Field(default=0.1, ge=0, lt=1)          # relative drop of the peak load worth a change
+    recovery_step: float = Field(default=1.1, gt=1)           # most t moves back toward the base per update
     min_requests: int = Field(default=20, ge=1)               # recent requests needed before planning
     rate_window: int = Field(default=3, ge=1, le=100)         # intervals whose best delivered rate bounds the link
     min_threshold: int | None = Field(default=None, ge=0)     # default: base threshold / 4

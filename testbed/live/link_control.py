@@ -3,7 +3,8 @@
 
 Every `policy.control.interval_s` (paper seconds) it reads each prefill node's `/status`: the
 PrfaaS senders' TCP-acknowledged bytes, retransmissions and undelivered KV (their egress is all
-WAN traffic), and every node's queued prefill work. Signals go to the controller in paper units.
+WAN traffic), and every node's queued prefill work; the router hands it the KV transfer tails
+its offloaded requests paid since the last update. Signals go to the controller in paper units.
 Each update is a sample in the router's time series; each threshold change is a line in
 `decisions.jsonl` with its reason.
 """
@@ -78,7 +79,8 @@ class _Totals:
 class LinkControl:
     def __init__(self, dep: Deployment, controller: BandwidthController, session: aiohttp.ClientSession,
                  recent: Recent, series: SeriesWriter, decisions: SeriesWriter, adjust: bool,
-                 on_sample: Callable[[ControlSample, ThresholdChange | None], None]) -> None:
+                 on_sample: Callable[[ControlSample, ThresholdChange | None], None],
+                 tails: Callable[[], list[float]] = list) -> None:
         sc = dep.scenario
         self.scale = Scale.from_spec(sc.scale)
         self.ctl = controller
@@ -88,6 +90,7 @@ class LinkControl:
         self.decisions = decisions
         self.adjust = adjust
         self.on_sample = on_sample
+        self.tails = tails          # KV transfer tails (wire s) since the last call
         self.interval_wire = self.scale.wire_seconds(sc.policy.control.interval_s)
         kinds = {c.name: c.kind for c in sc.clusters}
         self.nodes = {nid: (kinds[n.cluster], n.http.url) for nid, n in dep.nodes.items() if n.role == "prefill"}
@@ -130,6 +133,7 @@ class LinkControl:
             return None
         sc = self.scale
         paper_now = t * sc.speedup
+        tails = self.tails()
         sig = LinkSignals(
             now=paper_now,
             interval_s=(t - prev_t) * sc.speedup,
@@ -142,6 +146,7 @@ class LinkControl:
             pdp_backlog_s=queued["pd"] * sc.speedup / max(count["pd"], 1),
             arrival_rate=self.recent.rate(paper_now),
             lengths=tuple(self.recent.lengths),
+            tail_s=sum(tails) / len(tails) * sc.speedup if tails else None,
         )
         sample, change = self.ctl.update(sig, self.adjust)
         self.series.write([
@@ -150,6 +155,7 @@ class LinkControl:
             ("wan_undelivered_bytes_paper", sig.undelivered_bytes, {}),
             ("wan_retrans_share", sig.retrans_share, {}),
             ("wan_saturated", 1.0 if sample.saturated else 0.0, {}),
+            *([("kv_tail_s_paper", sig.tail_s, {})] if sig.tail_s is not None else []),
             ("bandwidth_abundant", 1.0 if sample.state == "abundant" else 0.0, {}),
             ("planned_load", sample.loads.link, {"stage": "link"}),
             ("planned_load", sample.loads.prfaas, {"stage": "prfaas"}),

@@ -77,6 +77,7 @@ class RouterState:
         default_factory=lambda: itertools.count(random.getrandbits(24) << 32))
     inflight: int = 0
     cache_moves: int = 0
+    tails: list[float] = field(default_factory=list)   # KV transfer tails of offloaded requests (wire s), for the control loop
 
 
 STATE = web.AppKey("router_state", RouterState)
@@ -160,11 +161,18 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
                     "cache_in_transfer": move_tid, "decode_node": d.decode_node}
     book = st.book
 
+    def note_tail() -> None:
+        end, kv = prog.times.get("prefill_end"), prog.times.get("transfer_end")
+        if d.crossed_wan and isinstance(end, (int, float)) and isinstance(kv, (int, float)):
+            st.tails.append(max(kv - end, 0.0))
+
     def prefill_finished(res: dict[str, Any]) -> None:
         st.tracker.prefill_done(d, plan.work)
         prog.times.update({f"prefill_{k}": v for k, v in res.items() if k != "error"})
         if "error" in res:
             raise RequestFailed(str(res["error"]))
+        if "transfer_end" in prog.times:
+            note_tail()
         if book is not None:
             if "cache_in_complete" in res:
                 book.moved(rid, plan.hashes, d)
@@ -216,6 +224,8 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
                 prog.times["transfer_end"] = ev["complete"]
                 prog.times["transfer_first_byte"] = ev["first_byte"]
                 prog.times["kv_bytes_wire"] = ev["bytes"]
+                if prefill_seen:
+                    note_tail()
                 if book is not None:
                     book.kv_complete(rid, plan.hashes, req.input_tokens, d)
             elif kind == "admitted":
@@ -479,7 +489,12 @@ def make_app(cfg: ServiceConfig) -> web.Application:
                 if change is not None:
                     st.threshold = change.new
 
-            loop = LinkControl(cfg.deployment, ctl, session, st.recent, series, decisions, pol.bandwidth_aware, applied)
+            def tails() -> list[float]:
+                out, st.tails = st.tails, []
+                return out
+
+            loop = LinkControl(cfg.deployment, ctl, session, st.recent, series, decisions, pol.bandwidth_aware,
+                               applied, tails)
             tasks.append(asyncio.create_task(loop.run()))
         yield
         for task in tasks:
