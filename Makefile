@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,25 @@ linkcheck: $(STAMP)
 WAN_SET := --backend netns --rate 3.0 --requests 800 --set scale.speedup=2 --set scale.byte_scale=200
 replay-wan: $(STAMP)
 	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-dense $(WAN_SET) --out $(RUNS)/wan-hybrid-vs-dense
+
+## The paper's Table 6 by emulation: Lambda_max of the three deployments by bisection over
+## offered rates on the 100 Gbit/s cross-region link, TTFT at a common load, the model beside it.
+PAPER_TABLE := --probes 6 --requests 300 --ttft-slo 30 --wait-growth 2.5 --set workload.seed=45
+replay-paper: $(STAMP)
+	$(BIN)/testbed capacity --scenario paper-homogeneous --scenario paper-prfaas --scenario paper-naive \
+	  $(PAPER_TABLE) --out $(RUNS)/paper-table
+
+## Cache-aware against length-only PrfaaS routing on a Mooncake-format trace with prefix reuse
+## (long-context agent sessions) over the measured 14.7 Gbit/s cross-cloud link.
+CACHE_SET := --trace traces/samples/mooncake-agent-sample.jsonl --set links.inter_dc=cross-region-15g-measured
+replay-cache: $(STAMP)
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-cache $(CACHE_SET) --out $(RUNS)/cache-aware
+
+## Bandwidth-aware against fixed-threshold PrfaaS while the WAN drops to 10% for a minute,
+## then to half, then recovers (cross-region-100g-fluctuating).
+BW_SET := --set links.inter_dc=cross-region-100g-fluctuating --rate 2.2 --requests 400 --set workload.seed=45
+replay-bandwidth: $(STAMP)
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-bw $(BW_SET) --out $(RUNS)/bandwidth-aware
 
 ## The container image for the compose backend: built offline, only when missing or stale.
 image: $(STAMP)

@@ -210,6 +210,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--common-rate", type=float, metavar="R",
                    help="several scenarios: offered load of the TTFT comparison (default 0.75 x the lowest measured "
                         "Lambda_max)")
+    p.add_argument("--table-only", action="store_true",
+                   help="several scenarios: rewrite table6.md from the run directories already under --out")
     p.add_argument("--spread", type=float, default=0.25,
                    help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
@@ -254,7 +256,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 def _cmd_table(args: argparse.Namespace, scenarios: list[Scenario], backend: str) -> int:
     from testbed.linkprofiles import load_profile
-    from testbed.paper_table import DEFAULT_GROWTH_S, run_table
+    from testbed.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
 
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-table6"
     out.mkdir(parents=True, exist_ok=True)
@@ -262,9 +264,18 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[Scenario], backend: str
     growth = args.wait_growth if args.wait_growth is not None else DEFAULT_GROWTH_S
     print(f"Table 6 by emulation: {', '.join(sc.name for sc in scenarios)}; {args.probes} probes of {args.requests} "
           f"requests each, backend {backend} -> {out}", file=sys.stderr)
+    link_of = lambda sc: load_profile(sc.links.inter_dc).rate  # noqa: E731
+    if args.table_only:
+        try:
+            deps = rebuild_table(scenarios, out, ttft_slo, growth, link_of)
+        except FileNotFoundError as e:
+            print(f"capacity --table-only: {e.filename}: missing; run without --table-only first", file=sys.stderr)
+            return 2
+        print((out / "table6.md").read_text())
+        return 0
     try:
         deps = asyncio.run(run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate,
-                                     lambda sc: load_profile(sc.links.inter_dc).rate, args.spread))
+                                     link_of, args.spread))
     except KeyboardInterrupt:
         print(f"interrupted: probes so far kept under {out}", file=sys.stderr)
         return 130

@@ -438,6 +438,10 @@ def test_samples_reproducible(tmp_path: Path) -> None:
                               "--seed", "7"]),
         ("burstgpt-sample.csv", ["--format", "burstgpt", "--variant", "v2", "--requests", "300", "--rate", "2",
                                  "--seed", "7", "--failed-share", "0.05"]),
+        ("mooncake-sample.jsonl", ["--format", "mooncake", "--requests", "300", "--rate", "1.0", "--seed", "7",
+                                   "--prefix-reuse"]),
+        ("mooncake-agent-sample.jsonl", ["--format", "mooncake", "--requests", "400", "--rate", "1.0", "--seed", "11",
+                                         "--prefix-reuse", "agent"]),
     ]:
         out = tmp_path / name
         assert _run(["trace", "synth", *argv, "--out", str(out)]) == 0

@@ -15,6 +15,7 @@ Summary keys (paper units):
 | `control.threshold_min`, `.threshold_max`, `.threshold_mean` | Over the router's sampled `threshold` series; the mean is time-weighted. |
 | `control.bandwidth_estimate_min_bps` | Lowest estimate of the WAN bandwidth the loop made (paper bit/s). |
 | `control.abundant_share` | Share of control samples that judged the bandwidth abundant. |
+| `link_phases` | With a link schedule: one entry per stretch of constant configured rate on the KV direction (`start_s`, `end_s` paper s since t0, `rate_bps_paper`) with the requests that arrived in it: `requests`, `ttft_mean_s`, `ttft_p90_s`, `tail_mean_s` (offloaded requests), `offload_ratio`. Empty without a schedule. |
 """
 
 from __future__ import annotations
@@ -171,3 +172,46 @@ def plot_control(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | 
         a.grid(alpha=0.3)
     fig.savefig(path, dpi=110)
     return path
+
+
+def link_phases(done: Sequence[RequestRecord], samples: Sequence[Sample], scale: Scale) -> list[dict[str, Any]]:
+    """TTFT and transfer tails by stretch of constant configured link rate (a link schedule)."""
+    rates = [p for p in samples if p.source == "wan" and p.metric == "link_rate_bps_wire"]
+    by_link: dict[str, list[Sample]] = {}
+    for p in rates:
+        by_link.setdefault(p.labels.get("link", ""), []).append(p)
+    # The KV direction: the link whose rate changed most (both change together in the profiles).
+    changes = max(by_link.values(), key=len, default=[])
+    changes = sorted(changes, key=lambda p: p.t)
+    if len(changes) < 2:
+        return []
+    s = scale.speedup
+    out = []
+    bounds = [p.t for p in changes[1:]] + [math.inf]
+    for p, end in zip(changes, bounds):
+        start = p.t if p is not changes[0] else -math.inf
+        rs = [r for r in done if start <= r.arrival < end and math.isfinite(r.ttft)]
+        ttft = np.array([r.ttft * s for r in rs])
+        tails = [(r.transfer_end - r.prefill_end) * s for r in rs if r.crossed_wan
+                 and math.isfinite(r.transfer_end - r.prefill_end)]
+        out.append({
+            "start_s": max(p.t, 0.0) * s, "end_s": None if math.isinf(end) else end * s,
+            "rate_bps_paper": scale.paper_rate_bps(p.value), "requests": len(rs),
+            "ttft_mean_s": float(ttft.mean()) if rs else None,
+            "ttft_p90_s": float(np.percentile(ttft, 90)) if rs else None,
+            "tail_mean_s": float(np.mean(tails)) if tails else None,
+            "offload_ratio": sum(r.crossed_wan for r in rs) / len(rs) if rs else None,
+        })
+    return out
+
+
+def phase_label(ph: dict[str, Any]) -> str:
+    end = "end" if ph["end_s"] is None else f"{ph['end_s']:.0f} s"
+    return f"{ph['start_s']:.0f} s-{end} at {ph['rate_bps_paper'] / 1e9:.3g} Gbit/s"
+
+
+def phase_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    return [(phase_label(ph), f"{ph['requests']:,}", _f(ph["ttft_mean_s"], "{:.2f}") + " / " + _f(ph["ttft_p90_s"], "{:.2f}"),
+             _f(None if ph["tail_mean_s"] is None else ph["tail_mean_s"] * 1e3, "{:,.0f}"),
+             _f(None if ph["offload_ratio"] is None else ph["offload_ratio"] * 100, "{:.1f}%"))
+            for ph in s.get("link_phases") or []]

@@ -32,7 +32,7 @@ from testbed.metrics.summary import (
     summarize,
     write_summary,
 )
-from testbed.metrics.control import cache_rows, change_rows, control_rows, plot_control
+from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
 from testbed.metrics.wanlink import plot_wan, wan_rows
 from testbed.metrics.timeseries import Sample, counter_rate, group_series, select
 
@@ -227,6 +227,10 @@ def comparison_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list
     return rows
 
 
+def _num(x: float | None, f: str = "{:.2f}") -> str:
+    return NA if x is None else f.format(x)
+
+
 def _thr_cell(c: dict[str, Any]) -> str:
     if c.get("threshold_mean") is None:
         return NA
@@ -396,6 +400,11 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
     wrows = wan_rows(s.get("wan_link", {}))
     if wrows:
         out += ["## WAN link", "", _shaping_line(run_dir), "", md_table(["WAN", "Paper units"], wrows), ""]
+    prow = phase_rows(s)
+    if prow:
+        out += ["### By link phase", "", "Requests by the configured rate in force when they arrived (the link schedule).", "",
+                md_table(["phase (paper)", "requests", "TTFT mean / P90 (s)", "KV tail, offloaded (ms)", "offloaded"],
+                         prow), ""]
     crows = cache_rows(s)
     if crows:
         out += ["## Prefix caches", "", md_table(["Cache", "Value"], crows), ""]
@@ -509,6 +518,16 @@ def write_comparison(
     out += [f"- {v}" for v in verdicts(summaries, labels)] or ["- Only one run: nothing to compare."]
     out += ["", "## Side by side", ""]
     out.append(md_table(["Metric", *labels], [(m, *cells) for m, cells in comparison_rows(summaries)]))
+    phases = [s.get("link_phases") or [] for s in summaries]
+    if phases[0] and all(len(p) == len(phases[0]) for p in phases):
+        out += ["", "## By link phase", "", "Mean / P90 TTFT (s) of the requests that arrived while each configured "
+                "rate was in force; then the mean KV transfer tail of the offloaded ones.", ""]
+        rows = []
+        for k, ph in enumerate(phases[0]):
+            rows.append((phase_label(ph), *[f"{_num(p[k]['ttft_mean_s'])} / {_num(p[k]['ttft_p90_s'])}" for p in phases]))
+            rows.append(("  KV tail (ms)", *[_num(None if p[k]["tail_mean_s"] is None else p[k]["tail_mean_s"] * 1e3, "{:,.0f}")
+                                             for p in phases]))
+        out.append(md_table(["phase", *labels], rows))
     out += ["", "## TTFT CDF", "", "![TTFT CDF](ttft_cdf.png)", "", "## Runs", ""]
     out += [f"- {lab}: `{d}`" for lab, d in zip(labels, dirs)]
     path = out_dir / "comparison.md"

@@ -81,7 +81,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.scaling import Scale
-from testbed.metrics.control import cache_summary, control_summary
+from testbed.metrics.control import cache_summary, control_summary, link_phases
 from testbed.metrics.records import RequestRecord, read_records
 from testbed.metrics.wanlink import link_usage
 from testbed.metrics.timeseries import (
@@ -421,6 +421,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         },
         "cache": cache_summary(done, scale),
         "control": control_summary(run_dir, meta.t0, samples, scale),
+        "link_phases": link_phases(done, samples, scale),
         "wan_egress": wan_egress,
         "wan_link": link_usage(samples, records, scale, dur),
         "links": links,
