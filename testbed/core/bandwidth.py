@@ -143,9 +143,11 @@ class BandwidthController:
         delivered_bps = s.delivered_bytes * 8.0 / s.interval_s if s.interval_s > 0 else 0.0
         self._delivered.append(delivered_bps)
         del self._delivered[:-self.cfg.rate_window]
-        drain_s = s.undelivered_bytes * 8.0 / delivered_bps if delivered_bps > 0 else (
-            math.inf if s.undelivered_bytes > 0 else 0.0)
-        # Undelivered KV worth seconds of link time, retransmissions, or the tails TTFT paid: the link is the limit.
+        # Undelivered KV worth seconds of link time, retransmissions, or the tails TTFT paid: the
+        # link is the limit. The drain time is taken at no less than a quarter of the estimate: in a
+        # quiet interval a single layer's KV in flight is no sign of a full link.
+        drain_rate = max(delivered_bps, 0.25 * self.bandwidth_bps)
+        drain_s = s.undelivered_bytes * 8.0 / drain_rate if drain_rate > 0 else 0.0
         saturated = (drain_s > self.cfg.saturated_s or s.retrans_share > self.cfg.retrans_limit
                      or (s.tail_s is not None and s.tail_s > self.cfg.tail_limit_s))
         if saturated:
@@ -188,7 +190,15 @@ class BandwidthController:
                 planned = self.loads(new, s)
             else:
                 worth = planned.peak < now_loads.peak * (1 - cfg.min_gain)
-            if worth and abs(new - self.threshold) > cfg.min_change * self.threshold:
+                if new < self.threshold and self.bandwidth_bps < self.nominal_bps:
+                    # More offload on a link believed short: a step at a time, as the estimate is a guess.
+                    new = max(new, self.threshold / cfg.recovery_step)
+                    planned = self.loads(new, s)
+                    worth = planned.peak < now_loads.peak
+            if abs(new - self.base) <= cfg.min_change * self.base:
+                new = self.base            # close enough: land on the base, not a hair beside it
+            if worth and (abs(new - self.threshold) > cfg.min_change * self.threshold
+                          or (new == self.base and self.threshold != self.base)):
                 tail = "" if s.tail_s is None else f", KV tail {s.tail_s:.2f} s"
                 why = (f"bandwidth {self.bandwidth_bps / 1e9:.1f} of {self.nominal_bps / 1e9:.0f} Gbit/s"
                        f"{' (saturated: ' if saturated else ' ('}{s.undelivered_bytes / 1e9:.2f} GB undelivered, "
