@@ -44,6 +44,30 @@ def _versions() -> dict[str, str]:
     return out
 
 
+# What a run writes into its directory. Series and decisions are appended as they come, so a
+# rerun into the same directory must start from none of the previous run's, or the two mix.
+RUN_ARTEFACTS = ("timeseries", "logs", "decisions.jsonl", "records.csv", "summary.json", "report.md", "run.json",
+                 "deployment.json", "topology.json", "delayline.json", "wan.json", "wan-ready", "compose.yaml",
+                 "stack.yaml", "fidelity.json", "ttft_cdf.png", "queues.png", "links.png", "wan.png", "control.png")
+
+
+def clear_previous_run(run_dir: Path) -> list[str]:
+    """Remove a previous run's artefacts from `run_dir` (only those: anything else stays)."""
+    import shutil
+
+    removed = []
+    for name in RUN_ARTEFACTS:
+        p = run_dir / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
 def resolve_threshold(sc: Scenario) -> float | None:
     if sc.policy.name != "prfaas":
         return None
@@ -90,6 +114,7 @@ async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: s
     from testbed.metrics.summary import write_summary
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    clear_previous_run(run_dir)
     (run_dir / "timeseries").mkdir(exist_ok=True)
     (run_dir / "scenario.yaml").write_text(dump_scenario(sc))
     threshold = resolve_threshold(sc)

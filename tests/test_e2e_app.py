@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,22 @@ async def test_nodes_reject_bad_requests_naming_the_field(tmp_path: Path) -> Non
                 assert r.status == 400 and field in (await r.json())["error"]["message"], (url, body)
         async with s.post(f"{p}/prefill", data=b"[1, 2") as r:
             assert r.status == 400
+
+
+async def test_a_rerun_into_the_same_directory_starts_from_a_clean_slate(tmp_path: Path) -> None:
+    """Series and decisions are appended as they come: a second run into the same directory
+    must not mix in the first run's (a user reruns `make replay`)."""
+    from testbed.runner import run_replay_async
+
+    sc = fast_scenario(requests=6)
+    trace = trace_from_workload(sc.workload)
+    (tmp_path / "mine.txt").write_text("not the testbed's")
+    for _ in range(2):
+        res = await run_replay_async(sc, trace, tmp_path, "inproc")
+    t0 = json.loads((tmp_path / "run.json").read_text())["t0"]
+    stamps = [json.loads(line)["ts"] for line in (tmp_path / "timeseries" / "router.jsonl").read_text().splitlines()]
+    assert stamps and min(stamps) >= t0 - 1.0
+    decisions = [line for line in (tmp_path / "decisions.jsonl").read_text().splitlines() if '"decision"' in line]
+    assert len(decisions) == 6
+    assert res.summary["requests"]["total"] == 6
+    assert (tmp_path / "mine.txt").read_text() == "not the testbed's"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -212,25 +211,7 @@ class NetnsBackend:
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         if self._client is None:
             raise NetnsError("client namespace is not up")
-        started, finished = threading.Event(), threading.Event()
-
-        async def tracked() -> T:
-            started.set()
-            try:
-                return await make()
-            finally:
-                finished.set()
-
-        fut = self._client.submit(tracked())
-        try:
-            return await asyncio.wrap_future(fut)
-        except asyncio.CancelledError:
-            # Cancelling the wrapper cancels the task in the namespace loop, but the concurrent
-            # future reports "cancelled" at once: wait for the task's own cleanup (the replayer
-            # records every unfinished request) before anything is torn down.
-            if started.is_set():
-                await asyncio.to_thread(finished.wait, 30.0)
-            raise
+        return await self._client.run_from(make)
 
     # -- stop -----------------------------------------------------------------------------
     async def stop(self) -> None:

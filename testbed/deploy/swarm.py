@@ -459,24 +459,7 @@ class SwarmBackend:
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         if self._client is None:
             raise BackendError("the client container is not up")
-        started, finished = threading.Event(), threading.Event()
-
-        async def body() -> T:
-            started.set()
-            try:
-                return await make()
-            finally:
-                finished.set()
-
-        fut = self._client.submit(body())
-        try:
-            return await asyncio.wrap_future(fut)
-        except asyncio.CancelledError:
-            # The future reports "cancelled" at once; the replayer's own cleanup (it records
-            # every unfinished request) still runs in the client loop: let it end first.
-            if started.is_set():
-                await asyncio.to_thread(finished.wait, 30.0)
-            raise
+        return await self._client.run_from(make)
 
     # -- stop -------------------------------------------------------------------------------
     async def _collect(self) -> None:

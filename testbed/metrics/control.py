@@ -176,7 +176,7 @@ def plot_control(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | 
 
 def link_phases(done: Sequence[RequestRecord], samples: Sequence[Sample], scale: Scale) -> list[dict[str, Any]]:
     """TTFT and transfer tails by stretch of constant configured link rate (a link schedule)."""
-    rates = [p for p in samples if p.source == "wan" and p.metric == "link_rate_bps_wire"]
+    rates = [p for p in samples if p.source == "wan" and p.metric == "link_rate_bps_wire" and p.t >= -1.0]
     by_link: dict[str, list[Sample]] = {}
     for p in rates:
         by_link.setdefault(p.labels.get("link", ""), []).append(p)

@@ -153,6 +153,28 @@ class NetnsLoop:
         cancelling the returned future cancels it there."""
         return asyncio.run_coroutine_threadsafe(_awaited(aw), self.loop)
 
+    async def run_from(self, make: Callable[[], Awaitable[T]], cleanup_timeout: float = 30.0) -> T:
+        """Await, from another loop, the coroutine `make()` run on this namespace's loop. On
+        cancellation, wait (up to `cleanup_timeout`) for the coroutine's own cleanup there: the
+        concurrent future reports "cancelled" at once, but a replayer still records every
+        unfinished request, and nothing may be torn down before it has."""
+        started, finished = threading.Event(), threading.Event()
+
+        async def tracked() -> T:
+            started.set()
+            try:
+                return await make()
+            finally:
+                finished.set()
+
+        fut = self.submit(tracked())
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            if started.is_set():
+                await asyncio.to_thread(finished.wait, cleanup_timeout)
+            raise
+
     def run(self, aw: Awaitable[T], timeout: float | None = None) -> T:
         fut = self.submit(aw)
         try:
