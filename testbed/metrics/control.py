@@ -159,6 +159,12 @@ def plot_control(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | 
     ax[1].plot([p.t * s for p in dlv], [p.value / 1e9 for p in dlv], linewidth=0.8, label="delivered (PrfaaS egress)")
     ax[1].plot([p.t * s for p in est], [p.value / 1e9 for p in est], drawstyle="steps-post", linewidth=1.2,
                label="bandwidth estimate")
+    cfg = _kv_link_rates(samples)
+    if cfg:
+        end = max(p.t for p in est)
+        ax[1].plot([p.t * s for p in cfg] + [end * s], [scale.paper_rate_bps(p.value) / 1e9 for p in cfg]
+                   + [scale.paper_rate_bps(cfg[-1].value) / 1e9], drawstyle="steps-post", linewidth=0.9,
+                   linestyle="--", color="gray", label="configured rate (the emulator's, unseen by the router)")
     ax[1].set_ylabel("WAN (paper Gbit/s)")
     ax[1].legend(fontsize="x-small")
     for stage in ("link", "prfaas", "pdp"):
@@ -174,15 +180,20 @@ def plot_control(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | 
     return path
 
 
+def _kv_link_rates(samples: Sequence[Sample]) -> list[Sample]:
+    """Configured-rate samples (wire bit/s) of the link whose rate changed most: the KV
+    direction (both directions change together in the shipped profiles)."""
+    by_link: dict[str, list[Sample]] = {}
+    for p in samples:
+        if p.source == "wan" and p.metric == "link_rate_bps_wire" and p.t >= -1.0:
+            by_link.setdefault(p.labels.get("link", ""), []).append(p)
+    longest: list[Sample] = max(by_link.values(), key=lambda v: len(v), default=[])
+    return sorted(longest, key=lambda p: p.t)
+
+
 def link_phases(done: Sequence[RequestRecord], samples: Sequence[Sample], scale: Scale) -> list[dict[str, Any]]:
     """TTFT and transfer tails by stretch of constant configured link rate (a link schedule)."""
-    rates = [p for p in samples if p.source == "wan" and p.metric == "link_rate_bps_wire" and p.t >= -1.0]
-    by_link: dict[str, list[Sample]] = {}
-    for p in rates:
-        by_link.setdefault(p.labels.get("link", ""), []).append(p)
-    # The KV direction: the link whose rate changed most (both change together in the profiles).
-    changes = max(by_link.values(), key=len, default=[])
-    changes = sorted(changes, key=lambda p: p.t)
+    changes = _kv_link_rates(samples)
     if len(changes) < 2:
         return []
     s = scale.speedup
