@@ -131,6 +131,7 @@ async def _move_cache(st: RouterState, rid: str, plan: _Plan, tid: int, prog: _P
     """Have the source cluster's node send the cached prefix to the prefill node (the bytes
     cross the WAN); the prefill node waits for it before computing."""
     assert plan.move_src is not None
+    st.cache_moves += 1
     src = st.cfg.deployment.nodes[plan.move_src]
     body = {"request_id": rid, "transfer_id": tid, "bytes": max(st.cfg.scale.wire_bytes(plan.move_bytes_paper), 1),
             "dest_node": plan.d.prefill_node}
@@ -141,8 +142,8 @@ async def _move_cache(st: RouterState, rid: str, plan: _Plan, tid: int, prog: _P
     except (aiohttp.ClientError, ValueError) as e:
         res = {"error": f"cache move source {plan.move_src} unreachable: {e}"}
     if "error" in res:
+        # The source aborts the transfer, so the waiting prefill fails with the reason at once.
         log.warning("request %s: %s", rid, res["error"])
-    st.cache_moves += 1
 
 
 async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, prog: _Progress
@@ -479,6 +480,8 @@ def make_app(cfg: ServiceConfig) -> web.Application:
             .set_function(lambda: st.inflight)
         Gauge("testbed_routing_threshold_tokens", "Length threshold in force (tokens, -1 if none)",
               registry=reg).set_function(lambda: -1 if st.threshold is None else st.threshold)
+        Gauge("testbed_cache_moves", "Cross-cluster cache moves started", registry=reg) \
+            .set_function(lambda: st.cache_moves)
         series = SeriesWriter(cfg.series_path(), "router")
         tasks = [asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval))]
         ctl = _controller(cfg, st.threshold)
