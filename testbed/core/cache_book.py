@@ -17,26 +17,25 @@ from __future__ import annotations
 from typing import Sequence
 
 from testbed.core.policy import Decision
-from testbed.core.prefix_cache import CacheIndex
+from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache
 
 
 class CacheBook:
     def __init__(self, index: CacheIndex) -> None:
         self.index = index
 
-    def _pool_ops(self, cluster: str) -> bool:
+    def _pool(self, cluster: str) -> HybridPrefixCache | None:
+        """The cluster's pool, if it keeps a prefix cache at all."""
         p = self.index.pool(cluster)
-        return p is not None and p.capacity_bytes > 0
+        return p if p is not None and p.capacity_bytes > 0 else None
 
     def routed(self, rid: str, hash_ids: Sequence[int], d: Decision) -> None:
         mv = d.cache_move
         own = mv.from_tokens if mv is not None else d.cached_tokens
-        if own and self._pool_ops(d.prefill_cluster):
-            pool = self.index.pools[d.prefill_cluster]
+        if own and (pool := self._pool(d.prefill_cluster)):
             pool.touch(hash_ids, own)
             pool.pin(f"{rid}:read", hash_ids, own)
-        if mv is not None and self._pool_ops(mv.src_cluster):
-            src = self.index.pools[mv.src_cluster]
+        if mv is not None and (src := self._pool(mv.src_cluster)):
             src.touch(hash_ids, mv.tokens)
             src.pin(f"{rid}:move", hash_ids, mv.tokens)
 
@@ -44,17 +43,16 @@ class CacheBook:
         mv = d.cache_move
         if mv is None:
             return
-        if self._pool_ops(mv.src_cluster):
-            self.index.pools[mv.src_cluster].unpin(f"{rid}:move")
-        if self._pool_ops(mv.dst_cluster):
-            dst = self.index.pools[mv.dst_cluster]
+        if src := self._pool(mv.src_cluster):
+            src.unpin(f"{rid}:move")
+        if dst := self._pool(mv.dst_cluster):
             dst.insert(hash_ids, mv.tokens)
             dst.pin(f"{rid}:read", hash_ids, mv.tokens)
 
     def prefilled(self, rid: str, hash_ids: Sequence[int], input_tokens: int, d: Decision) -> None:
-        if not self._pool_ops(d.prefill_cluster):
+        pool = self._pool(d.prefill_cluster)
+        if pool is None:
             return
-        pool = self.index.pools[d.prefill_cluster]
         pool.unpin(f"{rid}:read")
         pool.insert(hash_ids, input_tokens)
         if d.crossed_wan:
@@ -62,15 +60,14 @@ class CacheBook:
             pool.hold(f"{rid}:xfer", pool.tail_bytes(input_tokens))
 
     def kv_complete(self, rid: str, hash_ids: Sequence[int], input_tokens: int, d: Decision) -> None:
-        if self._pool_ops(d.prefill_cluster):
-            self.index.pools[d.prefill_cluster].release(f"{rid}:xfer")
-        if d.decode_cluster != d.prefill_cluster and self._pool_ops(d.decode_cluster):
-            self.index.pools[d.decode_cluster].insert(hash_ids, input_tokens)
+        if pool := self._pool(d.prefill_cluster):
+            pool.release(f"{rid}:xfer")
+        if d.decode_cluster != d.prefill_cluster and (dec := self._pool(d.decode_cluster)):
+            dec.insert(hash_ids, input_tokens)
 
     def finished(self, rid: str, d: Decision) -> None:
         for cluster in {d.prefill_cluster, d.decode_cluster} | (
                 {d.cache_move.src_cluster} if d.cache_move else set()):
-            if self._pool_ops(cluster):
-                pool = self.index.pools[cluster]
+            if pool := self._pool(cluster):
                 for tag in ("read", "move", "xfer"):
                     pool.release(f"{rid}:{tag}")

@@ -180,7 +180,6 @@ def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decisi
 
 
 _POLICIES: dict[str, Callable[..., Decision]] = {"homogeneous": homogeneous, "naive": naive, "prfaas": prfaas}
-POLICIES: tuple[str, ...] = tuple(_POLICIES)
 
 
 def get_policy(name: str, cache_aware: bool = False) -> Policy:

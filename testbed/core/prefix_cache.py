@@ -107,10 +107,6 @@ class HybridPrefixCache:
     def pinned_bytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values() if e.pins) + sum(self._holds.values())
 
-    @property
-    def entries(self) -> int:
-        return len(self._entries)
-
     def holds(self, key: Key) -> bool:
         return key in self._entries
 
