@@ -26,6 +26,7 @@ model: $(STAMP)
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
 test: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q -m "not slow"
 
 test-pure: $(STAMP)
@@ -40,6 +41,7 @@ test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 ## Benchmarks print figures; they are not pass/fail tests.
 bench: $(STAMP)

@@ -19,7 +19,8 @@ from testbed.live.openai_api import block_hashes
 from testbed.live.replayer import replay
 from testbed.metrics.records import RecordWriter, read_records
 from testbed.metrics.summary import summarize
-from testbed.scenarios import load_scenario
+from testbed.config.scenarios import load_scenario
+from testbed.studies.load import resolve
 from testbed.traces.types import Trace, TraceRequest
 
 pytestmark = pytest.mark.app
@@ -42,7 +43,7 @@ def scenario(policy: dict[str, Any], pd_cache: str = "8TiB") -> Scenario:
 
 async def run(sc: Scenario, trace: Trace, tmp: Path) -> list[Any]:
     (tmp / "timeseries").mkdir(parents=True, exist_ok=True)
-    dep = loopback_deployment(sc, str(tmp), 19400.0)
+    dep = loopback_deployment(resolve(sc), str(tmp))
     writer = RecordWriter(tmp / "records.csv")
     async with InProcessBackend(dep) as d:
         await replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name)
@@ -112,7 +113,7 @@ async def test_real_clients_hit_the_cache_by_prompt_content(tmp_path: Path) -> N
     """No `testbed` extension: the prompt's own token ids give the block hashes, so a client that
     resends a conversation's history reuses it."""
     sc = scenario({"cache_aware": True, "bandwidth_state": "scarce"})
-    dep = loopback_deployment(sc, str(tmp_path), 19400.0)
+    dep = loopback_deployment(resolve(sc), str(tmp_path))
     history = list(range(3 * B))
     async with InProcessBackend(dep) as d, aiohttp.ClientSession() as http:
         outs = []

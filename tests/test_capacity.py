@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.capacity import judge, search, write_outputs
+from testbed.studies.capacity import judge, search, write_outputs
 from testbed.metrics.records import RequestRecord
-from testbed.scenarios import load_scenario
+from testbed.config.scenarios import load_scenario
+from testbed.studies.load import resolve
 
 
 def _rec(i: int, arrival: float, ttft: float, tpot: float = 0.00625, modelled: float = 0.1,
@@ -56,7 +57,7 @@ def test_search_brackets_capacity(tmp_path: Path) -> None:
         # bisection, so the TPOT SLO leaves room for it.
         "slo": {"ttft_s": 60.0, "tpot_s": 0.05},
     })
-    res = asyncio.run(search(sc, tmp_path, "inproc", lo=0.12, hi=1.2, probes=4, growth_limit=0.25,
+    res = asyncio.run(search(resolve(sc), tmp_path, "inproc", lo=0.12, hi=1.2, probes=4, growth_limit=0.25,
                              ttft_slo=60.0, verbose=False))
     write_outputs(res, tmp_path)
     assert len(res.probes) == 4

@@ -17,8 +17,8 @@ import yaml
 from testbed.core.scaling import Scale
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.netns import wan_links
-from testbed.linkprofiles import load_profile
-from testbed.scenarios import load_scenario
+from testbed.config.profiles import load_profile
+from testbed.config.scenarios import load_scenario
 
 
 def _docker_ok() -> bool:

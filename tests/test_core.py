@@ -12,7 +12,7 @@ from testbed.core.policy import LoadTracker, RoutingRequest, get_policy
 from testbed.core.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.scaling import Scale
 from testbed.core.servicetime import DecodeStepTime, PrefillTime
-from testbed.scenarios import load_scenario
+from testbed.config.scenarios import load_scenario
 
 pytestmark = pytest.mark.pure
 

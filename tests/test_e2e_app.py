@@ -16,7 +16,8 @@ from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.replayer import replay
 from testbed.metrics.records import RecordWriter, read_records
-from testbed.scenarios import load_scenario
+from testbed.config.scenarios import load_scenario
+from testbed.studies.load import resolve
 from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace
 
@@ -33,7 +34,7 @@ def fast_scenario(requests: int = 24, output: int = 12, name: str = "paper-prfaa
 
 async def _replay(sc: Scenario, trace: Trace, tmp: Path, break_decode: str | None = None,
                   cancel_after: float | None = None) -> list[Any]:
-    dep = loopback_deployment(sc, str(tmp), 19400.0 if sc.policy.name == "prfaas" else None)
+    dep = loopback_deployment(resolve(sc), str(tmp))
     writer = RecordWriter(tmp / "records.csv")
     skip = frozenset({break_decode}) if break_decode else frozenset()
     async with InProcessBackend(dep, skip) as d:
@@ -93,7 +94,7 @@ async def test_interrupted_replay_keeps_every_request_once(tmp_path: Path) -> No
 async def test_openai_client_streams_against_router(tmp_path: Path) -> None:
     openai = pytest.importorskip("openai")
     sc = fast_scenario()
-    dep = loopback_deployment(sc, None, 19400.0)
+    dep = loopback_deployment(resolve(sc), None)
     async with InProcessBackend(dep) as d:
         client = openai.AsyncOpenAI(base_url=f"{d.router.url}/v1", api_key="unused")
         stream = await client.completions.create(model="kimi-linear-1t", prompt="hello " * 400, max_tokens=9,
@@ -122,7 +123,7 @@ async def test_openai_client_streams_against_router(tmp_path: Path) -> None:
 
 async def test_router_metrics_and_bad_requests(tmp_path: Path) -> None:
     sc = fast_scenario()
-    dep = loopback_deployment(sc, None, 19400.0)
+    dep = loopback_deployment(resolve(sc), None)
     async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
         async with s.post(f"{d.router.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}) as r:
             assert r.status == 200
@@ -141,7 +142,7 @@ async def test_router_metrics_and_bad_requests(tmp_path: Path) -> None:
 
 async def test_nodes_reject_bad_requests_naming_the_field(tmp_path: Path) -> None:
     sc = fast_scenario()
-    dep = loopback_deployment(sc, None, 19400.0)
+    dep = loopback_deployment(resolve(sc), None)
     async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
         p, dn = d.nodes["pd-p0"].http.url, d.nodes["pd-d0"].http.url
         cases = [
@@ -163,13 +164,13 @@ async def test_nodes_reject_bad_requests_naming_the_field(tmp_path: Path) -> Non
 async def test_a_rerun_into_the_same_directory_starts_from_a_clean_slate(tmp_path: Path) -> None:
     """Series and decisions are appended as they come: a second run into the same directory
     must not mix in the first run's (a user reruns `make replay`)."""
-    from testbed.runner import run_replay_async
+    from testbed.studies.runner import run_replay_async
 
     sc = fast_scenario(requests=6)
     trace = trace_from_workload(sc.workload)
     (tmp_path / "mine.txt").write_text("not the testbed's")
     for _ in range(2):
-        res = await run_replay_async(sc, trace, tmp_path, "inproc")
+        res = await run_replay_async(resolve(sc), trace, tmp_path, "inproc")
     t0 = json.loads((tmp_path / "run.json").read_text())["t0"]
     stamps = [json.loads(line)["ts"] for line in (tmp_path / "timeseries" / "router.jsonl").read_text().splitlines()]
     assert stamps and min(stamps) >= t0 - 1.0

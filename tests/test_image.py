@@ -175,7 +175,7 @@ def test_model_reads_the_shipped_scenarios(run: _Runner) -> None:
 def test_every_role_has_what_it_needs(run: _Runner) -> None:
     """WAN router: the delay line module, pyroute2, iproute2; every role: the link profiles."""
     script = ("set -e; ip -V; python3 -c 'import testbed.net.delayline, pyroute2'; "
-              "python3 -c 'from testbed.linkprofiles import load_profile; load_profile(\"cross-region-100g\")'; "
+              "python3 -c 'from testbed.config.profiles import load_profile; load_profile(\"cross-region-100g\")'; "
               "python3 -c 'import importlib.metadata as m; print(m.version(\"prfaas-testbed\"))'; "
               "test -f /app/traces/samples/mooncake-sample.jsonl")
     r = run("-c", script, entrypoint="sh")

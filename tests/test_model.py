@@ -13,7 +13,7 @@ from testbed.core.servicetime import PrefillTime
 from testbed.model.analytical import LengthDistribution, ModelResult, evaluate, prefill_seconds
 from testbed.model.command import register, resolve_threshold, run
 from testbed.model.optimise import optimise, optimise_threshold
-from testbed.scenarios import load_scenario
+from testbed.config.scenarios import load_scenario
 
 pytestmark = pytest.mark.pure
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.core.policy import CacheMove, LoadTracker, RoutingRequest, get_policy
-from testbed.scenarios import load_scenario
+from testbed.config.scenarios import load_scenario
 
 T = 19400
 

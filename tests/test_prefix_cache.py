@@ -10,7 +10,7 @@ from testbed.core.cache_book import CacheBook
 from testbed.core.kvsize import KVModel
 from testbed.core.policy import CacheMove, Decision
 from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache, Match
-from testbed.scenarios import load_scenario
+from testbed.config.scenarios import load_scenario
 
 B = 4          # tokens per block: small numbers keep the arithmetic readable
 BLOCK = 10     # bytes per full-attention block

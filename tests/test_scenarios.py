@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.scenarios import ScenarioError, load_scenario, parse_overrides
+from testbed.config.scenarios import ScenarioError, load_scenario, parse_overrides
 
 pytestmark = pytest.mark.pure
 

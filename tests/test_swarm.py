@@ -24,8 +24,9 @@ from testbed.deploy.discovery import (ADDRESSES, FILES, REGISTER, Registry, add_
                                       discover, routes_via_wan, with_hosts)
 from testbed.deploy.swarm import (DC_LABEL, SUBNET_BASE, WAN_LABEL, all_running, missing_labels, parse_tasks,
                                   stack_spec, swarm_deployment, task_problem, wan_stack_config)
-from testbed.linkprofiles import load_profile
-from testbed.scenarios import load_scenario
+from testbed.config.profiles import load_profile
+from testbed.config.scenarios import load_scenario
+from testbed.studies.load import resolve
 
 PROJECT_LABEL = "prfaas-testbed.project"
 
@@ -90,7 +91,7 @@ def test_stack_has_the_compose_services_on_overlay_networks_placed_by_datacenter
 def test_deployment_and_wan_config_leave_addresses_to_discovery() -> None:
     sc = load_scenario("paper-prfaas")
     lay = layout(sc, SUBNET_BASE)
-    dep = swarm_deployment(sc, lay, 19400.0)
+    dep = swarm_deployment(resolve(sc), lay)
     assert dep.router.host == "router" and dep.nodes["prfaas-p0"].http.host == "prfaas-p0"
     info = dep.extra["discovery"]
     assert info["members"]["router"] == "dc-local" and info["members"]["prfaas-p0"] == "dc-remote"
@@ -175,7 +176,7 @@ async def test_registry_and_file_routes_over_http(aiohttp_client: Any, tmp_path:
 @pytest.mark.app
 async def test_a_service_registers_waits_for_the_others_and_learns_routes(aiohttp_server: Any) -> None:
     sc = load_scenario("paper-prfaas")
-    dep = swarm_deployment(sc, layout(sc, SUBNET_BASE), None)
+    dep = swarm_deployment(resolve(sc), layout(sc, SUBNET_BASE))
     members = dep.extra["discovery"]["members"]
     subnets = {"dc-local": "127.0.0.0/8", "dc-remote": "10.99.0.0/24"}
     dep.extra["discovery"]["subnets"] = subnets

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from testbed import sweep
+from testbed.studies import sweep
 from testbed.cli import main
 from testbed.model.analytical import evaluate
-from testbed.scenarios import ScenarioError, load_scenario
-from testbed.sweep import (
+from testbed.config.scenarios import ScenarioError, load_scenario
+from testbed.studies.sweep import (
     build_grid,
     build_overrides,
     model_curve,

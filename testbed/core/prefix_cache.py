@@ -42,8 +42,6 @@ class Match:
     full_tokens: int     # leading full-attention blocks present, in tokens (>= tokens)
 
 
-NO_MATCH = Match(0, 0)
-
 
 @dataclass
 class _Entry:

@@ -1,6 +1,6 @@
 """Scenario schema: a deployment (model, hardware, clusters, links, policy, scale, SLO, workload).
 
-Pure data and validation; reading YAML files lives in `testbed.scenarios`.
+Pure data and validation; reading YAML files lives in `testbed.config.scenarios`.
 All figures are in paper units (seconds, bytes, tokens) unless a name says `wire`.
 """
 

@@ -22,6 +22,7 @@ import yaml
 
 from testbed.core.linkprofile import LinkParams, LinkProfile
 from testbed.core.scaling import Scale
+from testbed.config.resolved import ResolvedScenario
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
 from testbed.deploy.local import BackendError
@@ -74,15 +75,14 @@ def layout(sc: Scenario, base: str = "10.232") -> dict[str, Any]:
     return {"dcs": {d: (i, str(_subnet(base, i))) for i, d in enumerate(dcs)}, "hosts": hosts, "home": home}
 
 
-def deployment_for(sc: Scenario, lay: dict[str, Any], threshold: float | None) -> Deployment:
+def deployment_for(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
     nodes = {}
-    for n in node_specs(sc):
+    for n in node_specs(rs.spec):
         dc, ip = lay["hosts"][n.id]
         nodes[n.id] = NodeEndpoint(n.id, n.role, n.cluster, n.datacenter, Endpoint(ip, HTTP_PORT),
                                    Endpoint(ip, KV_PORT))
     _, rip = lay["hosts"]["router"]
-    return Deployment(sc, Endpoint(rip, HTTP_PORT), nodes, run_dir=IN_CONTAINER, threshold=threshold,
-                      bind_host="0.0.0.0")
+    return Deployment(rs, Endpoint(rip, HTTP_PORT), nodes, run_dir=IN_CONTAINER, bind_host="0.0.0.0")
 
 
 def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, run_dir: Path,
@@ -190,18 +190,17 @@ def remove_project(project: str, include_swarm: bool = True) -> dict[str, list[s
 class ComposeBackend:
     name = "compose"
 
-    def __init__(self, sc: Scenario, run_dir: Path, threshold: float | None, rebuild_image: bool = False) -> None:
-        from testbed.linkprofiles import load_profile
+    def __init__(self, rs: ResolvedScenario, run_dir: Path, rebuild_image: bool = False) -> None:
         from testbed.net.topology import new_prefix
 
-        self.sc = sc
+        sc = self.sc = rs.spec
         self.run_dir = run_dir.resolve()
         self.project = new_prefix()
         self.ctl_dir = Path(f"/tmp/{self.project}-ctl")
-        self.profile = load_profile(sc.links.inter_dc)
-        self.scale = Scale.from_spec(sc.scale)
+        self.profile = rs.inter_dc
+        self.scale = rs.scale
         self.lay = layout(sc)
-        self.deployment = deployment_for(sc, self.lay, threshold)
+        self.deployment = deployment_for(rs, self.lay)
         self.rebuild_image = rebuild_image
         self.links = wan_links(sc, self.profile, self.scale)
         self.method = "unknown"

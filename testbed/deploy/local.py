@@ -13,7 +13,7 @@ from types import TracebackType
 
 import aiohttp
 
-from testbed.deploy.procs import ProcessGroup
+from testbed.net.procs import ProcessGroup
 from testbed.live.deployment import Deployment
 
 HEALTH_TIMEOUT_S = 60.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
-from testbed.core.scenario import Scenario
+from testbed.config.resolved import ResolvedScenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.local import LocalBackend
 from testbed.deploy.plan import loopback_deployment
@@ -19,9 +19,9 @@ NO_SHAPING = {
 
 
 class LoopbackBackend:
-    def __init__(self, kind: str, sc: Scenario, run_dir: Path, threshold: float | None) -> None:
+    def __init__(self, kind: str, rs: ResolvedScenario, run_dir: Path) -> None:
         self.name = kind
-        self.deployment = loopback_deployment(sc, str(run_dir.resolve()), threshold)
+        self.deployment = loopback_deployment(rs, str(run_dir.resolve()))
         self._impl: LocalBackend | InProcessBackend = (
             LocalBackend(self.deployment, run_dir) if kind == "local" else InProcessBackend(self.deployment))
 

@@ -17,11 +17,11 @@ from testbed.core.scaling import Scale
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
 from testbed.deploy.local import serve_argv, wait_healthy
-from testbed.deploy.procs import ProcessGroup
+from testbed.net.procs import ProcessGroup
 from testbed.live.clock import sleep_until
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 from testbed.live.series import SeriesWriter
-from testbed.linkprofiles import load_profile
+from testbed.config.resolved import ResolvedScenario
 from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.executor import Executor
 from testbed.net.monitor import LinkMonitor, WatchedLink
@@ -57,9 +57,8 @@ def local_dc(sc: Scenario) -> str:
     return next(c.datacenter for c in sc.clusters if c.kind == "pd" and c.decode > 0)
 
 
-def build_netns_topology(sc: Scenario, prefix: str, method: str) -> tuple[Topology, LinkProfile]:
-    profile = load_profile(sc.links.inter_dc)
-    scale = Scale.from_spec(sc.scale)
+def build_netns_topology(rs: ResolvedScenario, prefix: str, method: str) -> tuple[Topology, LinkProfile]:
+    sc, profile, scale = rs.spec, rs.inter_dc, rs.scale
     home = local_dc(sc)
     hosts = [(n.id, n.datacenter) for n in node_specs(sc)] + [(ROUTER_HOST, home), (CLIENT_HOST, home)]
     topo = build_topology(prefix, hosts, wan_links(sc, profile, scale), method,  # type: ignore[arg-type]
@@ -67,33 +66,35 @@ def build_netns_topology(sc: Scenario, prefix: str, method: str) -> tuple[Topolo
     return topo, profile
 
 
-def netns_deployment(sc: Scenario, topo: Topology, run_dir: str, threshold: float | None) -> Deployment:
+def netns_deployment(rs: ResolvedScenario, topo: Topology, run_dir: str) -> Deployment:
+    sc = rs.spec
     if sc.transfer.congestion is None and topo.tcp.congestion is not None:
         # The link profile's congestion control, set per KV socket (see plan.host_sysctls).
         sc = sc.model_copy(update={"transfer": sc.transfer.model_copy(update={"congestion": topo.tcp.congestion})})
+        rs = rs.model_copy(update={"spec": sc})
     nodes: dict[str, NodeEndpoint] = {}
     for n in node_specs(sc):
         h = topo.host(n.id)
         kv = Endpoint(h.ip, KV_PORT)
         nodes[n.id] = NodeEndpoint(n.id, n.role, n.cluster, n.datacenter, Endpoint(h.ip, HTTP_PORT), kv)
     router = Endpoint(topo.host(ROUTER_HOST).ip, HTTP_PORT)
-    return Deployment(sc, router, nodes, run_dir=run_dir, threshold=threshold, bind_host="0.0.0.0")
+    return Deployment(rs, router, nodes, run_dir=run_dir, bind_host="0.0.0.0")
 
 
 class NetnsBackend:
     name = "netns"
 
-    def __init__(self, sc: Scenario, run_dir: Path, threshold: float | None, method: str = "auto") -> None:
-        self.sc = sc
+    def __init__(self, rs: ResolvedScenario, run_dir: Path, method: str = "auto") -> None:
+        self.rs = rs
+        self.sc = rs.spec
         self.run_dir = run_dir.resolve()
-        self.scale = Scale.from_spec(sc.scale)
+        self.scale = rs.scale
         self.prefix = new_prefix()
         self.want_method = method
         self.method = "unknown"
         self.topo: Topology | None = None
         self.profile: LinkProfile | None = None
-        self.deployment = Deployment(sc, Endpoint("0.0.0.0", 0), {}, run_dir=str(self.run_dir), threshold=threshold)
-        self._threshold = threshold
+        self.deployment = Deployment(rs, Endpoint("0.0.0.0", 0), {}, run_dir=str(self.run_dir))
         self._procs = ProcessGroup(self.run_dir / "logs")
         self._client: NetnsLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -141,8 +142,8 @@ class NetnsBackend:
     def _build(self) -> None:
         caps = probe_shaping()
         self.method = choose_method(caps, self.want_method)
-        self.topo, self.profile = build_netns_topology(self.sc, self.prefix, self.method)
-        self.deployment = netns_deployment(self.sc, self.topo, str(self.run_dir), self._threshold)
+        self.topo, self.profile = build_netns_topology(self.rs, self.prefix, self.method)
+        self.deployment = netns_deployment(self.rs, self.topo, str(self.run_dir))
         self.deployment.write(self.run_dir / "deployment.json")
         (self.run_dir / "topology.json").write_text(json.dumps(
             {"prefix": self.prefix, "method": self.method, "wan_ns": self.topo.wan_ns, "mtu": self.topo.mtu,

@@ -35,7 +35,7 @@ from urllib.parse import quote
 import yaml
 
 from testbed.core.linkprofile import LinkProfile
-from testbed.core.scaling import Scale
+from testbed.config.resolved import ResolvedScenario
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
 from testbed.deploy.compose import (HEALTH_CMD, HTTP_PORT, IN_CONTAINER, PREFIX, _run, deployment_for, layout,
@@ -76,10 +76,10 @@ def container_mtu(profile: LinkProfile) -> int:
     return profile.mtu if profile.mtu else OVERLAY_MTU - VXLAN_OVERHEAD
 
 
-def swarm_deployment(sc: Scenario, lay: dict[str, Any], threshold: float | None) -> Deployment:
+def swarm_deployment(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
     """The deployment every service reads: service names as hosts until discovery fills in
     addresses, and what discovery needs (who is in which DC, the DC subnets)."""
-    dep = with_hosts(deployment_for(sc, lay, threshold), {sid: sid for sid in lay["hosts"]})
+    dep = with_hosts(deployment_for(rs, lay), {sid: sid for sid in lay["hosts"]})
     info = {"members": {sid: dc for sid, (dc, _) in lay["hosts"].items()},
             "subnets": {dc: subnet for dc, (_, subnet) in lay["dcs"].items()}}
     return replace(dep, extra={**dep.extra, EXTRA_KEY: info})
@@ -283,19 +283,18 @@ async def pull_files(base_url: str, dest: Path, timeout: float = 60.0) -> list[s
 class SwarmBackend:
     name = "swarm"
 
-    def __init__(self, sc: Scenario, run_dir: Path, threshold: float | None, rebuild_image: bool = False) -> None:
-        from testbed.linkprofiles import load_profile
+    def __init__(self, rs: ResolvedScenario, run_dir: Path, rebuild_image: bool = False) -> None:
         from testbed.net.topology import new_prefix
 
-        self.sc = sc
+        sc = self.sc = rs.spec
         self.run_dir = run_dir.resolve()
         self.project = new_prefix()
-        self.profile = load_profile(sc.links.inter_dc)
-        self.scale = Scale.from_spec(sc.scale)
+        self.profile = rs.inter_dc
+        self.scale = rs.scale
         self.lay = layout(sc, SUBNET_BASE)
         self.links = wan_links(sc, self.profile, self.scale)
         self.mtu = container_mtu(self.profile)
-        self.template = swarm_deployment(sc, self.lay, threshold)
+        self.template = swarm_deployment(rs, self.lay)
         self.deployment = self.template
         self.rebuild_image = rebuild_image
         self.method = "unknown"          # the WAN router probes its own kernel and says

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.config.resolved import ResolvedScenario
+from testbed.core.linkprofile import LinkProfile
 from testbed.core.scenario import Scenario
 
 
@@ -33,22 +35,35 @@ class NodeEndpoint:
 
 @dataclass
 class Deployment:
-    scenario: Scenario
+    """The resolved scenario plus every service's address: all a service process needs."""
+
+    resolved: ResolvedScenario
     router: Endpoint
     nodes: dict[str, NodeEndpoint]
     run_dir: str | None = None
-    threshold: float | None = None        # resolved routing threshold (tokens)
     bind_host: str = "127.0.0.1"          # address services bind to inside their host/namespace
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.resolved.spec
+
+    @property
+    def threshold(self) -> float | None:
+        """The routing threshold in force at start (tokens)."""
+        return self.resolved.threshold
+
+    @property
+    def inter_dc(self) -> LinkProfile:
+        return self.resolved.inter_dc
 
     def to_json(self) -> str:
         return json.dumps(
             {
-                "scenario": self.scenario.model_dump(mode="json"),
+                "resolved": self.resolved.to_json_dict(),
                 "router": asdict(self.router),
                 "nodes": {k: asdict(v) for k, v in self.nodes.items()},
                 "run_dir": self.run_dir,
-                "threshold": self.threshold,
                 "bind_host": self.bind_host,
                 "extra": self.extra,
             },
@@ -63,11 +78,10 @@ class Deployment:
             kv = Endpoint(**v["kv"]) if v.get("kv") else None
             nodes[k] = NodeEndpoint(v["id"], v["role"], v["cluster"], v["datacenter"], Endpoint(**v["http"]), kv)
         return cls(
-            scenario=Scenario.model_validate(d["scenario"]),
+            resolved=ResolvedScenario.model_validate(d["resolved"]),
             router=Endpoint(**d["router"]),
             nodes=nodes,
             run_dir=d.get("run_dir"),
-            threshold=d.get("threshold"),
             bind_host=d.get("bind_host", "127.0.0.1"),
             extra=d.get("extra", {}),
         )

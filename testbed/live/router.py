@@ -425,15 +425,13 @@ def _cache_book(sc: Scenario, kv: KVModel) -> CacheBook | None:
 def _controller(cfg: ServiceConfig, threshold: float | None) -> BandwidthController | None:
     """The short-term loop runs under the prfaas policy when it may move the threshold, or when
     the cache-aware rules need the measured bandwidth state."""
-    from testbed.linkprofiles import load_profile
-
     sc = cfg.deployment.scenario
     pol = sc.policy
     if pol.name != "prfaas" or threshold is None or threshold <= 0:
         return None
     if not (pol.bandwidth_aware or (pol.cache_aware and pol.bandwidth_state == "auto")):
         return None
-    nominal = load_profile(sc.links.inter_dc).rate
+    nominal = cfg.deployment.inter_dc.rate
     return BandwidthController(threshold, nominal, stage_model(sc), pol.control, float(sc.workload.input.max))
 
 

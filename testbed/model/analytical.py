@@ -161,7 +161,7 @@ def weighted_quantile(values: FloatArray, weights: FloatArray, q: float) -> floa
 
 
 # ---------------------------------------------------------------------------------------------
-# Deployment
+# StagePools
 
 
 def prefill_seconds(pt: PrefillTime, tokens: FloatArray) -> FloatArray:
@@ -202,7 +202,7 @@ def stage_capacity(pools: Sequence[Pool], lengths: FloatArray) -> FloatArray:
 
 
 @dataclass(frozen=True)
-class Deployment:
+class StagePools:
     """The clusters of a scenario reduced to what the model needs.
 
     Several PrfaaS clusters form one stage whose capacity is the sum of theirs (they share
@@ -223,7 +223,7 @@ class Deployment:
         return sum(p.instances for p in self.pd_prefill)
 
     @classmethod
-    def from_scenario(cls, scenario: Scenario, split: tuple[int, int] | None = None) -> "Deployment":
+    def from_scenario(cls, scenario: Scenario, split: tuple[int, int] | None = None) -> "StagePools":
         """`split` = (N_p, N_d) overrides the PD cluster's roles (needs exactly one PD cluster)."""
         pds = [c for c in scenario.clusters if c.kind == "pd"]
         if split is not None:
@@ -305,7 +305,7 @@ class ThresholdCurves:
 
 
 def threshold_curves(
-    dep: Deployment, dist: LengthDistribution, kv: KVModel, ts: FloatArray, link_bps: float = DEFAULT_LINK_BPS
+    dep: StagePools, dist: LengthDistribution, kv: KVModel, ts: FloatArray, link_bps: float = DEFAULT_LINK_BPS
 ) -> ThresholdCurves:
     ts = np.asarray(ts, dtype=np.float64)
     lengths = dist.values
@@ -417,7 +417,7 @@ def evaluate(
     pol = scenario.policy.name
     dist = LengthDistribution.from_spec(scenario.workload.input)
     kv = KVModel.from_spec(scenario.model)
-    dep = Deployment.from_scenario(scenario, split)
+    dep = StagePools.from_scenario(scenario, split)
     lengths = dist.values
     mass = dist.mass
     ttft_vals: list[FloatArray] = []

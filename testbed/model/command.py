@@ -13,7 +13,7 @@ from rich.table import Table
 from testbed.core.scenario import Scenario
 from testbed.model.analytical import ModelResult, evaluate
 from testbed.model.optimise import OptimiseResult, optimise, optimise_threshold, resolve_threshold
-from testbed.scenarios import ScenarioError, load_scenario
+from testbed.config.scenarios import ScenarioError, load_scenario
 
 __all__ = ["register", "run", "resolve_threshold"]
 

@@ -18,7 +18,7 @@ from testbed.core.kvsize import KVModel
 from testbed.core.scenario import Scenario
 from testbed.model.analytical import (
     DEFAULT_LINK_BPS,
-    Deployment,
+    StagePools,
     FloatArray,
     LengthDistribution,
     ThresholdCurves,
@@ -63,7 +63,7 @@ def _best_index(cur: ThresholdCurves) -> _Pick:
 
 
 def _search_t(
-    dep: Deployment,
+    dep: StagePools,
     dist: LengthDistribution,
     kv: KVModel,
     link_bps: float,
@@ -91,7 +91,7 @@ def _t_range(scenario: Scenario, t_min: float | None, t_max: float | None) -> tu
     return lo, hi
 
 
-def _result(scenario: Scenario, dep: Deployment, cur: ThresholdCurves, pick: _Pick) -> OptimiseResult:
+def _result(scenario: Scenario, dep: StagePools, cur: ThresholdCurves, pick: _Pick) -> OptimiseResult:
     i = pick.index
     return OptimiseResult(
         scenario=scenario.name,
@@ -116,7 +116,7 @@ def optimise_threshold(
     step: float = 100.0,
 ) -> OptimiseResult:
     """Best t for a fixed split (the scenario's own unless `split` is given)."""
-    dep = Deployment.from_scenario(scenario, split)
+    dep = StagePools.from_scenario(scenario, split)
     if not dep.prfaas or not dep.pd_prefill:
         raise ValueError("threshold search needs prefill instances in both a PrfaaS and a PD cluster")
     dist = LengthDistribution.from_spec(scenario.workload.input)
@@ -151,6 +151,11 @@ def optimise(
             best = (max(best[0], res.lambda_max), gap, res)
     assert best is not None
     return best[2]
+
+
+def solve_threshold(scenario: Scenario, link_bps: float) -> float:
+    """The optimiser's t at the deployed split over a link of `link_bps` (config's ThresholdSolver)."""
+    return float(optimise_threshold(scenario, link_bps).threshold)
 
 
 def resolve_threshold(scenario: Scenario, link_bps: float = DEFAULT_LINK_BPS) -> int:

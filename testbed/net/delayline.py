@@ -68,8 +68,6 @@ EARLY_S = 50e-6
 MAX_WAKE_EARLY = 300e-6
 UNMATCHED = "unmatched"
 SET_FIELDS = ("delay_s", "jitter_s", "loss", "loss_correlation")
-STATS_METRICS = ("packets_in", "bytes_in", "packets_dropped", "bytes_dropped", "packets_out",
-                 "bytes_out", "queue_packets", "queue_bytes", "write_errors")
 _DST = struct.Struct("!I")
 
 

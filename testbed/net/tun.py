@@ -51,14 +51,6 @@ def open_tun(name: str) -> int:
     return fd
 
 
-def create_persistent_tun(name: str) -> None:
-    """Create a persistent TUN device `name` in the caller's namespace (left down, no address)."""
-    fd = os.open(TUN_DEVICE, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        _set_iff(fd, name)
-        fcntl.ioctl(fd, TUNSETPERSIST, 1)
-    finally:
-        os.close(fd)
 
 
 def ipv4_dst(packet: bytes) -> bytes:

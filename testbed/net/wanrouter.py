@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from testbed.deploy.procs import ProcessGroup
+from testbed.net.procs import ProcessGroup
 from testbed.net.delayline import DirectionSpec, write_config
 from testbed.net.nsexec import nsexec_argv
 from testbed.net.topology import Topology

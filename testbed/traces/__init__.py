@@ -1,5 +1,5 @@
 """Request traces: types, the Mooncake JSONL, Azure and BurstGPT CSV formats, generated workloads
-and transforms."""
+and transforms. May import core and config; never live, net, sim, deploy or studies."""
 
 from testbed.traces.azure import iter_azure, write_azure
 from testbed.traces.burstgpt import iter_burstgpt, write_burstgpt

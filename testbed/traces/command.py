@@ -197,10 +197,6 @@ def _dist(values: array[int]) -> dict[str, float]:
     return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "max": float(a.max())}
 
 
-def trace_summary(trace: Trace) -> dict[str, Any]:
-    acc = _Summary()
-    acc.add(trace.requests)
-    return acc.result(trace.source, trace.block_tokens, trace.notes)
 
 
 def _fmt_dist(d: dict[str, float]) -> str:

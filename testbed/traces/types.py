@@ -7,8 +7,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.core.errors import UserError
 
-class TraceError(ValueError):
+
+class TraceError(UserError, ValueError):
     """An unusable trace. The message names the file, the 1-based line and the field when known:
     `traces/x.jsonl:17: field 'input_length': expected a non-negative integer, got "abc"`."""
 

@@ -4,10 +4,13 @@ when installed), loss, and how fast throughput follows a scheduled rate change."
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
+import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +18,7 @@ from typing import Any
 
 from testbed.core.linkprofile import LinkParams, LinkProfile
 from testbed.core.scaling import Scale
-from testbed.deploy.procs import ProcessGroup
+from testbed.net.procs import ProcessGroup
 from testbed.live.kv_transport import KVReceiver, KVSender
 from testbed.live.series import SeriesWriter
 from testbed.net.capabilities import choose_method, probe_shaping
@@ -329,3 +332,32 @@ def scale_for(profile: LinkProfile, speedup: float, byte_scale: float | None, wi
         return Scale(speedup, max(profile.rate * speedup / wire_rate, 1.0))
     return Scale(speedup, byte_scale or 1.0)
 
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lc = sub.add_parser("linkcheck", help="build one shaped link and measure RTT, goodput and loss against the profile")
+    lc.add_argument("profile", help="link profile name (netem_profiles/NAME.yaml) or path")
+    lc.add_argument("--speedup", type=float, default=1.0, help="time scale s (default 1)")
+    g = lc.add_mutually_exclusive_group()
+    g.add_argument("--byte-scale", type=float, help="byte scale b: wire rate = rate / b * s")
+    g.add_argument("--wire-rate", default="1gbit", help="choose b so the wire rate is this (default 1gbit)")
+    lc.add_argument("--connections", type=int, default=4, help="connections for the multi-connection goodput")
+    lc.add_argument("--duration", type=float, default=4.0, help="wire seconds per goodput measurement")
+    lc.add_argument("--method", choices=["auto", "netem", "fallback"], default="auto")
+    lc.add_argument("--json", action="store_true", help="print JSON")
+    lc.set_defaults(func=cmd_linkcheck)
+
+
+def cmd_linkcheck(args: argparse.Namespace) -> int:
+    from testbed.core.linkprofile import parse_rate
+    from testbed.config.profiles import ProfileError, load_profile
+    if os.geteuid() != 0:
+        print("error: network namespaces need root", file=sys.stderr)
+        return 1
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    wire = None if args.byte_scale is not None else parse_rate(args.wire_rate)
+    scale = scale_for(profile, args.speedup, args.byte_scale, wire)
+    return main_linkcheck(profile, scale, args.connections, args.duration, args.method, args.json)

@@ -13,7 +13,7 @@ from typing import Any
 
 from testbed.core.scenario import Scenario
 from testbed.metrics.records import RequestRecord, read_records
-from testbed.scenarios import load_scenario
+from testbed.studies.load import load
 
 FIDELITY_RATE = 0.3    # paper req/s: low enough that queues stay empty on the paper deployments
 
@@ -53,12 +53,13 @@ def fidelity_figures(sc: Scenario, records: list[RequestRecord]) -> dict[str, An
 
 
 def fidelity(args: argparse.Namespace) -> int:
-    from testbed.runner import run_replay_async
+    from testbed.studies.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
-    sc = load_scenario(args.scenario, {"workload": {"rate": FIDELITY_RATE, "requests": args.requests}})
+    rs = load(args.scenario, {"workload": {"rate": FIDELITY_RATE, "requests": args.requests}})
+    sc = rs.spec
     out = Path(args.out or f"runs/bench-fidelity-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    res = asyncio.run(run_replay_async(sc, trace_from_workload(sc.workload), out, "local"))
+    res = asyncio.run(run_replay_async(rs, trace_from_workload(sc.workload), out, "local"))
     fig = fidelity_figures(sc, read_records(res.run_dir / "records.csv"))
     fig["run_dir"] = str(res.run_dir)
     (res.run_dir / "fidelity.json").write_text(json.dumps(fig, indent=1))
@@ -76,3 +77,13 @@ def fidelity(args: argparse.Namespace) -> int:
               f"median {fig['ttft_overhead_median_s'] * 1e3:.2f} ms")
         print(f"  run: {res.run_dir}")
     return 0 if fig["prefill_pass"] and fig["ttft_pass"] else 1
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    b = sub.add_parser("bench", help="benchmarks that print figures")
+    b.add_argument("which", choices=["fidelity"])
+    b.add_argument("--scenario", default="paper-prfaas")
+    b.add_argument("--requests", type=int, default=40)
+    b.add_argument("--out", help="run directory")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=fidelity)

@@ -15,15 +15,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from testbed.core.scenario import Scenario
+from testbed.config.resolved import ResolvedScenario
 from testbed.deploy.base import Backend
 from testbed.deploy.loopback import LoopbackBackend
 from testbed.live.clock import now
 from testbed.live.replayer import ReplayStats, replay
 from testbed.metrics.records import RecordWriter
-from testbed.scenarios import dump_scenario
+from testbed.config.scenarios import dump_scenario
 from testbed.traces.types import Trace
-
 
 
 @dataclass
@@ -68,16 +67,6 @@ def clear_previous_run(run_dir: Path) -> list[str]:
     return removed
 
 
-def resolve_threshold(sc: Scenario) -> float | None:
-    if sc.policy.name != "prfaas":
-        return None
-    if sc.policy.threshold == "auto":
-        from testbed.model.command import resolve_threshold as auto
-        return float(auto(sc))
-    assert isinstance(sc.policy.threshold, int)
-    return float(sc.policy.threshold)
-
-
 def pick_backend(requested: str) -> tuple[str, str | None]:
     """`auto` is netns (real shaped links) when this process may create namespaces, else the
     local backend with a warning that says what is not emulated."""
@@ -92,33 +81,34 @@ def pick_backend(requested: str) -> tuple[str, str | None]:
     return "netns", None
 
 
-def make_backend(kind: str, sc: Scenario, run_dir: Path, threshold: float | None) -> Backend:
+def make_backend(kind: str, rs: ResolvedScenario, run_dir: Path) -> Backend:
     if kind in ("local", "inproc"):
-        return LoopbackBackend(kind, sc, run_dir, threshold)
+        return LoopbackBackend(kind, rs, run_dir)
     if kind == "netns":
         from testbed.deploy.netns import NetnsBackend
-        return NetnsBackend(sc, run_dir, threshold)
+        return NetnsBackend(rs, run_dir)
     if kind == "compose":
         from testbed.deploy.compose import ComposeBackend
-        return ComposeBackend(sc, run_dir, threshold)
+        return ComposeBackend(rs, run_dir)
     if kind == "swarm":
         from testbed.deploy.swarm import SwarmBackend
-        return SwarmBackend(sc, run_dir, threshold)
+        return SwarmBackend(rs, run_dir)
     raise ValueError(f"unknown backend {kind!r} (local, inproc, netns, compose, swarm)")
 
 
-async def run_replay_async(sc: Scenario, trace: Trace, run_dir: Path, backend: str = "local",
+async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, backend: str = "local",
                            name: str | None = None,
                            on_progress: Callable[[ReplayStats], None] | None = None) -> RunResult:
     from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
 
+    sc = rs.spec
     run_dir.mkdir(parents=True, exist_ok=True)
     clear_previous_run(run_dir)
     (run_dir / "timeseries").mkdir(exist_ok=True)
     (run_dir / "scenario.yaml").write_text(dump_scenario(sc))
-    threshold = resolve_threshold(sc)
-    be = make_backend(backend, sc, run_dir, threshold)
+    threshold = rs.threshold
+    be = make_backend(backend, rs, run_dir)
     offered = trace.rate if len(trace) > 1 else 0.0
     meta: dict[str, Any] = {
         "name": name or sc.name, "scenario": sc.name, "policy": sc.policy.name, "backend": backend,

@@ -6,14 +6,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
+from testbed.config.loader import read_mapping, validate as validate_model
+from testbed.core.errors import UserError
 from testbed.core.scenario import Scenario
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UserError, ValueError):
     """An invalid scenario: the message names the file and each offending field."""
 
 
@@ -41,17 +42,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in seen:
         raise ScenarioError(f"{path}: 'extends' loops back to itself")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: not valid YAML: {e}") from None
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    out: dict[str, Any] = data
+    out = read_mapping(path, ScenarioError)
     parent = out.pop("extends", None)
     if parent is not None:
         if not isinstance(parent, str):
@@ -61,19 +52,8 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return out
 
 
-def format_validation_error(source: str, err: ValidationError) -> str:
-    lines = [f"{source}: invalid scenario ({err.error_count()} error{'s' if err.error_count() != 1 else ''})"]
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
-        lines.append(f"  field '{loc}': {e['msg']}")
-    return "\n".join(lines)
-
-
 def validate(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as e:
-        raise ScenarioError(format_validation_error(source, e)) from None
+    return validate_model(Scenario, data, source, "scenario", ScenarioError)
 
 
 def load_scenario(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:

@@ -1,6 +1,6 @@
 """The paper's Table 6 by emulation: `testbed capacity` with several scenarios.
 
-For each deployment: Lambda_max by bisection (`testbed.capacity.search`), then one replay of
+For each deployment: Lambda_max by bisection (`testbed.studies.capacity.search`), then one replay of
 every deployment at a common offered load for TTFT. From the run directories it measures what
 Table 6 lists (Lambda_max, ratios, mean/P90 TTFT, Theta per stage, offload share, WAN usage),
 sets the analytical model's figures beside them, and explains each gap from the records:
@@ -24,8 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from testbed.capacity import CapacityResult, Probe, search, write_outputs
+from testbed.config.resolved import ResolvedScenario
 from testbed.core.scenario import Scenario
+from testbed.studies.capacity import CapacityResult, Probe, model_lambda, search, write_outputs
 from testbed.metrics.records import RequestRecord, read_records
 
 DEFAULT_GROWTH_S = 2.5        # paper seconds of growth in mean wait that marks a probe unstable
@@ -41,7 +42,7 @@ class StageWaits:
 
 
 @dataclass
-class Deployment:
+class TableRow:
     scenario: str
     policy: str
     threshold: float | None
@@ -171,9 +172,9 @@ def _summary(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: float) -> Deployment:
+def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: float) -> TableRow:
     n_pf, n_p, n_d = _counts(sc)
-    dep = Deployment(sc.name, sc.policy.name, model.get("threshold"), f"{n_pf or '-'} / {n_p or '-'} / {n_d or '-'}",
+    dep = TableRow(sc.name, sc.policy.name, model.get("threshold"), f"{n_pf or '-'} / {n_p or '-'} / {n_d or '-'}",
                      cap, model)
     kinds: dict[str, str] = {c.name: c.kind for c in sc.clusters}
     records = [r for p in cap.probes for r in read_records(Path(p.run_dir) / "records.csv")]
@@ -221,7 +222,7 @@ def _pct(a: float, b: float) -> str:
     return f"{(a / b - 1) * 100:+.1f}%"
 
 
-def explain(dep: Deployment, best: Probe | None, low: Probe | None) -> str:
+def explain(dep: TableRow, best: Probe | None, low: Probe | None) -> str:
     """Why the measured Lambda_max differs from the model's, from this run's own records."""
     m = dep.model
     lam = dep.capacity.lambda_max
@@ -269,42 +270,42 @@ def explain(dep: Deployment, best: Probe | None, low: Probe | None) -> str:
     return " ".join(out)
 
 
-async def run_table(scenarios: Sequence[Scenario], out: Path, backend: str, probes: int, ttft_slo: float,
-                    growth_s: float, common_rate: float | None, link_bps_of: Any, spread: float = 0.25
-                    ) -> list[Deployment]:
-    from testbed.capacity import model_lambda
+async def run_table(scenarios: Sequence[ResolvedScenario], out: Path, backend: str, probes: int, ttft_slo: float,
+                    growth_s: float, common_rate: float | None, spread: float = 0.25) -> list[TableRow]:
     from testbed.model.analytical import evaluate
-    from testbed.model.command import resolve_threshold
-    from testbed.runner import run_replay_async
+    from testbed.studies.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
-    deps: list[Deployment] = []
-    for sc in scenarios:
-        link_bps = float(link_bps_of(sc))
-        t = resolve_threshold(sc, link_bps) if sc.policy.name == "prfaas" else None
-        model = evaluate(sc, link_bps=link_bps, threshold=t).to_dict()
+    deps: list[TableRow] = []
+    for rs in scenarios:
+        sc, link_bps = rs.spec, rs.inter_dc.rate
+        model = evaluate(sc, link_bps=link_bps, threshold=_model_threshold(rs)).to_dict()
         lam = model_lambda(sc, link_bps) or 1.0
         d = out / sc.name
         d.mkdir(parents=True, exist_ok=True)
         print(f"{sc.name}: model Λ_max {lam:.2f} req/s; bisection in [{(1 - spread) * lam:.2f}, "
               f"{(1 + spread) * lam:.2f}]", flush=True)
-        cap = await search(sc, d, backend, (1 - spread) * lam, (1 + spread) * lam, probes, 0.25, ttft_slo,
+        cap = await search(rs, d, backend, (1 - spread) * lam, (1 + spread) * lam, probes, 0.25, ttft_slo,
                            growth_s=growth_s)
         write_outputs(cap, d)
         deps.append(analyse(sc, cap, model, link_bps))
     lams = [x.capacity.lambda_max for x in deps if x.capacity.lambda_max]
     rate = common_rate or (0.75 * min(lams) if lams else None)
     if rate:
-        for sc, dep in zip(scenarios, deps):
-            sc_r = sc.model_copy(update={"workload": sc.workload.model_copy(update={"rate": rate})})
-            run_dir = out / sc.name / f"common-{rate:.3f}"
-            print(f"{sc.name}: common load {rate:.3f} req/s", flush=True)
-            res = await run_replay_async(sc_r, trace_from_workload(sc_r.workload), run_dir, backend,
-                                         name=f"{sc.name} @ {rate:.3f} req/s")
+        for rs, dep in zip(scenarios, deps):
+            rs_r = rs.at_rate(rate)
+            run_dir = out / rs.name / f"common-{rate:.3f}"
+            print(f"{rs.name}: common load {rate:.3f} req/s", flush=True)
+            res = await run_replay_async(rs_r, trace_from_workload(rs_r.spec.workload), run_dir, backend,
+                                         name=f"{rs.name} @ {rate:.3f} req/s")
             dep.common_rate, dep.common_run = rate, str(run_dir)
             dep.ttft_mean_s, dep.ttft_p90_s = res.summary["ttft_s"]["mean"], res.summary["ttft_s"]["p90"]
     write_table(deps, out, ttft_slo, growth_s)
     return deps
+
+
+def _model_threshold(rs: ResolvedScenario) -> int | None:
+    return None if rs.threshold is None else int(rs.threshold)
 
 
 def load_capacity(path: Path) -> CapacityResult:
@@ -313,18 +314,16 @@ def load_capacity(path: Path) -> CapacityResult:
     return CapacityResult(**d, probes=probes)
 
 
-def rebuild_table(scenarios: Sequence[Scenario], out: Path, ttft_slo: float, growth_s: float,
-                  link_bps_of: Any) -> list[Deployment]:
+def rebuild_table(scenarios: Sequence[ResolvedScenario], out: Path, ttft_slo: float,
+                  growth_s: float) -> list[TableRow]:
     """table6.md again from the run directories a previous `run_table` left (no replays)."""
     from testbed.model.analytical import evaluate
-    from testbed.model.command import resolve_threshold
 
     deps = []
-    for sc in scenarios:
-        link_bps = float(link_bps_of(sc))
-        t = resolve_threshold(sc, link_bps) if sc.policy.name == "prfaas" else None
+    for rs in scenarios:
+        sc, link_bps = rs.spec, rs.inter_dc.rate
         cap = load_capacity(out / sc.name / "capacity.json")
-        dep = analyse(sc, cap, evaluate(sc, link_bps=link_bps, threshold=t).to_dict(), link_bps)
+        dep = analyse(sc, cap, evaluate(sc, link_bps=link_bps, threshold=_model_threshold(rs)).to_dict(), link_bps)
         common = sorted((out / sc.name).glob("common-*/summary.json"))
         if common:
             summ = json.loads(common[-1].read_text())
@@ -340,18 +339,18 @@ def _f(x: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def write_table(deps: Sequence[Deployment], out: Path, ttft_slo: float, growth_s: float) -> Path:
+def write_table(deps: Sequence[TableRow], out: Path, ttft_slo: float, growth_s: float) -> Path:
     base = next((d for d in deps if d.policy == "homogeneous"), deps[0])
     b_meas, b_model = base.capacity.lambda_max, base.model["lambda_max"]
 
-    def rel(d: Deployment) -> str:
+    def rel(d: TableRow) -> str:
         meas = _f(None if d.capacity.lambda_max is None or not b_meas else d.capacity.lambda_max / b_meas, "{:.2f}x")
         return f"{meas} ({d.model['lambda_max'] / b_model:.2f}x)"
 
-    def thetas(d: Deployment) -> str:
+    def thetas(d: TableRow) -> str:
         return f"{_f(d.theta_prfaas)} / {_f(d.theta_pdp)} / {_f(d.theta_pdd)}"
 
-    def model_thetas(d: Deployment) -> str:
+    def model_thetas(d: TableRow) -> str:
         m = d.model
         return f"{_f(m['theta_prfaas'])} / {_f(m['theta_pdp'])} / {_f(m['theta_pdd'])}"
 

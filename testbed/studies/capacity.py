@@ -14,19 +14,16 @@ Each probe is a full run directory; the probe table and the analytical figures g
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 
+from testbed.config.resolved import ResolvedScenario
 from testbed.core.scenario import Scenario
 from testbed.metrics.records import RequestRecord, read_records
-from testbed.scenarios import load_scenario, parse_overrides
 
 SLO_SLACK = 1.01        # the testbed's own timing error (see metrics.summary.SLO_TIMING_TOLERANCE)
 # The mock decode step does not slow with load, so TPOT moves only with timer lateness (a few
@@ -98,14 +95,15 @@ def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_sl
     return not reasons, reasons, figures
 
 
-async def _probe(sc: Scenario, rate: float, out: Path, backend: str, growth_limit: float,
+async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, growth_limit: float,
                  ttft_slo: float, growth_s: float | None = None) -> Probe:
-    from testbed.runner import run_replay_async
+    from testbed.studies.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
-    sc_r = sc.model_copy(update={"workload": sc.workload.model_copy(update={"rate": rate})})
+    sc = rs.spec
+    rs_r = rs.at_rate(rate)
     run_dir = out / f"rate-{rate:.3f}"
-    res = await run_replay_async(sc_r, trace_from_workload(sc_r.workload), run_dir, backend,
+    res = await run_replay_async(rs_r, trace_from_workload(rs_r.spec.workload), run_dir, backend,
                                  name=f"{sc.name} @ {rate:.3f} req/s")
     recs = read_records(run_dir / "records.csv")
     ok, reasons, fig = judge(recs, sc.scale.speedup, ttft_slo, sc.slo.tpot_s, growth_limit, growth_s)
@@ -128,15 +126,16 @@ def model_lambda(sc: Scenario, link_bps: float = 100e9) -> float | None:
         return None
 
 
-async def search(sc: Scenario, out: Path, backend: str, lo: float, hi: float, probes: int,
+async def search(rs: ResolvedScenario, out: Path, backend: str, lo: float, hi: float, probes: int,
                  growth_limit: float, ttft_slo: float, verbose: bool = True,
                  growth_s: float | None = None) -> CapacityResult:
     """Bisection: `lo` should be stable and `hi` unstable; each is checked, and widened (halved or
     doubled) if it is not, before the interval is halved `probes` times in all."""
-    res = CapacityResult(sc.name, None, None, model_lambda(sc), ttft_slo, sc.slo.tpot_s)
+    sc = rs.spec
+    res = CapacityResult(sc.name, None, None, model_lambda(sc, rs.inter_dc.rate), ttft_slo, sc.slo.tpot_s)
 
     async def run(rate: float) -> bool:
-        p = await _probe(sc, rate, out, backend, growth_limit, ttft_slo, growth_s)
+        p = await _probe(rs, rate, out, backend, growth_limit, ttft_slo, growth_s)
         res.probes.append(p)
         if verbose:
             print(f"  {rate:.3f} req/s: {'stable' if p.stable else 'UNSTABLE'}"
@@ -189,98 +188,3 @@ def write_outputs(res: CapacityResult, out: Path) -> None:
 
 def _f(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("capacity", help="measure Lambda_max by emulation (bisection over offered rates); with "
-                                        "several scenarios, the paper's Table 6 by emulation")
-    p.add_argument("--scenario", action="append", required=True,
-                   help="scenario (repeatable: several give table6.md with the model beside the measurements)")
-    p.add_argument("--backend", choices=["auto", "netns", "local", "inproc"], default="auto")
-    p.add_argument("--requests", type=int, default=240, help="requests per probe (default 240)")
-    p.add_argument("--lo", type=float, help="a rate expected to be stable (default 0.6 x the model's Lambda_max)")
-    p.add_argument("--hi", type=float, help="a rate expected to be unstable (default 1.3 x the model's Lambda_max)")
-    p.add_argument("--probes", type=int, default=6, help="replays in all (default 6)")
-    p.add_argument("--ttft-slo", type=float, help="P90 TTFT SLO in paper seconds (default: the scenario's slo.ttft_s)")
-    p.add_argument("--growth-limit", type=float, default=0.25,
-                   help="unstable when mean wait grows by more than this fraction of the TTFT SLO (default 0.25)")
-    p.add_argument("--wait-growth", type=float, metavar="S",
-                   help="unstable when mean wait grows by more than S paper seconds (overrides --growth-limit; "
-                        f"default with several scenarios: {2.5:g})")
-    p.add_argument("--common-rate", type=float, metavar="R",
-                   help="several scenarios: offered load of the TTFT comparison (default 0.75 x the lowest measured "
-                        "Lambda_max)")
-    p.add_argument("--table-only", action="store_true",
-                   help="several scenarios: rewrite table6.md from the run directories already under --out")
-    p.add_argument("--spread", type=float, default=0.25,
-                   help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--out", type=Path)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_capacity)
-
-
-def cmd_capacity(args: argparse.Namespace) -> int:
-    from testbed.runner import pick_backend
-
-    ov = parse_overrides(args.set)
-    ov.setdefault("workload", {})["requests"] = args.requests
-    scenarios = [load_scenario(name, ov) for name in args.scenario]
-    backend, warning = pick_backend(args.backend)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
-    if len(scenarios) > 1:
-        return _cmd_table(args, scenarios, backend)
-    sc = scenarios[0]
-    model = model_lambda(sc)
-    lo = args.lo or (0.6 * model if model else 1.0)
-    hi = args.hi or (1.3 * model if model else 4.0)
-    out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-capacity-{sc.name}"
-    out.mkdir(parents=True, exist_ok=True)
-    ttft_slo = args.ttft_slo or sc.slo.ttft_s
-    print(f"capacity of {sc.name}: bisection in [{lo:.3f}, {hi:.3f}] req/s, {args.probes} probes of "
-          f"{args.requests} requests, backend {backend} -> {out}", file=sys.stderr)
-    try:
-        res = asyncio.run(search(sc, out, backend, lo, hi, args.probes, args.growth_limit, ttft_slo,
-                                 growth_s=args.wait_growth))
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    write_outputs(res, out)
-    if args.json:
-        print(json.dumps(asdict(res), indent=1))
-    else:
-        print((out / "capacity.md").read_text())
-    return 0
-
-
-def _cmd_table(args: argparse.Namespace, scenarios: list[Scenario], backend: str) -> int:
-    from testbed.linkprofiles import load_profile
-    from testbed.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
-
-    out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-table6"
-    out.mkdir(parents=True, exist_ok=True)
-    ttft_slo = args.ttft_slo or max(sc.slo.ttft_s for sc in scenarios)
-    growth = args.wait_growth if args.wait_growth is not None else DEFAULT_GROWTH_S
-    print(f"Table 6 by emulation: {', '.join(sc.name for sc in scenarios)}; {args.probes} probes of {args.requests} "
-          f"requests each, backend {backend} -> {out}", file=sys.stderr)
-    link_of = lambda sc: load_profile(sc.links.inter_dc).rate  # noqa: E731
-    if args.table_only:
-        try:
-            deps = rebuild_table(scenarios, out, ttft_slo, growth, link_of)
-        except FileNotFoundError as e:
-            print(f"capacity --table-only: {e.filename}: missing; run without --table-only first", file=sys.stderr)
-            return 2
-        print((out / "table6.md").read_text())
-        return 0
-    try:
-        deps = asyncio.run(run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate,
-                                     link_of, args.spread))
-    except KeyboardInterrupt:
-        print(f"interrupted: probes so far kept under {out}", file=sys.stderr)
-        return 130
-    if args.json:
-        print((out / "table6.json").read_text())
-    else:
-        print((out / "table6.md").read_text())
-    return 0 if all(d.capacity.lambda_max is not None for d in deps) else 1

@@ -34,7 +34,9 @@ import numpy as np
 import yaml
 
 from testbed.core.scenario import Scenario
-from testbed.scenarios import ScenarioError, load_scenario
+from testbed.config.resolved import ResolvedScenario
+from testbed.config.scenarios import ScenarioError, load_scenario
+from testbed.studies.load import load
 
 MAX_PARAMS = 2
 THRESHOLD_FIELD = "policy.threshold"
@@ -160,8 +162,12 @@ def _value_text(v: Any) -> str:
 class Point:
     index: int
     values: dict[str, Any]
-    scenario: Scenario
+    resolved: ResolvedScenario
     overrides: dict[str, Any]
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.resolved.spec
 
     @property
     def label(self) -> str:
@@ -176,11 +182,11 @@ def plan_points(scenario: str, base: Sequence[tuple[str, Any]], grid: Sequence[d
     for i, values in enumerate(grid):
         ov = build_overrides(resolved, [*base, *values.items()])
         try:
-            sc = load_scenario(scenario, ov)
+            rs = load(scenario, ov)
         except ScenarioError as e:
             where = ", ".join(f"{k}={_value_text(v)}" for k, v in values.items())
             raise ScenarioError(f"sweep point {where}: {e}") from None
-        points.append(Point(i, dict(values), sc, ov))
+        points.append(Point(i, dict(values), rs, ov))
     return points
 
 
@@ -263,9 +269,9 @@ def model_curve(sc: Scenario, link_bps: float, extra: Sequence[float] = ()) -> l
     """Analytical figures of the `prfaas` policy for each t of `threshold_grid` (paper units);
     queue-free TTFT only on the coarser TTFT grid (empty elsewhere)."""
     from testbed.core.kvsize import KVModel
-    from testbed.model.analytical import Deployment, LengthDistribution, evaluate, threshold_curves
+    from testbed.model.analytical import StagePools, LengthDistribution, evaluate, threshold_curves
 
-    dep = Deployment.from_scenario(sc)
+    dep = StagePools.from_scenario(sc)
     if not dep.prfaas or not dep.pd_prefill:
         raise ValueError(f"scenario {sc.name!r} lacks PrfaaS or PD prefill instances: no threshold curve")
     ttft_ts = threshold_grid(sc, extra, TTFT_CURVE_POINTS)
@@ -416,7 +422,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 2
     fields = [k for k, _ in params]
     first = points[0].scenario
-    from testbed.runner import pick_backend
+    from testbed.studies.runner import pick_backend
     args.backend, warning = pick_backend(args.backend)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
@@ -459,7 +465,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _run_and_record(pt: Point, out: Path, backend: str, link_bps: float, n: int, rows: list[dict[str, Any]],
                     capacity_probes: int = 0) -> bool:
     """Run one point and append its row; True when Ctrl-C stopped it. With `capacity_probes`,
-    the point is a capacity search (testbed.capacity) and its row carries the measured
+    the point is a capacity search (testbed.studies.capacity) and its row carries the measured
     Lambda_max and the figures of the highest stable probe."""
     run_dir = out / pt.label
     where = ", ".join(f"{k}={_value_text(v)}" for k, v in pt.values.items())
@@ -494,22 +500,22 @@ def _short(v: Any) -> str:
 
 
 async def _capacity_point(pt: Point, run_dir: Path, backend: str, probes: int, link_bps: float) -> Any:
-    from testbed.capacity import model_lambda, search, write_outputs
+    from testbed.studies.capacity import model_lambda, search, write_outputs
 
     model = model_lambda(pt.scenario, link_bps) or 1.0
     run_dir.mkdir(parents=True, exist_ok=True)
-    res = await search(pt.scenario, run_dir, backend, 0.75 * model, 1.25 * model, probes, 0.25,
+    res = await search(pt.resolved, run_dir, backend, 0.75 * model, 1.25 * model, probes, 0.25,
                        pt.scenario.slo.ttft_s)
     write_outputs(res, run_dir)
     return res
 
 
 async def _run_point(pt: Point, run_dir: Path, backend: str) -> None:
-    from testbed.runner import run_replay_async
+    from testbed.studies.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
     trace = trace_from_workload(pt.scenario.workload)
-    await run_replay_async(pt.scenario, trace, run_dir, backend, name=f"{pt.scenario.name} {pt.label[3:]}")
+    await run_replay_async(pt.resolved, trace, run_dir, backend, name=f"{pt.scenario.name} {pt.label[3:]}")
 
 
 def _write_curve(out: Path, points: Sequence[Point], fields: Sequence[str], link_bps: float) -> Path | None:
