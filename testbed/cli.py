@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+from types import FrameType
 
 from testbed.core.errors import UserError
 
@@ -32,12 +35,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_terminated = False
+
+
+def _sigterm_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    """`timeout`, CI runners, systemd and `docker stop` send SIGTERM: take the Ctrl-C path (which
+    under asyncio cancels the main task), so a run tears down what it started and keeps its records."""
+    global _terminated
+    _terminated = True
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    if args.func.__module__ != "testbed.deploy.serve":     # a service handles SIGTERM itself
+        signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
     try:
         rc: int = args.func(args)
-        return rc
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        rc = 130
+    return 128 + signal.SIGTERM if _terminated and rc == 130 else rc

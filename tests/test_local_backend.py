@@ -65,7 +65,8 @@ def test_replay_cli_on_local_backend(tmp_path: Path) -> None:
     assert _serve_processes(out) == []
 
 
-def test_ctrl_c_stops_services_and_keeps_records(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_services_and_keeps_records(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
                                      "--out", str(out), "--backend", "local", *FAST, "--set", "workload.output_tokens=400"),
@@ -78,9 +79,9 @@ def test_ctrl_c_stops_services_and_keeps_records(tmp_path: Path) -> None:
             break
         time.sleep(0.2)
     assert _serve_processes(out), "services should be running"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == 128 + sig, err[-2000:]
     assert "interrupted" in err
     assert _serve_processes(out) == []
     with records.open() as fh:

@@ -86,7 +86,8 @@ def test_replay_over_shaped_link_counts_wan_bytes(tmp_path: Path) -> None:
     assert (out / "wan.png").exists()
 
 
-def test_sigint_tears_everything_down_and_keeps_records(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sigint_or_sigterm_tears_everything_down_and_keeps_records(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
                                      "--out", str(out), *FAST, "--set", "workload.output_tokens=600"),
@@ -96,12 +97,12 @@ def test_sigint_tears_everything_down_and_keeps_records(tmp_path: Path) -> None:
         _wait_for_records(out, 3)
         assert _namespaces(prefix), "the run's namespaces should exist while it runs"
         assert _processes_mentioning(str(out / "deployment.json"))
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 128 + sig, err[-3000:]
     assert _namespaces(prefix) == []
     assert _processes_mentioning(str(out / "deployment.json")) == []
     assert _processes_mentioning(prefix) == []

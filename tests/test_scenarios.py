@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config.scenarios import ScenarioError, load_scenario, parse_overrides
+from testbed.config.overrides import overrides_for
+from testbed.config.scenarios import ScenarioError, load_scenario
 
 pytestmark = pytest.mark.pure
 
@@ -70,8 +71,29 @@ def test_bad_yaml_and_missing(tmp_path: Path) -> None:
 
 
 def test_overrides() -> None:
-    ov = parse_overrides(["scale.speedup=8", "policy.threshold=30000"])
+    ov = overrides_for("paper-prfaas", ["scale.speedup=8", "policy.threshold=30000"])
     sc = load_scenario("paper-prfaas", ov)
     assert sc.scale.speedup == 8 and sc.policy.threshold == 30000
     with pytest.raises(ScenarioError, match="field.path=value"):
-        parse_overrides(["nonsense"])
+        overrides_for("paper-prfaas", ["nonsense"])
+
+
+def test_overrides_address_list_items_by_index() -> None:
+    ov = overrides_for("paper-prfaas", ["clusters.1.prefill=2"])
+    sc = load_scenario("paper-prfaas", ov)
+    assert sc.clusters[1].prefill == 2
+    assert [c.name for c in sc.clusters] == [c.name for c in load_scenario("paper-prfaas").clusters]
+    with pytest.raises(ScenarioError, match=r"index 7 out of range \(the list has 2 elements\)"):
+        overrides_for("paper-prfaas", ["clusters.7.prefill=2"])
+
+
+def test_a_bad_set_value_is_a_scenario_error_not_a_yaml_traceback() -> None:
+    with pytest.raises(ScenarioError, match=r"--set 'scale.speedup=\[1': the value is not valid YAML"):
+        overrides_for("paper-prfaas", ["scale.speedup=[1"])
+
+
+def test_an_unknown_link_profile_fails_at_load_naming_the_field() -> None:
+    from testbed.config import ProfileError, load
+
+    with pytest.raises(ProfileError, match=r"paper-prfaas.yaml: field 'links.inter_dc': link profile 'nowhere-9g' not found"):
+        load("paper-prfaas", {"links": {"inter_dc": "nowhere-9g"}})

@@ -13,12 +13,11 @@ from testbed.studies import sweep
 from testbed.cli import main
 from testbed.model.analytical import evaluate
 from testbed.config.scenarios import ScenarioError, load_scenario
+from testbed.config.overrides import build_overrides, parse_assignments
 from testbed.studies.sweep import (
     build_grid,
-    build_overrides,
     model_curve,
     model_figures,
-    parse_assignments,
     parse_param,
     plan_points,
     point_label,

@@ -3,7 +3,8 @@ every other layer receives (`ResolvedScenario`). May import `testbed.core` only.
 
 from testbed.config.profiles import ProfileError, load_profile
 from testbed.config.resolved import ResolvedScenario, ThresholdSolver, load, resolve
-from testbed.config.scenarios import ScenarioError, load_scenario, parse_overrides
+from testbed.config.overrides import overrides_for
+from testbed.config.scenarios import ScenarioError, load_scenario
 
 __all__ = [
     "ProfileError",
@@ -13,6 +14,6 @@ __all__ = [
     "load",
     "load_profile",
     "load_scenario",
-    "parse_overrides",
+    "overrides_for",
     "resolve",
 ]

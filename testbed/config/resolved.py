@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from testbed.config.profiles import load_profile
+from testbed.config.profiles import ProfileError, load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
 from testbed.core.linkprofile import LinkProfile
 from testbed.core.scaling import Scale
@@ -46,8 +46,8 @@ class ResolvedScenario(BaseModel):
 
 
 def resolve(spec: Scenario, source: str = "", solve: ThresholdSolver | None = None) -> ResolvedScenario:
-    intra = load_profile(spec.links.intra_dc)
-    inter = load_profile(spec.links.inter_dc)
+    intra = _profile(spec, "intra_dc", source)
+    inter = _profile(spec, "inter_dc", source)
     threshold: float | None = None
     t = spec.policy.threshold
     if spec.policy.name == "prfaas":
@@ -59,6 +59,13 @@ def resolve(spec: Scenario, source: str = "", solve: ThresholdSolver | None = No
                                     "analytical optimiser to resolve it")
             threshold = float(solve(spec, inter.rate))
     return ResolvedScenario(spec=spec, intra_dc=intra, inter_dc=inter, threshold=threshold, source=source)
+
+
+def _profile(spec: Scenario, field: str, source: str) -> LinkProfile:
+    try:
+        return load_profile(getattr(spec.links, field))
+    except ProfileError as e:
+        raise ProfileError(f"{source or spec.name}: field 'links.{field}': {e}") from None
 
 
 def load(name_or_path: str | Path, overrides: dict[str, Any] | None = None,

@@ -67,18 +67,3 @@ def load_scenario(name_or_path: str | Path, overrides: dict[str, Any] | None = N
 
 def dump_scenario(sc: Scenario) -> str:
     return yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False)
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`a.b.c=value` pairs (value parsed as YAML) -> nested dict."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ScenarioError(f"override {pair!r} must look like field.path=value")
-        key, raw = pair.split("=", 1)
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
-    return out

@@ -230,7 +230,8 @@ class ServingSpec(_Strict):
 
 
 class Scenario(_Strict):
-    name: str
+    # The name becomes a directory name under the run directory: one path component, no '..'.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
     description: str = ""
     model: ModelSpec
     hardware: dict[str, HardwareSpec]

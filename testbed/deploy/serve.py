@@ -6,6 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
+SHUTDOWN_GRACE_S = 2.0
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
@@ -29,7 +31,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.serve_files and dep.run_dir:
         from testbed.deploy.discovery import add_file_routes
         add_file_routes(app, Path(dep.run_dir))
-    web.run_app(app, host=dep.bind_host, port=ep.port, print=None, access_log=None)
+    # SIGTERM stops the service: requests still held get SHUTDOWN_GRACE_S, not aiohttp's 60 s.
+    web.run_app(app, host=dep.bind_host, port=ep.port, print=None, access_log=None,
+                shutdown_timeout=SHUTDOWN_GRACE_S)
     return 0
 
 

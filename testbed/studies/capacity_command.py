@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.config.scenarios import parse_overrides
+from testbed.config.overrides import overrides_for
 from testbed.studies.capacity import model_lambda, search, write_outputs
 from testbed.studies.load import load
 from testbed.studies.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
@@ -50,9 +50,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_capacity(args: argparse.Namespace) -> int:
     from testbed.studies.runner import pick_backend
 
-    ov = parse_overrides(args.set)
-    ov.setdefault("workload", {})["requests"] = args.requests
-    scenarios = [load(name, ov) for name in args.scenario]
+    scenarios = []
+    for name in args.scenario:
+        ov = overrides_for(name, args.set)
+        ov.setdefault("workload", {})["requests"] = args.requests
+        scenarios.append(load(name, ov))
     backend, warning = pick_backend(args.backend)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.config.scenarios import parse_overrides
+from testbed.config.overrides import overrides_for
 from testbed.core.scenario import Scenario
 from testbed.studies.load import load
 from testbed.studies.runner import RunResult
@@ -47,10 +47,10 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print figures as JSON")
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+def _overrides(args: argparse.Namespace, name: str | None = None) -> dict[str, Any]:
     from testbed.traces.types import TraceError
 
-    ov = parse_overrides(args.set)
+    ov = overrides_for(name, args.set) if name is not None else {}
     if args.trace is None:
         only = [f for f, v in (("--window", args.window), ("--sample", args.sample), ("--format", args.format != "auto"),
                                ("--keep-failed", args.keep_failed), ("--trace-model", args.trace_models)) if v]
@@ -136,7 +136,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not names or names == [None]:
         print("replay: give --scenario NAME or --compare NAME...", file=sys.stderr)
         return 2
-    scenarios = [load(n, _overrides(args)) for n in names]
+    scenarios = [load(n, _overrides(args, n)) for n in names]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
     show = not args.json and sys.stderr.isatty()

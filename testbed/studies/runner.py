@@ -51,9 +51,16 @@ RUN_ARTEFACTS = ("timeseries", "logs", "decisions.jsonl", "records.csv", "summar
 
 
 def clear_previous_run(run_dir: Path) -> list[str]:
-    """Remove a previous run's artefacts from `run_dir` (only those: anything else stays)."""
+    """Remove a previous run's artefacts from `run_dir` (only those: anything else stays), and
+    only when `run.json` says a run was there: a directory that never held a run keeps all."""
     import shutil
 
+    try:
+        held_run = "scenario" in json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError, TypeError):
+        held_run = False
+    if not held_run:
+        return []
     removed = []
     for name in RUN_ARTEFACTS:
         p = run_dir / name

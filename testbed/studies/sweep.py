@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import csv
 import itertools
 import json
@@ -35,6 +34,7 @@ import yaml
 
 from testbed.core.scenario import Scenario
 from testbed.config.resolved import ResolvedScenario
+from testbed.config.overrides import build_overrides, parse_assignments
 from testbed.config.scenarios import ScenarioError, load_scenario
 from testbed.studies.load import load
 
@@ -85,67 +85,6 @@ def build_grid(params: Sequence[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
     if len(set(fields)) != len(fields):
         raise ScenarioError(f"--param field given twice: {fields}")
     return [dict(zip(fields, combo)) for combo in itertools.product(*(v for _, v in params))]
-
-
-def _index(part: str, lst: list[Any], path: str) -> int:
-    if not re.fullmatch(r"\d+", part):
-        raise ScenarioError(f"field {path!r}: {part!r} indexes a list and must be a number")
-    i = int(part)
-    if i >= len(lst):
-        raise ScenarioError(f"field {path!r}: index {i} out of range (the list has {len(lst)} elements)")
-    return i
-
-
-def set_path(overrides: dict[str, Any], resolved: dict[str, Any], path: str, value: Any) -> None:
-    """Set dotted `path` to `value` in a sparse override dict meant for `load_scenario`.
-
-    Dictionaries stay sparse (load_scenario deep-merges them). The first list on the path is copied
-    whole from `resolved` (the scenario as loaded, e.g. `Scenario.model_dump(mode="json")`),
-    because a merge would replace it whole; below it the copy is edited in place.
-    """
-    parts = path.split(".")
-    if not all(parts):
-        raise ScenarioError(f"field {path!r}: empty path component")
-    dst: Any = overrides
-    src: Any = resolved
-    for part in parts[:-1]:
-        if isinstance(dst, list):
-            dst, src = dst[_index(part, dst, path)], None
-            continue
-        if not isinstance(dst, dict):
-            raise ScenarioError(f"field {path!r}: {part!r} is below a value that is neither a mapping nor a list")
-        src_child = src.get(part) if isinstance(src, dict) else None
-        if part in dst and not isinstance(dst[part], (dict, list)):
-            raise ScenarioError(f"field {path!r}: {part!r} was set to a value, it cannot also hold fields")
-        if part not in dst:
-            dst[part] = copy.deepcopy(src_child) if isinstance(src_child, list) else {}
-        dst, src = dst[part], src_child
-    last = parts[-1]
-    if isinstance(dst, list):
-        dst[_index(last, dst, path)] = value
-    elif isinstance(dst, dict):
-        dst[last] = value
-    else:
-        raise ScenarioError(f"field {path!r}: {last!r} is below a value that is neither a mapping nor a list")
-
-
-def build_overrides(resolved: dict[str, Any], assignments: Sequence[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for path, value in assignments:
-        set_path(out, resolved, path, value)
-    return out
-
-
-def parse_assignments(pairs: Sequence[str]) -> list[tuple[str, Any]]:
-    """`--set a.b=value` pairs as (path, YAML-parsed value), like `parse_overrides` but kept flat
-    so indexed paths can be resolved against the scenario."""
-    out: list[tuple[str, Any]] = []
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise ScenarioError(f"override {pair!r} must look like field.path=value")
-        out.append((key.strip(), yaml.safe_load(raw)))
-    return out
 
 
 def point_label(index: int, point: dict[str, Any]) -> str:
