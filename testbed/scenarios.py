@@ -8,9 +8,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from testbed.core.scenario import Scenario
+from testbed.core.scenario import ModelProfile, Scenario
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+MODEL_DIR = SCENARIO_DIR / "models"
 
 
 class ScenarioError(ValueError):
@@ -52,12 +53,18 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     out: dict[str, Any] = data
-    parent = out.pop("extends", None)
-    if parent is not None:
-        if not isinstance(parent, str):
-            raise ScenarioError(f"{path}: field 'extends' must be a file name")
-        ppath = (path.parent / parent) if not Path(parent).is_absolute() else Path(parent)
-        out = _deep_merge(_read_raw(ppath, seen + (path.resolve(),)), out)
+    parents = out.pop("extends", None)
+    if parents is not None:
+        # One parent, or a list merged left to right (a later one wins), then this file on top:
+        # e.g. [base/paper.yaml, models/minimax-m2.5.yaml] swaps the model into a deployment.
+        names = [parents] if isinstance(parents, str) else parents
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ScenarioError(f"{path}: field 'extends' must be a file name or a list of file names")
+        merged: dict[str, Any] = {}
+        for name in names:
+            ppath = (path.parent / name) if not Path(name).is_absolute() else Path(name)
+            merged = _deep_merge(merged, _read_raw(ppath, seen + (path.resolve(),)))
+        out = _deep_merge(merged, out)
     return out
 
 
@@ -102,3 +109,24 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[parts[-1]] = yaml.safe_load(raw)
     return out
+
+
+def model_profiles() -> list[str]:
+    """Names of the shipped model profiles (scenarios/models/NAME.yaml)."""
+    return sorted(f.stem for f in MODEL_DIR.glob("*.yaml")) if MODEL_DIR.is_dir() else []
+
+
+def load_model_profile(name_or_path: str | Path) -> ModelProfile:
+    """A model profile on its own (its `model` and `hardware` blocks), validated."""
+    p = Path(name_or_path)
+    if not p.exists():
+        p = MODEL_DIR / f"{name_or_path}.yaml"
+        if not p.exists():
+            raise ScenarioError(f"model profile {str(name_or_path)!r} not found (a path, or one of: "
+                                f"{', '.join(model_profiles())})")
+    data = _read_raw(p)
+    try:
+        return ModelProfile.model_validate(data)
+    except ValidationError as e:
+        msg = format_validation_error(str(p), e).replace("invalid scenario", "invalid model profile", 1)
+        raise ScenarioError(msg) from None
