@@ -97,3 +97,30 @@ def test_an_unknown_link_profile_fails_at_load_naming_the_field() -> None:
 
     with pytest.raises(ProfileError, match=r"paper-prfaas.yaml: field 'links.inter_dc': link profile 'nowhere-9g' not found"):
         load("paper-prfaas", {"links": {"inter_dc": "nowhere-9g"}})
+
+
+def test_extends_list_merges_left_to_right(tmp_path: Path) -> None:
+    scen = Path(__file__).resolve().parent.parent / "scenarios"
+    a = tmp_path / "a.yaml"
+    a.write_text("scale: {speedup: 2, byte_scale: 64}\nslo: {ttft_s: 5.0}\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("scale: {speedup: 3}\n")
+    f = tmp_path / "x.yaml"
+    f.write_text(f"extends: [{scen / 'paper-prfaas.yaml'}, a.yaml, b.yaml]\nname: x\nslo: {{tpot_s: 0.05}}\n")
+    sc = load_scenario(f)
+    # Later parents win field by field; the file itself wins over all of them.
+    assert (sc.scale.speedup, sc.scale.byte_scale) == (3, 64)
+    assert (sc.slo.ttft_s, sc.slo.tpot_s) == (5.0, 0.05)
+    assert sc.policy.threshold == 19400 and sc.name == "x"
+
+
+def test_extends_must_name_files(tmp_path: Path) -> None:
+    for bad in ("[]", "{a: 1}", "[paper.yaml, 3]"):
+        f = tmp_path / "x.yaml"
+        f.write_text(f"extends: {bad}\nname: x\n")
+        with pytest.raises(ScenarioError, match="'extends' must be a file name or a list"):
+            load_scenario(f)
+    f = tmp_path / "y.yaml"
+    f.write_text("extends: [no-such-parent.yaml]\nname: y\n")
+    with pytest.raises(ScenarioError, match="no-such-parent.yaml: cannot read"):
+        load_scenario(f)

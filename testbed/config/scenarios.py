@@ -9,9 +9,10 @@ import yaml
 
 from testbed.config.loader import read_mapping, validate as validate_model
 from testbed.core.errors import UserError
-from testbed.core.scenario import Scenario
+from testbed.core.scenario import ModelProfile, Scenario
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+MODEL_DIR = SCENARIO_DIR / "models"
 
 
 class ScenarioError(UserError, ValueError):
@@ -43,12 +44,18 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in seen:
         raise ScenarioError(f"{path}: 'extends' loops back to itself")
     out = read_mapping(path, ScenarioError)
-    parent = out.pop("extends", None)
-    if parent is not None:
-        if not isinstance(parent, str):
-            raise ScenarioError(f"{path}: field 'extends' must be a file name")
-        ppath = (path.parent / parent) if not Path(parent).is_absolute() else Path(parent)
-        out = _deep_merge(_read_raw(ppath, seen + (path.resolve(),)), out)
+    parents = out.pop("extends", None)
+    if parents is not None:
+        # One parent, or a list merged left to right (a later one wins), then this file on top:
+        # e.g. [base/paper.yaml, models/minimax-m2.5.yaml] swaps the model into a deployment.
+        names = [parents] if isinstance(parents, str) else parents
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ScenarioError(f"{path}: field 'extends' must be a file name or a list of file names")
+        merged: dict[str, Any] = {}
+        for name in names:
+            ppath = (path.parent / name) if not Path(name).is_absolute() else Path(name)
+            merged = _deep_merge(merged, _read_raw(ppath, seen + (path.resolve(),)))
+        out = _deep_merge(merged, out)
     return out
 
 
@@ -67,3 +74,19 @@ def load_scenario(name_or_path: str | Path, overrides: dict[str, Any] | None = N
 
 def dump_scenario(sc: Scenario) -> str:
     return yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False)
+
+
+def model_profiles() -> list[str]:
+    """Names of the shipped model profiles (scenarios/models/NAME.yaml)."""
+    return sorted(f.stem for f in MODEL_DIR.glob("*.yaml")) if MODEL_DIR.is_dir() else []
+
+
+def load_model_profile(name_or_path: str | Path) -> ModelProfile:
+    """A model profile on its own (its `model` and `hardware` blocks), validated."""
+    p = Path(name_or_path)
+    if not p.exists():
+        p = MODEL_DIR / f"{name_or_path}.yaml"
+        if not p.exists():
+            raise ScenarioError(f"model profile {str(name_or_path)!r} not found (a path, or one of: "
+                                f"{', '.join(model_profiles())})")
+    return validate_model(ModelProfile, _read_raw(p), str(p), "model profile", ScenarioError)

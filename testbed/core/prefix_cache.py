@@ -77,7 +77,7 @@ class HybridPrefixCache:
     def for_model(cls, kv: KVModel, block_tokens: int, capacity_bytes: int) -> "HybridPrefixCache":
         has_linear = "linear" in kv.kinds
         return cls(capacity_bytes, block_tokens, round(kv.full_bytes_per_token * block_tokens),
-                   kv.linear_state_bytes if has_linear else 0)
+                   kv.max_state_bytes if has_linear else 0)
 
     # -- queries (no LRU change) ---------------------------------------------------------------
 

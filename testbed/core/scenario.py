@@ -21,9 +21,13 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """KV footprint of the served model.
 
-    KV bytes of a request = linear_state_bytes + full_attention_bytes_per_token * tokens.
+    KV bytes of a request = linear_state_bytes
+                            + window_bytes_per_token * min(tokens, window_tokens)
+                            + full_attention_bytes_per_token * tokens.
     The layer pattern repeats to `layers` and tells which layers hold which part, so that
-    KV can be streamed layer by layer.
+    KV can be streamed layer by layer. Sliding-window layers are listed as 'linear': like
+    linear attention they hold request-level state that stops growing (once the prompt fills
+    the window), which is how the paper's hybrid cache pool treats both.
     """
 
     name: str
@@ -32,12 +36,18 @@ class ModelSpec(_Strict):
     linear_state_bytes: int = Field(ge=0)
     full_attention_bytes_per_token: float = Field(ge=0)
     block_tokens: int = Field(default=512, gt=0)
+    window_tokens: int = Field(default=0, ge=0)
+    window_bytes_per_token: float = Field(default=0.0, ge=0)
 
     @model_validator(mode="after")
     def _kinds_present(self) -> "ModelSpec":
         kinds = self.layer_kinds()
         if self.linear_state_bytes > 0 and "linear" not in kinds:
             raise ValueError("linear_state_bytes > 0 but layer_pattern has no 'linear' layer")
+        if (self.window_tokens > 0) != (self.window_bytes_per_token > 0):
+            raise ValueError("window_tokens and window_bytes_per_token must both be set (> 0) or both 0")
+        if self.window_tokens > 0 and "linear" not in kinds:
+            raise ValueError("a sliding window needs 'linear' layers in layer_pattern to hold it")
         if self.full_attention_bytes_per_token > 0 and "full" not in kinds:
             raise ValueError("full_attention_bytes_per_token > 0 but layer_pattern has no 'full' layer")
         return self
@@ -227,6 +237,14 @@ class ServingSpec(_Strict):
     """How the mock nodes talk to clients."""
 
     stream_interval: int = Field(default=1, ge=1, le=1024)
+
+
+class ModelProfile(_Strict):
+    """A scenario fragment (scenarios/models/*.yaml): a model and its prefill curve on named
+    hardware, merged into a scenario through `extends`."""
+
+    model: ModelSpec
+    hardware: dict[str, HardwareSpec] = Field(min_length=1)
 
 
 class Scenario(_Strict):

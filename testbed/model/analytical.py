@@ -319,7 +319,7 @@ def threshold_curves(
     # Where a side has no requests, evaluate at the bound (the capacity is then unused anyway).
     l_long_eval = np.where(np.isnan(l_long), dist.hi, l_long)
     l_short_eval = np.where(np.isnan(l_short), dist.lo, l_short)
-    s_long = kv.linear_state_bytes + kv.full_bytes_per_token * l_long_eval
+    s_long = kv_bytes(kv, l_long_eval)
     return ThresholdCurves(
         ts=ts,
         p=p,
@@ -391,12 +391,24 @@ def _pool_ttft(pools: Sequence[Pool], lengths: FloatArray, mean_len: float) -> l
     return [(prefill_seconds(p.prefill, lengths), c / total) for p, c in zip(pools, caps)]
 
 
+def kv_bytes(kv: KVModel, lengths: FloatArray) -> FloatArray:
+    """S_kv(l) over an array of lengths (KVModel.total without the rounding)."""
+    out: FloatArray = state_bytes(kv, lengths) + kv.full_bytes_per_token * lengths
+    return out
+
+
+def state_bytes(kv: KVModel, lengths: FloatArray) -> FloatArray:
+    """Request-level (linear and sliding-window) state after each length."""
+    out: FloatArray = kv.linear_state_bytes + kv.window_bytes_per_token * np.minimum(lengths, kv.window_tokens)
+    return out
+
+
 def _last_layer_bytes(kv: KVModel, lengths: FloatArray) -> FloatArray:
     """Bytes of the last layer's KV: with layer-wise pipelining only this waits after compute ends."""
     kind = kv.kinds[-1]
     n_kind = kv.kinds.count(kind)
     if kind == "linear":
-        out: FloatArray = np.full_like(lengths, kv.linear_state_bytes / n_kind)
+        out: FloatArray = state_bytes(kv, lengths) / n_kind
     else:
         out = kv.full_bytes_per_token * lengths / n_kind
     return out
@@ -469,7 +481,7 @@ def evaluate(
             raise ValueError("policy 'naive' needs PrfaaS prefill instances")
         p, l_long, l_short = 1.0, dist.mean(), None
         th_c = float(stage_capacity(dep.prfaas, np.array([l_long]))[0])
-        th_l = link_bps / (8.0 * (kv.linear_state_bytes + kv.full_bytes_per_token * l_long))
+        th_l = link_bps / (8.0 * float(kv_bytes(kv, np.array([l_long]))[0]))
         th_pdp = None
         limits = {"prfaas": min(th_c, th_l), "pdd": dep.decode_rate}
         long_mask = np.ones(lengths.shape, dtype=bool)
@@ -487,9 +499,8 @@ def evaluate(
 
     all_vals = np.concatenate(ttft_vals)
     all_wts = np.concatenate(ttft_wts)
-    kv_bytes = kv.linear_state_bytes + kv.full_bytes_per_token * lengths
     offloaded = mass * long_mask
-    kv_long = float(np.dot(offloaded, kv_bytes) / offloaded.sum()) if offloaded.sum() > 0 else 0.0
+    kv_long = float(np.dot(offloaded, kv_bytes(kv, lengths)) / offloaded.sum()) if offloaded.sum() > 0 else 0.0
     tail = float(np.dot(offloaded, _last_layer_bytes(kv, lengths))) * 8.0 / link_bps
 
     return ModelResult(

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from testbed.core.scenario import Scenario
 from testbed.model.analytical import ModelResult, evaluate
+from testbed.model.bandwidth_command import DEFAULT_GPUS, run_bandwidth
 from testbed.model.optimise import OptimiseResult, optimise, optimise_threshold, resolve_threshold
 from testbed.config.scenarios import ScenarioError, load_scenario
 
@@ -21,12 +22,23 @@ __all__ = ["register", "run", "resolve_threshold"]
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "model",
-        help="analytical throughput model of the paper (Table 6)",
-        description="Queue-free stage capacities, Lambda_max, TTFT and PrfaaS egress (PAPER.md section 3.4).",
+        help="analytical throughput model of the paper (Table 6), or its KV bandwidth figures (--bandwidth)",
+        description="Queue-free stage capacities, Lambda_max, TTFT and PrfaaS egress (PAPER.md section 3.4). "
+        "With --bandwidth: per-instance KV throughput of the model profiles (Table 3) and the cluster "
+        "egress claims of section 2.3, side by side with the paper's figures.",
     )
-    p.add_argument("--scenario", action="append", required=True, metavar="NAME", help="scenario name or path (repeatable)")
+    p.add_argument("--scenario", action="append", metavar="NAME", help="scenario name or path (repeatable)")
     p.add_argument("--link-gbps", type=float, default=100.0, help="PrfaaS egress link B_out in Gbit/s (default 100)")
     p.add_argument("--optimise", action="store_true", help="also run the 2-D grid search over t and the N_p/N_d split")
+    b = p.add_argument_group("bandwidth (--bandwidth)")
+    b.add_argument("--bandwidth", action="store_true",
+                   help="Phi_kv of the model profiles (scenarios/models) and the section 2.3 claims")
+    b.add_argument("--gpus", type=float,
+                   help=f"PrfaaS cluster size in H200 GPUs, 8 per instance (default {DEFAULT_GPUS})")
+    b.add_argument("--length", action="append", metavar="TOKENS",
+                   help="input length, e.g. 32K or 30000 (repeatable; default Table 3's 1K 8K 32K 128K)")
+    b.add_argument("--model", action="append", metavar="NAME",
+                   help="model profile name or path (repeatable; default all of scenarios/models)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -99,6 +111,18 @@ def _json(rows: list[tuple[ModelResult, OptimiseResult | None]]) -> dict[str, An
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bandwidth:
+        if args.scenario or args.optimise:
+            print("model: --bandwidth reads model profiles; give it without --scenario/--optimise", file=sys.stderr)
+            return 2
+        return run_bandwidth(args)
+    stray = [f for f, v in (("--gpus", args.gpus), ("--length", args.length), ("--model", args.model)) if v is not None]
+    if stray:
+        print(f"model: {', '.join(stray)} need --bandwidth", file=sys.stderr)
+        return 2
+    if not args.scenario:
+        print("model: give --scenario NAME (repeatable) or --bandwidth", file=sys.stderr)
+        return 2
     link_bps = float(args.link_gbps) * 1e9
     if link_bps <= 0:
         print("--link-gbps must be > 0", file=sys.stderr)
