@@ -1,0 +1,92 @@
+"""Instance health as the router sees it: which instances may be routed to.
+
+Passive: the router reports each call's outcome. A failure that proves nothing answers (the
+connection refused or reset before any reply) takes the instance out at once; other failures
+(timeouts, a 5xx) count, and `max_failures` in a row take it out. Active: the driver probes
+every instance every `probe_interval_s` (a cheap GET); a down instance that answers comes back,
+an up one that does not answer in time counts a failure (a paused process accepts connections
+but never replies, so only the probe notices it).
+
+States and transitions are data; every change is returned as a `HealthChange` with its reason,
+for the router's decision log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Literal
+
+State = Literal["up", "down"]
+Outcome = Literal["ok", "refused", "failed"]
+
+# (state, outcome) -> next state, before the consecutive-failure rule below.
+_NEXT: dict[tuple[State, Outcome], State] = {
+    ("up", "ok"): "up",
+    ("up", "refused"): "down",
+    ("up", "failed"): "up",       # down only after max_failures in a row
+    ("down", "ok"): "up",
+    ("down", "refused"): "down",
+    ("down", "failed"): "down",
+}
+
+
+@dataclass(frozen=True)
+class HealthChange:
+    node: str
+    old: State
+    new: State
+    now: float
+    reason: str
+
+
+@dataclass
+class _Instance:
+    state: State = "up"
+    failures: int = 0            # consecutive
+    next_probe: float = 0.0
+    last_reason: str = ""
+
+
+class HealthBook:
+    def __init__(self, nodes: Iterable[str], max_failures: int = 3, probe_interval_s: float = 0.5) -> None:
+        if max_failures < 1:
+            raise ValueError("max_failures must be >= 1")
+        self.max_failures = max_failures
+        self.probe_interval_s = probe_interval_s
+        self._nodes = {n: _Instance() for n in nodes}
+
+    def state(self, node: str) -> State:
+        return self._nodes[node].state
+
+    def down(self) -> frozenset[str]:
+        return frozenset(n for n, i in self._nodes.items() if i.state == "down")
+
+    def report(self, node: str, outcome: Outcome, now: float, reason: str = "") -> HealthChange | None:
+        """One call's (or probe's) outcome; returns the change of state it caused, if any."""
+        inst = self._nodes.get(node)
+        if inst is None:
+            return None
+        old = inst.state
+        new = _NEXT[(old, outcome)]
+        if outcome == "ok":
+            inst.failures = 0
+        else:
+            inst.failures += 1
+            inst.last_reason = reason or outcome
+            if inst.failures >= self.max_failures:
+                new = "down"
+        inst.state = new
+        if new == old:
+            return None
+        why = ("answered again" if new == "up" else
+               f"{inst.failures} failure(s) in a row, last: {inst.last_reason}")
+        return HealthChange(node, old, new, now, why)
+
+    def due_probes(self, now: float) -> list[str]:
+        """Instances whose probe is due; each is scheduled again `probe_interval_s` later."""
+        due = []
+        for n, inst in self._nodes.items():
+            if now >= inst.next_probe:
+                inst.next_probe = now + self.probe_interval_s
+                due.append(n)
+        return due
