@@ -103,7 +103,7 @@ async def test_abundant_bandwidth_moves_the_longer_prefix_with_real_bytes(tmp_pa
     assert r2.cache_move_bytes_paper == kv.incremental(58 * B, 0)
     assert r2.cache_move_bytes_wire == round(kv.incremental(58 * B, 0) / 1024)   # the bytes that arrived
     # The move lands before the compute starts, and after the router asked for it.
-    assert r2.cache_move_start <= r2.cache_move_end <= r2.prefill_start
+    assert r2.times.cache_move_start <= r2.times.cache_move_end <= r2.times.prefill_start
     s = summarize(tmp_path)
     assert s["cache"]["moves"] == 1 and s["bytes"]["cache_move_wire"] == r2.cache_move_bytes_wire
     assert s["bytes"]["wan_per_request_paper"] > 0

@@ -5,17 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from testbed.studies.capacity import judge, search, write_outputs
-from testbed.metrics.records import RequestRecord
 from testbed.config.scenarios import load_scenario
+from testbed.core.record import RequestRecord, StageTimes
+from testbed.studies.capacity import judge, search, write_outputs
 from testbed.studies.load import resolve
 
 
 def _rec(i: int, arrival: float, ttft: float, tpot: float = 0.00625, modelled: float = 0.1,
          outcome: str = "completed") -> RequestRecord:
-    r = RequestRecord(f"r{i}", i, 1000, 11, arrival=arrival, first_token=arrival + ttft,
-                      last_token=arrival + ttft + 10 * tpot, tokens_received=11, prefill_modelled=modelled,
-                      outcome=outcome)
+    times = StageTimes(arrival=arrival, first_token=arrival + ttft, last_token=arrival + ttft + 10 * tpot)
+    r = RequestRecord(f"r{i}", i, 1000, 11, tokens_received=11, prefill_modelled=modelled, outcome=outcome,
+                      times=times)
     return r
 
 

@@ -63,10 +63,11 @@ async def test_replay_routes_and_accounts_every_request(tmp_path: Path) -> None:
         assert r.kv_bytes_wire == sum(kv.layer_bytes(r.input_tokens, 0, 1024))
         assert r.tokens_received == 12
         # Stage order: a request's life is monotone in time.
-        seq = [r.arrival, r.routed, r.prefill_start, r.prefill_end, r.transfer_end, r.decode_admitted,
-               r.first_token, r.last_token]
+        t = r.times
+        seq = [t.arrival, t.routed, t.prefill_start, t.prefill_end, t.transfer_end, t.decode_admitted,
+               t.first_token, t.last_token]
         assert seq == sorted(seq), (r.request_id, seq)
-        assert r.transfer_start <= r.prefill_end   # layer-wise: KV leaves before compute ends
+        assert r.times.transfer_start <= r.times.prefill_end   # layer-wise: KV leaves before compute ends
     assert (tmp_path / "decisions.jsonl").exists()
     assert (tmp_path / "timeseries" / "router.jsonl").exists()
 

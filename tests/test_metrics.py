@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from testbed.core.record import TIME_NAMES, RequestRecord, StageTimes
 from testbed.metrics.command import print_summary_table, register
-from testbed.metrics.records import RequestRecord, write_records
+from testbed.metrics.records import write_records
 from testbed.metrics.report import fmt, fmt_bytes, fmt_change, write_comparison, write_report
+from testbed.metrics.series_format import SeriesPoint, TimeseriesError
 from testbed.metrics.summary import RunDirError, summarize, write_summary
 from testbed.metrics.timeseries import (
-    Sample,
-    TimeseriesError,
     counter_rate,
     group_series,
     load_timeseries,
@@ -51,7 +51,9 @@ def run_json(run_dir: Path, **over: Any) -> None:
 
 
 def rec(i: int, **kw: Any) -> RequestRecord:
-    base: dict[str, Any] = dict(request_id=f"r{i}", trace_index=i, input_tokens=1000, output_tokens=16)
+    """A record; keyword arguments name record fields or stage times."""
+    times = StageTimes(**{k: kw.pop(k) for k in TIME_NAMES if k in kw})
+    base: dict[str, Any] = dict(request_id=f"r{i}", trace_index=i, input_tokens=1000, output_tokens=16, times=times)
     base.update(kw)
     return RequestRecord(**base)
 
@@ -258,16 +260,16 @@ def test_no_timeseries_dir_means_no_samples(tmp_path: Path) -> None:
 
 
 def test_resample_and_rates() -> None:
-    pts = [Sample(t, "n", "queue_depth", v) for t, v in ((0.0, 1.0), (0.4, 3.0), (1.2, 5.0))]
+    pts = [SeriesPoint(t, "n", "queue_depth", v) for t, v in ((0.0, 1.0), (0.4, 3.0), (1.2, 5.0))]
     grid, held = resample(pts, 0.5, start=-0.5, end=1.5)
     assert grid.tolist() == pytest.approx([-0.5, 0.0, 0.5, 1.0, 1.5])
     assert [None if math.isnan(v) else v for v in held.tolist()] == [None, 1.0, 3.0, 3.0, 5.0]
     _, mean = resample(pts, 1.0, how="mean")
     assert mean.tolist() == [2.0, 5.0]
-    counter = [Sample(t, "n", "bytes_sent", v) for t, v in ((0.0, 0.0), (1.0, 100.0), (2.0, 10.0), (3.0, 30.0))]
+    counter = [SeriesPoint(t, "n", "bytes_sent", v) for t, v in ((0.0, 0.0), (1.0, 100.0), (2.0, 10.0), (3.0, 30.0))]
     t, r = counter_rate(counter)  # the drop at t=2 is a restart, skipped
     assert t.tolist() == [1.0, 3.0] and r.tolist() == [100.0, 20.0]
-    keys = group_series([Sample(0, "a", "m", 1, {"conn": "1"}), Sample(0, "a", "m", 1)])
+    keys = group_series([SeriesPoint(0, "a", "m", 1, {"conn": "1"}), SeriesPoint(0, "a", "m", 1)])
     assert list(keys) == ["a", "a{conn=1}"]
 
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from testbed.cli import main
-from testbed.metrics.records import RequestRecord, write_records
+from testbed.core.record import RequestRecord, StageTimes
+from testbed.metrics.records import write_records
 from testbed.metrics.regress import (
     DEFAULT_METRICS,
     Baseline,
@@ -243,8 +244,9 @@ def test_summary_recomputed_when_missing(tmp_path: Path, capsys: pytest.CaptureF
     (run / "run.json").write_text(json.dumps({
         "name": "r", "scenario": "paper-prfaas", "policy": "prfaas", "t0": 100.0, "t_end": 104.0,
         "scale": {"speedup": 4, "byte_scale": 256}, "shaping": {"method": "none"}, "backend": "inproc"}))
-    recs = [RequestRecord(f"r{i}", i, 1000, 3, arrival=0.1 * i, first_token=0.1 * i + 0.5,
-                          last_token=0.1 * i + 0.52, tokens_received=3, outcome="completed") for i in range(4)]
+    recs = [RequestRecord(f"r{i}", i, 1000, 3, tokens_received=3, outcome="completed",
+                          times=StageTimes(arrival=0.1 * i, first_token=0.1 * i + 0.5, last_token=0.1 * i + 0.52))
+            for i in range(4)]
     write_records(run / "records.csv", recs)
     rc, out, _ = run_cli(capsys, "regress", str(run), "--baseline", str(tmp_path / "b.yaml"), "--update")
     assert rc == 0

@@ -283,13 +283,13 @@ class ComposeBackend:
             time.sleep(0.5)
 
     async def on_t0(self, t0: float) -> None:
-        from testbed.live.series import SeriesWriter
+        from testbed.metrics.series_format import Sample, SeriesWriter
         from testbed.net.monitor import LinkMonitor, WatchedLink
 
         pid = _run(["docker", "inspect", "-f", "{{.State.Pid}}", self.containers()["wan"]]).stdout.strip()
         w = SeriesWriter(self.run_dir / "timeseries" / "wan.jsonl", "wan")
         self._series = w
-        w.write([("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in self.links.items()], ts=t0)
+        w.write([Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in self.links.items()], ts=t0)
         watched = [WatchedLink(f"dc{self.lay['dcs'][b][0]}", f"{a}->{b}") for (a, b) in self.links]
         self._monitor = LinkMonitor(f"/proc/{pid}/ns/net", watched, w, 0.05)
         await asyncio.to_thread(self._monitor.start)

@@ -20,8 +20,8 @@ from testbed.deploy.local import serve_argv, wait_healthy
 from testbed.net.procs import ProcessGroup
 from testbed.live.clock import sleep_until
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
-from testbed.live.series import SeriesWriter
 from testbed.config.resolved import ResolvedScenario
+from testbed.metrics.series_format import Sample, SeriesWriter
 from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.executor import Executor
 from testbed.net.monitor import LinkMonitor, WatchedLink
@@ -179,7 +179,7 @@ class NetnsBackend:
             w = SeriesWriter(self.run_dir / "timeseries" / "wan.jsonl", "wan")
             self._series.append(w)
             # Configured rate in force, so plots can draw it under the measured curve.
-            w.write([("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in topo.links.items()],
+            w.write([Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in topo.links.items()],
                     ts=t0)
             self._monitor = LinkMonitor(topo.wan_ns, watched, w, MONITOR_INTERVAL_S)
             await asyncio.to_thread(self._monitor.start)
@@ -191,7 +191,7 @@ class NetnsBackend:
         for at, params in schedule_wire(self.profile, self.scale):
             await sleep_until(t0 + at)
             await asyncio.to_thread(self.apply_link_change, params)
-            w.write([("link_rate_bps_wire", params.rate_bps, {"link": f"{a}->{b}"}) for (a, b) in self.topo.links])
+            w.write([Sample("link_rate_bps_wire", params.rate_bps, {"link": f"{a}->{b}"}) for (a, b) in self.topo.links])
             log.info("link change at %.2f s (wire): %s", at, params)
 
     def apply_link_change(self, params: LinkParams) -> None:

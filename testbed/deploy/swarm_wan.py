@@ -34,7 +34,7 @@ from aiohttp import web
 from pyroute2 import IPRoute  # type: ignore[import-untyped]
 
 from testbed.deploy.discovery import Registry, add_file_routes, add_registry_routes
-from testbed.live.series import SeriesWriter
+from testbed.metrics.series_format import Sample, SeriesWriter
 from testbed.net.container_wan import (addresses_by_subnet, apply_shaping, delayline_argv, ensure_tun_device,
                                        probe_netem)
 from testbed.net.monitor import WatchedLink, read_counters
@@ -104,7 +104,7 @@ class Agent:
         if self.monitor is None:
             w = SeriesWriter(self.run_dir / "timeseries" / "wan.jsonl", "wan")
             # Configured rate in force from t0, as the host-side monitors write it.
-            w.write([("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in self.topo.links.items()],
+            w.write([Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in self.topo.links.items()],
                     ts=t0)
             watched = [WatchedLink(dc_ifname(self.topo.dc(b).index), f"{a}->{b}") for (a, b) in self.topo.links]
             self.series, self.monitor = w, CounterSampler(watched, w, interval)

@@ -26,7 +26,8 @@ from testbed.live.common import (
     REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request, int_field, node_request,
 )
 from testbed.live.kv_transport import KVReceiver
-from testbed.live.series import Sample, SeriesWriter, sample_forever
+from testbed.live.series import sample_forever
+from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.decode")
 KV_TIMEOUT_S = 120.0     # wire seconds a decode request waits for its KV before failing
@@ -139,10 +140,10 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
 def _collect(st: DecodeState) -> list[Sample]:
     b = st.batch
     return [
-        ("running_batch", float(len(b.running)), {}),
-        ("queue_depth", float(len(b.waiting)), {}),
-        ("kv_usage_bytes", float(b.kv_used), {}),
-        ("kv_bytes_received", float(st.receiver.bytes_received), {}),
+        Sample("running_batch", float(len(b.running)), {}),
+        Sample("queue_depth", float(len(b.waiting)), {}),
+        Sample("kv_usage_bytes", float(b.kv_used), {}),
+        Sample("kv_bytes_received", float(st.receiver.bytes_received), {}),
     ]
 
 

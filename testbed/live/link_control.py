@@ -26,7 +26,7 @@ from testbed.core.scenario import Scenario
 from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now
 from testbed.live.deployment import Deployment
-from testbed.live.series import SeriesWriter
+from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.router.control")
 
@@ -150,22 +150,22 @@ class LinkControl:
         )
         sample, change = self.ctl.update(sig, self.adjust)
         self.series.write([
-            ("wan_delivered_bps_paper", sample.delivered_bps, {}),
-            ("wan_bandwidth_estimate_bps_paper", sample.bandwidth_bps, {}),
-            ("wan_undelivered_bytes_paper", sig.undelivered_bytes, {}),
-            ("wan_retrans_share", sig.retrans_share, {}),
-            ("wan_saturated", 1.0 if sample.saturated else 0.0, {}),
-            *([("kv_tail_s_paper", sig.tail_s, {})] if sig.tail_s is not None else []),
-            ("bandwidth_abundant", 1.0 if sample.state == "abundant" else 0.0, {}),
-            ("planned_load", sample.loads.link, {"stage": "link"}),
-            ("planned_load", sample.loads.prfaas, {"stage": "prfaas"}),
-            ("planned_load", sample.loads.pdp, {"stage": "pdp"}),
-            ("prefill_queued_s_paper", sig.prfaas_backlog_s, {"stage": "prfaas"}),
-            ("prefill_queued_s_paper", sig.pdp_backlog_s, {"stage": "pdp"}),
+            Sample("wan_delivered_bps_paper", sample.delivered_bps, {}),
+            Sample("wan_bandwidth_estimate_bps_paper", sample.bandwidth_bps, {}),
+            Sample("wan_undelivered_bytes_paper", sig.undelivered_bytes, {}),
+            Sample("wan_retrans_share", sig.retrans_share, {}),
+            Sample("wan_saturated", 1.0 if sample.saturated else 0.0, {}),
+            *([Sample("kv_tail_s_paper", sig.tail_s, {})] if sig.tail_s is not None else []),
+            Sample("bandwidth_abundant", 1.0 if sample.state == "abundant" else 0.0, {}),
+            Sample("planned_load", sample.loads.link, {"stage": "link"}),
+            Sample("planned_load", sample.loads.prfaas, {"stage": "prfaas"}),
+            Sample("planned_load", sample.loads.pdp, {"stage": "pdp"}),
+            Sample("prefill_queued_s_paper", sig.prfaas_backlog_s, {"stage": "prfaas"}),
+            Sample("prefill_queued_s_paper", sig.pdp_backlog_s, {"stage": "pdp"}),
         ], ts=t)
         if change is not None:
-            self.decisions.write([("threshold_change", change.new,
-                                   {"old": f"{change.old:.0f}", "reason": change.reason})], ts=t)
+            self.decisions.write([Sample("threshold_change", change.new,
+                                         {"old": f"{change.old:.0f}", "reason": change.reason})], ts=t)
             log.info("threshold %.0f -> %.0f: %s", change.old, change.new, change.reason)
         self.on_sample(sample, change)
         return sample, change

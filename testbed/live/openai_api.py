@@ -5,7 +5,8 @@ Prompt length: token ids count as given; text is estimated at one token per 4 UT
 exact length and prefix block hashes: {"input_tokens": N, "hash_ids": [...], "request_id": "..."}.
 Without hashes, a prompt's own content gives them (`block_hashes`): chained hashes of its
 token-id or text blocks, so real clients that resend a conversation's history hit the prefix
-cache as a serving engine's would.
+cache as a serving engine's would. The final chunk (or the whole response) carries the same
+field back: the request's record as the serving side saw it (`record_extension`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.core.record import RequestRecord, record_to_wire
+
+EXTENSION = "testbed"
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_LIMIT = 1 << 20
 
@@ -98,7 +102,7 @@ def parse(body: Any, kind: str) -> ParsedRequest:
     n = body.get("n", 1)
     if n != 1:
         raise RequestError("field 'n': only n=1 is supported")
-    ext = body.get("testbed") or {}
+    ext = body.get(EXTENSION) or {}
     if not isinstance(ext, dict):
         raise RequestError("field 'testbed' must be an object")
     content: bytes | tuple[int, ...] = b""
@@ -129,6 +133,11 @@ def parse(body: Any, kind: str) -> ParsedRequest:
 
 
 TOKEN_TEXT = " tok"
+
+
+def record_extension(rec: RequestRecord) -> dict[str, Any]:
+    """What the final chunk adds: the request's record, times in unix seconds."""
+    return {EXTENSION: record_to_wire(rec)}
 
 
 def chunk(req: ParsedRequest, cid: str, model: str, new_tokens: int, first: bool,

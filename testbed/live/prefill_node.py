@@ -2,8 +2,9 @@
 
 POST /prefill {request_id, transfer_id, input_tokens, cached_tokens, decode_node,
                [decode_cached_tokens], [cache_in_transfer]}
-  -> 200 {queued, start, end, modelled, transfer_start, transfer_sent, kv_bytes_wire} once the
-     compute has ended and every KV byte has been handed to TCP; 502 {error} if the transfer failed.
+  -> 200 PrefillReport (`testbed.core.record`: its stamps, the modelled duration) once the
+     compute has ended and every KV byte has been handed to TCP; 502 with the report's `error`
+     set if the prefill or its transfer failed.
      The KV shipped is that of the tokens past `decode_cached_tokens` (what the decode side's
      cluster already holds; default `cached_tokens`) plus the linear state. With
      `cache_in_transfer`, the compute starts only once that transfer (a cached prefix moved here
@@ -25,13 +26,15 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from testbed.core.kvsize import KVModel
 from testbed.core.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
 from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
     REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request, int_field, node_request,
 )
 from testbed.live.kv_transport import KVReceiver, KVSender, TransferFailed
-from testbed.live.series import Sample, SeriesWriter, sample_forever
+from testbed.live.series import sample_forever
+from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.prefill")
 CACHE_IN_TIMEOUT_S = 120.0     # wire seconds a prefill waits for a moved-in cached prefix
@@ -45,7 +48,7 @@ class _Pending:
     tokens: int
     ship_from: int                # leading tokens whose KV the decode side already holds
     cache_in: int | None          # transfer id of a cached prefix moved here first
-    done: asyncio.Future[dict[str, Any]]
+    done: asyncio.Future[PrefillReport]
 
 
 @dataclass
@@ -70,48 +73,45 @@ STATE = web.AppKey("prefill_state", PrefillState)
 async def _run_job(st: PrefillState, p: _Pending) -> None:
     job = p.job
     assert job.started_at is not None
-    extra: dict[str, Any] = {}
+    rep = PrefillReport(StageTimes(prefill_queued=job.queued_at), job.duration)
     if p.cache_in is not None:
         # The prefix moved in from another cluster must be here before attention can use it.
-        extra["cache_wait_start"] = now()
+        rep.times.cache_wait_start = now()
         try:
             res = await asyncio.wait_for(st.receiver.expect(p.cache_in), CACHE_IN_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise TransferFailed(f"moved cached prefix did not arrive within {CACHE_IN_TIMEOUT_S:g} s") from None
         if not res.ok:
             raise TransferFailed(f"cache move failed: {res.reason}")
-        extra.update(cache_in_complete=res.complete, cache_in_bytes=res.bytes)
+        rep.times.cache_move_end, rep.cache_move_bytes_wire = res.complete, res.bytes
         job.started_at = now()
-    start = job.started_at
+    start = rep.times.prefill_start = job.started_at
     sc = st.cfg.deployment.scenario
     layer_bytes = st.kv.layer_bytes(p.tokens, p.ship_from, sc.scale.byte_scale)
     transfer = st.sender.start(p.dest, p.transfer_id, sum(layer_bytes), len(layer_bytes))
     n = len(layer_bytes)
     # Layer i's KV exists once layer i's share of the modelled compute has elapsed.
-    handoff: float | None = None
+    handoff = NAN
     for i, nbytes in enumerate(layer_bytes):
         await sleep_until(start + job.duration * (i + 1) / n)
         transfer.send_layer(i, nbytes)
-        if handoff is None:
+        if i == 0:
             handoff = now()
-    end = now()
+    rep.times.prefill_end = end = now()
     st.queue.finish(end)
 
     async def finish() -> None:
         try:
             sent = await transfer.finish()
             st.completed += 1
-            result: dict[str, Any] = {
-                "queued": job.queued_at, "start": start, "end": end, "modelled": job.duration,
-                "transfer_start": handoff, "first_byte_sent": transfer.first_send, "transfer_sent": sent,
-                "kv_bytes_wire": sum(layer_bytes), **extra,
-            }
+            t = rep.times
+            t.transfer_start, t.transfer_sent = handoff, sent
+            t.transfer_first_sent = NAN if transfer.first_send is None else transfer.first_send
         except TransferFailed as e:
             st.failed += 1
-            result = {"error": f"kv transfer failed: {e}", "queued": job.queued_at, "start": start, "end": end,
-                      "modelled": job.duration, **extra}
+            rep.error = f"kv transfer failed: {e}"
         if not p.done.done():
-            p.done.set_result(result)
+            p.done.set_result(rep)
 
     task = asyncio.create_task(finish())
     st.finishing.add(task)
@@ -143,7 +143,7 @@ def _abandon(st: PrefillState, p: _Pending, reason: str) -> None:
         st.queue.finish(now())
     st.failed += 1
     if not p.done.done():
-        p.done.set_result({"error": reason, "queued": p.job.queued_at})
+        p.done.set_result(PrefillReport(StageTimes(prefill_queued=p.job.queued_at), error=reason))
 
 
 async def handle_prefill(request: web.Request) -> web.Response:
@@ -166,18 +166,18 @@ async def handle_prefill(request: web.Request) -> web.Response:
     scale = st.cfg.scale
     duration = scale.wire_seconds(st.model_time(tokens - cached, cached))
     job = PrefillJob(rid, tokens - cached, cached, duration)
-    fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    fut: asyncio.Future[PrefillReport] = asyncio.get_running_loop().create_future()
     st.pending[rid] = _Pending(job, tid, (dnode.kv.host, dnode.kv.port), tokens, ship_from, cache_in, fut)
     st.queue.push(job, now())
     st.wakeup.set()
     try:
-        result = await fut
+        rep = await fut
     except asyncio.CancelledError:
         # The router gave up: drop the job if it has not started.
         if st.queue.remove(rid):
             st.pending.pop(rid, None)
         raise
-    return web.json_response(result, status=502 if "error" in result else 200)
+    return web.json_response(report_to_wire(rep), status=502 if rep.error else 200)
 
 
 async def handle_cache_send(request: web.Request) -> web.Response:
@@ -217,18 +217,18 @@ def _status(st: PrefillState) -> dict[str, Any]:
 
 def _collect(st: PrefillState) -> list[Sample]:
     out: list[Sample] = [
-        ("queue_depth", float(st.queue.depth), {}),
-        ("running", 1.0 if st.queue.current else 0.0, {}),
-        ("kv_backlog_bytes", float(st.sender.backlog_bytes), {}),
-        ("kv_bytes_sent", float(st.sender.bytes_sent), {}),
+        Sample("queue_depth", float(st.queue.depth), {}),
+        Sample("running", 1.0 if st.queue.current else 0.0, {}),
+        Sample("kv_backlog_bytes", float(st.sender.backlog_bytes), {}),
+        Sample("kv_bytes_sent", float(st.sender.bytes_sent), {}),
     ]
     for c in st.sender.tcp_info():
         labels = {"dest": f"{c.dest[0]}:{c.dest[1]}", "conn": str(c.conn)}
         out += [
-            ("tcp_rtt_us", float(c.rtt_us), labels),
-            ("tcp_total_retrans", float(c.total_retrans), labels),
-            ("tcp_delivery_rate_Bps", float(c.delivery_rate_Bps), labels),
-            ("tcp_snd_cwnd", float(c.snd_cwnd), labels),
+            Sample("tcp_rtt_us", float(c.rtt_us), labels),
+            Sample("tcp_total_retrans", float(c.total_retrans), labels),
+            Sample("tcp_delivery_rate_Bps", float(c.delivery_rate_Bps), labels),
+            Sample("tcp_snd_cwnd", float(c.snd_cwnd), labels),
         ]
     return out
 

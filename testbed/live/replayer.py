@@ -11,12 +11,14 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import aiohttp
 
+from testbed.core.record import RequestRecord, record_from_wire
 from testbed.live.clock import now, sleep_until
-from testbed.metrics.records import RecordWriter, RequestRecord
+from testbed.live.openai_api import EXTENSION
+from testbed.metrics.records import RecordWriter
 from testbed.traces.types import Trace, TraceRequest
 
 START_LEAD_S = 0.5      # first request leaves this long after t0, so t0 is never in the past
@@ -30,48 +32,16 @@ class ReplayStats:
     total: int = 0
 
 
-def _num(v: Any) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
-
-
-def fill_from_ext(rec: RequestRecord, ext: dict[str, Any], t0: float) -> None:
-    """Copy the router's per-request stamps (unix seconds) into the record (relative to t0)."""
-    def rel(key: str) -> float:
-        return _num(ext.get(key)) - t0
-
-    rec.routed = rel("routed")
-    rec.prefill_cluster = str(ext.get("prefill_cluster") or "")
-    rec.prefill_node = str(ext.get("prefill_node") or "")
-    rec.decode_node = str(ext.get("decode_node") or "")
-    rec.crossed_wan = bool(ext.get("crossed_wan", False))
-    rec.threshold = _num(ext.get("threshold"))
-    rec.cached_tokens = int(ext.get("cached_tokens") or 0)
-    rec.prefill_queued = rel("prefill_queued")
-    rec.prefill_start = rel("prefill_start")
-    rec.prefill_end = rel("prefill_end")
-    rec.prefill_modelled = _num(ext.get("prefill_modelled"))
-    rec.transfer_start = rel("prefill_transfer_start")
-    rec.transfer_end = rel("transfer_end")
-    rec.decode_admitted = rel("decode_admitted")
-    rec.kv_bytes_paper = int(ext.get("kv_bytes_paper") or 0)
-    rec.kv_bytes_wire = int(ext.get("kv_bytes_wire") or 0)
-    rec.decode_cached_tokens = int(ext.get("decode_cached_tokens") or 0)
-    rec.cache_move_tokens = int(ext.get("cache_move_tokens") or 0)
-    rec.cache_move_start = rel("cache_move_sent")
-    rec.cache_move_end = rel("prefill_cache_in_complete")
-    rec.cache_move_bytes_paper = int(ext.get("cache_move_bytes_paper") or 0)
-    rec.cache_move_bytes_wire = int(ext.get("prefill_cache_in_bytes") or 0)
-
-
 async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord,
                    t0: float, model: str) -> None:
     body = {
         "model": model, "prompt": "", "max_tokens": tr.output_tokens, "stream": True,
         "stream_options": {"include_usage": True},
-        "testbed": {"input_tokens": tr.input_tokens, "hash_ids": list(tr.hash_ids), "request_id": tr.request_id},
+        EXTENSION: {"input_tokens": tr.input_tokens, "hash_ids": list(tr.hash_ids), "request_id": tr.request_id},
     }
-    rec.arrival = now() - t0
-    ext: dict[str, Any] | None = None
+    times = rec.times
+    times.arrival = now() - t0
+    served: RequestRecord | None = None
     error: str | None = None
     tokens = 0
     async with session.post(f"{url}/v1/completions", json=body) as resp:
@@ -89,22 +59,23 @@ async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, r
             obj = json.loads(data)
             if "error" in obj:
                 error = str(obj["error"].get("message", obj["error"]))
-            if "testbed" in obj:
-                ext = obj["testbed"]
+            if EXTENSION in obj:
+                # The router's stamps are unix seconds; the record's are relative to t0.
+                served = record_from_wire(obj[EXTENSION], rec.trace_index, t0)
             if obj.get("usage"):
                 tokens = int(obj["usage"].get("completion_tokens", tokens))
             for ch in obj.get("choices", []):
                 if ch.get("text"):
                     t = now() - t0
-                    if math.isnan(rec.first_token):
-                        rec.first_token = t
-                    rec.last_token = t
-    if ext is not None:
-        fill_from_ext(rec, ext, t0)
+                    if math.isnan(times.first_token):
+                        times.first_token = t
+                    times.last_token = t
+    if served is not None:
+        rec.take_served(served)
     rec.tokens_received = tokens
     if error is not None:
         rec.outcome, rec.reason = "failed", error
-    elif ext is None or ext.get("state") != "completed":
+    elif served is None or served.outcome != "completed":
         rec.outcome, rec.reason = "failed", "stream ended without a completed record"
     elif tokens != tr.output_tokens:
         rec.outcome, rec.reason = "failed", f"received {tokens} of {tr.output_tokens} tokens"

@@ -4,9 +4,9 @@ For each request it looks up every cluster's usable cached prefix in the global 
 the policy for a prefill and a decode instance (and any cross-cluster cache move), opens the
 decode stream (the decode node then waits for KV), starts the cache move and the prefill (whose
 node streams KV to the decode node), and relays tokens to the client as they come. The final
-chunk carries a `testbed` field with every timestamp of the request (unix seconds), for the
-replayer's records. With a control loop (`testbed.live.link_control`) the threshold and the
-bandwidth state follow the measured WAN.
+chunk carries a `testbed` field with the request's record, every timestamp in unix seconds
+(`testbed.core.record`), for the replayer's records. With a control loop
+(`testbed.live.link_control`) the threshold and the bandwidth state follow the measured WAN.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import random
 import uuid
 from pathlib import Path
@@ -33,15 +34,19 @@ from testbed.core.policy import (
     BandwidthState, Decision, LoadTracker, NoCapacity, Policy, RoutingRequest, get_policy, least_loaded_prefill,
 )
 from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache
+from testbed.core.record import (
+    NAN, NO_TRACE_INDEX, PrefillReport, RecordFormatError, RequestRecord, report_from_wire,
+)
 from testbed.core.scenario import Scenario
 from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now
 from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
 from testbed.live.link_control import LinkControl, Recent, stage_model
 from testbed.live.openai_api import (
-    ParsedRequest, RequestError, block_hashes, chunk, full_response, parse, usage_chunk,
+    ParsedRequest, RequestError, block_hashes, chunk, full_response, parse, record_extension, usage_chunk,
 )
-from testbed.live.series import Sample, SeriesWriter, sample_forever
+from testbed.live.series import sample_forever
+from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.router")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -89,9 +94,10 @@ class RequestFailed(Exception):
 
 @dataclass
 class _Progress:
+    """One request as the router sees it: its lifecycle and the record the final chunk carries."""
+
     life: Lifecycle
-    times: dict[str, Any] = field(default_factory=dict)
-    tokens: int = 0
+    rec: RequestRecord
 
 
 @dataclass
@@ -135,7 +141,7 @@ async def _move_cache(st: RouterState, rid: str, plan: _Plan, tid: int, prog: _P
     src = st.cfg.deployment.nodes[plan.move_src]
     body = {"request_id": rid, "transfer_id": tid, "bytes": max(st.cfg.scale.wire_bytes(plan.move_bytes_paper), 1),
             "dest_node": plan.d.prefill_node}
-    prog.times["cache_move_sent"] = now()
+    prog.rec.times.cache_move_start = now()
     try:
         async with st.session.post(f"{src.http.url}/cache/send", json=body) as r:
             res: dict[str, Any] = await r.json()
@@ -161,21 +167,22 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
                     "cached_tokens": d.cached_tokens, "decode_cached_tokens": d.decode_cached_tokens,
                     "cache_in_transfer": move_tid, "decode_node": d.decode_node}
     book = st.book
+    rec, times = prog.rec, prog.rec.times
 
     def note_tail() -> None:
-        end, kv = prog.times.get("prefill_end"), prog.times.get("transfer_end")
-        if d.crossed_wan and isinstance(end, (int, float)) and isinstance(kv, (int, float)):
-            st.tails.append(max(kv - end, 0.0))
+        if d.crossed_wan and math.isfinite(times.prefill_end) and math.isfinite(times.transfer_end):
+            st.tails.append(max(times.transfer_end - times.prefill_end, 0.0))
 
-    def prefill_finished(res: dict[str, Any]) -> None:
+    def prefill_finished(rep: PrefillReport) -> None:
         st.tracker.prefill_done(d, plan.work)
-        prog.times.update({f"prefill_{k}": v for k, v in res.items() if k != "error"})
-        if "error" in res:
-            raise RequestFailed(str(res["error"]))
-        if "transfer_end" in prog.times:
+        times.merge(rep.times)
+        rec.prefill_modelled, rec.cache_move_bytes_wire = rep.prefill_modelled, rep.cache_move_bytes_wire
+        if rep.error:
+            raise RequestFailed(rep.error)
+        if math.isfinite(times.transfer_end):
             note_tail()
         if book is not None:
-            if "cache_in_complete" in res:
+            if math.isfinite(rep.times.cache_move_end):
                 book.moved(rid, plan.hashes, d)
             book.prefilled(rid, plan.hashes, req.input_tokens, d)
 
@@ -189,19 +196,22 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
         dresp.release()
         raise RequestFailed(f"decode node {d.decode_node} answered {dresp.status}: {text[:200]}")
 
-    async def prefill() -> dict[str, Any]:
+    async def prefill() -> PrefillReport:
         try:
             async with st.session.post(f"{pnode.http.url}/prefill", json=prefill_body) as r:
-                res: dict[str, Any] = await r.json()
-                if r.status != 200 and "error" not in res:
-                    res["error"] = f"prefill node answered {r.status}"
-                return res
+                res: Any = await r.json()
+                if r.status in (200, 502):     # the node's own report, failed or not
+                    return report_from_wire(res)
+                err = res.get("error") if isinstance(res, dict) else None
+                return PrefillReport(error=str(err) if err else f"prefill node answered {r.status}")
+        except RecordFormatError as e:
+            return PrefillReport(error=f"prefill node {d.prefill_node} answered a malformed report: {e}")
         except (aiohttp.ClientError, ValueError) as e:
-            return {"error": f"prefill node {d.prefill_node} unreachable: {e}"}
+            return PrefillReport(error=f"prefill node {d.prefill_node} unreachable: {e}")
 
     if move_tid is not None:
         move_task = asyncio.create_task(_move_cache(st, rid, plan, move_tid, prog))
-    prog.times["prefill_enqueue_sent"] = now()
+    times.prefill_sent = now()
     ptask = asyncio.create_task(prefill())
     line_task: asyncio.Task[bytes] = asyncio.create_task(dresp.content.readline())
     prefill_seen = False
@@ -222,18 +232,20 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
             ev = json.loads(line)
             kind = ev.get("event")
             if kind == "kv":
-                prog.times["transfer_end"] = ev["complete"]
-                prog.times["transfer_first_byte"] = ev["first_byte"]
-                prog.times["kv_bytes_wire"] = ev["bytes"]
+                times.transfer_end = float(ev["complete"])
+                times.transfer_first_received = float(ev["first_byte"])
+                rec.kv_bytes_wire = int(ev["bytes"])
                 if prefill_seen:
                     note_tail()
                 if book is not None:
                     book.kv_complete(rid, plan.hashes, req.input_tokens, d)
             elif kind == "admitted":
-                prog.times["decode_admitted"] = ev["t"]
+                times.decode_admitted = float(ev["t"])
             elif kind == "tokens":
-                prog.times.setdefault("decode_first_token", ev["t"])
-                prog.times["decode_last_token"] = ev["t"]
+                t = float(ev["t"])
+                if math.isnan(times.decode_first_token):
+                    times.decode_first_token = t
+                times.decode_last_token = t
                 yield int(ev["n"])
             elif kind == "done":
                 break
@@ -258,45 +270,34 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
         dresp.close()
 
 
-# Stamps in the order the lifecycle expects them; ties keep this order.
-_STAMP_EVENTS = (
-    ("routed", Event.ROUTE), ("prefill_enqueue_sent", Event.ENQUEUE_PREFILL), ("prefill_start", Event.START_PREFILL),
-    ("prefill_transfer_start", Event.TRANSFER_START), ("prefill_end", Event.END_PREFILL),
-    ("transfer_end", Event.KV_COMPLETE), ("decode_admitted", Event.ADMIT),
-    ("decode_first_token", Event.FIRST_TOKEN), ("decode_last_token", Event.FINISH),
-)
-
-
 def _replay_lifecycle(prog: _Progress) -> None:
     """Drive the request's state machine through its stamps in time order. Stamps come from
     three processes over two connections, so they are checked once all are in: an order the
     machine rejects (say, admitted before its KV arrived) is a testbed bug worth failing on."""
-    stamps = [(float(prog.times[k]), i, ev) for i, (k, ev) in enumerate(_STAMP_EVENTS)
-              if isinstance(prog.times.get(k), (int, float))]
-    for t, _, ev in sorted(stamps):
+    for t, ev in prog.rec.times.lifecycle_events():
         prog.life.apply(ev, t)
     if not prog.life.done:
         raise RequestFailed(f"incomplete lifecycle: stopped in state {prog.life.state.value}")
 
 
-def _ext(rid: str, req: ParsedRequest, plan: _Plan | None, prog: _Progress, kv_paper: int) -> dict[str, Any]:
-    t = prog.times
-    out: dict[str, Any] = {
-        "request_id": rid, "client_request_id": req.client_request_id,
-        "input_tokens": req.input_tokens, "output_tokens": req.output_tokens,
-        "state": prog.life.state.value, "reason": prog.life.reason, "routed": t.get("routed"),
-        "kv_bytes_paper": kv_paper, **t,
-    }
-    if plan is not None:
-        d = plan.d
-        out.update({"prefill_cluster": d.prefill_cluster, "prefill_node": d.prefill_node,
-                    "decode_cluster": d.decode_cluster, "decode_node": d.decode_node,
-                    "cached_tokens": d.cached_tokens, "decode_cached_tokens": d.decode_cached_tokens,
-                    "crossed_wan": d.crossed_wan, "threshold": d.threshold, "route_reason": d.reason})
-        if d.cache_move is not None:
-            out.update({"cache_move_tokens": d.cache_move.tokens - d.cache_move.from_tokens,
-                        "cache_move_src": plan.move_src, "cache_move_bytes_paper": plan.move_bytes_paper})
-    return out
+def _note_route(rec: RequestRecord, plan: _Plan, kv_paper: int) -> None:
+    d = plan.d
+    rec.prefill_cluster, rec.prefill_node = d.prefill_cluster, d.prefill_node
+    rec.decode_cluster, rec.decode_node = d.decode_cluster, d.decode_node
+    rec.cached_tokens, rec.decode_cached_tokens = d.cached_tokens, d.decode_cached_tokens
+    rec.crossed_wan, rec.route_reason = d.crossed_wan, d.reason
+    rec.threshold = NAN if d.threshold is None else float(d.threshold)
+    rec.kv_bytes_paper = kv_paper
+    if d.cache_move is not None:
+        rec.cache_move_tokens = d.cache_move.tokens - d.cache_move.from_tokens
+        rec.cache_move_src = plan.move_src or ""
+        rec.cache_move_bytes_paper = plan.move_bytes_paper
+
+
+def _ext(prog: _Progress, tokens: int) -> dict[str, Any]:
+    rec = prog.rec
+    rec.outcome, rec.reason, rec.tokens_received = prog.life.state.value, prog.life.reason, tokens
+    return record_extension(rec)
 
 
 async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
@@ -313,22 +314,24 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
     rid = req.client_request_id or uuid.uuid4().hex[:16]
     cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     t_arrival = now()
-    prog = _Progress(Lifecycle(rid))
-    prog.times["router_arrival"] = t_arrival
+    prog = _Progress(Lifecycle(rid), RequestRecord(rid, NO_TRACE_INDEX, req.input_tokens, req.output_tokens))
+    prog.rec.times.router_arrival = t_arrival
     try:
         plan = _route(st, req, rid)
     except NoCapacity as e:
         raise web.HTTPServiceUnavailable(text=json.dumps({"error": {"message": str(e)}}),
                                          content_type="application/json") from None
     d = plan.d
-    prog.times["routed"] = now()
+    prog.rec.times.routed = now()
     st.metrics.routed.labels(cluster=d.prefill_cluster).inc()
-    st.decisions.write([("decision", float(d.incremental_tokens),
-                         {"request_id": rid, "prefill": d.prefill_node, "decode": d.decode_node,
-                          "cached": str(d.cached_tokens), "bandwidth": st.bandwidth,
-                          "threshold": "" if d.threshold is None else f"{d.threshold:g}", "reason": d.reason})])
+    st.decisions.write([Sample("decision", float(d.incremental_tokens),
+                               {"request_id": rid, "prefill": d.prefill_node, "decode": d.decode_node,
+                                "cached": str(d.cached_tokens), "bandwidth": st.bandwidth,
+                                "threshold": "" if d.threshold is None else f"{d.threshold:g}",
+                                "reason": d.reason})])
     # What the request moves: the KV the decode side lacks (paper bytes).
     kv_paper = st.kv.incremental(req.input_tokens, d.decode_cached_tokens)
+    _note_route(prog.rec, plan, kv_paper)
     st.inflight += 1
 
     resp: web.StreamResponse | None = None
@@ -357,7 +360,7 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
         st.metrics.e2e.observe(end - t_arrival)
         if first_t is not None and sent > 1:
             st.metrics.tpot.observe((end - first_t) / (sent - 1))
-        ext = {"testbed": _ext(rid, req, plan, prog, kv_paper)}
+        ext = _ext(prog, sent)
         if resp is None:
             return web.json_response(full_response(req, cid, model, sent, "length", ext))
         await sse(chunk(req, cid, model, 0, sent == 0, "length", ext))
@@ -373,7 +376,7 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
             prog.life.apply(Event.FAIL, now(), str(e))
         st.metrics.failed.labels(reason=str(e).split(":")[0][:40]).inc()
         log.warning("request %s failed: %s", rid, e)
-        ext = {"testbed": _ext(rid, req, plan, prog, kv_paper)}
+        ext = _ext(prog, sent)
         err = {"error": {"message": str(e), "type": "server_error", "code": 502}, **ext}
         if resp is None:
             return web.json_response(err, status=502)
@@ -401,18 +404,18 @@ async def models(request: web.Request) -> web.Response:
 
 
 def _collect(st: RouterState) -> list[Sample]:
-    out: list[Sample] = [("inflight", float(st.inflight), {})]
+    out: list[Sample] = [Sample("inflight", float(st.inflight), {})]
     if st.threshold is not None:
-        out.append(("threshold", float(st.threshold), {}))
+        out.append(Sample("threshold", float(st.threshold), {}))
     for node, backlog in st.tracker.prefill_backlog.items():
-        out.append(("prefill_assigned", float(st.tracker.active[node]), {"node": node}))
+        out.append(Sample("prefill_assigned", float(st.tracker.active[node]), {"node": node}))
     if st.book is not None:
         for name, pool in st.book.index.pools.items():
             lab = {"cluster": name}
-            out += [("cache_used_bytes_paper", float(pool.used_bytes), lab),
-                    ("cache_pinned_bytes_paper", float(pool.pinned_bytes), lab),
-                    ("cache_hit_tokens", float(pool.stats.hit_tokens), lab),
-                    ("cache_evicted_bytes_paper", float(pool.stats.evicted_bytes), lab)]
+            out += [Sample("cache_used_bytes_paper", float(pool.used_bytes), lab),
+                    Sample("cache_pinned_bytes_paper", float(pool.pinned_bytes), lab),
+                    Sample("cache_hit_tokens", float(pool.stats.hit_tokens), lab),
+                    Sample("cache_evicted_bytes_paper", float(pool.stats.evicted_bytes), lab)]
     return out
 
 

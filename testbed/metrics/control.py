@@ -28,9 +28,11 @@ from typing import Any, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
-from testbed.metrics.records import RequestRecord
-from testbed.metrics.timeseries import Sample, select
+from testbed.metrics.series_format import SeriesPoint
+from testbed.metrics.stats import percentile
+from testbed.metrics.timeseries import select
 
 MAX_CHANGES = 50
 
@@ -39,9 +41,9 @@ def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, Any]
     inp = sum(r.input_tokens for r in done)
     moves = [r for r in done if r.cache_move_tokens > 0]
     waits = []
-    for r in moves:
-        if math.isfinite(r.prefill_start) and math.isfinite(r.cache_move_start):
-            waits.append(max(r.prefill_start - max(r.prefill_queued, r.cache_move_start), 0.0) * scale.speedup)
+    for t in (r.times for r in moves):
+        if math.isfinite(t.prefill_start) and math.isfinite(t.cache_move_start):
+            waits.append(max(t.prefill_start - max(t.prefill_queued, t.cache_move_start), 0.0) * scale.speedup)
     return {
         "requests_with_hit": sum(1 for r in done if r.cached_tokens > 0),
         "cached_token_share": sum(r.cached_tokens for r in done) / inp if inp else None,
@@ -73,7 +75,7 @@ def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[s
     return out
 
 
-def _time_weighted_mean(series: Sequence[Sample]) -> float | None:
+def _time_weighted_mean(series: Sequence[SeriesPoint]) -> float | None:
     if len(series) < 2:
         return series[0].value if series else None
     t = np.array([p.t for p in series])
@@ -82,7 +84,7 @@ def _time_weighted_mean(series: Sequence[Sample]) -> float | None:
     return float(np.dot(v[:-1], dt) / dt.sum()) if dt.sum() > 0 else float(v.mean())
 
 
-def control_summary(run_dir: Path, t0: float | None, samples: Sequence[Sample], scale: Scale) -> dict[str, Any]:
+def control_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesPoint], scale: Scale) -> dict[str, Any]:
     changes = read_changes(run_dir, t0, scale.speedup)
     thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
     est = select(samples, metric="wan_bandwidth_estimate_bps_paper")
@@ -142,7 +144,7 @@ def change_rows(s: dict[str, Any], limit: int = 20) -> list[tuple[str, str, str,
             for c in (s.get("control") or {}).get("changes", [])[:limit]]
 
 
-def plot_control(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | None:
+def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path) -> Path | None:
     """Threshold over time; WAN delivered rate and the loop's bandwidth estimate; predicted loads."""
     thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
     est = sorted(select(samples, metric="wan_bandwidth_estimate_bps_paper"), key=lambda p: p.t)
@@ -180,18 +182,18 @@ def plot_control(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | 
     return path
 
 
-def _kv_link_rates(samples: Sequence[Sample]) -> list[Sample]:
+def _kv_link_rates(samples: Sequence[SeriesPoint]) -> list[SeriesPoint]:
     """Configured-rate samples (wire bit/s) of the link whose rate changed most: the KV
     direction (both directions change together in the shipped profiles)."""
-    by_link: dict[str, list[Sample]] = {}
+    by_link: dict[str, list[SeriesPoint]] = {}
     for p in samples:
         if p.source == "wan" and p.metric == "link_rate_bps_wire" and p.t >= -1.0:
             by_link.setdefault(p.labels.get("link", ""), []).append(p)
-    longest: list[Sample] = max(by_link.values(), key=lambda v: len(v), default=[])
+    longest: list[SeriesPoint] = max(by_link.values(), key=lambda v: len(v), default=[])
     return sorted(longest, key=lambda p: p.t)
 
 
-def link_phases(done: Sequence[RequestRecord], samples: Sequence[Sample], scale: Scale) -> list[dict[str, Any]]:
+def link_phases(done: Sequence[RequestRecord], samples: Sequence[SeriesPoint], scale: Scale) -> list[dict[str, Any]]:
     """TTFT and transfer tails by stretch of constant configured link rate (a link schedule)."""
     changes = _kv_link_rates(samples)
     if len(changes) < 2:
@@ -201,15 +203,15 @@ def link_phases(done: Sequence[RequestRecord], samples: Sequence[Sample], scale:
     bounds = [p.t for p in changes[1:]] + [math.inf]
     for p, end in zip(changes, bounds):
         start = p.t if p is not changes[0] else -math.inf
-        rs = [r for r in done if start <= r.arrival < end and math.isfinite(r.ttft)]
+        rs = [r for r in done if start <= r.times.arrival < end and math.isfinite(r.ttft)]
         ttft = np.array([r.ttft * s for r in rs])
-        tails = [(r.transfer_end - r.prefill_end) * s for r in rs if r.crossed_wan
-                 and math.isfinite(r.transfer_end - r.prefill_end)]
+        tails = [(r.times.transfer_end - r.times.prefill_end) * s for r in rs if r.crossed_wan
+                 and math.isfinite(r.times.transfer_end - r.times.prefill_end)]
         out.append({
             "start_s": max(p.t, 0.0) * s, "end_s": None if math.isinf(end) else end * s,
             "rate_bps_paper": scale.paper_rate_bps(p.value), "requests": len(rs),
             "ttft_mean_s": float(ttft.mean()) if rs else None,
-            "ttft_p90_s": float(np.percentile(ttft, 90)) if rs else None,
+            "ttft_p90_s": percentile(ttft, 90),
             "tail_mean_s": float(np.mean(tails)) if tails else None,
             "offload_ratio": sum(r.crossed_wan for r in rs) / len(rs) if rs else None,
         })

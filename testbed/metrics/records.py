@@ -1,69 +1,71 @@
-"""Per-request records: one row per trace request, written as the run goes (CSV).
+"""records.csv: one row per trace request (`testbed.core.record.RequestRecord`), written as the run goes.
 
-Times are wire seconds relative to the run's start (`t0`); NaN where a stage never happened.
-Paper-unit figures are derived in the summary (times x speedup, bytes x byte_scale).
+Times are wire seconds relative to the run's start (`t0`), empty where a stage never happened.
+Paper-unit figures are derived in the summary (times x speedup, bytes x byte_scale). The columns
+are the file's external format and keep their names and order; each names a record field or a
+stamp of its `times`. What a record holds beyond them (the router-side stamps such as
+`router_arrival`, `decode_cluster`, `route_reason`, `cache_move_src`) is not stored.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO, Any
 
-NAN = float("nan")
+from testbed.core.record import FIELD_TYPES, NAN, TIME_NAMES, RecordFormatError, RequestRecord, StageTimes
 
-
-@dataclass
-class RequestRecord:
-    request_id: str
-    trace_index: int
-    input_tokens: int
-    output_tokens: int
-    cached_tokens: int = 0
-    arrival: float = NAN          # replayer sent the request
-    routed: float = NAN           # router decided
-    prefill_cluster: str = ""
-    prefill_node: str = ""
-    decode_node: str = ""
-    crossed_wan: bool = False     # KV crossed datacenters
-    threshold: float = NAN        # routing threshold in force (tokens), NaN if none
-    prefill_queued: float = NAN
-    prefill_start: float = NAN
-    prefill_end: float = NAN
-    prefill_modelled: float = NAN  # modelled prefill duration, wire seconds
-    transfer_start: float = NAN
-    transfer_end: float = NAN     # decode node holds all KV bytes
-    decode_admitted: float = NAN
-    first_token: float = NAN      # replayer saw the first token
-    last_token: float = NAN
-    tokens_received: int = 0
-    kv_bytes_paper: int = 0       # KV the request shipped to its decode node (what that side lacked)
-    kv_bytes_wire: int = 0
-    outcome: str = "pending"      # completed | failed
-    reason: str = ""
-    decode_cached_tokens: int = 0  # prefix the decode cluster already held (its KV did not ship)
-    cache_move_tokens: int = 0     # cached prefix tokens moved between clusters before the prefill
-    cache_move_start: float = NAN  # router asked the source cluster to send it
-    cache_move_end: float = NAN    # the prefill node holds it
-    cache_move_bytes_paper: int = 0
-    cache_move_bytes_wire: int = 0
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token - self.arrival
-
-    @property
-    def tpot(self) -> float:
-        if self.tokens_received < 2:
-            return NAN
-        return (self.last_token - self.first_token) / (self.tokens_received - 1)
+COLUMNS: tuple[str, ...] = (
+    "request_id", "trace_index", "input_tokens", "output_tokens", "cached_tokens", "arrival", "routed",
+    "prefill_cluster", "prefill_node", "decode_node", "crossed_wan", "threshold", "prefill_queued",
+    "prefill_start", "prefill_end", "prefill_modelled", "transfer_start", "transfer_end", "decode_admitted",
+    "first_token", "last_token", "tokens_received", "kv_bytes_paper", "kv_bytes_wire", "outcome", "reason",
+    "decode_cached_tokens", "cache_move_tokens", "cache_move_start", "cache_move_end",
+    "cache_move_bytes_paper", "cache_move_bytes_wire",
+)
+_TIMES = frozenset(TIME_NAMES)
+# Column -> type name; every column is a record field or a stamp (a KeyError here is a typo above).
+_KINDS: dict[str, str] = {c: "float" if c in _TIMES else FIELD_TYPES[c] for c in COLUMNS}
 
 
-FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RequestRecord))
-_TYPES: dict[str, Any] = {f.name: f.type for f in dataclasses.fields(RequestRecord)}
+def _value(rec: RequestRecord, col: str) -> Any:
+    return getattr(rec.times, col) if col in _TIMES else getattr(rec, col)
+
+
+def format_row(rec: RequestRecord) -> list[str]:
+    return [_fmt(_value(rec, c)) for c in COLUMNS]
+
+
+def parse_row(row: Mapping[Any, Any], where: str = "row") -> RequestRecord:
+    """The record a row (column -> text) holds; a missing or unknown column or a value that does
+    not parse raises `RecordFormatError` naming it."""
+    if None in row:          # csv.DictReader: more values than columns
+        raise RecordFormatError(f"{where}: more values than columns")
+    check_columns(row, where)
+    kw: dict[str, Any] = {}
+    times = StageTimes()
+    for c in COLUMNS:
+        raw = row[c]
+        if raw is None:      # csv.DictReader: the row ended early
+            raise RecordFormatError(f"{where}: column {c!r} is missing its value")
+        v = _parse(c, _KINDS[c], raw, where)
+        if c in _TIMES:
+            setattr(times, c, v)
+        else:
+            kw[c] = v
+    return RequestRecord(times=times, **kw)
+
+
+def check_columns(names: Iterable[str], where: str) -> None:
+    names = list(names)
+    missing = [c for c in COLUMNS if c not in names]
+    if missing:
+        raise RecordFormatError(f"{where}: missing column {missing[0]!r}")
+    unknown = sorted(str(k) for k in names if k not in _KINDS)
+    if unknown:
+        raise RecordFormatError(f"{where}: unknown column {unknown[0]!r}")
 
 
 def _fmt(v: Any) -> str:
@@ -74,13 +76,18 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _parse(name: str, raw: str) -> Any:
-    typ = _TYPES[name]
-    if typ in ("float", float):
-        return float(raw) if raw != "" else NAN
-    if typ in ("int", int):
-        return int(raw) if raw != "" else 0
-    if typ in ("bool", bool):
+def _parse(col: str, kind: str, raw: str, where: str) -> Any:
+    try:
+        if kind == "float":
+            return float(raw) if raw != "" else NAN
+        if kind == "int":
+            return int(raw) if raw != "" else 0
+    except ValueError:
+        what = "a number" if kind == "float" else "an integer"
+        raise RecordFormatError(f"{where}: column {col!r}: {raw!r} is not {what}") from None
+    if kind == "bool":
+        if raw not in ("1", "0", "true", "false", "True", "False", ""):
+            raise RecordFormatError(f"{where}: column {col!r}: {raw!r} is not 1 or 0")
         return raw in ("1", "true", "True")
     return raw
 
@@ -92,12 +99,12 @@ class RecordWriter:
         self.path = path
         self._fh: IO[str] = path.open("w", newline="")
         self._w = csv.writer(self._fh)
-        self._w.writerow(FIELDS)
+        self._w.writerow(COLUMNS)
         self._fh.flush()
         self.count = 0
 
     def write(self, rec: RequestRecord) -> None:
-        self._w.writerow([_fmt(getattr(rec, f)) for f in FIELDS])
+        self._w.writerow(format_row(rec))
         self._fh.flush()
         self.count += 1
 
@@ -119,23 +126,12 @@ def read_records(path: Path) -> list[RequestRecord]:
 def iter_records(path: Path) -> Iterator[RequestRecord]:
     with path.open(newline="") as fh:
         r = csv.DictReader(fh)
+        check_columns(r.fieldnames or (), f"{path}:1")
         for row in r:
-            kw = {k: _parse(k, v) for k, v in row.items() if k in _TYPES}
-            yield RequestRecord(**kw)
+            yield parse_row(row, f"{path}:{r.line_num}")
 
 
 def write_records(path: Path, records: Iterable[RequestRecord]) -> None:
     with RecordWriter(path) as w:
         for rec in records:
             w.write(rec)
-
-
-@dataclass
-class TimeSeriesPoint:
-    """One sample: wire seconds since t0, the source (node or link), metric name, value."""
-
-    t: float
-    source: str
-    metric: str
-    value: float
-    labels: dict[str, str] = field(default_factory=dict)

@@ -374,7 +374,7 @@ def _show(x: Any) -> str:
     return str(x)
 
 
-def _num(x: float | None) -> str:
+def _format_or_dash(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
@@ -382,10 +382,10 @@ def band_text(r: MetricResult) -> str:
     if r.low is None and r.high is None:
         return "any"
     if r.low is None:
-        return f"<= {_num(r.high)}"
+        return f"<= {_format_or_dash(r.high)}"
     if r.high is None:
-        return f">= {_num(r.low)}"
-    return f"[{_num(r.low)}, {_num(r.high)}]"
+        return f">= {_format_or_dash(r.low)}"
+    return f"[{_format_or_dash(r.low)}, {_format_or_dash(r.high)}]"
 
 
 def tolerance_text(r: MetricResult) -> str:
@@ -396,10 +396,10 @@ def tolerance_text(r: MetricResult) -> str:
 
 
 def failure_line(r: MetricResult) -> str:
-    measured = "missing" if r.measured is None else _num(r.measured)
+    measured = "missing" if r.measured is None else _format_or_dash(r.measured)
     change = "" if r.change is None else f" ({r.change:+.1%})"
     why = f"; {r.note}" if r.note else ""
-    return (f"FAIL {r.key}: measured {measured} vs baseline {_num(r.baseline)}{change}, allowed {band_text(r)} "
+    return (f"FAIL {r.key}: measured {measured} vs baseline {_format_or_dash(r.baseline)}{change}, allowed {band_text(r)} "
             f"({r.direction.replace('_', ' ')}; tolerance {tolerance_text(r)}){why}")
 
 
@@ -430,9 +430,9 @@ def _table(title: str, results: list[MetricResult], with_measured: bool = True) 
     if with_measured:
         t.add_column("Verdict")
     for r in results:
-        row = [r.key, _DIRECTION_SHORT[r.direction], _num(r.baseline)]
+        row = [r.key, _DIRECTION_SHORT[r.direction], _format_or_dash(r.baseline)]
         if with_measured:
-            row += [_num(r.measured), "-" if r.change is None else f"{r.change:+.1%}"]
+            row += [_format_or_dash(r.measured), "-" if r.change is None else f"{r.change:+.1%}"]
         row += [band_text(r), tolerance_text(r)]
         if with_measured:
             row.append("ok" if r.passed else "FAIL")

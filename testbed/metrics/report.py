@@ -34,7 +34,8 @@ from testbed.metrics.summary import (
 )
 from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
 from testbed.metrics.wanlink import plot_wan, wan_rows
-from testbed.metrics.timeseries import Sample, counter_rate, group_series, select
+from testbed.metrics.series_format import SeriesPoint
+from testbed.metrics.timeseries import counter_rate, group_series, select
 
 QUEUE_METRICS: tuple[str, ...] = ("queue_depth", "running_batch")
 STAGE_LABELS: dict[str, str] = {
@@ -227,7 +228,7 @@ def comparison_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list
     return rows
 
 
-def _num(x: float | None, f: str = "{:.2f}") -> str:
+def _format_or_na(x: float | None, f: str = "{:.2f}") -> str:
     return NA if x is None else f.format(x)
 
 
@@ -301,7 +302,7 @@ def plot_ttft_cdf(curves: Sequence[tuple[str, Sequence[float]]], path: Path, slo
     return _save(fig, path)
 
 
-def _series_panel(ax: Axes, samples: Sequence[Sample], speedup: float, ylabel: str) -> None:
+def _series_panel(ax: Axes, samples: Sequence[SeriesPoint], speedup: float, ylabel: str) -> None:
     groups = group_series(samples)
     for key, series in groups.items():
         ax.plot([p.t * speedup for p in series], [p.value for p in series], drawstyle="steps-post",
@@ -312,7 +313,7 @@ def _series_panel(ax: Axes, samples: Sequence[Sample], speedup: float, ylabel: s
         ax.legend(fontsize="x-small", loc="best")
 
 
-def plot_queues(samples: Sequence[Sample], speedup: float, path: Path) -> Path | None:
+def plot_queues(samples: Sequence[SeriesPoint], speedup: float, path: Path) -> Path | None:
     """Queue depth and running batch over time per node; None when no such series exist."""
     present = [m for m in QUEUE_METRICS if select(samples, metric=m)]
     if not present:
@@ -326,7 +327,7 @@ def plot_queues(samples: Sequence[Sample], speedup: float, path: Path) -> Path |
 
 
 def plot_links(
-    samples: Sequence[Sample], scale: Scale, path: Path, wan_series: frozenset[str] = frozenset()
+    samples: Sequence[SeriesPoint], scale: Scale, path: Path, wan_series: frozenset[str] = frozenset()
 ) -> Path | None:
     """KV egress rate of each byte counter (paper Gbit/s), and the routing threshold if recorded.
 
@@ -524,8 +525,8 @@ def write_comparison(
                 "rate was in force; then the mean KV transfer tail of the offloaded ones.", ""]
         rows = []
         for k, ph in enumerate(phases[0]):
-            rows.append((phase_label(ph), *[f"{_num(p[k]['ttft_mean_s'])} / {_num(p[k]['ttft_p90_s'])}" for p in phases]))
-            rows.append(("  KV tail (ms)", *[_num(None if p[k]["tail_mean_s"] is None else p[k]["tail_mean_s"] * 1e3, "{:,.0f}")
+            rows.append((phase_label(ph), *[f"{_format_or_na(p[k]['ttft_mean_s'])} / {_format_or_na(p[k]['ttft_p90_s'])}" for p in phases]))
+            rows.append(("  KV tail (ms)", *[_format_or_na(None if p[k]["tail_mean_s"] is None else p[k]["tail_mean_s"] * 1e3, "{:,.0f}")
                                              for p in phases]))
         out.append(md_table(["phase", *labels], rows))
     out += ["", "## TTFT CDF", "", "![TTFT CDF](ttft_cdf.png)", "", "## Runs", ""]

@@ -80,12 +80,14 @@ from typing import Any
 
 import numpy as np
 
+from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
 from testbed.metrics.control import cache_summary, control_summary, link_phases
-from testbed.metrics.records import RequestRecord, read_records
+from testbed.metrics.records import read_records
+from testbed.metrics.series_format import SeriesPoint
+from testbed.metrics.stats import percentile
 from testbed.metrics.wanlink import link_usage
 from testbed.metrics.timeseries import (
-    Sample,
     counter_rate,
     counter_total,
     group_series,
@@ -150,7 +152,7 @@ def load_run_meta(run_dir: Path) -> RunMeta:
     if not isinstance(scale, dict):
         # Guessing 1/1 would silently print wire figures as paper figures.
         raise RunDirError(f"{p}: 'scale' with 'speedup' and 'byte_scale' is required")
-    speedup, byte_scale = _num(scale, "speedup"), _num(scale, "byte_scale")
+    speedup, byte_scale = _finite_number(scale, "speedup"), _finite_number(scale, "byte_scale")
     if speedup is None or speedup <= 0 or byte_scale is None or byte_scale <= 0:
         raise RunDirError(f"{p}: scale.speedup and scale.byte_scale must be positive numbers, got {scale!r}")
     shaping = raw.get("shaping")
@@ -160,19 +162,19 @@ def load_run_meta(run_dir: Path) -> RunMeta:
         name=str(raw.get("name") or Path(run_dir).name),
         scenario=str(raw.get("scenario") or ""),
         policy=str(raw.get("policy") or ""),
-        t0=_num(raw, "t0"),
-        t_end=_num(raw, "t_end"),
+        t0=_finite_number(raw, "t0"),
+        t_end=_finite_number(raw, "t_end"),
         scale=Scale(speedup, byte_scale),
         shaping_method=str(shaping.get("method", "unknown")) if isinstance(shaping, dict) else "unknown",
-        slo_ttft_s=_num(slo, "ttft_s"),
-        slo_tpot_s=_num(slo, "tpot_s"),
-        offered_rate_rps=_num(raw, "offered_rate"),
-        threshold=_num(raw, "threshold"),
+        slo_ttft_s=_finite_number(slo, "ttft_s"),
+        slo_tpot_s=_finite_number(slo, "tpot_s"),
+        offered_rate_rps=_finite_number(raw, "offered_rate"),
+        threshold=_finite_number(raw, "threshold"),
         interrupted=raw.get("interrupted") is True,
     )
 
 
-def _num(d: dict[str, Any], key: str) -> float | None:
+def _finite_number(d: dict[str, Any], key: str) -> float | None:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
@@ -186,7 +188,7 @@ def load_records(run_dir: Path) -> list[RequestRecord]:
     return read_records(p)
 
 
-def load_run_timeseries(run_dir: Path, meta: RunMeta) -> list[Sample]:
+def load_run_timeseries(run_dir: Path, meta: RunMeta) -> list[SeriesPoint]:
     if meta.t0 is None:
         if (Path(run_dir) / "timeseries").is_dir():
             log.warning("%s: run.json has no t0; ignoring its time series", run_dir)
@@ -210,19 +212,19 @@ def _stats(values: Sequence[float], mult: float) -> dict[str, Any]:
     if not values:
         return {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
     a = np.asarray(values, dtype=np.float64) * mult
-    p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {"n": int(a.size), "mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    return {"n": int(a.size), "mean": float(a.mean()), "p50": percentile(a, 50), "p90": percentile(a, 90),
+            "p99": percentile(a, 99)}
 
 
 def breakdown_wire(r: RequestRecord) -> dict[str, float]:
     """One request's TTFT split into stages (wire s); missing stages count 0, the rest is `other`."""
     parts = {
-        "routing": r.routed - r.arrival,
-        "prefill_queue": r.prefill_start - r.prefill_queued,
-        "prefill_compute": r.prefill_end - r.prefill_start,
-        "transfer_tail": r.transfer_end - r.prefill_end,
-        "decode_queue": r.decode_admitted - r.transfer_end,
-        "first_step": r.first_token - r.decode_admitted,
+        "routing": r.times.routed - r.times.arrival,
+        "prefill_queue": r.times.prefill_start - r.times.prefill_queued,
+        "prefill_compute": r.times.prefill_end - r.times.prefill_start,
+        "transfer_tail": r.times.transfer_end - r.times.prefill_end,
+        "decode_queue": r.times.decode_admitted - r.times.transfer_end,
+        "first_step": r.times.first_token - r.times.decode_admitted,
     }
     parts = {k: v if _finite(v) else 0.0 for k, v in parts.items()}
     parts["other"] = r.ttft - sum(parts.values())
@@ -248,7 +250,7 @@ def _duration_wire(meta: RunMeta, records: Sequence[RequestRecord]) -> float | N
     if meta.t0 is not None and meta.t_end is not None and meta.t_end > meta.t0:
         return meta.t_end - meta.t0
     # An interrupted run may lack t_end: the latest thing any record saw bounds it.
-    times = [v for r in records for f in _TIME_FIELDS if _finite(v := getattr(r, f))]
+    times = [v for r in records for f in _TIME_FIELDS if _finite(v := getattr(r.times, f))]
     latest = max(times, default=0.0)
     return latest if latest > 0 else None
 
@@ -271,7 +273,7 @@ def _fidelity(records: Sequence[RequestRecord]) -> dict[str, Any]:
     abs_err: list[float] = []
     rel_err: list[float] = []
     for r in records:
-        measured = r.prefill_end - r.prefill_start
+        measured = r.times.prefill_end - r.times.prefill_start
         if _finite(measured) and _finite(r.prefill_modelled):
             err = abs(measured - r.prefill_modelled)
             abs_err.append(err)
@@ -286,7 +288,7 @@ def _fidelity(records: Sequence[RequestRecord]) -> dict[str, Any]:
     }
 
 
-def _rates(t: Sequence[Sample]) -> tuple[float, float | None, float | None]:
+def _rates(t: Sequence[SeriesPoint]) -> tuple[float, float | None, float | None]:
     """(bytes, mean B/s, peak B/s) of one cumulative byte counter, wire units."""
     total = counter_total(t)
     span = t[-1].t - t[0].t if len(t) > 1 else 0.0
@@ -294,7 +296,7 @@ def _rates(t: Sequence[Sample]) -> tuple[float, float | None, float | None]:
     return total, (total / span if span > 0 else None), (float(rates.max()) if rates.size else None)
 
 
-def _egress(samples: Sequence[Sample], wan_sources: set[str], scale: Scale) -> tuple[dict[str, Any], dict[str, Any]]:
+def _egress(samples: Sequence[SeriesPoint], wan_sources: set[str], scale: Scale) -> tuple[dict[str, Any], dict[str, Any]]:
     def both(total: float, mean: float | None, peak: float | None) -> dict[str, Any]:
         return {
             "bytes_paper": scale.paper_bytes(total),
@@ -306,7 +308,7 @@ def _egress(samples: Sequence[Sample], wan_sources: set[str], scale: Scale) -> t
         }
 
     links: dict[str, Any] = {}
-    wan: list[list[Sample]] = []
+    wan: list[list[SeriesPoint]] = []
     for key, series in group_series(s for s in samples if s.metric in BYTE_COUNTERS).items():
         is_wan = series[0].source in wan_sources
         links[key] = {"metric": series[0].metric, "wan": is_wan, **both(*_rates(series))}

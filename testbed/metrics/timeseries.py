@@ -1,37 +1,26 @@
-"""Time series of a run: `timeseries/*.jsonl`, one JSON object per line, written by nodes and router.
-
-Line format: `{"ts": unix_time, "source": str, "metric": str, "value": float, "labels": {...}}`.
-Loaded samples carry `t` in wire seconds since the run's `t0` (from `run.json`), like the records.
+"""Time series of a run: `timeseries/*.jsonl`, written by nodes, router and link monitors in the
+format of `testbed.metrics.series_format`. Loaded points carry `t` in wire seconds since the
+run's `t0` (from `run.json`), like the records.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from testbed.metrics.records import TimeSeriesPoint
-
-log = logging.getLogger("testbed.metrics")
-
-# One type for a point, shared with the record schema's definition.
-Sample = TimeSeriesPoint
+from testbed.metrics.series_format import SeriesPoint, TimeseriesError, read_series
 
 FloatArray = npt.NDArray[np.float64]
 
 
-class TimeseriesError(ValueError):
-    """A malformed time-series line (other than an interrupted run's truncated last line)."""
-
-
-def load_timeseries(run_dir: Path, t0: float | None = None) -> list[Sample]:
-    """All samples of a run, sorted by time. No `timeseries/` directory means no samples.
+def load_timeseries(run_dir: Path, t0: float | None = None) -> list[SeriesPoint]:
+    """All points of a run, sorted by time. No `timeseries/` directory means no points.
 
     `t0` defaults to `run.json`'s `t0`. A last line that does not parse is dropped with a warning
     (a writer killed mid-line); any other malformed line raises `TimeseriesError` naming file:line.
@@ -41,57 +30,11 @@ def load_timeseries(run_dir: Path, t0: float | None = None) -> list[Sample]:
         return []
     if t0 is None:
         t0 = _run_t0(Path(run_dir))
-    out: list[Sample] = []
+    out: list[SeriesPoint] = []
     for path in sorted(d.glob("*.jsonl")):
-        out.extend(read_jsonl(path, t0))
+        out.extend(read_series(path, t0))
     out.sort(key=lambda s: s.t)
     return out
-
-
-def read_jsonl(path: Path, t0: float) -> list[Sample]:
-    # errors="replace": truncation can split a multi-byte character of the last line.
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
-    out: list[Sample] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(_parse_line(line, t0))
-        except ValueError as e:
-            if i == last:
-                log.warning("%s:%d: dropping unparsable last line (interrupted run?): %s", path, i + 1, e)
-                continue
-            raise TimeseriesError(f"{path}:{i + 1}: {e}") from None
-    return out
-
-
-def _parse_line(line: str, t0: float) -> Sample:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    ts = _number(obj, "ts")
-    value = math.nan if obj.get("value") is None else _number(obj, "value")
-    source, metric = obj.get("source"), obj.get("metric")
-    if not isinstance(source, str) or not source:
-        raise ValueError("'source' must be a non-empty string")
-    if not isinstance(metric, str) or not metric:
-        raise ValueError("'metric' must be a non-empty string")
-    labels = obj.get("labels") or {}
-    if not isinstance(labels, dict):
-        raise ValueError("'labels' must be an object")
-    return Sample(ts - t0, source, metric, value, {str(k): str(v) for k, v in labels.items()})
-
-
-def _number(obj: dict[str, Any], key: str) -> float:
-    v = obj.get(key)
-    # bool is an int subclass; a boolean timestamp or value is a writer bug, not a number.
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"{key!r} must be a number, got {v!r}")
-    return float(v)
 
 
 def _run_t0(run_dir: Path) -> float:
@@ -109,12 +52,12 @@ def _run_t0(run_dir: Path) -> float:
 
 
 def select(
-    samples: Iterable[Sample],
+    samples: Iterable[SeriesPoint],
     metric: str | None = None,
     source: str | None = None,
     labels: dict[str, str] | None = None,
-) -> list[Sample]:
-    """Samples matching `metric`, `source` and every given label (None matches anything)."""
+) -> list[SeriesPoint]:
+    """Points matching `metric`, `source` and every given label (None matches anything)."""
     return [
         s
         for s in samples
@@ -124,27 +67,27 @@ def select(
     ]
 
 
-def series_key(s: Sample) -> str:
+def series_key(s: SeriesPoint) -> str:
     """`source` or `source{k=v,...}`: one line per key in a plot (e.g. one TCP connection)."""
     if not s.labels:
         return s.source
     return s.source + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
 
 
-def group_series(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
-    """Samples split by `series_key`, keys sorted, each list in time order."""
-    groups: dict[str, list[Sample]] = {}
+def group_series(samples: Iterable[SeriesPoint]) -> dict[str, list[SeriesPoint]]:
+    """Points split by `series_key`, keys sorted, each list in time order."""
+    groups: dict[str, list[SeriesPoint]] = {}
     for s in samples:
         groups.setdefault(series_key(s), []).append(s)
     return {k: sorted(groups[k], key=lambda s: s.t) for k in sorted(groups)}
 
 
-def metrics_of(samples: Iterable[Sample]) -> list[str]:
+def metrics_of(samples: Iterable[SeriesPoint]) -> list[str]:
     return sorted({s.metric for s in samples})
 
 
 def resample(
-    samples: Sequence[Sample],
+    samples: Sequence[SeriesPoint],
     step: float,
     *,
     start: float | None = None,
@@ -183,7 +126,7 @@ def resample(
     return grid, out
 
 
-def counter_rate(samples: Sequence[Sample]) -> tuple[FloatArray, FloatArray]:
+def counter_rate(samples: Sequence[SeriesPoint]) -> tuple[FloatArray, FloatArray]:
     """Per-interval rate of a cumulative counter, stamped at each interval's end.
 
     Intervals where the counter went down (the writer restarted) are skipped, not negative.
@@ -199,7 +142,7 @@ def counter_rate(samples: Sequence[Sample]) -> tuple[FloatArray, FloatArray]:
     return np.array(ts, dtype=np.float64), np.array(rates, dtype=np.float64)
 
 
-def counter_total(samples: Sequence[Sample]) -> float:
+def counter_total(samples: Sequence[SeriesPoint]) -> float:
     """Amount a cumulative counter grew over the samples (restarts skipped, like `counter_rate`)."""
     ordered = sorted(samples, key=lambda s: s.t)
     return float(sum(max(b.value - a.value, 0.0) for a, b in zip(ordered, ordered[1:]) if not math.isnan(b.value - a.value)))

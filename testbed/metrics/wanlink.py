@@ -13,14 +13,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
-from testbed.metrics.records import RequestRecord
-from testbed.metrics.timeseries import Sample, counter_total, group_series
+from testbed.metrics.series_format import SeriesPoint
+from testbed.metrics.timeseries import counter_total, group_series
 
 WINDOW_S = 0.1
 
 
-def _rate_in_force(changes: Sequence[Sample], t: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def _rate_in_force(changes: Sequence[SeriesPoint], t: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """Configured rate (bit/s) at each time t, from the `link_rate_bps_wire` change samples."""
     ts = np.array([c.t for c in changes])
     vs = np.array([c.value for c in changes])
@@ -28,7 +29,7 @@ def _rate_in_force(changes: Sequence[Sample], t: np.ndarray[Any, Any]) -> np.nda
     return vs[idx]
 
 
-def window_rates(series: Sequence[Sample], window: float = WINDOW_S) -> tuple[np.ndarray[Any, Any],
+def window_rates(series: Sequence[SeriesPoint], window: float = WINDOW_S) -> tuple[np.ndarray[Any, Any],
                                                                              np.ndarray[Any, Any]]:
     """Rates (bit/s) of a cumulative byte counter over consecutive windows of at least `window`
     seconds, each from the samples' own timestamps (a late sample widens its window instead of
@@ -47,20 +48,20 @@ def window_rates(series: Sequence[Sample], window: float = WINDOW_S) -> tuple[np
     return np.array(ends), np.array(rates)
 
 
-def _counter_at(series: Sequence[Sample], t: float) -> float:
+def _counter_at(series: Sequence[SeriesPoint], t: float) -> float:
     """A cumulative counter's value at time t (held from the last sample at or before t)."""
     ts = np.array([x.t for x in series])
     i = int(np.searchsorted(ts, t, side="right")) - 1
     return series[max(i, 0)].value
 
 
-def link_usage(samples: Sequence[Sample], records: Sequence[RequestRecord], scale: Scale,
+def link_usage(samples: Sequence[SeriesPoint], records: Sequence[RequestRecord], scale: Scale,
                duration_wire: float | None) -> dict[str, Any]:
     """Per-link usage. `mean_*` is over the arrival window (first to last request sent): the
     run's steady state, which is what a deployment sizing compares with; `run_mean_*` also
     counts the ramp-up and the drain after the last arrival."""
     wan = [s for s in samples if s.source == "wan"]
-    arrivals = [r.arrival for r in records if np.isfinite(r.arrival)]
+    arrivals = [r.times.arrival for r in records if np.isfinite(r.times.arrival)]
     window = (min(arrivals), max(arrivals)) if len(arrivals) > 1 else None
     rates = {k: v for k, v in group_series(x for x in wan if x.metric == "link_rate_bps_wire").items()}
     by_link: dict[str, dict[str, Any]] = {}
@@ -123,7 +124,7 @@ def link_usage(samples: Sequence[Sample], records: Sequence[RequestRecord], scal
     }
 
 
-def plot_wan(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | None:
+def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path) -> Path | None:
     """Each WAN link's measured rate (100 ms windows, paper Gbit/s) with the configured rate in
     force drawn under it."""
     from matplotlib.figure import Figure

@@ -22,7 +22,7 @@ at start-up, so its appearance means the delay line is ready. Messages are JSON:
     {"op": "stats"}
 Replies go to the sender's bound address, if any. Changes apply to packets admitted from then on.
 
-Stats: JSONL time-series lines (testbed/metrics/timeseries.py format), one per metric and
+Stats: JSONL time-series lines (testbed/metrics/series_format.py), one per metric and
 direction every interval: cumulative counters and the current queue.
 """
 
@@ -54,6 +54,7 @@ from typing import Any, TextIO
 
 from testbed.core.delayline_model import DelayLineModel
 from testbed.core.linkprofile import LinkParams
+from testbed.metrics.series_format import Sample, encode_line
 from testbed.net.tun import open_tun
 
 log = logging.getLogger("testbed.delayline")
@@ -421,13 +422,9 @@ class DelayLine:
     def _write_stats(self) -> None:
         if self._stats_fh is None:
             return
-        ts = round(time.time(), 6)
-        lines = []
-        for d in self._all:
-            labels = {"direction": d.name}
-            for metric, value in d.counters().items():
-                lines.append(json.dumps({"ts": ts, "source": "delayline", "metric": metric,
-                                         "value": value, "labels": labels}))
+        ts = time.time()
+        lines = [encode_line(ts, "delayline", Sample(metric, value, {"direction": d.name}))
+                 for d in self._all for metric, value in d.counters().items()]
         self._stats_fh.write("\n".join(lines) + "\n")
         self._stats_fh.flush()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pyroute2 import NetNS  # type: ignore[import-untyped]
 
-from testbed.live.series import Sample, SeriesWriter
+from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.monitor")
 
@@ -41,9 +41,9 @@ def read_counters(ns: Any, links: list[WatchedLink]) -> list[Sample]:
         labels = {"link": lk.link, "ifname": name}
         d = lk.direction
         out += [
-            ("link_bytes", float(st[f"{d}_bytes"]), labels),
-            ("link_packets", float(st[f"{d}_packets"]), labels),
-            ("link_dropped", float(st[f"{d}_dropped"]), labels),
+            Sample("link_bytes", float(st[f"{d}_bytes"]), labels),
+            Sample("link_packets", float(st[f"{d}_packets"]), labels),
+            Sample("link_dropped", float(st[f"{d}_dropped"]), labels),
         ]
     return out
 

@@ -11,8 +11,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from testbed.core.record import RequestRecord
 from testbed.core.scenario import Scenario
-from testbed.metrics.records import RequestRecord, read_records
+from testbed.metrics.records import read_records
 from testbed.studies.load import load
 
 FIDELITY_RATE = 0.3    # paper req/s: low enough that queues stay empty on the paper deployments
@@ -29,13 +30,13 @@ def fidelity_figures(sc: Scenario, records: list[RequestRecord]) -> dict[str, An
     step = hw_decode.base_s / sc.scale.speedup
     done = [r for r in records if r.outcome == "completed"]
     # Queue-free: started within 5 ms of being queued (HTTP hop included).
-    free = [r for r in done if r.prefill_start - r.prefill_queued < 0.005]
-    pre_err = [abs((r.prefill_end - r.prefill_start) - r.prefill_modelled) for r in free]
+    free = [r for r in done if r.times.prefill_start - r.times.prefill_queued < 0.005]
+    pre_err = [abs((r.times.prefill_end - r.times.prefill_start) - r.prefill_modelled) for r in free]
     pre_rel = [e / r.prefill_modelled for e, r in zip(pre_err, free)]
     ttft_model = [r.prefill_modelled + step for r in free]
     ttft_meas = [r.ttft for r in free]
     ratio = [m / p for m, p in zip(ttft_meas, ttft_model)]
-    tails = [r.transfer_end - r.prefill_end for r in free]
+    tails = [r.times.transfer_end - r.times.prefill_end for r in free]
     overhead = [m - p for m, p in zip(ttft_meas, ttft_model)]
     med_pre = _median([r.prefill_modelled for r in free])
     bar_pre = 0.02 * med_pre + 0.002

@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.record import RequestRecord
 from testbed.core.scenario import Scenario
-from testbed.metrics.records import RequestRecord, read_records
+from testbed.metrics.records import read_records
+from testbed.metrics.stats import percentile
 
 SLO_SLACK = 1.01        # the testbed's own timing error (see metrics.summary.SLO_TIMING_TOLERANCE)
 # The mock decode step does not slow with load, so TPOT moves only with timer lateness (a few
@@ -58,13 +60,6 @@ class CapacityResult:
     probes: list[Probe] = field(default_factory=list)
 
 
-def _p90(xs: list[float]) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(int(math.ceil(0.9 * len(xs))) - 1, len(xs) - 1)]
-
-
 def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_slo: float,
           growth_limit: float, growth_s: float | None = None) -> tuple[bool, list[str], dict[str, float | None]]:
     """Stable and within SLOs? Figures in paper seconds. Waiting may grow by `growth_s` paper
@@ -75,12 +70,12 @@ def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_sl
         reasons.append(f"{len(records) - len(done)} of {len(records)} requests failed")
     ttft = [r.ttft * speedup for r in done]
     tpot = [r.tpot * speedup for r in done if not math.isnan(r.tpot)]
-    p90_ttft, p90_tpot = _p90(ttft), _p90(tpot)
+    p90_ttft, p90_tpot = percentile(ttft, 90), percentile(tpot, 90)
     if p90_tpot is not None and p90_tpot > tpot_slo * TPOT_SLACK:
         reasons.append(f"P90 TPOT {p90_tpot * 1e3:.1f} ms > SLO {tpot_slo * 1e3:.1f} ms")
     if p90_ttft is not None and p90_ttft > ttft_slo * SLO_SLACK:
         reasons.append(f"P90 TTFT {p90_ttft:.2f} s > SLO {ttft_slo:.2f} s")
-    by_arrival = sorted(done, key=lambda r: r.arrival)
+    by_arrival = sorted(done, key=lambda r: r.times.arrival)
     third = len(by_arrival) // 3
     first = last = None
     if third >= 5:

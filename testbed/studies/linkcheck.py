@@ -20,7 +20,7 @@ from testbed.core.linkprofile import LinkParams, LinkProfile
 from testbed.core.scaling import Scale
 from testbed.net.procs import ProcessGroup
 from testbed.live.kv_transport import KVReceiver, KVSender
-from testbed.live.series import SeriesWriter
+from testbed.metrics.series_format import SeriesWriter, read_series
 from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.executor import Executor
 from testbed.net.monitor import LinkMonitor, WatchedLink
@@ -152,9 +152,7 @@ def _track_rate_change(topo: Topology, la: NetnsLoop, lb: NetnsLoop, receiver: K
     fut.result(60)
     mon.stop()
     w.close()
-    import json
-    pts = [json.loads(line) for line in series_path.read_text().splitlines()]
-    pts = [(p["ts"], p["value"]) for p in pts if p["metric"] == "link_bytes"]
+    pts = [(p.t, p.value) for p in read_series(series_path) if p.metric == "link_bytes"]
     win = 0.05
     follow: float | None = None
     for i, (t, v) in enumerate(pts):

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.record import RequestRecord
 from testbed.core.scenario import Scenario
+from testbed.metrics.records import read_records
+from testbed.metrics.stats import percentile
 from testbed.studies.capacity import CapacityResult, Probe, model_lambda, search, write_outputs
-from testbed.metrics.records import RequestRecord, read_records
 
 DEFAULT_GROWTH_S = 2.5        # paper seconds of growth in mean wait that marks a probe unstable
 
@@ -84,11 +86,6 @@ def _mean(xs: Sequence[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def _p90(xs: Sequence[float]) -> float | None:
-    xs = sorted(x for x in xs if math.isfinite(x))
-    return xs[min(int(math.ceil(0.9 * len(xs))) - 1, len(xs) - 1)] if xs else None
-
-
 def measured_thetas(sc: Scenario, records: Sequence[RequestRecord], link_bps: float) -> dict[str, float | None]:
     """Stage capacities from measured service times (paper units)."""
     s = sc.scale.speedup
@@ -101,7 +98,7 @@ def measured_thetas(sc: Scenario, records: Sequence[RequestRecord], link_bps: fl
             if c.kind != kind or c.prefill == 0:
                 continue
             mine = [r for r in done if r.prefill_cluster == c.name]
-            t = _mean([(r.prefill_end - r.prefill_start) * s for r in mine])
+            t = _mean([(r.times.prefill_end - r.times.prefill_start) * s for r in mine])
             tm = _mean([r.prefill_modelled * s for r in mine])
             if t:
                 total += c.prefill / t
@@ -125,16 +122,16 @@ def measured_thetas(sc: Scenario, records: Sequence[RequestRecord], link_bps: fl
 
 
 def stage_waits(records: Sequence[RequestRecord], speedup: float, kinds: dict[str, str]) -> list[StageWaits]:
-    done = sorted((r for r in records if r.outcome == "completed"), key=lambda r: r.arrival)
+    done = sorted((r for r in records if r.outcome == "completed"), key=lambda r: r.times.arrival)
     third = len(done) // 3
     if third < 5:
         return []
     parts = {"first": done[:third], "last": done[-third:]}
     stages: dict[str, Any] = {
-        "PrfaaS prefill queue": lambda r: r.prefill_start - r.prefill_queued if kinds.get(r.prefill_cluster) == "prfaas" else math.nan,
-        "PD-P prefill queue": lambda r: r.prefill_start - r.prefill_queued if kinds.get(r.prefill_cluster) == "pd" else math.nan,
-        "KV transfer tail": lambda r: r.transfer_end - r.prefill_end,
-        "decode admission": lambda r: r.decode_admitted - r.transfer_end,
+        "PrfaaS prefill queue": lambda r: r.times.prefill_start - r.times.prefill_queued if kinds.get(r.prefill_cluster) == "prfaas" else math.nan,
+        "PD-P prefill queue": lambda r: r.times.prefill_start - r.times.prefill_queued if kinds.get(r.prefill_cluster) == "pd" else math.nan,
+        "KV transfer tail": lambda r: r.times.transfer_end - r.times.prefill_end,
+        "decode admission": lambda r: r.times.decode_admitted - r.times.transfer_end,
     }
     out = []
     for name, f in stages.items():
@@ -152,7 +149,7 @@ def _batch_mean(run_dir: Path, records: Sequence[RequestRecord]) -> float | None
         samples = load_run_timeseries(run_dir, load_run_meta(run_dir))
     except (OSError, ValueError):
         return None
-    arr = [r.arrival for r in records if math.isfinite(r.arrival)]
+    arr = [r.times.arrival for r in records if math.isfinite(r.times.arrival)]
     if not arr:
         return None
     lo, hi = min(arr), max(arr)
@@ -206,8 +203,8 @@ def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: 
         wl = s.get("wan_link") or {}
         dep.wan_mean_bps, dep.wan_records_bps = wl.get("mean_bps_paper"), wl.get("records_bps_paper")
         recs = read_records(run_dir / "records.csv")
-        tails = [(r.transfer_end - r.prefill_end) * sc.scale.speedup for r in recs if r.outcome == "completed"]
-        dep.tail_mean_s, dep.tail_p90_s = _mean(tails), _p90(tails)
+        tails = [(r.times.transfer_end - r.times.prefill_end) * sc.scale.speedup for r in recs if r.outcome == "completed"]
+        dep.tail_mean_s, dep.tail_p90_s = _mean(tails), percentile([x for x in tails if math.isfinite(x)], 90)
         dep.batch_mean = _batch_mean(run_dir, recs)
     hw = [sc.hardware[c.hardware].decode for c in sc.clusters if c.kind == "pd" and c.decode]
     dep.bs_max = hw[0].bs_max if hw and hw[0] is not None else None
