@@ -203,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.metrics import regress as regress_cmd
     from testbed.model import command as model_cmd
     from testbed import capacity as capacity_cmd
+    from testbed.deploy import command as deploy_cmd
     from testbed.net import command as net_cmd
     from testbed.traces import command as trace_cmd
 
@@ -250,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_cmd.register(sub)
     trace_cmd.register(sub)
     metrics_cmd.register(sub)
+    deploy_cmd.register(sub)
     net_cmd.register(sub)
     capacity_cmd.register(sub)
     regress_cmd.register(sub)

@@ -22,8 +22,9 @@ from aiohttp import web
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.discovery import (ADDRESSES, FILES, REGISTER, Registry, add_file_routes, add_registry_routes,
                                       discover, routes_via_wan, with_hosts)
-from testbed.deploy.swarm import (DC_LABEL, SUBNET_BASE, WAN_LABEL, all_running, missing_labels, parse_tasks,
-                                  stack_spec, swarm_deployment, task_problem, wan_stack_config)
+from testbed.deploy.engine import parse_tasks
+from testbed.deploy.swarm import (DC_LABEL, SUBNET_BASE, WAN_LABEL, all_running, missing_labels, stack_spec,
+                                  swarm_deployment, task_problem, wan_stack_config)
 from testbed.linkprofiles import load_profile
 from testbed.scenarios import load_scenario
 
@@ -115,18 +116,24 @@ def test_deployment_and_wan_config_leave_addresses_to_discovery() -> None:
 
 @pytest.mark.pure
 def test_task_states_tell_running_from_failed_and_unschedulable() -> None:
-    def row(name: str, state: str, error: str = "") -> str:
-        return json.dumps({"CurrentState": f"{state} 3 seconds ago", "DesiredState": "Running", "Error": error,
-                           "ID": "x", "Image": "i", "Name": f"ptb1_{name}.1", "Node": "vm", "Ports": ""})
-    tasks = parse_tasks("\n".join([row("wan", "Running"), row("pd-d0", "Starting")]), "ptb1")
+    # The engine's task documents (GET /tasks): service and node by id.
+    services = {f"s-{n}": f"ptb1_{n}" for n in ("wan", "pd-d0", "router")}
+    nodes = {"n1": "vm"}
+
+    def row(name: str, state: str, error: str = "") -> dict[str, Any]:
+        return {"ID": "x", "ServiceID": f"s-{name}", "NodeID": "n1", "Slot": 1, "DesiredState": "running",
+                "Status": {"State": state, "Message": state, **({"Err": error} if error else {})}}
+
+    def parse(*rows: dict[str, Any]) -> list[Any]:
+        return parse_tasks(list(rows), services, nodes, "ptb1")
+    tasks = parse(row("wan", "running"), row("pd-d0", "starting"))
     assert [(t.service, t.state, t.node) for t in tasks] == [("wan", "running", "vm"), ("pd-d0", "starting", "vm")]
     assert task_problem(tasks) is None and not all_running(tasks, {"wan", "pd-d0"}) and all_running(tasks, {"wan"})
-    bad = parse_tasks(row("pd-d0", "Failed", "task: non-zero exit (1)"), "ptb1")
+    bad = parse(row("pd-d0", "failed", "task: non-zero exit (1)"))
     assert task_problem(bad) == bad[0]
-    stuck = parse_tasks(row("router", "Pending", "no suitable node (scheduling constraints not satisfied on 1 node)"),
-                        "ptb1")
+    stuck = parse(row("router", "pending", "no suitable node (scheduling constraints not satisfied on 1 node)"))
     assert task_problem(stuck) == stuck[0]
-    assert task_problem(parse_tasks(row("router", "Pending"), "ptb1")) is None
+    assert task_problem(parse(row("router", "pending"))) is None
     nodes = [{"id": "a", "labels": {"prfaas.dc.dc-local": "true"}}, {"id": "b", "labels": {"prfaas.wan": "no"}}]
     assert missing_labels(nodes, ["prfaas.dc.dc-local", "prfaas.dc.dc-remote", "prfaas.wan"]) == [
         "prfaas.dc.dc-remote", "prfaas.wan"]
