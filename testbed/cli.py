@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.metrics import command as metrics_cmd
     from testbed.metrics import regress as regress_cmd
     from testbed.model import command as model_cmd
+    from testbed.deploy import command as deploy_cmd
     from testbed.net import command as net_cmd
     from testbed.studies import bench as bench_cmd
     from testbed.studies import capacity_command as capacity_cmd
@@ -29,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description="Cross-datacenter PD-disaggregation testbed (PrfaaS)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
-    for mod in (replay_cmd, serve_cmd, bench_cmd, model_cmd, trace_cmd, metrics_cmd, net_cmd, linkcheck_cmd,
-                capacity_cmd, regress_cmd, sweep_cmd):
+    for mod in (replay_cmd, serve_cmd, bench_cmd, model_cmd, trace_cmd, metrics_cmd, deploy_cmd, net_cmd,
+                linkcheck_cmd, capacity_cmd, regress_cmd, sweep_cmd):
         mod.register(sub)
     return p
 

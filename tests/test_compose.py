@@ -84,7 +84,8 @@ def test_compose_replay_and_teardown(tmp_path: Path) -> None:
 @pytest.mark.docker
 @pytest.mark.skipif(not _docker_ok(), reason="no Docker engine reachable")
 @pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router and the link monitor need root")
-def test_ctrl_c_removes_every_container_network_and_volume(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_removes_every_container_network_and_volume(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "60",
                              "--rate", "2", "--out", str(out), "--set", "scale.speedup=10",
@@ -99,12 +100,12 @@ def test_ctrl_c_removes_every_container_network_and_volume(tmp_path: Path) -> No
         running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
                                  capture_output=True, text=True).stdout.split()
         assert len(running) == 12 + 2
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 128 + sig, err[-3000:]
     for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
         left = subprocess.run(["docker", *kind, "--filter", f"label=prfaas-testbed.project={project}"],
                               capture_output=True, text=True).stdout.split()

@@ -30,7 +30,7 @@ import pytest
 from testbed.core.linkprofile import LinkParams, TcpSettings
 from testbed.net import plan as P
 from testbed.net.capabilities import probe_shaping
-from testbed.net.command import register
+from testbed.deploy.command import register
 from testbed.net.executor import Executor, NetError
 from testbed.net.nsexec import nsexec_argv
 from testbed.net.nsthread import NETNS_DIR, NetnsLoop, enter_netns, read_sysctl, run_in_netns

@@ -22,10 +22,11 @@ from aiohttp import web
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.discovery import (ADDRESSES, FILES, REGISTER, Registry, add_file_routes, add_registry_routes,
                                       discover, routes_via_wan, with_hosts)
-from testbed.deploy.swarm import (DC_LABEL, SUBNET_BASE, WAN_LABEL, all_running, missing_labels, parse_tasks,
-                                  stack_spec, swarm_deployment, task_problem, wan_stack_config)
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import load_scenario
+from testbed.deploy.engine import parse_tasks
+from testbed.deploy.swarm import (DC_LABEL, SUBNET_BASE, WAN_LABEL, all_running, missing_labels, stack_spec,
+                                  swarm_deployment, task_problem, wan_stack_config)
 from testbed.studies.load import resolve
 
 PROJECT_LABEL = "prfaas-testbed.project"
@@ -116,18 +117,24 @@ def test_deployment_and_wan_config_leave_addresses_to_discovery() -> None:
 
 @pytest.mark.pure
 def test_task_states_tell_running_from_failed_and_unschedulable() -> None:
-    def row(name: str, state: str, error: str = "") -> str:
-        return json.dumps({"CurrentState": f"{state} 3 seconds ago", "DesiredState": "Running", "Error": error,
-                           "ID": "x", "Image": "i", "Name": f"ptb1_{name}.1", "Node": "vm", "Ports": ""})
-    tasks = parse_tasks("\n".join([row("wan", "Running"), row("pd-d0", "Starting")]), "ptb1")
+    # The engine's task documents (GET /tasks): service and node by id.
+    services = {f"s-{n}": f"ptb1_{n}" for n in ("wan", "pd-d0", "router")}
+    nodes = {"n1": "vm"}
+
+    def row(name: str, state: str, error: str = "") -> dict[str, Any]:
+        return {"ID": "x", "ServiceID": f"s-{name}", "NodeID": "n1", "Slot": 1, "DesiredState": "running",
+                "Status": {"State": state, "Message": state, **({"Err": error} if error else {})}}
+
+    def parse(*rows: dict[str, Any]) -> list[Any]:
+        return parse_tasks(list(rows), services, nodes, "ptb1")
+    tasks = parse(row("wan", "running"), row("pd-d0", "starting"))
     assert [(t.service, t.state, t.node) for t in tasks] == [("wan", "running", "vm"), ("pd-d0", "starting", "vm")]
     assert task_problem(tasks) is None and not all_running(tasks, {"wan", "pd-d0"}) and all_running(tasks, {"wan"})
-    bad = parse_tasks(row("pd-d0", "Failed", "task: non-zero exit (1)"), "ptb1")
+    bad = parse(row("pd-d0", "failed", "task: non-zero exit (1)"))
     assert task_problem(bad) == bad[0]
-    stuck = parse_tasks(row("router", "Pending", "no suitable node (scheduling constraints not satisfied on 1 node)"),
-                        "ptb1")
+    stuck = parse(row("router", "pending", "no suitable node (scheduling constraints not satisfied on 1 node)"))
     assert task_problem(stuck) == stuck[0]
-    assert task_problem(parse_tasks(row("router", "Pending"), "ptb1")) is None
+    assert task_problem(parse(row("router", "pending"))) is None
     nodes = [{"id": "a", "labels": {"prfaas.dc.dc-local": "true"}}, {"id": "b", "labels": {"prfaas.wan": "no"}}]
     assert missing_labels(nodes, ["prfaas.dc.dc-local", "prfaas.dc.dc-remote", "prfaas.wan"]) == [
         "prfaas.dc.dc-remote", "prfaas.wan"]
@@ -309,7 +316,8 @@ def test_swarm_replay_over_the_shaped_link_and_teardown(tmp_path: Path) -> None:
 @needs_engine
 @needs_root
 @pytest.mark.usefixtures("single_node_swarm")
-def test_swarm_ctrl_c_keeps_records_and_removes_everything(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_swarm_ctrl_c_or_sigterm_keeps_records_and_removes_everything(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "run"
     # 200 arrivals over 20 s of wire time: the interrupt lands mid-replay.
     proc = subprocess.Popen(_up(out, "--requests", "200", "--rate", "2", "--set", "scale.speedup=5"),
@@ -323,7 +331,7 @@ def test_swarm_ctrl_c_keeps_records_and_removes_everything(tmp_path: Path) -> No
         project = json.loads((out / "run.json").read_text())["shaping"]["project"]
         running = _docker("service", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}").stdout.split()
         assert len(running) == 12 + 2
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         t = time.monotonic()
         _, err = proc.communicate(timeout=300)
         took = time.monotonic() - t
@@ -331,7 +339,7 @@ def test_swarm_ctrl_c_keeps_records_and_removes_everything(tmp_path: Path) -> No
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 128 + sig, err[-3000:]
     assert json.loads((out / "run.json").read_text())["interrupted"] is True
     assert _left(project) == {k: [] for k in ("services", "containers", "networks", "configs", "volumes", "netns")}
     rows = (out / "records.csv").read_text().splitlines()

@@ -10,6 +10,10 @@ from testbed.live.deployment import Deployment
 T = TypeVar("T")
 
 
+class BackendError(RuntimeError):
+    """A backend could not start or reach what it runs; the message names the service and why."""
+
+
 class Backend(Protocol):
     name: str
     deployment: Deployment

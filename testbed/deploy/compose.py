@@ -1,6 +1,7 @@
 """Compose backend: the scenario as a compose file (one container per node instance, one internal
 bridge network per datacenter, a WAN router container joined to every datacenter network that
-shapes the links with the same plan as the netns backend), started with the compose CLI.
+shapes the links with the same plan as the netns backend), started with the compose CLI and
+watched through the engine's API.
 
 The file is written into the run directory, so a user can inspect it and rerun it by hand:
 `docker compose -p NAME -f compose.yaml up` (or `docker-compose`). It uses only features both
@@ -14,7 +15,7 @@ import asyncio
 import ipaddress
 import json
 import shutil
-import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -25,7 +26,11 @@ from testbed.core.scaling import Scale
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
-from testbed.deploy.local import BackendError
+from testbed.deploy import dockercli
+from testbed.deploy.base import BackendError
+from testbed.deploy.cleanup import remove_compose_project
+from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LABEL, ContainerState, Engine, connect,
+                                   try_connect)
 from testbed.deploy.netns import local_dc, wan_links
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 from testbed.net.container_wan import wan_config
@@ -42,16 +47,6 @@ CTL_DIR = "/ctl"                   # short path for the delay line's UNIX socket
 HEALTH_CMD = ["CMD", "bash", "-c",
               "exec 3<>/dev/tcp/127.0.0.1/8000 && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 "
               "&& head -1 <&3 | grep -q ' 200 '"]
-PREFIX = "ptb"
-
-
-def compose_cli() -> list[str]:
-    """`docker compose` (plugin) where present, else `docker-compose`."""
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    raise BackendError("neither `docker compose` nor `docker-compose` is installed")
 
 
 def _subnet(base: str, i: int) -> ipaddress.IPv4Network:
@@ -104,10 +99,10 @@ def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, r
             "driver": "bridge",
             "driver_opts": {"com.docker.network.driver.mtu": str(mtu)},
             "ipam": {"config": [{"subnet": subnet}]},
-            "labels": {"prfaas-testbed.project": project},
+            "labels": {PROJECT_LABEL: project},
         }
     volumes = [f"{run_dir.resolve()}:{IN_CONTAINER}"]
-    labels = {"prfaas-testbed.project": project}
+    labels = {PROJECT_LABEL: project}
     services: dict[str, Any] = {}
     wan_ip = {dc: _ip(subnet, WAN_HOST) for dc, (_, subnet) in lay["dcs"].items()}
     for sid, (dc, ip) in lay["hosts"].items():
@@ -143,16 +138,12 @@ def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, r
     return {"services": services, "networks": networks}
 
 
-def _run(cmd: list[str], timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if check and r.returncode != 0:
-        raise BackendError(f"{' '.join(cmd[:4])}... failed ({r.returncode}):\n{(r.stderr or r.stdout)[-2000:]}")
-    return r
-
-
 def _log_image(line: str) -> None:
-    import sys
     print(f"image: {line}", file=sys.stderr, flush=True)
+
+
+def _log(line: str) -> None:
+    print(f"compose: {line}", file=sys.stderr, flush=True)
 
 
 def link_facts(links: dict[tuple[str, str], LinkParams], scale: Scale) -> dict[str, dict[str, float]]:
@@ -161,30 +152,6 @@ def link_facts(links: dict[tuple[str, str], LinkParams], scale: Scale) -> dict[s
                           "delay_s_wire": p.delay_s, "jitter_s_wire": p.jitter_s, "loss": p.loss,
                           "loss_correlation": p.loss_correlation, "queue_bytes": p.queue_bytes}
             for (a, b), p in links.items()}
-
-
-def remove_project(project: str, include_swarm: bool = True) -> dict[str, list[str]]:
-    """Every container, network and volume labelled with this project (or, for the bare prefix,
-    with any project): what `compose down` would remove, also when the compose file is gone.
-    With include_swarm, also the project's swarm services, overlay networks and configs."""
-    if shutil.which("docker") is None:
-        return {"containers": [], "networks": [], "volumes": []}
-    if include_swarm:
-        from testbed.deploy.swarm import remove_stack
-
-        swarm = remove_stack(project)
-        rest = remove_project(project, include_swarm=False)
-        return {k: list(dict.fromkeys(swarm.get(k, []) + rest.get(k, []))) for k in {**swarm, **rest}}
-    sel = f"label=prfaas-testbed.project={project}" if project != PREFIX else "label=prfaas-testbed.project"
-    out: dict[str, list[str]] = {}
-    for kind, ls, rm in (("containers", ["docker", "ps", "-aq", "--filter", sel], ["docker", "rm", "-f", "-v"]),
-                         ("networks", ["docker", "network", "ls", "-q", "--filter", sel], ["docker", "network", "rm"]),
-                         ("volumes", ["docker", "volume", "ls", "-q", "--filter", sel], ["docker", "volume", "rm", "-f"])):
-        ids = _run(ls, check=False).stdout.split()
-        if ids:
-            _run(rm + ids, check=False)
-        out[kind] = ids
-    return out
 
 
 class ComposeBackend:
@@ -205,14 +172,20 @@ class ComposeBackend:
         self.links = wan_links(sc, self.profile, self.scale)
         self.method = "unknown"
         self._cli: list[str] = []
+        self._engine: Engine | None = None
         self._monitor: Any = None
         self._series: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
 
-    def _compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return _run([*self._cli, "-p", self.project, "-f", str(self.run_dir / "compose.yaml"), *args],
-                    timeout=timeout, check=check)
+    def _compose(self, *args: str, timeout: float = dockercli.CLI_TIMEOUT_S, check: bool = True) -> None:
+        dockercli.compose(self._cli, self.project, self.run_dir / "compose.yaml", *args, timeout=timeout, check=check)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = connect()
+        return self._engine
 
     def shaping(self) -> dict[str, Any]:
         return {
@@ -235,8 +208,8 @@ class ComposeBackend:
         from testbed.deploy.image import IMAGE, ensure_image
         from testbed.net.capabilities import choose_method, probe_shaping
 
-        self._cli = compose_cli()
-        ensure_image(rebuild=self.rebuild_image, log=_log_image)
+        self._cli = dockercli.compose_cli()
+        ensure_image(rebuild=self.rebuild_image, log=_log_image, engine=self.engine)
         self.method = choose_method(probe_shaping(), "auto")
         (self.run_dir / "timeseries").mkdir(parents=True, exist_ok=True)
         self.ctl_dir.mkdir(parents=True, exist_ok=True)
@@ -250,35 +223,37 @@ class ComposeBackend:
             f"# prfaas-testbed: scenario {self.sc.name}. Rerun by hand:\n"
             f"#   docker compose -p {self.project} -f compose.yaml up -d   (or docker-compose)\n"
             + yaml.safe_dump(spec, sort_keys=False))
-        self._compose("up", "-d", timeout=600)
+        try:
+            self._compose("up", "-d", timeout=600)
+        except BackendError as e:
+            raise BackendError(f"{e}{self._failed_starts()}") from e
 
-    def containers(self) -> dict[str, str]:
-        """service name -> container id."""
-        out = {}
-        for cid in self._compose("ps", "-q", check=False).stdout.split():
-            svc = _run(["docker", "inspect", "-f", '{{index .Config.Labels "com.docker.compose.service"}}', cid],
-                       check=False).stdout.strip()
-            out[svc] = cid
-        return out
+    def _failed_starts(self) -> str:
+        """Containers of the project that did not start or have ended, each with its last log lines."""
+        try:
+            failed = [c for c in self.containers().items() if c[1].status in ("created", "exited", "dead")]
+            return "".join(f"\ncontainer {svc} {c.describe()}; last log lines:\n{self.engine.logs(c.id)}"
+                           for svc, c in sorted(failed))
+        except BackendError as e:
+            return f"\n({e})"
+
+    def containers(self) -> dict[str, ContainerState]:
+        """service name -> its container's state."""
+        return {c.labels.get(COMPOSE_SERVICE, c.name): c
+                for c in self.engine.containers(f"{COMPOSE_PROJECT}={self.project}")}
 
     def _wait_healthy(self, timeout: float = 300.0) -> None:
         import time
         want = set(self.lay["hosts"]) | {"wan"}
         deadline = time.monotonic() + timeout
         while True:
-            ids = self.containers()
-            status = {}
-            for svc, cid in ids.items():
-                st = _run(["docker", "inspect", "-f", "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}",
-                           cid], check=False).stdout.split()
-                status[svc] = st
-            bad = [s for s, st in status.items() if st and st[0] in ("exited", "dead")]
+            status = self.containers()
+            bad = [s for s, c in status.items() if c.ended]
             if bad or time.monotonic() > deadline:
-                svc = bad[0] if bad else sorted(s for s in want if status.get(s, ["", ""])[-1] != "healthy")[0]
-                logs = _run(["docker", "logs", "--tail", "15", ids[svc]], check=False) if svc in ids else None
-                text = (logs.stdout + logs.stderr) if logs else "(no container)"
+                svc = bad[0] if bad else sorted(s for s in want if s not in status or status[s].health != "healthy")[0]
+                text = self.engine.logs(status[svc].id) if svc in status else "(no container)"
                 raise BackendError(f"container {svc} {'exited' if bad else 'not healthy'}; last log lines:\n{text}")
-            if want <= set(status) and all(st[-1] == "healthy" for s, st in status.items() if s in want):
+            if want <= set(status) and all(c.health == "healthy" for s, c in status.items() if s in want):
                 return
             time.sleep(0.5)
 
@@ -286,7 +261,7 @@ class ComposeBackend:
         from testbed.metrics.series_format import Sample, SeriesWriter
         from testbed.net.monitor import LinkMonitor, WatchedLink
 
-        pid = _run(["docker", "inspect", "-f", "{{.State.Pid}}", self.containers()["wan"]]).stdout.strip()
+        pid = (await asyncio.to_thread(self.containers))["wan"].pid
         w = SeriesWriter(self.run_dir / "timeseries" / "wan.jsonl", "wan")
         self._series = w
         w.write([Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in self.links.items()], ts=t0)
@@ -298,6 +273,11 @@ class ComposeBackend:
         # The host reaches the containers' bridge networks directly.
         return await make()
 
+    def _remove(self) -> None:
+        engine = self._engine or try_connect()
+        if engine is not None:
+            remove_compose_project(engine, self.project)
+
     async def stop(self) -> None:
         if self._stopped:
             return
@@ -307,7 +287,10 @@ class ComposeBackend:
         if self._series is not None:
             self._series.close()
         if self._cli and (self.run_dir / "compose.yaml").exists():
-            await asyncio.to_thread(self._compose, "down", "-v", "--remove-orphans", "--timeout", "5",
-                                    timeout=120, check=False)
-        await asyncio.to_thread(remove_project, self.project, False)
+            try:
+                await asyncio.to_thread(self._compose, "down", "-v", "--remove-orphans", "--timeout", "5",
+                                        timeout=120, check=False)
+            except BackendError as e:       # it hung: the label sweep below removes the same objects
+                _log(str(e))
+        await asyncio.to_thread(self._remove)
         shutil.rmtree(self.ctl_dir, ignore_errors=True)

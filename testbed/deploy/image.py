@@ -3,9 +3,9 @@
 `ensure_image()` returns at once when `IMAGE` carries the hash of the current sources in its
 `SOURCE_LABEL`; otherwise it builds the base if missing (compose/bootstrap-base.sh: debootstrap +
 docker import, no registry), the wheelhouse (compose/build-wheelhouse.sh) and the image
-(compose/Dockerfile). It drives the `docker` CLI: the compose backend needs the CLI anyway, its
-plain-text build output streams line by line, and the Docker SDK would be a runtime dependency
-(installed in every container too) for three commands.
+(compose/Dockerfile). Inspect, build and prune go through the engine's API
+(`testbed.deploy.engine`); the base and the wheelhouse are shell scripts (debootstrap, pip) run
+as child processes (testbed.net.procs), their output streamed line by line like the build's.
 
 `python -m testbed.deploy.image [--rebuild | --hash]` builds (or prints the source hash).
 """
@@ -15,13 +15,16 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
-import json
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+
+from testbed.deploy.base import BackendError
+from testbed.deploy.engine import Engine, connect
+from testbed.net.procs import run_streamed
 
 IMAGE = "prfaas-testbed:latest"
 BASE = "prfaas-testbed-base:bookworm"
@@ -39,20 +42,25 @@ SOURCE_GLOBS = (
     "netem_profiles/**/*.yaml",
     "traces/samples/**/*",
 )
-# Health check of a service container (each service answers GET /health on its HTTP port); exit 0
-# when it answers 2xx, 1 otherwise. `python3` is the image's venv Python (first on PATH).
+# A health probe of a service for use by hand (`docker run --health-cmd`, see the Dockerfile):
+# exit 0 when the URL answers 2xx, 1 otherwise. The backends' own check is compose.HEALTH_CMD.
 HEALTHCHECK_CODE = "import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=2)"
 TAIL_LINES = 30
-ENGINE_TIMEOUT_S = 30.0
 
 
-def healthcheck_test(port: int, host: str = "127.0.0.1", path: str = "/health") -> list[str]:
-    """A compose `healthcheck.test` (or `docker run --health-cmd` argv) for a service on `port`."""
-    return ["CMD", "python3", "-c", HEALTHCHECK_CODE, f"http://{host}:{port}{path}"]
-
-
-class ImageError(RuntimeError):
+class ImageError(BackendError):
     """The engine is unreachable or a build step failed; the message ends with its last output lines."""
+
+
+@contextmanager
+def _image_errors() -> Iterator[None]:
+    """The engine's errors (BackendError) as ImageError, the error this module promises."""
+    try:
+        yield
+    except ImageError:
+        raise
+    except BackendError as e:
+        raise ImageError(str(e)) from e
 
 
 def source_files(root: Path = REPO_ROOT) -> list[Path]:
@@ -76,55 +84,30 @@ def source_hash(root: Path = REPO_ROOT) -> str:
     return h.hexdigest()
 
 
-def _docker(*args: str, timeout: float = ENGINE_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise ImageError("the docker CLI is not installed (no `docker` on PATH)") from None
-    except subprocess.TimeoutExpired:
-        raise ImageError(f"`docker {' '.join(args)}` did not answer within {timeout:g} s") from None
+def _engine(engine: Engine | None) -> Engine:
+    with _image_errors():
+        return engine if engine is not None else connect()
 
 
-def check_engine() -> str:
-    """The engine's version; ImageError when the CLI is missing or the engine cannot be reached."""
-    r = _docker("version", "--format", "{{.Server.Version}}")
-    if r.returncode != 0 or not r.stdout.strip():
-        detail = (r.stderr or r.stdout).strip().splitlines()
-        raise ImageError("the Docker engine is not reachable (`docker version` failed): "
-                         + (detail[-1] if detail else f"exit {r.returncode}"))
-    return r.stdout.strip()
+def check_engine(engine: Engine | None = None) -> str:
+    """The engine's version; ImageError when the engine cannot be reached."""
+    with _image_errors():
+        return _engine(engine).version()
 
 
-def image_labels(image: str) -> dict[str, str] | None:
+def image_labels(image: str, engine: Engine | None = None) -> dict[str, str] | None:
     """The image's labels ({} when it has none), or None when there is no such image."""
-    r = _docker("image", "inspect", "--format", "{{json .Config.Labels}}", image)
-    if r.returncode != 0:
-        return None
-    labels = json.loads(r.stdout.strip() or "null")
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+    with _image_errors():
+        return _engine(engine).image_labels(image)
 
 
 def _stream(argv: Sequence[str], what: str, log: Callable[[str], None], cwd: Path,
             env: dict[str, str] | None = None) -> None:
     """Run argv, passing each output line to log; ImageError with the last lines on failure."""
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     try:
-        proc = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
-                                env={**os.environ, **(env or {})})
+        rc, tail = run_streamed(argv, cwd, log, env, TAIL_LINES)
     except OSError as e:
         raise ImageError(f"{what}: cannot run {argv[0]}: {e.strerror}") from None
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            log(line)
-        rc = proc.wait()
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
     if rc != 0:
         raise ImageError(f"{what} failed (exit {rc}); last lines:\n" + "\n".join(tail))
 
@@ -137,16 +120,34 @@ def _timed(what: str, log: Callable[[str], None], argv: Sequence[str], cwd: Path
     log(f"image: {what} took {time.monotonic() - t0:.1f} s")
 
 
-def ensure_image(rebuild: bool = False, log: Callable[[str], None] = print) -> str:
+def _build(engine: Engine, base: str, source: str, rebuild: bool, log: Callable[[str], None]) -> None:
+    """The engine builds compose/Dockerfile from the repository root; each output line to log,
+    ImageError with the last lines when a step fails."""
+    what = f"build {IMAGE} (base {base})"
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    t0 = time.monotonic()
+    log(f"image: {what} ...")
+    try:
+        for line in engine.build(REPO_ROOT, DOCKERFILE, IMAGE, {"BASE_IMAGE": base, "SOURCE_HASH": source},
+                                 nocache=rebuild):
+            tail.append(line)
+            log(line)
+    except BackendError as e:
+        raise ImageError(f"{e}; last lines:\n" + "\n".join(tail)) from e
+    log(f"image: {what} took {time.monotonic() - t0:.1f} s")
+
+
+def ensure_image(rebuild: bool = False, log: Callable[[str], None] = print, engine: Engine | None = None) -> str:
     """Make sure `IMAGE` exists and matches the current sources; build what is missing. Returns IMAGE.
 
     The base is `BASE` (bootstrapped locally when missing) unless the `BASE_IMAGE` environment
     variable names another one (e.g. python:3.11-slim-bookworm, pulled by the build).
     `rebuild` rebuilds the image without the build cache (the base is kept).
     """
-    check_engine()
+    engine = _engine(engine)
+    check_engine(engine)
     want = source_hash()
-    labels = image_labels(IMAGE)
+    labels = image_labels(IMAGE, engine)
     if not rebuild and labels is not None and labels.get(SOURCE_LABEL) == want:
         log(f"image: {IMAGE} is up to date (sources {want[:12]})")
         return IMAGE
@@ -156,30 +157,26 @@ def ensure_image(rebuild: bool = False, log: Callable[[str], None] = print) -> s
                                         else "sources changed"))
     t0 = time.monotonic()
     base = os.environ.get("BASE_IMAGE") or BASE
-    if base == BASE and image_labels(BASE) is None:
+    if base == BASE and image_labels(BASE, engine) is None:
         _timed(f"bootstrap base image {BASE}", log, ["bash", "compose/bootstrap-base.sh"], REPO_ROOT,
                {"BASE_TAG": BASE})
     _timed("wheelhouse", log, ["bash", "compose/build-wheelhouse.sh"], REPO_ROOT)
-    argv = ["docker", "build", "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"SOURCE_HASH={want}",
-            "-t", IMAGE, "-f", DOCKERFILE]
-    if rebuild:
-        argv.append("--no-cache")
-    # BUILDKIT_PROGRESS: plain lines where `docker build` is BuildKit; the legacy builder ignores it.
-    _timed(f"docker build {IMAGE} (base {base})", log, [*argv, "."], REPO_ROOT, {"BUILDKIT_PROGRESS": "plain"})
-    got = (image_labels(IMAGE) or {}).get(SOURCE_LABEL)
+    _build(engine, base, want, rebuild, log)
+    got = (image_labels(IMAGE, engine) or {}).get(SOURCE_LABEL)
     if got != want:
         raise ImageError(f"built {IMAGE} but its {SOURCE_LABEL} label is {got!r}, expected {want!r}")
-    _prune(log)
+    _prune(engine, log)
     log(f"image: {IMAGE} ready in {time.monotonic() - t0:.1f} s")
     return IMAGE
 
 
-def _prune(log: Callable[[str], None]) -> None:
+def _prune(engine: Engine, log: Callable[[str], None]) -> None:
     """Remove our dangling images: the legacy builder's install stage and images this build replaced."""
     for label in (STAGE_LABEL, SOURCE_LABEL):
-        r = _docker("image", "prune", "--force", "--filter", f"label={label}", timeout=120.0)
-        if r.returncode != 0:
-            log(f"image: pruning old images failed (ignored): {r.stderr.strip()}")
+        try:
+            engine.prune_images(label)
+        except BackendError as e:
+            log(f"image: pruning old images failed (ignored): {e}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

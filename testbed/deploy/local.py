@@ -13,14 +13,12 @@ from types import TracebackType
 
 import aiohttp
 
+# BackendError lives with the other backends' base; re-exported for importers of this module.
+from testbed.deploy.base import BackendError as BackendError
 from testbed.net.procs import ProcessGroup
 from testbed.live.deployment import Deployment
 
 HEALTH_TIMEOUT_S = 60.0
-
-
-class BackendError(RuntimeError):
-    pass
 
 
 def serve_argv(role: str, dep_file: Path, node_id: str) -> list[str]:

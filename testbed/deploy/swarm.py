@@ -16,7 +16,9 @@ system, so the stack differs from `compose.yaml` where those were relied on:
   pulls every service's time series over HTTP and saves `docker service logs`.
 
 `stack.yaml` (with `deployment.json` and `wan.json` beside it) is written into the run
-directory: `docker stack deploy -c stack.yaml NAME` brings the same services up by hand.
+directory: `docker stack deploy -c stack.yaml NAME` brings the same services up by hand. Stacks
+are a feature of the CLI, so deploying and removing one is `testbed.deploy.dockercli`; the tasks,
+logs, nodes and the client container go through the engine's API (`testbed.deploy.engine`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 from urllib.parse import quote
@@ -38,10 +40,12 @@ from testbed.core.linkprofile import LinkProfile
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
-from testbed.deploy.compose import (HEALTH_CMD, HTTP_PORT, IN_CONTAINER, PREFIX, _run, deployment_for, layout,
-                                    link_facts)
+from testbed.deploy import dockercli
+from testbed.deploy.base import BackendError
+from testbed.deploy.cleanup import remove_swarm_project
+from testbed.deploy.compose import HEALTH_CMD, HTTP_PORT, IN_CONTAINER, deployment_for, layout, link_facts
 from testbed.deploy.discovery import ADDRESSES, EXTRA_KEY, FILES, with_hosts
-from testbed.deploy.local import BackendError
+from testbed.deploy.engine import PROJECT_LABEL, Engine, Task, connect, try_connect
 from testbed.deploy.netns import wan_links
 from testbed.live.deployment import Deployment
 from testbed.net.container_wan import wan_config
@@ -53,7 +57,6 @@ OVERLAY_MTU = 65000
 VXLAN_OVERHEAD = 50              # Docker gives containers the overlay's MTU minus this
 CONFIG_DIR = "/etc/testbed"      # swarm configs (read-only files)
 WAN_RUN = "/run/wan"             # the WAN router's own state: delay line config (beside "ready") and socket
-PROJECT_LABEL = "prfaas-testbed.project"
 DC_LABEL = "prfaas.dc."          # node label prfaas.dc.<dc>=true: the node may run that DC's services
 WAN_LABEL = "prfaas.wan"         # node label prfaas.wan=true: the node may run the WAN router
 DISCOVER_URL = f"http://wan:{HTTP_PORT}"
@@ -143,30 +146,7 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str) -> 
     return {"version": "3.8", "services": services, "networks": networks, "configs": configs}
 
 
-# -- reading the swarm's state (parsers are pure) ----------------------------------------------
-
-@dataclass(frozen=True)
-class Task:
-    service: str      # the stack's service name (without the stack prefix)
-    state: str        # current state, lower case: new, pending, ..., starting, running, failed, ...
-    desired: str
-    error: str
-    node: str
-
-
-def parse_tasks(text: str, project: str) -> list[Task]:
-    """`docker stack ps --no-trunc --format '{{json .}}'` output -> tasks."""
-    out = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        name = str(row["Name"]).removeprefix(project + "_").rsplit(".", 1)[0]
-        state = str(row.get("CurrentState", "")).split(" ", 1)[0].lower()
-        out.append(Task(name, state, str(row.get("DesiredState", "")).lower(), str(row.get("Error", "")),
-                        str(row.get("Node", ""))))
-    return out
-
+# -- reading the swarm's state (pure) ------------------------------------------------------------
 
 def task_problem(tasks: list[Task]) -> Task | None:
     """The first task that will not come up: ended, rejected, or unschedulable."""
@@ -184,56 +164,6 @@ def all_running(tasks: list[Task], services: set[str]) -> bool:
 def missing_labels(nodes: list[dict[str, Any]], wanted: list[str]) -> list[str]:
     """Labels of `wanted` that no node carries with the value "true"."""
     return [w for w in wanted if not any(n.get("labels", {}).get(w) == "true" for n in nodes)]
-
-
-def swarm_state() -> tuple[str, bool]:
-    """(LocalNodeState, this node is a manager)."""
-    r = _run(["docker", "info", "--format", "{{.Swarm.LocalNodeState}} {{.Swarm.ControlAvailable}}"], check=False)
-    parts = r.stdout.split()
-    return (parts[0] if parts else "unknown"), (len(parts) > 1 and parts[1] == "true")
-
-
-def swarm_nodes() -> list[dict[str, Any]]:
-    ids = _run(["docker", "node", "ls", "-q"]).stdout.split()
-    r = _run(["docker", "node", "inspect", "--format",
-              '{"id": {{json .ID}}, "hostname": {{json .Description.Hostname}}, "labels": {{json .Spec.Labels}}}', *ids])
-    nodes = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-    for n in nodes:
-        n["labels"] = n.get("labels") or {}
-    return nodes
-
-
-def remove_stack(project: str, timeout: float = 90.0) -> dict[str, list[str]]:
-    """`docker stack rm`, then remove whatever is still labelled with the project (or, for the bare
-    prefix, with any project): services, containers, networks, configs, volumes, until none is left.
-    Networks go only once their containers have, which the swarm does asynchronously."""
-    out: dict[str, list[str]] = {k: [] for k in ("services", "containers", "networks", "configs", "volumes")}
-    state, manager = swarm_state()
-    sel = f"label={PROJECT_LABEL}={project}" if project != PREFIX else f"label={PROJECT_LABEL}"
-    table: list[tuple[str, list[str], list[str]]] = [
-        ("containers", ["docker", "ps", "-aq", "--filter", sel], ["docker", "rm", "-f", "-v"]),
-        ("volumes", ["docker", "volume", "ls", "-q", "--filter", sel], ["docker", "volume", "rm", "-f"]),
-    ]
-    if manager:
-        if project != PREFIX:
-            _run(["docker", "stack", "rm", project], check=False)
-        table = [("services", ["docker", "service", "ls", "-q", "--filter", sel], ["docker", "service", "rm"]),
-                 *table,
-                 ("networks", ["docker", "network", "ls", "-q", "--filter", sel, "--filter", "driver=overlay"],
-                  ["docker", "network", "rm"]),
-                 ("configs", ["docker", "config", "ls", "-q", "--filter", sel], ["docker", "config", "rm"])]
-    deadline = time.monotonic() + timeout
-    while True:
-        found = False
-        for kind, ls, rm in table:
-            ids = _run(ls, check=False).stdout.split()
-            if ids:
-                found = True
-                _run(rm + ids, check=False)
-                out[kind] += [i for i in ids if i not in out[kind]]
-        if not found or time.monotonic() > deadline:
-            return out
-        time.sleep(1.0)
 
 
 def _log(line: str) -> None:
@@ -301,6 +231,7 @@ class SwarmBackend:
         self.placement: dict[str, str] = {}
         self.labelled: list[str] = []
         self._client_name = f"{self.project}-client"
+        self._engine: Engine | None = None
         self._client: NetnsLoop | None = None
         self._netns_attached = False
         self._wan_ip: str | None = None
@@ -320,6 +251,12 @@ class SwarmBackend:
                       "netem; link usage from its own interface counters",
         }
 
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = connect()
+        return self._engine
+
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
         try:
@@ -336,19 +273,19 @@ class SwarmBackend:
         if os.geteuid() != 0:
             raise BackendError("the swarm backend needs root: the replayer runs in the network namespace of a "
                                "container on the home datacenter's overlay network")
-        state, manager = swarm_state()
+        state, manager = self.engine.swarm_state()
         if state != "active":
             raise BackendError(f"this Docker engine is not in a swarm (state {state!r}): run `docker swarm init` "
                                "(or join one), then label the nodes; see compose/README.md, Multi-host")
         if not manager:
             raise BackendError("this node is a swarm worker: run `testbed up --backend swarm` on a manager")
-        nodes = swarm_nodes()
+        nodes = self.engine.nodes()
         wanted = [dc_label(dc) for dc in self.lay["dcs"]] + [WAN_LABEL]
         missing = missing_labels(nodes, wanted)
         if missing and len(nodes) == 1:
             # One node is the only place for everything: label it (the labels stay; removing them
             # would evict another run's tasks from this node).
-            _run(["docker", "node", "update", *[a for m in missing for a in ("--label-add", f"{m}=true")], nodes[0]["id"]])
+            self.engine.add_node_labels(nodes[0]["id"], {m: "true" for m in missing})
             self.labelled = missing
             _log(f"labelled the only node {nodes[0]['hostname']} with {', '.join(f'{m}=true' for m in missing)}")
         elif missing:
@@ -359,7 +296,8 @@ class SwarmBackend:
         from testbed.deploy.image import IMAGE, ensure_image
 
         self._check_swarm()        # before a build of a minute or more
-        ensure_image(rebuild=self.rebuild_image, log=lambda line: print(line, file=sys.stderr, flush=True))
+        ensure_image(rebuild=self.rebuild_image, log=lambda line: print(line, file=sys.stderr, flush=True),
+                     engine=self.engine)
         self.template.write(self.run_dir / "deployment.json")
         (self.run_dir / "wan.json").write_text(json.dumps(
             wan_stack_config(self.project, self.lay, self.links, self.mtu), indent=1))
@@ -374,20 +312,19 @@ class SwarmBackend:
             if self._cancel.is_set():   # stopped while the image was being built
                 return
             self._deployed = True
-            r = _run(["docker", "stack", "deploy", "--resolve-image", "never", "-c", str(self.run_dir / "stack.yaml"),
-                      self.project], timeout=300)
+            r = dockercli.stack_deploy(self.run_dir / "stack.yaml", self.project)
         ignored = [line for line in (r.stdout + r.stderr).splitlines() if "Ignoring unsupported" in line]
         if ignored:
             _log("; ".join(ignored))
 
     def tasks(self) -> list[Task]:
-        r = _run(["docker", "stack", "ps", "--no-trunc", "--format", "{{json .}}", self.project], check=False)
-        return parse_tasks(r.stdout, self.project) if r.returncode == 0 else []
+        return self.engine.stack_tasks(self.project)
 
     def service_logs(self, service: str, tail: int | None = None) -> str:
-        cmd = ["docker", "service", "logs", "--no-task-ids", "--timestamps"]
-        r = _run([*cmd, *(["--tail", str(tail)] if tail else []), f"{self.project}_{service}"], check=False, timeout=60)
-        return r.stdout + r.stderr
+        try:
+            return self.engine.service_logs(f"{self.project}_{service}", tail)
+        except BackendError as e:      # the log is wanted for a report: say why it is missing instead
+            return f"({e})"
 
     def _wait_running(self, timeout: float = HEALTH_TIMEOUT_S) -> None:
         want = set(self.lay["hosts"]) | {"wan"}
@@ -422,13 +359,14 @@ class SwarmBackend:
         from testbed.net.routes import add_routes
 
         home = self.lay["home"]
-        _run(["docker", "run", "-d", "--name", self._client_name, "--label", f"{PROJECT_LABEL}={self.project}",
-              "--network", f"{self.project}_dc-{home}", "--entrypoint", "sleep", IMAGE, "infinity"])
-        pid = int(_run(["docker", "inspect", "-f", "{{.State.Pid}}", self._client_name]).stdout.strip())
+        pid = self.engine.run(IMAGE, self._client_name, ["infinity"], entrypoint=["sleep"],
+                              labels={PROJECT_LABEL: self.project}, network=f"{self.project}_dc-{home}").pid
         # Its DNS answers for the home network: the WAN router's address there.
-        got = _run(["docker", "exec", self._client_name, "getent", "hosts", "wan"]).stdout.split()
+        code, out = self.engine.exec(self._client_name, ["getent", "hosts", "wan"])
+        got = out.split() if code == 0 else []
         if not got:
-            raise BackendError("the client container cannot resolve the WAN router (`wan`)")
+            raise BackendError(f"the client container cannot resolve the WAN router (`wan`): getent exit {code}"
+                               + (f", {out.strip()}" if out.strip() else ""))
         self._wan_ip = got[0]
         netns.attach(self._client_name, pid)
         self._netns_attached = True
@@ -491,11 +429,17 @@ class SwarmBackend:
         if self._netns_attached:
             netns.remove(self._client_name)
             self._netns_attached = False
-        _run(["docker", "rm", "-f", self._client_name], check=False)
+        engine = self._engine or try_connect()
+        if engine is not None:
+            try:
+                engine.remove_container(self._client_name)
+            except BackendError as e:      # the label sweep that follows tries again
+                _log(str(e))
 
     def _remove_stack(self) -> dict[str, list[str]]:
         with self._deploying:
-            return remove_stack(self.project)
+            engine = self._engine or try_connect()
+            return remove_swarm_project(engine, self.project) if engine is not None else {}
 
     async def stop(self) -> None:
         if self._stopped:

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from testbed.metrics.series_format import Sample, SeriesWriter
 from testbed.net.container_wan import (addresses_by_subnet, apply_shaping, delayline_argv, ensure_tun_device,
                                        probe_netem)
 from testbed.net.monitor import WatchedLink, read_counters
+from testbed.net.procs import Child, start_child
 from testbed.net.topology import Topology, dc_ifname
 
 log = logging.getLogger("testbed.swarm_wan")
@@ -77,7 +77,7 @@ class CounterSampler:
 
 
 class Agent:
-    def __init__(self, cfg: dict[str, Any], topo: Topology, method: str, child: subprocess.Popen[bytes] | None) -> None:
+    def __init__(self, cfg: dict[str, Any], topo: Topology, method: str, child: Child | None) -> None:
         self.cfg = cfg
         self.topo = topo
         self.method = method
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(cfg["ready"]).parent.mkdir(parents=True, exist_ok=True)     # the delay line's config goes there
     (Path(cfg["run_dir"]) / "timeseries").mkdir(parents=True, exist_ok=True)
     topo = apply_shaping(cfg, method)
-    child = subprocess.Popen(delayline_argv(cfg, topo)) if method == "fallback" else None
+    child = start_child(delayline_argv(cfg, topo)) if method == "fallback" else None
     where = ", ".join(f"{d['name']} {d['address']}" for d in cfg["dcs"])
     print(f"wan router: addresses {where}", flush=True)
     return asyncio.run(serve(Agent(cfg, topo, method, child)))

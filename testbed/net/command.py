@@ -1,5 +1,6 @@
-"""`testbed down` (remove a run's namespaces and processes) and `testbed netcaps` (what shaping
-this kernel supports)."""
+"""`testbed netcaps` (what shaping this kernel supports) and `testbed linkcheck` (one shaped link
+measured against its profile). `testbed down` lives with the deploy backends (deploy/command.py):
+it removes their Docker objects too, which this layer knows nothing of."""
 
 from __future__ import annotations
 
@@ -10,14 +11,6 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    d = sub.add_parser("down", help="remove what testbed runs left: namespaces, processes, containers, networks",
-                       description="Idempotent: stops processes inside every namespace whose name starts with "
-                                   "PREFIX, deletes the namespaces (and with them veths, TUNs, qdiscs), and removes "
-                                   "the containers, networks and volumes of compose runs labelled with PREFIX.")
-    d.add_argument("--prefix", default="ptb", help="namespace name prefix (default: ptb = every run)")
-    d.add_argument("--json", action="store_true", help="print what was removed as JSON")
-    d.set_defaults(func=cmd_down)
-
     c = sub.add_parser("netcaps", help="probe which link shaping this kernel supports (netem, HTB, TUN)")
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(func=cmd_netcaps)
@@ -28,28 +21,6 @@ def _need_root() -> bool:
         print("error: network namespaces need root", file=sys.stderr)
         return False
     return True
-
-
-def cmd_down(args: argparse.Namespace) -> int:
-    from testbed.net.teardown import teardown
-
-    if not _need_root():
-        return 1
-    try:
-        report = teardown(args.prefix)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    from testbed.deploy.compose import remove_project
-
-    docker = remove_project(args.prefix)   # containers, networks, volumes of compose runs
-    if args.json:
-        print(json.dumps({**report.to_dict(), "docker": docker}, indent=2))
-    else:
-        print(report.summary())
-        if any(docker.values()):
-            print("docker: removed " + ", ".join(f"{len(v)} {k}" for k, v in docker.items()))
-    return 1 if report.errors else 0
 
 
 def cmd_netcaps(args: argparse.Namespace) -> int:

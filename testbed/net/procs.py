@@ -1,11 +1,14 @@
-"""Service processes of a backend: spawn with a log file, stop in order, show a log's tail."""
+"""Processes the testbed starts: services with a log file each (stopped in order), helper
+children, and scripts whose output is streamed. The only module that spawns processes."""
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Callable, Sequence
 
 
 def log_tail(path: Path, n: int = 15) -> str:
@@ -61,3 +64,33 @@ def _signal(p: subprocess.Popen[bytes], sig: int) -> None:
             os.killpg(p.pid, sig)
         except ProcessLookupError:
             pass
+
+
+Child = subprocess.Popen[bytes]
+
+
+def start_child(argv: Sequence[str]) -> Child:
+    """A helper process sharing this one's output (the delay line beside a container's agent)."""
+    return subprocess.Popen(list(argv))
+
+
+def run_streamed(argv: Sequence[str], cwd: Path, on_line: Callable[[str], None],
+                 env: dict[str, str] | None = None, tail_lines: int = 20) -> tuple[int, list[str]]:
+    """Run a script to the end, passing each output line to `on_line`; (exit code, last lines).
+    OSError if it cannot start; killed if this process is interrupted meanwhile."""
+    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+    proc = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
+                            env={**os.environ, **(env or {})})
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            on_line(line)
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return rc, list(tail)

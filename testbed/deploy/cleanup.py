@@ -1,0 +1,135 @@
+"""Removal of what testbed runs leave behind, every kind in one place: network namespaces and the
+processes inside them (found by name prefix, `testbed.net.teardown`), and the Docker objects of
+compose and swarm runs (found by the project label each carries: containers, networks, volumes,
+swarm services and configs). The backends' stop() and `testbed down` both use it; each call is
+idempotent, and a second one finds nothing.
+
+A project is a run's prefix (`ptb` + 4 hex characters); the bare prefix `ptb` selects every run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from testbed.deploy import dockercli
+from testbed.deploy.base import BackendError
+from testbed.deploy.engine import PROJECT_LABEL, Engine, Sweep, try_connect
+from testbed.net.teardown import TeardownReport, teardown
+
+PREFIX = "ptb"
+DOCKER_KINDS = ("containers", "networks", "volumes", "services", "configs")
+SWARM_SWEEP_S = 90.0
+SWEEP_PAUSE_S = 1.0
+
+Warn = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(f"cleanup: {line}", file=sys.stderr, flush=True)
+
+
+def project_label(project: str) -> str:
+    """The label filter of a project's objects; for the bare prefix, of every project's."""
+    return PROJECT_LABEL if project == PREFIX else f"{PROJECT_LABEL}={project}"
+
+
+def _sweep(engine: Engine, kind: str, label: str, warn: Warn, driver: str | None = None) -> Sweep:
+    try:
+        return engine.sweep(kind, label, driver)
+    except BackendError as e:
+        warn(str(e))
+        return Sweep()
+
+
+def _warn_failed(kind: str, sweep: Sweep, warn: Warn) -> None:
+    for key, why in sweep.failed.items():
+        warn(f"could not remove {kind[:-1]} {key}: {why}")
+
+
+def remove_compose_project(engine: Engine, project: str, warn: Warn = _stderr) -> dict[str, list[str]]:
+    """Every container, network and volume labelled with the project: what `compose down` would
+    remove, also when the compose file is gone."""
+    label = project_label(project)
+    out: dict[str, list[str]] = {}
+    for kind in ("containers", "networks", "volumes"):
+        s = _sweep(engine, kind, label, warn)
+        _warn_failed(kind, s, warn)
+        out[kind] = s.found
+    return out
+
+
+def remove_swarm_project(engine: Engine, project: str, timeout: float = SWARM_SWEEP_S, warn: Warn = _stderr,
+                         stack_rm: Callable[[str], None] = dockercli.stack_rm,
+                         pause: float = SWEEP_PAUSE_S) -> dict[str, list[str]]:
+    """`docker stack rm` (on a manager), then remove whatever is still labelled with the project:
+    services, containers, volumes, overlay networks, configs, until none is left. Networks go only
+    once their containers have, which the swarm does asynchronously: an object that will not go
+    yet is tried again each pass, and named if it is still there at the timeout."""
+    out: dict[str, list[str]] = {k: [] for k in ("services", "containers", "networks", "configs", "volumes")}
+    try:
+        _, manager = engine.swarm_state()
+    except BackendError as e:
+        warn(str(e))
+        manager = False
+    label = project_label(project)
+    table: list[tuple[str, str | None]] = [("containers", None), ("volumes", None)]
+    if manager:
+        if project != PREFIX:
+            stack_rm(project)
+        table = [("services", None), *table, ("networks", "overlay"), ("configs", None)]
+    deadline = time.monotonic() + timeout
+    while True:
+        passed = {kind: _sweep(engine, kind, label, warn, driver) for kind, driver in table}
+        for kind, s in passed.items():
+            out[kind] += [i for i in s.found if i not in out[kind]]
+        if not any(s.found for s in passed.values()):
+            return out
+        if time.monotonic() > deadline:
+            for kind, s in passed.items():
+                _warn_failed(kind, s, warn)
+            return out
+        time.sleep(pause)
+
+
+def remove_docker_leftovers(project: str, engine: Engine | None = None,
+                            warn: Warn = _stderr) -> dict[str, list[str]]:
+    """Swarm and compose objects of the project, per kind (every kind listed, found or not);
+    nothing where no engine can be reached."""
+    if engine is None:
+        engine = try_connect()
+    if engine is None:
+        return {k: [] for k in DOCKER_KINDS}
+    swarm = remove_swarm_project(engine, project, warn=warn)
+    rest = remove_compose_project(engine, project, warn=warn)
+    merged = {k: list(dict.fromkeys(swarm.get(k, []) + rest.get(k, []))) for k in {**swarm, **rest}}
+    return {k: merged.get(k, []) for k in DOCKER_KINDS}
+
+
+@dataclass(frozen=True)
+class DownReport:
+    netns: TeardownReport
+    docker: dict[str, list[str]]
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return self.netns.errors
+
+    def to_dict(self) -> dict[str, object]:
+        return {**self.netns.to_dict(), "docker": self.docker}
+
+    def summary(self) -> str:
+        text = self.netns.summary()
+        if any(self.docker.values()):
+            text += "\ndocker: removed " + ", ".join(f"{len(v)} {k}" for k, v in self.docker.items())
+        return text
+
+
+def down(prefix: str = PREFIX, engine: Engine | None = None, warn: Warn = _stderr) -> DownReport:
+    """Everything every kind of run left whose name starts with (namespaces) or whose project is
+    (Docker objects) `prefix`. ValueError for a prefix that is not a testbed one, before anything
+    is touched."""
+    netns = teardown(prefix)
+    return DownReport(netns, remove_docker_leftovers(prefix, engine, warn))

@@ -1,0 +1,62 @@
+"""The jobs left to the docker CLI, each on a file the run directory keeps so a user can rerun it
+by hand; everything else goes through the engine's API (`testbed.deploy.engine`).
+
+- A compose file up and down: compose is a client-side tool (the `docker compose` plugin or
+  Debian's `docker-compose`), the engine has no call that takes a compose file.
+- A stack deployed and removed: stacks are a feature of the CLI too (it turns the file into
+  services, networks and configs itself), so the SDK cannot deploy one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from testbed.deploy.base import BackendError
+
+CLI_TIMEOUT_S = 300.0
+
+
+def run(cmd: list[str], timeout: float = CLI_TIMEOUT_S, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a CLI command; BackendError with its output when it cannot run, times out or (check) fails."""
+    what = " ".join(cmd[:4]) + ("..." if len(cmd) > 4 else "")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise BackendError(f"{what}: {cmd[0]} is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"{what}: no answer within {timeout:g} s") from None
+    if check and r.returncode != 0:
+        raise BackendError(f"{what} failed ({r.returncode}):\n{(r.stderr or r.stdout)[-2000:]}")
+    return r
+
+
+def compose_cli() -> list[str]:
+    """`docker compose` (plugin) where present, else `docker-compose`."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    raise BackendError("neither `docker compose` nor `docker-compose` is installed")
+
+
+def compose(cli: list[str], project: str, file: Path, *args: str, timeout: float = CLI_TIMEOUT_S,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`COMPOSE -p PROJECT -f FILE ARGS...` (up, down)."""
+    return run([*cli, "-p", project, "-f", str(file), *args], timeout=timeout, check=check)
+
+
+def stack_deploy(file: Path, project: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """`docker stack deploy` of a stack file, with the image as it is on each node (no registry)."""
+    return run(["docker", "stack", "deploy", "--resolve-image", "never", "-c", str(file), project], timeout=timeout)
+
+
+def stack_rm(project: str) -> None:
+    """`docker stack rm`, where there is a CLI. It may fail or hang: the label sweep that follows
+    removes the same objects."""
+    if shutil.which("docker"):
+        try:
+            run(["docker", "stack", "rm", project], check=False)
+        except BackendError:
+            pass
