@@ -72,15 +72,17 @@ async def test_replay_routes_and_accounts_every_request(tmp_path: Path) -> None:
     assert (tmp_path / "timeseries" / "router.jsonl").exists()
 
 
-async def test_failed_decode_node_fails_only_its_requests_with_a_reason(tmp_path: Path) -> None:
+async def test_a_dead_decode_node_is_taken_out_and_its_requests_retried_elsewhere(tmp_path: Path) -> None:
     sc = fast_scenario(requests=20)
     trace = trace_from_workload(sc.workload)
     recs = await _replay(sc, trace, tmp_path, break_decode="pd-d0")
     assert len(recs) == 20 and len({r.request_id for r in recs}) == 20
-    failed = [r for r in recs if r.outcome == "failed"]
-    # (Unreachable, normally; a port another process took meanwhile would answer something else.)
-    assert failed and all(r.decode_node == "pd-d0" and "decode node pd-d0" in r.reason for r in failed)
-    assert any(r.outcome == "completed" for r in recs)
+    # The health probe or the first refused connection takes pd-d0 out of routing; a request
+    # routed there before that is retried once on another instance, so every request completes.
+    assert all(r.outcome == "completed" for r in recs), [r.reason for r in recs if r.outcome != "completed"]
+    assert all(r.decode_node != "pd-d0" for r in recs)
+    retried = [r for r in recs if r.retries]
+    assert all(r.retries == 1 and "decode node pd-d0" in r.retry_reason for r in retried)
 
 
 async def test_interrupted_replay_keeps_every_request_once(tmp_path: Path) -> None:

@@ -112,6 +112,8 @@ class RequestRecord:
     cache_move_src: str = ""        # prefill node that sent them
     cache_move_bytes_paper: int = 0
     cache_move_bytes_wire: int = 0  # what arrived at the prefill node
+    retries: int = 0                # times the router routed it again (a failure before any token)
+    retry_reason: str = ""          # what failed the attempt before
     times: StageTimes = field(default_factory=StageTimes)
 
     @property

@@ -36,6 +36,8 @@ class ModelSpec(_Strict):
     linear_state_bytes: int = Field(ge=0)
     full_attention_bytes_per_token: float = Field(ge=0)
     block_tokens: int = Field(default=512, gt=0)
+    # Prompt plus output, in tokens: longer requests are refused (400), as a real server does.
+    max_context_tokens: int = Field(default=1 << 20, ge=1)
     window_tokens: int = Field(default=0, ge=0)
     window_bytes_per_token: float = Field(default=0.0, ge=0)
 
@@ -234,9 +236,15 @@ class TransferSpec(_Strict):
 
 
 class ServingSpec(_Strict):
-    """How the mock nodes talk to clients."""
+    """How the mock nodes talk to clients, and the limits the router enforces."""
 
     stream_interval: int = Field(default=1, ge=1, le=1024)
+    max_output_tokens: int = Field(default=65536, ge=1, le=1 << 20)
+    max_body_bytes: int = Field(default=8 * MIB, ge=64 * 1024, le=1 << 30)
+    # Per-request deadline (paper seconds): fixed, or `deadline_factor` x (TTFT SLO + TPOT SLO x
+    # the request's max_tokens). A request past it fails with that reason instead of holding on.
+    deadline_s: float | None = Field(default=None, gt=0)
+    deadline_factor: float = Field(default=10.0, gt=1)
 
 
 class ModelProfile(_Strict):
@@ -288,6 +296,13 @@ class Scenario(_Strict):
         if pol in ("homogeneous", "prfaas") and not has_pdp:
             raise ValueError(f"policy {pol!r} needs a 'pd' cluster with prefill instances")
         return self
+
+    def deadline_s(self, output_tokens: int) -> float:
+        """A request's deadline in paper seconds (see ServingSpec)."""
+        sv = self.serving
+        if sv.deadline_s is not None:
+            return sv.deadline_s
+        return sv.deadline_factor * (self.slo.ttft_s + self.slo.tpot_s * output_tokens)
 
     def cluster(self, name: str) -> ClusterSpec:
         for c in self.clusters:

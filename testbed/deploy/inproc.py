@@ -25,6 +25,7 @@ class InProcessBackend:
         self.dep = dep
         self.skip = skip        # services left down on purpose (failure tests)
         self._runners: list[web.AppRunner] = []
+        self._by_id: dict[str, web.AppRunner] = {}
 
     async def __aenter__(self) -> Deployment:
         try:
@@ -34,14 +35,26 @@ class InProcessBackend:
                 if nid in self.skip:
                     continue
                 ep = self.dep.router if nid == "router" else self.dep.nodes[nid].http
-                runner = web.AppRunner(make_service_app(self.dep, nid), access_log=None)
+                runner = web.AppRunner(make_service_app(self.dep, nid), access_log=None, handler_cancellation=True)
                 await runner.setup()
                 self._runners.append(runner)
+                self._by_id[nid] = runner
                 await web.TCPSite(runner, self.dep.bind_host, ep.port).start()
         except BaseException:
             await self.close()
             raise
         return self.dep
+
+    async def stop_service(self, node_id: str) -> None:
+        """Stop one service as a crash looks from outside (tests): every connection it holds is
+        reset at once, nothing is answered any more."""
+        runner = self._by_id.pop(node_id)
+        self._runners.remove(runner)
+        server = runner.server
+        for conn in list(server.connections) if server is not None else []:
+            if conn.transport is not None:
+                conn.transport.abort()
+        await runner.cleanup()
 
     async def close(self) -> None:
         while self._runners:

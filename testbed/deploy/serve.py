@@ -32,8 +32,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from testbed.deploy.discovery import add_file_routes
         add_file_routes(app, Path(dep.run_dir))
     # SIGTERM stops the service: requests still held get SHUTDOWN_GRACE_S, not aiohttp's 60 s.
+    # handler_cancellation: a client that leaves cancels its request here (and, through the
+    # router's cleanup, at every node it reached).
     web.run_app(app, host=dep.bind_host, port=ep.port, print=None, access_log=None,
-                shutdown_timeout=SHUTDOWN_GRACE_S)
+                shutdown_timeout=SHUTDOWN_GRACE_S, handler_cancellation=True)
     return 0
 
 

@@ -65,8 +65,8 @@ async def node_request(request: web.Request) -> tuple[dict[str, Any], str]:
     return body, rid
 
 
-def int_field(body: dict[str, Any], name: str, minimum: int = 0) -> int:
+def int_field(body: dict[str, Any], name: str, minimum: int = 0, maximum: int = (1 << 63) - 1) -> int:
     v = body.get(name)
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise bad_request(f"field '{name}' must be an integer >= {minimum}")
+    if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v <= maximum:
+        raise bad_request(f"field '{name}' must be an integer in [{minimum}, {maximum}]")
     return v

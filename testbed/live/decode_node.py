@@ -92,8 +92,11 @@ async def _batch_loop(st: DecodeState) -> None:
 async def handle_decode(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     body, rid = await node_request(request)
-    vals = {name: int_field(body, name, lo)
-            for name, lo in (("transfer_id", 0), ("input_tokens", 1), ("output_tokens", 1), ("kv_bytes_paper", 0))}
+    sc = st.cfg.deployment.scenario
+    top = (1 << 63) - 1
+    vals = {name: int_field(body, name, lo, hi)
+            for name, lo, hi in (("transfer_id", 0, top), ("input_tokens", 1, sc.model.max_context_tokens),
+                                 ("output_tokens", 1, sc.serving.max_output_tokens), ("kv_bytes_paper", 0, top))}
     if rid in st.streams:
         raise bad_request(f"request {rid!r} is already decoding here")
 

@@ -195,6 +195,9 @@ class _Link:
         self._apply(self.path.end_written(t))
         return time.time()
 
+    def abort(self, t: OutgoingTransfer, reason: str) -> None:
+        self._apply(self.path.fail(t, reason))
+
     def fail_all(self, reason: str) -> None:
         self.closing = True
         self._apply(self.path.fail_all(reason))
@@ -340,6 +343,10 @@ class Transfer:
         """Wait until every chunk is written and drained, send END; return the completion
         time.time(). Raises TransferFailed if a connection carrying this transfer failed."""
         return await self._link.finish(self._state)
+
+    def abort(self, reason: str) -> None:
+        """Give the transfer up (its request was cancelled): the receiver is told with an ABORT."""
+        self._link.abort(self._state, reason)
 
 
 class KVSender:

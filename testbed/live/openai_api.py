@@ -69,6 +69,8 @@ def _prompt_tokens(prompt: Any) -> tuple[int, bytes | tuple[int, ...]]:
     if isinstance(prompt, str):
         return estimate_tokens(prompt), prompt.encode()
     if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        if not all(0 <= x < 1 << 63 for x in prompt):
+            raise RequestError("field 'prompt': token ids must be in [0, 2^63)")
         return len(prompt), tuple(prompt)
     if isinstance(prompt, list) and len(prompt) == 1:
         return _prompt_tokens(prompt[0])
@@ -83,7 +85,7 @@ def _chat_tokens(messages: Any) -> tuple[int, bytes]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise RequestError(f"field 'messages[{i}]' must be an object")
-        content = m.get("content", "")
+        content = m.get("content") or ""     # null content (e.g. an assistant turn with tool calls) is empty
         if isinstance(content, list):   # content parts
             content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         if not isinstance(content, str):
@@ -93,7 +95,25 @@ def _chat_tokens(messages: Any) -> tuple[int, bytes]:
     return total, b"".join(parts)
 
 
-def parse(body: Any, kind: str) -> ParsedRequest:
+@dataclass(frozen=True)
+class Limits:
+    """What the served model accepts (from the scenario): prompt plus output, and output alone."""
+
+    max_context_tokens: int = 1 << 20
+    max_output_tokens: int = MAX_TOKENS_LIMIT
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    # "false" must not mean True: clients that send JSON strings get the boolean they meant.
+    v = body.get(name, False)
+    if v is None or isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    raise RequestError(f"field {name!r} must be true or false")
+
+
+def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
     if not isinstance(body, dict):
         raise RequestError("body must be a JSON object")
     model = body.get("model", "")
@@ -117,14 +137,20 @@ def parse(body: Any, kind: str) -> ParsedRequest:
             raise RequestError("field 'prompt' is required (or 'testbed.input_tokens')")
         tokens, content = _prompt_tokens(body["prompt"])
     hash_ids = ext.get("hash_ids", [])
-    if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
-        raise RequestError("field 'testbed.hash_ids' must be a list of integers")
+    if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                 and -(1 << 63) <= h < 1 << 63 for h in hash_ids):
+        raise RequestError("field 'testbed.hash_ids' must be a list of 64-bit integers")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
-        raise RequestError(f"field 'max_tokens' must be an integer in [1, {MAX_TOKENS_LIMIT}]")
-    stream = bool(body.get("stream", False))
+    top = limits.max_output_tokens
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= top:
+        raise RequestError(f"field 'max_tokens' must be an integer in [1, {top}]")
+    if tokens + max_tokens > limits.max_context_tokens:
+        raise RequestError(f"this model's maximum context length is {limits.max_context_tokens} tokens; the "
+                           f"request asks for {tokens + max_tokens} ({tokens} in the prompt, {max_tokens} in the "
+                           "completion)")
+    stream = _flag(body, "stream")
     so = body.get("stream_options") or {}
     include_usage = bool(so.get("include_usage", False)) if isinstance(so, dict) else False
     rid = ext.get("request_id")

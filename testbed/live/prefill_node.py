@@ -60,6 +60,7 @@ class PrefillState:
     model_time: PrefillTime
     kv: KVModel
     pending: dict[str, _Pending] = field(default_factory=dict)
+    running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     finishing: set[asyncio.Task[None]] = field(default_factory=set)
     completed: int = 0
@@ -92,11 +93,15 @@ async def _run_job(st: PrefillState, p: _Pending) -> None:
     n = len(layer_bytes)
     # Layer i's KV exists once layer i's share of the modelled compute has elapsed.
     handoff = NAN
-    for i, nbytes in enumerate(layer_bytes):
-        await sleep_until(start + job.duration * (i + 1) / n)
-        transfer.send_layer(i, nbytes)
-        if i == 0:
-            handoff = now()
+    try:
+        for i, nbytes in enumerate(layer_bytes):
+            await sleep_until(start + job.duration * (i + 1) / n)
+            transfer.send_layer(i, nbytes)
+            if i == 0:
+                handoff = now()
+    except asyncio.CancelledError:
+        transfer.abort("the request was cancelled")
+        raise
     rep.times.prefill_end = end = now()
     st.queue.finish(end)
 
@@ -126,16 +131,23 @@ async def _worker(st: PrefillState) -> None:
             await st.wakeup.wait()
             continue
         p = st.pending.pop(job.request_id)
+        task = asyncio.create_task(_run_job(st, p))
+        st.running[job.request_id] = task
         try:
-            await _run_job(st, p)
+            await task
         except asyncio.CancelledError:
-            raise
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():      # the worker itself is stopping
+                raise
+            _abandon(st, p, "cancelled: the router gave up on the request")
         except TransferFailed as e:
             log.warning("prefill %s failed: %s", job.request_id, e.reason)
             _abandon(st, p, e.reason)
         except Exception as e:  # keep serving the queue whatever one job did
             log.exception("prefill %s failed", job.request_id)
             _abandon(st, p, f"prefill failed: {e}")
+        finally:
+            st.running.pop(job.request_id, None)
 
 
 def _abandon(st: PrefillState, p: _Pending, reason: str) -> None:
@@ -150,7 +162,7 @@ async def handle_prefill(request: web.Request) -> web.Response:
     st = request.app[STATE]
     body, rid = await node_request(request)
     tid = int_field(body, "transfer_id")
-    tokens = int_field(body, "input_tokens", 1)
+    tokens = int_field(body, "input_tokens", 1, st.cfg.deployment.scenario.model.max_context_tokens)
     cached = int_field(body, "cached_tokens")
     if cached > tokens:
         raise bad_request("field 'cached_tokens' exceeds 'input_tokens'")
@@ -173,9 +185,11 @@ async def handle_prefill(request: web.Request) -> web.Response:
     try:
         rep = await fut
     except asyncio.CancelledError:
-        # The router gave up: drop the job if it has not started.
+        # The router gave up (its client left, or a deadline passed): drop the job, or stop it.
         if st.queue.remove(rid):
             st.pending.pop(rid, None)
+        elif (task := st.running.get(rid)) is not None:
+            task.cancel()
         raise
     return web.json_response(report_to_wire(rep), status=502 if rep.error else 200)
 
@@ -208,7 +222,8 @@ async def handle_status(request: web.Request) -> web.Response:
 def _status(st: PrefillState) -> dict[str, Any]:
     """Wire units: queued modelled work (s) and the KV sender's counters (bytes, segments)."""
     ls = st.sender.link_state()
-    return {"t": now(), "queue_depth": st.queue.depth, "backlog_s": st.queue.backlog(now()),
+    return {"t": now(), "queue_depth": st.queue.depth, "running": len(st.running),
+            "backlog_s": st.queue.backlog(now()),
             "queued_s": st.queue.waiting_work(),
             "acked_bytes": ls.acked_bytes, "retrans_segments": ls.retrans_segments,
             "acked_segments": ls.acked_segments, "undelivered_bytes": ls.undelivered_bytes,

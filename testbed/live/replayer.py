@@ -85,7 +85,8 @@ async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, r
 
 async def replay(trace: Trace, url: str, writer: RecordWriter, speedup: float, model: str = "",
                  on_progress: Callable[[ReplayStats], None] | None = None,
-                 request_timeout: float | None = None, t0: float | None = None) -> ReplayStats:
+                 request_timeout: float | Callable[[TraceRequest], float] | None = None,
+                 t0: float | None = None) -> ReplayStats:
     """Replay `trace` (paper-time timestamps divided by `speedup`); record times are relative
     to `t0` (default: now)."""
     stats = ReplayStats(total=len(trace))
@@ -107,14 +108,15 @@ async def replay(trace: Trace, url: str, writer: RecordWriter, speedup: float, m
 
     async def run(i: int, tr: TraceRequest) -> None:
         rec = records[i]
+        limit = request_timeout(tr) if callable(request_timeout) else request_timeout
         try:
-            await asyncio.wait_for(send_one(session, url, tr, rec, t0, model), request_timeout)
+            await asyncio.wait_for(send_one(session, url, tr, rec, t0, model), limit)
         except asyncio.CancelledError:
             rec.outcome, rec.reason = "failed", "interrupted: run stopped before the request finished"
             finish(i)
             raise
         except asyncio.TimeoutError:
-            rec.outcome, rec.reason = "failed", f"timed out after {request_timeout:g} s"
+            rec.outcome, rec.reason = "failed", f"no answer within {limit:g} s (wire): the client gave up"
         except (aiohttp.ClientError, ValueError, KeyError) as e:
             rec.outcome, rec.reason = "failed", f"client error: {type(e).__name__}: {e}"
         finish(i)

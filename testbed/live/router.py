@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from testbed.core.bandwidth import BandwidthController, ControlSample, ThresholdChange
 from testbed.core.cache_book import CacheBook
+from testbed.core.health import HealthBook, HealthChange, Outcome
 from testbed.core.kvsize import KVModel
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
 from testbed.core.policy import (
@@ -43,13 +44,15 @@ from testbed.live.clock import now
 from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
 from testbed.live.link_control import LinkControl, Recent, stage_model
 from testbed.live.openai_api import (
-    ParsedRequest, RequestError, block_hashes, chunk, full_response, parse, record_extension, usage_chunk,
+    Limits, ParsedRequest, RequestError, block_hashes, chunk, full_response, parse, record_extension, usage_chunk,
 )
 from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.router")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+PROBE_INTERVAL_S = 0.5     # wire seconds between health probes of one instance
+PROBE_TIMEOUT_S = 2.0
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -83,13 +86,31 @@ class RouterState:
     inflight: int = 0
     cache_moves: int = 0
     tails: list[float] = field(default_factory=list)   # KV transfer tails of offloaded requests (wire s), for the control loop
+    health: HealthBook = field(default_factory=lambda: HealthBook(()))
+    retries: int = 0
+
+    def note_health(self, node: str, outcome: Outcome, reason: str = "") -> None:
+        change = self.health.report(node, outcome, now(), reason)
+        if change is not None:
+            _log_health(self, change)
+
+
+def _log_health(st: RouterState, ch: HealthChange) -> None:
+    log.warning("instance %s is %s: %s", ch.node, ch.new, ch.reason)
+    st.decisions.write([Sample("health", 1.0 if ch.new == "up" else 0.0,
+                               {"node": ch.node, "state": ch.new, "reason": ch.reason})])
 
 
 STATE = web.AppKey("router_state", RouterState)
 
 
 class RequestFailed(Exception):
-    pass
+    """A request attempt that failed: why, which instance is to blame if one is, and what that
+    says about it (`refused`: nothing answers there; `failed`: it answered badly or broke off)."""
+
+    def __init__(self, reason: str, node: str = "", outcome: Outcome = "failed", retryable: bool = True) -> None:
+        super().__init__(reason)
+        self.node, self.outcome, self.retryable = node, outcome, retryable
 
 
 @dataclass
@@ -111,12 +132,22 @@ class _Plan:
     move_bytes_paper: int = 0
 
 
-def _route(st: RouterState, req: ParsedRequest, rid: str) -> _Plan:
+def _route(st: RouterState, req: ParsedRequest, rid: str, avoid: frozenset[str] = frozenset()) -> _Plan:
+    """Route to instances believed up; `avoid` (a retry's failed instances) too, unless nothing
+    else is left of the role needed."""
     sc = st.cfg.deployment.scenario
     hashes = req.hash_ids or block_hashes(req.content, sc.model.block_tokens)
     cached = st.book.index.usable(hashes, req.input_tokens) if st.book is not None else {}
-    view = st.tracker.view(st.threshold, now(), bandwidth=st.bandwidth)
-    d = st.policy(view, RoutingRequest(rid, req.input_tokens, cached))
+    rreq = RoutingRequest(rid, req.input_tokens, cached)
+    down = st.health.down()
+    try:
+        view = st.tracker.view(st.threshold, now(), down=down | avoid, bandwidth=st.bandwidth)
+        d = st.policy(view, rreq)
+    except NoCapacity:
+        if not avoid:
+            raise
+        view = st.tracker.view(st.threshold, now(), down=down, bandwidth=st.bandwidth)
+        d = st.policy(view, rreq)
     hw = sc.cluster(d.prefill_cluster).hardware
     work = st.cfg.scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))
     st.tracker.assign(d, work)
@@ -173,12 +204,16 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
         if d.crossed_wan and math.isfinite(times.prefill_end) and math.isfinite(times.transfer_end):
             st.tails.append(max(times.transfer_end - times.prefill_end, 0.0))
 
+    prefill_blame: list[tuple[str, Outcome]] = []      # set when the prefill node itself failed
+
     def prefill_finished(rep: PrefillReport) -> None:
         st.tracker.prefill_done(d, plan.work)
         times.merge(rep.times)
         rec.prefill_modelled, rec.cache_move_bytes_wire = rep.prefill_modelled, rep.cache_move_bytes_wire
         if rep.error:
-            raise RequestFailed(rep.error)
+            node, outcome = prefill_blame[0] if prefill_blame else ("", "failed")
+            raise RequestFailed(rep.error, node, outcome)
+        st.note_health(d.prefill_node, "ok")
         if math.isfinite(times.transfer_end):
             note_tail()
         if book is not None:
@@ -190,11 +225,12 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
     try:
         dresp = await st.session.post(f"{dnode.http.url}/decode", json=decode_body)
     except aiohttp.ClientError as e:
-        raise RequestFailed(f"decode node {d.decode_node} unreachable: {e}") from None
+        raise RequestFailed(f"decode node {d.decode_node} unreachable: {e}", d.decode_node, _outcome(e)) from None
     if dresp.status != 200:
         text = await dresp.text()
         dresp.release()
-        raise RequestFailed(f"decode node {d.decode_node} answered {dresp.status}: {text[:200]}")
+        raise RequestFailed(f"decode node {d.decode_node} answered {dresp.status}: {text[:200]}",
+                            d.decode_node if dresp.status >= 500 else "", retryable=dresp.status >= 500)
 
     async def prefill() -> PrefillReport:
         try:
@@ -203,10 +239,14 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
                 if r.status in (200, 502):     # the node's own report, failed or not
                     return report_from_wire(res)
                 err = res.get("error") if isinstance(res, dict) else None
+                if r.status >= 500:
+                    prefill_blame.append((d.prefill_node, "failed"))
                 return PrefillReport(error=str(err) if err else f"prefill node answered {r.status}")
         except RecordFormatError as e:
+            prefill_blame.append((d.prefill_node, "failed"))
             return PrefillReport(error=f"prefill node {d.prefill_node} answered a malformed report: {e}")
         except (aiohttp.ClientError, ValueError) as e:
+            prefill_blame.append((d.prefill_node, _outcome(e)))
             return PrefillReport(error=f"prefill node {d.prefill_node} unreachable: {e}")
 
     if move_tid is not None:
@@ -226,10 +266,14 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
                 prefill_finished(ptask.result())
             if line_task not in done:
                 continue
-            line = line_task.result()
-            if not line:
-                raise RequestFailed(f"decode node {d.decode_node} closed the stream early")
-            ev = json.loads(line)
+            try:
+                line = line_task.result()
+                ev = json.loads(line) if line else None
+            except (aiohttp.ClientError, ConnectionError, ValueError) as e:
+                raise RequestFailed(f"decode node {d.decode_node} stream broke: {type(e).__name__}: {e}",
+                                    d.decode_node) from None
+            if not isinstance(ev, dict):
+                raise RequestFailed(f"decode node {d.decode_node} closed the stream early", d.decode_node)
             kind = ev.get("event")
             if kind == "kv":
                 times.transfer_end = float(ev["complete"])
@@ -248,6 +292,7 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
                 times.decode_last_token = t
                 yield int(ev["n"])
             elif kind == "done":
+                st.note_health(d.decode_node, "ok")
                 break
             elif kind == "error":
                 raise RequestFailed(str(ev.get("reason", "decode failed")))
@@ -268,6 +313,12 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
         if book is not None:
             book.finished(rid, d)
         dresp.close()
+
+
+def _outcome(e: BaseException) -> Outcome:
+    """A connection that cannot be made (refused, no route) proves nothing answers there; a
+    timeout or a broken reply may be passing."""
+    return "refused" if isinstance(e, aiohttp.ClientConnectorError) else "failed"
 
 
 def _replay_lifecycle(prog: _Progress) -> None:
@@ -300,17 +351,39 @@ def _ext(prog: _Progress, tokens: int) -> dict[str, Any]:
     return record_extension(rec)
 
 
+def _note_decision(st: RouterState, rid: str, req: ParsedRequest, plan: _Plan, prog: _Progress) -> None:
+    d = plan.d
+    prog.rec.times.routed = now()
+    st.metrics.routed.labels(cluster=d.prefill_cluster).inc()
+    st.decisions.write([Sample("decision", float(d.incremental_tokens),
+                               {"request_id": rid, "prefill": d.prefill_node, "decode": d.decode_node,
+                                "cached": str(d.cached_tokens), "bandwidth": st.bandwidth,
+                                "threshold": "" if d.threshold is None else f"{d.threshold:g}",
+                                "reason": d.reason})])
+    # What the request moves: the KV the decode side lacks (paper bytes).
+    _note_route(prog.rec, plan, st.kv.incremental(req.input_tokens, d.decode_cached_tokens))
+
+
+def _retry_progress(old: _Progress, reason: str) -> _Progress:
+    """A fresh attempt's progress: the client's arrival kept, the failed attempt's stages not."""
+    rec = RequestRecord(old.rec.request_id, old.rec.trace_index, old.rec.input_tokens, old.rec.output_tokens,
+                        retries=old.rec.retries + 1, retry_reason=reason)
+    rec.times.router_arrival = old.rec.times.router_arrival
+    return _Progress(Lifecycle(old.rec.request_id), rec)
+
+
 async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
     st = request.app[STATE]
+    sc = st.cfg.deployment.scenario
     try:
         body = await request.json()
     except ValueError:
         raise bad_request("body is not JSON") from None
     try:
-        req = parse(body, kind)
+        req = parse(body, kind, Limits(sc.model.max_context_tokens, sc.serving.max_output_tokens))
     except RequestError as e:
         raise bad_request(str(e)) from None
-    model = req.model or st.cfg.deployment.scenario.model.name
+    model = req.model or sc.model.name
     rid = req.client_request_id or uuid.uuid4().hex[:16]
     cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     t_arrival = now()
@@ -321,18 +394,9 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
     except NoCapacity as e:
         raise web.HTTPServiceUnavailable(text=json.dumps({"error": {"message": str(e)}}),
                                          content_type="application/json") from None
-    d = plan.d
-    prog.rec.times.routed = now()
-    st.metrics.routed.labels(cluster=d.prefill_cluster).inc()
-    st.decisions.write([Sample("decision", float(d.incremental_tokens),
-                               {"request_id": rid, "prefill": d.prefill_node, "decode": d.decode_node,
-                                "cached": str(d.cached_tokens), "bandwidth": st.bandwidth,
-                                "threshold": "" if d.threshold is None else f"{d.threshold:g}",
-                                "reason": d.reason})])
-    # What the request moves: the KV the decode side lacks (paper bytes).
-    kv_paper = st.kv.incremental(req.input_tokens, d.decode_cached_tokens)
-    _note_route(prog.rec, plan, kv_paper)
+    _note_decision(st, rid, req, plan, prog)
     st.inflight += 1
+    holding = True          # `plan` holds a decode slot in the tracker
 
     resp: web.StreamResponse | None = None
     if req.stream:
@@ -346,14 +410,46 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
 
     sent = 0
     first_t: float | None = None
+    deadline_paper = sc.deadline_s(req.output_tokens)
+
+    async def attempts() -> None:
+        """Drive the request; one retry elsewhere if an attempt fails before any token was sent."""
+        nonlocal plan, prog, sent, first_t, holding
+        while True:
+            try:
+                async for n in _drive(st, req, rid, plan, prog):
+                    if first_t is None:
+                        first_t = now()
+                        st.metrics.ttft.observe(first_t - t_arrival)
+                    if resp is not None and n > sent:
+                        await sse(chunk(req, cid, model, n - sent, sent == 0, None))
+                    sent = n
+                return
+            except RequestFailed as e:
+                st.tracker.decode_done(plan.d)
+                holding = False
+                if e.node:
+                    st.note_health(e.node, e.outcome, str(e))
+                if sent or prog.rec.retries or not e.retryable:
+                    raise
+                avoid = frozenset({e.node} if e.node else {plan.d.prefill_node, plan.d.decode_node})
+                log.warning("request %s: %s; retrying elsewhere", rid, e)
+                prog = _retry_progress(prog, str(e))
+                try:
+                    plan = _route(st, req, rid, avoid)
+                except NoCapacity as nc:
+                    raise RequestFailed(f"{e}; no instance left to retry on: {nc}", retryable=False) from None
+                holding = True
+                st.retries += 1
+                _note_decision(st, rid, req, plan, prog)
+
     try:
-        async for n in _drive(st, req, rid, plan, prog):
-            if first_t is None:
-                first_t = now()
-                st.metrics.ttft.observe(first_t - t_arrival)
-            if resp is not None and n > sent:
-                await sse(chunk(req, cid, model, n - sent, sent == 0, None))
-            sent = n
+        try:
+            async with asyncio.timeout(st.cfg.scale.wire_seconds(deadline_paper)):
+                await attempts()
+        except TimeoutError:
+            raise RequestFailed(f"deadline exceeded: no answer within {deadline_paper:.4g} s (paper)",
+                                retryable=False) from None
         _replay_lifecycle(prog)
         st.metrics.success.labels(finished_reason="length").inc()
         end = now()
@@ -369,9 +465,11 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
         await sse("[DONE]")
         await resp.write_eof()
         return resp
-    except (RequestFailed, InvalidTransition) as e:
+    except (RequestFailed, InvalidTransition, aiohttp.ClientError) as e:
         if isinstance(e, InvalidTransition):
             e = RequestFailed(f"stamps out of lifecycle order: {e}")
+        elif isinstance(e, aiohttp.ClientError):
+            e = RequestFailed(f"router: {type(e).__name__}: {e}")
         if not prog.life.done:
             prog.life.apply(Event.FAIL, now(), str(e))
         st.metrics.failed.labels(reason=str(e).split(":")[0][:40]).inc()
@@ -380,13 +478,21 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
         err = {"error": {"message": str(e), "type": "server_error", "code": 502}, **ext}
         if resp is None:
             return web.json_response(err, status=502)
-        await sse(err)
-        await sse("[DONE]")
-        await resp.write_eof()
+        try:
+            await sse(err)
+            await sse("[DONE]")
+            await resp.write_eof()
+        except ConnectionError:
+            pass                   # the client has gone; its request is over everywhere already
         return resp
+    except ConnectionError:
+        # The client went away mid-stream: _drive's cleanup has released the nodes' work.
+        log.info("request %s: the client disconnected", rid)
+        return resp if resp is not None else web.Response(status=499)
     finally:
         st.inflight -= 1
-        st.tracker.decode_done(d)
+        if holding:
+            st.tracker.decode_done(plan.d)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -417,6 +523,29 @@ def _collect(st: RouterState) -> list[Sample]:
                     Sample("cache_hit_tokens", float(pool.stats.hit_tokens), lab),
                     Sample("cache_evicted_bytes_paper", float(pool.stats.evicted_bytes), lab)]
     return out
+
+
+async def _probe(st: RouterState, node: str) -> None:
+    ep = st.cfg.deployment.nodes[node].http
+    try:
+        async with st.session.get(f"{ep.url}/health", timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as r:
+            outcome: Outcome = "ok" if r.status == 200 else "failed"
+            why = f"health probe answered {r.status}"
+    except aiohttp.ClientError as e:
+        outcome, why = _outcome(e), f"health probe: {type(e).__name__}: {e}"
+    except TimeoutError:
+        outcome, why = "failed", f"health probe: no answer within {PROBE_TIMEOUT_S:g} s"
+    st.note_health(node, outcome, why)
+
+
+async def _probe_forever(st: RouterState) -> None:
+    """Active health checks: a killed instance is seen even when no request goes there, a paused
+    one (it accepts connections but never answers) only this way, and a recovered one comes back."""
+    while True:
+        due = st.health.due_probes(now())
+        if due:
+            await asyncio.gather(*(_probe(st, n) for n in due))
+        await asyncio.sleep(PROBE_INTERVAL_S / 4)
 
 
 def _cache_book(sc: Scenario, kv: KVModel) -> CacheBook | None:
@@ -454,7 +583,7 @@ def _make_metrics(reg: CollectorRegistry) -> RouterMetrics:
 
 def make_app(cfg: ServiceConfig) -> web.Application:
     sc = cfg.deployment.scenario
-    app = web.Application(client_max_size=64 << 20)
+    app = web.Application(client_max_size=sc.serving.max_body_bytes)
     reg = CollectorRegistry()
     app[REGISTRY_KEY] = reg
     metrics = _make_metrics(reg)
@@ -475,6 +604,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
             session=session, metrics=metrics, decisions=decisions, threshold=cfg.deployment.threshold,
             book=_cache_book(sc, kv), recent=Recent(pol.control.window), cache_aware=pol.cache_aware,
             bandwidth="scarce" if pol.bandwidth_state == "auto" else pol.bandwidth_state,
+            health=HealthBook(cfg.deployment.nodes, probe_interval_s=PROBE_INTERVAL_S),
         )
         app[STATE] = st
         Gauge("vllm:num_requests_running", "Requests in flight at the router", registry=reg) \
@@ -483,8 +613,13 @@ def make_app(cfg: ServiceConfig) -> web.Application:
               registry=reg).set_function(lambda: -1 if st.threshold is None else st.threshold)
         Gauge("testbed_cache_moves", "Cross-cluster cache moves started", registry=reg) \
             .set_function(lambda: st.cache_moves)
+        Gauge("testbed_requests_retried", "Requests routed again after a failed attempt", registry=reg) \
+            .set_function(lambda: st.retries)
+        Gauge("testbed_instances_down", "Instances taken out of routing", registry=reg) \
+            .set_function(lambda: len(st.health.down()))
         series = SeriesWriter(cfg.series_path(), "router")
-        tasks = [asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval))]
+        tasks = [asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval)),
+                 asyncio.create_task(_probe_forever(st))]
         ctl = _controller(cfg, st.threshold)
         if ctl is not None:
             def applied(sample: ControlSample, change: ThresholdChange | None) -> None:

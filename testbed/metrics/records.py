@@ -23,8 +23,10 @@ COLUMNS: tuple[str, ...] = (
     "prefill_start", "prefill_end", "prefill_modelled", "transfer_start", "transfer_end", "decode_admitted",
     "first_token", "last_token", "tokens_received", "kv_bytes_paper", "kv_bytes_wire", "outcome", "reason",
     "decode_cached_tokens", "cache_move_tokens", "cache_move_start", "cache_move_end",
-    "cache_move_bytes_paper", "cache_move_bytes_wire",
+    "cache_move_bytes_paper", "cache_move_bytes_wire", "retries", "retry_reason",
 )
+# Columns added after the first release: a file without them reads as their default.
+OPTIONAL: dict[str, str] = {"retries": "0", "retry_reason": ""}
 _TIMES = frozenset(TIME_NAMES)
 # Column -> type name; every column is a record field or a stamp (a KeyError here is a typo above).
 _KINDS: dict[str, str] = {c: "float" if c in _TIMES else FIELD_TYPES[c] for c in COLUMNS}
@@ -47,7 +49,7 @@ def parse_row(row: Mapping[Any, Any], where: str = "row") -> RequestRecord:
     kw: dict[str, Any] = {}
     times = StageTimes()
     for c in COLUMNS:
-        raw = row[c]
+        raw = row[c] if c in row or c not in OPTIONAL else OPTIONAL[c]
         if raw is None:      # csv.DictReader: the row ended early
             raise RecordFormatError(f"{where}: column {c!r} is missing its value")
         v = _parse(c, _KINDS[c], raw, where)
@@ -60,7 +62,7 @@ def parse_row(row: Mapping[Any, Any], where: str = "row") -> RequestRecord:
 
 def check_columns(names: Iterable[str], where: str) -> None:
     names = list(names)
-    missing = [c for c in COLUMNS if c not in names]
+    missing = [c for c in COLUMNS if c not in names and c not in OPTIONAL]
     if missing:
         raise RecordFormatError(f"{where}: missing column {missing[0]!r}")
     unknown = sorted(str(k) for k in names if k not in _KINDS)

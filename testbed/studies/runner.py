@@ -22,7 +22,8 @@ from testbed.live.clock import now
 from testbed.live.replayer import ReplayStats, replay
 from testbed.metrics.records import RecordWriter
 from testbed.config.scenarios import dump_scenario
-from testbed.traces.types import Trace
+from testbed.core.scenario import Scenario
+from testbed.traces.types import Trace, TraceRequest
 
 
 @dataclass
@@ -72,6 +73,14 @@ def clear_previous_run(run_dir: Path) -> list[str]:
             continue
         removed.append(name)
     return removed
+
+
+def client_timeout(sc: Scenario) -> Callable[[TraceRequest], float]:
+    """The replayer's own limit per request (wire seconds): past the router's deadline, so the
+    router's verdict is what the records keep unless the router itself is gone."""
+    def limit(tr: TraceRequest) -> float:
+        return 1.25 * sc.deadline_s(tr.output_tokens) / sc.scale.speedup + 5.0
+    return limit
 
 
 def pick_backend(requested: str) -> tuple[str, str | None]:
@@ -139,7 +148,7 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
         url = be.deployment.router.url
         try:
             stats = await be.run_client(lambda: replay(trace, url, writer, sc.scale.speedup, sc.model.name,
-                                                       on_progress, t0=t0))
+                                                       on_progress, client_timeout(sc), t0=t0))
         except asyncio.CancelledError:
             interrupted = True
             raise
