@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -64,15 +63,15 @@ async def test_a_decode_node_dying_mid_stream_ends_the_stream_with_an_error_even
 
 @app
 async def test_limits_deadline_and_request_shapes() -> None:
-    sc = _scenario(deadline_s=2.0, max_output_tokens=500)
+    sc = _scenario(deadline_s=2.0, deadline_floor_wire_s=0.01, max_output_tokens=1500)
     sc = sc.model_copy(update={"model": sc.model.model_copy(update={"max_context_tokens": 100_000})})
     dep = loopback_deployment(resolve(sc), None)
     async with InProcessBackend(dep), aiohttp.ClientSession() as s:
         url = f"{dep.router.url}/v1/completions"
         async with s.post(url, json={"prompt": "x", "testbed": {"input_tokens": 10**15}}) as r:
             assert r.status == 400 and "maximum context length is 100000" in (await r.json())["error"]["message"]
-        async with s.post(url, json={"prompt": "x", "max_tokens": 501}) as r:
-            assert r.status == 400 and "[1, 500]" in (await r.text())
+        async with s.post(url, json={"prompt": "x", "max_tokens": 1501}) as r:
+            assert r.status == 400 and "[1, 1500]" in (await r.text())
         # 2 s paper of deadline: 400 tokens of 25 ms each cannot finish in it.
         async with s.post(url, json={"prompt": "x", "max_tokens": 400, "stream": "false"}) as r:
             assert r.status == 502

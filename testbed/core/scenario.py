@@ -245,6 +245,9 @@ class ServingSpec(_Strict):
     # the request's max_tokens). A request past it fails with that reason instead of holding on.
     deadline_s: float | None = Field(default=None, gt=0)
     deadline_factor: float = Field(default=10.0, gt=1)
+    # ...but never under this much wire time: the deadline stops requests that would hang, it is
+    # no SLO check, and a busy host stretches wire time at high speedups.
+    deadline_floor_wire_s: float = Field(default=30.0, gt=0)
 
 
 class ModelProfile(_Strict):

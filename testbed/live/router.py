@@ -445,7 +445,7 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
 
     try:
         try:
-            async with asyncio.timeout(st.cfg.scale.wire_seconds(deadline_paper)):
+            async with asyncio.timeout(max(st.cfg.scale.wire_seconds(deadline_paper), sc.serving.deadline_floor_wire_s)):
                 await attempts()
         except TimeoutError:
             raise RequestFailed(f"deadline exceeded: no answer within {deadline_paper:.4g} s (paper)",

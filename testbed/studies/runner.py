@@ -79,7 +79,7 @@ def client_timeout(sc: Scenario) -> Callable[[TraceRequest], float]:
     """The replayer's own limit per request (wire seconds): past the router's deadline, so the
     router's verdict is what the records keep unless the router itself is gone."""
     def limit(tr: TraceRequest) -> float:
-        return 1.25 * sc.deadline_s(tr.output_tokens) / sc.scale.speedup + 5.0
+        return 1.25 * max(sc.deadline_s(tr.output_tokens) / sc.scale.speedup, sc.serving.deadline_floor_wire_s) + 5.0
     return limit
 
 
