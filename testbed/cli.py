@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.deploy import command as deploy_cmd
     from testbed.net import command as net_cmd
     from testbed.studies import bench as bench_cmd
+    from testbed.studies import calibrate as calibrate_cmd
     from testbed.studies import capacity_command as capacity_cmd
     from testbed.studies import linkcheck as linkcheck_cmd
     from testbed.studies import replay_command as replay_cmd
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
     for mod in (replay_cmd, serve_cmd, bench_cmd, model_cmd, trace_cmd, metrics_cmd, deploy_cmd, net_cmd,
-                linkcheck_cmd, capacity_cmd, regress_cmd, sweep_cmd):
+                linkcheck_cmd, capacity_cmd, regress_cmd, sweep_cmd, calibrate_cmd):
         mod.register(sub)
     return p
 

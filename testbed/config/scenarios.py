@@ -30,11 +30,18 @@ def resolve_path(name_or_path: str | Path) -> Path:
     raise ScenarioError(f"scenario {str(name_or_path)!r} not found (a path, or one of: {', '.join(known)})")
 
 
+def _same_kind(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return "kind" not in a or "kind" not in b or a["kind"] == b["kind"]
+
+
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, mappings merged key by key. A mapping of another `kind` (a prefill
+    table over a polynomial) replaces the one below: the other kind's fields would not fit it."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
+        below = out.get(k)
+        if isinstance(v, dict) and isinstance(below, dict) and _same_kind(below, v):
+            out[k] = _deep_merge(below, v)
         else:
             out[k] = v
     return out
