@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ replay: $(STAMP)
 ## The analytical model of the paper (Table 6).
 model: $(STAMP)
 	$(BIN)/testbed model --scenario paper-prfaas --scenario paper-homogeneous --scenario paper-naive
+
+## Plan deployments for a trace with the analytical model: threshold, P/D split (and with
+## PLAN_ARGS=--vary-counts instance counts) per deployment kind; scenario files and plan.md.
+plan: $(STAMP)
+	@test -n "$(TRACE)" || { echo "usage: make plan TRACE=path/to/trace.jsonl [PLAN_ARGS='--objective ttft ...']"; exit 2; }
+	$(BIN)/testbed plan --trace $(TRACE) --out $(RUNS)/plan-$(basename $(notdir $(TRACE))) $(PLAN_ARGS)
 
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
 test: $(STAMP)

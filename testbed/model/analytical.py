@@ -2,7 +2,8 @@
 
 Everything here is queue-free and in paper units (seconds, bytes, tokens, bits/s):
 stage capacities Theta, the sustainable arrival rate Lambda_max, queue-free TTFT and
-PrfaaS egress, all under the scenario's synthetic length distribution.
+PrfaaS egress, under the scenario's synthetic length distribution or, given a `Workload`,
+a trace's empirical one (`testbed.model.workload`).
 
 Interpretation (checked against Table 6): each stage's capacity is the plain formula with
 T_prefill evaluated *at the conditional mean length* (Theta = N / T(E[L | routed])), not
@@ -44,53 +45,28 @@ Stage = Literal["prfaas", "pdp", "pdd"]
 # Length distribution
 
 
-class LengthDistribution:
-    """Truncated log-normal input length, discretised into fine log-spaced cells.
+class DiscreteDistribution:
+    """An input-length distribution as atoms: `values` (ascending) with probability `mass`.
 
-    Each cell's probability mass is exact (normal CDF differences in log space); its
-    representative length is the cell's geometric midpoint.  Expectations are mass-weighted
-    sums over cells; at a threshold t the cell holding t is split in proportion to log-length,
-    which keeps p(t), l_long(t), l_short(t) continuous in t (the optimiser relies on that).
+    Every figure of the model is a mass-weighted sum over the atoms; subclasses say how a
+    threshold t splits the atoms (`_split`) and how quantiles read between them. Lengths are
+    the *incremental* (uncached) prompt lengths the threshold is judged on.
     """
 
-    def __init__(self, mu: float, sigma: float, lo: float, hi: float, cells: int = DEFAULT_CELLS) -> None:
-        if not (0 < lo <= hi):
-            raise ValueError(f"need 0 < min <= max, got [{lo}, {hi}]")
-        if sigma <= 0:
-            raise ValueError("sigma must be > 0")
-        self.mu, self.sigma, self.lo, self.hi = mu, sigma, float(lo), float(hi)
-        if lo == hi:
-            # Degenerate truncation: a point mass (one cell of zero width).
-            self.log_edges = np.array([math.log(lo), math.log(lo)])
-            self.mass = np.ones(1)
-        else:
-            self.log_edges = np.linspace(math.log(lo), math.log(hi), cells + 1)
-            z = (self.log_edges - mu) / (sigma * math.sqrt(2.0))
-            cdf = 0.5 * (1.0 + np.array([math.erf(v) for v in z]))
-            raw = np.diff(cdf)
-            total = float(raw.sum())
-            if total <= 0.0:
-                raise ValueError("truncation bounds hold no probability mass")
-            self.mass = raw / total
-        self.values: FloatArray = np.exp(0.5 * (self.log_edges[:-1] + self.log_edges[1:]))
+    values: FloatArray
+    mass: FloatArray
+    lo: float
+    hi: float
+    _cum_mass: FloatArray
+
+    def _init_cum(self) -> None:
         self._cum_mass = np.concatenate(([0.0], np.cumsum(self.mass)))
 
-    @classmethod
-    def from_spec(cls, spec: LengthDist) -> "LengthDistribution":
-        return _cached_dist(spec.mu, spec.sigma, float(spec.min), float(spec.max))
+    def _split(self, ts: FloatArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
+        """Atom index k holding each t and the fraction of atom k at or below t (atoms below k are all below)."""
+        raise NotImplementedError
 
     # -- partial sums -------------------------------------------------------------------------
-
-    def _split(self, ts: FloatArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
-        """Cell index holding each t and the fraction of that cell at or below t."""
-        lt = np.log(np.clip(ts, self.lo, self.hi))
-        k = np.clip(np.searchsorted(self.log_edges, lt, side="right") - 1, 0, len(self.mass) - 1)
-        width = self.log_edges[k + 1] - self.log_edges[k]
-        safe = np.where(width > 0, width, 1.0)
-        frac = np.where(width > 0, np.clip((lt - self.log_edges[k]) / safe, 0.0, 1.0), 1.0)
-        # Outside the support everything is above (t < min) or below (t >= max).
-        frac = np.where(ts < self.lo, 0.0, np.where(ts >= self.hi, 1.0, frac))
-        return k, frac
 
     def partial_below(self, fvals: FloatArray, ts: FloatArray) -> FloatArray:
         """E[f(L); L <= t] (unnormalised) for each t, given f evaluated on `values`."""
@@ -134,6 +110,60 @@ class LengthDistribution:
         return self.tail(t), long_, short
 
     def quantile(self, q: float) -> float:
+        """Smallest atom whose cumulative mass reaches q."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError("q must be in [0, 1]")
+        i = int(np.searchsorted(self._cum_mass[1:], q * (1.0 - 1e-12), side="left"))
+        return float(self.values[min(i, len(self.values) - 1)])
+
+
+class LengthDistribution(DiscreteDistribution):
+    """Truncated log-normal input length, discretised into fine log-spaced cells.
+
+    Each cell's probability mass is exact (normal CDF differences in log space); its
+    representative length is the cell's geometric midpoint.  Expectations are mass-weighted
+    sums over cells; at a threshold t the cell holding t is split in proportion to log-length,
+    which keeps p(t), l_long(t), l_short(t) continuous in t (the optimiser relies on that).
+    """
+
+    def __init__(self, mu: float, sigma: float, lo: float, hi: float, cells: int = DEFAULT_CELLS) -> None:
+        if not (0 < lo <= hi):
+            raise ValueError(f"need 0 < min <= max, got [{lo}, {hi}]")
+        if sigma <= 0:
+            raise ValueError("sigma must be > 0")
+        self.mu, self.sigma, self.lo, self.hi = mu, sigma, float(lo), float(hi)
+        if lo == hi:
+            # Degenerate truncation: a point mass (one cell of zero width).
+            self.log_edges = np.array([math.log(lo), math.log(lo)])
+            self.mass = np.ones(1)
+        else:
+            self.log_edges = np.linspace(math.log(lo), math.log(hi), cells + 1)
+            z = (self.log_edges - mu) / (sigma * math.sqrt(2.0))
+            cdf = 0.5 * (1.0 + np.array([math.erf(v) for v in z]))
+            raw = np.diff(cdf)
+            total = float(raw.sum())
+            if total <= 0.0:
+                raise ValueError("truncation bounds hold no probability mass")
+            self.mass = raw / total
+        self.values = np.exp(0.5 * (self.log_edges[:-1] + self.log_edges[1:]))
+        self._init_cum()
+
+    @classmethod
+    def from_spec(cls, spec: LengthDist) -> "LengthDistribution":
+        return _cached_dist(spec.mu, spec.sigma, float(spec.min), float(spec.max))
+
+    def _split(self, ts: FloatArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
+        """Cell index holding each t and the fraction of that cell at or below t."""
+        lt = np.log(np.clip(ts, self.lo, self.hi))
+        k = np.clip(np.searchsorted(self.log_edges, lt, side="right") - 1, 0, len(self.mass) - 1)
+        width = self.log_edges[k + 1] - self.log_edges[k]
+        safe = np.where(width > 0, width, 1.0)
+        frac = np.where(width > 0, np.clip((lt - self.log_edges[k]) / safe, 0.0, 1.0), 1.0)
+        # Outside the support everything is above (t < min) or below (t >= max).
+        frac = np.where(ts < self.lo, 0.0, np.where(ts >= self.hi, 1.0, frac))
+        return k, frac
+
+    def quantile(self, q: float) -> float:
         """Length quantile, interpolated in log-length inside a cell."""
         if not 0.0 <= q <= 1.0:
             raise ValueError("q must be in [0, 1]")
@@ -146,6 +176,30 @@ class LengthDistribution:
 @lru_cache(maxsize=16)
 def _cached_dist(mu: float, sigma: float, lo: float, hi: float) -> LengthDistribution:
     return LengthDistribution(mu, sigma, lo, hi)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the model reads of a workload: the incremental input-length distribution, the mean
+    output length (decode holds a slot for that many steps) and the offered rate.
+
+    `from_scenario` is the scenario's synthetic workload; `testbed.model.workload` builds one
+    from a trace (empirical lengths after prefix-cache hits, the trace's own rate).
+    """
+
+    dist: DiscreteDistribution
+    output_tokens: float
+    rate: float
+    source: str = "synthetic"
+    # For TTFT queueing estimates only: E[L_out^2] (None: every output is the mean) and the mean
+    # decode context, prompt plus half the output (None: the distribution's mean plus that).
+    output_sq_tokens: float | None = None
+    context_tokens: float | None = None
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario) -> "Workload":
+        w = scenario.workload
+        return cls(LengthDistribution.from_spec(w.input), float(w.output_tokens), w.rate)
 
 
 def weighted_mean(values: FloatArray, weights: FloatArray) -> float:
@@ -223,8 +277,11 @@ class StagePools:
         return sum(p.instances for p in self.pd_prefill)
 
     @classmethod
-    def from_scenario(cls, scenario: Scenario, split: tuple[int, int] | None = None) -> "StagePools":
-        """`split` = (N_p, N_d) overrides the PD cluster's roles (needs exactly one PD cluster)."""
+    def from_scenario(
+        cls, scenario: Scenario, split: tuple[int, int] | None = None, output_tokens: float | None = None
+    ) -> "StagePools":
+        """`split` = (N_p, N_d) overrides the PD cluster's roles (needs exactly one PD cluster);
+        `output_tokens` the mean output length L_out (default: the scenario workload's)."""
         pds = [c for c in scenario.clusters if c.kind == "pd"]
         if split is not None:
             if len(pds) != 1:
@@ -239,7 +296,9 @@ class StagePools:
         pd_prefill: list[Pool] = []
         n_decode = 0
         decode_rate = 0.0
-        out_tokens = scenario.workload.output_tokens
+        out_tokens = float(scenario.workload.output_tokens if output_tokens is None else output_tokens)
+        if out_tokens <= 0:
+            raise ValueError(f"mean output length must be > 0 tokens, got {out_tokens}")
         for c in pds:
             n_p, n_d = split if split is not None else (c.prefill, c.decode)
             hw = scenario.hardware[c.hardware]
@@ -305,7 +364,7 @@ class ThresholdCurves:
 
 
 def threshold_curves(
-    dep: StagePools, dist: LengthDistribution, kv: KVModel, ts: FloatArray, link_bps: float = DEFAULT_LINK_BPS
+    dep: StagePools, dist: DiscreteDistribution, kv: KVModel, ts: FloatArray, link_bps: float = DEFAULT_LINK_BPS
 ) -> ThresholdCurves:
     ts = np.asarray(ts, dtype=np.float64)
     lengths = dist.values
@@ -403,7 +462,7 @@ def state_bytes(kv: KVModel, lengths: FloatArray) -> FloatArray:
     return out
 
 
-def _last_layer_bytes(kv: KVModel, lengths: FloatArray) -> FloatArray:
+def last_layer_bytes(kv: KVModel, lengths: FloatArray) -> FloatArray:
     """Bytes of the last layer's KV: with layer-wise pipelining only this waits after compute ends."""
     kind = kv.kinds[-1]
     n_kind = kv.kinds.count(kind)
@@ -419,17 +478,20 @@ def evaluate(
     link_bps: float = DEFAULT_LINK_BPS,
     threshold: int | None = None,
     split: tuple[int, int] | None = None,
+    workload: Workload | None = None,
 ) -> ModelResult:
     """Run the analytical model on a scenario.
 
     `threshold` overrides the scenario's (required when it is "auto": resolve it with
     `testbed.model.optimise.resolve_threshold`); `split` = (N_p, N_d) re-roles the PD cluster.
     `link_bps` is the PrfaaS egress link B_out (the scenario's link profiles are not used).
+    `workload` replaces the scenario's synthetic one (e.g. a trace's, `testbed.model.workload`).
     """
     pol = scenario.policy.name
-    dist = LengthDistribution.from_spec(scenario.workload.input)
+    wl = workload if workload is not None else Workload.from_scenario(scenario)
+    dist = wl.dist
     kv = KVModel.from_spec(scenario.model)
-    dep = StagePools.from_scenario(scenario, split)
+    dep = StagePools.from_scenario(scenario, split, wl.output_tokens)
     lengths = dist.values
     mass = dist.mass
     ttft_vals: list[FloatArray] = []
@@ -501,7 +563,7 @@ def evaluate(
     all_wts = np.concatenate(ttft_wts)
     offloaded = mass * long_mask
     kv_long = float(np.dot(offloaded, kv_bytes(kv, lengths)) / offloaded.sum()) if offloaded.sum() > 0 else 0.0
-    tail = float(np.dot(offloaded, _last_layer_bytes(kv, lengths))) * 8.0 / link_bps
+    tail = float(np.dot(offloaded, last_layer_bytes(kv, lengths))) * 8.0 / link_bps
 
     return ModelResult(
         scenario=scenario.name,

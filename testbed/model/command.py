@@ -10,11 +10,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from testbed.core.kvsize import KVModel
 from testbed.core.scenario import Scenario
-from testbed.model.analytical import ModelResult, evaluate
+from testbed.model.analytical import ModelResult, Workload, evaluate
 from testbed.model.bandwidth_command import DEFAULT_GPUS, run_bandwidth
 from testbed.model.optimise import OptimiseResult, optimise, optimise_threshold, resolve_threshold
 from testbed.config.scenarios import ScenarioError, load_scenario
+from testbed.model.workload import TraceWorkload
+from testbed.traces.command import WINDOW_HELP, window_arg
+from testbed.traces.loader import SUPPORTED_FORMATS, load_trace
+from testbed.traces.types import Trace, TraceError
 
 __all__ = ["register", "run", "resolve_threshold"]
 
@@ -30,6 +35,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--scenario", action="append", metavar="NAME", help="scenario name or path (repeatable)")
     p.add_argument("--link-gbps", type=float, default=100.0, help="PrfaaS egress link B_out in Gbit/s (default 100)")
     p.add_argument("--optimise", action="store_true", help="also run the 2-D grid search over t and the N_p/N_d split")
+    t = p.add_argument_group("trace workload (--trace)")
+    t.add_argument("--trace", metavar="FILE",
+                   help="use a trace's workload instead of the scenario's synthetic one: its empirical incremental "
+                        "(uncached) input lengths after prefix-cache hits, mean output length and rate")
+    t.add_argument("--window", type=window_arg, metavar="START:END", help=f"only this part of the trace: {WINDOW_HELP}")
+    t.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format")
     b = p.add_argument_group("bandwidth (--bandwidth)")
     b.add_argument("--bandwidth", action="store_true",
                    help="Phi_kv of the model profiles (scenarios/models) and the section 2.3 claims")
@@ -43,16 +54,43 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def _analyse(sc: Scenario, link_bps: float, want_opt: bool) -> tuple[ModelResult, OptimiseResult | None]:
-    # "auto" is resolved exactly as the router resolves it.
+def _analyse(sc: Scenario, link_bps: float, want_opt: bool,
+             workload: Workload | None = None) -> tuple[ModelResult, OptimiseResult | None]:
+    # "auto" is resolved exactly as the router resolves it (on the scenario's own workload).
     threshold = resolve_threshold(sc, link_bps) if sc.policy.name == "prfaas" else None
-    res = evaluate(sc, link_bps, threshold=threshold)
+    res = evaluate(sc, link_bps, threshold=threshold, workload=workload)
     opt = None
     if want_opt and sc.policy.name == "prfaas":
         pds = [c for c in sc.clusters if c.kind == "pd"]
         # Several PD clusters: no single split to re-role, so optimise t alone.
-        opt = optimise(sc, link_bps) if len(pds) == 1 else optimise_threshold(sc, link_bps)
+        if len(pds) == 1:
+            opt = optimise(sc, link_bps, workload=workload)
+        else:
+            opt = optimise_threshold(sc, link_bps, workload=workload)
     return res, opt
+
+
+class _TraceWorkloads:
+    """A trace read once, reduced per cache rule (a model with linear layers needs state snapshots)."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self._by_rule: dict[bool, TraceWorkload] = {}
+
+    def for_scenario(self, sc: Scenario) -> TraceWorkload:
+        kv = KVModel.from_spec(sc.model)
+        rule = "linear" in kv.kinds
+        if rule not in self._by_rule:
+            self._by_rule[rule] = TraceWorkload.from_trace(self.trace, kv)
+        return self._by_rule[rule]
+
+
+def _workload_line(tw: TraceWorkload) -> str:
+    s = tw.summary()
+    return (f"workload: {s['source']}: {s['requests']:,} requests at {s['rate_rps']:.3f} req/s; input mean "
+            f"{s['input_tokens']['mean']:,.0f} (P90 {s['input_tokens']['p90']:,.0f}), incremental mean "
+            f"{s['uncached_tokens']['mean']:,.0f} (P90 {s['uncached_tokens']['p90']:,.0f}) after "
+            f"{s['cached_share']:.1%} cached ({s['cache_rule']}); output mean {s['output_tokens']['mean']:,.0f}")
 
 
 def _baseline(results: list[ModelResult]) -> ModelResult:
@@ -67,10 +105,10 @@ def _count(n: int) -> str:
     return str(n) if n > 0 else "-"
 
 
-def _table(rows: list[tuple[ModelResult, OptimiseResult | None]]) -> Table:
+def _table(rows: list[tuple[ModelResult, OptimiseResult | None]], workload: str = "") -> Table:
     results = [r for r, _ in rows]
     base = _baseline(results)
-    tab = Table(title=f"Analytical model (relative to {base.scenario})")
+    tab = Table(title=f"Analytical model{workload} (relative to {base.scenario})")
     tab.add_column("metric", no_wrap=True)
     for r in results:
         tab.add_column(r.scenario, justify="right")
@@ -98,7 +136,8 @@ def _table(rows: list[tuple[ModelResult, OptimiseResult | None]]) -> Table:
     return tab
 
 
-def _json(rows: list[tuple[ModelResult, OptimiseResult | None]]) -> dict[str, Any]:
+def _json(rows: list[tuple[ModelResult, OptimiseResult | None]],
+          workloads: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     results = [r for r, _ in rows]
     base = _baseline(results)
     out: list[dict[str, Any]] = []
@@ -107,7 +146,10 @@ def _json(rows: list[tuple[ModelResult, OptimiseResult | None]]) -> dict[str, An
         d["relative"] = r.lambda_max / base.lambda_max
         d["optimised"] = o.to_dict() if o is not None else None
         out.append(d)
-    return {"baseline": base.scenario, "scenarios": out}
+    res: dict[str, Any] = {"baseline": base.scenario, "scenarios": out}
+    if workloads is not None:
+        res["workloads"] = workloads
+    return res
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
         return run_bandwidth(args)
     stray = [f for f, v in (("--gpus", args.gpus), ("--length", args.length), ("--model", args.model)) if v is not None]
+    if args.trace is None:
+        stray += [f for f, v in (("--window", args.window), ("--format", args.format != "auto")) if v]
     if stray:
         print(f"model: {', '.join(stray)} need --bandwidth", file=sys.stderr)
         return 2
@@ -128,14 +172,26 @@ def run(args: argparse.Namespace) -> int:
         print("--link-gbps must be > 0", file=sys.stderr)
         return 2
     rows: list[tuple[ModelResult, OptimiseResult | None]] = []
+    summaries: list[TraceWorkload] = []
     try:
+        traces = None if args.trace is None else _TraceWorkloads(load_trace(args.trace, args.format, window=args.window))
         for name in args.scenario:
-            rows.append(_analyse(load_scenario(name), link_bps, bool(args.optimise)))
-    except (ScenarioError, ValueError) as e:
+            sc = load_scenario(name)
+            wl = None
+            if traces is not None:
+                tw = traces.for_scenario(sc)
+                if tw not in summaries:
+                    summaries.append(tw)
+                wl = tw.model_workload()
+            rows.append(_analyse(sc, link_bps, bool(args.optimise), wl))
+    except (ScenarioError, TraceError, ValueError) as e:
         print(f"model: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(_json(rows), indent=2))
+        print(json.dumps(_json(rows, [tw.summary() for tw in summaries] if summaries else None), indent=2))
     else:
-        Console().print(_table(rows))
+        con = Console()
+        for tw in summaries:
+            con.print(_workload_line(tw))
+        con.print(_table(rows, " on the trace's workload" if summaries else ""))
     return 0

@@ -18,10 +18,11 @@ from testbed.core.kvsize import KVModel
 from testbed.core.scenario import Scenario
 from testbed.model.analytical import (
     DEFAULT_LINK_BPS,
-    StagePools,
+    DiscreteDistribution,
     FloatArray,
-    LengthDistribution,
+    StagePools,
     ThresholdCurves,
+    Workload,
     threshold_curves,
 )
 
@@ -64,7 +65,7 @@ def _best_index(cur: ThresholdCurves) -> _Pick:
 
 def _search_t(
     dep: StagePools,
-    dist: LengthDistribution,
+    dist: DiscreteDistribution,
     kv: KVModel,
     link_bps: float,
     t_min: float,
@@ -82,10 +83,9 @@ def _search_t(
     return fine, _best_index(fine)
 
 
-def _t_range(scenario: Scenario, t_min: float | None, t_max: float | None) -> tuple[float, float]:
-    inp = scenario.workload.input
-    lo = float(t_min) if t_min is not None else float(max(inp.min, 1024))
-    hi = float(t_max) if t_max is not None else float(inp.max)
+def _t_range(dist: DiscreteDistribution, t_min: float | None, t_max: float | None) -> tuple[float, float]:
+    lo = float(t_min) if t_min is not None else max(dist.lo, 1024.0)
+    hi = float(t_max) if t_max is not None else max(dist.hi, lo)
     if hi < lo:
         raise ValueError(f"empty threshold range [{lo}, {hi}]")
     return lo, hi
@@ -114,15 +114,17 @@ def optimise_threshold(
     t_min: float | None = None,
     t_max: float | None = None,
     step: float = 100.0,
+    workload: Workload | None = None,
 ) -> OptimiseResult:
-    """Best t for a fixed split (the scenario's own unless `split` is given)."""
-    dep = StagePools.from_scenario(scenario, split)
+    """Best t for a fixed split (the scenario's own unless `split` is given); `workload`
+    replaces the scenario's synthetic one (e.g. a trace's)."""
+    wl = workload if workload is not None else Workload.from_scenario(scenario)
+    dep = StagePools.from_scenario(scenario, split, wl.output_tokens)
     if not dep.prfaas or not dep.pd_prefill:
         raise ValueError("threshold search needs prefill instances in both a PrfaaS and a PD cluster")
-    dist = LengthDistribution.from_spec(scenario.workload.input)
     kv = KVModel.from_spec(scenario.model)
-    lo, hi = _t_range(scenario, t_min, t_max)
-    cur, pick = _search_t(dep, dist, kv, link_bps, lo, hi, step)
+    lo, hi = _t_range(wl.dist, t_min, t_max)
+    cur, pick = _search_t(dep, wl.dist, kv, link_bps, lo, hi, step)
     return _result(scenario, dep, cur, pick)
 
 
@@ -132,6 +134,7 @@ def optimise(
     t_min: float | None = None,
     t_max: float | None = None,
     step: float = 100.0,
+    workload: Workload | None = None,
 ) -> OptimiseResult:
     """2-D search over t and N_p/N_d of the (single) PD cluster, N_p + N_d fixed, both >= 1."""
     pds = [c for c in scenario.clusters if c.kind == "pd"]
@@ -142,7 +145,7 @@ def optimise(
         raise ValueError(f"PD cluster {pds[0].name!r} has {total} instance(s); a split needs at least 2")
     best: tuple[float, float, OptimiseResult] | None = None
     for n_p in range(1, total):
-        res = optimise_threshold(scenario, link_bps, (n_p, total - n_p), t_min, t_max, step)
+        res = optimise_threshold(scenario, link_bps, (n_p, total - n_p), t_min, t_max, step, workload)
         # Second condition of the paper as the tie-breaker between equal Lambda_max.
         gap = abs(res.theta_prfaas + res.theta_pdp - res.theta_pdd) / res.theta_pdd
         if best is None or res.lambda_max > best[0] * (1.0 + _TIE_RTOL):
