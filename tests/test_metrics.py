@@ -172,6 +172,7 @@ def test_summary_figures_by_hand(tmp_path: Path) -> None:
     assert fid["prefill_abs_err_median_s"] == ap(0.01)
     assert fid["prefill_rel_err_median"] == ap(0.01 / 0.19)
     assert fid["warn"] is True
+    assert s["validity"]["valid"] is False and "prefill durations off the model by 5.3%" in s["validity"]["reasons"][0]
 
     # prfaas-p0 sent KV over the WAN: 3000 wire B in 2 wire s, peak 2000 B/s.
     eg = s["wan_egress"]
@@ -205,7 +206,10 @@ def test_empty_and_failed_only_runs(tmp_path: Path, records: list[RequestRecord]
     assert s["offload"]["ratio"] is None
     assert s["bytes"]["kv_per_request_paper"] is None
     assert s["throughput"]["goodput_rps_paper"] is None
-    assert s["fidelity"] == {"n": 0, "prefill_abs_err_median_s": None, "prefill_rel_err_median": None, "warn": False}
+    fid = s["fidelity"]
+    assert (fid["n"], fid["prefill_abs_err_median_s"], fid["prefill_rel_err_median"], fid["warn"]) == (0, None, None, False)
+    assert fid["decode_step_late_share"] is None and fid["token_lag_p90_s_paper"] is None
+    assert s["validity"] == {"valid": True, "reasons": []}     # nothing measured, nothing judged
     assert s["wan_egress"]["mean_Bps_paper"] is None
     report = write_report(run).read_text()
     assert "Run report" in report and "interrupted" in report

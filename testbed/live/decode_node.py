@@ -44,6 +44,9 @@ class DecodeState:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     steps: int = 0
     completed: int = 0
+    # The emulator's own timing: modelled step time, and how late steps ended against it (wire s).
+    step_modelled_s: float = 0.0
+    step_late_s: float = 0.0
 
 
 STATE = web.AppKey("decode_state", DecodeState)
@@ -72,10 +75,13 @@ async def _batch_loop(st: DecodeState) -> None:
             await st.wakeup.wait()
             step_start = None
             continue
-        deadline = step_start + b.step_duration()
+        step = b.step_duration()
+        deadline = step_start + step
         await sleep_until(deadline)
         te = now()
         st.steps += 1
+        st.step_modelled_s += step
+        st.step_late_s += max(te - deadline, 0.0)
         for r in b.complete_step():
             s = r.seq
             q = st.streams.get(s.request_id)
@@ -147,6 +153,8 @@ def _collect(st: DecodeState) -> list[Sample]:
         Sample("queue_depth", float(len(b.waiting)), {}),
         Sample("kv_usage_bytes", float(b.kv_used), {}),
         Sample("kv_bytes_received", float(st.receiver.bytes_received), {}),
+        Sample("decode_step_modelled_s", st.step_modelled_s, {}),
+        Sample("decode_step_late_s", st.step_late_s, {}),
     ]
 
 

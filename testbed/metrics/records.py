@@ -23,10 +23,12 @@ COLUMNS: tuple[str, ...] = (
     "prefill_start", "prefill_end", "prefill_modelled", "transfer_start", "transfer_end", "decode_admitted",
     "first_token", "last_token", "tokens_received", "kv_bytes_paper", "kv_bytes_wire", "outcome", "reason",
     "decode_cached_tokens", "cache_move_tokens", "cache_move_start", "cache_move_end",
-    "cache_move_bytes_paper", "cache_move_bytes_wire", "retries", "retry_reason",
+    "cache_move_bytes_paper", "cache_move_bytes_wire", "retries", "retry_reason", "router_arrival",
+    "decode_first_token", "decode_last_token",
 )
 # Columns added after the first release: a file without them reads as their default.
-OPTIONAL: dict[str, str] = {"retries": "0", "retry_reason": ""}
+OPTIONAL: dict[str, str] = {"retries": "0", "retry_reason": "", "router_arrival": "", "decode_first_token": "",
+                            "decode_last_token": ""}
 _TIMES = frozenset(TIME_NAMES)
 # Column -> type name; every column is a record field or a stamp (a KeyError here is a typo above).
 _KINDS: dict[str, str] = {c: "float" if c in _TIMES else FIELD_TYPES[c] for c in COLUMNS}

@@ -31,6 +31,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from testbed.metrics.summary import SCHEMA_VERSION
+
 Direction = Literal["lower_is_better", "higher_is_better", "both"]
 BASELINE_SCHEMA = 1
 
@@ -305,8 +307,14 @@ def check(baseline: Baseline, summary: dict[str, Any], facts: TakenFrom) -> Verd
         v.warnings.append("run differs from the baseline's reference run: " + ", ".join(diff))
     if summary.get("run", {}).get("interrupted"):
         v.warnings.append("the run was interrupted; its figures cover what finished")
-    if summary.get("schema") not in (None, 1):
-        v.warnings.append(f"summary schema {summary.get('schema')!r}; this testbed writes 1")
+    if summary.get("schema") not in (None, 1, SCHEMA_VERSION):
+        v.warnings.append(f"summary schema {summary.get('schema')!r}; this testbed writes {SCHEMA_VERSION}")
+    val = summary.get("validity")
+    if isinstance(val, dict) and val.get("valid") is False:
+        # A run the testbed could not time faithfully measures nothing; it cannot pass a gate.
+        v.results.append(MetricResult("validity.valid", "higher_is_better", 1.0, 0.0, None, None, 1.0, None, False,
+                                      "the run is invalid"))
+        v.warnings.append("the run is marked invalid: " + "; ".join(str(r) for r in val.get("reasons", [])))
     return v
 
 

@@ -223,7 +223,7 @@ def comparison_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list
         row("WAN egress mean (senders)", lambda s: fmt_rate(s["wan_egress"]["mean_Bps_paper"])),
         row("WAN link mean / peak (counters)", lambda s: _wan_cell(s.get("wan_link") or {})),
         row("WAN utilisation mean / peak", lambda s: _util_cell(s.get("wan_link") or {})),
-        row("Timing fidelity", lambda s: "WARN" if s["fidelity"]["warn"] else "ok"),
+        row("Timing fidelity", _validity_cell),
     ]
     return rows
 
@@ -391,7 +391,11 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
     if run["interrupted"]:
         out += ["> **Note:** the run was interrupted; figures cover the requests that finished.", ""]
     fid = s["fidelity"]
-    if fid["warn"]:
+    val = s.get("validity") or {"valid": True, "reasons": []}
+    if not val["valid"]:
+        out += ["> **INVALID RUN:** the testbed could not keep the scenario's time, so its figures are not "
+                "measurements of the scenario: " + "; ".join(val["reasons"]) + ".", ""]
+    elif fid["warn"]:
         out += [
             f"> **Warning:** the testbed's own timing error is {fmt_pct(fid['prefill_rel_err_median'])} "
             "(median measured vs modelled prefill time), above 3%: differences of that size are noise.",
@@ -473,14 +477,34 @@ def _preamble(s: dict[str, Any]) -> str:
     )
 
 
+def _validity_cell(s: dict[str, Any]) -> str:
+    if not (s.get("validity") or {"valid": True})["valid"]:
+        return "INVALID"
+    return "WARN" if s["fidelity"]["warn"] else "ok"
+
+
 def _fidelity_line(fid: dict[str, Any]) -> str:
-    if not fid["n"]:
-        return "No records with both measured and modelled prefill times."
-    return (
-        f"Median prefill timing error {fmt_ms(fid['prefill_abs_err_median_s'])} wire "
-        f"({fmt_pct(fid['prefill_rel_err_median'])} of the modelled time) over {fmt(fid['n'])} requests"
-        + (" - above the 3% tolerance." if fid["warn"] else ".")
-    )
+    b = fid.get("bounds") or {}
+    parts = []
+    if fid["n"]:
+        parts.append(f"Median prefill timing error {fmt_ms(fid['prefill_abs_err_median_s'])} wire "
+                     f"({fmt_pct(fid['prefill_rel_err_median'])} of the modelled time, bound "
+                     f"{fmt_pct(b.get('prefill_rel_err_median'))}) over {fmt(fid['n'])} requests.")
+    else:
+        parts.append("No records with both measured and modelled prefill times.")
+    if fid.get("decode_step_late_share") is not None:
+        parts.append(f"Decode steps ended {fmt_pct(fid['decode_step_late_share'])} late against the model "
+                     f"(bound {fmt_pct(b.get('decode_step_late_share'))}).")
+    if fid.get("token_lag_p90_s_paper") is not None:
+        parts.append(f"Token delivery lag P90 {fmt_ms(fid['token_lag_p90_s_paper'])} paper "
+                     f"(bound {fmt_ms(b.get('token_lag_p90_s_paper'))}).")
+    if fid.get("router_overhead_p90_s_paper") is not None:
+        parts.append(f"Router overhead P90 {fmt_ms(fid['router_overhead_p90_s_paper'])} paper "
+                     f"(bound {fmt_ms(b.get('router_overhead_p90_s_paper'))}).")
+    if fid.get("cpu_busy_mean") is not None:
+        parts.append(f"Host CPUs {fmt_pct(fid['cpu_busy_mean'])} busy on average, saturated "
+                     f"{fmt_pct(fid['cpu_saturated_share'])} of the run.")
+    return " ".join(parts)
 
 
 def write_comparison(

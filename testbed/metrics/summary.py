@@ -52,6 +52,12 @@ requests only. Figures over an empty set are `null`, never NaN. `summary.json` k
 | `fidelity.prefill_abs_err_median_s` | Median abs(measured prefill - `prefill_modelled`), wire s: the testbed's own timing error. |
 | `fidelity.prefill_rel_err_median` | Median of that error / modelled duration. |
 | `fidelity.warn` | `prefill_rel_err_median` > 3%: service-time emulation is off, distrust fine differences. |
+| `fidelity.decode_step_late_share` | How late decode steps ended against their modelled duration, summed over decode nodes / modelled step time. |
+| `fidelity.token_lag_p90_s_paper` | P90 of (client received the last token - decode node emitted it), paper s. |
+| `fidelity.router_overhead_p90_s_paper` | P90 of (routed - router received the request), paper s. |
+| `fidelity.cpu_busy_mean`, `.cpu_saturated_share` | Host CPU busy share over the run, and the share of samples at >= 95%. |
+| `fidelity.bounds` | The bound each timing measure is held to (`testbed.metrics.fidelity`). |
+| `validity.valid`, `.reasons` | False when a timing measure exceeds its bound: the run's figures are not faithful to the scenario; `testbed regress` fails it. |
 | `wire.duration_s` | Run length in wire seconds. |
 | `wire.ttft_s`, `wire.ttft_breakdown_s`, `wire.tpot_s` | The paper-unit sections above, in wire seconds. |
 | `wan_link.link` | The shaped WAN direction that carried the most bytes (the KV direction), e.g. `dc-remote->dc-local`; absent without shaped links. |
@@ -83,6 +89,7 @@ import numpy as np
 from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
 from testbed.metrics.control import cache_summary, control_summary, link_phases
+from testbed.metrics.fidelity import fidelity, validity
 from testbed.metrics.records import read_records
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.stats import percentile
@@ -98,8 +105,7 @@ from testbed.metrics.timeseries import (
 
 log = logging.getLogger("testbed.metrics")
 
-SCHEMA_VERSION = 1
-FIDELITY_WARN_REL = 0.03
+SCHEMA_VERSION = 2       # 2: `validity`, and the fidelity section's decode, lag, router and CPU measures
 BREAKDOWN_STAGES: tuple[str, ...] = (
     "routing",
     "prefill_queue",
@@ -269,25 +275,6 @@ def _meets_slo(r: RequestRecord, meta: RunMeta) -> bool:
     return not _finite(r.tpot) or r.tpot * s <= meta.slo_tpot_s * slack
 
 
-def _fidelity(records: Sequence[RequestRecord]) -> dict[str, Any]:
-    abs_err: list[float] = []
-    rel_err: list[float] = []
-    for r in records:
-        measured = r.times.prefill_end - r.times.prefill_start
-        if _finite(measured) and _finite(r.prefill_modelled):
-            err = abs(measured - r.prefill_modelled)
-            abs_err.append(err)
-            if r.prefill_modelled > 0:
-                rel_err.append(err / r.prefill_modelled)
-    rel = float(np.median(rel_err)) if rel_err else None
-    return {
-        "n": len(abs_err),
-        "prefill_abs_err_median_s": float(np.median(abs_err)) if abs_err else None,
-        "prefill_rel_err_median": rel,
-        "warn": rel is not None and rel > FIDELITY_WARN_REL,
-    }
-
-
 def _rates(t: Sequence[SeriesPoint]) -> tuple[float, float | None, float | None]:
     """(bytes, mean B/s, peak B/s) of one cumulative byte counter, wire units."""
     total = counter_total(t)
@@ -367,6 +354,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     def per_s(n: float | None) -> float | None:
         return None if n is None or not dur else n / dur
 
+    fid = fidelity(records, samples, s, meta.slo_ttft_s, meta.slo_tpot_s)
+
     def paper_rate(wire: float | None) -> float | None:
         return None if wire is None else wire / s
 
@@ -427,7 +416,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "wan_egress": wan_egress,
         "wan_link": link_usage(samples, records, scale, dur),
         "links": links,
-        "fidelity": _fidelity(records),
+        "fidelity": fid,
+        "validity": validity(fid),
         "wire": {
             "duration_s": dur,
             "ttft_s": _stats(ttft_w, 1.0),

@@ -38,6 +38,10 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-model", dest="trace_models", action="append", metavar="NAME",
                    help="BurstGPT: replay only this model's requests, e.g. GPT-4 (repeatable)")
     p.add_argument("--rate", type=float, help="offered rate in paper req/s (rescales the trace's arrivals)")
+    p.add_argument("--speedup", type=_speedup_arg, metavar="S|auto",
+                   help="time scale (as --set scale.speedup=S); auto: the largest of 8, 4, 2, 1 at which a short "
+                        "probe of this workload on this backend keeps time faithfully (probes kept under the run "
+                        "directory's speedup-probes/)")
     p.add_argument("--requests", type=int, help="replay only the first N requests (after --window and --sample)")
     p.add_argument("--backend", choices=["auto", "netns", "compose", "swarm", "local", "inproc"], default="auto",
                    help="netns: a namespace per service and shaped WAN links (root); compose: one container per "
@@ -47,10 +51,23 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print figures as JSON")
 
 
+def _speedup_arg(v: str) -> str:
+    if v == "auto":
+        return v
+    try:
+        if float(v) > 0:
+            return v
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"--speedup must be a positive number or 'auto', got {v!r}")
+
+
 def _overrides(args: argparse.Namespace, name: str | None = None) -> dict[str, Any]:
     from testbed.traces.types import TraceError
 
     ov = overrides_for(name, args.set) if name is not None else {}
+    if getattr(args, "speedup", None) not in (None, "auto"):
+        ov.setdefault("scale", {})["speedup"] = float(args.speedup)
     if args.trace is None:
         only = [f for f, v in (("--window", args.window), ("--sample", args.sample), ("--format", args.format != "auto"),
                                ("--keep-failed", args.keep_failed), ("--trace-model", args.trace_models)) if v]
@@ -150,6 +167,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
             sc = rs.spec
             trace = _trace_for(sc, args)
             out = base / sc.name if len(scenarios) > 1 else base
+            if args.speedup == "auto":
+                from testbed.studies.speedup import pick_speedup, with_speedup
+                s, tried = asyncio.run(pick_speedup(rs, trace, backend, out / "speedup-probes"))
+                print(f"--speedup auto: {s:g} (" + ", ".join(
+                    f"{t['speedup']:g}: {'valid' if t['valid'] else 'invalid'}" for t in tried) + ")", file=sys.stderr)
+                rs = with_speedup(rs, s)
+                sc = rs.spec
             if not args.json:
                 print(f"replaying {len(trace)} requests of {trace.source} on {sc.name} "
                       f"(speedup {sc.scale.speedup:g}, byte_scale {sc.scale.byte_scale:g}) -> {out}", file=sys.stderr)

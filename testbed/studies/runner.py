@@ -19,6 +19,8 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.deploy.base import Backend
 from testbed.deploy.loopback import LoopbackBackend
 from testbed.live.clock import now
+from testbed.live.hostload import sample_host
+from testbed.metrics.series_format import SeriesWriter
 from testbed.live.replayer import ReplayStats, replay
 from testbed.metrics.records import RecordWriter
 from testbed.config.scenarios import dump_scenario
@@ -139,6 +141,8 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
     stats = ReplayStats(total=len(trace))
     interrupted = False
     writer = RecordWriter(run_dir / "records.csv")
+    host = SeriesWriter(run_dir / "timeseries" / "host.jsonl", "host")
+    host_task = asyncio.create_task(sample_host(host))
     try:
         await be.start()
         meta["shaping"] = be.shaping()     # backends learn some facts (e.g. method) only at start
@@ -156,6 +160,9 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
             # The run ends with the last record, not after teardown (compose down takes seconds).
             meta["t_end"] = now()
     finally:
+        host_task.cancel()
+        await asyncio.gather(host_task, return_exceptions=True)
+        host.close()
         try:
             await asyncio.shield(be.stop())
         finally:

@@ -1,0 +1,103 @@
+"""How faithfully the emulator kept the scenario's time, measured from the run itself, and
+whether the run is valid: a figure the testbed could not time faithfully is flagged, never
+passed off as a measurement.
+
+Measures (errors are against the service model, so they are the testbed's own, not the
+deployment's):
+- prefill: measured prefill duration against the modelled one (median relative error);
+- decode step: how late decode steps ended against their modelled duration, summed over every
+  decode node (share of modelled step time), from the nodes' own `decode_step_*` counters;
+- token delivery lag: from the decode node emitting the last token to the client receiving it
+  (P90, paper seconds), through the router;
+- router overhead: from the router receiving a request to routing it (P90, paper seconds);
+- host CPU: share of all cores busy over the run (`cpu_busy` samples of the host sampler).
+
+A run is invalid when a timing measure exceeds its bound; CPU saturation is reported as the
+likely cause, not judged on its own (a busy host that keeps time is fine).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from testbed.core.record import RequestRecord
+from testbed.metrics.series_format import SeriesPoint
+from testbed.metrics.stats import percentile
+from testbed.metrics.timeseries import counter_total, group_series, select
+
+PREFILL_REL_BOUND = 0.03
+DECODE_LATE_BOUND = 0.03
+TOKEN_LAG_SHARE_OF_TPOT_SLO = 0.2          # P90 lag bound: a fifth of the TPOT SLO (5 ms of 25)
+ROUTER_OVERHEAD_SHARE_OF_TTFT_SLO = 0.01   # P90 bound: 1% of the TTFT SLO (100 ms of 10 s)
+CPU_SATURATED = 0.95                       # busy share counted as saturated
+
+
+def _finite(x: float) -> bool:
+    return not math.isnan(x) and not math.isinf(x)
+
+
+def _counter_sum(samples: Sequence[SeriesPoint], metric: str) -> float:
+    return sum(counter_total(g) for g in group_series(select(samples, metric)).values())
+
+
+def fidelity(records: Sequence[RequestRecord], samples: Sequence[SeriesPoint], speedup: float,
+             slo_ttft_s: float | None, slo_tpot_s: float | None) -> dict[str, Any]:
+    abs_err: list[float] = []
+    rel_err: list[float] = []
+    for r in records:
+        measured = r.times.prefill_end - r.times.prefill_start
+        if _finite(measured) and _finite(r.prefill_modelled):
+            err = abs(measured - r.prefill_modelled)
+            abs_err.append(err)
+            if r.prefill_modelled > 0:
+                rel_err.append(err / r.prefill_modelled)
+    rel = float(np.median(rel_err)) if rel_err else None
+    modelled = _counter_sum(samples, "decode_step_modelled_s")
+    late = _counter_sum(samples, "decode_step_late_s")
+    done = [r for r in records if r.outcome == "completed"]
+    lag = [(r.times.last_token - r.times.decode_last_token) * speedup for r in done
+           if _finite(r.times.last_token - r.times.decode_last_token)]
+    overhead = [(r.times.routed - r.times.router_arrival) * speedup for r in records
+                if _finite(r.times.routed - r.times.router_arrival)]
+    cpu = [s.value for s in select(samples, "cpu_busy")]
+    out: dict[str, Any] = {
+        "n": len(abs_err),
+        "prefill_abs_err_median_s": float(np.median(abs_err)) if abs_err else None,
+        "prefill_rel_err_median": rel,
+        "decode_step_late_share": late / modelled if modelled > 0 else None,
+        "token_lag_p90_s_paper": percentile(lag, 90),
+        "router_overhead_p90_s_paper": percentile(overhead, 90),
+        "cpu_busy_mean": float(np.mean(cpu)) if cpu else None,
+        "cpu_saturated_share": float(np.mean([c >= CPU_SATURATED for c in cpu])) if cpu else None,
+    }
+    out["warn"] = rel is not None and rel > PREFILL_REL_BOUND
+    out["bounds"] = {
+        "prefill_rel_err_median": PREFILL_REL_BOUND,
+        "decode_step_late_share": DECODE_LATE_BOUND,
+        "token_lag_p90_s_paper": None if slo_tpot_s is None else TOKEN_LAG_SHARE_OF_TPOT_SLO * slo_tpot_s,
+        "router_overhead_p90_s_paper": None if slo_ttft_s is None else ROUTER_OVERHEAD_SHARE_OF_TTFT_SLO * slo_ttft_s,
+    }
+    return out
+
+
+def validity(fid: dict[str, Any]) -> dict[str, Any]:
+    """{valid, reasons}: every timing measure within its bound (unmeasured ones are not judged)."""
+    names = {
+        "prefill_rel_err_median": "prefill durations off the model by {v:.1%} (median; bound {b:.0%})",
+        "decode_step_late_share": "decode steps {v:.1%} late against the model (bound {b:.0%})",
+        "token_lag_p90_s_paper": "token delivery lag P90 {v:.3g} s paper (bound {b:.3g} s)",
+        "router_overhead_p90_s_paper": "router overhead P90 {v:.3g} s paper (bound {b:.3g} s)",
+    }
+    reasons = []
+    for key, text in names.items():
+        v, b = fid.get(key), fid["bounds"].get(key)
+        if v is not None and b is not None and v > b:
+            reasons.append(text.format(v=v, b=b))
+    sat = fid.get("cpu_saturated_share")
+    if reasons and sat is not None and sat > 0.2:
+        reasons.append(f"the host's CPUs were saturated {sat:.0%} of the run: emulate fewer instances or at a "
+                       "lower speedup (--speedup auto finds one)")
+    return {"valid": not reasons, "reasons": reasons}

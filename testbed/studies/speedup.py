@@ -1,0 +1,49 @@
+"""`--speedup auto`: the largest speedup this host emulates the scenario faithfully at.
+
+A short probe of the same workload and backend at each candidate speedup, highest first; the
+first whose run is valid (`testbed.metrics.fidelity`: prefill, decode-step, token-lag and
+router timing within their bounds) wins. Probes stay in the run directory for inspection.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.config.resolved import ResolvedScenario
+from testbed.studies.runner import run_replay_async
+from testbed.traces import transforms
+from testbed.traces.types import Trace
+
+CANDIDATES = (8.0, 4.0, 2.0, 1.0)
+PROBE_PAPER_S = 90.0        # of arrivals: long enough for the decode batches to fill as in the run
+MIN_PROBE_REQUESTS = 60
+
+
+def with_speedup(rs: ResolvedScenario, speedup: float) -> ResolvedScenario:
+    sc = rs.spec
+    return rs.model_copy(update={"spec": sc.model_copy(update={"scale": sc.scale.model_copy(update={"speedup": speedup})})})
+
+
+def probe_trace(trace: Trace) -> Trace:
+    n = max(MIN_PROBE_REQUESTS, round(trace.rate * PROBE_PAPER_S)) if len(trace) > 1 else 1
+    return transforms.head(trace, min(n, len(trace)))
+
+
+async def pick_speedup(rs: ResolvedScenario, trace: Trace, backend: str, probe_dir: Path,
+                       candidates: tuple[float, ...] = CANDIDATES) -> tuple[float, list[dict[str, Any]]]:
+    """(speedup, what each probe found). Falls back to the lowest candidate if none is valid."""
+    probe = probe_trace(trace)
+    tried: list[dict[str, Any]] = []
+    for s in sorted(candidates, reverse=True):
+        out = probe_dir / f"speedup-{s:g}"
+        print(f"--speedup auto: probing {len(probe)} requests at speedup {s:g} -> {out}", file=sys.stderr, flush=True)
+        res = await run_replay_async(with_speedup(rs, s), probe, out, backend, name=f"{rs.name} probe @ {s:g}x")
+        val = res.summary.get("validity") or {"valid": False, "reasons": ["no summary"]}
+        tried.append({"speedup": s, "valid": bool(val["valid"]), "reasons": list(val["reasons"]),
+                      "tpot_mean_s": (res.summary.get("tpot_s") or {}).get("mean")})
+        if val["valid"]:
+            return s, tried
+        print(f"  speedup {s:g}: not faithful: {'; '.join(val['reasons'])}", file=sys.stderr, flush=True)
+    return min(candidates), tried

@@ -1,0 +1,67 @@
+"""The emulator's own timing measures and the validity verdict (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.core.record import RequestRecord, StageTimes
+from testbed.live.hostload import busy_share, cpu_times
+from testbed.metrics.fidelity import fidelity, validity
+from testbed.metrics.regress import Baseline, TakenFrom, check
+from testbed.metrics.series_format import SeriesPoint
+
+pytestmark = pytest.mark.pure
+
+
+def _rec(i: int, prefill: float = 1.0, modelled: float = 1.0, lag: float = 0.001) -> RequestRecord:
+    t = StageTimes(arrival=0.0, router_arrival=0.0, routed=0.001, prefill_start=0.01, prefill_end=0.01 + prefill,
+                   first_token=1.1, last_token=2.0, decode_last_token=2.0 - lag)
+    return RequestRecord(f"r{i}", i, 1000, 10, prefill_modelled=modelled, outcome="completed", tokens_received=10,
+                         times=t)
+
+
+def _steps(modelled: float, late: float) -> list[SeriesPoint]:
+    return [SeriesPoint(0.0, "pd-d0", "decode_step_modelled_s", 0.0), SeriesPoint(1.0, "pd-d0", "decode_step_modelled_s", modelled),
+            SeriesPoint(0.0, "pd-d0", "decode_step_late_s", 0.0), SeriesPoint(1.0, "pd-d0", "decode_step_late_s", late)]
+
+
+def test_a_faithful_run_is_valid() -> None:
+    fid = fidelity([_rec(i) for i in range(20)], _steps(10.0, 0.05), 4.0, 10.0, 0.025)
+    assert fid["decode_step_late_share"] == pytest.approx(0.005)
+    assert fid["token_lag_p90_s_paper"] == pytest.approx(0.004)
+    assert fid["router_overhead_p90_s_paper"] == pytest.approx(0.004)
+    assert validity(fid) == {"valid": True, "reasons": []}
+
+
+def test_late_decode_steps_make_a_run_invalid_and_name_the_reason() -> None:
+    # TPOT 69 ms where 25 ms was modelled: steps 176% late.
+    samples = _steps(10.0, 17.6) + [SeriesPoint(float(t), "host", "cpu_busy", 1.0) for t in range(10)]
+    val = validity(fidelity([_rec(i) for i in range(20)], samples, 4.0, 10.0, 0.025))
+    assert not val["valid"]
+    assert any("decode steps 176.0% late" in r for r in val["reasons"])
+    assert any("saturated 100% of the run" in r for r in val["reasons"])
+
+
+def test_slow_prefill_and_token_lag_are_judged_against_their_bounds() -> None:
+    recs = [_rec(i, prefill=1.1, lag=0.01) for i in range(20)]
+    val = validity(fidelity(recs, [], 4.0, 10.0, 0.025))
+    assert len(val["reasons"]) == 2 and "prefill durations off the model by 10.0%" in val["reasons"][0]
+    assert "token delivery lag P90 0.04 s paper" in val["reasons"][1]
+
+
+def test_regress_fails_an_invalid_run_whatever_its_figures() -> None:
+    base = Baseline.model_validate({"schema": 1, "taken_from": {},
+                                    "metrics": {"requests.failed": {"baseline": 0, "direction": "lower_is_better"}}})
+    summary = {"requests": {"failed": 0}, "validity": {"valid": False, "reasons": ["decode steps 176% late"]}}
+    v = check(base, summary, TakenFrom())
+    assert not v.passed and [r.key for r in v.failed] == ["validity.valid"]
+    summary["validity"] = {"valid": True, "reasons": []}
+    assert check(base, summary, TakenFrom()).passed
+
+
+def test_proc_stat_cpu_share() -> None:
+    a = cpu_times("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    b = cpu_times("cpu  150 0 150 900 0 0 0 0 0 0\n")
+    assert a == (200, 1000) and b == (300, 1200)
+    assert busy_share(a, b) == pytest.approx(0.5)
+    assert cpu_times("nothing") is None
