@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from testbed.core.record import RequestRecord, StageTimes
@@ -65,3 +68,25 @@ def test_proc_stat_cpu_share() -> None:
     assert a == (200, 1000) and b == (300, 1200)
     assert busy_share(a, b) == pytest.approx(0.5)
     assert cpu_times("nothing") is None
+
+
+async def test_speedup_auto_takes_the_highest_faithful_speedup(tmp_path: Path) -> None:
+    from testbed.studies.load import load
+    from testbed.studies.runner import RunResult
+    from testbed.studies.speedup import pick_speedup
+    from testbed.traces.loader import trace_from_workload
+    from testbed.live.replayer import ReplayStats
+
+    seen: list[float] = []
+
+    async def fake_run(rs: Any, trace: Any, out: Path, backend: str, name: str = "") -> RunResult:
+        s = rs.spec.scale.speedup
+        seen.append(s)
+        assert 120 <= len(trace) <= 160    # ~90 s of arrivals at the trace's own rate (1.6 req/s)
+        ok = s <= 2
+        return RunResult(out, ReplayStats(), False, {"validity": {"valid": ok, "reasons": [] if ok else ["late"]}})
+
+    rs = load("paper-prfaas")
+    s, tried = await pick_speedup(rs, trace_from_workload(rs.spec.workload), "inproc", tmp_path, run=fake_run)
+    assert s == 2 and seen == [8, 4, 2]
+    assert [t["valid"] for t in tried] == [False, False, True] and tried[0]["reasons"] == ["late"]

@@ -44,7 +44,8 @@ class DecodeState:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     steps: int = 0
     completed: int = 0
-    # The emulator's own timing: modelled step time, and how late steps ended against it (wire s).
+    # The emulator's own timing (wire s): modelled step time, and the time steps fell behind the
+    # model and never caught up (a late step whose successor ends on schedule costs nothing).
     step_modelled_s: float = 0.0
     step_late_s: float = 0.0
 
@@ -62,8 +63,12 @@ async def _batch_loop(st: DecodeState) -> None:
             step_start = None
             continue
         t = now()
-        # Keep the step cadence on absolute deadlines unless the loop stalled for a whole step.
-        if step_start is None or t - step_start > b.step_duration():
+        # Keep the step cadence on absolute deadlines unless the loop stalled for a whole step;
+        # then the time behind schedule is lost for good: the emulator ran slower than the model.
+        if step_start is None:
+            step_start = t
+        elif t - step_start > b.step_duration():
+            st.step_late_s += t - step_start
             step_start = t
         # Stamp admission when it happens: a sequence whose KV landed after the previous
         # step's deadline joins this step late, never before its KV existed.
@@ -81,7 +86,6 @@ async def _batch_loop(st: DecodeState) -> None:
         te = now()
         st.steps += 1
         st.step_modelled_s += step
-        st.step_late_s += max(te - deadline, 0.0)
         for r in b.complete_step():
             s = r.seq
             q = st.streams.get(s.request_id)

@@ -5,8 +5,9 @@ passed off as a measurement.
 Measures (errors are against the service model, so they are the testbed's own, not the
 deployment's):
 - prefill: measured prefill duration against the modelled one (median relative error);
-- decode step: how late decode steps ended against their modelled duration, summed over every
-  decode node (share of modelled step time), from the nodes' own `decode_step_*` counters;
+- decode step: the time decode steps fell behind their modelled schedule and never caught up,
+  summed over every decode node, as a share of modelled step time (the nodes' own
+  `decode_step_*` counters; this is what stretches TPOT);
 - token delivery lag: from the decode node emitting the last token to the client receiving it
   (P90, paper seconds), through the router;
 - router overhead: from the router receiving a request to routing it (P90, paper seconds);
@@ -30,7 +31,7 @@ from testbed.metrics.timeseries import counter_total, group_series, select
 
 PREFILL_REL_BOUND = 0.03
 DECODE_LATE_BOUND = 0.03
-TOKEN_LAG_SHARE_OF_TPOT_SLO = 0.2          # P90 lag bound: a fifth of the TPOT SLO (5 ms of 25)
+TOKEN_LAG_SHARE_OF_TPOT_SLO = 1.0          # P90 lag bound: one decode step at the TPOT SLO
 ROUTER_OVERHEAD_SHARE_OF_TTFT_SLO = 0.01   # P90 bound: 1% of the TTFT SLO (100 ms of 10 s)
 CPU_SATURATED = 0.95                       # busy share counted as saturated
 

@@ -52,7 +52,7 @@ requests only. Figures over an empty set are `null`, never NaN. `summary.json` k
 | `fidelity.prefill_abs_err_median_s` | Median abs(measured prefill - `prefill_modelled`), wire s: the testbed's own timing error. |
 | `fidelity.prefill_rel_err_median` | Median of that error / modelled duration. |
 | `fidelity.warn` | `prefill_rel_err_median` > 3%: service-time emulation is off, distrust fine differences. |
-| `fidelity.decode_step_late_share` | How late decode steps ended against their modelled duration, summed over decode nodes / modelled step time. |
+| `fidelity.decode_step_late_share` | Time decode steps fell behind their modelled schedule for good (what stretches TPOT), summed over decode nodes / modelled step time. |
 | `fidelity.token_lag_p90_s_paper` | P90 of (client received the last token - decode node emitted it), paper s. |
 | `fidelity.router_overhead_p90_s_paper` | P90 of (routed - router received the request), paper s. |
 | `fidelity.cpu_busy_mean`, `.cpu_saturated_share` | Host CPU busy share over the run, and the share of samples at >= 95%. |

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.studies.runner import run_replay_async
+from testbed.studies.runner import RunResult, run_replay_async
 from testbed.traces import transforms
 from testbed.traces.types import Trace
 
@@ -31,15 +31,19 @@ def probe_trace(trace: Trace) -> Trace:
     return transforms.head(trace, min(n, len(trace)))
 
 
+Runner = Callable[..., Awaitable[RunResult]]
+
+
 async def pick_speedup(rs: ResolvedScenario, trace: Trace, backend: str, probe_dir: Path,
-                       candidates: tuple[float, ...] = CANDIDATES) -> tuple[float, list[dict[str, Any]]]:
+                       candidates: tuple[float, ...] = CANDIDATES,
+                       run: Runner = run_replay_async) -> tuple[float, list[dict[str, Any]]]:
     """(speedup, what each probe found). Falls back to the lowest candidate if none is valid."""
     probe = probe_trace(trace)
     tried: list[dict[str, Any]] = []
     for s in sorted(candidates, reverse=True):
         out = probe_dir / f"speedup-{s:g}"
         print(f"--speedup auto: probing {len(probe)} requests at speedup {s:g} -> {out}", file=sys.stderr, flush=True)
-        res = await run_replay_async(with_speedup(rs, s), probe, out, backend, name=f"{rs.name} probe @ {s:g}x")
+        res = await run(with_speedup(rs, s), probe, out, backend, name=f"{rs.name} probe @ {s:g}x")
         val = res.summary.get("validity") or {"valid": False, "reasons": ["no summary"]}
         tried.append({"speedup": s, "valid": bool(val["valid"]), "reasons": list(val["reasons"]),
                       "tpot_mean_s": (res.summary.get("tpot_s") or {}).get("mean")})
