@@ -37,7 +37,8 @@ class InProcessBackend:
                 runner = web.AppRunner(make_service_app(self.dep, nid), access_log=None)
                 await runner.setup()
                 self._runners.append(runner)
-                await web.TCPSite(runner, self.dep.bind_host, ep.port).start()
+                for host in self.dep.http_binds(nid):
+                    await web.TCPSite(runner, host, ep.port).start()
         except BaseException:
             await self.close()
             raise

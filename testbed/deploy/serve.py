@@ -32,7 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from testbed.deploy.discovery import add_file_routes
         add_file_routes(app, Path(dep.run_dir))
     # SIGTERM stops the service: requests still held get SHUTDOWN_GRACE_S, not aiohttp's 60 s.
-    web.run_app(app, host=dep.bind_host, port=ep.port, print=None, access_log=None,
+    web.run_app(app, host=dep.http_binds(args.id), port=ep.port, print=None, access_log=None,
                 shutdown_timeout=SHUTDOWN_GRACE_S)
     return 0
 
