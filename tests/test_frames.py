@@ -1,4 +1,5 @@
-"""KV frame codec: round trips, arbitrary stream splits, every bound, dead decoder."""
+"""KV frame codec: round trips, arbitrary stream splits, every bound, dead decoder, and the
+streaming mode that never buffers DATA payloads."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from testbed.core.frames import (
     FrameType,
     decode_header,
     encode_abort,
+    encode_ack,
     encode_data,
     encode_end,
     encode_header,
@@ -31,7 +33,7 @@ from testbed.core.frames import (
 
 pytestmark = pytest.mark.pure
 
-DATA, END, ABORT = FrameType.DATA, FrameType.END, FrameType.ABORT
+DATA, END, ABORT, ACK = FrameType.DATA, FrameType.END, FrameType.ABORT, FrameType.ACK
 
 
 def data_frame(tid: int, layer: int, offset: int, total: int, payload: bytes, checksum: bool = False) -> bytes:
@@ -58,9 +60,11 @@ def sample_stream() -> tuple[bytes, list[tuple[int, int, bytes]]]:
         encode_abort(2, "prefill died"),
         data_frame(3, 1, 100, 1000, payload_pattern(3, 100, 700), checksum=True),
         encode_end(3, 2, 1000),
+        encode_ack(123456),
     ]
     expect = [(DATA, 1, b"abcde"), (DATA, 1, b"fghij"), (END, 1, b""), (DATA, 2, b""),
-              (ABORT, 2, b"prefill died"), (DATA, 3, payload_pattern(3, 100, 700)), (END, 3, b"")]
+              (ABORT, 2, b"prefill died"), (DATA, 3, payload_pattern(3, 100, 700)), (END, 3, b""),
+              (ACK, 0, b"")]
     return b"".join(parts), expect
 
 
@@ -104,6 +108,12 @@ def test_abort_round_trip_and_reason_truncated_on_char_boundary() -> None:
     assert f.payload.decode() == "é" * (MAX_REASON // 2)
 
 
+def test_ack_round_trip() -> None:
+    (f,) = FrameDecoder().feed(encode_ack(2**63))
+    h = f.header
+    assert (h.type, h.transfer_id, h.offset, h.total, h.length, h.layer) == (ACK, 0, 2**63, 0, 0, 0)
+
+
 def test_stream_fed_whole() -> None:
     stream, expect = sample_stream()
     assert summary(FrameDecoder().feed(stream)) == expect
@@ -129,6 +139,48 @@ def test_stream_fed_in_random_splits(cuts: list[int]) -> None:
     for a, b in zip(points, points[1:]):
         out += d.feed(memoryview(stream)[a:b])
     assert summary(out) == expect
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2000), max_size=20))
+def test_streaming_decoder_returns_the_same_frames_without_data_payloads(cuts: list[int]) -> None:
+    stream, expect = sample_stream()
+    points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    d = FrameDecoder(keep_data=False)
+    out: list[Frame] = []
+    for a, b in zip(points, points[1:]):
+        out += d.feed(memoryview(stream)[a:b])
+        assert d.held <= max(HEADER_SIZE, len("prefill died"))
+    assert summary(out) == [(t, tid, b"" if t == DATA else p) for t, tid, p in expect]
+    assert d.buffered == 0 and d.held == 0
+
+
+def test_streaming_decoder_holds_a_header_at_most_whatever_the_announced_length() -> None:
+    d = FrameDecoder(keep_data=False)
+    head, _ = encode_data(1, 0, 0, MAX_PAYLOAD, b"", False)
+    big = HEADER.pack(MAGIC, 1, DATA, 0, 1, 0, 0, MAX_PAYLOAD, 0, MAX_PAYLOAD, 0, 0)
+    assert d.feed(big[:20]) == [] and (d.buffered, d.held) == (20, 20)
+    assert d.feed(big[20:] + bytes(1 << 20)) == []
+    assert d.buffered == HEADER_SIZE + (1 << 20) and d.held == 0
+    assert d.pending_header is not None and d.pending_header.length == MAX_PAYLOAD
+    (f,) = d.feed(bytes(MAX_PAYLOAD - (1 << 20)))
+    assert f.header.length == MAX_PAYLOAD and f.payload == b"" and d.buffered == 0
+
+
+def test_streaming_decoder_checks_crc_as_the_payload_streams() -> None:
+    head, view = encode_data(11, 0, 0, 600, payload_pattern(11, 0, 600), checksum=True)
+    frame = head + bytes(view)
+    d = FrameDecoder(keep_data=False)
+    for i in range(0, len(frame), 7):
+        d.feed(frame[i : i + 7])
+    assert d.buffered == 0 and not d.dead
+    bad = bytearray(frame)
+    bad[300] ^= 1
+    d = FrameDecoder(keep_data=False)
+    assert d.feed(bad[:599]) == []
+    with pytest.raises(FrameError, match="crc32 mismatch"):
+        d.feed(bad[599:])
+    assert d.dead and d.last_transfer_id == 11
 
 
 def test_trailing_partial_frame_is_kept() -> None:
@@ -159,12 +211,17 @@ BAD_HEADERS = [
     ("length", raw_header(type=END, length=1, total=1), 9),
     ("offset", raw_header(type=END, offset=1, total=1), 9),
     ("length", raw_header(type=ABORT, length=MAX_REASON + 1), 9),
+    ("ACK.*length 1,", raw_header(type=ACK, tid=0, length=1), 0),
+    ("ACK.*total 1,", raw_header(type=ACK, tid=0, total=1), 0),
+    ("ACK.*layer 1,", raw_header(type=ACK, tid=0, layer=1), 0),
+    ("ACK.*transfer_id 9", raw_header(type=ACK), 9),   # ACKs are per connection
 ]
 
 
+@pytest.mark.parametrize("keep", [True, False], ids=["keep", "stream"])
 @pytest.mark.parametrize(("field", "raw", "tid"), BAD_HEADERS, ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(BAD_HEADERS)])
-def test_bound_violation_names_field(field: str, raw: bytes, tid: int | None) -> None:
-    d = FrameDecoder()
+def test_bound_violation_names_field(field: str, raw: bytes, tid: int | None, keep: bool) -> None:
+    d = FrameDecoder(keep_data=keep)
     with pytest.raises(FrameError, match=field) as exc:
         d.feed(raw)  # header alone: bounds are checked before any payload arrives
     assert exc.value.transfer_id == tid

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
+import struct
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -208,7 +210,8 @@ async def test_verify_mode_rejects_wrong_bytes_and_missing_checksum() -> None:
 async def test_sender_fails_when_receiver_goes_away() -> None:
     rx = KVReceiver()
     port = await rx.start(HOST, 0)
-    tx = KVSender(connections=4, chunk_bytes=65536)
+    # It tries to resume on new connections for resume_timeout, then fails with the last error.
+    tx = KVSender(connections=4, chunk_bytes=65536, resume_timeout=1.0)
     try:
         layer = 4 << 20
         t = tx.start((HOST, port), 700, 8 * layer, 8)
@@ -287,3 +290,271 @@ async def test_close_resolves_pending_expectations() -> None:
     r = await asyncio.wait_for(fut, T)
     assert not r.ok and "closed" in r.reason
 
+
+
+def rst(transport: asyncio.BaseTransport) -> None:
+    """Close with a TCP reset, as a middlebox or a crashed peer would."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and not transport.is_closing():
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    assert isinstance(transport, asyncio.WriteTransport)
+    transport.abort()
+
+
+class Proxy:
+    """A TCP relay in front of a receiver that can play a WAN: `reset()` resets every relayed
+    connection both ways (RST, bytes in flight lost); while `refusing`, new connections are reset
+    as they arrive; `down()`/`up()` stop and resume listening (connects are refused); while
+    `blackhole`, relayed bytes are held (nothing forwarded, nothing closed)."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.refusing = False
+        self.blackhole = False
+        self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self.accepted = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self, port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._accept, HOST, port)
+        self.port: int = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def down(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def up(self) -> None:
+        await self.start(self.port)
+
+    @staticmethod
+    def _rst(w: asyncio.StreamWriter) -> None:
+        rst(w.transport)
+
+    async def _accept(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        if self.refusing:
+            self._rst(w)
+            return
+        ur, uw = await asyncio.open_connection(HOST, self.upstream)
+        self.pairs.append((w, uw))
+        for src, dst in ((r, uw), (ur, w)):
+            task = asyncio.create_task(self._pump(src, dst))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                while self.blackhole:
+                    await asyncio.sleep(0.01)
+                dst.write(data)
+                await dst.drain()
+        except (OSError, RuntimeError):
+            pass
+        dst.transport.abort()
+
+    def reset(self) -> None:
+        for a, b in self.pairs:
+            self._rst(a)
+            self._rst(b)
+        self.pairs.clear()
+
+    async def close(self) -> None:
+        self.reset()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def outage_run(resume_timeout: float, outage: float, down: bool = False
+                     ) -> tuple[list[TransferResult], list[BaseException | float], KVSender]:
+    """Eight 2 MiB transfers through the proxy; once 1 MiB has arrived, every connection is
+    reset, and for `outage` seconds new ones are reset as they come (or, `down`, refused)."""
+    rx = KVReceiver(verify=True)
+    port = await rx.start(HOST, 0)
+    proxy = Proxy(port)
+    pport = await proxy.start()
+    tx = KVSender(connections=4, chunk_bytes=65536, checksum=True, resume_timeout=resume_timeout)
+    try:
+        tids = list(range(3000, 3008))
+        waits = [rx.expect(tid) for tid in tids]
+        transfers = [tx.start((HOST, pport), tid, 2 << 20, 4) for tid in tids]
+        for t in transfers:
+            for layer in range(4):
+                t.send_layer(layer, 512 << 10)
+        finishing = [asyncio.ensure_future(t.finish()) for t in transfers]
+        await wait_until(lambda: rx.bytes_received > 1 << 20)
+        proxy.refusing = True
+        if down:
+            await proxy.down()
+        proxy.reset()
+        await asyncio.sleep(outage)
+        proxy.refusing = False
+        if down:
+            await proxy.up()
+        sent = await asyncio.wait_for(asyncio.gather(*finishing, return_exceptions=True), 3 * T)
+        got = list(await asyncio.wait_for(asyncio.gather(*waits), 3 * T)) if all(
+            isinstance(x, float) for x in sent) else []
+        return got, list(sent), tx
+    finally:
+        await tx.close()
+        await proxy.close()
+        await rx.close()
+
+
+async def test_a_wan_outage_with_resets_mid_transfer_ends_with_every_transfer_complete() -> None:
+    got, sent, tx = await outage_run(resume_timeout=10.0, outage=1.0)
+    assert all(isinstance(x, float) for x in sent), sent
+    assert [r.ok for r in got] == [True] * 8, [r.reason for r in got]
+    assert all(r.bytes == 2 << 20 for r in got)   # verified against the pattern, byte for byte
+    assert tx.resumes >= 1 and tx.transfers_sent == 8 and tx.transfers_failed == 0
+
+
+@pytest.mark.parametrize("down", [False, True], ids=["resetting", "refusing"])
+async def test_an_outage_beyond_the_resume_budget_fails_with_the_reason(down: bool) -> None:
+    _, sent, tx = await outage_run(resume_timeout=0.5, outage=2.5, down=down)
+    failed = [x for x in sent if isinstance(x, TransferFailed)]
+    # Reset connections stall what they carried; a destination that refuses connections stalls
+    # everything queued for it. (Transfers nothing of which was written meanwhile go on after.)
+    assert len(failed) >= (7 if down else 1), sent
+    pattern = r"connect to .* failed: .*Refused.*" if down else r".*(reset|lost|failed).*"
+    assert all(re.fullmatch(pattern + r" \(not resumed within 0\.5 s\)", x.reason) for x in failed), failed
+    assert tx.transfers_failed == len(failed) and tx.transfers_sent == 8 - len(failed)
+
+
+async def test_a_black_holed_connection_is_given_up_after_the_ack_timeout_and_resumed() -> None:
+    rx = KVReceiver(verify=True)
+    port = await rx.start(HOST, 0)
+    proxy = Proxy(port)
+    pport = await proxy.start()
+    tx = KVSender(connections=2, chunk_bytes=65536, checksum=True, ack_timeout=0.5)
+    try:
+        fut = rx.expect(3100)
+        t = tx.start((HOST, pport), 3100, 4 << 20, 2)
+        t.send_layer(0, 2 << 20)
+        await wait_until(lambda: rx.bytes_received > 0)
+        proxy.blackhole = True      # the old connections go silent, new ones are relayed anew
+        held = list(proxy.pairs)
+        proxy.pairs.clear()
+        t.send_layer(1, 2 << 20)
+        await wait_until(lambda: proxy.accepted > 2)
+        proxy.blackhole = False     # (only the new pumps would run; the old ones stay blocked)
+        for a, b in held:
+            Proxy._rst(a)
+            Proxy._rst(b)
+        await asyncio.wait_for(t.finish(), T)
+        r = await asyncio.wait_for(fut, T)
+        assert r.ok and r.bytes == 4 << 20 and tx.resumes >= 1
+    finally:
+        await tx.close()
+        await proxy.close()
+        await rx.close()
+
+
+async def test_connections_reset_by_the_receiver_side_resume_on_new_ones() -> None:
+    rx = KVReceiver(verify=True)
+    port = await rx.start(HOST, 0)
+    tx = KVSender(connections=3, chunk_bytes=32768, checksum=True)
+    try:
+        fut = rx.expect(3200)
+        t = tx.start((HOST, port), 3200, 8 << 20, 8)
+        for layer in range(8):
+            t.send_layer(layer, 1 << 20)
+            if layer in (2, 5):
+                await wait_until(lambda: rx.bytes_received > (layer - 1) << 20)
+                for transport in list(rx._transports.values()):   # reset from the receiver's side
+                    rst(transport)
+        await asyncio.wait_for(t.finish(), T)
+        r = await asyncio.wait_for(fut, T)
+        assert r.ok and r.bytes == 8 << 20 and tx.resumes >= 1
+        assert rx.duplicate_bytes <= tx.bytes_resent
+    finally:
+        await tx.close()
+        await rx.close()
+
+
+async def test_a_bad_header_naming_a_transfer_in_flight_elsewhere_does_not_fail_it(
+    receiver: tuple[KVReceiver, int], sender: KVSender
+) -> None:
+    rx, port = receiver
+    t = sender.start((HOST, port), 3300, 2 << 20, 2)
+    fut = rx.expect(3300)
+    t.send_layer(0, 1 << 20)
+    await wait_until(lambda: rx.reassembler.transfer(3300) is not None)
+    r1, w1 = await raw_conn(port)
+    w1.write(HEADER.pack(MAGIC, 1, 1, 0, 3300, 0, 0, MAX_PAYLOAD + 1, 0, MAX_PAYLOAD + 1, 0, 0))
+    assert await closed_by_peer(r1)
+    t.send_layer(1, 1 << 20)
+    await asyncio.wait_for(t.finish(), T)
+    r = await asyncio.wait_for(fut, T)
+    assert r.ok and r.bytes == 2 << 20
+    w1.close()
+
+
+async def test_connections_beyond_the_receivers_limit_are_closed_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    rx = KVReceiver(max_connections=3)
+    port = await rx.start(HOST, 0)
+    try:
+        held = [await raw_conn(port) for _ in range(3)]
+        await wait_until(lambda: rx.connections == 3)
+        with caplog.at_level(logging.WARNING, logger="testbed.kv"):
+            r4, w4 = await raw_conn(port)
+            assert await closed_by_peer(r4)
+        assert rx.connections_refused == 1
+        assert any("refusing KV connection" in rec.getMessage() and "limit 3" in rec.getMessage()
+                   for rec in caplog.records)
+        held[0][1].close()
+        await wait_until(lambda: rx.connections == 2)
+        tx = KVSender(connections=1)
+        try:
+            await send(tx, port, 3400, [1000])
+            assert (await result(rx, 3400)).ok
+        finally:
+            await tx.close()
+        for _, w in held[1:] + [(r4, w4)]:
+            w.close()
+    finally:
+        await rx.close()
+
+
+async def test_a_connection_stuck_inside_a_frame_is_closed_after_the_frame_timeout() -> None:
+    rx = KVReceiver(frame_timeout=0.3)
+    port = await rx.start(HOST, 0)
+    try:
+        reader, writer = await raw_conn(port)
+        idle_r, idle_w = await raw_conn(port)
+        writer.write(data(3500, 0, 1 << 20, 1 << 20)[:5000])   # then nothing
+        idle_w.write(data(3501, 0, 10, 5))                     # a whole frame, then idle: kept
+        await wait_until(lambda: rx.bytes_received == 5)
+        assert await closed_by_peer(reader)
+        assert rx.connections == 1 and rx.reassembler.held_bytes == 0
+        writer.close()
+        idle_w.close()
+    finally:
+        await rx.close()
+
+
+async def test_loopback_bench_measures_a_transfer() -> None:
+    from testbed.studies.bench import kv_loopback_once
+
+    rate, cpu = await kv_loopback_once(8 << 20, 2, 65536, layers=4)
+    assert rate > 0 and cpu > 0
+
+
+def test_scenarios_bound_the_resume_timeout_and_receivers_outlast_it() -> None:
+    from pydantic import ValidationError
+
+    from testbed.core.scenario import TransferSpec
+    from testbed.live.kv_transport import IDLE_TIMEOUT_S, receiver_idle_timeout
+
+    assert TransferSpec().resume_timeout_s == 30.0
+    with pytest.raises(ValidationError, match="resume_timeout_s"):
+        TransferSpec(resume_timeout_s=0)
+    assert receiver_idle_timeout(30.0) == IDLE_TIMEOUT_S == 60.0
+    assert receiver_idle_timeout(300.0, ack_timeout=15.0) == 330.0

@@ -97,7 +97,8 @@ def test_deployment_and_wan_config_leave_addresses_to_discovery() -> None:
     info = dep.extra["discovery"]
     assert info["members"]["router"] == "dc-local" and info["members"]["prfaas-p0"] == "dc-remote"
     assert info["subnets"] == {"dc-remote": "10.234.0.0/24", "dc-local": "10.234.1.0/24"}
-    assert dep.run_dir == "/run/testbed" and dep.bind_host == "0.0.0.0"
+    # Each service binds to its own address (found by discovery), HTTP also to loopback.
+    assert dep.run_dir == "/run/testbed" and dep.bind_host is None and dep.bind_loopback
     resolved = with_hosts(dep, {"router": "10.234.1.7", "prfaas-p0": "10.234.0.3"})
     assert resolved.router.url == "http://10.234.1.7:8000"
     p0 = resolved.nodes["prfaas-p0"]

@@ -233,6 +233,9 @@ class TransferSpec(_Strict):
     rcvbuf_bytes: int | None = Field(default=None, ge=4096)
     congestion: str | None = None
     checksum: bool = False
+    # Wire seconds a transfer may go without progress after a connection loss (resuming on
+    # other or new connections) before it fails: set above the outages a link profile schedules.
+    resume_timeout_s: float = Field(default=30.0, gt=0, le=3600)
 
 
 class ServingSpec(_Strict):

@@ -77,7 +77,10 @@ def deployment_for(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
         nodes[n.id] = NodeEndpoint(n.id, n.role, n.cluster, n.datacenter, Endpoint(ip, HTTP_PORT),
                                    Endpoint(ip, KV_PORT))
     _, rip = lay["hosts"]["router"]
-    return Deployment(rs, Endpoint(rip, HTTP_PORT), nodes, run_dir=IN_CONTAINER, bind_host="0.0.0.0")
+    # Each service listens on its container's address on its DC network (static here; learned by
+    # discovery on swarm before the service binds), HTTP also on loopback for HEALTH_CMD.
+    return Deployment(rs, Endpoint(rip, HTTP_PORT), nodes, run_dir=IN_CONTAINER, bind_host=None,
+                      bind_loopback=True)
 
 
 def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, run_dir: Path,

@@ -39,7 +39,8 @@ class InProcessBackend:
                 await runner.setup()
                 self._runners.append(runner)
                 self._by_id[nid] = runner
-                await web.TCPSite(runner, self.dep.bind_host, ep.port).start()
+                for host in self.dep.http_binds(nid):
+                    await web.TCPSite(runner, host, ep.port).start()
         except BaseException:
             await self.close()
             raise

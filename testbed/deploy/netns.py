@@ -78,7 +78,8 @@ def netns_deployment(rs: ResolvedScenario, topo: Topology, run_dir: str) -> Depl
         kv = Endpoint(h.ip, KV_PORT)
         nodes[n.id] = NodeEndpoint(n.id, n.role, n.cluster, n.datacenter, Endpoint(h.ip, HTTP_PORT), kv)
     router = Endpoint(topo.host(ROUTER_HOST).ip, HTTP_PORT)
-    return Deployment(rs, router, nodes, run_dir=run_dir, bind_host="0.0.0.0")
+    # Each service listens on its own namespace's address only (bind_host None).
+    return Deployment(rs, router, nodes, run_dir=run_dir, bind_host=None)
 
 
 class NetnsBackend:

@@ -34,7 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # SIGTERM stops the service: requests still held get SHUTDOWN_GRACE_S, not aiohttp's 60 s.
     # handler_cancellation: a client that leaves cancels its request here (and, through the
     # router's cleanup, at every node it reached).
-    web.run_app(app, host=dep.bind_host, port=ep.port, print=None, access_log=None,
+    web.run_app(app, host=dep.http_binds(args.id), port=ep.port, print=None, access_log=None,
                 shutdown_timeout=SHUTDOWN_GRACE_S, handler_cancellation=True)
     return 0
 

@@ -129,10 +129,17 @@ class Agent:
         return app
 
 
+def listen_hosts(dcs: list[dict[str, Any]]) -> list[str]:
+    """Its address on every DC network (found by subnet at start), and loopback for the health
+    check: not 0.0.0.0, which would add whatever else the engine attaches (docker_gwbridge)."""
+    return list(dict.fromkeys([str(d["address"]) for d in dcs] + ["127.0.0.1"]))
+
+
 async def serve(agent: Agent) -> int:
     runner = web.AppRunner(agent.app(), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", PORT).start()
+    for host in listen_hosts(agent.cfg["dcs"]):
+        await web.TCPSite(runner, host, PORT).start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

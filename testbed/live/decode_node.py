@@ -25,7 +25,7 @@ from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
     REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request, int_field, node_request,
 )
-from testbed.live.kv_transport import KVReceiver
+from testbed.live.kv_transport import KVReceiver, receiver_idle_timeout
 from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
 
@@ -188,9 +188,10 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     app[REGISTRY_KEY] = reg
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        receiver = KVReceiver(verify=sc.transfer.checksum, rcvbuf=sc.transfer.rcvbuf_bytes)
+        receiver = KVReceiver(verify=sc.transfer.checksum, rcvbuf=sc.transfer.rcvbuf_bytes,
+                              idle_timeout=receiver_idle_timeout(sc.transfer.resume_timeout_s))
         assert node.kv is not None
-        await receiver.start(cfg.deployment.bind_host, node.kv.port)
+        await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
         batch = DecodeBatch(DecodeStepTime.from_spec(dspec), dspec.bs_max, dspec.kv_capacity_bytes,
                             time_scale=sc.scale.speedup)
         st = DecodeState(cfg, batch, receiver, KVModel.from_spec(sc.model), sc.serving.stream_interval)

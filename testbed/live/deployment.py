@@ -41,8 +41,32 @@ class Deployment:
     router: Endpoint
     nodes: dict[str, NodeEndpoint]
     run_dir: str | None = None
-    bind_host: str = "127.0.0.1"          # address services bind to inside their host/namespace
+    # Address every service binds to; None: each binds to the host of its own endpoints (its
+    # namespace's or container's address), so nothing listens on the others.
+    bind_host: str | None = "127.0.0.1"
+    # HTTP also on 127.0.0.1 (containers: the engine's health check connects there; loopback is
+    # reachable only from inside the container).
+    bind_loopback: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def http_binds(self, service_id: str) -> list[str]:
+        """Addresses the HTTP server of `service_id` ("router" or a node id) listens on."""
+        if self.bind_host is not None:
+            hosts = [self.bind_host]
+        else:
+            hosts = [(self.router if service_id == "router" else self.nodes[service_id].http).host]
+        if self.bind_loopback and "127.0.0.1" not in hosts:
+            hosts.append("127.0.0.1")
+        return hosts
+
+    def kv_bind(self, node_id: str) -> str:
+        """Address the KV receiver of `node_id` listens on."""
+        if self.bind_host is not None:
+            return self.bind_host
+        kv = self.nodes[node_id].kv
+        if kv is None:
+            raise ValueError(f"node {node_id} has no KV endpoint")
+        return kv.host
 
     @property
     def scenario(self) -> Scenario:
@@ -65,6 +89,7 @@ class Deployment:
                 "nodes": {k: asdict(v) for k, v in self.nodes.items()},
                 "run_dir": self.run_dir,
                 "bind_host": self.bind_host,
+                "bind_loopback": self.bind_loopback,
                 "extra": self.extra,
             },
             indent=1,
@@ -83,6 +108,7 @@ class Deployment:
             nodes=nodes,
             run_dir=d.get("run_dir"),
             bind_host=d.get("bind_host", "127.0.0.1"),
+            bind_loopback=bool(d.get("bind_loopback", False)),
             extra=d.get("extra", {}),
         )
 

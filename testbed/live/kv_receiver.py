@@ -1,8 +1,11 @@
 """KV receiver over TCP: asyncio driver of `testbed.core.kv_receive.Reassembler`.
 
 One asyncio Protocol per accepted connection hands its bytes to the reassembler; the receiver
-acts on the events that come back (close a connection, log, resolve an `expect` future) and
-runs the stale-transfer sweep once a second. Times are time.time().
+acts on the events that come back (write ACKs and outcomes back, close a connection, log,
+resolve an `expect` future) and runs the sweep (stale transfers, frames not finished in time)
+once a second. A connection beyond the reassembler's limit is closed at once. Accepted sockets
+get TCP keepalive, so a connection left half-open by a network outage is reaped rather than
+held against the connection limit for good. Times are time.time().
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ import time
 from collections.abc import Callable
 
 from testbed.core.kv_receive import (
+    FRAME_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    MAX_TRANSFERS,
+    MAX_TRANSFERS_PER_CONNECTION,
     CloseConnection,
     ConnectionLost,
     ConnId,
     Reassembler,
     ReceiveEvent,
+    Send,
     TransferCompleted,
     TransferFailed,
     TransferResult,
@@ -27,6 +35,19 @@ from testbed.core.kv_receive import (
 log = logging.getLogger("testbed.kv")
 
 SWEEP_INTERVAL = 1.0
+# Keepalive on accepted sockets: probe after 60 s idle, every 10 s, give up after 6 misses.
+KEEPALIVE = ((getattr(socket, "TCP_KEEPIDLE", None), 60), (getattr(socket, "TCP_KEEPINTVL", None), 10),
+             (getattr(socket, "TCP_KEEPCNT", None), 6))
+
+
+def _keepalive(sock: socket.socket) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in KEEPALIVE:
+            if opt is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+    except OSError as e:  # not fatal: the connection works, it is only reaped later
+        log.debug("TCP keepalive refused: %s", e)
 
 
 class _Protocol(asyncio.Protocol):
@@ -42,17 +63,40 @@ class _Protocol(asyncio.Protocol):
         self.transports = transports
         self.handle = handle
         self.conn: ConnId | None = None
+        self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         peer = transport.get_extra_info("peername")
         label = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
         self.conn = self.rx.connection_made(label)
+        if self.conn is None:
+            n = self.rx.connections_refused
+            if n == 1 or n % 1000 == 0:  # a flood of them must not flood the log too
+                log.warning("refusing KV connection from %s: %d connections open (limit %d; %d refused so far)",
+                            label, len(self.transports), self.rx.max_connections, n)
+            transport.abort()
+            return
         self.transports[self.conn] = transport
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            _keepalive(sock)
 
     def data_received(self, data: bytes) -> None:
-        assert self.conn is not None
+        if self.conn is None:
+            return  # refused; its transport is closing
         self.handle(self.rx.data_received(self.conn, data, time.time()))
+
+    # A peer that does not read our ACKs is not read either: replies stay bounded by the
+    # transport's high-water mark instead of piling up in memory.
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -71,9 +115,16 @@ class KVReceiver:
         rcvbuf: int | None = None,
         idle_timeout: float = 60.0,
         result_ttl: float = 120.0,
+        *,
+        frame_timeout: float = FRAME_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+        max_transfers: int = MAX_TRANSFERS,
+        max_transfers_per_connection: int = MAX_TRANSFERS_PER_CONNECTION,
     ) -> None:
         self.rcvbuf = rcvbuf
-        self._rx = Reassembler(verify, idle_timeout, result_ttl)
+        self._rx = Reassembler(verify, idle_timeout, result_ttl, frame_timeout=frame_timeout,
+                               max_connections=max_connections, max_transfers=max_transfers,
+                               max_transfers_per_connection=max_transfers_per_connection)
         self._server: asyncio.Server | None = None
         self._transports: dict[ConnId, asyncio.Transport] = {}
         self._waiters: dict[int, asyncio.Future[TransferResult]] = {}
@@ -102,6 +153,30 @@ class KVReceiver:
     @property
     def transfers_failed(self) -> int:
         return self._rx.transfers_failed
+
+    @property
+    def stream_bytes(self) -> int:
+        """Every byte read from every connection (frames, partial frames, garbage)."""
+        return self._rx.stream_bytes
+
+    @property
+    def connections(self) -> int:
+        return len(self._transports)
+
+    @property
+    def connections_refused(self) -> int:
+        return self._rx.connections_refused
+
+    @property
+    def duplicate_bytes(self) -> int:
+        """Resent DATA bytes that had already arrived (the sender resumed after a loss)."""
+        return self._rx.duplicate_bytes
+
+    @property
+    def reassembler(self) -> Reassembler:
+        """The state machine: its counters, what it holds, and its limits (which may be changed
+        between events, e.g. by a test)."""
+        return self._rx
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         loop = asyncio.get_running_loop()
@@ -158,7 +233,11 @@ class KVReceiver:
 
     def _handle(self, events: list[ReceiveEvent]) -> None:
         for ev in events:
-            if isinstance(ev, (TransferCompleted, TransferFailed)):
+            if isinstance(ev, Send):
+                transport = self._transports.get(ev.conn)
+                if transport is not None and not transport.is_closing():
+                    transport.write(ev.data)
+            elif isinstance(ev, (TransferCompleted, TransferFailed)):
                 r = ev.result
                 if not r.ok:
                     log.debug("KV transfer %d failed: %s", r.transfer_id, r.reason)

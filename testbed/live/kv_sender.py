@@ -1,10 +1,12 @@
 """KV sender over TCP: asyncio driver of `testbed.core.kv_send.SendPath`.
 
 Per destination, one SendPath and N writer tasks, each owning one persistent connection that it
-opens on first use (and re-opens after a loss). Each writer takes the next chunk whoever is free,
-so transfers stripe over the connections. A watcher per connection notices the receiver going
-away while nothing is being written. All bookkeeping lives in the path; this module only moves
-bytes, tunes sockets, samples TCP_INFO and wakes waiters.
+opens on first use (and re-opens after a loss, backing off while it cannot). Each writer takes
+the next chunk whoever is free, so transfers stripe over the connections. A reader per
+connection hands the receiver's ACK/END/ABORT frames to the path (and notices the receiver
+going away while nothing is being written); a sweeper gives up on silent connections and on
+transfers that cannot resume. All bookkeeping lives in the path; this module only moves bytes,
+tunes sockets, samples TCP_INFO and wakes waiters.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import time
 from dataclasses import dataclass
 
 from testbed.core.kv_send import (
+    ACK_TIMEOUT_S,
+    MAX_RESUMES,
+    RESUME_TIMEOUT_S,
     Chunk,
+    CloseConnection,
     DataEncoder,
     OutgoingTransfer,
     Phase,
-    ReadyForEnd,
     SendEvent,
     SendFailed,
     SendPath,
@@ -34,6 +39,9 @@ log = logging.getLogger("testbed.kv")
 TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
 
 Dest = tuple[str, int]
+
+BACKOFF_MIN_S = 0.05   # between attempts to open a connection that would not open
+BACKOFF_MAX_S = 1.0
 
 
 class TransferFailed(Exception):
@@ -147,11 +155,15 @@ class _Link:
         self.dialer = dialer
         self.closing = False
         self.conns: list[_Conn | None] = [None] * n
+        self._by_id: dict[int, _Conn] = {}
         self._locks = [asyncio.Lock() for _ in range(n)]
+        self._backoff = [0.0] * n       # per slot, after connections that got nothing through
+        self._retry_at = [0.0] * n
         self._work = asyncio.Event()  # set when chunks are queued
-        self._drained: dict[OutgoingTransfer, asyncio.Future[None]] = {}
+        self._changed: dict[OutgoingTransfer, asyncio.Event] = {}  # finish() waiters
         self._tasks = [asyncio.create_task(self._writer(i), name=f"kv-writer-{_fmt(addr)}-{i}")
                        for i in range(n)]
+        self._tasks.append(asyncio.create_task(self._sweeper(), name=f"kv-sweep-{_fmt(addr)}"))
 
     def live(self) -> list[_Conn]:
         return [c for c in self.conns if c is not None and self.path.alive(c.id)]
@@ -164,36 +176,27 @@ class _Link:
             self._work.set()
 
     async def finish(self, t: OutgoingTransfer) -> float:
-        self._apply(self.path.finish(t))
-        if t.phase is Phase.DRAINING:
-            fut = self._drained[t] = asyncio.get_running_loop().create_future()
-            try:
-                await fut
-            finally:
-                self._drained.pop(t, None)
-        if t.failed is not None:
-            raise TransferFailed(t.failed)
-        conn: _Conn | None = None
+        changed = self._changed[t] = asyncio.Event()
         try:
-            live = self.live()
-            if live:
-                # The emptiest transport buffer gets END out soonest.
-                conn = min(live, key=lambda c: c.writer.transport.get_write_buffer_size())
-            else:
-                conn = await self._connect(0)
-            end = self.path.begin_end(t, time.time())
-            if end is not None:
-                conn.writer.write(end)
-                await conn.writer.drain()
-        except OSError as e:
-            reason = f"sending END to {_fmt(self.addr)} failed: {e!r}"
-            if conn is not None:
-                self._lost(conn, reason)
-            self._apply(self.path.fail(t, reason))
-        if t.failed is not None:
-            raise TransferFailed(t.failed)
-        self._apply(self.path.end_written(t))
-        return time.time()
+            self._apply(self.path.finish(t))
+            backoff = BACKOFF_MIN_S
+            while True:
+                if t.failed is not None:
+                    raise TransferFailed(t.failed)
+                if t.phase is Phase.DELIVERED:
+                    assert t.end_at is not None
+                    return t.end_at
+                if t.phase is Phase.ENDING:
+                    if await self._send_end(t):
+                        backoff = BACKOFF_MIN_S
+                    else:
+                        await asyncio.sleep(backoff)
+                        backoff = min(2 * backoff, BACKOFF_MAX_S)
+                    continue
+                changed.clear()
+                await changed.wait()
+        finally:
+            self._changed.pop(t, None)
 
     def abort(self, t: OutgoingTransfer, reason: str) -> None:
         self._apply(self.path.fail(t, reason))
@@ -206,7 +209,7 @@ class _Link:
         tasks = list(self._tasks)
         for c in self.conns:
             if c is not None:
-                self.path.connection_lost(c.id, "sender closed")
+                self.path.connection_lost(c.id, "sender closed", time.time())
                 if c.watcher is not None:
                     tasks.append(c.watcher)
                 c.writer.close()
@@ -224,12 +227,19 @@ class _Link:
 
     def _apply(self, events: list[SendEvent]) -> None:
         for ev in events:
-            if isinstance(ev, SendFailed):
+            if isinstance(ev, CloseConnection):
+                c = self._by_id.pop(ev.conn, None)
+                if c is not None:
+                    if not self.closing:
+                        log.warning("KV connection %d to %s closed: %s", c.index, _fmt(self.addr), ev.reason)
+                    c.writer.transport.abort()
+                self._work.set()   # its chunks were requeued: the other writers take them
+                continue
+            if isinstance(ev, SendFailed) and ev.abort:
                 self._write_abort(ev.abort)
-            if isinstance(ev, (SendFailed, ReadyForEnd)):
-                fut = self._drained.pop(ev.transfer, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(None)
+            changed = self._changed.get(ev.transfer)
+            if changed is not None:
+                changed.set()
 
     def _write_abort(self, frame: bytes) -> None:
         for c in self.live():
@@ -237,10 +247,34 @@ class _Link:
                 c.writer.write(frame)
             except OSError:
                 continue
+            self.path.frame_written(c.id, len(frame))
             return
+
+    async def _send_end(self, t: OutgoingTransfer) -> bool:
+        """Write END on the emptiest live connection (or a new one); False if none would open."""
+        conn: _Conn | None = None
+        try:
+            live = self.live()
+            # The emptiest transport buffer gets END out soonest.
+            conn = min(live, key=lambda c: c.writer.transport.get_write_buffer_size()) if live else await self._connect(0)
+            if t.phase is not Phase.ENDING:   # a loss requeued chunks of it while we connected
+                return True
+            end = self.path.begin_end(t, conn.id, time.time())
+            if end is not None:
+                conn.writer.write(end)
+                await conn.writer.drain()
+        except OSError as e:
+            reason = f"sending END to {_fmt(self.addr)} failed: {e!r}"
+            if conn is not None:
+                self._lost(conn, reason)   # the END is owed again
+            else:
+                self.path.stalled(t, reason, time.time())
+                return False
+        return True
 
     async def _writer(self, i: int) -> None:
         path = self.path
+        backoff = BACKOFF_MIN_S
         while True:
             chunk = path.take()
             if chunk is None:
@@ -250,10 +284,13 @@ class _Link:
             try:
                 conn = await self._connect(i)
             except OSError as e:
-                self._apply(path.unsent(chunk, f"connect to {_fmt(self.addr)} failed: {e!r}"))
+                self._apply(path.unsent(chunk, f"connect to {_fmt(self.addr)} failed: {e!r}", time.time()))
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, BACKOFF_MAX_S)
                 continue
+            backoff = BACKOFF_MIN_S
             if not path.begin_write(conn.id, chunk, time.time()):
-                continue  # failed while we were connecting
+                continue  # settled while we were connecting
             await self._write(conn, chunk)
             # drain() does not yield while the kernel keeps up; yield so the other writers
             # take the next chunks and transfers stripe over all connections.
@@ -278,30 +315,51 @@ class _Link:
             c = self.conns[i]
             if c is not None and self.path.alive(c.id):
                 return c
+            wait = self._retry_at[i] - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
             reader, writer = await self.dialer.dial(self.addr)
             c = self.conns[i] = _Conn(self.path.connection_opened(), i, reader, writer)
+            self._by_id[c.id] = c
             c.watcher = asyncio.create_task(self._watch(c), name=f"kv-watch-{_fmt(self.addr)}-{i}")
             return c
 
     async def _watch(self, conn: _Conn) -> None:
-        """The receiver never sends; EOF or an error here means the connection is gone, which
-        we must notice even while no chunk is being written on it."""
+        """The receiver's ACK, END and ABORT frames go to the path; EOF or an error means the
+        connection is gone, which we must notice even while no chunk is being written on it."""
         try:
-            while await conn.reader.read(65536):
-                pass
+            while data := await conn.reader.read(65536):
+                self._apply(self.path.data_received(conn.id, data, time.time()))
             reason = f"receiver {_fmt(self.addr)} closed connection {conn.index}"
         except OSError as e:
             reason = f"connection {conn.index} to {_fmt(self.addr)} failed: {e!r}"
         self._lost(conn, reason)
 
+    async def _sweeper(self) -> None:
+        path = self.path
+        interval = min(1.0, path.ack_timeout / 4, path.resume_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            self._apply(path.sweep(time.time()))
+
     def _lost(self, conn: _Conn, reason: str) -> None:
+        self._by_id.pop(conn.id, None)
         if not self.path.alive(conn.id):
             return
-        events = self.path.connection_lost(conn.id, reason)
+        # A connection that died before the receiver acknowledged anything (an outage that
+        # resets what it lets through): the next attempt on its slot waits, growing to a second.
+        i = conn.index
+        if self.path.acked_bytes(conn.id):
+            self._backoff[i] = 0.0
+        else:
+            self._backoff[i] = min(max(2 * self._backoff[i], BACKOFF_MIN_S), BACKOFF_MAX_S)
+        self._retry_at[i] = time.monotonic() + self._backoff[i]
+        events = self.path.connection_lost(conn.id, reason, time.time())
         if not self.closing:
             log.warning("KV connection lost: %s", reason)
         conn.writer.transport.abort()
         self._apply(events)
+        self._work.set()   # requeued chunks: the writers take them on the other connections
 
 
 class Transfer:
@@ -340,8 +398,10 @@ class Transfer:
         self._link.send_layer(self._state, layer, nbytes)
 
     async def finish(self) -> float:
-        """Wait until every chunk is written and drained, send END; return the completion
-        time.time(). Raises TransferFailed if a connection carrying this transfer failed."""
+        """Wait until every chunk is written, send END, and wait for the receiver to confirm
+        the transfer complete (resuming over the remaining or new connections after a loss);
+        returns the time.time() the (last) END was written. Raises TransferFailed with the
+        reason: the receiver failed it, or it could not be resumed within the sender's budget."""
         return await self._link.finish(self._state)
 
     def abort(self, reason: str) -> None:
@@ -358,6 +418,10 @@ class KVSender:
         congestion: str | None = None,
         checksum: bool = False,
         connect_timeout: float = 10.0,
+        *,
+        resume_timeout: float = RESUME_TIMEOUT_S,
+        ack_timeout: float = ACK_TIMEOUT_S,
+        max_resumes: int = MAX_RESUMES,
     ) -> None:
         if connections < 1:
             raise ValueError(f"connections must be >= 1, got {connections}")
@@ -368,6 +432,9 @@ class KVSender:
         self.checksum = checksum
         self._dialer = _Dialer(sndbuf, congestion, connect_timeout)
         self._encoder = DataEncoder(chunk_bytes, checksum)
+        self._budget = (resume_timeout, ack_timeout, max_resumes)
+        SendPath(chunk_bytes, resume_timeout=resume_timeout, ack_timeout=ack_timeout,
+                 max_resumes=max_resumes)  # validates the budget now rather than at first use
         self._stats = SendStats()
         self._acked_total = 0
         self._retrans_total = 0
@@ -403,12 +470,23 @@ class KVSender:
     def transfers_failed(self) -> int:
         return self._stats.transfers_failed
 
+    @property
+    def bytes_resent(self) -> int:
+        """Payload bytes written again after a connection loss."""
+        return self._stats.bytes_resent
+
+    @property
+    def resumes(self) -> int:
+        """Connection losses that left something to resume."""
+        return self._stats.resumes
+
     def start(self, dest: Dest, transfer_id: int, total: int, layers: int) -> Transfer:
         if self._closed:
             raise RuntimeError("KVSender is closed")
         link = self._links.get(dest)
         if link is None:
-            path = SendPath(self.chunk_bytes, self._stats)
+            resume, ack, resumes = self._budget
+            path = SendPath(self.chunk_bytes, self._stats, resume_timeout=resume, ack_timeout=ack, max_resumes=resumes)
             link = self._links[dest] = _Link(dest, self.connections, path, self._encoder, self._dialer)
         return Transfer(link, link.start(transfer_id, total, layers))
 

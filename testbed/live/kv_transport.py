@@ -11,6 +11,11 @@ byte of its `total` has arrived exactly once and its END was seen, whatever conn
 each piece. A malformed frame closes only its connection and fails only the transfers that
 connection was carrying.
 
+The receiver acknowledges what it has consumed on each connection, and answers each transfer
+with its outcome; a sender resumes a transfer whose connection was lost from what was not
+acknowledged, within a deadline. The receiver bounds what a hostile peer can cost it:
+connections, open transfers per connection and in total, time inside a frame, kept results.
+
 The protocol logic of both sides is I/O-free, in `testbed.core.kv_send` and
 `testbed.core.kv_receive`; these modules drive it with sockets, tasks and futures.
 KV bytes are dummies: zeros, or `payload_pattern` with CRC-32 when checksumming.
@@ -19,6 +24,7 @@ KV bytes are dummies: zeros, or `payload_pattern` with CRC-32 when checksumming.
 from __future__ import annotations
 
 from testbed.core.kv_receive import TransferResult
+from testbed.core.kv_send import ACK_TIMEOUT_S
 from testbed.live.kv_receiver import KVReceiver
 from testbed.live.kv_sender import (
     TCP_CONGESTION,
@@ -30,7 +36,17 @@ from testbed.live.kv_sender import (
     TransferFailed,
 )
 
+IDLE_TIMEOUT_S = 60.0
+
+
+def receiver_idle_timeout(resume_timeout: float, ack_timeout: float = ACK_TIMEOUT_S) -> float:
+    """How long a receiver keeps a transfer without frames: past the longest a sender may take
+    to notice a silent connection and then resume (it must not give up first)."""
+    return max(IDLE_TIMEOUT_S, ack_timeout + resume_timeout + 15.0)
+
+
 __all__ = [
+    "IDLE_TIMEOUT_S",
     "TCP_CONGESTION",
     "ConnectionStats",
     "Dest",
@@ -40,4 +56,5 @@ __all__ = [
     "Transfer",
     "TransferFailed",
     "TransferResult",
+    "receiver_idle_timeout",
 ]

@@ -32,7 +32,7 @@ from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
     REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request, int_field, node_request,
 )
-from testbed.live.kv_transport import KVReceiver, KVSender, TransferFailed
+from testbed.live.kv_transport import KVReceiver, KVSender, TransferFailed, receiver_idle_timeout
 from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
 
@@ -274,10 +274,12 @@ def make_app(cfg: ServiceConfig) -> web.Application:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         t = sc.transfer
-        sender = KVSender(t.connections, t.chunk_bytes, t.sndbuf_bytes, t.congestion, t.checksum)
-        receiver = KVReceiver(verify=t.checksum, rcvbuf=t.rcvbuf_bytes)
+        sender = KVSender(t.connections, t.chunk_bytes, t.sndbuf_bytes, t.congestion, t.checksum,
+                          resume_timeout=t.resume_timeout_s)
+        receiver = KVReceiver(verify=t.checksum, rcvbuf=t.rcvbuf_bytes,
+                              idle_timeout=receiver_idle_timeout(t.resume_timeout_s))
         if node.kv is not None:
-            await receiver.start(cfg.deployment.bind_host, node.kv.port)
+            await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
         st = PrefillState(cfg, PrefillQueue(), sender, receiver, PrefillTime.from_spec(hw.prefill),
                           KVModel.from_spec(sc.model))
         app[STATE] = st
