@@ -29,6 +29,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from testbed.core.scaling import Scale
+from testbed.metrics.faults import FaultWindow, draw_fault_bands
 from testbed.metrics.records import RequestRecord
 from testbed.metrics.timeseries import Sample, select
 
@@ -142,7 +143,8 @@ def change_rows(s: dict[str, Any], limit: int = 20) -> list[tuple[str, str, str,
             for c in (s.get("control") or {}).get("changes", [])[:limit]]
 
 
-def plot_control(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | None:
+def plot_control(samples: Sequence[Sample], scale: Scale, path: Path,
+                 bands: Sequence[FaultWindow] = ()) -> Path | None:
     """Threshold over time; WAN delivered rate and the loop's bandwidth estimate; predicted loads."""
     thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
     est = sorted(select(samples, metric="wan_bandwidth_estimate_bps_paper"), key=lambda p: p.t)
@@ -176,6 +178,7 @@ def plot_control(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | 
     ax[2].set_xlabel("time since run start (paper seconds)")
     for a in ax:
         a.grid(alpha=0.3)
+    draw_fault_bands(ax, bands)
     fig.savefig(path, dpi=110)
     return path
 

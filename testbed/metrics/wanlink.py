@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from testbed.core.scaling import Scale
+from testbed.metrics.faults import FaultWindow, draw_fault_bands
 from testbed.metrics.records import RequestRecord
 from testbed.metrics.timeseries import Sample, counter_total, group_series
 
@@ -123,7 +124,7 @@ def link_usage(samples: Sequence[Sample], records: Sequence[RequestRecord], scal
     }
 
 
-def plot_wan(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | None:
+def plot_wan(samples: Sequence[Sample], scale: Scale, path: Path, bands: Sequence[FaultWindow] = ()) -> Path | None:
     """Each WAN link's measured rate (100 ms windows, paper Gbit/s) with the configured rate in
     force drawn under it."""
     from matplotlib.figure import Figure
@@ -154,6 +155,7 @@ def plot_wan(samples: Sequence[Sample], scale: Scale, path: Path) -> Path | None
     ax.set_ylabel("WAN rate (paper Gbit/s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small", loc="best")
+    draw_fault_bands([ax], bands)
     fig.savefig(path, dpi=110)
     return path
 

@@ -23,14 +23,21 @@ class ProcessGroup:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, key: str, argv: list[str]) -> None:
+    def spawn(self, key: str, argv: list[str], append_log: bool = False) -> None:
+        """Start `key` (again, after it died, with `append_log`: its earlier log stays)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with (self.log_dir / f"{key}.log").open("wb") as fh:
+        with (self.log_dir / f"{key}.log").open("ab" if append_log else "wb") as fh:
             self.procs[key] = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
                                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def log(self, key: str) -> str:
         return log_tail(self.log_dir / f"{key}.log")
+
+    def send_signal(self, key: str, sig: int) -> int:
+        """Signal service `key` (its whole session); returns its pid."""
+        p = self.procs[key]
+        _signal(p, sig)
+        return p.pid
 
     def dead(self) -> tuple[str, int] | None:
         """The first service that has exited, with its code."""
