@@ -27,12 +27,14 @@ class PrefillQueue:
         job.queued_at = now
         self._q.append(job)
 
-    def start_next(self, now: float) -> PrefillJob | None:
-        """Start the head job if the instance is idle; returns it (its end is now + duration)."""
+    def start_next(self, now: float, slow: float = 1.0) -> PrefillJob | None:
+        """Start the head job if the instance is idle; returns it (its end is now + duration).
+        `slow` multiplies its modelled duration (a slowed instance, see `testbed.core.faults`)."""
         if self.current is not None or not self._q:
             return None
         job = self._q.popleft()
         job.started_at = now
+        job.duration *= slow
         self.current = job
         self._busy_until = now + job.duration
         return job

@@ -7,9 +7,10 @@ All figures are in paper units (seconds, bytes, tokens) unless a name says `wire
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 MIB = 1024 * 1024
 
@@ -253,6 +254,121 @@ class ServingSpec(_Strict):
     deadline_floor_wire_s: float = Field(default=30.0, gt=0)
 
 
+def node_id(cluster: str, role: str, index: int) -> str:
+    """The id of a node instance: `{cluster}-p{i}` (prefill) or `{cluster}-d{i}` (decode)."""
+    return f"{cluster}-{'p' if role == 'prefill' else 'd'}{index}"
+
+
+class _FaultBase(_Strict):
+    at_s: float = Field(ge=0)     # paper seconds after the replay's t0
+    note: str = ""
+
+
+class _NodeFault(_FaultBase):
+    """A fault of one node instance, named by its id (`{cluster}-p{i}` / `{cluster}-d{i}`, see
+    `testbed.core.topology`) or by `cluster`, `role` and `index`."""
+
+    node: str | None = None
+    cluster: str | None = None
+    role: Literal["prefill", "decode"] | None = None
+    index: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "_NodeFault":
+        parts = (self.cluster, self.role, self.index)
+        if self.node is not None and any(p is not None for p in parts):
+            raise ValueError("name the instance by 'node' or by 'cluster', 'role' and 'index', not both")
+        if self.node is None and any(p is None for p in parts):
+            raise ValueError("name the instance by 'node' (e.g. pd-d0) or by all of 'cluster', 'role' and 'index'")
+        return self
+
+    def node_id(self) -> str:
+        if self.node is not None:
+            return self.node
+        assert self.cluster is not None and self.role is not None and self.index is not None
+        return node_id(self.cluster, self.role, self.index)
+
+
+class KillFault(_NodeFault):
+    """SIGKILL: the instance is gone for the rest of the run."""
+
+    kind: Literal["kill"]
+
+
+class PauseFault(_NodeFault):
+    """SIGSTOP, then SIGCONT after `duration_s`: the instance freezes with its connections open."""
+
+    kind: Literal["pause"]
+    duration_s: float = Field(gt=0)
+
+
+class RestartFault(_NodeFault):
+    """SIGKILL, then the instance starts again (empty state) after `down_s`."""
+
+    kind: Literal["restart"]
+    down_s: float = Field(default=0.0, ge=0)
+
+
+class SlowFault(_NodeFault):
+    """Every modelled service time of the instance (prefill compute, decode step) x `factor`."""
+
+    kind: Literal["slow"]
+    factor: float = Field(gt=1, le=1000)
+    duration_s: float = Field(gt=0)
+
+
+class _LinkFault(_FaultBase):
+    duration_s: float = Field(gt=0)
+    # Two datacenters: both directions between them; default every inter-DC link.
+    between: tuple[str, str] | None = None
+
+
+class OutageFault(_LinkFault):
+    """Every packet on the link is lost (rate 0) for `duration_s`."""
+
+    kind: Literal["outage"]
+
+
+class RateDropFault(_LinkFault):
+    """The link's rate x `factor` for `duration_s`."""
+
+    kind: Literal["rate_drop"]
+    factor: float = Field(gt=0, lt=1)
+
+
+class PartitionFault(_FaultBase):
+    """One direction cut: packets from datacenter `src` to `dst` are lost; the reverse flows."""
+
+    kind: Literal["partition"]
+    duration_s: float = Field(gt=0)
+    src: str
+    dst: str
+
+
+class TcpResetFault(_FaultBase):
+    """During the window, RSTs with valid sequence numbers injected at the WAN router into the KV
+    connections crossing it: `count` of them (the first seen) or all, to both ends or one."""
+
+    kind: Literal["tcp_reset"]
+    duration_s: float = Field(gt=0)
+    count: int | Literal["all"] = "all"
+    ends: Literal["both", "receiver", "sender"] = "both"
+
+    @field_validator("count")
+    @classmethod
+    def _count(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("count must be >= 1 or 'all'")
+        return v
+
+
+FaultSpec = Annotated[
+    Union[KillFault, PauseFault, RestartFault, SlowFault, OutageFault, RateDropFault, PartitionFault, TcpResetFault],
+    Field(discriminator="kind"),
+]
+NODE_FAULTS = (KillFault, PauseFault, RestartFault, SlowFault)
+
+
 class ModelProfile(_Strict):
     """A scenario fragment (scenarios/models/*.yaml): a model and its prefill curve on named
     hardware, merged into a scenario through `extends`."""
@@ -275,6 +391,8 @@ class Scenario(_Strict):
     workload: WorkloadSpec = WorkloadSpec()
     transfer: TransferSpec = TransferSpec()
     serving: ServingSpec = ServingSpec()
+    # Timed fault events (see `testbed.core.faults` for their timeline).
+    faults: list[FaultSpec] = []
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
@@ -301,6 +419,7 @@ class Scenario(_Strict):
             raise ValueError(f"policy {pol!r} needs a 'prfaas' cluster with prefill instances")
         if pol in ("homogeneous", "prfaas") and not has_pdp:
             raise ValueError(f"policy {pol!r} needs a 'pd' cluster with prefill instances")
+        self._check_faults()
         return self
 
     def deadline_s(self, output_tokens: int) -> float:
@@ -309,6 +428,54 @@ class Scenario(_Strict):
         if sv.deadline_s is not None:
             return sv.deadline_s
         return sv.deadline_factor * (self.slo.ttft_s + self.slo.tpot_s * output_tokens)
+
+    def _fault_field(self, f: "_NodeFault") -> str:
+        """The field that names a missing instance wrongly."""
+        if f.node is not None:
+            return "node"
+        c = next((c for c in self.clusters if c.name == f.cluster), None)
+        if c is None:
+            return "cluster"
+        return "role" if (c.prefill if f.role == "prefill" else c.decode) == 0 else "index"
+
+    def _check_faults(self) -> None:
+        """Every fault names an instance or datacenters of this scenario; errors carry the field."""
+        nodes = [node_id(c.name, r, i) for c in self.clusters for r, n in (("prefill", c.prefill), ("decode", c.decode))
+                 for i in range(n)]
+        dcs = list(dict.fromkeys(c.datacenter for c in self.clusters))
+        errors: list[InitErrorDetails] = []
+
+        def bad(loc: tuple[str | int, ...], value: Any, msg: str) -> None:
+            errors.append(InitErrorDetails(type=PydanticCustomError("fault_target", msg), loc=("faults", *loc),
+                                           input=value))
+
+        for i, f in enumerate(self.faults):
+            if isinstance(f, NODE_FAULTS):
+                nid = f.node_id()
+                if nid not in nodes:
+                    field = self._fault_field(f)
+                    bad((i, field), getattr(f, field), f"no instance {nid!r} in this scenario "
+                        f"(instances: {', '.join(nodes)})")
+                continue
+            if len(dcs) < 2:
+                bad((i, "kind"), f.kind, f"a {f.kind!r} fault needs two datacenters; this scenario has {dcs}")
+                continue
+            if isinstance(f, OutageFault | RateDropFault) and f.between is not None:
+                for j, dc in enumerate(f.between):
+                    if dc not in dcs:
+                        bad((i, "between", j), dc, f"unknown datacenter {dc!r} (datacenters: {', '.join(dcs)})")
+                if f.between[0] == f.between[1]:
+                    bad((i, "between"), list(f.between), "a link joins two different datacenters")
+            if isinstance(f, PartitionFault):
+                for field in ("src", "dst"):
+                    if getattr(f, field) not in dcs:
+                        bad((i, field), getattr(f, field), f"unknown datacenter {getattr(f, field)!r} "
+                            f"(datacenters: {', '.join(dcs)})")
+                if f.src == f.dst:
+                    bad((i, "dst"), f.dst, "a partition cuts the direction between two different datacenters")
+        if errors:
+            # Raised as a ValidationError so each message keeps its own field path.
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
 
     def cluster(self, name: str) -> ClusterSpec:
         for c in self.clusters:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from testbed.core.scenario import Scenario
+from testbed.core.scenario import Scenario, node_id
 
 Role = Literal["prefill", "decode"]
 
@@ -25,7 +25,7 @@ def node_specs(sc: Scenario) -> list[NodeSpec]:
     out: list[NodeSpec] = []
     for c in sc.clusters:
         for i in range(c.prefill):
-            out.append(NodeSpec(f"{c.name}-p{i}", c.name, c.datacenter, c.kind, "prefill", i, c.hardware))
+            out.append(NodeSpec(node_id(c.name, "prefill", i), c.name, c.datacenter, c.kind, "prefill", i, c.hardware))
         for i in range(c.decode):
-            out.append(NodeSpec(f"{c.name}-d{i}", c.name, c.datacenter, c.kind, "decode", i, c.hardware))
+            out.append(NodeSpec(node_id(c.name, "decode", i), c.name, c.datacenter, c.kind, "decode", i, c.hardware))
     return out

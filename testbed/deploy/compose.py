@@ -17,7 +17,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 import yaml
 
@@ -34,6 +34,9 @@ from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LAB
 from testbed.deploy.netns import local_dc, wan_links
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 from testbed.net.container_wan import wan_config
+
+if TYPE_CHECKING:
+    from testbed.deploy.faults import FaultScheduler
 
 T = TypeVar("T")
 HTTP_PORT = 8000
@@ -180,6 +183,7 @@ class ComposeBackend:
         self._series: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
+        self._faults: FaultScheduler | None = None
 
     def _compose(self, *args: str, timeout: float = dockercli.CLI_TIMEOUT_S, check: bool = True) -> None:
         dockercli.compose(self._cli, self.project, self.run_dir / "compose.yaml", *args, timeout=timeout, check=check)
@@ -271,6 +275,14 @@ class ComposeBackend:
         watched = [WatchedLink(f"dc{self.lay['dcs'][b][0]}", f"{a}->{b}") for (a, b) in self.links]
         self._monitor = LinkMonitor(f"/proc/{pid}/ns/net", watched, w, 0.05)
         await asyncio.to_thread(self._monitor.start)
+        if self.sc.faults:
+            from testbed.deploy.container_faults import SdkEngine, container_fault_target
+            from testbed.deploy.faults import start_faults
+
+            ctl = self.ctl_dir / "dl.sock" if self.method == "fallback" else None
+            target = container_fault_target(self.deployment, SdkEngine(self.engine, self.containers), self.run_dir / "wan.json",
+                                            int(pid), ctl, KV_PORT, self.run_dir / "logs")
+            self._faults = start_faults(self.sc, target, t0, self.run_dir)
 
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         # The host reaches the containers' bridge networks directly.
@@ -285,6 +297,8 @@ class ComposeBackend:
         if self._stopped:
             return
         self._stopped = True
+        if self._faults is not None:
+            await self._faults.stop()      # first: a paused container must be unpaused to stop
         if self._monitor is not None:
             await asyncio.to_thread(self._monitor.stop)
         if self._series is not None:

@@ -190,6 +190,17 @@ class Engine:
             except NotFound:
                 return None
 
+    def signal(self, name: str, action: str) -> None:
+        """`kill` (SIGKILL), `pause`, `unpause` or `start` a container, for fault injection."""
+        with engine_errors(f"{action} of container {name}"):
+            c = self.client.containers.get(name)
+            if action == "kill":
+                c.kill(signal="SIGKILL")
+            elif action in ("pause", "unpause", "start"):
+                getattr(c, action)()
+            else:
+                raise ValueError(f"unknown container action {action!r}")
+
     def logs(self, name: str, tail: int = LOG_TAIL) -> str:
         """Its last log lines, both streams as they came; "(no container)" when it is gone."""
         with engine_errors(f"reading the log of container {name}"):

@@ -1,14 +1,17 @@
 """The two loopback backends behind the Backend protocol: one process per service (`local`)
-or every service in this process (`inproc`)."""
+or every service in this process (`inproc`). Node faults run on `local`'s processes; neither
+has a WAN to fault (those faults are logged as unsupported)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.deploy.faults import FaultScheduler, FaultTarget, ProcessNodes, http_json, start_faults
 from testbed.deploy.inproc import InProcessBackend
-from testbed.deploy.local import LocalBackend
+from testbed.deploy.local import LocalBackend, serve_argv
 from testbed.deploy.plan import loopback_deployment
 
 T = TypeVar("T")
@@ -21,9 +24,11 @@ NO_SHAPING = {
 class LoopbackBackend:
     def __init__(self, kind: str, rs: ResolvedScenario, run_dir: Path) -> None:
         self.name = kind
+        self.run_dir = run_dir
         self.deployment = loopback_deployment(rs, str(run_dir.resolve()))
         self._impl: LocalBackend | InProcessBackend = (
             LocalBackend(self.deployment, run_dir) if kind == "local" else InProcessBackend(self.deployment))
+        self._faults: FaultScheduler | None = None
 
     def shaping(self) -> dict[str, Any]:
         return dict(NO_SHAPING)
@@ -32,10 +37,27 @@ class LoopbackBackend:
         await self._impl.__aenter__()
 
     async def on_t0(self, t0: float) -> None:
-        return None
+        sc = self.deployment.scenario
+        if sc.faults:
+            self._faults = start_faults(sc, self._fault_target(), t0, self.run_dir)
+
+    def _fault_target(self) -> FaultTarget:
+        impl = self._impl
+        if not isinstance(impl, LocalBackend):
+            return FaultTarget(self.name)
+        dep, dep_file = self.deployment, self.run_dir / "deployment.json"
+
+        async def request(node: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+            return await asyncio.to_thread(http_json, dep.nodes[node].http.url + path, body)
+
+        return FaultTarget(self.name, ProcessNodes(
+            impl.procs, lambda n: serve_argv(dep.nodes[n].role, dep_file, n), request))
 
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()
 
     async def stop(self) -> None:
+        if self._faults is not None:
+            await self._faults.stop()
+            self._faults = None
         await self._impl.__aexit__(None, None, None)

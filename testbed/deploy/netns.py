@@ -9,13 +9,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
+from testbed.core.faults import FaultEvent, Link, faulted_links
 from testbed.core.linkprofile import LinkParams, LinkProfile, schedule_wire
 from testbed.core.scaling import Scale
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
+from testbed.deploy.faults import (
+    FaultScheduler, FaultTarget, InjectorProcess, ProcessNodes, http_json, start_faults,
+)
 from testbed.deploy.local import serve_argv, wait_healthy
 from testbed.net.procs import ProcessGroup
 from testbed.live.clock import sleep_until
@@ -26,10 +31,10 @@ from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.executor import Executor
 from testbed.net.monitor import LinkMonitor, WatchedLink
 from testbed.net.nsexec import nsexec_argv
-from testbed.net.nsthread import NetnsLoop
-from testbed.net.plan import plan_change, plan_up
+from testbed.net.nsthread import NetnsLoop, run_in_netns
+from testbed.net.plan import plan_up
 from testbed.net.teardown import teardown
-from testbed.net.wanrouter import start_delayline
+from testbed.net.wanrouter import change_links, start_delayline
 from testbed.net.topology import Topology, build_topology, new_prefix
 
 T = TypeVar("T")
@@ -103,6 +108,13 @@ class NetnsBackend:
         self._monitor: LinkMonitor | None = None
         self._stopped = False
         self._control: Path | None = None
+        self._faults: FaultScheduler | None = None
+        # Links without faults (the profile and its schedule), the link faults in force, and one
+        # lock so the schedule and the faults never reshape at the same time.
+        self._base_links: dict[Link, LinkParams] = {}
+        self._link_faults: list[FaultEvent] = []
+        self._links_lock = threading.Lock()
+        self._wan_series: SeriesWriter | None = None
 
     # -- facts ----------------------------------------------------------------------------
     def shaping(self) -> dict[str, Any]:
@@ -144,6 +156,7 @@ class NetnsBackend:
         caps = probe_shaping()
         self.method = choose_method(caps, self.want_method)
         self.topo, self.profile = build_netns_topology(self.rs, self.prefix, self.method)
+        self._base_links = dict(self.topo.links)
         self.deployment = netns_deployment(self.rs, self.topo, str(self.run_dir))
         self.deployment.write(self.run_dir / "deployment.json")
         (self.run_dir / "topology.json").write_text(json.dumps(
@@ -179,36 +192,67 @@ class NetnsBackend:
         if watched:
             w = SeriesWriter(self.run_dir / "timeseries" / "wan.jsonl", "wan")
             self._series.append(w)
+            self._wan_series = w
             # Configured rate in force, so plots can draw it under the measured curve.
             w.write([Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in topo.links.items()],
                     ts=t0)
             self._monitor = LinkMonitor(topo.wan_ns, watched, w, MONITOR_INTERVAL_S)
             await asyncio.to_thread(self._monitor.start)
             if self.profile.schedule:
-                self._tasks.append(asyncio.create_task(self._run_schedule(t0, w)))
+                self._tasks.append(asyncio.create_task(self._run_schedule(t0)))
+        if self.sc.faults:
+            self._faults = start_faults(self.sc, self._fault_target(), t0, self.run_dir)
 
-    async def _run_schedule(self, t0: float, w: SeriesWriter) -> None:
+    async def _run_schedule(self, t0: float) -> None:
         assert self.topo is not None and self.profile is not None
         for at, params in schedule_wire(self.profile, self.scale):
             await sleep_until(t0 + at)
             await asyncio.to_thread(self.apply_link_change, params)
-            w.write([Sample("link_rate_bps_wire", params.rate_bps, {"link": f"{a}->{b}"}) for (a, b) in self.topo.links])
             log.info("link change at %.2f s (wire): %s", at, params)
 
     def apply_link_change(self, params: LinkParams) -> None:
-        """Apply new parameters to every inter-DC direction: kernel rate (and netem), delay line."""
+        """New parameters for every inter-DC direction (a schedule step): kernel rate (and netem),
+        delay line; link faults in force stay applied on top."""
+        self._reshape(base=params)
+
+    async def set_link_faults(self, active: list[FaultEvent]) -> dict[str, Any]:
+        return await asyncio.to_thread(self._reshape, None, active)
+
+    def _reshape(self, base: LinkParams | None = None, faults: list[FaultEvent] | None = None) -> dict[str, Any]:
+        """Shape every direction with its base parameters and the link faults in force; apply
+        only what changes, and record configured rates that changed in the WAN series."""
         assert self.topo is not None
-        with Executor() as ex:
-            for (a, b) in list(self.topo.links):
-                ex.apply(plan_change(self.topo, a, b, params))
-        self.topo.links.update({k: params for k in self.topo.links})
-        if self.method == "fallback":
-            from testbed.net.delayline import control
-            reply = control(str(self._control), {"op": "set", "direction": "*", "delay_s": params.delay_s,
-                                                     "jitter_s": params.jitter_s, "loss": params.loss,
-                                                     "loss_correlation": params.loss_correlation})
-            if not reply.get("ok"):
-                raise NetnsError(f"delay line refused a change: {reply}")
+        with self._links_lock:
+            if base is not None:
+                self._base_links = {k: base for k in self._base_links}
+            if faults is not None:
+                self._link_faults = list(faults)
+            want = faulted_links(self._base_links, self._link_faults)
+            changes = {k: p for k, p in want.items() if self.topo.links.get(k) != p}
+            rates = [k for k, p in changes.items() if self.topo.links[k].rate_bps != p.rate_bps]
+            change_links(self.topo, changes, self._control)
+        if self._wan_series is not None and (rates or base is not None):
+            self._wan_series.write([Sample("link_rate_bps_wire", want[k].rate_bps, {"link": f"{k[0]}->{k[1]}"})
+                                    for k in (want if base is not None else rates)])
+        return {"links": {f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "loss": p.loss}
+                          for (a, b), p in want.items()}, "changed": [f"{a}->{b}" for (a, b) in changes]}
+
+    def _fault_target(self) -> FaultTarget:
+        topo = self.topo
+        assert topo is not None
+        dep_file = self.run_dir / "deployment.json"
+
+        async def request(node: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+            # From the node's own namespace: a remote node stays reachable during a WAN outage.
+            url = f"http://127.0.0.1:{HTTP_PORT}{path}"
+            return await asyncio.to_thread(run_in_netns, topo.host(node).netns, http_json, url, body)
+
+        def argv(node: str) -> list[str]:
+            return nsexec_argv(topo.host(node).netns, serve_argv(self.deployment.nodes[node].role, dep_file, node))
+
+        resets = InjectorProcess([d.wan_ifname for d in topo.dcs], KV_PORT, self.run_dir / "logs",
+                                 wrap=lambda a: nsexec_argv(topo.wan_ns, a))
+        return FaultTarget("netns", ProcessNodes(self._procs, argv, request), self, resets)
 
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         if self._client is None:
@@ -220,6 +264,8 @@ class NetnsBackend:
         if self._stopped:
             return
         self._stopped = True
+        if self._faults is not None:
+            await self._faults.stop()      # first: a paused node must be resumed to stop
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

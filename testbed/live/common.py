@@ -10,10 +10,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from testbed.core.faults import SlowDown
 from testbed.core.scaling import Scale
+from testbed.live.clock import now
 from testbed.live.deployment import Deployment
 
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+SLOW_KEY = web.AppKey("slowdown", SlowDown)
 
 
 @dataclass(frozen=True)
@@ -70,3 +73,27 @@ def int_field(body: dict[str, Any], name: str, minimum: int = 0, maximum: int = 
     if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v <= maximum:
         raise bad_request(f"field '{name}' must be an integer in [{minimum}, {maximum}]")
     return v
+
+
+async def handle_fault(request: web.Request) -> web.Response:
+    """POST /testbed/fault {"slow": k, "until_s": unix seconds | null}: every modelled service
+    time of this node x k until `until_s` (null: until set again; k = 1 clears)."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise bad_request("body is not JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("body must be a JSON object")
+    k, until = body.get("slow"), body.get("until_s")
+    if not isinstance(k, (int, float)) or isinstance(k, bool) or not k > 0:
+        raise bad_request("field 'slow' must be a number > 0")
+    if until is not None and (not isinstance(until, (int, float)) or isinstance(until, bool)):
+        raise bad_request("field 'until_s' must be unix seconds or null")
+    slow = request.app[SLOW_KEY]
+    slow.set(float(k), None if until is None else float(until))
+    return web.json_response({"ok": True, "slow": slow.factor, "until_s": slow.until, "t": now()})
+
+
+def add_fault_route(app: web.Application, slow: SlowDown) -> None:
+    app[SLOW_KEY] = slow
+    app.router.add_post("/testbed/fault", handle_fault)

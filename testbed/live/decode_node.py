@@ -5,6 +5,7 @@ POST /decode {request_id, transfer_id, input_tokens, output_tokens, kv_bytes_pap
   -> 200, NDJSON stream: {"event": "kv", ...} {"event": "admitted", ...}
      {"event": "tokens", "n": cumulative, "t": ...}... {"event": "done", ...}
      or {"event": "error", "reason": ...}. Closing the request aborts the sequence.
+POST /testbed/fault {slow, until_s} -> step times x slow until then (a slowed instance).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
 from testbed.core.decode_batch import AdmissionError, DecodeBatch, DecodeSeq
+from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
 from testbed.core.servicetime import DecodeStepTime
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
-    REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request, int_field, node_request,
+    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_request,
 )
 from testbed.live.kv_transport import KVReceiver, receiver_idle_timeout
 from testbed.live.series import sample_forever
@@ -48,6 +50,7 @@ class DecodeState:
     # model and never caught up (a late step whose successor ends on schedule costs nothing).
     step_modelled_s: float = 0.0
     step_late_s: float = 0.0
+    slow: SlowDown = field(default_factory=SlowDown)
 
 
 STATE = web.AppKey("decode_state", DecodeState)
@@ -80,7 +83,7 @@ async def _batch_loop(st: DecodeState) -> None:
             await st.wakeup.wait()
             step_start = None
             continue
-        step = b.step_duration()
+        step = b.step_duration() * st.slow.at(t)
         deadline = step_start + step
         await sleep_until(deadline)
         te = now()
@@ -186,6 +189,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     app = web.Application(client_max_size=1 << 20)
     reg = CollectorRegistry()
     app[REGISTRY_KEY] = reg
+    slow = SlowDown()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         receiver = KVReceiver(verify=sc.transfer.checksum, rcvbuf=sc.transfer.rcvbuf_bytes,
@@ -194,7 +198,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
         batch = DecodeBatch(DecodeStepTime.from_spec(dspec), dspec.bs_max, dspec.kv_capacity_bytes,
                             time_scale=sc.scale.speedup)
-        st = DecodeState(cfg, batch, receiver, KVModel.from_spec(sc.model), sc.serving.stream_interval)
+        st = DecodeState(cfg, batch, receiver, KVModel.from_spec(sc.model), sc.serving.stream_interval, slow=slow)
         app[STATE] = st
         _metrics(reg, st)
         series = SeriesWriter(cfg.series_path(), cfg.node_id)
@@ -210,4 +214,5 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/decode", handle_decode)
     add_common_routes(app)
+    add_fault_route(app, slow)
     return app

@@ -9,6 +9,7 @@ POST /prefill {request_id, transfer_id, input_tokens, cached_tokens, decode_node
      cluster already holds; default `cached_tokens`) plus the linear state. With
      `cache_in_transfer`, the compute starts only once that transfer (a cached prefix moved here
      from another cluster, see /cache/send) has arrived at this node's KV receiver.
+POST /testbed/fault {slow, until_s} -> compute times x slow until then (a slowed instance).
 POST /cache/send {request_id, transfer_id, bytes, dest_node}
   -> 200 {start, sent} once `bytes` (wire) of cached KV are handed to TCP toward `dest_node`.
 GET /status -> queue and sender state for the router's control loop (see `_status`).
@@ -24,13 +25,14 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
+from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
 from testbed.core.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
 from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
-    REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request, int_field, node_request,
+    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_request,
 )
 from testbed.live.kv_transport import KVReceiver, KVSender, TransferFailed, receiver_idle_timeout
 from testbed.live.series import sample_forever
@@ -63,6 +65,7 @@ class PrefillState:
     running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     finishing: set[asyncio.Task[None]] = field(default_factory=set)
+    slow: SlowDown = field(default_factory=SlowDown)
     completed: int = 0
     failed: int = 0
     moves_sent: int = 0
@@ -125,7 +128,8 @@ async def _run_job(st: PrefillState, p: _Pending) -> None:
 
 async def _worker(st: PrefillState) -> None:
     while True:
-        job = st.queue.start_next(now())
+        t = now()
+        job = st.queue.start_next(t, st.slow.at(t))
         if job is None:
             st.wakeup.clear()
             await st.wakeup.wait()
@@ -271,6 +275,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     app = web.Application(client_max_size=1 << 20)
     reg = CollectorRegistry()
     app[REGISTRY_KEY] = reg
+    slow = SlowDown()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         t = sc.transfer
@@ -281,7 +286,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         if node.kv is not None:
             await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
         st = PrefillState(cfg, PrefillQueue(), sender, receiver, PrefillTime.from_spec(hw.prefill),
-                          KVModel.from_spec(sc.model))
+                          KVModel.from_spec(sc.model), slow=slow)
         app[STATE] = st
         _metrics(reg, st)
         series = SeriesWriter(cfg.series_path(), cfg.node_id)
@@ -300,4 +305,5 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     app.router.add_post("/cache/send", handle_cache_send)
     app.router.add_get("/status", handle_status)
     add_common_routes(app)
+    add_fault_route(app, slow)
     return app

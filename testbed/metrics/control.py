@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 
 from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
+from testbed.metrics.faults import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.stats import percentile
 from testbed.metrics.timeseries import select
@@ -144,7 +145,8 @@ def change_rows(s: dict[str, Any], limit: int = 20) -> list[tuple[str, str, str,
             for c in (s.get("control") or {}).get("changes", [])[:limit]]
 
 
-def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path) -> Path | None:
+def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path,
+                 bands: Sequence[FaultWindow] = ()) -> Path | None:
     """Threshold over time; WAN delivered rate and the loop's bandwidth estimate; predicted loads."""
     thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
     est = sorted(select(samples, metric="wan_bandwidth_estimate_bps_paper"), key=lambda p: p.t)
@@ -178,6 +180,7 @@ def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path) -> Pa
     ax[2].set_xlabel("time since run start (paper seconds)")
     for a in ax:
         a.grid(alpha=0.3)
+    draw_fault_bands(ax, bands)
     fig.savefig(path, dpi=110)
     return path
 

@@ -33,6 +33,7 @@ from testbed.metrics.summary import (
     write_summary,
 )
 from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
+from testbed.metrics.faults import FaultWindow, draw_fault_bands, faults_section, load_faults
 from testbed.metrics.wanlink import plot_wan, wan_rows
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_rate, group_series, select
@@ -313,7 +314,8 @@ def _series_panel(ax: Axes, samples: Sequence[SeriesPoint], speedup: float, ylab
         ax.legend(fontsize="x-small", loc="best")
 
 
-def plot_queues(samples: Sequence[SeriesPoint], speedup: float, path: Path) -> Path | None:
+def plot_queues(samples: Sequence[SeriesPoint], speedup: float, path: Path,
+                bands: Sequence[FaultWindow] = ()) -> Path | None:
     """Queue depth and running batch over time per node; None when no such series exist."""
     present = [m for m in QUEUE_METRICS if select(samples, metric=m)]
     if not present:
@@ -323,11 +325,13 @@ def plot_queues(samples: Sequence[SeriesPoint], speedup: float, path: Path) -> P
     for ax, m in zip(axes, present):
         _series_panel(ax, select(samples, metric=m), speedup, m)
     axes[-1].set_xlabel("time since run start (paper seconds)")
+    draw_fault_bands(axes, bands)
     return _save(fig, path)
 
 
 def plot_links(
-    samples: Sequence[SeriesPoint], scale: Scale, path: Path, wan_series: frozenset[str] = frozenset()
+    samples: Sequence[SeriesPoint], scale: Scale, path: Path, wan_series: frozenset[str] = frozenset(),
+    bands: Sequence[FaultWindow] = (),
 ) -> Path | None:
     """KV egress rate of each byte counter (paper Gbit/s), and the routing threshold if recorded.
 
@@ -358,6 +362,7 @@ def plot_links(
     if thresholds:
         _series_panel(axes[1], thresholds, scale.speedup, "threshold (tokens)")
     axes[-1].set_xlabel("time since run start (paper seconds)")
+    draw_fault_bands(axes, bands)
     return _save(fig, path)
 
 
@@ -373,16 +378,18 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
     s = summary if summary is not None else write_summary(run_dir)
     run = s["run"]
     scale = Scale(run["speedup"], run["byte_scale"])
-    ttfts = [t * scale.speedup for t in completed_ttfts_wire(load_records(run_dir))]
+    records = load_records(run_dir)
+    ttfts = [t * scale.speedup for t in completed_ttfts_wire(records)]
     samples = load_run_timeseries(run_dir, load_run_meta(run_dir))
     wan_series = frozenset(k for k, v in s["links"].items() if v["wan"])
+    faults = load_faults(run_dir)
 
     plots = [("TTFT CDF", plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", run["slo_ttft_s"]))]
     for title, p in (
-        ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png")),
-        ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series)),
-        ("WAN link", plot_wan(samples, scale, run_dir / "wan.png")),
-        ("Threshold and WAN bandwidth (control loop)", plot_control(samples, scale, run_dir / "control.png")),
+        ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png", faults)),
+        ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series, faults)),
+        ("WAN link", plot_wan(samples, scale, run_dir / "wan.png", faults)),
+        ("Threshold and WAN bandwidth (control loop)", plot_control(samples, scale, run_dir / "control.png", faults)),
     ):
         if p is not None:
             plots.append((title, p))
@@ -434,7 +441,8 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
     out.append(md_table(["Reason", "Requests"], [(r, fmt(n)) for r, n in reasons.items()]) if reasons else "None.")
     if s["requests"]["pending"]:
         out += ["", f"Requests that never finished (run interrupted): {fmt(s['requests']['pending'])}."]
-    out += ["", "## Timing fidelity", "", _fidelity_line(fid), "", "## Plots", ""]
+    out += ["", *faults_section(run_dir, records, scale.speedup)]
+    out += ["## Timing fidelity", "", _fidelity_line(fid), "", "## Plots", ""]
     out += [f"![{title}]({p.name})\n" for title, p in plots]
     path = run_dir / "report.md"
     path.write_text("\n".join(out).rstrip() + "\n")

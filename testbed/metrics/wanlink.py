@@ -15,6 +15,7 @@ import numpy as np
 
 from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
+from testbed.metrics.faults import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series
 
@@ -124,7 +125,7 @@ def link_usage(samples: Sequence[SeriesPoint], records: Sequence[RequestRecord],
     }
 
 
-def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path) -> Path | None:
+def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path, bands: Sequence[FaultWindow] = ()) -> Path | None:
     """Each WAN link's measured rate (100 ms windows, paper Gbit/s) with the configured rate in
     force drawn under it."""
     from matplotlib.figure import Figure
@@ -155,6 +156,7 @@ def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path) -> Path |
     ax.set_ylabel("WAN rate (paper Gbit/s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small", loc="best")
+    draw_fault_bands([ax], bands)
     fig.savefig(path, dpi=110)
     return path
 

@@ -3,6 +3,7 @@ children, and scripts whose output is streamed. The only module that spawns proc
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import signal
@@ -26,14 +27,21 @@ class ProcessGroup:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, key: str, argv: list[str]) -> None:
+    def spawn(self, key: str, argv: list[str], append_log: bool = False) -> None:
+        """Start `key` (again, after it died, with `append_log`: its earlier log stays)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with (self.log_dir / f"{key}.log").open("wb") as fh:
+        with (self.log_dir / f"{key}.log").open("ab" if append_log else "wb") as fh:
             self.procs[key] = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
                                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def log(self, key: str) -> str:
         return log_tail(self.log_dir / f"{key}.log")
+
+    def send_signal(self, key: str, sig: int) -> int:
+        """Signal service `key` (its whole session); returns its pid."""
+        p = self.procs[key]
+        _signal(p, sig)
+        return p.pid
 
     def dead(self) -> tuple[str, int] | None:
         """The first service that has exited, with its code."""
@@ -94,3 +102,12 @@ def run_streamed(argv: Sequence[str], cwd: Path, on_line: Callable[[str], None],
         proc.wait()
         raise
     return rc, list(tail)
+
+
+async def start_reporting_child(argv: Sequence[str], stderr: Path) -> "asyncio.subprocess.Process":
+    """A helper process (its own session) whose stdout the caller reads line by line as it goes
+    (the TCP reset injector reports each connection it touched); stderr to a log file."""
+    stderr.parent.mkdir(parents=True, exist_ok=True)
+    with stderr.open("wb") as err:
+        return await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=err,
+                                                    start_new_session=True)

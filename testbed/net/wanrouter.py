@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from testbed.core.linkprofile import LinkParams
 from testbed.net.procs import ProcessGroup
-from testbed.net.delayline import DirectionSpec, write_config
+from testbed.net.delayline import DirectionSpec, control, write_config
+from testbed.net.executor import Executor
 from testbed.net.nsexec import nsexec_argv
+from testbed.net.plan import plan_change
 from testbed.net.topology import Topology
 
 READY_TIMEOUT_S = 10.0
@@ -45,3 +50,38 @@ def start_delayline(procs: ProcessGroup, topo: Topology, workdir: Path, stats: P
             raise RuntimeError(f"delay line not ready after {READY_TIMEOUT_S:g} s:\n{procs.log('delayline')}")
         time.sleep(0.05)
     return ctl
+
+
+class LinkChangeError(RuntimeError):
+    pass
+
+
+def change_links(topo: Topology, changes: Mapping[tuple[str, str], LinkParams], control_path: Path | str | None,
+                 netns: str | None = None) -> None:
+    """Apply new parameters to some directions at runtime: delay, jitter and loss by the delay
+    line when there is one (first: it acts at once, e.g. an outage), then the kernel's rate class
+    (and netem) by netlink in the WAN router's namespace (`netns` overrides the topology's, e.g. a
+    container's /proc/PID/ns/net), only where the kernel holds what changed. Updates `topo.links`
+    to what is in force."""
+    delay_line = topo.method == "fallback" and control_path is not None
+    if delay_line:
+        if set(changes) == set(topo.links) and len(set(changes.values())) == 1:
+            sets = [("*", next(iter(changes.values())))]      # one message: every direction at once
+        else:
+            # The delay line picks a packet's direction by destination subnet, first match: with more
+            # than two DCs one entry serves all traffic into `b`, so every entry into `b` is set.
+            sets = [(f"{x}->{y}", p) for (a, b), p in changes.items() for (x, y) in topo.links if y == b]
+        for name, p in sets:
+            reply = control(str(control_path), {"op": "set", "direction": name, "delay_s": p.delay_s,
+                                                "jitter_s": p.jitter_s, "loss": p.loss,
+                                                "loss_correlation": p.loss_correlation})
+            if not reply.get("ok"):
+                raise LinkChangeError(f"delay line refused a change of {name}: {reply}")
+    # With the delay line the kernel holds only the rate.
+    kernel = {k: p for k, p in changes.items() if not delay_line or topo.links[k].rate_bps != p.rate_bps}
+    if kernel:
+        with Executor() as ex:
+            for (a, b), params in kernel.items():
+                ops = plan_change(topo, a, b, params)
+                ex.apply([dataclasses.replace(op, ns=netns) for op in ops] if netns is not None else ops)
+    topo.links.update(changes)

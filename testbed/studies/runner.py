@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import platform
 import sys
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ from testbed.metrics.records import RecordWriter
 from testbed.config.scenarios import dump_scenario
 from testbed.core.scenario import Scenario
 from testbed.traces.types import Trace, TraceRequest
+
+
+log = logging.getLogger("testbed.runner")
 
 
 @dataclass
@@ -48,7 +52,7 @@ def _versions() -> dict[str, str]:
 
 # What a run writes into its directory. Series and decisions are appended as they come, so a
 # rerun into the same directory must start from none of the previous run's, or the two mix.
-RUN_ARTEFACTS = ("timeseries", "logs", "decisions.jsonl", "records.csv", "summary.json", "report.md", "run.json",
+RUN_ARTEFACTS = ("timeseries", "logs", "decisions.jsonl", "faults.jsonl", "records.csv", "summary.json", "report.md", "run.json",
                  "deployment.json", "topology.json", "delayline.json", "wan.json", "wan-ready", "compose.yaml",
                  "stack.yaml", "fidelity.json", "ttft_cdf.png", "queues.png", "links.png", "wan.png", "control.png")
 
@@ -149,6 +153,8 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
         meta["t0"] = t0 = now()
         meta_path.write_text(json.dumps(meta, indent=1))
         await be.on_t0(t0)
+        if sc.faults and not (run_dir / "faults.jsonl").exists():
+            log.warning("the %s backend does not execute the scenario's %d fault(s)", backend, len(sc.faults))
         url = be.deployment.router.url
         try:
             stats = await be.run_client(lambda: replay(trace, url, writer, sc.scale.speedup, sc.model.name,
