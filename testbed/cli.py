@@ -39,12 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _terminated = False
+_main_pid = os.getpid()
 
 
 def _sigterm_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
     """`timeout`, CI runners, systemd and `docker stop` send SIGTERM: take the Ctrl-C path (which
     under asyncio cancels the main task), so a run tears down what it started and keeps its records."""
     global _terminated
+    if os.getpid() != _main_pid:
+        # A forked helper (pyroute2 runs namespace work in one) inherited this handler: there,
+        # SIGTERM means what it always means.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     _terminated = True
     os.kill(os.getpid(), signal.SIGINT)
 
@@ -53,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     if args.func.__module__ != "testbed.deploy.serve":     # a service handles SIGTERM itself
+        global _main_pid
+        _main_pid = os.getpid()
         signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
     try:
         rc: int = args.func(args)

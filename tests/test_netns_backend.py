@@ -136,3 +136,12 @@ def test_sigkill_then_down_leaves_nothing(tmp_path: Path) -> None:
     assert _processes_mentioning(str(out / "deployment.json")) == []
     again = subprocess.run(_testbed("down", "--prefix", prefix, "--json"), capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and json.loads(again.stdout)["namespaces"] == []
+
+
+def test_netcaps_through_the_cli_probes_the_kernel() -> None:
+    """The CLI's SIGTERM handler must not reach pyroute2's forked helpers (they are told to stop
+    with SIGTERM; inheriting the Ctrl-C path broke every namespace operation)."""
+    r = subprocess.run(_testbed("netcaps", "--json"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    caps = json.loads(r.stdout)
+    assert caps["htb"] is True and caps["method"] in ("netem", "fallback"), caps
