@@ -79,11 +79,20 @@ def fidelity(args: argparse.Namespace) -> int:
     return 0 if fig["prefill_pass"] and fig["ttft_pass"] else 1
 
 
+def _bench(args: argparse.Namespace) -> int:
+    if args.which == "sim":
+        from testbed.studies.sim_bench import bench_sim
+        return bench_sim(args)
+    return fidelity(args)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    b = sub.add_parser("bench", help="benchmarks that print figures")
-    b.add_argument("which", choices=["fidelity"])
-    b.add_argument("--scenario", default="paper-prfaas")
-    b.add_argument("--requests", type=int, default=40)
+    b = sub.add_parser("bench", help="benchmarks that print figures (fidelity: the emulator's timing; sim: the "
+                                     "simulator's speed and scale)")
+    b.add_argument("which", choices=["fidelity", "sim"])
+    b.add_argument("--scenario", default="paper-prfaas", help="fidelity: the scenario")
+    b.add_argument("--requests", type=int, default=40, help="fidelity: requests to replay")
+    b.add_argument("--seed", type=int, default=1, help="sim: seed of the generated traces")
     b.add_argument("--out", help="run directory")
     b.add_argument("--json", action="store_true")
-    b.set_defaults(func=fidelity)
+    b.set_defaults(func=_bench)
