@@ -2,8 +2,10 @@
 
 Links. Every node has a NIC in each direction (`nic-out:<node>`, `nic-in:<node>`) at the
 intra-DC profile's rate and half its delay; each ordered pair of datacenters has a WAN link
-(`<dc>-><dc>`) with the inter-DC profile's rate, delay and loss, and the profile's schedule of
-changes. A link carries payload at rate x MSS/MTU x (1 - loss) (`testbed.sim.tcp`).
+(`<dc>-><dc>`) with the inter-DC profile's rate, delay and loss. Each profile's schedule of
+changes applies at its times (the inter-DC one to every WAN link, as the emulator changes both
+directions). A link carries payload at rate x MSS/MTU x (1 - loss) (`testbed.sim.tcp`); jitter
+is not modelled.
 
 Paths. A sender node keeps one path per destination node, as the KV transport keeps one set
 of `transfer.connections` TCP connections per destination: a FIFO of bytes that crosses the
@@ -130,7 +132,7 @@ class Path:
                  "sent", "t", "inflow", "rate", "state", "k", "marks", "version", "token", "crosses")
 
     def __init__(self, src: str, dst: str, links: tuple[Link, ...], counters: tuple[Counter, ...], conns: int,
-                 chunk: float, tcp: TcpModel, crosses: bool) -> None:
+                 chunk: float, tcp: TcpModel, crosses: bool, known: tuple[float, float] | None = None) -> None:
         self.src, self.dst = src, dst
         self.links = links
         self.counters = counters
@@ -150,7 +152,10 @@ class Path:
         self.marks: list[_Mark] = []
         self.version = 0
         self.token = 0
-        self.refresh()
+        if known is None:
+            self.refresh()
+        else:
+            self.delay, self.conn_rate = known
 
     def refresh(self) -> None:
         """Delay and per-connection rate from the links' parameters in force."""
@@ -201,6 +206,9 @@ class Network:
         self.sent = {n: Counter() for n in node_dc}        # bytes each node's sender put on the wire
         self.received = {n: Counter() for n in node_dc}
         self.paths: dict[tuple[str, str], Path] = {}
+        # Paths come and go with their transfers; every NIC has the same parameters, so a path's
+        # delay and per-connection rate depend only on its datacenters (until a link changes).
+        self._route: dict[tuple[str, str], tuple[float, float]] = {}
         self.greedy: dict[Path, None] = {}                  # insertion-ordered: a deterministic fill
         self.greedy_of: dict[str, dict[Path, None]] = {n: {} for n in node_dc}
         self._tokens = 0
@@ -218,34 +226,40 @@ class Network:
                 (self.nic_out[src], self.nic_in[dst])
             counters = tuple(lk.counter for lk in links) + (self.sent[src], self.received[dst])
             p = Path(src, dst, links, counters, self.transfer.connections, self.chunk,
-                     self.inter_tcp if crosses else self.intra_tcp, crosses)
+                     self.inter_tcp if crosses else self.intra_tcp, crosses, self._route.get((a, b)))
+            self._route[(a, b)] = (p.delay, p.conn_rate)
             p.t = self.loop.now
             self.paths[(src, dst)] = p
         return p
 
     def schedule_changes(self) -> None:
-        """Apply the inter-DC profile's schedule to every WAN link at its times."""
-        for c in self.inter.schedule:
-            self.loop.at(c.at, LINK_CHANGE, self._apply_change, c)
+        """Apply each profile's schedule at its times: the inter-DC one to every WAN link, the
+        intra-DC one to every NIC."""
+        nics = list(self.nic_out.values()) + list(self.nic_in.values())
+        for profile, links, share in ((self.inter, list(self.wan.values()), 1.0), (self.intra, nics, 0.5)):
+            for c in profile.schedule:
+                self.loop.at(c.at, LINK_CHANGE, self._apply_change, (c, links, share))
 
-    def _apply_change(self, c: Any) -> None:
+    def _apply_change(self, arg: tuple[Any, list[Link], float]) -> None:
+        c, links, share = arg
         t = self.loop.now
-        for lk in self.wan.values():
+        for lk in links:
             if c.rate is not None:
                 lk.rate_bps = c.rate
             if c.delay is not None:
-                lk.delay = c.delay
+                lk.delay = c.delay * share
             if c.loss is not None:
                 lk.loss = c.loss
             lk.capacity = lk.tcp.link_payload(lk.rate_bps, lk.loss)
-        touched: list[Link] = list(self.wan.values())
+        self._route.clear()
+        changed = set(links)
         for p in list(self.paths.values()):
-            if p.crosses:
+            if changed.intersection(p.links):
                 self._advance(p, t)
                 p.refresh()
                 if p.state == LIMITED and p.inflow > p.conn_rate:
                     self._to_greedy(p, t)
-        self._rebalance(t, touched, force=True)
+        self._rebalance(t, links, force=True)
 
     # -- bytes in --------------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ class SimOptions:
     `link_lines` link-counter samples; `decisions` False leaves out the per-request routing
     decisions (threshold changes are always written)."""
 
-    series_lines: int = 200_000
+    series_lines: int = 100_000
     link_lines: int = 20_000
     decisions: bool = True
 

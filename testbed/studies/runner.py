@@ -122,7 +122,14 @@ def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None 
     meta["t0"] = 0.0
     meta_path = run_dir / "run.json"
     meta_path.write_text(json.dumps(meta, indent=1))
-    st = simulate(rs, trace, run_dir)
+    try:
+        st = simulate(rs, trace, run_dir)
+    except KeyboardInterrupt:
+        # The records written so far stay; say so, and summarise them, as a live run does.
+        meta.update({"t_end": None, "interrupted": True})
+        meta_path.write_text(json.dumps(meta, indent=1))
+        write_summary(run_dir)
+        raise
     meta["t_end"] = rs.scale.wire_seconds(st.t_end)
     meta["sim"] = {"events": st.events, "rebalances": st.rebalances, "wall_s": st.wall_s,
                    "simulated_s_paper": st.t_end}
