@@ -199,3 +199,27 @@ def test_the_control_loop_sees_the_link_drop_from_the_simulated_bytes(tmp_path: 
     # estimate follows what it delivers.
     during = [v for t, v in est if 45 <= t <= 100]
     assert during and min(during) < 0.5 * rs.inter_dc.rate
+
+
+def test_a_capacity_search_runs_on_the_simulator_without_probe_plots(tmp_path: Path) -> None:
+    from testbed.studies.capacity import search
+
+    rs = load("paper-prfaas", {"workload": {"requests": 60, "output_tokens": 32, "seed": 45}})
+    res = asyncio.run(search(rs, tmp_path, "sim", 1.0, 8.0, 3, 0.25, 30.0, verbose=False, growth_s=2.5))
+    assert [p.rate for p in res.probes] == [1.0, 8.0, 4.5]
+    assert res.lambda_max is not None and res.lambda_max >= 1.0
+    for p in res.probes:
+        run = Path(p.run_dir)
+        assert (run / "summary.json").is_file() and not (run / "report.md").exists()
+        assert json.loads((run / "run.json").read_text())["backend"] == "sim"
+
+
+def test_the_10000_gpu_deployment_keeps_the_paper_proportions() -> None:
+    from testbed.studies.sim_bench import scaled
+
+    base = load("paper-prfaas")
+    rs, k = scaled(base, 1250)
+    counts = {c.name: (c.prefill, c.decode, c.cache_bytes) for c in rs.spec.clusters}
+    assert counts == {"prfaas": (417, 0, 0), "pd": (312, 521, 0)}
+    assert k == pytest.approx(1250 / 12) and rs.inter_dc.rate == pytest.approx(base.inter_dc.rate * k)
+    assert rs.threshold == base.threshold

@@ -129,7 +129,7 @@ class _Mark:
 
 class Path:
     __slots__ = ("src", "dst", "links", "counters", "conns", "chunk", "tcp", "delay", "conn_rate", "released",
-                 "sent", "t", "inflow", "rate", "state", "k", "marks", "version", "token", "crosses")
+                 "sent", "t", "inflow", "rate", "state", "k", "marks", "version", "token", "crosses", "due")
 
     def __init__(self, src: str, dst: str, links: tuple[Link, ...], counters: tuple[Counter, ...], conns: int,
                  chunk: float, tcp: TcpModel, crosses: bool, known: tuple[float, float] | None = None) -> None:
@@ -152,6 +152,7 @@ class Path:
         self.marks: list[_Mark] = []
         self.version = 0
         self.token = 0
+        self.due = math.inf           # when its scheduled event (if greedy) is
         if known is None:
             self.refresh()
         else:
@@ -346,7 +347,7 @@ class Network:
             return
         self._seq += 1
         heapq.heappush(p.marks, _Mark(pos, self._seq, fn, arg))
-        if p.state == GREEDY:
+        if p.state == GREEDY and p.rate > 0 and t + (pos - p.sent) / p.rate < p.due:
             self._schedule(p, t)
 
     def position(self, p: Path) -> float:
@@ -380,6 +381,7 @@ class Network:
         for lk in p.links:
             lk.greedy -= 1
         p.version += 1
+        p.due = math.inf
         if p.inflow > 0 and p.inflow <= p.conn_rate:
             p.state = LIMITED
             self._tokens += 1
@@ -421,6 +423,7 @@ class Network:
         if p.inflow > p.rate and p.k < p.conns:
             # When the queue holds one chunk more than k connections carry (a byte past the boundary).
             due = min(due, t + max(p.k * p.chunk + 2 * EPS_BYTES - q, EPS_BYTES) / (p.inflow - p.rate))
+        p.due = due
         if due < math.inf:
             self.loop.at(due, NET, self._due, (p, p.version))
 
@@ -429,6 +432,7 @@ class Network:
         if version != p.version or p.state != GREEDY:
             return
         t = self.loop.now
+        p.due = math.inf
         p._advance(t)
         q = p.released - p.sent
         if q <= EPS_BYTES:
@@ -484,6 +488,24 @@ class Network:
     def _fill(self) -> tuple[dict[Path, float], dict[Link, float]]:
         """Weighted progressive filling of the greedy paths over the capacity the limited paths
         leave; returns their rates and the level (per connection) of every saturated link."""
+        rates: dict[Path, float] = {}
+        levels: dict[Link, float] = {}
+        if len(self.greedy) == 1:
+            # One greedy path (the usual case): its cap or the tightest link's room.
+            one = next(iter(self.greedy))
+            tight = one.links[0]
+            room = tight.capacity - tight.lim_sum
+            for lk in one.links[1:]:
+                r = lk.capacity - lk.lim_sum
+                if r < room:
+                    tight, room = lk, r
+            room = max(room, 0.0) / one.k
+            if one.conn_rate < room:
+                rates[one] = one.k * one.conn_rate
+            else:
+                rates[one] = one.k * room
+                levels[tight] = room
+            return rates, levels
         res: dict[Link, float] = {}
         wsum: dict[Link, float] = {}
         on: dict[Link, list[Path]] = {}
@@ -495,19 +517,6 @@ class Network:
                     on[lk] = []
                 wsum[lk] += p.k
                 on[lk].append(p)
-        rates: dict[Path, float] = {}
-        levels: dict[Link, float] = {}
-        if len(self.greedy) == 1:
-            # One greedy path (the usual case): its cap or the tightest link's room.
-            one = next(iter(self.greedy))
-            tight = min(one.links, key=lambda lk: res[lk])
-            room = res[tight] / one.k
-            if one.conn_rate < room:
-                rates[one] = one.k * one.conn_rate
-            else:
-                rates[one] = one.k * room
-                levels[tight] = room
-            return rates, levels
         left: dict[Path, None] = dict.fromkeys(self.greedy)
         while left:
             lvl = math.inf

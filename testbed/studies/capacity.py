@@ -1,4 +1,4 @@
-"""`testbed capacity`: Lambda_max by emulation.
+"""`testbed capacity`: Lambda_max by emulation (or by simulation, `--backend sim`).
 
 Replays the scenario's workload at a sequence of offered rates (bisection between a stable and
 an unstable rate) and reports the largest rate at which the run is stable and the SLOs hold:

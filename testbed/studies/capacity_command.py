@@ -19,8 +19,9 @@ from testbed.studies.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_tab
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("capacity", help="measure Lambda_max by emulation (bisection over offered rates); with "
-                                        "several scenarios, the paper's Table 6 by emulation")
+    p = sub.add_parser("capacity", help="measure Lambda_max by emulation, or simulation with --backend sim "
+                                        "(bisection over offered rates); with several scenarios, the paper's "
+                                        "Table 6")
     p.add_argument("--scenario", action="append", required=True,
                    help="scenario (repeatable: several give table6.md with the model beside the measurements)")
     p.add_argument("--backend", choices=["auto", "netns", "local", "inproc", "sim"], default="auto",
