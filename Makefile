@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ install: $(STAMP)
 ## The main job: the three paper deployments on one seeded workload, one comparison report.
 replay: $(STAMP)
 	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --out $(RUNS)/paper-compare
+
+## The same comparison by the discrete-event simulator (seconds, no root): same workload, same run directories.
+replay-sim: $(STAMP)
+	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --backend sim --out $(RUNS)/paper-compare-sim
 
 ## The analytical model of the paper (Table 6).
 model: $(STAMP)
@@ -53,6 +57,10 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/testbed bench fidelity --scenario paper-prfaas
 
+## The simulator's speed (a one-hour Mooncake-format trace) and scale (10,000 GPUs, 15 minutes).
+bench-sim: $(STAMP)
+	$(BIN)/testbed bench sim --out $(RUNS)/bench-sim
+
 ## Measure what a shaped link delivers against its profile (root).
 linkcheck: $(STAMP)
 	$(BIN)/testbed linkcheck cross-region-100g
@@ -70,6 +78,11 @@ PAPER_TABLE := --probes 6 --requests 300 --ttft-slo 30 --wait-growth 2.5 --set w
 replay-paper: $(STAMP)
 	$(BIN)/testbed capacity --scenario paper-homogeneous --scenario paper-prfaas --scenario paper-naive \
 	  $(PAPER_TABLE) --out $(RUNS)/paper-table
+
+## Table 6 by simulation: the same capacity search as replay-paper, every probe simulated (under a minute).
+replay-paper-sim: $(STAMP)
+	$(BIN)/testbed capacity --scenario paper-homogeneous --scenario paper-prfaas --scenario paper-naive \
+	  $(PAPER_TABLE) --backend sim --out $(RUNS)/paper-table-sim
 
 ## Cache-aware against length-only PrfaaS routing on a Mooncake-format trace with prefix reuse
 ## (long-context agent sessions) over the measured 14.7 Gbit/s cross-cloud link.

@@ -7,7 +7,7 @@ import pytest
 
 from testbed.core.bandwidth import BandwidthController, LinkSignals
 from testbed.core.scenario import ControlSpec
-from testbed.live.link_control import Recent, stage_model
+from testbed.core.control import Recent, stage_model
 from testbed.config.scenarios import load_scenario
 from testbed.traces.synthetic import sample_lengths
 

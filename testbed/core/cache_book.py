@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from testbed.core.kvsize import KVModel
 from testbed.core.policy import Decision
 from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache
+from testbed.core.scenario import Scenario
 
 
 class CacheBook:
@@ -71,3 +73,10 @@ class CacheBook:
             if pool := self._pool(cluster):
                 for tag in ("read", "move", "xfer"):
                     pool.release(f"{rid}:{tag}")
+
+
+def cache_book_for(sc: Scenario, kv: KVModel) -> CacheBook | None:
+    """The book over the pools of every cluster that keeps a prefix cache; None when none does."""
+    pools = {c.name: HybridPrefixCache.for_model(kv, sc.model.block_tokens, c.cache_bytes)
+             for c in sc.clusters if c.cache_bytes > 0}
+    return CacheBook(CacheIndex(pools)) if pools else None

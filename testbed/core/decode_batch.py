@@ -2,10 +2,12 @@
 
 A driver calls `admit`, sleeps `step_duration()`, then `complete_step()`; every running
 sequence emits one token per step. Sequences wait FCFS until a slot and their KV fit.
+A driver in virtual time runs the steps between membership changes at once (`advance`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -41,6 +43,7 @@ class DecodeBatch:
         self.waiting: deque[DecodeSeq] = deque()
         self.running: list[DecodeSeq] = []
         self.kv_used = 0
+        self.context = 0                    # tokens the running sequences hold (prompt + generated)
 
     def submit(self, seq: DecodeSeq) -> None:
         if seq.kv_bytes > self.kv_capacity:
@@ -59,33 +62,88 @@ class DecodeBatch:
             self.waiting.popleft()
             head.admitted_at = now
             self.kv_used += head.kv_bytes
+            self.context += head.context_tokens + head.generated
             self.running.append(head)
             out.append(head)
         return out
 
     def step_duration(self) -> float:
-        ctx = sum(s.context_tokens + s.generated for s in self.running)
-        return self.step_time(len(self.running), ctx) / self.time_scale
+        return self.step_time(len(self.running), self.context) / self.time_scale
 
     def complete_step(self) -> list[StepResult]:
+        return self._steps(1)
+
+    def _steps(self, steps: int) -> list[StepResult]:
         results: list[StepResult] = []
         keep: list[DecodeSeq] = []
+        self.context += steps * len(self.running)
         for s in self.running:
-            s.generated += 1
+            s.generated += steps
             done = s.generated >= s.output_tokens
             results.append(StepResult(s, done))
             if done:
                 self.kv_used -= s.kv_bytes
+                self.context -= s.context_tokens + s.generated
             else:
                 keep.append(s)
         self.running = keep
         return results
+
+    # -- many steps at once (a driver in virtual time skips the steps where nothing changes)
+
+    def steps_to_finish(self) -> int:
+        """Steps until the first running sequence finishes (0 when none runs)."""
+        return min((s.output_tokens - s.generated for s in self.running), default=0)
+
+    def duration_of(self, steps: int) -> float:
+        """Time of the next `steps` steps with the present membership. Each step adds one token
+        per sequence, so the context term grows by the batch size per step: an arithmetic series."""
+        if steps <= 0 or not self.running:
+            return 0.0
+        first, growth = self._series()
+        return steps * first + growth * steps * (steps - 1) / 2
+
+    def _series(self) -> tuple[float, float]:
+        """(duration of the next step, growth of each later one)."""
+        return self.step_duration(), self.step_time.per_context_token_s * len(self.running) / self.time_scale
+
+    def steps_until(self, elapsed: float) -> int:
+        """The fewest steps whose end is at or after `elapsed` from the present step boundary
+        (0 for elapsed <= 0): the boundary where something arriving then can join."""
+        if elapsed <= 0 or not self.running:
+            return 0
+        first, growth = self._series()
+
+        def span(m: int) -> float:
+            return m * first + growth * m * (m - 1) / 2
+
+        if growth > 0:
+            # m*first + growth*m*(m-1)/2 = elapsed, solved for m.
+            b = first - growth / 2
+            m = max(math.ceil((-b + math.sqrt(b * b + 2 * growth * elapsed)) / growth), 1)
+        else:
+            m = max(math.ceil(elapsed / first), 1)
+        while m > 1 and span(m - 1) >= elapsed:
+            m -= 1
+        while span(m) < elapsed:
+            m += 1
+        return m
+
+    def advance(self, steps: int) -> list[StepResult]:
+        """Run `steps` steps at once: the same state as that many `complete_step` calls, and the
+        last step's results. No sequence may finish before the last step."""
+        if steps <= 0:
+            return []
+        if steps > self.steps_to_finish():
+            raise ValueError(f"advance({steps}): a sequence finishes after {self.steps_to_finish()} steps")
+        return self._steps(steps)
 
     def abort(self, request_id: str) -> bool:
         for s in self.running:
             if s.request_id == request_id:
                 self.running.remove(s)
                 self.kv_used -= s.kv_bytes
+                self.context -= s.context_tokens + s.generated
                 return True
         for s in self.waiting:
             if s.request_id == request_id:

@@ -66,3 +66,14 @@ class KVModel:
         lin = round(self.state(tokens) / byte_scale) if self.kinds.count("linear") else 0
         full = round(self.full_bytes_per_token * max(tokens - cached, 0) / byte_scale) if self.kinds.count("full") else 0
         return self.per_layer(lin, full)
+
+    def shipped(self, tokens: int, cached: int = 0, byte_scale: float = 1.0) -> tuple[int, int]:
+        """(total, last layer) of `layer_bytes(tokens, cached, byte_scale)`, without the list."""
+        n_lin = self.kinds.count("linear")
+        n_full = self.layers - n_lin
+        lin = round(self.state(tokens) / byte_scale) if n_lin else 0
+        full = round(self.full_bytes_per_token * max(tokens - cached, 0) / byte_scale) if n_full else 0
+        # The last layer of a kind takes its share plus the remainder (see `per_layer`).
+        if self.kinds[-1] == "linear":
+            return lin + full, lin - (lin // n_lin) * (n_lin - 1)
+        return lin + full, full - (full // n_full) * (n_full - 1)

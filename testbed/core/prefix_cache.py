@@ -43,7 +43,7 @@ class Match:
 
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     nbytes: int
     pins: int = 0
@@ -72,6 +72,9 @@ class HybridPrefixCache:
     _entries: OrderedDict[Key, _Entry] = field(default_factory=OrderedDict)
     _pins: dict[str, list[Key]] = field(default_factory=dict)
     _holds: dict[str, int] = field(default_factory=dict)
+    # Running totals, so making room costs what it evicts rather than a pass over the pool.
+    _pinned_entry_bytes: int = 0
+    _held_bytes: int = 0
 
     @classmethod
     def for_model(cls, kv: KVModel, block_tokens: int, capacity_bytes: int) -> "HybridPrefixCache":
@@ -103,7 +106,7 @@ class HybridPrefixCache:
 
     @property
     def pinned_bytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values() if e.pins) + sum(self._holds.values())
+        return self._pinned_entry_bytes + self._held_bytes
 
     def holds(self, key: Key) -> bool:
         return key in self._entries
@@ -132,28 +135,38 @@ class HybridPrefixCache:
         free = self.capacity_bytes - self.used_bytes
         if nbytes <= free:
             return True
-        evictable = sum(e.nbytes for e in self._entries.values() if not e.pins)
+        evictable = self.used_bytes - self._held_bytes - self._pinned_entry_bytes
         if nbytes > free + evictable:
             return False
-        for key in list(self._entries):
+        victims: list[Key] = []
+        for key, e in self._entries.items():     # oldest first
             if free >= nbytes:
                 break
-            e = self._entries[key]
             if e.pins:
                 continue
-            del self._entries[key]
-            self.used_bytes -= e.nbytes
+            victims.append(key)
             free += e.nbytes
+        for key in victims:
+            e = self._entries.pop(key)
+            self.used_bytes -= e.nbytes
             self.stats.evicted_bytes += e.nbytes
             self.stats.evictions += 1
         return True
 
     def _refresh(self, ids: list[int], blocks: int) -> None:
         # Oldest first in the dict: move the state, then leaf..root, to the end, so the root is
-        # the most recent and the state the least.
-        for key in self._keys(ids, blocks):
-            if key in self._entries:
-                self._entries.move_to_end(key)
+        # the most recent and the state the least (the order of `_keys`).
+        entries = self._entries
+        to_end = entries.move_to_end
+        if self.state_bytes and blocks > 0:
+            key: Key = ("s", blocks, ids[blocks - 1])
+            if key in entries:
+                to_end(key)
+        if self.block_bytes:
+            for i in range(blocks - 1, -1, -1):
+                key = ("b", i, ids[i])
+                if key in entries:
+                    to_end(key)
 
     def touch(self, hash_ids: Iterable[int], tokens: int) -> None:
         """A prefill reuses a prefix of `tokens` tokens: mark its entries as just used."""
@@ -171,21 +184,25 @@ class HybridPrefixCache:
         blocks = min(input_tokens // self.block_tokens, len(ids))
         if self.capacity_bytes <= 0 or blocks == 0:
             return 0
-        # Refresh what is already there first, so making room for the rest never evicts it.
-        self._refresh(ids, blocks)
+        # Refresh what is already there first, so making room for the rest never evicts it (when
+        # everything fits without evicting, the refresh at the end gives the same order alone).
+        if self.capacity_bytes - self.used_bytes < blocks * self.block_bytes + self.state_bytes:
+            self._refresh(ids, blocks)
         added = 0
         present = 0
+        entries = self._entries
+        bb = self.block_bytes
         for i in range(blocks):
             key: Key = ("b", i, ids[i])
-            if not self.block_bytes or key in self._entries:
+            if not bb or key in entries:
                 present = i + 1
                 continue
-            if not self._make_room(self.block_bytes):
-                self.stats.refused_bytes += self.block_bytes * (blocks - i)
+            if self.capacity_bytes - self.used_bytes < bb and not self._make_room(bb):
+                self.stats.refused_bytes += bb * (blocks - i)
                 break
-            self._entries[key] = _Entry(self.block_bytes)
-            self.used_bytes += self.block_bytes
-            added += self.block_bytes
+            entries[key] = _Entry(bb)
+            self.used_bytes += bb
+            added += bb
             present = i + 1
         if self.state_bytes and present == blocks:
             skey: Key = ("s", blocks, ids[blocks - 1])
@@ -207,7 +224,10 @@ class HybridPrefixCache:
         blocks = min(tokens // self.block_tokens, len(ids))
         keys = [k for k in self._keys(ids, blocks) if k in self._entries]
         for k in keys:
-            self._entries[k].pins += 1
+            e = self._entries[k]
+            if e.pins == 0:
+                self._pinned_entry_bytes += e.nbytes
+            e.pins += 1
         self._pins.setdefault(owner, []).extend(keys)
 
     def unpin(self, owner: str) -> None:
@@ -215,6 +235,8 @@ class HybridPrefixCache:
             e = self._entries.get(k)
             if e is not None and e.pins > 0:
                 e.pins -= 1
+                if e.pins == 0:
+                    self._pinned_entry_bytes -= e.nbytes
 
     def hold(self, owner: str, nbytes: int) -> bool:
         """Transfer-cache: reserve `nbytes` for a prefill's tail KV until `release(owner)`.
@@ -225,12 +247,15 @@ class HybridPrefixCache:
             self.stats.refused_bytes += nbytes
             return False
         self._holds[owner] = nbytes
+        self._held_bytes += nbytes
         self.used_bytes += nbytes
         return True
 
     def release(self, owner: str) -> None:
         """End of a transfer: free its transfer-cache hold and unpin what it read."""
-        self.used_bytes -= self._holds.pop(owner, 0)
+        held = self._holds.pop(owner, 0)
+        self._held_bytes -= held
+        self.used_bytes -= held
         self.unpin(owner)
 
     def tail_bytes(self, input_tokens: int) -> int:
@@ -244,6 +269,9 @@ class HybridPrefixCache:
         """Accounting invariants (tests call this after every step)."""
         total = sum(e.nbytes for e in self._entries.values()) + sum(self._holds.values())
         assert total == self.used_bytes, (total, self.used_bytes)
+        pinned = sum(e.nbytes for e in self._entries.values() if e.pins)
+        assert pinned == self._pinned_entry_bytes, (pinned, self._pinned_entry_bytes)
+        assert sum(self._holds.values()) == self._held_bytes, (self._holds, self._held_bytes)
         assert 0 <= self.used_bytes <= max(self.capacity_bytes, 0), (self.used_bytes, self.capacity_bytes)
 
 

@@ -122,8 +122,9 @@ class ClusterSpec(_Strict):
     datacenter: str = Field(pattern=r"^[a-z][a-z0-9-]{0,15}$")
     kind: Literal["prfaas", "pd"]
     hardware: str
-    prefill: int = Field(ge=0, le=64)
-    decode: int = Field(ge=0, le=64)
+    # Instance counts: the emulated backends run a few dozen; the simulator runs thousands.
+    prefill: int = Field(ge=0, le=4096)
+    decode: int = Field(ge=0, le=4096)
     # The cluster's hybrid prefix cache pool (host DRAM/SSD), paper bytes; 0 = no prefix cache.
     cache_bytes: int = Field(default=0, ge=0)
 

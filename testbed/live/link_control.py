@@ -13,60 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import aiohttp
 
-from testbed.core.bandwidth import BandwidthController, ControlSample, LinkSignals, StageModel, ThresholdChange
-from testbed.core.kvsize import KVModel
+from testbed.core.bandwidth import BandwidthController, ControlSample, LinkSignals, ThresholdChange
+from testbed.core.control import Recent, change_line, control_series
 from testbed.core.scaling import Scale
-from testbed.core.scenario import Scenario
-from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now
 from testbed.live.deployment import Deployment
 from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.router.control")
-
-
-@dataclass
-class Recent:
-    """Recent arrivals (paper seconds) and their incremental lengths, for the planner."""
-
-    window: int
-    times: deque[float] = field(default_factory=deque)
-    lengths: deque[float] = field(default_factory=deque)
-
-    def add(self, t: float, length: float) -> None:
-        self.times.append(t)
-        self.lengths.append(length)
-        while len(self.times) > self.window:
-            self.times.popleft()
-            self.lengths.popleft()
-
-    def rate(self, at: float) -> float:
-        """Arrivals per second over the window, up to `at` (a quiet spell lowers it)."""
-        if len(self.times) < 2:
-            return 0.0
-        span = max(at, self.times[-1]) - self.times[0]
-        return (len(self.times) - 1) / span if span > 0 else 0.0
-
-
-def stage_model(sc: Scenario) -> StageModel:
-    """Per-stage service model of the deployment: the first PrfaaS and PD prefill hardware."""
-    kv = KVModel.from_spec(sc.model)
-
-    def first(kind: str) -> tuple[int, PrefillTime]:
-        cs = [c for c in sc.clusters if c.kind == kind and c.prefill > 0]
-        n = sum(c.prefill for c in cs)
-        pt = PrefillTime.from_spec(sc.hardware[cs[0].hardware].prefill) if cs else PrefillTime((), (), (0.0,), 0.0)
-        return n, pt
-
-    n_pf, t_pf = first("prfaas")
-    n_pd, t_pd = first("pd")
-    return StageModel(n_pf, n_pd, t_pf.uncached_time, t_pd.uncached_time, lambda l: float(kv.total(round(l))))
 
 
 @dataclass
@@ -149,23 +108,9 @@ class LinkControl:
             tail_s=sum(tails) / len(tails) * sc.speedup if tails else None,
         )
         sample, change = self.ctl.update(sig, self.adjust)
-        self.series.write([
-            Sample("wan_delivered_bps_paper", sample.delivered_bps, {}),
-            Sample("wan_bandwidth_estimate_bps_paper", sample.bandwidth_bps, {}),
-            Sample("wan_undelivered_bytes_paper", sig.undelivered_bytes, {}),
-            Sample("wan_retrans_share", sig.retrans_share, {}),
-            Sample("wan_saturated", 1.0 if sample.saturated else 0.0, {}),
-            *([Sample("kv_tail_s_paper", sig.tail_s, {})] if sig.tail_s is not None else []),
-            Sample("bandwidth_abundant", 1.0 if sample.state == "abundant" else 0.0, {}),
-            Sample("planned_load", sample.loads.link, {"stage": "link"}),
-            Sample("planned_load", sample.loads.prfaas, {"stage": "prfaas"}),
-            Sample("planned_load", sample.loads.pdp, {"stage": "pdp"}),
-            Sample("prefill_queued_s_paper", sig.prfaas_backlog_s, {"stage": "prfaas"}),
-            Sample("prefill_queued_s_paper", sig.pdp_backlog_s, {"stage": "pdp"}),
-        ], ts=t)
+        self.series.write([Sample(*x) for x in control_series(sig, sample)], ts=t)
         if change is not None:
-            self.decisions.write([Sample("threshold_change", change.new,
-                                         {"old": f"{change.old:.0f}", "reason": change.reason})], ts=t)
+            self.decisions.write([Sample(*change_line(change))], ts=t)
             log.info("threshold %.0f -> %.0f: %s", change.old, change.new, change.reason)
         self.on_sample(sample, change)
         return sample, change

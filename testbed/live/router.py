@@ -27,22 +27,21 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from testbed.core.bandwidth import BandwidthController, ControlSample, ThresholdChange
-from testbed.core.cache_book import CacheBook
+from testbed.core.cache_book import CacheBook, cache_book_for
+from testbed.core.control import Recent, controller_for
 from testbed.core.health import HealthBook, HealthChange, Outcome
 from testbed.core.kvsize import KVModel
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
-from testbed.core.policy import (
-    BandwidthState, Decision, LoadTracker, NoCapacity, Policy, RoutingRequest, get_policy, least_loaded_prefill,
-)
-from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache
+from testbed.core.policy import BandwidthState, LoadTracker, NoCapacity, Policy, get_policy
 from testbed.core.record import (
     NAN, NO_TRACE_INDEX, PrefillReport, RecordFormatError, RequestRecord, report_from_wire,
 )
+from testbed.core.routing import RoutePlan, route
 from testbed.core.scenario import Scenario
 from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now
 from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
-from testbed.live.link_control import LinkControl, Recent, stage_model
+from testbed.live.link_control import LinkControl
 from testbed.live.openai_api import (
     Limits, ParsedRequest, RequestError, block_hashes, chunk, full_response, parse, record_extension, usage_chunk,
 )
@@ -121,15 +120,7 @@ class _Progress:
     rec: RequestRecord
 
 
-@dataclass
-class _Plan:
-    """A routed request: the decision and what carrying it out needs."""
-
-    d: Decision
-    work: float                      # modelled prefill, wire seconds (the tracker's backlog)
-    hashes: tuple[int, ...]
-    move_src: str | None = None      # prefill node that sends the moved cached prefix
-    move_bytes_paper: int = 0
+_Plan = RoutePlan
 
 
 def _route(st: RouterState, req: ParsedRequest, rid: str, avoid: frozenset[str] = frozenset()) -> _Plan:
@@ -137,31 +128,7 @@ def _route(st: RouterState, req: ParsedRequest, rid: str, avoid: frozenset[str] 
     else is left of the role needed."""
     sc = st.cfg.deployment.scenario
     hashes = req.hash_ids or block_hashes(req.content, sc.model.block_tokens)
-    cached = st.book.index.usable(hashes, req.input_tokens) if st.book is not None else {}
-    rreq = RoutingRequest(rid, req.input_tokens, cached)
-    down = st.health.down()
-    try:
-        view = st.tracker.view(st.threshold, now(), down=down | avoid, bandwidth=st.bandwidth)
-        d = st.policy(view, rreq)
-    except NoCapacity:
-        if not avoid:
-            raise
-        view = st.tracker.view(st.threshold, now(), down=down, bandwidth=st.bandwidth)
-        d = st.policy(view, rreq)
-    hw = sc.cluster(d.prefill_cluster).hardware
-    work = st.cfg.scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))
-    st.tracker.assign(d, work)
-    plan = _Plan(d, work, hashes)
-    if d.cache_move is not None:
-        src = next(c for c in view.clusters if c.name == d.cache_move.src_cluster)
-        plan.move_src = least_loaded_prefill(src).node_id
-        plan.move_bytes_paper = st.kv.incremental(d.cache_move.tokens, d.cache_move.from_tokens)
-    if st.book is not None:
-        st.book.routed(rid, hashes, d)
-    # The planner judges the length the PD cluster would compute (the scarce rule's l).
-    pd_cached = max((v for k, v in cached.items() if sc.cluster(k).kind == "pd"), default=0)
-    st.recent.add(st.cfg.scale.paper_seconds(now()), req.input_tokens - (pd_cached if st.cache_aware else 0))
-    return plan
+    return route(st, sc, rid, req.input_tokens, hashes, now(), st.cfg.scale, st.health.down(), avoid)
 
 
 async def _move_cache(st: RouterState, rid: str, plan: _Plan, tid: int, prog: _Progress) -> None:
@@ -549,22 +516,11 @@ async def _probe_forever(st: RouterState) -> None:
 
 
 def _cache_book(sc: Scenario, kv: KVModel) -> CacheBook | None:
-    pools = {c.name: HybridPrefixCache.for_model(kv, sc.model.block_tokens, c.cache_bytes)
-             for c in sc.clusters if c.cache_bytes > 0}
-    return CacheBook(CacheIndex(pools)) if pools else None
+    return cache_book_for(sc, kv)
 
 
 def _controller(cfg: ServiceConfig, threshold: float | None) -> BandwidthController | None:
-    """The short-term loop runs under the prfaas policy when it may move the threshold, or when
-    the cache-aware rules need the measured bandwidth state."""
-    sc = cfg.deployment.scenario
-    pol = sc.policy
-    if pol.name != "prfaas" or threshold is None or threshold <= 0:
-        return None
-    if not (pol.bandwidth_aware or (pol.cache_aware and pol.bandwidth_state == "auto")):
-        return None
-    nominal = cfg.deployment.inter_dc.rate
-    return BandwidthController(threshold, nominal, stage_model(sc), pol.control, float(sc.workload.input.max))
+    return controller_for(cfg.deployment.scenario, threshold, cfg.deployment.inter_dc.rate)
 
 
 def _make_metrics(reg: CollectorRegistry) -> RouterMetrics:

@@ -463,8 +463,9 @@ def _shaping_line(run_dir: Path) -> str:
     links = sh.get("links") or {}
     if links:
         k, v = next(iter(links.items()))
+        queue = f", queue {v['queue_bytes']} B" if "queue_bytes" in v else ""   # a flow model has none
         parts.append(f"{k}: {v['rate_bps_wire'] / 1e6:.4g} Mbit/s wire, one-way delay "
-                     f"{v['delay_s_wire'] * 1e3:.3g} ms wire, loss {v['loss']:.2%}, queue {v['queue_bytes']} B")
+                     f"{v['delay_s_wire'] * 1e3:.3g} ms wire, loss {v['loss']:.2%}{queue}")
     detail = sh.get("detail")
     return ", ".join(parts) + "." + (f" {detail}." if isinstance(detail, str) and detail else "")
 

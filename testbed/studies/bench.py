@@ -125,16 +125,26 @@ def kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    if args.which == "sim":
+        from testbed.studies.sim_bench import bench_sim
+        return bench_sim(args)
+    if args.which == "kv":
+        return kv(args)
+    return fidelity(args)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    b = sub.add_parser("bench", help="benchmarks that print figures")
-    b.add_argument("which", choices=["fidelity", "kv"],
-                   help="fidelity: measured vs modelled timing of a replay; kv: loopback KV transport throughput")
-    b.add_argument("--scenario", default="paper-prfaas")
-    b.add_argument("--requests", type=int, default=40)
+    b = sub.add_parser("bench", help="benchmarks that print figures (fidelity: the emulator's timing; kv: loopback "
+                                     "KV transport throughput; sim: the simulator's speed and scale)")
+    b.add_argument("which", choices=["fidelity", "kv", "sim"])
+    b.add_argument("--scenario", default="paper-prfaas", help="fidelity: the scenario")
+    b.add_argument("--requests", type=int, default=40, help="fidelity: requests to replay")
+    b.add_argument("--seed", type=int, default=1, help="sim: seed of the generated traces")
     b.add_argument("--out", help="run directory")
     b.add_argument("--json", action="store_true")
     b.add_argument("--bytes", type=int, default=10**9, help="kv: bytes of the transfer")
     b.add_argument("--connections", type=int, default=4, help="kv: connections")
     b.add_argument("--chunk-bytes", type=int, default=256 * 1024, help="kv: chunk size")
     b.add_argument("--runs", type=int, default=5, help="kv: transfers to take the median of")
-    b.set_defaults(func=lambda a: kv(a) if a.which == "kv" else fidelity(a))
+    b.set_defaults(func=_bench)

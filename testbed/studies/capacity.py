@@ -1,4 +1,4 @@
-"""`testbed capacity`: Lambda_max by emulation.
+"""`testbed capacity`: Lambda_max by emulation (or by simulation, `--backend sim`).
 
 Replays the scenario's workload at a sequence of offered rates (bisection between a stable and
 an unstable rate) and reports the largest rate at which the run is stable and the SLOs hold:
@@ -98,8 +98,10 @@ async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, gro
     sc = rs.spec
     rs_r = rs.at_rate(rate)
     run_dir = out / f"rate-{rate:.3f}"
+    # A simulated probe takes a fraction of a second; its report's plots would take seconds more
+    # (its summary.json is written, and `testbed report` renders the rest on demand).
     res = await run_replay_async(rs_r, trace_from_workload(rs_r.spec.workload), run_dir, backend,
-                                 name=f"{sc.name} @ {rate:.3f} req/s")
+                                 name=f"{sc.name} @ {rate:.3f} req/s", report=backend != "sim")
     recs = read_records(run_dir / "records.csv")
     ok, reasons, fig = judge(recs, sc.scale.speedup, ttft_slo, sc.slo.tpot_s, growth_limit, growth_s)
     if res.interrupted:

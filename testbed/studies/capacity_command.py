@@ -19,11 +19,13 @@ from testbed.studies.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_tab
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("capacity", help="measure Lambda_max by emulation (bisection over offered rates); with "
-                                        "several scenarios, the paper's Table 6 by emulation")
+    p = sub.add_parser("capacity", help="measure Lambda_max by emulation, or simulation with --backend sim "
+                                        "(bisection over offered rates); with several scenarios, the paper's "
+                                        "Table 6")
     p.add_argument("--scenario", action="append", required=True,
                    help="scenario (repeatable: several give table6.md with the model beside the measurements)")
-    p.add_argument("--backend", choices=["auto", "netns", "local", "inproc"], default="auto")
+    p.add_argument("--backend", choices=["auto", "netns", "local", "inproc", "sim"], default="auto",
+                   help="sim: every probe by the discrete-event simulator (seconds instead of minutes)")
     p.add_argument("--requests", type=int, default=240, help="requests per probe (default 240)")
     p.add_argument("--lo", type=float, help="a rate expected to be stable (default 0.6 x the model's Lambda_max)")
     p.add_argument("--hi", type=float, help="a rate expected to be unstable (default 1.3 x the model's Lambda_max)")
@@ -89,7 +91,8 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], back
     out.mkdir(parents=True, exist_ok=True)
     ttft_slo = args.ttft_slo or max(rs.spec.slo.ttft_s for rs in scenarios)
     growth = args.wait_growth if args.wait_growth is not None else DEFAULT_GROWTH_S
-    print(f"Table 6 by emulation: {', '.join(rs.name for rs in scenarios)}; {args.probes} probes of {args.requests} "
+    print(f"Table 6 by {'simulation' if backend == 'sim' else 'emulation'}: {', '.join(rs.name for rs in scenarios)}; "
+          f"{args.probes} probes of {args.requests} "
           f"requests each, backend {backend} -> {out}", file=sys.stderr)
     if args.table_only:
         try:

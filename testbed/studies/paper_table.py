@@ -332,6 +332,18 @@ def rebuild_table(scenarios: Sequence[ResolvedScenario], out: Path, ttft_slo: fl
     return deps
 
 
+def _backend(deps: Sequence[TableRow]) -> str | None:
+    """The backend the probes ran on (from a probe's run.json)."""
+    for d in deps:
+        for p in d.capacity.probes:
+            try:
+                backend = json.loads((Path(p.run_dir) / "run.json").read_text()).get("backend")
+            except (OSError, ValueError):
+                continue
+            return backend if isinstance(backend, str) else None
+    return None
+
+
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -370,8 +382,10 @@ def write_table(deps: Sequence[TableRow], out: Path, ttft_slo: float, growth_s: 
         ("PrfaaS egress at Λ_max, model (Gbit/s)", [f"{d.model['egress_bps'] / 1e9:.1f}" for d in deps]),
     ]
     common = {d.common_rate for d in deps}
-    lines = ["# Table 6 by emulation", "",
-             "Measured by `testbed capacity` (bisection over offered rates; each probe a full replay) on the "
+    simulated = _backend(deps) == "sim"
+    lines = [f"# Table 6 by {'simulation' if simulated else 'emulation'}", "",
+             "Measured by `testbed capacity` (bisection over offered rates; each probe a full "
+             f"{'simulated replay, `--backend sim`' if simulated else 'replay'}) on the "
              "paper's synthetic workload; model figures from `testbed model` beside them.", "",
              f"Stable means: every request completed, P90 TPOT within the decode SLO (40 tokens/s, 5% timer "
              f"allowance), P90 TTFT <= {ttft_slo:g} s (stated SLO; the model's queue-free P90 of homogeneous PD "

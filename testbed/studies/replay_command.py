@@ -43,11 +43,12 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "probe of this workload on this backend keeps time faithfully (probes kept under the run "
                         "directory's speedup-probes/)")
     p.add_argument("--requests", type=int, help="replay only the first N requests (after --window and --sample)")
-    p.add_argument("--backend", choices=["auto", "netns", "compose", "swarm", "local", "inproc"], default="auto",
+    p.add_argument("--backend", choices=["auto", "netns", "compose", "swarm", "local", "inproc", "sim"], default="auto",
                    help="netns: a namespace per service and shaped WAN links (root); compose: one container per "
                         "service, a WAN router container (Docker); swarm: the same as a Docker Swarm stack, each "
                         "datacenter on the nodes labelled for it (root, a swarm manager); local: one process per "
-                        "service on loopback; inproc: all in this process; auto: netns if root, else local")
+                        "service on loopback; inproc: all in this process; sim: the discrete-event simulator in "
+                        "virtual time (no services, a flow-level link model); auto: netns if root, else local")
     p.add_argument("--json", action="store_true", help="print figures as JSON")
 
 

@@ -103,6 +103,61 @@ def pick_backend(requested: str) -> tuple[str, str | None]:
     return "netns", None
 
 
+def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    clear_previous_run(run_dir)
+    (run_dir / "timeseries").mkdir(exist_ok=True)
+    (run_dir / "scenario.yaml").write_text(dump_scenario(rs.spec))
+
+
+def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str,
+              shaping: dict[str, Any]) -> dict[str, Any]:
+    sc = rs.spec
+    return {
+        "name": name or sc.name, "scenario": sc.name, "policy": sc.policy.name, "backend": backend,
+        "t0": None, "t_end": None,
+        "scale": {"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
+        "shaping": shaping, "slo": {"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
+        "offered_rate": trace.rate if len(trace) > 1 else 0.0,
+        "trace": {"source": trace.source, "requests": len(trace)},
+        "threshold": rs.threshold, "versions": _versions(), "interrupted": False,
+    }
+
+
+def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None = None,
+            on_progress: Callable[[ReplayStats], None] | None = None, report: bool = True) -> RunResult:
+    """The same run directory as a live replay, from the discrete-event simulator (`testbed.sim`):
+    virtual time starts at t0 = 0, so records and series are wire seconds since the start."""
+    from testbed.metrics.report import write_report
+    from testbed.metrics.summary import write_summary
+    from testbed.sim import shaping, simulate
+
+    _start_run_dir(rs, run_dir)
+    meta = _run_meta(rs, trace, name, "sim", shaping(rs))
+    meta["t0"] = 0.0
+    meta_path = run_dir / "run.json"
+    meta_path.write_text(json.dumps(meta, indent=1))
+    try:
+        st = simulate(rs, trace, run_dir)
+    except KeyboardInterrupt:
+        # The records written so far stay; say so, and summarise them, as a live run does.
+        meta.update({"t_end": None, "interrupted": True})
+        meta_path.write_text(json.dumps(meta, indent=1))
+        write_summary(run_dir)
+        raise
+    meta["t_end"] = rs.scale.wire_seconds(st.t_end)
+    meta["sim"] = {"events": st.events, "rebalances": st.rebalances, "wall_s": st.wall_s,
+                   "simulated_s_paper": st.t_end}
+    meta_path.write_text(json.dumps(meta, indent=1))
+    stats = ReplayStats(sent=len(trace), completed=st.completed, failed=st.failed, total=len(trace))
+    if on_progress:
+        on_progress(stats)
+    summary = write_summary(run_dir)
+    if report:
+        write_report(run_dir, summary)
+    return RunResult(run_dir, stats, False, summary)
+
+
 def make_backend(kind: str, rs: ResolvedScenario, run_dir: Path) -> Backend:
     if kind in ("local", "inproc"):
         return LoopbackBackend(kind, rs, run_dir)
@@ -115,31 +170,24 @@ def make_backend(kind: str, rs: ResolvedScenario, run_dir: Path) -> Backend:
     if kind == "swarm":
         from testbed.deploy.swarm import SwarmBackend
         return SwarmBackend(rs, run_dir)
-    raise ValueError(f"unknown backend {kind!r} (local, inproc, netns, compose, swarm)")
+    raise ValueError(f"unknown backend {kind!r} (local, inproc, netns, compose, swarm; sim runs without one)")
 
 
 async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, backend: str = "local",
                            name: str | None = None,
-                           on_progress: Callable[[ReplayStats], None] | None = None) -> RunResult:
+                           on_progress: Callable[[ReplayStats], None] | None = None,
+                           report: bool = True) -> RunResult:
+    """Replay `trace` on `backend` into `run_dir`; `report` False leaves out report.md and its
+    plots (summary.json is always written; `testbed report RUN` renders them later)."""
+    if backend == "sim":
+        return run_sim(rs, trace, run_dir, name, on_progress, report)
     from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
 
     sc = rs.spec
-    run_dir.mkdir(parents=True, exist_ok=True)
-    clear_previous_run(run_dir)
-    (run_dir / "timeseries").mkdir(exist_ok=True)
-    (run_dir / "scenario.yaml").write_text(dump_scenario(sc))
-    threshold = rs.threshold
+    _start_run_dir(rs, run_dir)
     be = make_backend(backend, rs, run_dir)
-    offered = trace.rate if len(trace) > 1 else 0.0
-    meta: dict[str, Any] = {
-        "name": name or sc.name, "scenario": sc.name, "policy": sc.policy.name, "backend": backend,
-        "t0": None, "t_end": None,
-        "scale": {"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
-        "shaping": be.shaping(), "slo": {"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
-        "offered_rate": offered, "trace": {"source": trace.source, "requests": len(trace)},
-        "threshold": threshold, "versions": _versions(), "interrupted": False,
-    }
+    meta = _run_meta(rs, trace, name, backend, be.shaping())
     meta_path = run_dir / "run.json"
     meta_path.write_text(json.dumps(meta, indent=1))
     stats = ReplayStats(total=len(trace))
@@ -178,5 +226,6 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
         meta.update({"t_end": meta["t_end"] or now(), "interrupted": interrupted})
         meta_path.write_text(json.dumps(meta, indent=1))
         summary = write_summary(run_dir)
-        write_report(run_dir, summary)
+        if report:
+            write_report(run_dir, summary)
     return RunResult(run_dir, stats, interrupted, summary)

@@ -1,0 +1,85 @@
+"""One routing step of the router, I/O-free: look up every cluster's usable cached prefix, ask
+the policy, book the assignment, pick the source of any cache move, pin what the prefill reads
+and note the arrival for the control loop. The live router and the simulator both call `route`
+with their own state (anything that has the attributes of `RouterBooks`) and clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from testbed.core.cache_book import CacheBook
+from testbed.core.control import Recent
+from testbed.core.kvsize import KVModel
+from testbed.core.policy import (
+    BandwidthState, Decision, LoadTracker, NoCapacity, Policy, RoutingRequest, least_loaded_prefill,
+)
+from testbed.core.scaling import Scale
+from testbed.core.scenario import Scenario
+from testbed.core.servicetime import PrefillTime
+
+
+class RouterBooks(Protocol):
+    """What routing reads and updates: the router's own state."""
+
+    @property
+    def policy(self) -> Policy: ...
+    @property
+    def tracker(self) -> LoadTracker: ...
+    @property
+    def kv(self) -> KVModel: ...
+    @property
+    def prefill_time(self) -> dict[str, PrefillTime]: ...
+    @property
+    def book(self) -> CacheBook | None: ...
+    @property
+    def recent(self) -> Recent: ...
+    @property
+    def cache_aware(self) -> bool: ...
+    @property
+    def threshold(self) -> float | None: ...
+    @property
+    def bandwidth(self) -> BandwidthState: ...
+
+
+@dataclass
+class RoutePlan:
+    """A routed request: the decision and what carrying it out needs."""
+
+    d: Decision
+    work: float                      # modelled prefill in the driver's time unit (the tracker's backlog)
+    hashes: tuple[int, ...]
+    move_src: str | None = None      # prefill node that sends the moved cached prefix
+    move_bytes_paper: int = 0
+
+
+def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tuple[int, ...], now: float,
+          scale: Scale, down: frozenset[str] = frozenset(), avoid: frozenset[str] = frozenset()) -> RoutePlan:
+    """Route one request at `now` (the driver's clock; `scale` turns paper seconds into it) to
+    instances not `down`; `avoid` (a retry's failed instances) too, unless nothing else is left
+    of the role needed."""
+    cached = st.book.index.usable(hashes, input_tokens) if st.book is not None else {}
+    rreq = RoutingRequest(rid, input_tokens, cached)
+    try:
+        view = st.tracker.view(st.threshold, now, down=down | avoid, bandwidth=st.bandwidth)
+        d = st.policy(view, rreq)
+    except NoCapacity:
+        if not avoid:
+            raise
+        view = st.tracker.view(st.threshold, now, down=down, bandwidth=st.bandwidth)
+        d = st.policy(view, rreq)
+    hw = sc.cluster(d.prefill_cluster).hardware
+    work = scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))
+    st.tracker.assign(d, work)
+    plan = RoutePlan(d, work, hashes)
+    if d.cache_move is not None:
+        src = next(c for c in view.clusters if c.name == d.cache_move.src_cluster)
+        plan.move_src = least_loaded_prefill(src).node_id
+        plan.move_bytes_paper = st.kv.incremental(d.cache_move.tokens, d.cache_move.from_tokens)
+    if st.book is not None:
+        st.book.routed(rid, hashes, d)
+    # The planner judges the length the PD cluster would compute (the scarce rule's l).
+    pd_cached = max((v for k, v in cached.items() if sc.cluster(k).kind == "pd"), default=0)
+    st.recent.add(scale.paper_seconds(now), input_tokens - (pd_cached if st.cache_aware else 0))
+    return plan

@@ -1,0 +1,25 @@
+"""What the instances need from the simulation that drives them (so they need not import it)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from testbed.sim.events import EventLoop
+from testbed.sim.network import Network, Path
+from testbed.sim.request import SimRequest
+
+
+class Host(Protocol):
+    @property
+    def loop(self) -> EventLoop: ...
+    @property
+    def net(self) -> Network: ...
+
+    def transfer_handed(self, req: SimRequest, path: Path, pos: float) -> None:
+        """A prefill's compute ended with its KV up to byte `pos` of `path`."""
+
+    def finished(self, req: SimRequest, t: float) -> None:
+        """The request's last token is out."""
+
+    def fail(self, req: SimRequest, reason: str, t: float) -> None:
+        """The request cannot go on."""
