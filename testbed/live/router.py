@@ -159,9 +159,12 @@ async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, pro
     move_tid = next(st.transfer_ids) if d.cache_move is not None else None
     pnode, dnode = dep.nodes[d.prefill_node], dep.nodes[d.decode_node]
     kv_paper = st.kv.total(req.input_tokens)
-    decode_body = {"request_id": rid, "transfer_id": tid, "input_tokens": req.input_tokens,
+    # Nodes know an attempt by its own id: a retry may land where the failed attempt is still
+    # being cleaned up.
+    node_rid = rid if not prog.rec.retries else f"{rid}~retry{prog.rec.retries}"
+    decode_body = {"request_id": node_rid, "transfer_id": tid, "input_tokens": req.input_tokens,
                    "output_tokens": req.output_tokens, "kv_bytes_paper": kv_paper}
-    prefill_body = {"request_id": rid, "transfer_id": tid, "input_tokens": req.input_tokens,
+    prefill_body = {"request_id": node_rid, "transfer_id": tid, "input_tokens": req.input_tokens,
                     "cached_tokens": d.cached_tokens, "decode_cached_tokens": d.decode_cached_tokens,
                     "cache_in_transfer": move_tid, "decode_node": d.decode_node}
     book = st.book
