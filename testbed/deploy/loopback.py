@@ -10,6 +10,7 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.local import LocalBackend
 from testbed.deploy.plan import loopback_deployment
+from testbed.live.deployment import Endpoint
 
 T = TypeVar("T")
 NO_SHAPING = {
@@ -19,9 +20,13 @@ NO_SHAPING = {
 
 
 class LoopbackBackend:
-    def __init__(self, kind: str, rs: ResolvedScenario, run_dir: Path) -> None:
+    def __init__(self, kind: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
+                 host_port: int = 0) -> None:
         self.name = kind
         self.deployment = loopback_deployment(rs, str(run_dir.resolve()))
+        self.deployment.extra.update(extra or {})
+        if host_port:       # the router is on the host already: it listens on the port asked for
+            self.deployment.router = Endpoint(self.deployment.router.host, host_port)
         self._impl: LocalBackend | InProcessBackend = (
             LocalBackend(self.deployment, run_dir) if kind == "local" else InProcessBackend(self.deployment))
 
@@ -36,6 +41,9 @@ class LoopbackBackend:
 
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()
+
+    async def host_url(self) -> str:
+        return self.deployment.router.url
 
     async def stop(self) -> None:
         await self._impl.__aexit__(None, None, None)
