@@ -450,7 +450,8 @@ async def _serve(request: web.Request, kind: str, st: RouterState, seen: _Seen) 
         seen.error = f"bad request: {e}"
         raise bad_request(str(e)) from None
     model = req.model or sc.model.name
-    rid = req.client_request_id or uuid.uuid4().hex[:16]
+    # X-Request-Id as vLLM takes it (aiperf sends one): an outside client's records match the router's.
+    rid = req.client_request_id or request.headers.get("X-Request-Id", "")[:128] or uuid.uuid4().hex[:16]
     cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     t_arrival = seen.arrival
     prog = _Progress(Lifecycle(rid), RequestRecord(rid, NO_TRACE_INDEX, req.input_tokens, req.output_tokens))

@@ -52,7 +52,7 @@ class NetnsForwarder:
         self.connections = 0
         self._server: asyncio.Server | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -89,10 +89,8 @@ class NetnsForwarder:
         return await asyncio.open_connection(sock=sock)
 
     async def _accepted(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
         self.connections += 1
+        self._writers.add(cwriter)
         twriter: asyncio.StreamWriter | None = None
         try:
             try:
@@ -100,21 +98,22 @@ class NetnsForwarder:
             except (OSError, TimeoutError) as e:
                 log.warning("forward to %s:%d in %s failed: %s", *self.target, self.netns or "this namespace", e)
                 return
+            self._writers.add(twriter)
             await asyncio.gather(_pipe(creader, twriter), _pipe(treader, cwriter))
         finally:
-            self._tasks.discard(task)
             for w in (cwriter, twriter):
                 if w is not None:
+                    self._writers.discard(w)
                     w.close()
-                    with contextlib.suppress(ConnectionError, OSError):
+                    with contextlib.suppress(Exception):
                         await w.wait_closed()
 
     async def close(self) -> None:
+        """Stop listening and reset every relayed connection."""
         if self._server is not None:
             self._server.close()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            for w in list(self._writers):
+                w.transport.abort()
             await self._server.wait_closed()
             self._server = None
         if self._pool is not None:

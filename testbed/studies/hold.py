@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Callable
 
 import aiohttp
@@ -169,6 +171,28 @@ async def hold_async(rs: ResolvedScenario, run_dir: Path, backend: str, stop: as
     return HoldResult(run_dir, ended, summary)
 
 
+def stop_on_sigint(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> Callable[[], None]:
+    """SIGINT (and SIGTERM, which the CLI turns into SIGINT) sets `stop`; teardown then runs to
+    the end. A plain handler, not `loop.add_signal_handler`: a child that a library forks without
+    exec (pyroute2 does, to open sockets in a namespace, and sends it SIGTERM when done) shares
+    the loop's signal wakeup fd, so its signals would reach this loop as the hold's own. In such a
+    child the signal takes its default action instead."""
+    pid = os.getpid()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        loop.call_soon_threadsafe(stop.set)
+
+    previous = signal.signal(signal.SIGINT, handler)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, previous)
+    return restore
+
+
 def with_hold_speedup(sets: list[str]) -> list[str]:
     """The `--set` list with scale.speedup=1 first, unless the user set the speedup."""
     from testbed.config.overrides import parse_assignments
@@ -215,13 +239,11 @@ def cmd_hold(args: argparse.Namespace) -> int:
 
     async def main() -> HoldResult:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        # SIGINT (and SIGTERM, which the CLI turns into SIGINT) ends the hold; teardown then runs to the end.
-        loop.add_signal_handler(signal.SIGINT, stop.set)
+        restore = stop_on_sigint(asyncio.get_running_loop(), stop)
         try:
             return await hold_async(rs, out, backend, stop, ready, args.port)
         finally:
-            loop.remove_signal_handler(signal.SIGINT)
+            restore()
 
     res = asyncio.run(main())
     n = res.summary["requests"]["total"]
