@@ -5,12 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,analysis]'
+	$(BIN)/pip install -q -e '.[dev,analysis,clients]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -49,6 +49,9 @@ test-docker: $(STAMP)
 	$(BIN)/pytest -q -m docker
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
+## aiperf and the openai package against `testbed up --hold` (part of `make test` too).
+test-clients: $(STAMP)
+	$(BIN)/pytest -q -m clients
 typecheck: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports

@@ -14,6 +14,7 @@ from testbed.core.kvsize import KVModel
 from testbed.core.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
+from testbed.live.openai_api import TOKEN_TEXT
 from testbed.live.replayer import replay
 from testbed.metrics.records import RecordWriter, read_records
 from testbed.config.scenarios import load_scenario
@@ -105,7 +106,7 @@ async def test_openai_client_streams_against_router(tmp_path: Path) -> None:
         text = ""
         async for ch in stream:
             text += ch.choices[0].text if ch.choices else ""
-        assert text.count("tok") == 9
+        assert text.count(TOKEN_TEXT) == 9
         chat = await client.chat.completions.create(
             model="kimi-linear-1t", messages=[{"role": "user", "content": "hi there"}], max_tokens=5,
             stream=True, stream_options={"include_usage": True})
@@ -115,7 +116,7 @@ async def test_openai_client_streams_against_router(tmp_path: Path) -> None:
                 parts.append(ch.choices[0].delta.content)
             if ch.usage:
                 usage = ch.usage
-        assert "".join(parts).count("tok") == 5 and usage is not None and usage.completion_tokens == 5
+        assert "".join(parts).count(TOKEN_TEXT) == 5 and usage is not None and usage.completion_tokens == 5
         full = await client.completions.create(model="m", prompt=[1, 2, 3] * 1000, max_tokens=3,
                                                extra_body={"testbed": {"input_tokens": 50000}})
         assert full.usage is not None and full.usage.prompt_tokens == 50000 and full.usage.completion_tokens == 3

@@ -34,6 +34,11 @@ class Backend(Protocol):
         """Run a client coroutine where the router's address is reachable."""
         ...
 
+    async def host_url(self) -> str:
+        """After start: the router's base URL as a client on this host reaches it, on the port the
+        backend was given (`host_port`; 0: one it picked), opening the way there if needed."""
+        ...
+
     async def stop(self) -> None:
         """Stop everything this backend started. Idempotent."""
         ...

@@ -87,8 +87,9 @@ def deployment_for(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
 
 
 def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, run_dir: Path,
-                 ctl_dir: Path, mtu: int = 65000) -> dict[str, Any]:
-    """The compose document (pure: no I/O)."""
+                 ctl_dir: Path, mtu: int = 65000, router_port: int | None = None) -> dict[str, Any]:
+    """The compose document (pure: no I/O). `router_port`: publish the router's API on the host's
+    loopback at that port (a held deployment, for outside clients)."""
     lay = layout(sc)
     tcp = profile.tcp
     sysctls: dict[str, str] = {}
@@ -125,6 +126,8 @@ def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, r
             "labels": dict(labels),
             "depends_on": ["wan"],
         }
+        if sid == "router" and router_port is not None:
+            services[sid]["ports"] = [f"127.0.0.1:{router_port}:{HTTP_PORT}"]
     services["wan"] = {
         "image": image,
         "entrypoint": ["python3", "-m", "testbed.net.container_wan", f"{IN_CONTAINER}/wan.json"],
@@ -163,7 +166,9 @@ def link_facts(links: dict[tuple[str, str], LinkParams], scale: Scale) -> dict[s
 class ComposeBackend:
     name = "compose"
 
-    def __init__(self, rs: ResolvedScenario, run_dir: Path, rebuild_image: bool = False) -> None:
+    def __init__(self, rs: ResolvedScenario, run_dir: Path, rebuild_image: bool = False,
+                 extra: dict[str, Any] | None = None, host_port: int | None = None) -> None:
+        from testbed.deploy.ports import free_ports
         from testbed.net.topology import new_prefix
 
         sc = self.sc = rs.spec
@@ -174,6 +179,9 @@ class ComposeBackend:
         self.scale = rs.scale
         self.lay = layout(sc)
         self.deployment = deployment_for(rs, self.lay)
+        self.deployment.extra.update(extra or {})
+        # None: not published; 0: a free port picked now (the compose file needs a number).
+        self.host_port = free_ports(1)[0] if host_port == 0 else host_port
         self.rebuild_image = rebuild_image
         self.links = wan_links(sc, self.profile, self.scale)
         self.method = "unknown"
@@ -225,7 +233,8 @@ class ComposeBackend:
         (self.run_dir / "wan.json").write_text(json.dumps(wan_config(
             self.project, dcs, self.links, self.method, 65000, f"{CTL_DIR}/dl.sock",
             f"{IN_CONTAINER}/timeseries/delayline.jsonl", f"{IN_CONTAINER}/wan-ready"), indent=1))
-        spec = compose_spec(self.sc, self.profile, self.project, IMAGE, self.run_dir, self.ctl_dir)
+        spec = compose_spec(self.sc, self.profile, self.project, IMAGE, self.run_dir, self.ctl_dir,
+                            router_port=self.host_port)
         (self.run_dir / "compose.yaml").write_text(
             f"# prfaas-testbed: scenario {self.sc.name}. Rerun by hand:\n"
             f"#   docker compose -p {self.project} -f compose.yaml up -d   (or docker-compose)\n"
@@ -287,6 +296,11 @@ class ComposeBackend:
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         # The host reaches the containers' bridge networks directly.
         return await make()
+
+    async def host_url(self) -> str:
+        if self.host_port is None:
+            raise BackendError("the router's port is not published: construct the backend with host_port")
+        return f"http://127.0.0.1:{self.host_port}"
 
     def _remove(self) -> None:
         engine = self._engine or try_connect()

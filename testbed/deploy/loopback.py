@@ -13,6 +13,7 @@ from testbed.deploy.faults import FaultScheduler, FaultTarget, ProcessNodes, htt
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.local import LocalBackend, serve_argv
 from testbed.deploy.plan import loopback_deployment
+from testbed.live.deployment import Endpoint
 
 T = TypeVar("T")
 NO_SHAPING = {
@@ -22,10 +23,14 @@ NO_SHAPING = {
 
 
 class LoopbackBackend:
-    def __init__(self, kind: str, rs: ResolvedScenario, run_dir: Path) -> None:
+    def __init__(self, kind: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
+                 host_port: int = 0) -> None:
         self.name = kind
         self.run_dir = run_dir
         self.deployment = loopback_deployment(rs, str(run_dir.resolve()))
+        self.deployment.extra.update(extra or {})
+        if host_port:       # the router is on the host already: it listens on the port asked for
+            self.deployment.router = Endpoint(self.deployment.router.host, host_port)
         self._impl: LocalBackend | InProcessBackend = (
             LocalBackend(self.deployment, run_dir) if kind == "local" else InProcessBackend(self.deployment))
         self._faults: FaultScheduler | None = None
@@ -55,6 +60,9 @@ class LoopbackBackend:
 
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()
+
+    async def host_url(self) -> str:
+        return self.deployment.router.url
 
     async def stop(self) -> None:
         if self._faults is not None:

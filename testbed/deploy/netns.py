@@ -29,6 +29,7 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.metrics.series_format import Sample, SeriesWriter
 from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.executor import Executor
+from testbed.net.forward import NetnsForwarder
 from testbed.net.monitor import LinkMonitor, WatchedLink
 from testbed.net.nsexec import nsexec_argv
 from testbed.net.nsthread import NetnsLoop, run_in_netns
@@ -90,7 +91,8 @@ def netns_deployment(rs: ResolvedScenario, topo: Topology, run_dir: str) -> Depl
 class NetnsBackend:
     name = "netns"
 
-    def __init__(self, rs: ResolvedScenario, run_dir: Path, method: str = "auto") -> None:
+    def __init__(self, rs: ResolvedScenario, run_dir: Path, method: str = "auto", extra: dict[str, Any] | None = None,
+                 host_port: int = 0) -> None:
         self.rs = rs
         self.sc = rs.spec
         self.run_dir = run_dir.resolve()
@@ -115,6 +117,9 @@ class NetnsBackend:
         self._link_faults: list[FaultEvent] = []
         self._links_lock = threading.Lock()
         self._wan_series: SeriesWriter | None = None
+        self._extra = dict(extra or {})
+        self._host_port = host_port
+        self._forwarder: NetnsForwarder | None = None
 
     # -- facts ----------------------------------------------------------------------------
     def shaping(self) -> dict[str, Any]:
@@ -158,6 +163,7 @@ class NetnsBackend:
         self.topo, self.profile = build_netns_topology(self.rs, self.prefix, self.method)
         self._base_links = dict(self.topo.links)
         self.deployment = netns_deployment(self.rs, self.topo, str(self.run_dir))
+        self.deployment.extra.update(self._extra)
         self.deployment.write(self.run_dir / "deployment.json")
         (self.run_dir / "topology.json").write_text(json.dumps(
             {"prefix": self.prefix, "method": self.method, "wan_ns": self.topo.wan_ns, "mtu": self.topo.mtu,
@@ -259,6 +265,17 @@ class NetnsBackend:
             raise NetnsError("client namespace is not up")
         return await self._client.run_from(make)
 
+    async def host_url(self) -> str:
+        """A port on the host's loopback whose connections are made from the client namespace."""
+        if self._forwarder is None:
+            assert self.topo is not None
+            r = self.deployment.router
+            fwd = NetnsForwarder(self.topo.host(CLIENT_HOST).netns, (r.host, r.port), ("127.0.0.1", self._host_port))
+            await fwd.start()
+            self._forwarder = fwd
+        host, port = self._forwarder.address
+        return f"http://{host}:{port}"
+
     # -- stop -----------------------------------------------------------------------------
     async def stop(self) -> None:
         if self._stopped:
@@ -266,6 +283,8 @@ class NetnsBackend:
         self._stopped = True
         if self._faults is not None:
             await self._faults.stop()      # first: a paused node must be resumed to stop
+        if self._forwarder is not None:
+            await self._forwarder.close()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

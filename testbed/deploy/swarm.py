@@ -49,6 +49,7 @@ from testbed.deploy.engine import PROJECT_LABEL, Engine, Task, connect, try_conn
 from testbed.deploy.netns import wan_links
 from testbed.live.deployment import Deployment
 from testbed.net.container_wan import wan_config
+from testbed.net.forward import NetnsForwarder
 from testbed.net.nsthread import NetnsLoop
 
 T = TypeVar("T")
@@ -213,7 +214,8 @@ async def pull_files(base_url: str, dest: Path, timeout: float = 60.0) -> list[s
 class SwarmBackend:
     name = "swarm"
 
-    def __init__(self, rs: ResolvedScenario, run_dir: Path, rebuild_image: bool = False) -> None:
+    def __init__(self, rs: ResolvedScenario, run_dir: Path, rebuild_image: bool = False,
+                 extra: dict[str, Any] | None = None, host_port: int = 0) -> None:
         from testbed.net.topology import new_prefix
 
         sc = self.sc = rs.spec
@@ -225,6 +227,7 @@ class SwarmBackend:
         self.links = wan_links(sc, self.profile, self.scale)
         self.mtu = container_mtu(self.profile)
         self.template = swarm_deployment(rs, self.lay)
+        self.template.extra.update(extra or {})
         self.deployment = self.template
         self.rebuild_image = rebuild_image
         self.method = "unknown"          # the WAN router probes its own kernel and says
@@ -237,6 +240,8 @@ class SwarmBackend:
         self._wan_ip: str | None = None
         self._hosts: dict[str, str] = {}
         self._cancel = threading.Event()
+        self._host_port = host_port
+        self._forwarder: NetnsForwarder | None = None
         self._deploying = threading.Lock()
         self._deployed = False
         self._stopped = False
@@ -398,6 +403,18 @@ class SwarmBackend:
             raise BackendError("the client container is not up")
         return await self._client.run_from(make)
 
+    async def host_url(self) -> str:
+        """A port on this host's loopback whose connections are made from the client container's
+        namespace, on the home DC's overlay: the router is reachable so wherever it runs, with
+        nothing published on any node's interfaces (dnsrr services cannot use the ingress mesh)."""
+        if self._forwarder is None:
+            r = self.deployment.router
+            fwd = NetnsForwarder(self._client_name, (r.host, r.port), ("127.0.0.1", self._host_port))
+            await fwd.start()
+            self._forwarder = fwd
+        host, port = self._forwarder.address
+        return f"http://{host}:{port}"
+
     # -- stop -------------------------------------------------------------------------------
     async def _collect(self) -> None:
         """The WAN router's counters stop; every service's files come here."""
@@ -446,6 +463,8 @@ class SwarmBackend:
             return
         self._stopped = True
         self._cancel.set()
+        if self._forwarder is not None:
+            await self._forwarder.close()
         if self._client is not None and self._wan_ip:
             try:
                 await asyncio.wait_for(_on(self._client, self._collect()), COLLECT_TIMEOUT_S)

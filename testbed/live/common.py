@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -17,6 +17,9 @@ from testbed.live.deployment import Deployment
 
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 SLOW_KEY = web.AppKey("slowdown", SlowDown)
+# Run before each /metrics scrape (the router reads its decode nodes' KV usage then).
+ScrapeHook = Callable[[web.Application], Awaitable[None]]
+SCRAPE_KEY: web.AppKey[ScrapeHook] = web.AppKey("before_scrape")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    hook = request.app.get(SCRAPE_KEY)
+    if hook is not None:
+        await hook(request.app)
     body = generate_latest(request.app[REGISTRY_KEY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

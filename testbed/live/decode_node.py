@@ -172,6 +172,8 @@ def _metrics(reg: CollectorRegistry, st: DecodeState) -> None:
         ("vllm:num_requests_running", "Sequences in the decode batch", lambda: len(b.running)),
         ("vllm:num_requests_waiting", "Sequences with KV waiting for admission", lambda: len(b.waiting)),
         ("vllm:kv_cache_usage_perc", "KV memory in use, fraction", lambda: b.kv_used / b.kv_capacity),
+        ("vllm:gpu_cache_usage_perc", "KV memory in use, fraction (vLLM's older name)",
+         lambda: b.kv_used / b.kv_capacity),
         ("testbed_kv_bytes_received", "KV bytes received (wire)", lambda: st.receiver.bytes_received),
         ("testbed_decode_steps", "Decode steps run", lambda: st.steps),
         ("testbed_decode_completed", "Sequences finished", lambda: st.completed),

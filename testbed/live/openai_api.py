@@ -7,6 +7,11 @@ Without hashes, a prompt's own content gives them (`block_hashes`): chained hash
 token-id or text blocks, so real clients that resend a conversation's history hit the prefix
 cache as a serving engine's would. The final chunk (or the whole response) carries the same
 field back: the request's record as the serving side saw it (`record_extension`).
+
+What vLLM-compatible load generators look at is answered as vLLM does: `usage` with
+`prompt_tokens_details.cached_tokens`, `ignore_eos` (a no-op: the mock always generates
+`max_tokens`) and `min_tokens` accepted, and generated text that common tokenizers count as
+`completion_tokens` tokens (`TOKEN_TEXT`).
 """
 
 from __future__ import annotations
@@ -150,6 +155,12 @@ def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
         raise RequestError(f"this model's maximum context length is {limits.max_context_tokens} tokens; the "
                            f"request asks for {tokens + max_tokens} ({tokens} in the prompt, {max_tokens} in the "
                            "completion)")
+    min_tokens = body.get("min_tokens", 0)
+    if min_tokens is None:
+        min_tokens = 0
+    if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or not 0 <= min_tokens <= max_tokens:
+        raise RequestError(f"field 'min_tokens' must be an integer in [0, max_tokens={max_tokens}]")
+    _flag(body, "ignore_eos")      # the mock never stops early: every request generates max_tokens
     stream = _flag(body, "stream")
     so = body.get("stream_options") or {}
     include_usage = bool(so.get("include_usage", False)) if isinstance(so, dict) else False
@@ -158,7 +169,12 @@ def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
                          rid if isinstance(rid, str) else None, content=content)
 
 
-TOKEN_TEXT = " tok"
+# One generated token as text: the commonest English word with its leading space is a single
+# token in byte-level BPE (GPT-2, tiktoken, Qwen, Llama 3), SentencePiece and WordPiece
+# vocabularies, and word-splitting pre-tokenizers never merge it with its neighbours, so a
+# client that tokenizes the output counts `completion_tokens` (" tok" is 2-4 tokens in small
+# vocabularies).
+TOKEN_TEXT = " the"
 
 
 def record_extension(rec: RequestRecord) -> dict[str, Any]:
@@ -185,19 +201,22 @@ def chunk(req: ParsedRequest, cid: str, model: str, new_tokens: int, first: bool
     return out
 
 
-def usage(req: ParsedRequest, completion_tokens: int) -> dict[str, int]:
+def usage(req: ParsedRequest, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI usage as vLLM reports it; `cached_tokens`: the prompt's prefix served from cache."""
     return {"prompt_tokens": req.input_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": req.input_tokens + completion_tokens}
+            "total_tokens": req.input_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def usage_chunk(req: ParsedRequest, cid: str, model: str, completion_tokens: int) -> dict[str, Any]:
+def usage_chunk(req: ParsedRequest, cid: str, model: str, completion_tokens: int,
+                cached_tokens: int = 0) -> dict[str, Any]:
     obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
     return {"id": cid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
-            "usage": usage(req, completion_tokens)}
+            "usage": usage(req, completion_tokens, cached_tokens)}
 
 
 def full_response(req: ParsedRequest, cid: str, model: str, tokens: int, finish: str,
-                  extra: dict[str, Any]) -> dict[str, Any]:
+                  extra: dict[str, Any], cached_tokens: int = 0) -> dict[str, Any]:
     created = int(time.time())
     text = TOKEN_TEXT * tokens
     if req.kind == "chat":
@@ -208,6 +227,6 @@ def full_response(req: ParsedRequest, cid: str, model: str, tokens: int, finish:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
     out = {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice],
-           "usage": usage(req, tokens)}
+           "usage": usage(req, tokens, cached_tokens)}
     out.update(extra)
     return out

@@ -7,11 +7,19 @@ node streams KV to the decode node), and relays tokens to the client as they com
 chunk carries a `testbed` field with the request's record, every timestamp in unix seconds
 (`testbed.core.record`), for the replayer's records. With a control loop
 (`testbed.live.link_control`) the threshold and the bandwidth state follow the measured WAN.
+When the deployment is held for outside clients (`testbed.live.held`), the router writes every
+request's record itself.
+
+Besides the OpenAI routes it answers what vLLM's server does for load generators: `/version`,
+`max_model_len` in `/v1/models`, and `/metrics` with vLLM's histogram names (wire seconds, which
+are paper seconds at speedup 1) and each decode node's KV-cache usage, read from the node's own
+`/metrics` at scrape time and labelled `engine=<node>`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -25,6 +33,7 @@ from typing import Any, AsyncIterator
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.parser import text_string_to_metric_families
 
 from testbed.core.bandwidth import BandwidthController, ControlSample, ThresholdChange
 from testbed.core.cache_book import CacheBook, cache_book_for
@@ -40,7 +49,8 @@ from testbed.core.routing import RoutePlan, route
 from testbed.core.scenario import Scenario
 from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now
-from testbed.live.common import REGISTRY_KEY, ServiceConfig, add_common_routes, bad_request
+from testbed.live.common import REGISTRY_KEY, SCRAPE_KEY, ServiceConfig, add_common_routes, bad_request
+from testbed.live.held import HELD_KEY, HOLD_PATH, HeldRecords, hold_records_path, post_hold
 from testbed.live.link_control import LinkControl
 from testbed.live.openai_api import (
     Limits, ParsedRequest, RequestError, block_hashes, chunk, full_response, parse, record_extension, usage_chunk,
@@ -53,6 +63,9 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.
 PROBE_INTERVAL_S = 0.5     # wire seconds between health probes of one instance
 PROBE_TIMEOUT_S = 2.0
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+SCRAPE_TIMEOUT_S = 1.0     # a decode node's /metrics, read when the router's is scraped
+KV_GAUGE = "vllm:kv_cache_usage_perc"
 
 
 @dataclass
@@ -63,6 +76,12 @@ class RouterMetrics:
     success: Counter
     failed: Counter
     routed: Counter
+    itl: Histogram
+    queue: Histogram
+    prefill: Histogram
+    decode: Histogram
+    kv_usage: Gauge
+    gpu_cache_usage: Gauge
 
 
 @dataclass
@@ -87,6 +106,7 @@ class RouterState:
     tails: list[float] = field(default_factory=list)   # KV transfer tails of offloaded requests (wire s), for the control loop
     health: HealthBook = field(default_factory=lambda: HealthBook(()))
     retries: int = 0
+    held: HeldRecords | None = None       # the deployment is held: the router writes the records
 
     def note_health(self, node: str, outcome: Outcome, reason: str = "") -> None:
         change = self.health.report(node, outcome, now(), reason)
@@ -342,26 +362,75 @@ def _retry_progress(old: _Progress, reason: str) -> _Progress:
     return _Progress(Lifecycle(old.rec.request_id), rec)
 
 
+@dataclass
+class _Seen:
+    """One request as its client saw it (unix seconds), for a held deployment's records."""
+
+    arrival: float
+    prog: _Progress | None = None
+    first: float = NAN          # the first token chunk went out (non-streaming: the response)
+    last: float = NAN
+    sent: int = 0
+    error: str = ""             # why it ended without a lifecycle verdict (bad request, no capacity)
+
+
+def _held_record(seen: _Seen) -> RequestRecord:
+    if seen.prog is None:
+        rec = RequestRecord(uuid.uuid4().hex[:16], NO_TRACE_INDEX, 0, 0)
+    else:
+        src = seen.prog.rec
+        rec = dataclasses.replace(src, times=dataclasses.replace(src.times))
+    if rec.outcome not in ("completed", "failed"):
+        rec.outcome, rec.reason = "failed", seen.error or "the client disconnected before the end"
+    t = rec.times
+    t.arrival, t.first_token, t.last_token = seen.arrival, seen.first, seen.last
+    rec.tokens_received = seen.sent
+    return rec
+
+
+def _observe_stages(m: RouterMetrics, times: Any, first: float, end: float) -> None:
+    """vLLM's phases: queued until the prefill starts, prefill until the first token, then decode
+    (the KV transfer tail and the decode admission count as prefill, as they delay the first token)."""
+    for hist, a, b in ((m.queue, times.router_arrival, times.prefill_start), (m.prefill, times.prefill_start, first),
+                       (m.decode, first, end)):
+        if math.isfinite(a) and math.isfinite(b):
+            hist.observe(max(b - a, 0.0))
+
+
 async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
     st = request.app[STATE]
+    seen = _Seen(now())
+    try:
+        return await _serve(request, kind, st, seen)
+    finally:
+        if st.held is not None:
+            st.held.add(_held_record(seen))
+
+
+async def _serve(request: web.Request, kind: str, st: RouterState, seen: _Seen) -> web.StreamResponse:
     sc = st.cfg.deployment.scenario
     try:
         body = await request.json()
     except ValueError:
+        seen.error = "bad request: body is not JSON"
         raise bad_request("body is not JSON") from None
     try:
         req = parse(body, kind, Limits(sc.model.max_context_tokens, sc.serving.max_output_tokens))
     except RequestError as e:
+        seen.error = f"bad request: {e}"
         raise bad_request(str(e)) from None
     model = req.model or sc.model.name
-    rid = req.client_request_id or uuid.uuid4().hex[:16]
+    # X-Request-Id as vLLM takes it (aiperf sends one): an outside client's records match the router's.
+    rid = req.client_request_id or request.headers.get("X-Request-Id", "")[:128] or uuid.uuid4().hex[:16]
     cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-    t_arrival = now()
+    t_arrival = seen.arrival
     prog = _Progress(Lifecycle(rid), RequestRecord(rid, NO_TRACE_INDEX, req.input_tokens, req.output_tokens))
     prog.rec.times.router_arrival = t_arrival
+    seen.prog = prog
     try:
         plan = _route(st, req, rid)
     except NoCapacity as e:
+        seen.error = f"no capacity: {e}"
         raise web.HTTPServiceUnavailable(text=json.dumps({"error": {"message": str(e)}}),
                                          content_type="application/json") from None
     _note_decision(st, rid, req, plan, prog)
@@ -380,20 +449,31 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
 
     sent = 0
     first_t: float | None = None
+    last_t = NAN
     deadline_paper = sc.deadline_s(req.output_tokens)
 
     async def attempts() -> None:
         """Drive the request; one retry elsewhere if an attempt fails before any token was sent."""
-        nonlocal plan, prog, sent, first_t, holding
+        nonlocal plan, prog, sent, first_t, holding, last_t
         while True:
             try:
                 async for n in _drive(st, req, rid, plan, prog):
+                    t = now()
                     if first_t is None:
-                        first_t = now()
+                        first_t = t
                         st.metrics.ttft.observe(first_t - t_arrival)
+                    elif n > sent:
+                        # Per token, as vLLM observes it: a chunk of k tokens after a gap g is k gaps of g / k.
+                        for _ in range(n - sent):
+                            st.metrics.itl.observe((t - last_t) / (n - sent))
+                    if n > sent:
+                        last_t = t
                     if resp is not None and n > sent:
                         await sse(chunk(req, cid, model, n - sent, sent == 0, None))
-                    sent = n
+                        seen.last = now()
+                        if math.isnan(seen.first):
+                            seen.first = seen.last
+                    sent = seen.sent = n
                 return
             except RequestFailed as e:
                 st.tracker.decode_done(plan.d)
@@ -404,7 +484,7 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
                     raise
                 avoid = frozenset({e.node} if e.node else {plan.d.prefill_node, plan.d.decode_node})
                 log.warning("request %s: %s; retrying elsewhere", rid, e)
-                prog = _retry_progress(prog, str(e))
+                prog = seen.prog = _retry_progress(prog, str(e))
                 try:
                     plan = _route(st, req, rid, avoid)
                 except NoCapacity as nc:
@@ -426,12 +506,17 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
         st.metrics.e2e.observe(end - t_arrival)
         if first_t is not None and sent > 1:
             st.metrics.tpot.observe((end - first_t) / (sent - 1))
+        if first_t is not None:
+            _observe_stages(st.metrics, prog.rec.times, first_t, end)
         ext = _ext(prog, sent)
+        cached = prog.rec.cached_tokens
         if resp is None:
-            return web.json_response(full_response(req, cid, model, sent, "length", ext))
+            out = web.json_response(full_response(req, cid, model, sent, "length", ext, cached))
+            seen.first = seen.last = now()
+            return out
         await sse(chunk(req, cid, model, 0, sent == 0, "length", ext))
         if req.include_usage:
-            await sse(usage_chunk(req, cid, model, sent))
+            await sse(usage_chunk(req, cid, model, sent, cached))
         await sse("[DONE]")
         await resp.write_eof()
         return resp
@@ -474,9 +559,51 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    name = request.app[STATE].cfg.deployment.scenario.model.name
+    spec = request.app[STATE].cfg.deployment.scenario.model
     return web.json_response({"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "prfaas-testbed"}]})
+        {"id": spec.name, "object": "model", "created": 0, "owned_by": "prfaas-testbed", "root": spec.name,
+         "parent": None, "max_model_len": spec.max_context_tokens, "permission": []}]})
+
+
+async def version(request: web.Request) -> web.Response:
+    """vLLM's /version; the testbed's own version (clients only check that it answers)."""
+    from importlib import metadata
+    try:
+        v = metadata.version("prfaas-testbed")
+    except metadata.PackageNotFoundError:
+        v = "unknown"
+    return web.json_response({"version": v, "server": "prfaas-testbed"})
+
+
+async def _node_kv_usage(st: RouterState, node: str) -> float | None:
+    url = f"{st.cfg.deployment.nodes[node].http.url}/metrics"
+    try:
+        async with st.session.get(url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as r:
+            text = await r.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    for fam in text_string_to_metric_families(text):
+        if fam.name == KV_GAUGE:
+            return next((float(smp.value) for smp in fam.samples), None)
+    return None
+
+
+async def refresh_kv_usage(app: web.Application) -> None:
+    """Before a scrape: every decode node's KV usage as the router's gauges (an unreachable node's
+    series is dropped rather than left stale)."""
+    st = app[STATE]
+    m = st.metrics
+    decode = sorted(k for k, n in st.cfg.deployment.nodes.items() if n.role == "decode")
+    values = await asyncio.gather(*(_node_kv_usage(st, n) for n in decode))
+    for node, v in zip(decode, values):
+        for g in (m.kv_usage, m.gpu_cache_usage):
+            if v is None:
+                try:
+                    g.remove(node)
+                except KeyError:
+                    pass
+            else:
+                g.labels(engine=node).set(v)
 
 
 def _collect(st: RouterState) -> list[Sample]:
@@ -537,6 +664,18 @@ def _make_metrics(reg: CollectorRegistry) -> RouterMetrics:
         success=Counter("vllm:request_success", "Finished requests", ["finished_reason"], registry=reg),
         failed=Counter("testbed_requests_failed", "Failed requests", ["reason"], registry=reg),
         routed=Counter("testbed_requests_routed", "Requests routed, by prefill cluster", ["cluster"], registry=reg),
+        itl=Histogram("vllm:inter_token_latency_seconds", "Time between output tokens at the router (wire seconds; "
+                      "a chunk of k tokens counts k gaps of its gap / k)", buckets=TPOT_BUCKETS, registry=reg),
+        queue=Histogram("vllm:request_queue_time_seconds", "Router arrival to prefill start (wire seconds)",
+                        buckets=STAGE_BUCKETS, registry=reg),
+        prefill=Histogram("vllm:request_prefill_time_seconds", "Prefill start to first token, KV transfer tail "
+                          "included (wire seconds)", buckets=STAGE_BUCKETS, registry=reg),
+        decode=Histogram("vllm:request_decode_time_seconds", "First token to last token (wire seconds)",
+                         buckets=STAGE_BUCKETS, registry=reg),
+        kv_usage=Gauge(KV_GAUGE, "KV memory in use per decode node, fraction (read from the node at scrape time)",
+                       ["engine"], registry=reg),
+        gpu_cache_usage=Gauge("vllm:gpu_cache_usage_perc", "The same as vllm:kv_cache_usage_perc (vLLM's older "
+                              "name)", ["engine"], registry=reg),
     )
 
 
@@ -564,8 +703,11 @@ def make_app(cfg: ServiceConfig) -> web.Application:
             book=_cache_book(sc, kv), recent=Recent(pol.control.window), cache_aware=pol.cache_aware,
             bandwidth="scarce" if pol.bandwidth_state == "auto" else pol.bandwidth_state,
             health=HealthBook(cfg.deployment.nodes, probe_interval_s=PROBE_INTERVAL_S),
+            held=HeldRecords(held_path) if held_path is not None else None,
         )
         app[STATE] = st
+        if st.held is not None:
+            app[HELD_KEY] = st.held
         Gauge("vllm:num_requests_running", "Requests in flight at the router", registry=reg) \
             .set_function(lambda: st.inflight)
         Gauge("testbed_routing_threshold_tokens", "Length threshold in force (tokens, -1 if none)",
@@ -601,10 +743,17 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         await session.close()
         series.close()
         decisions.close()
+        if st.held is not None:
+            st.held.close()
 
+    held_path = hold_records_path(cfg.deployment.extra, cfg.deployment.run_dir)
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/version", version)
+    if held_path is not None:
+        app.router.add_post(HOLD_PATH, post_hold)
+    app[SCRAPE_KEY] = refresh_kv_usage
     add_common_routes(app)
     return app

@@ -206,10 +206,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.set_defaults(func=cmd_replay)
 
     u = sub.add_parser("up", help="replay on the compose backend (or --backend swarm): build the image if needed, "
-                                  "generate the compose (stack) file into the run directory, run, collect, tear down")
+                                  "generate the compose (stack) file into the run directory, run, collect, tear down; "
+                                  "with --hold, keep the deployment open for outside clients instead")
     u.add_argument("--scenario", help="scenario name (scenarios/NAME.yaml) or path")
     u.add_argument("--compare", nargs="+", metavar="SCENARIO", help=argparse.SUPPRESS)
     u.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
+    u.add_argument("--hold", action="store_true",
+                   help="bring the deployment up on any --backend, print the OpenAI base URL this host reaches it "
+                        "at, and keep it until Ctrl-C, SIGTERM or `testbed down`, recording every request outside "
+                        "clients send; then write the records, summary and report. Runs at speedup 1 (paper time) "
+                        "unless --set scale.speedup=S. With --json: one line {base_url, url, run_dir, backend, ...} "
+                        "once ready")
+    u.add_argument("--port", type=int, default=0,
+                   help="with --hold: the loopback port of the base URL (default: a free one)")
     _add_scenario_args(u)
-    u.set_defaults(func=cmd_replay, backend="compose")
+    u.set_defaults(func=cmd_up, backend="compose")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if args.hold:
+        from testbed.studies.hold import cmd_hold
+        return cmd_hold(args)
+    if args.port:
+        print("up: --port only with --hold", file=sys.stderr)
+        return 2
+    return cmd_replay(args)
 

@@ -158,18 +158,22 @@ def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None 
     return RunResult(run_dir, stats, False, summary)
 
 
-def make_backend(kind: str, rs: ResolvedScenario, run_dir: Path) -> Backend:
+def make_backend(kind: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
+                 host_port: int | None = None) -> Backend:
+    """`extra` goes into the deployment every service reads; `host_port` (0: any) is where
+    `host_url()` will lead to the router from this host."""
+    port = host_port or 0
     if kind in ("local", "inproc"):
-        return LoopbackBackend(kind, rs, run_dir)
+        return LoopbackBackend(kind, rs, run_dir, extra, port)
     if kind == "netns":
         from testbed.deploy.netns import NetnsBackend
-        return NetnsBackend(rs, run_dir)
+        return NetnsBackend(rs, run_dir, extra=extra, host_port=port)
     if kind == "compose":
         from testbed.deploy.compose import ComposeBackend
-        return ComposeBackend(rs, run_dir)
+        return ComposeBackend(rs, run_dir, extra=extra, host_port=host_port)
     if kind == "swarm":
         from testbed.deploy.swarm import SwarmBackend
-        return SwarmBackend(rs, run_dir)
+        return SwarmBackend(rs, run_dir, extra=extra, host_port=port)
     raise ValueError(f"unknown backend {kind!r} (local, inproc, netns, compose, swarm; sim runs without one)")
 
 
