@@ -52,3 +52,15 @@ def test_a_down_decode_instance_gets_no_new_requests() -> None:
         d = homogeneous(tracker.view(None, down=hb.down()), RoutingRequest(f"r{i}", 1000))
         assert d.decode_node != dead
         tracker.assign(d, 0.1)
+
+
+def test_with_every_prfaas_instance_down_prfaas_routing_falls_back_to_pd_prefill() -> None:
+    from testbed.core.policy import prfaas
+
+    sc = load_scenario("paper-prfaas")
+    tracker = LoadTracker(sc)
+    down = frozenset(n for n in tracker.active if n.startswith("prfaas-"))
+    d = prfaas(tracker.view(19400.0, down=down), RoutingRequest("r", 60_000))
+    assert d.prefill_cluster == "pd" and not d.crossed_wan and "only pd prefill is up" in d.reason
+    up = prfaas(tracker.view(19400.0), RoutingRequest("r", 60_000))
+    assert up.prefill_cluster == "prfaas"

@@ -142,7 +142,11 @@ def homogeneous(view: View, req: RoutingRequest, cache_aware: bool = False) -> D
 
 def naive(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decision:
     """Baseline: every prefill in the PrfaaS cluster, whatever its length."""
-    return _decision(view, req, _pick(view.by_kind("prfaas", "prefill")), "naive: all to prfaas", cache_aware)
+    pfs = view.by_kind("prfaas", "prefill")
+    if not pfs and view.by_kind("pd", "prefill"):
+        return _decision(view, req, _pick(view.by_kind("pd", "prefill")), "naive: no prfaas prefill is up",
+                         cache_aware)
+    return _decision(view, req, _pick(pfs), "naive: all to prfaas", cache_aware)
 
 
 def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decision:
@@ -157,9 +161,14 @@ def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decisi
       PrfaaS; the longer prefix moves to the chosen cluster when it sits in the other one.
     Either way only the KV the decode cluster lacks crosses."""
     t = view.threshold if view.threshold is not None else math.inf
-    pd = _pick(view.by_kind("pd", "prefill"))
-    pf = _pick(view.by_kind("prfaas", "prefill"))
     total = req.input_tokens
+    pds, pfs = view.by_kind("pd", "prefill"), view.by_kind("prfaas", "prefill")
+    if not pds or not pfs:
+        # One side has no instance up (killed, or cut off by a WAN outage): the other side takes
+        # every prefill until it is back, rather than the request failing for want of it.
+        side = "pd" if pds else "prfaas"
+        return _decision(view, req, _pick(pds or pfs), f"only {side} prefill is up: l={total}", cache_aware)
+    pd, pf = _pick(pds), _pick(pfs)
     if not cache_aware:
         if total > t:
             return _decision(view, req, pf, f"l={total} > t={t:g}")
