@@ -16,8 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.core.limits import MAX_OUTPUT_TOKENS
+
 DEFAULT_MAX_TOKENS = 16
-MAX_TOKENS_LIMIT = 1 << 20
+MAX_TOKENS_LIMIT = MAX_OUTPUT_TOKENS
 
 
 class RequestError(ValueError):

@@ -63,13 +63,18 @@ def fill_from_ext(rec: RequestRecord, ext: dict[str, Any], t0: float) -> None:
     rec.cache_move_bytes_wire = int(ext.get("prefill_cache_in_bytes") or 0)
 
 
-async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord,
-                   t0: float, model: str) -> None:
-    body = {
+def request_body(tr: TraceRequest, model: str) -> dict[str, Any]:
+    """The completions request that replays `tr`: its exact lengths and hashes in the `testbed` field."""
+    return {
         "model": model, "prompt": "", "max_tokens": tr.output_tokens, "stream": True,
         "stream_options": {"include_usage": True},
         "testbed": {"input_tokens": tr.input_tokens, "hash_ids": list(tr.hash_ids), "request_id": tr.request_id},
     }
+
+
+async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord,
+                   t0: float, model: str) -> None:
+    body = request_body(tr, model)
     rec.arrival = now() - t0
     ext: dict[str, Any] | None = None
     error: str | None = None
