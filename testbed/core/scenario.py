@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
+
 MIB = 1024 * 1024
 
 
@@ -38,7 +40,7 @@ class ModelSpec(_Strict):
     full_attention_bytes_per_token: float = Field(ge=0)
     block_tokens: int = Field(default=512, gt=0)
     # Prompt plus output, in tokens: longer requests are refused (400), as a real server does.
-    max_context_tokens: int = Field(default=1 << 20, ge=1)
+    max_context_tokens: int = Field(default=MAX_INPUT_TOKENS + MAX_OUTPUT_TOKENS, ge=1)
     window_tokens: int = Field(default=0, ge=0)
     window_bytes_per_token: float = Field(default=0.0, ge=0)
 
@@ -244,7 +246,7 @@ class ServingSpec(_Strict):
     """How the mock nodes talk to clients, and the limits the router enforces."""
 
     stream_interval: int = Field(default=1, ge=1, le=1024)
-    max_output_tokens: int = Field(default=65536, ge=1, le=1 << 20)
+    max_output_tokens: int = Field(default=MAX_OUTPUT_TOKENS, ge=1, le=MAX_OUTPUT_TOKENS)
     max_body_bytes: int = Field(default=8 * MIB, ge=64 * 1024, le=1 << 30)
     # Per-request deadline (paper seconds): fixed, or `deadline_factor` x (TTFT SLO + TPOT SLO x
     # the request's max_tokens). A request past it fails with that reason instead of holding on.

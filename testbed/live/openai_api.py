@@ -22,11 +22,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 from testbed.core.record import RequestRecord, record_to_wire
 
 EXTENSION = "testbed"
 DEFAULT_MAX_TOKENS = 16
-MAX_TOKENS_LIMIT = 1 << 20
+MAX_TOKENS_LIMIT = MAX_OUTPUT_TOKENS
 
 
 class RequestError(ValueError):
@@ -104,7 +105,7 @@ def _chat_tokens(messages: Any) -> tuple[int, bytes]:
 class Limits:
     """What the served model accepts (from the scenario): prompt plus output, and output alone."""
 
-    max_context_tokens: int = 1 << 20
+    max_context_tokens: int = MAX_INPUT_TOKENS + MAX_OUTPUT_TOKENS
     max_output_tokens: int = MAX_TOKENS_LIMIT
 
 

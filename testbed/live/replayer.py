@@ -11,7 +11,7 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import aiohttp
 
@@ -32,13 +32,18 @@ class ReplayStats:
     total: int = 0
 
 
-async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord,
-                   t0: float, model: str) -> None:
-    body = {
+def request_body(tr: TraceRequest, model: str) -> dict[str, Any]:
+    """The completions request that replays `tr`: its exact lengths and hashes in the `testbed` field."""
+    return {
         "model": model, "prompt": "", "max_tokens": tr.output_tokens, "stream": True,
         "stream_options": {"include_usage": True},
         EXTENSION: {"input_tokens": tr.input_tokens, "hash_ids": list(tr.hash_ids), "request_id": tr.request_id},
     }
+
+
+async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord,
+                   t0: float, model: str) -> None:
+    body = request_body(tr, model)
     times = rec.times
     times.arrival = now() - t0
     served: RequestRecord | None = None

@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 from testbed.traces import csvutil
 from testbed.traces.csvutil import LoadStats, RowError, TokenCounts, Window, show
-from testbed.traces.types import Trace, TraceRequest
+from testbed.traces.types import Trace, TraceError, TraceRequest
 
 TIMESTAMP, CONTEXT, GENERATED = "TIMESTAMP", "ContextTokens", "GeneratedTokens"
 COLUMNS = (TIMESTAMP, CONTEXT, GENERATED)
@@ -121,29 +122,31 @@ def iter_azure(
     window: Window | None = None,
     limit: int | None = None,
     stats: LoadStats | None = None,
+    on_error: Callable[[TraceError], None] | None = None,
 ) -> Iterator[TraceRequest]:
     """Stream requests from an Azure LLM inference CSV, validating each row read.
 
-    See `csvutil.scan` for trace time, `window`, `limit`, ordering and ids. Zero ContextTokens
-    or GeneratedTokens are raised to 1 (the router's minimum) and counted in `stats`.
+    See `csvutil.scan` for trace time, `window`, `limit`, ordering, ids and `on_error`. Zero
+    ContextTokens or GeneratedTokens are raised to 1 (the router's minimum) and counted in
+    `stats`; counts above `testbed.core.limits` are errors.
     """
     header = csvutil.read_header(path)
     cols = header.index(COLUMNS)
     ti, ci, gi = cols[TIMESTAMP], cols[CONTEXT], cols[GENERATED]
     st = stats if stats is not None else LoadStats()
     clock = azure_clock()
-    tokens = TokenCounts()
-    cached = tokens.cache.get
-    count = tokens.parse
+    inputs, outputs = TokenCounts(MAX_INPUT_TOKENS), TokenCounts(MAX_OUTPUT_TOKENS)
+    cached_input, count_input = inputs.cache.get, inputs.parse
+    cached_output, count_output = outputs.cache.get, outputs.parse
 
     def parse(row: list[str]) -> tuple[float, int, int]:
         t = clock(row[ti])
-        inp = cached(row[ci])
+        inp = cached_input(row[ci])
         if inp is None:
-            inp = count(row[ci], CONTEXT)
-        out = cached(row[gi])
+            inp = count_input(row[ci], CONTEXT)
+        out = cached_output(row[gi])
         if out is None:
-            out = count(row[gi], GENERATED)
+            out = count_output(row[gi], GENERATED)
         return t, inp, out
 
     def admit(row: list[str], inp: int, out: int) -> tuple[int, int]:
@@ -156,7 +159,7 @@ def iter_azure(
         return inp, out
 
     return csvutil.scan(header, parse, admit, time_index=ti, time_field=TIMESTAMP, window=window, limit=limit,
-                        stats=st)
+                        stats=st, on_error=on_error)
 
 
 def _stamp(ticks: int, style: str, start: datetime) -> str:

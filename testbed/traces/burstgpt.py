@@ -14,15 +14,15 @@ A zero `Request tokens` is raised to 1 token and counted.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import numpy as np
 
+from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_S
 from testbed.traces import csvutil
 from testbed.traces.csvutil import LoadStats, TokenCounts, Window, parse_seconds
-from testbed.traces.types import Trace, TraceRequest
+from testbed.traces.types import Trace, TraceError, TraceRequest
 
 TIMESTAMP, SESSION, ELAPSED, MODEL = "Timestamp", "Session ID", "Elapsed time", "Model"
 REQUEST, RESPONSE, TOTAL, LOG_TYPE = "Request tokens", "Response tokens", "Total tokens", "Log Type"
@@ -31,7 +31,7 @@ HEADER_V1 = (TIMESTAMP, MODEL, REQUEST, RESPONSE, TOTAL, LOG_TYPE)
 HEADER_V2 = (TIMESTAMP, SESSION, ELAPSED, MODEL, REQUEST, RESPONSE, TOTAL, LOG_TYPE)
 MODELS = ("ChatGPT", "GPT-4")
 BLOCK_TOKENS = 512
-_INF = math.inf
+_MAX_S = MAX_TIMESTAMP_S
 
 
 def iter_burstgpt(
@@ -42,12 +42,13 @@ def iter_burstgpt(
     keep_failed: bool = False,
     models: Collection[str] | None = None,
     stats: LoadStats | None = None,
+    on_error: Callable[[TraceError], None] | None = None,
 ) -> Iterator[TraceRequest]:
     """Stream requests from a BurstGPT CSV, validating each row read.
 
-    See `csvutil.scan` for trace time, `window`, `limit`, ordering and ids. `models` keeps only
-    rows whose `Model` is one of them (exact names, e.g. "ChatGPT", "GPT-4"). What is skipped or
-    changed is counted in `stats`.
+    See `csvutil.scan` for trace time, `window`, `limit`, ordering, ids and `on_error`. `models`
+    keeps only rows whose `Model` is one of them (exact names, e.g. "ChatGPT", "GPT-4"). What is
+    skipped or changed is counted in `stats`; counts above `testbed.core.limits` are errors.
     """
     header = csvutil.read_header(path)
     cols = header.index((*REQUIRED, MODEL) if models is not None else REQUIRED, (MODEL,))
@@ -55,21 +56,21 @@ def iter_burstgpt(
     mi = cols.get(MODEL, -1)
     wanted = frozenset(models) if models is not None else None
     st = stats if stats is not None else LoadStats()
-    tokens = TokenCounts()
-    cached = tokens.cache.get
-    count = tokens.parse
+    inputs, outputs = TokenCounts(MAX_INPUT_TOKENS), TokenCounts(MAX_OUTPUT_TOKENS)
+    cached_input, count_input = inputs.cache.get, inputs.parse
+    cached_output, count_output = outputs.cache.get, outputs.parse
 
     def parse(row: list[str]) -> tuple[float, int, int]:
         ts = row[ti]
         # parse_seconds' checks, inline: this runs once a row.
-        if not (ts.isascii() and ts.replace(".", "", 1).isdigit()) or (t := float(ts)) == _INF:
+        if not (ts.isascii() and ts.replace(".", "", 1).isdigit()) or (t := float(ts)) > _MAX_S:
             t = parse_seconds(ts, TIMESTAMP)
-        inp = cached(row[ri])
+        inp = cached_input(row[ri])
         if inp is None:
-            inp = count(row[ri], REQUEST)
-        out = cached(row[oi])
+            inp = count_input(row[ri], REQUEST)
+        out = cached_output(row[oi])
         if out is None:
-            out = count(row[oi], RESPONSE)
+            out = count_output(row[oi], RESPONSE)
         return t, inp, out
 
     def admit(row: list[str], inp: int, out: int) -> tuple[int, int] | None:
@@ -89,7 +90,7 @@ def iter_burstgpt(
 
     return csvutil.scan(
         header, parse, admit, admit_all=wanted is not None, time_index=ti, time_field=TIMESTAMP, window=window,
-        limit=limit, stats=st,
+        limit=limit, stats=st, on_error=on_error,
     )
 
 

@@ -8,7 +8,7 @@ import math
 import re
 import sys
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from testbed.core.scenario import WorkloadSpec
 from testbed.traces.azure import AZURE_STYLES, write_azure
 from testbed.traces.burstgpt import BURSTGPT_VARIANTS, MODELS, write_burstgpt
 from testbed.traces.csvutil import LoadStats, Window
+from testbed.traces.distinct import DistinctCounter
 from testbed.traces.loader import SUPPORTED_FORMATS, block_tokens_of, detect_format, iter_trace, notes_for
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import REUSE_PROFILES, synth_profile, synthetic_trace
@@ -132,31 +133,37 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def prefix_reuse_share(trace: Trace) -> tuple[float, int]:
     """(share of blocks whose hash appeared earlier in the trace, total blocks)."""
     acc = _Summary()
-    for r in trace.requests:
-        acc.add_hashes(r.hash_ids)
+    acc.add(trace.requests)
     return acc.reuse()
 
 
+# Hashes are counted in batches of this many (8 MB as int64).
+_HASH_BATCH = 1 << 20
+ESTIMATE_NOTE = "prefix reuse estimated (to about 1%): too many distinct sparse hash ids to count exactly"
+
+
 class _Summary:
-    """Summary figures accumulated one request at a time, so a file need not be held."""
+    """Summary figures accumulated one request at a time, so a file need not be held: token
+    counts as int64 arrays (8 bytes a request, for exact percentiles) and the hashes as a
+    distinct count (see `distinct`)."""
 
     def __init__(self) -> None:
         self.n = 0
         self.first = self.last = 0.0
         self.inputs = array("q")
         self.outputs = array("q")
-        self.seen: set[int] = set()
-        self.blocks = self.reused = 0
+        self.blocks = 0
+        self._hashes = array("q")
+        self._distinct = DistinctCounter()
 
-    def add_hashes(self, ids: tuple[int, ...]) -> None:
-        for h in ids:
-            if h in self.seen:
-                self.reused += 1
-            else:
-                self.seen.add(h)
-        self.blocks += len(ids)
+    def _flush(self) -> None:
+        if self._hashes:
+            self.blocks += len(self._hashes)
+            self._distinct.add(np.frombuffer(self._hashes, dtype=np.int64))
+            self._hashes = array("q")
 
     def add(self, requests: Iterable[TraceRequest]) -> None:
+        hashes = self._hashes
         for r in requests:
             if self.n == 0:
                 self.first = r.timestamp
@@ -165,10 +172,16 @@ class _Summary:
             self.inputs.append(r.input_tokens)
             self.outputs.append(r.output_tokens)
             if r.hash_ids:
-                self.add_hashes(r.hash_ids)
+                hashes.extend(r.hash_ids)
+                if len(hashes) >= _HASH_BATCH:
+                    self._flush()
+                    hashes = self._hashes
 
     def reuse(self) -> tuple[float, int]:
-        return (self.reused / self.blocks if self.blocks else 0.0), self.blocks
+        self._flush()
+        blocks = self.blocks
+        reused = blocks - min(self._distinct.count, blocks)
+        return (reused / blocks if blocks else 0.0), blocks
 
     def result(self, source: str, block_tokens: int, notes: Iterable[str]) -> dict[str, Any]:
         duration = self.last - self.first
@@ -185,7 +198,7 @@ class _Summary:
             "block_tokens": block_tokens,
             "blocks": blocks,
             "prefix_reuse_share": share,
-            "notes": list(notes),
+            "notes": [*notes, *(() if self._distinct.exact else (ESTIMATE_NOTE,))],
         }
 
 
@@ -203,13 +216,14 @@ def _fmt_dist(d: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:,.0f}" for k, v in d.items())
 
 
-def _stream_summary(args: argparse.Namespace, window: Window | None) -> dict[str, Any]:
+def _stream_summary(args: argparse.Namespace, window: Window | None, acc: _Summary | None = None,
+                    on_error: Callable[[TraceError], None] | None = None) -> dict[str, Any]:
     """Summarise a file without holding its requests (the 2024 Azure files have millions)."""
     fmt = detect_format(args.path) if args.format == "auto" else args.format
     stats = LoadStats()
-    acc = _Summary()
+    acc = acc if acc is not None else _Summary()
     acc.add(iter_trace(args.path, fmt, window=window, keep_failed=getattr(args, "keep_failed", False),
-                       models=getattr(args, "models", None), stats=stats))
+                       models=getattr(args, "models", None), stats=stats, on_error=on_error))
     source = str(args.path) + (f" | window({window[0]:g}, {window[1]:g})" if window is not None else "")
     return acc.result(source, block_tokens_of(fmt), notes_for(fmt, stats))
 
@@ -242,11 +256,40 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+# `trace validate` shows this many bad lines and counts the rest.
+VALIDATE_SHOWN = 20
+
+
+class _BadLines:
+    """An `on_error` that keeps the first `shown` errors and counts them all."""
+
+    def __init__(self, shown: int) -> None:
+        self.shown = shown
+        self.first: list[TraceError] = []
+        self.count = 0
+
+    def __call__(self, error: TraceError) -> None:
+        self.count += 1
+        if len(self.first) < self.shown:
+            self.first.append(error)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    bad = _BadLines(VALIDATE_SHOWN)
+    acc = _Summary()
     try:
-        s = _stream_summary(args, None)
-    except TraceError as e:
+        s = _stream_summary(args, None, acc, on_error=bad)
+    except TraceError as e:  # ends the reading: no such file, a bad header
+        for err in bad.first:
+            print(err, file=sys.stderr)
         print(str(e), file=sys.stderr)
+        return 2
+    if bad.count:
+        for err in bad.first:
+            print(err, file=sys.stderr)
+        shown = f" (the first {len(bad.first)} shown)" if bad.count > len(bad.first) else ""
+        print(f"{args.path}: {bad.count:,} bad line{'' if bad.count == 1 else 's'}{shown}; "
+              f"{acc.n:,} good requests", file=sys.stderr)
         return 2
     print(f"{args.path}: ok, {s['requests']:,} requests over {s['duration_s']:,.1f} s")
     for note in s["notes"]:

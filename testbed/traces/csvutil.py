@@ -7,15 +7,18 @@ Line numbers are 1-based physical lines with the header on line 1.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
 import io
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
+from testbed.core.limits import MAX_TIMESTAMP_S
 from testbed.traces.types import TraceError, TraceRequest
 
 # A window start this far into a file (bytes) is found by bisection instead of a scan.
@@ -76,13 +79,15 @@ def _n(count: int, noun: str) -> str:
 
 
 class TokenCounts:
-    """Parses token-count fields. The same few thousand values repeat over millions of rows, so a
-    dict hit is cheaper than int() and every row shares one int object per value."""
+    """Parses one column's token counts, up to `limit`. The same few thousand values repeat over
+    millions of rows, so a dict hit is cheaper than int() and every row shares one int object per
+    value. Only accepted values are cached, so a hit needs no check."""
 
-    __slots__ = ("cache",)
+    __slots__ = ("cache", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
         self.cache: dict[str, int] = {}
+        self.limit = limit
 
     def parse(self, text: str, column: str) -> int:
         """The count in `text` (digits, or an integral float such as "18.0" as pandas writes)."""
@@ -93,19 +98,24 @@ class TokenCounts:
                 raise RowError(column, f"expected a non-negative integer, got {show(text)}")
         if not (digits.isascii() and digits.isdigit()):
             raise RowError(column, f"expected a non-negative integer, got {show(text)}")
-        value = int(digits)
+        try:
+            value = int(digits)
+        except ValueError:  # more digits than int() takes (4300)
+            value = self.limit + 1
+        if value > self.limit:
+            raise RowError(column, f"expected at most {self.limit:,} tokens, got {show(text)}")
         if len(self.cache) < _TOKEN_CACHE_MAX:
             self.cache[text] = value
         return value
 
 
 def parse_seconds(text: str, column: str) -> float:
-    """A plain non-negative decimal number of seconds ("5", "19440110.0")."""
+    """A plain non-negative decimal number of seconds ("5", "19440110.0"), at most MAX_TIMESTAMP_S."""
     if not (text.isascii() and text.replace(".", "", 1).isdigit()):
         raise RowError(column, f"expected a non-negative number of seconds, got {show(text)}")
     value = float(text)
-    if not math.isfinite(value):
-        raise RowError(column, f"expected a finite number of seconds, got {show(text)}")
+    if not value <= MAX_TIMESTAMP_S:
+        raise RowError(column, f"expected at most {MAX_TIMESTAMP_S:,.0f} seconds, got {show(text)}")
     return value
 
 
@@ -144,7 +154,10 @@ def read_header(path: str | Path) -> CsvHeader:
     try:
         with p.open("rb") as f:
             raw = f.readline()
-            offset = f.tell()
+            cr = raw.find(b"\r")
+            if 0 <= cr < len(raw) - 1 and raw[cr + 1] != 0x0A:
+                raw = raw[: cr + 1]  # CR line ends, as the rows' reader takes them
+            offset = len(raw)
             size = f.seek(0, io.SEEK_END)
     except OSError as e:
         raise TraceError(f"cannot open: {e.strerror or e}", path=p) from None
@@ -152,7 +165,10 @@ def read_header(path: str | Path) -> CsvHeader:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise TraceError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=p, line=1) from None
-    rows = list(csv.reader([text]))
+    try:
+        rows = list(csv.reader([text]))
+    except csv.Error as e:
+        raise TraceError(f"bad CSV ({e})", path=p, line=1) from None
     columns = [c.strip() for c in rows[0]] if rows else []
     return CsvHeader(p, columns, offset, size)
 
@@ -189,6 +205,105 @@ def _open_rows(header: CsvHeader, offset: int) -> io.TextIOWrapper:
     raw = header.path.open("rb")
     raw.seek(offset)
     return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+
+
+# Starts the one field that stands in for a line that is not UTF-8 (a noncharacter: no text holds it).
+NOT_UTF8 = "\ufffe"
+_BREAKS = (b"\n", b"\r")
+
+
+def mark_bad_lines(data: bytes) -> bytes:
+    """`data` (whole lines) with each line that is not UTF-8 replaced by NOT_UTF8 and the reason,
+    its line breaks kept, so a CSV reader reads it as one field on the same line number."""
+    view = memoryview(data)
+    parts: list[bytes] = []
+    pos = 0
+    while True:
+        try:
+            codecs.utf_8_decode(view[pos:], "strict", True)
+            break
+        except UnicodeDecodeError as e:
+            bad = pos + e.start
+            start = max(data.rfind(b, 0, bad) for b in _BREAKS) + 1
+            ends = [i for i in (data.find(b, bad) for b in _BREAKS) if i >= 0]
+            end = min(ends) if ends else len(data)
+            parts.append(data[pos:start])
+            parts.append(f"{NOT_UTF8}not UTF-8 text ({e.reason} at byte {bad - start})".encode())
+            pos = end
+    parts.append(data[pos:])
+    return b"".join(parts)
+
+
+class _Utf8Lines(io.RawIOBase):
+    """A binary file read from an offset with its non-UTF-8 lines marked (see mark_bad_lines):
+    a decoding error then names its own line, and reading goes on after it. It reads blocks of
+    whole lines; ASCII blocks, as the published traces are, pass through untouched."""
+
+    def __init__(self, f: io.BufferedReader, block: int = 1 << 20) -> None:
+        super().__init__()
+        self._f = f
+        self._block = block
+        self._pending = b""
+        self._out = memoryview(b"")
+        self._eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+    def _fill(self) -> None:
+        data = self._f.read(self._block)
+        buf = self._pending + data
+        if not data:
+            self._eof = True
+            out, self._pending = buf, b""
+        else:
+            # Cut after the last line break; not after a final CR, whose LF may be in the next block.
+            cut = max(buf.rfind(b"\n"), buf.rfind(b"\r", 0, len(buf) - 1)) + 1
+            out, self._pending = buf[:cut], buf[cut:]
+        self._out = memoryview(out if out.isascii() else mark_bad_lines(out))
+
+    def readinto(self, b: Any) -> int:
+        while not self._out and not self._eof:
+            self._fill()
+        n = min(len(b), len(self._out))
+        b[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
+def skip_lines(path: Path, start: int, lines: int) -> int:
+    """The byte offset `lines` lines after `start`, lines ending as a text reader with
+    newline="" ends them (CRLF, CR or LF)."""
+    if lines <= 0:
+        return start
+    with path.open("rb") as f:
+        f.seek(start)
+        base, buf = start, b""
+        while True:
+            data = f.read(1 << 20)
+            buf += data
+            # A final CR may be the first half of a CRLF: leave it for the next read.
+            end = len(buf) - 1 if data and buf.endswith(b"\r") else len(buf)
+            for m in _LINE_BREAK.finditer(buf, 0, end):
+                lines -= 1
+                if lines == 0:
+                    return base + m.end()
+            if not data:
+                return base + len(buf)
+            base, buf = base + end, buf[end:]
+
+
+def _open_checked_rows(header: CsvHeader, offset: int) -> io.TextIOWrapper:
+    raw = header.path.open("rb")
+    raw.seek(offset)
+    return io.TextIOWrapper(io.BufferedReader(_Utf8Lines(raw), 1 << 16), encoding="utf-8", newline="")
 
 
 def count_lines(path: Path, start: int, end: int) -> int:
@@ -261,6 +376,7 @@ def scan(
     window: Window | None,
     limit: int | None,
     stats: LoadStats,
+    on_error: Callable[[TraceError], None] | None = None,
 ) -> Iterator[TraceRequest]:
     """Requests from a CSV trace. `parse` validates every row read; `admit` says whether and
     how a row inside the window is replayed. It sees the rows with a zero token count, and
@@ -270,7 +386,8 @@ def scan(
     end)` keeps arrivals in [start, end); the requests are rebased so the first one is at 0.
     Rows must be in time order (equal is fine). When `start` lies far into the file, the rows
     before it are passed over by bisection, unread and so unchecked. Request ids are
-    `"{file stem}-{line}"`.
+    `"{file stem}-{line}"`. A bad row raises TraceError, or with `on_error` is passed to it and
+    left out; the next rows are then checked against the last good one.
     """
     start, end = window if window is not None else (0.0, math.inf)
     if limit is not None and limit <= 0:
@@ -295,56 +412,89 @@ def scan(
     kept = nrows = 0
     text = _open_rows(header, offset)
     reader = csv.reader(text)
+    checked = False
     try:
-        for row in reader:
-            if len(row) != ncols:
-                if not row:
-                    continue
-                raise TraceError(
-                    f"expected {ncols} fields (as in the header), got {len(row)}",
-                    path=path, line=line_base + reader.line_num,
-                )
+        # The reader goes on after a csv.Error, so a scan that reports errors resumes it; a byte
+        # that is not UTF-8 breaks the text layer, so the scan goes on with a new reader from the
+        # line after the last one read, one that marks such lines (a slower one: only then).
+        while True:
             try:
-                t, inp, out = parse(row)
-            except RowError as e:
-                raise TraceError(e.message, path=path, line=line_base + reader.line_num, field=e.field) from None
-            if t < prev:
-                raise TraceError(
-                    f"goes backwards: {show(row[time_index])} is earlier than the row before "
-                    f"({show(prev_row[time_index])}); rows must be in arrival order",
-                    path=path, line=line_base + reader.line_num, field=time_field,
-                )
-            prev, prev_row = t, row
-            nrows += 1
-            if t0 is None:
-                t0 = t
-            rel = t - t0
-            if rel < start:
-                continue
-            if rel >= end:
+                for row in reader:
+                    if len(row) != ncols:
+                        if not row:
+                            continue
+                        error = _shape_error(row, ncols, path, line_base + reader.line_num)
+                        if on_error is None:
+                            raise error
+                        on_error(error)
+                        continue
+                    try:
+                        t, inp, out = parse(row)
+                    except RowError as e:
+                        error = TraceError(e.message, path=path, line=line_base + reader.line_num, field=e.field)
+                        if on_error is None:
+                            raise error from None
+                        on_error(error)
+                        continue
+                    if t < prev:
+                        error = TraceError(
+                            f"goes backwards: {show(row[time_index])} is earlier than the row before "
+                            f"({show(prev_row[time_index])}); rows must be in arrival order",
+                            path=path, line=line_base + reader.line_num, field=time_field,
+                        )
+                        if on_error is None:
+                            raise error
+                        on_error(error)
+                        continue
+                    prev, prev_row = t, row
+                    nrows += 1
+                    if t0 is None:
+                        t0 = t
+                    rel = t - t0
+                    if rel < start:
+                        continue
+                    if rel >= end:
+                        break
+                    if admit_all or not (inp and out):
+                        got = admit(row, inp, out)
+                        if got is None:
+                            continue
+                        inp, out = got
+                    if w0 is None:
+                        w0 = rel
+                    r = new(TraceRequest)
+                    set_id(r, f"{stem}-{line_base + reader.line_num}")
+                    set_time(r, rel - w0)
+                    set_input(r, inp)
+                    set_output(r, out)
+                    set_hashes(r, no_hashes)
+                    yield r
+                    kept += 1
+                    if kept == limit:
+                        break
                 break
-            if admit_all or not (inp and out):
-                got = admit(row, inp, out)
-                if got is None:
-                    continue
-                inp, out = got
-            if w0 is None:
-                w0 = rel
-            r = new(TraceRequest)
-            set_id(r, f"{stem}-{line_base + reader.line_num}")
-            set_time(r, rel - w0)
-            set_input(r, inp)
-            set_output(r, out)
-            set_hashes(r, no_hashes)
-            yield r
-            kept += 1
-            if kept == limit:
-                break
-    except UnicodeDecodeError as e:
-        raise TraceError(f"not UTF-8 text ({e.reason}) after line {line_base + reader.line_num}", path=path) from None
-    except csv.Error as e:
-        raise TraceError(f"bad CSV ({e})", path=path, line=line_base + reader.line_num + 1) from None
+            except csv.Error as e:
+                error = TraceError(f"bad CSV ({e})", path=path, line=line_base + reader.line_num)
+                if on_error is None:
+                    raise error from None
+                on_error(error)
+            except UnicodeDecodeError as e:
+                if checked:  # cannot happen: every line it passes on decodes
+                    raise TraceError(f"not UTF-8 text ({e.reason})", path=path,
+                                     line=line_base + reader.line_num + 1) from None
+                checked = True
+                offset = skip_lines(path, offset, reader.line_num)
+                line_base += reader.line_num
+                text.close()
+                text = _open_checked_rows(header, offset)
+                reader = csv.reader(text)
     finally:
         stats.rows += nrows
         stats.kept += kept
         text.close()
+
+
+def _shape_error(row: list[str], ncols: int, path: Path, line: int) -> TraceError:
+    if len(row) == 1 and row[0].startswith(NOT_UTF8):
+        return TraceError(row[0][len(NOT_UTF8):], path=path, line=line)
+    return TraceError(f"expected {ncols} fields (as in the header), got {len(row)}", path=path, line=line)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,8 +86,12 @@ def iter_trace(
     keep_failed: bool = False,
     models: Collection[str] | None = None,
     stats: LoadStats | None = None,
+    on_error: Callable[[TraceError], None] | None = None,
 ) -> Iterator[TraceRequest]:
-    """Stream a trace file's requests without holding them (see `load_trace`)."""
+    """Stream a trace file's requests without holding them (see `load_trace`). A bad line
+    raises TraceError; with `on_error` it is passed to it instead and the line left out, so
+    one pass finds every bad line. Errors that end the reading (no such file, a bad header)
+    still raise."""
     fmt = detect_format(path) if format == "auto" else format
     if fmt not in SUPPORTED_FORMATS:
         raise TraceError(f"unsupported format {fmt!r} (supported: {', '.join(SUPPORTED_FORMATS)})", path=path)
@@ -98,11 +102,11 @@ def iter_trace(
     if models is not None and fmt != "burstgpt":
         raise TraceError(f"a model filter needs a format with a Model column (burstgpt), not {fmt}", path=path)
     if fmt == "mooncake":
-        return _windowed(iter_mooncake(path), window, limit)
+        return _windowed(iter_mooncake(path, on_error=on_error), window, limit)
     if fmt == "azure":
-        return azure.iter_azure(path, window=window, limit=limit, stats=stats)
+        return azure.iter_azure(path, window=window, limit=limit, stats=stats, on_error=on_error)
     return burstgpt.iter_burstgpt(path, window=window, limit=limit, keep_failed=keep_failed, models=models,
-                                  stats=stats)
+                                  stats=stats, on_error=on_error)
 
 
 @contextmanager

@@ -2,21 +2,25 @@
 
 One JSON object per line: `timestamp` (ms, int or float), `input_length`, `output_length`
 (tokens) and `hash_ids` (one id per 512-token block of the prompt; equal id = equal prefix
-block). Blank lines are skipped; other keys are ignored so newer releases still load.
+block). Blank lines are skipped; other keys are ignored so newer releases still load. Values
+must be replayable: token counts and timestamps within `testbed.core.limits`.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from testbed.core.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS, MIN_TOKENS
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
 _NONNEG_INT = "expected a non-negative integer"
+_TOKENS = f"expected a token count from {MIN_TOKENS} to {{:,}}"
+_MS = f"expected a number of milliseconds from 0 to {MAX_TIMESTAMP_MS:,}"
+_SMALL = (1 << 30) - 1  # the largest int CPython compares on its fast path
 
 
 def _show(value: Any) -> str:
@@ -24,11 +28,30 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def iter_mooncake(path: str | Path) -> Iterator[TraceRequest]:
+def _json_error(e: ValueError | RecursionError) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"invalid JSON ({e.msg} at column {e.colno})"
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    if isinstance(e, RecursionError):
+        return "invalid JSON (nested too deeply)"
+    return "invalid JSON (a number too long to read)"  # beyond int()'s digit limit
+
+
+def _hash_error(ids: list[Any], h: Any) -> TraceError:
+    k = next(i for i, x in enumerate(ids) if x is h)
+    if type(h) is int and h > MAX_HASH_ID:
+        return TraceError(f"element {k}: {_show(h)} does not fit in 63 bits", field="hash_ids")
+    return TraceError(f"element {k}: {_NONNEG_INT}, got {_show(h)}", field="hash_ids")
+
+
+def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | None = None) -> Iterator[TraceRequest]:
     """Stream requests from a Mooncake JSONL file, validating each line as it is read.
 
     Timestamps are rebased so the first request is at 0 s. Request ids are
-    `"{file stem}-{line number}"` (1-based physical line, blank lines counted).
+    `"{file stem}-{line number}"` (1-based physical line, blank lines counted). A bad line
+    raises TraceError, or with `on_error` is passed to it and left out; the next lines are then
+    checked against the last good one.
     """
     p = Path(path)
     stem = p.stem
@@ -40,55 +63,61 @@ def iter_mooncake(path: str | Path) -> Iterator[TraceRequest]:
         t0: int | float | None = None
         prev_ts: int | float = 0
         prev_line = 0
+        max_hash = MAX_HASH_ID
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             try:
-                # bytes in: json detects the encoding, and a bad byte fails on this line only.
-                obj = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"invalid JSON ({e.msg} at column {e.colno})", path=p, line=lineno) from None
-            except UnicodeDecodeError as e:
-                raise TraceError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=p, line=lineno) from None
-            if type(obj) is not dict:
-                raise TraceError(f"expected a JSON object, got {_show(obj)}", path=p, line=lineno)
-            try:
-                ts = obj["timestamp"]
-                inp = obj["input_length"]
-                out = obj["output_length"]
-                ids = obj["hash_ids"]
-            except KeyError as e:
-                raise TraceError("missing", path=p, line=lineno, field=str(e.args[0])) from None
+                try:
+                    # bytes in: json detects the encoding, and a bad byte fails on this line only.
+                    obj = json.loads(raw)
+                except (ValueError, RecursionError) as e:
+                    raise TraceError(_json_error(e)) from None
+                if type(obj) is not dict:
+                    raise TraceError(f"expected a JSON object, got {_show(obj)}")
+                try:
+                    ts = obj["timestamp"]
+                    inp = obj["input_length"]
+                    out = obj["output_length"]
+                    ids = obj["hash_ids"]
+                except KeyError as e:
+                    raise TraceError("missing", field=str(e.args[0])) from None
 
-            # `type(x) is int` rather than isinstance: JSON true/false must not pass as 1/0.
-            tt = type(ts)
-            if not ((tt is int or (tt is float and math.isfinite(ts))) and ts >= 0):
-                raise TraceError(
-                    f"expected a non-negative number of milliseconds, got {_show(ts)}",
-                    path=p, line=lineno, field="timestamp",
-                )
+                # `type(x) is int` rather than isinstance: JSON true/false must not pass as 1/0.
+                # The bound also refuses NaN and the infinities, and keeps `ts - t0` a float;
+                # below 2^30 the comparisons take CPython's fast int path, the rest the full check.
+                tt = type(ts)
+                if tt is not int or ts < 0 or ts > _SMALL:
+                    if not ((tt is int or tt is float) and 0 <= ts <= MAX_TIMESTAMP_MS):
+                        raise TraceError(f"{_MS}, got {_show(ts)}", field="timestamp")
+                if t0 is not None and ts < prev_ts:
+                    raise TraceError(
+                        f"goes backwards: {_show(ts)} ms after {_show(prev_ts)} ms on line {prev_line}",
+                        field="timestamp",
+                    )
+                if type(inp) is not int:
+                    raise TraceError(f"{_NONNEG_INT}, got {_show(inp)}", field="input_length")
+                if not MIN_TOKENS <= inp <= MAX_INPUT_TOKENS:
+                    raise TraceError(f"{_TOKENS.format(MAX_INPUT_TOKENS)}, got {_show(inp)}", field="input_length")
+                if type(out) is not int:
+                    raise TraceError(f"{_NONNEG_INT}, got {_show(out)}", field="output_length")
+                if not MIN_TOKENS <= out <= MAX_OUTPUT_TOKENS:
+                    raise TraceError(f"{_TOKENS.format(MAX_OUTPUT_TOKENS)}, got {_show(out)}", field="output_length")
+                if type(ids) is not list:
+                    raise TraceError(f"expected a list of non-negative integers, got {_show(ids)}", field="hash_ids")
+                for h in ids:
+                    if type(h) is not int or h < 0 or h > _SMALL:
+                        if not (type(h) is int and 0 <= h <= max_hash):
+                            raise _hash_error(ids, h)
+            except TraceError as e:
+                located = TraceError(e.detail, path=p, line=lineno, field=e.field)
+                if on_error is None:
+                    raise located from None
+                on_error(located)
+                continue
             if t0 is None:
                 t0 = ts
-            elif ts < prev_ts:
-                raise TraceError(
-                    f"goes backwards: {_show(ts)} ms after {_show(prev_ts)} ms on line {prev_line}",
-                    path=p, line=lineno, field="timestamp",
-                )
             prev_ts, prev_line = ts, lineno
-            if type(inp) is not int or inp < 0:
-                raise TraceError(f"{_NONNEG_INT}, got {_show(inp)}", path=p, line=lineno, field="input_length")
-            if type(out) is not int or out < 0:
-                raise TraceError(f"{_NONNEG_INT}, got {_show(out)}", path=p, line=lineno, field="output_length")
-            if type(ids) is not list:
-                raise TraceError(
-                    f"expected a list of non-negative integers, got {_show(ids)}",
-                    path=p, line=lineno, field="hash_ids",
-                )
-            for k, h in enumerate(ids):
-                if type(h) is not int or h < 0:
-                    raise TraceError(
-                        f"element {k}: {_NONNEG_INT}, got {_show(h)}", path=p, line=lineno, field="hash_ids"
-                    )
             yield TraceRequest(f"{stem}-{lineno}", (ts - t0) / 1000.0, inp, out, tuple(ids))
 
 
