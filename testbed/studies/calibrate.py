@@ -319,9 +319,10 @@ def write_output(cal: Calibration, args: argparse.Namespace) -> tuple[dict[str, 
         return block, text
     assert base is not None and base_path is not None
     out: Path = args.out
-    # Relative when the two share a tree (a scenario beside the shipped ones), else absolute.
+    # Relative when the two share a project tree (a scenario beside the shipped ones), else
+    # absolute: sharing only "/" or a top-level directory such as /tmp is no shared tree.
     target, here = base_path.resolve(), out.resolve().parent
-    shared = os.path.commonpath([target, here]) != target.anchor
+    shared = len(Path(os.path.commonpath([target, here])).parts) > 2
     doc = {"extends": os.path.relpath(target, here) if shared else str(target), "name": out.stem if _NAME_RE.match(out.stem) else f"{base.name}-calibrated",
            "description": f"{base.name} with hardware {name!r} calibrated from measurements (see the header)",
            "hardware": {name: block}}
