@@ -20,6 +20,7 @@ per_seq_s and per_context_token_s are ignored, as in the paper's Theta_pdd formu
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any, Callable, Literal, Sequence
@@ -45,7 +46,7 @@ Stage = Literal["prfaas", "pdp", "pdd"]
 # Length distribution
 
 
-class DiscreteDistribution:
+class DiscreteDistribution(ABC):
     """An input-length distribution as atoms: `values` (ascending) with probability `mass`.
 
     Every figure of the model is a mass-weighted sum over the atoms; subclasses say how a
@@ -62,9 +63,9 @@ class DiscreteDistribution:
     def _init_cum(self) -> None:
         self._cum_mass = np.concatenate(([0.0], np.cumsum(self.mass)))
 
+    @abstractmethod
     def _split(self, ts: FloatArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
         """Atom index k holding each t and the fraction of atom k at or below t (atoms below k are all below)."""
-        raise NotImplementedError
 
     # -- partial sums -------------------------------------------------------------------------
 

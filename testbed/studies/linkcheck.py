@@ -347,15 +347,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_linkcheck(args: argparse.Namespace) -> int:
     from testbed.core.linkprofile import parse_rate
-    from testbed.config.profiles import ProfileError, load_profile
+    from testbed.config.profiles import load_profile
+
     if os.geteuid() != 0:
         print("error: network namespaces need root", file=sys.stderr)
         return 1
-    try:
-        profile = load_profile(args.profile)
-    except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    profile = load_profile(args.profile)        # a ProfileError is a UserError: the CLI prints it
     wire = None if args.byte_scale is not None else parse_rate(args.wire_rate)
     scale = scale_for(profile, args.speedup, args.byte_scale, wire)
     return main_linkcheck(profile, scale, args.connections, args.duration, args.method, args.json)
