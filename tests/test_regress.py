@@ -329,6 +329,15 @@ def test_real_slow_decode_fails_on_tpot_and_rerun_passes(tmp_path: Path, capsys:
     assert rc == 1, out
     assert any(line.startswith("FAIL tpot_s.mean: measured") for line in out.splitlines()), out
 
-    rc, out, err = run_cli(capsys, "regress", str(rerun), "--baseline", str(path))
+    # A rerun the testbed itself marks invalid (its timing slipped on a loaded host) is correctly
+    # a FAIL; what this test checks is that a valid rerun passes, so such a rerun is redone, as a
+    # user would, at most twice. Any other FAIL fails the test at once.
+    for attempt in range(3):
+        rc, out, err = run_cli(capsys, "regress", str(rerun), "--baseline", str(path))
+        invalid_only = rc == 1 and "1 of 10 metrics outside tolerance: validity.valid" in out
+        if not invalid_only or attempt == 2:
+            break
+        assert main(["replay", *APP_FAST, "--out", str(rerun)]) == 0
+        capsys.readouterr()
     assert rc == 0, out
     assert "warning" not in err   # same scenario, scale, shaping, backend and requests
