@@ -611,3 +611,42 @@ async def test_container_nodes_drive_the_engine_and_the_node_endpoint(aiohttp_cl
     assert up["healthy_after_s_wire"] >= 0
     got = await nodes.slow("pd-d0", 5.0, time.time() + 30)
     assert got["slow"] == 5.0 and app[SLOW_KEY].at(time.time()) == 5.0
+
+
+@pytest.mark.pure
+def test_a_prefill_kill_counts_the_prefills_it_caught_and_the_retries_away_from_it(tmp_path: Path) -> None:
+    # A kill of prfaas-p0 at 1.0 wire (10 paper). Seen in a netns run: the request caught mid-prefill
+    # was retried on prfaas-p3, so its record names p3; it was counted neither affected nor retried.
+    (tmp_path / "faults.jsonl").write_text(json.dumps(
+        {"t": 10.0, "fault": 0, "kind": "kill", "phase": "start", "target": "prfaas-p0", "outcome": "ok"}) + "\n")
+
+    def pre(i: int, node: str, arrival: float, prefill_end: float, **kw: Any) -> RequestRecord:
+        r = _rec(i, "pd-d0", arrival, arrival + 2.0, crossed=True, prefill_node=node, **kw)
+        r.times.prefill_end = prefill_end
+        return r
+
+    recs = [
+        pre(0, "prfaas-p0", 0.2, 0.6),     # prefill done before the kill, decoding after it: untouched
+        pre(1, "prfaas-p3", 0.8, 1.4, retries=1,
+            retry_reason="prefill node prfaas-p0 unreachable: Server disconnected"),
+        pre(2, "prfaas-p3", 1.05, 1.5, retries=1, retry_reason="prefill node prfaas-p0 unreachable: refused"),
+        pre(3, "prfaas-p1", 0.9, 1.3, retries=1, retry_reason="prefill node prfaas-p1 unreachable: reset"),
+    ]
+    eff = fault_effects(tmp_path, recs, 10.0)
+    assert [(e["affected"], e["failed"], e["retried"]) for e in eff] == [(2, 0, 2)]
+
+
+@pytest.mark.pure
+def test_the_faults_section_says_what_connection_losses_cost(tmp_path: Path) -> None:
+    from testbed.metrics.series_format import SeriesPoint
+    (tmp_path / "faults.jsonl").write_text(json.dumps(
+        {"t": 10.0, "fault": 0, "kind": "outage", "phase": "start", "target": "wan", "outcome": "ok"}) + "\n")
+    recs = [_rec(0, "pd-d0", 0.5, 2.0, crossed=True), _rec(1, "pd-d0", 0.9, None, crossed=True)]
+    samples = [SeriesPoint(t, src, m, v) for src in ("prfaas-p0", "prfaas-p1")
+               for t, (m, v) in [(0.0, ("kv_resumes", 0.0)), (5.0, ("kv_resumes", 2.0)),
+                                 (0.0, ("kv_bytes_resent", 0.0)), (5.0, ("kv_bytes_resent", 1500.0)),
+                                 (0.0, ("kv_transfers_failed", 0.0)), (5.0, ("kv_transfers_failed", 1.0 if src == "prfaas-p1" else 0.0))]]
+    md = "\n".join(faults_section(tmp_path, recs, 10.0, samples))
+    assert ("4 connection losses resumed from the last acknowledged chunk (3,000 wire bytes sent again), "
+            "1 transfers failed") in md and "1 of 2 requests whose KV crossed the WAN completed" in md
+    assert "connection losses" not in "\n".join(faults_section(tmp_path, recs, 10.0))   # no counters: no line

@@ -240,6 +240,10 @@ def _collect(st: PrefillState) -> list[Sample]:
         Sample("running", 1.0 if st.queue.current else 0.0, {}),
         Sample("kv_backlog_bytes", float(st.sender.backlog_bytes), {}),
         Sample("kv_bytes_sent", float(st.sender.bytes_sent), {}),
+        # Counters, so the report can say what connection losses cost (faults, resets).
+        Sample("kv_resumes", float(st.sender.resumes), {}),
+        Sample("kv_bytes_resent", float(st.sender.bytes_resent), {}),
+        Sample("kv_transfers_failed", float(st.sender.transfers_failed), {}),
     ]
     for c in st.sender.tcp_info():
         labels = {"dest": f"{c.dest[0]}:{c.dest[1]}", "conn": str(c.conn)}

@@ -1,11 +1,11 @@
 """What each fault of a run did to its requests (`faults.jsonl` against `records.csv`), for the
 report's Faults section, and the bands that mark faults on the time-series plots.
 
-A request *touches* a fault's target when its prefill or decode node is the faulted instance
-(node faults), or when its KV crossed the faulted WAN link (link faults and resets: every
+A request *touches* a fault's target when its prefill or decode node is the faulted instance,
+or its failed attempt there was retried elsewhere (node faults), or when its KV crossed the faulted WAN link (link faults and resets: every
 inter-DC link, or the two datacenters named). It is *affected* when it also was in flight
-during the fault: it arrived before the fault ended and, if it completed, its last token came
-after the fault began (a failed record has no end time, so a failed request that touches the
+during the fault: it arrived before the fault ended and, if it completed, it still needed the
+target after the fault began (its last token; on a prefill instance, the end of its prefill) (a failed record has no end time, so a failed request that touches the
 target and arrived before the end counts). *Failed* and *retried* count the affected ones
 (records' `retries`: routed again after a failed attempt). *Time to recover* runs from the fault's end
 (a kill: the kill) to the first token of the first request routed after it that touches the
@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from testbed.core.record import RequestRecord
+from testbed.metrics.series_format import SeriesPoint
+from testbed.metrics.timeseries import counter_total, group_series, select
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -91,9 +93,18 @@ def _role(node: str, nodes: dict[str, tuple[str, str]]) -> str:
     return "decode" if node.rsplit("-", 1)[-1].startswith("d") else "prefill"
 
 
+def _retried_from(r: RequestRecord) -> str:
+    """The node whose failure made the router retry this request ("" if none): the router's
+    retry reasons begin "prefill node <id> ..." or "decode node <id> ..."."""
+    words = r.retry_reason.split()
+    if r.retries and len(words) >= 3 and words[0] in ("prefill", "decode") and words[1] == "node":
+        return words[2].rstrip(":")
+    return ""
+
+
 def _touches(r: RequestRecord, w: FaultWindow, nodes: dict[str, tuple[str, str]]) -> bool:
     if w.kind in NODE_KINDS:
-        return w.target in (r.prefill_node, r.decode_node)
+        return w.target in (r.prefill_node, r.decode_node, _retried_from(r))
     if not (r.crossed_wan or r.cache_move_tokens > 0):
         return False
     pair = w.target.replace("<->", "->").split("->")
@@ -101,6 +112,17 @@ def _touches(r: RequestRecord, w: FaultWindow, nodes: dict[str, tuple[str, str]]
         return True
     dcs = {nodes.get(r.prefill_node, ("", ""))[0], nodes.get(r.decode_node, ("", ""))[0]}
     return dcs == set(pair)
+
+
+def _busy_until(r: RequestRecord, w: FaultWindow) -> float:
+    """When the request stopped needing the fault's target: a prefill instance is done with it
+    at the end of its prefill (its decode elsewhere is untouched); a request retried away from
+    the target was on it when the fault struck; otherwise its last token."""
+    if w.kind in NODE_KINDS and _retried_from(r) == w.target:
+        return math.inf
+    if w.kind in NODE_KINDS and w.target == r.prefill_node and w.target != r.decode_node:
+        return r.times.prefill_end if math.isfinite(r.times.prefill_end) else math.inf
+    return r.times.last_token
 
 
 def fault_effects(run_dir: Path, records: Sequence[RequestRecord], speedup: float,
@@ -119,7 +141,7 @@ def fault_effects(run_dir: Path, records: Sequence[RequestRecord], speedup: floa
             continue
         start, end = w.start_s / speedup, (w.end_s / speedup if w.end_s is not None else math.inf)
         affected = [r for r in records if _touches(r, w, nodes) and r.times.arrival <= end
-                    and (r.outcome != "completed" or r.times.last_token >= start)]
+                    and (r.outcome != "completed" or _busy_until(r, w) >= start)]
         row["affected"] = len(affected)
         row["failed"] = sum(r.outcome != "completed" for r in affected)
         row["retried"] = sum(1 for r in affected if r.retries)
@@ -142,7 +164,18 @@ def _fmt_s(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
-def faults_section(run_dir: Path, records: Sequence[RequestRecord], speedup: float) -> list[str]:
+def _kv_losses(samples: Sequence[SeriesPoint]) -> tuple[float, float, float] | None:
+    """(resumes, bytes resent (wire), transfers failed) over every KV sender of the run; None when
+    the run recorded none of these counters (the simulator, older runs)."""
+    totals = [sum(counter_total(g) for g in group_series(select(samples, m)).values()) if select(samples, m)
+              else None for m in ("kv_resumes", "kv_bytes_resent", "kv_transfers_failed")]
+    if any(t is None for t in totals):
+        return None
+    return float(totals[0] or 0), float(totals[1] or 0), float(totals[2] or 0)
+
+
+def faults_section(run_dir: Path, records: Sequence[RequestRecord], speedup: float,
+                   samples: Sequence[SeriesPoint] = ()) -> list[str]:
     """The report's Faults section (Markdown lines); empty when the run had no faults."""
     faults = load_faults(run_dir)
     if not faults:
@@ -175,6 +208,14 @@ def faults_section(run_dir: Path, records: Sequence[RequestRecord], speedup: flo
                     f"{d.get('connections_seen', 0)} KV connections seen were reset with {d.get('rsts_sent', 0)} RSTs "
                     f"({d.get('rsts_exact', 0)} at the end's own acknowledged sequence number; "
                     f"{d.get('ends_answered', 0)} ends later answered with an RST of their own)."]
+    losses = _kv_losses(samples)
+    if losses is not None and any(w.kind not in NODE_KINDS for w in faults):
+        crossed = [r for r in records if r.crossed_wan]
+        done = sum(r.outcome == "completed" for r in crossed)
+        out += ["", f"KV transfers over the run: {losses[0]:.0f} connection losses resumed from the last "
+                    f"acknowledged chunk ({losses[1]:,.0f} wire bytes sent again), {losses[2]:.0f} transfers failed "
+                    f"(each with its reason in `records.csv`); {done} of {len(crossed)} requests whose KV crossed "
+                    f"the WAN completed."]
     return out + [""]
 
 

@@ -441,7 +441,7 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
     out.append(md_table(["Reason", "Requests"], [(r, fmt(n)) for r, n in reasons.items()]) if reasons else "None.")
     if s["requests"]["pending"]:
         out += ["", f"Requests that never finished (run interrupted): {fmt(s['requests']['pending'])}."]
-    out += ["", *faults_section(run_dir, records, scale.speedup)]
+    out += ["", *faults_section(run_dir, records, scale.speedup, samples)]
     out += ["## Timing fidelity", "", _fidelity_line(fid), "", "## Plots", ""]
     out += [f"![{title}]({p.name})\n" for title, p in plots]
     path = run_dir / "report.md"
