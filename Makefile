@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ replay: $(STAMP)
 ## The same comparison by the discrete-event simulator (seconds, no root): same workload, same run directories.
 replay-sim: $(STAMP)
 	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --backend sim --out $(RUNS)/paper-compare-sim
+
+## Model, simulation and netns emulation of make replay's workload side by side for the three paper
+## deployments, each difference against the simulator's tolerances and explained from the records (root).
+## CROSSCHECK_ARGS=--check exits 1 when one is outside; --emulated runs/paper-compare reuses make replay's runs.
+crosscheck: $(STAMP)
+	$(BIN)/testbed crosscheck --scenario paper-homogeneous --scenario paper-prfaas --scenario paper-naive \
+	  --backend netns --out $(RUNS)/crosscheck $(CROSSCHECK_ARGS)
 
 ## The analytical model of the paper (Table 6).
 model: $(STAMP)

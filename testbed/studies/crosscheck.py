@@ -1,0 +1,199 @@
+"""`testbed crosscheck`: the analytical model, the simulator and an emulation on one workload.
+
+For each scenario: the simulator (`--backend sim`) and an emulation (`--backend`, default netns)
+replay the same seeded trace into `DIR/sim/` and `DIR/emulation/` (normal run directories), or
+`--emulated RUN` reuses an emulation recorded before; then `crosscheck.md` and `crosscheck.json`
+set the model's figures, the simulation's and the emulation's side by side with the
+simulation's difference and a verdict against the tolerances of `crosscheck_table`, and explain
+every difference that matters from the records. A report, not a gate: exit 0 once compared;
+with `--check`, 1 when a judged metric is outside its tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.config.resolved import ResolvedScenario
+from testbed.core.errors import UserError
+from testbed.studies.crosscheck_explain import Side
+from testbed.studies.crosscheck_table import Crosscheck, compare
+from testbed.traces.types import Trace
+
+BACKENDS = ("netns", "local", "inproc", "compose")
+
+
+class CrosscheckError(UserError, ValueError):
+    """Unusable input: the message names the run directory or file."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from testbed.traces.command import WINDOW_HELP, window_arg
+    from testbed.traces.loader import SUPPORTED_FORMATS
+
+    p = sub.add_parser("crosscheck", help="model, simulation and emulation of one workload side by side, each "
+                                          "difference against a tolerance and explained from the records")
+    p.add_argument("--scenario", action="append", required=True, metavar="NAME",
+                   help="scenario name or path (repeatable: one crosscheck each, DIR/<scenario>/)")
+    p.add_argument("--trace", help="trace file (default: the scenario's synthetic workload, as replay)")
+    p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format")
+    p.add_argument("--window", type=window_arg, metavar="START:END", help=f"with --trace: {WINDOW_HELP}")
+    p.add_argument("--sample", type=int, metavar="N", help="with --trace: keep N requests drawn at random")
+    p.add_argument("--seed", type=int, metavar="S", help="seed of --sample; without --trace, the workload's seed")
+    p.add_argument("--requests", type=int, help="replay only the first N requests")
+    p.add_argument("--rate", type=float, help="offered rate in paper req/s")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
+    p.add_argument("--backend", choices=BACKENDS, default="netns",
+                   help="the emulation's backend (default netns: shaped links, root)")
+    p.add_argument("--out", type=Path, help="output directory (default runs/crosscheck-<scenario>)")
+    p.add_argument("--skip-emulation", action="store_true", help="compare model and simulation only")
+    p.add_argument("--emulated", type=Path, metavar="RUN",
+                   help="reuse a recorded emulation instead of running one: its run directory, or with several "
+                        "scenarios the directory holding RUN/<scenario>/ (as `replay --compare` writes)")
+    p.add_argument("--check", action="store_true", help="exit 1 when a judged metric is outside its tolerance")
+    p.add_argument("--json", action="store_true", help="print crosscheck.json instead of tables")
+    p.set_defaults(func=cmd_crosscheck, keep_failed=False, trace_models=None, speedup=None)
+
+
+def model_figures(rs: ResolvedScenario, trace: Trace, from_trace: bool) -> tuple[dict[str, float | None], str]:
+    """What the analytical model predicts of the crosscheck's metrics, and a note saying how."""
+    from testbed.core.kvsize import KVModel
+    from testbed.model.analytical import evaluate
+    from testbed.model.workload import TraceWorkload
+
+    sc = rs.spec
+    wl = TraceWorkload.from_trace(trace, KVModel.from_spec(sc.model)).model_workload() if from_trace else None
+    try:
+        r = evaluate(sc, rs.inter_dc.rate, threshold=None if rs.threshold is None else int(rs.threshold), workload=wl)
+    except ValueError as e:
+        return {}, f"Model: not evaluated ({e})."
+    rate = trace.rate
+    per_request = r.p * r.kv_long_bytes
+    figures: dict[str, float | None] = {
+        "throughput": min(rate, r.lambda_max) if 0 < rate < math.inf else None,
+        "ttft_mean": r.ttft_mean_s, "ttft_p90": r.ttft_p90_s, "offload_ratio": r.p,
+        "wan_bytes_total": per_request * len(trace), "wan_bytes_per_request": per_request,
+        "transfer_tail": r.kv_tail_mean_s,
+    }
+    note = (f"Model: the analytical model (`testbed model`) on {'the trace' if from_trace else 'the scenario'}'s length "
+            f"distribution, not this sample: queue-free, so its TTFT is the prefill time alone and its throughput "
+            f"min(offered rate, Λ_max = {r.lambda_max:.2f} req/s); it predicts no TPOT, queue wait or transfer "
+            "duration.")
+    return figures, note
+
+
+def emulated_dir(given: Path, scenario: str, several: bool) -> Path:
+    if not several and (given / "run.json").is_file():
+        return given
+    d = given / scenario
+    if not (d / "run.json").is_file():
+        raise CrosscheckError(f"--emulated {given}: no run directory " + (f"{given} or " if not several else "")
+                              + f"{d} (run.json missing)")
+    return d
+
+
+def check_same_workload(run_dir: Path, rs: ResolvedScenario, trace: Trace, side: Side) -> None:
+    """A reused emulation must have replayed this scenario's trace at this scale."""
+    meta: dict[str, Any] = json.loads((run_dir / "run.json").read_text())
+    where = run_dir / "run.json"
+    if meta.get("backend") == "sim":
+        print(f"warning: {where}: this run was simulated (backend sim), not emulated", file=sys.stderr)
+    if meta.get("scenario") != rs.name:
+        raise CrosscheckError(f"{where}: field 'scenario': {meta.get('scenario')!r}, not {rs.name!r}")
+    scale = meta.get("scale") or {}
+    for k in ("speedup", "byte_scale"):
+        want = getattr(rs.scale, k)
+        if scale.get(k) != want:
+            raise CrosscheckError(f"{where}: field 'scale.{k}': {scale.get(k)!r}, the simulation's is {want:g}; give "
+                                  f"--set scale.{k}={scale.get(k)} to simulate the same")
+    recs = {r.trace_index: r for r in side.records}
+    if len(side.records) != len(trace):
+        raise CrosscheckError(f"{run_dir / 'records.csv'}: {len(side.records)} requests, this workload has "
+                              f"{len(trace)}: give the options the emulated run was made with (--requests, --rate, "
+                              "--trace, --set workload.*)")
+    for i, tr in enumerate(trace):
+        r = recs.get(i)
+        if r is None or (r.input_tokens, r.output_tokens) != (tr.input_tokens, tr.output_tokens):
+            got = "none" if r is None else f"{r.input_tokens}/{r.output_tokens}"
+            raise CrosscheckError(f"{run_dir / 'records.csv'}: request {i} ({tr.request_id}) has input/output tokens "
+                                  f"{got}, this workload's {tr.input_tokens}/{tr.output_tokens}: not the same workload")
+    offered = meta.get("offered_rate")
+    if isinstance(offered, (int, float)) and trace.rate < math.inf and not math.isclose(offered, trace.rate, rel_tol=1e-6):
+        raise CrosscheckError(f"{where}: field 'offered_rate': {offered:g} req/s, this workload's {trace.rate:g}")
+
+
+def _side(label: str, run_dir: Path, summary: dict[str, Any] | None = None) -> Side:
+    from testbed.metrics.summary import load_records, summarize
+
+    return Side(label, str(run_dir), summary if summary is not None else summarize(run_dir), load_records(run_dir))
+
+
+def crosscheck_one(rs: ResolvedScenario, trace: Trace, out: Path, args: argparse.Namespace, several: bool) -> Crosscheck:
+    from testbed.studies.crosscheck_report import write
+    from testbed.studies.replay_command import _run_one
+    from testbed.studies.runner import run_sim
+
+    show = not args.json and sys.stderr.isatty()
+    emu: Side | None = None
+    if args.emulated is not None:
+        d = emulated_dir(args.emulated, rs.name, several)
+        emu = _side("emulation", d)
+        check_same_workload(d, rs, trace, emu)
+    sc = rs.spec
+    print(f"simulating {len(trace)} requests of {trace.source} on {sc.name} -> {out / 'sim'}", file=sys.stderr)
+    res = run_sim(rs, trace, out / "sim")
+    sim = _side("sim", out / "sim", res.summary)
+    if emu is None and not args.skip_emulation:
+        print(f"emulating the same on the {args.backend} backend (speedup {sc.scale.speedup:g}, byte_scale "
+              f"{sc.scale.byte_scale:g}) -> {out / 'emulation'}", file=sys.stderr)
+        r = asyncio.run(_run_one(rs, trace, out / "emulation", args.backend, show))
+        emu = _side("emulation", out / "emulation", r.summary)
+    model, note = model_figures(rs, trace, args.trace is not None)
+    c = compare(sc.name, sim, emu, model, note)
+    write([c], out)
+    return c
+
+
+def cmd_crosscheck(args: argparse.Namespace) -> int:
+    from testbed.studies.crosscheck_report import print_table, write
+    from testbed.studies.load import load
+    from testbed.studies.replay_command import _overrides, _trace_for
+
+    if args.skip_emulation and (args.emulated is not None or args.check):
+        print("crosscheck: --skip-emulation compares model and simulation only; it takes neither --emulated nor "
+              "--check", file=sys.stderr)
+        return 2
+    if args.emulated is None and not args.skip_emulation and args.backend == "netns" and os.geteuid() != 0:
+        raise CrosscheckError("--backend netns needs root (network namespaces): run as root, or give --backend "
+                              "local|inproc, --emulated RUN or --skip-emulation")
+    names: list[str] = list(dict.fromkeys(args.scenario))
+    several = len(names) > 1
+    scenarios = [load(n, _overrides(args, n)) for n in names]
+    base: Path = args.out or Path("runs") / f"crosscheck-{'-'.join(rs.name for rs in scenarios)}"
+    checks: list[Crosscheck] = []
+    try:
+        for rs in scenarios:
+            out = base / rs.name if several else base
+            checks.append(crosscheck_one(rs, _trace_for(rs.spec, args), out, args, several))
+    except KeyboardInterrupt:
+        print(f"interrupted: what ran is kept under {base}", file=sys.stderr)
+        return 130
+    path = write(checks, base) if several else base / "crosscheck.md"
+    if args.json:
+        print((base / "crosscheck.json").read_text(), end="")
+    else:
+        for c in checks:
+            print_table(c)
+        print(f"report: {path}")
+    failed = [f"{c.scenario}: {r.label}" for c in checks for r in c.failed]
+    if args.check and failed:
+        print(f"crosscheck --check: {len(failed)} outside tolerance: " + "; ".join(failed), file=sys.stderr)
+        return 1
+    return 0
