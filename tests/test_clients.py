@@ -13,28 +13,23 @@ from __future__ import annotations
 import csv
 import json
 import os
-import select
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from held import ROOT, Held, start_hold
 from hf_tokenizer import byte_level_bpe, english_corpus, save_hf_cache
 from testbed.live.openai_api import TOKEN_TEXT
 
 pytestmark = pytest.mark.clients
 
-ROOT = Path(__file__).resolve().parent.parent
 MOONCAKE = ROOT / "traces" / "samples" / "mooncake-sample.jsonl"
-READY_TIMEOUT_S = 120.0
 # paper-prfaas with full-attention layers only. The paper's hybrid model reuses linear state only
 # at a cached prompt's exact last full block, and aiperf draws a trace's next hash block as fresh
 # text, so a follow-up turn shares its predecessor only up to the predecessor's last 512-token
@@ -75,42 +70,6 @@ def hf_home(aiperf: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("hf")
     save_hf_cache(byte_level_bpe(english_corpus() + _aiperf_corpus(aiperf), TOKENIZER_VOCAB), home)
     return home
-
-
-@dataclass
-class Held:
-    proc: subprocess.Popen[str]
-    info: dict[str, Any]
-    run_dir: Path
-
-    def end(self, timeout: float = 90.0) -> dict[str, Any]:
-        """SIGTERM, then the hold's last JSON line."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.wait(timeout)
-
-    def wait(self, timeout: float) -> dict[str, Any]:
-        out, err = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, err[-3000:]
-        return json.loads(out.strip().splitlines()[-1])
-
-
-def start_hold(run_dir: Path, *args: str) -> Held:
-    cmd = [sys.executable, "-m", "testbed", "up", "--hold", "--json", "--out", str(run_dir), *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        ready, _, _ = select.select([proc.stdout], [], [], max(deadline - time.monotonic(), 0))
-        if ready:
-            line = proc.stdout.readline()
-            if line:
-                return Held(proc, json.loads(line), run_dir)
-        if not ready or proc.poll() is not None:
-            proc.kill()
-            _, err = proc.communicate(timeout=30)
-            raise AssertionError(f"the hold never became ready: {err[-3000:]}")
 
 
 @pytest.fixture(scope="module")

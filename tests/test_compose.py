@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from held import answers, check_held_run, drive_with_openai, start_hold
 from testbed.core.scaling import Scale
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.netns import wan_links
@@ -112,3 +113,36 @@ def test_ctrl_c_or_sigterm_removes_every_container_network_and_volume(tmp_path: 
         assert left == [], kind
     rows = (out / "records.csv").read_text().splitlines()
     assert len(rows) == 61
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not _docker_ok(), reason="no Docker engine reachable")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router and the link monitor need root")
+def test_hold_serves_the_openai_package_then_ctrl_c_removes_everything(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    t = time.monotonic()
+    held = start_hold(out, "--scenario", "paper-prfaas", "--set", "scale.byte_scale=1000",
+                      "--set", "serving.stream_interval=2", ready_timeout=600)
+    ready = time.monotonic() - t
+    project = held.info["prefix"]
+    try:
+        assert held.info["backend"] == "compose" and project.startswith("ptb")
+        assert held.info["base_url"].startswith("http://127.0.0.1:")
+        running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
+                                 capture_output=True, text=True).stdout.split()
+        assert len(running) == 12 + 2
+        sent = drive_with_openai(held.info["base_url"])
+    except BaseException:
+        held.kill()
+        raise
+    t = time.monotonic()
+    last = held.end(timeout=300, sig=signal.SIGINT)
+    took = time.monotonic() - t
+    check_held_run(out, sent, last)
+    assert json.loads((out / "run.json").read_text())["shaping"]["project"] == project
+    for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
+        left = subprocess.run(["docker", *kind, "--filter", f"label=prfaas-testbed.project={project}"],
+                              capture_output=True, text=True).stdout.split()
+        assert left == [], kind
+    assert not Path(f"/tmp/{project}-ctl").exists() and not answers(held.info["url"])
+    print(f"compose hold: ready in {ready:.0f} s, Ctrl-C to everything removed {took:.0f} s")

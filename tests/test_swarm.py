@@ -19,6 +19,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from held import answers, check_held_run, drive_with_openai, start_hold
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.discovery import (ADDRESSES, FILES, REGISTER, Registry, add_file_routes, add_registry_routes,
                                       discover, routes_via_wan, with_hosts)
@@ -348,3 +349,34 @@ def test_swarm_ctrl_c_or_sigterm_keeps_records_and_removes_everything(tmp_path: 
     assert (out / "timeseries" / "wan.jsonl").stat().st_size > 0
     done = sum(1 for line in rows[1:] if ",completed," in line)
     print(f"swarm Ctrl-C: {done} of 200 completed before the interrupt, exit 130 and teardown {took:.1f} s after it")
+
+
+@pytest.mark.docker
+@needs_engine
+@needs_root
+@pytest.mark.usefixtures("single_node_swarm")
+def test_swarm_hold_serves_the_openai_package_then_sigterm_removes_everything(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    t = time.monotonic()
+    held = start_hold(out, "--backend", "swarm", "--scenario", "paper-prfaas", "--set", "scale.byte_scale=1000",
+                      "--set", "serving.stream_interval=2", ready_timeout=600)
+    ready = time.monotonic() - t
+    project = held.info["prefix"]
+    try:
+        # The base URL is a loopback port whose connections are made in the client container's namespace.
+        assert held.info["backend"] == "swarm" and project.startswith("ptb")
+        assert held.info["base_url"].startswith("http://127.0.0.1:")
+        running = _docker("service", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}").stdout.split()
+        assert len(running) == 12 + 2
+        sent = drive_with_openai(held.info["base_url"])
+    except BaseException:
+        held.kill()
+        raise
+    t = time.monotonic()
+    last = held.end(timeout=300, sig=signal.SIGTERM)
+    took = time.monotonic() - t
+    check_held_run(out, sent, last)
+    assert (out / "timeseries" / "wan.jsonl").stat().st_size > 0
+    assert _left(project) == {k: [] for k in ("services", "containers", "networks", "configs", "volumes", "netns")}
+    assert not answers(held.info["url"])
+    print(f"swarm hold: ready in {ready:.0f} s, SIGTERM to everything removed {took:.0f} s")

@@ -45,6 +45,7 @@ from testbed.core.policy import BandwidthState, LoadTracker, NoCapacity, Policy,
 from testbed.core.record import (
     NAN, NO_TRACE_INDEX, PrefillReport, RecordFormatError, RequestRecord, report_from_wire,
 )
+from testbed.core.request_ids import RequestIds
 from testbed.core.routing import RoutePlan, route
 from testbed.core.scenario import Scenario
 from testbed.core.servicetime import PrefillTime
@@ -107,6 +108,7 @@ class RouterState:
     health: HealthBook = field(default_factory=lambda: HealthBook(()))
     retries: int = 0
     held: HeldRecords | None = None       # the deployment is held: the router writes the records
+    ids: RequestIds = field(default_factory=RequestIds)
 
     def note_health(self, node: str, outcome: Outcome, reason: str = "") -> None:
         change = self.health.report(node, outcome, now(), reason)
@@ -170,18 +172,16 @@ async def _move_cache(st: RouterState, rid: str, plan: _Plan, tid: int, prog: _P
         log.warning("request %s: %s", rid, res["error"])
 
 
-async def _drive(st: RouterState, req: ParsedRequest, rid: str, plan: _Plan, prog: _Progress
+async def _drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, plan: _Plan, prog: _Progress
                  ) -> AsyncIterator[int]:
-    """Run one request through prefill, transfer and decode; yields cumulative token counts."""
+    """Run one attempt of a request through prefill, transfer and decode (the nodes know the
+    attempt as `node_rid`); yields cumulative token counts."""
     dep = st.cfg.deployment
     d = plan.d
     tid = next(st.transfer_ids)
     move_tid = next(st.transfer_ids) if d.cache_move is not None else None
     pnode, dnode = dep.nodes[d.prefill_node], dep.nodes[d.decode_node]
     kv_paper = st.kv.total(req.input_tokens)
-    # Nodes know an attempt by its own id: a retry may land where the failed attempt is still
-    # being cleaned up.
-    node_rid = rid if not prog.rec.retries else f"{rid}~retry{prog.rec.retries}"
     decode_body = {"request_id": node_rid, "transfer_id": tid, "input_tokens": req.input_tokens,
                    "output_tokens": req.output_tokens, "kv_bytes_paper": kv_paper}
     prefill_body = {"request_id": node_rid, "transfer_id": tid, "input_tokens": req.input_tokens,
@@ -372,6 +372,7 @@ class _Seen:
     last: float = NAN
     sent: int = 0
     error: str = ""             # why it ended without a lifecycle verdict (bad request, no capacity)
+    rid: str = ""               # the id claimed for it (`RouterState.ids`), released at the end
 
 
 def _held_record(seen: _Seen) -> RequestRecord:
@@ -403,6 +404,8 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
     try:
         return await _serve(request, kind, st, seen)
     finally:
+        if seen.rid:
+            st.ids.release(seen.rid)
         if st.held is not None:
             st.held.add(_held_record(seen))
 
@@ -420,8 +423,12 @@ async def _serve(request: web.Request, kind: str, st: RouterState, seen: _Seen) 
         seen.error = f"bad request: {e}"
         raise bad_request(str(e)) from None
     model = req.model or sc.model.name
-    # X-Request-Id as vLLM takes it (aiperf sends one): an outside client's records match the router's.
-    rid = req.client_request_id or request.headers.get("X-Request-Id", "")[:128] or uuid.uuid4().hex[:16]
+    # X-Request-Id as vLLM takes it (aiperf and vllm bench serve send one): an outside client's
+    # records match the router's. An id in use, or recorded, gets a suffix (`testbed.core.request_ids`).
+    asked = req.client_request_id or request.headers.get("X-Request-Id", "")[:128] or uuid.uuid4().hex[:16]
+    rid = seen.rid = st.ids.claim(asked)
+    if rid != asked:
+        log.info("request id %r is taken (in flight or recorded): this request is %r", asked, rid)
     cid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     t_arrival = seen.arrival
     prog = _Progress(Lifecycle(rid), RequestRecord(rid, NO_TRACE_INDEX, req.input_tokens, req.output_tokens))
@@ -456,8 +463,11 @@ async def _serve(request: web.Request, kind: str, st: RouterState, seen: _Seen) 
         """Drive the request; one retry elsewhere if an attempt fails before any token was sent."""
         nonlocal plan, prog, sent, first_t, holding, last_t
         while True:
+            # Nodes know an attempt by its own id: a retry may land where the failed attempt is
+            # still being cleaned up. Claimed like a request's id (a client may be using it).
+            node_rid = rid if not prog.rec.retries else st.ids.claim(f"{rid}~retry{prog.rec.retries}")
             try:
-                async for n in _drive(st, req, rid, plan, prog):
+                async for n in _drive(st, req, rid, node_rid, plan, prog):
                     t = now()
                     if first_t is None:
                         first_t = t
@@ -492,6 +502,9 @@ async def _serve(request: web.Request, kind: str, st: RouterState, seen: _Seen) 
                 holding = True
                 st.retries += 1
                 _note_decision(st, rid, req, plan, prog)
+            finally:
+                if node_rid != rid:
+                    st.ids.release(node_rid)
 
     try:
         try:
@@ -718,6 +731,8 @@ def make_app(cfg: ServiceConfig) -> web.Application:
             .set_function(lambda: st.retries)
         Gauge("testbed_instances_down", "Instances taken out of routing", registry=reg) \
             .set_function(lambda: len(st.health.down()))
+        Gauge("testbed_request_ids_renamed", "Requests whose own id was in use or recorded, renamed id~dupN",
+              registry=reg).set_function(lambda: st.ids.renamed)
         series = SeriesWriter(cfg.series_path(), "router")
         tasks = [asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval)),
                  asyncio.create_task(_probe_forever(st))]
