@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-load-aware replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +99,15 @@ replay-paper-sim: $(STAMP)
 CACHE_SET := --trace traces/samples/mooncake-agent-sample.jsonl --set links.inter_dc=cross-region-15g-measured
 replay-cache: $(STAMP)
 	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-cache $(CACHE_SET) --out $(RUNS)/cache-aware
+
+## Load-aware cache routing against length-only and the paper's cache rules, simulated, on the
+## first 10 minutes of a one-hour Mooncake-format surrogate of the conversation trace.
+LOAD_TRACE := $(RUNS)/mooncake-chat-1h.jsonl
+replay-load-aware: $(STAMP)
+	mkdir -p $(RUNS)
+	$(BIN)/testbed trace synth --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --out $(LOAD_TRACE)
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-cache paper-prfaas-load-aware --backend sim \
+	  --trace $(LOAD_TRACE) --window :10m --out $(RUNS)/load-aware
 
 ## Bandwidth-aware against fixed-threshold PrfaaS while the WAN drops to 10% for a minute,
 ## then to half, then recovers (cross-region-100g-fluctuating).

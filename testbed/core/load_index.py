@@ -94,9 +94,10 @@ class IndexedLoadTracker(LoadTracker):
         return ()
 
     def view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset(),
-             bandwidth: BandwidthState = "scarce") -> View:
+             bandwidth: BandwidthState = "scarce", bandwidth_bps: float | None = None,
+             backlog_scale: float = 1.0) -> View:
         if down:
-            return super().view(threshold, now, down, bandwidth)
+            return super().view(threshold, now, down, bandwidth, bandwidth_bps, backlog_scale)
         cvs = tuple(ClusterView(c.name, c.kind, c.datacenter, self._best_prefill(c.name), self._best_decode(c.name))
                     for c in self._clusters)
-        return View(cvs, threshold, now, bandwidth)
+        return View(cvs, threshold, now, bandwidth, bandwidth_bps, backlog_scale)

@@ -42,6 +42,12 @@ class View:
     # WAN state for the cache-aware rules (PAPER.md section 3.4): judged by the router's link
     # monitor; "scarce" when nothing measures it.
     bandwidth: BandwidthState = "scarce"
+    # The link monitor's estimate of what the inter-DC link gives (paper bit/s); None when
+    # nothing measures it (load-aware routing then takes the link's configured rate).
+    bandwidth_bps: float | None = None
+    # Paper seconds per unit of the instances' backlog (the driver's speedup: the live router
+    # books wire seconds, the simulator paper seconds).
+    backlog_scale: float = 1.0
 
     def by_kind(self, kind: str, role: str) -> list[ClusterView]:
         return [c for c in self.clusters if c.kind == kind and getattr(c, role)]
@@ -96,7 +102,7 @@ def least_loaded_decode(c: ClusterView) -> InstanceLoad:
     return min(c.decode, key=lambda i: (i.active, i.node_id))
 
 
-def _decode_cluster(view: View, prefill: ClusterView) -> ClusterView:
+def decode_cluster_for(view: View, prefill: ClusterView) -> ClusterView:
     decode_clusters = view.by_kind("pd", "decode")
     if not decode_clusters:
         raise NoCapacity("no pd cluster with decode instances")
@@ -105,9 +111,9 @@ def _decode_cluster(view: View, prefill: ClusterView) -> ClusterView:
     return min(same_dc or decode_clusters, key=lambda c: min(i.active for i in c.decode))
 
 
-def _decision(view: View, req: RoutingRequest, prefill: ClusterView, reason: str, cache_aware: bool = False,
+def build_decision(view: View, req: RoutingRequest, prefill: ClusterView, reason: str, cache_aware: bool = False,
               cached: int | None = None, move: CacheMove | None = None) -> Decision:
-    dc = _decode_cluster(view, prefill)
+    dc = decode_cluster_for(view, prefill)
     dnode = least_loaded_decode(dc)
     pnode = least_loaded_prefill(prefill)
     use = req.cached.get(prefill.name, 0) if cached is None else cached
@@ -137,16 +143,16 @@ def _pick(clusters: list[ClusterView]) -> ClusterView:
 
 def homogeneous(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decision:
     """Baseline: every prefill on the local PD cluster's prefill instances."""
-    return _decision(view, req, _pick(view.by_kind("pd", "prefill")), "homogeneous", cache_aware)
+    return build_decision(view, req, _pick(view.by_kind("pd", "prefill")), "homogeneous", cache_aware)
 
 
 def naive(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decision:
     """Baseline: every prefill in the PrfaaS cluster, whatever its length."""
     pfs = view.by_kind("prfaas", "prefill")
     if not pfs and view.by_kind("pd", "prefill"):
-        return _decision(view, req, _pick(view.by_kind("pd", "prefill")), "naive: no prfaas prefill is up",
+        return build_decision(view, req, _pick(view.by_kind("pd", "prefill")), "naive: no prfaas prefill is up",
                          cache_aware)
-    return _decision(view, req, _pick(pfs), "naive: all to prfaas", cache_aware)
+    return build_decision(view, req, _pick(pfs), "naive: all to prfaas", cache_aware)
 
 
 def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decision:
@@ -167,17 +173,17 @@ def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decisi
         # One side has no instance up (killed, or cut off by a WAN outage): the other side takes
         # every prefill until it is back, rather than the request failing for want of it.
         side = "pd" if pds else "prfaas"
-        return _decision(view, req, _pick(pds or pfs), f"only {side} prefill is up: l={total}", cache_aware)
+        return build_decision(view, req, _pick(pds or pfs), f"only {side} prefill is up: l={total}", cache_aware)
     pd, pf = _pick(pds), _pick(pfs)
     if not cache_aware:
         if total > t:
-            return _decision(view, req, pf, f"l={total} > t={t:g}")
-        return _decision(view, req, pd, f"l={total} <= t={t:g}")
+            return build_decision(view, req, pf, f"l={total} > t={t:g}")
+        return build_decision(view, req, pd, f"l={total} <= t={t:g}")
     l_pd, l_pf = req.cached.get(pd.name, 0), req.cached.get(pf.name, 0)
     if view.bandwidth == "scarce":
         if total - l_pd <= t:
-            return _decision(view, req, pd, f"scarce: l-l_pd={total - l_pd} <= t={t:g}", True)
-        return _decision(view, req, pf, f"scarce: l-l_pd={total - l_pd} > t={t:g}", True)
+            return build_decision(view, req, pd, f"scarce: l-l_pd={total - l_pd} <= t={t:g}", True)
+        return build_decision(view, req, pf, f"scarce: l-l_pd={total - l_pd} > t={t:g}", True)
     prefix = max(l_pd, l_pf)
     to_pd = total - prefix <= t
     dst, src, l_dst, l_src = (pd, pf, l_pd, l_pf) if to_pd else (pf, pd, l_pf, l_pd)
@@ -185,7 +191,7 @@ def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decisi
     move = CacheMove(src.name, dst.name, l_src, l_dst) if l_src > l_dst else None
     why = f"abundant: l-l_prefix={total - prefix} {op} t={t:g}" + (
         f", move {l_src - l_dst} cached tokens {src.name}->{dst.name}" if move else "")
-    return _decision(view, req, dst, why, True, cached=prefix, move=move)
+    return build_decision(view, req, dst, why, True, cached=prefix, move=move)
 
 
 _POLICIES: dict[str, Callable[..., Decision]] = {"homogeneous": homogeneous, "naive": naive, "prfaas": prfaas}
@@ -220,7 +226,8 @@ class LoadTracker:
                 self.active[f"{c.name}-d{i}"] = 0
 
     def view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset(),
-             bandwidth: BandwidthState = "scarce") -> View:
+             bandwidth: BandwidthState = "scarce", bandwidth_bps: float | None = None,
+             backlog_scale: float = 1.0) -> View:
         cvs = []
         for c in self._clusters:
             p = tuple(
@@ -234,7 +241,7 @@ class LoadTracker:
                 if f"{c.name}-d{i}" not in down
             )
             cvs.append(ClusterView(c.name, c.kind, c.datacenter, p, d))
-        return View(tuple(cvs), threshold, now, bandwidth)
+        return View(tuple(cvs), threshold, now, bandwidth, bandwidth_bps, backlog_scale)
 
     def assign(self, d: Decision, prefill_work: float) -> None:
         self.prefill_backlog[d.prefill_node] += prefill_work

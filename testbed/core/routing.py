@@ -41,6 +41,8 @@ class RouterBooks(Protocol):
     def threshold(self) -> float | None: ...
     @property
     def bandwidth(self) -> BandwidthState: ...
+    @property
+    def bandwidth_bps(self) -> float | None: ...
 
 
 @dataclass
@@ -62,12 +64,14 @@ def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tu
     cached = st.book.index.usable(hashes, input_tokens) if st.book is not None else {}
     rreq = RoutingRequest(rid, input_tokens, cached)
     try:
-        view = st.tracker.view(st.threshold, now, down=down | avoid, bandwidth=st.bandwidth)
+        view = st.tracker.view(st.threshold, now, down=down | avoid, bandwidth=st.bandwidth,
+                               bandwidth_bps=st.bandwidth_bps, backlog_scale=scale.speedup)
         d = st.policy(view, rreq)
     except NoCapacity:
         if not avoid:
             raise
-        view = st.tracker.view(st.threshold, now, down=down, bandwidth=st.bandwidth)
+        view = st.tracker.view(st.threshold, now, down=down, bandwidth=st.bandwidth,
+                               bandwidth_bps=st.bandwidth_bps, backlog_scale=scale.speedup)
         d = st.policy(view, rreq)
     hw = sc.cluster(d.prefill_cluster).hardware
     work = scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))

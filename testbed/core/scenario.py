@@ -170,11 +170,25 @@ class ControlSpec(_Strict):
     max_threshold: int | None = Field(default=None, ge=1)     # default: the workload's longest input
 
 
+class LoadAwareSpec(_Strict):
+    """Load-aware cache routing (`cache_routing: load-aware`, see `testbed.core.load_aware`): the
+    threshold rule's pick (the paper's rules) is kept unless another candidate is predicted faster
+    by more than `min_gain_s` paper seconds. Offloading a short request ships its whole linear
+    state however short it is: the margin keeps offload to where it saves enough to pay for that.
+    0 takes the least predicted TTFT always (the rule only breaks ties)."""
+
+    min_gain_s: float = Field(default=1.0, ge=0)
+
+
 class PolicySpec(_Strict):
     name: Literal["homogeneous", "naive", "prfaas"]
     threshold: int | Literal["auto"] | None = None
     bandwidth_aware: bool = False
     cache_aware: bool = False
+    # How the cache-aware prfaas router picks the prefill cluster and any cache move: the paper's
+    # rules (PAPER.md section 3.4, the baseline) or by predicted TTFT (load-aware).
+    cache_routing: Literal["paper", "load-aware"] = "paper"
+    load_aware: LoadAwareSpec = LoadAwareSpec()
     # For the cache-aware rules: judged from the measured link (auto), or fixed.
     bandwidth_state: Literal["auto", "scarce", "abundant"] = "auto"
     control: ControlSpec = ControlSpec()
@@ -187,6 +201,8 @@ class PolicySpec(_Strict):
             raise ValueError("threshold must be >= 0")
         if self.bandwidth_aware and self.name != "prfaas":
             raise ValueError(f"bandwidth_aware needs policy 'prfaas' (a threshold to move), not {self.name!r}")
+        if self.cache_routing == "load-aware" and (self.name != "prfaas" or not self.cache_aware):
+            raise ValueError("cache_routing 'load-aware' needs policy 'prfaas' with cache_aware: true")
         c = self.control
         if c.min_threshold is not None and c.max_threshold is not None and c.min_threshold > c.max_threshold:
             raise ValueError("control.min_threshold must be <= control.max_threshold")

@@ -41,7 +41,8 @@ from testbed.core.control import Recent, controller_for
 from testbed.core.health import HealthBook, HealthChange, Outcome
 from testbed.core.kvsize import KVModel
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
-from testbed.core.policy import BandwidthState, LoadTracker, NoCapacity, Policy, get_policy
+from testbed.core.load_aware import router_policy
+from testbed.core.policy import BandwidthState, LoadTracker, NoCapacity, Policy
 from testbed.core.record import (
     NAN, NO_TRACE_INDEX, PrefillReport, RecordFormatError, RequestRecord, report_from_wire,
 )
@@ -99,6 +100,7 @@ class RouterState:
     book: CacheBook | None = None
     recent: Recent = field(default_factory=lambda: Recent(200))
     bandwidth: BandwidthState = "scarce"
+    bandwidth_bps: float | None = None     # the control loop's estimate of the inter-DC link (paper bit/s)
     cache_aware: bool = False
     transfer_ids: itertools.count[int] = field(
         default_factory=lambda: itertools.count(random.getrandbits(24) << 32))
@@ -710,7 +712,8 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         kv = KVModel.from_spec(sc.model)
         pol = sc.policy
         st = RouterState(
-            cfg=cfg, policy=get_policy(pol.name, pol.cache_aware), tracker=LoadTracker(sc), kv=kv,
+            cfg=cfg, policy=router_policy(sc, cfg.deployment.resolved.intra_dc, cfg.deployment.inter_dc),
+            tracker=LoadTracker(sc), kv=kv,
             prefill_time={name: PrefillTime.from_spec(hw.prefill) for name, hw in sc.hardware.items()},
             session=session, metrics=metrics, decisions=decisions, threshold=cfg.deployment.threshold,
             book=_cache_book(sc, kv), recent=Recent(pol.control.window), cache_aware=pol.cache_aware,
@@ -739,6 +742,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         ctl = _controller(cfg, st.threshold)
         if ctl is not None:
             def applied(sample: ControlSample, change: ThresholdChange | None) -> None:
+                st.bandwidth_bps = sample.bandwidth_bps
                 if pol.bandwidth_state == "auto":
                     st.bandwidth = sample.state
                 if change is not None:

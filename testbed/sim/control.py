@@ -92,6 +92,7 @@ class ControlLoop:
         sample, change = self.ctl.update(sig, self.adjust)
         self.updates += 1
         self.series(t, control_series(sig, sample))
+        r.bandwidth_bps = sample.bandwidth_bps
         if self.follow_state:
             r.bandwidth = sample.state
         if change is not None:

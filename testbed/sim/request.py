@@ -73,7 +73,7 @@ class SimRequest:
             rec.prefill_cluster = d.prefill_cluster
             rec.prefill_node = d.prefill_node
             rec.decode_node = d.decode_node
-            rec.crossed_wan = d.crossed_wan
+            rec.crossed_wan, rec.route_reason = d.crossed_wan, d.reason
             rec.threshold = NAN if d.threshold is None else float(d.threshold)
             rec.cached_tokens = d.cached_tokens
             rec.decode_cached_tokens = d.decode_cached_tokens

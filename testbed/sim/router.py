@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from testbed.core.cache_book import CacheBook, cache_book_for
 from testbed.core.control import Recent
 from testbed.core.kvsize import KVModel
+from testbed.core.linkprofile import LinkProfile
+from testbed.core.load_aware import router_policy
 from testbed.core.load_index import IndexedLoadTracker
-from testbed.core.policy import BandwidthState, LoadTracker, Policy, get_policy
+from testbed.core.policy import BandwidthState, LoadTracker, Policy
 from testbed.core.scenario import Scenario
 from testbed.core.servicetime import PrefillTime
 from testbed.metrics.series_format import RawSample as Sample
@@ -26,16 +28,18 @@ class SimRouter:
     cache_aware: bool
     threshold: float | None
     bandwidth: BandwidthState
+    bandwidth_bps: float | None = None     # the control loop's estimate of the inter-DC link (paper bit/s)
     inflight: int = 0
     cache_moves: int = 0
     tails: list[float] = field(default_factory=list)   # KV transfer tails of offloaded requests (paper s)
 
     @classmethod
-    def for_scenario(cls, sc: Scenario, threshold: float | None) -> "SimRouter":
+    def for_scenario(cls, sc: Scenario, threshold: float | None, intra: LinkProfile,
+                     inter: LinkProfile) -> "SimRouter":
         pol = sc.policy
         kv = KVModel.from_spec(sc.model)
         return cls(
-            policy=get_policy(pol.name, pol.cache_aware), tracker=IndexedLoadTracker(sc), kv=kv,
+            policy=router_policy(sc, intra, inter), tracker=IndexedLoadTracker(sc), kv=kv,
             prefill_time={name: PrefillTime.from_spec(hw.prefill) for name, hw in sc.hardware.items()},
             book=cache_book_for(sc, kv), recent=Recent(pol.control.window), cache_aware=pol.cache_aware,
             threshold=threshold, bandwidth="scarce" if pol.bandwidth_state == "auto" else pol.bandwidth_state,

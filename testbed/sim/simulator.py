@@ -96,7 +96,7 @@ class Simulation:
             else:
                 assert hw.decode is not None
                 self.decode[n.id] = DecodeSim(n, hw.decode, kv, self)
-        self.router = SimRouter.for_scenario(sc, rs.threshold)
+        self.router = SimRouter.for_scenario(sc, rs.threshold, rs.intra_dc, rs.inter_dc)
         ctl = controller_for(sc, rs.threshold, rs.inter_dc.rate)
         self.control = None if ctl is None else ControlLoop(
             self.loop, self.net, self.router, self.prefill, ctl, sc.policy.control.interval_s,
