@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-load-aware replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ replay-sim: $(STAMP)
 crosscheck: $(STAMP)
 	$(BIN)/testbed crosscheck --scenario paper-homogeneous --scenario paper-prfaas --scenario paper-naive \
 	  --backend netns --out $(RUNS)/crosscheck $(CROSSCHECK_ARGS)
+
+## The feasibility map: PrfaaS-PD against homogeneous PD for every model profile x link rate
+## (1-400 Gbit/s) x RTT (30, 150 ms), by the model and by simulation (no root; minutes).
+## Emulated confirmation of three points (root): testbed feasibility --confirm 3 --out $(RUNS)/feasibility
+models: $(STAMP)
+	$(BIN)/testbed feasibility --out $(RUNS)/feasibility
 
 ## The analytical model of the paper (Table 6).
 model: $(STAMP)
@@ -141,15 +147,20 @@ clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache compose/wheels
 
 ## Analysis notebooks (analysis/*.ipynb) executed headless to $(RUNS)/notebooks-html; fails if a cell errors.
-## Inputs: $(RUNS)/paper-compare when `make replay` made it, else a tiny comparison; a tiny threshold sweep.
+## Inputs: $(RUNS)/paper-compare when `make replay` made it, else a tiny comparison; a tiny threshold sweep;
+## $(RUNS)/feasibility when `make models` made it, else a small model-only map.
 NB_FAST    := --backend inproc --set scale.speedup=40 --set workload.output_tokens=16 --set serving.stream_interval=4 --requests 12
 NB_COMPARE  = $(if $(wildcard $(RUNS)/paper-compare/comparison.md),$(RUNS)/paper-compare,$(RUNS)/notebook-compare)
+NB_MAP      = $(if $(wildcard $(RUNS)/feasibility/map.csv),$(RUNS)/feasibility,$(RUNS)/notebook-feasibility)
 
 notebooks: $(STAMP)
 	@test -f $(NB_COMPARE)/comparison.md || $(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive \
 	  $(NB_FAST) --out $(RUNS)/notebook-compare
 	@test -f $(RUNS)/notebook-sweep/sweep.csv || $(BIN)/testbed sweep --scenario paper-prfaas \
 	  --param policy.threshold=10000,19400,40000 $(NB_FAST) --out $(RUNS)/notebook-sweep
+	@test -f $(NB_MAP)/map.csv || $(BIN)/testbed feasibility --sim none --no-break-even --rates 10,100,400 \
+	  --out $(RUNS)/notebook-feasibility
 	RUNS_DIR=$(abspath $(NB_COMPARE)) RUN_DIR=$(abspath $(NB_COMPARE))/paper-prfaas SWEEP_DIR=$(abspath $(RUNS))/notebook-sweep \
+	  MAP_DIR=$(abspath $(NB_MAP)) \
 	  $(BIN)/jupyter nbconvert --execute --to html --ExecutePreprocessor.timeout=600 \
 	  --output-dir $(RUNS)/notebooks-html analysis/*.ipynb

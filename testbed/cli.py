@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.studies import calibrate as calibrate_cmd
     from testbed.studies import capacity_command as capacity_cmd
     from testbed.studies import crosscheck as crosscheck_cmd
+    from testbed.studies import feasibility_command as feasibility_cmd
     from testbed.studies import linkcheck as linkcheck_cmd
     from testbed.studies import plan as plan_cmd
     from testbed.studies import replay_command as replay_cmd
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for mod in (replay_cmd, serve_cmd, bench_cmd, model_cmd, trace_cmd, metrics_cmd, deploy_cmd, net_cmd,
                 linkcheck_cmd, capacity_cmd, regress_cmd, sweep_cmd, calibrate_cmd, plan_cmd,
-                crosscheck_cmd):
+                crosscheck_cmd, feasibility_cmd):
         mod.register(sub)
     return p
 

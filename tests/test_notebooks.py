@@ -16,7 +16,8 @@ pytest.importorskip("pandas", reason="needs the analysis extra: pip install -e '
 # Execution runs ~25 s here (five tiny replays, three kernels): under 60 s, so the app tier.
 
 ANALYSIS = Path(__file__).resolve().parent.parent / "analysis"
-NOTEBOOKS = ("paper_comparison", "link_usage", "threshold_sweep")
+NOTEBOOKS = ("paper_comparison", "link_usage", "threshold_sweep", "feasibility_map")
+INPUT = {"paper_comparison": "RUNS_DIR", "link_usage": "RUN_DIR", "threshold_sweep": "SWEEP_DIR", "feasibility_map": "MAP_DIR"}
 FAST = ["--backend", "inproc", "--set", "scale.speedup=40", "--set", "workload.output_tokens=16",
         "--set", "serving.stream_interval=4", "--requests", "6"]
 
@@ -29,7 +30,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                  "--out", str(cmp_dir), "--json"]) == 0
     assert main(["sweep", "--scenario", "paper-prfaas", "--param", "policy.threshold=10000,40000", *FAST,
                  "--out", str(sweep_dir), "--json"]) == 0
-    return {"RUNS_DIR": cmp_dir, "RUN_DIR": cmp_dir / "paper-prfaas", "SWEEP_DIR": sweep_dir}
+    map_dir = root / "map"
+    assert main(["feasibility", "--model", "kimi-linear", "--model", "minimax-m2.5", "--rates", "10,100",
+                 "--rtts", "30,150", "--sim", "none", "--no-break-even", "--out", str(map_dir), "--json"]) == 0
+    return {"RUNS_DIR": cmp_dir, "RUN_DIR": cmp_dir / "paper-prfaas", "SWEEP_DIR": sweep_dir, "MAP_DIR": map_dir}
 
 
 @pytest.mark.pure
@@ -58,5 +62,4 @@ def test_notebook_executes(name: str, inputs: dict[str, Path], monkeypatch: pyte
               if "image/png" in o.get("data", {})]
     assert images, f"{name}: no figure drawn"
     text = json.dumps([c.outputs for c in nb.cells if c.cell_type == "code"])
-    assert str(inputs["SWEEP_DIR" if name == "threshold_sweep" else
-                      "RUN_DIR" if name == "link_usage" else "RUNS_DIR"]) in text
+    assert str(inputs[INPUT[name]]) in text
