@@ -49,8 +49,9 @@ class RoleControl:
         self.bandwidth = bandwidth
         self.interval_wire = self.scale.wire_seconds(ctl.cfg.sample_s)
         self._prev: float | None = None
-        self.bs_max = next((hw.decode.bs_max for c in dep.scenario.clusters if c.name == ctl.roles.cluster
-                            for hw in [dep.scenario.hardware[c.hardware]] if hw.decode is not None), 1)
+        sc = dep.scenario
+        decode = sc.hardware[sc.cluster(ctl.roles.cluster).hardware].decode
+        self.bs_max = decode.bs_max if decode is not None else 1
 
     async def _status(self, node: str) -> dict[str, Any] | None:
         url = self.dep.nodes[node].http.url
