@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models
+.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -120,6 +120,15 @@ replay-load-aware: $(STAMP)
 BW_SET := --set links.inter_dc=cross-region-100g-fluctuating --rate 2.2 --requests 400 --set workload.seed=45
 replay-bandwidth: $(STAMP)
 	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-bw $(BW_SET) --out $(RUNS)/bandwidth-aware
+
+## The long-term loop (simulator, seconds): the first 10 minutes of a one-hour Mooncake-format
+## conversation trace at its own rate (~3.3 req/s) on the paper's static configuration, on the
+## same with both loops on (paper-prfaas-adaptive), and on what `testbed plan` makes of the trace.
+LT_DIR := $(RUNS)/longterm
+replay-longterm: $(STAMP)
+	$(BIN)/testbed trace synth --format mooncake --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --out $(LT_DIR)/chat-1h.jsonl
+	$(BIN)/testbed plan --trace $(LT_DIR)/chat-1h.jsonl --window 0:600 --kinds prfaas --out $(LT_DIR)/plan
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-adaptive $(LT_DIR)/plan/plan-prfaas-1.yaml --trace $(LT_DIR)/chat-1h.jsonl --window 0:600 --backend sim --out $(LT_DIR)/compare
 
 ## The container image for the compose backend: built offline, only when missing or stale.
 image: $(STAMP)

@@ -29,7 +29,7 @@ All figures are in paper units (seconds, bytes, bits/s).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -106,21 +106,37 @@ class BandwidthController:
                  max_length: float, candidates: int = 48) -> None:
         if base_threshold <= 0 or nominal_bps <= 0:
             raise ValueError("base threshold and nominal bandwidth must be > 0")
-        self.base = float(base_threshold)
-        self.threshold = float(base_threshold)
         self.nominal_bps = nominal_bps
         self.bandwidth_bps = nominal_bps
         self.model = model
         self.cfg = cfg
-        lo = float(cfg.min_threshold) if cfg.min_threshold is not None else self.base / 4
-        hi = float(cfg.max_threshold) if cfg.max_threshold is not None else max(max_length, self.base)
-        self.t_min, self.t_max = max(lo, 1.0), max(hi, lo, 1.0)
-        grid = np.geomspace(self.t_min, self.t_max, candidates)
-        self.candidates: list[float] = sorted({*map(float, grid), self.base})
+        self._max_length = max_length
+        self._grid = candidates
+        self._set_base(float(base_threshold))
         self.state: BandwidthState = "abundant"
         self._last_saturated = -math.inf
         self._delivered: list[float] = []
         self.changes: list[ThresholdChange] = []
+
+    def _set_base(self, base: float) -> None:
+        cfg = self.cfg
+        self.base = base
+        self.threshold = base
+        lo = float(cfg.min_threshold) if cfg.min_threshold is not None else self.base / 4
+        hi = float(cfg.max_threshold) if cfg.max_threshold is not None else max(self._max_length, self.base)
+        self.t_min, self.t_max = max(lo, 1.0), max(hi, lo, 1.0)
+        grid = np.geomspace(self.t_min, self.t_max, self._grid)
+        self.candidates: list[float] = sorted({*map(float, grid), self.base})
+
+    def rebase(self, base: float | None = None, pdp_instances: int | None = None) -> None:
+        """The long-term loop moved: a new base threshold (the threshold returns to it at once and
+        the candidates follow it) and/or a new number of PD-P instances."""
+        if base is not None:
+            if base <= 0:
+                raise ValueError("base threshold must be > 0")
+            self._set_base(float(base))
+        if pdp_instances is not None:
+            self.model = replace(self.model, pdp_instances=pdp_instances)
 
     def loads(self, t: float, s: LinkSignals, sample: "_Sample | None" = None) -> Loads:
         """Predicted utilisation of the link and both prefill stages with threshold t."""

@@ -20,18 +20,21 @@ SeriesSample = tuple[str, float, dict[str, str]]
 
 @dataclass
 class Recent:
-    """Recent arrivals (paper seconds) and their incremental lengths, for the planner."""
+    """Recent arrivals (paper seconds), their incremental lengths and output lengths, for the planners."""
 
     window: int
     times: deque[float] = field(default_factory=deque)
     lengths: deque[float] = field(default_factory=deque)
+    outputs: deque[float] = field(default_factory=deque)
 
-    def add(self, t: float, length: float) -> None:
+    def add(self, t: float, length: float, output: float = 0.0) -> None:
         self.times.append(t)
         self.lengths.append(length)
+        self.outputs.append(output)
         while len(self.times) > self.window:
             self.times.popleft()
             self.lengths.popleft()
+            self.outputs.popleft()
 
     def rate(self, at: float) -> float:
         """Arrivals per second over the window, up to `at` (a quiet spell lowers it)."""

@@ -28,9 +28,8 @@ class IndexedLoadTracker(LoadTracker):
         self._dheap: dict[str, list[tuple[int, str]]] = {}
         self._size: dict[str, int] = {}
         for c in sc.clusters:
-            self._size[c.name] = c.prefill + c.decode
-            pn = [f"{c.name}-p{i}" for i in range(c.prefill)]
-            dn = [f"{c.name}-d{i}" for i in range(c.decode)]
+            pn, dn = self.node_ids(c.name)
+            self._size[c.name] = len(pn) + len(dn)
             for n in pn + dn:
                 self._cluster_of[n] = c.name
             self._pheap[c.name] = [self._pkey(n) for n in pn]

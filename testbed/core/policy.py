@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping
 
 from testbed.core.scenario import Scenario
+from testbed.core.topology import role_slots
 
 
 @dataclass(frozen=True)
@@ -212,39 +213,45 @@ def get_policy(name: str, cache_aware: bool = False) -> Policy:
 
 class LoadTracker:
     """Router-side load book-keeping: what it assigned and what has finished. The router sees
-    every assignment, so this is exact without polling nodes."""
+    every assignment, so this is exact without polling nodes. `assigned_work` adds up each
+    prefill instance's routed work for good (the long-term loop reads stage loads from it)."""
 
     def __init__(self, sc: Scenario) -> None:
         self._clusters = sc.clusters
         self.prefill_backlog: dict[str, float] = {}
+        self.assigned_work: dict[str, float] = {}
         self.active: dict[str, int] = {}
+        self._ids: dict[str, tuple[list[str], list[str]]] = {}
         for c in sc.clusters:
-            for i in range(c.prefill):
-                self.prefill_backlog[f"{c.name}-p{i}"] = 0.0
-                self.active[f"{c.name}-p{i}"] = 0
-            for i in range(c.decode):
-                self.active[f"{c.name}-d{i}"] = 0
+            n_p, n_d = role_slots(sc, c)
+            pn = [f"{c.name}-p{i}" for i in range(n_p)]
+            dn = [f"{c.name}-d{i}" for i in range(n_d)]
+            self._ids[c.name] = (pn, dn)
+            for n in pn:
+                self.prefill_backlog[n] = 0.0
+                self.assigned_work[n] = 0.0
+                self.active[n] = 0
+            for n in dn:
+                self.active[n] = 0
+
+    def node_ids(self, cluster: str) -> tuple[list[str], list[str]]:
+        """The cluster's prefill and decode node ids."""
+        return self._ids[cluster]
 
     def view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset(),
              bandwidth: BandwidthState = "scarce", bandwidth_bps: float | None = None,
              backlog_scale: float = 1.0) -> View:
         cvs = []
         for c in self._clusters:
-            p = tuple(
-                InstanceLoad(f"{c.name}-p{i}", self.prefill_backlog[f"{c.name}-p{i}"], self.active[f"{c.name}-p{i}"])
-                for i in range(c.prefill)
-                if f"{c.name}-p{i}" not in down
-            )
-            d = tuple(
-                InstanceLoad(f"{c.name}-d{i}", 0.0, self.active[f"{c.name}-d{i}"])
-                for i in range(c.decode)
-                if f"{c.name}-d{i}" not in down
-            )
+            pn, dn = self._ids[c.name]
+            p = tuple(InstanceLoad(n, self.prefill_backlog[n], self.active[n]) for n in pn if n not in down)
+            d = tuple(InstanceLoad(n, 0.0, self.active[n]) for n in dn if n not in down)
             cvs.append(ClusterView(c.name, c.kind, c.datacenter, p, d))
         return View(tuple(cvs), threshold, now, bandwidth, bandwidth_bps, backlog_scale)
 
     def assign(self, d: Decision, prefill_work: float) -> None:
         self.prefill_backlog[d.prefill_node] += prefill_work
+        self.assigned_work[d.prefill_node] += prefill_work
         self.active[d.prefill_node] += 1
         self.active[d.decode_node] += 1
 

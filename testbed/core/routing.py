@@ -43,6 +43,8 @@ class RouterBooks(Protocol):
     def bandwidth(self) -> BandwidthState: ...
     @property
     def bandwidth_bps(self) -> float | None: ...
+    @property
+    def history(self) -> Recent | None: ...
 
 
 @dataclass
@@ -57,10 +59,12 @@ class RoutePlan:
 
 
 def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tuple[int, ...], now: float,
-          scale: Scale, down: frozenset[str] = frozenset(), avoid: frozenset[str] = frozenset()) -> RoutePlan:
+          scale: Scale, down: frozenset[str] = frozenset(), avoid: frozenset[str] = frozenset(),
+          output_tokens: int = 0) -> RoutePlan:
     """Route one request at `now` (the driver's clock; `scale` turns paper seconds into it) to
     instances not `down`; `avoid` (a retry's failed instances) too, unless nothing else is left
-    of the role needed."""
+    of the role needed. The arrival goes to the short-term loop's `recent` window and, with the
+    long-term loop, to its longer `history` with the request's `output_tokens`."""
     cached = st.book.index.usable(hashes, input_tokens) if st.book is not None else {}
     rreq = RoutingRequest(rid, input_tokens, cached)
     try:
@@ -85,5 +89,8 @@ def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tu
         st.book.routed(rid, hashes, d)
     # The planner judges the length the PD cluster would compute (the scarce rule's l).
     pd_cached = max((v for k, v in cached.items() if sc.cluster(k).kind == "pd"), default=0)
-    st.recent.add(scale.paper_seconds(now), input_tokens - (pd_cached if st.cache_aware else 0))
+    length = input_tokens - (pd_cached if st.cache_aware else 0)
+    st.recent.add(scale.paper_seconds(now), length)
+    if st.history is not None:
+        st.history.add(scale.paper_seconds(now), length, output_tokens)
     return plan

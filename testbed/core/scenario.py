@@ -141,6 +141,40 @@ class LinksSpec(_Strict):
     inter_dc: str = "cross-region-100g"
 
 
+class LongTermSpec(_Strict):
+    """The router's long-term loop (paper seconds; `testbed.core.longterm`): every `sample_s` it
+    reads each stage's load (prefill work routed per instance-second and the work still queued;
+    decode slot occupancy and sequences waiting for admission), every `interval_s` it judges
+    them: it re-optimises the threshold on the last `window` requests' lengths and, when one PD
+    role stays the bottleneck for `confirm` judgements while the other has room, drains one
+    instance of the other role and brings it back in the bottleneck's role. Instances of the PD
+    cluster are slots that hold either role (`testbed.core.roles`)."""
+
+    enabled: bool = False
+    sample_s: float = Field(default=2.0, gt=0)
+    interval_s: float = Field(default=30.0, gt=0)
+    window: int = Field(default=1000, ge=10, le=100000)       # recent requests the re-optimiser samples
+    min_requests: int = Field(default=100, ge=1)              # recent requests needed before judging
+    hot_utilisation: float = Field(default=0.9, gt=0)         # stage load that makes it the bottleneck
+    hot_queue_s: float = Field(default=5.0, gt=0)             # prefill work queued per instance (not shrinking)
+    hot_waiting: float = Field(default=1.0, gt=0)             # decode sequences waiting for a slot per instance
+    donor_utilisation: float = Field(default=0.7, gt=0)       # the giving role's load after a conversion, at most
+    confirm: int = Field(default=2, ge=1)                     # judgements in a row that see the same bottleneck
+    min_interval_s: float = Field(default=60.0, ge=0)         # after a conversion (or retune), before the next
+    retune: bool = True                                       # re-optimise t (policy prfaas)
+    min_change: float = Field(default=0.1, ge=0)              # relative threshold change worth making
+    min_gain: float = Field(default=0.1, ge=0, lt=1)          # relative drop of the higher prefill load worth a retune
+    min_prefill: int = Field(default=1, ge=1)
+    min_decode: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> "LongTermSpec":
+        if self.donor_utilisation >= self.hot_utilisation:
+            raise ValueError("donor_utilisation must be below hot_utilisation, or a conversion can make the "
+                             "giving role the next bottleneck and the loop flaps")
+        return self
+
+
 class ControlSpec(_Strict):
     """The router's short-term loop (paper seconds): every `interval_s` it reads the PrfaaS
     senders' delivered and undelivered KV bytes, TCP retransmissions and the prefill backlogs,
@@ -168,6 +202,7 @@ class ControlSpec(_Strict):
     rate_window: int = Field(default=3, ge=1, le=100)         # intervals whose best delivered rate bounds the link
     min_threshold: int | None = Field(default=None, ge=0)     # default: base threshold / 4
     max_threshold: int | None = Field(default=None, ge=1)     # default: the workload's longest input
+    long_term: LongTermSpec = LongTermSpec()
 
 
 class LoadAwareSpec(_Strict):
@@ -206,6 +241,9 @@ class PolicySpec(_Strict):
         c = self.control
         if c.min_threshold is not None and c.max_threshold is not None and c.min_threshold > c.max_threshold:
             raise ValueError("control.min_threshold must be <= control.max_threshold")
+        if c.long_term.enabled and self.name == "naive":
+            raise ValueError("control.long_term needs policy 'prfaas' or 'homogeneous' (under 'naive' the PD "
+                             "cluster prefills nothing, so no role is worth converting)")
         return self
 
 
@@ -438,8 +476,21 @@ class Scenario(_Strict):
             raise ValueError(f"policy {pol!r} needs a 'prfaas' cluster with prefill instances")
         if pol in ("homogeneous", "prfaas") and not has_pdp:
             raise ValueError(f"policy {pol!r} needs a 'pd' cluster with prefill instances")
+        if self.policy.control.long_term.enabled:
+            self._check_long_term()
         self._check_faults()
         return self
+
+    def _check_long_term(self) -> None:
+        lt = self.policy.control.long_term
+        pds = [c for c in self.clusters if c.kind == "pd"]
+        if len(pds) != 1:
+            raise ValueError(f"control.long_term converts the roles of one PD cluster; this scenario has {len(pds)}")
+        c = pds[0]
+        if c.prefill < lt.min_prefill or c.decode < lt.min_decode:
+            raise ValueError(f"control.long_term: PD cluster {c.name!r} starts with {c.prefill} prefill / "
+                             f"{c.decode} decode instances, below min_prefill {lt.min_prefill} / "
+                             f"min_decode {lt.min_decode}")
 
     def deadline_s(self, output_tokens: int) -> float:
         """A request's deadline in paper seconds (see ServingSpec)."""

@@ -6,6 +6,8 @@ POST /decode {request_id, transfer_id, input_tokens, output_tokens, kv_bytes_pap
      {"event": "tokens", "n": cumulative, "t": ...}... {"event": "done", ...}
      or {"event": "error", "reason": ...}. Closing the request aborts the sequence.
 POST /testbed/fault {slow, until_s} -> step times x slow until then (a slowed instance).
+GET /status -> {running, waiting, bs_max, kv_used_bytes, kv_capacity_bytes}: the batch, for the
+     router's long-term loop (`testbed.live.role_control`).
 """
 
 from __future__ import annotations
@@ -153,6 +155,12 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
             st.wakeup.set()
 
 
+async def handle_status(request: web.Request) -> web.Response:
+    b = request.app[STATE].batch
+    return web.json_response({"running": len(b.running), "waiting": len(b.waiting), "bs_max": b.bs_max,
+                              "kv_used_bytes": b.kv_used, "kv_capacity_bytes": b.kv_capacity})
+
+
 def _collect(st: DecodeState) -> list[Sample]:
     b = st.batch
     return [
@@ -215,6 +223,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/decode", handle_decode)
+    app.router.add_get("/status", handle_status)
     add_common_routes(app)
     add_fault_route(app, slow)
     return app

@@ -39,7 +39,8 @@ class LinkControl:
     def __init__(self, dep: Deployment, controller: BandwidthController, session: aiohttp.ClientSession,
                  recent: Recent, series: SeriesWriter, decisions: SeriesWriter, adjust: bool,
                  on_sample: Callable[[ControlSample, ThresholdChange | None], None],
-                 tails: Callable[[], list[float]] = list) -> None:
+                 tails: Callable[[], list[float]] = list,
+                 unroutable: Callable[[], frozenset[str]] = frozenset) -> None:
         sc = dep.scenario
         self.scale = Scale.from_spec(sc.scale)
         self.ctl = controller
@@ -50,6 +51,7 @@ class LinkControl:
         self.adjust = adjust
         self.on_sample = on_sample
         self.tails = tails          # KV transfer tails (wire s) since the last call
+        self.unroutable = unroutable  # role slots not serving as prefill (the long-term loop)
         self.interval_wire = self.scale.wire_seconds(sc.policy.control.interval_s)
         kinds = {c.name: c.kind for c in sc.clusters}
         self.nodes = {nid: (kinds[n.cluster], n.http.url) for nid, n in dep.nodes.items() if n.role == "prefill"}
@@ -75,12 +77,15 @@ class LinkControl:
         undelivered = 0.0
         queued = {"prfaas": 0.0, "pd": 0.0}
         count = {"prfaas": 0, "pd": 0}
+        out = self.unroutable()
         for nid, st in zip(ids, got):
             kind = self.nodes[nid][0]
-            count[kind] += 1
+            if nid not in out:
+                count[kind] += 1
             if st is None:
                 continue
-            queued[kind] += float(st.get("queued_s", 0.0))
+            if nid not in out:
+                queued[kind] += float(st.get("queued_s", 0.0))
             if kind == "prfaas":
                 tot.acked += int(st["acked_bytes"])
                 tot.retrans += int(st["retrans_segments"])

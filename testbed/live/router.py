@@ -42,6 +42,7 @@ from testbed.core.health import HealthBook, HealthChange, Outcome
 from testbed.core.kvsize import KVModel
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
 from testbed.core.load_aware import router_policy
+from testbed.core.longterm import RoleMeter, controller_for as longterm_for
 from testbed.core.policy import BandwidthState, LoadTracker, NoCapacity, Policy
 from testbed.core.record import (
     NAN, NO_TRACE_INDEX, PrefillReport, RecordFormatError, RequestRecord, report_from_wire,
@@ -54,11 +55,13 @@ from testbed.live.clock import now
 from testbed.live.common import REGISTRY_KEY, SCRAPE_KEY, ServiceConfig, add_common_routes, bad_request
 from testbed.live.held import HELD_KEY, HOLD_PATH, HeldRecords, hold_records_path, post_hold
 from testbed.live.link_control import LinkControl
+from testbed.live.role_control import RoleControl
 from testbed.live.openai_api import (
     Limits, ParsedRequest, RequestError, block_hashes, chunk, full_response, parse, record_extension, usage_chunk,
 )
 from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
+from testbed.model.retune import role_planner
 
 log = logging.getLogger("testbed.router")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -111,6 +114,8 @@ class RouterState:
     retries: int = 0
     held: HeldRecords | None = None       # the deployment is held: the router writes the records
     ids: RequestIds = field(default_factory=RequestIds)
+    history: Recent | None = None         # the long-term loop's window of arrivals
+    unroutable: frozenset[str] = frozenset()   # role slots' nodes not in service (the long-term loop)
 
     def note_health(self, node: str, outcome: Outcome, reason: str = "") -> None:
         change = self.health.report(node, outcome, now(), reason)
@@ -152,7 +157,8 @@ def _route(st: RouterState, req: ParsedRequest, rid: str, avoid: frozenset[str] 
     else is left of the role needed."""
     sc = st.cfg.deployment.scenario
     hashes = req.hash_ids or block_hashes(req.content, sc.model.block_tokens)
-    return route(st, sc, rid, req.input_tokens, hashes, now(), st.cfg.scale, st.health.down(), avoid)
+    return route(st, sc, rid, req.input_tokens, hashes, now(), st.cfg.scale, st.health.down() | st.unroutable, avoid,
+                 output_tokens=req.output_tokens)
 
 
 async def _move_cache(st: RouterState, rid: str, plan: _Plan, tid: int, prog: _Progress) -> None:
@@ -753,8 +759,21 @@ def make_app(cfg: ServiceConfig) -> web.Application:
                 return out
 
             loop = LinkControl(cfg.deployment, ctl, session, st.recent, series, decisions, pol.bandwidth_aware,
-                               applied, tails)
+                               applied, tails, lambda: st.unroutable)
             tasks.append(asyncio.create_task(loop.run()))
+        lt = longterm_for(sc, st.threshold, role_planner(sc, cfg.deployment.inter_dc.rate))
+        if lt is not None:
+            st.history = Recent(pol.control.long_term.window)
+            st.unroutable = lt.roles.unroutable()
+
+            def roles_applied(unroutable: frozenset[str], threshold: float | None) -> None:
+                st.unroutable = unroutable
+                if threshold is not None:
+                    st.threshold = threshold
+
+            roles = RoleControl(cfg.deployment, lt, RoleMeter(sc, st.tracker, lt.roles, cfg.scale.speedup), session,
+                                st.history, series, decisions, st.health.down, roles_applied, ctl)
+            tasks.append(asyncio.create_task(roles.run()))
         yield
         for task in tasks:
             task.cancel()

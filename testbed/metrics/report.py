@@ -34,6 +34,7 @@ from testbed.metrics.summary import (
 )
 from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
 from testbed.metrics.faults import FaultWindow, draw_fault_bands, faults_section, load_faults
+from testbed.metrics.roles import decision_rows, long_term_rows, plot_roles, read_role_decisions, roles_cell
 from testbed.metrics.wanlink import plot_wan, wan_rows
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_rate, group_series, select
@@ -160,6 +161,12 @@ def summary_rows(s: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
     for k, lab in (("mean", "mean"), ("p50", "P50"), ("p90", "P90"), ("p99", "P99")):
         rows.append((f"TTFT {lab}", fmt(tt[k], " s"), fmt(wt[k], " s")))
+    halves = s.get("ttft_halves_s")
+    if halves:
+        f, la = (halves[h]["mean"] for h in ("first", "last"))
+        sp = s["run"]["speedup"]
+        rows.append(("TTFT mean, first / last half of arrivals", f"{fmt(f)} / {fmt(la)} s",
+                     f"{fmt(None if f is None else f / sp)} / {fmt(None if la is None else la / sp)} s"))
     for k, lab in (("mean", "mean"), ("p50", "P50"), ("p90", "P90"), ("p99", "P99")):
         rows.append((f"TPOT {lab}", fmt_ms(tp[k]), fmt_ms(wp[k])))
     off = fmt_pct(s["offload"]["ratio"])
@@ -208,6 +215,7 @@ def comparison_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list
         row("TTFT P50 (s)", lambda s: fmt(s["ttft_s"]["p50"])),
         row("TTFT P90 (s)", lambda s: fmt(s["ttft_s"]["p90"])),
         row("TTFT P99 (s)", lambda s: fmt(s["ttft_s"]["p99"])),
+        row("TTFT mean, first / last half of arrivals (s)", _halves_cell),
     ]
     for k in BREAKDOWN_STAGES:
         rows.append(row(f"  {STAGE_LABELS[k]} (s)", lambda s, k=k: fmt(s["ttft_breakdown_s"][k])))
@@ -221,12 +229,18 @@ def comparison_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list
         row("Prompt tokens from cache", lambda s: fmt_pct((s.get("cache") or {}).get("cached_token_share"))),
         row("Cache moves", lambda s: fmt((s.get("cache") or {}).get("moves"))),
         row("Threshold changes / mean", lambda s: _thr_cell(s.get("control") or {})),
+        row("Role conversions -> PD split at the end", roles_cell),
         row("WAN egress mean (senders)", lambda s: fmt_rate(s["wan_egress"]["mean_Bps_paper"])),
         row("WAN link mean / peak (counters)", lambda s: _wan_cell(s.get("wan_link") or {})),
         row("WAN utilisation mean / peak", lambda s: _util_cell(s.get("wan_link") or {})),
         row("Timing fidelity", _validity_cell),
     ]
     return rows
+
+
+def _halves_cell(s: dict[str, Any]) -> str:
+    h = s.get("ttft_halves_s") or {}
+    return f"{fmt((h.get('first') or {}).get('mean'))} / {fmt((h.get('last') or {}).get('mean'))}"
 
 
 def _format_or_na(x: float | None, f: str = "{:.2f}") -> str:
@@ -390,6 +404,9 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
         ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series, faults)),
         ("WAN link", plot_wan(samples, scale, run_dir / "wan.png", faults)),
         ("Threshold and WAN bandwidth (control loop)", plot_control(samples, scale, run_dir / "control.png", faults)),
+        ("PD roles, stage loads and threshold (long-term loop)",
+         plot_roles(samples, read_role_decisions(run_dir, load_run_meta(run_dir).t0, scale.speedup), scale,
+                    run_dir / "roles.png", faults)),
     ):
         if p is not None:
             plots.append((title, p))
@@ -427,6 +444,13 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
         if changes:
             out += ["Threshold changes (the first 20; all in `summary.json` and `decisions.jsonl`):", "",
                     md_table(["t (paper s)", "from", "to", "reason"], changes), ""]
+    lrows = long_term_rows(s)
+    if lrows:
+        out += ["## Long-term loop", "", md_table(["Long-term loop", "Value"], lrows), ""]
+        drows = decision_rows(s)
+        if drows:
+            out += ["Decisions (the first 20; all in `decisions.jsonl`, the first 50 in `summary.json`):", "",
+                    md_table(["t (paper s)", "action", "P/D after", "t after", "reason"], drows), ""]
     out += [
         "## TTFT breakdown",
         "",

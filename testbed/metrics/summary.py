@@ -27,6 +27,7 @@ requests only. Figures over an empty set are `null`, never NaN. `summary.json` k
 | `throughput.slo_met` | Number of requests meeting both SLOs (`null`, like goodput, when `run.json` has no SLO). |
 | `throughput.slo_attainment` | `slo_met / requests.total` (failed and pending requests miss). |
 | `ttft_s.n`, `.mean`, `.p50`, `.p90`, `.p99` | TTFT (first token - arrival) of completed requests, paper s. Percentiles linear-interpolated (numpy). |
+| `ttft_halves_s.first`, `.last` | The same statistics for the requests that arrived in the first / last half of the arrival span (`split_s`: paper s from the first arrival to the middle): whether a run (a control loop) settled. |
 | `ttft_breakdown_s.routing` | Mean `routed - arrival`, paper s. |
 | `ttft_breakdown_s.prefill_queue` | Mean `prefill_start - prefill_queued`. |
 | `ttft_breakdown_s.prefill_compute` | Mean `prefill_end - prefill_start`. |
@@ -44,6 +45,7 @@ requests only. Figures over an empty set are `null`, never NaN. `summary.json` k
 | `bytes.cache_move_paper`, `_wire` | Cached-prefix KV that cross-cluster cache moves of completed requests carried over the WAN. |
 | `bytes.wan_per_request_paper`, `_wire` | `(wan_total + cache_move) / requests.completed`: every byte a request put on the WAN. |
 | `cache.*`, `control.*` | Prefix-cache reuse and cache moves; the control loop's threshold changes and bandwidth estimates (`testbed.metrics.control`). |
+| `long_term` | The long-term loop's role conversions, threshold retunes and the PD split over time (`testbed.metrics.roles`); null when it did not run. |
 | `wan_egress.bytes_paper`, `_wire` | Growth of the byte counters (`bytes_sent`, `kv_bytes_sent` series) of sources that sent KV across the WAN (prefill nodes of offloaded requests). |
 | `wan_egress.mean_Bps_paper`, `_wire` | That growth / the span of those series, bytes/s (paper rate = wire rate x byte_scale / speedup). Divide by the link's rate for utilisation. |
 | `wan_egress.peak_Bps_paper`, `_wire` | Highest rate of their summed counters, held on a common grid at the median sampling interval. |
@@ -89,6 +91,7 @@ import numpy as np
 from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
 from testbed.metrics.control import cache_summary, control_summary, link_phases
+from testbed.metrics.roles import long_term_summary
 from testbed.metrics.fidelity import fidelity, validity
 from testbed.metrics.records import read_records
 from testbed.metrics.series_format import SeriesPoint
@@ -212,6 +215,19 @@ def _ratio(a: float, b: float | None) -> float | None:
 
 def completed_ttfts_wire(records: Sequence[RequestRecord]) -> list[float]:
     return [r.ttft for r in records if r.outcome == "completed" and _finite(r.ttft)]
+
+
+def ttft_halves(records: Sequence[RequestRecord], mult: float) -> dict[str, Any]:
+    """TTFT of the completed requests that arrived in the first and in the last half of the
+    arrival span (paper s with `mult` = speedup): whether a run settled, and where."""
+    arr = [r.times.arrival for r in records if _finite(r.times.arrival)]
+    if not arr:
+        return {"split_s": None, "first": _stats([], mult), "last": _stats([], mult)}
+    mid = (min(arr) + max(arr)) / 2
+    ok = [r for r in records if r.outcome == "completed" and _finite(r.ttft) and _finite(r.times.arrival)]
+    return {"split_s": (mid - min(arr)) * mult,
+            "first": _stats([r.ttft for r in ok if r.times.arrival < mid], mult),
+            "last": _stats([r.ttft for r in ok if r.times.arrival >= mid], mult)}
 
 
 def _stats(values: Sequence[float], mult: float) -> dict[str, Any]:
@@ -393,6 +409,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "slo_attainment": None if slo_met is None else _ratio(slo_met, len(records)),
         },
         "ttft_s": _stats(ttft_w, s),
+        "ttft_halves_s": ttft_halves(records, s),
         "ttft_breakdown_s": _breakdown_means(done, s),
         "tpot_s": _stats(tpot_w, s),
         "offload": {"ratio": _ratio(len(offloaded), len(done)), "requests": len(offloaded)},
@@ -412,6 +429,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         },
         "cache": cache_summary(done, scale),
         "control": control_summary(run_dir, meta.t0, samples, scale),
+        "long_term": long_term_summary(run_dir, meta.t0, samples, scale),
         "link_phases": link_phases(done, samples, scale),
         "wan_egress": wan_egress,
         "wan_link": link_usage(samples, records, scale, dur),

@@ -164,7 +164,8 @@ def solve_threshold(scenario: Scenario, link_bps: float) -> float:
 def resolve_threshold(scenario: Scenario, link_bps: float = DEFAULT_LINK_BPS) -> int:
     """The scenario's fixed threshold, or for "auto" the optimiser's t at the deployed split.
 
-    The router cannot re-role instances, so "auto" optimises t for the split it runs with.
+    "auto" optimises t for the split the deployment starts with; the long-term loop
+    (`testbed.core.longterm`, planner `testbed.model.retune`) re-optimises it as the split changes.
     """
     t = scenario.policy.threshold
     if isinstance(t, int):

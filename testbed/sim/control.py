@@ -70,12 +70,15 @@ class ControlLoop:
         queued = self._queued(t)
         sending = delivered > prev[1] or queued > 0
         loss = max((lk.loss for lk in net.wan.values()), default=0.0)
+        r = self.router
         backlog = {"prfaas": 0.0, "pd": 0.0}
         count = {"prfaas": 0, "pd": 0}
-        for p in self.prefill.values():
+        out = r.unroutable      # role slots not serving as prefill (the long-term loop)
+        for nid, p in self.prefill.items():
+            if nid in out:
+                continue
             backlog[p.node.kind] += p.queue.waiting_work()
             count[p.node.kind] += 1
-        r = self.router
         tails, r.tails = r.tails, []
         sig = LinkSignals(
             now=t,

@@ -32,6 +32,8 @@ class SimRouter:
     inflight: int = 0
     cache_moves: int = 0
     tails: list[float] = field(default_factory=list)   # KV transfer tails of offloaded requests (paper s)
+    history: Recent | None = None      # the long-term loop's window of arrivals
+    unroutable: frozenset[str] = frozenset()   # role slots' nodes not in service (the long-term loop)
 
     @classmethod
     def for_scenario(cls, sc: Scenario, threshold: float | None, intra: LinkProfile,
@@ -43,6 +45,7 @@ class SimRouter:
             prefill_time={name: PrefillTime.from_spec(hw.prefill) for name, hw in sc.hardware.items()},
             book=cache_book_for(sc, kv), recent=Recent(pol.control.window), cache_aware=pol.cache_aware,
             threshold=threshold, bandwidth="scarce" if pol.bandwidth_state == "auto" else pol.bandwidth_state,
+            history=Recent(pol.control.long_term.window) if pol.control.long_term.enabled else None,
         )
 
     def samples(self) -> list[Sample]:

@@ -23,6 +23,8 @@ from typing import Any, Iterator
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.control import controller_for
+from testbed.core.longterm import RoleMeter, controller_for as longterm_for
+from testbed.model.retune import role_planner
 from testbed.core.lifecycle import Event
 from testbed.core.policy import NoCapacity
 from testbed.core.routing import route
@@ -31,6 +33,7 @@ from testbed.core.topology import node_specs
 from testbed.core.record import RequestRecord
 from testbed.metrics.records import RecordWriter
 from testbed.sim.control import ControlLoop
+from testbed.sim.longterm import RoleLoop
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, KV_ARRIVAL, SAMPLE, EventLoop
 from testbed.sim.network import Network, Path as NetPath
@@ -102,6 +105,11 @@ class Simulation:
             self.loop, self.net, self.router, self.prefill, ctl, sc.policy.control.interval_s,
             sc.policy.bandwidth_aware, sc.policy.bandwidth_state == "auto", lambda: self.busy,
             lambda t, samples: self._write("router", t, samples), self._write_decisions)
+        lt = longterm_for(sc, rs.threshold, role_planner(sc, rs.inter_dc.rate))
+        self.roles = None if lt is None else RoleLoop(
+            self.loop, self.router, self.decode, lt, RoleMeter(sc, self.router.tracker, lt.roles),
+            lambda: None if self.control is None else self.control.ctl, lambda: self.busy,
+            lambda t, samples: self._write("router", t, samples), self._write_decisions)
         self.stats = SimStats(requests=len(trace))
         self.open = len(trace)        # requests not finished yet
         self.run_dir = run_dir
@@ -138,6 +146,8 @@ class Simulation:
                 self.loop.at(0.0, SAMPLE, self._sample_wan)
             if self.control is not None:
                 self.control.start()
+            if self.roles is not None:
+                self.roles.start()
             # A run makes millions of short-lived acyclic objects beside long-lived pools of cache
             # entries: the cyclic collector would rescan the pools again and again (two thirds of
             # the time of an hour-long trace) for garbage that reference counting frees anyway.
@@ -183,7 +193,8 @@ class Simulation:
         req = SimRequest(i, tr, t)
         r = self.router
         try:
-            plan = route(r, self.sc, req.rid, tr.input_tokens, tr.hash_ids, t, PAPER_TIME)
+            plan = route(r, self.sc, req.rid, tr.input_tokens, tr.hash_ids, t, PAPER_TIME, r.unroutable,
+                         output_tokens=tr.output_tokens)
         except NoCapacity as e:
             self.fail(req, f"router answered 503: {e}", t)
             return

@@ -54,7 +54,8 @@ def _versions() -> dict[str, str]:
 # rerun into the same directory must start from none of the previous run's, or the two mix.
 RUN_ARTEFACTS = ("timeseries", "logs", "decisions.jsonl", "faults.jsonl", "records.csv", "summary.json", "report.md", "run.json",
                  "deployment.json", "topology.json", "delayline.json", "wan.json", "wan-ready", "compose.yaml",
-                 "stack.yaml", "fidelity.json", "ttft_cdf.png", "queues.png", "links.png", "wan.png", "control.png")
+                 "stack.yaml", "fidelity.json", "ttft_cdf.png", "queues.png", "links.png", "wan.png", "control.png",
+                 "roles.png")
 
 
 def clear_previous_run(run_dir: Path) -> list[str]:

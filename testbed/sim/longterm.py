@@ -1,0 +1,67 @@
+"""The router's long-term loop in virtual time: every `long_term.sample_s` the prefill stages'
+signals from the router's books (`RoleMeter`), the decode batches of the routed PD-D instances
+read directly, fed to the same `LongTermController` the live router runs
+(`testbed.live.role_control`). Its decisions change what the router may route to (the slots'
+roles), the threshold, and the short-term loop's base; each goes to `decisions.jsonl`, the
+instance counts and stage loads to the router's time series.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from testbed.core.bandwidth import BandwidthController
+from testbed.core.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
+from testbed.metrics.series_format import RawSample as Sample
+from testbed.sim.decode import DecodeSim
+from testbed.sim.events import CONTROL, EventLoop
+from testbed.sim.router import SimRouter
+
+Write = Callable[[float, list[Sample]], None]
+
+
+class RoleLoop:
+    def __init__(self, loop: EventLoop, router: SimRouter, decode: dict[str, DecodeSim], ctl: LongTermController,
+                 meter: RoleMeter, bandwidth: Callable[[], BandwidthController | None], busy: Callable[[], bool],
+                 series: Write, decisions: Write) -> None:
+        self.loop = loop
+        self.router = router
+        self.decode = decode
+        self.ctl = ctl
+        self.meter = meter
+        self.bandwidth = bandwidth
+        self.busy = busy
+        self.series = series
+        self.decisions = decisions
+        self.interval = ctl.cfg.sample_s
+        self._prev: float | None = None
+        router.unroutable = ctl.roles.unroutable()
+
+    def start(self) -> None:
+        self.loop.at(0.0, CONTROL, self._step)
+
+    def _decode_signals(self) -> DecodeSignals:
+        nodes = self.ctl.roles.routable("decode")
+        batches = [self.decode[n].batch for n in nodes]
+        return DecodeSignals(len(nodes), float(sum(len(b.running) for b in batches)),
+                             float(sum(len(b.waiting) for b in batches)), batches[0].bs_max if batches else 1)
+
+    def _step(self, _: Any) -> None:
+        t = self.loop.now
+        if self.busy():
+            self.loop.at(t + self.interval, CONTROL, self._step)
+        prev, self._prev = self._prev, t
+        if prev is None:
+            return
+        ctl = self.ctl
+        judged = len(ctl.assessments)
+        sig = self.meter.signals(t, t - prev, self._decode_signals(), recent=self.router.history)
+        made = ctl.update(sig)
+        r = self.router
+        r.unroutable = ctl.roles.unroutable()
+        done = apply(ctl, made, self.bandwidth())
+        if done.threshold is not None:
+            r.threshold = done.threshold
+        if done.lines:
+            self.decisions(t, done.lines)
+        self.series(t, role_series(ctl, len(ctl.assessments) > judged))
