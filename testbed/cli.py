@@ -55,6 +55,11 @@ def _sigterm_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
+    if _terminated:
+        # Already tearing down: a second SIGTERM is a duplicate (`timeout` forwards its own to a
+        # process group that was signalled too); taken as a second Ctrl-C it would abort the
+        # teardown and leave namespaces behind. SIGKILL remains the way to force an exit.
+        return
     _terminated = True
     os.kill(os.getpid(), signal.SIGINT)
 

@@ -145,3 +145,27 @@ def test_netcaps_through_the_cli_probes_the_kernel() -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     caps = json.loads(r.stdout)
     assert caps["htb"] is True and caps["method"] in ("netem", "fallback"), caps
+
+
+def test_a_repeated_sigterm_does_not_abort_the_teardown(tmp_path: Path) -> None:
+    """`timeout` forwards its SIGTERM to a child that a process-group kill already signalled: two
+    SIGTERMs a moment apart. The second used to abort the teardown (53 namespaces left behind)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
+                                     "--out", str(out), *FAST, "--set", "workload.output_tokens=600"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        prefix = _wait_for_prefix(out)
+        _wait_for_records(out, 3)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert _namespaces(prefix) == []
+    assert _processes_mentioning(str(out / "deployment.json")) == []
+    with (out / "records.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == 60
