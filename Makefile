@@ -50,7 +50,7 @@ plan: $(STAMP)
 test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow" --durations=25
 
 test-pure: $(STAMP)
 	$(BIN)/pytest -q -m pure
