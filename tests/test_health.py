@@ -64,3 +64,28 @@ def test_with_every_prfaas_instance_down_prfaas_routing_falls_back_to_pd_prefill
     assert d.prefill_cluster == "pd" and not d.crossed_wan and "only pd prefill is up" in d.reason
     up = prfaas(tracker.view(19400.0), RoutingRequest("r", 60_000))
     assert up.prefill_cluster == "prfaas"
+
+
+def test_probes_of_an_instance_not_yet_listening_do_not_take_it_out_during_startup() -> None:
+    # The router starts beside its instances: its first probe round reached some before they
+    # listened and took them out for a probe interval (every netns run showed 3-14 such).
+    hb = HealthBook(["a", "b"], startup_grace_s=30.0)
+    hb.due_probes(0.0)
+    assert hb.report("a", "refused", 0.01, "connection refused", probe=True) is None
+    assert hb.report("a", "failed", 0.5, "timeout", probe=True) is None
+    assert hb.down() == frozenset()
+    # A real request refused there still takes it out at once.
+    ch = hb.report("b", "refused", 0.6, "connection refused")
+    assert ch is not None and ch.new == "down"
+    # Once it has answered, a refused probe is evidence again.
+    assert hb.report("a", "ok", 1.0, probe=True) is None
+    ch = hb.report("a", "refused", 1.5, "connection refused", probe=True)
+    assert ch is not None and ch.new == "down"
+
+
+def test_an_instance_that_never_comes_up_is_taken_out_after_the_startup_grace() -> None:
+    hb = HealthBook(["a"], startup_grace_s=5.0)
+    hb.due_probes(0.0)
+    assert hb.report("a", "refused", 4.9, probe=True) is None
+    ch = hb.report("a", "refused", 5.0, "connection refused", probe=True)
+    assert ch is not None and ch.new == "down"

@@ -5,7 +5,10 @@ connection refused or reset before any reply) takes the instance out at once; ot
 (timeouts, a 5xx) count, and `max_failures` in a row take it out. Active: the driver probes
 every instance every `probe_interval_s` (a cheap GET); a down instance that answers comes back,
 an up one that does not answer in time counts a failure (a paused process accepts connections
-but never replies, so only the probe notices it).
+but never replies, so only the probe notices it). A probe that fails on an instance that has
+never answered, within `startup_grace_s` of the first probe round, counts nothing: the router
+starts beside its instances and its first probes reach some before they listen (seen in every
+netns run: 3-14 instances out for the first 0.5 s). A request refused there still takes it out.
 
 States and transitions are data; every change is returned as a `HealthChange` with its reason,
 for the router's decision log.
@@ -45,14 +48,18 @@ class _Instance:
     failures: int = 0            # consecutive
     next_probe: float = 0.0
     last_reason: str = ""
+    answered: bool = False       # has answered a call or a probe at least once
 
 
 class HealthBook:
-    def __init__(self, nodes: Iterable[str], max_failures: int = 3, probe_interval_s: float = 0.5) -> None:
+    def __init__(self, nodes: Iterable[str], max_failures: int = 3, probe_interval_s: float = 0.5,
+                 startup_grace_s: float = 30.0) -> None:
         if max_failures < 1:
             raise ValueError("max_failures must be >= 1")
         self.max_failures = max_failures
         self.probe_interval_s = probe_interval_s
+        self.startup_grace_s = startup_grace_s
+        self._first_probe: float | None = None
         self._nodes = {n: _Instance() for n in nodes}
 
     def state(self, node: str) -> State:
@@ -61,10 +68,15 @@ class HealthBook:
     def down(self) -> frozenset[str]:
         return frozenset(n for n, i in self._nodes.items() if i.state == "down")
 
-    def report(self, node: str, outcome: Outcome, now: float, reason: str = "") -> HealthChange | None:
+    def report(self, node: str, outcome: Outcome, now: float, reason: str = "",
+               probe: bool = False) -> HealthChange | None:
         """One call's (or probe's) outcome; returns the change of state it caused, if any."""
         inst = self._nodes.get(node)
         if inst is None:
+            return None
+        if outcome == "ok":
+            inst.answered = True
+        elif probe and not inst.answered and self._starting(now):
             return None
         old = inst.state
         new = _NEXT[(old, outcome)]
@@ -82,8 +94,13 @@ class HealthBook:
                f"{inst.failures} failure(s) in a row, last: {inst.last_reason}")
         return HealthChange(node, old, new, now, why)
 
+    def _starting(self, now: float) -> bool:
+        return self._first_probe is None or now - self._first_probe < self.startup_grace_s
+
     def due_probes(self, now: float) -> list[str]:
         """Instances whose probe is due; each is scheduled again `probe_interval_s` later."""
+        if self._first_probe is None:
+            self._first_probe = now
         due = []
         for n, inst in self._nodes.items():
             if now >= inst.next_probe:

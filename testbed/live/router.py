@@ -117,8 +117,8 @@ class RouterState:
     history: Recent | None = None         # the long-term loop's window of arrivals
     unroutable: frozenset[str] = frozenset()   # role slots' nodes not in service (the long-term loop)
 
-    def note_health(self, node: str, outcome: Outcome, reason: str = "") -> None:
-        change = self.health.report(node, outcome, now(), reason)
+    def note_health(self, node: str, outcome: Outcome, reason: str = "", probe: bool = False) -> None:
+        change = self.health.report(node, outcome, now(), reason, probe=probe)
         if change is not None:
             _log_health(self, change)
 
@@ -653,7 +653,7 @@ async def _probe(st: RouterState, node: str) -> None:
         outcome, why = _outcome(e), f"health probe: {type(e).__name__}: {e}"
     except TimeoutError:
         outcome, why = "failed", f"health probe: no answer within {PROBE_TIMEOUT_S:g} s"
-    st.note_health(node, outcome, why)
+    st.note_health(node, outcome, why, probe=True)
 
 
 async def _probe_forever(st: RouterState) -> None:
