@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         global _main_pid
         _main_pid = os.getpid()
         signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            # Inherited (a shell starts background jobs with SIGINT ignored): Ctrl-C, and the
+            # SIGTERM that becomes one, would then be no-ops and the run could only be killed,
+            # leaving its deployment behind. A run is always stoppable with its teardown.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         rc: int = args.func(args)
     except UserError as e:

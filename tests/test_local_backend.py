@@ -65,12 +65,21 @@ def test_replay_cli_on_local_backend(tmp_path: Path) -> None:
     assert _serve_processes(out) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ctrl_c_or_sigterm_stops_services_and_keeps_records(tmp_path: Path, sig: signal.Signals) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig,started", [(signal.SIGINT, "foreground"), (signal.SIGTERM, "foreground"),
+                                         (signal.SIGTERM, "background")],
+                         ids=["SIGINT", "SIGTERM", "SIGTERM-background"])
+def test_ctrl_c_or_sigterm_stops_services_and_keeps_records(tmp_path: Path, sig: signal.Signals, started: str) -> None:
+    # "background": started as a shell starts `cmd &`, with SIGINT ignored; the SIGTERM that the
+    # CLI turns into a Ctrl-C then did nothing and the run went on to its end (exit 0).
     out = tmp_path / "run"
     proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
                                      "--out", str(out), "--backend", "local", *FAST, "--set", "workload.output_tokens=400"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ignore_sigint if started == "background" else None)
     deadline = time.time() + 60
     records = out / "records.csv"
     # Wait until some requests have finished, so there is something to keep.
