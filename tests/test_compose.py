@@ -61,12 +61,22 @@ def test_compose_file_has_one_container_per_instance_and_a_wan_router(tmp_path: 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router and the link monitor need root")
 def test_compose_replay_and_teardown(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "12",
-                        "--rate", "2", "--out", str(out), "--json", "--set", "scale.speedup=10",
-                        "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=64",
-                        "--set", "serving.stream_interval=8"],
-                       capture_output=True, text=True, timeout=1800)
+    # Someone else's network holds the first block's second /24 (as a CI runner's did): the run
+    # must take another block, not fail with the engine's "Pool overlaps".
+    squatter = f"ptbtest-squatter-{os.getpid()}"
+    subprocess.run(["docker", "network", "create", "--subnet", "10.232.1.0/24", squatter],
+                   check=True, capture_output=True)
+    try:
+        r = subprocess.run([sys.executable, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "12",
+                            "--rate", "2", "--out", str(out), "--json", "--set", "scale.speedup=10",
+                            "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=64",
+                            "--set", "serving.stream_interval=8"],
+                           capture_output=True, text=True, timeout=1800)
+    finally:
+        subprocess.run(["docker", "network", "rm", squatter], capture_output=True)
     assert r.returncode == 0, r.stderr[-3000:]
+    subnets = json.loads((out / "run.json").read_text())["shaping"]["subnets"]
+    assert not any(s.startswith("10.232.") for s in subnets.values()), subnets
     s = json.loads(r.stdout)
     assert s["requests"]["completed"] == 12
     meta = json.loads((out / "run.json").read_text())
@@ -95,8 +105,10 @@ def test_ctrl_c_or_sigterm_removes_every_container_network_and_volume(tmp_path: 
     try:
         deadline = time.time() + 900
         records = out / "records.csv"
-        while time.time() < deadline and not (records.exists() and len(records.read_text().splitlines()) > 3):
+        while time.time() < deadline and proc.poll() is None and not (
+                records.exists() and len(records.read_text().splitlines()) > 3):
             time.sleep(0.5)
+        assert proc.poll() is None, f"the run ended before the interrupt ({proc.returncode}): {proc.communicate()[1][-3000:]}"
         project = json.loads((out / "run.json").read_text())["shaping"]["project"]
         running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
                                  capture_output=True, text=True).stdout.split()

@@ -330,6 +330,7 @@ def test_swarm_ctrl_c_or_sigterm_keeps_records_and_removes_everything(tmp_path: 
         while time.time() < deadline and proc.poll() is None and not (
                 records.exists() and len(records.read_text().splitlines()) > 3):
             time.sleep(0.2)
+        assert proc.poll() is None, f"the run ended before the interrupt ({proc.returncode}): {proc.communicate()[1][-3000:]}"
         project = json.loads((out / "run.json").read_text())["shaping"]["project"]
         running = _docker("service", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}").stdout.split()
         assert len(running) == 12 + 2

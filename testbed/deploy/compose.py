@@ -32,6 +32,7 @@ from testbed.deploy.cleanup import remove_compose_project
 from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LABEL, ContainerState, Engine, connect,
                                    try_connect)
 from testbed.deploy.netns import local_dc, wan_links
+from testbed.deploy.subnets import COMPOSE_BASES, POOL_OVERLAP, dc_subnet, host_routes, pick_base, subnets_of
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 from testbed.net.container_wan import wan_config
 
@@ -52,25 +53,21 @@ HEALTH_CMD = ["CMD", "bash", "-c",
               "&& head -1 <&3 | grep -q ' 200 '"]
 
 
-def _subnet(base: str, i: int) -> ipaddress.IPv4Network:
-    return ipaddress.IPv4Network(f"{base}.{i}.0/24")
-
-
 def _ip(net: ipaddress.IPv4Network | ipaddress.IPv6Network | str, host: int) -> str:
     return str(ipaddress.ip_network(net).network_address + host)
 
 
-def layout(sc: Scenario, base: str = "10.232") -> dict[str, Any]:
+def layout(sc: Scenario, base: str = COMPOSE_BASES[0]) -> dict[str, Any]:
     """Addresses of every container: {dcs: {name: (index, subnet)}, hosts: {id: (dc, ip)}}."""
     dcs = list(dict.fromkeys(c.datacenter for c in sc.clusters))
     home = local_dc(sc)
     counts = {d: 0 for d in dcs}
     hosts: dict[str, tuple[str, str]] = {}
     for name, dc in [(n.id, n.datacenter) for n in node_specs(sc)] + [("router", home)]:
-        net = _subnet(base, dcs.index(dc))
+        net = dc_subnet(base, dcs.index(dc))
         hosts[name] = (dc, _ip(net, FIRST_HOST + counts[dc]))
         counts[dc] += 1
-    return {"dcs": {d: (i, str(_subnet(base, i))) for i, d in enumerate(dcs)}, "hosts": hosts, "home": home}
+    return {"dcs": {d: (i, str(dc_subnet(base, i))) for i, d in enumerate(dcs)}, "hosts": hosts, "home": home}
 
 
 def deployment_for(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
@@ -87,10 +84,12 @@ def deployment_for(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
 
 
 def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, run_dir: Path,
-                 ctl_dir: Path, mtu: int = 65000, router_port: int | None = None) -> dict[str, Any]:
+                 ctl_dir: Path, mtu: int = 65000, router_port: int | None = None,
+                 base: str = COMPOSE_BASES[0]) -> dict[str, Any]:
     """The compose document (pure: no I/O). `router_port`: publish the router's API on the host's
-    loopback at that port (a held deployment, for outside clients)."""
-    lay = layout(sc)
+    loopback at that port (a held deployment, for outside clients); `base`: the block of the
+    datacenter networks (deploy/subnets.py)."""
+    lay = layout(sc, base)
     tcp = profile.tcp
     sysctls: dict[str, str] = {}
     if tcp.rmem_max:
@@ -172,14 +171,15 @@ class ComposeBackend:
         from testbed.net.topology import new_prefix
 
         sc = self.sc = rs.spec
+        self.rs = rs
         self.run_dir = run_dir.resolve()
         self.project = new_prefix()
         self.ctl_dir = Path(f"/tmp/{self.project}-ctl")
         self.profile = rs.inter_dc
         self.scale = rs.scale
-        self.lay = layout(sc)
-        self.deployment = deployment_for(rs, self.lay)
-        self.deployment.extra.update(extra or {})
+        self._extra = dict(extra or {})
+        self.base = COMPOSE_BASES[0]        # until _up finds the first free block
+        self._lay_out(self.base)
         # None: not published; 0: a free port picked now (the compose file needs a number).
         self.host_port = free_ports(1)[0] if host_port == 0 else host_port
         self.rebuild_image = rebuild_image
@@ -205,7 +205,7 @@ class ComposeBackend:
     def shaping(self) -> dict[str, Any]:
         return {
             "method": self.method, "backend": "compose", "project": self.project, "profile": self.profile.name,
-            "mtu": 65000,
+            "mtu": 65000, "subnets": {dc: subnet for dc, (_, subnet) in self.lay["dcs"].items()},
             "links": link_facts(self.links, self.scale),
             "detail": "WAN router container: HTB rate class + bfifo (or netem) on its interface into each DC network; "
                       "delay, jitter and loss by the userspace delay line on tun0 where the kernel lacks netem",
@@ -219,8 +219,14 @@ class ComposeBackend:
             await self.stop()
             raise
 
+    def _lay_out(self, base: str) -> None:
+        self.base = base
+        self.lay = layout(self.sc, base)
+        self.deployment = deployment_for(self.rs, self.lay)
+        self.deployment.extra.update(self._extra)
+
     def _up(self) -> None:
-        from testbed.deploy.image import IMAGE, ensure_image
+        from testbed.deploy.image import ensure_image
         from testbed.net.capabilities import choose_method, probe_shaping
 
         self._cli = dockercli.compose_cli()
@@ -228,21 +234,37 @@ class ComposeBackend:
         self.method = choose_method(probe_shaping(), "auto")
         (self.run_dir / "timeseries").mkdir(parents=True, exist_ok=True)
         self.ctl_dir.mkdir(parents=True, exist_ok=True)
+        tried: list[str] = []
+        while True:
+            taken = subnets_of(self.engine.network_ipam()) + host_routes()
+            self._lay_out(pick_base(COMPOSE_BASES, len(self.lay["dcs"]), taken, tried))
+            self._write_files()
+            try:
+                self._compose("up", "-d", timeout=600)
+                return
+            except BackendError as e:
+                if POOL_OVERLAP in str(e) and len(tried) < len(COMPOSE_BASES) - 1:
+                    # Another run took the block between our look and our claim: the next one.
+                    _log(f"{self.base}.0.0/16 was taken meanwhile; trying the next block")
+                    tried.append(self.base)
+                    self._compose("down", "--remove-orphans", timeout=120, check=False)
+                    continue
+                raise BackendError(f"{e}{self._failed_starts()}") from e
+
+    def _write_files(self) -> None:
+        from testbed.deploy.image import IMAGE
+
         self.deployment.write(self.run_dir / "deployment.json")
         dcs = [(dc, subnet, _ip(subnet, WAN_HOST)) for dc, (_, subnet) in self.lay["dcs"].items()]
         (self.run_dir / "wan.json").write_text(json.dumps(wan_config(
             self.project, dcs, self.links, self.method, 65000, f"{CTL_DIR}/dl.sock",
             f"{IN_CONTAINER}/timeseries/delayline.jsonl", f"{IN_CONTAINER}/wan-ready"), indent=1))
         spec = compose_spec(self.sc, self.profile, self.project, IMAGE, self.run_dir, self.ctl_dir,
-                            router_port=self.host_port)
+                            router_port=self.host_port, base=self.base)
         (self.run_dir / "compose.yaml").write_text(
             f"# prfaas-testbed: scenario {self.sc.name}. Rerun by hand:\n"
             f"#   docker compose -p {self.project} -f compose.yaml up -d   (or docker-compose)\n"
             + yaml.safe_dump(spec, sort_keys=False))
-        try:
-            self._compose("up", "-d", timeout=600)
-        except BackendError as e:
-            raise BackendError(f"{e}{self._failed_starts()}") from e
 
     def _failed_starts(self) -> str:
         """Containers of the project that did not start or have ended, each with its last log lines."""

@@ -241,6 +241,13 @@ class Engine:
                 return False
         return True
 
+    # -- networks ------------------------------------------------------------------------------
+    def network_ipam(self) -> list[dict[str, Any]]:
+        """The IPAM config entries ({"Subnet": ..., ...}) of every network the engine has."""
+        with engine_errors("listing the Docker engine's networks"):
+            nets = self.client.networks.list()
+        return [cfg for n in nets for cfg in ((n.attrs.get("IPAM") or {}).get("Config") or [])]
+
     # -- label sweeps -------------------------------------------------------------------------
     def _labelled(self, kind: str, filters: dict[str, Any]) -> list[Any]:
         c = self.client

@@ -43,6 +43,7 @@ from testbed.core.topology import node_specs
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError
 from testbed.deploy.cleanup import remove_swarm_project
+from testbed.deploy.subnets import SWARM_BASES, pick_base, subnets_of
 from testbed.deploy.compose import HEALTH_CMD, HTTP_PORT, IN_CONTAINER, deployment_for, layout, link_facts
 from testbed.deploy.discovery import ADDRESSES, EXTRA_KEY, FILES, with_hosts
 from testbed.deploy.engine import PROJECT_LABEL, Engine, Task, connect, try_connect
@@ -53,7 +54,7 @@ from testbed.net.forward import NetnsForwarder
 from testbed.net.nsthread import NetnsLoop
 
 T = TypeVar("T")
-SUBNET_BASE = "10.234"           # apart from compose's 10.232 and netns's 10.231
+SUBNET_BASE = SWARM_BASES[0]      # the first choice; apart from compose's and netns's 10.231
 OVERLAY_MTU = 65000
 VXLAN_OVERHEAD = 50              # Docker gives containers the overlay's MTU minus this
 CONFIG_DIR = "/etc/testbed"      # swarm configs (read-only files)
@@ -98,9 +99,11 @@ def wan_stack_config(project: str, lay: dict[str, Any], links: dict[Any, Any], m
     return cfg
 
 
-def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str) -> dict[str, Any]:
-    """The stack document (pure: no I/O). Config files are named relative to it."""
-    lay = layout(sc, SUBNET_BASE)
+def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str,
+               base: str = SUBNET_BASE) -> dict[str, Any]:
+    """The stack document (pure: no I/O). Config files are named relative to it; `base`: the
+    block of the datacenter networks (deploy/subnets.py)."""
+    lay = layout(sc, base)
     labels = {PROJECT_LABEL: project}
     tcp = profile.tcp
     sysctls: dict[str, str] = {}
@@ -223,12 +226,11 @@ class SwarmBackend:
         self.project = new_prefix()
         self.profile = rs.inter_dc
         self.scale = rs.scale
-        self.lay = layout(sc, SUBNET_BASE)
+        self.rs = rs
+        self._extra = dict(extra or {})
         self.links = wan_links(sc, self.profile, self.scale)
         self.mtu = container_mtu(self.profile)
-        self.template = swarm_deployment(rs, self.lay)
-        self.template.extra.update(extra or {})
-        self.deployment = self.template
+        self._lay_out(SUBNET_BASE)
         self.rebuild_image = rebuild_image
         self.method = "unknown"          # the WAN router probes its own kernel and says
         self.placement: dict[str, str] = {}
@@ -246,10 +248,17 @@ class SwarmBackend:
         self._deployed = False
         self._stopped = False
 
+    def _lay_out(self, base: str) -> None:
+        self.base = base
+        self.lay = layout(self.sc, base)
+        self.template = swarm_deployment(self.rs, self.lay)
+        self.template.extra.update(self._extra)
+        self.deployment = self.template
+
     def shaping(self) -> dict[str, Any]:
         return {
             "method": self.method, "backend": "swarm", "project": self.project, "profile": self.profile.name,
-            "mtu": self.mtu, "links": link_facts(self.links, self.scale), "placement": dict(self.placement),
+            "mtu": self.mtu, "subnets": {dc: subnet for dc, (_, subnet) in self.lay["dcs"].items()}, "links": link_facts(self.links, self.scale), "placement": dict(self.placement),
             "nodes_labelled": list(self.labelled),
             "detail": "WAN router service: HTB rate class + bfifo (or netem) on its interface into each DC overlay "
                       "network; delay, jitter and loss by the userspace delay line on tun0 where its kernel lacks "
@@ -303,10 +312,12 @@ class SwarmBackend:
         self._check_swarm()        # before a build of a minute or more
         ensure_image(rebuild=self.rebuild_image, log=lambda line: print(line, file=sys.stderr, flush=True),
                      engine=self.engine)
+        # Overlay networks are the swarm's: only the engine's own list can say what is taken.
+        self._lay_out(pick_base(SWARM_BASES, len(self.lay["dcs"]), subnets_of(self.engine.network_ipam())))
         self.template.write(self.run_dir / "deployment.json")
         (self.run_dir / "wan.json").write_text(json.dumps(
             wan_stack_config(self.project, self.lay, self.links, self.mtu), indent=1))
-        spec = stack_spec(self.sc, self.profile, self.project, IMAGE)
+        spec = stack_spec(self.sc, self.profile, self.project, IMAGE, self.base)
         (self.run_dir / "stack.yaml").write_text(
             f"# prfaas-testbed: scenario {self.sc.name}, for Docker Swarm. Deploy by hand from this directory:\n"
             f"#   docker stack deploy --resolve-image never -c stack.yaml {self.project}\n"
