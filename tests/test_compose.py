@@ -95,8 +95,10 @@ def test_compose_replay_and_teardown(tmp_path: Path) -> None:
 @pytest.mark.docker
 @pytest.mark.skipif(not _docker_ok(), reason="no Docker engine reachable")
 @pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router and the link monitor need root")
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ctrl_c_or_sigterm_removes_every_container_network_and_volume(tmp_path: Path, sig: signal.Signals) -> None:
+def test_sigterm_mid_replay_removes_every_container_network_and_volume(tmp_path: Path) -> None:
+    # SIGTERM here, Ctrl-C in the hold test below: the CLI turns both into one teardown path,
+    # and each reaches this backend once.
+    sig = signal.SIGTERM
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "60",
                              "--rate", "2", "--out", str(out), "--set", "scale.speedup=10",

@@ -90,3 +90,22 @@ async def test_speedup_auto_takes_the_highest_faithful_speedup(tmp_path: Path) -
     s, tried = await pick_speedup(rs, trace_from_workload(rs.spec.workload), "inproc", tmp_path, run=fake_run)
     assert s == 2 and seen == [8, 4, 2]
     assert [t["valid"] for t in tried] == [False, False, True] and tried[0]["reasons"] == ["late"]
+
+
+async def test_speedup_auto_slows_time_down_when_real_time_is_not_faithful(tmp_path: Path) -> None:
+    from testbed.studies.load import load
+    from testbed.studies.runner import RunResult
+    from testbed.studies.speedup import pick_speedup
+    from testbed.traces.loader import trace_from_workload
+    from testbed.live.replayer import ReplayStats
+
+    seen: list[float] = []
+
+    async def fake_run(rs: Any, trace: Any, out: Path, backend: str, name: str = "") -> RunResult:
+        seen.append(rs.spec.scale.speedup)
+        ok = rs.spec.scale.speedup <= 0.5       # too many streams for one router at real time
+        return RunResult(out, ReplayStats(), False, {"validity": {"valid": ok, "reasons": [] if ok else ["lag"]}})
+
+    rs = load("paper-prfaas")
+    s, _ = await pick_speedup(rs, trace_from_workload(rs.spec.workload), "inproc", tmp_path, run=fake_run)
+    assert s == 0.5 and seen == [8, 4, 2, 1, 0.5]

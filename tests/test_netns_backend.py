@@ -3,6 +3,7 @@ after SIGKILL followed by `testbed down`, read back from the kernel and /proc.""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,9 +46,16 @@ def _processes_mentioning(needle: str) -> list[int]:
     return pids
 
 
-def _wait_for_prefix(out: Path, timeout: float = 60) -> str:
+def _alive(proc: subprocess.Popen[str] | None) -> None:
+    if proc is not None and proc.poll() is not None:
+        err = proc.stderr.read() if proc.stderr else ""
+        raise AssertionError(f"the run ended early ({proc.returncode}): {err[-3000:]}")
+
+
+def _wait_for_prefix(out: Path, timeout: float = 60, proc: subprocess.Popen[str] | None = None) -> str:
     deadline = time.time() + timeout
     while time.time() < deadline:
+        _alive(proc)
         topo = out / "topology.json"
         if topo.exists():
             try:
@@ -57,14 +66,33 @@ def _wait_for_prefix(out: Path, timeout: float = 60) -> str:
     raise AssertionError("the run never wrote topology.json")
 
 
-def _wait_for_records(out: Path, n: int, timeout: float = 90) -> None:
+def _wait_for_records(out: Path, n: int, timeout: float = 90, proc: subprocess.Popen[str] | None = None) -> None:
     deadline = time.time() + timeout
     f = out / "records.csv"
     while time.time() < deadline:
+        _alive(proc)
         if f.exists() and len(f.read_text().splitlines()) > n:
             return
         time.sleep(0.2)
     raise AssertionError(f"fewer than {n} records after {timeout} s")
+
+
+@contextlib.contextmanager
+def _replay_under_way(out: Path, records: int, *extra: str,
+                      quiet: bool = False) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A 60-request replay, yielded with its namespace prefix once `records` requests have ended;
+    killed on the way out if the test left it running."""
+    pipe = subprocess.DEVNULL if quiet else subprocess.PIPE
+    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
+                                     "--out", str(out), *FAST, *extra), stdout=pipe, stderr=pipe, text=True)
+    try:
+        prefix = _wait_for_prefix(out, proc=proc)
+        _wait_for_records(out, records, proc=proc)
+        yield proc, prefix
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_replay_over_shaped_link_counts_wan_bytes(tmp_path: Path) -> None:
@@ -89,19 +117,11 @@ def test_replay_over_shaped_link_counts_wan_bytes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_sigint_or_sigterm_tears_everything_down_and_keeps_records(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "run"
-    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
-                                     "--out", str(out), *FAST, "--set", "workload.output_tokens=600"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        prefix = _wait_for_prefix(out)
-        _wait_for_records(out, 3)
+    with _replay_under_way(out, 3, "--set", "workload.output_tokens=600") as (proc, prefix):
         assert _namespaces(prefix), "the run's namespaces should exist while it runs"
         assert _processes_mentioning(str(out / "deployment.json"))
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 128 + sig, err[-3000:]
     assert _namespaces(prefix) == []
     assert _processes_mentioning(str(out / "deployment.json")) == []
@@ -115,16 +135,9 @@ def test_sigint_or_sigterm_tears_everything_down_and_keeps_records(tmp_path: Pat
 
 def test_sigkill_then_down_leaves_nothing(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
-                                     "--out", str(out), *FAST), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        prefix = _wait_for_prefix(out)
-        _wait_for_records(out, 1)
+    with _replay_under_way(out, 1, quiet=True) as (proc, prefix):
         proc.kill()
         proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     # SIGKILL gives the run no chance to clean up: its namespaces and services are still there.
     assert _namespaces(prefix)
     assert _processes_mentioning(str(out / "deployment.json"))
@@ -151,19 +164,11 @@ def test_a_repeated_sigterm_does_not_abort_the_teardown(tmp_path: Path) -> None:
     """`timeout` forwards its SIGTERM to a child that a process-group kill already signalled: two
     SIGTERMs a moment apart. The second used to abort the teardown (53 namespaces left behind)."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
-                                     "--out", str(out), *FAST, "--set", "workload.output_tokens=600"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        prefix = _wait_for_prefix(out)
-        _wait_for_records(out, 3)
+    with _replay_under_way(out, 3, "--set", "workload.output_tokens=600") as (proc, prefix):
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert _namespaces(prefix) == []
     assert _processes_mentioning(str(out / "deployment.json")) == []

@@ -105,6 +105,7 @@ class Task:
     desired: str
     error: str
     node: str         # the node's hostname ("" before the task is assigned)
+    id: str = ""
 
 
 def parse_tasks(tasks: list[dict[str, Any]], service_names: dict[str, str], node_names: dict[str, str],
@@ -115,7 +116,8 @@ def parse_tasks(tasks: list[dict[str, Any]], service_names: dict[str, str], node
         name = service_names.get(str(t.get("ServiceID", "")), "").removeprefix(namespace + "_")
         status = t.get("Status") or {}
         out.append(Task(name, str(status.get("State", "")).lower(), str(t.get("DesiredState", "")).lower(),
-                        str(status.get("Err") or ""), node_names.get(str(t.get("NodeID", "")), "")))
+                        str(status.get("Err") or ""), node_names.get(str(t.get("NodeID", "")), ""),
+                        str(t.get("ID", ""))))
     return out
 
 
@@ -301,6 +303,11 @@ class Engine:
             raw = self.client.api.nodes()
         return [{"id": str(n["ID"]), "hostname": str((n.get("Description") or {}).get("Hostname", "")),
                  "labels": dict((n.get("Spec") or {}).get("Labels") or {})} for n in raw]
+
+    def force_update(self, service: str) -> None:
+        """Replace the service's task by a new one (`docker service update --force`)."""
+        with engine_errors(f"restarting service {service}"):
+            self.client.services.get(service).force_update()
 
     def add_node_labels(self, node_id: str, labels: dict[str, str]) -> None:
         """Add (or overwrite) labels on a swarm node, keeping the rest of its spec."""

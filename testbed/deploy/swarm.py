@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 from urllib.parse import quote
 
 import yaml
@@ -63,6 +63,7 @@ DC_LABEL = "prfaas.dc."          # node label prfaas.dc.<dc>=true: the node may 
 WAN_LABEL = "prfaas.wan"         # node label prfaas.wan=true: the node may run the WAN router
 DISCOVER_URL = f"http://wan:{HTTP_PORT}"
 MONITOR_INTERVAL_S = 0.05
+START_RETRIES = 2                 # of a container the engine failed to start (engine_start_failure)
 BAD_STATES = {"failed", "rejected", "orphaned", "complete", "shutdown", "remove"}
 HEALTH_TIMEOUT_S = 300.0
 COLLECT_TIMEOUT_S = 120.0
@@ -152,12 +153,22 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str,
 
 # -- reading the swarm's state (pure) ------------------------------------------------------------
 
-def task_problem(tasks: list[Task]) -> Task | None:
-    """The first task that will not come up: ended, rejected, or unschedulable."""
+def task_problem(tasks: list[Task], superseded: Iterable[str] = ()) -> Task | None:
+    """The first task that will not come up: ended, rejected, or unschedulable (tasks replaced by
+    a retry, `superseded` ids, aside)."""
+    gone = set(superseded)
     for t in tasks:
+        if t.id in gone:
+            continue
         if t.state in BAD_STATES or (t.state == "pending" and "no suitable node" in t.error):
             return t
     return None
+
+
+def engine_start_failure(t: Task) -> bool:
+    """The engine could not start the task's container (a mount busy while another stack's
+    containers go, say): a fault of the host, not of the program, which never ran."""
+    return t.state in ("failed", "rejected") and t.error.startswith("starting container failed")
 
 
 def all_running(tasks: list[Task], services: set[str]) -> bool:
@@ -345,9 +356,19 @@ class SwarmBackend:
     def _wait_running(self, timeout: float = HEALTH_TIMEOUT_S) -> None:
         want = set(self.lay["hosts"]) | {"wan"}
         deadline = time.monotonic() + timeout
+        superseded: set[str] = set()
+        retries: dict[str, int] = {}
         while not self._cancel.is_set():
             tasks = self.tasks()
-            bad = task_problem(tasks)
+            bad = task_problem(tasks, superseded)
+            if bad is not None and engine_start_failure(bad) and retries.get(bad.service, 0) < START_RETRIES:
+                # Swarm would retry on its own, but the stack's restart policy is `none` so that a
+                # node killed mid-run stays dead; a container that never started is retried here.
+                retries[bad.service] = retries.get(bad.service, 0) + 1
+                superseded.add(bad.id)
+                _log(f"service {bad.service}: {bad.error}; starting it again ({retries[bad.service]}/{START_RETRIES})")
+                self.engine.force_update(f"{self.project}_{bad.service}")
+                continue
             if bad is not None or time.monotonic() > deadline:
                 if bad is None:
                     up = {t.service for t in tasks if t.state == "running"}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -52,6 +54,19 @@ async def metrics(request: web.Request) -> web.Response:
 def add_common_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+
+
+async def fetch_status(session: aiohttp.ClientSession, url: str, timeout_s: float) -> dict[str, Any] | None:
+    """A node's `/status` body, or None when it does not answer in time or well: the control loops
+    count such a node as serving nothing rather than stall on it."""
+    try:
+        async with session.get(f"{url}/status", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if r.status != 200:
+                return None
+            body: dict[str, Any] = await r.json()
+            return body
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
 
 
 def bad_request(msg: str) -> web.HTTPBadRequest:

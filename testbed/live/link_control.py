@@ -22,6 +22,7 @@ from testbed.core.bandwidth import BandwidthController, ControlSample, LinkSigna
 from testbed.core.control import Recent, change_line, control_series
 from testbed.core.scaling import Scale
 from testbed.live.clock import now
+from testbed.live.common import fetch_status
 from testbed.live.deployment import Deployment
 from testbed.metrics.series_format import Sample, SeriesWriter
 
@@ -59,15 +60,7 @@ class LinkControl:
         self._prev_t = 0.0
 
     async def _status(self, url: str) -> dict[str, Any] | None:
-        try:
-            async with self.session.get(f"{url}/status",
-                                        timeout=aiohttp.ClientTimeout(total=max(self.interval_wire, 1.0))) as r:
-                if r.status != 200:
-                    return None
-                body: dict[str, Any] = await r.json()
-                return body
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return None
+        return await fetch_status(self.session, url, max(self.interval_wire, 1.0))
 
     async def step(self) -> tuple[ControlSample, ThresholdChange | None] | None:
         ids = list(self.nodes)

@@ -25,6 +25,7 @@ from testbed.core.control import Recent
 from testbed.core.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
 from testbed.core.scaling import Scale
 from testbed.live.clock import now
+from testbed.live.common import fetch_status
 from testbed.live.deployment import Deployment
 from testbed.metrics.series_format import Sample, SeriesWriter
 
@@ -54,16 +55,7 @@ class RoleControl:
         self.bs_max = decode.bs_max if decode is not None else 1
 
     async def _status(self, node: str) -> dict[str, Any] | None:
-        url = self.dep.nodes[node].http.url
-        try:
-            async with self.session.get(f"{url}/status",
-                                        timeout=aiohttp.ClientTimeout(total=max(self.interval_wire, 1.0))) as r:
-                if r.status != 200:
-                    return None
-                body: dict[str, Any] = await r.json()
-                return body
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return None
+        return await fetch_status(self.session, self.dep.nodes[node].http.url, max(self.interval_wire, 1.0))
 
     async def _decode(self, down: frozenset[str]) -> DecodeSignals:
         nodes = [n for n in self.ctl.roles.routable("decode") if n not in down]

@@ -20,7 +20,6 @@ Summary keys (paper units):
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,7 +32,7 @@ from testbed.core.scaling import Scale
 from testbed.metrics.faults import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.stats import percentile
-from testbed.metrics.timeseries import select
+from testbed.metrics.timeseries import decision_points, select, time_weighted_mean
 
 MAX_CHANGES = 50
 
@@ -58,31 +57,11 @@ def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, Any]
 
 def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, Any]]:
     """Threshold changes from `decisions.jsonl`, in paper seconds since t0."""
-    p = Path(run_dir) / "decisions.jsonl"
-    if not p.is_file() or t0 is None:
-        return []
     out = []
-    with p.open() as fh:
-        for line in fh:
-            if '"threshold_change"' not in line:
-                continue
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue   # a line cut short by a killed run
-            labels = d.get("labels") or {}
-            out.append({"t_s": (float(d["ts"]) - t0) * speedup, "old": float(labels.get("old", "nan")),
-                        "new": float(d["value"]), "reason": str(labels.get("reason", ""))})
+    for p in decision_points(run_dir, t0, speedup, "threshold_change"):
+        out.append({"t_s": p.t, "old": float(p.labels.get("old", "nan")), "new": p.value,
+                    "reason": p.labels.get("reason", "")})
     return out
-
-
-def _time_weighted_mean(series: Sequence[SeriesPoint]) -> float | None:
-    if len(series) < 2:
-        return series[0].value if series else None
-    t = np.array([p.t for p in series])
-    v = np.array([p.value for p in series])
-    dt = np.diff(t)
-    return float(np.dot(v[:-1], dt) / dt.sum()) if dt.sum() > 0 else float(v.mean())
 
 
 def control_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesPoint], scale: Scale) -> dict[str, Any]:
@@ -95,7 +74,7 @@ def control_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesPoi
         "changes": changes[:MAX_CHANGES],
         "threshold_min": min((p.value for p in thr), default=None),
         "threshold_max": max((p.value for p in thr), default=None),
-        "threshold_mean": _time_weighted_mean(thr),
+        "threshold_mean": time_weighted_mean(thr),
         "bandwidth_estimate_min_bps": min((p.value for p in est), default=None),
         "abundant_share": float(np.mean([p.value for p in abundant])) if abundant else None,
     }

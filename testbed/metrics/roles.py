@@ -15,17 +15,15 @@ Summary keys (`long_term`, paper units; absent when the loop did not run):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 from matplotlib.figure import Figure
 
 from testbed.core.scaling import Scale
 from testbed.metrics.faults import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
-from testbed.metrics.timeseries import select
+from testbed.metrics.timeseries import decision_points, select, time_weighted_mean
 
 MAX_CHANGES = 50
 ACTIONS = ("drain", "activate", "retune", "hold")
@@ -35,24 +33,14 @@ MARKS = {"drain": ("v", "tab:red"), "activate": ("^", "tab:green"), "retune": ("
 
 def read_role_decisions(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, Any]]:
     """The long-term loop's decisions from `decisions.jsonl`, in paper seconds since t0."""
-    p = Path(run_dir) / "decisions.jsonl"
-    if not p.is_file() or t0 is None:
-        return []
     out = []
-    with p.open() as fh:
-        for line in fh:
-            if '"role_decision"' not in line:
-                continue
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue   # a line cut short by a killed run
-            lab = d.get("labels") or {}
-            thr = lab.get("threshold")
-            out.append({"t_s": (float(d["ts"]) - t0) * speedup, "action": str(lab.get("action", "")),
-                        "node": str(lab.get("node", "")), "role": str(lab.get("role", "")),
-                        "prefill": int(lab.get("prefill", 0)), "decode": int(lab.get("decode", 0)),
-                        "threshold": None if thr is None else float(thr), "reason": str(lab.get("reason", ""))})
+    for p in decision_points(run_dir, t0, speedup, "role_decision"):
+        lab = p.labels
+        thr = lab.get("threshold")
+        out.append({"t_s": p.t, "action": str(lab.get("action", "")),
+                    "node": str(lab.get("node", "")), "role": str(lab.get("role", "")),
+                    "prefill": int(lab.get("prefill", 0)), "decode": int(lab.get("decode", 0)),
+                    "threshold": None if thr is None else float(thr), "reason": str(lab.get("reason", ""))})
     return out
 
 
@@ -66,12 +54,7 @@ def long_term_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesP
     ds = read_role_decisions(run_dir, t0, scale.speedup)
     if not pre and not ds:
         return None
-    mean = None
-    if len(pre) >= 2:
-        t = np.array([p.t for p in pre])
-        v = np.array([p.value for p in pre])
-        dt = np.diff(t)
-        mean = float(np.dot(v[:-1], dt) / dt.sum()) if dt.sum() > 0 else float(v.mean())
+    mean = time_weighted_mean(pre) if len(pre) >= 2 else None
 
     def split(i: int) -> str | None:
         return f"{pre[i].value:.0f}/{dec[i].value:.0f}" if pre and dec else None

@@ -146,3 +146,22 @@ def counter_total(samples: Sequence[SeriesPoint]) -> float:
     """Amount a cumulative counter grew over the samples (restarts skipped, like `counter_rate`)."""
     ordered = sorted(samples, key=lambda s: s.t)
     return float(sum(max(b.value - a.value, 0.0) for a, b in zip(ordered, ordered[1:]) if not math.isnan(b.value - a.value)))
+
+
+def time_weighted_mean(series: Sequence[SeriesPoint]) -> float | None:
+    """Mean of a step series (each value holds until the next sample), by time held."""
+    if len(series) < 2:
+        return series[0].value if series else None
+    t = np.array([p.t for p in series])
+    v = np.array([p.value for p in series])
+    dt = np.diff(t)
+    return float(np.dot(v[:-1], dt) / dt.sum()) if dt.sum() > 0 else float(v.mean())
+
+
+def decision_points(run_dir: Path, t0: float | None, speedup: float, metric: str) -> list[SeriesPoint]:
+    """The router's `decisions.jsonl` points of one metric, `t` in paper seconds since t0."""
+    p = Path(run_dir) / "decisions.jsonl"
+    if not p.is_file() or t0 is None:
+        return []
+    return [SeriesPoint(pt.t * speedup, pt.source, pt.metric, pt.value, pt.labels)
+            for pt in read_series(p, t0) if pt.metric == metric]

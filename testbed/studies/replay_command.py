@@ -39,7 +39,7 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
                    help="BurstGPT: replay only this model's requests, e.g. GPT-4 (repeatable)")
     p.add_argument("--rate", type=float, help="offered rate in paper req/s (rescales the trace's arrivals)")
     p.add_argument("--speedup", type=_speedup_arg, metavar="S|auto",
-                   help="time scale (as --set scale.speedup=S); auto: the largest of 8, 4, 2, 1 at which a short "
+                   help="time scale (as --set scale.speedup=S); auto: the largest of 8, 4, 2, 1, 0.5, 0.25 at which a short "
                         "probe of this workload on this backend keeps time faithfully (probes kept under the run "
                         "directory's speedup-probes/)")
     p.add_argument("--requests", type=int, help="replay only the first N requests (after --window and --sample)")

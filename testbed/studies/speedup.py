@@ -3,6 +3,10 @@
 A short probe of the same workload and backend at each candidate speedup, highest first; the
 first whose run is valid (`testbed.metrics.fidelity`: prefill, decode-step, token-lag and
 router timing within their bounds) wins. Probes stay in the run directory for inspection.
+
+Below 1 the run is slowed down (time dilation): a deployment too large for this host in real
+time, its router's token streams the first to fall behind, gets 2x or 4x the wall time per paper
+second, and every measure is still read in paper time.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from testbed.studies.runner import RunResult, run_replay_async
 from testbed.traces import transforms
 from testbed.traces.types import Trace
 
-CANDIDATES = (8.0, 4.0, 2.0, 1.0)
+CANDIDATES = (8.0, 4.0, 2.0, 1.0, 0.5, 0.25)
 PROBE_PAPER_S = 90.0        # of arrivals: long enough for the decode batches to fill as in the run
 MIN_PROBE_REQUESTS = 60
 
