@@ -350,3 +350,17 @@ def test_formatting() -> None:
     assert fmt(3) == "3" and fmt(None) == "n/a"
     assert fmt_bytes(896_000 / 3) == "299 kB" and fmt_bytes(1.5e9) == "1.50 GB"
     assert fmt_change(2.0, 4.0) == "-50%" and fmt_change(1.03, 1.0) == "+3.0%" and fmt_change(1.0, None) == "n/a"
+
+
+def test_only_connections_that_sent_since_their_last_sample_are_sampled() -> None:
+    from testbed.live.kv_sender import ConnectionStats
+    from testbed.live.prefill_node import sending_connections
+
+    def conn(i: int, sent: int, retrans: int = 0) -> ConnectionStats:
+        return ConnectionStats(("10.0.0.2", 9000), i, 40_000, 100, 10, retrans, 0, sent, sent)
+
+    seen: dict[tuple[tuple[str, int], int], tuple[int, int]] = {}
+    assert [c.conn for c in sending_connections([conn(0, 0), conn(1, 0)], seen)] == [0, 1]   # new: always
+    assert sending_connections([conn(0, 0), conn(1, 0)], seen) == []                       # idle pool
+    assert [c.conn for c in sending_connections([conn(0, 0), conn(1, 500)], seen)] == [1]
+    assert [c.conn for c in sending_connections([conn(0, 0, retrans=1), conn(1, 500)], seen)] == [0]
