@@ -47,10 +47,18 @@ plan: $(STAMP)
 	$(BIN)/testbed plan --trace $(TRACE) --out $(RUNS)/plan-$(basename $(notdir $(TRACE))) $(PLAN_ARGS)
 
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
+## The container image the docker tier needs builds meanwhile, while the type checks and the
+## pure tier (no I/O, no timing) run; its log is build/image.log.
 test: $(STAMP)
-	$(BIN)/mypy
-	$(BIN)/lint-imports
-	$(BIN)/pytest -q -m "not slow" --durations=25
+	@mkdir -p build
+	@rc=0; \
+	$(BIN)/python -m testbed.deploy.image --if-possible > build/image.log 2>&1 & image=$$!; \
+	$(BIN)/mypy || rc=1; \
+	$(BIN)/lint-imports || rc=1; \
+	$(BIN)/pytest -q -m "pure and not slow" --durations=5 || rc=1; \
+	wait $$image || echo "make test: the image build failed (build/image.log); the docker tier will say why"; \
+	$(BIN)/pytest -q -m "not pure and not slow" --durations=25 || rc=1; \
+	exit $$rc
 
 test-pure: $(STAMP)
 	$(BIN)/pytest -q -m pure

@@ -69,12 +69,12 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize("sig,started", [(signal.SIGINT, "foreground"), (signal.SIGTERM, "foreground"),
-                                         (signal.SIGTERM, "background")],
-                         ids=["SIGINT", "SIGTERM", "SIGTERM-background"])
+@pytest.mark.parametrize("sig,started", [(signal.SIGINT, "foreground"), (signal.SIGTERM, "background")],
+                         ids=["SIGINT", "SIGTERM-background"])
 def test_ctrl_c_or_sigterm_stops_services_and_keeps_records(tmp_path: Path, sig: signal.Signals, started: str) -> None:
     # "background": started as a shell starts `cmd &`, with SIGINT ignored; the SIGTERM that the
-    # CLI turns into a Ctrl-C then did nothing and the run went on to its end (exit 0).
+    # CLI turns into a Ctrl-C then did nothing and the run went on to its end (exit 0). A SIGTERM
+    # in the foreground is the easier case of the same path (and the netns tests send one).
     out = tmp_path / "run"
     proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
                                      "--out", str(out), "--backend", "local", *FAST, "--set", "workload.output_tokens=400"),
