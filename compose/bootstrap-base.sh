@@ -117,6 +117,7 @@ rm -f "$root/usr/sbin/policy-rc.d" "$root/etc/resolv.conf"
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/cache/debconf/*-old \
     "$root"/var/log/* "$root"/tmp/* "$root"/var/tmp/* "$root"/root/.cache \
     "$root"/usr/share/doc/*/changelog* "$root"/usr/share/man/* "$root"/usr/share/locale/*
+# Stale or partial bytecode out; compose/Dockerfile compiles the standard library afresh.
 find "$root/usr/lib" -name __pycache__ -type d -prune -exec rm -rf {} +
 mkdir -p "$root/var/lib/apt/lists/partial" "$root/var/cache/apt/archives/partial"
 log "root file system: $(du -sh --one-file-system "$root" | cut -f1)"
