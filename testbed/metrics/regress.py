@@ -546,6 +546,11 @@ def _update(args: argparse.Namespace, summary: dict[str, Any], facts: TakenFrom,
         notes.append(f"the run had {summary['requests']['failed']} failed request(s); they are the baseline now")
     if summary.get("run", {}).get("interrupted"):
         notes.append("the run was interrupted; a baseline from it covers only what finished")
+    validity = summary.get("validity") or {}
+    if validity.get("valid") is False:
+        notes.append("the run is marked invalid (" + "; ".join(map(str, validity.get("reasons") or [])) +
+                     "): its timing is not the model's, so this baseline holds figures the testbed does not vouch "
+                     "for; take one from a valid run")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dump_baseline(baseline))
