@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    if args.func.__module__ != "testbed.deploy.serve":     # a service handles SIGTERM itself
+    if args.func.__module__ != SERVE_MODULE:     # a service handles SIGTERM itself
         global _main_pid
         _main_pid = os.getpid()
         signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)

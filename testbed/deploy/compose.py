@@ -70,6 +70,11 @@ def layout(sc: Scenario, base: str = COMPOSE_BASES[0]) -> dict[str, Any]:
     return {"dcs": {d: (i, str(dc_subnet(base, i))) for i, d in enumerate(dcs)}, "hosts": hosts, "home": home}
 
 
+def dc_subnets(lay: dict[str, Any]) -> dict[str, str]:
+    """Datacenter -> its network's CIDR, from a layout."""
+    return {dc: subnet for dc, (_, subnet) in lay["dcs"].items()}
+
+
 def deployment_for(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
     nodes = {}
     for n in node_specs(rs.spec):
@@ -178,8 +183,7 @@ class ComposeBackend:
         self.profile = rs.inter_dc
         self.scale = rs.scale
         self._extra = dict(extra or {})
-        self.base = COMPOSE_BASES[0]        # until _up finds the first free block
-        self._lay_out(self.base)
+        self._lay_out(COMPOSE_BASES[0])     # until _up finds the first free block
         # None: not published; 0: a free port picked now (the compose file needs a number).
         self.host_port = free_ports(1)[0] if host_port == 0 else host_port
         self.rebuild_image = rebuild_image
@@ -205,7 +209,7 @@ class ComposeBackend:
     def shaping(self) -> dict[str, Any]:
         return {
             "method": self.method, "backend": "compose", "project": self.project, "profile": self.profile.name,
-            "mtu": 65000, "subnets": {dc: subnet for dc, (_, subnet) in self.lay["dcs"].items()},
+            "mtu": 65000, "subnets": dc_subnets(self.lay),
             "links": link_facts(self.links, self.scale),
             "detail": "WAN router container: HTB rate class + bfifo (or netem) on its interface into each DC network; "
                       "delay, jitter and loss by the userspace delay line on tun0 where the kernel lacks netem",

@@ -44,7 +44,8 @@ from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError
 from testbed.deploy.cleanup import remove_swarm_project
 from testbed.deploy.subnets import SWARM_BASES, pick_base, subnets_of
-from testbed.deploy.compose import HEALTH_CMD, HTTP_PORT, IN_CONTAINER, deployment_for, layout, link_facts
+from testbed.deploy.compose import (HEALTH_CMD, HTTP_PORT, IN_CONTAINER, dc_subnets, deployment_for, layout,
+                                    link_facts)
 from testbed.deploy.discovery import ADDRESSES, EXTRA_KEY, FILES, with_hosts
 from testbed.deploy.engine import PROJECT_LABEL, Engine, Task, connect, try_connect
 from testbed.deploy.netns import wan_links
@@ -87,7 +88,7 @@ def swarm_deployment(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
     addresses, and what discovery needs (who is in which DC, the DC subnets)."""
     dep = with_hosts(deployment_for(rs, lay), {sid: sid for sid in lay["hosts"]})
     info = {"members": {sid: dc for sid, (dc, _) in lay["hosts"].items()},
-            "subnets": {dc: subnet for dc, (_, subnet) in lay["dcs"].items()}}
+            "subnets": dc_subnets(lay)}
     return replace(dep, extra={**dep.extra, EXTRA_KEY: info})
 
 
@@ -269,7 +270,8 @@ class SwarmBackend:
     def shaping(self) -> dict[str, Any]:
         return {
             "method": self.method, "backend": "swarm", "project": self.project, "profile": self.profile.name,
-            "mtu": self.mtu, "subnets": {dc: subnet for dc, (_, subnet) in self.lay["dcs"].items()}, "links": link_facts(self.links, self.scale), "placement": dict(self.placement),
+            "mtu": self.mtu, "subnets": dc_subnets(self.lay), "links": link_facts(self.links, self.scale),
+            "placement": dict(self.placement),
             "nodes_labelled": list(self.labelled),
             "detail": "WAN router service: HTB rate class + bfifo (or netem) on its interface into each DC overlay "
                       "network; delay, jitter and loss by the userspace delay line on tun0 where its kernel lacks "
