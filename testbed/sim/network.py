@@ -423,6 +423,11 @@ class Network:
         if p.inflow > p.rate and p.k < p.conns:
             # When the queue holds one chunk more than k connections carry (a byte past the boundary).
             due = min(due, t + max(p.k * p.chunk + 2 * EPS_BYTES - q, EPS_BYTES) / (p.inflow - p.rate))
+        if due <= t:
+            # Far into a run (days of virtual time) a step shorter than half the float spacing of
+            # t rounds to t itself: the event would find nothing moved and schedule itself again,
+            # forever. One spacing later the path always moves on.
+            due = math.nextafter(t, math.inf)
         p.due = due
         if due < math.inf:
             self.loop.at(due, NET, self._due, (p, p.version))

@@ -13,9 +13,12 @@ share is 0 here).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +46,27 @@ from testbed.sim.router import SimRouter
 from testbed.metrics.series_format import BatchSeriesFile as SeriesFile, RawSample as Sample
 from testbed.traces.types import Trace, TraceRequest
 from testbed.core.kvsize import KVModel
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C (and the CLI's SIGTERM, which becomes one) raises at once inside the event loop.
+
+    The simulation runs synchronously, and under `asyncio.run` the first Ctrl-C only cancels the
+    main task, which happens when the loop next gets control: after the whole simulation. The
+    default handler raises KeyboardInterrupt between two events; the caller keeps the records."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 from testbed.core.servicetime import PrefillTime
 
 START_LEAD_S = 0.5          # wire seconds before the first request, as the live replayer waits
@@ -154,7 +178,8 @@ class Simulation:
             was_enabled = gc.isenabled()
             gc.disable()
             try:
-                self.loop.run()
+                with _interruptible():
+                    self.loop.run()
             finally:
                 if was_enabled:
                     gc.enable()
