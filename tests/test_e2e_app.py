@@ -182,3 +182,30 @@ async def test_a_rerun_into_the_same_directory_starts_from_a_clean_slate(tmp_pat
     assert len(decisions) == 6
     assert res.summary["requests"]["total"] == 6
     assert (tmp_path / "mine.txt").read_text() == "not the testbed's"
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="mounting a small tmpfs (a full disk) needs root")
+async def test_a_full_disk_stops_every_service_and_says_so(tmp_path: Path) -> None:
+    """A run whose directory fills up used to raise in its first teardown step and leave every
+    service of the local backend running; now every step runs and the error is one line."""
+    import os
+    import subprocess
+
+    from testbed.core.errors import UserError
+    from testbed.studies.runner import run_replay_async
+
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(small)], check=True)
+    try:
+        sc = fast_scenario(requests=60)
+        trace = trace_from_workload(sc.workload)
+        with pytest.raises(UserError, match="could not be written"):
+            await run_replay_async(resolve(sc), trace, small / "run", "local")
+        # No service of the run is left: their command lines name the run directory.
+        left = subprocess.run(["pgrep", "-f", str(small / "run")], capture_output=True, text=True)
+        assert left.stdout.strip() == "", left.stdout
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+        assert os.path.ismount(str(small)) is False

@@ -7,14 +7,17 @@ service it started and keeps the records gathered so far, then summarises them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import platform
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy.base import Backend
@@ -27,6 +30,7 @@ from testbed.metrics.records import RecordWriter
 from testbed.config.scenarios import dump_scenario
 from testbed.core.scenario import Scenario
 from testbed.traces.types import Trace, TraceRequest
+from testbed.core.errors import UserError
 
 
 log = logging.getLogger("testbed.runner")
@@ -125,6 +129,20 @@ def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str
     }
 
 
+@contextlib.contextmanager
+def teardown_shielded() -> Iterator[None]:
+    """Ctrl-C ignored until the teardown ends: a second one (or the SIGTERM the CLI turns into
+    one) used to abort it and leave namespaces, qdiscs and services behind. SIGKILL still works."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None = None,
             on_progress: Callable[[ReplayStats], None] | None = None, report: bool = True) -> RunResult:
     """The same run directory as a live replay, from the discrete-event simulator (`testbed.sim`):
@@ -219,18 +237,35 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
             # The run ends with the last record, not after teardown (compose down takes seconds).
             meta["t_end"] = now()
     finally:
-        host_task.cancel()
-        await asyncio.gather(host_task, return_exceptions=True)
-        host.close()
-        try:
-            await asyncio.shield(be.stop())
-        finally:
-            writer.close()
-        if meta["t0"] is None:     # stopped before the services came up: nothing was sent
-            meta["t0"] = now()
-        meta.update({"t_end": meta["t_end"] or now(), "interrupted": interrupted})
-        meta_path.write_text(json.dumps(meta, indent=1))
-        summary = write_summary(run_dir)
-        if report:
-            write_report(run_dir, summary)
+        # Every step runs even when an earlier one raised (a full disk must not leave the
+        # services running), services first; a second Ctrl-C cannot cut the teardown short.
+        with teardown_shielded():
+            failures: list[BaseException] = []
+
+            async def step(fn: Callable[[], Any]) -> None:
+                try:
+                    r = fn()
+                    if asyncio.iscoroutine(r):
+                        await asyncio.shield(r)
+                except Exception as e:     # noqa: BLE001 - kept, re-raised after the other steps
+                    failures.append(e)
+
+            host_task.cancel()
+            await asyncio.gather(host_task, return_exceptions=True)
+            await step(be.stop)
+            await step(host.close)
+            await step(writer.close)
+            if meta["t0"] is None:     # stopped before the services came up: nothing was sent
+                meta["t0"] = now()
+            meta.update({"t_end": meta["t_end"] or now(), "interrupted": interrupted})
+            await step(lambda: meta_path.write_text(json.dumps(meta, indent=1)))
+            if not failures:
+                summary = write_summary(run_dir)
+                if report:
+                    write_report(run_dir, summary)
+            elif all(isinstance(e, OSError) for e in failures):
+                raise UserError(f"{run_dir}: the run's files could not be written ({failures[0]}); "
+                                "the services were stopped") from failures[0]
+            else:
+                raise failures[0]
     return RunResult(run_dir, stats, interrupted, summary)
