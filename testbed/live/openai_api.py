@@ -24,6 +24,7 @@ from typing import Any
 
 from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 from testbed.core.record import RequestRecord, record_to_wire
+from testbed.core.request_ids import client_id
 
 EXTENSION = "testbed"
 DEFAULT_MAX_TOKENS = 16
@@ -167,7 +168,7 @@ def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
     include_usage = bool(so.get("include_usage", False)) if isinstance(so, dict) else False
     rid = ext.get("request_id")
     return ParsedRequest(kind, model, tokens, max_tokens, stream, include_usage, tuple(hash_ids),
-                         rid if isinstance(rid, str) else None, content=content)
+                         client_id(rid) if isinstance(rid, str) and rid else None, content=content)
 
 
 # One generated token as text: the commonest English word with its leading space is a single

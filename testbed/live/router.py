@@ -47,7 +47,7 @@ from testbed.core.policy import BandwidthState, LoadTracker, NoCapacity, Policy
 from testbed.core.record import (
     NAN, NO_TRACE_INDEX, PrefillReport, RecordFormatError, RequestRecord, report_from_wire,
 )
-from testbed.core.request_ids import RequestIds
+from testbed.core.request_ids import RequestIds, client_id
 from testbed.core.routing import RoutePlan, route
 from testbed.core.scenario import Scenario
 from testbed.core.servicetime import PrefillTime
@@ -433,7 +433,7 @@ async def _serve(request: web.Request, kind: str, st: RouterState, seen: _Seen) 
     model = req.model or sc.model.name
     # X-Request-Id as vLLM takes it (aiperf and vllm bench serve send one): an outside client's
     # records match the router's. An id in use, or recorded, gets a suffix (`testbed.core.request_ids`).
-    asked = req.client_request_id or request.headers.get("X-Request-Id", "")[:128] or uuid.uuid4().hex[:16]
+    asked = req.client_request_id or client_id(request.headers.get("X-Request-Id", "")) or uuid.uuid4().hex[:16]
     rid = seen.rid = st.ids.claim(asked)
     if rid != asked:
         log.info("request id %r is taken (in flight or recorded): this request is %r", asked, rid)
