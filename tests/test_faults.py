@@ -431,7 +431,8 @@ async def test_nodes_take_a_slowdown_over_http(tmp_path: Path, aiohttp_client: A
         assert r.status == 200 and (await r.json())["slow"] == 4
         assert app[SLOW_KEY].at(time.time()) == 4 and app[SLOW_KEY].at(until + 1) == 1
         assert app[mod.STATE].slow is app[SLOW_KEY]       # the one the service loop reads
-        for bad in ({"slow": 0}, {"slow": "x"}, {"slow": 2, "until_s": "soon"}, [1]):
+        for bad in ({"slow": 0}, {"slow": "x"}, {"slow": 2, "until_s": "soon"}, [1],
+                    {"slow": math.inf}, {"slow": math.nan}, {"slow": 2, "until_s": math.inf}):
             r = await client.post("/testbed/fault", json=bad)
             assert r.status == 400, bad
         r = await client.post("/testbed/fault", json={"slow": 1})

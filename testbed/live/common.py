@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -106,10 +107,12 @@ async def handle_fault(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise bad_request("body must be a JSON object")
     k, until = body.get("slow"), body.get("until_s")
-    if not isinstance(k, (int, float)) or isinstance(k, bool) or not k > 0:
-        raise bad_request("field 'slow' must be a number > 0")
-    if until is not None and (not isinstance(until, (int, float)) or isinstance(until, bool)):
-        raise bad_request("field 'until_s' must be unix seconds or null")
+    # JSON parsers take Infinity and NaN: `slow: Infinity` hung every request of the node.
+    if not isinstance(k, (int, float)) or isinstance(k, bool) or not math.isfinite(k) or not k > 0:
+        raise bad_request("field 'slow' must be a finite number > 0")
+    if until is not None and (not isinstance(until, (int, float)) or isinstance(until, bool)
+                              or not math.isfinite(until)):
+        raise bad_request("field 'until_s' must be finite unix seconds or null")
     slow = request.app[SLOW_KEY]
     slow.set(float(k), None if until is None else float(until))
     return web.json_response({"ok": True, "slow": slow.factor, "until_s": slow.until, "t": now()})
