@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from testbed.config.cli_args import StoreOnce
 from testbed.core.record import RequestRecord
 from testbed.core.scenario import Scenario
 from testbed.metrics.records import read_records
@@ -138,7 +139,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b = sub.add_parser("bench", help="benchmarks that print figures (fidelity: the emulator's timing; kv: loopback "
                                      "KV transport throughput; sim: the simulator's speed and scale)")
     b.add_argument("which", choices=["fidelity", "kv", "sim"])
-    b.add_argument("--scenario", default="paper-prfaas", help="fidelity: the scenario")
+    b.add_argument("--scenario", action=StoreOnce, default="paper-prfaas", help="fidelity: the scenario")
     b.add_argument("--requests", type=int, default=40, help="fidelity: requests to replay")
     b.add_argument("--seed", type=int, default=1, help="sim: seed of the generated traces")
     b.add_argument("--out", help="run directory")

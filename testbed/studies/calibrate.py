@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from testbed.config.cli_args import StoreOnce
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
 from testbed.core.scenario import DecodeSpec, Scenario, size_bytes
 from testbed.model.calibrate import (
@@ -84,7 +85,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="score every K-th point held out of the fit (default 5; 0 = none)")
     out = p.add_argument_group("output")
     out.add_argument("--name", help="hardware profile name to write (hardware.NAME)")
-    out.add_argument("--scenario", metavar="S", help="base scenario the written one extends (name or path)")
+    out.add_argument("--scenario", action=StoreOnce, metavar="S", help="base scenario the written one extends (name or path)")
     out.add_argument("--out", type=Path, metavar="FILE", help="write the scenario (or the block) here")
     out.add_argument("--block-only", action="store_true",
                      help="write only `hardware: {NAME: ...}` (a fragment for a list `extends`)")

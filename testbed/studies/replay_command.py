@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from testbed.config.cli_args import StoreOnce
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.overrides import overrides_for
 from testbed.core.scenario import Scenario
@@ -198,7 +199,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r = sub.add_parser("replay", help="replay a trace against a scenario and report")
-    r.add_argument("--scenario", help="scenario name (scenarios/NAME.yaml) or path")
+    r.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
     r.add_argument("--compare", nargs="+", metavar="SCENARIO",
                    help="run several scenarios on the same workload and write one comparison report")
     r.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
@@ -208,7 +209,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     u = sub.add_parser("up", help="replay on the compose backend (or --backend swarm): build the image if needed, "
                                   "generate the compose (stack) file into the run directory, run, collect, tear down; "
                                   "with --hold, keep the deployment open for outside clients instead")
-    u.add_argument("--scenario", help="scenario name (scenarios/NAME.yaml) or path")
+    u.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
     u.add_argument("--compare", nargs="+", metavar="SCENARIO", help=argparse.SUPPRESS)
     u.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
     u.add_argument("--hold", action="store_true",

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
+from testbed.config.cli_args import StoreOnce
 from testbed.core.scenario import Scenario
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.overrides import build_overrides, parse_assignments
@@ -311,7 +312,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Run a scenario once per value (or pair of values) of scenario fields and write "
                     "DIR/sweep.csv, DIR/sweep.md and, when policy.threshold is swept, DIR/model_curve.csv.",
     )
-    p.add_argument("--scenario", required=True, help="scenario name (scenarios/NAME.yaml) or path")
+    p.add_argument("--scenario", action=StoreOnce, required=True, help="scenario name (scenarios/NAME.yaml) or path")
     p.add_argument("--param", action="append", required=True, metavar="FIELD=V1,V2,...",
                    help="a scenario field and its values, e.g. policy.threshold=10000,19400,40000 or "
                         "clusters.1.prefill=2,3,4 (list elements by index); at most twice")

@@ -1,0 +1,38 @@
+"""One CLI grammar: a single-valued flag given twice is an error naming it, in every subcommand
+that takes one scenario; the commands that compare scenarios take several."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.cli import build_parser
+
+pytestmark = pytest.mark.pure
+
+ONE_SCENARIO = [
+    ["replay"], ["up"], ["sweep", "--set-grid", "x=1"], ["bench", "fidelity"],
+]
+
+
+def _parse(argv: list[str]) -> object:
+    return build_parser(argv).parse_args(argv)
+
+
+@pytest.mark.parametrize("cmd", ONE_SCENARIO, ids=lambda c: c[0])
+def test_scenario_twice_is_refused_naming_the_flag(cmd: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [cmd[0], "--scenario", "paper-prfaas", "--scenario", "paper-homogeneous", *cmd[1:]]
+    with pytest.raises(SystemExit) as e:
+        _parse(argv)
+    assert e.value.code == 2
+    assert "--scenario given more than once" in capsys.readouterr().err
+
+
+def test_one_scenario_is_taken() -> None:
+    args = _parse(["replay", "--scenario", "paper-prfaas"])
+    assert getattr(args, "scenario") == "paper-prfaas"
+
+
+@pytest.mark.parametrize("cmd", [["capacity"], ["crosscheck"]])
+def test_comparing_commands_take_several(cmd: list[str]) -> None:
+    args = _parse([*cmd, "--scenario", "paper-prfaas", "--scenario", "paper-homogeneous"])
+    assert getattr(args, "scenario") == ["paper-prfaas", "paper-homogeneous"]
