@@ -36,3 +36,12 @@ def test_one_scenario_is_taken() -> None:
 def test_comparing_commands_take_several(cmd: list[str]) -> None:
     args = _parse([*cmd, "--scenario", "paper-prfaas", "--scenario", "paper-homogeneous"])
     assert getattr(args, "scenario") == ["paper-prfaas", "paper-homogeneous"]
+
+
+def test_a_fault_scenario_is_refused_by_the_simulator(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from testbed.cli import main
+
+    rc = main(["replay", "--backend", "sim", "--scenario", "scenarios/faults/decode-kill.yaml",
+               "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "field 'faults'" in err and "netns" in err, err

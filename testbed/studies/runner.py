@@ -151,6 +151,10 @@ def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None 
     from testbed.metrics.summary import write_summary
     from testbed.sim import shaping, simulate
 
+    if rs.spec.faults:
+        # The simulator has no fault model yet: a clean result for a fault scenario would mislead.
+        raise UserError(f"scenario {rs.spec.name!r}: field 'faults' ({len(rs.spec.faults)} fault(s)) is not "
+                        "simulated; use a backend that injects faults (local, inproc, netns, compose)")
     _start_run_dir(rs, run_dir)
     meta = _run_meta(rs, trace, name, "sim", shaping(rs))
     meta["t0"] = 0.0
