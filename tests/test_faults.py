@@ -66,6 +66,11 @@ def test_shipped_fault_scenarios_load() -> None:
     ("{kind: slow, at_s: 1, duration_s: 1, factor: 0.5, node: pd-d0}", "faults.0.slow.factor", "greater than 1"),
     ("{kind: tcp_reset, at_s: 1, duration_s: 1, count: 0}", "faults.0.tcp_reset.count", ">= 1"),
     ("{kind: explode, at_s: 1}", "faults.0", "does not match"),
+    # YAML reads .inf and .nan as floats: an endless outage or a fault that never starts.
+    ("{kind: outage, at_s: 1, duration_s: .inf}", "faults.0.outage.duration_s", "finite number"),
+    ("{kind: pause, at_s: .inf, duration_s: 2, node: pd-d0}", "faults.0.pause.at_s", "finite number"),
+    ("{kind: restart, at_s: 1, down_s: .inf, node: pd-d0}", "faults.0.restart.down_s", "finite number"),
+    ("{kind: rate_drop, at_s: 1, duration_s: .nan, factor: 0.5}", "faults.0.rate_drop.duration_s", "finite number"),
 ])
 def test_bad_faults_fail_at_load_naming_the_field(tmp_path: Path, fault: str, field: str, words: str) -> None:
     f = _faulty(tmp_path, f"  - {{kind: kill, at_s: 0, node: pd-d1}}\n  - {fault}\n")   # the bad one is faults.1

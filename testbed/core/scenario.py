@@ -317,6 +317,9 @@ def node_id(cluster: str, role: str, index: int) -> str:
 
 
 class _FaultBase(_Strict):
+    # YAML reads .inf and .nan as floats: `duration_s: .inf` passed gt=0 and made a fault without end.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
     at_s: float = Field(ge=0)     # paper seconds after the replay's t0
     note: str = ""
 
