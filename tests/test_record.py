@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -15,7 +16,7 @@ from testbed.core.record import (
     NAN, TIME_NAMES, PrefillReport, RecordFormatError, RequestRecord, StageTimes, record_from_wire,
     record_to_wire, report_from_wire, report_to_wire,
 )
-from testbed.metrics.records import COLUMNS, format_row, parse_row, read_records, write_records
+from testbed.metrics.records import COLUMNS, MAX_FIELD_CHARS, format_row, parse_row, read_records, write_records
 
 pytestmark = pytest.mark.pure
 
@@ -204,6 +205,22 @@ def test_csv_row_round_trip(tmp_path: Path) -> None:
     write_records(tmp_path / "records.csv", [rec, RequestRecord("r9", 9, 1, 1)])
     back = read_records(tmp_path / "records.csv")
     assert _same(back[0], rec) and _same(back[1], RequestRecord("r9", 9, 1, 1))
+
+
+def test_a_very_long_field_is_cut_by_the_writer_and_read_back(tmp_path: Path) -> None:
+    # A 300 kB reason was written whole and the reader (the csv module's 131072-character field
+    # limit) then failed on the whole file; the writer and the reader share one limit now.
+    long = RequestRecord("r1", 1, 10, 2, outcome="failed", reason="x" * 300_000)
+    write_records(tmp_path / "records.csv", [long, RequestRecord("r2", 2, 10, 2)])
+    old = csv.field_size_limit(1000)          # a process that lowered the csv module's limit
+    try:
+        back = read_records(tmp_path / "records.csv")
+    finally:
+        csv.field_size_limit(old)
+    assert back[0].reason == "x" * MAX_FIELD_CHARS and [r.request_id for r in back] == ["r1", "r2"]
+    exact = RequestRecord("r3", 3, 10, 2, outcome="failed", reason="y" * MAX_FIELD_CHARS)
+    write_records(tmp_path / "exact.csv", [exact])
+    assert read_records(tmp_path / "exact.csv")[0].reason == exact.reason
 
 
 def test_every_column_is_a_record_field_or_a_stamp() -> None:

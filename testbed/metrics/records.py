@@ -29,6 +29,12 @@ COLUMNS: tuple[str, ...] = (
 # Columns added after the first release: a file without them reads as their default.
 OPTIONAL: dict[str, str] = {"retries": "0", "retry_reason": "", "router_arrival": "", "decode_first_token": "",
                             "decode_last_token": ""}
+# The longest value a records.csv field holds, in characters, for the writer and the reader alike:
+# the writer cuts a longer text (a failure's reason quoting a huge body, say) to this many, and the
+# reader lets the csv module read fields this long. Before, the writer wrote any length and the
+# reader stopped at the csv module's default 131072 ("field larger than field limit"), so a single
+# long value made a whole run's records unreadable.
+MAX_FIELD_CHARS = 64 * 1024
 _TIMES = frozenset(TIME_NAMES)
 # Column -> type name; every column is a record field or a stamp (a KeyError here is a typo above).
 _KINDS: dict[str, str] = {c: "float" if c in _TIMES else FIELD_TYPES[c] for c in COLUMNS}
@@ -77,7 +83,14 @@ def _fmt(v: Any) -> str:
         return "1" if v else "0"
     if isinstance(v, float):
         return "" if math.isnan(v) else f"{v:.6f}"
-    return str(v)
+    return str(v)[:MAX_FIELD_CHARS]
+
+
+def _allow_field_size() -> None:
+    """Let the csv module read every field the writer writes (its limit is process-wide: only
+    ever raised here, never lowered)."""
+    if csv.field_size_limit() < MAX_FIELD_CHARS:
+        csv.field_size_limit(MAX_FIELD_CHARS)
 
 
 def _parse(col: str, kind: str, raw: str, where: str) -> Any:
@@ -128,6 +141,7 @@ def read_records(path: Path) -> list[RequestRecord]:
 
 
 def iter_records(path: Path) -> Iterator[RequestRecord]:
+    _allow_field_size()
     with path.open(newline="") as fh:
         r = csv.DictReader(fh)
         check_columns(r.fieldnames or (), f"{path}:1")
