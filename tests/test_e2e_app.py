@@ -144,6 +144,35 @@ async def test_router_metrics_and_bad_requests(tmp_path: Path) -> None:
             assert "vllm:kv_cache_usage_perc" in await r.text()
 
 
+async def test_router_refuses_hostile_json_with_an_openai_400(tmp_path: Path) -> None:
+    # A 100k-deep array raised RecursionError in the JSON parser and a lone surrogate (valid JSON
+    # escape, invalid Unicode) raised UnicodeEncodeError hashing the prompt: both were 500s.
+    sc = fast_scenario()
+    dep = loopback_deployment(resolve(sc), None)
+    deep_prompt = "[" * 200 + "1" + "]" * 200
+    cases = [
+        ("/v1/completions", b"[" * 100_000 + b"]" * 100_000, "nested"),
+        ("/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b', "max_tokens": 2}', "nested"),
+        ("/v1/completions", f'{{"prompt": {deep_prompt}, "max_tokens": 2}}'.encode(), "nested"),
+        ("/v1/completions", b'{"prompt": "a\\udc80b", "max_tokens": 2}', "surrogate"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}',
+         "surrogate"),
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "testbed": {"request_id": "\\udfff"}}', "surrogate"),
+        ("/v1/completions", b'{"\\udc80": 1, "prompt": "x", "max_tokens": 2}', "surrogate"),
+        ("/v1/completions", b'{"prompt": "\xff", "max_tokens": 2}', "not JSON"),
+    ]
+    async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
+        for path, raw, words in cases:
+            async with s.post(d.router.url + path, data=raw, headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 400, (raw[:80], r.status, await r.text())
+                err = (await r.json())["error"]
+                assert words in err["message"] and err["type"] == "invalid_request_error", err
+        # A surrogate pair is one valid character, and the router still serves.
+        ok = b'{"prompt": "\\ud83d\\ude00 hi", "max_tokens": 2}'
+        async with s.post(d.router.url + "/v1/completions", data=ok) as r:
+            assert r.status == 200, await r.text()
+
+
 async def test_nodes_reject_bad_requests_naming_the_field(tmp_path: Path) -> None:
     sc = fast_scenario()
     dep = loopback_deployment(resolve(sc), None)

@@ -20,7 +20,9 @@ from testbed.core.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.held import HOLD_KEY, HOLD_PATH
-from testbed.live.openai_api import TOKEN_TEXT, Limits, RequestError, parse, usage, usage_chunk
+from testbed.live.openai_api import (
+    MAX_BODY_DEPTH, TOKEN_TEXT, Limits, RequestError, load_body, parse, usage, usage_chunk,
+)
 from testbed.metrics.records import read_records
 from testbed.net.forward import NetnsForwarder
 from testbed.studies.hold import with_hold_speedup
@@ -237,3 +239,15 @@ def test_a_client_id_in_the_body_is_cut_like_the_headers() -> None:
     assert req.client_request_id == "x" * 128
     assert parse({"prompt": [1] * 10, "max_tokens": 4, "testbed": {"request_id": ""}},
                  "completions").client_request_id is None
+
+
+@pytest.mark.pure
+def test_a_body_nests_at_most_max_body_depth_and_holds_only_valid_unicode() -> None:
+    assert load_body("[" * MAX_BODY_DEPTH + "]" * MAX_BODY_DEPTH) is not None
+    assert load_body('{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}      # a surrogate pair is one character
+    for bad, words in (("[" * (MAX_BODY_DEPTH + 1) + "]" * (MAX_BODY_DEPTH + 1), "nested"),
+                       ('{"a": ' * 100_000 + "1" + "}" * 100_000, "nested"),
+                       ('["\\udc80"]', "lone surrogate"), ('{"\\ud800x": 1}', "lone surrogate"),
+                       ("{nope", "not JSON")):
+        with pytest.raises(RequestError, match=words):
+            load_body(bad)

@@ -17,6 +17,7 @@ What vLLM-compatible load generators look at is answered as vLLM does: `usage` w
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -118,6 +119,42 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     if isinstance(v, str) and v.lower() in ("true", "false"):
         return v.lower() == "true"
     raise RequestError(f"field {name!r} must be true or false")
+
+
+# How deep a request body's arrays and objects may nest: an OpenAI body is a few levels deep
+# (messages, content parts, tool schemas); the parser and the prompt's one-element lists recurse.
+MAX_BODY_DEPTH = 64
+
+
+def load_body(text: str) -> Any:
+    """The JSON value of a request body; `RequestError` if it is not JSON, nests more than
+    MAX_BODY_DEPTH deep or holds a lone surrogate (a valid JSON escape such as \\udc80 but no
+    Unicode character: encoding it for hashing or for records.csv fails)."""
+    try:
+        body = json.loads(text)
+    except RecursionError:
+        raise RequestError(f"body is nested more than {MAX_BODY_DEPTH} deep") from None
+    except ValueError:
+        raise RequestError("body is not JSON") from None
+    todo: list[tuple[Any, int]] = [(body, 0)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise RequestError("body holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
+                                       "not valid Unicode") from None
+        elif isinstance(v, (list, dict)):
+            if depth >= MAX_BODY_DEPTH:
+                raise RequestError(f"body is nested more than {MAX_BODY_DEPTH} deep")
+            if isinstance(v, dict):
+                todo.extend((k, depth + 1) for k in v)
+                todo.extend((x, depth + 1) for x in v.values())
+            else:
+                todo.extend((x, depth + 1) for x in v)
+    return body
 
 
 def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:

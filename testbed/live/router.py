@@ -57,7 +57,8 @@ from testbed.live.held import HELD_KEY, HOLD_PATH, HeldRecords, hold_records_pat
 from testbed.live.link_control import LinkControl
 from testbed.live.role_control import RoleControl
 from testbed.live.openai_api import (
-    Limits, ParsedRequest, RequestError, block_hashes, chunk, full_response, parse, record_extension, usage_chunk,
+    Limits, ParsedRequest, RequestError, block_hashes, chunk, full_response, load_body, parse, record_extension,
+    usage_chunk,
 )
 from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
@@ -421,11 +422,12 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
 async def _serve(request: web.Request, kind: str, st: RouterState, seen: _Seen) -> web.StreamResponse:
     sc = st.cfg.deployment.scenario
     try:
-        body = await request.json()
-    except ValueError:
+        text = await request.text()
+    except UnicodeDecodeError:
         seen.error = "bad request: body is not JSON"
-        raise bad_request("body is not JSON") from None
+        raise bad_request("body is not JSON (not UTF-8)") from None
     try:
+        body = load_body(text)
         req = parse(body, kind, Limits(sc.model.max_context_tokens, sc.serving.max_output_tokens))
     except RequestError as e:
         seen.error = f"bad request: {e}"
