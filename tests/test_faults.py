@@ -437,9 +437,13 @@ async def test_nodes_take_a_slowdown_over_http(tmp_path: Path, aiohttp_client: A
         assert app[SLOW_KEY].at(time.time()) == 4 and app[SLOW_KEY].at(until + 1) == 1
         assert app[mod.STATE].slow is app[SLOW_KEY]       # the one the service loop reads
         for bad in ({"slow": 0}, {"slow": "x"}, {"slow": 2, "until_s": "soon"}, [1],
-                    {"slow": math.inf}, {"slow": math.nan}, {"slow": 2, "until_s": math.inf}):
+                    {"slow": math.inf}, {"slow": math.nan}, {"slow": 2, "until_s": math.inf},
+                    {"slow": -2}, {"slow": 2, "until_s": -1}, {"slow": 2, "until_s": math.nan}):
             r = await client.post("/testbed/fault", json=bad)
             assert r.status == 400, bad
+            if isinstance(bad, dict):
+                field = "until_s" if "until_s" in bad else "slow"
+                assert f"field '{field}'" in (await r.json())["error"]["message"], bad
         r = await client.post("/testbed/fault", json={"slow": 1})
         assert r.status == 200 and app[SLOW_KEY].at(time.time()) == 1
 

@@ -111,8 +111,8 @@ async def handle_fault(request: web.Request) -> web.Response:
     if not isinstance(k, (int, float)) or isinstance(k, bool) or not math.isfinite(k) or not k > 0:
         raise bad_request("field 'slow' must be a finite number > 0")
     if until is not None and (not isinstance(until, (int, float)) or isinstance(until, bool)
-                              or not math.isfinite(until)):
-        raise bad_request("field 'until_s' must be finite unix seconds or null")
+                              or not math.isfinite(until) or until < 0):
+        raise bad_request("field 'until_s' must be finite unix seconds >= 0 or null")
     slow = request.app[SLOW_KEY]
     slow.set(float(k), None if until is None else float(until))
     return web.json_response({"ok": True, "slow": slow.factor, "until_s": slow.until, "t": now()})
