@@ -11,6 +11,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
+from testbed.config.cli_args import out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.overrides import overrides_for
 from testbed.studies.capacity import model_lambda, search, write_outputs
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--spread", type=float, default=0.25,
                    help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=out_dir)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_capacity)
 

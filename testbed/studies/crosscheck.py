@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.config.cli_args import out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
 from testbed.studies.crosscheck_explain import Side
@@ -52,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
     p.add_argument("--backend", choices=BACKENDS, default="netns",
                    help="the emulation's backend (default netns: shaped links, root)")
-    p.add_argument("--out", type=Path, help="output directory (default runs/crosscheck-<scenario>)")
+    p.add_argument("--out", type=out_dir, help="output directory (default runs/crosscheck-<scenario>)")
     p.add_argument("--skip-emulation", action="store_true", help="compare model and simulation only")
     p.add_argument("--emulated", type=Path, metavar="RUN",
                    help="reuse a recorded emulation instead of running one: its run directory, or with several "

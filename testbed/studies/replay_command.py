@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from testbed.config.cli_args import StoreOnce
+from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.overrides import overrides_for
 from testbed.core.scenario import Scenario
@@ -202,7 +202,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
     r.add_argument("--compare", nargs="+", metavar="SCENARIO",
                    help="run several scenarios on the same workload and write one comparison report")
-    r.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
+    r.add_argument("--out", type=out_dir, help="run directory (default runs/<time>-<scenario>)")
     _add_scenario_args(r)
     r.set_defaults(func=cmd_replay)
 
@@ -211,7 +211,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                   "with --hold, keep the deployment open for outside clients instead")
     u.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
     u.add_argument("--compare", nargs="+", metavar="SCENARIO", help=argparse.SUPPRESS)
-    u.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
+    u.add_argument("--out", type=out_dir, help="run directory (default runs/<time>-<scenario>)")
     u.add_argument("--hold", action="store_true",
                    help="bring the deployment up on any --backend, print the OpenAI base URL this host reaches it "
                         "at, and keep it until Ctrl-C, SIGTERM or `testbed down`, recording every request outside "

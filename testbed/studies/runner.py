@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from testbed.config.cli_args import check_out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy.base import Backend
 from testbed.deploy.loopback import LoopbackBackend
@@ -109,6 +110,7 @@ def pick_backend(requested: str) -> tuple[str, str | None]:
 
 
 def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
+    check_out_dir(run_dir, "run directory")      # never the root (its artefacts cleared there) nor a file
     run_dir.mkdir(parents=True, exist_ok=True)
     clear_previous_run(run_dir)
     (run_dir / "timeseries").mkdir(exist_ok=True)

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
-from testbed.config.cli_args import StoreOnce
+from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.core.scenario import Scenario
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.overrides import build_overrides, parse_assignments
@@ -322,7 +322,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="netns: namespaces and shaped WAN links (root); local: one process per service on "
                         "loopback; inproc: all in this process; sim: the discrete-event simulator; auto: netns "
                         "if root, else local")
-    p.add_argument("--out", type=Path, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
+    p.add_argument("--out", type=out_dir, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
     p.add_argument("--capacity-probes", type=int, default=0, metavar="N",
                    help="measure Lambda_max at every point by a capacity search of N replays (testbed capacity) "
                         "instead of one replay at the offered rate")
