@@ -3,6 +3,8 @@ that takes one scenario; the commands that compare scenarios take several."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from testbed.cli import build_parser
@@ -45,3 +47,30 @@ def test_a_fault_scenario_is_refused_by_the_simulator(tmp_path: object, capsys: 
                "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and "field 'faults'" in err and "netns" in err, err
+
+
+def test_calibrate_takes_one_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        _parse(["calibrate", "--scenario", "paper-prfaas", "--scenario", "paper-homogeneous"])
+    assert e.value.code == 2 and "--scenario given more than once" in capsys.readouterr().err
+
+
+FAULTS = "scenarios/faults/decode-kill.yaml"
+
+
+@pytest.mark.parametrize("cmd", [
+    ["replay", "--backend", "sim", "--requests", "2", "--compare", "paper-prfaas", FAULTS],
+    ["crosscheck", "--skip-emulation", "--requests", "2", "--scenario", "paper-prfaas", "--scenario", FAULTS],
+    ["sweep", "--backend", "sim", "--requests", "2", "--scenario", FAULTS, "--param", "policy.threshold=1,2"],
+], ids=lambda c: c[0])
+def test_a_fault_scenario_is_refused_before_anything_is_simulated(cmd: list[str], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from testbed.cli import main
+
+    out = tmp_path / "out"
+    rc = main([*cmd, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert [ln for ln in err.splitlines() if ln.startswith("error:")] == [err.splitlines()[-1]], err
+    assert "field 'faults'" in err and "Traceback" not in err
+    assert not out.exists() or not any(out.rglob("run.json")), sorted(out.rglob("*"))

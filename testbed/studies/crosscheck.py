@@ -177,6 +177,8 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     names: list[str] = list(dict.fromkeys(args.scenario))
     several = len(names) > 1
     scenarios = [load(n, _overrides(args, n)) for n in names]
+    from testbed.studies.runner import refuse_faults_in_sim
+    refuse_faults_in_sim(*scenarios)       # crosscheck always simulates
     base: Path = args.out or Path("runs") / f"crosscheck-{'-'.join(rs.name for rs in scenarios)}"
     checks: list[Crosscheck] = []
     try:

@@ -159,8 +159,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
     show = not args.json and sys.stderr.isatty()
-    from testbed.studies.runner import pick_backend
+    from testbed.studies.runner import pick_backend, refuse_faults_in_sim
     backend, warning = pick_backend(args.backend)
+    if backend == "sim":
+        refuse_faults_in_sim(*scenarios)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     results = []

@@ -145,6 +145,16 @@ def teardown_shielded() -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
 
 
+def refuse_faults_in_sim(*scenarios: ResolvedScenario) -> None:
+    """UserError when a scenario has faults: the simulator has no fault model yet, and a clean result
+    for a fault scenario would mislead. Commands call it before running anything, so that a
+    comparison or a sweep does not stop (or record an error per point) halfway through."""
+    for rs in scenarios:
+        if rs.spec.faults:
+            raise UserError(f"scenario {rs.spec.name!r}: field 'faults' ({len(rs.spec.faults)} fault(s)) is not "
+                            "simulated; use a backend that injects faults (local, inproc, netns, compose)")
+
+
 def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None = None,
             on_progress: Callable[[ReplayStats], None] | None = None, report: bool = True) -> RunResult:
     """The same run directory as a live replay, from the discrete-event simulator (`testbed.sim`):
@@ -153,10 +163,7 @@ def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None 
     from testbed.metrics.summary import write_summary
     from testbed.sim import shaping, simulate
 
-    if rs.spec.faults:
-        # The simulator has no fault model yet: a clean result for a fault scenario would mislead.
-        raise UserError(f"scenario {rs.spec.name!r}: field 'faults' ({len(rs.spec.faults)} fault(s)) is not "
-                        "simulated; use a backend that injects faults (local, inproc, netns, compose)")
+    refuse_faults_in_sim(rs)
     _start_run_dir(rs, run_dir)
     meta = _run_meta(rs, trace, name, "sim", shaping(rs))
     meta["t0"] = 0.0

@@ -363,8 +363,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 2
     fields = [k for k, _ in params]
     first = points[0].scenario
-    from testbed.studies.runner import pick_backend
+    from testbed.studies.runner import pick_backend, refuse_faults_in_sim
     args.backend, warning = pick_backend(args.backend)
+    if args.backend == "sim":
+        refuse_faults_in_sim(*(pt.resolved for pt in points))
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-sweep-{first.name}"
