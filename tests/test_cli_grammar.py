@@ -29,6 +29,25 @@ def test_scenario_twice_is_refused_naming_the_flag(cmd: list[str], capsys: pytes
     assert "--scenario given more than once" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "--scenario", "paper-prfaas", "--out", "a", "--out", "b"],
+    ["replay", "--scenario", "paper-prfaas", "--backend", "sim", "--backend", "local"],
+    ["up", "--scenario", "paper-prfaas", "--trace", "a.jsonl", "--trace", "b.jsonl"],
+    ["sweep", "--scenario", "paper-prfaas", "--param", "x=1", "--backend", "sim", "--backend", "local"],
+    ["crosscheck", "--scenario", "paper-prfaas", "--out", "a", "--out", "b"],
+    ["capacity", "--scenario", "paper-prfaas", "--backend", "sim", "--backend", "local"],
+    ["plan", "--trace", "a.jsonl", "--trace", "b.jsonl"],
+    ["bench", "fidelity", "--out", "a", "--out", "b"],
+    ["feasibility", "--out", "a", "--out", "b"],
+], ids=lambda a: f"{a[0]}{[x for x in a if x.startswith('--')][-1]}")
+def test_out_trace_and_backend_twice_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    flag = [x for x in argv if x.startswith("--")][-1]
+    with pytest.raises(SystemExit) as e:
+        _parse(argv)
+    assert e.value.code == 2
+    assert f"{flag} given more than once" in capsys.readouterr().err
+
 def test_one_scenario_is_taken() -> None:
     args = _parse(["replay", "--scenario", "paper-prfaas"])
     assert getattr(args, "scenario") == "paper-prfaas"

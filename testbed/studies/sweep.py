@@ -318,11 +318,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "clusters.1.prefill=2,3,4 (list elements by index); at most twice")
     p.add_argument("--rate", type=float, help="offered rate in paper req/s (workload.rate)")
     p.add_argument("--requests", type=int, help="requests per point (workload.requests)")
-    p.add_argument("--backend", choices=["auto", "netns", "local", "inproc", "sim"], default="local",
+    p.add_argument("--backend", action=StoreOnce, choices=["auto", "netns", "local", "inproc", "sim"], default="local",
                    help="netns: namespaces and shaped WAN links (root); local: one process per service on "
                         "loopback; inproc: all in this process; sim: the discrete-event simulator; auto: netns "
                         "if root, else local")
-    p.add_argument("--out", type=out_dir, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
+    p.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
     p.add_argument("--capacity-probes", type=int, default=0, metavar="N",
                    help="measure Lambda_max at every point by a capacity search of N replays (testbed capacity) "
                         "instead of one replay at the offered rate")
