@@ -67,7 +67,12 @@ def _sigterm_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    try:
+        # A flag's type may refuse a value with a UserError (e.g. --out /): the same one line.
+        args = build_parser(argv).parse_args(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     if args.func.__module__ != SERVE_MODULE:     # a service handles SIGTERM itself
         global _main_pid

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
+from testbed.core.errors import UserError
 from testbed.live.deployment import Deployment
 
 T = TypeVar("T")
 
 
-class BackendError(RuntimeError):
-    """A backend could not start or reach what it runs; the message names the service and why."""
+class BackendError(UserError, RuntimeError):
+    """A backend could not start or reach what it runs; the message names the service and why.
+    The cause is the environment (no docker compose, no swarm, a service that would not start),
+    so the CLI prints the message and exits 2 instead of showing a traceback."""
 
 
 class Backend(Protocol):

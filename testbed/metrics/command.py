@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from testbed.config.cli_args import out_dir
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -29,7 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Compare runs side by side in paper units; the first run is the baseline of the verdicts.",
     )
     c.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
-    c.add_argument("--out", type=Path, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png")
+    c.add_argument("--out", type=out_dir, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png")
     c.add_argument("--json", action="store_true", help="print the summaries and verdicts as JSON")
     c.set_defaults(func=cmd_compare)
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from testbed.config.cli_args import StoreOnce
+from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.core.record import RequestRecord
 from testbed.core.scenario import Scenario
 from testbed.metrics.records import read_records
@@ -142,7 +142,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b.add_argument("--scenario", action=StoreOnce, default="paper-prfaas", help="fidelity: the scenario")
     b.add_argument("--requests", type=int, default=40, help="fidelity: requests to replay")
     b.add_argument("--seed", type=int, default=1, help="sim: seed of the generated traces")
-    b.add_argument("--out", help="run directory")
+    b.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory")
     b.add_argument("--json", action="store_true")
     b.add_argument("--bytes", type=int, default=10**9, help="kv: bytes of the transfer")
     b.add_argument("--connections", type=int, default=4, help="kv: connections")

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
+from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.overrides import overrides_for
 from testbed.studies.capacity import model_lambda, search, write_outputs
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                         "Table 6")
     p.add_argument("--scenario", action="append", required=True,
                    help="scenario (repeatable: several give table6.md with the model beside the measurements)")
-    p.add_argument("--backend", choices=["auto", "netns", "local", "inproc", "sim"], default="auto",
+    p.add_argument("--backend", action=StoreOnce, choices=["auto", "netns", "local", "inproc", "sim"], default="auto",
                    help="sim: every probe by the discrete-event simulator (seconds instead of minutes)")
     p.add_argument("--requests", type=int, default=240, help="requests per probe (default 240)")
     p.add_argument("--lo", type=float, help="a rate expected to be stable (default 0.6 x the model's Lambda_max)")
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--spread", type=float, default=0.25,
                    help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", action=StoreOnce, type=out_dir)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_capacity)
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
 from testbed.studies.crosscheck_explain import Side
@@ -41,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                           "difference against a tolerance and explained from the records")
     p.add_argument("--scenario", action="append", required=True, metavar="NAME",
                    help="scenario name or path (repeatable: one crosscheck each, DIR/<scenario>/)")
-    p.add_argument("--trace", help="trace file (default: the scenario's synthetic workload, as replay)")
+    p.add_argument("--trace", action=StoreOnce, help="trace file (default: the scenario's synthetic workload, as replay)")
     p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format")
     p.add_argument("--window", type=window_arg, metavar="START:END", help=f"with --trace: {WINDOW_HELP}")
     p.add_argument("--sample", type=int, metavar="N", help="with --trace: keep N requests drawn at random")
@@ -50,9 +51,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rate", type=float, help="offered rate in paper req/s")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
-    p.add_argument("--backend", choices=BACKENDS, default="netns",
+    p.add_argument("--backend", action=StoreOnce, choices=BACKENDS, default="netns",
                    help="the emulation's backend (default netns: shaped links, root)")
-    p.add_argument("--out", type=Path, help="output directory (default runs/crosscheck-<scenario>)")
+    p.add_argument("--out", action=StoreOnce, type=out_dir, help="output directory (default runs/crosscheck-<scenario>)")
     p.add_argument("--skip-emulation", action="store_true", help="compare model and simulation only")
     p.add_argument("--emulated", type=Path, metavar="RUN",
                    help="reuse a recorded emulation instead of running one: its run directory, or with several "
@@ -176,6 +177,8 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     names: list[str] = list(dict.fromkeys(args.scenario))
     several = len(names) > 1
     scenarios = [load(n, _overrides(args, n)) for n in names]
+    from testbed.studies.runner import refuse_faults_in_sim
+    refuse_faults_in_sim(*scenarios)       # crosscheck always simulates
     base: Path = args.out or Path("runs") / f"crosscheck-{'-'.join(rs.name for rs in scenarios)}"
     checks: list[Crosscheck] = []
     try:

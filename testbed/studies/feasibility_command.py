@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.core.errors import UserError
 from testbed.model.feasibility import (
     DEFAULT_RATES_GBPS,
@@ -101,7 +102,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="a point to confirm (repeatable; the rest of the K are picked by rule)")
     s.add_argument("--confirm-backend", choices=("netns", "local", "inproc"), default="netns",
                    help="backend of the confirmation runs (default netns, needs root; local/inproc shape no link)")
-    p.add_argument("--out", type=Path, default=Path("runs") / "feasibility", help="output directory")
+    p.add_argument("--out", action=StoreOnce, type=out_dir, default=Path("runs") / "feasibility", help="output directory")
     p.add_argument("--json", action="store_true", help="print map.json instead of the summary")
     p.set_defaults(func=cmd_feasibility)
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
 from testbed.core.kvsize import KVModel
@@ -396,7 +397,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "empirical workload; writes ready-to-run scenario files for the best few of each kind and "
                     "a report (plan.md, plan.json).",
     )
-    p.add_argument("--trace", required=True, help="trace file (Mooncake JSONL with hash_ids, Azure or BurstGPT CSV)")
+    p.add_argument("--trace", action=StoreOnce, required=True, help="trace file (Mooncake JSONL with hash_ids, Azure or BurstGPT CSV)")
     p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS))
     p.add_argument("--window", type=window_arg, metavar="START:END", help=f"plan for this part of the trace: {WINDOW_HELP}")
     p.add_argument("--scenario", action="append", metavar="NAME",
@@ -414,7 +415,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--top", type=int, default=3, metavar="N", help="scenario files written per kind (default 3)")
     p.add_argument("--verify", type=int, default=1, metavar="N",
                    help="simulate the best N written plans of each kind when the sim backend exists (default 1; 0 = off)")
-    p.add_argument("--out", type=Path, help="output directory (default runs/plan-<trace name>)")
+    p.add_argument("--out", action=StoreOnce, type=out_dir, help="output directory (default runs/plan-<trace name>)")
     p.add_argument("--json", action="store_true", help="print plan.json instead of the summary")
     p.set_defaults(func=cmd_plan)
 

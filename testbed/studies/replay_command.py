@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from testbed.config.cli_args import StoreOnce
+from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.overrides import overrides_for
 from testbed.core.scenario import Scenario
@@ -26,7 +26,7 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
-    p.add_argument("--trace", help="trace file to replay instead of the scenario's synthetic workload")
+    p.add_argument("--trace", action=StoreOnce, help="trace file to replay instead of the scenario's synthetic workload")
     p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS),
                    help="trace format (default: from the suffix, and a .csv's header)")
     p.add_argument("--window", type=window_arg, metavar="START:END",
@@ -44,7 +44,7 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "probe of this workload on this backend keeps time faithfully (probes kept under the run "
                         "directory's speedup-probes/)")
     p.add_argument("--requests", type=int, help="replay only the first N requests (after --window and --sample)")
-    p.add_argument("--backend", choices=["auto", "netns", "compose", "swarm", "local", "inproc", "sim"], default="auto",
+    p.add_argument("--backend", action=StoreOnce, choices=["auto", "netns", "compose", "swarm", "local", "inproc", "sim"], default="auto",
                    help="netns: a namespace per service and shaped WAN links (root); compose: one container per "
                         "service, a WAN router container (Docker); swarm: the same as a Docker Swarm stack, each "
                         "datacenter on the nodes labelled for it (root, a swarm manager); local: one process per "
@@ -159,8 +159,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
     show = not args.json and sys.stderr.isatty()
-    from testbed.studies.runner import pick_backend
+    from testbed.studies.runner import pick_backend, refuse_faults_in_sim
     backend, warning = pick_backend(args.backend)
+    if backend == "sim":
+        refuse_faults_in_sim(*scenarios)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     results = []
@@ -202,7 +204,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
     r.add_argument("--compare", nargs="+", metavar="SCENARIO",
                    help="run several scenarios on the same workload and write one comparison report")
-    r.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
+    r.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory (default runs/<time>-<scenario>)")
     _add_scenario_args(r)
     r.set_defaults(func=cmd_replay)
 
@@ -211,7 +213,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                   "with --hold, keep the deployment open for outside clients instead")
     u.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
     u.add_argument("--compare", nargs="+", metavar="SCENARIO", help=argparse.SUPPRESS)
-    u.add_argument("--out", help="run directory (default runs/<time>-<scenario>)")
+    u.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory (default runs/<time>-<scenario>)")
     u.add_argument("--hold", action="store_true",
                    help="bring the deployment up on any --backend, print the OpenAI base URL this host reaches it "
                         "at, and keep it until Ctrl-C, SIGTERM or `testbed down`, recording every request outside "

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from testbed.config.cli_args import check_out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy.base import Backend
 from testbed.deploy.loopback import LoopbackBackend
@@ -109,6 +110,7 @@ def pick_backend(requested: str) -> tuple[str, str | None]:
 
 
 def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
+    check_out_dir(run_dir, "run directory")      # never the root (its artefacts cleared there) nor a file
     run_dir.mkdir(parents=True, exist_ok=True)
     clear_previous_run(run_dir)
     (run_dir / "timeseries").mkdir(exist_ok=True)
@@ -143,6 +145,16 @@ def teardown_shielded() -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
 
 
+def refuse_faults_in_sim(*scenarios: ResolvedScenario) -> None:
+    """UserError when a scenario has faults: the simulator has no fault model yet, and a clean result
+    for a fault scenario would mislead. Commands call it before running anything, so that a
+    comparison or a sweep does not stop (or record an error per point) halfway through."""
+    for rs in scenarios:
+        if rs.spec.faults:
+            raise UserError(f"scenario {rs.spec.name!r}: field 'faults' ({len(rs.spec.faults)} fault(s)) is not "
+                            "simulated; use a backend that injects faults (local, inproc, netns, compose)")
+
+
 def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None = None,
             on_progress: Callable[[ReplayStats], None] | None = None, report: bool = True) -> RunResult:
     """The same run directory as a live replay, from the discrete-event simulator (`testbed.sim`):
@@ -151,10 +163,7 @@ def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None 
     from testbed.metrics.summary import write_summary
     from testbed.sim import shaping, simulate
 
-    if rs.spec.faults:
-        # The simulator has no fault model yet: a clean result for a fault scenario would mislead.
-        raise UserError(f"scenario {rs.spec.name!r}: field 'faults' ({len(rs.spec.faults)} fault(s)) is not "
-                        "simulated; use a backend that injects faults (local, inproc, netns, compose)")
+    refuse_faults_in_sim(rs)
     _start_run_dir(rs, run_dir)
     meta = _run_meta(rs, trace, name, "sim", shaping(rs))
     meta["t0"] = 0.0

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
-from testbed.config.cli_args import StoreOnce
+from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.core.scenario import Scenario
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.overrides import build_overrides, parse_assignments
@@ -318,11 +318,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "clusters.1.prefill=2,3,4 (list elements by index); at most twice")
     p.add_argument("--rate", type=float, help="offered rate in paper req/s (workload.rate)")
     p.add_argument("--requests", type=int, help="requests per point (workload.requests)")
-    p.add_argument("--backend", choices=["auto", "netns", "local", "inproc", "sim"], default="local",
+    p.add_argument("--backend", action=StoreOnce, choices=["auto", "netns", "local", "inproc", "sim"], default="local",
                    help="netns: namespaces and shaped WAN links (root); local: one process per service on "
                         "loopback; inproc: all in this process; sim: the discrete-event simulator; auto: netns "
                         "if root, else local")
-    p.add_argument("--out", type=Path, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
+    p.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
     p.add_argument("--capacity-probes", type=int, default=0, metavar="N",
                    help="measure Lambda_max at every point by a capacity search of N replays (testbed capacity) "
                         "instead of one replay at the offered rate")
@@ -363,8 +363,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 2
     fields = [k for k, _ in params]
     first = points[0].scenario
-    from testbed.studies.runner import pick_backend
+    from testbed.studies.runner import pick_backend, refuse_faults_in_sim
     args.backend, warning = pick_backend(args.backend)
+    if args.backend == "sim":
+        refuse_faults_in_sim(*(pt.resolved for pt in points))
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-sweep-{first.name}"
