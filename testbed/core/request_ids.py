@@ -14,6 +14,7 @@ first; an id reused after that many others finished is taken as it is.
 from __future__ import annotations
 
 DUP_SEP = "~dup"
+REMEMBER_FINISHED = 200_000
 # A client's own id is cut to this many characters, wherever it comes from (header or body): the
 # router keeps ids in memory and writes them into records, so their size must be bounded.
 MAX_CLIENT_ID = 128
@@ -22,7 +23,6 @@ MAX_CLIENT_ID = 128
 def client_id(raw: str) -> str:
     """A client-chosen id as the testbed keeps it: at most MAX_CLIENT_ID characters."""
     return raw[:MAX_CLIENT_ID]
-REMEMBER_FINISHED = 200_000
 
 
 class RequestIds:

@@ -46,6 +46,12 @@ from testbed.sim.router import SimRouter
 from testbed.metrics.series_format import BatchSeriesFile as SeriesFile, RawSample as Sample
 from testbed.traces.types import Trace, TraceRequest
 from testbed.core.kvsize import KVModel
+from testbed.core.servicetime import PrefillTime
+
+START_LEAD_S = 0.5          # wire seconds before the first request, as the live replayer waits
+NODE_SAMPLE_S = 0.1         # wire seconds between node samples, as live services sample
+WAN_SAMPLE_S = 0.05         # wire seconds between link-counter samples, as the netns link monitor
+PAPER_TIME = Scale()        # the simulator's clock is paper time: routing books paper seconds
 
 
 @contextlib.contextmanager
@@ -67,12 +73,6 @@ def _interruptible() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
-from testbed.core.servicetime import PrefillTime
-
-START_LEAD_S = 0.5          # wire seconds before the first request, as the live replayer waits
-NODE_SAMPLE_S = 0.1         # wire seconds between node samples, as live services sample
-WAN_SAMPLE_S = 0.05         # wire seconds between link-counter samples, as the netns link monitor
-PAPER_TIME = Scale()        # the simulator's clock is paper time: routing books paper seconds
 
 
 @dataclass(frozen=True)
