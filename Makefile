@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install replay test test-pure test-app test-netns test-docker test-slow test-clients typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm
+.PHONY: docs docs-results install profiles replay test test-pure test-app test-netns test-netem test-docker test-slow test-clients test-profiles test-observability test-busy typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm plan-refine bench-sim-faults bench-peers crosscheck-dynamo
 
 # The package's bytecode, written ahead: where PYTHONDONTWRITEBYTECODE is set (as on CI runners)
 # every service process of a run would otherwise compile the package again, 0.5 s of CPU each.
@@ -14,11 +14,29 @@ BYTECODE = $(BIN)/python -m compileall -q testbed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,analysis,clients]'
+	$(BIN)/pip install -q -e '.[dev,analysis,clients,profiles]'
 	$(BYTECODE)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## The documentation site (docs/, mkdocs.yml) built in strict mode into build/site: a broken link, a
+## missing page or a reference page that cannot be generated fails it. Installs the docs extra.
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
+
+## Rerun the measurements the docs quote (testbed/docsite/results.py) into docs/results/data/,
+## each stamped with date, commit, host and command. ONLY=name,name selects; SKIP_EMULATION=1 runs
+## only the model and simulation ones; RENDER_ONLY=1 rewrites the files from the last run's outputs
+## without measuring; `$(BIN)/python -m testbed.docsite.results --list` lists them.
+docs-results: $(STAMP)
+	$(BIN)/python -m testbed.docsite.results $(if $(ONLY),--only $(ONLY)) $(if $(SKIP_EMULATION),--skip-emulation) \
+	  $(if $(RENDER_ONLY),--render-only)
 
 ## The main job: the three paper deployments on one seeded workload, one comparison report.
 replay: $(STAMP)
@@ -27,7 +45,7 @@ replay: $(STAMP)
 
 ## The same comparison by the discrete-event simulator (seconds, no root): same workload, same run directories.
 replay-sim: $(STAMP)
-	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --backend sim --out $(RUNS)/paper-compare-sim
+	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --backend sim --report --out $(RUNS)/paper-compare-sim
 
 ## Model, simulation and netns emulation of make replay's workload side by side for the three paper
 ## deployments, each difference against the simulator's tolerances and explained from the records (root).
@@ -42,6 +60,11 @@ crosscheck: $(STAMP)
 models: $(STAMP)
 	$(BIN)/testbed feasibility --out $(RUNS)/feasibility
 
+## The measured-kernel model profiles (scenarios/models/aiconfigurator) from aiconfigurator (the profiles extra).
+AIC_MODELS := minimax-m2.5 mimo-v2-flash qwen3.5-397b qwen3-235b
+profiles: $(STAMP)
+	@for m in $(AIC_MODELS); do $(BIN)/testbed profile --aiconfigurator $$m --out scenarios/models/aiconfigurator/$$m.yaml || exit 1; done
+
 ## The analytical model of the paper (Table 6).
 model: $(STAMP)
 	$(BIN)/testbed model --scenario paper-prfaas --scenario paper-homogeneous --scenario paper-naive
@@ -52,12 +75,25 @@ plan: $(STAMP)
 	@test -n "$(TRACE)" || { echo "usage: make plan TRACE=path/to/trace.jsonl [PLAN_ARGS='--objective ttft ...']"; exit 2; }
 	$(BIN)/testbed plan --trace $(TRACE) --out $(RUNS)/plan-$(basename $(notdir $(TRACE))) $(PLAN_ARGS)
 
+## Plans chosen by simulation on two one-hour conversation surrogates that differ only in their
+## arrivals (Poisson, and bursts with inter-arrival CV 3): the model's estimate beside the
+## simulator's figures for the best 5 of each kind (docs/guides/planning.md; a few minutes).
+PLAN_REFINE := $(RUNS)/plan-refine
+plan-refine: $(STAMP)
+	@mkdir -p $(PLAN_REFINE)
+	for cv in 1 3; do \
+	  $(BIN)/testbed trace synth --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --arrival-cv $$cv \
+	    --out $(PLAN_REFINE)/chat-cv$$cv.jsonl && \
+	  $(BIN)/testbed plan --trace $(PLAN_REFINE)/chat-cv$$cv.jsonl --refine 5 --out $(PLAN_REFINE)/cv$$cv || exit 1; \
+	done
+
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
 ## The container image the docker tier needs builds meanwhile, while the type checks and the
 ## pure tier (no I/O, no timing) run; its log is build/image.log.
 test: $(STAMP)
 	@mkdir -p build
 	@$(BYTECODE)
+	@$(NEED_PROMETHEUS)
 	@rc=0; \
 	$(BIN)/python -m testbed.deploy.image --if-possible > build/image.log 2>&1 & image=$$!; \
 	$(BIN)/mypy || rc=1; \
@@ -77,9 +113,53 @@ test-docker: $(STAMP)
 	$(BIN)/pytest -q -m docker
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
+## The netem tier: this kernel may lack sch_netem (the delay line then stands in), so a user-mode-linux
+## guest (Debian's 6.1 kernel with netem, an ordinary process, no KVM) boots over this machine's
+## filesystem and runs the shaping tests, `testbed linkcheck` on every profile and a short netns
+## replay with method netem (tests/netem/, log in build/netem/console.log). Installs user-mode-linux
+## and kmod when missing (root, apt); skips with the reason where they cannot be had.
+NETEM_PKGS := user-mode-linux kmod
+test-netem: $(STAMP)
+	@$(BYTECODE)
+	@have() { command -v linux.uml >/dev/null && command -v insmod >/dev/null; }; \
+	if ! have && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make test-netem: installing $(NETEM_PKGS)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(NETEM_PKGS) >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(NETEM_PKGS) >/dev/null 2>&1; } || true; \
+	fi; \
+	if ! have; then \
+	  echo "make test-netem: skipped: no linux.uml/insmod and they cannot be installed here (needs root and apt with Debian's $(NETEM_PKGS))"; \
+	  exit 0; \
+	fi; \
+	PYTHON=$(abspath $(BIN))/python tests/netem/run_uml.sh
 ## aiperf and the openai package against `testbed up --hold` (part of `make test` too).
 test-clients: $(STAMP)
 	$(BIN)/pytest -q -m clients
+## Profiles written from aiconfigurator against direct calls (part of `make test` too; skipped without the extra).
+test-profiles: $(STAMP)
+	$(BIN)/pytest -q -m profiles
+## The real Prometheus against a held deployment (part of `make test` too). Debian's `prometheus`
+## is installed when missing (root, apt; without its recommended node exporter); where it cannot
+## be had, the tier skips with the reason.
+NEED_PROMETHEUS = command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	{ echo "make: installing Debian's prometheus for the observability tier"; \
+	  apt() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; }; \
+	  apt || { apt-get update -qq >/dev/null 2>&1; apt; }; }; } || echo "make: no prometheus binary: the observability tier skips"
+test-observability: $(STAMP)
+	@$(NEED_PROMETHEUS)
+	$(BIN)/pytest -q -m observability
+## The timing-sensitive tiers (app, netns, docker) beside a one-core CPU hog, as on a shared CI
+## runner: `stress-ng --cpu 1` (Debian's stress-ng, installed when missing, as root).
+NEED_STRESS = command -v stress-ng >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	{ echo "make: installing Debian's stress-ng"; \
+	  apt() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends stress-ng >/dev/null 2>&1; }; \
+	  apt || { apt-get update -qq >/dev/null 2>&1; apt; }; }; }
+test-busy: $(STAMP)
+	@$(BYTECODE)
+	@$(NEED_STRESS) || { echo "make test-busy: needs stress-ng (apt-get install stress-ng)"; exit 2; }
+	@stress-ng --cpu 1 --quiet & hog=$$!; trap 'kill $$hog 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/pytest -q -m "(app or netns or docker) and not slow" --durations=10
+
 typecheck: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
@@ -91,6 +171,34 @@ bench: $(STAMP)
 ## The simulator's speed (a one-hour Mooncake-format trace) and scale (10,000 GPUs, 15 minutes).
 bench-sim: $(STAMP)
 	$(BIN)/testbed bench sim --out $(RUNS)/bench-sim
+
+## The 10,000-GPU deployment through a 60 s WAN outage and a decode rack's loss, with and
+## without the short-term bandwidth loop (simulator).
+bench-sim-faults: $(STAMP)
+	$(BIN)/testbed bench sim-faults --out $(RUNS)/bench-sim-faults
+
+## NVIDIA Dynamo's mocker, the `peer` extra (ai-dynamo-runtime), installed on first use.
+PEER_STAMP := $(VENV)/.installed-peer
+$(PEER_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[peer]'
+	touch $(PEER_STAMP)
+
+## The whole job against Dynamo's mocker: `replay --backend sim` (run directory included) and the mocker's offline
+## replay on the same Mooncake-format trace (the one-hour conversation surrogate, PEER_TRACE=path for your own) and
+## worker counts (8P/4D; 80P/40D at 10x the rate), each run its own process pinned to one CPU, interleaved: median
+## whole-process and simulation times, peak RSS, the ratios against the bars. BENCH_PEERS_ARGS=--repeats 5 ...
+bench-peers: $(PEER_STAMP)
+	$(BIN)/testbed bench peers --out $(RUNS)/bench-peers $(if $(PEER_TRACE),--trace $(PEER_TRACE)) $(BENCH_PEERS_ARGS)
+
+## The simulator beside Dynamo's mocker on the one-hour surrogate at 8P/4D, the same timing tables: TTFT, ITL,
+## throughput and cache hits side by side, each difference above 5% explained (PEER_TRACE=path for your own).
+PEER_DEFAULT_TRACE := $(RUNS)/mooncake-chat-1h.jsonl
+crosscheck-dynamo: $(PEER_STAMP)
+	@mkdir -p $(RUNS)
+	@test -n "$(PEER_TRACE)" || test -f $(PEER_DEFAULT_TRACE) || \
+	  $(BIN)/testbed trace synth --format mooncake --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --out $(PEER_DEFAULT_TRACE)
+	$(BIN)/testbed crosscheck --peer dynamo --scenario paper-homogeneous --set clusters.0.prefill=8 \
+	  --set clusters.0.decode=4 --trace $(or $(PEER_TRACE),$(PEER_DEFAULT_TRACE)) --out $(RUNS)/crosscheck-dynamo $(CROSSCHECK_ARGS)
 
 ## Measure what a shaped link delivers against its profile (root).
 linkcheck: $(STAMP)
@@ -127,7 +235,7 @@ LOAD_TRACE := $(RUNS)/mooncake-chat-1h.jsonl
 replay-load-aware: $(STAMP)
 	mkdir -p $(RUNS)
 	$(BIN)/testbed trace synth --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --out $(LOAD_TRACE)
-	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-cache paper-prfaas-load-aware --backend sim \
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-cache paper-prfaas-load-aware --backend sim --report \
 	  --trace $(LOAD_TRACE) --window :10m --out $(RUNS)/load-aware
 
 ## Bandwidth-aware against fixed-threshold PrfaaS while the WAN drops to 10% for a minute,
@@ -143,7 +251,7 @@ LT_DIR := $(RUNS)/longterm
 replay-longterm: $(STAMP)
 	$(BIN)/testbed trace synth --format mooncake --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --out $(LT_DIR)/chat-1h.jsonl
 	$(BIN)/testbed plan --trace $(LT_DIR)/chat-1h.jsonl --window 0:600 --kinds prfaas --out $(LT_DIR)/plan
-	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-adaptive $(LT_DIR)/plan/plan-prfaas-1.yaml --trace $(LT_DIR)/chat-1h.jsonl --window 0:600 --backend sim --out $(LT_DIR)/compare
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-adaptive $(LT_DIR)/plan/plan-prfaas-1.yaml --trace $(LT_DIR)/chat-1h.jsonl --window 0:600 --backend sim --report --out $(LT_DIR)/compare
 
 ## The container image for the compose backend: built offline, only when missing or stale.
 image: $(STAMP)

@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import NoReturn
 
 from testbed.core.errors import UserError
 
@@ -23,20 +24,42 @@ COMMAND_MODULES = (
     "testbed.traces.command", "testbed.metrics.command", "testbed.deploy.command", "testbed.net.command",
     "testbed.studies.linkcheck", "testbed.studies.capacity_command", "testbed.metrics.regress",
     "testbed.studies.sweep", "testbed.studies.calibrate", "testbed.studies.plan", "testbed.studies.crosscheck",
-    "testbed.studies.feasibility_command",
+    "testbed.studies.feasibility_command", "testbed.studies.profile",
 )
 SERVE_MODULE = "testbed.deploy.serve"
+# The module of each subcommand, so that running one imports only its module: importing them all
+# costs ~1 s (pyroute2, docker, matplotlib, aiohttp), more than a simulated replay's own start.
+# A command not listed here (or --help) still imports them all.
+COMMAND_MODULE = {
+    "replay": "testbed.studies.replay_command", "up": "testbed.studies.replay_command", "serve": SERVE_MODULE,
+    "bench": "testbed.studies.bench", "trace": "testbed.traces.command", "report": "testbed.metrics.command",
+    "compare": "testbed.metrics.command", "regress": "testbed.metrics.regress", "crosscheck": "testbed.studies.crosscheck",
+    "model": "testbed.model.command", "down": "testbed.deploy.command", "netcaps": "testbed.net.command",
+    "linkcheck": "testbed.studies.linkcheck", "capacity": "testbed.studies.capacity_command",
+    "sweep": "testbed.studies.sweep", "calibrate": "testbed.studies.calibrate", "plan": "testbed.studies.plan",
+    "feasibility": "testbed.studies.feasibility_command",
+}
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag or value is one line, as every other user error: argparse's own error first
+    prints the whole usage, which buries the line that says what is wrong. Exit 2 either way.
+    Subcommand parsers are of the same class (add_subparsers takes the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="testbed", description="Cross-datacenter PD-disaggregation testbed (PrfaaS)")
+    p = OneLineParser(prog="testbed", description="Cross-datacenter PD-disaggregation testbed (PrfaaS)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
-    names = (SERVE_MODULE,) if argv is not None and _command_of(argv) == "serve" else COMMAND_MODULES
+    one = COMMAND_MODULE.get(_command_of(argv) or "") if argv is not None else None
+    names = (one,) if one is not None else COMMAND_MODULES
     for name in names:
         importlib.import_module(name).register(sub)
     return p
@@ -91,3 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         rc = 130
     return 128 + signal.SIGTERM if _terminated and rc == 130 else rc
+
+
+def entry() -> NoReturn:
+    """The `testbed` script and `python -m testbed`: `main`, then exit with its code.
+
+    A command stopped by Ctrl-C or SIGTERM has torn down what it started and written what it
+    keeps by the time `main` returns; it then exits without freeing its heap object by object,
+    which after a simulation of a long trace takes seconds (a 1M-request trace alone holds
+    2.4 GB of Python objects) and would hold up a stop that the user asked for."""
+    rc = main()
+    if rc in (130, 128 + signal.SIGTERM):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)

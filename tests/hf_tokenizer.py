@@ -15,8 +15,11 @@ EOS = "<|endoftext|>"
 
 
 def english_corpus() -> list[str]:
-    """The project's own prose (README and format notes): English with numbers and code words."""
-    text = "\n".join(p.read_text() for p in (ROOT / "README.md", ROOT / "traces" / "FORMATS.md") if p.exists())
+    """The project's own prose (README, format notes and the documentation's hand-written pages):
+    English with numbers and code words."""
+    files = [ROOT / "README.md", ROOT / "traces/FORMATS.md",
+             *sorted(p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts)]
+    text = "\n".join(p.read_text() for p in files if p.exists())
     return [line for line in text.splitlines() if line.strip()]
 
 

@@ -78,7 +78,7 @@ async def test_cache_aware_reuses_the_pd_prefix_and_ships_only_what_decode_lacks
     assert r3.prefill_cluster == "prfaas" and r3.cached_tokens == 58 * B and r3.decode_cached_tokens == 62 * B
     assert r3.kv_bytes_wire == sum(kv.layer_bytes(62000, 62 * B, 1024))
     s = summarize(tmp_path)
-    assert s["cache"]["requests_with_hit"] == 2 and s["cache"]["moves"] == 0
+    assert s.cache is not None and s.cache.requests_with_hit == 2 and s.cache.moves == 0
 
 
 async def test_length_only_routing_ships_every_prompt_whole(tmp_path: Path) -> None:
@@ -105,8 +105,8 @@ async def test_abundant_bandwidth_moves_the_longer_prefix_with_real_bytes(tmp_pa
     # The move lands before the compute starts, and after the router asked for it.
     assert r2.times.cache_move_start <= r2.times.cache_move_end <= r2.times.prefill_start
     s = summarize(tmp_path)
-    assert s["cache"]["moves"] == 1 and s["bytes"]["cache_move_wire"] == r2.cache_move_bytes_wire
-    assert s["bytes"]["wan_per_request_paper"] > 0
+    assert s.cache is not None and s.cache.moves == 1 and s.bytes.cache_move_wire == r2.cache_move_bytes_wire
+    assert (s.bytes.wan_per_request_paper or 0) > 0
 
 
 async def test_real_clients_hit_the_cache_by_prompt_content(tmp_path: Path) -> None:

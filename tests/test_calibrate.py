@@ -502,9 +502,13 @@ def test_exact_data_is_fitted_exactly() -> None:
     t = PrefillTime.from_spec(H20)
     pts = [PrefillPoint(float(n), 0.0, t(n)) for n in range(1000, 130000, 7000)]
     fit = fit_prefill_polynomial(pts, 2, 0)
-    assert fit.spec.coefficients == pytest.approx(H20.coefficients, rel=1e-6)
+    # The constant is the fixed time per prefill: named as the overhead, the curve keeps the rest.
+    assert fit.spec.overhead_s == pytest.approx(H20.coefficients[0], rel=1e-6)
+    assert fit.spec.coefficients == pytest.approx([0.0, *H20.coefficients[1:]], rel=1e-6, abs=1e-12)
     tab = fit_prefill_table([PrefillPoint(x, 0.0, y) for x, y in H200.points for _ in range(2)], 8, 0)
-    assert np.allclose(tab.spec.points, H200.points, rtol=1e-9)
+    # Table 5's first segment extrapolates to 0.40 s at 0 tokens.
+    assert tab.spec.overhead_s == pytest.approx(0.40, rel=1e-9)
+    assert np.allclose([(x, y + tab.spec.overhead_s) for x, y in tab.spec.points], H200.points, rtol=1e-9)
     dec = fit_decode([DecodePoint(b, c, DECODE(b, c)) for b, c in DECODE_CHECKS], 0)
     assert (dec.base_s, dec.per_seq_s, dec.per_context_token_s) == pytest.approx((0.025, 4e-4, 2e-8), rel=1e-6)
 

@@ -34,7 +34,8 @@ def test_no_docker_compose_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: p
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert rc == 2, err
-    assert lines == ["error: neither `docker compose` nor `docker-compose` is installed"], err
+    assert lines == ["error: neither `docker compose` nor `docker-compose` is installed: install the Docker Compose "
+                     "plugin (or Debian's docker-compose)"], err
     assert "Traceback" not in err
 
 

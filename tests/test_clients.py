@@ -39,6 +39,7 @@ MOONCAKE = ROOT / "traces" / "samples" / "mooncake-sample.jsonl"
 FULL_ATTENTION = ("--set", "model.layer_pattern=[full]", "--set", "model.linear_state_bytes=0")
 # ~4 bytes per token on aiperf's corpus, as the router's estimate of a text prompt's length assumes.
 TOKENIZER_VOCAB = 6000
+BLOCK_TOKENS = 512        # the paper model's cache block (scenarios/base/paper.yaml)
 
 
 def _aiperf() -> str | None:
@@ -108,6 +109,21 @@ def value(rec: dict[str, Any], name: str) -> Any:
     return rec["metrics"][name]["value"]
 
 
+def ttft_agreement(rows: list[dict[str, Any]], recs: list[dict[str, str]]) -> tuple[float, float]:
+    """(aiperf's mean TTFT over the records' mean, less 1; the median over requests of
+    |aiperf's TTFT / the record's - 1|): how far the client's figure is from the testbed's."""
+    client = [value(r, "time_to_first_token") / 1000 for r in rows]
+    server = [float(r["first_token"]) - float(r["arrival"]) for r in recs]
+    return (statistics.mean(client) / statistics.mean(server) - 1,
+            statistics.median(abs(c / s - 1) for c, s in zip(client, server)))
+
+
+def _print_agreement(what: str, mean_rel: float, median_rel: float) -> None:
+    # A figure for the README's 1% claim, printed (bounds below are what a busy host allows).
+    print(f"\n{what}: aiperf TTFT vs the records: mean {mean_rel:+.2%}, per-request median |diff| {median_rel:.2%}",
+          file=sys.__stdout__, flush=True)
+
+
 def records_of(run_dir: Path, ids: list[str]) -> list[dict[str, str]]:
     """The router's records of these requests (aiperf's X-Request-ID is the record's id)."""
     with (run_dir / "records.csv").open() as f:
@@ -130,11 +146,11 @@ def test_aiperf_synthetic_streaming_chat(aiperf: str, hf_home: Path, held: Held,
     for row, rec in zip(rows, recs):
         assert int(rec["input_tokens"]) == value(row, "usage_prompt_tokens")
         assert int(rec["cached_tokens"]) == value(row, "usage_prompt_cache_read_tokens")
-    client = statistics.mean(value(r, "time_to_first_token") / 1000 for r in rows)
-    server = statistics.mean(float(r["first_token"]) - float(r["arrival"]) for r in recs)
+    mean_rel, median_rel = ttft_agreement(rows, recs)
+    _print_agreement("synthetic", mean_rel, median_rel)
     # The router stamps what its client sees; on a loaded 2-core host the HTTP hops and the
     # load generator's own scheduling add tens of ms (the README's 200-request run: within 5%).
-    assert abs(client / server - 1) < 0.15, (client, server)
+    assert abs(mean_rel) < 0.15, (mean_rel, median_rel)
 
 
 def _small_trace(out: Path, n: int = 20, max_output: int = 8, faster: float = 2.0) -> Path:
@@ -155,6 +171,9 @@ def test_aiperf_mooncake_trace_on_a_fixed_schedule(aiperf: str, hf_home: Path, h
     recs = records_of(held.run_dir, [r["metadata"]["x_request_id"] for r in rows])
     assert all(r["outcome"] == "completed" for r in recs)
     assert sum(value(r, "usage_prompt_cache_read_tokens") for r in rows) == sum(int(r["cached_tokens"]) for r in recs)
+    mean_rel, median_rel = ttft_agreement(rows, recs)
+    _print_agreement("Mooncake trace", mean_rel, median_rel)
+    assert abs(mean_rel) < 0.15, (mean_rel, median_rel)
     held_share = sum(int(r["cached_tokens"]) for r in recs) / sum(int(r["input_tokens"]) for r in recs)
     # The same file replayed by the testbed itself (the trace's hash ids, not text), same speed.
     rep = subprocess.run([sys.executable, "-m", "testbed", "replay", "--scenario", "paper-prfaas", *FULL_ATTENTION,
@@ -163,7 +182,14 @@ def test_aiperf_mooncake_trace_on_a_fixed_schedule(aiperf: str, hf_home: Path, h
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert rep.returncode == 0, rep.stderr[-3000:]
     replay_share = json.loads(rep.stdout)["cache"]["cached_token_share"]
-    assert held_share > 0.05 and abs(held_share - replay_share) < 0.05, (held_share, replay_share)
+    # What may differ: aiperf's text, tokenised again, can end a shared prefix one block early
+    # (512 tokens a request at most), and the held deployment runs in real time, the replay in
+    # its own: a request routed before or after the one that cached its prefix gains or loses
+    # that whole prefix (the largest the replay found bounds it).
+    replayed = [r for r in csv.DictReader((tmp_path / "replay" / "records.csv").open())]
+    total = sum(int(r["input_tokens"]) for r in recs)
+    allowance = (BLOCK_TOKENS * len(recs) + max(int(r["cached_tokens"]) for r in replayed)) / total
+    assert held_share > 0.05 and abs(held_share - replay_share) < allowance, (held_share, replay_share, allowance)
 
 
 @pytest.mark.netns

@@ -8,7 +8,8 @@ from hypothesis import given, strategies as st
 from testbed.core.decode_batch import AdmissionError, DecodeBatch, DecodeSeq
 from testbed.core.kvsize import KVModel
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle, State
-from testbed.core.policy import LoadTracker, RoutingRequest, get_policy
+from testbed.core.load_tracker import LoadTracker
+from testbed.core.policy import RoutingRequest, get_policy
 from testbed.core.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.scaling import Scale
 from testbed.core.servicetime import DecodeStepTime, PrefillTime

@@ -12,8 +12,8 @@ from hypothesis import given, settings, strategies as st
 from testbed.config.scenarios import load_scenario
 from testbed.core.decode_batch import DecodeBatch, DecodeSeq
 from testbed.core.kvsize import KVModel
-from testbed.core.load_index import IndexedLoadTracker
-from testbed.core.policy import LoadTracker, RoutingRequest, get_policy
+from testbed.core.load_tracker import LoadTracker
+from testbed.core.policy import NoCapacity, RoutingRequest, get_policy
 from testbed.core.servicetime import DecodeStepTime
 
 pytestmark = pytest.mark.pure
@@ -77,34 +77,47 @@ def test_shipped_is_the_total_and_last_layer_of_layer_bytes(name: str) -> None:
         assert kv.shipped(tokens, cached, scale) == (sum(layers), layers[-1])
 
 
-def test_indexed_tracker_decides_as_the_full_view_does() -> None:
-    sc = load_scenario("paper-prfaas", {"clusters": [
+@pytest.mark.parametrize("scenario", ["paper-prfaas", "paper-prfaas-cache", "paper-prfaas-load-aware",
+                                      "paper-homogeneous", "paper-naive"])
+def test_the_trackers_view_decides_as_the_full_listing_does(scenario: str) -> None:
+    """The view lists only each cluster's least-loaded instances (what a 10,000-GPU deployment
+    needs), among those not down: every policy decides on it exactly as on every instance."""
+    from testbed.config.resolved import resolve
+    from testbed.core.load_aware import router_policy
+
+    sc = load_scenario(scenario, {"clusters": [
         {"name": "prfaas", "datacenter": "dc-remote", "kind": "prfaas", "hardware": "h200", "prefill": 9, "decode": 0},
-        {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 7, "decode": 11}]})
-    full, fast = LoadTracker(sc), IndexedLoadTracker(sc)
-    policy = get_policy("prfaas")
+        {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 7, "decode": 11}]}
+        if scenario != "paper-homogeneous" else {})
+    rs = resolve(sc)
+    policy = router_policy(sc, rs.intra_dc, rs.inter_dc)
+    tr = LoadTracker(sc)
+    nodes = list(tr.active)
     rng = random.Random(7)
     open_: list[tuple[object, float, bool]] = []
+    down: frozenset[str] = frozenset()
     for i in range(3000):
-        req = RoutingRequest(f"r{i}", rng.randint(100, 120000))
-        d_full = policy(full.view(19400.0), req)
-        d_fast = policy(fast.view(19400.0), req)
-        assert d_fast == d_full
+        if rng.random() < 0.01:       # instances go down and come back now and then
+            down = frozenset(rng.sample(nodes, rng.randint(0, 3)))
+        cached = {c.name: rng.choice([0, 0, 512 * rng.randint(1, 40)]) for c in sc.clusters}
+        req = RoutingRequest(f"r{i}", rng.randint(100, 120000), cached)
+        try:
+            d_full = policy(tr.full_view(19400.0, down=down), req)
+        except NoCapacity:
+            with pytest.raises(NoCapacity):
+                policy(tr.view(19400.0, down=down), req)
+            continue
+        assert policy(tr.view(19400.0, down=down), req) == d_full
         # Ties are common (equal work): the same key order must break them the same way.
         work = float(rng.choice([1, 2, 3]))
-        for t in (full, fast):
-            t.assign(d_full, work)
+        tr.assign(d_full, work)
         open_.append((d_full, work, False))
         while open_ and rng.random() < 0.5:
             j = rng.randrange(len(open_))
             d, w, prefilled = open_[j]
-            for t in (full, fast):
-                if prefilled:
-                    t.decode_done(d)  # type: ignore[arg-type]
-                else:
-                    t.prefill_done(d, w)  # type: ignore[arg-type]
             if prefilled:
+                tr.decode_done(d)  # type: ignore[arg-type]
                 open_.pop(j)
             else:
+                tr.prefill_done(d, w)  # type: ignore[arg-type]
                 open_[j] = (d, w, True)
-    assert fast.prefill_backlog == full.prefill_backlog and fast.active == full.active

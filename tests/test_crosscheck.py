@@ -13,6 +13,7 @@ import pytest
 from testbed.cli import main
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.metrics.records import read_records, write_records
+from testbed.metrics.artefacts.summary_file import Validity
 from testbed.metrics.summary import summarize
 from testbed.studies import crosscheck_stages as st
 from testbed.studies.crosscheck_explain import Side
@@ -52,8 +53,8 @@ def side(tmp: Path, label: str, records: list[RequestRecord], valid: bool = True
     write_records(d / "records.csv", records)
     s = summarize(d)
     if not valid:
-        s["validity"] = {"valid": False, "reasons": ["prefill durations off the model by 9.0% (median; bound 3%)"]}
-        s["fidelity"]["prefill_rel_err_median"] = 0.09
+        s.validity = Validity(valid=False, reasons=["prefill durations off the model by 9.0% (median; bound 3%)"])
+        s.fidelity.prefill_rel_err_median = 0.09
     return Side(label, str(d), s, read_records(d / "records.csv"))
 
 
@@ -199,7 +200,7 @@ def test_netns_without_root_and_conflicting_flags_are_user_errors(tmp_path: Path
     assert main(["crosscheck", *SIM_FAST, "--skip-emulation", "--check", "--out", str(tmp_path)]) == 2
     assert "takes neither --emulated nor --check" in capsys.readouterr().err
     if not is_root:
-        assert main(["crosscheck", *SIM_FAST, "--out", str(tmp_path)]) == 2
+        assert main(["crosscheck", *SIM_FAST, "--backend", "netns", "--out", str(tmp_path)]) == 2
         assert "--backend netns needs root" in capsys.readouterr().err
 
 
@@ -233,3 +234,34 @@ def test_tiny_crosscheck_against_the_inproc_backend(tmp_path: Path, capsys: pyte
         assert bool(r["explanation"]) == (big or r["verdict"] == "FAIL"), m.key
     assert any("not shaped" in n for n in data["notes"])
     assert (tmp_path / "crosscheck.md").read_text().startswith("# Crosscheck of paper-prfaas")
+
+
+@pure
+def test_a_fault_scenario_is_judged_fault_by_fault_and_failed_and_retried_differences_explained(
+        tmp_path: Path) -> None:
+    """Two simulated runs of a decode kill stand for simulation and emulation: the same workload
+    with the kill at 37 s and at 40 s, so different requests are caught; every fault row is
+    judged and the differences in failed and retried requests are explained from the records
+    and the health lines of `decisions.jsonl`."""
+    from testbed.studies.crosscheck import _side
+    from testbed.studies.load import load
+    from testbed.studies.runner import run_sim
+    from testbed.traces.loader import trace_from_workload
+
+    sides = []
+    for label, at in (("sim", 37.0), ("emu", 40.0)):
+        rs = load("scenarios/faults/decode-kill.yaml", {"faults": [{"kind": "kill", "at_s": at, "node": "pd-d0"}]})
+        run_sim(rs, trace_from_workload(rs.spec.workload), tmp_path / label, report=False)
+        sides.append(_side(label, tmp_path / label))
+    c = compare("faults-decode-kill", sides[0], sides[1], {})
+    metrics = [r.metric for r in c.faults]
+    assert metrics == ["affected", "failed", "retried", "recover_s", "ttft_after"]
+    assert all(r.verdict in ("ok", "FAIL") for r in c.faults)
+    failed = next(r for r in c.faults if r.metric == "failed")
+    assert failed.sim != failed.emulation and failed.explanation.startswith("Simulation: failed: decode node stream broke x")
+    assert "the router took pd-d0 out 0.00 s after the fault began" in failed.explanation
+    assert "Requests that failed in one run only:" in failed.explanation
+    from testbed.studies.crosscheck_report import markdown
+    md = "\n".join(markdown(c))
+    assert "## Faults" in md and "| #0 kill pd-d0 | affected, failed |" in md
+    assert c.to_dict()["faults"][0]["metric"] == "affected"

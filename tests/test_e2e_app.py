@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from prom_samples import value
 from testbed.core.kvsize import KVModel
 from testbed.core.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
@@ -137,8 +138,9 @@ async def test_router_metrics_and_bad_requests(tmp_path: Path) -> None:
             assert r.status == 400
         async with s.get(f"{d.router.url}/metrics") as r:
             text = await r.text()
-        assert "vllm:time_to_first_token_seconds_count 1.0" in text
-        assert 'testbed_requests_routed_total{cluster="pd"} 1.0' in text
+        router = {"model_name": sc.model.name, "engine": "router"}
+        assert value(text, "vllm:time_to_first_token_seconds_count", **router) == 1
+        assert value(text, "testbed_requests_routed_total", cluster="pd", **router) == 1
         node = d.nodes["pd-d0"].http.url
         async with s.get(f"{node}/metrics") as r:
             assert "vllm:kv_cache_usage_perc" in await r.text()
@@ -209,7 +211,7 @@ async def test_a_rerun_into_the_same_directory_starts_from_a_clean_slate(tmp_pat
     assert stamps and min(stamps) >= t0 - 1.0
     decisions = [line for line in (tmp_path / "decisions.jsonl").read_text().splitlines() if '"decision"' in line]
     assert len(decisions) == 6
-    assert res.summary["requests"]["total"] == 6
+    assert res.summary.requests.total == 6
     assert (tmp_path / "mine.txt").read_text() == "not the testbed's"
 
 

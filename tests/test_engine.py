@@ -14,8 +14,8 @@ import requests
 from docker.errors import APIError, ImageNotFound, NotFound
 
 from testbed.deploy.base import BackendError
-from testbed.deploy.cleanup import (DOCKER_KINDS, DownReport, project_label, remove_compose_project,
-                                    remove_docker_leftovers, remove_swarm_project)
+from testbed.deploy.cleanup import (DOCKER_KINDS, DockerLeftovers, DownReport, project_label,
+                                    remove_compose_project, remove_docker_leftovers, remove_swarm_project)
 from testbed.deploy.engine import COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LABEL, ContainerState, Engine, Task
 from testbed.deploy.local import BackendError as LocalBackendError
 from testbed.net.teardown import NsProcess, TeardownReport
@@ -342,14 +342,15 @@ def test_leftovers_report_every_kind_and_a_listing_failure_is_a_warning() -> Non
                    "configs": []}
     assert warned and all(w.startswith(f"listing volumes labelled {PROJECT_LABEL}=ptb1: the Docker engine is not "
                                        "reachable") for w in warned)
-    report = DownReport(TeardownReport("ptb1", ("ptb1-a",), (NsProcess(7, "ptb1-a", "sleep", "SIGTERM"),)), out)
+    report = DownReport((TeardownReport("ptb1", ("ptb1-a",), (NsProcess(7, "ptb1-a", "sleep", "SIGTERM"),)),
+                         DockerLeftovers(out)))
     d = report.to_dict()
     assert d == {"prefix": "ptb1", "namespaces": ["ptb1-a"],
                  "processes": [{"pid": 7, "netns": "ptb1-a", "comm": "sleep", "signal": "SIGTERM"}], "errors": [],
                  "docker": out}
     assert report.summary().endswith("\ndocker: removed 1 containers, 1 networks, 0 volumes, 0 services, 0 configs")
     assert report.errors == ()
-    quiet = DownReport(TeardownReport("ptb9", (), ()), {k: [] for k in DOCKER_KINDS})
+    quiet = DownReport((TeardownReport("ptb9", (), ()), DockerLeftovers({k: [] for k in DOCKER_KINDS})))
     assert quiet.summary() == "nothing to remove for prefix 'ptb9'"
 
 

@@ -451,6 +451,7 @@ async def test_nodes_take_a_slowdown_over_http(tmp_path: Path, aiohttp_client: A
 @pytest.mark.app
 async def test_slowed_decode_steps_take_k_times_longer(tmp_path: Path) -> None:
     from testbed.core.decode_batch import DecodeBatch, DecodeSeq
+    from testbed.core.decode_loop import DecodeLoop
     from testbed.core.servicetime import DecodeStepTime
     from testbed.live.decode_node import DecodeState, _batch_loop
 
@@ -460,7 +461,7 @@ async def test_slowed_decode_steps_take_k_times_longer(tmp_path: Path) -> None:
 
     async def run(factor: float) -> float:
         batch = DecodeBatch(DecodeStepTime.from_spec(spec), spec.bs_max, spec.kv_capacity_bytes, time_scale=5.0)
-        st = DecodeState(None, batch, None, None, 1)  # type: ignore[arg-type]
+        st = DecodeState(None, DecodeLoop(batch), None, None, 1)  # type: ignore[arg-type]
         st.slow.set(factor, None)
         st.streams["a"] = asyncio.Queue()
         batch.submit(DecodeSeq("a", 10, 20, 1))
@@ -548,7 +549,6 @@ async def test_local_backend_kills_pauses_and_restarts_node_processes(tmp_path: 
   - {kind: kill, at_s: 45, node: pd-d0}
   - {kind: pause, at_s: 20, duration_s: 10, node: pd-d1}
   - {kind: restart, at_s: 0, node: pd-d2}
-  - {kind: outage, at_s: 22, duration_s: 2}
 """), {"scale": {"speedup": 10, "byte_scale": 1024}, "serving": {"stream_interval": 4},
        "workload": {"requests": 60, "rate": 1.0, "output_tokens": 32, "seed": 5}})
     out = tmp_path / "run"
@@ -568,14 +568,13 @@ async def test_local_backend_kills_pauses_and_restarts_node_processes(tmp_path: 
     assert restarted["outcome"] == "ok" and restarted["detail"]["healthy_after_s_wire"] > 0
     up = restarted["t_wire"]             # logged once it answered /health
     assert [r for r in recs if r.decode_node == "pd-d2" and r.times.routed > up and r.outcome == "completed"]
-    assert by[(3, "start")]["outcome"].startswith("unsupported")
     # The paused node's requests waited for it (no token while it was stopped) and then finished.
     p0, p1 = by[(1, "start")]["t_wire"], by[(1, "end")]["t_wire"]
     on_paused = [r for r in recs if r.decode_node == "pd-d1" and r.times.arrival < p1 and r.times.last_token > p0]
     assert on_paused and all(r.outcome == "completed" for r in on_paused)
     assert not [r for r in on_paused if p0 + 0.05 < r.times.first_token < p1]
     assert "## Faults" in (out / "report.md").read_text()
-    assert res.summary["requests"]["total"] == 60
+    assert res.summary.requests.total == 60
 
 
 # ---------------------------------------------------------------- container faults (engine interface)

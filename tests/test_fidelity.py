@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from summaries import make_summary
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.live.hostload import busy_share, cpu_times
 from testbed.metrics.fidelity import fidelity, validity
@@ -55,11 +56,10 @@ def test_slow_prefill_and_token_lag_are_judged_against_their_bounds() -> None:
 def test_regress_fails_an_invalid_run_whatever_its_figures() -> None:
     base = Baseline.model_validate({"schema": 1, "taken_from": {},
                                     "metrics": {"requests.failed": {"baseline": 0, "direction": "lower_is_better"}}})
-    summary = {"requests": {"failed": 0}, "validity": {"valid": False, "reasons": ["decode steps 176% late"]}}
+    summary = make_summary(validity={"valid": False, "reasons": ["decode steps 176% late"]})
     v = check(base, summary, TakenFrom())
     assert not v.passed and [r.key for r in v.failed] == ["validity.valid"]
-    summary["validity"] = {"valid": True, "reasons": []}
-    assert check(base, summary, TakenFrom()).passed
+    assert check(base, make_summary(), TakenFrom()).passed
 
 
 def test_proc_stat_cpu_share() -> None:
@@ -84,7 +84,8 @@ async def test_speedup_auto_takes_the_highest_faithful_speedup(tmp_path: Path) -
         seen.append(s)
         assert 120 <= len(trace) <= 160    # ~90 s of arrivals at the trace's own rate (1.6 req/s)
         ok = s <= 2
-        return RunResult(out, ReplayStats(), False, {"validity": {"valid": ok, "reasons": [] if ok else ["late"]}})
+        return RunResult(out, ReplayStats(), False,
+                         make_summary(validity={"valid": ok, "reasons": [] if ok else ["late"]}))
 
     rs = load("paper-prfaas")
     s, tried = await pick_speedup(rs, trace_from_workload(rs.spec.workload), "inproc", tmp_path, run=fake_run)
@@ -104,7 +105,8 @@ async def test_speedup_auto_slows_time_down_when_real_time_is_not_faithful(tmp_p
     async def fake_run(rs: Any, trace: Any, out: Path, backend: str, name: str = "") -> RunResult:
         seen.append(rs.spec.scale.speedup)
         ok = rs.spec.scale.speedup <= 0.5       # too many streams for one router at real time
-        return RunResult(out, ReplayStats(), False, {"validity": {"valid": ok, "reasons": [] if ok else ["lag"]}})
+        return RunResult(out, ReplayStats(), False,
+                         make_summary(validity={"valid": ok, "reasons": [] if ok else ["lag"]}))
 
     rs = load("paper-prfaas")
     s, _ = await pick_speedup(rs, trace_from_workload(rs.spec.workload), "inproc", tmp_path, run=fake_run)

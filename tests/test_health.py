@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from testbed.core.health import HealthBook
-from testbed.core.policy import LoadTracker, homogeneous, RoutingRequest
+from testbed.core.load_tracker import LoadTracker
+from testbed.core.policy import homogeneous, RoutingRequest
 from testbed.config.scenarios import load_scenario
 
 pytestmark = pytest.mark.pure

@@ -30,22 +30,15 @@ from testbed.core.frames import (
     encode_end,
     payload_pattern,
 )
+from testbed.core.kv_receive import fragment_cap
 from testbed.live.kv_transport import KVReceiver, KVSender
+from procinfo import vmrss
 
 pytestmark = pytest.mark.app
 
 HOST = "127.0.0.1"
 T = 10.0
 GOOD = 0xC0FFEE_0000_0001   # the legitimate transfer's id; hostile ids are drawn below 2**40
-
-
-def vmrss() -> int:
-    """This process's resident set size, bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 async def wait_until(cond: Callable[[], bool], timeout: float = T) -> None:
@@ -260,6 +253,69 @@ async def test_200000_invented_transfer_ids_cost_the_receiver_a_bounded_amount(c
             print(f"\nreceiver RSS growth for 200,000 invented transfer ids: {grown[0] / 2**20:.1f} MiB")
         assert grown[0] < 64 << 20
         # A real transfer still goes through.
+        tx = KVSender(connections=2)
+        try:
+            fut = rx.expect(GOOD)
+            t = tx.start((HOST, port), GOOD, 100_000, 1)
+            t.send_layer(0, 100_000)
+            await asyncio.wait_for(t.finish(), T)
+            assert (await asyncio.wait_for(fut, T)).ok
+        finally:
+            await tx.close()
+    finally:
+        await rx.close()
+
+
+FRAGMENTS = r"""
+import socket, struct, sys, threading
+port, n = int(sys.argv[1]), int(sys.argv[2])
+H = struct.Struct(">IBBHQHHIQQII")
+s = socket.create_connection(("127.0.0.1", port))
+def drain():
+    try:
+        while s.recv(1 << 16):
+            pass
+    except OSError:
+        pass
+threading.Thread(target=drain, daemon=True).start()
+sent = 0
+try:   # one-byte DATA frames of one transfer, a byte apart: none joins another
+    for k in range(0, n, 10000):
+        s.sendall(b"".join(H.pack(0x4B565446, 1, 1, 0, 77, 0, 0, 1, 2 * i, 4 * n, 0, 0) + b"x"
+                           for i in range(k, min(k + 10000, n))))
+        sent = min(k + 10000, n)
+except OSError:   # the receiver closed the connection
+    pass
+print(sent, flush=True)
+sys.stdin.readline()
+"""
+
+
+async def test_400000_separate_one_byte_fragments_fail_the_transfer_at_the_cap(capsys: pytest.CaptureFixture[str]) -> None:
+    """Unbounded, the ranges of 400,000 one-byte frames held ~30 MB. Past the cap the transfer
+    fails naming it, its connection is closed, the memory is freed and the receiver serves on."""
+    n = 400_000
+    cap = fragment_cap(4 * n)
+    rx = KVReceiver()
+    port = await rx.start(HOST, 0)
+    try:
+        gc.collect()
+        before = vmrss()
+        grown: list[int] = []
+        fut = rx.expect(77)
+
+        async def measure(sent: int) -> None:
+            result = await asyncio.wait_for(fut, 60)
+            assert not result.ok and f"more than {cap} separate byte ranges (limit {cap}" in result.reason
+            await wait_until(lambda: rx.connections == 0)
+            gc.collect()
+            grown.append(vmrss() - before)
+            assert rx.reassembler.active == 0
+
+        await with_client(FRAGMENTS, str(port), str(n), body=measure)
+        with capsys.disabled():
+            print(f"\nreceiver RSS growth for {n:,} separate one-byte fragments: {grown[0] / 2**20:.1f} MiB")
+        assert grown[0] < 8 << 20     # ~30 MiB unbounded; the cap's ranges are ~0.5 MiB
         tx = KVSender(connections=2)
         try:
             fut = rx.expect(GOOD)

@@ -557,3 +557,38 @@ def test_a_frame_not_finished_in_time_breaks_its_connection_and_frees_what_it_he
     # A frame that starts after the previous one finished gets a clock of its own.
     rx.data_received(idle, data(2, 10, 20, 10, checksum=True)[:20], 50.0)
     assert rx.sweep(55.0) == [] and len(quiet(rx.sweep(55.1))) == 1
+
+
+def test_a_transfer_past_its_fragment_cap_fails_naming_it_and_breaks_only_its_connection() -> None:
+    from testbed.core.kv_receive import fragment_cap
+
+    total = 1 << 20
+    cap = fragment_cap(total)
+    assert cap == 4096 + 1024
+    rx = Reassembler()
+    bad, good = rx.connection_made("hostile"), rx.connection_made("sender")
+    assert bad is not None and good is not None
+    rx.data_received(good, data(2, 0, 1000, 500), 0.0)
+    # One-byte frames two bytes apart: every one a separate range.
+    stream = b"".join(data(1, 2 * i, total, 1) for i in range(cap))
+    assert not quiet(rx.data_received(bad, stream, 0.0))
+    assert rx.transfer(1) is not None and len(rx.transfer(1).starts) == cap   # type: ignore[union-attr]
+    evs = rx.data_received(bad, data(1, 2 * cap, total, 1), 0.0)
+    closed = [e for e in evs if isinstance(e, CloseConnection)]
+    assert len(closed) == 1 and closed[0].conn == bad and f"limit {cap} for {total} bytes" in closed[0].reason
+    failed = results(evs)[1]
+    assert not failed.ok and f"more than {cap} separate byte ranges" in failed.reason
+    assert rx.transfer(1) is None
+    # The other connection and its transfer go on.
+    assert results(rx.data_received(good, data(2, 500, 1000, 500) + encode_end(2, 1, 1000), 0.0))[2].ok
+    # A sender's smallest chunks (1 KiB, the scenario minimum), every other one first: the most
+    # ranges a striped transfer can leave open, inside the cap for its size.
+    total, step = 8 << 20, 1024
+    c = rx.connection_made("sender")
+    assert c is not None
+    offsets = [*range(0, total, 2 * step), *range(step, total, 2 * step)]
+    evs: list[ReceiveEvent] = []
+    for off in offsets:
+        evs += rx.data_received(c, data(3, off, total, step), 0.0)
+    evs += rx.data_received(c, encode_end(3, 1, total), 0.0)
+    assert results(evs)[3].ok

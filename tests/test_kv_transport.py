@@ -305,12 +305,16 @@ class Proxy:
     """A TCP relay in front of a receiver that can play a WAN: `reset()` resets every relayed
     connection both ways (RST, bytes in flight lost); while `refusing`, new connections are reset
     as they arrive; `down()`/`up()` stop and resume listening (connects are refused); while
-    `blackhole`, relayed bytes are held (nothing forwarded, nothing closed)."""
+    `blackhole`, relayed bytes are held (nothing forwarded, nothing closed); with `hold_after`,
+    the blackhole begins once that many bytes have been forwarded (so a test acts mid-transfer
+    however slowly it gets to run: nothing more arrives meanwhile)."""
 
     def __init__(self, upstream: int) -> None:
         self.upstream = upstream
         self.refusing = False
         self.blackhole = False
+        self.hold_after: int | None = None
+        self.forwarded = 0
         self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self.accepted = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -351,6 +355,9 @@ class Proxy:
                 while self.blackhole:
                     await asyncio.sleep(0.01)
                 dst.write(data)
+                self.forwarded += len(data)
+                if self.hold_after is not None and self.forwarded >= self.hold_after:
+                    self.blackhole = True
                 await dst.drain()
         except (OSError, RuntimeError):
             pass
@@ -375,10 +382,15 @@ class Proxy:
 async def outage_run(resume_timeout: float, outage: float, down: bool = False
                      ) -> tuple[list[TransferResult], list[BaseException | float], KVSender]:
     """Eight 2 MiB transfers through the proxy; once 1 MiB has arrived, every connection is
-    reset, and for `outage` seconds new ones are reset as they come (or, `down`, refused)."""
+    reset, and for `outage` seconds new ones are reset as they come (or, `down`, refused). The
+    proxy holds everything after the first MiB until the reset, so the transfers are mid-way when
+    it comes on any machine, a busy one included (resetting; the refusing case waits for the
+    first MiB to arrive)."""
     rx = KVReceiver(verify=True)
     port = await rx.start(HOST, 0)
     proxy = Proxy(port)
+    if not down:        # a destination that goes down refuses whatever reaches it: nothing to hold
+        proxy.hold_after = 1 << 20
     pport = await proxy.start()
     tx = KVSender(connections=4, chunk_bytes=65536, checksum=True, resume_timeout=resume_timeout)
     try:
@@ -389,11 +401,12 @@ async def outage_run(resume_timeout: float, outage: float, down: bool = False
             for layer in range(4):
                 t.send_layer(layer, 512 << 10)
         finishing = [asyncio.ensure_future(t.finish()) for t in transfers]
-        await wait_until(lambda: rx.bytes_received > 1 << 20)
+        await wait_until(lambda: proxy.blackhole or (down and rx.bytes_received > 1 << 20))
         proxy.refusing = True
         if down:
             await proxy.down()
         proxy.reset()
+        proxy.hold_after, proxy.blackhole = None, False
         await asyncio.sleep(outage)
         proxy.refusing = False
         if down:

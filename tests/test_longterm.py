@@ -345,14 +345,15 @@ def test_the_report_draws_the_roles_and_lists_the_decisions(tmp_path: Path) -> N
         "policy": {"bandwidth_aware": True,
                    "control": {"long_term": {"enabled": True, "interval_s": 10, "min_interval_s": 20, "min_requests": 30}}}})
     res = asyncio.run(run_replay_async(rs, trace_from_workload(rs.spec.workload), tmp_path, "sim"))
-    lt = res.summary["long_term"]
-    assert lt["split_start"] == "6/2" and lt["conversions"] >= 1 and lt["split_end"] != "6/2"
-    assert lt["decisions"]["drain"] >= lt["conversions"] and lt["changes"][0]["t_s"] > 0
+    lt, ctl = res.summary.long_term, res.summary.control
+    assert lt is not None and ctl is not None
+    assert lt.split_start == "6/2" and lt.conversions >= 1 and lt.split_end != "6/2"
+    assert lt.decisions["drain"] >= lt.conversions and lt.changes[0].t_s > 0
     report = (tmp_path / "report.md").read_text()
     assert "## Long-term loop" in report and "roles.png" in report and "| 6/2 -> " in report
     assert (tmp_path / "roles.png").stat().st_size > 10_000
-    retunes = [c for c in res.summary["control"]["changes"] if c["reason"].startswith("long-term loop:")]
-    assert len(retunes) == lt["decisions"]["retune"]
+    retunes = [c for c in ctl.changes if c.reason.startswith("long-term loop:")]
+    assert len(retunes) == lt.decisions["retune"]
 
 
 # -- live, on loopback -----------------------------------------------------------------------
@@ -395,5 +396,5 @@ async def test_the_live_router_converts_a_prefill_instance_to_decode_without_los
     assert all(r.times.prefill_end <= t_act for r in recs if r.prefill_node == drain["node"])
     on_new = [r for r in recs if r.decode_node == act["node"]]
     assert on_new and min(r.times.routed for r in on_new) >= t_act
-    assert res.summary["long_term"]["conversions"] >= 1
+    assert res.summary.long_term is not None and res.summary.long_term.conversions >= 1
     assert "## Long-term loop" in (tmp_path / "report.md").read_text()

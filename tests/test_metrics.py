@@ -114,26 +114,27 @@ def test_summary_figures_by_hand(tmp_path: Path) -> None:
     s = summarize(make_run(tmp_path / "run", known_records()))
     ap = pytest.approx
 
-    assert s["run"] == {
+    assert s.run.model_dump() == {
         "name": "paper-prfaas", "scenario": "paper-prfaas", "policy": "prfaas", "threshold": 19400.0,
         "speedup": 4.0, "byte_scale": 256.0, "shaping_method": "htb+tun-delay", "offered_rate_rps": 0.5,
         "slo_ttft_s": 2.5, "slo_tpot_s": 0.5, "duration_s_paper": 40.0, "interrupted": False,
+        "cut_short": False, "trace_requests": None,
     }
-    assert s["requests"] == {
+    assert s.requests.model_dump() == {
         "total": 7, "completed": 3, "failed": 3, "pending": 1,
         "failure_reasons": {"transfer_timeout": 2, "decode_oom": 1},
     }
 
     # TTFT wire 0.7, 0.3, 0.6 -> paper x4.
-    assert s["wire"]["ttft_s"]["mean"] == ap((0.7 + 0.3 + 0.6) / 3)
-    assert s["ttft_s"]["mean"] == ap(4 * (0.7 + 0.3 + 0.6) / 3)
-    assert s["ttft_s"]["p50"] == ap(2.4)
-    assert s["ttft_s"]["p90"] == ap(4 * (0.6 + 0.8 * 0.1))  # linear between 0.6 and 0.7
-    assert s["ttft_s"]["n"] == 3
+    assert s.wire.ttft_s.mean == ap((0.7 + 0.3 + 0.6) / 3)
+    assert s.ttft_s.mean == ap(4 * (0.7 + 0.3 + 0.6) / 3)
+    assert s.ttft_s.p50 == ap(2.4)
+    assert s.ttft_s.p90 == ap(4 * (0.6 + 0.8 * 0.1))  # linear between 0.6 and 0.7
+    assert s.ttft_s.n == 3
     # TPOT from requests 1 and 2 only (request 3 has one token).
-    assert s["tpot_s"] == ap({"n": 2, "mean": 0.4, "p50": 0.4, "p90": 0.4, "p99": 0.4})
+    assert s.tpot_s.model_dump() == ap({"n": 2, "mean": 0.4, "p50": 0.4, "p90": 0.4, "p99": 0.4})
 
-    bd = s["ttft_breakdown_s"]
+    bd = s.ttft_breakdown_s
     expect_wire = {
         "routing": (0.01 + 0.0 + 0.05) / 3,
         "prefill_queue": (0.08 + 0.0 + 0.05) / 3,
@@ -143,46 +144,46 @@ def test_summary_figures_by_hand(tmp_path: Path) -> None:
         "first_step": (0.05 + 0.05 + 0.0) / 3,
         "other": (0.01 + 0.0 + 0.2) / 3,
     }
-    assert s["wire"]["ttft_breakdown_s"] == ap(expect_wire)
-    assert bd == ap({k: 4 * v for k, v in expect_wire.items()})
-    assert sum(bd.values()) == ap(s["ttft_s"]["mean"])
+    assert s.wire.ttft_breakdown_s.model_dump() == ap(expect_wire)
+    assert bd.model_dump() == ap({k: 4 * v for k, v in expect_wire.items()})
+    assert sum(bd.model_dump().values()) == ap(s.ttft_s.mean)
 
     # 10 wire s = 40 paper s; 3 completed, 15 tokens.
-    th = s["throughput"]
-    assert th["completed_rps_wire"] == ap(0.3)
-    assert th["completed_rps_paper"] == ap(0.075)
-    assert th["output_tokens_per_s_paper"] == ap(15 / 40)
+    th = s.throughput
+    assert th.completed_rps_wire == ap(0.3)
+    assert th.completed_rps_paper == ap(0.075)
+    assert th.output_tokens_per_s_paper == ap(15 / 40)
     # SLO TTFT 2.5 paper s: request 1 (2.8 s) misses; 2 (1.2 s) and 3 (2.4 s, no TPOT) meet.
-    assert th["slo_met"] == 2
-    assert th["goodput_rps_paper"] == ap(2 / 40)
-    assert th["slo_attainment"] == ap(2 / 7)
+    assert th.slo_met == 2
+    assert th.goodput_rps_paper == ap(2 / 40)
+    assert th.slo_attainment == ap(2 / 7)
 
-    assert s["offload"] == ap({"ratio": 2 / 3, "requests": 2})
-    by = s["bytes"]
-    assert by["kv_total_paper"] == ap(256_000 + 500 * 256 + 512_000)
-    assert by["kv_total_wire"] == ap(3500)
-    assert by["kv_per_request_paper"] == ap(896_000 / 3)
-    assert by["wan_total_paper"] == ap(768_000)
-    assert by["wan_per_offloaded_request_paper"] == ap(384_000)
-    assert by["wan_per_offloaded_request_wire"] == ap(1500)
+    assert s.offload.model_dump() == ap({"ratio": 2 / 3, "requests": 2})
+    by = s.bytes
+    assert by.kv_total_paper == ap(256_000 + 500 * 256 + 512_000)
+    assert by.kv_total_wire == ap(3500)
+    assert by.kv_per_request_paper == ap(896_000 / 3)
+    assert by.wan_total_paper == ap(768_000)
+    assert by.wan_per_offloaded_request_paper == ap(384_000)
+    assert by.wan_per_offloaded_request_wire == ap(1500)
 
     # |0.4-0.38|, 0, |0.2-0.19| -> median 0.01 s; relative 0.0526, 0, 0.0526 -> warn.
-    fid = s["fidelity"]
-    assert fid["n"] == 3
-    assert fid["prefill_abs_err_median_s"] == ap(0.01)
-    assert fid["prefill_rel_err_median"] == ap(0.01 / 0.19)
-    assert fid["warn"] is True
-    assert s["validity"]["valid"] is False and "prefill durations off the model by 5.3%" in s["validity"]["reasons"][0]
+    fid = s.fidelity
+    assert fid.n == 3
+    assert fid.prefill_abs_err_median_s == ap(0.01)
+    assert fid.prefill_rel_err_median == ap(0.01 / 0.19)
+    assert fid.warn is True
+    assert s.validity is not None and s.validity.valid is False and "prefill durations off the model by 5.3%" in s.validity.reasons[0]
 
     # prfaas-p0 sent KV over the WAN: 3000 wire B in 2 wire s, peak 2000 B/s.
-    eg = s["wan_egress"]
-    assert eg["bytes_wire"] == ap(3000)
-    assert eg["bytes_paper"] == ap(3000 * 256)
-    assert eg["mean_Bps_wire"] == ap(1500)
-    assert eg["peak_Bps_wire"] == ap(2000)
-    assert eg["peak_Bps_paper"] == ap(2000 * 256 / 4)
-    assert s["links"]["prfaas-p0"]["wan"] is True
-    assert s["timeseries"]["metrics"] == ["kv_bytes_sent", "queue_depth", "running_batch", "tcp_rtt_us"]
+    eg = s.wan_egress
+    assert eg.bytes_wire == ap(3000)
+    assert eg.bytes_paper == ap(3000 * 256)
+    assert eg.mean_Bps_wire == ap(1500)
+    assert eg.peak_Bps_wire == ap(2000)
+    assert eg.peak_Bps_paper == ap(2000 * 256 / 4)
+    assert s.links["prfaas-p0"].wan is True
+    assert s.timeseries.metrics == ["kv_bytes_sent", "queue_depth", "running_batch", "tcp_rtt_us"]
 
 
 def test_summary_json_is_strict(tmp_path: Path) -> None:
@@ -190,7 +191,7 @@ def test_summary_json_is_strict(tmp_path: Path) -> None:
     s = write_summary(run)
     text = (run / "summary.json").read_text()
     assert "NaN" not in text and "Infinity" not in text
-    assert json.loads(text) == s
+    assert json.loads(text) == s.to_json_dict()
 
 
 @pytest.mark.parametrize("records", [[], [rec(1, arrival=0.1, outcome="failed", reason="refused")]],
@@ -199,18 +200,18 @@ def test_empty_and_failed_only_runs(tmp_path: Path, records: list[RequestRecord]
     # As an interrupted run leaves it: no t_end; and no SLO.
     run = make_run(tmp_path / "run", records, timeseries=False, t_end=None, slo=None, interrupted=True)
     s = write_summary(run)
-    assert s["run"]["interrupted"] is True
-    assert s["requests"]["completed"] == 0
-    assert s["ttft_s"] == {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
-    assert set(s["ttft_breakdown_s"].values()) == {None}
-    assert s["offload"]["ratio"] is None
-    assert s["bytes"]["kv_per_request_paper"] is None
-    assert s["throughput"]["goodput_rps_paper"] is None
-    fid = s["fidelity"]
-    assert (fid["n"], fid["prefill_abs_err_median_s"], fid["prefill_rel_err_median"], fid["warn"]) == (0, None, None, False)
-    assert fid["decode_step_late_share"] is None and fid["token_lag_p90_s_paper"] is None
-    assert s["validity"] == {"valid": True, "reasons": []}     # nothing measured, nothing judged
-    assert s["wan_egress"]["mean_Bps_paper"] is None
+    assert s.run.interrupted is True
+    assert s.requests.completed == 0
+    assert s.ttft_s.model_dump() == {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    assert set(s.ttft_breakdown_s.model_dump().values()) == {None}
+    assert s.offload.ratio is None
+    assert s.bytes.kv_per_request_paper is None
+    assert s.throughput.goodput_rps_paper is None
+    fid = s.fidelity
+    assert (fid.n, fid.prefill_abs_err_median_s, fid.prefill_rel_err_median, fid.warn) == (0, None, None, False)
+    assert fid.decode_step_late_share is None and fid.token_lag_p90_s_paper is None
+    assert s.validity is not None and s.validity.model_dump() == {"valid": True, "reasons": []}     # nothing measured, nothing judged
+    assert s.wan_egress.mean_Bps_paper is None
     report = write_report(run).read_text()
     assert "Run report" in report and "interrupted" in report
     assert (run / "ttft_cdf.png").stat().st_size > 0
@@ -229,7 +230,7 @@ def test_run_without_t0_ignores_timeseries(tmp_path: Path) -> None:
     # A run killed before it started sending: run.json still has t0 = null.
     run = make_run(tmp_path / "run", [], t0=None)
     s = summarize(run)
-    assert s["timeseries"]["samples"] == 0 and s["wire"]["duration_s"] is None
+    assert s.timeseries.samples == 0 and s.wire.duration_s is None
 
 
 # ---------------------------------------------------------------- time series
@@ -340,7 +341,9 @@ def test_cli_report_and_compare(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert json.loads(capsys.readouterr().out)["baseline"] == "paper-homogeneous"
     print_summary_table(summarize(runs[1]), title="custom title")
     assert "custom title" in capsys.readouterr().out
-    assert _cli(["report", str(tmp_path / "nope")]) == 2
+    from testbed.cli import main
+
+    assert main(["report", str(tmp_path / "nope")]) == 2       # a UserError: the CLI prints it
     assert "run.json: missing" in capsys.readouterr().err
 
 

@@ -16,6 +16,7 @@ import yaml
 from testbed.core.scenario import ModelSpec
 from testbed.model.bandwidth import ModelCurve, datacenter_candidates, egress_bps, report
 from testbed.model.bandwidth_command import parse_tokens
+from testbed.cli import main
 from testbed.model.command import register, run
 from testbed.model.paper_bandwidth import CLAIMS, KV_BYTES_PER_TOKEN, TABLE3_GBPS, TABLE3_TOKENS, Claim
 from testbed.config.scenarios import MODEL_DIR, SCENARIO_DIR, ScenarioError, load_model_profile, load_scenario, model_profiles
@@ -173,5 +174,5 @@ def test_bandwidth_table(capsys: pytest.CaptureFixture[str]) -> None:
     (("--bandwidth", "--gpus", "0"), "gpus must be > 0"),
 ])  # fmt: skip
 def test_bandwidth_argument_errors(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str) -> None:
-    assert run(_cli(*argv)) == 2
+    assert main(["model", *argv]) == 2       # printed by the command itself, or as the CLI's UserError
     assert message in capsys.readouterr().err

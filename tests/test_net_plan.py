@@ -180,7 +180,11 @@ def test_plan_netem_shapes_each_direction_on_the_egress_toward_its_destination()
     in_flight = 1e9 / 8 * 0.011
     assert fwd.limit_packets == -(-int(in_flight + 2_500_000) // 1500)
     assert not of(ops, P.BfifoLeaf) and not of(ops, P.AddTun) and not of(ops, P.AddRule)
-    assert "netem delay 10ms 1ms loss 1% 25% limit" in fwd.describe()
+    # netem's own rate is the class's, so it releases in arrival order (jitter does not reorder).
+    assert fwd.rate_bps == 1_000_000_000 and netem["dc0"].rate_bps == 200_000_000
+    # Correlated loss as the Gilbert chain: P(keep -> drop) = (1 - c) p, P(drop -> keep) = (1 - c)(1 - p).
+    assert "netem delay 10ms 1ms loss gemodel 0.75% 74.25% 100% 0% limit" in fwd.describe()
+    assert fwd.describe().endswith(" rate 1Gbit")
     # Every leaf sits under a class planned before it, on the same interface, with its own handle.
     pos = {o: i for i, o in enumerate(ops)}
     classes = {(o.ifname, o.classid): pos[o] for o in of(ops, P.HtbClass)}  # type: ignore[attr-defined]
@@ -274,7 +278,9 @@ def test_plan_change_netem_rate_and_delay() -> None:
     htb, netem = ops
     assert htb == P.ChangeHtbClass(t.wan_ns, "dc1", 0x10010, 500_000_000, P.htb_burst_bytes(5e8, 1500), 65536)
     assert isinstance(netem, P.ChangeNetem) and (netem.delay_s, netem.loss, netem.parent) == (0.02, 0.0, 0x10010)
+    assert netem.rate_bps == 500_000_000  # netem's rate follows the class's
     assert "tc class change dev dc1" in htb.describe() and "tc qdisc change dev dc1" in netem.describe()
+    assert "loss 0% limit" in netem.describe()
 
 
 def test_plan_change_fallback_and_none() -> None:

@@ -417,7 +417,7 @@ def test_teardown_kills_processes_and_is_idempotent(capsys: pytest.CaptureFixtur
         assert args.func(args) == 0
         out = json.loads(capsys.readouterr().out)
         assert out == {"prefix": t.prefix + "-", "namespaces": [], "processes": [], "errors": [],
-                       "docker": out["docker"]}
+                       "docker": out["docker"], "local_runs": {}}
         # Docker leftovers too (compose and swarm): each kind reported, none found.
         assert {"containers", "networks", "volumes", "services", "configs"} <= set(out["docker"])
         assert not any(out["docker"].values())

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from hf_tokenizer import byte_level_bpe, english_corpus, save_hf, sentencepiece_bpe, wordpiece
+from prom_samples import value
 from testbed.config.scenarios import load_scenario
 from testbed.core.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
@@ -25,7 +26,7 @@ from testbed.live.openai_api import (
 )
 from testbed.metrics.records import read_records
 from testbed.net.forward import NetnsForwarder
-from testbed.studies.hold import with_hold_speedup
+from testbed.studies.hold import chunking_note, with_hold_speedup, with_hold_streaming
 from testbed.studies.load import resolve
 
 
@@ -83,6 +84,19 @@ def test_a_hold_runs_at_speedup_1_unless_the_user_sets_it() -> None:
     assert with_hold_speedup(["scale={speedup: 2, byte_scale: 64}"]) == ["scale={speedup: 2, byte_scale: 64}"]
 
 
+@pytest.mark.pure
+def test_a_hold_streams_per_token_unless_the_user_sets_the_chunking() -> None:
+    assert with_hold_streaming(["scale.speedup=1"]) == ["serving.stream_interval=1", "scale.speedup=1"]
+    assert with_hold_streaming(["serving.stream_interval=8"]) == ["serving.stream_interval=8"]
+    assert with_hold_streaming(["serving={stream_interval: 4}"]) == ["serving={stream_interval: 4}"]
+    from testbed.config.overrides import overrides_for
+    assert load_scenario("paper-prfaas").serving.stream_interval == 8
+    sets = with_hold_streaming(with_hold_speedup([]))
+    assert load_scenario("paper-prfaas", overrides_for("paper-prfaas", sets)).serving.stream_interval == 1
+    assert "1 token per SSE chunk" in chunking_note(1)
+    assert "8 tokens per SSE chunk" in chunking_note(8) and "stream_interval=1" in chunking_note(8)
+
+
 def _held_scenario() -> Scenario:
     return load_scenario("paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024}, "serving": {"stream_interval": 2}})
 
@@ -134,14 +148,15 @@ async def test_a_held_router_records_every_request_and_answers_like_vllm(tmp_pat
             assert (await r.json())["data"][0]["max_model_len"] == sc.model.max_context_tokens
         async with s.get(f"{url}/metrics") as r:
             metrics = await r.text()
-    for name in ("vllm:time_to_first_token_seconds_count 3.0", "vllm:e2e_request_latency_seconds_count 3.0",
-                 "vllm:request_queue_time_seconds_count 3.0", "vllm:request_prefill_time_seconds_count 3.0",
-                 "vllm:request_decode_time_seconds_count 3.0", "vllm:inter_token_latency_seconds_count 12.0"):
-        assert name in metrics, name
+    model = sc.model.name
+    for name, n in (("vllm:time_to_first_token_seconds_count", 3), ("vllm:e2e_request_latency_seconds_count", 3),
+                    ("vllm:request_queue_time_seconds_count", 3), ("vllm:request_prefill_time_seconds_count", 3),
+                    ("vllm:request_decode_time_seconds_count", 3), ("vllm:inter_token_latency_seconds_count", 12)):
+        assert value(metrics, name, model_name=model, engine="router") == n, name
     decode_nodes = [k for k, n in dep.nodes.items() if n.role == "decode"]
     for node in decode_nodes:
-        assert f'vllm:kv_cache_usage_perc{{engine="{node}"}}' in metrics
-        assert f'vllm:gpu_cache_usage_perc{{engine="{node}"}}' in metrics
+        assert value(metrics, "vllm:kv_cache_usage_perc", model_name=model, engine=node) is not None
+        assert value(metrics, "vllm:gpu_cache_usage_perc", model_name=model, engine=node) is not None
 
     recs = {r.request_id: r for r in read_records(tmp_path / "records.csv")}
     assert len(recs) == 4
@@ -251,3 +266,27 @@ def test_a_body_nests_at_most_max_body_depth_and_holds_only_valid_unicode() -> N
                        ("{nope", "not JSON")):
         with pytest.raises(RequestError, match=words):
             load_body(bad)
+
+
+@pytest.mark.app
+async def test_the_router_answers_even_its_own_bugs_and_size_limits_with_openai_error_bodies(
+        aiohttp_client: Any) -> None:
+    from aiohttp import web
+
+    from testbed.live.router.handler import openai_errors
+
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError("a bug")
+
+    async def sized(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({})
+
+    app = web.Application(middlewares=[openai_errors], client_max_size=1024)
+    app.router.add_post("/broken", broken)
+    app.router.add_post("/sized", sized)
+    client = await aiohttp_client(app)
+    for path, data, status in (("/broken", b"{}", 500), ("/sized", b"x" * 4096, 413)):
+        r = await client.post(path, data=data)
+        assert r.status == status and r.content_type == "application/json"
+        assert set((await r.json())["error"]) == {"message", "type", "param", "code"}

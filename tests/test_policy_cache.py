@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.core.policy import CacheMove, LoadTracker, RoutingRequest, get_policy
+from testbed.core.load_tracker import LoadTracker
+from testbed.core.policy import CacheMove, RoutingRequest, get_policy
 from testbed.config.scenarios import load_scenario
 
 T = 19400

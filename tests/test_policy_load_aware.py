@@ -11,7 +11,8 @@ import pytest
 from testbed.config.scenarios import ScenarioError, load_scenario
 from testbed.core.linkprofile import LinkProfile
 from testbed.core.load_aware import RouteCosts, candidates, load_aware, router_policy
-from testbed.core.policy import CacheMove, LoadTracker, RoutingRequest, View, get_policy
+from testbed.core.load_tracker import LoadTracker
+from testbed.core.policy import CacheMove, RoutingRequest, View, get_policy
 from testbed.core.scenario import Scenario
 from testbed.sim import simulate
 from testbed.studies.load import load
@@ -38,7 +39,7 @@ def _view(sc: Scenario, backlog: dict[str, float] | None = None, bandwidth: str 
     tr = LoadTracker(sc)
     for node, s in (backlog or {}).items():
         tr.prefill_backlog[node] = s
-    return tr.view(T, bandwidth=bandwidth, bandwidth_bps=bps)  # type: ignore[arg-type]
+    return tr.full_view(T, bandwidth=bandwidth, bandwidth_bps=bps)  # type: ignore[arg-type]
 
 
 BUSY_PD = {"pd-p0": 30.0, "pd-p1": 30.0, "pd-p2": 30.0}

@@ -260,3 +260,19 @@ def test_a_file_written_before_the_retry_columns_still_reads(tmp_path: Path) -> 
     (tmp_path / "records.csv").write_text("\n".join(old) + "\n")
     recs = read_records(tmp_path / "records.csv")
     assert [(r.request_id, r.retries, r.retry_reason) for r in recs] == [("r1", 0, ""), ("r2", 0, "")]
+
+
+def test_a_last_row_cut_off_mid_write_is_left_out_and_the_rest_read(tmp_path: Path) -> None:
+    """A full disk (or kill -9) can cut the row being written: the records before it stay
+    readable; a bad row that is not the cut-off last one is still an error naming its line."""
+    path = tmp_path / "records.csv"
+    write_records(path, [RequestRecord("r1", 1, 10, 2), RequestRecord("r2", 2, 10, 2)])
+    whole = path.read_text()
+    last = whole.splitlines()[-1]
+    path.write_text(whole + last[: len(last) // 2])           # the third row, half written
+    assert [r.request_id for r in read_records(path)] == ["r1", "r2"]
+    path.write_text(whole.replace(last, last[: len(last) // 2] + "\n"))   # a short row, then its newline
+    with pytest.raises(ValueError, match=r"records\.csv:3"):
+        read_records(path)
+    path.write_text(whole)
+    assert [r.request_id for r in read_records(path)] == ["r1", "r2"]

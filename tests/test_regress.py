@@ -16,6 +16,7 @@ import yaml
 from testbed.cli import main
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.metrics.records import write_records
+from summaries import summary_figures
 from testbed.metrics.regress import (
     DEFAULT_METRICS,
     Baseline,
@@ -32,34 +33,15 @@ pure = pytest.mark.pure
 
 
 def summary(**over: Any) -> dict[str, Any]:
-    """A summary.json with the figures regress reads; `over` replaces dotted keys."""
-    s: dict[str, Any] = {
-        "schema": 1,
-        "run": {"name": "ci", "scenario": "paper-prfaas", "policy": "prfaas", "threshold": 19400.0,
-                "speedup": 10.0, "byte_scale": 256.0, "shaping_method": "none", "offered_rate_rps": 1.6,
-                "interrupted": False},
-        "requests": {"total": 40, "completed": 40, "failed": 0, "pending": 0, "failure_reasons": {}},
-        "throughput": {"completed_rps_paper": 1.25, "goodput_rps_paper": 1.2},
-        "ttft_s": {"n": 40, "mean": 2.5, "p50": 2.3, "p90": 4.1, "p99": 5.1},
-        "tpot_s": {"n": 40, "mean": 0.025, "p50": 0.025, "p90": 0.026, "p99": 0.027},
-        "offload": {"ratio": 0.475, "requests": 19},
-        "wan_egress": {"mean_Bps_paper": 5.7e8, "peak_Bps_paper": 1.4e9},
-        "links": {"prfaas-p0{dest=127.0.0.1:4000}": {"mean_Bps_paper": 1.0e8}},
-    }
-    for key, value in over.items():
-        node = s
-        parts = key.split("__")
-        for p in parts[:-1]:
-            node = node[p]
-        node[parts[-1]] = value
-    return s
+    """A summary.json's content (version 2, valid); `over` replaces figures by `__`-separated path."""
+    return summary_figures(**over)
 
 
 def write_run(path: Path, s: dict[str, Any], backend: str | None = "inproc") -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "summary.json").write_text(json.dumps(s))
     if backend is not None:
-        (path / "run.json").write_text(json.dumps({"backend": backend}))
+        (path / "run.json").write_text(json.dumps({"backend": backend, "scale": {"speedup": 10, "byte_scale": 256}}))
     return path
 
 
@@ -188,12 +170,27 @@ def test_mismatched_setup_warns(base: Path, tmp_path: Path, capsys: pytest.Captu
 
 @pure
 def test_missing_or_null_metric_fails(base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A figure of a section the file leaves out (no shaped link: `wan_link` without a headline).
+    data = yaml.safe_load(base.read_text())
+    data["metrics"]["wan_link.mean_bps_paper"] = {"baseline": 1e9, "direction": "both", "rel": 0.1}
+    with_link = tmp_path / "link.yaml"
+    with_link.write_text(yaml.safe_dump(data))
     s = summary(wan_egress__mean_Bps_paper=None)
-    del s["offload"]
-    rc, out, _ = run_cli(capsys, "regress", str(write_run(tmp_path / "r", s)), "--baseline", str(base))
+    rc, out, _ = run_cli(capsys, "regress", str(write_run(tmp_path / "r", s)), "--baseline", str(with_link))
     assert rc == 1
-    assert "FAIL offload.ratio: measured missing" in out and "not in the run's summary" in out
+    assert "FAIL wan_link.mean_bps_paper: measured missing" in out and "not in the run's summary" in out
     assert "FAIL wan_egress.mean_Bps_paper: measured missing" in out
+
+
+@pure
+def test_summary_missing_a_required_section_is_a_one_line_error(base: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    s = summary()
+    del s["offload"]
+    run = write_run(tmp_path / "r", s)
+    rc, out, err = run_cli(capsys, "regress", str(run), "--baseline", str(base))
+    assert rc == 2 and out == ""
+    assert err.strip() == f"regress: {run / 'summary.json'}: offload: Field required"
 
 
 @pure

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from prom_samples import value
 from testbed.config.overrides import overrides_for
 from testbed.core.request_ids import RequestIds
 from testbed.deploy.inproc import InProcessBackend
@@ -102,7 +103,7 @@ async def test_a_reused_request_id_does_not_collide_in_flight_or_in_the_records(
     assert [len(x["text"]) for x in same] == [len(" the") * 24] * 3
     assert sorted(x["request_id"] for x in same) == ["bench-1", "bench-1~dup1", "bench-1~dup2"]
     assert later["request_id"] == "bench-1~dup3"
-    assert "testbed_request_ids_renamed 3.0" in metrics
+    assert value(metrics, "testbed_request_ids_renamed_total", engine="router") == 3
 
     recs = read_records(tmp_path / "records.csv")
     assert sorted(r.request_id for r in recs) == ["bench-1", "bench-1~dup1", "bench-1~dup2", "bench-1~dup3"]

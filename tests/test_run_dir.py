@@ -36,3 +36,48 @@ def test_a_previous_run_is_cleared_of_its_artefacts_only(tmp_path: Path) -> None
     (tmp_path / "notes.md").write_text("mine")
     assert sorted(clear_previous_run(tmp_path)) == ["logs", "run.json"]
     assert (tmp_path / "notes.md").exists()
+
+
+def _users_folder(tmp_path: Path) -> Path:
+    d = tmp_path / "mine"
+    d.mkdir()
+    for name in ("report.md", "records.csv", "summary.json"):
+        (d / name).write_text(f"my own {name}")
+    return d
+
+
+def test_replay_into_a_folder_of_the_users_files_is_refused_naming_them(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from testbed.cli import main
+
+    d = _users_folder(tmp_path)
+    rc = main(["replay", "--scenario", "paper-prfaas", "--backend", "sim", "--requests", "3", "--out", str(d)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and str(d) in lines[0] and "Traceback" not in err, err
+    assert all(name in lines[0] for name in ("records.csv", "summary.json", "report.md")), err
+    assert sorted(p.name for p in d.iterdir()) == ["records.csv", "report.md", "summary.json"]
+    assert (d / "report.md").read_text() == "my own report.md"
+
+
+def test_a_new_empty_or_previous_run_directory_is_accepted(tmp_path: Path) -> None:
+    from testbed.core.errors import UserError
+    from testbed.studies.runner import check_run_dir
+
+    check_run_dir(tmp_path / "new")
+    (tmp_path / "empty").mkdir()
+    check_run_dir(tmp_path / "empty")
+    d = _users_folder(tmp_path)
+    (d / "notes.txt").write_text("unrelated")
+    with pytest.raises(UserError, match="report.md"):
+        check_run_dir(d)
+    (d / "run.json").write_text(json.dumps({"note": "not a run of ours"}))
+    with pytest.raises(UserError, match="run.json"):
+        check_run_dir(d)
+    (d / "run.json").write_text(json.dumps({"scenario": "paper-prfaas"}))
+    check_run_dir(d)       # a previous run: replaced as before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("nothing a run writes")
+    check_run_dir(other)

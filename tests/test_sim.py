@@ -1,6 +1,7 @@
 """The discrete-event simulator end to end: deterministic, a lone request's TTFT is exactly its
-stages, decode batching matches the live batch loop stepped one step at a time, and a replay
-through the runner writes a run directory like a live one."""
+stages, decode batching matches the shared batch loop (the live node's) stepped one step at a
+time, with and without a slowdown, and a replay through the runner writes a run directory like
+a live one."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from typing import Any, cast
 import pytest
 
 from testbed.core.decode_batch import DecodeBatch, DecodeSeq
+from testbed.core.decode_loop import DecodeLoop, decode_seq
+from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
 from testbed.core.lifecycle import Event
+from testbed.core.live_path import LivePathCosts
 from testbed.core.scenario import DecodeSpec
 from testbed.core.servicetime import DecodeStepTime, PrefillTime
 from testbed.core.topology import NodeSpec
@@ -95,66 +99,111 @@ class _Host:
     def finished(self, req: SimRequest, t: float) -> None:
         self.done[req.rid] = req
 
-    def fail(self, req: SimRequest, reason: str, t: float) -> None:
+    def attempt_failed(self, req: SimRequest, reason: str, t: float) -> None:
         raise AssertionError(reason)
 
 
 Stamps = dict[str, tuple[float, float, float]]
 
 
-def _stepped(spec: DecodeSpec, arrivals: list[tuple[float, DecodeSeq]]) -> tuple[Stamps, int]:
-    """The live batch loop (`testbed.live.decode_node._batch_loop`) one step at a time, in
-    virtual time: admitted, first and last token of each sequence, and the steps run."""
-    b = DecodeBatch(DecodeStepTime.from_spec(spec), spec.bs_max, spec.kv_capacity_bytes)
+def _stepped(spec: DecodeSpec, arrivals: list[tuple[float, DecodeSeq]],
+             slow: SlowDown | None = None) -> tuple[Stamps, int]:
+    """The shared batch loop (`testbed.core.decode_loop.DecodeLoop`) driven one step at a time, as
+    the live node drives it (`testbed.live.decode_node._batch_loop`: wait when idle or when
+    nothing can run, sleep until each step's end), in virtual time: admitted, first and last
+    token of each sequence, and the steps run."""
+    loop = DecodeLoop(DecodeBatch(DecodeStepTime.from_spec(spec), spec.bs_max, spec.kv_capacity_bytes), slow)
     out: dict[str, list[float]] = {}
-    steps = 0
     pending = sorted(arrivals, key=lambda a: a[0])
     t = 0.0
-    while pending or not b.idle:
-        if b.idle or not b.running:
+
+    def arrive_until(at: float) -> None:
+        while pending and pending[0][0] <= at:
+            loop.submit(pending.pop(0)[1])
+
+    while pending or not loop.idle:
+        if loop.idle:                      # asleep until a sequence comes
             t = max(t, pending[0][0])
-        while pending and pending[0][0] <= t:
-            b.submit(pending.pop(0)[1])
-        for s in b.admit(t):
+            loop.rest()
+        arrive_until(t)
+        admitted, end = loop.begin(t)
+        for s in admitted:
             out[s.request_id] = [t]
-        if not b.running:
+        if end is None:                    # asleep until a sequence comes (no finish can come)
+            loop.rest()
+            t = pending[0][0]
             continue
-        t += b.step_duration()
-        steps += 1
-        while pending and pending[0][0] <= t:
-            b.submit(pending.pop(0)[1])
-        for r in b.complete_step():
+        arrive_until(end)
+        t = end
+        for r in loop.end_step():
             if r.seq.generated == 1:
                 out[r.seq.request_id].append(t)
             if r.finished:
                 out[r.seq.request_id].append(t)
-    return {k: (v[0], v[1], v[-1]) for k, v in out.items()}, steps
+    return {k: (v[0], v[1], v[-1]) for k, v in out.items()}, loop.steps
 
 
-def test_decode_batching_matches_the_step_by_step_loop() -> None:
-    spec = DecodeSpec(base_s=0.025, per_seq_s=0.0007, per_context_token_s=3e-8, bs_max=3,
-                      kv_capacity_bytes=10_000)
+def _decode_run(spec: DecodeSpec, times: list[float], outs: list[int],
+                slow: tuple[float, float, float] | None = None) -> tuple[Stamps, Stamps, int, int]:
     node = NodeSpec("pd-d0", "pd", "dc", "pd", "decode", 0, "h20")
     kv = KVModel(0, 0.0, ("full",))
     host = _Host()
     dec = DecodeSim(node, spec, kv, cast(Host, host))
     arrivals: list[tuple[float, DecodeSeq]] = []
-    times = [0.0, 0.001, 0.0124, 0.03, 0.0301, 0.031, 0.2, 0.2, 0.26, 0.9, 0.9005, 0.95]
-    outs = [5, 40, 3, 17, 1, 9, 30, 2, 12, 7, 25, 4]
     for i, (t, n) in enumerate(zip(times, outs)):
         req = SimRequest(i, TraceRequest(f"r{i}", t, 1000 + 700 * i, n), t)
         for ev in (Event.ROUTE, Event.ENQUEUE_PREFILL, Event.START_PREFILL, Event.END_PREFILL):
             req.life.apply(ev, t)
         host.loop.at(t, KV_ARRIVAL, lambda r: (r.life.apply(Event.KV_COMPLETE, host.loop.now),
                                                dec.kv_arrived(r, host.loop.now)), req)
-        arrivals.append((t, DecodeSeq(f"r{i}", 1000 + 700 * i, n, 0)))
+        arrivals.append((t, decode_seq(kv, f"r{i}", 1000 + 700 * i, n)))
+    ref = None
+    if slow is not None:
+        factor, start, end = slow
+        ref = SlowDown()
+        host.loop.at(start, KV_ARRIVAL, lambda _: (dec.slow.set(factor, end), dec.slow_changed(host.loop.now)))
+        host.loop.at(end, KV_ARRIVAL, lambda _: dec.slow_changed(host.loop.now))
+        ref.set(factor, end)
+        # The stepped loop sees the factor from the window's start on.
+        ref = _Window(factor, start, end)
     host.loop.run()
-    want, steps = _stepped(spec, arrivals)
+    want, steps = _stepped(spec, arrivals, ref)
     got = {rid: (r.admitted, r.first, r.last) for rid, r in host.done.items()}
+    return want, got, steps, dec.steps
+
+
+class _Window(SlowDown):
+    """A slowdown in force from `start` to `end` (the stepped loop reads it by time)."""
+
+    def __init__(self, factor: float, start: float, end: float) -> None:
+        super().__init__()
+        self.factor_in, self.start, self.end = factor, start, end
+
+    def at(self, now: float) -> float:
+        return self.factor_in if self.start <= now < self.end else 1.0
+
+
+SPEC = DecodeSpec(base_s=0.025, per_seq_s=0.0007, per_context_token_s=3e-8, bs_max=3, kv_capacity_bytes=10_000)
+TIMES = [0.0, 0.001, 0.0124, 0.03, 0.0301, 0.031, 0.2, 0.2, 0.26, 0.9, 0.9005, 0.95]
+OUTS = [5, 40, 3, 17, 1, 9, 30, 2, 12, 7, 25, 4]
+
+
+def test_decode_batching_matches_the_shared_loop_stepped() -> None:
+    want, got, steps, sim_steps = _decode_run(SPEC, TIMES, OUTS)
     assert got.keys() == want.keys()
     for rid in want:
         assert got[rid] == pytest.approx(want[rid], abs=1e-9), rid
-    assert dec.steps == steps
+    assert sim_steps == steps
+
+
+def test_a_slowdown_stretches_the_steps_that_start_in_its_window_as_the_stepped_loop() -> None:
+    want, got, steps, sim_steps = _decode_run(SPEC, TIMES, OUTS, slow=(3.0, 0.1, 0.5))
+    assert got.keys() == want.keys()
+    for rid in want:
+        assert got[rid] == pytest.approx(want[rid], abs=1e-9), rid
+    assert sim_steps == steps
+    plain, _, _, _ = _decode_run(SPEC, TIMES, OUTS)
+    assert max(want[r][2] - plain[r][2] for r in want) > 0.1      # the window cost time
 
 
 def test_a_replay_through_the_runner_writes_a_run_directory(tmp_path: Path) -> None:
@@ -165,7 +214,7 @@ def test_a_replay_through_the_runner_writes_a_run_directory(tmp_path: Path) -> N
     assert meta["t_end"] > 0
     assert len(read_records(tmp_path / "records.csv")) == 30
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary == res.summary
+    assert summary == res.summary.to_json_dict()
     assert summary["requests"]["completed"] == 30 and summary["run"]["shaping_method"] == "sim"
     assert summary["wan_link"]["link"] == "dc-remote->dc-local"
     assert summary["wan_egress"]["bytes_paper"] == pytest.approx(summary["bytes"]["wan_total_paper"], rel=1e-6)
@@ -225,3 +274,40 @@ def test_the_10000_gpu_deployment_keeps_the_paper_proportions() -> None:
     assert counts == {"prfaas": (417, 0, 0), "pd": (312, 521, 0)}
     assert k == pytest.approx(1250 / 12) and rs.inter_dc.rate == pytest.approx(base.inter_dc.rate * k)
     assert rs.threshold == base.threshold
+
+
+def test_the_live_paths_costs_sit_where_the_live_router_pays_them() -> None:
+    """Routing, dispatching the prefill and relaying tokens cost wire seconds: the speedup's
+    worth of paper time each, at their stages."""
+    costs = {"routing_s": 0.010, "dispatch_s": 0.020, "relay_s": 0.030, "relay_last_s": 0.006}
+    base = _small()
+    rs = _small().model_copy(update={"live_path": LivePathCosts(**costs, source="test")})
+    s = base.spec.scale.speedup
+    for tokens in (8000, 60000):      # prefilled by the router's side, and across the WAN
+        trace = Trace([TraceRequest("only", 0.0, tokens, 16)], "one request")
+        (a,) = simulate(base, trace).records
+        (b,) = simulate(rs, trace).records
+        # The router sits in the decode cluster's datacenter: a remote prefill gets its call a WAN delay later.
+        away = base.inter_dc.delay if b.crossed_wan else 0.0
+        assert (b.times.routed - b.times.arrival) * s == pytest.approx(0.010 * s)
+        assert (b.times.prefill_queued - b.times.routed) * s == pytest.approx(0.020 * s + away)
+        assert (b.times.first_token - b.times.decode_first_token) * s == pytest.approx(0.030 * s)
+        assert (b.times.last_token - b.times.decode_last_token) * s == pytest.approx(0.006 * s)
+        assert b.ttft * s == pytest.approx(a.ttft * s + 0.060 * s + away)
+        # The last token's relay is the first's less 24 ms: over the 15 token gaps, TPOT 1.6 ms less.
+        assert b.tpot == pytest.approx(a.tpot - 0.024 / 15)
+
+
+def test_decode_loop_stalls_stretch_tpot_for_some_requests() -> None:
+    """Stalls of the batch loop (a whole step late) at the measured rate: TPOT is above the
+    modelled step for the requests they hit, and the same for a seed (per-instance streams)."""
+    rs = _small(n=80, out=256)
+    stalled = rs.model_copy(update={"live_path": LivePathCosts(stall_rate_per_s=1.0, stall_s=0.02, source="test")})
+    trace = trace_from_workload(rs.spec.workload)
+    step = rs.spec.hardware["h20"].decode.base_s  # type: ignore[union-attr]
+    plain = simulate(rs, trace).records
+    a, b = simulate(stalled, trace).records, simulate(stalled, trace).records
+    assert all(r.tpot * 4 == pytest.approx(step) for r in plain)
+    over = [r for r in a if r.tpot * 4 > step * 1.01]
+    assert 0 < len(over) < len(a)
+    assert [r.tpot for r in a] == [r.tpot for r in b]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from testbed.studies import sweep
+from summaries import summary_figures
 from testbed.cli import main
 from testbed.model.analytical import evaluate
 from testbed.config.scenarios import ScenarioError, load_scenario
@@ -155,17 +156,16 @@ def test_interrupted_sweep_keeps_finished_points(tmp_path: Path, monkeypatch: py
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     calls: list[Path] = []
 
-    async def fake_run(pt: sweep.Point, run_dir: Path, backend: str) -> None:
+    async def fake_run(pt: sweep.Point, run_dir: Path, backend: str, trace: object = None) -> None:
         calls.append(run_dir)
         run_dir.mkdir(parents=True)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        (run_dir / "summary.json").write_text(json.dumps({
-            "run": {"offered_rate_rps": 1.6, "threshold": float(pt.values["policy.threshold"])},
-            "requests": {"total": 5, "completed": 5, "failed": 0},
-            "ttft_s": {"mean": 2.0, "p50": 1.9, "p90": 3.0, "p99": 3.5}, "tpot_s": {"mean": 0.025},
-            "throughput": {"completed_rps_paper": 1.5}, "offload": {"ratio": 0.4},
-            "wan_egress": {"mean_Bps_paper": None}}))
+        (run_dir / "summary.json").write_text(json.dumps(summary_figures(
+            run__offered_rate_rps=1.6, run__threshold=float(pt.values["policy.threshold"]),
+            requests__total=5, requests__completed=5, requests__failed=0,
+            ttft_s={"n": 5, "mean": 2.0, "p50": 1.9, "p90": 3.0, "p99": 3.5}, tpot_s__mean=0.025,
+            throughput__completed_rps_paper=1.5, offload__ratio=0.4, wan_egress__mean_Bps_paper=None)))
 
     monkeypatch.setattr(sweep, "_run_point", fake_run)
     # A coarse curve keeps this test fast; the curve itself is checked above.

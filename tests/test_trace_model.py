@@ -17,7 +17,7 @@ from testbed.core.prefix_cache import HybridPrefixCache
 from testbed.model.analytical import LengthDistribution, Workload, evaluate
 from testbed.model.command import register, run
 from testbed.model.optimise import optimise
-from testbed.model.workload import EmpiricalDistribution, TraceWorkload, usable_cached_tokens
+from testbed.model.workload import EmpiricalDistribution, Routing, TraceWorkload, replay_cache, usable_cached_tokens
 from testbed.traces.command import prefix_reuse_share
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import sample_lengths, synth_with_prefixes
@@ -127,6 +127,44 @@ def test_cached_prefix_hand_made() -> None:
     assert list(hybrid) == [0, 4 * B, 0, 0, 0, 0]
 
 
+def test_replay_cache_follows_when_prefills_end_and_where_they_run() -> None:
+    plain = replay_cache(HAND, B, True)
+    assert list(plain.cached) == list(usable_cached_tokens(HAND, B, True)) and not plain.offloaded.any()
+    # A prompt is in the pools only 1.5 s after its arrival: request 1 (1 s after request 0)
+    # finds nothing, request 3 (3 s) finds request 0's prefix.
+    late = replay_cache(HAND, B, False, ready_after=lambda off, tokens, at: 1.5)
+    assert list(late.cached) == [0, 0, 2 * B, 3 * B, 0, 3 * B]
+    # Cache-aware at t = 1000: requests computing more than 1000 tokens after the best prefix
+    # anywhere go to PrfaaS; only what the PD pool lacks is shipped.
+    aware = replay_cache(HAND, B, False, Routing(threshold=1000))
+    unc = [r.input_tokens - c for r, c in zip(HAND, aware.cached)]
+    assert list(aware.offloaded) == [u > 1000 for u in unc]
+    assert list(aware.shipped) == unc
+    # Length-only at t = 2100: the whole prompt decides; PrfaaS reuses only what PrfaaS prefilled
+    # (request 1 finds nothing there: request 0 ran on PD-P; request 5 finds request 1's blocks),
+    # PD-P what anyone did, and an offloaded request ships its whole KV.
+    blind = replay_cache(HAND, B, False, Routing(threshold=2100, cache_aware=False))
+    assert list(blind.offloaded) == [r.input_tokens > 2100 for r in HAND] == [False, True, False, False, False, True]
+    assert list(blind.cached) == [0, 0, 2 * B, 3 * B, 0, 3 * B]
+    assert list(blind.shipped[blind.offloaded]) == [4 * B + 300, 5 * B]
+    cache_aware = replay_cache(HAND, B, False, Routing(threshold=2100))
+    assert list(cache_aware.cached) == list(usable_cached_tokens(HAND, B, False))
+    naive = replay_cache(HAND, B, False, Routing(offload_all=True))
+    assert naive.offloaded.all() and list(naive.cached) == list(usable_cached_tokens(HAND, B, False))
+
+
+def test_trace_workload_under_a_routing(tmp_path: Path) -> None:
+    trace = synth_with_prefixes(400, 4.0, 3)
+    kv = KVModel.from_spec(load_scenario("paper-prfaas").model)
+    at_once = TraceWorkload.from_trace(trace, kv)
+    slow = TraceWorkload.from_trace(trace, kv, Routing(), lambda off, tokens, at: 5.0)
+    assert slow.replay is not None and at_once.replay is None
+    assert slow.cached_share < at_once.cached_share
+    assert at_once.arrivals is not None and at_once.arrivals.rate == pytest.approx(at_once.rate)
+    assert at_once.model_workload().arrival_scv == pytest.approx(at_once.arrivals.gap_scv)
+    assert at_once.summary()["arrivals"]["gap_cv"] == pytest.approx(at_once.arrivals.gap_cv)
+
+
 def _pool_reference(trace: Trace, kv: KVModel) -> list[int]:
     """What the testbed's own cache pool gives each request when nothing is ever evicted."""
     pool = HybridPrefixCache.for_model(kv, trace.block_tokens, 1 << 62)
@@ -207,5 +245,8 @@ def test_model_command_with_trace(small_trace: Path, capsys: pytest.CaptureFixtu
 def test_model_command_trace_errors(small_trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_cli("--scenario", "paper-naive", "--window", "0:10")) == 2
     assert "--window" in capsys.readouterr().err
-    assert run(_cli("--scenario", "paper-naive", "--trace", str(small_trace.parent / "missing.jsonl"))) == 2
+    from testbed.cli import main
+
+    # A TraceError is a UserError: the CLI prints it as one line, exit 2.
+    assert main(["model", "--scenario", "paper-naive", "--trace", str(small_trace.parent / "missing.jsonl")]) == 2
     assert "cannot open" in capsys.readouterr().err

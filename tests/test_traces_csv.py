@@ -524,7 +524,7 @@ def test_cli_window_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_trace_for_order(tmp_path: Path) -> None:
-    from testbed.studies.replay_command import _overrides, _trace_for
+    from testbed.studies.run_args import run_overrides as _overrides, trace_for as _trace_for
 
     p = _azure_file(tmp_path, 400)
     full = load_trace(p)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,9 +24,15 @@ class StoreOnce(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def check_out_dir(path: Path, flag: str = "--out") -> Path:
+def check_out_dir(path: Path, flag: str = "--out", *, writes: Collection[str] = (),
+                  ours: Callable[[Path], bool] | None = None) -> Path:
     """`path` as a directory a command may create and write into: not the filesystem root (a run
-    would write and clear its artefacts there) and not an existing file. UserError otherwise."""
+    would write and clear its artefacts there) and not an existing file. UserError otherwise.
+
+    `writes`: the names the command writes there. An existing directory already holding any of
+    them is refused, naming them, unless `ours(path)` says a previous output of the command is
+    there (to be replaced): a folder of the user's own report.md or records.csv was overwritten
+    silently. A new or empty directory, or one holding only other files, is fine."""
     if str(path) == "":
         raise UserError(f"{flag}: an empty path is not a directory")
     resolved = path.resolve()
@@ -32,6 +40,11 @@ def check_out_dir(path: Path, flag: str = "--out") -> Path:
         raise UserError(f"{flag} {str(path)!r}: the filesystem root is not an output directory; give a directory for it")
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag} {str(path)!r}: an existing file, not a directory")
+    if writes and path.is_dir():
+        clash = [name for name in writes if os.path.lexists(path / name)]
+        if clash and not (ours is not None and ours(path)):
+            raise UserError(f"{flag} {str(path)!r} holds no previous run but has {', '.join(clash)}, which "
+                            "it would overwrite; give a new or empty directory, or move them")
     return path
 
 
@@ -39,3 +52,14 @@ def out_dir(value: str) -> Path:
     """argparse `type` of an output directory flag (--out DIR): refused while parsing, before any
     work, with the CLI's one-line user error (argparse's own errors would not name the reason)."""
     return check_out_dir(Path(value))
+
+
+def out_file(value: str) -> Path:
+    """argparse `type` of the --out of a command that writes one file (a trace, a scenario):
+    the one place --out is not a directory, so an existing directory is refused while parsing."""
+    path = Path(value)
+    if value == "":
+        raise UserError("--out: an empty path is not a file")
+    if path.is_dir():
+        raise UserError(f"--out {value!r}: an existing directory; this command writes one file, give its path")
+    return path

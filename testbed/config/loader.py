@@ -8,13 +8,18 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from testbed.config.input_files import MAX_CONFIG_BYTES, InputFileError, read_text_capped
+
 M = TypeVar("M", bound=BaseModel)
 
 
 def read_mapping(path: Path, error: type[Exception]) -> dict[str, Any]:
-    """A YAML file whose top level is a mapping (an empty file is an empty mapping)."""
+    """A YAML file whose top level is a mapping (an empty file is an empty mapping): a regular
+    UTF-8 file of at most MAX_CONFIG_BYTES."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_text_capped(path, MAX_CONFIG_BYTES))
+    except InputFileError as e:
+        raise error(str(e)) from None
     except yaml.YAMLError as e:
         raise error(f"{path}: not valid YAML: {e}") from None
     except OSError as e:

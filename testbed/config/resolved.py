@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict
 
 from testbed.config.profiles import ProfileError, load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
+from testbed.config.live_path import live_path_costs
 from testbed.core.linkprofile import LinkProfile
+from testbed.core.live_path import LivePathCosts
 from testbed.core.scaling import Scale
 from testbed.core.scenario import Scenario
 
@@ -27,6 +29,7 @@ class ResolvedScenario(BaseModel):
     inter_dc: LinkProfile
     threshold: float | None     # tokens; None when the policy has no length threshold
     source: str = ""            # the file it came from, for messages
+    live_path: LivePathCosts = LivePathCosts()   # what the simulator adds for the live path (`sim.live_path`)
 
     @property
     def name(self) -> str:
@@ -58,7 +61,8 @@ def resolve(spec: Scenario, source: str = "", solve: ThresholdSolver | None = No
                 raise ScenarioError(f"{source or spec.name}: field 'policy.threshold': 'auto' needs the "
                                     "analytical optimiser to resolve it")
             threshold = float(solve(spec, inter.rate))
-    return ResolvedScenario(spec=spec, intra_dc=intra, inter_dc=inter, threshold=threshold, source=source)
+    return ResolvedScenario(spec=spec, intra_dc=intra, inter_dc=inter, threshold=threshold, source=source,
+                            live_path=live_path_costs(spec, source))
 
 
 def _profile(spec: Scenario, field: str, source: str) -> LinkProfile:

@@ -13,6 +13,9 @@ from testbed.core.scenario import ModelProfile, Scenario
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 MODEL_DIR = SCENARIO_DIR / "models"
+# Where each source's model profiles live, by the source's name: the paper-derived ones (back-solved
+# from its Table 3) and those sampled from a measured-kernel database (`testbed profile`).
+PROFILE_SOURCES: dict[str, Path] = {"paper": MODEL_DIR, "aiconfigurator": MODEL_DIR / "aiconfigurator"}
 
 
 class ScenarioError(UserError, ValueError):
@@ -83,17 +86,30 @@ def dump_scenario(sc: Scenario) -> str:
     return yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False)
 
 
-def model_profiles() -> list[str]:
-    """Names of the shipped model profiles (scenarios/models/NAME.yaml)."""
-    return sorted(f.stem for f in MODEL_DIR.glob("*.yaml")) if MODEL_DIR.is_dir() else []
+def _source_dir(source: str) -> Path:
+    if source not in PROFILE_SOURCES:
+        raise ScenarioError(f"profile source {source!r} is not one of: {', '.join(PROFILE_SOURCES)}")
+    return PROFILE_SOURCES[source]
 
 
-def load_model_profile(name_or_path: str | Path) -> ModelProfile:
-    """A model profile on its own (its `model` and `hardware` blocks), validated."""
+def model_profiles(source: str = "paper") -> list[str]:
+    """Names of the shipped model profiles of a source (scenarios/models/NAME.yaml for the paper's)."""
+    d = _source_dir(source)
+    return sorted(f.stem for f in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def profile_sources(name: str) -> list[str]:
+    """The sources that ship a profile of model `name`, in PROFILE_SOURCES' order."""
+    return [s for s, d in PROFILE_SOURCES.items() if (d / f"{name}.yaml").is_file()]
+
+
+def load_model_profile(name_or_path: str | Path, source: str = "paper") -> ModelProfile:
+    """A model profile on its own (its `model` and `hardware` blocks), validated: a path, or the
+    name of one that `source` ships."""
     p = Path(name_or_path)
     if not p.exists():
-        p = MODEL_DIR / f"{name_or_path}.yaml"
+        p = _source_dir(source) / f"{name_or_path}.yaml"
         if not p.exists():
-            raise ScenarioError(f"model profile {str(name_or_path)!r} not found (a path, or one of: "
-                                f"{', '.join(model_profiles())})")
+            raise ScenarioError(f"model profile {str(name_or_path)!r} not found (a path, or one of the {source} "
+                                f"profiles: {', '.join(model_profiles(source)) or 'none'})")
     return validate_model(ModelProfile, _read_raw(p), str(p), "model profile", ScenarioError)

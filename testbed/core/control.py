@@ -1,16 +1,19 @@
 """What any driver of the router's short-term loop needs around `BandwidthController` (I/O-free):
 the recent arrivals it plans on, the per-stage service model of a deployment, the controller a
-scenario asks for (if any), and the time-series samples of one update. The live loop
-(`testbed.live.link_control`) and the simulator (`testbed.sim`) both use these.
+scenario asks for (if any), the link signals assembled from the prefill instances' status
+(`SignalMeter`), and the time-series samples of one update. The live loop
+(`testbed.live.link_control`) and the simulator (`testbed.sim.control`) both use these.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from testbed.core.bandwidth import BandwidthController, ControlSample, LinkSignals, StageModel, ThresholdChange
 from testbed.core.kvsize import KVModel
+from testbed.core.scaling import Scale
 from testbed.core.scenario import Scenario
 from testbed.core.servicetime import PrefillTime
 
@@ -92,3 +95,69 @@ def control_series(sig: LinkSignals, sample: ControlSample) -> list[SeriesSample
 def change_line(change: ThresholdChange) -> SeriesSample:
     """The `decisions.jsonl` sample of a threshold change."""
     return ("threshold_change", change.new, {"old": f"{change.old:.0f}", "reason": change.reason})
+
+
+@dataclass(frozen=True)
+class SenderStatus:
+    """What the short-term loop reads of one prefill instance, in its driver's units (the live
+    node's `/status`: wire seconds and bytes; the simulator's model: paper)."""
+
+    acked_bytes: float          # cumulative: KV bytes the network delivered (TCP-acknowledged)
+    retrans_segments: float     # cumulative
+    acked_segments: float       # cumulative
+    undelivered_bytes: float    # now: queued in the sender, unsent in sockets or in flight
+    queued_s: float             # now: modelled prefill work waiting
+
+
+class SignalMeter:
+    """`LinkSignals` from successive polls of the prefill instances (`kinds`: node -> its
+    cluster's kind). The PrfaaS senders' egress is all WAN traffic: their delivered, undelivered
+    and retransmitted bytes are the link's; every instance in service counts for its stage's
+    backlog (one that did not answer adds no work but counts). `scale` turns the driver's units
+    into paper units."""
+
+    def __init__(self, kinds: Mapping[str, str], scale: Scale) -> None:
+        self.kinds = dict(kinds)
+        self.scale = scale
+        self._prev: tuple[float, float, float, float] | None = None     # t, acked, retrans, segments
+
+    def signals(self, t: float, status: Mapping[str, SenderStatus | None], recent: Recent,
+                take_tails: Callable[[], list[float]], unroutable: frozenset[str] = frozenset()) -> LinkSignals | None:
+        """The signals of the interval since the previous poll (None at the first); `take_tails`
+        hands over the KV transfer tails noted since the last call (driver's seconds)."""
+        acked = retrans = segments = undelivered = 0.0
+        queued = {"prfaas": 0.0, "pd": 0.0}
+        count = {"prfaas": 0, "pd": 0}
+        for nid, kind in self.kinds.items():
+            if nid not in unroutable:
+                count[kind] += 1
+            st = status.get(nid)
+            if st is None:
+                continue
+            if nid not in unroutable:
+                queued[kind] += st.queued_s
+            if kind == "prfaas":
+                acked += st.acked_bytes
+                retrans += st.retrans_segments
+                segments += st.acked_segments
+                undelivered += st.undelivered_bytes
+        prev, self._prev = self._prev, (t, acked, retrans, segments)
+        if prev is None:
+            return None
+        sc = self.scale
+        paper_now = sc.paper_seconds(t)
+        tails = take_tails()
+        d_retrans = max(retrans - prev[2], 0.0)
+        return LinkSignals(
+            now=paper_now,
+            interval_s=sc.paper_seconds(t - prev[0]),
+            delivered_bytes=sc.paper_bytes(max(acked - prev[1], 0.0)),
+            undelivered_bytes=sc.paper_bytes(undelivered),
+            # Retransmitted share of the segments put on the wire in the interval.
+            retrans_share=d_retrans / max(segments - prev[3] + d_retrans, 1.0),
+            prfaas_backlog_s=sc.paper_seconds(queued["prfaas"]) / max(count["prfaas"], 1),
+            pdp_backlog_s=sc.paper_seconds(queued["pd"]) / max(count["pd"], 1),
+            arrival_rate=recent.rate(paper_now),
+            lengths=tuple(recent.lengths),
+            tail_s=sc.paper_seconds(sum(tails) / len(tails)) if tails else None,
+        )

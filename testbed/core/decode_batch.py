@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from testbed.core.servicetime import DecodeStepTime
 
@@ -24,8 +25,9 @@ class DecodeSeq:
     admitted_at: float | None = None
 
 
-@dataclass(frozen=True)
-class StepResult:
+class StepResult(NamedTuple):
+    """A sequence's part in a step (a tuple: a step makes one per running sequence)."""
+
     seq: DecodeSeq
     finished: bool
 
@@ -78,13 +80,13 @@ class DecodeBatch:
         keep: list[DecodeSeq] = []
         self.context += steps * len(self.running)
         for s in self.running:
-            s.generated += steps
-            done = s.generated >= s.output_tokens
-            results.append(StepResult(s, done))
-            if done:
+            g = s.generated = s.generated + steps
+            if g >= s.output_tokens:
+                results.append(StepResult(s, True))
                 self.kv_used -= s.kv_bytes
-                self.context -= s.context_tokens + s.generated
+                self.context -= s.context_tokens + g
             else:
+                results.append(StepResult(s, False))
                 keep.append(s)
         self.running = keep
         return results
@@ -93,7 +95,7 @@ class DecodeBatch:
 
     def steps_to_finish(self) -> int:
         """Steps until the first running sequence finishes (0 when none runs)."""
-        return min((s.output_tokens - s.generated for s in self.running), default=0)
+        return min([s.output_tokens - s.generated for s in self.running], default=0)
 
     def duration_of(self, steps: int) -> float:
         """Time of the next `steps` steps with the present membership. Each step adds one token

@@ -11,15 +11,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
 
+from testbed.core.kinds import unknown_kind
 from testbed.core.linkprofile import LinkParams
 from testbed.core.scenario import (
-    NODE_FAULTS, FaultSpec, KillFault, OutageFault, PartitionFault, RateDropFault, RestartFault, Scenario,
+    FaultKind, FaultSpec, KillFault, OutageFault, PartitionFault, PauseFault, RateDropFault, RestartFault, Scenario,
+    SlowFault, TcpResetFault,
 )
 
 Link = tuple[str, str]          # (source datacenter, destination datacenter): one direction
 Phase = Literal["start", "end"]
+# What a fault acts on: one node instance, link parameters, or the connections crossing the WAN.
+Scope = Literal["node", "link", "connection"]
+
+
+def kind_scope(kind: FaultKind) -> Scope:
+    match kind:
+        case "kill" | "pause" | "restart" | "slow":
+            return "node"
+        case "outage" | "rate_drop" | "partition":
+            return "link"
+        case "tcp_reset":
+            return "connection"
+        case _:
+            unknown_kind("fault kind", kind, get_args(FaultKind))
+
+
+def fault_scope(spec: FaultSpec) -> Scope:
+    return kind_scope(spec.kind)
+
+
+NODE_KINDS: tuple[FaultKind, ...] = tuple(k for k in get_args(FaultKind) if kind_scope(k) == "node")
 
 
 @dataclass(frozen=True)
@@ -32,7 +55,7 @@ class FaultEvent:
     links: tuple[Link, ...]     # the directions, for link faults (tcp_reset: every inter-DC one)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> FaultKind:
         return self.spec.kind
 
     @property
@@ -40,12 +63,17 @@ class FaultEvent:
         """What the fault acts on, for logs and reports: a node id, `a->b`, `a<->b` or `wan`."""
         if self.node is not None:
             return self.node
-        s = self.spec
-        if isinstance(s, PartitionFault):
-            return f"{s.src}->{s.dst}"
-        if isinstance(s, OutageFault | RateDropFault) and s.between is not None:
-            return f"{s.between[0]}<->{s.between[1]}"
-        return "wan"
+        match self.spec:
+            case PartitionFault(src=src, dst=dst):
+                return f"{src}->{dst}"
+            case OutageFault(between=(a, b)) | RateDropFault(between=(a, b)):
+                return f"{a}<->{b}"
+            case OutageFault() | RateDropFault() | TcpResetFault():
+                return "wan"
+            case KillFault() | PauseFault() | RestartFault() | SlowFault():
+                return self.spec.node_id()
+            case _:
+                unknown_kind("fault kind", self.spec)
 
 
 @dataclass(frozen=True)
@@ -61,30 +89,46 @@ def datacenters(sc: Scenario) -> list[str]:
     return list(dict.fromkeys(c.datacenter for c in sc.clusters))
 
 
+def _node(spec: FaultSpec) -> str | None:
+    match spec:
+        case KillFault() | PauseFault() | RestartFault() | SlowFault():
+            return spec.node_id()
+        case OutageFault() | RateDropFault() | PartitionFault() | TcpResetFault():
+            return None
+        case _:
+            unknown_kind("fault kind", spec)
+
+
 def _links(sc: Scenario, spec: FaultSpec) -> tuple[Link, ...]:
-    dcs = datacenters(sc)
-    if isinstance(spec, PartitionFault):
-        return ((spec.src, spec.dst),)
-    if isinstance(spec, OutageFault | RateDropFault) and spec.between is not None:
-        a, b = spec.between
-        return ((a, b), (b, a))
-    return tuple((a, b) for a in dcs for b in dcs if a != b)
+    match spec:
+        case PartitionFault(src=src, dst=dst):
+            return ((src, dst),)
+        case OutageFault(between=(a, b)) | RateDropFault(between=(a, b)):
+            return ((a, b), (b, a))
+        case OutageFault() | RateDropFault() | TcpResetFault():
+            dcs = datacenters(sc)
+            return tuple((a, b) for a in dcs for b in dcs if a != b)
+        case KillFault() | PauseFault() | RestartFault() | SlowFault():
+            return ()
+        case _:
+            unknown_kind("fault kind", spec)
 
 
 def _end(spec: FaultSpec) -> float | None:
-    if isinstance(spec, KillFault):
-        return None
-    if isinstance(spec, RestartFault):
-        return spec.at_s + spec.down_s     # up again (starting) from then on
-    return spec.at_s + spec.duration_s
+    match spec:
+        case KillFault():
+            return None
+        case RestartFault():
+            return spec.at_s + spec.down_s     # up again (starting) from then on
+        case PauseFault() | SlowFault() | OutageFault() | RateDropFault() | PartitionFault() | TcpResetFault():
+            return spec.at_s + spec.duration_s
+        case _:
+            unknown_kind("fault kind", spec)
 
 
 def fault_timeline(sc: Scenario) -> list[FaultEvent]:
     """The scenario's faults sorted by start time (ties keep the file's order)."""
-    out = []
-    for i, f in enumerate(sc.faults):
-        node = f.node_id() if isinstance(f, NODE_FAULTS) else None
-        out.append(FaultEvent(i, f, f.at_s, _end(f), node, () if node is not None else _links(sc, f)))
+    out = [FaultEvent(i, f, f.at_s, _end(f), _node(f), _links(sc, f)) for i, f in enumerate(sc.faults)]
     return sorted(out, key=lambda e: (e.start_s, e.index))
 
 
@@ -101,7 +145,7 @@ def fault_steps(timeline: Iterable[FaultEvent]) -> list[FaultStep]:
 
 def shapes_links(e: FaultEvent) -> bool:
     """Faults that change link parameters (a tcp_reset does not: it acts on connections)."""
-    return isinstance(e.spec, OutageFault | RateDropFault | PartitionFault)
+    return fault_scope(e.spec) == "link"
 
 
 def faulted_links(base: Mapping[Link, LinkParams], active: Iterable[FaultEvent]) -> dict[Link, LinkParams]:
@@ -116,10 +160,15 @@ def faulted_links(base: Mapping[Link, LinkParams], active: Iterable[FaultEvent])
             if link not in out:
                 continue
             p = out[link]
-            if isinstance(e.spec, RateDropFault):
-                out[link] = replace(p, rate_bps=p.rate_bps * e.spec.factor)
-            else:
-                out[link] = replace(p, loss=1.0, loss_correlation=0.0)
+            match e.spec:
+                case RateDropFault(factor=factor):
+                    out[link] = replace(p, rate_bps=p.rate_bps * factor)
+                case OutageFault() | PartitionFault():
+                    out[link] = replace(p, loss=1.0, loss_correlation=0.0)
+                case KillFault() | PauseFault() | RestartFault() | SlowFault() | TcpResetFault():
+                    pass    # shapes no link
+                case _:
+                    unknown_kind("fault kind", e.spec)
     return out
 
 

@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from typing import Iterable, Literal
 
 State = Literal["up", "down"]
+
+# Wire seconds: what the router's probes do on any host (the simulator scales them to paper time).
+PROBE_INTERVAL_S = 0.5      # between two probes of one instance
+PROBE_TIMEOUT_S = 2.0       # a probe not answered by then counts a failure
+STARTUP_GRACE_S = 30.0      # see the module's docstring
+MAX_FAILURES = 3
 Outcome = Literal["ok", "refused", "failed"]
 
 # (state, outcome) -> next state, before the consecutive-failure rule below.
@@ -52,8 +58,8 @@ class _Instance:
 
 
 class HealthBook:
-    def __init__(self, nodes: Iterable[str], max_failures: int = 3, probe_interval_s: float = 0.5,
-                 startup_grace_s: float = 30.0) -> None:
+    def __init__(self, nodes: Iterable[str], max_failures: int = MAX_FAILURES,
+                 probe_interval_s: float = PROBE_INTERVAL_S, startup_grace_s: float = STARTUP_GRACE_S) -> None:
         if max_failures < 1:
             raise ValueError("max_failures must be >= 1")
         self.max_failures = max_failures
@@ -61,12 +67,13 @@ class HealthBook:
         self.startup_grace_s = startup_grace_s
         self._first_probe: float | None = None
         self._nodes = {n: _Instance() for n in nodes}
+        self._down: frozenset[str] = frozenset()     # kept as states change: routing asks for it per request
 
     def state(self, node: str) -> State:
         return self._nodes[node].state
 
     def down(self) -> frozenset[str]:
-        return frozenset(n for n, i in self._nodes.items() if i.state == "down")
+        return self._down
 
     def report(self, node: str, outcome: Outcome, now: float, reason: str = "",
                probe: bool = False) -> HealthChange | None:
@@ -90,6 +97,7 @@ class HealthBook:
         inst.state = new
         if new == old:
             return None
+        self._down = self._down | {node} if new == "down" else self._down - {node}
         why = ("answered again" if new == "up" else
                f"{inst.failures} failure(s) in a row, last: {inst.last_reason}")
         return HealthChange(node, old, new, now, why)

@@ -25,7 +25,9 @@ Limits, all constructor arguments: `max_connections` (a connection beyond it is 
 within that many seconds or `sweep` breaks it, freeing what it held); `max_transfers` open in
 total and `max_transfers_per_connection` (a new transfer beyond either fails at once with the
 reason, answered with ABORT); `max_results` unclaimed results and `max_tombstones` finished ids
-kept (oldest forgotten first), so ids nobody expects cost a bounded amount.
+kept (oldest forgotten first), so ids nobody expects cost a bounded amount; `max_fragments`
+separate byte ranges held by one transfer (see `fragment_cap`: a DATA frame past it is a protocol
+error, which breaks its connection and fails the transfers it carried).
 
 Results go to whoever `expect`ed the transfer (the event says `claimed`), else are kept for
 `result_ttl`; late frames of a finished transfer are dropped for as long (a late END is answered
@@ -45,6 +47,7 @@ from testbed.core.frames import (
     Frame,
     FrameDecoder,
     FrameError,
+    MAX_LAYERS,
     FrameType,
     encode_abort,
     encode_ack,
@@ -62,6 +65,18 @@ MAX_TRANSFERS = 4096
 MAX_TRANSFERS_PER_CONNECTION = 256
 MAX_RESULTS = 4096
 MAX_TOMBSTONES = 16384
+# Separate byte ranges one transfer may hold while it is reassembled (each costs ~80 bytes: 400k
+# one-byte DATA frames with gaps between them held 30 MB). A sender's ranges are at most its
+# chunks, and a scenario's chunks are >= MIN_FRAGMENT_BYTES but for each layer's last one: so a
+# transfer of `total` bytes gets MAX_LAYERS + total / MIN_FRAGMENT_BYTES, and never more than
+# MAX_FRAGMENTS (1.3 MB; at the default 256 KiB chunks that is 4 GiB arrived out of order).
+MIN_FRAGMENT_BYTES = 1024
+MAX_FRAGMENTS = 16384
+
+
+def fragment_cap(total: int, ceiling: int = MAX_FRAGMENTS) -> int:
+    """The separate byte ranges a transfer of `total` bytes may hold (see MAX_FRAGMENTS)."""
+    return min(ceiling, MAX_LAYERS + -(-total // MIN_FRAGMENT_BYTES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,10 +223,12 @@ class Reassembler:
         max_transfers_per_connection: int = MAX_TRANSFERS_PER_CONNECTION,
         max_results: int = MAX_RESULTS,
         max_tombstones: int = MAX_TOMBSTONES,
+        max_fragments: int = MAX_FRAGMENTS,
     ) -> None:
         for name, v in (("max_connections", max_connections), ("max_transfers", max_transfers),
                         ("max_transfers_per_connection", max_transfers_per_connection),
-                        ("max_results", max_results), ("max_tombstones", max_tombstones)):
+                        ("max_results", max_results), ("max_tombstones", max_tombstones),
+                        ("max_fragments", max_fragments)):
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         if frame_timeout <= 0:
@@ -225,6 +242,7 @@ class Reassembler:
         self.max_transfers_per_connection = max_transfers_per_connection
         self.max_results = max_results
         self.max_tombstones = max_tombstones
+        self.max_fragments = max_fragments
         self.stream_bytes = 0            # every byte read from every connection
         self.bytes_received = 0          # DATA payload bytes, resent ones included
         self.duplicate_bytes = 0
@@ -450,6 +468,12 @@ class Reassembler:
             if not fresh:
                 t.duplicate_bytes += n
                 self.duplicate_bytes += n
+                return
+            # Only past MAX_LAYERS ranges can a cap be passed: one comparison per frame until then.
+            if len(t.starts) > MAX_LAYERS and len(t.starts) > (cap := fragment_cap(t.total, self.max_fragments)):
+                self._frame_error(conn, c, FrameError(
+                    f"transfer {tid} arrived in more than {cap} separate byte ranges (limit {cap} for "
+                    f"{t.total} bytes)", tid), now, out)
                 return
             t.received += n
             t.data_conns.add(conn)

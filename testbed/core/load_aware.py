@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from testbed.core.kinds import unknown_kind
 from testbed.core.kvsize import KVModel
 from testbed.core.linkprofile import LinkProfile
 from testbed.core.policy import (
@@ -181,8 +182,13 @@ def load_aware(view: View, req: RoutingRequest, costs: RouteCosts) -> Decision:
 def router_policy(sc: Scenario, intra: LinkProfile, inter: LinkProfile) -> Policy:
     """The policy a scenario names, with the load-aware costs bound when it asks for them."""
     pol = sc.policy
-    if pol.cache_routing != "load-aware":
-        return get_policy(pol.name, pol.cache_aware)
+    match pol.cache_routing:
+        case "paper":
+            return get_policy(pol.name, pol.cache_aware)
+        case "load-aware":
+            pass
+        case _:
+            unknown_kind("cache routing", pol.cache_routing)
     costs = RouteCosts.for_scenario(sc, intra, inter)
 
     def decide(view: View, req: RoutingRequest) -> Decision:

@@ -1,5 +1,5 @@
 """The router's long-term loop (I/O-free): find the bottleneck stage, convert PD instances
-between the prefill and decode roles, re-optimise the threshold (PAPER.md section 3.4).
+between the prefill and decode roles, re-optimise the threshold (docs/paper.md section 3.4).
 
 Every `sample_s` the driver hands `LongTermController.update` what it measured since the last
 call (`RoleSignals`, paper units): per prefill stage (PrfaaS, PD-P) the modelled prefill work the
@@ -41,7 +41,7 @@ from typing import Callable, Literal, Mapping, Sequence
 
 from testbed.core.bandwidth import BandwidthController, ThresholdChange
 from testbed.core.control import Recent, change_line
-from testbed.core.policy import LoadTracker
+from testbed.core.load_tracker import LoadTracker
 from testbed.core.roles import Role, RoleBook, other
 from testbed.core.scenario import LongTermSpec, Scenario
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
+from typing import Callable, Literal, Mapping, get_args
 
-from testbed.core.scenario import Scenario
-from testbed.core.topology import role_slots
+from testbed.core.kinds import unknown_kind
+from testbed.core.scenario import PolicyName, Scenario
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class View:
     clusters: tuple[ClusterView, ...]
     threshold: float | None = None
     now: float = 0.0
-    # WAN state for the cache-aware rules (PAPER.md section 3.4): judged by the router's link
+    # WAN state for the cache-aware rules (docs/paper.md section 3.4): judged by the router's link
     # monitor; "scarce" when nothing measures it.
     bandwidth: BandwidthState = "scarce"
     # The link monitor's estimate of what the inter-DC link gives (paper bit/s); None when
@@ -181,10 +181,15 @@ def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decisi
             return build_decision(view, req, pf, f"l={total} > t={t:g}")
         return build_decision(view, req, pd, f"l={total} <= t={t:g}")
     l_pd, l_pf = req.cached.get(pd.name, 0), req.cached.get(pf.name, 0)
-    if view.bandwidth == "scarce":
-        if total - l_pd <= t:
-            return build_decision(view, req, pd, f"scarce: l-l_pd={total - l_pd} <= t={t:g}", True)
-        return build_decision(view, req, pf, f"scarce: l-l_pd={total - l_pd} > t={t:g}", True)
+    match view.bandwidth:
+        case "scarce":
+            if total - l_pd <= t:
+                return build_decision(view, req, pd, f"scarce: l-l_pd={total - l_pd} <= t={t:g}", True)
+            return build_decision(view, req, pf, f"scarce: l-l_pd={total - l_pd} > t={t:g}", True)
+        case "abundant":
+            pass
+        case _:
+            unknown_kind("bandwidth state", view.bandwidth, get_args(BandwidthState))
     prefix = max(l_pd, l_pf)
     to_pd = total - prefix <= t
     dst, src, l_dst, l_src = (pd, pf, l_pd, l_pf) if to_pd else (pf, pd, l_pf, l_pd)
@@ -195,69 +200,23 @@ def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decisi
     return build_decision(view, req, dst, why, True, cached=prefix, move=move)
 
 
-_POLICIES: dict[str, Callable[..., Decision]] = {"homogeneous": homogeneous, "naive": naive, "prfaas": prfaas}
+def _decider(name: PolicyName) -> Callable[[View, RoutingRequest, bool], Decision]:
+    match name:
+        case "homogeneous":
+            return homogeneous
+        case "naive":
+            return naive
+        case "prfaas":
+            return prfaas
+        case _:
+            unknown_kind("policy", name, sorted(get_args(PolicyName)))
 
 
-def get_policy(name: str, cache_aware: bool = False) -> Policy:
-    try:
-        fn = _POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(_POLICIES))}") from None
+def get_policy(name: PolicyName, cache_aware: bool = False) -> Policy:
+    fn = _decider(name)
 
     def decide(view: View, req: RoutingRequest) -> Decision:
         return fn(view, req, cache_aware)
 
     decide.__name__ = f"{name}{'+cache' if cache_aware else ''}"
     return decide
-
-
-class LoadTracker:
-    """Router-side load book-keeping: what it assigned and what has finished. The router sees
-    every assignment, so this is exact without polling nodes. `assigned_work` adds up each
-    prefill instance's routed work for good (the long-term loop reads stage loads from it)."""
-
-    def __init__(self, sc: Scenario) -> None:
-        self._clusters = sc.clusters
-        self.prefill_backlog: dict[str, float] = {}
-        self.assigned_work: dict[str, float] = {}
-        self.active: dict[str, int] = {}
-        self._ids: dict[str, tuple[list[str], list[str]]] = {}
-        for c in sc.clusters:
-            n_p, n_d = role_slots(sc, c)
-            pn = [f"{c.name}-p{i}" for i in range(n_p)]
-            dn = [f"{c.name}-d{i}" for i in range(n_d)]
-            self._ids[c.name] = (pn, dn)
-            for n in pn:
-                self.prefill_backlog[n] = 0.0
-                self.assigned_work[n] = 0.0
-                self.active[n] = 0
-            for n in dn:
-                self.active[n] = 0
-
-    def node_ids(self, cluster: str) -> tuple[list[str], list[str]]:
-        """The cluster's prefill and decode node ids."""
-        return self._ids[cluster]
-
-    def view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset(),
-             bandwidth: BandwidthState = "scarce", bandwidth_bps: float | None = None,
-             backlog_scale: float = 1.0) -> View:
-        cvs = []
-        for c in self._clusters:
-            pn, dn = self._ids[c.name]
-            p = tuple(InstanceLoad(n, self.prefill_backlog[n], self.active[n]) for n in pn if n not in down)
-            d = tuple(InstanceLoad(n, 0.0, self.active[n]) for n in dn if n not in down)
-            cvs.append(ClusterView(c.name, c.kind, c.datacenter, p, d))
-        return View(tuple(cvs), threshold, now, bandwidth, bandwidth_bps, backlog_scale)
-
-    def assign(self, d: Decision, prefill_work: float) -> None:
-        self.prefill_backlog[d.prefill_node] += prefill_work
-        self.assigned_work[d.prefill_node] += prefill_work
-        self.active[d.prefill_node] += 1
-        self.active[d.decode_node] += 1
-
-    def prefill_done(self, d: Decision, prefill_work: float) -> None:
-        self.prefill_backlog[d.prefill_node] = max(self.prefill_backlog[d.prefill_node] - prefill_work, 0.0)
-        self.active[d.prefill_node] -= 1
-
-    def decode_done(self, d: Decision) -> None:
-        self.active[d.decode_node] -= 1

@@ -45,6 +45,11 @@ class PrefillQueue:
         job, self.current = self.current, None
         return job
 
+    @property
+    def head(self) -> PrefillJob | None:
+        """The job that starts next (None: none waits)."""
+        return self._q[0] if self._q else None
+
     def remove(self, request_id: str) -> bool:
         for job in self._q:
             if job.request_id == request_id:
@@ -65,3 +70,12 @@ class PrefillQueue:
         """Modelled work left: the running job's remainder plus every waiting job."""
         rest = max(self._busy_until - now, 0.0) if self.current else 0.0
         return rest + sum(j.duration for j in self._q)
+
+    def samples(self, kv_backlog_bytes: float, kv_bytes_sent: float) -> list[tuple[str, float, dict[str, str]]]:
+        """The prefill instance's time-series samples (its sender's KV backlog and bytes sent, wire)."""
+        return [
+            ("queue_depth", float(self.depth), {}),
+            ("running", 1.0 if self.current is not None else 0.0, {}),
+            ("kv_backlog_bytes", float(kv_backlog_bytes), {}),
+            ("kv_bytes_sent", float(kv_bytes_sent), {}),
+        ]

@@ -1,6 +1,6 @@
 """Hybrid prefix cache pool of one cluster, and the global index over every cluster's pool.
 
-A hybrid model's KV has two parts (PAPER.md, "System"):
+A hybrid model's KV has two parts (docs/paper.md, "System"):
 - full-attention KV grows with the prompt and is kept in blocks of `block_tokens`, one entry per
   prefix block hash; a prompt matches the longest run of its leading blocks that are present
   (a partial prefix match);
@@ -184,10 +184,10 @@ class HybridPrefixCache:
         blocks = min(input_tokens // self.block_tokens, len(ids))
         if self.capacity_bytes <= 0 or blocks == 0:
             return 0
-        # Refresh what is already there first, so making room for the rest never evicts it (when
-        # everything fits without evicting, the refresh at the end gives the same order alone).
-        if self.capacity_bytes - self.used_bytes < blocks * self.block_bytes + self.state_bytes:
-            self._refresh(ids, blocks)
+        if self.capacity_bytes - self.used_bytes >= blocks * self.block_bytes + self.state_bytes:
+            return self._insert_fitting(ids, blocks)
+        # Refresh what is already there first, so making room for the rest never evicts it.
+        self._refresh(ids, blocks)
         added = 0
         present = 0
         entries = self._entries
@@ -215,6 +215,33 @@ class HybridPrefixCache:
                     self.stats.refused_bytes += self.state_bytes
         self.stats.inserted_bytes += added
         self._refresh(ids, present)
+        return added
+
+    def _insert_fitting(self, ids: list[int], blocks: int) -> int:
+        """`insert` when every entry fits without evicting: one pass, in `_refresh`'s order (the
+        state, then leaf to root, each moved or added to the most recent end), which is the
+        order adding from the root and refreshing afterwards leaves."""
+        entries = self._entries
+        to_end = entries.move_to_end
+        added = 0
+        sb, bb = self.state_bytes, self.block_bytes
+        if sb:
+            key: Key = ("s", blocks, ids[blocks - 1])
+            if key in entries:
+                to_end(key)
+            else:
+                entries[key] = _Entry(sb)
+                added += sb
+        if bb:
+            for i in range(blocks - 1, -1, -1):
+                key = ("b", i, ids[i])
+                if key in entries:
+                    to_end(key)
+                else:
+                    entries[key] = _Entry(bb)
+                    added += bb
+        self.used_bytes += added
+        self.stats.inserted_bytes += added
         return added
 
     def pin(self, owner: str, hash_ids: Iterable[int], tokens: int) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.core.errors import UserError
 from testbed.core.lifecycle import Event
 
 NAN = float("nan")
@@ -23,7 +24,7 @@ NAN = float("nan")
 NO_TRACE_INDEX = -1
 
 
-class RecordFormatError(ValueError):
+class RecordFormatError(UserError, ValueError):
     """A wire dict or a stored row that does not fit the schema; the message names the field."""
 
 

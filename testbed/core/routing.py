@@ -1,61 +1,15 @@
 """One routing step of the router, I/O-free: look up every cluster's usable cached prefix, ask
 the policy, book the assignment, pick the source of any cache move, pin what the prefill reads
 and note the arrival for the control loop. The live router and the simulator both call `route`
-with their own state (anything that has the attributes of `RouterBooks`) and clock.
+with their own books (`testbed.core.router_books.RouterBooks`) and clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
-from testbed.core.cache_book import CacheBook
-from testbed.core.control import Recent
-from testbed.core.kvsize import KVModel
-from testbed.core.policy import (
-    BandwidthState, Decision, LoadTracker, NoCapacity, Policy, RoutingRequest, least_loaded_prefill,
-)
+from testbed.core.policy import NoCapacity, RoutingRequest, least_loaded_prefill
+from testbed.core.router_books import RoutePlan as RoutePlan, RouterBooks
 from testbed.core.scaling import Scale
 from testbed.core.scenario import Scenario
-from testbed.core.servicetime import PrefillTime
-
-
-class RouterBooks(Protocol):
-    """What routing reads and updates: the router's own state."""
-
-    @property
-    def policy(self) -> Policy: ...
-    @property
-    def tracker(self) -> LoadTracker: ...
-    @property
-    def kv(self) -> KVModel: ...
-    @property
-    def prefill_time(self) -> dict[str, PrefillTime]: ...
-    @property
-    def book(self) -> CacheBook | None: ...
-    @property
-    def recent(self) -> Recent: ...
-    @property
-    def cache_aware(self) -> bool: ...
-    @property
-    def threshold(self) -> float | None: ...
-    @property
-    def bandwidth(self) -> BandwidthState: ...
-    @property
-    def bandwidth_bps(self) -> float | None: ...
-    @property
-    def history(self) -> Recent | None: ...
-
-
-@dataclass
-class RoutePlan:
-    """A routed request: the decision and what carrying it out needs."""
-
-    d: Decision
-    work: float                      # modelled prefill in the driver's time unit (the tracker's backlog)
-    hashes: tuple[int, ...]
-    move_src: str | None = None      # prefill node that sends the moved cached prefix
-    move_bytes_paper: int = 0
 
 
 def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tuple[int, ...], now: float,

@@ -62,12 +62,26 @@ class ModelSpec(_Strict):
         return [pat[i % len(pat)] for i in range(self.layers)]
 
 
+# Every prefill curve has the same terms on top of its length-dependent part T(l):
+#
+#   T(uncached l, cached c) = overhead_s + T(l) + c * (cached_token_s + cached_attention_s * l)
+#
+# - overhead_s: a fixed time per prefill whatever its length (scheduling, launches, the serving
+#   framework's own work). Profiles back-solved from the paper carry ~0.3-0.45 s of it; measured
+#   kernels carry none (docs/guides/profiles.md).
+# - cached_token_s: per cached prefix token (reading its KV back).
+# - cached_attention_s: per cached token per uncached token: the new tokens' attention over the
+#   cached prefix, which grows with both.
+
+
 class TablePrefill(_Strict):
     """Prefill time interpolated piecewise-linearly over uncached tokens (extrapolated at the ends)."""
 
     kind: Literal["table"]
     points: list[tuple[float, float]] = Field(min_length=2)
+    overhead_s: float = Field(default=0.0, ge=0)
     cached_token_s: float = Field(default=0.0, ge=0)
+    cached_attention_s: float = Field(default=0.0, ge=0)
 
     @field_validator("points")
     @classmethod
@@ -81,11 +95,13 @@ class TablePrefill(_Strict):
 
 
 class PolynomialPrefill(_Strict):
-    """Prefill time = sum(c_i * l**i) over uncached tokens l, plus cached_token_s per cached token."""
+    """Prefill time = sum(c_i * l**i) over uncached tokens l, plus the terms above."""
 
     kind: Literal["polynomial"]
     coefficients: list[float] = Field(min_length=1)
+    overhead_s: float = Field(default=0.0, ge=0)
     cached_token_s: float = Field(default=0.0, ge=0)
+    cached_attention_s: float = Field(default=0.0, ge=0)
 
 
 PrefillSpec = Annotated[Union[TablePrefill, PolynomialPrefill], Field(discriminator="kind")]
@@ -101,9 +117,33 @@ class DecodeSpec(_Strict):
     kv_capacity_bytes: int = Field(gt=0)
 
 
+Scalar = Union[str, int, float, bool]
+
+
+class Provenance(_Strict):
+    """Where a hardware profile's figures come from, kept in the file beside them (and so in
+    every run's resolved scenario). `source` names the kind: e.g. `paper` (back-solved from the
+    paper's tables), `aiconfigurator` (NVIDIA's measured-kernel database), `calibrate` (fitted
+    to a real server's measurements)."""
+
+    source: str = Field(min_length=1)     # paper | aiconfigurator | calibrate | ...
+    tool: str | None = None                 # the program and version that wrote the figures
+    model: str | None = None                # the model as the source names it
+    system: str | None = None               # the GPU system as the source names it
+    backend: str | None = None              # the serving framework the source timed (sglang, vllm, trtllm)
+    backend_version: str | None = None      # that framework's version as the source names it
+    database_mode: str | None = None        # aiconfigurator's database mode (e.g. SILICON: measured kernels)
+    parallel: dict[str, int] = {}           # tp, pp, moe_tp, moe_ep, attention_dp ...
+    quantization: dict[str, str] = {}       # weights, moe, kv_cache, attention ...
+    fit: dict[str, Scalar] = {}             # how well the profile's terms follow the source
+    command: str | None = None              # the command that wrote the profile
+    notes: list[str] = []                   # caveats in words (fit errors, choices made)
+
+
 class HardwareSpec(_Strict):
     prefill: PrefillSpec
     decode: DecodeSpec | None = None
+    provenance: Provenance | None = None
 
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*$", re.I)
@@ -215,13 +255,16 @@ class LoadAwareSpec(_Strict):
     min_gain_s: float = Field(default=1.0, ge=0)
 
 
+PolicyName = Literal["homogeneous", "naive", "prfaas"]
+
+
 class PolicySpec(_Strict):
-    name: Literal["homogeneous", "naive", "prfaas"]
+    name: PolicyName
     threshold: int | Literal["auto"] | None = None
     bandwidth_aware: bool = False
     cache_aware: bool = False
     # How the cache-aware prfaas router picks the prefill cluster and any cache move: the paper's
-    # rules (PAPER.md section 3.4, the baseline) or by predicted TTFT (load-aware).
+    # rules (docs/paper.md section 3.4, the baseline) or by predicted TTFT (load-aware).
     cache_routing: Literal["paper", "load-aware"] = "paper"
     load_aware: LoadAwareSpec = LoadAwareSpec()
     # For the cache-aware rules: judged from the measured link (auto), or fixed.
@@ -309,6 +352,33 @@ class ServingSpec(_Strict):
     # ...but never under this much wire time: the deadline stops requests that would hang, it is
     # no SLO check, and a busy host stretches wire time at high speedups.
     deadline_floor_wire_s: float = Field(default=30.0, gt=0)
+    # Every HTTP service closes a client connection idle this many wire seconds: one that sent no
+    # request, has not finished a request's headers, or waits between requests. nginx's 75 s:
+    # above every client pool's own keep-alive (aiohttp 15 s, httpx 5 s), so a pooled connection
+    # is dropped by its client first, never under a request being sent on it.
+    idle_timeout_s: float = Field(default=75.0, gt=0, le=3600)
+
+
+class LivePathSpec(_Strict):
+    """What the live path costs a request, wire seconds (`testbed.core.live_path`)."""
+
+    routing_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)   # client sent -> router decided
+    dispatch_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # router decided -> prefill queued
+    relay_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)     # decode produced the first token -> client has it
+    relay_last_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # the same for the last token
+    stall_rate_per_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # decode loop stalls per decoding second
+    stall_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)     # mean time one stall loses
+    restart_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)   # a restarted service answers its health check
+
+
+class SimSpec(_Strict):
+    """The simulator's own settings (`--backend sim`; the emulating backends ignore them).
+
+    `live_path`: what the emulator's live path costs beyond the modelled stages, for the
+    simulator to add: `none` (nothing: the model's times alone), `host` (this host's figures,
+    measured by `testbed bench live-path`), the path of such a figures file, or the figures."""
+
+    live_path: LivePathSpec | str = "none"
 
 
 def node_id(cluster: str, role: str, index: int) -> str:
@@ -422,6 +492,7 @@ class TcpResetFault(_FaultBase):
         return v
 
 
+FaultKind = Literal["kill", "pause", "restart", "slow", "outage", "rate_drop", "partition", "tcp_reset"]
 FaultSpec = Annotated[
     Union[KillFault, PauseFault, RestartFault, SlowFault, OutageFault, RateDropFault, PartitionFault, TcpResetFault],
     Field(discriminator="kind"),
@@ -453,6 +524,7 @@ class Scenario(_Strict):
     serving: ServingSpec = ServingSpec()
     # Timed fault events (see `testbed.core.faults` for their timeline).
     faults: list[FaultSpec] = []
+    sim: SimSpec = SimSpec()
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":

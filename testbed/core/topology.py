@@ -44,3 +44,9 @@ def node_specs(sc: Scenario) -> list[NodeSpec]:
         for i in range(n_d):
             out.append(NodeSpec(node_id(c.name, "decode", i), c.name, c.datacenter, c.kind, "decode", i, c.hardware))
     return out
+
+
+def local_dc(sc: Scenario) -> str:
+    """The datacenter of the decode cluster: where the router and the clients sit (every
+    emulating backend places them there; the simulator's router too)."""
+    return next(c.datacenter for c in sc.clusters if c.kind == "pd" and c.decode > 0)

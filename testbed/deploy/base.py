@@ -45,3 +45,21 @@ class Backend(Protocol):
     async def stop(self) -> None:
         """Stop everything this backend started. Idempotent."""
         ...
+
+
+async def every_step(*steps: Callable[[], object]) -> None:
+    """Run each teardown step even when an earlier one raised (a full disk fails the steps that
+    write, and the ones after them must still stop services and remove the network); then raise
+    the first error. A step may return an awaitable, which is awaited."""
+    import inspect
+
+    first: Exception | None = None
+    for step in steps:
+        try:
+            r = step()
+            if inspect.isawaitable(r):
+                await r
+        except Exception as e:     # noqa: BLE001 - kept, raised after the other steps
+            first = first or e
+    if first is not None:
+        raise first

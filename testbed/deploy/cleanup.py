@@ -9,14 +9,18 @@ A project is a run's prefix (`ptb` + 4 hex characters); the bare prefix `ptb` se
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError
 from testbed.deploy.engine import PROJECT_LABEL, Engine, Sweep, try_connect
+from testbed.net.procs import JOURNAL_DIR, sweep_orphans
 from testbed.net.teardown import TeardownReport, teardown
 
 PREFIX = "ptb"
@@ -108,28 +112,113 @@ def remove_docker_leftovers(project: str, engine: Engine | None = None,
     return {k: merged.get(k, []) for k in DOCKER_KINDS}
 
 
+class Leftovers(Protocol):
+    """What one sweep removed, for `testbed down`'s report."""
+
+    @property
+    def errors(self) -> tuple[str, ...]: ...
+    def to_dict(self) -> dict[str, object]: ...
+    def summary(self) -> str:
+        """"" when there is nothing to say."""
+        ...
+
+
+# (prefix, an engine to use or None for any that answers, where warnings go) -> what it removed.
+# Each backend's registry entry names the one that removes what its runs leave.
+Sweeper = Callable[[str, Engine | None, Warn], Leftovers]
+
+
+def sweep_namespaces(prefix: str, engine: Engine | None = None, warn: Warn = _stderr) -> TeardownReport:
+    return teardown(prefix)
+
+
+@dataclass(frozen=True)
+class ProcessLeftovers:
+    stopped: dict[str, list[str]]
+    errors: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"local_runs": self.stopped}
+
+    def summary(self) -> str:
+        return "\n".join(f"stopped the services of {group}, whose run was gone: {', '.join(keys)}"
+                         for group, keys in self.stopped.items())
+
+
+def sweep_processes(prefix: str, engine: Engine | None = None, warn: Warn = _stderr,
+                    journal_dir: Path = JOURNAL_DIR) -> ProcessLeftovers:
+    """The services of local runs whose runner died (kill -9): the run named `prefix`'s (its
+    journal is `<prefix>.json`), or every such run's with the bare prefix. A live runner's
+    services are left alone: it stops its own."""
+    o = sweep_orphans(journal_dir, None if prefix == PREFIX else prefix)
+    for e in o.errors:
+        warn(e)
+    return ProcessLeftovers(o.stopped, tuple(o.errors))
+
+
+@dataclass(frozen=True)
+class DockerLeftovers:
+    removed: dict[str, list[str]]
+    errors: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"docker": self.removed}
+
+    def summary(self) -> str:
+        if not any(self.removed.values()):
+            return ""
+        return "docker: removed " + ", ".join(f"{len(v)} {k}" for k, v in self.removed.items())
+
+
+def ctl_dir(project: str) -> Path:
+    """The host folder a compose run shares with its WAN router container (the delay line's
+    control socket): bind-mounted, so it outlives a killed run like its containers do."""
+    return Path(f"/tmp/{project}-ctl")
+
+
+def remove_ctl_dirs(prefix: str) -> list[str]:
+    """The control folders of the project `prefix` (of every project with the bare prefix)."""
+    found = [ctl_dir(prefix)] if prefix != PREFIX else sorted(ctl_dir(PREFIX).parent.glob(f"{PREFIX}*-ctl"))
+    gone = []
+    for d in found:
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(str(d))
+    return gone
+
+
+def sweep_docker(prefix: str, engine: Engine | None = None, warn: Warn = _stderr) -> DockerLeftovers:
+    removed = remove_docker_leftovers(prefix, engine, warn)
+    return DockerLeftovers({**removed, "control_dirs": remove_ctl_dirs(prefix)})
+
+
 @dataclass(frozen=True)
 class DownReport:
-    netns: TeardownReport
-    docker: dict[str, list[str]]
+    parts: tuple[Leftovers, ...]
 
     @property
     def errors(self) -> tuple[str, ...]:
-        return self.netns.errors
+        return tuple(e for p in self.parts for e in p.errors)
 
     def to_dict(self) -> dict[str, object]:
-        return {**self.netns.to_dict(), "docker": self.docker}
+        out: dict[str, object] = {}
+        for p in self.parts:
+            out.update(p.to_dict())
+        return out
 
     def summary(self) -> str:
-        text = self.netns.summary()
-        if any(self.docker.values()):
-            text += "\ndocker: removed " + ", ".join(f"{len(v)} {k}" for k, v in self.docker.items())
-        return text
+        texts = [t for p in self.parts if (t := p.summary())]
+        # The namespace sweep says when it found nothing; another sweep that removed something
+        # makes that line read as a contradiction ("nothing to remove", then "stopped ...").
+        found = [t for t in texts if not t.startswith("nothing to remove")]
+        return "\n".join(found or texts)
 
 
-def down(prefix: str = PREFIX, engine: Engine | None = None, warn: Warn = _stderr) -> DownReport:
+def down(sweepers: Sequence[Sweeper], prefix: str = PREFIX, engine: Engine | None = None,
+         warn: Warn = _stderr) -> DownReport:
     """Everything every kind of run left whose name starts with (namespaces) or whose project is
-    (Docker objects) `prefix`. ValueError for a prefix that is not a testbed one, before anything
-    is touched."""
-    netns = teardown(prefix)
-    return DownReport(netns, remove_docker_leftovers(prefix, engine, warn))
+    (Docker objects) `prefix`, one sweeper per kind (`testbed.deploy.registry.sweepers`).
+    ValueError for a prefix that is not a testbed one, before anything is touched."""
+    if not prefix.startswith(PREFIX):
+        raise ValueError(f"prefix {prefix!r}: must start with {PREFIX!r}")
+    return DownReport(tuple(sweep(prefix, engine, warn) for sweep in sweepers))

@@ -27,11 +27,12 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
 from testbed.deploy import dockercli
-from testbed.deploy.base import BackendError
-from testbed.deploy.cleanup import remove_compose_project
+from testbed.deploy.base import BackendError, every_step
+from testbed.deploy.cleanup import ctl_dir, remove_compose_project
 from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LABEL, ContainerState, Engine, connect,
                                    try_connect)
-from testbed.deploy.netns import local_dc, wan_links
+from testbed.core.topology import local_dc
+from testbed.deploy.netns import wan_links
 from testbed.deploy.subnets import COMPOSE_BASES, POOL_OVERLAP, dc_subnet, host_routes, pick_base, subnets_of
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 from testbed.net.container_wan import wan_config
@@ -179,7 +180,7 @@ class ComposeBackend:
         self.rs = rs
         self.run_dir = run_dir.resolve()
         self.project = new_prefix()
-        self.ctl_dir = Path(f"/tmp/{self.project}-ctl")
+        self.ctl_dir = ctl_dir(self.project)
         self.profile = rs.inter_dc
         self.scale = rs.scale
         self._extra = dict(extra or {})
@@ -337,17 +338,21 @@ class ComposeBackend:
         if self._stopped:
             return
         self._stopped = True
-        if self._faults is not None:
-            await self._faults.stop()      # first: a paused container must be unpaused to stop
-        if self._monitor is not None:
-            await asyncio.to_thread(self._monitor.stop)
-        if self._series is not None:
-            self._series.close()
-        if self._cli and (self.run_dir / "compose.yaml").exists():
-            try:
-                await asyncio.to_thread(self._compose, "down", "-v", "--remove-orphans", "--timeout", "5",
-                                        timeout=120, check=False)
-            except BackendError as e:       # it hung: the label sweep below removes the same objects
-                _log(str(e))
-        await asyncio.to_thread(self._remove)
-        shutil.rmtree(self.ctl_dir, ignore_errors=True)
+        faults, monitor, series = self._faults, self._monitor, self._series
+
+        async def down() -> None:
+            if self._cli and (self.run_dir / "compose.yaml").exists():
+                try:
+                    await asyncio.to_thread(self._compose, "down", "-v", "--remove-orphans", "--timeout", "5",
+                                            timeout=120, check=False)
+                except BackendError as e:       # it hung: the label sweep below removes the same objects
+                    _log(str(e))
+
+        await every_step(
+            # first: a paused container must be unpaused to stop
+            lambda: faults.stop() if faults is not None else None,
+            lambda: asyncio.to_thread(monitor.stop) if monitor is not None else None,
+            lambda: series.close() if series is not None else None,      # writes: may fail on a full disk
+            down,
+            lambda: asyncio.to_thread(self._remove),
+            lambda: shutil.rmtree(self.ctl_dir, ignore_errors=True))

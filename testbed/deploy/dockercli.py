@@ -38,7 +38,8 @@ def compose_cli() -> list[str]:
         return ["docker", "compose"]
     if shutil.which("docker-compose"):
         return ["docker-compose"]
-    raise BackendError("neither `docker compose` nor `docker-compose` is installed")
+    raise BackendError("neither `docker compose` nor `docker-compose` is installed: install the Docker Compose "
+                       "plugin (or Debian's docker-compose)")
 
 
 def compose(cli: list[str], project: str, file: Path, *args: str, timeout: float = CLI_TIMEOUT_S,

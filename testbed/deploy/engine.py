@@ -8,16 +8,18 @@ the engine's own reason; a container that fails to start also brings its last lo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
+from testbed.core.kinds import unknown_kind
 from testbed.deploy.base import BackendError
 
 PROJECT_LABEL = "prfaas-testbed.project"         # on every object a run creates
@@ -29,6 +31,7 @@ BUILD_TIMEOUT_S = 3600      # a build's output may pause for minutes (a step wit
 LOG_TAIL = 15
 # What a label sweep removes, in the order that frees what the next kind needs: services own
 # containers, containers hold volumes and networks.
+ContainerAction = Literal["kill", "pause", "unpause", "start"]
 SWEEP_KINDS = ("services", "containers", "volumes", "networks", "configs")
 
 
@@ -54,8 +57,34 @@ def engine_errors(what: str) -> Iterator[None]:
 
 def connect(timeout: int = API_TIMEOUT_S) -> Engine:
     """The engine the environment names (DOCKER_HOST, the CLI's context, else the local socket)."""
-    with engine_errors("connecting to the Docker engine"):
+    try:
         return Engine(docker.from_env(timeout=timeout))
+    except (DockerException, requests.exceptions.RequestException) as e:
+        # The SDK's words ("Error while fetching server API version: ('Connection aborted.', ...)")
+        # say neither where it looked nor what to do.
+        where = os.environ.get("DOCKER_HOST") or "the local socket (/var/run/docker.sock)"
+        if _denied(e):
+            # The engine runs; this user may not talk to it (not root, not in the socket's group).
+            raise BackendError(f"this user may not use the Docker engine at {where} (permission denied): run as "
+                               "root or as a member of the group that owns the socket (usually docker)") from e
+        raise BackendError(f"no Docker engine answers at {where}: start the Docker daemon or point DOCKER_HOST at "
+                           f"one that runs ({reason(e)})") from e
+
+
+def _denied(e: BaseException) -> bool:
+    """Whether a PermissionError lies under `e`: in its cause or context, or among its arguments
+    (the SDK wraps the socket's error in urllib3's and requests' as an argument, not a cause)."""
+    seen: set[int] = set()
+    todo: list[object] = [e]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen or not isinstance(x, BaseException):
+            continue
+        seen.add(id(x))
+        if isinstance(x, PermissionError):
+            return True
+        todo += [x.__cause__, x.__context__, *x.args]
+    return False
 
 
 def try_connect(timeout: int = API_TIMEOUT_S) -> Engine | None:
@@ -192,16 +221,17 @@ class Engine:
             except NotFound:
                 return None
 
-    def signal(self, name: str, action: str) -> None:
+    def signal(self, name: str, action: ContainerAction) -> None:
         """`kill` (SIGKILL), `pause`, `unpause` or `start` a container, for fault injection."""
         with engine_errors(f"{action} of container {name}"):
             c = self.client.containers.get(name)
-            if action == "kill":
-                c.kill(signal="SIGKILL")
-            elif action in ("pause", "unpause", "start"):
-                getattr(c, action)()
-            else:
-                raise ValueError(f"unknown container action {action!r}")
+            match action:
+                case "kill":
+                    c.kill(signal="SIGKILL")
+                case "pause" | "unpause" | "start":
+                    getattr(c, action)()
+                case _:
+                    unknown_kind("container action", action, get_args(ContainerAction))
 
     def logs(self, name: str, tail: int = LOG_TAIL) -> str:
         """Its last log lines, both streams as they came; "(no container)" when it is gone."""

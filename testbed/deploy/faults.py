@@ -25,11 +25,15 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
-from testbed.core.faults import FaultEvent, Phase, fault_timeline, shapes_links
-from testbed.core.scenario import PauseFault, RestartFault, Scenario, SlowFault, TcpResetFault
+from testbed.core.faults import FaultEvent, Phase, fault_scope, fault_timeline
+from testbed.core.kinds import unknown_kind
+from testbed.core.scenario import (
+    KillFault, OutageFault, PartitionFault, PauseFault, RateDropFault, RestartFault, Scenario, SlowFault, TcpResetFault,
+)
 from testbed.live.clock import now, sleep_until
+from testbed.metrics.faults import FaultLogFile
 from testbed.net.procs import ProcessGroup, log_tail, start_reporting_child
 from testbed.net.rst import injector_argv
 
@@ -83,35 +87,30 @@ def _outcome(e: BaseException) -> str:
 
 
 class FaultLog:
-    """Appends to `faults.jsonl`, flushing each line (an interrupted run keeps what happened)."""
+    """`faults.jsonl` (`testbed.metrics.faults.FaultLogFile`) on the wall clock, from t0."""
 
     def __init__(self, path: Path, t0: float, speedup: float) -> None:
         self.path = path
         self.t0 = t0
         self.speedup = speedup
-        self._fh: IO[str] = path.open("a")
+        self._file = FaultLogFile(path, speedup)
 
     def write(self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any] | None = None,
               t: float | None = None) -> None:
-        wire = (now() if t is None else t) - self.t0
-        line = {"t": round(wire * self.speedup, 4), "t_wire": round(wire, 6), "fault": ev.index, "kind": ev.kind,
-                "phase": phase, "target": ev.target, "at_s": ev.start_s if phase == "start" else ev.end_s,
-                "detail": detail or {}, "outcome": outcome}
-        if self._fh.closed:
-            return
-        self._fh.write(json.dumps(line) + "\n")
-        self._fh.flush()
+        line = self._file.write(ev, phase, outcome, detail, (now() if t is None else t) - self.t0)
         level = logging.INFO if outcome == "ok" else logging.WARNING
         log.log(level, "fault %d %s %s %s at %.2f s (paper): %s", ev.index, ev.kind, phase, ev.target, line["t"],
                 outcome)
 
     def close(self) -> None:
-        self._fh.close()
+        self._file.close()
 
 
 class FaultScheduler:
     def __init__(self, timeline: Sequence[FaultEvent], target: FaultTarget, t0: float, speedup: float,
                  log_path: Path) -> None:
+        for ev in timeline:
+            fault_scope(ev.spec)    # refuses a kind no step handles before any fault runs
         self.timeline = list(timeline)
         self.target = target
         self.t0 = t0
@@ -176,29 +175,46 @@ class FaultScheduler:
         self.log.write(ev, phase, outcome, detail, None if up_again else t)
 
     async def _act(self, ev: FaultEvent, phase: Phase) -> dict[str, Any]:
-        if shapes_links(ev):
-            if self.target.links is None:
-                raise FaultUnsupported(f"the {self.target.backend} backend shapes no WAN link")
-            async with self._links_lock:
-                if phase == "start":
-                    self._active_links.append(ev)
-                else:
-                    self._active_links = [e for e in self._active_links if e is not ev]
-                return await self.target.links.set_link_faults(list(self._active_links))
+        spec = ev.spec
+        match spec:
+            case OutageFault() | RateDropFault() | PartitionFault():
+                return await self._links(ev, phase)
+            case KillFault() | PauseFault() | RestartFault() | SlowFault():
+                return await self._node(ev.node or "", spec, phase)
+            case TcpResetFault():
+                raise AssertionError("a tcp_reset runs as a window of its own (_reset), not in steps")
+            case _:
+                unknown_kind("fault kind", spec)
+
+    async def _links(self, ev: FaultEvent, phase: Phase) -> dict[str, Any]:
+        if self.target.links is None:
+            raise FaultUnsupported(f"the {self.target.backend} backend shapes no WAN link")
+        async with self._links_lock:
+            if phase == "start":
+                self._active_links.append(ev)
+            else:
+                self._active_links = [e for e in self._active_links if e is not ev]
+            return await self.target.links.set_link_faults(list(self._active_links))
+
+    async def _node(self, node: str, spec: KillFault | PauseFault | RestartFault | SlowFault,
+                    phase: Phase) -> dict[str, Any]:
         nodes = self.target.nodes
         if nodes is None:
             raise FaultUnsupported(f"the {self.target.backend} backend cannot act on node processes")
-        node, spec = ev.node or "", ev.spec
-        if isinstance(spec, PauseFault):
-            return await (nodes.pause(node) if phase == "start" else nodes.resume(node))
-        if isinstance(spec, SlowFault):
-            if phase == "start":
-                # The node clears the factor by itself at the end, even if this process stalls.
-                return await nodes.slow(node, spec.factor, self.wall(spec.at_s + spec.duration_s))
-            return await nodes.slow(node, 1.0, None)
-        if isinstance(spec, RestartFault) and phase == "end":
-            return await nodes.start(node)
-        return await nodes.kill(node)     # a kill, or a restart's first half
+        match spec:
+            case KillFault():
+                return await nodes.kill(node)
+            case PauseFault():
+                return await (nodes.pause(node) if phase == "start" else nodes.resume(node))
+            case SlowFault():
+                if phase == "start":
+                    # The node clears the factor by itself at the end, even if this process stalls.
+                    return await nodes.slow(node, spec.factor, self.wall(spec.at_s + spec.duration_s))
+                return await nodes.slow(node, 1.0, None)
+            case RestartFault():
+                return await (nodes.kill(node) if phase == "start" else nodes.start(node))
+            case _:
+                unknown_kind("fault kind", spec)
 
     async def _reset(self, ev: FaultEvent, spec: TcpResetFault) -> None:
         assert ev.end_s is not None

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from testbed.config.privilege import is_root
 from testbed.deploy.base import BackendError
 from testbed.deploy.engine import Engine, connect
 from testbed.net.procs import run_streamed
@@ -192,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.if_possible:
         from testbed.deploy.engine import try_connect
-        if os.geteuid() != 0 or try_connect() is None:
+        if not is_root() or try_connect() is None:
             print("no Docker engine answers (or not root): the image is not built", flush=True)
             return 0
     try:

@@ -8,7 +8,7 @@ from types import TracebackType
 from aiohttp import web
 
 from testbed.live import decode_node, prefill_node, router
-from testbed.live.common import ServiceConfig
+from testbed.live.common import ServiceConfig, http_server_args
 from testbed.live.deployment import Deployment
 
 
@@ -35,7 +35,8 @@ class InProcessBackend:
                 if nid in self.skip:
                     continue
                 ep = self.dep.router if nid == "router" else self.dep.nodes[nid].http
-                runner = web.AppRunner(make_service_app(self.dep, nid), access_log=None, handler_cancellation=True)
+                runner = web.AppRunner(make_service_app(self.dep, nid), access_log=None, handler_cancellation=True,
+                                       **http_server_args(self.dep.scenario.serving.idle_timeout_s))
                 await runner.setup()
                 self._runners.append(runner)
                 self._by_id[nid] = runner

@@ -15,7 +15,8 @@ import aiohttp
 
 # BackendError lives with the other backends' base; re-exported for importers of this module.
 from testbed.deploy.base import BackendError as BackendError
-from testbed.net.procs import ProcessGroup
+from testbed.net.procs import JOURNAL_DIR, ProcessGroup
+from testbed.net.topology import new_prefix
 from testbed.live.deployment import Deployment
 
 HEALTH_TIMEOUT_S = 60.0
@@ -51,10 +52,13 @@ async def wait_healthy(urls: dict[str, str], procs: ProcessGroup, timeout: float
 
 
 class LocalBackend:
-    def __init__(self, dep: Deployment, run_dir: Path) -> None:
+    def __init__(self, dep: Deployment, run_dir: Path, prefix: str | None = None) -> None:
         self.dep = dep
         self.run_dir = run_dir
-        self.procs = ProcessGroup(run_dir / "logs")
+        # The run's name for `testbed down --prefix`, as a netns or Docker run has one: journaled
+        # under it, so that `testbed down` finds the services if this process is killed.
+        self.prefix = prefix or new_prefix()
+        self.procs = ProcessGroup(run_dir / "logs", journal=JOURNAL_DIR / f"{self.prefix}.json")
 
     async def __aenter__(self) -> Deployment:
         dep_file = self.run_dir / "deployment.json"

@@ -1,6 +1,6 @@
 """The two loopback backends behind the Backend protocol: one process per service (`local`)
 or every service in this process (`inproc`). Node faults run on `local`'s processes; neither
-has a WAN to fault (those faults are logged as unsupported)."""
+has a WAN to fault (`testbed.deploy.registry` refuses such a scenario before it starts)."""
 
 from __future__ import annotations
 
@@ -23,20 +23,26 @@ NO_SHAPING = {
 
 
 class LoopbackBackend:
-    def __init__(self, kind: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
-                 host_port: int = 0) -> None:
-        self.name = kind
+    def __init__(self, name: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
+                 host_port: int = 0, processes: bool = True) -> None:
+        self.name = name
         self.run_dir = run_dir
         self.deployment = loopback_deployment(rs, str(run_dir.resolve()))
         self.deployment.extra.update(extra or {})
         if host_port:       # the router is on the host already: it listens on the port asked for
             self.deployment.router = Endpoint(self.deployment.router.host, host_port)
         self._impl: LocalBackend | InProcessBackend = (
-            LocalBackend(self.deployment, run_dir) if kind == "local" else InProcessBackend(self.deployment))
+            LocalBackend(self.deployment, run_dir) if processes else InProcessBackend(self.deployment))
         self._faults: FaultScheduler | None = None
 
+    @property
+    def prefix(self) -> str:
+        """What `testbed down --prefix` takes for a local run ("" in-process: nothing outlives it)."""
+        return self._impl.prefix if isinstance(self._impl, LocalBackend) else ""
+
     def shaping(self) -> dict[str, Any]:
-        return dict(NO_SHAPING)
+        # local: the prefix `testbed down --prefix` takes to stop what a killed run left
+        return {**NO_SHAPING, "prefix": self.prefix} if self.prefix else dict(NO_SHAPING)
 
     async def start(self) -> None:
         await self._impl.__aenter__()

@@ -13,11 +13,13 @@ import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
+from testbed.config.privilege import need_root
 from testbed.core.faults import FaultEvent, Link, faulted_links
 from testbed.core.linkprofile import LinkParams, LinkProfile, schedule_wire
 from testbed.core.scaling import Scale
 from testbed.core.scenario import Scenario
-from testbed.core.topology import node_specs
+from testbed.core.topology import local_dc, node_specs
+from testbed.deploy.base import every_step
 from testbed.deploy.faults import (
     FaultScheduler, FaultTarget, InjectorProcess, ProcessNodes, http_json, start_faults,
 )
@@ -56,11 +58,6 @@ def wan_links(sc: Scenario, profile: LinkProfile, scale: Scale) -> dict[tuple[st
     dcs = list(dict.fromkeys(c.datacenter for c in sc.clusters))
     params = profile.wire(scale)
     return {(a, b): params for a in dcs for b in dcs if a != b}
-
-
-def local_dc(sc: Scenario) -> str:
-    """The datacenter of the decode cluster: where the router and the clients sit."""
-    return next(c.datacenter for c in sc.clusters if c.kind == "pd" and c.decode > 0)
 
 
 def build_netns_topology(rs: ResolvedScenario, prefix: str, method: str) -> tuple[Topology, LinkProfile]:
@@ -147,6 +144,7 @@ class NetnsBackend:
 
     # -- start ----------------------------------------------------------------------------
     async def start(self) -> None:
+        need_root("the netns backend (a network namespace per service)", "give --backend local")
         try:
             await asyncio.to_thread(self._build)
             await asyncio.to_thread(self._spawn_all)
@@ -281,20 +279,18 @@ class NetnsBackend:
         if self._stopped:
             return
         self._stopped = True
-        if self._faults is not None:
-            await self._faults.stop()      # first: a paused node must be resumed to stop
-        if self._forwarder is not None:
-            await self._forwarder.close()
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._monitor is not None:
-            await asyncio.to_thread(self._monitor.stop)
-        for w in self._series:
-            w.close()
-        if self._client is not None:
-            self._client.__exit__(None, None, None)
-        await asyncio.to_thread(self._procs.stop, ("router",), ("delayline",))
-        await asyncio.to_thread(teardown, self.prefix)
-        if self._control is not None:
-            self._control.unlink(missing_ok=True)
+        faults, forwarder, monitor, client, control = (self._faults, self._forwarder, self._monitor, self._client,
+                                                        self._control)
+        await every_step(
+            # first: a paused node must be resumed to stop
+            lambda: faults.stop() if faults is not None else None,
+            lambda: forwarder.close() if forwarder is not None else None,
+            lambda: asyncio.gather(*self._tasks, return_exceptions=True),
+            lambda: asyncio.to_thread(monitor.stop) if monitor is not None else None,
+            *[w.close for w in self._series],          # writes: may fail on a full disk
+            lambda: client.__exit__(None, None, None) if client is not None else None,
+            lambda: asyncio.to_thread(self._procs.stop, ("router",), ("delayline",)),
+            lambda: asyncio.to_thread(teardown, self.prefix),
+            lambda: control.unlink(missing_ok=True) if control is not None else None)

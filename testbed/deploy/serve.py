@@ -13,6 +13,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from testbed.deploy.inproc import make_service_app
+    from testbed.live.common import http_server_args
     from testbed.live.deployment import Deployment
 
     dep = Deployment.read(Path(args.deployment))
@@ -35,7 +36,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # handler_cancellation: a client that leaves cancels its request here (and, through the
     # router's cleanup, at every node it reached).
     web.run_app(app, host=dep.http_binds(args.id), port=ep.port, print=None, access_log=None,
-                shutdown_timeout=SHUTDOWN_GRACE_S, handler_cancellation=True)
+                shutdown_timeout=SHUTDOWN_GRACE_S, handler_cancellation=True,
+                **http_server_args(dep.scenario.serving.idle_timeout_s))
     return 0
 
 

@@ -37,6 +37,7 @@ from urllib.parse import quote
 import yaml
 
 from testbed.core.linkprofile import LinkProfile
+from testbed.config.privilege import is_root
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
@@ -296,8 +297,7 @@ class SwarmBackend:
             raise
 
     def _check_swarm(self) -> None:
-        import os
-        if os.geteuid() != 0:
+        if not is_root():
             raise BackendError("the swarm backend needs root: the replayer runs in the network namespace of a "
                                "container on the home datacenter's overlay network")
         state, manager = self.engine.swarm_state()

@@ -33,6 +33,7 @@ from aiohttp import web
 from pyroute2 import IPRoute  # type: ignore[import-untyped]
 
 from testbed.deploy.discovery import Registry, add_file_routes, add_registry_routes
+from testbed.live.common import http_server_args
 from testbed.metrics.series_format import Sample, SeriesWriter
 from testbed.net.container_wan import (addresses_by_subnet, apply_shaping, delayline_argv, ensure_tun_device,
                                        probe_netem)
@@ -136,7 +137,7 @@ def listen_hosts(dcs: list[dict[str, Any]]) -> list[str]:
 
 
 async def serve(agent: Agent) -> int:
-    runner = web.AppRunner(agent.app(), access_log=None)
+    runner = web.AppRunner(agent.app(), access_log=None, **http_server_args())
     await runner.setup()
     for host in listen_hosts(agent.cfg["dcs"]):
         await web.TCPSite(runner, host, PORT).start()

@@ -52,6 +52,26 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+# The request line and each header line at most this long (aiohttp's defaults; nginx's 8 KiB
+# buffers), and at most MAX_HEADERS of them (clients send 10-20; aiohttp allows 128): a request's
+# head is at most ~512 KiB. Longer or more is answered 400 and the connection closed.
+MAX_LINE_BYTES = 8190
+MAX_FIELD_BYTES = 8190
+MAX_HEADERS = 64
+# For a server with no scenario (the swarm WAN agent); the services take `serving.idle_timeout_s`.
+IDLE_TIMEOUT_S = 75.0
+
+
+def http_server_args(idle_timeout_s: float = IDLE_TIMEOUT_S) -> dict[str, Any]:
+    """Keyword arguments for every aiohttp server the testbed runs (`web.AppRunner`,
+    `web.run_app`). aiohttp keeps an idle connection for 3630 s by default (10,000 idle ones
+    held the router's RSS 54 MB up); its keep-alive timer starts when a connection is accepted
+    and again after each response, and is not reset by bytes that do not finish a request, so
+    `idle_timeout_s` also bounds how long a request's line and headers may take (slowloris)."""
+    return {"keepalive_timeout": idle_timeout_s, "max_line_size": MAX_LINE_BYTES,
+            "max_field_size": MAX_FIELD_BYTES, "max_headers": MAX_HEADERS}
+
+
 def add_common_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
-from testbed.core.decode_batch import AdmissionError, DecodeBatch, DecodeSeq
+from testbed.core.decode_batch import AdmissionError, DecodeBatch
+from testbed.core.decode_loop import DecodeLoop, decode_seq
 from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
 from testbed.core.servicetime import DecodeStepTime
@@ -30,6 +31,7 @@ from testbed.live.common import (
     REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_request,
 )
 from testbed.live.kv_transport import KVReceiver, receiver_idle_timeout
+from testbed.live.prom import ScrapeTimeMetrics
 from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
 
@@ -40,58 +42,50 @@ KV_TIMEOUT_S = 120.0     # wire seconds a decode request waits for its KV before
 @dataclass
 class DecodeState:
     cfg: ServiceConfig
-    batch: DecodeBatch
+    loop: DecodeLoop
     receiver: KVReceiver
     kv: KVModel
     stream_interval: int
     streams: dict[str, asyncio.Queue[dict[str, Any]]] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    steps: int = 0
     completed: int = 0
-    # The emulator's own timing (wire s): modelled step time, and the time steps fell behind the
-    # model and never caught up (a late step whose successor ends on schedule costs nothing).
-    step_modelled_s: float = 0.0
-    step_late_s: float = 0.0
-    slow: SlowDown = field(default_factory=SlowDown)
+
+    @property
+    def batch(self) -> DecodeBatch:
+        return self.loop.batch
+
+    @property
+    def slow(self) -> SlowDown:
+        return self.loop.slow
 
 
 STATE = web.AppKey("decode_state", DecodeState)
 
 
 async def _batch_loop(st: DecodeState) -> None:
-    b = st.batch
-    step_start: float | None = None
+    """Drives the instance's `DecodeLoop` on the wall clock (step ends are absolute deadlines)."""
+    loop = st.loop
     while True:
-        if b.idle:
+        if loop.idle:
             st.wakeup.clear()
             await st.wakeup.wait()
-            step_start = None
+            loop.rest()
             continue
-        t = now()
-        # Keep the step cadence on absolute deadlines unless the loop stalled for a whole step;
-        # then the time behind schedule is lost for good: the emulator ran slower than the model.
-        if step_start is None:
-            step_start = t
-        elif t - step_start > b.step_duration():
-            st.step_late_s += t - step_start
-            step_start = t
-        # Stamp admission when it happens: a sequence whose KV landed after the previous
+        # Admission is stamped when it happens: a sequence whose KV landed after the previous
         # step's deadline joins this step late, never before its KV existed.
-        for s in b.admit(t):
+        t = now()
+        admitted, end = loop.begin(t)
+        for s in admitted:
             st.streams[s.request_id].put_nowait({"event": "admitted", "t": t})
-        if not b.running:
+        if end is None:
             # The FCFS head waits for memory that only a finishing sequence can free.
             st.wakeup.clear()
             await st.wakeup.wait()
-            step_start = None
+            loop.rest()
             continue
-        step = b.step_duration() * st.slow.at(t)
-        deadline = step_start + step
-        await sleep_until(deadline)
+        await sleep_until(end)
         te = now()
-        st.steps += 1
-        st.step_modelled_s += step
-        for r in b.complete_step():
+        for r in loop.end_step():
             s = r.seq
             q = st.streams.get(s.request_id)
             if q is None:
@@ -101,7 +95,6 @@ async def _batch_loop(st: DecodeState) -> None:
             if r.finished:
                 st.completed += 1
                 q.put_nowait({"event": "done", "t": te})
-        step_start = deadline
 
 
 async def handle_decode(request: web.Request) -> web.StreamResponse:
@@ -130,11 +123,9 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
             return resp
         await emit({"event": "kv", "first_byte": result.first_byte, "complete": result.complete,
                     "bytes": result.bytes})
-        # Reserve memory for the prompt's KV and for what decoding will append.
-        growth = round(st.kv.full_bytes_per_token * vals["output_tokens"])
-        seq = DecodeSeq(rid, vals["input_tokens"], vals["output_tokens"], vals["kv_bytes_paper"] + growth)
+        seq = decode_seq(st.kv, rid, vals["input_tokens"], vals["output_tokens"], vals["kv_bytes_paper"])
         try:
-            st.batch.submit(seq)
+            st.loop.submit(seq)
         except AdmissionError as e:
             await emit({"event": "error", "reason": str(e)})
             return resp
@@ -151,7 +142,7 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
         return resp
     finally:
         st.streams.pop(rid, None)
-        if st.batch.abort(rid):
+        if st.loop.abort(rid):
             st.wakeup.set()
 
 
@@ -162,31 +153,25 @@ async def handle_status(request: web.Request) -> web.Response:
 
 
 def _collect(st: DecodeState) -> list[Sample]:
-    b = st.batch
-    return [
-        Sample("running_batch", float(len(b.running)), {}),
-        Sample("queue_depth", float(len(b.waiting)), {}),
-        Sample("kv_usage_bytes", float(b.kv_used), {}),
-        Sample("kv_bytes_received", float(st.receiver.bytes_received), {}),
-        Sample("decode_step_modelled_s", st.step_modelled_s, {}),
-        Sample("decode_step_late_s", st.step_late_s, {}),
-    ]
+    return [Sample(*x) for x in st.loop.samples(st.receiver.bytes_received)]
 
 
 def _metrics(reg: CollectorRegistry, st: DecodeState) -> None:
-    labels = {"node": st.cfg.node_id}
+    """vLLM's scheduler and KV gauges and the testbed's counters, labelled as vLLM labels
+    (`model_name`, `engine`: the node). The counters were gauges without the `_total` suffix before."""
     b = st.batch
-    for name, doc, fn in (
-        ("vllm:num_requests_running", "Sequences in the decode batch", lambda: len(b.running)),
-        ("vllm:num_requests_waiting", "Sequences with KV waiting for admission", lambda: len(b.waiting)),
-        ("vllm:kv_cache_usage_perc", "KV memory in use, fraction", lambda: b.kv_used / b.kv_capacity),
-        ("vllm:gpu_cache_usage_perc", "KV memory in use, fraction (vLLM's older name)",
-         lambda: b.kv_used / b.kv_capacity),
-        ("testbed_kv_bytes_received", "KV bytes received (wire)", lambda: st.receiver.bytes_received),
-        ("testbed_decode_steps", "Decode steps run", lambda: st.steps),
-        ("testbed_decode_completed", "Sequences finished", lambda: st.completed),
-    ):
-        Gauge(name, doc, labels.keys(), registry=reg).labels(**labels).set_function(fn)
+    ScrapeTimeMetrics({"model_name": st.cfg.deployment.scenario.model.name, "engine": st.cfg.node_id}) \
+        .gauge("vllm:num_requests_running", "Sequences in the decode batch", lambda: len(b.running)) \
+        .gauge("vllm:num_requests_waiting", "Sequences with KV waiting for admission", lambda: len(b.waiting)) \
+        .gauge("vllm:kv_cache_usage_perc", "KV memory in use, fraction", lambda: b.kv_used / b.kv_capacity) \
+        .gauge("vllm:gpu_cache_usage_perc", "KV memory in use, fraction (vLLM's older name, removed in vLLM 0.10)",
+               lambda: b.kv_used / b.kv_capacity) \
+        .gauge("testbed_slowdown_factor", "Step-time factor of an injected slowdown in force (1: none)",
+               lambda: st.slow.at(now())) \
+        .counter("testbed_kv_bytes_received", "KV bytes received (wire)", lambda: st.receiver.bytes_received) \
+        .counter("testbed_decode_steps", "Decode steps run", lambda: st.loop.steps) \
+        .counter("testbed_decode_completed", "Sequences finished", lambda: st.completed) \
+        .register(reg)
 
 
 def make_app(cfg: ServiceConfig) -> web.Application:
@@ -208,7 +193,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
         batch = DecodeBatch(DecodeStepTime.from_spec(dspec), dspec.bs_max, dspec.kv_capacity_bytes,
                             time_scale=sc.scale.speedup)
-        st = DecodeState(cfg, batch, receiver, KVModel.from_spec(sc.model), sc.serving.stream_interval, slow=slow)
+        st = DecodeState(cfg, DecodeLoop(batch, slow), receiver, KVModel.from_spec(sc.model), sc.serving.stream_interval)
         app[STATE] = st
         _metrics(reg, st)
         series = SeriesWriter(cfg.series_path(), cfg.node_id)

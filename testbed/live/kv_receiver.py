@@ -19,6 +19,7 @@ from collections.abc import Callable
 from testbed.core.kv_receive import (
     FRAME_TIMEOUT_S,
     MAX_CONNECTIONS,
+    MAX_FRAGMENTS,
     MAX_TRANSFERS,
     MAX_TRANSFERS_PER_CONNECTION,
     CloseConnection,
@@ -120,11 +121,13 @@ class KVReceiver:
         max_connections: int = MAX_CONNECTIONS,
         max_transfers: int = MAX_TRANSFERS,
         max_transfers_per_connection: int = MAX_TRANSFERS_PER_CONNECTION,
+        max_fragments: int = MAX_FRAGMENTS,
     ) -> None:
         self.rcvbuf = rcvbuf
         self._rx = Reassembler(verify, idle_timeout, result_ttl, frame_timeout=frame_timeout,
                                max_connections=max_connections, max_transfers=max_transfers,
-                               max_transfers_per_connection=max_transfers_per_connection)
+                               max_transfers_per_connection=max_transfers_per_connection,
+                               max_fragments=max_fragments)
         self._server: asyncio.Server | None = None
         self._transports: dict[ConnId, asyncio.Transport] = {}
         self._waiters: dict[int, asyncio.Future[TransferResult]] = {}

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import aiohttp
 
-from testbed.core.bandwidth import BandwidthController, ControlSample, LinkSignals, ThresholdChange
-from testbed.core.control import Recent, change_line, control_series
+from testbed.core.bandwidth import BandwidthController, ControlSample, ThresholdChange
+from testbed.core.control import Recent, SenderStatus, SignalMeter, change_line, control_series
 from testbed.core.scaling import Scale
 from testbed.live.clock import now
 from testbed.live.common import fetch_status
@@ -27,13 +26,6 @@ from testbed.live.deployment import Deployment
 from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.router.control")
-
-
-@dataclass
-class _Totals:
-    acked: int = 0
-    retrans: int = 0
-    segments: int = 0
 
 
 class LinkControl:
@@ -56,8 +48,7 @@ class LinkControl:
         self.interval_wire = self.scale.wire_seconds(sc.policy.control.interval_s)
         kinds = {c.name: c.kind for c in sc.clusters}
         self.nodes = {nid: (kinds[n.cluster], n.http.url) for nid, n in dep.nodes.items() if n.role == "prefill"}
-        self._prev: _Totals | None = None
-        self._prev_t = 0.0
+        self.meter = SignalMeter({nid: kind for nid, (kind, _) in self.nodes.items()}, self.scale)
 
     async def _status(self, url: str) -> dict[str, Any] | None:
         return await fetch_status(self.session, url, max(self.interval_wire, 1.0))
@@ -66,45 +57,13 @@ class LinkControl:
         ids = list(self.nodes)
         got = await asyncio.gather(*(self._status(self.nodes[i][1]) for i in ids))
         t = now()
-        tot = _Totals()
-        undelivered = 0.0
-        queued = {"prfaas": 0.0, "pd": 0.0}
-        count = {"prfaas": 0, "pd": 0}
-        out = self.unroutable()
-        for nid, st in zip(ids, got):
-            kind = self.nodes[nid][0]
-            if nid not in out:
-                count[kind] += 1
-            if st is None:
-                continue
-            if nid not in out:
-                queued[kind] += float(st.get("queued_s", 0.0))
-            if kind == "prfaas":
-                tot.acked += int(st["acked_bytes"])
-                tot.retrans += int(st["retrans_segments"])
-                tot.segments += int(st["acked_segments"])
-                undelivered += float(st["undelivered_bytes"])
-        prev, prev_t = self._prev, self._prev_t
-        self._prev, self._prev_t = tot, t
-        if prev is None:
+        status = {nid: None if st is None else SenderStatus(
+                      float(st["acked_bytes"]), float(st["retrans_segments"]), float(st["acked_segments"]),
+                      float(st["undelivered_bytes"]), float(st.get("queued_s", 0.0)))
+                  for nid, st in zip(ids, got)}
+        sig = self.meter.signals(t, status, self.recent, self.tails, self.unroutable())
+        if sig is None:
             return None
-        sc = self.scale
-        paper_now = t * sc.speedup
-        tails = self.tails()
-        sig = LinkSignals(
-            now=paper_now,
-            interval_s=(t - prev_t) * sc.speedup,
-            delivered_bytes=max(tot.acked - prev.acked, 0) * sc.byte_scale,
-            undelivered_bytes=undelivered * sc.byte_scale,
-            # Retransmitted share of the segments put on the wire in the interval.
-            retrans_share=max(tot.retrans - prev.retrans, 0) / max(tot.segments - prev.segments
-                                                                   + tot.retrans - prev.retrans, 1),
-            prfaas_backlog_s=queued["prfaas"] * sc.speedup / max(count["prfaas"], 1),
-            pdp_backlog_s=queued["pd"] * sc.speedup / max(count["pd"], 1),
-            arrival_rate=self.recent.rate(paper_now),
-            lengths=tuple(self.recent.lengths),
-            tail_s=sum(tails) / len(tails) * sc.speedup if tails else None,
-        )
         sample, change = self.ctl.update(sig, self.adjust)
         self.series.write([Sample(*x) for x in control_series(sig, sample)], ts=t)
         if change is not None:

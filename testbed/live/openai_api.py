@@ -9,9 +9,11 @@ cache as a serving engine's would. The final chunk (or the whole response) carri
 field back: the request's record as the serving side saw it (`record_extension`).
 
 What vLLM-compatible load generators look at is answered as vLLM does: `usage` with
-`prompt_tokens_details.cached_tokens`, `ignore_eos` (a no-op: the mock always generates
-`max_tokens`) and `min_tokens` accepted, and generated text that common tokenizers count as
-`completion_tokens` tokens (`TOKEN_TEXT`).
+`prompt_tokens_details.cached_tokens`, `ignore_eos` and `min_tokens` accepted (plain text is
+always `max_tokens` long: the mock has no EOS), and generated text that common tokenizers count
+as `completion_tokens` tokens (`TOKEN_TEXT`). `stop`, `logprobs`, `tools` and `response_format`
+shape the generated text (`testbed.live.openai_options`, `testbed.live.mock_output`); the
+request then asks the decode node for the tokens the text takes.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ from typing import Any
 from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 from testbed.core.record import RequestRecord, record_to_wire
 from testbed.core.request_ids import client_id
+from testbed.live.mock_output import BYTES_PER_TOKEN, TOKEN_TEXT, Output, plan, token_logprobs
+from testbed.live.openai_options import RequestError, generation
+
+__all__ = ["BYTES_PER_TOKEN", "EXTENSION", "TOKEN_TEXT", "Limits", "ParsedRequest", "RequestError", "block_hashes",
+           "chunk", "full_response", "load_body", "parse", "record_extension", "usage", "usage_chunk"]
 
 EXTENSION = "testbed"
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_LIMIT = MAX_OUTPUT_TOKENS
-
-
-class RequestError(ValueError):
-    """Client error; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,12 @@ class ParsedRequest:
     client_request_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     content: bytes | tuple[int, ...] = b""     # what the prompt is made of, for block hashes
+    logprobs: int | None = None     # top alternatives per token; None: no logprobs asked
+    planned: Output | None = None   # what is generated; None: `output_tokens` of plain text
 
-
-BYTES_PER_TOKEN = 4
+    @property
+    def output(self) -> Output:
+        return self.planned if self.planned is not None else plan(self.output_tokens)
 
 
 def block_hashes(content: bytes | tuple[int, ...], block_tokens: int) -> tuple[int, ...]:
@@ -71,7 +77,7 @@ def block_hashes(content: bytes | tuple[int, ...], block_tokens: int) -> tuple[i
 
 
 def estimate_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text.encode()) / 4))
+    return max(1, math.ceil(len(text.encode()) / BYTES_PER_TOKEN))
 
 
 def _prompt_tokens(prompt: Any) -> tuple[int, bytes | tuple[int, ...]]:
@@ -84,6 +90,11 @@ def _prompt_tokens(prompt: Any) -> tuple[int, bytes | tuple[int, ...]]:
     if isinstance(prompt, list) and len(prompt) == 1:
         return _prompt_tokens(prompt[0])
     raise RequestError("field 'prompt' must be a string, a list of token ids, or a one-element list of either")
+
+
+def _last_is_tool_result(messages: Any) -> bool:
+    return isinstance(messages, list) and bool(messages) and isinstance(messages[-1], dict) \
+        and messages[-1].get("role") in ("tool", "function")
 
 
 def _chat_tokens(messages: Any) -> tuple[int, bytes]:
@@ -195,36 +206,37 @@ def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
     if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool)
                                                  and -(1 << 63) <= h < 1 << 63 for h in hash_ids):
         raise RequestError("field 'testbed.hash_ids' must be a list of 64-bit integers")
+    gen = generation(body, kind, kind == "chat" and _last_is_tool_result(body.get("messages")))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
     top = limits.max_output_tokens
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= top:
-        raise RequestError(f"field 'max_tokens' must be an integer in [1, {top}]")
-    if tokens + max_tokens > limits.max_context_tokens:
-        raise RequestError(f"this model's maximum context length is {limits.max_context_tokens} tokens; the "
-                           f"request asks for {tokens + max_tokens} ({tokens} in the prompt, {max_tokens} in the "
-                           "completion)")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                   or not 1 <= max_tokens <= top):
+        raise RequestError(f"field 'max_tokens' must be an integer in [1, {top}]", "max_tokens")
+    if max_tokens is None:
+        # Structured output ends where its JSON does (a model's EOS), within what the model allows.
+        max_tokens = DEFAULT_MAX_TOKENS if gen.structured is None else \
+            max(min(top, limits.max_context_tokens - tokens), 1)
     min_tokens = body.get("min_tokens", 0)
     if min_tokens is None:
         min_tokens = 0
     if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or not 0 <= min_tokens <= max_tokens:
-        raise RequestError(f"field 'min_tokens' must be an integer in [0, max_tokens={max_tokens}]")
-    _flag(body, "ignore_eos")      # the mock never stops early: every request generates max_tokens
+        raise RequestError(f"field 'min_tokens' must be an integer in [0, max_tokens={max_tokens}]", "min_tokens")
+    # The mock has no EOS: plain text is always max_tokens long, so ignore_eos changes only
+    # structured output (padded to max_tokens, as a model kept from ending would pad it).
+    ignore_eos = _flag(body, "ignore_eos")
+    if tokens + max_tokens > limits.max_context_tokens:
+        raise RequestError(f"this model's maximum context length is {limits.max_context_tokens} tokens; the "
+                           f"request asks for {tokens + max_tokens} ({tokens} in the prompt, {max_tokens} in the "
+                           "completion)")
+    out = plan(max_tokens, structured=gen.structured, tool=gen.tool, stops=gen.stops, min_tokens=min_tokens,
+               ignore_eos=ignore_eos)
     stream = _flag(body, "stream")
     so = body.get("stream_options") or {}
     include_usage = bool(so.get("include_usage", False)) if isinstance(so, dict) else False
     rid = ext.get("request_id")
-    return ParsedRequest(kind, model, tokens, max_tokens, stream, include_usage, tuple(hash_ids),
-                         client_id(rid) if isinstance(rid, str) and rid else None, content=content)
-
-
-# One generated token as text: the commonest English word with its leading space is a single
-# token in byte-level BPE (GPT-2, tiktoken, Qwen, Llama 3), SentencePiece and WordPiece
-# vocabularies, and word-splitting pre-tokenizers never merge it with its neighbours, so a
-# client that tokenizes the output counts `completion_tokens` (" tok" is 2-4 tokens in small
-# vocabularies).
-TOKEN_TEXT = " the"
+    return ParsedRequest(kind, model, tokens, out.n, stream, include_usage, tuple(hash_ids),
+                         client_id(rid) if isinstance(rid, str) and rid else None, content=content,
+                         logprobs=gen.logprobs, planned=out if (gen.stops or gen.structured is not None) else None)
 
 
 def record_extension(rec: RequestRecord) -> dict[str, Any]:
@@ -232,19 +244,68 @@ def record_extension(rec: RequestRecord) -> dict[str, Any]:
     return {EXTENSION: record_to_wire(rec)}
 
 
-def chunk(req: ParsedRequest, cid: str, model: str, new_tokens: int, first: bool,
+def call_id(cid: str) -> str:
+    """The id of the tool call a response makes (one per response)."""
+    return "call_" + cid.rsplit("-", 1)[-1]
+
+
+def chat_logprobs(req: ParsedRequest, start: int, end: int) -> dict[str, Any] | None:
+    """Chat's `logprobs` for tokens [start, end) (`ChoiceLogprobs`), None when not asked."""
+    if req.logprobs is None:
+        return None
+    content = []
+    for i, tok in req.output.tokens(start, end):
+        lp, top = token_logprobs(tok, i, req.logprobs)
+        content.append({"token": tok, "bytes": list(tok.encode()), "logprob": lp,
+                        "top_logprobs": [{"token": t, "bytes": list(t.encode()), "logprob": v} for t, v in top]})
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(req: ParsedRequest, start: int, end: int) -> dict[str, Any] | None:
+    """The legacy completions `logprobs` for tokens [start, end): parallel lists, offsets into the text."""
+    if req.logprobs is None:
+        return None
+    out = req.output
+    tokens, lps, tops, offs = [], [], [], []
+    for i, tok in out.tokens(start, end):
+        lp, top = token_logprobs(tok, i, req.logprobs)
+        tokens.append(tok)
+        lps.append(lp)
+        tops.append(dict(top))
+        offs.append(out.offset(i))
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+
+
+def _tool_call(req: ParsedRequest, cid: str, arguments: str, first: bool) -> dict[str, Any]:
+    if not first:
+        return {"index": 0, "function": {"arguments": arguments}}
+    return {"index": 0, "id": call_id(cid), "type": "function",
+            "function": {"name": req.output.tool, "arguments": arguments}}
+
+
+def chunk(req: ParsedRequest, cid: str, model: str, start: int, new_tokens: int,
           finish: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The streamed chunk of tokens [start, start + new_tokens) (the first when start is 0)."""
     created = int(time.time())
-    text = TOKEN_TEXT * new_tokens
+    first, end = start == 0, start + new_tokens
+    out_ = req.output
+    text = out_.text(start, end)
     if req.kind == "chat":
-        delta: dict[str, Any] = {"content": text} if (text or not first) else {}
-        if first:
-            delta = {"role": "assistant", "content": text}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if out_.tool is not None:
+            delta: dict[str, Any] = {"tool_calls": [_tool_call(req, cid, text, first)]} if new_tokens else {}
+            if first:
+                delta = {"role": "assistant", "content": None, **delta}
+        else:
+            delta = {"content": text} if (text or not first) else {}
+            if first:
+                delta = {"role": "assistant", "content": text}
+        logprobs = chat_logprobs(req, start, end) if new_tokens and out_.tool is None else None
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         out: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                                "choices": [choice]}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": completion_logprobs(req, start, end) if new_tokens else None,
+                  "finish_reason": finish}
         out = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
     if extra:
         out.update(extra)
@@ -265,16 +326,24 @@ def usage_chunk(req: ParsedRequest, cid: str, model: str, completion_tokens: int
             "usage": usage(req, completion_tokens, cached_tokens)}
 
 
-def full_response(req: ParsedRequest, cid: str, model: str, tokens: int, finish: str,
+def full_response(req: ParsedRequest, cid: str, model: str, tokens: int,
                   extra: dict[str, Any], cached_tokens: int = 0) -> dict[str, Any]:
+    """The whole response to a request whose `tokens` tokens were generated."""
     created = int(time.time())
-    text = TOKEN_TEXT * tokens
+    out_ = req.output
+    text = out_.text(0, tokens)
     if req.kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        logprobs = chat_logprobs(req, 0, tokens)
+        if out_.tool is not None:
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call_id(cid), "type": "function", "function": {"name": out_.tool, "arguments": text}}]}
+            logprobs = None
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": out_.finish}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": completion_logprobs(req, 0, tokens),
+                  "finish_reason": out_.finish}
         obj = "text_completion"
     out = {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice],
            "usage": usage(req, tokens, cached_tokens)}

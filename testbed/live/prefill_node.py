@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
@@ -36,6 +36,7 @@ from testbed.live.common import (
 )
 from testbed.live.kv_sender import ConnectionStats, Dest
 from testbed.live.kv_transport import KVReceiver, KVSender, TransferFailed, receiver_idle_timeout
+from testbed.live.prom import ScrapeTimeMetrics
 from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
 
@@ -252,11 +253,8 @@ def sending_connections(stats: Iterable[ConnectionStats],
 
 
 def _collect(st: PrefillState) -> list[Sample]:
-    out: list[Sample] = [
-        Sample("queue_depth", float(st.queue.depth), {}),
-        Sample("running", 1.0 if st.queue.current else 0.0, {}),
-        Sample("kv_backlog_bytes", float(st.sender.backlog_bytes), {}),
-        Sample("kv_bytes_sent", float(st.sender.bytes_sent), {}),
+    out: list[Sample] = [Sample(*x) for x in st.queue.samples(st.sender.backlog_bytes, st.sender.bytes_sent)]
+    out += [
         # Counters, so the report can say what connection losses cost (faults, resets).
         Sample("kv_resumes", float(st.sender.resumes), {}),
         Sample("kv_bytes_resent", float(st.sender.bytes_resent), {}),
@@ -274,19 +272,18 @@ def _collect(st: PrefillState) -> list[Sample]:
 
 
 def _metrics(reg: CollectorRegistry, st: PrefillState) -> None:
-    labels = {"node": st.cfg.node_id}
-    Gauge("vllm:num_requests_waiting", "Prefill requests waiting", labels.keys(), registry=reg) \
-        .labels(**labels).set_function(lambda: st.queue.depth)
-    Gauge("vllm:num_requests_running", "Prefill requests computing", labels.keys(), registry=reg) \
-        .labels(**labels).set_function(lambda: 1 if st.queue.current else 0)
-    Gauge("testbed_kv_backlog_bytes", "KV bytes queued, not yet written", labels.keys(), registry=reg) \
-        .labels(**labels).set_function(lambda: st.sender.backlog_bytes)
-    Gauge("testbed_kv_bytes_sent", "KV bytes written to TCP (wire)", labels.keys(), registry=reg) \
-        .labels(**labels).set_function(lambda: st.sender.bytes_sent)
-    Gauge("testbed_prefills_completed", "Prefills whose KV was sent", labels.keys(), registry=reg) \
-        .labels(**labels).set_function(lambda: st.completed)
-    Gauge("testbed_prefills_failed", "Prefills whose KV transfer failed", labels.keys(), registry=reg) \
-        .labels(**labels).set_function(lambda: st.failed)
+    """vLLM's scheduler gauges and the testbed's KV counters, labelled as vLLM labels (`model_name`,
+    `engine`: the node). The counters were gauges without the `_total` suffix before."""
+    ScrapeTimeMetrics({"model_name": st.cfg.deployment.scenario.model.name, "engine": st.cfg.node_id}) \
+        .gauge("vllm:num_requests_waiting", "Prefill requests waiting", lambda: st.queue.depth) \
+        .gauge("vllm:num_requests_running", "Prefill requests computing", lambda: 1 if st.queue.current else 0) \
+        .gauge("testbed_kv_backlog_bytes", "KV bytes queued, not yet written", lambda: st.sender.backlog_bytes) \
+        .gauge("testbed_slowdown_factor", "Service-time factor of an injected slowdown in force (1: none)",
+               lambda: st.slow.at(now())) \
+        .counter("testbed_kv_bytes_sent", "KV bytes written to TCP (wire)", lambda: st.sender.bytes_sent) \
+        .counter("testbed_prefills_completed", "Prefills whose KV was sent", lambda: st.completed) \
+        .counter("testbed_prefills_failed", "Prefills whose KV transfer failed", lambda: st.failed) \
+        .register(reg)
 
 
 def make_app(cfg: ServiceConfig) -> web.Application:

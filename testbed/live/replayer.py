@@ -18,18 +18,11 @@ import aiohttp
 from testbed.core.record import RequestRecord, record_from_wire
 from testbed.live.clock import now, sleep_until
 from testbed.live.openai_api import EXTENSION
+from testbed.live.replay_stats import ReplayStats as ReplayStats   # re-exported
 from testbed.metrics.records import RecordWriter
 from testbed.traces.types import Trace, TraceRequest
 
 START_LEAD_S = 0.5      # first request leaves this long after t0, so t0 is never in the past
-
-
-@dataclass
-class ReplayStats:
-    sent: int = 0
-    completed: int = 0
-    failed: int = 0
-    total: int = 0
 
 
 def request_body(tr: TraceRequest, model: str) -> dict[str, Any]:

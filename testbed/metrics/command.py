@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from testbed.config.cli_args import out_dir
+from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.metrics.artefacts import Summary
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,14 +30,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Compare runs side by side in paper units; the first run is the baseline of the verdicts.",
     )
     c.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
-    c.add_argument("--out", type=out_dir, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png")
+    c.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png")
     c.add_argument("--json", action="store_true", help="print the summaries and verdicts as JSON")
     c.set_defaults(func=cmd_compare)
-
-
-def _fail(e: Exception) -> int:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -47,31 +41,33 @@ def cmd_report(args: argparse.Namespace) -> int:
     from testbed.metrics.summary import write_summary
 
     run_dir: Path = args.run_dir
-    try:
-        summary = write_summary(run_dir)
-        report = write_report(run_dir, summary)
-    except (OSError, ValueError) as e:  # missing/malformed run files: say which, no traceback
-        return _fail(e)
+    # A missing or malformed run file raises a UserError naming it (RunDirError, RecordFormatError,
+    # TimeseriesError): the CLI prints it; anything else is a bug and keeps its traceback.
+    summary = write_summary(run_dir)
+    report = write_report(run_dir, summary)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary.to_json_dict(), indent=2))
         return 0
     console = Console()
-    print_summary_table(summary, console=console)
+    from testbed.metrics.report import leftover_prefix
+    print_summary_table(summary, console=console, prefix=leftover_prefix(run_dir))
     console.print(Text(f"wrote {run_dir / 'summary.json'} and {report}"))
     return 0
 
 
-def print_summary_table(summary: dict[str, Any], title: str | None = None, console: Console | None = None) -> None:
-    """One run's summary as a terminal table (paper and wire units), plus its warnings."""
+def print_summary_table(summary: Summary, title: str | None = None, console: Console | None = None,
+                        prefix: str | None = None) -> None:
+    """One run's summary as a terminal table (paper and wire units), plus its warnings (`prefix`:
+    the run's name for `testbed down`, named in a cut-short run's)."""
     from testbed.metrics.report import fmt_pct, run_label, summary_rows
 
-    run = summary["run"]
+    run = summary.run
     console = console or Console()
     head = title or run_label(summary)
     table = Table(
         title=Text(
-            f"{head}: {run['scenario']}, speedup {run['speedup']:g}, "
-            f"byte_scale {run['byte_scale']:g}, shaping {run['shaping_method']}"
+            f"{head}: {run.scenario}, speedup {run.speedup:g}, "
+            f"byte_scale {run.byte_scale:g}, shaping {run.shaping_method}"
         )
     )
     table.add_column("Metric", no_wrap=True)
@@ -80,10 +76,13 @@ def print_summary_table(summary: dict[str, Any], title: str | None = None, conso
     for row in summary_rows(summary):
         table.add_row(*(Text(c) for c in row))
     console.print(table)
-    fid = summary["fidelity"]
-    if fid["warn"]:
-        console.print(Text(f"warning: testbed timing error {fmt_pct(fid['prefill_rel_err_median'])} > 3%", style="yellow"))
-    if run.get("interrupted"):
+    fid = summary.fidelity
+    if fid.warn:
+        console.print(Text(f"warning: testbed timing error {fmt_pct(fid.prefill_rel_err_median)} > 3%", style="yellow"))
+    if run.cut_short:
+        from testbed.metrics.report import cut_short_note
+        console.print(Text("warning: " + cut_short_note(summary, prefix).removeprefix("> **CUT SHORT:** "), style="yellow"))
+    elif run.interrupted:
         console.print(Text("warning: the run was interrupted; figures cover what finished", style="yellow"))
 
 
@@ -92,15 +91,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from testbed.metrics.summary import summarize
 
     dirs: list[Path] = args.run_dirs
-    try:
-        summaries = [summarize(d) for d in dirs]
-        written = write_comparison(dirs, args.out, summaries) if args.out is not None else None
-    except (OSError, ValueError) as e:
-        return _fail(e)
+    summaries = [summarize(d) for d in dirs]
+    written = write_comparison(dirs, args.out, summaries) if args.out is not None else None
     labels = unique_labels(summaries)
     lines = verdicts(summaries, labels)
     if args.json:
-        runs = [{"label": lab, "run_dir": str(d), "summary": s} for lab, d, s in zip(labels, dirs, summaries)]
+        runs = [{"label": lab, "run_dir": str(d), "summary": s.to_json_dict()} for lab, d, s in zip(labels, dirs, summaries)]
         print(json.dumps({"baseline": labels[0], "runs": runs, "verdicts": lines}, indent=2))
         return 0
     console = Console()

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
+from testbed.metrics.artefacts import Summary
+from testbed.metrics.artefacts.summary_file import LinkPhase
 from testbed.metrics.faults import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.stats import percentile
@@ -84,44 +85,45 @@ def _f(x: float | None, fmt: str = "{:,.0f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
-def cache_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
-    c = s.get("cache") or {}
-    if not c or (not c.get("requests_with_hit") and not c.get("moves") and not c.get("decode_cached_token_share")):
+def cache_rows(s: Summary) -> list[tuple[str, str]]:
+    c = s.cache
+    if c is None or (not c.requests_with_hit and not c.moves and not c.decode_cached_token_share):
         return []
-    share = c.get("cached_token_share")
-    dshare = c.get("decode_cached_token_share")
+    share = c.cached_token_share
+    dshare = c.decode_cached_token_share
     rows = [
-        ("Requests reusing a cached prefix", f"{c['requests_with_hit']:,} of {s['requests']['completed']:,}"),
+        ("Requests reusing a cached prefix", f"{c.requests_with_hit:,} of {s.requests.completed:,}"),
         ("Prompt tokens served from cache (prefill)", _f(None if share is None else share * 100, "{:.1f}%")),
         ("Prompt KV the decode side already held", _f(None if dshare is None else dshare * 100, "{:.1f}%")),
-        ("Cross-cluster cache moves", f"{c['moves']:,} ({c['move_tokens']:,} tokens, "
-                                      f"{c['move_bytes_paper'] / 1e9:.3g} GB)"),
+        ("Cross-cluster cache moves", f"{c.moves:,} ({c.move_tokens:,} tokens, "
+                                      f"{c.move_bytes_paper / 1e9:.3g} GB)"),
     ]
-    if c.get("move_wait_s") is not None:
-        rows.append(("Mean prefill wait for a moved prefix", f"{c['move_wait_s']:.3f} s"))
-    per = s["bytes"].get("wan_per_request_paper")
+    if c.move_wait_s is not None:
+        rows.append(("Mean prefill wait for a moved prefix", f"{c.move_wait_s:.3f} s"))
+    per = s.bytes.wan_per_request_paper
     rows.append(("WAN bytes per request (KV + moves)", _f(None if per is None else per / 1e6, "{:,.1f} MB")))
     return rows
 
 
-def control_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
-    c = s.get("control") or {}
-    if not c or c.get("threshold_mean") is None and not c.get("abundant_share"):
+def control_rows(s: Summary) -> list[tuple[str, str]]:
+    c = s.control
+    if c is None or c.threshold_mean is None and not c.abundant_share:
         return []
-    est = c.get("bandwidth_estimate_min_bps")
-    ab = c.get("abundant_share")
+    est = c.bandwidth_estimate_min_bps
+    ab = c.abundant_share
     return [
-        ("Threshold changes", f"{c['threshold_changes']:,}"),
+        ("Threshold changes", f"{c.threshold_changes:,}"),
         ("Threshold min / time-weighted mean / max (tokens)",
-         f"{_f(c['threshold_min'])} / {_f(c['threshold_mean'])} / {_f(c['threshold_max'])}"),
+         f"{_f(c.threshold_min)} / {_f(c.threshold_mean)} / {_f(c.threshold_max)}"),
         ("Lowest WAN bandwidth estimate", _f(None if est is None else est / 1e9, "{:.3g} Gbit/s")),
         ("Control samples judging bandwidth abundant", _f(None if ab is None else ab * 100, "{:.0f}%")),
     ]
 
 
-def change_rows(s: dict[str, Any], limit: int = 20) -> list[tuple[str, str, str, str]]:
-    return [(f"{c['t_s']:.1f}", f"{c['old']:,.0f}", f"{c['new']:,.0f}", c["reason"])
-            for c in (s.get("control") or {}).get("changes", [])[:limit]]
+def change_rows(s: Summary, limit: int = 20) -> list[tuple[str, str, str, str]]:
+    # `old` is null where the decision did not say (NaN before JSON), printed as before.
+    return [(f"{c.t_s:.1f}", f"{math.nan if c.old is None else c.old:,.0f}", f"{c.new:,.0f}", c.reason)
+            for c in (s.control.changes if s.control else [])[:limit]]
 
 
 def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path,
@@ -133,6 +135,8 @@ def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path,
         return None
     dlv = sorted(select(samples, metric="wan_delivered_bps_paper"), key=lambda p: p.t)
     loads = select(samples, metric="planned_load")
+    from matplotlib.figure import Figure      # here: the summary needs no plotting library
+
     fig = Figure(figsize=(8, 7.2), layout="constrained")
     ax = fig.subplots(3, 1, sharex=True)
     s = scale.speedup
@@ -200,13 +204,13 @@ def link_phases(done: Sequence[RequestRecord], samples: Sequence[SeriesPoint], s
     return out
 
 
-def phase_label(ph: dict[str, Any]) -> str:
-    end = "end" if ph["end_s"] is None else f"{ph['end_s']:.0f} s"
-    return f"{ph['start_s']:.0f} s-{end} at {ph['rate_bps_paper'] / 1e9:.3g} Gbit/s"
+def phase_label(ph: LinkPhase) -> str:
+    end = "end" if ph.end_s is None else f"{ph.end_s:.0f} s"
+    return f"{ph.start_s:.0f} s-{end} at {ph.rate_bps_paper / 1e9:.3g} Gbit/s"
 
 
-def phase_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    return [(phase_label(ph), f"{ph['requests']:,}", _f(ph["ttft_mean_s"], "{:.2f}") + " / " + _f(ph["ttft_p90_s"], "{:.2f}"),
-             _f(None if ph["tail_mean_s"] is None else ph["tail_mean_s"] * 1e3, "{:,.0f}"),
-             _f(None if ph["offload_ratio"] is None else ph["offload_ratio"] * 100, "{:.1f}%"))
-            for ph in s.get("link_phases") or []]
+def phase_rows(s: Summary) -> list[tuple[str, str, str, str, str]]:
+    return [(phase_label(ph), f"{ph.requests:,}", _f(ph.ttft_mean_s, "{:.2f}") + " / " + _f(ph.ttft_p90_s, "{:.2f}"),
+             _f(None if ph.tail_mean_s is None else ph.tail_mean_s * 1e3, "{:,.0f}"),
+             _f(None if ph.offload_ratio is None else ph.offload_ratio * 100, "{:.1f}%"))
+            for ph in s.link_phases]

@@ -20,8 +20,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from testbed.core.faults import NODE_KINDS, FaultEvent, Phase
 from testbed.core.record import RequestRecord
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series, select
@@ -29,9 +30,33 @@ from testbed.metrics.timeseries import counter_total, group_series, select
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-NODE_KINDS = ("kill", "pause", "restart", "slow")
 BAND_COLOURS = {"kill": "black", "pause": "tab:orange", "restart": "tab:purple", "slow": "tab:olive",
                 "outage": "tab:red", "rate_drop": "tab:brown", "partition": "tab:pink", "tcp_reset": "tab:cyan"}
+
+
+class FaultLogFile:
+    """Appends the steps of a run's faults to `faults.jsonl`, one JSON object a line, flushing
+    each (an interrupted run keeps what happened). The live fault scheduler
+    (`testbed.deploy.faults`) and the simulator (`testbed.sim.faults`) both write with it."""
+
+    def __init__(self, path: Path, speedup: float) -> None:
+        self.path = path
+        self.speedup = speedup
+        self._fh: IO[str] = path.open("a")
+
+    def write(self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any] | None,
+              t_wire: float) -> dict[str, Any]:
+        """One step, `t_wire` wire seconds after t0; returns the line written."""
+        line = {"t": round(t_wire * self.speedup, 4), "t_wire": round(t_wire, 6), "fault": ev.index,
+                "kind": ev.kind, "phase": phase, "target": ev.target,
+                "at_s": ev.start_s if phase == "start" else ev.end_s, "detail": detail or {}, "outcome": outcome}
+        if not self._fh.closed:
+            self._fh.write(json.dumps(line) + "\n")
+            self._fh.flush()
+        return line
+
+    def close(self) -> None:
+        self._fh.close()
 
 
 @dataclass(frozen=True)
@@ -201,6 +226,12 @@ def faults_section(run_dir: Path, records: Sequence[RequestRecord], speedup: flo
            "(after a kill: to another instance of its role) that completed. Bands on the time-series plots mark "
            "each fault.", "",
            line(header), "|" + "---|" * len(header), *(line(r) for r in rows)]
+    for w in faults:
+        if w.kind == "tcp_reset" and w.detail.get("modelled") and w.detail.get("connections_targeted") is not None:
+            d = w.detail
+            out += ["", f"Fault #{w.index} (tcp_reset, simulated): {d['connections_targeted']} KV connections of "
+                        f"{d.get('pairs_seen', 0)} sender-receiver pairs reset ({d.get('connection_losses', 0)} "
+                        "losses: a pair re-established inside the window is reset again)."]
     resets = [w for w in faults if w.kind == "tcp_reset" and w.detail.get("rsts_sent") is not None]
     for w in resets:
         d = w.detail

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import csv
 import math
+from operator import attrgetter
 from pathlib import Path
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from testbed.core.record import FIELD_TYPES, NAN, TIME_NAMES, RecordFormatError, RequestRecord, StageTimes
@@ -44,8 +45,27 @@ def _value(rec: RequestRecord, col: str) -> Any:
     return getattr(rec.times, col) if col in _TIMES else getattr(rec, col)
 
 
+def _fmt_float(v: float) -> str:
+    return "" if v != v else f"{v:.6f}"     # NaN: empty
+
+
+def _fmt_bool(v: bool) -> str:
+    return "1" if v else "0"
+
+
+def _fmt_str(v: str) -> str:
+    return v if len(v) <= MAX_FIELD_CHARS else v[:MAX_FIELD_CHARS]
+
+
+# Each column's formatter by its declared type: a run writes a row per request, and the generic
+# `_fmt` (a chain of isinstance tests per value) was most of the cost of a simulated run's records.
+_FORMAT: dict[str, Callable[[Any], str]] = {"float": _fmt_float, "int": str, "bool": _fmt_bool, "str": _fmt_str}
+_ROW_FIELDS = tuple((c in _TIMES, c, _FORMAT[_KINDS[c]]) for c in COLUMNS)
+
+
 def format_row(rec: RequestRecord) -> list[str]:
-    return [_fmt(_value(rec, c)) for c in COLUMNS]
+    t = rec.times
+    return [fmt(getattr(t if timed else rec, c)) for timed, c, fmt in _ROW_FIELDS]
 
 
 def parse_row(row: Mapping[Any, Any], where: str = "row") -> RequestRecord:
@@ -109,25 +129,63 @@ def _parse(col: str, kind: str, raw: str, where: str) -> Any:
     return raw
 
 
-class RecordWriter:
-    """Appends records to CSV and flushes each row, so an interrupted run keeps what it has."""
+_ALL_TIMES = attrgetter(*TIME_NAMES)
+_OTHER_FLOATS = tuple(c for timed, c, fmt in _ROW_FIELDS if fmt is _fmt_float and not timed)
+_STR_FIELDS = tuple(c for timed, c, fmt in _ROW_FIELDS if fmt is _fmt_str)
 
-    def __init__(self, path: Path) -> None:
+
+def as_written(rec: RequestRecord) -> RequestRecord:
+    """`rec` made what its row reads back as (in place): times and other floats to the microsecond,
+    texts cut to `MAX_FIELD_CHARS`. A writer that summarises the records it holds gets the figures
+    a later reader of the file gets. (A stamp that is not a column is rounded too: no reader of
+    the file has it.)"""
+    rec.times = StageTimes(*[round(v, 6) for v in _ALL_TIMES(rec.times)])   # round(nan) is nan
+    for c in _OTHER_FLOATS:
+        setattr(rec, c, round(getattr(rec, c), 6))
+    for c in _STR_FIELDS:
+        v = getattr(rec, c)
+        if len(v) > MAX_FIELD_CHARS:
+            setattr(rec, c, v[:MAX_FIELD_CHARS])
+    return rec
+
+
+class RecordWriter:
+    """Appends records to CSV and flushes each row, so an interrupted run keeps what it has.
+    `deferred` writes them in batches of `BATCH` rows (a simulator: a flush per row costs a tenth
+    of its run), so a run killed outright still leaves all but its last batch on disk."""
+
+    BATCH = 4096
+
+    def __init__(self, path: Path, deferred: bool = False) -> None:
         self.path = path
         self._fh: IO[str] = path.open("w", newline="")
         self._w = csv.writer(self._fh)
         self._w.writerow(COLUMNS)
         self._fh.flush()
+        self._later: list[RequestRecord] | None = [] if deferred else None
         self.count = 0
 
     def write(self, rec: RequestRecord) -> None:
+        self.count += 1
+        if self._later is not None:
+            self._later.append(rec)
+            if len(self._later) >= self.BATCH:
+                self._write_later()
+            return
         self._w.writerow(format_row(rec))
         self._fh.flush()
-        self.count += 1
 
     def close(self) -> None:
         if not self._fh.closed:
+            if self._later:
+                self._write_later()
             self._fh.close()
+
+    def _write_later(self) -> None:
+        assert self._later is not None
+        self._w.writerows(format_row(r) for r in self._later)
+        self._fh.flush()
+        self._later = []
 
     def __enter__(self) -> "RecordWriter":
         return self
@@ -140,13 +198,31 @@ def read_records(path: Path) -> list[RequestRecord]:
     return list(iter_records(path))
 
 
+def _cut_off(path: Path) -> bool:
+    """Whether the file's last line lacks its newline: a row the writer began and could not
+    finish (a full disk, a killed process). RecordWriter ends every row it writes with one."""
+    with path.open("rb") as fh:
+        if fh.seek(0, 2) == 0:
+            return False
+        fh.seek(-1, 2)
+        return fh.read(1) != b"\n"
+
+
 def iter_records(path: Path) -> Iterator[RequestRecord]:
+    """Every record of the file; a last row cut off mid-write is left out (its request then
+    has no record, as one lost in flight), so such a run stays readable."""
     _allow_field_size()
+    cut = _cut_off(path)
     with path.open(newline="") as fh:
         r = csv.DictReader(fh)
         check_columns(r.fieldnames or (), f"{path}:1")
+        held: tuple[dict[str, str], int] | None = None
         for row in r:
-            yield parse_row(row, f"{path}:{r.line_num}")
+            if held is not None:
+                yield parse_row(held[0], f"{path}:{held[1]}")
+            held = (row, r.line_num)
+        if held is not None and not cut:
+            yield parse_row(held[0], f"{path}:{held[1]}")
 
 
 def write_records(path: Path, records: Iterable[RequestRecord]) -> None:

@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,6 +32,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from testbed.config.input_files import MAX_CONFIG_BYTES, InputFileError, read_text_capped
+from testbed.metrics.artefacts import RunDirError, RunInfo, Summary, read_artefact
 from testbed.metrics.summary import SCHEMA_VERSION
 
 Direction = Literal["lower_is_better", "higher_is_better", "both"]
@@ -119,10 +122,12 @@ def default_spec(key: str, value: float) -> MetricSpec:
 # ---------------------------------------------------------------------------------- inputs
 
 
-def lookup(summary: dict[str, Any], key: str) -> Any:
-    """Value at a dotted key. Keys may themselves hold dots (`links.pd-p0{dest=127.0.0.1:4000}...`):
-    at each level the longest matching prefix of the remaining parts wins."""
-    node: Any = summary
+def lookup(figures: Mapping[str, Any], key: str) -> Any:
+    """Value at a dotted key of a summary's JSON content (`Summary.to_json_dict()`: baseline keys
+    are the file's keys, so they are looked up in what the file holds). Keys may themselves hold
+    dots (`links.pd-p0{dest=127.0.0.1:4000}...`): at each level the longest matching prefix of the
+    remaining parts wins."""
+    node: Any = figures
     parts = key.split(".")
     i = 0
     while i < len(parts):
@@ -146,7 +151,9 @@ def _number(v: Any) -> float | None:
 
 def load_baseline(path: Path) -> Baseline:
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(read_text_capped(path, MAX_CONFIG_BYTES))
+    except InputFileError as e:
+        raise RegressError(str(e)) from None
     except OSError as e:
         raise RegressError(f"{path}: cannot read baseline: {e.strerror or e}") from None
     except yaml.YAMLError as e:
@@ -163,54 +170,46 @@ def load_baseline(path: Path) -> Baseline:
     return b
 
 
-def load_run(run: Path) -> tuple[dict[str, Any], dict[str, Any], Path]:
-    """(summary, run.json or {}, run directory). RUN is a run directory or its summary.json;
-    a directory without summary.json is summarised from its records (nothing is written)."""
+def load_run(run: Path) -> tuple[Summary, RunInfo | None, Path]:
+    """(summary, run.json or None, run directory). RUN is a run directory or its summary.json;
+    a directory without summary.json is summarised from its records (nothing is written). A
+    summary of any version up to this testbed's reads (one without `schema_version` is version 1)."""
     if run.is_file():
         spath, run_dir = run, run.parent
     elif run.is_dir():
         spath, run_dir = run / "summary.json", run
     else:
         raise RegressError(f"{run}: no such run directory or summary file")
-    if spath.exists():
-        try:
-            summary = json.loads(spath.read_text())
-        except OSError as e:
-            raise RegressError(f"{spath}: cannot read: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise RegressError(f"{spath}:{e.lineno}: invalid JSON ({e.msg})") from None
-    else:
-        from testbed.metrics.summary import summarize
-
-        try:
-            summary = summarize(run_dir)
-        except (OSError, ValueError) as e:  # their messages name the file
-            raise RegressError(str(e)) from None
-    if not isinstance(summary, dict) or not isinstance(summary.get("run"), dict):
-        raise RegressError(f"{spath}: not a testbed summary (no 'run' section)")
-    meta: dict[str, Any] = {}
     try:
-        raw = json.loads((run_dir / "run.json").read_text())
-        meta = raw if isinstance(raw, dict) else {}
-    except (OSError, json.JSONDecodeError):
+        if spath.exists():
+            summary = read_artefact(spath, Summary)
+        else:
+            from testbed.metrics.summary import summarize
+
+            summary = summarize(run_dir)
+    except (OSError, ValueError) as e:  # their messages name the file (and the field)
+        raise RegressError(str(e)) from None
+    meta: RunInfo | None = None
+    try:
+        meta = read_artefact(run_dir / "run.json", RunInfo)
+    except RunDirError:
         pass  # only the backend comes from here; the summary carries every other fact
     return summary, meta, run_dir
 
 
-def run_facts(summary: dict[str, Any], meta: dict[str, Any], run_dir: Path | None = None) -> TakenFrom:
-    run = summary.get("run", {})
-    req = summary.get("requests", {})
+def run_facts(summary: Summary, meta: RunInfo | None, run_dir: Path | None = None) -> TakenFrom:
+    run = summary.run
     return TakenFrom(
         run=str(run_dir) if run_dir is not None else None,
-        scenario=run.get("scenario"),
-        policy=run.get("policy"),
-        threshold=_number(run.get("threshold")),
-        speedup=_number(run.get("speedup")),
-        byte_scale=_number(run.get("byte_scale")),
-        shaping=run.get("shaping_method"),
-        backend=meta.get("backend") if isinstance(meta.get("backend"), str) else None,
-        requests=req.get("total") if isinstance(req.get("total"), int) else None,
-        offered_rate_rps=_number(run.get("offered_rate_rps")),
+        scenario=run.scenario,
+        policy=run.policy,
+        threshold=_number(run.threshold),
+        speedup=_number(run.speedup),
+        byte_scale=_number(run.byte_scale),
+        shaping=run.shaping_method,
+        backend=meta.backend if meta is not None else None,
+        requests=summary.requests.total,
+        offered_rate_rps=_number(run.offered_rate_rps),
     )
 
 
@@ -266,11 +265,12 @@ def band(spec: MetricSpec) -> tuple[float | None, float | None]:
     return lo, hi
 
 
-def check_metric(key: str, spec: MetricSpec, summary: dict[str, Any]) -> MetricResult:
+def check_metric(key: str, spec: MetricSpec, figures: Mapping[str, Any]) -> MetricResult:
+    """One metric against the summary's JSON content (`Summary.to_json_dict()`)."""
     lo, hi = band(spec)
     note = ""
     try:
-        measured = _number(lookup(summary, key))
+        measured = _number(lookup(figures, key))
         if measured is None:
             note = "null or not a number in the run's summary"
     except KeyError:
@@ -300,21 +300,21 @@ def mismatches(base: TakenFrom, run: TakenFrom) -> list[str]:
     return out
 
 
-def check(baseline: Baseline, summary: dict[str, Any], facts: TakenFrom) -> Verdict:
-    v = Verdict([check_metric(k, s, summary) for k, s in baseline.metrics.items()])
+def check(baseline: Baseline, summary: Summary, facts: TakenFrom) -> Verdict:
+    figures = summary.to_json_dict()
+    v = Verdict([check_metric(k, s, figures) for k, s in baseline.metrics.items()])
     diff = mismatches(baseline.taken_from, facts)
     if diff:
         v.warnings.append("run differs from the baseline's reference run: " + ", ".join(diff))
-    if summary.get("run", {}).get("interrupted"):
+    if summary.run.interrupted:
         v.warnings.append("the run was interrupted; its figures cover what finished")
-    if summary.get("schema") not in (None, 1, SCHEMA_VERSION):
-        v.warnings.append(f"summary schema {summary.get('schema')!r}; this testbed writes {SCHEMA_VERSION}")
-    val = summary.get("validity")
-    if isinstance(val, dict) and val.get("valid") is False:
+    if summary.layout not in (None, 1, SCHEMA_VERSION):
+        v.warnings.append(f"summary schema {summary.layout!r}; this testbed writes {SCHEMA_VERSION}")
+    if summary.validity is not None and not summary.validity.valid:
         # A run the testbed could not time faithfully measures nothing; it cannot pass a gate.
         v.results.append(MetricResult("validity.valid", "higher_is_better", 1.0, 0.0, None, None, 1.0, None, False,
                                       "the run is invalid"))
-        v.warnings.append("the run is marked invalid: " + "; ".join(str(r) for r in val.get("reasons", [])))
+        v.warnings.append("the run is marked invalid: " + "; ".join(summary.validity.reasons))
     return v
 
 
@@ -327,7 +327,7 @@ def apply_overrides(metrics: dict[str, MetricSpec], rel: dict[str, float], abs_:
             metrics[key] = metrics[key].model_copy(update={"abs": a})
 
 
-def make_baseline(summary: dict[str, Any], facts: TakenFrom, previous: Baseline | None = None,
+def make_baseline(summary: Summary, facts: TakenFrom, previous: Baseline | None = None,
                   extra: tuple[str, ...] = (), note: str | None = None) -> tuple[Baseline, list[str]]:
     """A baseline holding the run's values; (baseline, keys skipped because the run has no value).
 
@@ -338,9 +338,10 @@ def make_baseline(summary: dict[str, Any], facts: TakenFrom, previous: Baseline 
     keys += [k for k in extra if k not in keys]
     metrics: dict[str, MetricSpec] = {}
     skipped: list[str] = []
+    figures = summary.to_json_dict()
     for key in keys:
         try:
-            value = _number(lookup(summary, key))
+            value = _number(lookup(figures, key))
         except KeyError:
             value = None
         if value is None:
@@ -527,7 +528,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
     return 0 if verdict.passed else 1
 
 
-def _update(args: argparse.Namespace, summary: dict[str, Any], facts: TakenFrom,
+def _update(args: argparse.Namespace, summary: Summary, facts: TakenFrom,
             rel: dict[str, float], abs_: dict[str, float]) -> int:
     path: Path = args.baseline
     previous: Baseline | None = None
@@ -542,13 +543,13 @@ def _update(args: argparse.Namespace, summary: dict[str, Any], facts: TakenFrom,
     baseline, skipped = make_baseline(summary, facts, previous, extra, args.note)
     apply_overrides(baseline.metrics, rel, abs_)
     notes += [f"{k}: the run has no value, not recorded" for k in skipped]
-    if summary.get("requests", {}).get("failed"):
-        notes.append(f"the run had {summary['requests']['failed']} failed request(s); they are the baseline now")
-    if summary.get("run", {}).get("interrupted"):
+    if summary.requests.failed:
+        notes.append(f"the run had {summary.requests.failed} failed request(s); they are the baseline now")
+    if summary.run.interrupted:
         notes.append("the run was interrupted; a baseline from it covers only what finished")
-    validity = summary.get("validity") or {}
-    if validity.get("valid") is False:
-        notes.append("the run is marked invalid (" + "; ".join(map(str, validity.get("reasons") or [])) +
+    validity = summary.validity
+    if validity is not None and not validity.valid:
+        notes.append("the run is marked invalid (" + "; ".join(validity.reasons) +
                      "): its timing is not the model's, so this baseline holds figures the testbed does not vouch "
                      "for; take one from a valid run")
     try:
@@ -566,6 +567,7 @@ def _update(args: argparse.Namespace, summary: dict[str, Any], facts: TakenFrom,
     err = _console(stderr=True)
     for n in notes:
         err.print(Text(f"note: {n}", style="yellow"), soft_wrap=True)
-    results = [check_metric(k, s, summary) for k, s in baseline.metrics.items()]
+    figures = summary.to_json_dict()
+    results = [check_metric(k, s, figures) for k, s in baseline.metrics.items()]
     _console().print(_table(f"baseline written to {path} from {args.run}", results, with_measured=False))
     return 0

@@ -6,22 +6,16 @@ Plots use matplotlib's object API on Agg canvases, so no display and no global p
 
 from __future__ import annotations
 
-import json
-
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import matplotlib
-
-matplotlib.use("Agg")  # headless: never pick an interactive backend, even if pyplot is imported later
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 
 from testbed.core.scaling import Scale
+from testbed.metrics.artefacts import RunInfo, Summary
+from testbed.metrics.artefacts.summary_file import Control, Fidelity, WanLink
 from testbed.metrics.summary import (
     BREAKDOWN_STAGES,
     BYTE_COUNTERS,
@@ -29,6 +23,7 @@ from testbed.metrics.summary import (
     load_records,
     load_run_meta,
     load_run_timeseries,
+    read_run_info,
     summarize,
     write_summary,
 )
@@ -38,6 +33,10 @@ from testbed.metrics.roles import decision_rows, long_term_rows, plot_roles, rea
 from testbed.metrics.wanlink import plot_wan, wan_rows
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_rate, group_series, select
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 QUEUE_METRICS: tuple[str, ...] = ("queue_depth", "running_batch")
 STAGE_LABELS: dict[str, str] = {
@@ -128,13 +127,12 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 # ---------------------------------------------------------------- rows shared by markdown and terminal
 
 
-def run_label(summary: dict[str, Any]) -> str:
-    run = summary["run"]
-    name, policy = str(run["name"]), str(run["policy"])
+def run_label(summary: Summary) -> str:
+    name, policy = summary.run.name, summary.run.policy
     return name if not policy or policy in name else f"{name} ({policy})"
 
 
-def unique_labels(summaries: Sequence[dict[str, Any]]) -> list[str]:
+def unique_labels(summaries: Sequence[Summary]) -> list[str]:
     """Run labels, numbered where two runs share a name (e.g. repeats of one scenario)."""
     labels = [run_label(s) for s in summaries]
     seen: dict[str, int] = {}
@@ -145,141 +143,155 @@ def unique_labels(summaries: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
-def summary_rows(s: dict[str, Any]) -> list[tuple[str, str, str]]:
+STAT_LABELS: tuple[tuple[str, str], ...] = (("mean", "mean"), ("p50", "P50"), ("p90", "P90"), ("p99", "P99"))
+
+
+def summary_rows(s: Summary) -> list[tuple[str, str, str]]:
     """(metric, paper units, wire units) for one run."""
-    req, thr, by, eg, w = s["requests"], s["throughput"], s["bytes"], s["wan_egress"], s["wire"]
-    tt, wt, tp, wp = s["ttft_s"], w["ttft_s"], s["tpot_s"], w["tpot_s"]
-    done = f"{req['completed']:,} / {req['total']:,}"
+    req, thr, by, eg, w = s.requests, s.throughput, s.bytes, s.wan_egress, s.wire
+    tt, wt, tp, wp = s.ttft_s, w.ttft_s, s.tpot_s, w.tpot_s
+    done = f"{req.completed:,} / {req.total:,}"
     rows = [
         ("Requests completed / total", done, done),
-        ("Requests failed", fmt(req["failed"]), fmt(req["failed"])),
-        ("Run duration", fmt(s["run"]["duration_s_paper"], " s"), fmt(w["duration_s"], " s")),
-        ("Throughput (completed)", fmt(thr["completed_rps_paper"], " req/s"), fmt(thr["completed_rps_wire"], " req/s")),
-        ("Goodput (both SLOs)", fmt(thr["goodput_rps_paper"], " req/s"), fmt(thr["goodput_rps_wire"], " req/s")),
-        ("SLO attainment", fmt_pct(thr["slo_attainment"]), fmt_pct(thr["slo_attainment"])),
-        ("Output tokens", fmt(thr["output_tokens_per_s_paper"], " tok/s"), fmt(thr["output_tokens_per_s_wire"], " tok/s")),
+        ("Requests failed", fmt(req.failed), fmt(req.failed)),
+        ("Run duration", fmt(s.run.duration_s_paper, " s"), fmt(w.duration_s, " s")),
+        ("Throughput (completed)", fmt(thr.completed_rps_paper, " req/s"), fmt(thr.completed_rps_wire, " req/s")),
+        ("Goodput (both SLOs)", fmt(thr.goodput_rps_paper, " req/s"), fmt(thr.goodput_rps_wire, " req/s")),
+        ("SLO attainment", fmt_pct(thr.slo_attainment), fmt_pct(thr.slo_attainment)),
+        ("Output tokens", fmt(thr.output_tokens_per_s_paper, " tok/s"), fmt(thr.output_tokens_per_s_wire, " tok/s")),
     ]
-    for k, lab in (("mean", "mean"), ("p50", "P50"), ("p90", "P90"), ("p99", "P99")):
-        rows.append((f"TTFT {lab}", fmt(tt[k], " s"), fmt(wt[k], " s")))
-    halves = s.get("ttft_halves_s")
+    for k, lab in STAT_LABELS:
+        rows.append((f"TTFT {lab}", fmt(getattr(tt, k), " s"), fmt(getattr(wt, k), " s")))
+    halves = s.ttft_halves_s
     if halves:
-        f, la = (halves[h]["mean"] for h in ("first", "last"))
-        sp = s["run"]["speedup"]
+        f, la = halves.first.mean, halves.last.mean
+        sp = s.run.speedup
         rows.append(("TTFT mean, first / last half of arrivals", f"{fmt(f)} / {fmt(la)} s",
                      f"{fmt(None if f is None else f / sp)} / {fmt(None if la is None else la / sp)} s"))
-    for k, lab in (("mean", "mean"), ("p50", "P50"), ("p90", "P90"), ("p99", "P99")):
-        rows.append((f"TPOT {lab}", fmt_ms(tp[k]), fmt_ms(wp[k])))
-    off = fmt_pct(s["offload"]["ratio"])
+    for k, lab in STAT_LABELS:
+        rows.append((f"TPOT {lab}", fmt_ms(getattr(tp, k)), fmt_ms(getattr(wp, k))))
+    off = fmt_pct(s.offload.ratio)
     rows += [
         ("Offload ratio (KV over WAN)", off, off),
-        ("KV bytes per request", fmt_bytes(by["kv_per_request_paper"]), fmt_bytes(by["kv_per_request_wire"])),
-        ("WAN KV per offloaded request", fmt_bytes(by["wan_per_offloaded_request_paper"]),
-         fmt_bytes(by["wan_per_offloaded_request_wire"])),
-        ("KV bytes total", fmt_bytes(by["kv_total_paper"]), fmt_bytes(by["kv_total_wire"])),
-        ("WAN egress mean", fmt_rate(eg["mean_Bps_paper"]), fmt_rate(eg["mean_Bps_wire"])),
-        ("WAN egress peak", fmt_rate(eg["peak_Bps_paper"]), fmt_rate(eg["peak_Bps_wire"])),
+        ("KV bytes per request", fmt_bytes(by.kv_per_request_paper), fmt_bytes(by.kv_per_request_wire)),
+        ("WAN KV per offloaded request", fmt_bytes(by.wan_per_offloaded_request_paper),
+         fmt_bytes(by.wan_per_offloaded_request_wire)),
+        ("KV bytes total", fmt_bytes(by.kv_total_paper), fmt_bytes(by.kv_total_wire)),
+        ("WAN egress mean", fmt_rate(eg.mean_Bps_paper), fmt_rate(eg.mean_Bps_wire)),
+        ("WAN egress peak", fmt_rate(eg.peak_Bps_paper), fmt_rate(eg.peak_Bps_wire)),
     ]
     return rows
 
 
-def breakdown_rows(s: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+def breakdown_rows(s: Summary) -> list[tuple[str, str, str, str]]:
     """(stage, paper s, wire s, share of mean TTFT)."""
-    paper, wire, mean = s["ttft_breakdown_s"], s["wire"]["ttft_breakdown_s"], s["ttft_s"]["mean"]
-    return [
-        (
-            STAGE_LABELS[k],
-            fmt(paper[k], " s"),
-            fmt(wire[k], " s"),
-            fmt_pct(paper[k] / mean) if paper[k] is not None and mean else NA,
-        )
-        for k in BREAKDOWN_STAGES
-    ]
+    paper, wire, mean = s.ttft_breakdown_s, s.wire.ttft_breakdown_s, s.ttft_s.mean
+    rows = []
+    for k in BREAKDOWN_STAGES:
+        p = paper.stage(k)
+        rows.append((STAGE_LABELS[k], fmt(p, " s"), fmt(wire.stage(k), " s"),
+                     fmt_pct(p / mean) if p is not None and mean else NA))
+    return rows
 
 
-def comparison_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+def comparison_rows(summaries: Sequence[Summary]) -> list[tuple[str, list[str]]]:
     """(metric, one cell per run), paper units."""
 
-    def row(label: str, f: Any) -> tuple[str, list[str]]:
+    def row(label: str, f: Callable[[Summary], str]) -> tuple[str, list[str]]:
         return label, [f(s) for s in summaries]
 
+    def ms(x: float | None) -> str:
+        return fmt(None if x is None else x * 1000)
+
     rows = [
-        row("Policy", lambda s: s["run"]["policy"] or NA),
-        row("Scenario", lambda s: s["run"]["scenario"] or NA),
-        row("Speedup / byte_scale", lambda s: f"{fmt_factor(s['run']['speedup'])} / {fmt_factor(s['run']['byte_scale'])}"),
-        row("Shaping", lambda s: s["run"]["shaping_method"]),
-        row("Completed / total", lambda s: f"{s['requests']['completed']:,} / {s['requests']['total']:,}"),
-        row("Failed", lambda s: fmt(s["requests"]["failed"])),
-        row("Throughput (req/s)", lambda s: fmt(s["throughput"]["completed_rps_paper"])),
-        row("Goodput (req/s)", lambda s: fmt(s["throughput"]["goodput_rps_paper"])),
-        row("TTFT mean (s)", lambda s: fmt(s["ttft_s"]["mean"])),
-        row("TTFT P50 (s)", lambda s: fmt(s["ttft_s"]["p50"])),
-        row("TTFT P90 (s)", lambda s: fmt(s["ttft_s"]["p90"])),
-        row("TTFT P99 (s)", lambda s: fmt(s["ttft_s"]["p99"])),
+        row("Policy", lambda s: s.run.policy or NA),
+        row("Scenario", lambda s: s.run.scenario or NA),
+        row("Speedup / byte_scale", lambda s: f"{fmt_factor(s.run.speedup)} / {fmt_factor(s.run.byte_scale)}"),
+        row("Shaping", lambda s: s.run.shaping_method),
+        row("Completed / total", lambda s: f"{s.requests.completed:,} / {s.requests.total:,}"),
+        row("Failed", lambda s: fmt(s.requests.failed)),
+        row("Throughput (req/s)", lambda s: fmt(s.throughput.completed_rps_paper)),
+        row("Goodput (req/s)", lambda s: fmt(s.throughput.goodput_rps_paper)),
+        row("TTFT mean (s)", lambda s: fmt(s.ttft_s.mean)),
+        row("TTFT P50 (s)", lambda s: fmt(s.ttft_s.p50)),
+        row("TTFT P90 (s)", lambda s: fmt(s.ttft_s.p90)),
+        row("TTFT P99 (s)", lambda s: fmt(s.ttft_s.p99)),
         row("TTFT mean, first / last half of arrivals (s)", _halves_cell),
     ]
     for k in BREAKDOWN_STAGES:
-        rows.append(row(f"  {STAGE_LABELS[k]} (s)", lambda s, k=k: fmt(s["ttft_breakdown_s"][k])))
+        rows.append(row(f"  {STAGE_LABELS[k]} (s)", lambda s, k=k: fmt(s.ttft_breakdown_s.stage(k))))  # type: ignore[misc]
     rows += [
-        row("TPOT mean (ms)", lambda s: fmt(None if s["tpot_s"]["mean"] is None else s["tpot_s"]["mean"] * 1000)),
-        row("TPOT P90 (ms)", lambda s: fmt(None if s["tpot_s"]["p90"] is None else s["tpot_s"]["p90"] * 1000)),
-        row("Offload ratio", lambda s: fmt_pct(s["offload"]["ratio"])),
-        row("KV bytes / request", lambda s: fmt_bytes(s["bytes"]["kv_per_request_paper"])),
-        row("WAN KV / offloaded request", lambda s: fmt_bytes(s["bytes"]["wan_per_offloaded_request_paper"])),
-        row("WAN bytes / request (KV + cache moves)", lambda s: fmt_bytes(s["bytes"].get("wan_per_request_paper"))),
-        row("Prompt tokens from cache", lambda s: fmt_pct((s.get("cache") or {}).get("cached_token_share"))),
-        row("Cache moves", lambda s: fmt((s.get("cache") or {}).get("moves"))),
-        row("Threshold changes / mean", lambda s: _thr_cell(s.get("control") or {})),
+        row("TPOT mean (ms)", lambda s: ms(s.tpot_s.mean)),
+        row("TPOT P90 (ms)", lambda s: ms(s.tpot_s.p90)),
+        row("Offload ratio", lambda s: fmt_pct(s.offload.ratio)),
+        row("KV bytes / request", lambda s: fmt_bytes(s.bytes.kv_per_request_paper)),
+        row("WAN KV / offloaded request", lambda s: fmt_bytes(s.bytes.wan_per_offloaded_request_paper)),
+        row("WAN bytes / request (KV + cache moves)", lambda s: fmt_bytes(s.bytes.wan_per_request_paper)),
+        row("Prompt tokens from cache", lambda s: fmt_pct(s.cache.cached_token_share if s.cache else None)),
+        row("Cache moves", lambda s: fmt(s.cache.moves if s.cache else None)),
+        row("Threshold changes / mean", lambda s: _thr_cell(s.control)),
         row("Role conversions -> PD split at the end", roles_cell),
-        row("WAN egress mean (senders)", lambda s: fmt_rate(s["wan_egress"]["mean_Bps_paper"])),
-        row("WAN link mean / peak (counters)", lambda s: _wan_cell(s.get("wan_link") or {})),
-        row("WAN utilisation mean / peak", lambda s: _util_cell(s.get("wan_link") or {})),
+        row("WAN egress mean (senders)", lambda s: fmt_rate(s.wan_egress.mean_Bps_paper)),
+        row("WAN link mean / peak (counters)", lambda s: _wan_cell(s.wan_link)),
+        row("WAN utilisation mean / peak", lambda s: _util_cell(s.wan_link)),
         row("Timing fidelity", _validity_cell),
     ]
     return rows
 
 
-def _halves_cell(s: dict[str, Any]) -> str:
-    h = s.get("ttft_halves_s") or {}
-    return f"{fmt((h.get('first') or {}).get('mean'))} / {fmt((h.get('last') or {}).get('mean'))}"
+def _halves_cell(s: Summary) -> str:
+    h = s.ttft_halves_s
+    return f"{fmt(h.first.mean if h else None)} / {fmt(h.last.mean if h else None)}"
 
 
 def _format_or_na(x: float | None, f: str = "{:.2f}") -> str:
     return NA if x is None else f.format(x)
 
 
-def _thr_cell(c: dict[str, Any]) -> str:
-    if c.get("threshold_mean") is None:
+def _thr_cell(c: Control | None) -> str:
+    if c is None or c.threshold_mean is None:
         return NA
-    return f"{c.get('threshold_changes', 0):,} / {c['threshold_mean']:,.0f}"
+    return f"{c.threshold_changes:,} / {c.threshold_mean:,.0f}"
 
 
-def _wan_cell(w: dict[str, Any]) -> str:
-    if w.get("mean_bps_paper") is None:
+def _wan_cell(w: WanLink) -> str:
+    if w.mean_bps_paper is None:
         return NA
-    peak = w.get("peak_bps_paper")
-    return f"{w['mean_bps_paper'] / 1e9:.3g} / {'n/a' if peak is None else f'{peak / 1e9:.3g}'} Gbit/s"
+    peak = w.peak_bps_paper
+    return f"{w.mean_bps_paper / 1e9:.3g} / {'n/a' if peak is None else f'{peak / 1e9:.3g}'} Gbit/s"
 
 
-def _util_cell(w: dict[str, Any]) -> str:
-    if w.get("mean_utilisation") is None:
+def _util_cell(w: WanLink) -> str:
+    if w.mean_utilisation is None:
         return NA
-    return f"{fmt_pct(w['mean_utilisation'])} / {fmt_pct(w.get('peak_utilisation'))}"
+    return f"{fmt_pct(w.mean_utilisation)} / {fmt_pct(w.peak_utilisation)}"
 
 
-def verdicts(summaries: Sequence[dict[str, Any]], labels: Sequence[str] | None = None) -> list[str]:
+def verdicts(summaries: Sequence[Summary], labels: Sequence[str] | None = None) -> list[str]:
     """One line per run after the first: its mean and P90 TTFT relative to the first run."""
     labels = list(labels) if labels is not None else unique_labels(summaries)
     if not summaries:
         return []
-    base = summaries[0]["ttft_s"]
+    base = summaries[0].ttft_s
     return [
-        f"{lab}: {fmt_change(s['ttft_s']['mean'], base['mean'])} mean TTFT, "
-        f"{fmt_change(s['ttft_s']['p90'], base['p90'])} P90 TTFT vs {labels[0]}"
+        f"{lab}: {fmt_change(s.ttft_s.mean, base.mean)} mean TTFT, "
+        f"{fmt_change(s.ttft_s.p90, base.p90)} P90 TTFT vs {labels[0]}"
         for s, lab in zip(summaries[1:], labels[1:])
     ]
 
 
 # ---------------------------------------------------------------- plots
+
+
+def _figure(**kw: Any) -> Figure:
+    """A figure on an Agg canvas; matplotlib is imported here, when a plot is drawn (the tables of
+    this module need none of its 0.5 s of imports)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: never pick an interactive backend, even if pyplot is imported later
+    from matplotlib.figure import Figure
+
+    return Figure(**kw)
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -293,7 +305,7 @@ def _no_data(ax: Axes, msg: str) -> None:
 
 def plot_ttft_cdf(curves: Sequence[tuple[str, Sequence[float]]], path: Path, slo_s: float | None = None) -> Path:
     """Empirical CDFs of TTFT (paper seconds), one line per (label, values)."""
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = _figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
     drawn = False
     for label, values in curves:
@@ -334,7 +346,7 @@ def plot_queues(samples: Sequence[SeriesPoint], speedup: float, path: Path,
     present = [m for m in QUEUE_METRICS if select(samples, metric=m)]
     if not present:
         return None
-    fig = Figure(figsize=(8, 2.6 * len(present) + 0.6), layout="constrained")
+    fig = _figure(figsize=(8, 2.6 * len(present) + 0.6), layout="constrained")
     axes = fig.subplots(len(present), 1, sharex=True, squeeze=False)[:, 0]
     for ax, m in zip(axes, present):
         _series_panel(ax, select(samples, metric=m), speedup, m)
@@ -356,7 +368,7 @@ def plot_links(
         return None
     thresholds = select(samples, metric="threshold")
     n = 2 if thresholds else 1
-    fig = Figure(figsize=(8, 2.8 * n + 0.6), layout="constrained")
+    fig = _figure(figsize=(8, 2.8 * n + 0.6), layout="constrained")
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     groups = group_series(counters)
     for key, series in groups.items():
@@ -383,22 +395,43 @@ def plot_links(
 # ---------------------------------------------------------------- documents
 
 
-def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
+def leftover_prefix(run_dir: Path) -> str | None:
+    """The name `testbed down --prefix` takes for what the run started (its namespaces', local
+    services' or Docker project's), from run.json; None when it recorded none."""
+    facts = read_run_info(run_dir).shaping.model_dump()
+    name = facts.get("prefix") or facts.get("project")
+    return name if isinstance(name, str) and name.startswith("ptb") else None
+
+
+def cut_short_note(s: Summary, prefix: str | None = None) -> str:
+    """What happened to a run whose process died before closing it (run.json still `running`);
+    `prefix`: the run's name for `testbed down` (`leftover_prefix`)."""
+    planned = s.run.trace_requests
+    recorded = s.requests.total
+    lost = "" if planned is None else (
+        f" of {fmt(planned)} requests, {fmt(recorded)} have a record and {fmt(max(planned - recorded, 0))} none "
+        "(never sent, or lost in flight with the process);")
+    return ("> **CUT SHORT:** the run's process ended without closing the run (killed, or crashed);" + lost +
+            " figures cover the recorded requests only. "
+            f"`testbed down{f' --prefix {prefix}' if prefix else ''}` removes what the run left running.")
+
+
+def write_report(run_dir: Path, summary: Summary | None = None) -> Path:
     """Write `report.md` and its plots into the run directory; returns the report's path.
 
     Without `summary`, recomputes it and rewrites `summary.json`, so the two always agree.
     """
     run_dir = Path(run_dir)
     s = summary if summary is not None else write_summary(run_dir)
-    run = s["run"]
-    scale = Scale(run["speedup"], run["byte_scale"])
+    run = s.run
+    scale = Scale(run.speedup, run.byte_scale)
     records = load_records(run_dir)
     ttfts = [t * scale.speedup for t in completed_ttfts_wire(records)]
     samples = load_run_timeseries(run_dir, load_run_meta(run_dir))
-    wan_series = frozenset(k for k, v in s["links"].items() if v["wan"])
+    wan_series = frozenset(k for k, v in s.links.items() if v.wan)
     faults = load_faults(run_dir)
 
-    plots = [("TTFT CDF", plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", run["slo_ttft_s"]))]
+    plots = [("TTFT CDF", plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", run.slo_ttft_s))]
     for title, p in (
         ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png", faults)),
         ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series, faults)),
@@ -411,22 +444,23 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
         if p is not None:
             plots.append((title, p))
 
-    out = [f"# Run report: {run['name']}", "", _preamble(s), ""]
-    if run["interrupted"]:
+    out = [f"# Run report: {run.name}", "", _preamble(s), ""]
+    if run.cut_short:
+        out += [cut_short_note(s, leftover_prefix(run_dir)), ""]
+    elif run.interrupted:
         out += ["> **Note:** the run was interrupted; figures cover the requests that finished.", ""]
-    fid = s["fidelity"]
-    val = s.get("validity") or {"valid": True, "reasons": []}
-    if not val["valid"]:
+    fid = s.fidelity
+    if s.validity is not None and not s.validity.valid:
         out += ["> **INVALID RUN:** the testbed could not keep the scenario's time, so its figures are not "
-                "measurements of the scenario: " + "; ".join(val["reasons"]) + ".", ""]
-    elif fid["warn"]:
+                "measurements of the scenario: " + "; ".join(s.validity.reasons) + ".", ""]
+    elif fid.warn:
         out += [
-            f"> **Warning:** the testbed's own timing error is {fmt_pct(fid['prefill_rel_err_median'])} "
+            f"> **Warning:** the testbed's own timing error is {fmt_pct(fid.prefill_rel_err_median)} "
             "(median measured vs modelled prefill time), above 3%: differences of that size are noise.",
             "",
         ]
     out += ["## Summary", "", md_table(["Metric", "Paper units", "Wire units"], summary_rows(s)), ""]
-    wrows = wan_rows(s.get("wan_link", {}))
+    wrows = wan_rows(s.wan_link)
     if wrows:
         out += ["## WAN link", "", _shaping_line(run_dir), "", md_table(["WAN", "Paper units"], wrows), ""]
     prow = phase_rows(s)
@@ -461,10 +495,10 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
         "## Failures",
         "",
     ]
-    reasons = s["requests"]["failure_reasons"]
+    reasons = s.requests.failure_reasons
     out.append(md_table(["Reason", "Requests"], [(r, fmt(n)) for r, n in reasons.items()]) if reasons else "None.")
-    if s["requests"]["pending"]:
-        out += ["", f"Requests that never finished (run interrupted): {fmt(s['requests']['pending'])}."]
+    if s.requests.pending:
+        out += ["", f"Requests that never finished (run interrupted): {fmt(s.requests.pending)}."]
     out += ["", *faults_section(run_dir, records, scale.speedup, samples)]
     out += ["## Timing fidelity", "", _fidelity_line(fid), "", "## Plots", ""]
     out += [f"![{title}]({p.name})\n" for title, p in plots]
@@ -476,72 +510,73 @@ def write_report(run_dir: Path, summary: dict[str, Any] | None = None) -> Path:
 def _shaping_line(run_dir: Path) -> str:
     """How the link was shaped, from run.json, in one sentence."""
     try:
-        sh = json.loads((run_dir / "run.json").read_text()).get("shaping", {})
+        info: RunInfo = read_run_info(run_dir)
     except (OSError, ValueError):
         return ""
-    parts = [f"Shaping method **{sh.get('method', '?')}**"]
-    if sh.get("profile"):
-        parts.append(f"profile `{sh['profile']}`")
-    if sh.get("mtu"):
-        parts.append(f"MTU {sh['mtu']}")
-    links = sh.get("links") or {}
-    if links:
-        k, v = next(iter(links.items()))
-        queue = f", queue {v['queue_bytes']} B" if "queue_bytes" in v else ""   # a flow model has none
-        parts.append(f"{k}: {v['rate_bps_wire'] / 1e6:.4g} Mbit/s wire, one-way delay "
-                     f"{v['delay_s_wire'] * 1e3:.3g} ms wire, loss {v['loss']:.2%}{queue}")
-    detail = sh.get("detail")
-    return ", ".join(parts) + "." + (f" {detail}." if isinstance(detail, str) and detail else "")
+    sh = info.shaping
+    parts = [f"Shaping method **{sh.method}**"]
+    if sh.profile:
+        parts.append(f"profile `{sh.profile}`")
+    if sh.mtu:
+        parts.append(f"MTU {sh.mtu}")
+    if sh.links:
+        k, v = next(iter(sh.links.items()))
+        queue = f", queue {v.queue_bytes} B" if v.queue_bytes is not None else ""   # a flow model has none
+        rate = NA if v.rate_bps_wire is None else f"{v.rate_bps_wire / 1e6:.4g}"
+        delay = NA if v.delay_s_wire is None else f"{v.delay_s_wire * 1e3:.3g}"
+        parts.append(f"{k}: {rate} Mbit/s wire, one-way delay {delay} ms wire, loss {v.loss:.2%}{queue}")
+    detail = sh.detail
+    return ", ".join(parts) + "." + (f" {detail}." if detail else "")
 
 
-def _preamble(s: dict[str, Any]) -> str:
-    run = s["run"]
-    thr = "" if run["threshold"] is None else f" (threshold {fmt(run['threshold'])} tokens)"
+def _preamble(s: Summary) -> str:
+    run = s.run
+    thr = "" if run.threshold is None else f" (threshold {fmt(run.threshold)} tokens)"
     slo = ""
-    if run["slo_ttft_s"] is not None and run["slo_tpot_s"] is not None:
-        slo = f" SLOs: TTFT <= {fmt(run['slo_ttft_s'], ' s')}, TPOT <= {fmt_ms(run['slo_tpot_s'])}."
-    rate = "" if run["offered_rate_rps"] is None else f" Offered load {fmt(run['offered_rate_rps'], ' req/s')}."
+    if run.slo_ttft_s is not None and run.slo_tpot_s is not None:
+        slo = f" SLOs: TTFT <= {fmt(run.slo_ttft_s, ' s')}, TPOT <= {fmt_ms(run.slo_tpot_s)}."
+    rate = "" if run.offered_rate_rps is None else f" Offered load {fmt(run.offered_rate_rps, ' req/s')}."
     return (
-        f"Scenario **{run['scenario'] or NA}**, policy **{run['policy'] or NA}**{thr}.{rate}{slo}\n\n"
-        f"Scale: speedup s = {fmt_factor(run['speedup'])} (wire time = paper time / s), "
-        f"byte_scale b = {fmt_factor(run['byte_scale'])} (wire KV bytes = paper bytes / b). "
-        f"WAN shaping: **{run['shaping_method']}**. Figures are in paper units; "
+        f"Scenario **{run.scenario or NA}**, policy **{run.policy or NA}**{thr}.{rate}{slo}\n\n"
+        f"Scale: speedup s = {fmt_factor(run.speedup)} (wire time = paper time / s), "
+        f"byte_scale b = {fmt_factor(run.byte_scale)} (wire KV bytes = paper bytes / b). "
+        f"WAN shaping: **{run.shaping_method}**. Figures are in paper units; "
         "wire units are what this machine measured."
     )
 
 
-def _validity_cell(s: dict[str, Any]) -> str:
-    if not (s.get("validity") or {"valid": True})["valid"]:
+def _validity_cell(s: Summary) -> str:
+    if not s.valid:
         return "INVALID"
-    return "WARN" if s["fidelity"]["warn"] else "ok"
+    return "WARN" if s.fidelity.warn else "ok"
 
 
-def _fidelity_line(fid: dict[str, Any]) -> str:
-    b = fid.get("bounds") or {}
+def _fidelity_line(fid: Fidelity) -> str:
+    b = fid.bounds
     parts = []
-    if fid["n"]:
-        parts.append(f"Median prefill timing error {fmt_ms(fid['prefill_abs_err_median_s'])} wire "
-                     f"({fmt_pct(fid['prefill_rel_err_median'])} of the modelled time, bound "
-                     f"{fmt_pct(b.get('prefill_rel_err_median'))}) over {fmt(fid['n'])} requests.")
+    if fid.n:
+        parts.append(f"Median prefill timing error {fmt_ms(fid.prefill_abs_err_median_s)} wire "
+                     f"({fmt_pct(fid.prefill_rel_err_median)} of the modelled time, bound "
+                     f"{fmt_pct(b.prefill_rel_err_median)}) over {fmt(fid.n)} requests.")
     else:
         parts.append("No records with both measured and modelled prefill times.")
-    if fid.get("decode_step_late_share") is not None:
-        parts.append(f"Decode steps ended {fmt_pct(fid['decode_step_late_share'])} late against the model "
-                     f"(bound {fmt_pct(b.get('decode_step_late_share'))}).")
-    if fid.get("token_lag_p90_s_paper") is not None:
-        parts.append(f"Token delivery lag P90 {fmt_ms(fid['token_lag_p90_s_paper'])} paper "
-                     f"(bound {fmt_ms(b.get('token_lag_p90_s_paper'))}).")
-    if fid.get("router_overhead_p90_s_paper") is not None:
-        parts.append(f"Router overhead P90 {fmt_ms(fid['router_overhead_p90_s_paper'])} paper "
-                     f"(bound {fmt_ms(b.get('router_overhead_p90_s_paper'))}).")
-    if fid.get("cpu_busy_mean") is not None:
-        parts.append(f"Host CPUs {fmt_pct(fid['cpu_busy_mean'])} busy on average, saturated "
-                     f"{fmt_pct(fid['cpu_saturated_share'])} of the run.")
+    if fid.decode_step_late_share is not None:
+        parts.append(f"Decode steps ended {fmt_pct(fid.decode_step_late_share)} late against the model "
+                     f"(bound {fmt_pct(b.decode_step_late_share)}).")
+    if fid.token_lag_p90_s_paper is not None:
+        parts.append(f"Token delivery lag P90 {fmt_ms(fid.token_lag_p90_s_paper)} paper "
+                     f"(bound {fmt_ms(b.token_lag_p90_s_paper)}).")
+    if fid.router_overhead_p90_s_paper is not None:
+        parts.append(f"Router overhead P90 {fmt_ms(fid.router_overhead_p90_s_paper)} paper "
+                     f"(bound {fmt_ms(b.router_overhead_p90_s_paper)}).")
+    if fid.cpu_busy_mean is not None:
+        parts.append(f"Host CPUs {fmt_pct(fid.cpu_busy_mean)} busy on average, saturated "
+                     f"{fmt_pct(fid.cpu_saturated_share)} of the run.")
     return " ".join(parts)
 
 
 def write_comparison(
-    run_dirs: Sequence[Path], out_dir: Path, summaries: Sequence[dict[str, Any]] | None = None
+    run_dirs: Sequence[Path], out_dir: Path, summaries: Sequence[Summary] | None = None
 ) -> Path:
     """Write `comparison.md` and `ttft_cdf.png` (all runs on one plot) into `out_dir`.
 
@@ -560,15 +595,15 @@ def write_comparison(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     curves = [
-        (lab, [t * s["run"]["speedup"] for t in completed_ttfts_wire(load_records(d))])
+        (lab, [t * s.run.speedup for t in completed_ttfts_wire(load_records(d))])
         for lab, s, d in zip(labels, summaries, dirs)
     ]
-    slos = {s["run"]["slo_ttft_s"] for s in summaries}
+    slos = {s.run.slo_ttft_s for s in summaries}
     plot_ttft_cdf(curves, out_dir / "ttft_cdf.png", slos.pop() if len(slos) == 1 else None)
 
     out = [f"# Comparison: {' vs '.join(labels)}", ""]
     out.append(f"All figures in paper units. Baseline for the verdicts: **{labels[0]}**.")
-    setups = {(s["run"]["speedup"], s["run"]["byte_scale"], s["run"]["shaping_method"]) for s in summaries}
+    setups = {(s.run.speedup, s.run.byte_scale, s.run.shaping_method) for s in summaries}
     if len(setups) > 1:
         out.append("Note: the runs differ in scale or shaping method (see the table); paper units stay comparable, "
                    "testbed artefacts may not.")
@@ -576,15 +611,15 @@ def write_comparison(
     out += [f"- {v}" for v in verdicts(summaries, labels)] or ["- Only one run: nothing to compare."]
     out += ["", "## Side by side", ""]
     out.append(md_table(["Metric", *labels], [(m, *cells) for m, cells in comparison_rows(summaries)]))
-    phases = [s.get("link_phases") or [] for s in summaries]
+    phases = [s.link_phases for s in summaries]
     if phases[0] and all(len(p) == len(phases[0]) for p in phases):
         out += ["", "## By link phase", "", "Mean / P90 TTFT (s) of the requests that arrived while each configured "
                 "rate was in force; then the mean KV transfer tail of the offloaded ones.", ""]
         rows = []
         for k, ph in enumerate(phases[0]):
-            rows.append((phase_label(ph), *[f"{_format_or_na(p[k]['ttft_mean_s'])} / {_format_or_na(p[k]['ttft_p90_s'])}" for p in phases]))
-            rows.append(("  KV tail (ms)", *[_format_or_na(None if p[k]["tail_mean_s"] is None else p[k]["tail_mean_s"] * 1e3, "{:,.0f}")
-                                             for p in phases]))
+            rows.append((phase_label(ph), *[f"{_format_or_na(p[k].ttft_mean_s)} / {_format_or_na(p[k].ttft_p90_s)}" for p in phases]))
+            tails = [p[k].tail_mean_s for p in phases]
+            rows.append(("  KV tail (ms)", *[_format_or_na(None if t is None else t * 1e3, "{:,.0f}") for t in tails]))
         out.append(md_table(["phase", *labels], rows))
     out += ["", "## TTFT CDF", "", "![TTFT CDF](ttft_cdf.png)", "", "## Runs", ""]
     out += [f"- {lab}: `{d}`" for lab, d in zip(labels, dirs)]

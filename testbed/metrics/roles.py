@@ -18,9 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from matplotlib.figure import Figure
 
 from testbed.core.scaling import Scale
+from testbed.metrics.artefacts import Summary
 from testbed.metrics.faults import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import decision_points, select, time_weighted_mean
@@ -69,26 +69,26 @@ def long_term_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesP
     }
 
 
-def long_term_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
-    lt = s.get("long_term")
+def long_term_rows(s: Summary) -> list[tuple[str, str]]:
+    lt = s.long_term
     if not lt:
         return []
-    n = lt["decisions"]
-    mean = lt.get("prefill_mean")
+    n = lt.decisions
+    mean = lt.prefill_mean
     return [
-        ("PD split (prefill / decode) at start -> end", f"{lt['split_start'] or 'n/a'} -> {lt['split_end'] or 'n/a'}"),
-        ("Role conversions completed", f"{lt['conversions']:,}"),
-        ("Decisions: drain / activate / retune / hold", " / ".join(f"{n[a]:,}" for a in ACTIONS)),
+        ("PD split (prefill / decode) at start -> end", f"{lt.split_start or 'n/a'} -> {lt.split_end or 'n/a'}"),
+        ("Role conversions completed", f"{lt.conversions:,}"),
+        ("Decisions: drain / activate / retune / hold", " / ".join(f"{n.get(a, 0):,}" for a in ACTIONS)),
         ("Time-weighted mean of PD prefill instances", "n/a" if mean is None else f"{mean:.2f}"),
     ]
 
 
-def decision_rows(s: dict[str, Any], limit: int = 20) -> list[tuple[str, str, str, str, str]]:
+def decision_rows(s: Summary, limit: int = 20) -> list[tuple[str, str, str, str, str]]:
     rows = []
-    for d in ((s.get("long_term") or {}).get("changes") or [])[:limit]:
-        thr = d.get("threshold")
-        rows.append((f"{d['t_s']:.1f}", d["action"] + (f" {d['node']}" if d["node"] else ""),
-                     f"{d['prefill']}/{d['decode']}", "n/a" if thr is None else f"{thr:,.0f}", d["reason"]))
+    for d in (s.long_term.changes if s.long_term else [])[:limit]:
+        thr = d.threshold
+        rows.append((f"{d.t_s:.1f}", d.action + (f" {d.node}" if d.node else ""),
+                     f"{d.prefill}/{d.decode}", "n/a" if thr is None else f"{thr:,.0f}", d.reason))
     return rows
 
 
@@ -100,6 +100,8 @@ def plot_roles(samples: Sequence[SeriesPoint], decisions: Sequence[dict[str, Any
     if not pre:
         return None
     s = scale.speedup
+    from matplotlib.figure import Figure      # here: the summary needs no plotting library
+
     fig = Figure(figsize=(8, 7.2), layout="constrained")
     ax = fig.subplots(3, 1, sharex=True)
     for role, style in (("prefill", "-"), ("decode", "-"), ("draining", ":")):
@@ -149,9 +151,9 @@ def plot_roles(samples: Sequence[SeriesPoint], decisions: Sequence[dict[str, Any
     return path
 
 
-def roles_cell(s: dict[str, Any]) -> str:
+def roles_cell(s: Summary) -> str:
     """One comparison-table cell: conversions and the split at the end."""
-    lt = s.get("long_term")
+    lt = s.long_term
     if not lt:
         return "n/a"
-    return f"{lt['conversions']} -> {lt['split_end'] or 'n/a'}"
+    return f"{lt.conversions} -> {lt.split_end or 'n/a'}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from json.encoder import encode_basestring_ascii as _text   # what json.dumps quotes text with
 import math
 import threading
 import time
@@ -18,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple, TextIO
+
+from testbed.core.errors import UserError
 
 log = logging.getLogger("testbed.metrics")
 
@@ -28,7 +31,7 @@ class Sample(NamedTuple):
     labels: dict[str, str]
 
 
-@dataclass
+@dataclass(slots=True)
 class SeriesPoint:
     """One line read back: seconds since the chosen origin, the source (node or link), metric name, value."""
 
@@ -39,7 +42,7 @@ class SeriesPoint:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-class TimeseriesError(ValueError):
+class TimeseriesError(UserError, ValueError):
     """A malformed time-series line (other than an interrupted run's truncated last line) or file."""
 
 
@@ -77,19 +80,24 @@ def _number(obj: dict[str, Any], key: str) -> float:
     return float(v)
 
 
-def read_series(path: Path, t0: float = 0.0) -> list[SeriesPoint]:
-    """Every point of one file, in file order. A last line that does not parse is dropped with a
-    warning (a writer killed mid-line); any other malformed line raises `TimeseriesError`
-    naming file:line."""
+def read_series(path: Path, t0: float = 0.0, metric: str | None = None) -> list[SeriesPoint]:
+    """Every point of one file (with `metric`, only that metric's), in file order. A last line
+    that does not parse is dropped with a warning (a writer killed mid-line); any other malformed
+    line raises `TimeseriesError` naming file:line."""
     # errors="replace": truncation can split a multi-byte character of the last line.
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    # A line of the metric holds its name as a JSON string: the others are skipped unparsed
+    # (a run's decisions.jsonl is mostly one routing decision per request).
+    token = None if metric is None else json.dumps(metric)
     out: list[SeriesPoint] = []
     for i, line in enumerate(lines):
-        if not line.strip():
+        if not line.strip() or (token is not None and token not in line):
             continue
         try:
-            out.append(parse_line(line, t0))
+            point = parse_line(line, t0)
+            if metric is None or point.metric == metric:
+                out.append(point)
         except ValueError as e:
             if i == last:
                 log.warning("%s:%d: dropping unparsable last line (interrupted run?): %s", path, i + 1, e)
@@ -129,17 +137,33 @@ class SeriesWriter:
                 self._fh = None
 
 
+_NO_LABELS: dict[str, str] = {}
+
+
+def encode_labels(labels: dict[str, str]) -> str:
+    """`json.dumps(labels)`, at half its cost for the usual all-text labels (a decision line per
+    request carries a fresh set)."""
+    if all(type(k) is str and type(v) is str for k, v in labels.items()):
+        return "{" + ", ".join([_text(k) + ": " + _text(v) for k, v in labels.items()]) + "}"
+    return json.dumps(labels)
 RawSample = tuple[str, float, dict[str, str]]   # a Sample as a plain tuple, as hot loops build them
 
 
 class BatchSeriesFile:
     """A writer for hot loops that emit many samples at known times (the simulator): the same
     lines as `encode_line`, label sets encoded once, one write per batch; times in paper
-    seconds, written as wire seconds since the run's start."""
+    seconds, written as wire seconds since the run's start. With `keep`, the points are also
+    kept in `points` as `read_series` would read them back (times since the start), for a
+    summary of the run that need not read its own files again. With `deferred`, samples are
+    held as given and the lines written (and points kept) in batches of `BATCH` and at `close`:
+    the loop pays only for holding them, and a run killed outright loses only its last batch."""
 
-    __slots__ = ("source", "_fh", "_head", "speedup", "lines", "_labels")
+    BATCH = 2048
 
-    def __init__(self, path: Path, source: str, speedup: float, repeated_labels: bool = True) -> None:
+    __slots__ = ("source", "_fh", "_head", "speedup", "lines", "_labels", "points", "_sources", "_later")
+
+    def __init__(self, path: Path, source: str, speedup: float, repeated_labels: bool = True,
+                 keep: bool = False, deferred: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.source = source
         self._fh: IO[str] = path.open("w")
@@ -148,32 +172,68 @@ class BatchSeriesFile:
         self.lines = 0
         # Samples repeat the same few label sets: encode each once (not for one-off labels).
         self._labels: dict[tuple[tuple[str, str], ...], str] | None = {} if repeated_labels else None
+        self.points: list[SeriesPoint] | None = [] if keep else None
+        self._sources: dict[str, str] = {}       # each source's name, JSON-encoded once
+        self._later: list[tuple[float, str | None, Iterable[RawSample]]] | None = [] if deferred else None
 
     def write(self, t_paper: float, samples: Iterable[RawSample]) -> None:
-        self._write(f'{{"ts": {t_paper / self.speedup:.6f}{self._head}', samples)
+        self._take(t_paper, None, samples)
 
     def source_write(self, t_paper: float, source: str, samples: Iterable[RawSample]) -> None:
         """Samples of another source into this file (a file may hold many sources)."""
-        self._write(f'{{"ts": {t_paper / self.speedup:.6f}, "source": {json.dumps(source)}, "metric": ', samples)
+        self._take(t_paper, source, samples)
 
-    def _write(self, ts: str, samples: Iterable[RawSample]) -> None:
+    def _take(self, t_paper: float, source: str | None, samples: Iterable[RawSample]) -> None:
+        if self._later is None:
+            self._emit(t_paper, source, samples)
+            return
+        self._later.append((t_paper, source, samples))
+        if len(self._later) >= self.BATCH:
+            self._drain()
+
+    def _emit(self, t_paper: float, source: str | None, samples: Iterable[RawSample]) -> None:
+        t = t_paper / self.speedup
+        if source is None:
+            self._write(f'{{"ts": {t:.6f}{self._head}', samples, t, self.source)
+            return
+        name = self._sources.get(source)
+        if name is None:
+            name = self._sources[source] = json.dumps(source)
+        self._write(f'{{"ts": {t:.6f}, "source": {name}, "metric": ', samples, t, source)
+
+    def _write(self, ts: str, samples: Iterable[RawSample], t: float, source: str) -> None:
         out = []
         cache = self._labels
+        keep = self.points
+        t6 = round(t, 6)        # what the line's "ts" reads back as
         for metric, value, labels in samples:
             if not labels:
                 lab = "{}"
             elif cache is None:
-                lab = json.dumps(labels)
+                lab = encode_labels(labels)
             else:
                 key = tuple(labels.items())
                 known = cache.get(key)
                 if known is None:
-                    known = cache[key] = json.dumps(labels)
+                    known = cache[key] = encode_labels(labels)
                 lab = known
             out.append(f'{ts}"{metric}", "value": {float(value)!r}, "labels": {lab}}}\n')
+            if keep is not None:
+                # Points without labels share one empty mapping (nothing writes to a point's labels).
+                keep.append(SeriesPoint(t6, source, metric, float(value),
+                                        {str(k): str(v) for k, v in labels.items()} if labels else _NO_LABELS))
         self._fh.write("".join(out))
         self.lines += len(out)
 
+    def _drain(self) -> None:
+        for t_paper, source, samples in self._later or ():
+            self._emit(t_paper, source, samples)
+        self._fh.flush()
+        if self._later is not None:
+            self._later = []
+
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        if self._fh.closed:
+            return
+        self._drain()
+        self._fh.close()

@@ -4,85 +4,19 @@
 Records hold wire seconds and bytes; every figure here is given in paper units (wire seconds x
 speedup, wire bytes x byte_scale, wire rates / speedup) and, under keys ending in `_wire` or
 in the `wire` section, in wire units. TTFT, TPOT, breakdown, offload and KV bytes count completed
-requests only. Figures over an empty set are `null`, never NaN. `summary.json` keys:
-
-| Key | Meaning |
-|---|---|
-| `schema` | Layout version of this file (1). |
-| `run.name`, `run.scenario`, `run.policy` | From `run.json`. |
-| `run.threshold` | Routing threshold in force (tokens), `null` if none. |
-| `run.speedup`, `run.byte_scale` | Scale factors: wire time = paper time / speedup; wire KV bytes = paper bytes / byte_scale. |
-| `run.shaping_method` | How the WAN link was shaped (`run.json` `shaping.method`). |
-| `run.offered_rate_rps` | Offered arrival rate, paper req/s. |
-| `run.slo_ttft_s`, `run.slo_tpot_s` | SLOs, paper seconds (`null` if `run.json` has none). |
-| `run.duration_s_paper` | Run length (`t_end - t0`, else the latest record time) in paper seconds. |
-| `run.interrupted` | `run.json` says the run was stopped early (its figures cover what finished). |
-| `requests.total` | Records in `records.csv`. |
-| `requests.completed`, `requests.failed` | Records with outcome `completed` / `failed`. |
-| `requests.pending` | Records with any other outcome (the run stopped before they finished). |
-| `requests.failure_reasons` | `{reason: count}` over failed records (`unknown` when empty). |
-| `throughput.completed_rps_paper`, `_wire` | Completed requests / run duration. |
-| `throughput.output_tokens_per_s_paper`, `_wire` | Tokens received by completed requests / run duration. |
-| `throughput.goodput_rps_paper`, `_wire` | Completed requests meeting both SLOs / run duration. A request with fewer than 2 tokens has no TPOT and meets the TPOT SLO. |
-| `throughput.slo_met` | Number of requests meeting both SLOs (`null`, like goodput, when `run.json` has no SLO). |
-| `throughput.slo_attainment` | `slo_met / requests.total` (failed and pending requests miss). |
-| `ttft_s.n`, `.mean`, `.p50`, `.p90`, `.p99` | TTFT (first token - arrival) of completed requests, paper s. Percentiles linear-interpolated (numpy). |
-| `ttft_halves_s.first`, `.last` | The same statistics for the requests that arrived in the first / last half of the arrival span (`split_s`: paper s from the first arrival to the middle): whether a run (a control loop) settled. |
-| `ttft_breakdown_s.routing` | Mean `routed - arrival`, paper s. |
-| `ttft_breakdown_s.prefill_queue` | Mean `prefill_start - prefill_queued`. |
-| `ttft_breakdown_s.prefill_compute` | Mean `prefill_end - prefill_start`. |
-| `ttft_breakdown_s.transfer_tail` | Mean `transfer_end - prefill_end`: the KV transfer TTFT pays after layer-wise pipelining. |
-| `ttft_breakdown_s.decode_queue` | Mean `decode_admitted - transfer_end`. |
-| `ttft_breakdown_s.first_step` | Mean `first_token - decode_admitted`. |
-| `ttft_breakdown_s.other` | Mean of the rest of each TTFT (HTTP hops, e.g. `prefill_queued - routed`, token streaming back). A stage a request did not record counts 0 and its time lands here, so the parts sum to `ttft_s.mean`. |
-| `tpot_s.n`, `.mean`, `.p50`, `.p90`, `.p99` | TPOT `(last_token - first_token) / (tokens - 1)` of completed requests with >= 2 tokens, paper s. |
-| `offload.ratio` | Share of completed requests whose KV crossed the WAN. |
-| `offload.requests` | Number of those requests. |
-| `bytes.kv_total_paper`, `_wire` | KV bytes of completed requests. Paper bytes are the recorded `kv_bytes_paper` (wire x byte_scale where not recorded). |
-| `bytes.kv_per_request_paper`, `_wire` | `kv_total / requests.completed`. |
-| `bytes.wan_total_paper`, `_wire` | KV bytes of completed requests that crossed the WAN. |
-| `bytes.wan_per_offloaded_request_paper`, `_wire` | `wan_total / offload.requests`. |
-| `bytes.cache_move_paper`, `_wire` | Cached-prefix KV that cross-cluster cache moves of completed requests carried over the WAN. |
-| `bytes.wan_per_request_paper`, `_wire` | `(wan_total + cache_move) / requests.completed`: every byte a request put on the WAN. |
-| `cache.*`, `control.*` | Prefix-cache reuse and cache moves; the control loop's threshold changes and bandwidth estimates (`testbed.metrics.control`). |
-| `long_term` | The long-term loop's role conversions, threshold retunes and the PD split over time (`testbed.metrics.roles`); null when it did not run. |
-| `wan_egress.bytes_paper`, `_wire` | Growth of the byte counters (`bytes_sent`, `kv_bytes_sent` series) of sources that sent KV across the WAN (prefill nodes of offloaded requests). |
-| `wan_egress.mean_Bps_paper`, `_wire` | That growth / the span of those series, bytes/s (paper rate = wire rate x byte_scale / speedup). Divide by the link's rate for utilisation. |
-| `wan_egress.peak_Bps_paper`, `_wire` | Highest rate of their summed counters, held on a common grid at the median sampling interval. |
-| `links.<series>.{metric, wan, bytes_paper, bytes_wire, mean_Bps_paper, peak_Bps_paper, mean_Bps_wire, peak_Bps_wire}` | The same per byte-counter series (`source` or `source{label=value}`); `wan` tells whether the source sent KV across the WAN. |
-| `fidelity.n` | Records with measured and modelled prefill durations (any outcome). |
-| `fidelity.prefill_abs_err_median_s` | Median abs(measured prefill - `prefill_modelled`), wire s: the testbed's own timing error. |
-| `fidelity.prefill_rel_err_median` | Median of that error / modelled duration. |
-| `fidelity.warn` | `prefill_rel_err_median` > 3%: service-time emulation is off, distrust fine differences. |
-| `fidelity.decode_step_late_share` | Time decode steps fell behind their modelled schedule for good (what stretches TPOT), summed over decode nodes / modelled step time. |
-| `fidelity.token_lag_p90_s_paper` | P90 of (client received the last token - decode node emitted it), paper s. |
-| `fidelity.router_overhead_p90_s_paper` | P90 of (routed - router received the request), paper s. |
-| `fidelity.cpu_busy_mean`, `.cpu_saturated_share` | Host CPU busy share over the run, and the share of samples at >= 95%. |
-| `fidelity.bounds` | The bound each timing measure is held to (`testbed.metrics.fidelity`). |
-| `validity.valid`, `.reasons` | False when a timing measure exceeds its bound: the run's figures are not faithful to the scenario; `testbed regress` fails it. |
-| `wire.duration_s` | Run length in wire seconds. |
-| `wire.ttft_s`, `wire.ttft_breakdown_s`, `wire.tpot_s` | The paper-unit sections above, in wire seconds. |
-| `wan_link.link` | The shaped WAN direction that carried the most bytes (the KV direction), e.g. `dc-remote->dc-local`; absent without shaped links. |
-| `wan_link.mean_bps_paper`, `.mean_bps_wire` | Bits/s through that link from its interface counters, over the arrival window (first to last request sent). |
-| `wan_link.run_mean_bps_paper` | The same over the whole run, including ramp-up and the drain after the last arrival. |
-| `wan_link.peak_bps_paper` | Highest rate over 100 ms (wire) windows. |
-| `wan_link.configured_bps_paper` | The link's configured rate at the start (schedules may change it; utilisation uses the rate in force). |
-| `wan_link.mean_utilisation`, `.peak_utilisation` | Measured rate / configured rate in force: mean over the arrival window, and the highest 100 ms window. |
-| `wan_link.records_bps_paper` | The same traffic from the records: offloaded requests per second x mean KV bytes per offloaded request, over the arrival window; compare with `wan_link.mean_bps_paper`. |
-| `wan_link.bytes_per_offloaded_request_paper` | Interface-counter bytes / offloaded requests. |
-| `wan_link.counters_over_records` | Interface-counter bytes / KV bytes the records say crossed: a check of both (headers make it slightly above 1). |
-| `wan_link.links.<src->dst>` | The same figures for every shaped direction. |
-| `timeseries.samples`, `timeseries.metrics` | Number of time-series samples and the metric names present. |
+requests only. Figures over an empty set are `null`, never NaN. Every `summary.json` key is
+documented where it is typed, `testbed.metrics.artefacts.summary_file`; the docs' reference
+(docs/reference/run-directory) is generated from there.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +24,9 @@ import numpy as np
 
 from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
+from testbed.metrics.artefacts import LAYOUT, SUMMARY_VERSION, RunInfo, read_artefact, write_artefact
+from testbed.metrics.artefacts import RunDirError as RunDirError, Summary as Summary   # re-exported
+from testbed.metrics.artefacts.run_file import Slo, was_cut_short
 from testbed.metrics.control import cache_summary, control_summary, link_phases
 from testbed.metrics.roles import long_term_summary
 from testbed.metrics.fidelity import fidelity, validity
@@ -108,7 +45,7 @@ from testbed.metrics.timeseries import (
 
 log = logging.getLogger("testbed.metrics")
 
-SCHEMA_VERSION = 2       # 2: `validity`, and the fidelity section's decode, lag, router and CPU measures
+SCHEMA_VERSION = LAYOUT  # `schema`; the file's model version is `schema_version` (artefacts.SUMMARY_VERSION)
 BREAKDOWN_STAGES: tuple[str, ...] = (
     "routing",
     "prefill_queue",
@@ -123,10 +60,6 @@ _TIME_FIELDS: tuple[str, ...] = (
     "arrival", "routed", "prefill_queued", "prefill_start", "prefill_end", "transfer_start",
     "transfer_end", "decode_admitted", "first_token", "last_token",
 )
-
-
-class RunDirError(ValueError):
-    """The directory is not a readable run directory (missing or malformed `run.json`)."""
 
 
 @dataclass(frozen=True)
@@ -145,49 +78,47 @@ class RunMeta:
     offered_rate_rps: float | None
     threshold: float | None
     interrupted: bool = False
+    cut_short: bool = False        # run.json says `running` and its process is gone
+    trace_requests: int | None = None
+    pid: int | None = None
 
 
 def load_run_meta(run_dir: Path) -> RunMeta:
-    p = Path(run_dir) / "run.json"
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise RunDirError(f"{p}: missing; is {run_dir} a run directory?") from None
-    except json.JSONDecodeError as e:
-        raise RunDirError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from None
-    if not isinstance(raw, dict):
-        raise RunDirError(f"{p}: expected a JSON object")
-    scale = raw.get("scale")
-    if not isinstance(scale, dict):
-        # Guessing 1/1 would silently print wire figures as paper figures.
-        raise RunDirError(f"{p}: 'scale' with 'speedup' and 'byte_scale' is required")
-    speedup, byte_scale = _finite_number(scale, "speedup"), _finite_number(scale, "byte_scale")
-    if speedup is None or speedup <= 0 or byte_scale is None or byte_scale <= 0:
-        raise RunDirError(f"{p}: scale.speedup and scale.byte_scale must be positive numbers, got {scale!r}")
-    shaping = raw.get("shaping")
-    slo_raw = raw.get("slo")
-    slo: dict[str, Any] = slo_raw if isinstance(slo_raw, dict) else {}
+    """RunDirError (a UserError naming the file and field) when `run.json` is missing or malformed."""
+    info = read_run_info(run_dir)
+    slo = info.slo or Slo()
+    cut = was_cut_short(info)
     return RunMeta(
-        name=str(raw.get("name") or Path(run_dir).name),
-        scenario=str(raw.get("scenario") or ""),
-        policy=str(raw.get("policy") or ""),
-        t0=_finite_number(raw, "t0"),
-        t_end=_finite_number(raw, "t_end"),
-        scale=Scale(speedup, byte_scale),
-        shaping_method=str(shaping.get("method", "unknown")) if isinstance(shaping, dict) else "unknown",
-        slo_ttft_s=_finite_number(slo, "ttft_s"),
-        slo_tpot_s=_finite_number(slo, "tpot_s"),
-        offered_rate_rps=_finite_number(raw, "offered_rate"),
-        threshold=_finite_number(raw, "threshold"),
-        interrupted=raw.get("interrupted") is True,
+        name=info.name or Path(run_dir).name,
+        scenario=info.scenario,
+        policy=info.policy,
+        t0=_finite_or_none(info.t0),
+        t_end=_finite_or_none(info.t_end),
+        scale=Scale(info.scale.speedup, info.scale.byte_scale),
+        shaping_method=info.shaping.method,
+        slo_ttft_s=_finite_or_none(slo.ttft_s),
+        slo_tpot_s=_finite_or_none(slo.tpot_s),
+        offered_rate_rps=_finite_or_none(info.offered_rate),
+        threshold=_finite_or_none(info.threshold),
+        interrupted=info.interrupted or cut,
+        cut_short=cut,
+        trace_requests=info.trace.requests if info.trace else None,
+        pid=info.pid,
     )
 
 
-def _finite_number(d: dict[str, Any], key: str) -> float | None:
-    v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
+def read_run_info(run_dir: Path) -> RunInfo:
+    return read_artefact(Path(run_dir) / "run.json", RunInfo)
+
+
+def _finite_or_none(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def read_summary(path: Path) -> Summary:
+    """`summary.json` (the file, or a run directory holding it) as a typed Summary."""
+    path = Path(path)
+    return read_artefact(path / "summary.json" if path.is_dir() else path, Summary)
 
 
 def load_records(run_dir: Path) -> list[RequestRecord]:
@@ -238,6 +169,15 @@ def _stats(values: Sequence[float], mult: float) -> dict[str, Any]:
             "p99": percentile(a, 99)}
 
 
+# breakdown_wire's stages as (end, start) stamps, in its order.
+_BREAKDOWN_SPANS: dict[str, tuple[str, str]] = {
+    "routing": ("routed", "arrival"), "prefill_queue": ("prefill_start", "prefill_queued"),
+    "prefill_compute": ("prefill_end", "prefill_start"), "transfer_tail": ("transfer_end", "prefill_end"),
+    "decode_queue": ("decode_admitted", "transfer_end"), "first_step": ("first_token", "decode_admitted"),
+}
+_BREAKDOWN_TIMES = sorted({n for pair in _BREAKDOWN_SPANS.values() for n in pair})
+
+
 def breakdown_wire(r: RequestRecord) -> dict[str, float]:
     """One request's TTFT split into stages (wire s); missing stages count 0, the rest is `other`."""
     parts = {
@@ -254,10 +194,23 @@ def breakdown_wire(r: RequestRecord) -> dict[str, float]:
 
 
 def _breakdown_means(done: Sequence[RequestRecord], mult: float) -> dict[str, float | None]:
-    rows = [breakdown_wire(r) for r in done if _finite(r.ttft)]
-    if not rows:
+    """Mean of each stage of `breakdown_wire` over `done` (those with a TTFT), times `mult`:
+    the same figures, computed a column at a time."""
+    get = attrgetter(*_BREAKDOWN_TIMES)
+    ok = [get(r.times) for r in done if _finite(r.ttft)]
+    if not ok:
         return {k: None for k in BREAKDOWN_STAGES}
-    return {k: float(np.mean([row[k] for row in rows])) * mult for k in BREAKDOWN_STAGES}
+    table = np.array(ok, dtype=np.float64)
+    col = {n: table[:, i] for i, n in enumerate(_BREAKDOWN_TIMES)}
+    parts: dict[str, Any] = {}
+    for k, (end, start) in _BREAKDOWN_SPANS.items():
+        d = col[end] - col[start]
+        parts[k] = np.where(np.isfinite(d), d, 0.0)
+    total: Any = 0.0
+    for v in parts.values():     # summed in breakdown_wire's order, so `other` is the same
+        total = total + v
+    parts["other"] = (col["first_token"] - col["arrival"]) - total
+    return {k: float(np.mean(parts[k])) * mult for k in BREAKDOWN_STAGES}
 
 
 def _kv_paper(r: RequestRecord, scale: Scale) -> float:
@@ -337,12 +290,16 @@ def _egress(samples: Sequence[SeriesPoint], wan_sources: set[str], scale: Scale)
     return links, both(total, total / (hi - lo) if hi > lo else None, peak)
 
 
-def summarize(run_dir: Path) -> dict[str, Any]:
-    """The summary of one run directory (see the module docstring for every key)."""
+def summarize(run_dir: Path, records: Sequence[RequestRecord] | None = None,
+              samples: Sequence[SeriesPoint] | None = None) -> Summary:
+    """The summary of one run directory (see the module docstring for every key). A writer that
+    still holds what it wrote may pass it: `records` as `records.csv` reads back, `samples` as
+    `timeseries/` reads back (`load_run_timeseries`: times since t0, sorted by time); the run's
+    other files are read as always."""
     run_dir = Path(run_dir)
     meta = load_run_meta(run_dir)
-    records = load_records(run_dir)
-    samples = load_run_timeseries(run_dir, meta)
+    records = load_records(run_dir) if records is None else records
+    samples = load_run_timeseries(run_dir, meta) if samples is None else samples
     scale, s = meta.scale, meta.scale.speedup
 
     done = [r for r in records if r.outcome == "completed"]
@@ -351,6 +308,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     dur = _duration_wire(meta, records)
 
     ttft_w = completed_ttfts_wire(records)
+    breakdown_w = _breakdown_means(done, 1.0)
     tpot_w = [r.tpot for r in done if _finite(r.tpot)]
     slo_met: int | None = None
     if meta.slo_ttft_s is not None and meta.slo_tpot_s is not None:
@@ -376,7 +334,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         return None if wire is None else wire / s
 
     out: dict[str, Any] = {
-        "schema": SCHEMA_VERSION,
+        "schema_version": SUMMARY_VERSION,
+        "schema": LAYOUT,
         "run": {
             "name": meta.name,
             "scenario": meta.scenario,
@@ -390,6 +349,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "slo_tpot_s": meta.slo_tpot_s,
             "duration_s_paper": None if dur is None else dur * s,
             "interrupted": meta.interrupted,
+            "cut_short": meta.cut_short,
+            "trace_requests": meta.trace_requests,
         },
         "requests": {
             "total": len(records),
@@ -410,7 +371,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         },
         "ttft_s": _stats(ttft_w, s),
         "ttft_halves_s": ttft_halves(records, s),
-        "ttft_breakdown_s": _breakdown_means(done, s),
+        "ttft_breakdown_s": {k: None if v is None else v * s for k, v in breakdown_w.items()},
         "tpot_s": _stats(tpot_w, s),
         "offload": {"ratio": _ratio(len(offloaded), len(done)), "requests": len(offloaded)},
         "bytes": {
@@ -439,13 +400,14 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "wire": {
             "duration_s": dur,
             "ttft_s": _stats(ttft_w, 1.0),
-            "ttft_breakdown_s": _breakdown_means(done, 1.0),
+            "ttft_breakdown_s": breakdown_w,
             "tpot_s": _stats(tpot_w, 1.0),
         },
         "timeseries": {"samples": len(samples), "metrics": metrics_of(samples)},
     }
-    safe: dict[str, Any] = _json_safe(out)
-    return safe
+    # Validated against the model (unknown keys refused): a writer change that the model does
+    # not follow fails here, not in a reader later.
+    return Summary.model_validate(_json_safe(out))
 
 
 def _json_safe(v: Any) -> Any:
@@ -463,12 +425,11 @@ def _json_safe(v: Any) -> Any:
     return v
 
 
-def write_summary(run_dir: Path) -> dict[str, Any]:
-    """Recompute the summary and write `summary.json` into the run directory."""
-    summary = summarize(run_dir)
-    path = Path(run_dir) / "summary.json"
-    tmp = path.with_suffix(".json.tmp")
+def write_summary(run_dir: Path, records: Sequence[RequestRecord] | None = None,
+                  samples: Sequence[SeriesPoint] | None = None) -> Summary:
+    """Recompute the summary and write `summary.json` into the run directory (`records` and
+    `samples` as `summarize` takes them)."""
+    summary = summarize(run_dir, records, samples)
     # Write-then-rename: a reader never sees a half-written summary.
-    tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    tmp.replace(path)
+    write_artefact(Path(run_dir) / "summary.json", summary)
     return summary

@@ -164,4 +164,4 @@ def decision_points(run_dir: Path, t0: float | None, speedup: float, metric: str
     if not p.is_file() or t0 is None:
         return []
     return [SeriesPoint(pt.t * speedup, pt.source, pt.metric, pt.value, pt.labels)
-            for pt in read_series(p, t0) if pt.metric == metric]
+            for pt in read_series(p, t0, metric)]

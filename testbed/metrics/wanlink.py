@@ -15,6 +15,7 @@ import numpy as np
 
 from testbed.core.record import RequestRecord
 from testbed.core.scaling import Scale
+from testbed.metrics.artefacts.summary_file import WanLink
 from testbed.metrics.faults import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series
@@ -161,9 +162,9 @@ def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path, bands: Se
     return path
 
 
-def wan_rows(w: dict[str, Any]) -> list[tuple[str, str]]:
+def wan_rows(w: WanLink) -> list[tuple[str, str]]:
     """Report rows for the headline WAN link (empty when no link was shaped)."""
-    if not w.get("link"):
+    if not w.link:
         return []
 
     def gbps(x: float | None) -> str:
@@ -172,16 +173,16 @@ def wan_rows(w: dict[str, Any]) -> list[tuple[str, str]]:
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.1%}"
 
-    per_req = w.get("bytes_per_offloaded_request_paper")
-    ratio = w.get("counters_over_records")
+    per_req = w.bytes_per_offloaded_request_paper
+    ratio = w.counters_over_records
     return [
-        ("Link (KV direction)", str(w["link"])),
-        ("Configured rate", gbps(w.get("configured_bps_paper"))),
-        ("Mean usage, arrival window (interface counters)", gbps(w.get("mean_bps_paper"))),
-        ("Mean usage, whole run incl. drain", gbps(w.get("run_mean_bps_paper"))),
-        ("Peak usage (100 ms windows)", gbps(w.get("peak_bps_paper"))),
-        ("Mean / peak utilisation", f"{pct(w.get('mean_utilisation'))} / {pct(w.get('peak_utilisation'))}"),
+        ("Link (KV direction)", w.link),
+        ("Configured rate", gbps(w.configured_bps_paper)),
+        ("Mean usage, arrival window (interface counters)", gbps(w.mean_bps_paper)),
+        ("Mean usage, whole run incl. drain", gbps(w.run_mean_bps_paper)),
+        ("Peak usage (100 ms windows)", gbps(w.peak_bps_paper)),
+        ("Mean / peak utilisation", f"{pct(w.mean_utilisation)} / {pct(w.peak_utilisation)}"),
         ("Bytes per offloaded request (counters)", "n/a" if per_req is None else f"{per_req / 1e6:.4g} MB"),
-        ("Offloaded req/s x KV per offloaded request (records)", gbps(w.get("records_bps_paper"))),
+        ("Offloaded req/s x KV per offloaded request (records)", gbps(w.records_bps_paper)),
         ("Counters / KV bytes in records", "n/a" if ratio is None else f"{ratio:.4f}"),
     ]

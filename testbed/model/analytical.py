@@ -1,4 +1,4 @@
-"""The paper's analytical throughput model (PAPER.md, "Formulas", section 3.4).
+"""The paper's analytical throughput model (docs/paper.md, "Formulas", section 3.4).
 
 Everything here is queue-free and in paper units (seconds, bytes, tokens, bits/s):
 stage capacities Theta, the sustainable arrival rate Lambda_max, queue-free TTFT and
@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from testbed.core.kinds import unknown_kind
+from testbed.model.arrivals import GapLaw, Windows
+from testbed.model.errors import ModelError
 from testbed.core.kvsize import KVModel
 from testbed.core.scenario import LengthDist, Scenario
 from testbed.core.servicetime import PrefillTime
@@ -129,9 +132,9 @@ class LengthDistribution(DiscreteDistribution):
 
     def __init__(self, mu: float, sigma: float, lo: float, hi: float, cells: int = DEFAULT_CELLS) -> None:
         if not (0 < lo <= hi):
-            raise ValueError(f"need 0 < min <= max, got [{lo}, {hi}]")
+            raise ModelError(f"need 0 < min <= max, got [{lo}, {hi}]")
         if sigma <= 0:
-            raise ValueError("sigma must be > 0")
+            raise ModelError("sigma must be > 0")
         self.mu, self.sigma, self.lo, self.hi = mu, sigma, float(lo), float(hi)
         if lo == hi:
             # Degenerate truncation: a point mass (one cell of zero width).
@@ -144,7 +147,7 @@ class LengthDistribution(DiscreteDistribution):
             raw = np.diff(cdf)
             total = float(raw.sum())
             if total <= 0.0:
-                raise ValueError("truncation bounds hold no probability mass")
+                raise ModelError("truncation bounds hold no probability mass")
             self.mass = raw / total
         self.values = np.exp(0.5 * (self.log_edges[:-1] + self.log_edges[1:]))
         self._init_cum()
@@ -196,6 +199,13 @@ class Workload:
     # decode context, prompt plus half the output (None: the distribution's mean plus that).
     output_sq_tokens: float | None = None
     context_tokens: float | None = None
+    # Squared coefficient of variation of the inter-arrival gaps (1: Poisson, as the synthetic
+    # workload's; a trace's own is measured, `testbed.model.arrivals`), and the trace's spans with
+    # their own rates and gap SCV (None: one stationary stream).
+    arrival_scv: float = 1.0
+    windows: Windows | None = None
+    gap_law: GapLaw | None = None          # the gaps' whole law (None: Poisson; SCV alone is read)
+    arrival_times: FloatArray | None = field(default=None, compare=False)   # from the first arrival
 
     @classmethod
     def from_scenario(cls, scenario: Scenario) -> "Workload":
@@ -220,18 +230,19 @@ def weighted_quantile(values: FloatArray, weights: FloatArray, q: float) -> floa
 
 
 def prefill_seconds(pt: PrefillTime, tokens: FloatArray) -> FloatArray:
-    """Vectorised PrefillTime.uncached_time (same clamping and extrapolation rules)."""
+    """Vectorised PrefillTime.uncached_time (same clamping and extrapolation rules, the fixed
+    overhead included)."""
     tokens = np.asarray(tokens, dtype=np.float64)
     if pt.coefficients:
         acc = np.zeros_like(tokens)
         for c in reversed(pt.coefficients):
             acc = acc * tokens + c
-        out: FloatArray = np.maximum(acc, 0.0)
+        out: FloatArray = np.maximum(acc, 0.0) + pt.overhead_s
         return out
     xs, ys = np.asarray(pt.xs), np.asarray(pt.ys)
     i = np.clip(np.searchsorted(xs, tokens, side="right"), 1, len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    res: FloatArray = np.maximum(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0), 1e-6)
+    res: FloatArray = np.maximum(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0), 1e-6) + pt.overhead_s
     return res
 
 
@@ -286,9 +297,9 @@ class StagePools:
         pds = [c for c in scenario.clusters if c.kind == "pd"]
         if split is not None:
             if len(pds) != 1:
-                raise ValueError(f"a PD split override needs exactly one PD cluster, scenario has {len(pds)}")
+                raise ModelError(f"a PD split override needs exactly one PD cluster, scenario has {len(pds)}")
             if split[0] < 0 or split[1] < 1:
-                raise ValueError(f"split {split} needs N_p >= 0 and N_d >= 1")
+                raise ModelError(f"split {split} needs N_p >= 0 and N_d >= 1")
         prfaas = tuple(
             Pool(c.name, c.prefill, PrefillTime.from_spec(scenario.hardware[c.hardware].prefill))
             for c in scenario.clusters
@@ -299,7 +310,7 @@ class StagePools:
         decode_rate = 0.0
         out_tokens = float(scenario.workload.output_tokens if output_tokens is None else output_tokens)
         if out_tokens <= 0:
-            raise ValueError(f"mean output length must be > 0 tokens, got {out_tokens}")
+            raise ModelError(f"mean output length must be > 0 tokens, got {out_tokens}")
         for c in pds:
             n_p, n_d = split if split is not None else (c.prefill, c.decode)
             hw = scenario.hardware[c.hardware]
@@ -307,7 +318,7 @@ class StagePools:
                 pd_prefill.append(Pool(c.name, n_p, PrefillTime.from_spec(hw.prefill)))
             if n_d > 0:
                 if hw.decode is None:
-                    raise ValueError(f"cluster {c.name!r}: hardware {c.hardware!r} has no decode profile")
+                    raise ModelError(f"cluster {c.name!r}: hardware {c.hardware!r} has no decode profile")
                 n_decode += n_d
                 # Theta_pdd = N_d * BS_max / (T_decode * L_out); per-seq/per-context terms ignored.
                 decode_rate += n_d * hw.decode.bs_max / (hw.decode.base_s * out_tokens)
@@ -499,58 +510,61 @@ def evaluate(
     ttft_wts: list[FloatArray] = []
 
     t_used: int | None = None
-    if pol == "prfaas":
-        t_raw = threshold if threshold is not None else scenario.policy.threshold
-        if not isinstance(t_raw, int):
-            raise ValueError(
-                f"scenario {scenario.name!r} has threshold {t_raw!r}: pass threshold= (see optimise.resolve_threshold)"
-            )
-        t_used = t_raw
-        if not dep.prfaas or not dep.pd_prefill:
-            raise ValueError("policy 'prfaas' needs prefill instances in both a PrfaaS and a PD cluster")
-        cur = threshold_curves(dep, dist, kv, np.array([float(t_raw)]), link_bps)
-        p = float(cur.p[0])
-        l_long = None if p <= 0 else float(cur.l_long[0])
-        l_short = None if p >= 1 else float(cur.l_short[0])
-        th_c: float | None = float(cur.theta_prfaas_compute[0])
-        th_l: float | None = float(cur.theta_prfaas_link[0])
-        th_pdp: float | None = float(cur.theta_pdp[0])
-        limits: dict[Stage, float] = {
-            "prfaas": float(cur.prfaas_limit[0]),
-            "pdp": float(cur.pdp_limit[0]),
-            "pdd": dep.decode_rate,
-        }
-        long_mask = lengths > t_raw
-        for vals, share in _pool_ttft(dep.prfaas, lengths, l_long or dist.hi):
-            ttft_vals.append(vals)
-            ttft_wts.append(np.where(long_mask, mass * share, 0.0))
-        for vals, share in _pool_ttft(dep.pd_prefill, lengths, l_short or dist.lo):
-            ttft_vals.append(vals)
-            ttft_wts.append(np.where(long_mask, 0.0, mass * share))
-    elif pol == "homogeneous":
-        if not dep.pd_prefill:
-            raise ValueError("policy 'homogeneous' needs PD prefill instances")
-        # The prfaas formula at t = infinity: everything on PD-P at l_short = E[L].
-        p, l_long, l_short = 0.0, None, dist.mean()
-        th_c = th_l = None
-        th_pdp = float(stage_capacity(dep.pd_prefill, np.array([l_short]))[0])
-        limits = {"pdp": th_pdp, "pdd": dep.decode_rate}
-        long_mask = np.zeros(lengths.shape, dtype=bool)
-        for vals, share in _pool_ttft(dep.pd_prefill, lengths, l_short):
-            ttft_vals.append(vals)
-            ttft_wts.append(mass * share)
-    else:  # naive: every request prefilled in PrfaaS, no length routing
-        if not dep.prfaas:
-            raise ValueError("policy 'naive' needs PrfaaS prefill instances")
-        p, l_long, l_short = 1.0, dist.mean(), None
-        th_c = float(stage_capacity(dep.prfaas, np.array([l_long]))[0])
-        th_l = link_bps / (8.0 * float(kv_bytes(kv, np.array([l_long]))[0]))
-        th_pdp = None
-        limits = {"prfaas": min(th_c, th_l), "pdd": dep.decode_rate}
-        long_mask = np.ones(lengths.shape, dtype=bool)
-        for vals, share in _pool_ttft(dep.prfaas, lengths, l_long):
-            ttft_vals.append(vals)
-            ttft_wts.append(mass * share)
+    match pol:
+        case "prfaas":
+            t_raw = threshold if threshold is not None else scenario.policy.threshold
+            if not isinstance(t_raw, int):
+                raise ModelError(
+                    f"scenario {scenario.name!r} has threshold {t_raw!r}: pass threshold= (see optimise.resolve_threshold)"
+                )
+            t_used = t_raw
+            if not dep.prfaas or not dep.pd_prefill:
+                raise ModelError("policy 'prfaas' needs prefill instances in both a PrfaaS and a PD cluster")
+            cur = threshold_curves(dep, dist, kv, np.array([float(t_raw)]), link_bps)
+            p = float(cur.p[0])
+            l_long = None if p <= 0 else float(cur.l_long[0])
+            l_short = None if p >= 1 else float(cur.l_short[0])
+            th_c: float | None = float(cur.theta_prfaas_compute[0])
+            th_l: float | None = float(cur.theta_prfaas_link[0])
+            th_pdp: float | None = float(cur.theta_pdp[0])
+            limits: dict[Stage, float] = {
+                "prfaas": float(cur.prfaas_limit[0]),
+                "pdp": float(cur.pdp_limit[0]),
+                "pdd": dep.decode_rate,
+            }
+            long_mask = lengths > t_raw
+            for vals, share in _pool_ttft(dep.prfaas, lengths, l_long or dist.hi):
+                ttft_vals.append(vals)
+                ttft_wts.append(np.where(long_mask, mass * share, 0.0))
+            for vals, share in _pool_ttft(dep.pd_prefill, lengths, l_short or dist.lo):
+                ttft_vals.append(vals)
+                ttft_wts.append(np.where(long_mask, 0.0, mass * share))
+        case "homogeneous":
+            if not dep.pd_prefill:
+                raise ModelError("policy 'homogeneous' needs PD prefill instances")
+            # The prfaas formula at t = infinity: everything on PD-P at l_short = E[L].
+            p, l_long, l_short = 0.0, None, dist.mean()
+            th_c = th_l = None
+            th_pdp = float(stage_capacity(dep.pd_prefill, np.array([l_short]))[0])
+            limits = {"pdp": th_pdp, "pdd": dep.decode_rate}
+            long_mask = np.zeros(lengths.shape, dtype=bool)
+            for vals, share in _pool_ttft(dep.pd_prefill, lengths, l_short):
+                ttft_vals.append(vals)
+                ttft_wts.append(mass * share)
+        case "naive":  # every request prefilled in PrfaaS, no length routing
+            if not dep.prfaas:
+                raise ModelError("policy 'naive' needs PrfaaS prefill instances")
+            p, l_long, l_short = 1.0, dist.mean(), None
+            th_c = float(stage_capacity(dep.prfaas, np.array([l_long]))[0])
+            th_l = link_bps / (8.0 * float(kv_bytes(kv, np.array([l_long]))[0]))
+            th_pdp = None
+            limits = {"prfaas": min(th_c, th_l), "pdd": dep.decode_rate}
+            long_mask = np.ones(lengths.shape, dtype=bool)
+            for vals, share in _pool_ttft(dep.prfaas, lengths, l_long):
+                ttft_vals.append(vals)
+                ttft_wts.append(mass * share)
+        case _:
+            unknown_kind("policy", pol)
 
     th_prfaas = None if th_c is None or th_l is None else min(th_c, th_l)
     bound: Literal["compute", "link"] | None = None

@@ -2,7 +2,7 @@
 
 Phi_kv(l) = S_kv(l) / T_prefill(l) for one 8-GPU instance; a cluster of N GPUs that is always
 busy prefilling requests of mean uncached length L_avg emits B_out = (N/P) * Phi_kv(L_avg)
-(PAPER.md, section 3.4). Everything is in paper units: bytes, seconds, bit/s.
+(docs/paper.md, section 3.4). Everything is in paper units: bytes, seconds, bit/s.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
+from testbed.model.errors import ModelError
 from testbed.core.kvsize import KVModel
 from testbed.core.scenario import ModelProfile
 from testbed.core.servicetime import PrefillTime
@@ -42,7 +43,7 @@ class ModelCurve:
     @classmethod
     def from_profile(cls, name: str, profile: ModelProfile, hardware: str = PROFILE_HARDWARE) -> "ModelCurve":
         if hardware not in profile.hardware:
-            raise ValueError(f"model profile {name!r} has no {hardware!r} hardware, only {sorted(profile.hardware)}")
+            raise ModelError(f"model profile {name!r} has no {hardware!r} hardware, only {sorted(profile.hardware)}")
         return cls(name, KVModel.from_spec(profile.model), PrefillTime.from_spec(profile.hardware[hardware].prefill))
 
     def kv_bytes(self, tokens: int) -> int:
@@ -50,6 +51,10 @@ class ModelCurve:
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill.uncached_time(tokens)
+
+    def fixed_s(self) -> float:
+        """Time per prefill at zero tokens: the explicit overhead plus the curve's own intercept."""
+        return self.prefill.fixed_time()
 
     def phi_bps(self, tokens: int) -> float:
         return 8.0 * self.kv_bytes(tokens) / self.prefill_s(tokens)
@@ -141,12 +146,28 @@ def datacenter_candidates(
 
 
 @dataclass(frozen=True)
+class FixedRow:
+    """One profile's fixed time per prefill and its length-dependent part T(l) - fixed."""
+
+    model: str
+    fixed_s: float
+    overhead_s: float
+    length_s: dict[int, float]      # tokens -> T(tokens) - fixed_s
+
+
+def fixed_rows(curves: Sequence[ModelCurve], lengths: Sequence[int]) -> list[FixedRow]:
+    return [FixedRow(c.name, c.fixed_s(), c.prefill.overhead_s, {n: c.prefill_s(n) - c.fixed_s() for n in lengths})
+            for c in curves]
+
+
+@dataclass(frozen=True)
 class BandwidthReport:
     gpus: float
     phi: list[PhiRow]
     kv: list[KVRow]
     claims: list[ClaimRow]
     datacenter_candidates: list[tuple[str, int, float]]
+    fixed: list[FixedRow]
 
     @property
     def instances(self) -> float:
@@ -162,6 +183,7 @@ class BandwidthReport:
             "claims": [
                 {**asdict(r.claim), "ours_bps": r.ours_bps, "diff": r.diff, "holds": r.holds()} for r in self.claims
             ],
+            "fixed": [asdict(r) for r in self.fixed],
             "datacenter": {
                 "assumptions": list(DATACENTER_ASSUMPTIONS),
                 "table3_readings_within_10pct": [
@@ -173,9 +195,9 @@ class BandwidthReport:
 
 def report(curves: Sequence[ModelCurve], lengths: Sequence[int] = TABLE3_TOKENS, gpus: float = 512) -> BandwidthReport:
     if gpus <= 0:
-        raise ValueError("gpus must be > 0")
+        raise ModelError("gpus must be > 0")
     if any(n <= 0 for n in lengths):
-        raise ValueError("lengths must be > 0 tokens")
+        raise ModelError("lengths must be > 0 tokens")
     by_name = {c.name: c for c in curves}
     return BandwidthReport(gpus, phi_rows(curves, lengths, gpus), kv_rows(curves), claim_rows(by_name),
-                           datacenter_candidates())
+                           datacenter_candidates(), fixed_rows(curves, lengths))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import textwrap
 from pathlib import Path
 
@@ -12,9 +11,15 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from testbed.model.errors import ModelError
 from testbed.model.bandwidth import BandwidthReport, ModelCurve, report
 from testbed.model.paper_bandwidth import DATACENTER_ASSUMPTIONS, MODEL_NAMES, TABLE3_GBPS, TABLE3_TOKENS
-from testbed.config.scenarios import ScenarioError, load_model_profile, model_profiles
+from testbed.config.scenarios import PROFILE_SOURCES, load_model_profile, model_profiles, profile_sources
+
+# Column tags of the profile sources (config.PROFILE_SOURCES), short enough for a table header.
+SOURCE_TAGS = {"paper": "paper", "aiconfigurator": "aic"}
+SOURCE_NOTE = ("paper = back-solved from Table 3 (scenarios/models); aic = aiconfigurator's measured kernels "
+               "(scenarios/models/aiconfigurator, `testbed profile`)")
 
 DEFAULT_GPUS = 512
 MIB = 1024 * 1024
@@ -26,9 +31,9 @@ def parse_tokens(text: str) -> int:
     try:
         n = round(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
     except ValueError:
-        raise ValueError(f"length {text!r} is not a token count like 32K or 30000") from None
+        raise ModelError(f"length {text!r} is not a token count like 32K or 30000") from None
     if n <= 0:
-        raise ValueError(f"length {text!r} must be > 0 tokens")
+        raise ModelError(f"length {text!r} must be > 0 tokens")
     return n
 
 
@@ -39,12 +44,32 @@ def default_models() -> list[str]:
 
 
 def load_curves(names: list[str]) -> list[ModelCurve]:
-    out = []
+    """The paper-derived profiles (or files) of `names`."""
+    return load_sourced(names, ["paper"])["paper"]
+
+
+def load_sourced(names: list[str], sources: list[str]) -> dict[str, list[ModelCurve]]:
+    """Curves by source: each name's profile from every source in `sources` that ships one; a
+    path is its own, under the source its provenance names (else 'file')."""
+    out: dict[str, list[ModelCurve]] = {s: [] for s in sources}
     for name in names:
-        prof = load_model_profile(name)
-        label = name if name in model_profiles() else Path(name).stem
-        out.append(ModelCurve.from_profile(label, prof))
-    return out
+        if Path(name).exists():
+            prof = load_model_profile(name)
+            hw = prof.hardware.get("h200")
+            src = hw.provenance.source if hw is not None and hw.provenance is not None else "file"
+            out.setdefault(src, []).append(ModelCurve.from_profile(Path(name).stem, prof))
+            continue
+        have = profile_sources(name)
+        if not have:
+            load_model_profile(name)        # raises, naming the shipped profiles
+        for src in sources:
+            if src in have:
+                out[src].append(ModelCurve.from_profile(name, load_model_profile(name, src)))
+    return {s: c for s, c in out.items() if c}
+
+
+def tag(source: str) -> str:
+    return SOURCE_TAGS.get(source, source)
 
 
 def _tok(n: int) -> str:
@@ -77,17 +102,55 @@ def _table(title: str, cols: tuple[str, ...]) -> Table:
     return tab
 
 
-def _phi_table(rep: BandwidthReport) -> Table:
+def _phi_table(reps: dict[str, BandwidthReport]) -> Table:
+    """Phi_kv and B_out of every model at every length, a column per source."""
+    first = next(iter(reps.values()))
+    srcs = list(reps)
+    one = len(srcs) == 1
+    cols = ["model", "len", "S_kv MiB"]
+    cols += ["T s"] if one else [f"T s\n{tag(s)}" for s in srcs]
+    cols += ["Phi Gbps"] if one else [f"Phi Gbps\n{tag(s)}" for s in srcs]
+    cols += ["paper", "diff"] if one else ["Table 3\nGbps"]
+    cols += ["B_out Gbps"] if one else [f"B_out Gbps\n{tag(s)}" for s in srcs]
     tab = _table(f"Phi_kv = S_kv / T_prefill of one 8xH200 instance (paper Table 3); "
-                 f"B_out of {rep.gpus:g} GPUs ({rep.instances:g} instances) all prefilling",
-                 ("model", "len", "S_kv MiB", "T s", "Phi Gbps", "paper", "diff", "B_out Gbps"))
-    rows = rep.phi
-    for i, r in enumerate(rows):
-        first = i == 0 or rows[i - 1].model != r.model
-        tab.add_row(_label(r.model) if first else "", _tok(r.tokens), _mib(r.kv_bytes), f"{r.prefill_s:.3f}",
-                    f"{r.phi_bps / 1e9:.2f}", "-" if r.paper_bps is None else f"{r.paper_bps / 1e9:.2f}",
-                    _pct(r.diff), _gbps(r.cluster_bps),
-                    end_section=i + 1 < len(rows) and rows[i + 1].model != r.model)
+                 f"B_out of {first.gpus:g} GPUs ({first.instances:g} instances) all prefilling"
+                 + ("" if one else f"\n{SOURCE_NOTE}"), tuple(cols))
+    by = {s: {(r.model, r.tokens): r for r in rep.phi} for s, rep in reps.items()}
+    keys = list(dict.fromkeys((r.model, r.tokens) for rep in reps.values() for r in rep.phi))
+    for i, k in enumerate(keys):
+        rows = [by[s].get(k) for s in srcs]
+        r0 = next(r for r in rows if r is not None)
+        first_row = i == 0 or keys[i - 1][0] != k[0]
+        cells = [_label(k[0]) if first_row else "", _tok(k[1]), _mib(r0.kv_bytes)]
+        cells += ["-" if r is None else f"{r.prefill_s:.3f}" for r in rows]
+        cells += ["-" if r is None else f"{r.phi_bps / 1e9:.2f}" for r in rows]
+        cells += ["-" if r0.paper_bps is None else f"{r0.paper_bps / 1e9:.2f}"]
+        if one:
+            cells += [_pct(r0.diff)]
+        cells += ["-" if r is None else _gbps(r.cluster_bps) for r in rows]
+        tab.add_row(*cells, end_section=i + 1 < len(keys) and keys[i + 1][0] != k[0])
+    return tab
+
+
+def _fixed_table(reps: dict[str, BandwidthReport], lengths: list[int]) -> Table:
+    """The fixed time per prefill of each source and how the rest of T compares."""
+    srcs = list(reps)
+    base = srcs[0]
+    cols = ["model", *(f"fixed s\n{tag(s)}" for s in srcs), *(f"overhead_s\n{tag(s)}" for s in srcs)]
+    cols += [f"{_tok(n)}\n{tag(s)}/{tag(base)}" for n in lengths for s in srcs[1:]]
+    tab = _table("Fixed time per prefill (T at 0 tokens: overhead_s + the curve's intercept), and the rest "
+                 "T(l) - fixed of each source over the first's", tuple(cols))
+    by = {s: {r.model: r for r in rep.fixed} for s, rep in reps.items()}
+    for model in dict.fromkeys(r.model for rep in reps.values() for r in rep.fixed):
+        rows = [by[s].get(model) for s in srcs]
+        b = rows[0]
+        cells = [_label(model), *("-" if r is None else f"{r.fixed_s:.3f}" for r in rows),
+                 *("-" if r is None else f"{r.overhead_s:.3f}" for r in rows)]
+        for n in lengths:
+            for r in rows[1:]:
+                ok = r is not None and b is not None and b.length_s[n] > 0
+                cells.append(f"{r.length_s[n] / b.length_s[n]:.2f}x" if ok and r is not None and b is not None else "-")
+        tab.add_row(*cells)
     return tab
 
 
@@ -101,14 +164,24 @@ def _kv_table(rep: BandwidthReport) -> Table:
     return tab
 
 
-def _claims_table(rep: BandwidthReport) -> Table:
-    tab = _table("Section 2.3 claims at the paper's cluster sizes: B_out = (N/8) * Phi_kv(L_avg)",
-                 ("claim", "model", "L_avg", "GPUs", "paper Gbps", "ours", "diff", "holds"))
-    for r in rep.claims:
+def _claims_table(reps: dict[str, BandwidthReport]) -> Table:
+    srcs = list(reps)
+    first = reps[srcs[0]]
+    cols = ["claim", "model", "L_avg", "GPUs", "paper Gbps", "ours" if len(srcs) == 1 else f"ours\n{tag(srcs[0])}",
+            "diff", "holds"]
+    for s in srcs[1:]:
+        cols += [f"ours\n{tag(s)}", "diff"]
+    tab = _table("Section 2.3 claims at the paper's cluster sizes: B_out = (N/8) * Phi_kv(L_avg)", tuple(cols))
+    others = [{r.claim.key: r for r in reps[s].claims} for s in srcs[1:]]
+    for r in first.claims:
         c = r.claim
         paper = ("<" if c.bound == "below" else "~") + f"{c.paper_bps / 1e9:,.4g}"
-        tab.add_row(c.label, _label(c.model), _tok(c.tokens), f"{c.gpus:,}", paper, _gbps(r.ours_bps), _pct(r.diff),
-                    "yes" if r.holds() else "NO")
+        cells = [c.label, _label(c.model), _tok(c.tokens), f"{c.gpus:,}", paper, _gbps(r.ours_bps), _pct(r.diff),
+                 "yes" if r.holds() else "NO"]
+        for o in others:
+            x = o.get(c.key)
+            cells += ["-", "-"] if x is None else [_gbps(x.ours_bps), _pct(x.diff)]
+        tab.add_row(*cells)
     return tab
 
 
@@ -126,21 +199,28 @@ def _notes(rep: BandwidthReport) -> str:
 
 
 def run_bandwidth(args: argparse.Namespace) -> int:
-    try:
-        lengths = [parse_tokens(x) for x in args.length] if args.length else list(TABLE3_TOKENS)
-        gpus = float(args.gpus) if args.gpus is not None else float(DEFAULT_GPUS)
-        curves = load_curves(args.model or default_models())
-        rep = report(curves, lengths, gpus)
-    except (ScenarioError, ValueError) as e:
-        print(f"model: {e}", file=sys.stderr)
-        return 2
+    lengths = [parse_tokens(x) for x in args.length] if args.length else list(TABLE3_TOKENS)
+    gpus = float(args.gpus) if args.gpus is not None else float(DEFAULT_GPUS)
+    sources = list(dict.fromkeys(args.source or PROFILE_SOURCES))
+    curves = load_sourced(args.model or default_models(), sources)
+    if not curves:
+        raise ModelError(f"no profile of {', '.join(args.model or default_models())} from "
+                         f"{', '.join(sources)}")
+    reps = {s: report(c, lengths, gpus) for s, c in curves.items()}
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=2))
+        first = next(iter(reps.values()))
+        print(json.dumps({**first.to_dict(), "source": next(iter(reps)),
+                          "sources": {s: r.to_dict() for s, r in reps.items()}}, indent=2))
         return 0
     con = Console()
-    con.print(_phi_table(rep))
-    con.print(_kv_table(rep))
-    if rep.claims:
-        con.print(_claims_table(rep))
-        con.print(_notes(rep))
+    if not con.is_terminal:
+        # Piped or captured: no width to fit, and a cell cut to '…' loses the figure.
+        con = Console(width=200)
+    con.print(_phi_table(reps))
+    con.print(_fixed_table(reps, lengths))
+    first = next(iter(reps.values()))
+    con.print(_kv_table(first))
+    if first.claims:
+        con.print(_claims_table(reps))
+        con.print(_notes(first))
     return 0

@@ -5,8 +5,11 @@ request records used here; `testbed calibrate` (studies/calibrate.py) wires the 
 
 - Prefill: T(uncached, cached) as a table (piecewise linear over uncached tokens, extrapolated
   from the end segments, exactly as `PrefillTime` evaluates it) or a polynomial, plus
-  `cached_token_s` per cached token when the cached counts vary. Least squares on relative error
-  (measurements spread over 0.1-10 s and their noise grows with the time).
+  `cached_token_s` per cached token and `cached_attention_s` per cached x uncached token when the
+  cached counts vary. Least squares on relative error (measurements spread over 0.1-10 s and
+  their noise grows with the time). The fixed time per prefill is made explicit as `overhead_s`:
+  either the fitted curve's own time at zero uncached tokens, moved out of the curve (`overhead
+  None`, totals unchanged), or a known value, the curve then fitted to what remains.
 - Decode step = base_s + per_seq_s * batch + per_context_token_s * sum(context), non-negative
   least squares on relative error.
 - Held-out points: every k-th point in input order is left out of the fit and scored against
@@ -205,19 +208,69 @@ def hat_basis(xs: Array, u: Array) -> Array:
     return basis
 
 
-def _with_cached(a: Array, c: Array, y: Array, notes: list[str]) -> tuple[Array, float]:
-    """Fit `a` (+ a cached-token column when the cached counts vary); returns (x over a's
-    columns, cached_token_s). A negative cached cost is not a cost: refit without it."""
+def _with_cached(a: Array, u: Array, c: Array, y: Array, notes: list[str]) -> tuple[Array, float, float]:
+    """Fit `a`, plus (when the cached counts vary) a column per cached token and one per cached x
+    uncached token; returns (x over a's columns, cached_token_s, cached_attention_s). A negative
+    cost is not a cost: of the supports whose cached terms come out non-negative, the closest fit."""
     if np.ptp(c) > 0:
-        scale = float(c.max())
-        x, _ = _relative_lstsq(np.column_stack([a, c / scale]), y)
-        if x[-1] >= 0:
-            return x[:-1], float(x[-1] / scale)
-        notes.append(f"the cached-token term came out negative ({x[-1] / scale:.3g} s/token); fitted without it")
+        cs, ps = float(c.max()), float((u * c).max()) or 1.0
+        extra = {0: c / cs, 1: u * c / ps}
+        best: tuple[float, tuple[int, ...], Array] | None = None
+        for support in ((0, 1), (0,), (1,)):
+            x, res = _relative_lstsq(np.column_stack([a, *(extra[k] for k in support)]), y)
+            if np.all(x[a.shape[1]:] >= 0) and (best is None or res < best[0]):
+                best = (res, support, x)
+        if best is not None:
+            terms = [0.0, 0.0]
+            for k, v in zip(best[1], best[2][a.shape[1]:]):
+                terms[k] = float(v) / (cs, ps)[k]
+            return best[2][:a.shape[1]], terms[0], terms[1]
+        notes.append("the cached-token terms came out negative; fitted without them")
     elif np.any(c > 0):
         notes.append("every point has the same cached tokens: no cached-token term can be told apart")
     x, _ = _relative_lstsq(a, y)
-    return x, 0.0
+    return x, 0.0, 0.0
+
+
+def split_overhead(spec: TablePrefill | PolynomialPrefill) -> tuple[TablePrefill | PolynomialPrefill, str | None]:
+    """The curve's own time at zero uncached tokens moved into `overhead_s` (a table's first
+    segment extrapolated to 0, a polynomial's constant): the same totals, the fixed part named.
+    (spec, a note when there is none to move: an intercept not above 0, or a table whose points
+    are not all above it.)"""
+    if spec.kind == "polynomial":
+        c0 = spec.coefficients[0]
+        if c0 <= 0:
+            return spec, f"the fitted curve's time at 0 tokens is {c0:.3g} s: no fixed overhead to name"
+        return spec.model_copy(update={"overhead_s": spec.overhead_s + c0,
+                                       "coefficients": [0.0, *spec.coefficients[1:]]}), None
+    (x0, y0), (x1, y1) = spec.points[0], spec.points[1]
+    b = y0 - (y1 - y0) * x0 / (x1 - x0)
+    if b <= 0:
+        return spec, f"the fitted curve's time at 0 tokens is {b:.3g} s: no fixed overhead to name"
+    if any(y <= b for _, y in spec.points):
+        return spec, (f"the fitted curve extrapolates to {b:.3g} s at 0 tokens, above one of its points: "
+                      "no fixed overhead can be told apart")
+    return spec.model_copy(update={"overhead_s": spec.overhead_s + b,
+                                   "points": [(x, y - b) for x, y in spec.points]}), None
+
+
+def _less_overhead(y: Array, overhead: float, what: str) -> Array:
+    if overhead < 0:
+        raise CalibrationError(f"{what}: the fixed overhead must be >= 0 s, not {overhead:g}")
+    if overhead and np.any(y <= overhead):
+        raise CalibrationError(f"{what}: a measured prefill of {float(y.min()):.4g} s is not above the fixed overhead "
+                               f"of {overhead:g} s (a smaller --overhead, or fit it)")
+    return y - overhead
+
+
+def _named_overhead(spec: TablePrefill | PolynomialPrefill, overhead: float | None,
+                    notes: list[str]) -> TablePrefill | PolynomialPrefill:
+    if overhead is not None:
+        return spec.model_copy(update={"overhead_s": overhead})
+    spec, note = split_overhead(spec)
+    if note:
+        notes.append(note)
+    return spec
 
 
 def _prefill_errors(points: Sequence[PrefillPoint], held: NDArray[np.bool_], t: PrefillTime) -> list[PointError]:
@@ -225,8 +278,12 @@ def _prefill_errors(points: Sequence[PrefillPoint], held: NDArray[np.bool_], t: 
             for p, h in zip(points, held)]
 
 
-def fit_prefill_table(points: Sequence[PrefillPoint], max_points: int = 16, holdout_every: int = 5) -> PrefillFit:
+def fit_prefill_table(points: Sequence[PrefillPoint], max_points: int = 16, holdout_every: int = 5,
+                      overhead: float | None = None) -> PrefillFit:
+    """`overhead`: None moves the fitted curve's own fixed part into overhead_s (see
+    `split_overhead`); a number of seconds is taken as known, the table fitted to the rest."""
     u, c, y = _check_prefill(points)
+    y = _less_overhead(y, overhead or 0.0, "prefill table")
     if max_points < 2:
         raise CalibrationError("prefill table: needs at least 2 points (--points)")
     held = _split(len(points), holdout_every, 2, "prefill table", _range_ends(u))
@@ -236,20 +293,23 @@ def fit_prefill_table(points: Sequence[PrefillPoint], max_points: int = 16, hold
         raise CalibrationError(f"prefill table: every training point has {xs[0]:g} uncached tokens; "
                                "a curve needs at least two lengths")
     notes: list[str] = []
-    ys, cached_s = _with_cached(hat_basis(xs, tu), tc, ty, notes)
+    ys, cached_s, attention_s = _with_cached(hat_basis(xs, tu), tu, tc, ty, notes)
     bad = [f"{x:g}" for x, v in zip(xs, ys) if v <= 0]
     if bad:
         raise CalibrationError(f"prefill table: the fitted time at {', '.join(bad)} uncached tokens is not positive; "
                                "too few or too noisy measurements there (fewer --points, or a polynomial)")
-    spec = TablePrefill(kind="table", points=[(float(x), float(v)) for x, v in zip(xs, ys)],
-                        cached_token_s=cached_s)
+    spec = _named_overhead(TablePrefill(kind="table", points=[(float(x), float(v)) for x, v in zip(xs, ys)],
+                                        cached_token_s=cached_s, cached_attention_s=attention_s), overhead, notes)
     errors = _prefill_errors(points, held, PrefillTime.from_spec(spec))
     train, held_out = _summaries(errors)
     return PrefillFit(spec, tuple(errors), train, held_out, tuple(notes))
 
 
-def fit_prefill_polynomial(points: Sequence[PrefillPoint], degree: int = 2, holdout_every: int = 5) -> PrefillFit:
+def fit_prefill_polynomial(points: Sequence[PrefillPoint], degree: int = 2, holdout_every: int = 5,
+                           overhead: float | None = None) -> PrefillFit:
+    """`overhead` as for `fit_prefill_table` (None: the constant coefficient becomes overhead_s)."""
     u, c, y = _check_prefill(points)
+    y = _less_overhead(y, overhead or 0.0, f"prefill polynomial of degree {degree}")
     if not 0 <= degree <= 6:
         raise CalibrationError(f"prefill polynomial: degree {degree} is not in 0..6")
     held = _split(len(points), holdout_every, degree + 1, f"prefill polynomial of degree {degree}", _range_ends(u))
@@ -260,9 +320,10 @@ def fit_prefill_polynomial(points: Sequence[PrefillPoint], degree: int = 2, hold
     # Powers of u / max(u) keep the columns comparable; the coefficients are rescaled after.
     scale = float(tu.max()) or 1.0
     notes: list[str] = []
-    a, cached_s = _with_cached(np.vander(tu / scale, degree + 1, increasing=True), tc, ty, notes)
+    a, cached_s, attention_s = _with_cached(np.vander(tu / scale, degree + 1, increasing=True), tu, tc, ty, notes)
     coefficients = [float(v / scale**i) for i, v in enumerate(a)]
-    spec = PolynomialPrefill(kind="polynomial", coefficients=coefficients, cached_token_s=cached_s)
+    spec = _named_overhead(PolynomialPrefill(kind="polynomial", coefficients=coefficients, cached_token_s=cached_s,
+                                             cached_attention_s=attention_s), overhead, notes)
     errors = _prefill_errors(points, held, PrefillTime.from_spec(spec))
     train, held_out = _summaries(errors)
     return PrefillFit(spec, tuple(errors), train, held_out, tuple(notes))

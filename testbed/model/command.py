@@ -10,16 +10,18 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from testbed.config.cli_args import StoreOnce
 from testbed.core.kvsize import KVModel
 from testbed.core.scenario import Scenario
 from testbed.model.analytical import ModelResult, Workload, evaluate
 from testbed.model.bandwidth_command import DEFAULT_GPUS, run_bandwidth
 from testbed.model.optimise import OptimiseResult, optimise, optimise_threshold, resolve_threshold
-from testbed.config.scenarios import ScenarioError, load_scenario
+from testbed.config.scenarios import PROFILE_SOURCES, load_scenario
 from testbed.model.workload import TraceWorkload
 from testbed.traces.command import WINDOW_HELP, window_arg
-from testbed.traces.loader import SUPPORTED_FORMATS, load_trace
-from testbed.traces.types import Trace, TraceError
+from testbed.traces.formats import SUPPORTED_FORMATS
+from testbed.traces.loader import load_trace
+from testbed.traces.types import Trace
 
 __all__ = ["register", "run", "resolve_threshold"]
 
@@ -28,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "model",
         help="analytical throughput model of the paper (Table 6), or its KV bandwidth figures (--bandwidth)",
-        description="Queue-free stage capacities, Lambda_max, TTFT and PrfaaS egress (PAPER.md section 3.4). "
+        description="Queue-free stage capacities, Lambda_max, TTFT and PrfaaS egress (arXiv 2604.15039, section 3.4). "
         "With --bandwidth: per-instance KV throughput of the model profiles (Table 3) and the cluster "
         "egress claims of section 2.3, side by side with the paper's figures.",
     )
@@ -36,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--link-gbps", type=float, default=100.0, help="PrfaaS egress link B_out in Gbit/s (default 100)")
     p.add_argument("--optimise", action="store_true", help="also run the 2-D grid search over t and the N_p/N_d split")
     t = p.add_argument_group("trace workload (--trace)")
-    t.add_argument("--trace", metavar="FILE",
+    t.add_argument("--trace", action=StoreOnce, metavar="FILE",
                    help="use a trace's workload instead of the scenario's synthetic one: its empirical incremental "
                         "(uncached) input lengths after prefix-cache hits, mean output length and rate")
     t.add_argument("--window", type=window_arg, metavar="START:END", help=f"only this part of the trace: {WINDOW_HELP}")
@@ -50,6 +52,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="input length, e.g. 32K or 30000 (repeatable; default Table 3's 1K 8K 32K 128K)")
     b.add_argument("--model", action="append", metavar="NAME",
                    help="model profile name or path (repeatable; default all of scenarios/models)")
+    b.add_argument("--source", action="append", choices=list(PROFILE_SOURCES),
+                   help="profile source, side by side in this order (repeatable; default all: the paper-derived "
+                        "profiles and the measured-kernel ones of scenarios/models/aiconfigurator)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -158,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
             print("model: --bandwidth reads model profiles; give it without --scenario/--optimise", file=sys.stderr)
             return 2
         return run_bandwidth(args)
-    stray = [f for f, v in (("--gpus", args.gpus), ("--length", args.length), ("--model", args.model)) if v is not None]
+    stray = [f for f, v in (("--gpus", args.gpus), ("--length", args.length), ("--model", args.model),
+                            ("--source", args.source)) if v is not None]
     if args.trace is None:
         stray += [f for f, v in (("--window", args.window), ("--format", args.format != "auto")) if v]
     if stray:
@@ -173,20 +179,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     rows: list[tuple[ModelResult, OptimiseResult | None]] = []
     summaries: list[TraceWorkload] = []
-    try:
-        traces = None if args.trace is None else _TraceWorkloads(load_trace(args.trace, args.format, window=args.window))
-        for name in args.scenario:
-            sc = load_scenario(name)
-            wl = None
-            if traces is not None:
-                tw = traces.for_scenario(sc)
-                if tw not in summaries:
-                    summaries.append(tw)
-                wl = tw.model_workload()
-            rows.append(_analyse(sc, link_bps, bool(args.optimise), wl))
-    except (ScenarioError, TraceError, ValueError) as e:
-        print(f"model: {e}", file=sys.stderr)
-        return 2
+    traces = None if args.trace is None else _TraceWorkloads(load_trace(args.trace, args.format, window=args.window))
+    for name in args.scenario:
+        sc = load_scenario(name)
+        wl = None
+        if traces is not None:
+            tw = traces.for_scenario(sc)
+            if tw not in summaries:
+                summaries.append(tw)
+            wl = tw.model_workload()
+        rows.append(_analyse(sc, link_bps, bool(args.optimise), wl))
     if args.json:
         print(json.dumps(_json(rows, [tw.summary() for tw in summaries] if summaries else None), indent=2))
     else:

@@ -1,6 +1,6 @@
 """The feasibility map by the analytical model: for each model profile and inter-DC link rate,
 the PrfaaS-PD deployment's best threshold, offload share, Lambda_max and P90 TTFT, against
-homogeneous PD on the same hardware (PAPER.md, Tables 1, 3 and 6; section 3.4).
+homogeneous PD on the same hardware (docs/paper.md, Tables 1, 3 and 6; section 3.4).
 
 Deployments are the paper's (scenarios paper-prfaas and paper-homogeneous: 4 H200 PrfaaS
 instances + 8 H20 PD instances, against 12 H20 PD instances) with a profile of
@@ -30,7 +30,8 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from testbed.config.scenarios import ScenarioError, load_model_profile, load_scenario, model_profiles
+from testbed.model.errors import ModelError
+from testbed.config.scenarios import ScenarioError, load_model_profile, load_scenario, model_profiles, profile_sources
 from testbed.core.kvsize import KVModel
 from testbed.core.scenario import Scenario, TablePrefill
 from testbed.core.servicetime import PrefillTime
@@ -62,9 +63,10 @@ BREAK_EVEN_HI = 100e12
 BREAK_EVEN_RTOL = 0.002
 
 
-def default_models() -> list[str]:
-    """The paper's six in Table 3's order (hybrids, then the dense two), then other profiles."""
-    shipped = model_profiles()
+def default_models(source: str = "paper") -> list[str]:
+    """The paper's six in Table 3's order (hybrids, then the dense two), then other profiles, of
+    those `source` ships."""
+    shipped = model_profiles(source)
     return [m for m in TABLE3_GBPS if m in shipped] + [m for m in shipped if m not in TABLE3_GBPS]
 
 
@@ -91,9 +93,11 @@ def _curve_lengths(pt: PrefillTime) -> list[float]:
     return list(pt.xs) if pt.xs else [1024.0, 8192.0, 32768.0, 131072.0]
 
 
-def model_overrides(model: str, pd_curve: PdCurve = "scaled", base: str = PRFAAS_BASE) -> dict[str, Any]:
-    """Scenario overrides that swap profile `model` (name or path) into the paper deployments."""
-    prof = load_model_profile(model)
+def model_overrides(model: str, pd_curve: PdCurve = "scaled", base: str = PRFAAS_BASE,
+                    source: str = "paper") -> dict[str, Any]:
+    """Scenario overrides that swap profile `model` (name or path; a name from `source`) into the
+    paper deployments."""
+    prof = load_model_profile(model, source)
     if PROFILE_HARDWARE not in prof.hardware:
         raise ScenarioError(f"model profile {model!r} has no {PROFILE_HARDWARE!r} prefill curve")
     hw: dict[str, Any] = {PROFILE_HARDWARE: prof.hardware[PROFILE_HARDWARE].model_dump(mode="json")}
@@ -122,9 +126,9 @@ def model_key(model: str) -> str:
 
 
 def load_deployments(model: str, pd_curve: PdCurve = "scaled", prfaas_base: str = PRFAAS_BASE,
-                     homogeneous_base: str = HOMOGENEOUS_BASE) -> Deployments:
+                     homogeneous_base: str = HOMOGENEOUS_BASE, source: str = "paper") -> Deployments:
     key = model_key(model)
-    ov = model_overrides(model, pd_curve, prfaas_base)
+    ov = model_overrides(model, pd_curve, prfaas_base, source)
     pf = load_scenario(prfaas_base, {**ov, "name": f"prfaas-{key}"})
     hm = load_scenario(homogeneous_base, {**ov, "name": f"homogeneous-{key}"})
     if pf.policy.name != "prfaas" or hm.policy.name != "homogeneous":
@@ -350,9 +354,9 @@ def compute_map(deployments: Sequence[Deployments], rates_gbps: Sequence[float] 
                 rtts_ms: Sequence[float] = DEFAULT_RTTS_MS, split: SplitMode = "optimise",
                 pd_curve: PdCurve = "scaled", with_break_even: bool = True) -> ModelMap:
     if not deployments or not rates_gbps or not rtts_ms:
-        raise ValueError("the map needs at least one model, one link rate and one RTT")
+        raise ModelError("the map needs at least one model, one link rate and one RTT")
     if any(r <= 0 for r in rates_gbps) or any(r < 0 for r in rtts_ms):
-        raise ValueError("link rates must be > 0 Gbit/s and RTTs >= 0 ms")
+        raise ModelError("link rates must be > 0 Gbit/s and RTTs >= 0 ms")
     points: list[MapPoint] = []
     summaries: list[ModelSummary] = []
     for dep in deployments:
@@ -365,3 +369,43 @@ def compute_map(deployments: Sequence[Deployments], rates_gbps: Sequence[float] 
         be = break_even(dep, hom, split, known=gains) if with_break_even else None
         summaries.append(ModelSummary(dep.model, dep.kind, hom, be))
     return ModelMap(points, summaries, list(rates_gbps), list(rtts_ms), split, pd_curve)
+
+
+@dataclass(frozen=True)
+class SourceMaps:
+    """The same map computed from each profile source's curves (config.PROFILE_SOURCES), for the
+    models each ships: the first is the map's own source."""
+
+    maps: dict[str, ModelMap]
+
+    def sources(self) -> list[str]:
+        return list(self.maps)
+
+    def point(self, source: str, model: str, rate_gbps: float, rtt_ms: float) -> MapPoint | None:
+        mm = self.maps.get(source)
+        if mm is None or not any(m.model == model for m in mm.models):
+            return None
+        return mm.point(model, rate_gbps, rtt_ms)
+
+    def summary(self, source: str, model: str) -> ModelSummary | None:
+        mm = self.maps.get(source)
+        return None if mm is None else next((m for m in mm.models if m.model == model), None)
+
+    def models(self) -> list[str]:
+        return list(dict.fromkeys(m.model for mm in self.maps.values() for m in mm.models))
+
+
+def compare_sources(primary: str, mm: ModelMap, models: Sequence[str], sources: Sequence[str],
+                    with_break_even: bool = True) -> SourceMaps:
+    """`mm` (computed from `primary`'s profiles) beside the map of every other source in
+    `sources` over the same grid, for the models of `models` that source ships."""
+    maps = {primary: mm}
+    for src in sources:
+        if src == primary or src in maps:
+            continue
+        have = [m for m in models if not Path(m).exists() and src in profile_sources(m)]
+        if not have:
+            continue
+        deps = [load_deployments(m, mm.pd_curve, source=src) for m in have]
+        maps[src] = compute_map(deps, mm.rates_gbps, mm.rtts_ms, mm.split, mm.pd_curve, with_break_even)
+    return SourceMaps(maps)

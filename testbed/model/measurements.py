@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.config.input_files import MAX_CONFIG_BYTES, InputFileError, decode_utf8, open_regular, read_text_capped
 from testbed.core.errors import UserError
 from testbed.model.calibrate import DecodePoint, PrefillPoint, RequestRecord
 
@@ -103,15 +104,30 @@ def _is_number(text: str) -> bool:
     return True
 
 
+# A measured table is read whole; tables are tens to thousands of rows (see MAX_CONFIG_BYTES).
+MAX_TABLE_BYTES = MAX_CONFIG_BYTES
+
+
+def _open(path: Path) -> io.BufferedReader:
+    """A measurement file for streaming: regular files only (exports of profiled requests may be
+    large, so no size cap); a FIFO or device is refused rather than hung on."""
+    try:
+        return open_regular(path)
+    except InputFileError as e:
+        raise MeasurementError(e.reason, path=path) from None
+    except OSError as e:
+        raise MeasurementError(f"cannot read: {e.strerror or e}", path=path) from None
+
+
 def _csv_rows(path: Path, columns: tuple[str, ...], optional: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     """(line, {column: text}) per data row. A first row with no number in it is the header (one
     with some numbers is data, so that a bad value there is reported as one)."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_text_capped(path, MAX_TABLE_BYTES)
+    except InputFileError as e:
+        raise MeasurementError(e.reason, path=path) from None
     except OSError as e:
         raise MeasurementError(f"cannot read: {e.strerror or e}", path=path) from None
-    except UnicodeDecodeError as e:
-        raise MeasurementError(f"not UTF-8 text ({e.reason})", path=path) from None
     positions: dict[str, int] | None = None
     positional = [c for c in columns if c not in optional]
     reader = csv.reader(io.StringIO(text, newline=""))
@@ -286,11 +302,7 @@ def read_aiperf(path: str | Path, stats: ReadStats | None = None) -> list[Reques
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, object]]:
-    try:
-        f = path.open(encoding="utf-8")
-    except OSError as e:
-        raise MeasurementError(f"cannot read: {e.strerror or e}", path=path) from None
-    with f:
+    with io.TextIOWrapper(_open(path), encoding="utf-8") as f:
         try:
             for n, text in enumerate(f, 1):
                 if text.strip():
@@ -310,11 +322,12 @@ _VLLM_LISTS = ("input_lens", "output_lens", "ttfts")
 def _json_documents(path: Path) -> Iterator[tuple[int, object]]:
     """(line, object) for each JSON document in the file: one, or one per run appended."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with _open(path) as f:
+            text = decode_utf8(f.read(), path)
+    except InputFileError as e:
+        raise MeasurementError(e.reason, path=path) from None
     except OSError as e:
         raise MeasurementError(f"cannot read: {e.strerror or e}", path=path) from None
-    except UnicodeDecodeError as e:
-        raise MeasurementError(f"not UTF-8 text ({e.reason})", path=path) from None
     dec = json.JSONDecoder()
     pos = 0
     while True:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.model.errors import ModelError
 from testbed.core.kvsize import KVModel
 from testbed.core.scenario import Scenario
 from testbed.model.analytical import (
@@ -87,7 +88,7 @@ def _t_range(dist: DiscreteDistribution, t_min: float | None, t_max: float | Non
     lo = float(t_min) if t_min is not None else max(dist.lo, 1024.0)
     hi = float(t_max) if t_max is not None else max(dist.hi, lo)
     if hi < lo:
-        raise ValueError(f"empty threshold range [{lo}, {hi}]")
+        raise ModelError(f"empty threshold range [{lo}, {hi}]")
     return lo, hi
 
 
@@ -121,7 +122,7 @@ def optimise_threshold(
     wl = workload if workload is not None else Workload.from_scenario(scenario)
     dep = StagePools.from_scenario(scenario, split, wl.output_tokens)
     if not dep.prfaas or not dep.pd_prefill:
-        raise ValueError("threshold search needs prefill instances in both a PrfaaS and a PD cluster")
+        raise ModelError("threshold search needs prefill instances in both a PrfaaS and a PD cluster")
     kv = KVModel.from_spec(scenario.model)
     lo, hi = _t_range(wl.dist, t_min, t_max)
     cur, pick = _search_t(dep, wl.dist, kv, link_bps, lo, hi, step)
@@ -139,10 +140,10 @@ def optimise(
     """2-D search over t and N_p/N_d of the (single) PD cluster, N_p + N_d fixed, both >= 1."""
     pds = [c for c in scenario.clusters if c.kind == "pd"]
     if len(pds) != 1:
-        raise ValueError(f"split search needs exactly one PD cluster, scenario {scenario.name!r} has {len(pds)}")
+        raise ModelError(f"split search needs exactly one PD cluster, scenario {scenario.name!r} has {len(pds)}")
     total = pds[0].prefill + pds[0].decode
     if total < 2:
-        raise ValueError(f"PD cluster {pds[0].name!r} has {total} instance(s); a split needs at least 2")
+        raise ModelError(f"PD cluster {pds[0].name!r} has {total} instance(s); a split needs at least 2")
     best: tuple[float, float, OptimiseResult] | None = None
     for n_p in range(1, total):
         res = optimise_threshold(scenario, link_bps, (n_p, total - n_p), t_min, t_max, step, workload)
@@ -172,4 +173,4 @@ def resolve_threshold(scenario: Scenario, link_bps: float = DEFAULT_LINK_BPS) ->
         return t
     if t == "auto":
         return optimise_threshold(scenario, link_bps).threshold
-    raise ValueError(f"policy {scenario.policy.name!r} of scenario {scenario.name!r} has no length threshold")
+    raise ModelError(f"policy {scenario.policy.name!r} of scenario {scenario.name!r} has no length threshold")

@@ -1,7 +1,7 @@
 """The paper's bandwidth figures, as data: Table 3 and the claims of section 2.3.
 
 Source: Qin et al., "Prefill-as-a-Service: KVCache of Next-Generation Models Could Go
-Cross-Datacenter", arXiv 2604.15039 (v2), as transcribed in PAPER.md. Models are keyed by the
+Cross-Datacenter", arXiv 2604.15039 (v2), as transcribed in docs/paper.md. Models are keyed by the
 names of their profiles (scenarios/models/NAME.yaml). Gbps and Tbps are decimal (1e9, 1e12 bit/s):
 Table 5's S_kv / T_prefill reproduces its Phi_kv column only that way.
 """
@@ -35,7 +35,7 @@ TABLE3_GBPS: dict[str, tuple[float, ...]] = {
 }
 
 # Per-token full-attention KV that the paper pins down: MiniMax-M2.5 is dense GQA (Table 1),
-# 62 x 8 KV heads x 128 x 2 x 2 bytes (PAPER.md, derived from the paper's model). The hybrids'
+# 62 x 8 KV heads x 128 x 2 x 2 bytes (docs/paper.md, derived from the paper's model). The hybrids'
 # per-token bytes cannot be read off Table 3: it gives S_kv / T, never S_kv alone.
 KV_BYTES_PER_TOKEN: dict[str, int] = {"minimax-m2.5": 253952}
 

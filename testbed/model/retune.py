@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from testbed.core.kinds import unknown_kind
 from testbed.core.kvsize import KVModel
 from testbed.core.longterm import Planner, ThresholdPlan, WorkloadSample
 from testbed.core.scenario import Scenario
@@ -29,9 +30,20 @@ def _load(rate: float, limit: float) -> float:
 def role_planner(sc: Scenario, link_bps: float) -> Planner:
     kv = KVModel.from_spec(sc.model)
     ctl = sc.policy.control
-    offload = sc.policy.name == "prfaas"
+    offload: bool | None    # None: no re-planning
+    match sc.policy.name:
+        case "prfaas":
+            offload = True
+        case "homogeneous":
+            offload = False
+        case "naive":   # built for every scenario, but control.long_term is refused under naive
+            offload = None
+        case _:
+            unknown_kind("policy", sc.policy.name)
 
     def plan(smp: WorkloadSample, n_p: int, n_d: int, threshold: float | None) -> ThresholdPlan:
+        if offload is None:
+            raise ValueError("role re-planning needs policy 'prfaas' or 'homogeneous', not 'naive'")
         out = float(np.mean(smp.outputs)) if len(smp.outputs) else float(sc.workload.output_tokens)
         dist = EmpiricalDistribution(smp.lengths)
         dep = StagePools.from_scenario(sc, (n_p, n_d), max(out, 1.0))

@@ -1,7 +1,7 @@
 """The model's workload read from a trace: empirical incremental lengths, outputs and rate.
 
 The threshold and the prefill times are judged on the *incremental* (uncached) prompt length
-(PAPER.md, "Request flow"), so a trace is reduced to, per request, the prefix a cache would
+(docs/paper.md, "System"), so a trace is reduced to, per request, the prefix a cache would
 hold given the requests before it. Assumption, stated once here: one unbounded prefix cache
 that every earlier request of the trace has filled (the clusters' pools never evict and a
 prefix found in either cluster is usable, as with cache-aware routing when bandwidth is
@@ -16,23 +16,28 @@ find in such a pool:
   is valid only at the exact length it was taken at.
 
 Hence the cached share here can be below `testbed trace info`'s "blocks seen earlier", which
-counts every repeated hash wherever it sits. Requests enter the cache in arrival order, at
-once (the replay inserts a prompt when its prefill ends, so near-simultaneous repeats hit a
-little less there).
+counts every repeated hash wherever it sits. By default requests enter the cache in arrival
+order, at once. `replay_cache` follows a deployment instead (`Routing`): a prompt enters the
+pools when its prefill ends (`ReadyAfter`: as the testbed's pools fill, so a follow-up that
+arrives before the turn it extends has been prefilled finds less), and with length-only routing
+each side reuses only its own pool.
 
 The window, when given, starts with an empty cache, like a replay of that window.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from testbed.model.arrivals import Arrivals
+from testbed.model.errors import ModelError
 from testbed.core.kvsize import KVModel
 from testbed.model.analytical import DiscreteDistribution, FloatArray, Workload
 from testbed.traces.csvutil import Window
@@ -52,7 +57,7 @@ class EmpiricalDistribution(DiscreteDistribution):
     def __init__(self, lengths: npt.ArrayLike, weights: npt.ArrayLike | None = None) -> None:
         x = np.asarray(lengths, dtype=np.float64).ravel()
         if x.size == 0:
-            raise ValueError("an empirical distribution needs at least one length")
+            raise ModelError("an empirical distribution needs at least one length")
         if not np.all(np.isfinite(x)) or np.any(x < 0):
             raise ValueError("lengths must be finite and >= 0")
         w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64).ravel()
@@ -75,33 +80,118 @@ class EmpiricalDistribution(DiscreteDistribution):
         return int(self.values.size)
 
 
+class _Pool:
+    """An unbounded pool by the rules of `HybridPrefixCache.match` and `insert` (module docstring)."""
+
+    def __init__(self, block_tokens: int, linear_state: bool) -> None:
+        self.block_tokens, self.linear_state = block_tokens, linear_state
+        self.blocks: set[tuple[int, int]] = set()
+        self.states: set[tuple[int, int]] = set()
+
+    def match(self, r: TraceRequest) -> int:
+        ids, blocks = r.hash_ids, self.blocks
+        limit = min(max(r.input_tokens - 1, 0) // self.block_tokens, len(ids))
+        full = 0
+        while full < limit and (full, ids[full]) in blocks:
+            full += 1
+        if not self.linear_state:
+            return full * self.block_tokens
+        for k in range(full, 0, -1):
+            if (k, ids[k - 1]) in self.states:
+                return k * self.block_tokens
+        return 0
+
+    def insert(self, r: TraceRequest) -> None:
+        ids = r.hash_ids
+        n = min(r.input_tokens // self.block_tokens, len(ids))
+        self.blocks.update(zip(range(n), ids[:n]))
+        if n:
+            self.states.add((n, ids[n - 1]))
+
+
 def usable_cached_tokens(requests: Iterable[TraceRequest], block_tokens: int, linear_state: bool) -> IntArray:
     """Per request, the cached prefix (tokens) an unbounded pool filled by the earlier requests
     would give it (the rules of `HybridPrefixCache.match` and `insert`; module docstring)."""
     if block_tokens <= 0:
         raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
-    blocks: set[tuple[int, int]] = set()
-    states: set[tuple[int, int]] = set()
+    pool = _Pool(block_tokens, linear_state)
     out: list[int] = []
     for r in requests:
-        ids = r.hash_ids
-        limit = min(max(r.input_tokens - 1, 0) // block_tokens, len(ids))
-        full = 0
-        while full < limit and (full, ids[full]) in blocks:
-            full += 1
-        usable = full
-        if linear_state:
-            usable = 0
-            for k in range(full, 0, -1):
-                if (k, ids[k - 1]) in states:
-                    usable = k
-                    break
-        out.append(usable * block_tokens)
-        n = min(r.input_tokens // block_tokens, len(ids))
-        blocks.update((i, ids[i]) for i in range(n))
-        if n:
-            states.add((n, ids[n - 1]))
+        out.append(pool.match(r))
+        pool.insert(r)
     return np.asarray(out, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a deployment sends prefills, as `replay_cache` follows it.
+
+    - `threshold` None: every prefill on one side, PrfaaS when `offload_all` (naive), else the PD
+      cluster (homogeneous);
+    - cache-aware (the paper's rules with bandwidth abundant): a request goes to PrfaaS when its
+      length beyond the longest cached prefix anywhere exceeds the threshold, and reuses that prefix;
+      only the KV the PD cluster lacks crosses;
+    - length-only (`cache_aware` False): the whole prompt is judged against the threshold; each side
+      reuses only its own pool, and an offloaded request's whole KV crosses.
+
+    The PD pool receives every prompt (its own prefills', and offloaded ones' when their KV
+    arrives), so it is the union of all; PrfaaS's holds only what PrfaaS prefilled.
+    """
+
+    threshold: float | None = None
+    offload_all: bool = False
+    cache_aware: bool = True
+
+
+# Seconds after its arrival that a request's prompt enters the pools (its prefill's end), given
+# whether it went to PrfaaS, the tokens it computes and when it arrived (s from the first arrival).
+ReadyAfter = Callable[[bool, int, float], float]
+
+
+@dataclass(frozen=True, eq=False)
+class CacheReplay:
+    """Per request: routed to PrfaaS, the cached prefix its prefill reuses, and the prompt tokens
+    whose KV the decode cluster lacks (what an offloaded request ships)."""
+
+    offloaded: npt.NDArray[np.bool_]
+    cached: IntArray
+    shipped: IntArray
+
+
+def replay_cache(requests: Sequence[TraceRequest], block_tokens: int, linear_state: bool,
+                 routing: Routing = Routing(), ready_after: ReadyAfter | None = None) -> CacheReplay:
+    """The trace through unbounded pools in arrival order, each prompt entering its pools
+    `ready_after` its arrival (None: at once), as the testbed's pools fill when a prefill ends.
+    A follow-up that arrives before the turn it extends has been prefilled finds less."""
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
+    union, remote = _Pool(block_tokens, linear_state), _Pool(block_tokens, linear_state)
+    pending: list[tuple[float, int, bool]] = []        # (ready at, request index, into PrfaaS's pool)
+    n = len(requests)
+    offloaded = np.zeros(n, dtype=np.bool_)
+    cached = np.zeros(n, dtype=np.int64)
+    shipped = np.zeros(n, dtype=np.int64)
+    t = routing.threshold
+    t0 = requests[0].timestamp if n else 0.0
+    for i, r in enumerate(requests):
+        while pending and pending[0][0] <= r.timestamp:
+            _, j, into_remote = heapq.heappop(pending)
+            union.insert(requests[j])
+            if into_remote:
+                remote.insert(requests[j])
+        anywhere = union.match(r)
+        if t is None:
+            off, use = routing.offload_all, anywhere
+        elif routing.cache_aware:
+            off, use = r.input_tokens - anywhere > t, anywhere
+        else:
+            off = r.input_tokens > t
+            use = remote.match(r) if off else anywhere
+        offloaded[i], cached[i] = off, use
+        shipped[i] = r.input_tokens - (anywhere if routing.cache_aware else 0)
+        delay = 0.0 if ready_after is None else ready_after(off, r.input_tokens - use, r.timestamp - t0)
+        heapq.heappush(pending, (r.timestamp + delay, i, off))
+    return CacheReplay(offloaded, cached, shipped)
 
 
 def _reuse_share(requests: Iterable[TraceRequest]) -> float:
@@ -131,6 +221,10 @@ class TraceWorkload:
     cached_tokens: IntArray
     output_tokens: IntArray
     reuse_share: float      # blocks seen earlier anywhere in the trace
+    arrivals: Arrivals | None = None        # the arrival times (None: Poisson assumed)
+    # The routing the cached prefixes were replayed under (`replay_cache`); None: one pool filled
+    # by every earlier request at once, whatever the routing.
+    replay: CacheReplay | None = None
     dist: EmpiricalDistribution = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -142,13 +236,16 @@ class TraceWorkload:
         object.__setattr__(self, "dist", EmpiricalDistribution(self.uncached_tokens))
 
     @classmethod
-    def from_trace(cls, trace: Trace, kv: KVModel) -> "TraceWorkload":
-        """The cache rule follows the model: linear or sliding-window layers need a state snapshot."""
+    def from_trace(cls, trace: Trace, kv: KVModel, routing: Routing | None = None,
+                   ready_after: ReadyAfter | None = None) -> "TraceWorkload":
+        """The cache rule follows the model: linear or sliding-window layers need a state snapshot.
+        With `routing`, the cached prefixes are those `replay_cache` finds under it."""
         if len(trace) == 0:
             raise ValueError(f"{trace.source}: no requests")
         linear = "linear" in kv.kinds
         reqs = trace.requests
         rate = trace.rate if len(trace) > 1 else 0.0
+        replay = None if routing is None else replay_cache(reqs, trace.block_tokens, linear, routing, ready_after)
         return cls(
             source=trace.source,
             block_tokens=trace.block_tokens,
@@ -156,9 +253,11 @@ class TraceWorkload:
             duration_s=trace.duration,
             rate=rate if math.isfinite(rate) else 0.0,
             input_tokens=np.fromiter((r.input_tokens for r in reqs), dtype=np.int64, count=len(reqs)),
-            cached_tokens=usable_cached_tokens(reqs, trace.block_tokens, linear),
+            cached_tokens=usable_cached_tokens(reqs, trace.block_tokens, linear) if replay is None else replay.cached,
             output_tokens=np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=len(reqs)),
             reuse_share=_reuse_share(reqs),
+            arrivals=Arrivals(np.fromiter((r.timestamp for r in reqs), dtype=np.float64, count=len(reqs))),
+            replay=replay,
         )
 
     @property
@@ -187,6 +286,10 @@ class TraceWorkload:
             self.dist, self.mean_output, self.rate, self.source,
             output_sq_tokens=float(np.mean(o * o)),
             context_tokens=float(self.input_tokens.mean()) + 0.5 * self.mean_output,
+            arrival_scv=self.arrivals.gap_scv if self.arrivals is not None else 1.0,
+            windows=self.arrivals.windows() if self.arrivals is not None and self.arrivals.rate > 0 else None,
+            gap_law=self.arrivals.gap_law() if self.arrivals is not None else None,
+            arrival_times=self.arrivals.times if self.arrivals is not None else None,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -205,6 +308,7 @@ class TraceWorkload:
             "cached_share": self.cached_share,
             "reuse_share": self.reuse_share,
             "cache_rule": "leading blocks with a state snapshot" if self.linear_state else "leading blocks",
+            "arrivals": self.arrivals.summary() if self.arrivals is not None else None,
         }
 
 

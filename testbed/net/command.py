@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
+
+from testbed.config.privilege import need_root
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,9 +17,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _need_root() -> bool:
-    if os.geteuid() != 0:
-        print("error: network namespaces need root", file=sys.stderr)
-        return False
+    need_root("probing link shaping (a scratch network namespace)")
     return True
 
 

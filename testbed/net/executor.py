@@ -8,19 +8,23 @@ operation and the kernel's error, e.g.
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
 import ipaddress
 import os
 import socket
+import struct
+import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
-from pyroute2 import IPRoute, netns  # type: ignore[import-untyped]
+from pyroute2 import IPRoute, config as _pyroute2_config, netns  # type: ignore[import-untyped]
 from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins, sched_pfifo  # type: ignore[import-untyped]
 
-from testbed.net import nsthread
+from testbed.net import netem_codec, nsthread
 from testbed.net.plan import (
     HTB_ROOT,
     AddAddress,
@@ -46,11 +50,22 @@ from testbed.net.plan import (
 )
 
 ETH_P_IP = 0x0800
+NETLINK_ROUTE = 0
+SOL_NETLINK = 270
+NETLINK_EXT_ACK = 11
 
 # pyroute2 0.9.7 knows pfifo but not bfifo: an unknown kind is sent at the root with no options
 # (EEXIST under HTB). Both share `struct tc_fifo_qopt { u32 limit; }`, so the pfifo codec
 # encodes bfifo requests and decodes bfifo dumps (limit in bytes).
 _tc_plugins.setdefault("bfifo", sched_pfifo)
+# pyroute2 creates a namespace, and opens a handle in one, in a forked child that must answer
+# within 2 s: a fork of a large process on a slow or loaded kernel (a user-mode-linux guest takes
+# 2-5 s) missed that, failing with "no response from the child".
+_pyroute2_config.default_communicate_timeout = max(_pyroute2_config.default_communicate_timeout, 30)
+_pyroute2_config.default_create_socket_timeout = max(_pyroute2_config.default_create_socket_timeout, 60)
+
+# pyroute2's netem codec cannot set a rate (see netem_codec): ours encodes as `tc` does.
+_tc_plugins["netem"] = netem_codec
 
 
 class NetError(RuntimeError):
@@ -78,11 +93,85 @@ def _err(op: Operation, e: BaseException) -> NetError:
     return NetError(f"{op.describe()}: {text}{suffix}", code)
 
 
+class _Handle:
+    """A pyroute2 handle over a netlink socket made in a namespace; closes both."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.ipr = IPRoute(use_socket=sock, groups=0, ext_ack=True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ipr, name)
+
+    def close(self) -> None:
+        try:
+            self.ipr.close()
+        finally:
+            self.sock.close()
+
+
+def _netlink_socket() -> socket.socket:
+    """A NETLINK_ROUTE socket in the calling thread's namespace, set up as pyroute2 sets its own."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+    return sock
+
+
+def _open_handle(ns: str) -> Any:
+    """A netlink handle in namespace `ns` ("": this process's own, a container's for the WAN
+    router). The socket is made by a short-lived thread inside `ns` (a socket stays in the
+    namespace it was made in) rather than by pyroute2's forked child: a fork of a large process
+    costs milliseconds on a host, seconds on a slow kernel (a user-mode-linux guest). The thread
+    never creates a namespace: a missing one is an error."""
+    if not ns:
+        return IPRoute(groups=0, ext_ack=True)  # groups=0: no multicast backlog accumulates
+    return _Handle(nsthread.run_in_netns(ns, _netlink_socket))
+
+
+TUNSETIFF = 0x400454CA
+TUNSETPERSIST = 0x400454CB
+IFF_TUN = 0x0001
+IFF_NO_PI = 0x1000
+
+
+def _make_persistent_tun(ifname: str) -> None:
+    """L3 TUN without packet info, persistent (lives on with no reader), in this thread's namespace."""
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", ifname.encode(), IFF_TUN | IFF_NO_PI))
+        fcntl.ioctl(fd, TUNSETPERSIST, 1)
+    finally:
+        os.close(fd)
+
+
+def _create_netns(name: str) -> None:
+    """`ip netns add NAME` without a fork: a short-lived thread unshares its network namespace
+    and bind-mounts it under /run/netns (pyroute2's `attach`, with the thread as the "pid")."""
+    err: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            if nsthread.libc().unshare(nsthread.CLONE_NEWNET) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, f"unshare(CLONE_NEWNET): {os.strerror(code)}")
+            netns.attach(name, f"self/task/{threading.get_native_id()}")
+        except BaseException as e:  # handed to the caller
+            err.append(e)
+
+    t = threading.Thread(target=body, name=f"netns-add-{name}", daemon=True)
+    t.start()
+    t.join()
+    if err:
+        raise err[0]
+
+
 class Executor:
     """Context manager applying operations; closes its netlink handles on exit."""
 
     def __init__(self) -> None:
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[tuple[int, str], Any] = {}
         self.applied: list[Operation] = []
 
     def __enter__(self) -> "Executor":
@@ -95,6 +184,11 @@ class Executor:
         handles, self._handles = self._handles, {}
         for h in handles.values():
             h.close()
+
+    def open(self, *namespaces: str) -> None:
+        """Open the netlink handles of `namespaces` now rather than at their first operation."""
+        for ns in namespaces:
+            self._ipr(ns)
 
     def apply(self, ops: Iterable[Operation]) -> None:
         for op in ops:
@@ -115,14 +209,13 @@ class Executor:
     # -- helpers -------------------------------------------------------------------------------
 
     def _ipr(self, ns: str) -> Any:
-        h = self._handles.get(ns)
+        # One handle per (thread, namespace): pyroute2 refuses a handle over a given socket from
+        # another thread, and a thread of its own gets one of its own.
+        key = (threading.get_ident(), ns)
+        h = self._handles.get(key)
         if h is None:
-            # flags=0: never create a namespace as a side effect of opening it;
-            # groups=0: no multicast subscriptions, so no event backlog accumulates.
-            # ns "" is the namespace this process runs in (a container's, for the WAN router).
-            h = (IPRoute(netns=ns, flags=0, groups=0, ext_ack=True) if ns
-                 else IPRoute(groups=0, ext_ack=True))
-            self._handles[ns] = h
+            h = _open_handle(ns)
+            self._handles[key] = h
         return h
 
     def _index(self, ns: str, ifname: str) -> int:
@@ -132,9 +225,8 @@ class Executor:
         return int(found[0])
 
     def _drop(self, ns: str) -> None:
-        h = self._handles.pop(ns, None)
-        if h is not None:
-            h.close()
+        for key in [k for k in self._handles if k[1] == ns]:
+            self._handles.pop(key).close()
 
     # -- one method per operation ----------------------------------------------------------------
 
@@ -142,7 +234,7 @@ class Executor:
         if op.ns in netns.listnetns():
             raise NetError(f"{op.describe()}: namespace exists (errno {errno.EEXIST})", errno.EEXIST)
         self._drop(op.ns)
-        netns.create(op.ns)
+        _create_netns(op.ns)
         if op.ns not in netns.listnetns():
             raise NetError(f"{op.describe()}: namespace did not appear in {nsthread.NETNS_DIR}")
 
@@ -155,9 +247,9 @@ class Executor:
                               peer={"ifname": op.peer_ifname, "net_ns_fd": op.peer_ns})
 
     def _add_tun(self, op: AddTun) -> None:
-        # pyroute2 creates it with TUNSETIFF + TUNSETPERSIST in a child that entered op.ns.
-        self._ipr(op.ns).link("add", ifname=op.ifname, kind="tuntap", mode="tun",
-                              ifr={"no_pi": True, "one_queue": False, "vnet_hdr": False, "multi_queue": False})
+        # TUNSETIFF makes the device in the namespace of the thread that calls it: a thread inside
+        # op.ns (pyroute2's tuntap would make it wherever its handle's spec says, here: ours).
+        nsthread.run_in_netns(op.ns, _make_persistent_tun, op.ifname)
         self._index(op.ns, op.ifname)
 
     def _set_master(self, op: SetMaster) -> None:
@@ -231,12 +323,10 @@ class Executor:
                             limit=op.limit_bytes)
 
     def _netem(self, op: NetemLeaf, command: str = "add") -> None:
-        # No `rate=`: pyroute2 0.9.7 would also send it as a top-level rate estimator, which
-        # netem-capable kernels reject with ERANGE; HTB above does the rate.
-        loss = op.loss * 100
         self._ipr(op.ns).tc(command, "netem", self._index(op.ns, op.ifname), op.handle, parent=op.parent,
-                            delay=round(op.delay_s * 1e6), jitter=round(op.jitter_s * 1e6), loss=loss,
-                            loss_corr=op.loss_correlation * 100 if loss else 0, limit=op.limit_packets)
+                            delay_us=round(op.delay_s * 1e6), jitter_us=round(op.jitter_s * 1e6), loss=op.loss,
+                            loss_corr=op.loss_correlation, limit=op.limit_packets,
+                            rate_bytes=None if op.rate_bps is None else op.rate_bps // 8)
 
     def _change_netem(self, op: ChangeNetem) -> None:
         self._netem(op, "change")

@@ -77,14 +77,25 @@ class LinkMonitor:
         self._ready.set()
         try:
             nxt = time.monotonic()
+            unwritten: str | None = None     # the write error last reported (a full disk: once)
             while not self._stop.is_set():
                 try:
                     # Stamp at the read, not at the write: a thread descheduled in between would
                     # otherwise fold one window's bytes into the next.
                     ts = time.time()
-                    self.writer.write(read_counters(ns, self.links), ts=ts)
+                    counters = read_counters(ns, self.links)
                 except Exception:  # a failed read must not end the run; the next one recovers
                     log.exception("reading link counters in %s failed", self.netns)
+                else:
+                    try:
+                        self.writer.write(counters, ts=ts)
+                        unwritten = None
+                    except OSError as e:
+                        # The run directory's disk is full (or gone): one line, not a traceback
+                        # every sample; the run reports the files it could not write.
+                        if str(e) != unwritten:
+                            log.error("link counters of %s not written: %s", self.netns, e)
+                        unwritten = str(e)
                 nxt += self.interval
                 self._stop.wait(max(nxt - time.monotonic(), 0.0))
         finally:

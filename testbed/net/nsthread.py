@@ -34,15 +34,19 @@ def netns_path(name: str) -> str:
     return os.path.join(NETNS_DIR, name)
 
 
-def enter_netns(name: str) -> None:
-    """Move the calling thread into namespace `name` (which must exist; never creates one): a
-    name under /run/netns, or an absolute path such as /proc/PID/ns/net (a container's)."""
+def libc() -> ctypes.CDLL:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    return _libc
+
+
+def enter_netns(name: str) -> None:
+    """Move the calling thread into namespace `name` (which must exist; never creates one): a
+    name under /run/netns, or an absolute path such as /proc/PID/ns/net (a container's)."""
     fd = os.open(name if name.startswith("/") else netns_path(name), os.O_RDONLY | os.O_CLOEXEC)
     try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
+        if libc().setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"setns into {name}: {os.strerror(err)}")
     finally:

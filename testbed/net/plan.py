@@ -243,6 +243,10 @@ class NetemLeaf(Operation):
     loss: float                 # fraction
     loss_correlation: float     # fraction
     limit_packets: int
+    # netem's own rate: with one, netem releases packets in arrival order (each one no earlier than
+    # the one before it plus its serialisation time), as the delay line and a real path do; without,
+    # jitter larger than the packet spacing reorders them. HTB above still does the shaping.
+    rate_bps: int | None = None
 
     verb = "add"
 
@@ -251,9 +255,16 @@ class NetemLeaf(Operation):
         return leaf_handle(self.parent)
 
     def describe(self) -> str:
+        if self.loss and self.loss_correlation:
+            # What the executor sends: the Gilbert chain of the profile's loss and correlation.
+            p, c = self.loss, self.loss_correlation
+            loss = f"loss gemodel {(1 - c) * p * 100:.4g}% {(1 - c) * (1 - p) * 100:.4g}% 100% 0%"
+        else:
+            loss = f"loss {self.loss * 100:g}%"
+        rate = f" rate {fmt_rate(self.rate_bps)}" if self.rate_bps is not None else ""
         return (f"{self.ns}: tc qdisc {self.verb} dev {self.ifname} parent {fmt_handle(self.parent)} "
                 f"handle {fmt_handle(self.handle)} netem delay {self.delay_s * 1e3:g}ms {self.jitter_s * 1e3:g}ms "
-                f"loss {self.loss * 100:g}% {self.loss_correlation * 100:g}% limit {self.limit_packets}")
+                f"{loss} limit {self.limit_packets}{rate}")
 
 
 @dataclass(frozen=True)
@@ -376,7 +387,7 @@ def plan_link(topo: Topology, src: str, dst: str, params: LinkParams, leaf: Leaf
     ]
     if leaf == "netem":
         ops.append(NetemLeaf(topo.wan_ns, d.wan_ifname, cid, params.delay_s, params.jitter_s, params.loss,
-                             params.loss_correlation, netem_limit_packets(params, topo.mtu)))
+                             params.loss_correlation, netem_limit_packets(params, topo.mtu), round(params.rate_bps)))
     else:
         ops.append(BfifoLeaf(topo.wan_ns, d.wan_ifname, cid, params.queue_bytes))
     return ops
@@ -437,5 +448,5 @@ def plan_change(topo: Topology, src: str, dst: str, params: LinkParams, method: 
     ]
     if method == "netem":
         ops.append(ChangeNetem(topo.wan_ns, d.wan_ifname, cid, params.delay_s, params.jitter_s, params.loss,
-                               params.loss_correlation, netem_limit_packets(params, topo.mtu)))
+                               params.loss_correlation, netem_limit_packets(params, topo.mtu), round(params.rate_bps)))
     return ops

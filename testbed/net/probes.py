@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
 import statistics
 import struct
+import sys
+import termios
 import time
 from dataclasses import dataclass
 from typing import cast
 
 
 _PROBE = struct.Struct("!4sQd")     # magic, sequence, send time
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("@qq")
+_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size)
 _MAGIC = b"PTBP"
 
 
@@ -25,15 +32,6 @@ class _Echo(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         if self.t is not None:
             self.t.sendto(data, addr)
-
-
-class _Sink(asyncio.DatagramProtocol):
-    def __init__(self) -> None:
-        self.seen: set[int] = set()
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        if len(data) >= _PROBE.size and data[:4] == _MAGIC:
-            self.seen.add(_PROBE.unpack_from(data)[1])
 
 
 async def udp_echo_server(host: str, port: int) -> None:
@@ -53,6 +51,7 @@ class RttResult:
     median_s: float
     p10_s: float
     p90_s: float
+    sd_s: float = float("nan")
 
 
 async def measure_rtt(host: str, port: int, count: int = 200, gap: float = 0.01, timeout: float = 2.0) -> RttResult:
@@ -86,26 +85,86 @@ async def measure_rtt(host: str, port: int, count: int = 200, gap: float = 0.01,
         nan = float("nan")
         return RttResult(count, 0, nan, nan, nan)
     q = statistics.quantiles(rtts, n=10) if len(rtts) > 1 else [rtts[0]] * 9
-    return RttResult(count, len(rtts), statistics.median(rtts), q[0], q[-1])
+    return RttResult(count, len(rtts), statistics.median(rtts), q[0], q[-1], statistics.pstdev(rtts))
 
 
 class LossSink:
-    """UDP sink counting distinct probe sequence numbers; start it in the receiving namespace."""
+    """UDP sink recording each probe's sequence number and one-way delay in arrival order; start
+    it in the receiving namespace. The delay is taken at the kernel's receive timestamp
+    (SO_TIMESTAMPNS), so a receiver that reads late (a slow or loaded machine) does not add its
+    own lag to the link's delay and jitter."""
 
     def __init__(self) -> None:
-        self.proto = _Sink()
-        self._t: asyncio.DatagramTransport | None = None
+        self.seen: set[int] = set()
+        self._arrivals: list[tuple[int, float]] = []
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def start(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
-        self._t, _ = await loop.create_datagram_endpoint(lambda: self.proto, local_addr=(host, port))
+    async def start(self, host: str, port: int, rcvbuf: int = 32 << 20) -> None:
+        # A receive buffer that holds a burst of probes: a receiver slower than the sender must
+        # not count its own overflow as the link's loss. SO_RCVBUFFORCE passes net.core.rmem_max
+        # (root only; else the capped SO_RCVBUF).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        sock.setblocking(False)
+        sock.bind((host, port))
+        self._sock, self._loop = sock, asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._drain)
+
+    def _drain(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                data, anc, _, _ = self._sock.recvmsg(2048, _ANCBUF)
+            except (BlockingIOError, InterruptedError):
+                return
+            if len(data) < _PROBE.size or data[:4] != _MAGIC:
+                continue
+            _, seq, sent_at = _PROBE.unpack_from(data)
+            at = next((_TIMESPEC.unpack_from(d) for lvl, typ, d in anc
+                       if lvl == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(d) >= _TIMESPEC.size), None)
+            now = at[0] + at[1] * 1e-9 if at is not None else time.time()
+            self.seen.add(seq)
+            self._arrivals.append((seq, now - sent_at))
 
     def received(self) -> int:
-        return len(self.proto.seen)
+        return len(self.seen)
+
+    def pending(self) -> bool:
+        """Whether datagrams wait in the socket, unread (FIONREAD: the next one's size)."""
+        if self._sock is None:
+            return False
+        buf = fcntl.ioctl(self._sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        return int.from_bytes(buf, sys.byteorder) > 0
+
+    def arrivals(self) -> list[tuple[int, float]]:
+        """(sequence, one-way delay in s) of every probe in arrival order (see probe_stats)."""
+        return list(self._arrivals)
 
     def close(self) -> None:
-        if self._t is not None:
-            self._t.close()
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+
+
+def wait_drained(sink: LossSink, quiet_s: float, limit_s: float = 120.0) -> None:
+    """Until no probe has arrived for `quiet_s` (the link's delay plus a margin) and none waits
+    unread: a slow receiver may still be reading what arrived long ago, and what it never reads
+    would count as loss."""
+    end = time.monotonic() + limit_s
+    last, since = sink.received(), time.monotonic()
+    while time.monotonic() < end:
+        time.sleep(0.1)
+        n = sink.received()
+        if n != last or sink.pending():
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
 
 
 async def send_probes(host: str, port: int, count: int, rate_pps: float, size: int = 200) -> int:

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 import signal
 import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+
+# Where a ProcessGroup that outlives its owner can be found again: one file per group, naming
+# the owner and every service (pid and start time, so a reused pid is never taken for one).
+# Written as services start and removed when they are stopped; a file whose owner is gone is
+# what `testbed down` clears (`sweep_orphans`).
+JOURNAL_DIR = Path(tempfile.gettempdir()) / f"prfaas-testbed-{os.getuid()}" / "procs"
 
 
 def log_tail(path: Path, n: int = 15) -> str:
@@ -23,9 +33,21 @@ class ProcessGroup:
     """Each service in a session of its own: Ctrl-C reaches only the runner, which stops
     services in order (router first, so no new work starts) and SIGKILLs stragglers."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, journal: Path | None = None) -> None:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.journal = journal        # None: not findable after a kill -9 of this process
+
+    def _write_journal(self) -> None:
+        if self.journal is None:
+            return
+        me = os.getpid()
+        entry = {"owner": {"pid": me, "start": start_time(me)}, "log_dir": str(self.log_dir),
+                 "procs": {k: {"pid": p.pid, "start": start_time(p.pid)} for k, p in self.procs.items()}}
+        self.journal.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.journal.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry))
+        tmp.replace(self.journal)
 
     def spawn(self, key: str, argv: list[str], append_log: bool = False) -> None:
         """Start `key` (again, after it died, with `append_log`: its earlier log stays)."""
@@ -33,6 +55,7 @@ class ProcessGroup:
         with (self.log_dir / f"{key}.log").open("ab" if append_log else "wb") as fh:
             self.procs[key] = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
                                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._write_journal()
 
     def log(self, key: str) -> str:
         return log_tail(self.log_dir / f"{key}.log")
@@ -64,6 +87,71 @@ class ProcessGroup:
                 _signal(p, signal.SIGKILL)
                 p.wait()
         self.procs.clear()
+        if self.journal is not None:
+            self.journal.unlink(missing_ok=True)
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22), or None when
+    it is gone: with the pid it names one process, never a later one given the same pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from its closing one.
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def _alive(entry: object) -> int | None:
+    """The pid of a journal entry `{"pid", "start"}` if that very process still runs."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
+        return None
+    pid: int = entry["pid"]
+    started = start_time(pid)
+    return pid if started is not None and started == entry.get("start") else None
+
+
+@dataclass
+class Orphans:
+    """What `sweep_orphans` stopped: service keys with their pids, per group file."""
+    stopped: dict[str, list[str]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def sweep_orphans(journal_dir: Path = JOURNAL_DIR, name: str | None = None, grace: float = 5.0) -> Orphans:
+    """Stop the services of every group (the one called `name`, when given) whose owner is gone
+    (SIGTERM to each session, SIGKILL after `grace`), then forget the group. A live owner's group
+    is left alone: it stops its own."""
+    out = Orphans()
+    files = sorted(journal_dir.glob("*.json")) if name is None else [journal_dir / f"{name}.json"]
+    for f in (f for f in files if f.is_file()):
+        try:
+            entry = json.loads(f.read_text())
+            procs = entry["procs"]
+            owner = entry["owner"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            out.errors.append(f"{f}: unreadable ({e}); left in place")
+            continue
+        if _alive(owner) is not None:
+            continue
+        live = {k: pid for k, e in procs.items() if (pid := _alive(e)) is not None}
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in live.values():
+                try:
+                    os.killpg(pid, sig)
+                except ProcessLookupError:
+                    pass
+                except PermissionError as e:
+                    out.errors.append(f"{f.name}: pid {pid}: {e}")
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(start_time(p) is not None for p in live.values()):
+                time.sleep(0.05)
+            live = {k: p for k, p in live.items() if start_time(p) is not None}
+            if not live:
+                break
+        out.stopped[f.stem] = [f"{k} (pid {e['pid']})" for k, e in procs.items() if isinstance(e, dict)]
+        f.unlink(missing_ok=True)
+    return out
 
 
 def _signal(p: subprocess.Popen[bytes], sig: int) -> None:

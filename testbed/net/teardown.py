@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from pyroute2 import netns  # type: ignore[import-untyped]
 
+from testbed.core.errors import UserError
 from testbed.net.nsthread import NETNS_DIR
 
 TERM_GRACE_S = 3.0
@@ -57,10 +58,15 @@ class TeardownReport:
         return "\n".join(lines)
 
 
+class PrefixError(UserError, ValueError):
+    """A prefix that is not a testbed one (`testbed down --prefix P`)."""
+
+
 def _check_prefix(prefix: str) -> None:
     # A bare or foreign prefix could match namespaces this project never created.
     if not prefix.startswith("ptb"):
-        raise ValueError(f"prefix {prefix!r}: must start with 'ptb'")
+        raise PrefixError(f"--prefix {prefix!r}: must start with 'ptb' (every testbed name does; the default "
+                          "ptb removes every run's)")
 
 
 def namespaces(prefix: str = "ptb") -> list[str]:

@@ -16,7 +16,8 @@ from testbed.net.nsexec import nsexec_argv
 from testbed.net.plan import plan_change
 from testbed.net.topology import Topology
 
-READY_TIMEOUT_S = 10.0
+# A process start: about a second on a host, tens of seconds in a slow guest (user-mode-linux).
+READY_TIMEOUT_S = 60.0
 
 
 def delayline_directions(topo: Topology) -> list[DirectionSpec]:

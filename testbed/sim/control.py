@@ -1,36 +1,39 @@
-"""The router's short-term loop in virtual time: the inputs `testbed.live.link_control` polls
-from the prefill nodes, taken from the simulator's own accounting, fed to the same
-`BandwidthController` every `policy.control.interval_s`.
+"""The router's short-term loop in virtual time: every `policy.control.interval_s` the status of
+each prefill instance, taken from the simulator's own accounting, goes through the same
+`SignalMeter` as the live loop's polls (`testbed.live.link_control`) into the same
+`BandwidthController`.
 
-- delivered: bytes the PrfaaS senders put on the wire in the interval (the live loop reads
-  TCP-acknowledged bytes; in the fluid they differ by what is in flight, a round trip's worth);
-- undelivered: their queued KV plus a round trip of in-flight bytes at the present rate;
-- retransmitted share: the WAN loss in force while they send (loss-based TCP retransmits
-  what the link drops), else 0;
-- backlogs: modelled prefill work waiting per instance of each stage;
-- arrivals and lengths from the router's `Recent`, tails of the offloaded requests since the
-  last update.
+What the simulator reports for an instance, in paper units:
+- acknowledged bytes: what its sender put on the wire (the live loop reads TCP-acknowledged
+  bytes; in the fluid they differ by what is in flight, a round trip's worth);
+- undelivered: its queued KV plus a round trip of in-flight bytes at the present rate;
+- retransmissions: loss-based TCP retransmits what the link drops, so for `d` bytes delivered
+  at loss L it sent d L / (1 - L) again; a dark link with KV waiting retransmits and delivers
+  nothing (a share of 1);
+- queued work: its prefill queue's modelled work waiting.
+An instance that is down or paused does not answer (no status).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from testbed.core.bandwidth import BandwidthController, LinkSignals
-from testbed.core.control import change_line, control_series
+from testbed.core.bandwidth import BandwidthController
+from testbed.core.control import SenderStatus, SignalMeter, change_line, control_series
+from testbed.core.router_books import RouterBooks
+from testbed.core.scaling import Scale
+from testbed.metrics.series_format import RawSample as Sample
 from testbed.sim.events import CONTROL, EventLoop
 from testbed.sim.network import Network
 from testbed.sim.prefill import PrefillSim
-from testbed.sim.router import SimRouter
-from testbed.metrics.series_format import RawSample as Sample
 
 Write = Callable[[float, list[Sample]], None]
 
 
 class ControlLoop:
-    def __init__(self, loop: EventLoop, net: Network, router: SimRouter, prefill: dict[str, PrefillSim],
+    def __init__(self, loop: EventLoop, net: Network, router: RouterBooks, prefill: dict[str, PrefillSim],
                  controller: BandwidthController, interval_s: float, adjust: bool, follow_state: bool,
-                 busy: Callable[[], bool], series: Write, decisions: Write) -> None:
+                 busy: Callable[[], bool], answers: Callable[[str], bool], series: Write, decisions: Write) -> None:
         self.loop = loop
         self.net = net
         self.router = router
@@ -40,58 +43,57 @@ class ControlLoop:
         self.adjust = adjust
         self.follow_state = follow_state
         self.busy = busy
+        self.answers = answers          # the instance answers a poll (up, not paused)
         self.series = series
         self.decisions = decisions
+        self.meter = SignalMeter({nid: p.node.kind for nid, p in prefill.items()}, Scale())
         self.prfaas = [nid for nid, p in prefill.items() if p.node.kind == "prfaas"]
-        self._prev: tuple[float, float] | None = None     # (t, delivered bytes so far)
+        # Per PrfaaS sender: (t, bytes sent) at the last poll, and its retransmitted segments so far.
+        self._seen: dict[str, tuple[float, float]] = {}
+        self._retrans: dict[str, float] = dict.fromkeys(self.prfaas, 0.0)
         self.updates = 0
 
     def start(self) -> None:
         self.loop.at(0.0, CONTROL, self._step)
 
-    def _delivered(self, t: float) -> float:
-        return sum(self.net.sent[n].at(t) for n in self.prfaas)
-
-    def _queued(self, t: float) -> float:
-        return sum(p.queued(t) for n in self.prfaas for p in self.net.greedy_of[n])
+    def _status(self, nid: str, t: float) -> SenderStatus | None:
+        if not self.answers(nid):
+            return None
+        p = self.prefill[nid]
+        queued_s = p.queue.waiting_work()
+        if p.node.kind != "prfaas":
+            return SenderStatus(0.0, 0.0, 0.0, 0.0, queued_s)
+        net = self.net
+        sent = net.sent[nid].at(t)
+        paths = net.greedy_of[nid]
+        queued = sum(path.queued(t) for path in paths)
+        wan = next(iter(net.wan.values()), None)
+        rtt = 2.0 * wan.delay if wan is not None else 0.0
+        mss = wan.tcp.mss_bytes if wan is not None else 1.0
+        loss = max((lk.loss for lk in net.wan.values()), default=0.0)
+        _, before = self._seen.get(nid, (t, sent))
+        self._seen[nid] = (t, sent)
+        delivered = max(sent - before, 0.0)
+        if loss >= 1.0:
+            self._retrans[nid] += 1.0 if queued > 0 else 0.0
+        elif loss > 0:
+            self._retrans[nid] += delivered / mss * loss / (1.0 - loss)
+        return SenderStatus(sent, self._retrans[nid], sent / mss, queued + net.sent[nid].rate * rtt, queued_s)
 
     def _step(self, _: Any) -> None:
         t = self.loop.now
         if self.busy():
             self.loop.at(t + self.interval, CONTROL, self._step)
-        delivered = self._delivered(t)
-        prev, self._prev = self._prev, (t, delivered)
-        if prev is None:
-            return
-        net = self.net
-        wan = next(iter(net.wan.values()), None)
-        rtt = 2.0 * wan.delay if wan is not None else 0.0
-        in_flight = sum(net.sent[n].rate for n in self.prfaas) * rtt
-        queued = self._queued(t)
-        sending = delivered > prev[1] or queued > 0
-        loss = max((lk.loss for lk in net.wan.values()), default=0.0)
         r = self.router
-        backlog = {"prfaas": 0.0, "pd": 0.0}
-        count = {"prfaas": 0, "pd": 0}
-        out = r.unroutable      # role slots not serving as prefill (the long-term loop)
-        for nid, p in self.prefill.items():
-            if nid in out:
-                continue
-            backlog[p.node.kind] += p.queue.waiting_work()
-            count[p.node.kind] += 1
-        tails, r.tails = r.tails, []
-        sig = LinkSignals(
-            now=t,
-            interval_s=t - prev[0],
-            delivered_bytes=max(delivered - prev[1], 0.0),
-            undelivered_bytes=queued + in_flight,
-            retrans_share=min(loss, 1.0) if sending else 0.0,
-            prfaas_backlog_s=backlog["prfaas"] / max(count["prfaas"], 1),
-            pdp_backlog_s=backlog["pd"] / max(count["pd"], 1),
-            arrival_rate=r.recent.rate(t),
-            lengths=tuple(r.recent.lengths),
-            tail_s=sum(tails) / len(tails) if tails else None,
-        )
+
+        def tails() -> list[float]:
+            out, r.tails = r.tails, []
+            return out
+
+        sig = self.meter.signals(t, {nid: self._status(nid, t) for nid in self.prefill}, r.recent, tails,
+                                 r.unroutable)
+        if sig is None:
+            return
         sample, change = self.ctl.update(sig, self.adjust)
         self.updates += 1
         self.series(t, control_series(sig, sample))

@@ -1,16 +1,24 @@
 """A decode instance in virtual time, as `testbed.live.decode_node` runs one, without stepping.
 
-The core `DecodeBatch` holds the sequences. As in the live batch loop, a sequence whose KV has
-arrived joins at the next step boundary (at once when the instance is idle), BS_max and KV
-memory permitting, FCFS; its first token comes at the end of its first step and its last when
-it has generated its output. Between two membership changes (an admission, a finish) every
-step is known in advance, so the instance keeps one event: the next boundary where
-membership changes, and `DecodeBatch.advance` runs the steps up to it at once.
+Both drive the core `DecodeLoop` (`testbed.core.decode_loop`): a sequence whose KV has arrived
+joins at the next step boundary (at once when the instance is idle), BS_max and KV memory
+permitting, FCFS; its first token comes at the end of its first step and its last when it has
+generated its output. Between two membership changes (an admission, a finish) every step is
+known in advance, so the instance keeps one event, the next boundary where something changes,
+and `DecodeLoop.run` runs the steps up to it at once. What else changes the plan is brought to
+a boundary the same way: a sequence leaving (its request failed or was given up: it leaves at
+once and the step in progress ends on its own time), a slowdown starting or ending (steps
+starting from the next boundary take the new factor), a pause (the step in progress ends when
+the instance resumes, and the cadence restarts from there, as the live loop's late step does).
 """
 
 from __future__ import annotations
 
-from testbed.core.decode_batch import AdmissionError, DecodeBatch, DecodeSeq
+import random
+
+from testbed.core.decode_batch import AdmissionError, DecodeBatch
+from testbed.core.decode_loop import DecodeLoop, decode_seq
+from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
 from testbed.core.lifecycle import Event
 from testbed.core.scenario import DecodeSpec
@@ -22,95 +30,195 @@ from testbed.sim.request import SimRequest
 
 
 class DecodeSim:
-    __slots__ = ("node", "sim", "batch", "kv", "reqs", "base", "version", "due", "due_steps", "fresh", "steps",
-                 "completed")
+    __slots__ = ("node", "sim", "loop", "spec", "kv", "reqs", "version", "due", "due_steps", "fresh", "completed",
+                 "paused", "stall_rate", "stall_s", "rng")
 
-    def __init__(self, node: NodeSpec, spec: DecodeSpec, kv: KVModel, sim: Host) -> None:
+    def __init__(self, node: NodeSpec, spec: DecodeSpec, kv: KVModel, sim: Host,
+                 stalls: tuple[float, float] = (0.0, 0.0)) -> None:
         self.node = node
         self.sim = sim
-        self.batch = DecodeBatch(DecodeStepTime.from_spec(spec), spec.bs_max, spec.kv_capacity_bytes)
+        self.spec = spec
         self.kv = kv
+        self.loop = DecodeLoop(DecodeBatch(DecodeStepTime.from_spec(spec), spec.bs_max, spec.kv_capacity_bytes))
         self.reqs: dict[str, SimRequest] = {}
-        self.base = 0.0            # the present step boundary (while sequences run)
         self.version = 0
         self.due = 0.0             # the next boundary where membership changes
-        self.due_steps = 0         # steps from `base` to it
-        self.fresh: list[SimRequest] = []   # admitted at `base`: their first step is the one from `base`
-        self.steps = 0
+        self.due_steps = 0         # steps from the present step's start to it
+        self.fresh: list[SimRequest] = []   # admitted at the present step's start: their first step is this one
         self.completed = 0
+        self.paused = False
+        # Stalls of the live batch loop (`testbed.core.live_path`): per paper second of decoding,
+        # and the mean paper seconds each loses; a seeded stream per instance.
+        self.stall_rate, self.stall_s = stalls
+        self.rng = random.Random(node.id) if self.stall_rate > 0 else None
+
+    @property
+    def batch(self) -> DecodeBatch:
+        return self.loop.batch
+
+    @property
+    def steps(self) -> int:
+        return self.loop.steps
+
+    @property
+    def slow(self) -> SlowDown:
+        return self.loop.slow
 
     def kv_arrived(self, req: SimRequest, t: float) -> None:
         tr = req.tr
-        # Memory for the prompt's KV and for what decoding will append (as the live node reserves it).
-        growth = round(self.kv.full_bytes_per_token * tr.output_tokens)
-        seq = DecodeSeq(req.rid, tr.input_tokens, tr.output_tokens, self.kv.total(tr.input_tokens) + growth)
         try:
-            self.batch.submit(seq)
+            self.loop.submit(decode_seq(self.kv, req.rid, tr.input_tokens, tr.output_tokens))
         except AdmissionError as e:
-            self.sim.fail(req, str(e), t)
+            self.sim.attempt_failed(req, str(e), t)
             return
         self.reqs[req.rid] = req
+        if self.paused:
+            return
         b = self.batch
         if not b.running:
-            self.base = t
             self._boundary(t)
             return
-        if len(b.running) >= b.bs_max or b.waiting[0] is not seq:
+        if len(b.running) >= b.bs_max or b.waiting[0].request_id != req.rid:
             return          # a finish frees the slot (or the FCFS head goes first)
-        m = b.steps_until(t - self.base)
+        self._change_at(t)
+
+    def _change_at(self, t: float) -> None:
+        """Something changes from the boundary at or after `t`: plan to be there."""
+        m = self.loop.steps_until(t)
         if m == 0:
-            self._admit(t)
-            self._plan()
+            self._boundary(t, again=True)
         elif m < self.due_steps:
             self._set_due(m)
 
-    def _admit(self, t: float) -> None:
-        b = self.batch
-        for s in b.admit(t):
+    def _boundary(self, t: float, again: bool = False) -> None:
+        """At a step boundary: admit what may join, then plan the next change. `again`: the
+        step from here was begun already (what joined then keeps its first step)."""
+        if not again:
+            self.fresh = []
+        admitted, end = self.loop.begin(t)
+        for s in admitted:
             req = self.reqs[s.request_id]
             req.admitted = t
             req.life.apply(Event.ADMIT, t)
             self.fresh.append(req)
-        # The first step from this boundary decides every fresh sequence's first token.
-        first = t + b.step_duration()
-        for req in self.fresh:
-            req.first = first
-
-    def _boundary(self, t: float) -> None:
-        """At a step boundary: admit what may join, then plan the next change."""
-        self.fresh = []
-        self._admit(t)
-        self._plan()
-
-    def _plan(self) -> None:
-        b = self.batch
-        if not b.running:
+        if end is None:
             self.version += 1
             return
+        # The first step from this boundary decides every fresh sequence's first token.
+        for req in self.fresh:
+            req.first = end
         # Whatever waits now waits for memory or a slot: only a finish changes that.
-        self._set_due(b.steps_to_finish())
+        self._set_due(self.batch.steps_to_finish())
 
     def _set_due(self, m: int) -> None:
         self.version += 1
         self.due_steps = m
-        self.due = self.base + self.batch.duration_of(m)
+        if self.loop.step_start is None:
+            self.due = self.sim.loop.now
+        else:
+            span = self.loop.span(m)
+            self.due = self.loop.step_start + span + (self._stalled(span) if self.rng is not None else 0.0)
         self.sim.loop.at(self.due, DECODE, self._due, self.version)
+
+    def _stalled(self, span: float) -> float:
+        """Time the loop loses to stalls over `span` of steps (Poisson stalls, exponential losses):
+        the boundary comes that much later, and the cadence restarts from it (`DecodeLoop.begin`)."""
+        assert self.rng is not None
+        lost, t = 0.0, self.rng.expovariate(self.stall_rate)
+        while t < span:
+            lost += self.rng.expovariate(1.0 / self.stall_s)
+            t += self.rng.expovariate(self.stall_rate)
+        return lost
 
     def _due(self, version: int) -> None:
         if version != self.version:
             return
-        t = self.sim.loop.now
-        b = self.batch
-        results = b.advance(self.due_steps)
-        self.steps += self.due_steps
-        self.base = t
-        for r in results:
+        self._steps(self.due_steps, self.sim.loop.now)
+        self._boundary(self.sim.loop.now)
+
+    def _steps(self, m: int, t: float) -> None:
+        """Run `m` steps at once; sequences finishing at their end are done at `t`."""
+        for r in self.loop.run(m):
             if r.finished:
                 req = self.reqs.pop(r.seq.request_id)
                 req.last = t
                 self.completed += 1
                 self.sim.finished(req, t)
+
+    def _settle(self, t: float) -> None:
+        """Run the steps that ended by `t` (none finishing a sequence: the plan has a boundary at
+        the first finish); the present step is then the one in progress at `t`."""
+        if not self.batch.running or self.loop.step_start is None:
+            return
+        m = self.loop.steps_until(t)
+        whole = m if self.loop.step_start + self.loop.span(m) <= t else m - 1
+        whole = min(whole, self.due_steps - 1)
+        if whole > 0:
+            self._steps(whole, t)
+            self.due_steps -= whole
+            self.fresh = []
+
+    # -- what changes the plan from outside ------------------------------------------------------
+
+    def leave(self, req: SimRequest, t: float) -> None:
+        """The request's sequence leaves (its attempt failed or was given up)."""
+        if self.reqs.pop(req.rid, None) is None:
+            return
+        running = any(s.request_id == req.rid for s in self.batch.running)
+        if self.paused or not running:
+            self.batch.abort(req.rid)
+            if not self.paused and not self.batch.running and self.batch.waiting:
+                self._boundary(t)
+            return
+        self._settle(t)
+        self.batch.abort(req.rid)
+        self.fresh = [r for r in self.fresh if r is not req]
+        if not self.batch.running:
+            self.loop.rest()
+            self.version += 1
+            if self.batch.waiting:
+                self._boundary(t)
+            return
+        # The step in progress ends on its own time; from there, a new plan.
+        self._set_due(1)
+
+    def slow_changed(self, t: float) -> None:
+        """A slowdown started or ended: steps from the next boundary take the factor in force."""
+        if self.paused or not self.batch.running or self.loop.step_start is None:
+            return
+        self._settle(t)
+        if self.loop.step_start < t:
+            self._set_due(1)
+        else:
+            self._boundary(t, again=True)
+
+    def pause(self, t: float) -> None:
+        self._settle(t)
+        self.version += 1
+        self.paused = True
+
+    def resume(self, t: float) -> None:
+        """The step in progress when it paused ends now; the cadence restarts from here."""
+        self.paused = False
+        if self.batch.running and self.loop.step_start is not None:
+            if t < self.loop.step_start + self.loop.span(1):
+                self._set_due(1 if self.batch.waiting else self.due_steps)   # paused within a step: the plan stands
+                return
+            self._steps(1, t)
+            for req in self.fresh:
+                req.first = t
         self._boundary(t)
+
+    def kill(self) -> list[SimRequest]:
+        """Everything on the instance is lost; returns the requests it held."""
+        held = list(self.reqs.values())
+        self.reqs.clear()
+        self.version += 1
+        self.fresh = []
+        slow = self.loop.slow
+        self.loop = DecodeLoop(DecodeBatch(self.batch.step_time, self.batch.bs_max, self.batch.kv_capacity), slow)
+        self.paused = False
+        return held
 
     @property
     def waiting(self) -> int:

@@ -2,8 +2,8 @@
 
 `seq` is a counter, so events at the same time and priority run in the order they were
 scheduled and a run is deterministic. Priorities order simultaneous events of different kinds
-(a link change before the transfers it affects, a finishing decode step before an arrival
-that could use the freed slot). An event is a callback and one argument; cancelling is left to
+(a link change before the transfers it affects, a finishing decode step before a fault or an
+arrival that could use the freed slot). An event is a callback and one argument; cancelling is left to
 the owner (a version number in the argument, checked by the callback), which keeps the heap
 free of handles.
 """
@@ -20,9 +20,10 @@ NET = 1
 PREFILL = 2
 KV_ARRIVAL = 3
 DECODE = 4
-ARRIVAL = 5
-CONTROL = 6
-SAMPLE = 7
+FAULT = 5
+ARRIVAL = 6
+CONTROL = 7
+SAMPLE = 8
 
 Callback = Callable[[Any], None]
 

@@ -21,5 +21,5 @@ class Host(Protocol):
     def finished(self, req: SimRequest, t: float) -> None:
         """The request's last token is out."""
 
-    def fail(self, req: SimRequest, reason: str, t: float) -> None:
-        """The request cannot go on."""
+    def attempt_failed(self, req: SimRequest, reason: str, t: float) -> None:
+        """The request's attempt cannot go on there (the router may retry it elsewhere)."""

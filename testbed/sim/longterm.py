@@ -12,18 +12,18 @@ from typing import Any, Callable
 
 from testbed.core.bandwidth import BandwidthController
 from testbed.core.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
+from testbed.core.router_books import RouterBooks
 from testbed.metrics.series_format import RawSample as Sample
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import CONTROL, EventLoop
-from testbed.sim.router import SimRouter
 
 Write = Callable[[float, list[Sample]], None]
 
 
 class RoleLoop:
-    def __init__(self, loop: EventLoop, router: SimRouter, decode: dict[str, DecodeSim], ctl: LongTermController,
+    def __init__(self, loop: EventLoop, router: RouterBooks, decode: dict[str, DecodeSim], ctl: LongTermController,
                  meter: RoleMeter, bandwidth: Callable[[], BandwidthController | None], busy: Callable[[], bool],
-                 series: Write, decisions: Write) -> None:
+                 answers: Callable[[str], bool], series: Write, decisions: Write) -> None:
         self.loop = loop
         self.router = router
         self.decode = decode
@@ -31,6 +31,7 @@ class RoleLoop:
         self.meter = meter
         self.bandwidth = bandwidth
         self.busy = busy
+        self.answers = answers          # the instance answers a poll (up, not paused)
         self.series = series
         self.decisions = decisions
         self.interval = ctl.cfg.sample_s
@@ -40,11 +41,13 @@ class RoleLoop:
     def start(self) -> None:
         self.loop.at(0.0, CONTROL, self._step)
 
-    def _decode_signals(self) -> DecodeSignals:
-        nodes = self.ctl.roles.routable("decode")
+    def _decode_signals(self, down: frozenset[str]) -> DecodeSignals:
+        # As the live loop: the instances in service that answer (one that does not is no capacity).
+        nodes = [n for n in self.ctl.roles.routable("decode") if n not in down and self.answers(n)]
         batches = [self.decode[n].batch for n in nodes]
+        bs_max = next(iter(self.decode.values())).batch.bs_max if self.decode else 1
         return DecodeSignals(len(nodes), float(sum(len(b.running) for b in batches)),
-                             float(sum(len(b.waiting) for b in batches)), batches[0].bs_max if batches else 1)
+                             float(sum(len(b.waiting) for b in batches)), bs_max)
 
     def _step(self, _: Any) -> None:
         t = self.loop.now
@@ -55,7 +58,8 @@ class RoleLoop:
             return
         ctl = self.ctl
         judged = len(ctl.assessments)
-        sig = self.meter.signals(t, t - prev, self._decode_signals(), recent=self.router.history)
+        down = self.router.health.down()
+        sig = self.meter.signals(t, t - prev, self._decode_signals(down), down, self.router.history)
         made = ctl.update(sig)
         r = self.router
         r.unroutable = ctl.roles.unroutable()

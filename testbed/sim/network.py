@@ -38,16 +38,20 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from testbed.core.linkprofile import LinkProfile
+from testbed.core.faults import FaultEvent, faulted_links
+from testbed.core.linkprofile import LinkParams, LinkProfile
+from testbed.core.scaling import Scale
 from testbed.core.scenario import TransferSpec
 from testbed.sim.events import LINK_CHANGE, NET, EventLoop
 from testbed.sim.tcp import TcpModel
+from testbed.sim.wan import WanFaults
 
 IDLE, LIMITED, GREEDY = 0, 1, 2
 EPS_BYTES = 1.0          # a byte position within this is reached (float error on cumulative counts)
 _COMPACT = 4
 
 MarkFn = Callable[[Any, float], None]
+PAPER = Scale()          # link parameters in paper units (`LinkParams` are built for a scale)
 
 
 class Counter:
@@ -129,7 +133,8 @@ class _Mark:
 
 class Path:
     __slots__ = ("src", "dst", "links", "counters", "conns", "chunk", "tcp", "delay", "conn_rate", "released",
-                 "sent", "t", "inflow", "rate", "state", "k", "marks", "version", "token", "crosses", "due")
+                 "sent", "t", "inflow", "rate", "state", "k", "marks", "version", "token", "crosses", "due", "gate",
+                 "parked")
 
     def __init__(self, src: str, dst: str, links: tuple[Link, ...], counters: tuple[Counter, ...], conns: int,
                  chunk: float, tcp: TcpModel, crosses: bool, known: tuple[float, float] | None = None) -> None:
@@ -153,6 +158,8 @@ class Path:
         self.version = 0
         self.token = 0
         self.due = math.inf           # when its scheduled event (if greedy) is
+        self.gate = 0.0               # its connections carry nothing before (testbed.sim.wan)
+        self.parked = False           # greedy but carrying nothing (a dark link, a gate): left out of the fill
         if known is None:
             self.refresh()
         else:
@@ -191,7 +198,7 @@ class Path:
 
 class Network:
     def __init__(self, loop: EventLoop, node_dc: dict[str, str], intra: LinkProfile, inter: LinkProfile,
-                 transfer: TransferSpec, byte_scale: float) -> None:
+                 transfer: TransferSpec, byte_scale: float, speedup: float = 1.0) -> None:
         self.loop = loop
         self.node_dc = node_dc
         self.transfer = transfer
@@ -215,6 +222,14 @@ class Network:
         self._tokens = 0
         self._seq = 0
         self.rebalances = 0
+        # Faults on the WAN: each direction's parameters from the profile and its schedule, the
+        # link faults in force on top (`testbed.core.faults.faulted_links`), and what they do to
+        # the transport's connections (`testbed.sim.wan`).
+        self.wan_base = {pair: LinkParams.from_profile(inter, PAPER) for pair in self.wan}
+        self.link_faults: list[FaultEvent] = []
+        self.faults = WanFaults(self, speedup, transfer.resume_timeout_s, list(node_dc))
+        self.faulted = False          # a fault has acted: the paths' hooks are on
+        self.on_back: Callable[[float], None] = lambda t: None     # a dark WAN link is back
 
     # -- topology --------------------------------------------------------------------------
 
@@ -231,7 +246,20 @@ class Network:
             self._route[(a, b)] = (p.delay, p.conn_rate)
             p.t = self.loop.now
             self.paths[(src, dst)] = p
+            if self.faulted and crosses:
+                p.gate = self.faults.gate(src, dst)
+                if p.gate > p.t:
+                    p.conn_rate = 0.0
         return p
+
+    def wan_link(self, src: str, dst: str) -> Link | None:
+        a, b = self.node_dc[src], self.node_dc[dst]
+        return self.wan.get((a, b)) if a != b else None
+
+    def route_delay(self, src: str, dst: str) -> float:
+        """One-way delay from `src` to `dst` with the links' parameters in force."""
+        lk = self.wan_link(src, dst)
+        return self.nic_out[src].delay + self.nic_in[dst].delay + (lk.delay if lk is not None else 0.0)
 
     def schedule_changes(self) -> None:
         """Apply each profile's schedule at its times: the inter-DC one to every WAN link, the
@@ -244,6 +272,10 @@ class Network:
     def _apply_change(self, arg: tuple[Any, list[Link], float]) -> None:
         c, links, share = arg
         t = self.loop.now
+        if links and links[0].kind == "wan":
+            self.wan_base = {pair: p.with_change(c, self.inter, PAPER) for pair, p in self.wan_base.items()}
+            self._set_wan(t)
+            return
         for lk in links:
             if c.rate is not None:
                 lk.rate_bps = c.rate
@@ -257,16 +289,147 @@ class Network:
         for p in list(self.paths.values()):
             if changed.intersection(p.links):
                 self._advance(p, t)
-                p.refresh()
-                if p.state == LIMITED and p.inflow > p.conn_rate:
-                    self._to_greedy(p, t)
+                self._refresh(p, t)
         self._rebalance(t, links, force=True)
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def set_link_faults(self, active: list[FaultEvent]) -> None:
+        """The link faults in force from now on (and no others)."""
+        self.faulted = True
+        self.link_faults = list(active)
+        self._set_wan(self.loop.now)
+
+    def _set_wan(self, t: float) -> None:
+        eff = faulted_links(self.wan_base, self.link_faults)
+        dark, back = [], []
+        for pair, lk in self.wan.items():
+            par = eff[pair]
+            was = lk.loss >= 1.0
+            lk.rate_bps, lk.delay, lk.loss, lk.loss_correlation = par.rate_bps, par.delay_s, par.loss, par.loss_correlation
+            lk.capacity = lk.tcp.link_payload(lk.rate_bps, lk.loss)
+            if lk.loss >= 1.0 and not was:
+                dark.append(lk)
+            elif was and lk.loss < 1.0:
+                back.append(lk)
+        if dark or back:
+            self.faulted = True
+        for lk in dark:
+            self.faults.went_dark(lk, t)     # before the rates drop: what was in flight
+        self._route.clear()
+        links = list(self.wan.values())
+        for p in list(self.paths.values()):
+            if p.crosses:
+                self._advance(p, t)
+                self._refresh(p, t)
+        for lk in back:
+            self.faults.came_back(lk, t)
+        self._rebalance(t, links, force=True)
+        if back:
+            self.on_back(t)
+
+    def dark(self, a: str, b: str) -> bool:
+        """Nothing gets through between datacenters `a` and `b` (either way: a request needs both)."""
+        if a == b:
+            return False
+        return self.wan[(a, b)].loss >= 1.0 or self.wan[(b, a)].loss >= 1.0
+
+    def _refresh(self, p: Path, t: float) -> None:
+        p.refresh()
+        if p.gate > t:
+            p.conn_rate = 0.0
+        if p.state == LIMITED and p.inflow > p.conn_rate:
+            self._to_greedy(p, t)
+        elif p.state == GREEDY:
+            if p.conn_rate <= 0.0 and not p.parked:
+                self._park(p, t)
+            elif p.conn_rate > 0.0 and p.parked:
+                self._unpark(p, t)
+
+    def _park(self, p: Path, t: float) -> None:
+        """A greedy path that can carry nothing leaves the fill (the fill stays as cheap as the
+        paths that do carry; an outage parks hundreds at scale)."""
+        if p in self.greedy:
+            del self.greedy[p]
+            for lk in p.links:
+                lk.greedy -= 1
+        p.parked = True
+        p.version += 1
+        p.due = math.inf
+        self._set_rate(p, t, 0.0)
+
+    def _unpark(self, p: Path, t: float) -> None:
+        p.parked = False
+        p.k = self._k(p, t)
+        self.greedy[p] = None
+        for lk in p.links:
+            lk.greedy += 1
+
+    def regate(self, src: str, dst: str, t: float) -> None:
+        """The pair's connections may carry from `faults.gate(src, dst)` on."""
+        p = self.paths.get((src, dst))
+        if p is None:
+            return
+        self._advance(p, t)
+        p.gate = self.faults.gate(src, dst)
+        self._refresh(p, t)
+        self._rebalance(t, list(p.links), force=True)
+
+    def resend(self, src: str, dst: str, t: float, nbytes: float) -> None:
+        """What a lost connection had in flight goes again (no request waits on these bytes)."""
+        p = self.paths.get((src, dst))
+        if p is not None:
+            self.push(p, t, nbytes)
+
+    def unacked(self, src: str, dst: str) -> float:
+        """Bytes queued on the pair's path now (not yet on the wire)."""
+        p = self.paths.get((src, dst))
+        return p.queued(self.loop.now) if p is not None else 0.0
+
+    def socket_bytes(self, src: str, dst: str) -> float:
+        """What one of the pair's connections' socket holds ahead of the wire."""
+        return (self.inter_tcp if self.node_dc[src] != self.node_dc[dst] else self.intra_tcp).send_buffer
+
+    def withdraw(self, p: Path, lo: float, hi: float) -> None:
+        """The bytes at positions [lo, hi) of `p` not yet sent are dropped (their transfer was
+        given up: the sender drops its queued chunks); later positions move down."""
+        t = self.loop.now
+        self._advance(p, t)
+        lo = max(lo, p.sent)
+        hi = min(hi, p.released)
+        if hi <= lo:
+            return
+        gone = hi - lo
+        p.released -= gone
+        if p.marks:
+            kept = []
+            for mk in p.marks:
+                if mk.pos <= lo:
+                    kept.append(mk)
+                elif mk.pos > hi:
+                    kept.append(_Mark(mk.pos - gone, mk.seq, mk.fn, mk.arg))
+                else:
+                    kept.append(_Mark(lo, mk.seq, mk.fn, mk.arg))
+            heapq.heapify(kept)
+            p.marks = kept
+        if p.state == GREEDY:
+            if p.released - p.sent <= EPS_BYTES and p.inflow == 0:
+                p.sent = p.released
+                self._fire_marks(p, t)
+                self._leave_greedy(p, t)
+                self._rebalance(t, list(p.links), force=True)
+            else:
+                self._schedule(p, t)
+        else:
+            self._fire_marks(p, t)
 
     # -- bytes in --------------------------------------------------------------------------
 
     def stream(self, p: Path, t: float, rate: float) -> None:
         """Bytes enter `p` at `rate` from now on (0 stops the stream)."""
         self._advance(p, t)
+        if self.faulted and p.crosses and rate > 0:
+            self.faults.touch(p, t)
         if p.state == GREEDY:
             p.inflow = rate
             self._schedule(p, t)
@@ -298,6 +461,8 @@ class Network:
     def push(self, p: Path, t: float, nbytes: float) -> None:
         """`nbytes` enter `p` at once."""
         self._advance(p, t)
+        if self.faulted and p.crosses and nbytes > EPS_BYTES:
+            self.faults.touch(p, t)
         p.released += nbytes
         if nbytes <= EPS_BYTES and p.state != GREEDY:
             p.sent = p.released
@@ -305,7 +470,9 @@ class Network:
             return
         if p.state == GREEDY:
             k = self._k(p, t)
-            if k != p.k:
+            if p.parked:
+                p.k = k
+            elif k != p.k:
                 p.k = k
                 self._rebalance(t, list(p.links), force=True)
             else:
@@ -317,6 +484,8 @@ class Network:
     def end_stream(self, p: Path, t: float, nbytes: float) -> None:
         """The stream stops and its last `nbytes` enter at once (a prefill's last layer)."""
         self._advance(p, t)
+        if self.faulted and p.crosses and nbytes > EPS_BYTES:
+            self.faults.touch(p, t)
         if p.state == GREEDY:
             p.inflow = 0.0
             self.push(p, t, nbytes)
@@ -370,16 +539,22 @@ class Network:
                 lk.remove_limited(p)
         p.state = GREEDY
         p.k = self._k(p, t)
-        self.greedy[p] = None
         self.greedy_of[p.src][p] = None
+        if p.conn_rate <= 0.0:
+            self._park(p, t)
+            return
+        self.greedy[p] = None
         for lk in p.links:
             lk.greedy += 1
 
     def _leave_greedy(self, p: Path, t: float) -> None:
-        del self.greedy[p]
         del self.greedy_of[p.src][p]
-        for lk in p.links:
-            lk.greedy -= 1
+        if p.parked:
+            p.parked = False
+        else:
+            del self.greedy[p]
+            for lk in p.links:
+                lk.greedy -= 1
         p.version += 1
         p.due = math.inf
         if p.inflow > 0 and p.inflow <= p.conn_rate:
@@ -414,6 +589,9 @@ class Network:
     def _schedule(self, p: Path, t: float) -> None:
         """The next event of a greedy path at its present rate."""
         p.version += 1
+        if p.parked:
+            p.due = math.inf
+            return
         q = p.released - p.sent
         due = math.inf
         if p.rate > p.inflow:

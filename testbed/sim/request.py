@@ -1,6 +1,8 @@
-"""One simulated request: its routing plan, lifecycle and every stamp, in paper time; and the
-one place its stamps become a `RequestRecord` (wire seconds since the start, like a live run's,
-so every summary, report and comparison reads a simulated run as it reads an emulated one)."""
+"""One attempt of a simulated request: its routing plan, lifecycle and every stamp, in paper
+time; and the one place its stamps become a `RequestRecord` (wire seconds since the start, like
+a live run's, so every summary, report and comparison reads a simulated run as it reads an
+emulated one). A retry is a new attempt (`retry`): the client's arrival kept, the failed
+attempt's stages not, as the live router's retry record (`testbed.live.router.records`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import math
 
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.prefill_queue import PrefillJob
+from testbed.core.retries import retry_id
 from testbed.core.routing import RoutePlan
 from testbed.core.scaling import Scale
 from testbed.core.record import RequestRecord, StageTimes
@@ -19,12 +22,14 @@ NAN = math.nan
 class SimRequest:
     __slots__ = ("index", "tr", "rid", "life", "plan", "job", "arrival", "routed", "queued", "start", "end",
                  "modelled", "transfer_start", "transfer_end", "admitted", "first", "last", "kv_paper", "kv_wire",
-                 "tail_bytes", "move_start", "move_end", "move_wire", "moved", "prefill_seen", "outcome", "reason")
+                 "tail_bytes", "move_start", "move_end", "move_wire", "moved", "prefill_seen", "outcome", "reason",
+                 "retries", "retry_reason", "gone", "relay", "relay_last", "kv_range", "move_range")
 
-    def __init__(self, index: int, tr: TraceRequest, arrival: float) -> None:
+    def __init__(self, index: int, tr: TraceRequest, arrival: float, retries: int = 0, retry_reason: str = "",
+                 relay: tuple[float, float] = (0.0, 0.0)) -> None:
         self.index = index
         self.tr = tr
-        self.rid = tr.request_id
+        self.rid = retry_id(tr.request_id, retries)    # what the nodes know this attempt by
         self.life = Lifecycle(tr.request_id)
         self.plan: RoutePlan | None = None
         self.job: PrefillJob | None = None
@@ -37,7 +42,7 @@ class SimRequest:
         self.transfer_start = NAN
         self.transfer_end = NAN
         self.admitted = NAN
-        self.first = NAN
+        self.first = NAN              # the decode node's first and last token
         self.last = NAN
         self.kv_paper = 0
         self.kv_wire = 0
@@ -46,9 +51,23 @@ class SimRequest:
         self.move_end = NAN
         self.move_wire = 0
         self.moved = False            # the moved cached prefix has reached the prefill node
-        self.prefill_seen = False     # the router has the prefill's answer (its KV is in the sender's sockets)
+        self.prefill_seen = False     # the router has the prefill's answer (its KV is delivered)
         self.outcome = "pending"
         self.reason = ""
+        self.retries = retries
+        self.retry_reason = retry_reason
+        self.gone = False             # this attempt failed or was given up: late events ignore it
+        self.relay, self.relay_last = relay   # paper seconds from the decode node's first, last token to the client
+        self.kv_range: tuple[float, float] | None = None     # its KV's byte positions in its path
+        self.move_range: tuple[float, float] | None = None   # its moved prefix's, in the move's path
+
+    def retry(self, reason: str) -> "SimRequest":
+        """The next attempt of the same request."""
+        return SimRequest(self.index, self.tr, self.arrival, self.retries + 1, reason, (self.relay, self.relay_last))
+
+    def tokens_sent(self, t: float) -> bool:
+        """The client has seen a token by `t` (a retry could not take it back)."""
+        return not math.isnan(self.first) and self.first + self.relay <= t
 
     def record(self, scale: Scale) -> RequestRecord:
         """The request's row of records.csv: wire seconds, wire and paper bytes."""
@@ -57,9 +76,11 @@ class SimRequest:
         times = StageTimes(arrival=self.arrival / s, router_arrival=self.arrival / s, routed=self.routed / s,
                            prefill_queued=self.queued / s, prefill_start=self.start / s, prefill_end=self.end / s,
                            transfer_start=self.transfer_start / s, transfer_end=self.transfer_end / s,
-                           decode_admitted=self.admitted / s, first_token=self.first / s, last_token=self.last / s,
+                           decode_admitted=self.admitted / s, first_token=(self.first + self.relay) / s,
+                           last_token=(self.last + self.relay_last) / s,
                            decode_first_token=self.first / s, decode_last_token=self.last / s)
-        rec = RequestRecord(tr.request_id, self.index, tr.input_tokens, tr.output_tokens, times=times)
+        rec = RequestRecord(tr.request_id, self.index, tr.input_tokens, tr.output_tokens, times=times,
+                            retries=self.retries, retry_reason=self.retry_reason)
         rec.prefill_modelled = self.modelled / s
         rec.kv_bytes_paper = self.kv_paper
         rec.kv_bytes_wire = self.kv_wire
@@ -72,6 +93,7 @@ class SimRequest:
             d = plan.d
             rec.prefill_cluster = d.prefill_cluster
             rec.prefill_node = d.prefill_node
+            rec.decode_cluster = d.decode_cluster
             rec.decode_node = d.decode_node
             rec.crossed_wan, rec.route_reason = d.crossed_wan, d.reason
             rec.threshold = NAN if d.threshold is None else float(d.threshold)
@@ -79,6 +101,7 @@ class SimRequest:
             rec.decode_cached_tokens = d.decode_cached_tokens
             if d.cache_move is not None:
                 rec.cache_move_tokens = d.cache_move.tokens - d.cache_move.from_tokens
+                rec.cache_move_src = plan.move_src or ""
                 rec.times.cache_move_start = self.move_start / s
                 rec.times.cache_move_end = self.move_end / s
                 rec.cache_move_bytes_paper = plan.move_bytes_paper

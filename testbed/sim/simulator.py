@@ -1,20 +1,22 @@
 """One simulated replay: the trace's requests through router, prefill, KV transfer and decode in
-virtual (paper) time, writing what a live run writes (records, time series, decisions).
+virtual (paper) time, writing what a live run writes (records, time series, decisions, and with
+faults `faults.jsonl`).
 
-Every request goes through the same core code the live services run, in the live order:
-`testbed.core.routing.route` (prefix lookup, policy, load tracker, cache book, recent
-arrivals), the prefill queue and service times, layer-wise KV into the flow-level network
-(`testbed.sim.network`), decode continuous batching with KV admission, and the short-term
-bandwidth controller fed from the network's own byte accounting. Requests arrive open loop at
-their trace times (after the same start lead as the live replayer) and nothing in the
-simulator adds time of its own: no HTTP hops, no timer lateness (the live runs' "other" TTFT
-share is 0 here).
+Every request goes through the same core code the live services run, in the live order: the
+router's books and `testbed.core.routing.route` (prefix lookup, policy, load tracker, cache
+book, recent arrivals, health), its attempts, retries and deadlines (`testbed.sim.router`), the
+prefill queue and service times, layer-wise KV into the flow-level network
+(`testbed.sim.network`), the decode batch loop with KV admission (`testbed.core.decode_loop`),
+and the short-term bandwidth controller fed from the network's own byte accounting. Requests
+arrive open loop at their trace times (after the same start lead as the live replayer). The
+scenario's faults act at their times (`testbed.sim.faults`). What the live path itself costs
+(HTTP hops, routing, decode loop stalls) is added when given (`testbed.core.live_path`);
+without it nothing in the simulator adds time of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import math
 import signal
@@ -22,28 +24,29 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.control import controller_for
 from testbed.core.longterm import RoleMeter, controller_for as longterm_for
 from testbed.model.retune import role_planner
-from testbed.core.lifecycle import Event
-from testbed.core.policy import NoCapacity
-from testbed.core.routing import route
-from testbed.core.scaling import Scale
-from testbed.core.topology import node_specs
+from testbed.core.topology import local_dc, node_specs
 from testbed.core.record import RequestRecord
+from testbed.core.gc_pause import paused_gc
 from testbed.metrics.records import RecordWriter
+from testbed.core.live_path import LivePathCosts
+from testbed.core.faults import SlowDown
 from testbed.sim.control import ControlLoop
+from testbed.sim.faults import FaultRunner, Prober
 from testbed.sim.longterm import RoleLoop
 from testbed.sim.decode import DecodeSim
-from testbed.sim.events import ARRIVAL, KV_ARRIVAL, SAMPLE, EventLoop
+from testbed.sim.events import ARRIVAL, FAULT, SAMPLE, EventLoop
 from testbed.sim.network import Network, Path as NetPath
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter
-from testbed.metrics.series_format import BatchSeriesFile as SeriesFile, RawSample as Sample
+from testbed.sim.wan import rto_instant
+from testbed.metrics.series_format import BatchSeriesFile as SeriesFile, RawSample as Sample, SeriesPoint
 from testbed.traces.types import Trace, TraceRequest
 from testbed.core.kvsize import KVModel
 from testbed.core.servicetime import PrefillTime
@@ -51,7 +54,6 @@ from testbed.core.servicetime import PrefillTime
 START_LEAD_S = 0.5          # wire seconds before the first request, as the live replayer waits
 NODE_SAMPLE_S = 0.1         # wire seconds between node samples, as live services sample
 WAN_SAMPLE_S = 0.05         # wire seconds between link-counter samples, as the netns link monitor
-PAPER_TIME = Scale()        # the simulator's clock is paper time: routing books paper seconds
 
 
 @contextlib.contextmanager
@@ -94,26 +96,42 @@ class SimStats:
     failed: int = 0
     events: int = 0
     rebalances: int = 0
+    retries: int = 0
     t_end: float = 0.0              # paper seconds, the last request's end
     wall_s: float = 0.0
-    records: list[RequestRecord] = field(default_factory=list)   # without a run directory
+    records: list[RequestRecord] = field(default_factory=list)
+    series: list[SeriesPoint] = field(default_factory=list)      # timeseries/ as read back, by time
 
 
 class Simulation:
     def __init__(self, rs: ResolvedScenario, trace: Trace, run_dir: Path | None = None,
-                 options: SimOptions = SimOptions()) -> None:
+                 options: SimOptions = SimOptions(), costs: LivePathCosts | None = None) -> None:
         sc = rs.spec
         self.rs = rs
         self.sc = sc
         self.scale = rs.scale
         self.trace = trace
         self.options = options
+        self.run_dir = run_dir
+        self.costs = rs.live_path if costs is None else costs
         self.loop = EventLoop()
         nodes = node_specs(sc)
+        self.node_ids = [n.id for n in nodes]
+        self.roles = {n.id: n.role for n in nodes}
+        # Each instance's process: up, paused (answers nothing until resumed) or down (killed).
+        self.life: dict[str, str] = dict.fromkeys(self.node_ids, "up")
+        self._resumed: dict[str, list[Callable[[Any], None]]] = {}
+        # The router sits in the decode cluster's datacenter, as every emulating backend puts it:
+        # its calls to instances elsewhere cross the WAN (its delay, and nothing while it is dark).
+        self.router_dc = local_dc(sc)
+        self.node_dc = {n.id: n.datacenter for n in nodes}
+        self._unreachable: dict[str, list[tuple[float, Callable[[Any], None]]]] = {}
         self.net = Network(self.loop, {n.id: n.datacenter for n in nodes}, rs.intra_dc, rs.inter_dc,
-                           sc.transfer, self.scale.byte_scale)
+                           sc.transfer, self.scale.byte_scale, self.scale.speedup)
         kv = KVModel.from_spec(sc.model)
         self.kv = kv
+        c, s = self.costs, self.scale.speedup
+        stalls = (c.stall_rate_per_s / s, c.stall_s * s) if c.stall_rate_per_s > 0 and c.stall_s > 0 else (0.0, 0.0)
         self.prefill: dict[str, PrefillSim] = {}
         self.decode: dict[str, DecodeSim] = {}
         for n in nodes:
@@ -122,18 +140,24 @@ class Simulation:
                 self.prefill[n.id] = PrefillSim(n, PrefillTime.from_spec(hw.prefill), kv, self.scale.byte_scale, self)
             else:
                 assert hw.decode is not None
-                self.decode[n.id] = DecodeSim(n, hw.decode, kv, self)
-        self.router = SimRouter.for_scenario(sc, rs.threshold, rs.intra_dc, rs.inter_dc)
+                self.decode[n.id] = DecodeSim(n, hw.decode, kv, self, stalls)
+        self.router = SimRouter(self)
+        books = self.router.books
+        self.net.faults.on_fail = self.router.transfers_failed
+        self.net.faults.busy = lambda: self.busy
+        self.net.on_back = self._links_back
         ctl = controller_for(sc, rs.threshold, rs.inter_dc.rate)
         self.control = None if ctl is None else ControlLoop(
-            self.loop, self.net, self.router, self.prefill, ctl, sc.policy.control.interval_s,
-            sc.policy.bandwidth_aware, sc.policy.bandwidth_state == "auto", lambda: self.busy,
+            self.loop, self.net, books, self.prefill, ctl, sc.policy.control.interval_s,
+            sc.policy.bandwidth_aware, sc.policy.bandwidth_state == "auto", lambda: self.busy, self.answers,
             lambda t, samples: self._write("router", t, samples), self._write_decisions)
         lt = longterm_for(sc, rs.threshold, role_planner(sc, rs.inter_dc.rate))
-        self.roles = None if lt is None else RoleLoop(
-            self.loop, self.router, self.decode, lt, RoleMeter(sc, self.router.tracker, lt.roles),
-            lambda: None if self.control is None else self.control.ctl, lambda: self.busy,
+        self.role_loop = None if lt is None else RoleLoop(
+            self.loop, books, self.decode, lt, RoleMeter(sc, books.tracker, lt.roles),
+            lambda: None if self.control is None else self.control.ctl, lambda: self.busy, self.answers,
             lambda t, samples: self._write("router", t, samples), self._write_decisions)
+        self.faults = FaultRunner(self, run_dir) if sc.faults else None
+        self.prober = Prober(self) if sc.faults else None
         self.stats = SimStats(requests=len(trace))
         self.open = len(trace)        # requests not finished yet
         self.run_dir = run_dir
@@ -144,21 +168,29 @@ class Simulation:
         self._arrivals: Iterator[tuple[int, TraceRequest]] = iter(enumerate(trace))
         self._lead = lead
         span = (trace.requests[-1].timestamp if len(trace) else 0.0) + lead + 60.0
-        per_sample = len(self.prefill) * 4 + len(self.decode) * 4 + len(self.prefill) + 16
+        per_sample = len(self.prefill) * (7 if sc.faults else 4) + len(self.decode) * 6 + len(self.prefill) + 16
         self.node_interval = max(NODE_SAMPLE_S * self.scale.speedup, span * per_sample / options.series_lines)
         self.wan_interval = max(WAN_SAMPLE_S * self.scale.speedup, span * len(self.net.wan) / options.link_lines)
 
     # -- running -------------------------------------------------------------------------------
 
     def run(self) -> SimStats:
+        with paused_gc():        # through the writing of the run directory too
+            return self._run()
+
+    def _run(self) -> SimStats:
         wall = time.perf_counter()
         if self.run_dir is not None:
             ts = self.run_dir / "timeseries"
-            self.writer = RecordWriter(self.run_dir / "records.csv")
+            # Records and samples are held while the run goes and written when it ends (however it
+            # ends: the files are closed below); formatted one by one they cost a quarter of it.
+            self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True)
             s = self.scale.speedup
-            self.series = {name: SeriesFile(ts / f"{name}.jsonl", name, s) for name in ("router", "wan")}
-            self.series["nodes"] = SeriesFile(ts / "nodes.jsonl", "nodes", s)
-            self.decisions = SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False)
+            self.series = {name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True)
+                           for name in ("router", "wan")}
+            self.series["nodes"] = SeriesFile(ts / "nodes.jsonl", "nodes", s, keep=True, deferred=True)
+            self.decisions = SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False,
+                                        deferred=True)
             self._write_link_rates(0.0)
         try:
             self.net.schedule_changes()
@@ -167,36 +199,44 @@ class Simulation:
             self._next_arrival()
             if self.run_dir is not None:
                 self.loop.at(0.0, SAMPLE, self._sample_nodes)
-                self.loop.at(0.0, SAMPLE, self._sample_wan)
+                if self.net.wan:
+                    self.loop.at(0.0, SAMPLE, self._sample_wan)
             if self.control is not None:
                 self.control.start()
-            if self.roles is not None:
-                self.roles.start()
-            # A run makes millions of short-lived acyclic objects beside long-lived pools of cache
-            # entries: the cyclic collector would rescan the pools again and again (two thirds of
-            # the time of an hour-long trace) for garbage that reference counting frees anyway.
-            was_enabled = gc.isenabled()
-            gc.disable()
-            try:
-                with _interruptible():
-                    self.loop.run()
-            finally:
-                if was_enabled:
-                    gc.enable()
+            if self.role_loop is not None:
+                self.role_loop.start()
+            if self.faults is not None:
+                self.faults.start()
+            if self.prober is not None:
+                self.prober.start()
+            # The collector is paused (`run`): a run makes millions of short-lived acyclic objects
+            # beside long-lived pools of cache entries, which it would rescan again and again (two
+            # thirds of the time of an hour-long trace) for garbage that reference counting frees.
+            with _interruptible():
+                self.loop.run()
             self.stats.t_end = self.stats.t_end or self.loop.now
             if self.run_dir is not None:
                 self._sample_nodes_now(self.stats.t_end)
                 self._sample_wan_now(self.stats.t_end)
+            # The simulation's own time, as a peer simulator reports its own: writing what it
+            # held into the run directory follows (a whole `replay` process is timed as such).
+            self.stats.wall_s = time.perf_counter() - wall
         finally:
+            if self.faults is not None:
+                self.faults.finish(self.stats.t_end or self.loop.now)
             if self.writer is not None:
                 self.writer.close()
             for f in self.series.values():
                 f.close()
             if self.decisions is not None:
                 self.decisions.close()
+        # As `load_timeseries` reads them back: the files in name order, then by time.
+        self.stats.series = sorted((p for name in sorted(self.series) for p in self.series[name].points or ()),
+                                   key=lambda p: p.t)
         self.stats.events = self.loop.processed
         self.stats.rebalances = self.net.rebalances
-        self.stats.wall_s = time.perf_counter() - wall
+        self.stats.retries = self.router.books.retries
+        self.stats.wall_s = self.stats.wall_s or time.perf_counter() - wall
         return self.stats
 
     @property
@@ -209,124 +249,130 @@ class Simulation:
             i, tr = nxt
             self.loop.at(self._lead + tr.timestamp, ARRIVAL, self._arrive, (i, tr))
 
-    # -- a request's way through -------------------------------------------------------------
-
     def _arrive(self, arg: tuple[int, TraceRequest]) -> None:
         i, tr = arg
-        t = self.loop.now
         self._next_arrival()
-        req = SimRequest(i, tr, t)
-        r = self.router
-        try:
-            plan = route(r, self.sc, req.rid, tr.input_tokens, tr.hash_ids, t, PAPER_TIME, r.unroutable,
-                         output_tokens=tr.output_tokens)
-        except NoCapacity as e:
-            self.fail(req, f"router answered 503: {e}", t)
-            return
-        req.plan = plan
-        d = plan.d
-        req.routed = t
-        req.life.apply(Event.ROUTE, t)
-        req.life.apply(Event.ENQUEUE_PREFILL, t)
-        if self.decisions is not None and self.options.decisions:
-            self.decisions.write(t, [("decision", float(d.incremental_tokens),
-                                      {"request_id": req.rid, "prefill": d.prefill_node, "decode": d.decode_node,
-                                       "cached": str(d.cached_tokens), "bandwidth": r.bandwidth,
-                                       "threshold": "" if d.threshold is None else f"{d.threshold:g}",
-                                       "reason": d.reason})])
-        # What the request moves: the KV the decode side lacks (paper bytes).
-        req.kv_paper = self.kv.incremental(tr.input_tokens, d.decode_cached_tokens)
-        r.inflight += 1
-        if d.cache_move is not None and plan.move_src is not None:
-            r.cache_moves += 1
-            req.move_start = t
-            req.move_wire = max(self.scale.wire_bytes(plan.move_bytes_paper), 1)
-            path = self.net.path(plan.move_src, d.prefill_node)
-            self.net.push(path, t, req.move_wire * self.scale.byte_scale)
-            self.net.mark(path, self.net.position(path), self._move_sent, (req, path))
-        self.prefill[d.prefill_node].submit(req, t)
+        self.router.arrive(i, tr, self.loop.now)
 
-    def _move_sent(self, arg: tuple[SimRequest, NetPath], t: float) -> None:
-        req, path = arg
-        self.loop.at(t + path.delay, KV_ARRIVAL, self._move_arrived, req)
-
-    def _move_arrived(self, req: SimRequest) -> None:
-        assert req.plan is not None
-        self.prefill[req.plan.d.prefill_node].move_arrived(req, self.loop.now)
+    # -- what the instances and the router call (`testbed.sim.host.Host`) ------------------------
 
     def transfer_handed(self, req: SimRequest, path: NetPath, pos: float) -> None:
-        """The prefill's compute ended with its KV up to `pos` in `path`: the prefill node answers
-        the router once the rest fits in its sockets' buffers; the decode node holds the KV once
-        the last byte has crossed."""
-        sockets = path.tcp.send_buffer * path.conns
-        self.net.mark(path, pos - sockets, self._prefill_answered, req)
-        self.net.mark(path, pos, self._kv_sent, (req, path))
-
-    def _prefill_answered(self, req: SimRequest, t: float) -> None:
-        plan = req.plan
-        assert plan is not None
-        r = self.router
-        req.prefill_seen = True
-        r.tracker.prefill_done(plan.d, plan.work)
-        if r.book is not None:
-            if plan.d.cache_move is not None:
-                r.book.moved(req.rid, plan.hashes, plan.d)
-            r.book.prefilled(req.rid, plan.hashes, req.tr.input_tokens, plan.d)
-        self._note_tail(req)
-
-    def _kv_sent(self, arg: tuple[SimRequest, NetPath], t: float) -> None:
-        req, path = arg
-        self.loop.at(t + path.delay, KV_ARRIVAL, self._kv_arrived, req)
-
-    def _kv_arrived(self, req: SimRequest) -> None:
-        t = self.loop.now
-        plan = req.plan
-        assert plan is not None
-        req.transfer_end = t
-        req.life.apply(Event.KV_COMPLETE, t)
-        self._note_tail(req)
-        if self.router.book is not None:
-            self.router.book.kv_complete(req.rid, plan.hashes, req.tr.input_tokens, plan.d)
-        self.decode[plan.d.decode_node].kv_arrived(req, t)
-
-    def _note_tail(self, req: SimRequest) -> None:
-        plan = req.plan
-        if plan is not None and plan.d.crossed_wan and req.prefill_seen and not math.isnan(req.transfer_end):
-            self.router.tails.append(max(req.transfer_end - req.end, 0.0))
+        self.router.transfer_handed(req, path, pos)
 
     def finished(self, req: SimRequest, t: float) -> None:
-        req.life.apply(Event.FIRST_TOKEN, req.first)
-        req.life.apply(Event.FINISH, t)
-        req.outcome = "completed"
-        self.stats.completed += 1
-        self._close(req, t)
+        self.router.finished(req, t)
 
-    def fail(self, req: SimRequest, reason: str, t: float) -> None:
-        if not req.life.done:
-            req.life.apply(Event.FAIL, t, reason)
-        req.outcome, req.reason = "failed", reason
-        self.stats.failed += 1
-        plan = req.plan
-        if plan is not None and not req.prefill_seen:
-            self.router.tracker.prefill_done(plan.d, plan.work)
-        self._close(req, t)
+    def attempt_failed(self, req: SimRequest, reason: str, t: float) -> None:
+        self.router.attempt_failed(req, reason, t)
 
-    def _close(self, req: SimRequest, t: float) -> None:
-        plan = req.plan
-        r = self.router
-        if plan is not None:
-            r.inflight -= 1
-            r.tracker.decode_done(plan.d)
-            if r.book is not None:
-                r.book.finished(req.rid, plan.d)
+    def closed(self, req: SimRequest, t: float) -> None:
+        """The request is done, completed or failed: its record is written."""
+        if req.outcome == "completed":
+            self.stats.completed += 1
+        else:
+            self.stats.failed += 1
         rec = req.record(self.scale)
         if self.writer is not None:
             self.writer.write(rec)
-        else:
-            self.stats.records.append(rec)
+        self.stats.records.append(rec)       # the summary's, without reading records.csv again
         self.open -= 1
         if self.open == 0:
             self.stats.t_end = t
+
+    @property
+    def keeps_decisions(self) -> bool:
+        return self.run_dir is not None and self.options.decisions
+
+    def write_decision(self, t: float, samples: list[Sample], always: bool = False) -> None:
+        """A line of `decisions.jsonl` (per-request decisions only when the options keep them)."""
+        if self.decisions is not None and (always or self.options.decisions):
+            self.decisions.write(t, samples)
+
+    # -- the instances' processes (faults) --------------------------------------------------------
+
+    def answers(self, node: str) -> bool:
+        return self.life[node] == "up"
+
+    def when_resumed(self, node: str, fn: Callable[[Any], None]) -> None:
+        """Run `fn` once the paused `node` resumes (dropped if it is killed instead)."""
+        self._resumed.setdefault(node, []).append(fn)
+
+    def reachable(self, node: str) -> bool:
+        """The router's calls get through to `node` now."""
+        return not self.net.dark(self.router_dc, self.node_dc[node])
+
+    def http_delay(self, node: str) -> float:
+        """One way from the router to `node` and back the same: the WAN's delay if it is elsewhere."""
+        dc = self.node_dc[node]
+        return 0.0 if dc == self.router_dc else self.net.wan[(self.router_dc, dc)].delay
+
+    def when_reachable(self, node: str, fn: Callable[[Any], None]) -> None:
+        """Run `fn` when a call sent to `node` now gets through: TCP retransmits it on its timer,
+        so at the first retransmission after the link is back."""
+        self._unreachable.setdefault(self.node_dc[node], []).append((self.loop.now, fn))
+
+    def _links_back(self, t: float) -> None:
+        for dc, waiting in list(self._unreachable.items()):
+            if self.net.dark(self.router_dc, dc):
+                continue
+            del self._unreachable[dc]
+            rtt = 2.0 * self.net.wan[(self.router_dc, dc)].delay
+            for sent, fn in waiting:
+                self.loop.at(rto_instant(sent, t, rtt, self.scale.speedup), ARRIVAL, fn)
+
+    def kill(self, node: str, t: float) -> None:
+        if self.life[node] == "down":
+            return
+        self.life[node] = "down"
+        self._resumed.pop(node, None)
+        net = self.net
+        if self.roles[node] == "prefill":
+            self.prefill[node].kill(t)
+            self.router.node_lost(node, "prefill", t)
+            for (src, _), p in list(net.paths.items()):
+                if src == node:
+                    net.withdraw(p, 0.0, math.inf)
+        else:
+            self.decode[node].kill()
+            self.router.node_lost(node, "decode", t)
+            for (_, dst), p in list(net.paths.items()):
+                if dst == node:
+                    net.withdraw(p, 0.0, math.inf)
+
+    def start(self, node: str, t: float) -> None:
+        """A killed instance runs again, empty."""
+        if self.life[node] == "down":
+            self.life[node] = "up"
+
+    def pause(self, node: str, t: float) -> None:
+        if self.life[node] != "up":
+            return
+        self.life[node] = "paused"
+        if self.roles[node] == "prefill":
+            self.prefill[node].pause(t)
+        else:
+            self.decode[node].pause(t)
+
+    def resume(self, node: str, t: float) -> None:
+        if self.life[node] != "paused":
+            return
+        self.life[node] = "up"
+        if self.roles[node] == "prefill":
+            self.prefill[node].resume(t)
+        else:
+            self.decode[node].resume(t)
+        for fn in self._resumed.pop(node, []):
+            fn(None)
+
+    def slow(self, node: str, factor: float, until: float | None, t: float) -> None:
+        if self.roles[node] == "prefill":
+            self.prefill[node].slow.set(factor, until)
+            return
+        dn = self.decode[node]
+        dn.slow.set(factor, until)
+        dn.slow_changed(t)
+        if until is not None:
+            self.loop.at(until, FAULT, lambda _: dn.slow_changed(self.loop.now))
 
     # -- time series ---------------------------------------------------------------------------
 
@@ -360,23 +406,19 @@ class Simulation:
         b = self.scale.byte_scale
         net = self.net
         out = self.series["nodes"]
+        wan = net.faults
         for nid, p in self.prefill.items():
             backlog = sum(path.queued(t) for path in net.greedy_of[nid])
-            out.source_write(t, nid, [
-                ("queue_depth", float(p.queue.depth), {}),
-                ("running", 1.0 if p.running else 0.0, {}),
-                ("kv_backlog_bytes", backlog / b, {}),
-                ("kv_bytes_sent", net.sent[nid].at(t) / b, {}),
-            ])
+            samples = p.queue.samples(backlog / b, net.sent[nid].at(t) / b)
+            if self.faults is not None:
+                # What connection losses cost, as the live senders count it (the report's Faults section).
+                samples += [("kv_resumes", float(wan.resumes[nid]), {}),
+                            ("kv_bytes_resent", wan.resent[nid] / b, {}),
+                            ("kv_transfers_failed", float(wan.failed[nid]), {})]
+            out.source_write(t, nid, samples)
         for nid, dn in self.decode.items():
-            bt = dn.batch
-            out.source_write(t, nid, [
-                ("running_batch", float(len(bt.running)), {}),
-                ("queue_depth", float(len(bt.waiting)), {}),
-                ("kv_usage_bytes", float(bt.kv_used), {}),
-                ("kv_bytes_received", net.received[nid].at(t) / b, {}),
-            ])
-        self.series["router"].write(t, self.router.samples())
+            out.source_write(t, nid, dn.loop.samples(net.received[nid].at(t) / b))
+        self.series["router"].write(t, self.router.books.samples())
 
     def _write(self, name: str, t: float, samples: list[Sample]) -> None:
         f = self.series.get(name)
@@ -384,15 +426,15 @@ class Simulation:
             f.write(t, samples)
 
     def _write_decisions(self, t: float, samples: list[Sample]) -> None:
-        if self.decisions is not None:
-            self.decisions.write(t, samples)
+        self.write_decision(t, samples, always=True)
 
 
 def simulate(rs: ResolvedScenario, trace: Trace, run_dir: Path | None = None,
-             options: SimOptions = SimOptions()) -> SimStats:
-    """Simulate `trace` on the scenario; with `run_dir`, write records.csv, timeseries/ and
-    decisions.jsonl into it (run.json, summary and report are the caller's)."""
-    return Simulation(rs, trace, run_dir, options).run()
+             options: SimOptions = SimOptions(), costs: LivePathCosts | None = None) -> SimStats:
+    """Simulate `trace` on the scenario; with `run_dir`, write records.csv, timeseries/,
+    decisions.jsonl and (with faults) faults.jsonl into it (run.json, summary and report are the
+    caller's). `costs`: the live path's, default the scenario's (`sim.live_path`)."""
+    return Simulation(rs, trace, run_dir, options, costs).run()
 
 
 def shaping(rs: ResolvedScenario) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from testbed.config.cli_args import StoreOnce
+from testbed.config.cli_args import StoreOnce, out_file
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
 from testbed.core.scenario import DecodeSpec, Scenario, size_bytes
 from testbed.model.calibrate import (
@@ -83,10 +83,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fit.add_argument("--degree", type=int, default=2, help="polynomial degree (default 2)")
     fit.add_argument("--holdout-every", type=int, default=5, metavar="K",
                      help="score every K-th point held out of the fit (default 5; 0 = none)")
+    fit.add_argument("--overhead", type=overhead_arg, default=None, metavar="fit|SECONDS",
+                     help="the fixed time per prefill (overhead_s): fit = the fitted curve's own time at zero "
+                          "uncached tokens, named (default); SECONDS = known, the curve fitted to what remains")
     out = p.add_argument_group("output")
     out.add_argument("--name", help="hardware profile name to write (hardware.NAME)")
     out.add_argument("--scenario", action=StoreOnce, metavar="S", help="base scenario the written one extends (name or path)")
-    out.add_argument("--out", type=Path, metavar="FILE", help="write the scenario (or the block) here")
+    out.add_argument("--out", action=StoreOnce, type=out_file, metavar="FILE", help="write the scenario (or the block) here")
     out.add_argument("--block-only", action="store_true",
                      help="write only `hardware: {NAME: ...}` (a fragment for a list `extends`)")
     out.add_argument("--bs-max", type=int, help="decode BS_max (default: the base's hardware.NAME)")
@@ -96,6 +99,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help=f"print every point (default: the {SHOWN_POINTS} with the largest errors)")
     out.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=cmd_calibrate)
+
+
+def overhead_arg(text: str) -> float | None:
+    """`fit` -> None (split it off the fitted curve), else seconds >= 0."""
+    if text.strip().lower() == "fit":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'fit' nor a number of seconds") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the overhead must be a finite number of seconds >= 0")
+    return v
 
 
 @dataclass
@@ -157,8 +173,9 @@ def calibrate(args: argparse.Namespace) -> Calibration:
             notes += more
     prefill: PrefillFit | None = None
     if pre:
-        prefill = (fit_prefill_table(pre, args.points, args.holdout_every) if args.prefill == "table"
-                   else fit_prefill_polynomial(pre, args.degree, args.holdout_every))
+        overhead = getattr(args, "overhead", None)
+        prefill = (fit_prefill_table(pre, args.points, args.holdout_every, overhead) if args.prefill == "table"
+                   else fit_prefill_polynomial(pre, args.degree, args.holdout_every, overhead))
     if prefill is None and decode is None:
         raise CalibrationError("the measurements gave neither prefill nor decode points")
     return Calibration(sources, notes, prefill, decode)
@@ -182,7 +199,9 @@ def block_of(cal: Calibration, bs_max: int | None, kv_capacity: int | None) -> d
             d["points"] = [[_g(x), _g(y)] for x, y in spec.points]
         else:
             d["coefficients"] = [_g(c) for c in spec.coefficients]
+        d["overhead_s"] = _g(spec.overhead_s)
         d["cached_token_s"] = _g(spec.cached_token_s)
+        d["cached_attention_s"] = _g(spec.cached_attention_s)
         block["prefill"] = d
     if cal.decode is not None:
         f = cal.decode
@@ -193,6 +212,15 @@ def block_of(cal: Calibration, bs_max: int | None, kv_capacity: int | None) -> d
         if kv_capacity is not None:
             dd["kv_capacity_bytes"] = kv_capacity
         block["decode"] = dd
+    fit: dict[str, Any] = {}
+    scores = (("prefill", cal.prefill.train, cal.prefill.held_out) if cal.prefill is not None else None,
+              ("decode", cal.decode.train, cal.decode.held_out) if cal.decode is not None else None)
+    for part, train, held in (s for s in scores if s is not None):
+        fit[f"{part}_points"] = train.n
+        fit[f"{part}_max_abs_rel_error"] = _g(train.max_abs)
+        if held is not None:
+            fit[f"{part}_held_out_max_abs_rel_error"] = _g(held.max_abs)
+    block["provenance"] = {"source": "calibrate", "tool": "testbed calibrate", "fit": fit, "notes": list(cal.sources)}
     return block
 
 
@@ -207,7 +235,8 @@ def _prefill_title(f: PrefillFit) -> str:
     spec = f.spec
     shape = (f"table of {len(spec.points)} points over uncached tokens" if spec.kind == "table"
              else f"polynomial of degree {len(spec.coefficients) - 1} in uncached tokens")
-    return f"{shape}, cached_token_s {spec.cached_token_s:.3g}"
+    return (f"{shape}, fixed overhead_s {spec.overhead_s:.4g} s per prefill, cached_token_s "
+            f"{spec.cached_token_s:.3g}, cached_attention_s {spec.cached_attention_s:.3g}")
 
 
 def _held(every: int) -> str:
@@ -256,6 +285,10 @@ def _write_atomic(path: Path, text: str, check: Callable[[Path], None] | None = 
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        # mkstemp's file is private (0600); the written profile is an ordinary file.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         if check is not None:
             check(Path(tmp))
         os.replace(tmp, path)

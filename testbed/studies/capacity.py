@@ -24,8 +24,10 @@ from pathlib import Path
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
 from testbed.core.scenario import Scenario
+from testbed.deploy.registry import is_simulated
 from testbed.metrics.records import read_records
 from testbed.metrics.stats import percentile
+from testbed.traces.types import Trace
 
 SLO_SLACK = 1.01        # the testbed's own timing error (see metrics.summary.SLO_TIMING_TOLERANCE)
 # The mock decode step does not slow with load, so TPOT moves only with timer lateness (a few
@@ -90,23 +92,43 @@ def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_sl
     return not reasons, reasons, figures
 
 
-async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, growth_limit: float,
-                 ttft_slo: float, growth_s: float | None = None) -> Probe:
-    from testbed.studies.runner import run_replay_async
+def workload_at(rs: ResolvedScenario, rate: float, trace: Trace | None = None) -> tuple[ResolvedScenario, Trace]:
+    """The scenario and its workload at `rate` paper req/s: the scenario's synthetic workload, or
+    `trace` (testbed capacity --trace) with its arrivals rescaled to that rate."""
+    from testbed.studies.run_args import at_rate
     from testbed.traces.loader import trace_from_workload
 
-    sc = rs.spec
     rs_r = rs.at_rate(rate)
-    run_dir = out / f"rate-{rate:.3f}"
-    # A simulated probe takes a fraction of a second; its report's plots would take seconds more
-    # (its summary.json is written, and `testbed report` renders the rest on demand).
-    res = await run_replay_async(rs_r, trace_from_workload(rs_r.spec.workload), run_dir, backend,
-                                 name=f"{sc.name} @ {rate:.3f} req/s", report=backend != "sim")
+    return rs_r, trace_from_workload(rs_r.spec.workload) if trace is None else at_rate(trace, rate)
+
+
+INVALID_RERUNS = 2
+
+
+async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, growth_limit: float,
+                 ttft_slo: float, growth_s: float | None = None, trace: Trace | None = None) -> Probe:
+    from testbed.studies.runner import run_replay_async
+
+    sc = rs.spec
+    rs_r, tr = workload_at(rs, rate, trace)
+    # A probe whose run the testbed marked invalid (its timing not faithful: a busy host) says
+    # nothing about the deployment: it is run again, up to INVALID_RERUNS times, and if it stays
+    # invalid it is judged as measured with the reason beside its verdict.
+    for attempt in range(INVALID_RERUNS + 1):
+        run_dir = out / (f"rate-{rate:.3f}" + (f"-rerun{attempt}" if attempt else ""))
+        # A simulated probe takes a fraction of a second; its report's plots would take seconds
+        # more (its summary.json is written, and `testbed report` renders the rest on demand).
+        res = await run_replay_async(rs_r, tr, run_dir, backend,
+                                     name=f"{sc.name} @ {rate:.3f} req/s", report=not is_simulated(backend))
+        if res.interrupted or res.summary.valid:
+            break
     recs = read_records(run_dir / "records.csv")
     ok, reasons, fig = judge(recs, sc.scale.speedup, ttft_slo, sc.slo.tpot_s, growth_limit, growth_s)
+    if not res.summary.valid and res.summary.validity is not None:
+        reasons = reasons + [f"run invalid after {attempt + 1} tries: {'; '.join(res.summary.validity.reasons)}"]
     if res.interrupted:
         ok, reasons = False, reasons + ["interrupted"]
-    thr = res.summary.get("throughput", {}).get("completed_rps_paper")
+    thr = res.summary.throughput.completed_rps_paper
     return Probe(rate, str(run_dir), ok, reasons, sum(r.outcome == "completed" for r in recs), len(recs),
                  fig["ttft_mean_s"], fig["ttft_p90_s"], fig["tpot_p90_s"], fig["wait_first_s"],
                  fig["wait_last_s"], thr)
@@ -125,14 +147,15 @@ def model_lambda(sc: Scenario, link_bps: float = 100e9) -> float | None:
 
 async def search(rs: ResolvedScenario, out: Path, backend: str, lo: float, hi: float, probes: int,
                  growth_limit: float, ttft_slo: float, verbose: bool = True,
-                 growth_s: float | None = None) -> CapacityResult:
+                 growth_s: float | None = None, trace: Trace | None = None) -> CapacityResult:
     """Bisection: `lo` should be stable and `hi` unstable; each is checked, and widened (halved or
-    doubled) if it is not, before the interval is halved `probes` times in all."""
+    doubled) if it is not, before the interval is halved `probes` times in all. Each probe
+    replays the scenario's workload, or `trace`, at its rate."""
     sc = rs.spec
     res = CapacityResult(sc.name, None, None, model_lambda(sc, rs.inter_dc.rate), ttft_slo, sc.slo.tpot_s)
 
     async def run(rate: float) -> bool:
-        p = await _probe(rs, rate, out, backend, growth_limit, ttft_slo, growth_s)
+        p = await _probe(rs, rate, out, backend, growth_limit, ttft_slo, growth_s, trace)
         res.probes.append(p)
         if verbose:
             print(f"  {rate:.3f} req/s: {'stable' if p.stable else 'UNSTABLE'}"

@@ -13,10 +13,12 @@ from pathlib import Path
 
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.resolved import ResolvedScenario
-from testbed.config.overrides import overrides_for
+from testbed.deploy import registry
 from testbed.studies.capacity import model_lambda, search, write_outputs
 from testbed.studies.load import load
 from testbed.studies.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
+from testbed.studies.run_args import add_run_args, run_overrides, trace_for
+from testbed.traces.types import Trace
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,9 +27,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                         "Table 6")
     p.add_argument("--scenario", action="append", required=True,
                    help="scenario (repeatable: several give table6.md with the model beside the measurements)")
-    p.add_argument("--backend", action=StoreOnce, choices=["auto", "netns", "local", "inproc", "sim"], default="auto",
-                   help="sim: every probe by the discrete-event simulator (seconds instead of minutes)")
-    p.add_argument("--requests", type=int, default=240, help="requests per probe (default 240)")
+    p.add_argument("--backend", action=StoreOnce,
+                   **registry.backend_option(lead="where every probe runs (sim: seconds instead of minutes)"))
+    add_run_args(p, rate=False, requests_default=240,
+                 requests_help="requests per probe (default 240; with --trace, its first N after --window and --sample)")
     p.add_argument("--lo", type=float, help="a rate expected to be stable (default 0.6 x the model's Lambda_max)")
     p.add_argument("--hi", type=float, help="a rate expected to be unstable (default 1.3 x the model's Lambda_max)")
     p.add_argument("--probes", type=int, default=6, help="replays in all (default 6)")
@@ -51,18 +54,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from testbed.studies.runner import pick_backend
+    from testbed.deploy.registry import pick_backend, refuse_unhonoured
 
-    scenarios = []
-    for name in args.scenario:
-        ov = overrides_for(name, args.set)
-        ov.setdefault("workload", {})["requests"] = args.requests
-        scenarios.append(load(name, ov))
+    scenarios = [load(name, run_overrides(args, name)) for name in args.scenario]
+    trace = trace_for(None, args) if args.trace is not None else None
+    n = args.requests if trace is None else len(trace)
     backend, warning = pick_backend(args.backend)
+    refuse_unhonoured(backend, scenarios)
+    registry.check_host(backend)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     if len(scenarios) > 1:
-        return _cmd_table(args, scenarios, backend)
+        return _cmd_table(args, scenarios, backend, trace)
     rs = scenarios[0]
     sc = rs.spec
     model = model_lambda(sc, rs.inter_dc.rate)
@@ -72,10 +75,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ttft_slo = args.ttft_slo or sc.slo.ttft_s
     print(f"capacity of {sc.name}: bisection in [{lo:.3f}, {hi:.3f}] req/s, {args.probes} probes of "
-          f"{args.requests} requests, backend {backend} -> {out}", file=sys.stderr)
+          f"{n} requests{'' if trace is None else ' of ' + trace.source}, backend {backend} -> {out}", file=sys.stderr)
     try:
         res = asyncio.run(search(rs, out, backend, lo, hi, args.probes, args.growth_limit, ttft_slo,
-                                 growth_s=args.wait_growth))
+                                 growth_s=args.wait_growth, trace=trace))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -87,13 +90,14 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], backend: str) -> int:
+def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], backend: str,
+               trace: Trace | None) -> int:
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-table6"
     out.mkdir(parents=True, exist_ok=True)
     ttft_slo = args.ttft_slo or max(rs.spec.slo.ttft_s for rs in scenarios)
     growth = args.wait_growth if args.wait_growth is not None else DEFAULT_GROWTH_S
-    print(f"Table 6 by {'simulation' if backend == 'sim' else 'emulation'}: {', '.join(rs.name for rs in scenarios)}; "
-          f"{args.probes} probes of {args.requests} "
+    print(f"Table 6 by {'simulation' if registry.is_simulated(backend) else 'emulation'}: {', '.join(rs.name for rs in scenarios)}; "
+          f"{args.probes} probes of {args.requests if trace is None else len(trace)} "
           f"requests each, backend {backend} -> {out}", file=sys.stderr)
     if args.table_only:
         try:
@@ -105,7 +109,7 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], back
         return 0
     try:
         deps = asyncio.run(run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate,
-                                     args.spread))
+                                     args.spread, trace))
     except KeyboardInterrupt:
         print(f"interrupted: probes so far kept under {out}", file=sys.stderr)
         return 130

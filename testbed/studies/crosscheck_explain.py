@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from testbed.core.record import RequestRecord
+from testbed.metrics.artefacts import Summary
 from testbed.studies import crosscheck_stages as st
 
 
@@ -19,37 +20,33 @@ class Side:
 
     label: str
     run_dir: str
-    summary: dict[str, Any]
+    summary: Summary
     records: Sequence[RequestRecord]
 
     @property
     def speedup(self) -> float:
-        return float(self.summary["run"]["speedup"])
+        return self.summary.run.speedup
 
     def runrecords(self) -> st.RunRecords:
         return st.RunRecords(self.label, self.records, self.speedup)
 
-    def get(self, *path: str) -> float | None:
-        """A finite number of summary.json at `path`, else None."""
-        v: Any = self.summary
-        for k in path:
-            if not isinstance(v, Mapping) or k not in v:
-                return None
-            v = v[k]
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
-
     def wan_total(self) -> float | None:
         """Every byte completed requests put on the WAN by the records: KV and cached-prefix moves."""
-        kv, move = self.get("bytes", "wan_total_paper"), self.get("bytes", "cache_move_paper")
-        return None if kv is None else kv + (move or 0.0)
+        return finite(self.summary.bytes.wan_total_paper + self.summary.bytes.cache_move_paper)
 
     def link_bytes(self) -> float | None:
         """Bytes the KV direction's interface counters saw (None without a shaped link)."""
-        link = (self.summary.get("wan_link") or {}).get("link")
-        return self.get("wan_link", "links", link, "bytes_paper") if isinstance(link, str) else None
+        w = self.summary.wan_link
+        usage = w.links.get(w.link) if w.link is not None else None
+        return None if usage is None else finite(usage.bytes_paper)
 
     def invalid(self) -> bool:
-        return (self.summary.get("validity") or {}).get("valid") is False
+        return not self.summary.valid
+
+
+def finite(v: float | None) -> float | None:
+    """A summary figure for comparison: None unless a finite number."""
+    return v if v is not None and math.isfinite(v) else None
 
 
 @dataclass(frozen=True)
@@ -93,12 +90,12 @@ def _gb(x: float) -> str:
 
 
 def fidelity_text(side: Side) -> str:
-    f = side.summary.get("fidelity") or {}
-    return (f"prefill timing error {_opt(f.get('prefill_rel_err_median'), '{:.1%}')} (median), decode steps late "
-            f"{_opt(f.get('decode_step_late_share'), '{:.1%}')}, token delivery lag P90 "
-            f"{_opt(f.get('token_lag_p90_s_paper'), '{:.3f} s')}, router overhead P90 "
-            f"{_opt(f.get('router_overhead_p90_s_paper'), '{:.3f} s')}, host CPU busy "
-            f"{_opt(f.get('cpu_busy_mean'), '{:.0%}')} (saturated {_opt(f.get('cpu_saturated_share'), '{:.0%}')} "
+    f = side.summary.fidelity
+    return (f"prefill timing error {_opt(f.prefill_rel_err_median, '{:.1%}')} (median), decode steps late "
+            f"{_opt(f.decode_step_late_share, '{:.1%}')}, token delivery lag P90 "
+            f"{_opt(f.token_lag_p90_s_paper, '{:.3f} s')}, router overhead P90 "
+            f"{_opt(f.router_overhead_p90_s_paper, '{:.3f} s')}, host CPU busy "
+            f"{_opt(f.cpu_busy_mean, '{:.0%}')} (saturated {_opt(f.cpu_saturated_share, '{:.0%}')} "
             "of the run)")
 
 
@@ -119,11 +116,11 @@ def _ttft(band: tuple[float, float] | None, over: str) -> Callable[[Context], st
 
 def _tpot(c: Context) -> str:
     med = st.median_paired(c.pairing.pairs, lambda r: r.tpot, c.a.speedup, c.b.speedup)
-    f = c.emu.summary.get("fidelity") or {}
+    f = c.emu.summary.fidelity
     return (f"Per request, simulated minus emulated TPOT has median {_opt(None if med is None else med * 1e3, '{:+.2f} ms')}"
             f"; the simulator's TPOT is the modelled decode step, while the emulation's decode steps fell "
-            f"{_opt(f.get('decode_step_late_share'), '{:.1%}')} behind the model and its token delivery lag P90 "
-            f"was {_opt(f.get('token_lag_p90_s_paper'), '{:.3f} s')}.")
+            f"{_opt(f.decode_step_late_share, '{:.1%}')} behind the model and its token delivery lag P90 "
+            f"was {_opt(f.token_lag_p90_s_paper, '{:.3f} s')}.")
 
 
 def _lengths(recs: Sequence[RequestRecord]) -> str:
@@ -158,14 +155,14 @@ def _wan_bytes(c: Context) -> str:
 
 
 def _link(c: Context) -> str:
-    ra, rb = c.sim.get("wan_link", "counters_over_records"), c.emu.get("wan_link", "counters_over_records")
+    ra, rb = finite(c.sim.summary.wan_link.counters_over_records), finite(c.emu.summary.wan_link.counters_over_records)
     return (f"Interface counters over the KV bytes the records say crossed: {_opt(ra, '{:.4f}')} simulated (headers "
             f"at the link profile's MTU), {_opt(rb, '{:.4f}')} emulated (headers of the emulator's own links); the "
             f"records' WAN bytes differ by {_pct(rel(c.sim.wan_total(), c.emu.wan_total()))}.")
 
 
 def _throughput(c: Context) -> str:
-    da, db = c.sim.get("run", "duration_s_paper"), c.emu.get("run", "duration_s_paper")
+    da, db = finite(c.sim.summary.run.duration_s_paper), finite(c.emu.summary.run.duration_s_paper)
     return (f"Completed {len(c.a.completed())} simulated and {len(c.b.completed())} emulated requests over "
             f"{_opt(da, '{:.1f}')} and {_opt(db, '{:.1f}')} paper s: the run's duration (to its last completion) "
             f"differs by {_pct(rel(da, db))}.")
@@ -198,7 +195,7 @@ def _by_path(value: Callable[[RequestRecord], float]) -> Callable[[Context], str
 
 
 def _unshaped(side: Side) -> bool:
-    return (side.summary.get("run") or {}).get("shaping_method") == "none"
+    return side.summary.run.shaping_method == "none"
 
 
 EXPLAINERS: dict[str, Callable[[Context], str]] = {
@@ -229,14 +226,15 @@ def notes(c: Context) -> list[str]:
     """What holds for every metric: the emulation's validity, requests completed or routed differently."""
     out = []
     if c.emu.invalid():
-        reasons = (c.emu.summary.get("validity") or {}).get("reasons") or ["no reason recorded"]
+        val = c.emu.summary.validity
+        reasons = (val.reasons if val else None) or ["no reason recorded"]
         out.append("The emulation was marked invalid, its timing not faithful to the scenario: " + "; ".join(reasons)
                    + ". Its fidelity figures: " + fidelity_text(c.emu) + ".")
     if _unshaped(c.emu):
         out.append("The emulation's links were not shaped (shaping none, a loopback backend): WAN delay and rate "
                    "are not emulated there, so transfer times and the TTFT they feed are not the scenario's.")
     if c.pairing.only_a or c.pairing.only_b:
-        failed = (c.emu.summary.get("requests") or {}).get("failure_reasons") or {}
+        failed = c.emu.summary.requests.failure_reasons
         out.append(f"Completed in one run only: {c.pairing.only_a} in the simulation, {c.pairing.only_b} in the "
                    "emulation (the emulation's failures: "
                    + (", ".join(f"{k} x{v}" for k, v in failed.items()) or "none") + ").")

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from testbed.studies import crosscheck_faults
 from testbed.studies.crosscheck_table import Crosscheck
 
 COLUMNS = ("metric", "model", "sim", "emulation", "sim vs emulation", "tolerance", "verdict")
@@ -35,12 +36,14 @@ def markdown(c: Crosscheck, level: int = 1) -> list[str]:
         lines += ["", f"{h}# Where simulation and emulation differ", ""]
         lines += [f"- {n}" for n in c.notes]
         lines += [f"- **{r.label}** ({r.cells['diff']}, {r.verdict}): {r.explanation}" for r in explained]
-    failed = c.failed
+    lines += crosscheck_faults.markdown(c.faults, h)
+    failed = c.failed_labels()
     if c.emulation_dir is None:
         lines += ["", "Verdict: none (no emulation to judge the simulation against)."]
     else:
-        lines += ["", f"Verdict: {len(failed)} of {sum(r.tolerance != '' for r in c.rows)} judged metrics outside "
-                      "tolerance" + (": " + ", ".join(r.label for r in failed) if failed else "") + "."]
+        judged = sum(r.tolerance != "" for r in c.rows) + len(c.faults)
+        lines += ["", f"Verdict: {len(failed)} of {judged} judged metrics outside tolerance"
+                      + (": " + ", ".join(failed) if failed else "") + "."]
     return lines
 
 
@@ -78,3 +81,17 @@ def print_table(c: Crosscheck, console: Console | None = None) -> None:
     for r in c.rows:
         if r.explanation:
             console.print(Text(f"{r.label} ({r.cells['diff']}): {r.explanation}"))
+    if c.faults:
+        ft = Table(title=Text(f"{c.scenario}: faults, simulation against emulation (paper units)"))
+        for i, col in enumerate(("fault", "metric", "sim", "emulation", "tolerance", "verdict")):
+            ft.add_column(col, justify="right" if i in (2, 3) else "left")
+        for fr in c.faults:
+            cells = fr.cells()
+            style = {"FAIL": "red", "n/a": "yellow", "ok": "green"}.get(cells[-1], "")
+            ft.add_row(*(Text(x) for x in cells[:-1]), Text(cells[-1], style=style))
+        console.print(ft)
+        seen: set[str] = set()
+        for fr in c.faults:
+            if fr.explanation and fr.explanation not in seen:
+                seen.add(fr.explanation)
+                console.print(Text(f"fault #{fr.fault} {fr.kind}, failed and retried: {fr.explanation}"))

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
 from testbed.studies import crosscheck_stages as st
-from testbed.studies.crosscheck_explain import Context, Side, explain, notes, rel
+from testbed.studies.crosscheck_explain import Context, Side, explain, finite, notes, rel
+from testbed.studies.crosscheck_faults import FaultRow, fault_rows
 
 EXPLAIN_ABOVE = 0.05
 
@@ -44,22 +45,23 @@ class Metric:
 TTFT_TOL = Tolerance(0.05)
 WAN_TOL = Tolerance(0.03)
 METRICS: tuple[Metric, ...] = (
-    Metric("throughput", "throughput, completed (req/s)", 1, "{:.3f}", lambda s: s.get("throughput", "completed_rps_paper")),
-    Metric("ttft_mean", "TTFT mean (s)", 1, "{:.3f}", lambda s: s.get("ttft_s", "mean"), TTFT_TOL, floor=0.01),
-    Metric("ttft_p50", "TTFT P50 (s)", 1, "{:.3f}", lambda s: s.get("ttft_s", "p50"), floor=0.01),
-    Metric("ttft_p90", "TTFT P90 (s)", 1, "{:.3f}", lambda s: s.get("ttft_s", "p90"), TTFT_TOL, floor=0.01),
-    Metric("tpot_mean", "TPOT mean (ms)", 1e3, "{:.2f}", lambda s: s.get("tpot_s", "mean"), Tolerance(0.02)),
-    Metric("offload_ratio", "offload ratio", 100, "{:.1f}%", lambda s: s.get("offload", "ratio"),
+    Metric("throughput", "throughput, completed (req/s)", 1, "{:.3f}",
+           lambda s: finite(s.summary.throughput.completed_rps_paper)),
+    Metric("ttft_mean", "TTFT mean (s)", 1, "{:.3f}", lambda s: finite(s.summary.ttft_s.mean), TTFT_TOL, floor=0.01),
+    Metric("ttft_p50", "TTFT P50 (s)", 1, "{:.3f}", lambda s: finite(s.summary.ttft_s.p50), floor=0.01),
+    Metric("ttft_p90", "TTFT P90 (s)", 1, "{:.3f}", lambda s: finite(s.summary.ttft_s.p90), TTFT_TOL, floor=0.01),
+    Metric("tpot_mean", "TPOT mean (ms)", 1e3, "{:.2f}", lambda s: finite(s.summary.tpot_s.mean), Tolerance(0.02)),
+    Metric("offload_ratio", "offload ratio", 100, "{:.1f}%", lambda s: finite(s.summary.offload.ratio),
            Tolerance(0.01, absolute=True)),
     Metric("wan_bytes_total", "WAN bytes, total (GB)", 1e-9, "{:.2f}", Side.wan_total, WAN_TOL),
     Metric("wan_bytes_per_request", "WAN bytes per request (MB)", 1e-6, "{:.1f}",
-           lambda s: s.get("bytes", "wan_per_request_paper"), WAN_TOL),
+           lambda s: finite(s.summary.bytes.wan_per_request_paper), WAN_TOL),
     Metric("wan_link_bytes", "WAN link bytes, counters (GB)", 1e-9, "{:.2f}", Side.link_bytes, WAN_TOL, on_link=True),
-    Metric("prefill_queue", "prefill queue wait mean (s)", 1, "{:.3f}", lambda s: s.get("ttft_breakdown_s", "prefill_queue"),
+    Metric("prefill_queue", "prefill queue wait mean (s)", 1, "{:.3f}", lambda s: finite(s.summary.ttft_breakdown_s.prefill_queue),
            floor=0.01),
     Metric("transfer_time", "KV transfer time mean (s)", 1, "{:.3f}",
            lambda s: st.mean_paper(s.runrecords(), st.transfer_duration), floor=0.01),
-    Metric("transfer_tail", "KV transfer tail mean (s)", 1, "{:.3f}", lambda s: s.get("ttft_breakdown_s", "transfer_tail"),
+    Metric("transfer_tail", "KV transfer tail mean (s)", 1, "{:.3f}", lambda s: finite(s.summary.ttft_breakdown_s.transfer_tail),
            floor=0.01),
 )
 
@@ -87,13 +89,22 @@ class Crosscheck:
     rows: list[Row]
     notes: list[str]                   # about the runs as a whole (the emulation's validity, routing)
     model_note: str = ""
+    faults: list[FaultRow] = field(default_factory=list)     # a fault scenario's effects, fault by fault
 
     @property
     def failed(self) -> list[Row]:
         return [r for r in self.rows if r.verdict in ("FAIL", "n/a")]
 
+    @property
+    def faults_failed(self) -> list[FaultRow]:
+        return [r for r in self.faults if r.verdict in ("FAIL", "n/a")]
+
+    def failed_labels(self) -> list[str]:
+        return [r.label for r in self.failed] + [f"fault #{r.fault} {r.metric}" for r in self.faults_failed]
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"failed": [r.key for r in self.failed]}
+        return asdict(self) | {"failed": [r.key for r in self.failed]
+                               + [f"fault{r.fault}.{r.metric}" for r in self.faults_failed]}
 
 
 def _cell(m: Metric, v: float | None) -> str:
@@ -137,4 +148,4 @@ def compare(scenario: str, sim: Side, emu: Side | None, model: Mapping[str, floa
             row.explanation = explain(m.key, ctx)
         rows.append(row)
     return Crosscheck(scenario, sim.run_dir, None if emu is None else emu.run_dir, rows,
-                      [] if ctx is None else notes(ctx), model_note)
+                      [] if ctx is None else notes(ctx), model_note, [] if emu is None else fault_rows(sim, emu))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
 import sys
 import time
@@ -32,6 +31,7 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.config.scenarios import ScenarioError, dump_scenario
 from testbed.core.linkprofile import LinkProfile
 from testbed.core.scenario import Scenario
+from testbed.deploy.registry import is_simulated
 from testbed.metrics.records import read_records
 from testbed.model.feasibility import Deployments, HomogeneousPoint, MapPoint, ModelMap, point_key
 from testbed.studies.capacity import CapacityResult, model_lambda, search, write_outputs
@@ -187,14 +187,14 @@ async def measure(rs: ResolvedScenario, out: Path, backend: str, s: RunSettings,
     run_dir = out / f"ttft-{rate:.3f}"
     rs_r = rs.at_rate(rate)
     res = await run_replay_async(rs_r, trace_from_workload(rs_r.spec.workload), run_dir, backend,
-                                 name=f"{sc.name} @ {rate:.3f} req/s (TTFT)", report=backend != "sim")
-    ttft = res.summary.get("ttft_s") or {}
-    if backend == "sim" and not s.keep_series:
+                                 name=f"{sc.name} @ {rate:.3f} req/s (TTFT)", report=not is_simulated(backend))
+    ttft = res.summary.ttft_s
+    if is_simulated(backend) and not s.keep_series:
         for p in cap.probes:
             _prune(Path(p.run_dir))
         _prune(run_dir)
     return Measured(backend, sc.name, str(out), cap.lambda_max, cap.lowest_unstable, cap.model_lambda_max, share,
-                    rate, ttft.get("p90"), ttft.get("mean"), time.perf_counter() - t0, time.process_time() - c0,
+                    rate, ttft.p90, ttft.mean, time.perf_counter() - t0, time.process_time() - c0,
                     [(p.rate, p.stable) for p in sorted(cap.probes, key=lambda p: p.rate)])
 
 
@@ -393,12 +393,6 @@ class Confirmation:
 
     def within(self, tolerance: float = CONFIRM_TOLERANCE) -> bool:
         return self.diff is not None and abs(self.diff) <= tolerance
-
-
-def check_backend(backend: str) -> None:
-    if backend == "netns" and os.geteuid() != 0:
-        raise ScenarioError("--confirm runs the netns backend, which needs root (network namespaces); "
-                            "run as root, or pick --confirm-backend local|inproc (no shaped link)")
 
 
 async def confirm(mm: ModelMap, deps: dict[str, Deployments], keys: Sequence[str], out: Path, s: RunSettings,

@@ -14,9 +14,12 @@ from pathlib import Path
 
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.core.errors import UserError
+from testbed.deploy import registry
+from testbed.config.scenarios import PROFILE_SOURCES
 from testbed.model.feasibility import (
     DEFAULT_RATES_GBPS,
     DEFAULT_RTTS_MS,
+    compare_sources,
     compute_map,
     default_models,
     load_deployments,
@@ -27,7 +30,6 @@ from testbed.studies.feasibility import (
     RunSettings,
     SimResults,
     Tally,
-    check_backend,
     chosen_keys,
     confirm,
     load_confirm,
@@ -35,7 +37,16 @@ from testbed.studies.feasibility import (
     simulate_points,
     write_confirm,
 )
-from testbed.studies.feasibility_report import Timing, plot_heatmap, rows, summary_lines, write_csv, write_json, write_report
+from testbed.studies.feasibility_report import (
+    Timing,
+    plot_heatmap,
+    rows,
+    source_rows,
+    summary_lines,
+    write_csv,
+    write_json,
+    write_report,
+)
 
 
 class FeasibilityError(UserError, ValueError):
@@ -74,6 +85,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the models' H20 prefill curve: scaled = the model's H200 curve x the case-study model's "
                         "H20/H200 ratio; parent = the base scenario's H20 curve unchanged (default scaled)")
     p.add_argument("--no-break-even", action="store_true", help="skip the break-even link rate search")
+    p.add_argument("--source", choices=list(PROFILE_SOURCES), default="paper",
+                   help="the profiles the map (and its simulation) uses: paper = back-solved from Table 3 "
+                        "(default), aiconfigurator = measured kernels (scenarios/models/aiconfigurator)")
+    p.add_argument("--compare-source", action="append", choices=[*PROFILE_SOURCES, "none"], metavar="SOURCE",
+                   help="also map the models from this profile source, by the model only, side by side in "
+                        "report.md and sources.csv (repeatable; default every other source; none: no comparison)")
     s = p.add_argument_group("simulation and emulation")
     s.add_argument("--sim", choices=("all", "none", "subset"), default="all",
                    help="points to simulate: all, none, or subset (the ~100 Gbit/s column and the grid rates around "
@@ -100,8 +117,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "compare their Lambda_max with the simulation's")
     s.add_argument("--confirm-at", action="append", default=[], metavar="MODEL@RATEg/RTTms",
                    help="a point to confirm (repeatable; the rest of the K are picked by rule)")
-    s.add_argument("--confirm-backend", choices=("netns", "local", "inproc"), default="netns",
-                   help="backend of the confirmation runs (default netns, needs root; local/inproc shape no link)")
+    s.add_argument("--confirm-backend",
+                   **registry.backend_option(registry.emulates, lead="backend of the confirmation runs"))
     p.add_argument("--out", action=StoreOnce, type=out_dir, default=Path("runs") / "feasibility", help="output directory")
     p.add_argument("--json", action="store_true", help="print map.json instead of the summary")
     p.set_defaults(func=cmd_feasibility)
@@ -114,14 +131,21 @@ def cmd_feasibility(args: argparse.Namespace) -> int:
     if args.confirm < 0:
         raise FeasibilityError("--confirm K needs K >= 0")
     if args.confirm or args.confirm_at:
-        check_backend(args.confirm_backend)
+        args.confirm_backend, warning = registry.pick_backend(args.confirm_backend, "--confirm-backend")
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     c0 = time.process_time()
-    deps = {d.model: d for d in (load_deployments(m, args.pd_curve) for m in (args.model or default_models()))}
+    models = args.model or default_models(args.source)
+    deps = {d.model: d for d in (load_deployments(m, args.pd_curve, source=args.source) for m in models)}
     mm = compute_map(list(deps.values()), args.rates, args.rtts, args.split, args.pd_curve,
                      with_break_even=not args.no_break_even)
+    compare = [s for s in (args.compare_source or PROFILE_SOURCES) if s != "none"]
+    if args.compare_source and "none" in args.compare_source:
+        compare = []
+    sources = compare_sources(args.source, mm, models, compare, with_break_even=not args.no_break_even)
     model_wall, model_cpu = time.perf_counter() - t_start, time.process_time() - c0
     print(f"model map: {len(deps)} models x {len(mm.rates_gbps)} rates x {len(mm.rtts_ms)} RTTs in "
           f"{model_wall:.1f} s", file=sys.stderr)
@@ -152,11 +176,14 @@ def cmd_feasibility(args: argparse.Namespace) -> int:
     write_csv(table, out / "map.csv")
     write_json(mm, sim, settings, conf, timing, out / "map.json")
     colour = plot_heatmap(table, out / "map.png")
-    write_report(mm, sim, settings, conf, timing, out, colour)
+    src_table = source_rows(sources)
+    if len(sources.sources()) > 1:
+        write_csv(src_table, out / "sources.csv")
+    write_report(mm, sim, settings, conf, timing, out, colour, sources)
     if args.json:
         print((out / "map.json").read_text())
         return 0
-    print("\n".join(summary_lines(mm, sim, timing)))
+    print("\n".join(summary_lines(mm, sim, timing, sources)))
     if conf:
         for c in conf:
             d = "n/a" if c.diff is None else f"{c.diff:+.1%}"

@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from testbed.model.feasibility import MapPoint, ModelMap, label
+from testbed.config.scenarios import load_model_profile
+from testbed.core.servicetime import PrefillTime
+from testbed.model.feasibility import PROFILE_HARDWARE, BreakEven, MapPoint, ModelMap, SourceMaps, label
 from testbed.studies.feasibility import CONFIRM_TOLERANCE, Confirmation, RunSettings, SimResults, confirm_table
 
 SIM_COLUMNS = ("lambda_max_sim", "homogeneous_lambda_max_sim", "gain_sim", "offload_share_sim", "ttft_p90_sim_s",
@@ -212,8 +214,110 @@ def _gap_note(mm: ModelMap, sim: SimResults, settings: RunSettings) -> str:
     return (" PrfaaS-PD, simulated against the model: " + "; ".join(parts) + ".") if parts else ""
 
 
+# ---------------------------------------------------------------------------------------------
+# Profile sources side by side
+
+SOURCE_TAGS = {"paper": "paper", "aiconfigurator": "aic"}
+SOURCE_NOTE = ("paper: back-solved from the paper's Table 3 (scenarios/models, ~0.3-0.45 s fixed per prefill); "
+               "aic: aiconfigurator's measured kernels (scenarios/models/aiconfigurator, kernel time only)")
+
+
+def _tag(source: str) -> str:
+    return SOURCE_TAGS.get(source, source)
+
+
+def _be(be: BreakEven | None) -> str:
+    if be is None:
+        return "-"
+    if be.bound == "exact":
+        return f"{_gbps(be.rate_bps / 1e9 if be.rate_bps else None)} Gbit/s"
+    if be.bound == "below":
+        return f"<= {_gbps(be.lo_bps / 1e9)} Gbit/s"
+    return f"never ({be.gain_at_hi:.2f} at {_gbps(be.hi_bps / 1e9)})"
+
+
+def _curve(model: str, source: str) -> PrefillTime | None:
+    try:
+        return PrefillTime.from_spec(load_model_profile(model, source).hardware[PROFILE_HARDWARE].prefill)
+    except (KeyError, ValueError):
+        return None
+
+
+def source_rows(sm: SourceMaps) -> list[dict[str, Any]]:
+    """sources.csv: one row per model x source x rate (the first RTT: Λ_max and t do not depend on it)."""
+    out: list[dict[str, Any]] = []
+    for src, mm in sm.maps.items():
+        rtt = mm.rtts_ms[0]
+        for m in mm.models:
+            for rate in mm.rates_gbps:
+                p = mm.point(m.model, rate, rtt)
+                be = m.break_even
+                out.append({"model": m.model, "source": src, "rate_gbps": rate, "threshold": p.threshold,
+                            "n_p": p.n_p, "n_d": p.n_d, "offload_share": p.offload_share, "lambda_max": p.lambda_max,
+                            "homogeneous_lambda_max": p.homogeneous_lambda_max, "gain": p.gain,
+                            "egress_gbps": p.egress_gbps, "bottleneck": p.bottleneck,
+                            "break_even_gbps": None if be is None or be.rate_bps is None else be.rate_bps / 1e9,
+                            "break_even_bound": None if be is None else be.bound})
+    return out
+
+
+def source_lines(sm: SourceMaps, rate: float) -> list[str]:
+    """report.md's section: every model by every source that has it, at `rate`, and its gain by rate."""
+    srcs = sm.sources()
+    if len(srcs) < 2:
+        return []
+    first = next(iter(sm.maps.values()))
+    rtt = first.rtts_ms[0]
+    L = ["", "## Profile sources side by side", "",
+         f"The same map from each source's prefill curves, by the model only (not simulated). {SOURCE_NOTE}. "
+         "A fixed time per prefill weighs most on short requests: it moves the best threshold, the offload share "
+         "and the bandwidth a PrfaaS cluster needs.", "",
+         f"At {rate:g} Gbit/s (Λ_max and t do not depend on the RTT):", "",
+         "| model | source | fixed s / prefill | T(32K) s | t | split | offload share | Λ PrfaaS-PD | Λ homog. | gain "
+         "| egress Gbit/s | bottleneck | break-even |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model in sm.models():
+        for src in srcs:
+            p, ms = sm.point(src, model, rate, rtt), sm.summary(src, model)
+            if p is None or ms is None:
+                continue
+            c = _curve(model, src)
+            L.append(f"| {label(model)} | {_tag(src)} | {_f(None if c is None else c.fixed_time(), '{:.3f}')} | "
+                     f"{_f(None if c is None else c.uncached_time(32768), '{:.3f}')} | {p.threshold:,} | "
+                     f"{p.n_p}/{p.n_d} | {_pct(p.offload_share)} | {p.lambda_max:.2f} | "
+                     f"{p.homogeneous_lambda_max:.2f} | {p.gain:.2f} | {_gbps(p.egress_gbps)} | {p.bottleneck} | "
+                     f"{_be(ms.break_even)} |")
+    L += ["", "Gain by link rate and source:", "",
+          "| model | source | " + " | ".join(f"{r:g}G" for r in first.rates_gbps) + " |",
+          "|---|---|" + "---|" * len(first.rates_gbps)]
+    for model in sm.models():
+        for src in srcs:
+            pts = [sm.point(src, model, r, rtt) for r in first.rates_gbps]
+            if any(p is None for p in pts):
+                continue
+            L.append(f"| {label(model)} | {_tag(src)} | " + " | ".join(f"{p.gain:.2f}" for p in pts if p) + " |")
+    return L
+
+
+def source_summary(sm: SourceMaps, rate: float) -> list[str]:
+    srcs = sm.sources()
+    if len(srcs) < 2:
+        return []
+    rtt = next(iter(sm.maps.values())).rtts_ms[0]
+    out = [f"by profile source at {rate:g} Gbit/s (model only): threshold t, gain, PrfaaS egress, break-even"]
+    for model in sm.models():
+        cells = []
+        for src in srcs:
+            p, ms = sm.point(src, model, rate, rtt), sm.summary(src, model)
+            if p is not None and ms is not None:
+                cells.append(f"{_tag(src)} t {p.threshold / 1000:.1f}K, {p.gain:.2f}x, {_gbps(p.egress_gbps)} Gbit/s, "
+                             f"b/e {_be(ms.break_even)}")
+        if len(cells) > 1:
+            out.append(f"  {label(model):<14} " + " | ".join(cells))
+    return out if len(out) > 1 else []
+
+
 def write_report(mm: ModelMap, sim: SimResults, settings: RunSettings, conf: Sequence[Confirmation],
-                 timing: Timing, out: Path, colour: str) -> Path:
+                 timing: Timing, out: Path, colour: str, sources: SourceMaps | None = None) -> Path:
     rate = headline_rate(mm)
     first = mm.rtts_ms[0]
     L = ["# Feasibility map: PrfaaS-PD against homogeneous PD by model and link", ""]
@@ -283,6 +387,8 @@ def write_report(mm: ModelMap, sim: SimResults, settings: RunSettings, conf: Seq
           "a replay pays T(l) per request, and with T convex in l a prefill-bound stage sustains N / E[T(L)], less "
           "than N / T(E[L]). Homogeneous PD is prefill-bound for most models, so its simulated Λ_max sits near the "
           "E[T(L)] figure and the simulated gains come out above the model's." + _gap_note(mm, sim, settings)]
+    if sources is not None:
+        L += source_lines(sources, rate)
     if conf:
         L += ["", "## Confirmed by emulation", "", *confirm_table(conf, CONFIRM_TOLERANCE)]
     L += ["", "## Time", "",
@@ -298,7 +404,7 @@ def write_report(mm: ModelMap, sim: SimResults, settings: RunSettings, conf: Seq
     return path
 
 
-def summary_lines(mm: ModelMap, sim: SimResults, timing: Timing) -> list[str]:
+def summary_lines(mm: ModelMap, sim: SimResults, timing: Timing, sources: SourceMaps | None = None) -> list[str]:
     """What the command prints: the headline column and the break-even rates."""
     rate, first = headline_rate(mm), mm.rtts_ms[0]
     out = [f"gain of PrfaaS-PD over homogeneous PD at {rate:g} Gbit/s, {first:g} ms RTT (model / sim), "
@@ -310,6 +416,8 @@ def summary_lines(mm: ModelMap, sim: SimResults, timing: Timing) -> list[str]:
                                       else be.bound)
         out.append(f"  {label(m.model):<14} {m.kind:<6} {p.gain:5.2f} / {_f(sim.gain(p)):>5}   break-even {bes}")
     out += claim_lines(mm, sim)
+    if sources is not None:
+        out += source_summary(sources, rate)
     out.append(f"time: model {timing.model_wall_s:.1f} s, simulation {timing.sim_wall_s:.1f} s wall "
                f"({timing.sim_cpu_s:.1f} s CPU, {timing.sim_runs} searches run, {timing.sim_reused} reused)"
                + (f", emulation {timing.emulation_wall_s:.0f} s ({timing.emulation_runs} searches)"

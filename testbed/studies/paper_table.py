@@ -27,9 +27,12 @@ from typing import Any, Sequence
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
 from testbed.core.scenario import Scenario
+from testbed.deploy.registry import is_simulated
+from testbed.metrics.artefacts import Summary
 from testbed.metrics.records import read_records
 from testbed.metrics.stats import percentile
-from testbed.studies.capacity import CapacityResult, Probe, model_lambda, search, write_outputs
+from testbed.studies.capacity import CapacityResult, Probe, model_lambda, search, workload_at, write_outputs
+from testbed.traces.types import Trace
 
 DEFAULT_GROWTH_S = 2.5        # paper seconds of growth in mean wait that marks a probe unstable
 
@@ -161,12 +164,13 @@ def _batch_mean(run_dir: Path, records: Sequence[RequestRecord]) -> float | None
     return statistics.fmean(means) if means else None
 
 
-def _summary(run_dir: Path) -> dict[str, Any]:
+def _summary(run_dir: Path) -> Summary | None:
+    from testbed.metrics.summary import read_summary
+
     try:
-        data: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
-        return data
-    except (OSError, ValueError):
-        return {}
+        return read_summary(run_dir / "summary.json")
+    except ValueError:      # missing or malformed: the table leaves its cells empty
+        return None
 
 
 def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: float) -> TableRow:
@@ -200,8 +204,8 @@ def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: 
     if best is not None:
         run_dir = Path(best.run_dir)
         s = _summary(run_dir)
-        wl = s.get("wan_link") or {}
-        dep.wan_mean_bps, dep.wan_records_bps = wl.get("mean_bps_paper"), wl.get("records_bps_paper")
+        if s is not None:
+            dep.wan_mean_bps, dep.wan_records_bps = s.wan_link.mean_bps_paper, s.wan_link.records_bps_paper
         recs = read_records(run_dir / "records.csv")
         tails = [(r.times.transfer_end - r.times.prefill_end) * sc.scale.speedup for r in recs if r.outcome == "completed"]
         dep.tail_mean_s, dep.tail_p90_s = _mean(tails), percentile([x for x in tails if math.isfinite(x)], 90)
@@ -268,10 +272,10 @@ def explain(dep: TableRow, best: Probe | None, low: Probe | None) -> str:
 
 
 async def run_table(scenarios: Sequence[ResolvedScenario], out: Path, backend: str, probes: int, ttft_slo: float,
-                    growth_s: float, common_rate: float | None, spread: float = 0.25) -> list[TableRow]:
+                    growth_s: float, common_rate: float | None, spread: float = 0.25,
+                    trace: Trace | None = None) -> list[TableRow]:
     from testbed.model.analytical import evaluate
     from testbed.studies.runner import run_replay_async
-    from testbed.traces.loader import trace_from_workload
 
     deps: list[TableRow] = []
     for rs in scenarios:
@@ -283,20 +287,20 @@ async def run_table(scenarios: Sequence[ResolvedScenario], out: Path, backend: s
         print(f"{sc.name}: model Λ_max {lam:.2f} req/s; bisection in [{(1 - spread) * lam:.2f}, "
               f"{(1 + spread) * lam:.2f}]", flush=True)
         cap = await search(rs, d, backend, (1 - spread) * lam, (1 + spread) * lam, probes, 0.25, ttft_slo,
-                           growth_s=growth_s)
+                           growth_s=growth_s, trace=trace)
         write_outputs(cap, d)
         deps.append(analyse(sc, cap, model, link_bps))
     lams = [x.capacity.lambda_max for x in deps if x.capacity.lambda_max]
     rate = common_rate or (0.75 * min(lams) if lams else None)
     if rate:
         for rs, dep in zip(scenarios, deps):
-            rs_r = rs.at_rate(rate)
+            rs_r, tr = workload_at(rs, rate, trace)
             run_dir = out / rs.name / f"common-{rate:.3f}"
             print(f"{rs.name}: common load {rate:.3f} req/s", flush=True)
-            res = await run_replay_async(rs_r, trace_from_workload(rs_r.spec.workload), run_dir, backend,
+            res = await run_replay_async(rs_r, tr, run_dir, backend,
                                          name=f"{rs.name} @ {rate:.3f} req/s")
             dep.common_rate, dep.common_run = rate, str(run_dir)
-            dep.ttft_mean_s, dep.ttft_p90_s = res.summary["ttft_s"]["mean"], res.summary["ttft_s"]["p90"]
+            dep.ttft_mean_s, dep.ttft_p90_s = res.summary.ttft_s.mean, res.summary.ttft_s.p90
     write_table(deps, out, ttft_slo, growth_s)
     return deps
 
@@ -323,10 +327,12 @@ def rebuild_table(scenarios: Sequence[ResolvedScenario], out: Path, ttft_slo: fl
         dep = analyse(sc, cap, evaluate(sc, link_bps=link_bps, threshold=_model_threshold(rs)).to_dict(), link_bps)
         common = sorted((out / sc.name).glob("common-*/summary.json"))
         if common:
-            summ = json.loads(common[-1].read_text())
+            from testbed.metrics.summary import read_summary
+
+            summ = read_summary(common[-1])
             dep.common_rate = float(common[-1].parent.name.split("-", 1)[1])
             dep.common_run = str(common[-1].parent)
-            dep.ttft_mean_s, dep.ttft_p90_s = summ["ttft_s"]["mean"], summ["ttft_s"]["p90"]
+            dep.ttft_mean_s, dep.ttft_p90_s = summ.ttft_s.mean, summ.ttft_s.p90
         deps.append(dep)
     write_table(deps, out, ttft_slo, growth_s)
     return deps
@@ -382,7 +388,7 @@ def write_table(deps: Sequence[TableRow], out: Path, ttft_slo: float, growth_s: 
         ("PrfaaS egress at Λ_max, model (Gbit/s)", [f"{d.model['egress_bps'] / 1e9:.1f}" for d in deps]),
     ]
     common = {d.common_rate for d in deps}
-    simulated = _backend(deps) == "sim"
+    simulated = is_simulated(_backend(deps))
     lines = [f"# Table 6 by {'simulation' if simulated else 'emulation'}", "",
              "Measured by `testbed capacity` (bisection over offered rates; each probe a full "
              f"{'simulated replay, `--backend sim`' if simulated else 'replay'}) on the "

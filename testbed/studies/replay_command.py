@@ -4,126 +4,47 @@ several scenarios and write each run directory and a comparison."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.resolved import ResolvedScenario
-from testbed.config.overrides import overrides_for
-from testbed.core.scenario import Scenario
+from testbed.deploy import registry
+from testbed.deploy.prometheus import DEFAULT_LISTEN
 from testbed.studies.load import load
-from testbed.studies.runner import RunResult
+from testbed.studies.run_args import add_run_args, run_overrides, trace_for
 from testbed.traces.types import Trace
 
+if TYPE_CHECKING:
+    from testbed.studies.runner import RunResult
 
-def _add_scenario_args(p: argparse.ArgumentParser) -> None:
-    from testbed.traces.command import WINDOW_HELP, window_arg
-    from testbed.traces.loader import SUPPORTED_FORMATS
 
+def _add_scenario_args(p: argparse.ArgumentParser, backends: dict[str, Any]) -> None:
+    """The flags `replay` and `up` share; `backends` is the `--backend` flag's choices, default and
+    help (`testbed.deploy.registry.backend_option`)."""
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
-    p.add_argument("--trace", action=StoreOnce, help="trace file to replay instead of the scenario's synthetic workload")
-    p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS),
-                   help="trace format (default: from the suffix, and a .csv's header)")
-    p.add_argument("--window", type=window_arg, metavar="START:END",
-                   help=f"replay only the trace's arrivals in this window, read from the file alone: {WINDOW_HELP}")
-    p.add_argument("--sample", type=int, metavar="N", help="keep N requests of the trace drawn at random (after --window)")
-    p.add_argument("--seed", type=int, metavar="S",
-                   help="seed of --sample (default 1); without --trace, the synthetic workload's seed")
-    p.add_argument("--keep-failed", action="store_true",
-                   help="BurstGPT: replay failed requests (0 response tokens) with 1 output token instead of skipping")
-    p.add_argument("--trace-model", dest="trace_models", action="append", metavar="NAME",
-                   help="BurstGPT: replay only this model's requests, e.g. GPT-4 (repeatable)")
-    p.add_argument("--rate", type=float, help="offered rate in paper req/s (rescales the trace's arrivals)")
-    p.add_argument("--speedup", type=_speedup_arg, metavar="S|auto",
-                   help="time scale (as --set scale.speedup=S); auto: the largest of 8, 4, 2, 1, 0.5, 0.25 at which a short "
-                        "probe of this workload on this backend keeps time faithfully (probes kept under the run "
-                        "directory's speedup-probes/)")
-    p.add_argument("--requests", type=int, help="replay only the first N requests (after --window and --sample)")
-    p.add_argument("--backend", action=StoreOnce, choices=["auto", "netns", "compose", "swarm", "local", "inproc", "sim"], default="auto",
-                   help="netns: a namespace per service and shaped WAN links (root); compose: one container per "
-                        "service, a WAN router container (Docker); swarm: the same as a Docker Swarm stack, each "
-                        "datacenter on the nodes labelled for it (root, a swarm manager); local: one process per "
-                        "service on loopback; inproc: all in this process; sim: the discrete-event simulator in "
-                        "virtual time (no services, a flow-level link model); auto: netns if root, else local")
+    add_run_args(p, speedup_auto=True)
+    p.add_argument("--backend", action=StoreOnce, **backends)
+    p.add_argument("--prometheus", nargs="?", const=DEFAULT_LISTEN, metavar="HOST:PORT",
+                   help=f"run Prometheus (the `prometheus` binary on PATH) against the deployment, listening on "
+                        f"HOST:PORT (default {DEFAULT_LISTEN}), with a scrape config generated into the run "
+                        "directory's prometheus/ (local and inproc backends; examples/observability/ has the "
+                        "dashboards)")
     p.add_argument("--json", action="store_true", help="print figures as JSON")
+    p.add_argument("--report", action=argparse.BooleanOptionalAction, default=None,
+                   help="write report.md with its plots (and with --compare, comparison.md) into the run directory; "
+                        "default: yes for emulated runs, no for simulated ones, whose run directory is then only "
+                        "records, time series and summary.json (`testbed report RUN` writes the report later)")
 
 
-def _speedup_arg(v: str) -> str:
-    if v == "auto":
-        return v
-    try:
-        if float(v) > 0:
-            return v
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"--speedup must be a positive number or 'auto', got {v!r}")
-
-
-def _overrides(args: argparse.Namespace, name: str | None = None) -> dict[str, Any]:
-    from testbed.traces.types import TraceError
-
-    ov = overrides_for(name, args.set) if name is not None else {}
-    if getattr(args, "speedup", None) not in (None, "auto"):
-        ov.setdefault("scale", {})["speedup"] = float(args.speedup)
-    if args.trace is None:
-        only = [f for f, v in (("--window", args.window), ("--sample", args.sample), ("--format", args.format != "auto"),
-                               ("--keep-failed", args.keep_failed), ("--trace-model", args.trace_models)) if v]
-        if only:
-            raise TraceError(f"{', '.join(only)}: only with --trace FILE")
-        wl: dict[str, Any] = {}
-        if args.rate is not None:
-            wl["rate"] = args.rate
-        if args.requests is not None:
-            wl["requests"] = args.requests
-        if args.seed is not None:
-            wl["seed"] = args.seed
-        if wl:
-            ov.setdefault("workload", {}).update(wl)
-    else:
-        for flag, n in (("--requests", args.requests), ("--sample", args.sample)):
-            if n is not None and n <= 0:
-                raise TraceError(f"{flag} must be a positive count, got {n}")
-        if args.seed is not None and args.sample is None:
-            raise TraceError("--seed with --trace seeds --sample; give --sample N too")
-    return ov
-
-
-def _trace_for(sc: Scenario, args: argparse.Namespace) -> Trace:
-    """The scenario's workload, or --trace: --window and (without --sample) --requests are read
-    from the file alone; then --sample, --requests, --rate in that order."""
-    from testbed.traces import transforms
-    from testbed.traces.loader import load_trace, trace_from_workload
-    from testbed.traces.types import TraceError
-
-    if args.trace is None:
-        return trace_from_workload(sc.workload)
-    head_in_loader = args.sample is None
-    tr = load_trace(args.trace, args.format, window=args.window,
-                    limit=args.requests if head_in_loader else None,
-                    keep_failed=args.keep_failed, models=args.trace_models)
-    for note in tr.notes:
-        print(f"note: {args.trace}: {note}", file=sys.stderr)
-    if args.sample is not None:
-        if args.sample > len(tr):
-            raise TraceError(f"--sample {args.sample}: the trace has {len(tr)} requests"
-                             + (" in the window" if args.window is not None else ""))
-        tr = transforms.sample(tr, args.sample, 1 if args.seed is None else args.seed)
-    if args.requests is not None and not head_in_loader:
-        tr = transforms.head(tr, args.requests)
-    if len(tr) == 0:
-        raise TraceError("no requests to replay" + (" in the window" if args.window is not None else ""),
-                         path=args.trace)
-    if args.rate is not None:
-        try:
-            tr = transforms.rescale_rate(tr, args.rate)
-        except ValueError as e:
-            raise TraceError(f"--rate {args.rate:g}: {e}") from None
-    return tr
+def wants_report(args: argparse.Namespace, backend: str) -> bool:
+    """--report as given, else yes unless the backend simulates (plots cost a simulated run more
+    than its simulation)."""
+    return bool(args.report) if args.report is not None else not registry.get(backend).caps.simulator
 
 
 def _progress_runner(label: str, enabled: bool) -> Any:
@@ -135,7 +56,8 @@ def _progress_runner(label: str, enabled: bool) -> Any:
     return prog
 
 
-async def _run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: bool) -> RunResult:
+async def _run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: bool,
+                   prometheus: str | None = None, report: bool = True) -> RunResult:
     from testbed.studies.runner import run_replay_async
 
     prog = _progress_runner(rs.name, show)
@@ -145,33 +67,51 @@ async def _run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, 
         prog.update(task, completed=s.completed + s.failed, sent=s.sent, failed=s.failed)
 
     with prog:
-        return await run_replay_async(rs, trace, out, backend, on_progress=cb)
+        return await run_replay_async(rs, trace, out, backend, on_progress=cb, report=report, prometheus=prometheus)
+
+
+def run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: bool,
+            prometheus: str | None = None, report: bool = True) -> RunResult:
+    """One run on `backend`; a simulated one directly (no event loop, no progress bar: it takes
+    seconds, and its progress comes at its end)."""
+    if registry.get(backend).caps.simulator:
+        from testbed.studies.runner import run_sim
+        return run_sim(rs, trace, out, report=report)
+    import asyncio
+    return asyncio.run(_run_one(rs, trace, out, backend, show, prometheus, report))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from testbed.metrics.report import write_comparison
 
     names = args.compare or [args.scenario]
     if not names or names == [None]:
         print("replay: give --scenario NAME or --compare NAME...", file=sys.stderr)
         return 2
-    scenarios = [load(n, _overrides(args, n)) for n in names]
+    scenarios = [load(n, run_overrides(args, n)) for n in names]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
     show = not args.json and sys.stderr.isatty()
-    from testbed.studies.runner import pick_backend, refuse_faults_in_sim
+    from testbed.deploy.registry import pick_backend, refuse_unhonoured
     backend, warning = pick_backend(args.backend)
-    if backend == "sim":
-        refuse_faults_in_sim(*scenarios)
+    report = wants_report(args, backend)
+    refuse_unhonoured(backend, scenarios)
+    registry.check_host(backend)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    if args.prometheus is not None:
+        from testbed.deploy.prometheus import find_binary, unavailable
+        if why := unavailable(backend, find_binary()):
+            print(f"replay: {why}", file=sys.stderr)
+            return 2
     results = []
     try:
         for rs in scenarios:
             sc = rs.spec
-            trace = _trace_for(sc, args)
+            trace = trace_for(sc, args)
             out = base / sc.name if len(scenarios) > 1 else base
             if args.speedup == "auto":
+                import asyncio
+
                 from testbed.studies.speedup import pick_speedup, with_speedup
                 s, tried = asyncio.run(pick_speedup(rs, trace, backend, out / "speedup-probes"))
                 print(f"--speedup auto: {s:g} (" + ", ".join(
@@ -181,21 +121,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"replaying {len(trace)} requests of {trace.source} on {sc.name} "
                       f"(speedup {sc.scale.speedup:g}, byte_scale {sc.scale.byte_scale:g}) -> {out}", file=sys.stderr)
-            results.append(asyncio.run(_run_one(rs, trace, out, backend, show)))
+            results.append(run_one(rs, trace, out, backend, show, args.prometheus, report))
     except KeyboardInterrupt:
-        print(f"interrupted: services stopped, records so far kept under {base}", file=sys.stderr)
+        if registry.get(backend).caps.simulator:
+            print(f"interrupted: records so far kept under {base}; `testbed report RUN` summarises a run",
+                  file=sys.stderr)
+        else:
+            print(f"interrupted: services stopped, records so far kept under {base}", file=sys.stderr)
         return 130
-    if len(results) > 1:
+    if len(results) > 1 and report:
+        from testbed.metrics.report import write_comparison
         write_comparison([r.run_dir for r in results], base)
     if args.json:
-        print(json.dumps({r.run_dir.name: r.summary for r in results} if len(results) > 1 else results[0].summary,
-                         indent=1))
+        print(json.dumps({r.run_dir.name: r.summary.to_json_dict() for r in results} if len(results) > 1
+                         else results[0].summary.to_json_dict(), indent=1))
     else:
         from testbed.metrics.command import print_summary_table
         for r in results:
             print_summary_table(r.summary, title=f"{r.run_dir.name}")
-        where = base / "comparison.md" if len(results) > 1 else base / "report.md"
-        print(f"report: {where}")
+        if report:
+            print(f"report: {base / 'comparison.md' if len(results) > 1 else base / 'report.md'}")
+        elif len(results) > 1:
+            print(f"comparison: testbed compare {' '.join(str(r.run_dir) for r in results)} --out {base}")
+        else:
+            print(f"summary: {base / 'summary.json'}; report with plots: testbed report {base}")
     return 0
 
 
@@ -205,10 +154,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--compare", nargs="+", metavar="SCENARIO",
                    help="run several scenarios on the same workload and write one comparison report")
     r.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory (default runs/<time>-<scenario>)")
-    _add_scenario_args(r)
+    _add_scenario_args(r, registry.backend_option())
     r.set_defaults(func=cmd_replay)
 
-    u = sub.add_parser("up", help="replay on the compose backend (or --backend swarm): build the image if needed, "
+    u = sub.add_parser("up", help="replay on the compose backend (or another --backend): build the image if needed, "
                                   "generate the compose (stack) file into the run directory, run, collect, tear down; "
                                   "with --hold, keep the deployment open for outside clients instead")
     u.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
@@ -222,8 +171,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "once ready")
     u.add_argument("--port", type=int, default=0,
                    help="with --hold: the loopback port of the base URL (default: a free one)")
-    _add_scenario_args(u)
-    u.set_defaults(func=cmd_up, backend="compose")
+    # Containers are what `up` is for (make replay-compose); every backend it offers can hold open.
+    _add_scenario_args(u, registry.backend_option(registry.holds_open, default="compose"))
+    u.set_defaults(func=cmd_up)
 
 
 def cmd_up(args: argparse.Namespace) -> int:

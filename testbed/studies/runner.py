@@ -6,7 +6,6 @@ service it started and keeps the records gathered so far, then summarises them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -17,21 +16,24 @@ import threading
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from testbed.config.cli_args import check_out_dir
 from testbed.config.resolved import ResolvedScenario
-from testbed.deploy.base import Backend
-from testbed.deploy.loopback import LoopbackBackend
-from testbed.live.clock import now
-from testbed.live.hostload import sample_host
-from testbed.metrics.series_format import SeriesWriter
-from testbed.live.replayer import ReplayStats, replay
-from testbed.metrics.records import RecordWriter
+from testbed.deploy import registry
+from testbed.live.replay_stats import ReplayStats
+from testbed.metrics.artefacts import RunInfo, Summary, run_info, write_artefact
+from testbed.metrics.artefacts.run_file import Shaping, SimInfo, this_process
 from testbed.config.scenarios import dump_scenario
 from testbed.core.scenario import Scenario
 from testbed.traces.types import Trace, TraceRequest
 from testbed.core.errors import UserError
+
+# The emulating backends' machinery (aiohttp, asyncio, the replayer, Prometheus) is imported
+# where a live run starts: a simulated run does without it, and its process starts faster.
+if TYPE_CHECKING:
+    from testbed.deploy.base import Backend
+    from testbed.deploy.prometheus import PrometheusProcess
 
 
 log = logging.getLogger("testbed.runner")
@@ -42,7 +44,7 @@ class RunResult:
     run_dir: Path
     stats: ReplayStats
     interrupted: bool
-    summary: dict[str, Any]
+    summary: Summary
 
 
 def _versions() -> dict[str, str]:
@@ -63,16 +65,30 @@ RUN_ARTEFACTS = ("timeseries", "logs", "decisions.jsonl", "faults.jsonl", "recor
                  "roles.png")
 
 
+# ...and the run's own copy of its scenario, overwritten rather than cleared.
+RUN_WRITES = (*RUN_ARTEFACTS, "scenario.yaml")
+
+
+def holds_run(run_dir: Path) -> bool:
+    """`run.json` says a run was in `run_dir`."""
+    try:
+        return "scenario" in json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Never the root (its artefacts cleared there) nor a file, and never a directory of the
+    user's own files by the names a run writes (they would be overwritten): UserError."""
+    check_out_dir(run_dir, "run directory", writes=RUN_WRITES, ours=holds_run)
+
+
 def clear_previous_run(run_dir: Path) -> list[str]:
     """Remove a previous run's artefacts from `run_dir` (only those: anything else stays), and
     only when `run.json` says a run was there: a directory that never held a run keeps all."""
     import shutil
 
-    try:
-        held_run = "scenario" in json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError, TypeError):
-        held_run = False
-    if not held_run:
+    if not holds_run(run_dir):
         return []
     removed = []
     for name in RUN_ARTEFACTS:
@@ -95,22 +111,8 @@ def client_timeout(sc: Scenario) -> Callable[[TraceRequest], float]:
     return limit
 
 
-def pick_backend(requested: str) -> tuple[str, str | None]:
-    """`auto` is netns (real shaped links) when this process may create namespaces, else the
-    local backend with a warning that says what is not emulated."""
-    if requested != "auto":
-        return requested, None
-    import os
-    if os.geteuid() != 0:
-        return "local", ("not root: using the local backend (loopback). WAN delay, rate limits, loss and "
-                         "link schedules are NOT emulated; run as root for the netns backend")
-    if not Path("/var/run/netns").exists() and not os.access("/var/run", os.W_OK):
-        return "local", "cannot create network namespaces: using the local backend; WAN links are NOT emulated"
-    return "netns", None
-
-
 def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
-    check_out_dir(run_dir, "run directory")      # never the root (its artefacts cleared there) nor a file
+    check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     clear_previous_run(run_dir)
     (run_dir / "timeseries").mkdir(exist_ok=True)
@@ -118,17 +120,23 @@ def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
 
 
 def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str,
-              shaping: dict[str, Any]) -> dict[str, Any]:
+              shaping: dict[str, Any]) -> RunInfo:
     sc = rs.spec
-    return {
-        "name": name or sc.name, "scenario": sc.name, "policy": sc.policy.name, "backend": backend,
-        "t0": None, "t_end": None,
-        "scale": {"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
-        "shaping": shaping, "slo": {"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
-        "offered_rate": trace.rate if len(trace) > 1 else 0.0,
-        "trace": {"source": trace.source, "requests": len(trace)},
-        "threshold": rs.threshold, "versions": _versions(), "interrupted": False,
-    }
+    return run_info(
+        name=name or sc.name, scenario=sc.name, policy=sc.policy.name, backend=backend,
+        t0=None, t_end=None,
+        scale={"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
+        shaping=shaping, slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
+        offered_rate=trace.rate if len(trace) > 1 else 0.0,
+        trace={"source": trace.source, "requests": len(trace)},
+        threshold=rs.threshold, versions=_versions(), interrupted=False,
+        state="running", **this_process(),
+    )
+
+
+def write_run_json(path: Path, meta: RunInfo) -> None:
+    """run.json as it always was written (indent 1, in place), now with `schema_version`."""
+    write_artefact(path, meta, indent=1, atomic=False)
 
 
 @contextlib.contextmanager
@@ -145,46 +153,50 @@ def teardown_shielded() -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
 
 
-def refuse_faults_in_sim(*scenarios: ResolvedScenario) -> None:
-    """UserError when a scenario has faults: the simulator has no fault model yet, and a clean result
-    for a fault scenario would mislead. Commands call it before running anything, so that a
-    comparison or a sweep does not stop (or record an error per point) halfway through."""
-    for rs in scenarios:
-        if rs.spec.faults:
-            raise UserError(f"scenario {rs.spec.name!r}: field 'faults' ({len(rs.spec.faults)} fault(s)) is not "
-                            "simulated; use a backend that injects faults (local, inproc, netns, compose)")
-
-
 def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None = None,
             on_progress: Callable[[ReplayStats], None] | None = None, report: bool = True) -> RunResult:
     """The same run directory as a live replay, from the discrete-event simulator (`testbed.sim`):
     virtual time starts at t0 = 0, so records and series are wire seconds since the start."""
+    from testbed.core.gc_pause import paused_gc
+
+    with paused_gc():       # the summary and report walk what the simulation left: no collections meanwhile
+        return _run_sim(rs, trace, run_dir, name, on_progress, report)
+
+
+def _run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None,
+             on_progress: Callable[[ReplayStats], None] | None, report: bool) -> RunResult:
+    from testbed.metrics.records import as_written
     from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
     from testbed.sim import shaping, simulate
 
-    refuse_faults_in_sim(rs)
+    registry.refuse_unhonoured("sim", [rs])
     _start_run_dir(rs, run_dir)
     meta = _run_meta(rs, trace, name, "sim", shaping(rs))
-    meta["t0"] = 0.0
+    meta.t0 = 0.0
     meta_path = run_dir / "run.json"
-    meta_path.write_text(json.dumps(meta, indent=1))
+    write_run_json(meta_path, meta)
     try:
         st = simulate(rs, trace, run_dir)
     except KeyboardInterrupt:
-        # The records written so far stay; say so, and summarise them, as a live run does.
-        meta.update({"t_end": None, "interrupted": True})
-        meta_path.write_text(json.dumps(meta, indent=1))
-        write_summary(run_dir)
+        # The records written so far stay, and run.json says the run was interrupted. Their
+        # summary is left to `testbed report`: over a long trace it takes far longer than the
+        # stop should (132K records of a 1M-request trace: 12 s of CPU), and a simulation has
+        # nothing else to tear down.
+        meta.t_end, meta.interrupted, meta.state = None, True, "interrupted"
+        write_run_json(meta_path, meta)
         raise
-    meta["t_end"] = rs.scale.wire_seconds(st.t_end)
-    meta["sim"] = {"events": st.events, "rebalances": st.rebalances, "wall_s": st.wall_s,
-                   "simulated_s_paper": st.t_end}
-    meta_path.write_text(json.dumps(meta, indent=1))
+    meta.t_end = rs.scale.wire_seconds(st.t_end)
+    meta.sim = SimInfo(events=st.events, rebalances=st.rebalances, wall_s=st.wall_s, simulated_s_paper=st.t_end,
+                       retries=st.retries, live_path=rs.live_path.to_dict())
+    meta.state = "finished"
+    write_run_json(meta_path, meta)
     stats = ReplayStats(sent=len(trace), completed=st.completed, failed=st.failed, total=len(trace))
     if on_progress:
         on_progress(stats)
-    summary = write_summary(run_dir)
+    # What the simulation wrote, as it holds it: reading records.csv and timeseries/ back cost
+    # more than the rest of the summary.
+    summary = write_summary(run_dir, [as_written(r) for r in st.records], st.series)
     if report:
         write_report(run_dir, summary)
     return RunResult(run_dir, stats, False, summary)
@@ -194,30 +206,29 @@ def make_backend(kind: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str
                  host_port: int | None = None) -> Backend:
     """`extra` goes into the deployment every service reads; `host_port` (0: any) is where
     `host_url()` will lead to the router from this host."""
-    port = host_port or 0
-    if kind in ("local", "inproc"):
-        return LoopbackBackend(kind, rs, run_dir, extra, port)
-    if kind == "netns":
-        from testbed.deploy.netns import NetnsBackend
-        return NetnsBackend(rs, run_dir, extra=extra, host_port=port)
-    if kind == "compose":
-        from testbed.deploy.compose import ComposeBackend
-        return ComposeBackend(rs, run_dir, extra=extra, host_port=host_port)
-    if kind == "swarm":
-        from testbed.deploy.swarm import SwarmBackend
-        return SwarmBackend(rs, run_dir, extra=extra, host_port=port)
-    raise ValueError(f"unknown backend {kind!r} (local, inproc, netns, compose, swarm; sim runs without one)")
+    return registry.get(kind).create(rs, run_dir, extra, host_port)
 
 
 async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, backend: str = "local",
                            name: str | None = None,
                            on_progress: Callable[[ReplayStats], None] | None = None,
-                           report: bool = True) -> RunResult:
+                           report: bool = True, prometheus: str | None = None) -> RunResult:
     """Replay `trace` on `backend` into `run_dir`; `report` False leaves out report.md and its
-    plots (summary.json is always written; `testbed report RUN` renders them later)."""
-    if backend == "sim":
+    plots (summary.json is always written; `testbed report RUN` renders them later).
+    `prometheus`: the listen address of a Prometheus scraping the run (`testbed.deploy.prometheus`;
+    its data stays in `run_dir/prometheus/data`)."""
+    if registry.get(backend).caps.simulator:
         return run_sim(rs, trace, run_dir, name, on_progress, report)
+    registry.refuse_unhonoured(backend, [rs])        # before any service starts
+    import asyncio
+
+    from testbed.deploy.prometheus import PrometheusProcess, find_binary
+    from testbed.live.clock import now
+    from testbed.live.hostload import sample_host
+    from testbed.live.replayer import replay
+    from testbed.metrics.records import RecordWriter
     from testbed.metrics.report import write_report
+    from testbed.metrics.series_format import SeriesWriter
     from testbed.metrics.summary import write_summary
 
     sc = rs.spec
@@ -225,20 +236,23 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
     be = make_backend(backend, rs, run_dir)
     meta = _run_meta(rs, trace, name, backend, be.shaping())
     meta_path = run_dir / "run.json"
-    meta_path.write_text(json.dumps(meta, indent=1))
+    write_run_json(meta_path, meta)
     stats = ReplayStats(total=len(trace))
     interrupted = False
     writer = RecordWriter(run_dir / "records.csv")
     host = SeriesWriter(run_dir / "timeseries" / "host.jsonl", "host")
     host_task = asyncio.create_task(sample_host(host))
+    prom: PrometheusProcess | None = None
+    replayed = False        # the replay ran to its end (not stopped, nothing raised)
     try:
         await be.start()
-        meta["shaping"] = be.shaping()     # backends learn some facts (e.g. method) only at start
-        meta["t0"] = t0 = now()
-        meta_path.write_text(json.dumps(meta, indent=1))
+        if prometheus is not None:
+            prom = PrometheusProcess(find_binary() or "prometheus", be.deployment, run_dir / "prometheus", prometheus)
+            await prom.start()
+        meta.shaping = Shaping.model_validate(be.shaping())   # backends learn some facts (e.g. method) only at start
+        meta.t0 = t0 = now()
+        write_run_json(meta_path, meta)
         await be.on_t0(t0)
-        if sc.faults and not (run_dir / "faults.jsonl").exists():
-            log.warning("the %s backend does not execute the scenario's %d fault(s)", backend, len(sc.faults))
         url = be.deployment.router.url
         try:
             stats = await be.run_client(lambda: replay(trace, url, writer, sc.scale.speedup, sc.model.name,
@@ -248,7 +262,8 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
             raise
         finally:
             # The run ends with the last record, not after teardown (compose down takes seconds).
-            meta["t_end"] = now()
+            meta.t_end = now()
+        replayed = True
     finally:
         # Every step runs even when an earlier one raised (a full disk must not leave the
         # services running), services first; a second Ctrl-C cannot cut the teardown short.
@@ -265,20 +280,27 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
 
             host_task.cancel()
             await asyncio.gather(host_task, return_exceptions=True)
+            if prom is not None:
+                await step(prom.stop)
             await step(be.stop)
             await step(host.close)
             await step(writer.close)
-            if meta["t0"] is None:     # stopped before the services came up: nothing was sent
-                meta["t0"] = now()
-            meta.update({"t_end": meta["t_end"] or now(), "interrupted": interrupted})
-            await step(lambda: meta_path.write_text(json.dumps(meta, indent=1)))
+            if meta.t0 is None:     # stopped before the services came up: nothing was sent
+                meta.t0 = now()
+            meta.t_end, meta.interrupted = meta.t_end or now(), interrupted
+            meta.state = ("interrupted" if interrupted else
+                          "finished" if replayed and not failures else "failed")
+            await step(lambda: write_run_json(meta_path, meta))
             if not failures:
-                summary = write_summary(run_dir)
-                if report:
-                    write_report(run_dir, summary)
-            elif all(isinstance(e, OSError) for e in failures):
+                try:
+                    summary = write_summary(run_dir)
+                    if report:
+                        write_report(run_dir, summary)
+                except OSError as e:     # a full disk: the services are down, say so in one line
+                    failures.append(e)
+            if failures and all(isinstance(e, OSError) for e in failures):
                 raise UserError(f"{run_dir}: the run's files could not be written ({failures[0]}); "
                                 "the services were stopped") from failures[0]
-            else:
+            if failures:
                 raise failures[0]
     return RunResult(run_dir, stats, interrupted, summary)

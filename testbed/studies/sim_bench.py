@@ -12,6 +12,11 @@
    Prints wall time, peak RSS, and the PrfaaS egress in the steady state (the senders' bytes
    from one minute after the first arrival to the last arrival) beside the model's B_out at
    the same load.
+3. Faults at scale (`testbed bench sim-faults`): the same deployment and traffic with a 60 s WAN
+   outage at 5 minutes and a rack of 8 decode instances lost at 9 minutes, once with the fixed
+   threshold and once with the short-term bandwidth loop on: wall time and peak RSS of each,
+   the report's Faults section, and what the loop changes for the requests caught by the
+   outage and those after it.
 """
 
 from __future__ import annotations
@@ -151,4 +156,124 @@ def bench_sim(args: argparse.Namespace) -> int:
           f"bar: within 5%)")
     (out / "bench-sim.json").write_text(json.dumps({"hour": hour, "scale": big}, indent=1))
     print(f"  figures: {out / 'bench-sim.json'}")
+    return 0
+
+
+# -- faults at scale --------------------------------------------------------------------------
+
+OUTAGE_AT_S, OUTAGE_S = 300.0, 60.0        # paper s after t0: the WAN goes dark for a minute
+RACK_AT_S, RACK = 540.0, 8                 # then a rack of decode instances (8 x 8 GPUs) is lost
+
+
+def fault_spec(rs: ResolvedScenario, control: bool) -> ResolvedScenario:
+    """The scaled deployment with the WAN outage and the decode rack's loss, the short-term
+    bandwidth loop on (`control`) or off."""
+    sc = rs.spec
+    faults = [{"kind": "outage", "at_s": OUTAGE_AT_S, "duration_s": OUTAGE_S, "note": "the inter-DC link goes dark"}]
+    faults += [{"kind": "kill", "at_s": RACK_AT_S, "cluster": "pd", "role": "decode", "index": i,
+                "note": "a decode rack is lost"} for i in range(RACK)]
+    data = sc.model_dump()
+    data["faults"] = faults
+    data["policy"]["bandwidth_aware"] = control
+    data["name"] = f"{sc.name}-faults-{'control' if control else 'fixed'}"
+    out = resolve(type(sc).model_validate(data), rs.source)
+    return out.model_copy(update={"inter_dc": rs.inter_dc, "threshold": rs.threshold})
+
+
+def _window(recs: list[Any], lo: float, hi: float, speedup: float) -> dict[str, Any]:
+    """Requests arriving in [lo, hi) paper s: how many, failed, TTFT mean and P90 of the completed."""
+    import numpy as np
+
+    sel = [r for r in recs if lo <= r.times.arrival * speedup < hi]
+    ttft = [r.ttft * speedup for r in sel if r.outcome == "completed" and math.isfinite(r.ttft)]
+    return {"requests": len(sel), "failed": sum(r.outcome != "completed" for r in sel),
+            "ttft_mean": float(np.mean(ttft)) if ttft else None,
+            "ttft_p90": float(np.percentile(ttft, 90)) if ttft else None}
+
+
+def faults_run(out: Path, seed: int, control: bool) -> dict[str, Any]:
+    """One 15-minute run of the 10,000-GPU deployment with the faults, its run directory whole
+    (records, series, faults.jsonl, summary, report with its Faults section)."""
+    from testbed.metrics.faults import fault_effects
+    from testbed.metrics.records import read_records
+    from testbed.metrics.report import write_report
+    from testbed.metrics.summary import write_summary
+    from testbed.model.analytical import evaluate
+    from testbed.studies.runner import run_sim
+    from testbed.traces.loader import trace_from_workload
+
+    base, k = scaled(load("paper-prfaas"), SCALE_INSTANCES)
+    threshold = None if base.threshold is None else int(base.threshold)
+    model = evaluate(base.spec, link_bps=base.inter_dc.rate, threshold=threshold)
+    rate = SCALE_LOAD * model.lambda_max
+    n = int(rate * SCALE_MINUTES * 60)
+    rs = fault_spec(base, control).at_rate(rate)
+    rs = rs.model_copy(update={"spec": rs.spec.model_copy(update={
+        "workload": rs.spec.workload.model_copy(update={"requests": n, "seed": seed})})})
+    trace = trace_from_workload(rs.spec.workload)
+    run_dir = out / ("faults-control" if control else "faults-fixed")
+    cpu = time.process_time()
+    res = run_sim(rs, trace, run_dir, report=False)
+    cpu = time.process_time() - cpu
+    from testbed.metrics.summary import read_run_info
+    info = read_run_info(run_dir)
+    assert info.sim is not None
+    summary = write_summary(run_dir)
+    write_report(run_dir, summary)
+    s = rs.spec.scale.speedup
+    recs = read_records(run_dir / "records.csv")
+    effects = fault_effects(run_dir, recs, s)
+    end = OUTAGE_AT_S + OUTAGE_S
+    return {"control": control, "requests": n, "rate": rate, "completed": res.stats.completed,
+            "failed": res.stats.failed, "retries": info.sim.retries, "events": info.sim.events,
+            "sim_wall_s": info.sim.wall_s, "cpu_s": cpu, "peak_rss_mib": _rss_mib(),
+            "ttft_mean": summary.ttft_s.mean, "ttft_p90": summary.ttft_s.p90,
+            "slo_attainment": summary.throughput.slo_attainment,
+            "before": _window(recs, 0.0, OUTAGE_AT_S, s), "outage": _window(recs, OUTAGE_AT_S, end, s),
+            "after_outage": _window(recs, end, end + 60.0, s), "after_rack": _window(recs, RACK_AT_S, RACK_AT_S + 60.0, s),
+            "threshold_changes": summary.control.threshold_changes if summary.control else 0,
+            "faults": effects, "run_dir": str(run_dir)}
+
+
+def _fmt(v: float | None, f: str = "{:.2f}") -> str:
+    return "n/a" if v is None else f.format(v)
+
+
+def bench_sim_faults(args: argparse.Namespace) -> int:
+    out = Path(args.out or f"runs/bench-sim-faults-{datetime.now():%Y%m%d-%H%M%S}")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for control in (False, True):
+        r = faults_run(out, args.seed, control)
+        runs.append(r)
+        name = "short-term bandwidth loop on" if control else "fixed threshold"
+        print(f"10,000-GPU deployment, {r['requests']:,} requests in {SCALE_MINUTES:g} min at {r['rate']:.1f} req/s, "
+              f"WAN outage {OUTAGE_AT_S:g}-{OUTAGE_AT_S + OUTAGE_S:g} s, {RACK} decode instances lost at "
+              f"{RACK_AT_S:g} s; {name}:", flush=True)
+        print(f"  simulated in {r['sim_wall_s']:.1f} s wall ({r['events']:,} events), {r['cpu_s']:.1f} s CPU with "
+              f"summary and report, peak RSS {r['peak_rss_mib']:,.0f} MiB; bar: under 180 s and 4 GiB")
+        print(f"  completed {r['completed']:,}, failed {r['failed']:,}, retried {r['retries']:,}; TTFT mean / P90 "
+              f"{_fmt(r['ttft_mean'])} / {_fmt(r['ttft_p90'])} s; SLO attainment {_fmt(r['slo_attainment'], '{:.1%}')}; "
+              f"threshold changes {r['threshold_changes']}")
+        for key, label in (("before", "before the outage"), ("outage", "arriving in the outage"),
+                           ("after_outage", "the minute after it"), ("after_rack", "the minute after the rack loss")):
+            w = r[key]
+            print(f"    {label}: {w['requests']:,} requests, {w['failed']:,} failed, TTFT mean / P90 "
+                  f"{_fmt(w['ttft_mean'])} / {_fmt(w['ttft_p90'])} s")
+        for e in r["faults"]:
+            if e["kind"] == "outage" or e["target"].endswith("-d0"):
+                rec = "not recovered" if e["recover_s"] is None else f"{e['recover_s']:.1f} s"
+                print(f"    fault #{e['fault']} {e['kind']} {e['target']}: affected {e['affected']:,}, failed "
+                      f"{e['failed']:,}, retried {e['retried']:,}, time to recover {rec}")
+        print(f"  report: {r['run_dir']}/report.md", flush=True)
+    fixed, ctl = runs
+    for key, label in (("outage", "arriving in the outage"), ("after_outage", "the minute after it")):
+        a, b = fixed[key], ctl[key]
+        if a["ttft_mean"] is not None and b["ttft_mean"] is not None:
+            print(f"what the loop saves, requests {label}: TTFT mean {a['ttft_mean']:.2f} -> {b['ttft_mean']:.2f} s, "
+                  f"P90 {_fmt(a['ttft_p90'])} -> {_fmt(b['ttft_p90'])} s, failed {a['failed']:,} -> {b['failed']:,}")
+    print(f"overall: failed {fixed['failed']:,} -> {ctl['failed']:,}, SLO attainment "
+          f"{_fmt(fixed['slo_attainment'], '{:.1%}')} -> {_fmt(ctl['slo_attainment'], '{:.1%}')}")
+    (out / "bench-sim-faults.json").write_text(json.dumps(runs, indent=1, default=str))
+    print(f"  figures: {out / 'bench-sim-faults.json'}")
     return 0

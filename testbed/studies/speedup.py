@@ -48,10 +48,11 @@ async def pick_speedup(rs: ResolvedScenario, trace: Trace, backend: str, probe_d
         out = probe_dir / f"speedup-{s:g}"
         print(f"--speedup auto: probing {len(probe)} requests at speedup {s:g} -> {out}", file=sys.stderr, flush=True)
         res = await run(with_speedup(rs, s), probe, out, backend, name=f"{rs.name} probe @ {s:g}x")
-        val = res.summary.get("validity") or {"valid": False, "reasons": ["no summary"]}
-        tried.append({"speedup": s, "valid": bool(val["valid"]), "reasons": list(val["reasons"]),
-                      "tpot_mean_s": (res.summary.get("tpot_s") or {}).get("mean")})
-        if val["valid"]:
+        # A summary without `validity` (it is always written now) cannot vouch for the speedup.
+        valid, reasons = ((res.summary.validity.valid, res.summary.validity.reasons) if res.summary.validity
+                          else (False, ["no validity in the summary"]))
+        tried.append({"speedup": s, "valid": valid, "reasons": list(reasons), "tpot_mean_s": res.summary.tpot_s.mean})
+        if valid:
             return s, tried
-        print(f"  speedup {s:g}: not faithful: {'; '.join(val['reasons'])}", file=sys.stderr, flush=True)
+        print(f"  speedup {s:g}: not faithful: {'; '.join(reasons)}", file=sys.stderr, flush=True)
     return min(candidates), tried

@@ -34,10 +34,15 @@ import yaml
 
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.core.scenario import Scenario
+from testbed.metrics.artefacts import Summary
 from testbed.config.resolved import ResolvedScenario
+from testbed.model.errors import ModelError
 from testbed.config.overrides import build_overrides, parse_assignments
 from testbed.config.scenarios import ScenarioError, load_scenario
+from testbed.deploy import registry
 from testbed.studies.load import load
+from testbed.studies.run_args import add_run_args, run_assignments, trace_for
+from testbed.traces.types import Trace
 
 MAX_PARAMS = 2
 THRESHOLD_FIELD = "policy.threshold"
@@ -133,32 +138,27 @@ def plan_points(scenario: str, base: Sequence[tuple[str, Any]], grid: Sequence[d
 # ---------------------------------------------------------------------------------- figures
 
 
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
-
-def measured_figures(summary: dict[str, Any] | None, status: str) -> dict[str, Any]:
-    s = summary or {}
+def measured_figures(summary: Summary | None, status: str) -> dict[str, Any]:
+    """A row's measured columns; all None when the point left no readable summary."""
+    if summary is None:
+        return {"status": status, **{k: None for k in MEASURED_COLUMNS[1:-2]}}   # between status and the capacity columns
+    s = summary
     return {
         "status": status,
-        "offered_rate_rps": _get(s, "run", "offered_rate_rps"),
-        "requests": _get(s, "requests", "total"),
-        "completed": _get(s, "requests", "completed"),
-        "failed": _get(s, "requests", "failed"),
-        "throughput_rps": _get(s, "throughput", "completed_rps_paper"),
-        "goodput_rps": _get(s, "throughput", "goodput_rps_paper"),
-        "ttft_mean_s": _get(s, "ttft_s", "mean"),
-        "ttft_p50_s": _get(s, "ttft_s", "p50"),
-        "ttft_p90_s": _get(s, "ttft_s", "p90"),
-        "ttft_p99_s": _get(s, "ttft_s", "p99"),
-        "tpot_mean_s": _get(s, "tpot_s", "mean"),
-        "offload_ratio": _get(s, "offload", "ratio"),
-        "wan_egress_mean_Bps": _get(s, "wan_egress", "mean_Bps_paper"),
-        "threshold_used": _get(s, "run", "threshold"),
+        "offered_rate_rps": s.run.offered_rate_rps,
+        "requests": s.requests.total,
+        "completed": s.requests.completed,
+        "failed": s.requests.failed,
+        "throughput_rps": s.throughput.completed_rps_paper,
+        "goodput_rps": s.throughput.goodput_rps_paper,
+        "ttft_mean_s": s.ttft_s.mean,
+        "ttft_p50_s": s.ttft_s.p50,
+        "ttft_p90_s": s.ttft_s.p90,
+        "ttft_p99_s": s.ttft_s.p99,
+        "tpot_mean_s": s.tpot_s.mean,
+        "offload_ratio": s.offload.ratio,
+        "wan_egress_mean_Bps": s.wan_egress.mean_Bps_paper,
+        "threshold_used": s.run.threshold,
     }
 
 
@@ -175,7 +175,7 @@ def model_figures(sc: Scenario, link_bps: float) -> dict[str, Any]:
     out: dict[str, Any] = {k: None for k in MODEL_COLUMNS}
     try:
         r = evaluate(sc, link_bps, threshold=_model_threshold(sc, link_bps))
-    except ValueError as e:  # e.g. a field value the model cannot evaluate; the run still counts
+    except ModelError as e:  # e.g. a field value the model cannot evaluate; the run still counts
         out["model_error"] = str(e)
         return out
     rate = sc.workload.rate
@@ -213,7 +213,7 @@ def model_curve(sc: Scenario, link_bps: float, extra: Sequence[float] = ()) -> l
 
     dep = StagePools.from_scenario(sc)
     if not dep.prfaas or not dep.pd_prefill:
-        raise ValueError(f"scenario {sc.name!r} lacks PrfaaS or PD prefill instances: no threshold curve")
+        raise ModelError(f"scenario {sc.name!r} lacks PrfaaS or PD prefill instances: no threshold curve")
     ttft_ts = threshold_grid(sc, extra, TTFT_CURVE_POINTS)
     ts = np.union1d(threshold_grid(sc, extra), ttft_ts)
     with_ttft = set(ttft_ts.tolist())
@@ -316,12 +316,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--param", action="append", required=True, metavar="FIELD=V1,V2,...",
                    help="a scenario field and its values, e.g. policy.threshold=10000,19400,40000 or "
                         "clusters.1.prefill=2,3,4 (list elements by index); at most twice")
-    p.add_argument("--rate", type=float, help="offered rate in paper req/s (workload.rate)")
-    p.add_argument("--requests", type=int, help="requests per point (workload.requests)")
-    p.add_argument("--backend", action=StoreOnce, choices=["auto", "netns", "local", "inproc", "sim"], default="local",
-                   help="netns: namespaces and shaped WAN links (root); local: one process per service on "
-                        "loopback; inproc: all in this process; sim: the discrete-event simulator; auto: netns "
-                        "if root, else local")
+    add_run_args(p, requests_help="requests per point (workload.requests; with --trace, its first N after --window "
+                                  "and --sample)")
+    p.add_argument("--backend", action=StoreOnce, **registry.backend_option(lead="where every point runs"))
     p.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
     p.add_argument("--capacity-probes", type=int, default=0, metavar="N",
                    help="measure Lambda_max at every point by a capacity search of N replays (testbed capacity) "
@@ -338,11 +335,12 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _read_summary(run_dir: Path) -> dict[str, Any] | None:
+def _read_summary(run_dir: Path) -> Summary | None:
+    from testbed.metrics.summary import read_summary
+
     try:
-        data = json.loads((run_dir / "summary.json").read_text())
-        return data if isinstance(data, dict) else None
-    except (OSError, json.JSONDecodeError):
+        return read_summary(run_dir / "summary.json")
+    except ValueError:     # the point failed before writing one, or left a broken one: its row says why
         return None
 
 
@@ -352,27 +350,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if link_bps <= 0:
             raise ScenarioError("--link-gbps must be > 0")
         params = [parse_param(s) for s in args.param]
-        base = parse_assignments(args.set)
-        if args.rate is not None:
-            base.append(("workload.rate", args.rate))
-        if args.requests is not None:
-            base.append(("workload.requests", args.requests))
+        base = [*parse_assignments(args.set), *run_assignments(args)]
         points = plan_points(args.scenario, base, build_grid(params))
     except ScenarioError as e:
         print(f"sweep: {e}", file=sys.stderr)
         return 2
     fields = [k for k, _ in params]
     first = points[0].scenario
-    from testbed.studies.runner import pick_backend, refuse_faults_in_sim
-    args.backend, warning = pick_backend(args.backend)
-    if args.backend == "sim":
-        refuse_faults_in_sim(*(pt.resolved for pt in points))
+    trace = trace_for(None, args) if args.trace is not None else None
+    args.backend, warning = registry.pick_backend(args.backend)
+    registry.refuse_unhonoured(args.backend, (pt.resolved for pt in points))
+    registry.check_host(args.backend)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-sweep-{first.name}"
     out.mkdir(parents=True, exist_ok=True)
-    facts = {"scenario": first.name, "backend": args.backend, "requests": first.workload.requests,
-             "rate": first.workload.rate, "speedup": first.scale.speedup, "byte_scale": first.scale.byte_scale,
+    facts = {"scenario": first.name, "backend": args.backend,
+             "requests": first.workload.requests if trace is None else len(trace),
+             "rate": first.workload.rate if trace is None else trace.rate, "speedup": first.scale.speedup, "byte_scale": first.scale.byte_scale,
              "started": f"{datetime.now():%Y-%m-%d %H:%M:%S}"}
 
     curve_path = _write_curve(out, points, fields, link_bps)
@@ -386,7 +381,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     try:
         for pt in points:
-            if _run_and_record(pt, out, args.backend, link_bps, len(points), rows, args.capacity_probes):
+            if _run_and_record(pt, out, args.backend, link_bps, len(points), rows, args.capacity_probes, trace):
                 interrupted = True
             errors = errors or rows[-1]["status"].startswith("error")
             flush()
@@ -406,24 +401,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _run_and_record(pt: Point, out: Path, backend: str, link_bps: float, n: int, rows: list[dict[str, Any]],
-                    capacity_probes: int = 0) -> bool:
+                    capacity_probes: int = 0, trace: Trace | None = None) -> bool:
     """Run one point and append its row; True when Ctrl-C stopped it. With `capacity_probes`,
     the point is a capacity search (testbed.studies.capacity) and its row carries the measured
-    Lambda_max and the figures of the highest stable probe."""
+    Lambda_max and the figures of the highest stable probe. Every point replays the scenario's
+    workload, or `trace` (--trace) the same for all."""
     run_dir = out / pt.label
     where = ", ".join(f"{k}={_value_text(v)}" for k, v in pt.values.items())
-    _log(f"[{pt.index + 1}/{n}] {where}: {pt.scenario.workload.requests} requests -> {run_dir}")
+    _log(f"[{pt.index + 1}/{n}] {where}: {pt.scenario.workload.requests if trace is None else len(trace)} requests "
+         f"-> {run_dir}")
     status, interrupted = "ok", False
     extra: dict[str, Any] = {}
     summary_dir = run_dir
     try:
         if capacity_probes:
-            res = asyncio.run(_capacity_point(pt, run_dir, backend, capacity_probes, link_bps))
+            res = asyncio.run(_capacity_point(pt, run_dir, backend, capacity_probes, link_bps, trace))
             extra = {"measured_lambda_max": res.lambda_max, "lowest_unstable_rate": res.lowest_unstable}
             best = [p for p in res.probes if p.stable and p.rate == res.lambda_max]
             summary_dir = Path(best[0].run_dir) if best else run_dir
         else:
-            asyncio.run(_run_point(pt, run_dir, backend))
+            asyncio.run(_run_point(pt, run_dir, backend, trace))
     except KeyboardInterrupt:
         # The runner has stopped its services and summarised what finished before re-raising.
         status, interrupted = "interrupted", True
@@ -442,22 +439,24 @@ def _short(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
 
 
-async def _capacity_point(pt: Point, run_dir: Path, backend: str, probes: int, link_bps: float) -> Any:
+async def _capacity_point(pt: Point, run_dir: Path, backend: str, probes: int, link_bps: float,
+                          trace: Trace | None = None) -> Any:
     from testbed.studies.capacity import model_lambda, search, write_outputs
 
     model = model_lambda(pt.scenario, link_bps) or 1.0
     run_dir.mkdir(parents=True, exist_ok=True)
     res = await search(pt.resolved, run_dir, backend, 0.75 * model, 1.25 * model, probes, 0.25,
-                       pt.scenario.slo.ttft_s)
+                       pt.scenario.slo.ttft_s, trace=trace)
     write_outputs(res, run_dir)
     return res
 
 
-async def _run_point(pt: Point, run_dir: Path, backend: str) -> None:
+async def _run_point(pt: Point, run_dir: Path, backend: str, trace: Trace | None = None) -> None:
     from testbed.studies.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
-    trace = trace_from_workload(pt.scenario.workload)
+    if trace is None:
+        trace = trace_from_workload(pt.scenario.workload)
     await run_replay_async(pt.resolved, trace, run_dir, backend, name=f"{pt.scenario.name} {pt.label[3:]}")
 
 
@@ -478,7 +477,7 @@ def _write_curve(out: Path, points: Sequence[Point], fields: Sequence[str], link
                      [p.values[f] for f in others]) == key]
         try:
             curve = model_curve(pt.scenario, link_bps, swept)
-        except ValueError as e:
+        except ModelError as e:
             _log(f"no model curve: {e}")
             return None
         rows += [{**{f: pt.values[f] for f in others}, **r} for r in curve]

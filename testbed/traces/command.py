@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from testbed.config.cli_args import StoreOnce, out_file
 from testbed.core.scenario import WorkloadSpec
-from testbed.traces.azure import AZURE_STYLES, write_azure
-from testbed.traces.burstgpt import BURSTGPT_VARIANTS, MODELS, write_burstgpt
+from testbed.traces.burstgpt import MODELS
 from testbed.traces.csvutil import LoadStats, Window
 from testbed.traces.distinct import DistinctCounter
-from testbed.traces.loader import SUPPORTED_FORMATS, block_tokens_of, detect_format, iter_trace, notes_for
-from testbed.traces.mooncake import write_mooncake
-from testbed.traces.synthetic import REUSE_PROFILES, synth_profile, synthetic_trace
+from testbed.traces.formats import FORMATS, SUPPORTED_FORMATS, WriteOptions
+from testbed.traces.loader import block_tokens_of, detect_format, iter_trace, notes_for
+from testbed.traces.synthetic import DEFAULT_BURST_PEAK, REUSE_PROFILES, synth_profile, synthetic_trace
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
 _SPAN = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", re.ASCII)
@@ -70,13 +70,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     s = tsub.add_parser("synth", help="write a generated trace")
     s.add_argument("--format", choices=SUPPORTED_FORMATS, default="mooncake")
-    s.add_argument("--variant", metavar="V",
-                   help=f"azure: {' or '.join(AZURE_STYLES)} layout (default 2024); "
-                        f"burstgpt: {' or '.join(BURSTGPT_VARIANTS)} header (default v2)")
+    s.add_argument("--variant", metavar="V", help="; ".join(
+        f"{f.name}: {' or '.join(f.variants)} {f.variant_noun} (default {f.default_variant})"
+        for f in FORMATS.values() if f.variants))
     s.add_argument("--requests", type=int, required=True, metavar="N")
     s.add_argument("--rate", type=float, required=True, metavar="R", help="mean arrivals per second")
     s.add_argument("--seed", type=int, default=1, metavar="S")
-    s.add_argument("--out", required=True, metavar="PATH")
+    s.add_argument("--arrival-cv", type=float, default=1.0, metavar="C",
+                   help="coefficient of variation of the inter-arrival gaps: 1 Poisson (default), "
+                        "below 1 smoother (gamma), above 1 bursts (interrupted Poisson)")
+    s.add_argument("--burst-peak", type=float, default=DEFAULT_BURST_PEAK, metavar="P",
+                   help=f"with --arrival-cv above 1: the rate during a burst over the mean (default {DEFAULT_BURST_PEAK:g})")
+    s.add_argument("--out", action=StoreOnce, type=out_file, required=True, metavar="FILE")
     s.add_argument(
         "--prefix-reuse", nargs="?", const="chat", choices=tuple(REUSE_PROFILES), metavar="PROFILE",
         help="multi-turn sessions sharing prefix blocks, shaped as PROFILE: chat (default) or agent "
@@ -105,27 +110,31 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if args.requests <= 0 or not (args.rate > 0 and math.isfinite(args.rate)):
         print("trace synth: --requests and --rate must be positive", file=sys.stderr)
         return 2
-    variants = {"azure": AZURE_STYLES, "burstgpt": BURSTGPT_VARIANTS}.get(args.format, ())
+    fmt = FORMATS[args.format]
+    variants = fmt.variants
     if args.variant is not None and args.variant not in variants:
         allowed = ", ".join(variants) if variants else "none"
         print(f"trace synth: --variant for {args.format}: one of {allowed}", file=sys.stderr)
         return 2
-    if args.prefix_reuse and args.format != "mooncake":
+    if args.prefix_reuse and not fmt.carries_hashes:
         print(f"trace synth: --prefix-reuse: the {args.format} format carries no prefix hashes", file=sys.stderr)
         return 2
-    if not 0.0 <= args.failed_share <= 1.0 or (args.failed_share and args.format != "burstgpt"):
-        print("trace synth: --failed-share is a share in [0, 1], for burstgpt only", file=sys.stderr)
+    if not 0.0 <= args.failed_share <= 1.0 or (args.failed_share and not fmt.writes_failed):
+        writers = ", ".join(f.name for f in FORMATS.values() if f.writes_failed)
+        print(f"trace synth: --failed-share is a share in [0, 1], for {writers} only", file=sys.stderr)
         return 2
+    if not (args.arrival_cv > 0 and math.isfinite(args.arrival_cv)):
+        print("trace synth: --arrival-cv must be a positive number", file=sys.stderr)
+        return 2
+    if not (args.burst_peak > 1 and math.isfinite(args.burst_peak)):
+        print("trace synth: --burst-peak must be a rate ratio above 1", file=sys.stderr)
+        return 2
+    arrivals = {"arrival_cv": args.arrival_cv, "burst_peak": args.burst_peak}
     if args.prefix_reuse:
-        trace = synth_profile(args.prefix_reuse, args.requests, args.rate, args.seed)
+        trace = synth_profile(args.prefix_reuse, args.requests, args.rate, args.seed, **arrivals)
     else:
-        trace = synthetic_trace(WorkloadSpec(requests=args.requests, rate=args.rate, seed=args.seed))
-    if args.format == "azure":
-        write_azure(args.out, trace, args.variant or "2024")
-    elif args.format == "burstgpt":
-        write_burstgpt(args.out, trace, args.variant or "v2", seed=args.seed, failed_share=args.failed_share)
-    else:
-        write_mooncake(args.out, trace)
+        trace = synthetic_trace(WorkloadSpec(requests=args.requests, rate=args.rate, seed=args.seed), **arrivals)
+    fmt.write(args.out, trace, WriteOptions(variant=args.variant, seed=args.seed, failed_share=args.failed_share))
     print(f"wrote {len(trace)} requests ({trace.duration:.1f} s, {trace.rate:.3f} req/s) to {args.out}")
     return 0
 

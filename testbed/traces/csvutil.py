@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from testbed.core.limits import MAX_TIMESTAMP_S
+from testbed.traces.files import open_trace
 from testbed.traces.types import TraceError, TraceRequest
 
 # A window start this far into a file (bytes) is found by bisection instead of a scan.
@@ -152,7 +153,7 @@ class CsvHeader:
 def read_header(path: str | Path) -> CsvHeader:
     p = Path(path)
     try:
-        with p.open("rb") as f:
+        with open_trace(p) as f:
             raw = f.readline()
             cr = raw.find(b"\r")
             if 0 <= cr < len(raw) - 1 and raw[cr + 1] != 0x0A:
@@ -202,7 +203,7 @@ RowAdmitter = Callable[[list[str], int, int], "tuple[int, int] | None"]
 
 
 def _open_rows(header: CsvHeader, offset: int) -> io.TextIOWrapper:
-    raw = header.path.open("rb")
+    raw = open_trace(header.path)
     raw.seek(offset)
     return io.TextIOWrapper(raw, encoding="utf-8", newline="")
 
@@ -283,7 +284,7 @@ def skip_lines(path: Path, start: int, lines: int) -> int:
     newline="" ends them (CRLF, CR or LF)."""
     if lines <= 0:
         return start
-    with path.open("rb") as f:
+    with open_trace(path) as f:
         f.seek(start)
         base, buf = start, b""
         while True:
@@ -301,7 +302,7 @@ def skip_lines(path: Path, start: int, lines: int) -> int:
 
 
 def _open_checked_rows(header: CsvHeader, offset: int) -> io.TextIOWrapper:
-    raw = header.path.open("rb")
+    raw = open_trace(header.path)
     raw.seek(offset)
     return io.TextIOWrapper(io.BufferedReader(_Utf8Lines(raw), 1 << 16), encoding="utf-8", newline="")
 
@@ -309,7 +310,7 @@ def _open_checked_rows(header: CsvHeader, offset: int) -> io.TextIOWrapper:
 def count_lines(path: Path, start: int, end: int) -> int:
     """Newlines in bytes [start, end) of the file."""
     n = 0
-    with path.open("rb") as f:
+    with open_trace(path) as f:
         f.seek(start)
         left = end - start
         while left > 0:
@@ -343,7 +344,7 @@ def seek_time(header: CsvHeader, time_of: Callable[[list[str]], float], target: 
     ends the search there; the scan reports that row with its line.
     """
     lo, hi = header.data_offset, header.size
-    with header.path.open("rb") as f:
+    with open_trace(header.path) as f:
         while hi - lo > _BISECT_STOP:
             mid = (lo + hi) // 2
             f.seek(mid)

@@ -3,7 +3,9 @@
 `synthetic_trace` is the paper's workload (Poisson arrivals, truncated log-normal input, fixed
 output, no prefix reuse). `synth_with_prefixes` is a multi-turn, conversation-like generator
 whose later turns share the earlier turns' prefix blocks, for exercising prefix caches.
-Both are deterministic for a given seed (numpy's PCG64 via `default_rng`).
+Both are deterministic for a given seed (numpy's PCG64 via `default_rng`), and both can replace
+Poisson arrivals by a burstier or smoother process of a given inter-arrival coefficient of
+variation (`arrival_times`).
 """
 
 from __future__ import annotations
@@ -71,19 +73,77 @@ def poisson_arrivals(rng: np.random.Generator, n: int, rate: float) -> npt.NDArr
     return np.concatenate(([0.0], np.cumsum(gaps)))
 
 
+# Bursts of `arrival_times` above CV 1: the rate during a burst over the mean rate.
+DEFAULT_BURST_PEAK = 4.0
+
+
+def arrival_times(rng: np.random.Generator, n: int, rate: float, cv: float = 1.0,
+                  peak: float = DEFAULT_BURST_PEAK) -> npt.NDArray[np.float64]:
+    """`n` arrival times (s, the first at 0) at mean `rate` whose gaps have coefficient of
+    variation `cv`:
+
+    - cv = 1: Poisson (`poisson_arrivals`, the same draws; other CVs take those draws too, so
+      what a generator draws after the times is the same at every CV);
+    - cv < 1: a gamma renewal process (shape 1/cv^2), smoother than Poisson;
+    - cv > 1: an interrupted Poisson process: bursts at `peak` times the mean rate, each lasting an
+      exponential time, separated by exponential silences. Its gaps are independent and
+      hyperexponential with SCV 1 + 2 lambda_on omega_on / (omega_on + omega_off)^2 (omega: the rates
+      of leaving each phase), which with the burst share f = 1 / peak fixes the mean cycle
+      on + off = (cv^2 - 1) / (2 rate (1 - f)^2): bursts are short at low CV, long at high CV
+      (cv 3 at 3.3 req/s and peak 4: ~0.54 s bursts every ~2.2 s; cv 13 at 1 req/s and peak 12:
+      ~8 s bursts every ~100 s).
+    """
+    if not (cv > 0 and math.isfinite(cv)):
+        raise ValueError(f"the arrival CV must be a positive finite number, got {cv}")
+    if cv != 1.0 and cv > 1.0 and not (peak > 1 and math.isfinite(peak)):
+        raise ValueError(f"the burst peak must be a finite rate ratio > 1, got {peak}")
+    # The Poisson draws are taken whatever the CV, so the draws after them (lengths, sessions)
+    # are the same at every CV; another CV's times come from a child stream.
+    poisson = poisson_arrivals(rng, n, rate)
+    if cv == 1.0 or n <= 0:
+        return poisson
+    sub = rng.spawn(1)[0]
+    if cv < 1.0:
+        k = 1.0 / (cv * cv)
+        gaps = sub.gamma(k, 1.0 / (k * rate), size=n - 1)
+        return np.concatenate(([0.0], np.cumsum(gaps)))
+    f = 1.0 / peak
+    cycle = (cv * cv - 1.0) / (2.0 * rate * (1.0 - f) ** 2)
+    on_s, off_s, on_rate = f * cycle, (1.0 - f) * cycle, rate * peak
+    chunks: list[npt.NDArray[np.float64]] = []
+    got, t0 = 0, 0.0
+    while got < n:
+        # Enough cycles for the rest on average, and some; Poisson counts in each burst, the
+        # arrivals of a burst uniform within it (a Poisson process given its count).
+        m = int((n - got) / (on_rate * on_s) * 1.2) + 16
+        on = sub.exponential(on_s, size=m)
+        off = sub.exponential(off_s, size=m)
+        starts = t0 + np.concatenate(([0.0], np.cumsum(on + off)[:-1]))
+        counts = sub.poisson(on_rate * on)
+        at = np.repeat(starts, counts) + sub.random(int(counts.sum())) * np.repeat(on, counts)
+        chunks.append(np.sort(at))
+        got += at.size
+        t0 = float(starts[-1] + on[-1] + off[-1])
+    times = np.concatenate(chunks)[:n]
+    out: npt.NDArray[np.float64] = times - times[0]
+    return out
+
+
 def _blocks(tokens: int, block_tokens: int) -> int:
     return -(-tokens // block_tokens)
 
 
-def synthetic_trace(spec: WorkloadSpec, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Trace:
-    """The paper's synthetic workload for `spec`.
+def synthetic_trace(spec: WorkloadSpec, block_tokens: int = DEFAULT_BLOCK_TOKENS, *, arrival_cv: float = 1.0,
+                    burst_peak: float = DEFAULT_BURST_PEAK) -> Trace:
+    """The paper's synthetic workload for `spec` (arrivals Poisson unless `arrival_cv` says
+    otherwise: `arrival_times`).
 
     Draw order (fixed, for reproducibility): inter-arrival gaps, then input lengths. Every
     request gets fresh block hashes (ceil(input / block_tokens) of them), so the trace states
     "no prefix reuse" explicitly and round-trips through the Mooncake format.
     """
     rng = np.random.default_rng(spec.seed)
-    times = poisson_arrivals(rng, spec.requests, spec.rate)
+    times = arrival_times(rng, spec.requests, spec.rate, arrival_cv, burst_peak)
     lengths = sample_lengths(rng, spec.requests, spec.input)
     reqs: list[TraceRequest] = []
     next_id = 0
@@ -99,7 +159,7 @@ def synthetic_trace(spec: WorkloadSpec, block_tokens: int = DEFAULT_BLOCK_TOKENS
     d = spec.input
     source = (
         f"synthetic(lognormal mu={d.mu} sigma={d.sigma} [{d.min}, {d.max}], output={spec.output_tokens}, "
-        f"rate={spec.rate}, requests={spec.requests}, seed={spec.seed})"
+        f"rate={spec.rate}, requests={spec.requests}, seed={spec.seed}{_arrivals_note(arrival_cv, burst_peak)})"
     )
     return Trace(reqs, source=source, block_tokens=block_tokens)
 
@@ -126,7 +186,14 @@ REUSE_PROFILES: dict[str, dict[str, object]] = {
 }
 
 
-def synth_profile(name: str, n: int, rate: float, seed: int) -> Trace:
+def _arrivals_note(cv: float, peak: float) -> str:
+    if cv == 1.0:
+        return ""
+    return f", arrival_cv={cv:g}" + (f", burst_peak={peak:g}" if cv > 1.0 else "")
+
+
+def synth_profile(name: str, n: int, rate: float, seed: int, arrival_cv: float = 1.0,
+                  burst_peak: float = DEFAULT_BURST_PEAK) -> Trace:
     """`synth_with_prefixes` with one of REUSE_PROFILES."""
     try:
         kw = dict(REUSE_PROFILES[name])
@@ -135,7 +202,8 @@ def synth_profile(name: str, n: int, rate: float, seed: int) -> Trace:
     per = kw.pop("turns_per_session", None)
     if isinstance(per, int):
         kw["sessions"] = max(1, n // per)
-    return synth_with_prefixes(n, rate, seed, **kw)  # type: ignore[arg-type]
+    return synth_with_prefixes(n, rate, seed, arrival_cv=arrival_cv, burst_peak=burst_peak,
+                               **kw)  # type: ignore[arg-type]
 
 
 def synth_with_prefixes(
@@ -152,8 +220,11 @@ def synth_with_prefixes(
     follow_up: LengthDist = FOLLOW_UP,
     output: LengthDist = OUTPUT,
     max_input: int = 131072,
+    arrival_cv: float = 1.0,
+    burst_peak: float = DEFAULT_BURST_PEAK,
 ) -> Trace:
-    """Multi-turn conversations with prefix reuse, `n` requests arriving as Poisson at `rate`.
+    """Multi-turn conversations with prefix reuse, `n` requests arriving as Poisson at `rate`
+    (or as `arrival_times` of `arrival_cv` and `burst_peak`).
 
     - `sessions` conversations (default n / 3, i.e. ~3 turns each, skewed: many have one turn,
       a few many); at most `concurrency` are open at once and each arrival goes to a random open
@@ -179,7 +250,7 @@ def synth_with_prefixes(
         raise ValueError(f"sessions must be in [1, n={n}], got {n_sessions}")
 
     rng = np.random.default_rng(seed)
-    times = poisson_arrivals(rng, n, rate)
+    times = arrival_times(rng, n, rate, arrival_cv, burst_peak)
     if n == 0:
         return Trace([], source=f"synth_with_prefixes(n=0, seed={seed})", block_tokens=block_tokens)
     weights = rng.exponential(size=n_sessions)
@@ -230,5 +301,6 @@ def synth_with_prefixes(
             # Swap-remove: O(1), and deterministic since the pick is by index.
             open_[k] = open_[-1]
             open_.pop()
-    source = f"synth_with_prefixes(n={n}, rate={rate}, seed={seed}, sessions={n_sessions})"
+    source = (f"synth_with_prefixes(n={n}, rate={rate}, seed={seed}, sessions={n_sessions}"
+              f"{_arrivals_note(arrival_cv, burst_peak)})")
     return Trace(reqs, source=source, block_tokens=block_tokens)

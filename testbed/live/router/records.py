@@ -1,0 +1,67 @@
+"""A request's record as the router keeps it: the attempt's lifecycle checked once all stamps
+are in, a retry's fresh record, the `testbed` extension the final chunk carries, and, for a held
+deployment, the record of what the client saw (`Seen`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from testbed.core.lifecycle import Lifecycle
+from testbed.core.record import NAN, NO_TRACE_INDEX, RequestRecord
+from testbed.live.openai_api import record_extension
+from testbed.live.router.state import Progress, RequestFailed
+
+
+def replay_lifecycle(prog: Progress) -> None:
+    """Drive the request's state machine through its stamps in time order. Stamps come from
+    three processes over two connections, so they are checked once all are in: an order the
+    machine rejects (say, admitted before its KV arrived) is a testbed bug worth failing on."""
+    for t, ev in prog.rec.times.lifecycle_events():
+        prog.life.apply(ev, t)
+    if not prog.life.done:
+        raise RequestFailed(f"incomplete lifecycle: stopped in state {prog.life.state.value}")
+
+
+def record_ext(prog: Progress, tokens: int) -> dict[str, Any]:
+    """The final chunk's `testbed` field: the record with the verdict and the tokens sent."""
+    rec = prog.rec
+    rec.outcome, rec.reason, rec.tokens_received = prog.life.state.value, prog.life.reason, tokens
+    return record_extension(rec)
+
+
+def retry_progress(old: Progress, reason: str) -> Progress:
+    """A fresh attempt's progress: the client's arrival kept, the failed attempt's stages not."""
+    rec = RequestRecord(old.rec.request_id, old.rec.trace_index, old.rec.input_tokens, old.rec.output_tokens,
+                        retries=old.rec.retries + 1, retry_reason=reason)
+    rec.times.router_arrival = old.rec.times.router_arrival
+    return Progress(Lifecycle(old.rec.request_id), rec)
+
+
+@dataclass
+class Seen:
+    """One request as its client saw it (unix seconds), for a held deployment's records."""
+
+    arrival: float
+    prog: Progress | None = None
+    first: float = NAN          # the first token chunk went out (non-streaming: the response)
+    last: float = NAN
+    sent: int = 0
+    error: str = ""             # why it ended without a lifecycle verdict (bad request, no capacity)
+    rid: str = ""               # the id claimed for it (`RouterState.ids`), released at the end
+
+
+def held_record(seen: Seen) -> RequestRecord:
+    if seen.prog is None:
+        rec = RequestRecord(uuid.uuid4().hex[:16], NO_TRACE_INDEX, 0, 0)
+    else:
+        src = seen.prog.rec
+        rec = dataclasses.replace(src, times=dataclasses.replace(src.times))
+    if rec.outcome not in ("completed", "failed"):
+        rec.outcome, rec.reason = "failed", seen.error or "the client disconnected before the end"
+    t = rec.times
+    t.arrival, t.first_token, t.last_token = seen.arrival, seen.first, seen.last
+    rec.tokens_received = seen.sent
+    return rec
