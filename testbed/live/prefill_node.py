@@ -265,6 +265,9 @@ def _collect(st: PrefillState) -> list[Sample]:
         out += [
             Sample("tcp_rtt_us", float(c.rtt_us), labels),
             Sample("tcp_total_retrans", float(c.total_retrans), labels),
+            # Every payload byte the socket put on the wire, retransmissions included
+            # (tcpi_bytes_sent): with the link's packet counter it accounts for the WAN bytes.
+            Sample("tcp_bytes_sent", float(c.bytes_sent), labels),
             Sample("tcp_delivery_rate_Bps", float(c.delivery_rate_Bps), labels),
             Sample("tcp_snd_cwnd", float(c.snd_cwnd), labels),
         ]
