@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,6 +21,22 @@ def docker_available() -> bool:
 @pytest.fixture
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+@pytest.fixture
+def scratch() -> Iterator[str]:
+    """A namespace of its own holding a veth pair p0 <-> p1, both up; removed afterwards."""
+    from testbed.net import plan as P
+    from testbed.net.executor import Executor
+    from testbed.net.teardown import teardown
+
+    ns = "ptbt" + secrets.token_hex(3) + "-scratch"
+    try:
+        with Executor() as ex:
+            ex.apply([P.AddNetns(ns), P.AddVeth(ns, "p0", ns, "p1"), P.LinkUp(ns, "p0"), P.LinkUp(ns, "p1")])
+        yield ns
+    finally:
+        teardown(ns)
 
 
 TIERS = {"pure", "app", "netns", "docker", "slow", "clients", "observability", "profiles"}

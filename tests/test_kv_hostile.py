@@ -204,6 +204,18 @@ async def with_client(script: str, *args: str, body: Callable[[int], Awaitable[N
             await proc.wait()
 
 
+async def assert_a_real_transfer_still_goes_through(rx: KVReceiver, port: int) -> None:
+    tx = KVSender(connections=2)
+    try:
+        fut = rx.expect(GOOD)
+        t = tx.start((HOST, port), GOOD, 100_000, 1)
+        t.send_layer(0, 100_000)
+        await asyncio.wait_for(t.finish(), T)
+        assert (await asyncio.wait_for(fut, T)).ok
+    finally:
+        await tx.close()
+
+
 async def test_receiver_rss_stays_bounded_under_100_hostile_connections_held_open(capsys: pytest.CaptureFixture[str]) -> None:
     """Twenty of the 100 send 4 MiB of a frame announcing 16 MiB (80 MiB that a buffering decoder
     would hold); the rest hold partial headers, a refused length, invented transfers, an ABORT
@@ -252,16 +264,7 @@ async def test_200000_invented_transfer_ids_cost_the_receiver_a_bounded_amount(c
         with capsys.disabled():
             print(f"\nreceiver RSS growth for 200,000 invented transfer ids: {grown[0] / 2**20:.1f} MiB")
         assert grown[0] < 64 << 20
-        # A real transfer still goes through.
-        tx = KVSender(connections=2)
-        try:
-            fut = rx.expect(GOOD)
-            t = tx.start((HOST, port), GOOD, 100_000, 1)
-            t.send_layer(0, 100_000)
-            await asyncio.wait_for(t.finish(), T)
-            assert (await asyncio.wait_for(fut, T)).ok
-        finally:
-            await tx.close()
+        await assert_a_real_transfer_still_goes_through(rx, port)
     finally:
         await rx.close()
 
@@ -316,15 +319,7 @@ async def test_400000_separate_one_byte_fragments_fail_the_transfer_at_the_cap(c
         with capsys.disabled():
             print(f"\nreceiver RSS growth for {n:,} separate one-byte fragments: {grown[0] / 2**20:.1f} MiB")
         assert grown[0] < 8 << 20     # ~30 MiB unbounded; the cap's ranges are ~0.5 MiB
-        tx = KVSender(connections=2)
-        try:
-            fut = rx.expect(GOOD)
-            t = tx.start((HOST, port), GOOD, 100_000, 1)
-            t.send_layer(0, 100_000)
-            await asyncio.wait_for(t.finish(), T)
-            assert (await asyncio.wait_for(fut, T)).ok
-        finally:
-            await tx.close()
+        await assert_a_real_transfer_still_goes_through(rx, port)
     finally:
         await rx.close()
 

@@ -434,16 +434,6 @@ def test_teardown_kills_processes_and_is_idempotent(capsys: pytest.CaptureFixtur
 
 # -- capabilities and errors ------------------------------------------------------------------------
 
-@pytest.fixture
-def scratch() -> Iterator[str]:
-    ns = uniq() + "-scratch"
-    try:
-        with Executor() as ex:
-            ex.apply([P.AddNetns(ns), P.AddVeth(ns, "p0", ns, "p1"), P.LinkUp(ns, "p0"), P.LinkUp(ns, "p1")])
-        yield ns
-    finally:
-        teardown(ns)
-
 
 def test_netem_probe_matches_the_kernel(scratch: str) -> None:
     from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]

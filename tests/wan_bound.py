@@ -20,14 +20,15 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import load_timeseries
 
 HEADER_BYTES = 14 + 20 + 32   # Ethernet, IPv4, TCP with the timestamp option
 
 
-def _last_per_series(run_dir: Path, metrics: tuple[str, ...], sources: set[str]) -> dict[str, float]:
+def _last_per_series(points: list[SeriesPoint], metrics: tuple[str, ...], sources: set[str]) -> dict[str, float]:
     last: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
-    for p in load_timeseries(run_dir):
+    for p in points:
         if p.metric in metrics and p.source in sources:
             last[(p.source, p.metric, tuple(sorted(p.labels.items())))] = p.value
     out = dict.fromkeys(metrics, 0.0)
@@ -36,11 +37,11 @@ def _last_per_series(run_dir: Path, metrics: tuple[str, ...], sources: set[str])
     return out
 
 
-def _link_growth(run_dir: Path, metric: str) -> dict[str, float]:
+def _link_growth(points: list[SeriesPoint], metric: str) -> dict[str, float]:
     """Growth of a WAN link counter over the run, per link."""
     first: dict[str, float] = {}
     last: dict[str, float] = {}
-    for p in load_timeseries(run_dir):
+    for p in points:
         if p.source == "wan" and p.metric == metric:
             link = p.labels.get("link", "?")
             first.setdefault(link, p.value)
@@ -59,8 +60,9 @@ def counters_bound(run_dir: Path, summary: dict[str, Any]) -> float:
     the KV and the control traffic it measured."""
     w = summary["wan_link"]
     kv = w["records_kv_bytes_wire"]
-    sent = _last_per_series(run_dir, ("tcp_bytes_sent", "kv_bytes_resent"), wan_senders(run_dir))
-    packets = _link_growth(run_dir, "link_packets")
+    points = load_timeseries(run_dir)
+    sent = _last_per_series(points, ("tcp_bytes_sent", "kv_bytes_resent"), wan_senders(run_dir))
+    packets = _link_growth(points, "link_packets")
     control = sum(v["bytes_wire"] for k, v in w["links"].items() if k != w["link"])
     on_wire = (max(sent["tcp_bytes_sent"], kv) + sent["kv_bytes_resent"]
                + HEADER_BYTES * packets.get(w["link"], 0.0) + control)

@@ -41,17 +41,6 @@ def uniq() -> str:
     return "ptbn" + secrets.token_hex(3)
 
 
-@pytest.fixture
-def scratch() -> Iterator[str]:
-    ns = uniq() + "-x"
-    try:
-        with Executor() as ex:
-            ex.apply([P.AddNetns(ns), P.AddVeth(ns, "p0", ns, "p1"), P.LinkUp(ns, "p0"), P.LinkUp(ns, "p1")])
-        yield ns
-    finally:
-        teardown(ns)
-
-
 def netem_options(ns: str, ifname: str, handle: int) -> Any:
     from pyroute2 import IPRoute  # type: ignore[import-untyped]
 
