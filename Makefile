@@ -30,7 +30,7 @@ $(DOCS_STAMP): $(STAMP)
 docs: $(DOCS_STAMP)
 	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
-## Rerun the measurements the docs quote (testbed/docsite/results.py) into docs/results/data/,
+## Rerun the measurements the docs quote (testbed/docsite/measurements.py) into docs/results/data/,
 ## each stamped with date, commit, host and command. ONLY=name,name selects; SKIP_EMULATION=1 runs
 ## only the model and simulation ones; RENDER_ONLY=1 rewrites the files from the last run's outputs
 ## without measuring; `$(BIN)/python -m testbed.docsite.results --list` lists them.

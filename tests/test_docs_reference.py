@@ -182,12 +182,29 @@ def test_every_included_results_file_was_written_by_the_results_command() -> Non
     for where, text in _doc_texts().items():
         for name in SNIPPET.findall(text):
             if name not in names:
-                problems.append(f"{where}: {name}.md is no measurement of testbed/docsite/results.py")
+                problems.append(f"{where}: {name}.md is no measurement of testbed/docsite/measurements.py")
             elif not (DATA / f"{name}.md").exists():
                 problems.append(f"{where}: includes {name}.md, which `make docs-results ONLY={name}` has not written")
         for fig in FIGURE.findall(text):
             if fig not in figures or not (DATA / fig).exists():
                 problems.append(f"{where}: figure {fig} is no results figure on disk")
+    assert not problems, "\n".join(problems)
+
+
+MEASURED_HEADING = re.compile(r"^(#+) Measured\b.*$", re.M)
+
+
+def test_every_measured_section_quotes_a_results_file() -> None:
+    """A section that reports measurements takes them from a results file, never typed in."""
+    problems = []
+    for where, text in _doc_texts().items():
+        for m in MEASURED_HEADING.finditer(text):
+            level = len(m.group(1))
+            rest = text[m.end():]
+            nxt = re.search(rf"^#{{1,{level}}} ", rest, re.M)
+            section = rest[:nxt.start()] if nxt else rest
+            if not SNIPPET.search(section):
+                problems.append(f"{where}: '{m.group(0).strip()}' quotes no results file")
     assert not problems, "\n".join(problems)
 
 

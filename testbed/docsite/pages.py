@@ -82,7 +82,7 @@ def results_pages() -> dict[str, str]:
              "make docs-results ONLY=replay,replay-sim   # a selection",
              "```", "",
              "Emulated measurements are timing-sensitive: run them on an otherwise idle machine. A measurement "
-             "is one entry in `testbed/docsite/results.py` (name, commands, backend, how its table is read from "
+             "is one entry in `testbed/docsite/measurements.py` (name, commands, backend, how its table is read from "
              "what the commands wrote); see [Extending](../extending.md#a-measurement).", "",
              table(("measurement", "measured by", "root", "last measured"), rows), ""]
     pages["results/index.md"] = "\n".join(index)
