@@ -140,6 +140,27 @@ class DecodeBatch:
             raise ValueError(f"advance({steps}): a sequence finishes after {self.steps_to_finish()} steps")
         return self._steps(steps)
 
+    def advance_finished(self, steps: int) -> list[DecodeSeq]:
+        """`advance`, returning only the sequences that finish at the last step (a driver that
+        skips steps needs no result for the others)."""
+        if steps <= 0:
+            return []
+        running = self.running
+        if any(s.output_tokens - s.generated < steps for s in running):
+            raise ValueError(f"advance({steps}): a sequence finishes after {self.steps_to_finish()} steps")
+        self.context += steps * len(running)
+        done: list[DecodeSeq] = []
+        for s in running:
+            g = s.generated = s.generated + steps
+            if g >= s.output_tokens:
+                done.append(s)
+        if done:
+            self.running = [s for s in running if s.generated < s.output_tokens]
+            for s in done:
+                self.kv_used -= s.kv_bytes
+                self.context -= s.context_tokens + s.generated
+        return done
+
     def abort(self, request_id: str) -> bool:
         for s in self.running:
             if s.request_id == request_id:

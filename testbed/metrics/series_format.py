@@ -202,14 +202,21 @@ class BatchSeriesFile:
         self._write(f'{{"ts": {t:.6f}, "source": {name}, "metric": ', samples, t, source)
 
     def _write(self, ts: str, samples: Iterable[RawSample], t: float, source: str) -> None:
-        out = []
+        out: list[str] = []
+        line = out.append
         cache = self._labels
         keep = self.points
+        point = keep.append if keep is not None else None
         t6 = round(t, 6)        # what the line's "ts" reads back as
         for metric, value, labels in samples:
+            v = float(value)
             if not labels:
-                lab = "{}"
-            elif cache is None:
+                line(f'{ts}"{metric}", "value": {v!r}, "labels": {{}}}}\n')
+                if point is not None:
+                    # Points without labels share one empty mapping (nothing writes to a point's labels).
+                    point(SeriesPoint(t6, source, metric, v, _NO_LABELS))
+                continue
+            if cache is None:
                 lab = encode_labels(labels)
             else:
                 key = tuple(labels.items())
@@ -217,11 +224,9 @@ class BatchSeriesFile:
                 if known is None:
                     known = cache[key] = encode_labels(labels)
                 lab = known
-            out.append(f'{ts}"{metric}", "value": {float(value)!r}, "labels": {lab}}}\n')
-            if keep is not None:
-                # Points without labels share one empty mapping (nothing writes to a point's labels).
-                keep.append(SeriesPoint(t6, source, metric, float(value),
-                                        {str(k): str(v) for k, v in labels.items()} if labels else _NO_LABELS))
+            line(f'{ts}"{metric}", "value": {v!r}, "labels": {lab}}}\n')
+            if point is not None:
+                point(SeriesPoint(t6, source, metric, v, {str(k): str(x) for k, x in labels.items()}))
         self._fh.write("".join(out))
         self.lines += len(out)
 
