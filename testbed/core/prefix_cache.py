@@ -254,6 +254,34 @@ class HybridPrefixCache:
         self.stats.inserted_bytes += added
         return added
 
+    def touch_and_pin(self, owner: str, hash_ids: Iterable[int], tokens: int) -> None:
+        """`touch` then `pin` of the same prefix, in one pass over its entries (the order `touch`
+        refreshes them in is the order `pin` lists them in)."""
+        ids = list(hash_ids)
+        blocks = min(tokens // self.block_tokens, len(ids))
+        self.stats.lookups += 1
+        self.stats.hit_tokens += blocks * self.block_tokens
+        entries = self._entries
+        get = entries.get
+        to_end = entries.move_to_end
+        held: list[_Entry] = []
+        added = 0
+        for key in self._keys(ids, blocks):
+            e = get(key)
+            if e is None:
+                continue
+            to_end(key)
+            if e.pins == 0:
+                added += e.nbytes
+            e.pins += 1
+            held.append(e)
+        self._pinned_entry_bytes += added
+        mine = self._pins.get(owner)
+        if mine is None:
+            self._pins[owner] = held
+        else:
+            mine.extend(held)
+
     def pin(self, owner: str, hash_ids: Iterable[int], tokens: int) -> None:
         """Keep a prefix of `tokens` tokens (its blocks and the state at exactly that length)
         from eviction until `unpin(owner)`: it is being read (a prefill, a cache move)."""
