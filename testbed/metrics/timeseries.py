@@ -58,6 +58,9 @@ def select(
     labels: dict[str, str] | None = None,
 ) -> list[SeriesPoint]:
     """Points matching `metric`, `source` and every given label (None matches anything)."""
+    if source is None and labels is None and metric is not None:
+        # The usual question (one metric of a whole run's points): one comparison per point.
+        return [s for s in samples if s.metric == metric]
     return [
         s
         for s in samples
