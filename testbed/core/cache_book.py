@@ -35,11 +35,9 @@ class CacheBook:
         mv = d.cache_move
         own = mv.from_tokens if mv is not None else d.cached_tokens
         if own and (pool := self._pool(d.prefill_cluster)):
-            pool.touch(hash_ids, own)
-            pool.pin(f"{rid}:read", hash_ids, own)
+            pool.touch_and_pin(f"{rid}:read", hash_ids, own)
         if mv is not None and (src := self._pool(mv.src_cluster)):
-            src.touch(hash_ids, mv.tokens)
-            src.pin(f"{rid}:move", hash_ids, mv.tokens)
+            src.touch_and_pin(f"{rid}:move", hash_ids, mv.tokens)
 
     def moved(self, rid: str, hash_ids: Sequence[int], d: Decision) -> None:
         mv = d.cache_move

@@ -70,7 +70,10 @@ class DecodeBatch:
         return out
 
     def step_duration(self) -> float:
-        return self.step_time(len(self.running), self.context) / self.time_scale
+        # `self.step_time(len(self.running), self.context)`, inlined (the same sums): the
+        # simulator asks for it at every plan of a decode instance.
+        st = self.step_time
+        return (st.base_s + st.per_seq_s * len(self.running) + st.per_context_token_s * self.context) / self.time_scale
 
     def complete_step(self) -> list[StepResult]:
         return self._steps(1)
@@ -102,7 +105,10 @@ class DecodeBatch:
         per sequence, so the context term grows by the batch size per step: an arithmetic series."""
         if steps <= 0 or not self.running:
             return 0.0
-        first, growth = self._series()
+        st = self.step_time
+        n = len(self.running)
+        first = (st.base_s + st.per_seq_s * n + st.per_context_token_s * self.context) / self.time_scale
+        growth = st.per_context_token_s * n / self.time_scale
         return steps * first + growth * steps * (steps - 1) / 2
 
     def _series(self) -> tuple[float, float]:
@@ -139,6 +145,27 @@ class DecodeBatch:
         if steps > self.steps_to_finish():
             raise ValueError(f"advance({steps}): a sequence finishes after {self.steps_to_finish()} steps")
         return self._steps(steps)
+
+    def advance_finished(self, steps: int) -> list[DecodeSeq]:
+        """`advance`, returning only the sequences that finish at the last step (a driver that
+        skips steps needs no result for the others)."""
+        if steps <= 0:
+            return []
+        running = self.running
+        if any(s.output_tokens - s.generated < steps for s in running):
+            raise ValueError(f"advance({steps}): a sequence finishes after {self.steps_to_finish()} steps")
+        self.context += steps * len(running)
+        done: list[DecodeSeq] = []
+        for s in running:
+            g = s.generated = s.generated + steps
+            if g >= s.output_tokens:
+                done.append(s)
+        if done:
+            self.running = [s for s in running if s.generated < s.output_tokens]
+            for s in done:
+                self.kv_used -= s.kv_bytes
+                self.context -= s.context_tokens + s.generated
+        return done
 
     def abort(self, request_id: str) -> bool:
         for s in self.running:

@@ -122,6 +122,17 @@ class DecodeLoop:
         self.step_end = self.step_start
         return results
 
+    def run_finished(self, steps: int) -> list[DecodeSeq]:
+        """`run`, returning only the sequences that finish at the last step."""
+        assert self.step_start is not None and steps > 0
+        took = self.span(steps)
+        done = self.batch.advance_finished(steps)
+        self.steps += steps
+        self.modelled_s += took
+        self.step_start += took
+        self.step_end = self.step_start
+        return done
+
     def samples(self, kv_bytes_received: float) -> list[tuple[str, float, dict[str, str]]]:
         """The decode instance's time-series samples."""
         b = self.batch

@@ -50,6 +50,8 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (S.DECODING, E.FINISH): S.COMPLETED,
 }
 TERMINAL = frozenset({S.COMPLETED, S.FAILED})
+_NEXT = TRANSITIONS.get      # bound once: a request applies about ten events
+_FAIL = Event.FAIL
 
 
 class InvalidTransition(ValueError):
@@ -66,18 +68,20 @@ class Lifecycle:
     reason: str = ""
 
     def apply(self, event: Event, now: float, reason: str = "") -> State:
-        if event is Event.FAIL:
+        if event is _FAIL:
             if self.state in TERMINAL:
                 raise InvalidTransition(f"fail in terminal state {self.state.value}")
             self.state = State.FAILED
             self.reason = reason or "failed"
             self.times.setdefault(event, now)
             return self.state
-        nxt = TRANSITIONS.get((self.state, event))
+        nxt = _NEXT((self.state, event))
         if nxt is None:
             raise InvalidTransition(f"event {event.value} not allowed in state {self.state.value}")
         self.state = nxt
-        self.times.setdefault(event, now)
+        times = self.times
+        if event not in times:
+            times[event] = now
         return nxt
 
     @property

@@ -144,18 +144,20 @@ class LoadTracker:
 
     def _best_prefill(self, cluster: str) -> tuple[InstanceLoad, ...]:
         h = self._pheap[cluster]
+        backlog, active = self.prefill_backlog, self.active
         while h:
-            key = h[0]
-            if key == self._pkey(key[2]):
-                return (InstanceLoad(key[2], key[0], key[1]),)
+            b, a, node = h[0]
+            if b == backlog[node] and a == active[node]:       # the entry is the node's present key
+                return (InstanceLoad(node, b, a),)
             heapq.heappop(h)
         return ()
 
     def _best_decode(self, cluster: str) -> tuple[InstanceLoad, ...]:
         h = self._dheap[cluster]
+        active = self.active
         while h:
-            key = h[0]
-            if key == self._dkey(key[1]):
-                return (InstanceLoad(key[1], 0.0, key[0]),)
+            a, node = h[0]
+            if a == active[node]:
+                return (InstanceLoad(node, 0.0, a),)
             heapq.heappop(h)
         return ()

@@ -95,11 +95,17 @@ class NoCapacity(RuntimeError):
 Policy = Callable[[View, RoutingRequest], Decision]
 
 
+# A router's view lists one instance per role (`LoadTracker.view`): that one is the least loaded.
+
 def least_loaded_prefill(c: ClusterView) -> InstanceLoad:
+    if len(c.prefill) == 1:
+        return c.prefill[0]
     return min(c.prefill, key=lambda i: (i.backlog, i.active, i.node_id))
 
 
 def least_loaded_decode(c: ClusterView) -> InstanceLoad:
+    if len(c.decode) == 1:
+        return c.decode[0]
     return min(c.decode, key=lambda i: (i.active, i.node_id))
 
 
@@ -109,7 +115,10 @@ def decode_cluster_for(view: View, prefill: ClusterView) -> ClusterView:
         raise NoCapacity("no pd cluster with decode instances")
     # Prefer decode in the prefill cluster's datacenter; PrfaaS clusters have none, so KV crosses.
     same_dc = [c for c in decode_clusters if c.datacenter == prefill.datacenter]
-    return min(same_dc or decode_clusters, key=lambda c: min(i.active for i in c.decode))
+    among = same_dc or decode_clusters
+    if len(among) == 1:
+        return among[0]
+    return min(among, key=lambda c: min(i.active for i in c.decode))
 
 
 def build_decision(view: View, req: RoutingRequest, prefill: ClusterView, reason: str, cache_aware: bool = False,
@@ -139,6 +148,8 @@ def build_decision(view: View, req: RoutingRequest, prefill: ClusterView, reason
 def _pick(clusters: list[ClusterView]) -> ClusterView:
     if not clusters:
         raise NoCapacity("no cluster of the needed kind has prefill instances")
+    if len(clusters) == 1:
+        return clusters[0]
     return min(clusters, key=lambda c: min(i.backlog for i in c.prefill))
 
 

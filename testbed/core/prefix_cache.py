@@ -70,7 +70,9 @@ class HybridPrefixCache:
     used_bytes: int = 0
     stats: PoolStats = field(default_factory=PoolStats)
     _entries: OrderedDict[Key, _Entry] = field(default_factory=OrderedDict)
-    _pins: dict[str, list[Key]] = field(default_factory=dict)
+    # What each owner pins: the entries themselves (a pinned entry is never evicted, so it stays
+    # the one in the pool until unpinned).
+    _pins: dict[str, list[_Entry]] = field(default_factory=dict)
     _holds: dict[str, int] = field(default_factory=dict)
     # Running totals, so making room costs what it evicts rather than a pass over the pool.
     _pinned_entry_bytes: int = 0
@@ -87,22 +89,30 @@ class HybridPrefixCache:
     def match(self, hash_ids: Iterable[int], input_tokens: int) -> Match:
         """Longest usable cached prefix of a prompt. At least one token is always left to
         compute (the first output token needs the last prompt token's logits)."""
-        limit = max(input_tokens - 1, 0) // self.block_tokens
-        ids = list(hash_ids)[:limit]
+        bt = self.block_tokens
+        full, usable = self._match_blocks(hash_ids, max(input_tokens - 1, 0) // bt)
+        return Match(usable * bt, full * bt)
+
+    def usable_tokens(self, hash_ids: Iterable[int], input_tokens: int) -> int:
+        """`match(...).tokens`, without building the `Match` (the router asks per request)."""
+        bt = self.block_tokens
+        return self._match_blocks(hash_ids, max(input_tokens - 1, 0) // bt)[1] * bt
+
+    def _match_blocks(self, hash_ids: Iterable[int], limit: int) -> tuple[int, int]:
+        """(leading blocks present, usable blocks) among the first `limit` blocks."""
+        ids = hash_ids[:limit] if isinstance(hash_ids, (tuple, list)) else list(hash_ids)[:limit]
+        entries = self._entries
         full = 0
-        for i, h in enumerate(ids):
-            if ("b", i, h) not in self._entries:
+        for h in ids:
+            if ("b", full, h) not in entries:
                 break
-            full = i + 1
+            full += 1
         if self.state_bytes == 0:
-            usable = full
-        else:
-            usable = 0
-            for k in range(full, 0, -1):
-                if ("s", k, ids[k - 1]) in self._entries:
-                    usable = k
-                    break
-        return Match(usable * self.block_tokens, full * self.block_tokens)
+            return full, full
+        for k in range(full, 0, -1):
+            if ("s", k, ids[k - 1]) in entries:
+                return full, k
+        return full, 0
 
     @property
     def pinned_bytes(self) -> int:
@@ -244,26 +254,64 @@ class HybridPrefixCache:
         self.stats.inserted_bytes += added
         return added
 
+    def touch_and_pin(self, owner: str, hash_ids: Iterable[int], tokens: int) -> None:
+        """`touch` then `pin` of the same prefix, in one pass over its entries (the order `touch`
+        refreshes them in is the order `pin` lists them in)."""
+        ids = list(hash_ids)
+        blocks = min(tokens // self.block_tokens, len(ids))
+        self.stats.lookups += 1
+        self.stats.hit_tokens += blocks * self.block_tokens
+        entries = self._entries
+        get = entries.get
+        to_end = entries.move_to_end
+        held: list[_Entry] = []
+        added = 0
+        for key in self._keys(ids, blocks):
+            e = get(key)
+            if e is None:
+                continue
+            to_end(key)
+            if e.pins == 0:
+                added += e.nbytes
+            e.pins += 1
+            held.append(e)
+        self._pinned_entry_bytes += added
+        mine = self._pins.get(owner)
+        if mine is None:
+            self._pins[owner] = held
+        else:
+            mine.extend(held)
+
     def pin(self, owner: str, hash_ids: Iterable[int], tokens: int) -> None:
         """Keep a prefix of `tokens` tokens (its blocks and the state at exactly that length)
         from eviction until `unpin(owner)`: it is being read (a prefill, a cache move)."""
         ids = list(hash_ids)
         blocks = min(tokens // self.block_tokens, len(ids))
-        keys = [k for k in self._keys(ids, blocks) if k in self._entries]
-        for k in keys:
-            e = self._entries[k]
+        get = self._entries.get
+        held = [e for e in map(get, self._keys(ids, blocks)) if e is not None]
+        added = 0
+        for e in held:
             if e.pins == 0:
-                self._pinned_entry_bytes += e.nbytes
+                added += e.nbytes
             e.pins += 1
-        self._pins.setdefault(owner, []).extend(keys)
+        self._pinned_entry_bytes += added
+        mine = self._pins.get(owner)
+        if mine is None:
+            self._pins[owner] = held
+        else:
+            mine.extend(held)
 
     def unpin(self, owner: str) -> None:
-        for k in self._pins.pop(owner, []):
-            e = self._entries.get(k)
-            if e is not None and e.pins > 0:
+        held = self._pins.pop(owner, None)
+        if held is None:
+            return
+        freed = 0
+        for e in held:
+            if e.pins > 0:
                 e.pins -= 1
                 if e.pins == 0:
-                    self._pinned_entry_bytes -= e.nbytes
+                    freed += e.nbytes
+        self._pinned_entry_bytes -= freed
 
     def hold(self, owner: str, nbytes: int) -> bool:
         """Transfer-cache: reserve `nbytes` for a prefill's tail KV until `release(owner)`.
@@ -314,7 +362,8 @@ class CacheIndex:
         return {name: p.match(ids, input_tokens) for name, p in self.pools.items()}
 
     def usable(self, hash_ids: Iterable[int], input_tokens: int) -> dict[str, int]:
-        return {name: m.tokens for name, m in self.lookup(hash_ids, input_tokens).items()}
+        ids = hash_ids if isinstance(hash_ids, (tuple, list)) else list(hash_ids)
+        return {name: p.usable_tokens(ids, input_tokens) for name, p in self.pools.items()}
 
     def pool(self, cluster: str) -> HybridPrefixCache | None:
         return self.pools.get(cluster)

@@ -16,6 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable
+from operator import attrgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple, TextIO
@@ -40,6 +41,10 @@ class SeriesPoint:
     metric: str
     value: float
     labels: dict[str, str] = field(default_factory=dict)
+
+
+# A point's time, the sort key of every series (a C getter: a run's points are sorted by it whole).
+by_time = attrgetter("t")
 
 
 class TimeseriesError(UserError, ValueError):
@@ -143,9 +148,12 @@ _NO_LABELS: dict[str, str] = {}
 def encode_labels(labels: dict[str, str]) -> str:
     """`json.dumps(labels)`, at half its cost for the usual all-text labels (a decision line per
     request carries a fresh set)."""
-    if all(type(k) is str and type(v) is str for k, v in labels.items()):
-        return "{" + ", ".join([_text(k) + ": " + _text(v) for k, v in labels.items()]) + "}"
-    return json.dumps(labels)
+    parts = []
+    for k, v in labels.items():
+        if type(k) is not str or type(v) is not str:
+            return json.dumps(labels)
+        parts.append(_text(k) + ": " + _text(v))
+    return "{" + ", ".join(parts) + "}"
 RawSample = tuple[str, float, dict[str, str]]   # a Sample as a plain tuple, as hot loops build them
 
 
@@ -202,14 +210,21 @@ class BatchSeriesFile:
         self._write(f'{{"ts": {t:.6f}, "source": {name}, "metric": ', samples, t, source)
 
     def _write(self, ts: str, samples: Iterable[RawSample], t: float, source: str) -> None:
-        out = []
+        out: list[str] = []
+        line = out.append
         cache = self._labels
         keep = self.points
+        point = keep.append if keep is not None else None
         t6 = round(t, 6)        # what the line's "ts" reads back as
         for metric, value, labels in samples:
+            v = float(value)
             if not labels:
-                lab = "{}"
-            elif cache is None:
+                line(f'{ts}"{metric}", "value": {v!r}, "labels": {{}}}}\n')
+                if point is not None:
+                    # Points without labels share one empty mapping (nothing writes to a point's labels).
+                    point(SeriesPoint(t6, source, metric, v, _NO_LABELS))
+                continue
+            if cache is None:
                 lab = encode_labels(labels)
             else:
                 key = tuple(labels.items())
@@ -217,11 +232,9 @@ class BatchSeriesFile:
                 if known is None:
                     known = cache[key] = encode_labels(labels)
                 lab = known
-            out.append(f'{ts}"{metric}", "value": {float(value)!r}, "labels": {lab}}}\n')
-            if keep is not None:
-                # Points without labels share one empty mapping (nothing writes to a point's labels).
-                keep.append(SeriesPoint(t6, source, metric, float(value),
-                                        {str(k): str(v) for k, v in labels.items()} if labels else _NO_LABELS))
+            line(f'{ts}"{metric}", "value": {v!r}, "labels": {lab}}}\n')
+            if point is not None:
+                point(SeriesPoint(t6, source, metric, v, {str(k): str(x) for k, x in labels.items()}))
         self._fh.write("".join(out))
         self.lines += len(out)
 

@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from testbed.metrics.series_format import SeriesPoint, TimeseriesError, read_series
+from testbed.metrics.series_format import SeriesPoint, TimeseriesError, by_time, read_series
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -33,7 +33,7 @@ def load_timeseries(run_dir: Path, t0: float | None = None) -> list[SeriesPoint]
     out: list[SeriesPoint] = []
     for path in sorted(d.glob("*.jsonl")):
         out.extend(read_series(path, t0))
-    out.sort(key=lambda s: s.t)
+    out.sort(key=by_time)
     return out
 
 
@@ -58,6 +58,9 @@ def select(
     labels: dict[str, str] | None = None,
 ) -> list[SeriesPoint]:
     """Points matching `metric`, `source` and every given label (None matches anything)."""
+    if source is None and labels is None and metric is not None:
+        # The usual question (one metric of a whole run's points): one comparison per point.
+        return [s for s in samples if s.metric == metric]
     return [
         s
         for s in samples
@@ -79,7 +82,7 @@ def group_series(samples: Iterable[SeriesPoint]) -> dict[str, list[SeriesPoint]]
     groups: dict[str, list[SeriesPoint]] = {}
     for s in samples:
         groups.setdefault(series_key(s), []).append(s)
-    return {k: sorted(groups[k], key=lambda s: s.t) for k in sorted(groups)}
+    return {k: sorted(groups[k], key=by_time) for k in sorted(groups)}
 
 
 def metrics_of(samples: Iterable[SeriesPoint]) -> list[str]:
@@ -101,7 +104,7 @@ def resample(
     """
     if step <= 0:
         raise ValueError(f"step must be > 0, got {step}")
-    ordered = sorted(samples, key=lambda s: s.t)
+    ordered = sorted(samples, key=by_time)
     if not ordered:
         return np.empty(0), np.empty(0)
     ts = np.array([s.t for s in ordered], dtype=np.float64)
@@ -131,7 +134,7 @@ def counter_rate(samples: Sequence[SeriesPoint]) -> tuple[FloatArray, FloatArray
 
     Intervals where the counter went down (the writer restarted) are skipped, not negative.
     """
-    ordered = sorted(samples, key=lambda s: s.t)
+    ordered = sorted(samples, key=by_time)
     ts: list[float] = []
     rates: list[float] = []
     for a, b in zip(ordered, ordered[1:]):
@@ -144,7 +147,7 @@ def counter_rate(samples: Sequence[SeriesPoint]) -> tuple[FloatArray, FloatArray
 
 def counter_total(samples: Sequence[SeriesPoint]) -> float:
     """Amount a cumulative counter grew over the samples (restarts skipped, like `counter_rate`)."""
-    ordered = sorted(samples, key=lambda s: s.t)
+    ordered = sorted(samples, key=by_time)
     return float(sum(max(b.value - a.value, 0.0) for a, b in zip(ordered, ordered[1:]) if not math.isnan(b.value - a.value)))
 
 

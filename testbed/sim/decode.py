@@ -138,12 +138,11 @@ class DecodeSim:
 
     def _steps(self, m: int, t: float) -> None:
         """Run `m` steps at once; sequences finishing at their end are done at `t`."""
-        for r in self.loop.run(m):
-            if r.finished:
-                req = self.reqs.pop(r.seq.request_id)
-                req.last = t
-                self.completed += 1
-                self.sim.finished(req, t)
+        for seq in self.loop.run_finished(m):
+            req = self.reqs.pop(seq.request_id)
+            req.last = t
+            self.completed += 1
+            self.sim.finished(req, t)
 
     def _settle(self, t: float) -> None:
         """Run the steps that ended by `t` (none finishing a sequence: the plan has a boundary at

@@ -26,6 +26,7 @@ CONTROL = 7
 SAMPLE = 8
 
 Callback = Callable[[Any], None]
+_push = heapq.heappush
 
 
 class EventLoop:
@@ -42,7 +43,7 @@ class EventLoop:
         if t < self.now:
             t = self.now
         self._seq += 1
-        heapq.heappush(self._heap, (t, priority, self._seq, fn, arg))
+        _push(self._heap, (t, priority, self._seq, fn, arg))
 
     def run(self, until: float = math.inf) -> None:
         """Run events in order until none is left (or the next is after `until`)."""

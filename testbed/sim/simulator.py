@@ -46,7 +46,7 @@ from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter
 from testbed.sim.wan import rto_instant
-from testbed.metrics.series_format import BatchSeriesFile as SeriesFile, RawSample as Sample, SeriesPoint
+from testbed.metrics.series_format import BatchSeriesFile as SeriesFile, RawSample as Sample, SeriesPoint, by_time
 from testbed.traces.types import Trace, TraceRequest
 from testbed.core.kvsize import KVModel
 from testbed.core.servicetime import PrefillTime
@@ -232,7 +232,7 @@ class Simulation:
                 self.decisions.close()
         # As `load_timeseries` reads them back: the files in name order, then by time.
         self.stats.series = sorted((p for name in sorted(self.series) for p in self.series[name].points or ()),
-                                   key=lambda p: p.t)
+                                   key=by_time)
         self.stats.events = self.loop.processed
         self.stats.rebalances = self.net.rebalances
         self.stats.retries = self.router.books.retries

@@ -29,6 +29,10 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_BOM = b"\xef\xbb\xbf"
+_loads_text = json.JSONDecoder().decode     # json.loads of text with default options
+
+
 def _json_error(e: ValueError | RecursionError) -> str:
     if isinstance(e, json.JSONDecodeError):
         return f"invalid JSON ({e.msg} at column {e.colno})"
@@ -67,7 +71,14 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
             try:
                 try:
                     # bytes in: json detects the encoding, and a bad byte fails on this line only.
-                    obj = json.loads(raw)
+                    # A plain UTF-8 line (no BOM, no NUL: what detection would call UTF-8) is
+                    # decoded here, sparing the detection; anything that fails goes the bytes way.
+                    try:
+                        if raw[:3] == _BOM or b"\0" in raw:
+                            raise ValueError
+                        obj = _loads_text(raw.decode("utf-8", "surrogatepass"))
+                    except (ValueError, RecursionError):
+                        obj = json.loads(raw)
                 except (ValueError, RecursionError) as e:
                     raise TraceError(_json_error(e)) from None
                 if type(obj) is not dict:
