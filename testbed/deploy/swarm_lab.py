@@ -229,8 +229,10 @@ def up(sc: Scenario, log: Log = _stderr, host: Engine | None = None) -> Lab:
         log(f"{name}: swarm of {len(nodes)} ready in {time.monotonic() - t0:.1f} s: "
             + ", ".join(f"{n.name} ({', '.join(n.labels)})" for n in nodes))
         return lab
-    except BaseException:
-        down(name, host, log)
+    except BaseException as e:
+        removed = down(name, host, log)
+        log(f"{name}: {'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}; removed "
+            + ", ".join(f"{len(v)} {k}" for k, v in removed.items() if v))
         raise
 
 
