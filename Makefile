@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: docs docs-results install profiles replay test test-pure test-app test-netns test-netem test-docker test-slow test-clients test-profiles test-observability test-busy typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm plan-refine bench-sim-faults bench-peers crosscheck-dynamo
+.PHONY: docs docs-results install profiles replay test test-pure test-app test-netns test-netem test-docker test-slow test-clients test-profiles test-observability test-busy typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-swarm-multi replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm plan-refine bench-sim-faults bench-peers crosscheck-dynamo
 
 # The package's bytecode, written ahead: where PYTHONDONTWRITEBYTECODE is set (as on CI runners)
 # every service process of a run would otherwise compile the package again, 0.5 s of CPU each.
@@ -270,6 +270,13 @@ replay-compose: $(STAMP)
 ## see compose/README.md; a single-node swarm gets every label on its only node).
 replay-swarm: $(STAMP)
 	$(BIN)/testbed up --backend swarm --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/swarm-prfaas
+
+## The same on a swarm of three Docker engines on this machine (Docker-in-Docker nodes, one per
+## datacenter and one for the WAN router; testbed/deploy/swarm_lab.py): the lab up, the replay on
+## its manager, the lab removed (also on Ctrl-C). Root; the node image builds once (~20 s).
+replay-swarm-multi: $(STAMP)
+	$(BIN)/python -m testbed.deploy.swarm_lab run --scenario paper-prfaas -- --requests 120 --rate 1.6 \
+	  --out $(RUNS)/swarm-multi-prfaas
 
 ## Remove every namespace, process and container a killed run left behind (idempotent).
 down: $(STAMP)

@@ -96,7 +96,9 @@ class FakeAPI:
 
     def tasks(self, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         self.calls.append(("tasks", filters))
-        return [t for t in self.tasks_ if t["ServiceID"] in (filters or {}).get("service", [])]
+        if filters is None:
+            return list(self.tasks_)
+        return [t for t in self.tasks_ if t["ServiceID"] in filters.get("service", [])]
 
     def nodes(self) -> list[dict[str, Any]]:
         return self.nodes_
@@ -362,7 +364,8 @@ def test_stack_tasks_and_nodes_from_the_engines_documents() -> None:
         c.services.add(sid, {"com.docker.stack.namespace": "ptb1"}, attrs={"Spec": {"Name": name}})
     c.services.add("s9", {"com.docker.stack.namespace": "ptb9"}, attrs={"Spec": {"Name": "ptb9_wan"}})
     c.api.nodes_ = [{"ID": "n1", "Version": {"Index": 7}, "Description": {"Hostname": "vm"},
-                     "Spec": {"Role": "manager", "Availability": "active", "Labels": {"prfaas.dc.dc-local": "true"}}}]
+                     "Spec": {"Role": "manager", "Availability": "active", "Labels": {"prfaas.dc.dc-local": "true"}},
+                     "Status": {"State": "ready", "Addr": "172.18.0.2"}}]
     c.api.tasks_ = [
         {"ServiceID": "s1", "NodeID": "n1", "DesiredState": "running", "Status": {"State": "running"}},
         {"ServiceID": "s2", "NodeID": "", "DesiredState": "running",
@@ -376,7 +379,8 @@ def test_stack_tasks_and_nodes_from_the_engines_documents() -> None:
     assert ("tasks", {"service": ["s1", "s2"]}) in c.api.calls
     assert e.stack_tasks("ptb5") == []                                 # no such stack: no tasks, no error
     assert e.swarm_state() == ("active", True)
-    assert e.nodes() == [{"id": "n1", "hostname": "vm", "labels": {"prfaas.dc.dc-local": "true"}}]
+    assert e.nodes() == [{"id": "n1", "hostname": "vm", "labels": {"prfaas.dc.dc-local": "true"}, "state": "ready",
+                          "address": "172.18.0.2"}]
     e.add_node_labels("n1", {"prfaas.wan": "true"})
     assert c.api.calls[-1] == ("update_node", ("n1", 7, {"Role": "manager", "Availability": "active", "Labels": {
         "prfaas.dc.dc-local": "true", "prfaas.wan": "true"}}))
@@ -428,3 +432,30 @@ def test_swarm_names_the_failed_service_with_its_node_and_last_log_lines(tmp_pat
         b._wait_running(timeout=30)
     assert str(err.value) == ("service pd-d0 failed (task: non-zero exit (1)) on vm; last log lines:\n"
                               "2024-01-01T00:00:00Z boom\n")
+
+
+def test_swarm_teardown_waits_for_the_nodes_to_stop_the_stack_but_not_for_a_lost_node(tmp_path: Path) -> None:
+    from testbed.deploy.swarm import SwarmBackend
+    from testbed.studies.load import load
+
+    b = SwarmBackend(load("paper-prfaas"), tmp_path)
+    c = FakeClient()
+    c.api.nodes_ = [{"ID": "n-up", "Description": {"Hostname": "a"}, "Spec": {}, "Status": {"State": "ready"}},
+                    {"ID": "n-lost", "Description": {"Hostname": "b"}, "Spec": {}, "Status": {"State": "down"}}]
+    c.api.tasks_ = [{"ID": "t1", "ServiceID": "s1", "NodeID": "n-up"}, {"ID": "t2", "ServiceID": "s2", "NodeID": "n-lost"}]
+    looks = 0
+    listed = c.api.tasks
+
+    def tasks(filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        nonlocal looks
+        looks += 1
+        if looks == 3:          # the ready node has stopped its container: the store drops the task
+            c.api.tasks_ = [t for t in c.api.tasks_ if t["ID"] != "t1"]
+        return listed(filters)
+    c.api.tasks = tasks  # type: ignore[method-assign]
+    b._wait_tasks_gone(_engine(c), {"t1": "n-up", "t2": "n-lost"}, timeout=30)
+    assert looks == 3           # until t1 went; t2, on a node that is down, is not waited for
+    looks = 0
+    c.api.tasks_.append({"ID": "t3", "ServiceID": "s1", "NodeID": "n-up"})
+    b._wait_tasks_gone(_engine(c), {"t3": "n-up"}, timeout=0)
+    assert looks == 1           # past the timeout: one look, then it gives up (and says so)

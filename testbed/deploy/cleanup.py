@@ -187,9 +187,25 @@ def remove_ctl_dirs(prefix: str) -> list[str]:
     return gone
 
 
+# The folders of the swarm labs (`testbed.deploy.swarm_lab`): one per lab, its nodes' sockets.
+LAB_DIR = Path("/run/prfaas-testbed/lab")
+
+
+def remove_lab_dirs(prefix: str, lab_dir: Path = LAB_DIR) -> list[str]:
+    """The folders of the lab named `prefix` (of every lab with the bare prefix); the lab's
+    containers, volumes and network carry its project label and go with the label sweeps."""
+    found = [lab_dir / prefix] if prefix != PREFIX else sorted(lab_dir.glob(f"{PREFIX}*"))
+    gone = []
+    for d in found:
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(str(d))
+    return gone
+
+
 def sweep_docker(prefix: str, engine: Engine | None = None, warn: Warn = _stderr) -> DockerLeftovers:
     removed = remove_docker_leftovers(prefix, engine, warn)
-    return DockerLeftovers({**removed, "control_dirs": remove_ctl_dirs(prefix)})
+    return DockerLeftovers({**removed, "control_dirs": remove_ctl_dirs(prefix), "lab_dirs": remove_lab_dirs(prefix)})
 
 
 @dataclass(frozen=True)

@@ -328,11 +328,13 @@ class Engine:
         return str(sw.get("LocalNodeState") or "unknown"), bool(sw.get("ControlAvailable"))
 
     def nodes(self) -> list[dict[str, Any]]:
-        """Every swarm node: {"id", "hostname", "labels"}."""
+        """Every swarm node: {"id", "hostname", "labels", "state" (ready, down, ...), "address"}."""
         with engine_errors("listing the swarm's nodes"):
             raw = self.client.api.nodes()
         return [{"id": str(n["ID"]), "hostname": str((n.get("Description") or {}).get("Hostname", "")),
-                 "labels": dict((n.get("Spec") or {}).get("Labels") or {})} for n in raw]
+                 "labels": dict((n.get("Spec") or {}).get("Labels") or {}),
+                 "state": str((n.get("Status") or {}).get("State", "")),
+                 "address": str((n.get("Status") or {}).get("Addr", ""))} for n in raw]
 
     def force_update(self, service: str) -> None:
         """Replace the service's task by a new one (`docker service update --force`)."""
@@ -357,6 +359,18 @@ class Engine:
             raw = self.client.api.tasks(filters={"service": list(names)})
             nodes = {n["id"]: n["hostname"] for n in self.nodes()} if any(t.get("NodeID") for t in raw) else {}
         return parse_tasks(list(raw), names, nodes, namespace)
+
+    def task_nodes(self, namespace: str | None = None) -> dict[str, str]:
+        """Task id -> node id of every task in the swarm's store (of the stack's services only,
+        with `namespace`). A removed service's tasks stay listed until their node has stopped
+        their containers."""
+        with engine_errors("listing the swarm's tasks"):
+            if namespace is None:
+                raw = self.client.api.tasks()
+            else:
+                services = self.client.services.list(filters={"label": f"{STACK_NAMESPACE}={namespace}"})
+                raw = self.client.api.tasks(filters={"service": [str(s.id) for s in services]}) if services else []
+        return {str(t["ID"]): str(t.get("NodeID") or "") for t in raw}
 
     def service_logs(self, name: str, tail: int | None = None) -> str:
         """The log of every task of the service, stamped; "" when there is no such service."""

@@ -69,6 +69,8 @@ START_RETRIES = 2                 # of a container the engine failed to start (e
 BAD_STATES = {"failed", "rejected", "orphaned", "complete", "shutdown", "remove"}
 HEALTH_TIMEOUT_S = 300.0
 COLLECT_TIMEOUT_S = 120.0
+TASKS_GONE_S = 60.0               # for the nodes to stop the stack's containers after its removal
+PROBE_TIMEOUT_S = 5.0             # a service that does not answer /health in this at the end is lost
 
 
 def dc_label(dc: str) -> str:
@@ -183,6 +185,33 @@ def missing_labels(nodes: list[dict[str, Any]], wanted: list[str]) -> list[str]:
     return [w for w in wanted if not any(n.get("labels", {}).get(w) == "true" for n in nodes)]
 
 
+def lost_services(placement: dict[str, str], nodes: list[dict[str, Any]]) -> dict[str, str]:
+    """Service -> why it cannot be reached, for services whose node the manager no longer sees as
+    ready (its engine or host gone): nothing would answer there, and asking would wait out timeouts."""
+    state = {n["hostname"]: n.get("state", "") for n in nodes}
+    return {svc: f"node {node} is {state.get(node) or 'gone from the swarm'}"
+            for svc, node in sorted(placement.items()) if state.get(node) != "ready"}
+
+
+def host_pid(container_id: str, pid: int, proc: Path = Path("/proc")) -> int:
+    """This host's pid of a process of the container. An engine in this pid namespace reports it
+    as it is; one in a container of its own (a Docker-in-Docker node) reports its own namespace's
+    number, which here may be another process's: the container's processes are the ones whose
+    cgroup path names its id, as seen from here, whatever engine made them."""
+    def belongs(p: Path) -> bool:
+        try:
+            return container_id in (p / "cgroup").read_text()
+        except OSError:
+            return False
+    if pid > 0 and belongs(proc / str(pid)):
+        return pid
+    for p in sorted((p for p in proc.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+        if belongs(p):
+            return int(p.name)
+    raise BackendError(f"no process of container {container_id[:12]} is visible on this host (its engine reports "
+                       f"pid {pid}): the replayer must run on the machine of the manager's engine")
+
+
 def _log(line: str) -> None:
     print(f"swarm: {line}", file=sys.stderr, flush=True)
 
@@ -196,6 +225,14 @@ async def _get_json(url: str, timeout: float = 10.0) -> tuple[int, Any]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
         async with s.get(url) as r:
             return r.status, await r.json(content_type=None)
+
+
+async def _answers(url: str, timeout: float) -> None:
+    """Return once the URL answers with any status; raise when it cannot be reached in time."""
+    import aiohttp
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+        async with s.get(url) as r:
+            await r.read()
 
 
 async def _post_json(url: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
@@ -247,6 +284,9 @@ class SwarmBackend:
         self.rebuild_image = rebuild_image
         self.method = "unknown"          # the WAN router probes its own kernel and says
         self.placement: dict[str, str] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}      # hostname -> id, address, labels, state at start
+        self.lost: dict[str, str] = {}                  # service -> why it was unreachable at the end
+        self.nodes_at_end: dict[str, str] = {}          # hostname -> state when the run stopped
         self.labelled: list[str] = []
         self._client_name = f"{self.project}-client"
         self._engine: Engine | None = None
@@ -273,6 +313,9 @@ class SwarmBackend:
             "method": self.method, "backend": "swarm", "project": self.project, "profile": self.profile.name,
             "mtu": self.mtu, "subnets": dc_subnets(self.lay), "links": link_facts(self.links, self.scale),
             "placement": dict(self.placement),
+            "nodes": {h: dict(n) for h, n in self.nodes.items()},
+            **({"nodes_at_end": dict(self.nodes_at_end)} if self.nodes_at_end else {}),
+            **({"unreachable_at_end": dict(self.lost)} if self.lost else {}),
             "nodes_labelled": list(self.labelled),
             "detail": "WAN router service: HTB rate class + bfifo (or netem) on its interface into each DC overlay "
                       "network; delay, jitter and loss by the userspace delay line on tun0 where its kernel lacks "
@@ -386,6 +429,9 @@ class SwarmBackend:
                                    f"{self.service_logs(bad.service, 15) or '(none)'}{hint}")
             if all_running(tasks, want):
                 self.placement = {t.service: t.node for t in tasks if t.state == "running"}
+                self.nodes = {n["hostname"]: {"id": n["id"], "address": n.get("address", ""), "state": n.get("state", ""),
+                                              "labels": {k: v for k, v in n["labels"].items() if k.startswith("prfaas.")}}
+                              for n in self.engine.nodes() if n["hostname"] in set(self.placement.values())}
                 return
             time.sleep(1.0)
 
@@ -398,8 +444,9 @@ class SwarmBackend:
         from testbed.net.routes import add_routes
 
         home = self.lay["home"]
-        pid = self.engine.run(IMAGE, self._client_name, ["infinity"], entrypoint=["sleep"],
-                              labels={PROJECT_LABEL: self.project}, network=f"{self.project}_dc-{home}").pid
+        c = self.engine.run(IMAGE, self._client_name, ["infinity"], entrypoint=["sleep"],
+                            labels={PROJECT_LABEL: self.project}, network=f"{self.project}_dc-{home}")
+        pid = host_pid(c.id, c.pid)
         # Its DNS answers for the home network: the WAN router's address there.
         code, out = self.engine.exec(self._client_name, ["getent", "hosts", "wan"])
         got = out.split() if code == 0 else []
@@ -451,13 +498,26 @@ class SwarmBackend:
 
     # -- stop -------------------------------------------------------------------------------
     async def _collect(self) -> None:
-        """The WAN router's counters stop; every service's files come here."""
+        """The WAN router's counters stop; every service's files come here, from those that answer."""
         wan = f"http://{self._wan_ip}:{HTTP_PORT}"
+        targets = {sid: url for sid, url in
+                   {"wan": wan, **{sid: f"http://{ip}:{HTTP_PORT}" for sid, ip in self._hosts.items()}}.items()
+                   if sid not in self.lost}
+        # A node lost a moment ago may still be "ready" to the manager: a service that does not
+        # answer now would only hold the collection up to its timeout.
+        probes = await asyncio.gather(*(_answers(url + "/health", PROBE_TIMEOUT_S) for url in targets.values()),
+                                      return_exceptions=True)
+        for sid, probe in zip(list(targets), probes):
+            if isinstance(probe, BaseException):
+                why = f"{type(probe).__name__}: {probe}" if str(probe) else type(probe).__name__
+                self.lost[sid] = f"no answer at the end ({why}); its node {self.placement.get(sid, '?')}"
+                _log(f"{sid} unreachable: {self.lost[sid]}")
+                del targets[sid]
         try:
-            await _post_json(wan + "/testbed/monitor/stop", {})
+            if "wan" in targets:
+                await _post_json(wan + "/testbed/monitor/stop", {})
         except Exception as e:
             _log(f"stopping the WAN router's monitor failed: {e}")
-        targets = {"wan": wan, **{sid: f"http://{ip}:{HTTP_PORT}" for sid, ip in self._hosts.items()}}
         results = await asyncio.gather(*(pull_files(url, self.run_dir) for url in targets.values()),
                                        return_exceptions=True)
         for sid, res in zip(targets, results):
@@ -467,9 +527,27 @@ class SwarmBackend:
     def _save_logs(self) -> None:
         services = sorted(set(self.lay["hosts"]) | {"wan"})
         (self.run_dir / "logs").mkdir(exist_ok=True)
+        reachable = [s for s in services if s not in self.lost]
         with ThreadPoolExecutor(4) as pool:
-            for svc, text in zip(services, pool.map(self.service_logs, services)):
+            for svc, text in zip(reachable, pool.map(self.service_logs, reachable)):
                 (self.run_dir / "logs" / f"{svc}.log").write_text(text)
+        for svc in services:
+            if svc in self.lost:     # the manager would wait for a log the node cannot send
+                (self.run_dir / "logs" / f"{svc}.log").write_text(f"(no log: {self.lost[svc]})\n")
+
+    def _check_nodes(self) -> None:
+        """Which services sit on nodes that are no longer ready, before anything asks them."""
+        if not self.placement:
+            return
+        try:
+            nodes = self.engine.nodes()
+        except BackendError as e:
+            _log(f"listing the nodes failed: {e}")
+            return
+        self.nodes_at_end = {n["hostname"]: n.get("state", "") for n in nodes if n["hostname"] in self.nodes}
+        self.lost = lost_services(self.placement, nodes)
+        if self.lost:
+            _log("unreachable at the end: " + "; ".join(f"{s} ({why})" for s, why in self.lost.items()))
 
     def _remove_client(self) -> None:
         from pyroute2 import netns
@@ -490,7 +568,36 @@ class SwarmBackend:
     def _remove_stack(self) -> dict[str, list[str]]:
         with self._deploying:
             engine = self._engine or try_connect()
-            return remove_swarm_project(engine, self.project) if engine is not None else {}
+            if engine is None:
+                return {}
+            try:
+                tasks = engine.task_nodes(self.project)
+            except BackendError as e:
+                _log(str(e))
+                tasks = {}
+            left = remove_swarm_project(engine, self.project)
+            self._wait_tasks_gone(engine, tasks)
+            return left
+
+    def _wait_tasks_gone(self, engine: Engine, tasks: dict[str, str], timeout: float = TASKS_GONE_S) -> None:
+        """Until the nodes have stopped the stack's containers: the manager removes services at
+        once, other nodes their containers within the grace period. Tasks on a node that is not
+        ready cannot go (nothing runs there to stop them): not waited for."""
+        deadline = time.monotonic() + timeout
+        while tasks:
+            try:
+                present = engine.task_nodes()
+                ready = {n["id"] for n in engine.nodes() if n.get("state") == "ready"}
+            except BackendError as e:
+                _log(str(e))
+                return
+            waiting = [t for t in tasks if t in present and tasks[t] in ready]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                _log(f"{len(waiting)} tasks of {self.project} still stopping after {timeout:g} s")
+                return
+            time.sleep(0.5)
 
     async def stop(self) -> None:
         if self._stopped:
@@ -499,6 +606,8 @@ class SwarmBackend:
         self._cancel.set()
         if self._forwarder is not None:
             await self._forwarder.close()
+        if self._deployed:
+            await asyncio.to_thread(self._check_nodes)
         if self._client is not None and self._wan_ip:
             try:
                 await asyncio.wait_for(_on(self._client, self._collect()), COLLECT_TIMEOUT_S)

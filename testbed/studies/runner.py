@@ -283,6 +283,8 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
             if prom is not None:
                 await step(prom.stop)
             await step(be.stop)
+            # What a backend learns at its end too (the swarm: nodes lost mid-run).
+            await step(lambda: setattr(meta, "shaping", Shaping.model_validate(be.shaping())))
             await step(host.close)
             await step(writer.close)
             if meta.t0 is None:     # stopped before the services came up: nothing was sent
