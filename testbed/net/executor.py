@@ -190,6 +190,10 @@ class Executor:
         for ns in namespaces:
             self._ipr(ns)
 
+    def handle(self, ns: str) -> Any:
+        """The calling thread's netlink handle in `ns`, for reading (counters, qdisc stats)."""
+        return self._ipr(ns)
+
     def apply(self, ops: Iterable[Operation]) -> None:
         for op in ops:
             self.apply_one(op)
