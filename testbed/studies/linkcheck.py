@@ -281,12 +281,12 @@ def _snapshot(link: ShapedLink) -> Snapshot:
     return read_path(reader, layout_for(link.topo, "a", "b"))
 
 
-def _probe_stream(link: ShapedLink, count: int | None) -> ProbeRun:
+def _probe_stream(link: ShapedLink, count: int | None, rcvbuf: int = 32 << 20) -> ProbeRun:
     """Numbered UDP probes, paced well under the link rate so only the emulated loss drops them,
     and the path's drop counters around them: what the host dropped is not the link's loss."""
     b = link.topo.host("b")
     sink = LossSink()
-    link.lb.run(sink.start(b.ip, SINK_PORT))
+    link.lb.run(sink.start(b.ip, SINK_PORT, rcvbuf))
     pps = probe_rate(link.params, link.topo.mtu, link.topo.method)
     count = loss_probes_for(link.params) if count is None else count
     before: Snapshot | None = None
