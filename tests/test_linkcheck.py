@@ -32,5 +32,31 @@ def test_linkcheck_measures_rtt_goodput_loss_and_rate_change() -> None:
     assert limited["bps"] < 0.8 * cfg["rate_bps_wire"]
     assert 0.6 < limited["bps"] / limited["predicted_bps"] < 1.3
     assert out["loss"]["measured"] == 0.0
+    assert out["loss"]["valid"] and out["loss"]["link"] == 0.0 and out["loss"]["unexplained"] == 0
     assert out["rate_change"]["new_bps"] == pytest.approx(200e6)
     assert out["rate_change"]["follow_s"] is not None and out["rate_change"]["follow_s"] < 1.0
+
+
+def test_probes_the_receiving_host_drops_are_counted_as_its_own_not_the_links() -> None:
+    """A sink whose loop is held while a small receive buffer fills: the probes it drops are
+    the host's (the socket's SO_RXQ_OVFL and the namespace's Udp InErrors), so the link's
+    figure stays the lossless profile's 0, valid, with the host's drops beside it."""
+    import time
+
+    from testbed.config.profiles import load_profile
+    from testbed.core.scaling import Scale
+    from testbed.studies.linkcheck import LinkCheckConfig, _probe_stream, shaped_link
+
+    cfg = LinkCheckConfig(load_profile("lan"), Scale(1.0, 100.0), rtt_probes=10, method="fallback")
+    with shaped_link(cfg, "fallback") as link:
+        link.lb.loop.call_soon_threadsafe(time.sleep, 1.5)   # the receiver reads nothing meanwhile
+        run = _probe_stream(link, 3000, rcvbuf=4096)
+    a = run.account
+    lost = a.sent - a.received
+    assert lost > 0, "the small buffer dropped nothing: the test did not overflow it"
+    assert a.valid and a.reasons == [] and a.link == 0.0 and a.unexplained == 0
+    assert a.by_stage["after"] == lost and a.by_stage["model"] == 0
+    # The socket tells each datagram it reads how many it dropped so far: those after the
+    # last one read reach only the namespace's count.
+    assert a.socket_overflow is not None and 0 < a.socket_overflow <= lost
+    assert any("Udp InErrors" in p for p in a.drops)

@@ -16,6 +16,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
@@ -53,6 +54,9 @@ ETH_P_IP = 0x0800
 NETLINK_ROUTE = 0
 SOL_NETLINK = 270
 NETLINK_EXT_ACK = 11
+# How long links brought up may take to turn operational (the kernel's link watcher runs them
+# at most once a second; a slow guest takes longer).
+LINK_UP_TIMEOUT_S = 10.0
 
 # pyroute2 0.9.7 knows pfifo but not bfifo: an unknown kind is sent at the root with no options
 # (EEXIST under HTB). Both share `struct tc_fifo_qopt { u32 limit; }`, so the pfifo codec
@@ -190,9 +194,38 @@ class Executor:
         for ns in namespaces:
             self._ipr(ns)
 
+    def handle(self, ns: str) -> Any:
+        """The calling thread's netlink handle in `ns`, for reading (counters, qdisc stats)."""
+        return self._ipr(ns)
+
     def apply(self, ops: Iterable[Operation]) -> None:
+        ups: list[LinkUp] = []
         for op in ops:
             self.apply_one(op)
+            if isinstance(op, LinkUp):
+                ups.append(op)
+        self._await_operational(ups)
+
+    def _await_operational(self, ups: list[LinkUp]) -> None:
+        """Return once the links just brought up carry packets. The kernel attaches a link's
+        queueing discipline when its link watcher marks it operational, up to a second after
+        `ip link set up` (longer on a slow machine); until then what is sent through it is
+        dropped where no counter sees it. A link without carrier (a TUN nobody holds yet) has
+        nothing to wait for."""
+        deadline = time.monotonic() + LINK_UP_TIMEOUT_S
+        pending = list(ups)
+        while pending:
+            pending = [op for op in pending if not self._operational(op)]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise NetError(f"{pending[0].describe()}: not operational after {LINK_UP_TIMEOUT_S:.0f} s "
+                               f"({len(pending)} link(s) still down)")
+            time.sleep(0.02)
+
+    def _operational(self, op: LinkUp) -> bool:
+        link = self._ipr(op.ns).get_links(self._index(op.ns, op.ifname))[0]
+        return link.get_attr("IFLA_CARRIER") == 0 or link.get_attr("IFLA_OPERSTATE") in ("UP", "UNKNOWN")
 
     def apply_one(self, op: Operation) -> None:
         handler = _DISPATCH.get(type(op))

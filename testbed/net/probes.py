@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import socket
 import statistics
@@ -17,8 +18,10 @@ from typing import cast
 _PROBE = struct.Struct("!4sQd")     # magic, sequence, send time
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 _TIMESPEC = struct.Struct("@qq")
-_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size)
+_U32 = struct.Struct("@I")
+_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_U32.size)
 _MAGIC = b"PTBP"
 
 
@@ -92,11 +95,14 @@ class LossSink:
     """UDP sink recording each probe's sequence number and one-way delay in arrival order; start
     it in the receiving namespace. The delay is taken at the kernel's receive timestamp
     (SO_TIMESTAMPNS), so a receiver that reads late (a slow or loaded machine) does not add its
-    own lag to the link's delay and jitter."""
+    own lag to the link's delay and jitter. SO_RXQ_OVFL hands each datagram the count of
+    datagrams the socket dropped so far (its buffer full): the receiver's own loss, kept apart."""
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
         self._arrivals: list[tuple[int, float]] = []
+        self._intervals: list[tuple[float, float]] = []
+        self.overflow: int | None = None    # None: the kernel gave no SO_RXQ_OVFL count
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -110,6 +116,7 @@ class LossSink:
         except OSError:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
         sock.setblocking(False)
         sock.bind((host, port))
         self._sock, self._loop = sock, asyncio.get_running_loop()
@@ -125,11 +132,18 @@ class LossSink:
             if len(data) < _PROBE.size or data[:4] != _MAGIC:
                 continue
             _, seq, sent_at = _PROBE.unpack_from(data)
-            at = next((_TIMESPEC.unpack_from(d) for lvl, typ, d in anc
-                       if lvl == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(d) >= _TIMESPEC.size), None)
+            at = None
+            for lvl, typ, d in anc:
+                if lvl != socket.SOL_SOCKET:
+                    continue
+                if typ == SO_TIMESTAMPNS and len(d) >= _TIMESPEC.size:
+                    at = _TIMESPEC.unpack_from(d)
+                elif typ == SO_RXQ_OVFL and len(d) >= _U32.size:
+                    self.overflow = max(self.overflow or 0, _U32.unpack_from(d)[0])
             now = at[0] + at[1] * 1e-9 if at is not None else time.time()
             self.seen.add(seq)
             self._arrivals.append((seq, now - sent_at))
+            self._intervals.append((sent_at, now))
 
     def received(self) -> int:
         return len(self.seen)
@@ -144,6 +158,10 @@ class LossSink:
     def arrivals(self) -> list[tuple[int, float]]:
         """(sequence, one-way delay in s) of every probe in arrival order (see probe_stats)."""
         return list(self._arrivals)
+
+    def intervals(self) -> list[tuple[float, float]]:
+        """(sent, received) wall-clock times of every probe that arrived."""
+        return list(self._intervals)
 
     def close(self) -> None:
         if self._sock is not None and self._loop is not None:
@@ -167,20 +185,55 @@ def wait_drained(sink: LossSink, quiet_s: float, limit_s: float = 120.0) -> None
             return
 
 
-async def send_probes(host: str, port: int, count: int, rate_pps: float, size: int = 200) -> int:
+# Behind its schedule by more than this (a stall of the sending CPU), the sender resumes the
+# schedule from now instead of sending the backlog back to back: a burst of that backlog would
+# fill the shaping queue, and its overflow is not the link's loss.
+MAX_LAG_S = 0.002
+MAX_RETRIES = 1000      # a millisecond apart: a buffer still full after a second is not a stall
+
+
+@dataclass(frozen=True)
+class SendResult:
+    sent: int
+    retries: int = 0      # sends the kernel refused (buffer full, EAGAIN/ENOBUFS) and took on a retry
+    stalls: int = 0       # times the sender fell MAX_LAG_S behind and resumed from there
+    stalled_s: float = 0.0
+
+
+async def send_probes(host: str, port: int, count: int, rate_pps: float, size: int = 200) -> SendResult:
     """Paced UDP probes (paced so the bottleneck queue never drops them: only the emulated
-    loss should)."""
+    loss should). A probe the kernel refuses for want of buffer is sent again: it never left."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setblocking(False)
     pad = bytes(max(size - _PROBE.size, 0))
     start = time.perf_counter()
+    retries = stalls = 0
+    stalled = 0.0
     try:
         for seq in range(count):
             due = start + seq / rate_pps
-            delay = due - time.perf_counter()
+            now = time.perf_counter()
+            if now - due > MAX_LAG_S:
+                stalls += 1
+                stalled += now - due
+                start += now - due
+                due = now
+            delay = due - now
             if delay > 0.001:
                 await asyncio.sleep(delay)
-            sock.sendto(_PROBE.pack(_MAGIC, seq, time.time()) + pad, (host, port))
+            for attempt in range(MAX_RETRIES + 1):
+                try:
+                    sock.sendto(_PROBE.pack(_MAGIC, seq, time.time()) + pad, (host, port))
+                    break
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError as e:
+                    if e.errno != errno.ENOBUFS:
+                        raise
+                if attempt == MAX_RETRIES:
+                    raise OSError(errno.ENOBUFS, f"probe {seq}: the kernel refused it {MAX_RETRIES + 1} times")
+                retries += 1
+                await asyncio.sleep(0.001)
     finally:
         sock.close()
-    return count
+    return SendResult(count, retries, stalls, stalled)

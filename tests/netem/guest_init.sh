@@ -20,9 +20,10 @@ mkdir -p "$repo"
 mount -t hostfs -o "$repo" none "$repo"         # the checkout, writable (the rest stays read-only)
 hostname netem-guest
 
-# insmod each module after its dependencies (modules.dep lists them, the first needed last).
-kver=$(uname -r)
-mods="/usr/lib/uml/modules/$kver"
+# insmod each module after its dependencies (modules.dep lists them, the first needed last), from
+# the booted kernel's module tree: run_uml.sh names it in guest.env (Debian's under
+# /usr/lib/uml/modules, or a newer kernel's under build/uml/).
+. "$out/guest.env"
 load() {
     deps=$(sed -n "s|^\(kernel/.*/$1\.ko\): *||p" "$mods/modules.dep")
     for d in $(echo "$deps" | tr ' ' '\n' | tac); do

@@ -5,8 +5,11 @@ profile with its bars, and the exit status.
     python tests/netem/linkcheck_all.py [--strict] [--wire-rate R] [--duration S] [--rtt-probes N]
 
 Gates: every profile measured with method netem, its loss within 0.3 points (the kernel's
-doing, whatever the machine's speed). RTT, goodput and rate-change bars are timing bars: a
-one-CPU guest's timers fire late on a loaded host, so they are shown, and gate with --strict.
+doing, whatever the machine's speed). A loss figure linkcheck marks INVALID (the guest itself
+dropped probes in a way that cannot be told from the link's loss, even after measuring the
+stream once more) is reported as not measured, never failed and never passed. RTT, goodput
+and rate-change bars are timing bars: a one-CPU guest's timers fire late on a loaded host, so
+they are shown, and gate with --strict.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from pathlib import Path
 
 from testbed.config.profiles import PROFILE_DIR, load_profile
 from testbed.core.linkprofile import parse_rate
-from testbed.studies.linkcheck import LinkCheckConfig, print_report, run_linkcheck, scale_for, shaped_rtt, verdicts
+from testbed.studies.linkcheck import (LinkCheckConfig, loss_cell, print_report, run_linkcheck, scale_for, shaped_rtt,
+                                       verdicts)
 
 GATES = ("loss",)
 
@@ -31,10 +35,13 @@ def summary_line(r: dict[str, object]) -> str:
     mark = {True: "PASS", False: "FAIL", None: "-"}
     rtt = shaped_rtt(r)
     multi = r["goodput"][0]  # type: ignore[index]
-    loss = r["loss"]["measured"]  # type: ignore[index]
+    lo = r["loss"]
+    assert isinstance(lo, dict)
+    loss = (f"loss {mark[v['loss']]} ({lo['link']:.2%} of {c['loss']:.2%})" if lo["valid"]
+            else f"loss not measured ({loss_cell(lo)})")
     parts = [f"RTT {mark[v['rtt']]} ({rtt * 1e3:.2f} of {c['rtt_s_wire'] * 1e3:.2f} ms over the unshaped path)",
              f"goodput {mark[v['goodput_multi']]} ({(multi['bps'] or 0) / c['rate_bps_wire']:.0%} of the rate)",
-             f"loss {mark[v['loss']]} ({loss:.2%} of {c['loss']:.2%})"]
+             loss]
     if "rate_change" in v:
         f = r["rate_change"]["follow_s"]  # type: ignore[index]
         parts.append(f"rate change {mark[v['rate_change']]} ("
@@ -56,19 +63,13 @@ def main() -> int:
         p = load_profile(path)
         cfg = LinkCheckConfig(p, scale_for(p, 1.0, None, parse_rate(args.wire_rate)), 4, args.duration,
                               loss_probes=None, rtt_probes=args.rtt_probes, method="netem")
+        # No second run of a failing profile: the host's own drops no longer reach the loss
+        # figure (linkcheck counts them, and measures a stream they disturbed once more itself),
+        # so a valid figure outside the bar is the link's, and measuring until one passes would
+        # only hide it.
         r = run_linkcheck(cfg)
         r["verdicts"] = verdicts(r)
         print_report(r)
-        gated = [k for k, ok in r["verdicts"].items() if ok is False and (args.strict or k in GATES)]
-        if gated:
-            # The guest's one CPU now and then stalls long enough to drop a burst of probes at
-            # the qdisc: a profile that fails is measured once more, and gates only if it fails
-            # again (a misconfigured link fails both times). Both reports are printed.
-            print(f"linkcheck {p.name}: {', '.join(gated)} failed; measuring once more", flush=True)
-            r = run_linkcheck(cfg)
-            r["verdicts"] = verdicts(r)
-            r["remeasured"] = gated
-            print_report(r)
         print(f"linkcheck {p.name}: {time.monotonic() - t0:.0f} s", flush=True)
         results.append(r)
     if args.json_out is not None:
@@ -83,8 +84,10 @@ def main() -> int:
         failed = [k for k, ok in r["verdicts"].items() if ok is False and (gates is None or k in gates)]
         if r["method"] != "netem" or failed:
             bad.append(f"{r['profile']} ({', '.join(failed) or 'method ' + str(r['method'])})")
+    unmeasured = [str(r["profile"]) for r in results if not r["loss"]["valid"]]  # type: ignore[index]
     print(f"linkcheck: {len(results) - len(bad)} of {len(results)} profiles pass"
-          + (f"; failing: {'; '.join(bad)}" if bad else ""))
+          + (f"; failing: {'; '.join(bad)}" if bad else "")
+          + (f"; loss not measured (INVALID, not gated): {', '.join(unmeasured)}" if unmeasured else ""))
     return 1 if bad else 0
 
 

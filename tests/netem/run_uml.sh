@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Boot a user-mode-linux guest (Debian's `user-mode-linux`: a real 6.1 kernel with sch_netem, run
-# as an ordinary process, no KVM) over the host's / read-only, with this checkout writable, run a
-# command in it and exit with its status. Default command: tests/netem/tier.sh, the netem tier.
+# Boot a user-mode-linux guest (a real kernel with sch_netem, run as an ordinary process, no KVM)
+# over the host's / read-only, with this checkout writable, run a command in it and exit with its
+# status. Default command: tests/netem/tier.sh, the netem tier. The kernel is Debian's
+# `user-mode-linux` where it runs on this host's CPU, else a newer one fetched into build/uml/
+# (tests/netem/uml_kernel.py chooses and says why). Exit 77: no kernel can be had here.
 #
 #   tests/netem/run_uml.sh [COMMAND...]     NETEM_TIMEOUT=seconds (default 900), NETEM_MEM=1500M
 #
@@ -12,18 +14,14 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 out="$repo/build/netem"
 python=${PYTHON:-$repo/.venv/bin/python}
 timeout_s=${NETEM_TIMEOUT:-900}
-uml=$(command -v linux.uml || true)
-if [ -z "$uml" ]; then
-    echo "run_uml: linux.uml not found (apt-get install user-mode-linux kmod)" >&2
-    exit 2
-fi
 command -v insmod >/dev/null || { echo "run_uml: insmod not found (apt-get install kmod)" >&2; exit 2; }
-kver=$(basename "$(ls -d /usr/lib/uml/modules/* | head -1)")
-[ -f "/usr/lib/uml/modules/$kver/kernel/net/sched/sch_netem.ko" ] || {
-    echo "run_uml: no sch_netem module under /usr/lib/uml/modules" >&2; exit 2; }
-
 mkdir -p "$out"
+# Sets uml, kver and mods (the booted kernel's module tree), or exits 77 with the reason.
+choice=$("$python" "$repo/tests/netem/uml_kernel.py" "$repo/build/uml") || exit $?
+eval "$choice"
+
 rm -f "$out/status"
+printf 'mods=%q\n' "$mods" > "$out/guest.env"   # read by guest_init.sh
 {
     printf 'export PYTHON=%q\n' "$python"
     if [ $# -gt 0 ]; then printf '%q ' "$@"; echo; else echo 'sh tests/netem/tier.sh'; fi

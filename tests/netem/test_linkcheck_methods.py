@@ -25,15 +25,17 @@ def test_loss_probes_cover_the_bar_at_the_profiles_loss_and_correlation() -> Non
 
 
 def _method(rtt: float, loss: float, corr: float | None, reordered: float, bps: float) -> dict[str, object]:
+    """One method's result; a negative `loss` stands for an INVALID figure of abs(loss)."""
     return {"scale": {"speedup": 1.0, "byte_scale": 2000.0}, "mtu": 1500,
             "configured": {"rtt_s_wire": 0.03, "jitter_s_wire": 0.0002, "loss": 0.01, "loss_correlation": 0.25,
                            "rate_bps_wire": 50e6},
             "rtt": {"median_s": rtt, "sd_s": 0.0004, "base_median_s": 0.0005, "base_sd_s": 0.0001},
-            "probes": {"loss": loss, "sent": 16501, "loss_correlation": corr, "reordered": reordered,
+            "loss": {"valid": loss >= 0, "link": loss if loss >= 0 else None, "reasons": ["netem's queue may have overflowed"]},
+            "probes": {"loss": abs(loss), "sent": 16501, "loss_correlation": corr, "reordered": reordered,
                        "delay_sd_s": 0.0002},
             "goodput": [{"connections": 4, "bps": bps, "reason": ""}, {"connections": 1, "bps": None,
                                                                          "reason": "timeout"}],
-            "verdicts": {"rtt": True, "loss": loss < 0.013, "goodput_multi": bps >= 45e6}}
+            "verdicts": {"rtt": True, "loss": loss < 0.013 if loss >= 0 else None, "goodput_multi": bps >= 45e6}}
 
 
 @pytest.mark.pure
@@ -49,6 +51,15 @@ def test_compare_markdown_puts_the_methods_side_by_side() -> None:
     assert "|  | loss correlation (lag 1) | 0.25 | 0.240 | 0.260 |" in lines
     assert "|  | goodput, 4 conn | 50.0 Mbit/s | 47.1 Mbit/s | 44.0 Mbit/s FAIL |" in lines
     assert "|  | goodput, 1 conn | 50.0 Mbit/s | failed: timeout | failed: timeout |" in lines
+
+
+@pytest.mark.pure
+def test_compare_markdown_shows_an_invalid_loss_figure_as_such() -> None:
+    md = compare_markdown([{"profile": "cross-region-100g-lossy", "methods": {
+        "netem": _method(0.0306, -0.0395, None, 0.0, 47.1e6),
+        "fallback": _method(0.0311, 0.0102, 0.26, 0.0, 44.0e6)}}])
+    assert ("|  | loss | 1.00% | INVALID (3.95% of 16501: netem's queue may have overflowed) | 1.02% of 16501 |"
+            in md.splitlines())
 
 
 @pytest.mark.netns

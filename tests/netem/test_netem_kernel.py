@@ -105,7 +105,7 @@ def test_netem_link_loss_correlation_and_order(link: Topology) -> None:
     with NetnsLoop(b.netns) as lb, NetnsLoop(link.host("a").netns) as la:
         sink = LossSink()
         lb.run(sink.start(b.ip, 7001))
-        sent = la.run(send_probes(b.ip, 7001, 10000, 2000.0), 600)
+        sent = la.run(send_probes(b.ip, 7001, 10000, 2000.0), 600).sent
         wait_drained(sink, 2 * DELAY + 0.5)
         st = probe_stats(sent, sink.arrivals())
         lb.loop.call_soon_threadsafe(sink.close)
