@@ -27,8 +27,9 @@ TIME_FORMAT = "'%e s wall, %U s user, %M KiB peak RSS, exit %x'"
 
 
 def titled(title: str, part: Render) -> Render:
+    """`part` under a heading of its own, its headings one level below it."""
     def render(d: Done) -> str:
-        return f"### {title}\n\n{part(d)}"
+        return f"### {title}\n\n{demote(part(d), 1)}"
     return render
 
 
