@@ -161,6 +161,15 @@ def _env(lab: Lab) -> dict[str, str]:
     return {**os.environ, "DOCKER_HOST": lab.docker_host}
 
 
+def _wait_for_records(proc: subprocess.Popen[str], out: Path, rows: int, within_s: float) -> None:
+    """Until the run in `proc` has more than `rows` records in `out` (header included), it ends,
+    or `within_s` passes."""
+    deadline = time.time() + within_s
+    while time.time() < deadline and proc.poll() is None and not (
+            (out / "records.csv").exists() and len((out / "records.csv").read_text().splitlines()) > rows):
+        time.sleep(0.1)
+
+
 def _records(out: Path) -> list[dict[str, str]]:
     with (out / "records.csv").open() as f:
         return list(csv.DictReader(f))
@@ -220,10 +229,7 @@ def test_losing_the_remote_engine_mid_run_accounts_for_every_request(lab: Lab, l
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = next(n for n in lab.nodes if n.role == "dc-remote")
     try:
-        deadline = time.time() + left()
-        while time.time() < deadline and proc.poll() is None and not (
-                (out / "records.csv").exists() and len((out / "records.csv").read_text().splitlines()) > 5):
-            time.sleep(0.1)
+        _wait_for_records(proc, out, 5, left())
         assert proc.poll() is None, f"the run ended before the kill: {proc.communicate()[1][-3000:]}"
         subprocess.run(["docker", "kill", victim.name], check=True, capture_output=True, timeout=60)
         killed = time.monotonic()
@@ -269,10 +275,7 @@ def test_sigterm_to_the_lab_run_removes_every_engine_and_keeps_the_records(left:
                              "--", "--out", str(out), *FAST, "--requests", "200", "--rate", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + left()
-        while time.time() < deadline and proc.poll() is None and not (
-                (out / "records.csv").exists() and len((out / "records.csv").read_text().splitlines()) > 3):
-            time.sleep(0.2)
+        _wait_for_records(proc, out, 3, left())
         assert proc.poll() is None, f"the run ended before the signal: {proc.communicate()[1][-3000:]}"
         proc.send_signal(signal.SIGTERM)
         t = time.monotonic()

@@ -275,12 +275,7 @@ class HybridPrefixCache:
                 added += e.nbytes
             e.pins += 1
             held.append(e)
-        self._pinned_entry_bytes += added
-        mine = self._pins.get(owner)
-        if mine is None:
-            self._pins[owner] = held
-        else:
-            mine.extend(held)
+        self._hold(owner, held, added)
 
     def pin(self, owner: str, hash_ids: Iterable[int], tokens: int) -> None:
         """Keep a prefix of `tokens` tokens (its blocks and the state at exactly that length)
@@ -294,6 +289,10 @@ class HybridPrefixCache:
             if e.pins == 0:
                 added += e.nbytes
             e.pins += 1
+        self._hold(owner, held, added)
+
+    def _hold(self, owner: str, held: list[_Entry], added: int) -> None:
+        """Record `held` (already pinned once more; `added` bytes newly pinned) under `owner`."""
         self._pinned_entry_bytes += added
         mine = self._pins.get(owner)
         if mine is None:

@@ -176,15 +176,20 @@ def ctl_dir(project: str) -> Path:
     return Path(f"/tmp/{project}-ctl")
 
 
-def remove_ctl_dirs(prefix: str) -> list[str]:
-    """The control folders of the project `prefix` (of every project with the bare prefix)."""
-    found = [ctl_dir(prefix)] if prefix != PREFIX else sorted(ctl_dir(PREFIX).parent.glob(f"{PREFIX}*-ctl"))
+def _remove_dirs(found: list[Path]) -> list[str]:
+    """Remove each folder of `found` that is one (never through a symlink); the ones removed."""
     gone = []
     for d in found:
         if d.is_dir() and not d.is_symlink():
             shutil.rmtree(d, ignore_errors=True)
             gone.append(str(d))
     return gone
+
+
+def remove_ctl_dirs(prefix: str) -> list[str]:
+    """The control folders of the project `prefix` (of every project with the bare prefix)."""
+    found = [ctl_dir(prefix)] if prefix != PREFIX else sorted(ctl_dir(PREFIX).parent.glob(f"{PREFIX}*-ctl"))
+    return _remove_dirs(found)
 
 
 # The folders of the swarm labs (`testbed.deploy.swarm_lab`): one per lab, its nodes' sockets.
@@ -195,12 +200,7 @@ def remove_lab_dirs(prefix: str, lab_dir: Path = LAB_DIR) -> list[str]:
     """The folders of the lab named `prefix` (of every lab with the bare prefix); the lab's
     containers, volumes and network carry its project label and go with the label sweeps."""
     found = [lab_dir / prefix] if prefix != PREFIX else sorted(lab_dir.glob(f"{PREFIX}*"))
-    gone = []
-    for d in found:
-        if d.is_dir() and not d.is_symlink():
-            shutil.rmtree(d, ignore_errors=True)
-            gone.append(str(d))
-    return gone
+    return _remove_dirs(found)
 
 
 def sweep_docker(prefix: str, engine: Engine | None = None, warn: Warn = _stderr) -> DockerLeftovers:

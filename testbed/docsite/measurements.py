@@ -75,7 +75,7 @@ def plan_tables(subdirs: Sequence[str]) -> Render:
     """Each plan's workload, first choices and predicted-against-simulated table, from its plan.md."""
     keep = ("Workload", "Best of each kind", "Chosen by simulation", "Simulation")
     def render(d: Done) -> str:
-        return "\n\n".join(f"### `{sub}`\n\n" + demote(include(f"{sub}/plan.md", only=keep)(d), 1) for sub in subdirs)
+        return "\n\n".join(titled(f"`{sub}`", include(f"{sub}/plan.md", only=keep))(d) for sub in subdirs)
     return render
 
 
