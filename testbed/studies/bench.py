@@ -17,6 +17,7 @@ from testbed.core.record import RequestRecord
 from testbed.core.scenario import Scenario
 from testbed.metrics.records import read_records
 from testbed.studies.load import load
+from testbed.studies.stoppable import run_stoppable
 
 FIDELITY_RATE = 0.3    # paper req/s: low enough that queues stay empty on the paper deployments
 
@@ -62,7 +63,7 @@ def fidelity(args: argparse.Namespace) -> int:
     rs = load(args.scenario, {"workload": {"rate": FIDELITY_RATE, "requests": args.requests or 40}})
     sc = rs.spec
     out = Path(args.out or f"runs/bench-fidelity-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    res = asyncio.run(run_replay_async(rs, trace_from_workload(sc.workload), out, "local"))
+    res = run_stoppable(run_replay_async(rs, trace_from_workload(sc.workload), out, "local"))
     fig = fidelity_figures(sc, read_records(res.run_dir / "records.csv"))
     fig["run_dir"] = str(res.run_dir)
     (res.run_dir / "fidelity.json").write_text(json.dumps(fig, indent=1))
@@ -167,7 +168,7 @@ def live_path(args: argparse.Namespace) -> int:
         trace = (trace_from_workload(rs.spec.workload) if args.trace is None else
                  load_trace(args.trace, window=args.window, limit=args.requests))
         out = Path(args.out or f"runs/bench-live-path-{dt.now():%Y%m%d-%H%M%S}")
-        res = asyncio.run(run_replay_async(rs, trace, out, backend, report=False))
+        res = run_stoppable(run_replay_async(rs, trace, out, backend, report=False))
         parts = [live_path_figures(res.run_dir)]
     runs: list[dict[str, Any]] = [r for p in parts for r in p["runs"]]
     stalls = sum(r["stalls"] for r in runs)

@@ -4,7 +4,6 @@ several scenarios the paper's Table 6 by emulation (`studies.paper_table`)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from dataclasses import asdict
@@ -18,6 +17,7 @@ from testbed.studies.capacity import model_lambda, search, write_outputs
 from testbed.studies.load import load
 from testbed.studies.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
 from testbed.studies.run_args import add_run_args, run_overrides, trace_for
+from testbed.studies.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
 
@@ -77,7 +77,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     print(f"capacity of {sc.name}: bisection in [{lo:.3f}, {hi:.3f}] req/s, {args.probes} probes of "
           f"{n} requests{'' if trace is None else ' of ' + trace.source}, backend {backend} -> {out}", file=sys.stderr)
     try:
-        res = asyncio.run(search(rs, out, backend, lo, hi, args.probes, args.growth_limit, ttft_slo,
+        res = run_stoppable(search(rs, out, backend, lo, hi, args.probes, args.growth_limit, ttft_slo,
                                  growth_s=args.wait_growth, trace=trace))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -108,7 +108,7 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], back
         print((out / "table6.md").read_text())
         return 0
     try:
-        deps = asyncio.run(run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate,
+        deps = run_stoppable(run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate,
                                      args.spread, trace))
     except KeyboardInterrupt:
         print(f"interrupted: probes so far kept under {out}", file=sys.stderr)

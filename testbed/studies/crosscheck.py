@@ -13,7 +13,6 @@ with `--check`, 1 when a judged metric is outside its tolerance.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from testbed.metrics.artefacts import Summary
 from testbed.studies.crosscheck_explain import Side
 from testbed.studies.crosscheck_table import Crosscheck, compare
 from testbed.studies.run_args import add_run_args, run_overrides, trace_for
+from testbed.studies.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
 class CrosscheckError(UserError, ValueError):
@@ -155,7 +155,7 @@ def crosscheck_one(rs: ResolvedScenario, trace: Trace, out: Path, args: argparse
     if emu is None and not args.skip_emulation:
         print(f"emulating the same on the {args.backend} backend (speedup {sc.scale.speedup:g}, byte_scale "
               f"{sc.scale.byte_scale:g}) -> {out / 'emulation'}", file=sys.stderr)
-        r = asyncio.run(_run_one(rs, trace, out / "emulation", args.backend, show))
+        r = run_stoppable(_run_one(rs, trace, out / "emulation", args.backend, show))
         emu = _side("emulation", out / "emulation", r.summary)
     model, note = model_figures(rs, trace, args.trace is not None)
     c = compare(sc.name, sim, emu, model, note)

@@ -47,6 +47,7 @@ from testbed.studies.feasibility_report import (
     write_json,
     write_report,
 )
+from testbed.studies.stoppable import run_stoppable
 
 
 class FeasibilityError(UserError, ValueError):
@@ -160,7 +161,7 @@ def cmd_feasibility(args: argparse.Namespace) -> int:
             asyncio.run(simulate_points(mm, deps, keys, out, settings, sim, reuse))
         if args.confirm or args.confirm_at:
             picks = pick_confirm(mm, args.confirm, args.confirm_at)
-            conf = asyncio.run(confirm(mm, deps, picks, out, settings, sim, args.confirm_backend, reuse, emulated))
+            conf = run_stoppable(confirm(mm, deps, picks, out, settings, sim, args.confirm_backend, reuse, emulated))
             write_confirm(conf, out, CONFIRM_TOLERANCE)
         else:
             # A map redrawn without --confirm keeps the confirmations an earlier run left.

@@ -77,8 +77,8 @@ def run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: b
     if registry.get(backend).caps.simulator:
         from testbed.studies.runner import run_sim
         return run_sim(rs, trace, out, report=report)
-    import asyncio
-    return asyncio.run(_run_one(rs, trace, out, backend, show, prometheus, report))
+    from testbed.studies.stoppable import run_stoppable
+    return run_stoppable(_run_one(rs, trace, out, backend, show, prometheus, report))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -110,10 +110,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             trace = trace_for(sc, args)
             out = base / sc.name if len(scenarios) > 1 else base
             if args.speedup == "auto":
-                import asyncio
-
                 from testbed.studies.speedup import pick_speedup, with_speedup
-                s, tried = asyncio.run(pick_speedup(rs, trace, backend, out / "speedup-probes"))
+                from testbed.studies.stoppable import run_stoppable
+                s, tried = run_stoppable(pick_speedup(rs, trace, backend, out / "speedup-probes"))
                 print(f"--speedup auto: {s:g} (" + ", ".join(
                     f"{t['speedup']:g}: {'valid' if t['valid'] else 'invalid'}" for t in tried) + ")", file=sys.stderr)
                 rs = with_speedup(rs, s)

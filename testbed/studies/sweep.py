@@ -17,7 +17,6 @@ indexed path copies the resolved list into the overrides and edits that copy.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import itertools
 import json
@@ -42,6 +41,7 @@ from testbed.config.scenarios import ScenarioError, load_scenario
 from testbed.deploy import registry
 from testbed.studies.load import load
 from testbed.studies.run_args import add_run_args, run_assignments, trace_for
+from testbed.studies.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
 MAX_PARAMS = 2
@@ -415,12 +415,12 @@ def _run_and_record(pt: Point, out: Path, backend: str, link_bps: float, n: int,
     summary_dir = run_dir
     try:
         if capacity_probes:
-            res = asyncio.run(_capacity_point(pt, run_dir, backend, capacity_probes, link_bps, trace))
+            res = run_stoppable(_capacity_point(pt, run_dir, backend, capacity_probes, link_bps, trace))
             extra = {"measured_lambda_max": res.lambda_max, "lowest_unstable_rate": res.lowest_unstable}
             best = [p for p in res.probes if p.stable and p.rate == res.lambda_max]
             summary_dir = Path(best[0].run_dir) if best else run_dir
         else:
-            asyncio.run(_run_point(pt, run_dir, backend, trace))
+            run_stoppable(_run_point(pt, run_dir, backend, trace))
     except KeyboardInterrupt:
         # The runner has stopped its services and summarised what finished before re-raising.
         status, interrupted = "interrupted", True
