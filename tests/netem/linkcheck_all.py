@@ -22,8 +22,8 @@ from pathlib import Path
 
 from testbed.config.profiles import PROFILE_DIR, load_profile
 from testbed.core.linkprofile import parse_rate
-from testbed.studies.linkcheck import (LinkCheckConfig, loss_cell, print_report, run_linkcheck, scale_for, shaped_rtt,
-                                       verdicts)
+from testbed.studies.linkcheck import (LinkCheckConfig, loss_cell, multi_goodput_bps, print_report, run_linkcheck,
+                                       scale_for, shaped_rtt, verdicts)
 
 GATES = ("loss",)
 
@@ -40,7 +40,8 @@ def summary_line(r: dict[str, object]) -> str:
     loss = (f"loss {mark[v['loss']]} ({lo['link']:.2%} of {c['loss']:.2%})" if lo["valid"]
             else f"loss not measured ({loss_cell(lo)})")
     parts = [f"RTT {mark[v['rtt']]} ({rtt * 1e3:.2f} of {c['rtt_s_wire'] * 1e3:.2f} ms over the unshaped path)",
-             f"goodput {mark[v['goodput_multi']]} ({(multi['bps'] or 0) / c['rate_bps_wire']:.0%} of the rate)",
+             f"goodput {mark[v['goodput_multi']]} ({(multi_goodput_bps(multi) or 0) / c['rate_bps_wire']:.0%} of the "
+             f"rate past TCP's ramp, {(multi['bps'] or 0) / c['rate_bps_wire']:.0%} over the whole transfer)",
              loss]
     if "rate_change" in v:
         f = r["rate_change"]["follow_s"]  # type: ignore[index]
@@ -76,7 +77,7 @@ def main() -> int:
         args.json_out.write_text(json.dumps(results, indent=1) + "\n")
     gates = None if args.strict else GATES
     bad = []
-    print("\nlinkcheck under netem, bars: RTT 1 ms or 3%, goodput on 4 connections >= 90% of the rate, "
+    print("\nlinkcheck under netem, bars: RTT 1 ms or 3%, goodput on 4 connections past TCP's ramp >= 90% of the rate, "
           "loss within 0.3 points, rate change followed within 200 ms"
           + ("" if args.strict else f" (gating: method netem, {', '.join(GATES)})"))
     for r in results:

@@ -75,3 +75,17 @@ def test_compare_methods_without_netem_says_so_in_one_line() -> None:
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs both netem and the delay line" in lines[0] and "netem=False" in lines[0]
+
+
+@pytest.mark.pure
+def test_goodput_past_the_ramp_leaves_out_the_slow_start() -> None:
+    from testbed.studies.linkcheck import multi_goodput_bps, steady_rate
+
+    # 1 MB at 1 MB/s after a ramp that moved 0.2 MB in its first second: the whole transfer
+    # averages 0.5 MB/s, the stretch from 25% to 95% acknowledged runs at the link's 1 MB/s.
+    samples = [(0.05 * i, int(0.2e6 * 0.05 * i)) for i in range(21)]
+    samples += [(1.0 + 0.05 * i, int(0.2e6 + 1e6 * 0.05 * i)) for i in range(1, 17)]
+    assert steady_rate(samples, 1_000_000) == pytest.approx(8e6, rel=0.02)
+    assert steady_rate(samples[:24], 1_000_000) is None          # under half a second inside the stretch
+    assert multi_goodput_bps({"bps": 4e6, "steady_bps": 8e6}) == 8e6
+    assert multi_goodput_bps({"bps": 4e6, "steady_bps": None}) == 4e6
