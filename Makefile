@@ -90,10 +90,7 @@ plan-refine: $(STAMP)
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
 ## The type checks, the import contracts and the pure tier (no I/O, no timing) run side by side,
 ## while the container image the docker tier needs builds (its log: build/image.log); then the
-## tiers that start services. WITH_NETEM=1 (CI) runs the netem tier's guest (`make test-netem`)
-## beside those, at a lower CPU priority: the host tiers keep theirs (they wait on services and
-## timers far more than they compute), the guest takes the idle time, and the netem tier's log is
-## build/netem-tier.log, printed at the end.
+## tiers that start services, alone, as their timings want.
 test: $(STAMP)
 	@mkdir -p build
 	@$(BYTECODE)
@@ -104,12 +101,7 @@ test: $(STAMP)
 	$(BIN)/pytest -q -m "pure and not slow" --durations=5 || rc=1; \
 	wait $$types || rc=1; cat build/typecheck.log; \
 	wait $$image || echo "make test: the image build failed (build/image.log); the docker tier will say why"; \
-	if [ -n "$(WITH_NETEM)" ]; then nice -n 10 $(MAKE) --no-print-directory test-netem > build/netem-tier.log 2>&1 & netem=$$!; fi; \
 	$(BIN)/pytest -q -m "not pure and not slow" --durations=25 || rc=1; \
-	if [ -n "$(WITH_NETEM)" ]; then \
-	  wait $$netem || { rc=1; echo "make test: the netem tier FAILED (build/netem-tier.log)"; }; \
-	  echo "make test: the netem tier's log (build/netem-tier.log):"; cat build/netem-tier.log; \
-	fi; \
 	exit $$rc
 
 test-pure: $(STAMP)
