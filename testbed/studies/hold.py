@@ -43,6 +43,7 @@ from testbed.live.held import HOLD_KEY, HOLD_PATH
 from testbed.metrics.artefacts import Summary, run_info
 from testbed.metrics.artefacts.run_file import HoldInfo as HoldFacts, RunState, Shaping, this_process
 from testbed.studies.runner import _versions, check_run_dir, clear_previous_run, make_backend, write_run_json
+from testbed.studies.stoppable import default_in_forked_child
 
 HOLD_SPEEDUP = 1.0
 HOLD_STREAM_INTERVAL = 1   # tokens per streamed chunk, unless the user sets serving.stream_interval
@@ -212,9 +213,7 @@ def stop_on_sigint(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> Call
     pid = os.getpid()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != pid:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        if default_in_forked_child(pid, signum):
             return
         loop.call_soon_threadsafe(stop.set)
 

@@ -492,9 +492,8 @@ def print_report(r: dict[str, Any]) -> None:
         bar = (mark[v["goodput_multi"]] + " (past the ramp >= 90% of rate)") if g is r["goodput"][0] else (
             f"{ach / pred:.0%} of min(rate, window {g['peer_window_bytes'] / 1e6:.2f} MB / RTT)"
             if ach and g.get("peer_window_bytes") else "-")
-        steady = f"; past the ramp {g['steady_bps'] / 1e6:.1f}" if g.get("steady_bps") else ""
         t.add_row(label, f"{pred / 1e6:.1f} Mbit/s",
-                  f"{ach / 1e6:.1f} Mbit/s{steady}" if ach else f"failed: {g['reason']}",
+                  f"{ach / 1e6:.1f} Mbit/s{_past_ramp(g)}" if ach else f"failed: {g['reason']}",
                   f"{sc.paper_rate_bps(ach) / 1e9:.2f} Gbit/s" if ach else "-", bar)
     if r.get("iperf3"):
         ip = r["iperf3"]

@@ -24,6 +24,16 @@ ALREADY_STOPPING = (b"stopping: the teardown is under way and runs to its end "
                     b"(kill -9 forces an exit; `testbed down` then removes what is left)\n")
 
 
+def default_in_forked_child(owner_pid: int, signum: int) -> bool:
+    """In a child forked without exec (pyroute2's namespace helpers), which inherits its parent's
+    handlers, give the signal its default meaning and say so; False in the owner itself."""
+    if os.getpid() == owner_pid:
+        return False
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return True
+
+
 def run_stoppable(main: Coroutine[Any, Any, T]) -> T:
     """Run `main` to its end; Ctrl-C cancels it (once) and then raises KeyboardInterrupt here."""
     if threading.current_thread() is not threading.main_thread() or \
@@ -31,35 +41,30 @@ def run_stoppable(main: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(main)
     pid = os.getpid()
     stopping = False
-    with asyncio.Runner() as runner:
-        loop = runner.get_loop()
-        task = loop.create_task(main)
+    runner = asyncio.Runner()
+    loop = runner.get_loop()
+    task = loop.create_task(main)
 
-        def on_sigint(signum: int, frame: FrameType | None) -> None:
-            nonlocal stopping
-            if os.getpid() != pid:
-                # A child forked without exec (pyroute2's namespace helpers) inherits the
-                # handler: there the signal keeps its default meaning.
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-                return
-            if stopping:
-                os.write(2, ALREADY_STOPPING)   # not print: a handler may interrupt a write to stderr
-                return
-            stopping = True
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(task.cancel)
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if default_in_forked_child(pid, signum):
+            return
+        if stopping:
+            os.write(2, ALREADY_STOPPING)   # not print: a handler may interrupt a write to stderr
+            return
+        stopping = True
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
 
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            try:
-                return loop.run_until_complete(task)
-            except asyncio.CancelledError:
-                if stopping:
-                    raise KeyboardInterrupt from None
-                raise
-        finally:
-            # Still ours while the runner closes and cancels what is left: a late signal must not
-            # cut that short either.
-            runner.close()
-            signal.signal(signal.SIGINT, previous)
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        return loop.run_until_complete(task)
+    except asyncio.CancelledError:
+        if stopping:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        # Still ours while the runner closes and cancels what is left: a late signal must not
+        # cut that short either.
+        runner.close()
+        signal.signal(signal.SIGINT, previous)
