@@ -16,13 +16,14 @@ the stack, which is not done yet.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:      # the CLI imports this module for its defaults: keep that cheap
+if TYPE_CHECKING:      # the CLI imports this module for its defaults: keep that cheap (asyncio too)
+    import asyncio
+
     from testbed.live.deployment import Deployment
 
 JOB = "testbed"
@@ -96,6 +97,8 @@ class PrometheusProcess:
         return f"http://{self.listen}"
 
     async def start(self) -> None:
+        import asyncio
+
         cfg = write_scrape_config(self.dep, self.workdir)
         log = (self.workdir / "prometheus.log").open("ab")
         try:
@@ -107,6 +110,8 @@ class PrometheusProcess:
         await self._until_ready()
 
     async def _until_ready(self) -> None:
+        import asyncio
+
         import aiohttp
 
         loop = asyncio.get_running_loop()
@@ -140,6 +145,8 @@ class PrometheusProcess:
         return len(active) == 1 + len(self.dep.nodes) and all(t["health"] == "up" for t in active)
 
     async def stop(self) -> None:
+        import asyncio
+
         p, self._proc = self._proc, None
         if p is None or p.returncode is not None:
             return

@@ -157,8 +157,9 @@ def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None 
             on_progress: Callable[[ReplayStats], None] | None = None, report: bool = True) -> RunResult:
     """The same run directory as a live replay, from the discrete-event simulator (`testbed.sim`):
     virtual time starts at t0 = 0, so records and series are wire seconds since the start."""
-    from testbed.core.gc_pause import paused_gc
+    from testbed.core.gc_pause import keep_heap_to_exit, paused_gc
 
+    keep_heap_to_exit()
     with paused_gc():       # the summary and report walk what the simulation left: no collections meanwhile
         return _run_sim(rs, trace, run_dir, name, on_progress, report)
 
