@@ -89,19 +89,25 @@ plan-refine: $(STAMP)
 
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
 ## The type checks, the import contracts and the pure tier (no I/O, no timing) run side by side,
-## while the container image the docker tier needs builds (its log: build/image.log); then the
-## tiers that start services, alone, as their timings want.
+## while the container image the docker tier needs builds (its log: build/image.log). Then the
+## tiers that start services run as two streams side by side: the docker tier (once the image is
+## there; its output goes to build/test-docker.log and is shown at the end) and the rest (app,
+## netns, clients, profiles). Their tests mostly wait on emulated service times, and each holds
+## beside a one-core hog (`make test-busy`); they share no namespace, address block or container.
 test: $(STAMP)
 	@mkdir -p build
 	@$(BYTECODE)
 	@$(NEED_PROMETHEUS)
 	@rc=0; \
-	$(BIN)/python -m testbed.deploy.image --if-possible > build/image.log 2>&1 & image=$$!; \
+	{ $(BIN)/python -m testbed.deploy.image --if-possible > build/image.log 2>&1 || \
+	    echo "make test: the image build failed (build/image.log); the docker tier will say why"; \
+	  $(BIN)/pytest -q -p no:cacheprovider -m "docker and not pure and not slow" --durations=10; \
+	} > build/test-docker.log 2>&1 & docker=$$!; \
 	{ $(BIN)/mypy && $(BIN)/lint-imports; } > build/typecheck.log 2>&1 & types=$$!; \
 	$(BIN)/pytest -q -m "pure and not slow" --durations=5 || rc=1; \
 	wait $$types || rc=1; cat build/typecheck.log; \
-	wait $$image || echo "make test: the image build failed (build/image.log); the docker tier will say why"; \
-	$(BIN)/pytest -q -m "not pure and not slow" --durations=25 || rc=1; \
+	$(BIN)/pytest -q -m "not docker and not pure and not slow" --durations=20 || rc=1; \
+	wait $$docker || rc=1; echo "make test: the docker tier (build/test-docker.log):"; cat build/test-docker.log; \
 	exit $$rc
 
 test-pure: $(STAMP)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 
@@ -37,6 +38,14 @@ def scratch() -> Iterator[str]:
         yield ns
     finally:
         teardown(ns)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`make test` runs the docker tier in the background, and a shell starts background jobs with
+    SIGINT ignored: Ctrl-C would then stop the other tiers and leave this one running. Like the
+    CLI, a test session is always stoppable (its fixtures tear down what the tests started)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 TIERS = {"pure", "app", "netns", "docker", "slow", "clients", "observability", "profiles"}
