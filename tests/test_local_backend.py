@@ -75,8 +75,11 @@ def test_ctrl_c_or_sigterm_stops_services_and_keeps_records(tmp_path: Path, sig:
     # "background": started as a shell starts `cmd &`, with SIGINT ignored; the SIGTERM that the
     # CLI turns into a Ctrl-C then did nothing and the run went on to its end (exit 0). A SIGTERM
     # in the foreground is the easier case of the same path (and the netns tests send one).
+    # Arrivals over 6 wire seconds (rate 0.25 at speedup 40), a request ending ~0.3 s after it is
+    # sent: when the third has ended, most are still to be sent, however busy the machine. At rate
+    # 2 the whole run took ~1.5 s, and on a loaded machine it could end before the signal came.
     out = tmp_path / "run"
-    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
+    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "0.25",
                                      "--out", str(out), "--backend", "local", *FAST, "--set", "workload.output_tokens=400"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_ignore_sigint if started == "background" else None)
