@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
+import time
 from operator import attrgetter
 from pathlib import Path
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -164,6 +165,7 @@ class RecordWriter:
         self._fh.flush()
         self._later: list[RequestRecord] | None = [] if deferred else None
         self.count = 0
+        self.write_s = 0.0      # seconds spent writing deferred batches
 
     def write(self, rec: RequestRecord) -> None:
         self.count += 1
@@ -183,9 +185,11 @@ class RecordWriter:
 
     def _write_later(self) -> None:
         assert self._later is not None
+        t = time.perf_counter()
         self._w.writerows(format_row(r) for r in self._later)
         self._fh.flush()
         self._later = []
+        self.write_s += time.perf_counter() - t
 
     def __enter__(self) -> "RecordWriter":
         return self

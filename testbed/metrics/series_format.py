@@ -168,7 +168,7 @@ class BatchSeriesFile:
 
     BATCH = 2048
 
-    __slots__ = ("source", "_fh", "_head", "speedup", "lines", "_labels", "points", "_sources", "_later")
+    __slots__ = ("source", "_fh", "_head", "speedup", "lines", "_labels", "points", "_sources", "_later", "write_s")
 
     def __init__(self, path: Path, source: str, speedup: float, repeated_labels: bool = True,
                  keep: bool = False, deferred: bool = False) -> None:
@@ -183,6 +183,7 @@ class BatchSeriesFile:
         self.points: list[SeriesPoint] | None = [] if keep else None
         self._sources: dict[str, str] = {}       # each source's name, JSON-encoded once
         self._later: list[tuple[float, str | None, Iterable[RawSample]]] | None = [] if deferred else None
+        self.write_s = 0.0      # seconds spent writing held batches (the simulator tells its engine's time apart)
 
     def write(self, t_paper: float, samples: Iterable[RawSample]) -> None:
         self._take(t_paper, None, samples)
@@ -239,11 +240,13 @@ class BatchSeriesFile:
         self.lines += len(out)
 
     def _drain(self) -> None:
+        t = time.perf_counter()
         for t_paper, source, samples in self._later or ():
             self._emit(t_paper, source, samples)
         self._fh.flush()
         if self._later is not None:
             self._later = []
+        self.write_s += time.perf_counter() - t
 
     def close(self) -> None:
         if self._fh.closed:

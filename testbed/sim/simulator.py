@@ -99,6 +99,7 @@ class SimStats:
     retries: int = 0
     t_end: float = 0.0              # paper seconds, the last request's end
     wall_s: float = 0.0
+    write_s: float = 0.0            # of wall_s, writing records and series in batches while the loop ran
     records: list[RequestRecord] = field(default_factory=list)
     series: list[SeriesPoint] = field(default_factory=list)      # timeseries/ as read back, by time
 
@@ -221,6 +222,8 @@ class Simulation:
             # The simulation's own time, as a peer simulator reports its own: writing what it
             # held into the run directory follows (a whole `replay` process is timed as such).
             self.stats.wall_s = time.perf_counter() - wall
+            self.stats.write_s = sum(f.write_s for f in (self.writer, *self.series.values(), self.decisions)
+                                     if f is not None)
         finally:
             if self.faults is not None:
                 self.faults.finish(self.stats.t_end or self.loop.now)

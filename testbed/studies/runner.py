@@ -188,7 +188,8 @@ def _run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None
         write_run_json(meta_path, meta)
         raise
     meta.t_end = rs.scale.wire_seconds(st.t_end)
-    meta.sim = SimInfo(events=st.events, rebalances=st.rebalances, wall_s=st.wall_s, simulated_s_paper=st.t_end,
+    meta.sim = SimInfo(events=st.events, rebalances=st.rebalances, wall_s=st.wall_s, write_s=st.write_s,
+                       simulated_s_paper=st.t_end,
                        retries=st.retries, live_path=rs.live_path.to_dict())
     meta.state = "finished"
     write_run_json(meta_path, meta)

@@ -80,6 +80,7 @@ class SimInfo(Section):
     rebalances: int
     wall_s: float
     simulated_s_paper: float
+    write_s: float | None = None                # of wall_s, writing records and series as the loop ran
     retries: int | None = None                  # attempts routed again after a failed one
     live_path: dict[str, Any] | None = None     # what the simulator added for the live path (wire s)
 
