@@ -53,9 +53,10 @@ def test_search_brackets_capacity(tmp_path: Path) -> None:
         # Speedup 20 keeps the decode step (1.25 ms wire) above the event loop's timer granularity.
         "scale": {"speedup": 20, "byte_scale": 4096}, "serving": {"stream_interval": 8},
         "workload": {"requests": 24, "output_tokens": 16, "seed": 2},
-        # Timer lateness at a 1.25 ms step adds a few percent to TPOT; this test is about the
-        # bisection, so the TPOT SLO leaves room for it.
-        "slo": {"ttft_s": 60.0, "tpot_s": 0.05},
+        # This test is about the bisection: the queue's growth decides it. TPOT at a 1.25 ms step
+        # is a timing the host's load moves (beside the docker tier a probe's P90 read 58 ms,
+        # its run marked invalid, "decode steps 46% late"), so its SLO is out of the way.
+        "slo": {"ttft_s": 60.0, "tpot_s": 0.5},
     })
     res = asyncio.run(search(resolve(sc), tmp_path, "inproc", lo=0.12, hi=1.2, probes=4, growth_limit=0.25,
                              ttft_slo=60.0, verbose=False))
