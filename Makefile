@@ -89,40 +89,19 @@ plan-refine: $(STAMP)
 
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
 ## The type checks, the import contracts and the pure tier (no I/O, no timing) run side by side,
-## while the container image the docker tier needs builds (its log: build/image.log). Then the
-## tiers that start services run as two streams side by side: the docker tier (once the image is
-## there) and two files of in-process app tests, their output in build/test-docker.log, shown at the
-## end; and the rest (app, netns, clients, profiles). Their tests mostly wait on emulated service
-## times (alone, the CPU sat 30-90% idle), each holds beside a busy CPU (`make test-busy`), and they
-## share no namespace, address block or container. Last, where this kernel lacks sch_netem, the netem tier (`make test-netem`) on a quiet
-## machine: its guest's timers are what linkcheck judges (beside the host's tests, RTTs read up to
-## 2.9 ms long and the lossy profile's goodput 86%).
-# App tests on the in-process backend (no namespace) that follow the docker tier in its stream, so
-# that both streams take about as long.
-STREAM_A_APP := tests/test_capacity.py tests/test_equivalence.py
-HOST_NETEM = [ "$$(id -u)" = 0 ] && $(BIN)/python -c 'import sys; from testbed.net.capabilities import probe_shaping; \
-	sys.exit(0 if probe_shaping().netem else 1)' 2>/dev/null
+## while the container image the docker tier needs builds (its log: build/image.log); then the
+## tiers that start services, alone, as their timings want.
 test: $(STAMP)
 	@mkdir -p build
 	@$(BYTECODE)
 	@$(NEED_PROMETHEUS)
-	@rc=0; rm -f build/image.failed build/image.done; \
-	{ $(BIN)/python -m testbed.deploy.image --if-possible > build/image.log 2>&1 || touch build/image.failed; \
-	  touch build/image.done; } & \
+	@rc=0; \
+	$(BIN)/python -m testbed.deploy.image --if-possible > build/image.log 2>&1 & image=$$!; \
 	{ $(BIN)/mypy && $(BIN)/lint-imports; } > build/typecheck.log 2>&1 & types=$$!; \
 	$(BIN)/pytest -q -m "pure and not slow" --durations=5 || rc=1; \
-	{ while [ ! -e build/image.done ]; do sleep 1; done; \
-	  if [ -e build/image.failed ]; then echo "make test: the image build failed (build/image.log); the docker tier will say why"; fi; \
-	  drc=0; $(BIN)/pytest -q -p no:cacheprovider -m "docker and not pure and not slow" --durations=10 || drc=1; \
-	  $(BIN)/pytest -q -p no:cacheprovider -m "not pure and not slow" $(STREAM_A_APP) --durations=5 || drc=1; exit $$drc; \
-	} > build/test-docker.log 2>&1 & docker=$$!; \
 	wait $$types || rc=1; cat build/typecheck.log; \
-	$(BIN)/pytest -q -m "not docker and not pure and not slow" $(addprefix --ignore=,$(STREAM_A_APP)) --durations=20 || rc=1; \
-	wait $$docker || rc=1; echo "make test: the docker tier and $(STREAM_A_APP) (build/test-docker.log):"; \
-	cat build/test-docker.log; \
-	if $(HOST_NETEM); then \
-	  echo "make test: this kernel has sch_netem: the netns tier ran the netem path (make test-netem runs the guest too)"; \
-	else $(MAKE) --no-print-directory test-netem || rc=1; fi; \
+	wait $$image || echo "make test: the image build failed (build/image.log); the docker tier will say why"; \
+	$(BIN)/pytest -q -m "not pure and not slow" --durations=25 || rc=1; \
 	exit $$rc
 
 test-pure: $(STAMP)
