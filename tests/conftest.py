@@ -41,9 +41,9 @@ def scratch() -> Iterator[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """`make test` runs the docker tier in the background, and a shell starts background jobs with
-    SIGINT ignored: Ctrl-C would then stop the other tiers and leave this one running. Like the
-    CLI, a test session is always stoppable (its fixtures tear down what the tests started)."""
+    """A shell starts background jobs (`make test &`) with SIGINT ignored: Ctrl-C would then leave
+    the session running. Like the CLI, a test session is always stoppable (its fixtures tear down
+    what the tests started)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
