@@ -15,6 +15,7 @@ import pytest
 from wan_bound import counters_bound
 import yaml
 
+from deployment_sizes import ONE_PER_ROLE, SERVICES_ONE_PER_ROLE
 from held import answers, check_held_run, drive_with_openai, start_hold
 from testbed.core.scaling import Scale
 from testbed.deploy.compose import compose_spec, layout
@@ -103,7 +104,7 @@ def test_sigterm_mid_replay_removes_every_container_network_and_volume(tmp_path:
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "60",
                              "--rate", "2", "--out", str(out), "--set", "scale.speedup=10",
-                             "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=400"],
+                             "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=400", *ONE_PER_ROLE],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 900
@@ -115,7 +116,7 @@ def test_sigterm_mid_replay_removes_every_container_network_and_volume(tmp_path:
         project = json.loads((out / "run.json").read_text())["shaping"]["project"]
         running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
                                  capture_output=True, text=True).stdout.split()
-        assert len(running) == 12 + 2
+        assert len(running) == SERVICES_ONE_PER_ROLE
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=180)
     finally:
@@ -137,7 +138,7 @@ def test_hold_serves_the_openai_package_then_ctrl_c_removes_everything(tmp_path:
     out = tmp_path / "run"
     t = time.monotonic()
     held = start_hold(out, "--scenario", "paper-prfaas", "--set", "scale.byte_scale=1000",
-                      "--set", "serving.stream_interval=2", ready_timeout=600)
+                      "--set", "serving.stream_interval=2", *ONE_PER_ROLE, ready_timeout=600)
     ready = time.monotonic() - t
     project = held.info["prefix"]
     try:
@@ -145,7 +146,7 @@ def test_hold_serves_the_openai_package_then_ctrl_c_removes_everything(tmp_path:
         assert held.info["base_url"].startswith("http://127.0.0.1:")
         running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
                                  capture_output=True, text=True).stdout.split()
-        assert len(running) == 12 + 2
+        assert len(running) == SERVICES_ONE_PER_ROLE
         sent = drive_with_openai(held.info["base_url"])
     except BaseException:
         held.kill()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deployment_sizes import ONE_PER_ROLE
 from procinfo import pids_naming
 
 from testbed.config.privilege import AS_USER_ENV
@@ -42,12 +43,12 @@ def _docker_ok() -> bool:
 
 BACKENDS = {
     "local": ([pytest.mark.app],
-              ["--set", "scale.speedup=20", "--set", "scale.byte_scale=1024"]),
+              ["--set", "scale.speedup=20", "--set", "scale.byte_scale=1024", *ONE_PER_ROLE]),
     "netns": ([pytest.mark.netns, pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")],
-              ["--set", "scale.speedup=20", "--set", "scale.byte_scale=1000"]),
+              ["--set", "scale.speedup=20", "--set", "scale.byte_scale=1000", *ONE_PER_ROLE]),
     "compose": ([pytest.mark.docker, pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router needs root"),
                  pytest.mark.skipif(not _docker_ok(), reason="no Docker engine reachable")],
-                ["--set", "scale.speedup=10", "--set", "scale.byte_scale=1000"]),
+                ["--set", "scale.speedup=10", "--set", "scale.byte_scale=1000", *ONE_PER_ROLE]),
 }
 
 

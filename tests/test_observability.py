@@ -74,9 +74,18 @@ SMALL = {
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the kernel's ephemeral range: a port the kernel handed out and this test
+    released could be handed again to the deployment's services (they take theirs the same way)
+    or to an outgoing connection before Prometheus binds it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in range(max(1024, low - 12_000), low):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below the ephemeral range (which starts at {low})")
 
 
 async def _drive(s: aiohttp.ClientSession, url: str) -> None:

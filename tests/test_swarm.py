@@ -20,6 +20,7 @@ from wan_bound import counters_bound
 import yaml
 from aiohttp import web
 
+from deployment_sizes import ONE_PER_ROLE, SERVICES_ONE_PER_ROLE
 from held import answers, check_held_run, drive_with_openai, start_hold
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.discovery import (ADDRESSES, FILES, REGISTER, Registry, add_file_routes, add_registry_routes,
@@ -330,7 +331,7 @@ def test_swarm_ctrl_c_mid_replay_keeps_records_and_removes_everything(tmp_path: 
     sig = signal.SIGINT
     out = tmp_path / "run"
     # 200 arrivals over 20 s of wire time: the interrupt lands mid-replay.
-    proc = subprocess.Popen(_up(out, "--requests", "200", "--rate", "2", "--set", "scale.speedup=5"),
+    proc = subprocess.Popen(_up(out, "--requests", "200", "--rate", "2", "--set", "scale.speedup=5", *ONE_PER_ROLE),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 900
@@ -341,7 +342,7 @@ def test_swarm_ctrl_c_mid_replay_keeps_records_and_removes_everything(tmp_path: 
         assert proc.poll() is None, f"the run ended before the interrupt ({proc.returncode}): {proc.communicate()[1][-3000:]}"
         project = json.loads((out / "run.json").read_text())["shaping"]["project"]
         running = _docker("service", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}").stdout.split()
-        assert len(running) == 12 + 2
+        assert len(running) == SERVICES_ONE_PER_ROLE
         proc.send_signal(sig)
         t = time.monotonic()
         _, err = proc.communicate(timeout=300)
@@ -368,7 +369,7 @@ def test_swarm_hold_serves_the_openai_package_then_sigterm_removes_everything(tm
     out = tmp_path / "run"
     t = time.monotonic()
     held = start_hold(out, "--backend", "swarm", "--scenario", "paper-prfaas", "--set", "scale.byte_scale=1000",
-                      "--set", "serving.stream_interval=2", ready_timeout=600)
+                      "--set", "serving.stream_interval=2", *ONE_PER_ROLE, ready_timeout=600)
     ready = time.monotonic() - t
     project = held.info["prefix"]
     try:
@@ -376,7 +377,7 @@ def test_swarm_hold_serves_the_openai_package_then_sigterm_removes_everything(tm
         assert held.info["backend"] == "swarm" and project.startswith("ptb")
         assert held.info["base_url"].startswith("http://127.0.0.1:")
         running = _docker("service", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}").stdout.split()
-        assert len(running) == 12 + 2
+        assert len(running) == SERVICES_ONE_PER_ROLE
         sent = drive_with_openai(held.info["base_url"])
     except BaseException:
         held.kill()
