@@ -90,7 +90,9 @@ plan-refine: $(STAMP)
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
 ## The type checks, the import contracts and the pure tier (no I/O, no timing) run side by side,
 ## while the container image the docker tier needs builds (its log: build/image.log); then the
-## tiers that start services, alone, as their timings want.
+## tiers that start services one after the other: those without containers first (the image may
+## still be building beside their first tests, as other work shares a CI runner), the docker tier
+## once the image is there.
 test: $(STAMP)
 	@mkdir -p build
 	@$(BYTECODE)
@@ -100,8 +102,9 @@ test: $(STAMP)
 	{ $(BIN)/mypy && $(BIN)/lint-imports; } > build/typecheck.log 2>&1 & types=$$!; \
 	$(BIN)/pytest -q -m "pure and not slow" --durations=5 || rc=1; \
 	wait $$types || rc=1; cat build/typecheck.log; \
+	$(BIN)/pytest -q -m "not pure and not docker and not slow" --durations=20 || rc=1; \
 	wait $$image || echo "make test: the image build failed (build/image.log); the docker tier will say why"; \
-	$(BIN)/pytest -q -m "not pure and not slow" --durations=25 || rc=1; \
+	$(BIN)/pytest -q -m "docker and not slow" --durations=15 || rc=1; \
 	exit $$rc
 
 test-pure: $(STAMP)

@@ -54,6 +54,7 @@ class LinkCheckConfig:
     loss_probes: int | None = 20000  # None: loss_probes_for the profile
     rtt_probes: int = 200
     method: str = "auto"
+    window_probe: bool = True        # one connection to a receiver with a small buffer (window-limited goodput)
     workdir: Path = field(default_factory=lambda: Path("/tmp"))
 
 
@@ -382,14 +383,27 @@ def run_linkcheck(cfg: LinkCheckConfig) -> dict[str, Any]:
     p = cfg.profile
     method = choose_method(probe_shaping(), cfg.method)
     ids = itertools.count(1)
+    took: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def step(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        took[name] = round(now - mark, 3)
+        mark = now
+
     with shaped_link(cfg, method) as link:
+        step("setup")
         topo, params, la, lb = link.topo, link.params, link.la, link.lb
         out = _configured(cfg, method, topo.mtu)
+        out["took_s"] = took          # wall seconds by step (setup, rtt, loss, goodput, ...)
         workdir = cfg.workdir / f"{topo.prefix}-linkcheck"
         b = topo.host("b")
         rtt = _rtt(la, lb, b.ip, cfg.rtt_probes)
         out["rtt"] = _rtt_dict(rtt, link.base_rtt)
+        step("rtt")
         _, out["loss"] = measure_loss(link, cfg.loss_probes)
+        step("loss")
 
         receiver = KVReceiver()
         lb.run(receiver.start(b.ip, KV_PORT))
@@ -405,23 +419,29 @@ def run_linkcheck(cfg: LinkCheckConfig) -> dict[str, Any]:
         out["goodput"].append(multi)
         single = _goodput(la, lb, receiver, dest, nbytes, 1, next(ids), cc, timeout)
         out["goodput"].append(_predict(single, params.rate_bps, rtt_s))
-        # A receiver with a small fixed buffer: its advertised window, not the link, is then
-        # the limit, and one connection should reach about window / RTT.
-        small = max(int(params.rate_bps / 8 * rtt_s / 4), 32 * 1024)
-        limited_rx = KVReceiver(rcvbuf=small)
-        lb.run(limited_rx.start(b.ip, KV_PORT + 1))
-        limited = _goodput(la, lb, limited_rx, (b.ip, KV_PORT + 1), max(nbytes // 2, 1 << 20), 1, next(ids),
-                           cc, timeout)
-        lb.run(limited_rx.close())
-        limited["rcvbuf"] = small
-        out["goodput"].append(_predict(limited, params.rate_bps, rtt_s))
+        step("goodput")
+        if cfg.window_probe:
+            # A receiver with a small fixed buffer: its advertised window, not the link, is then
+            # the limit, and one connection should reach about window / RTT.
+            small = max(int(params.rate_bps / 8 * rtt_s / 4), 32 * 1024)
+            limited_rx = KVReceiver(rcvbuf=small)
+            lb.run(limited_rx.start(b.ip, KV_PORT + 1))
+            limited = _goodput(la, lb, limited_rx, (b.ip, KV_PORT + 1), max(nbytes // 2, 1 << 20), 1, next(ids),
+                               cc, timeout)
+            lb.run(limited_rx.close())
+            limited["rcvbuf"] = small
+            out["goodput"].append(_predict(limited, params.rate_bps, rtt_s))
+            step("window")
         out["window_sysctls"] = {"tcp_wmem_max": wmem, "tcp_rmem_max": rmem}
         out["iperf3"] = _iperf3(topo, cfg.connections, cfg.duration_s)
+        step("iperf3")
         rate_changes = [c for c in p.schedule if c.rate is not None]
         if rate_changes:
             new = params.with_change(rate_changes[0], p, cfg.scale)
             out["rate_change"] = _track_rate_change(topo, la, lb, receiver, cfg, new, next(ids), workdir)
+            step("rate_change")
         lb.run(receiver.close())
+    step("teardown")
     return out
 
 
