@@ -11,10 +11,15 @@ RUNS   ?= runs
 # every service process of a run would otherwise compile the package again, 0.5 s of CPU each.
 BYTECODE = $(BIN)/python -m compileall -q testbed
 
+# Packages go into the venv with uv (PyPI's `uv`: the same resolution as pip, about a third of its time
+# on a fresh clone, bytecode compiled as pip does), or with pip where uv cannot be installed.
+PIP_INSTALL = pipi() { if [ -x $(BIN)/uv ]; then $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python "$$@"; \
+	else $(BIN)/pip install -q "$$@"; fi; }; pipi
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,analysis,clients,profiles]'
+	$(BIN)/pip install -q uv || $(BIN)/pip install -q --upgrade pip
+	$(PIP_INSTALL) -e '.[dev,analysis,clients,profiles]'
 	$(BYTECODE)
 	touch $(STAMP)
 
@@ -24,7 +29,7 @@ install: $(STAMP)
 ## missing page or a reference page that cannot be generated fails it. Installs the docs extra.
 DOCS_STAMP := $(VENV)/.installed-docs
 $(DOCS_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[docs]'
+	$(PIP_INSTALL) -e '.[docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
@@ -189,7 +194,7 @@ bench-sim-faults: $(STAMP)
 ## NVIDIA Dynamo's mocker, the `peer` extra (ai-dynamo-runtime), installed on first use.
 PEER_STAMP := $(VENV)/.installed-peer
 $(PEER_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[peer]'
+	$(PIP_INSTALL) -e '.[peer]'
 	touch $(PEER_STAMP)
 
 ## The whole job against Dynamo's mocker: `replay --backend sim` (run directory included) and the mocker's offline

@@ -54,7 +54,8 @@ class LinkCheckConfig:
     loss_probes: int | None = 20000  # None: loss_probes_for the profile
     rtt_probes: int = 200
     method: str = "auto"
-    window_probe: bool = True        # one connection to a receiver with a small buffer (window-limited goodput)
+    one_connection: bool = True      # goodput on one connection too (beside `connections`)
+    window_limited: bool = True      # one connection to a receiver with a small buffer (window-limited goodput)
     workdir: Path = field(default_factory=lambda: Path("/tmp"))
 
 
@@ -417,10 +418,11 @@ def run_linkcheck(cfg: LinkCheckConfig) -> dict[str, Any]:
         cc = p.tcp.congestion
         multi = _goodput(la, lb, receiver, dest, nbytes, cfg.connections, next(ids), cc, timeout)
         out["goodput"].append(multi)
-        single = _goodput(la, lb, receiver, dest, nbytes, 1, next(ids), cc, timeout)
-        out["goodput"].append(_predict(single, params.rate_bps, rtt_s))
+        if cfg.one_connection:
+            single = _goodput(la, lb, receiver, dest, nbytes, 1, next(ids), cc, timeout)
+            out["goodput"].append(_predict(single, params.rate_bps, rtt_s))
         step("goodput")
-        if cfg.window_probe:
+        if cfg.window_limited:
             # A receiver with a small fixed buffer: its advertised window, not the link, is then
             # the limit, and one connection should reach about window / RTT.
             small = max(int(params.rate_bps / 8 * rtt_s / 4), 32 * 1024)

@@ -62,11 +62,12 @@ def main() -> int:
     for path in sorted(PROFILE_DIR.glob("*.yaml")):
         t0 = time.monotonic()
         p = load_profile(path)
-        # The tier's bars are RTT, loss and goodput on 4 connections: the window-limited
-        # transfer (a receiver's small buffer, not the link, as the limit) is left to
-        # `linkcheck --compare-methods`, which puts it beside the delay line's.
+        # The tier's bars are RTT, loss and goodput on 4 connections: the transfers on one
+        # connection (to an ordinary receiver, and to one whose small buffer is the limit) are
+        # left to `linkcheck --compare-methods`, which puts them beside the delay line's.
         cfg = LinkCheckConfig(p, scale_for(p, 1.0, None, parse_rate(args.wire_rate)), 4, args.duration,
-                              loss_probes=None, rtt_probes=args.rtt_probes, method="netem", window_probe=False)
+                              loss_probes=None, rtt_probes=args.rtt_probes, method="netem", one_connection=False,
+                              window_limited=False)
         # No second run of a failing profile: the host's own drops no longer reach the loss
         # figure (linkcheck counts them, and measures a stream they disturbed once more itself),
         # so a valid figure outside the bar is the link's, and measuring until one passes would
