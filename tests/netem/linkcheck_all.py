@@ -75,7 +75,7 @@ def main() -> int:
         r = run_linkcheck(cfg)
         r["verdicts"] = verdicts(r)
         print_report(r)
-        steps = ", ".join(f"{k} {v:.1f}" for k, v in r.get("took_s", {}).items())
+        steps = ", ".join(f"{k} {v:.1f}" for k, v in r["took_s"].items())
         print(f"linkcheck {p.name}: {time.monotonic() - t0:.0f} s ({steps})", flush=True)
         results.append(r)
     if args.json_out is not None:
