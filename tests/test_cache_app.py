@@ -16,6 +16,7 @@ from testbed.core.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.openai_api import block_hashes
+from testbed.live.clock import now
 from testbed.live.replayer import replay
 from testbed.metrics.records import RecordWriter, read_records
 from testbed.metrics.summary import summarize
@@ -41,16 +42,25 @@ def scenario(policy: dict[str, Any], pd_cache: str = "8TiB") -> Scenario:
     })
 
 
-async def run(sc: Scenario, trace: Trace, tmp: Path) -> list[Any]:
+async def run(sc: Scenario, trace: Trace, tmp: Path, turns: bool = False) -> list[Any]:
+    """Replay `trace`; with `turns`, as a conversation: each request is sent once the one before it
+    has finished (its arrival time is a lower bound), as a chat client does, so what a turn finds
+    cached does not depend on how fast a busy machine served the turn before it."""
     (tmp / "timeseries").mkdir(parents=True, exist_ok=True)
     dep = loopback_deployment(resolve(sc), str(tmp))
     writer = RecordWriter(tmp / "records.csv")
     async with InProcessBackend(dep) as d:
-        await replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name)
+        if turns:
+            t0 = now()
+            for r in trace:
+                await replay(Trace([r], source=trace.source), d.router.url, writer, sc.scale.speedup,
+                             sc.model.name, t0=t0)
+        else:
+            await replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name)
     writer.close()
     (tmp / "run.json").write_text(json.dumps({"scale": {"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
                                               "t0": None}))
-    return sorted(read_records(tmp / "records.csv"), key=lambda r: r.trace_index)
+    return sorted(read_records(tmp / "records.csv"), key=lambda r: (r.trace_index, r.request_id))
 
 
 def conversation() -> Trace:
@@ -65,7 +75,7 @@ def conversation() -> Trace:
 async def test_cache_aware_reuses_the_pd_prefix_and_ships_only_what_decode_lacks(tmp_path: Path) -> None:
     sc = scenario({"cache_aware": True, "bandwidth_state": "scarce"})
     kv = KVModel.from_spec(sc.model)
-    r1, r2, r3 = await run(sc, conversation(), tmp_path)
+    r1, r2, r3 = await run(sc, conversation(), tmp_path, turns=True)
     assert all(r.outcome == "completed" for r in (r1, r2, r3)), [r.reason for r in (r1, r2, r3)]
     # Turn 1: nothing cached, 30K > t: PrfaaS, the whole KV crosses.
     assert r1.prefill_cluster == "prfaas" and r1.cached_tokens == 0 and r1.crossed_wan
@@ -84,7 +94,7 @@ async def test_cache_aware_reuses_the_pd_prefix_and_ships_only_what_decode_lacks
 async def test_length_only_routing_ships_every_prompt_whole(tmp_path: Path) -> None:
     sc = scenario({"cache_aware": False})
     kv = KVModel.from_spec(sc.model)
-    r1, r2, r3 = await run(sc, conversation(), tmp_path)
+    r1, r2, r3 = await run(sc, conversation(), tmp_path, turns=True)
     assert [r.prefill_cluster for r in (r1, r2, r3)] == ["prfaas"] * 3
     # PrfaaS reuses its own cache, but the decode side's is never consulted: all KV crosses.
     assert r2.cached_tokens == 58 * B and r2.decode_cached_tokens == 0
@@ -96,7 +106,7 @@ async def test_abundant_bandwidth_moves_the_longer_prefix_with_real_bytes(tmp_pa
     # can serve the 58-block prefix: with abundant bandwidth turn 2 goes to PD-P and the cache moves.
     sc = scenario({"cache_aware": True, "bandwidth_state": "abundant"}, pd_cache="256MiB")
     kv = KVModel.from_spec(sc.model)
-    r1, r2, _ = await run(sc, conversation(), tmp_path)
+    r1, r2, _ = await run(sc, conversation(), tmp_path, turns=True)
     assert r2.outcome == "completed", r2.reason
     assert r2.prefill_cluster == "pd" and r2.cached_tokens == 58 * B
     assert r2.cache_move_tokens == 58 * B
