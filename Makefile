@@ -95,9 +95,13 @@ plan-refine: $(STAMP)
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
 ## The type checks, the import contracts and the pure tier (no I/O, no timing) run side by side,
 ## while the container image the docker tier needs builds (its log: build/image.log); then the
-## tiers that start services one after the other: those without containers first (the image may
-## still be building beside their first tests, as other work shares a CI runner), the docker tier
-## once the image is there.
+## tiers that start services without containers, in two lanes side by side: the app tier (its
+## output in build/test-app.log, shown when it ends) beside the netns, clients and observability
+## tiers. Those tests wait on timers and sockets most of the time (about a third of two CPUs
+## busy, one lane alone), each lane is to the other what `make test-busy`'s one-core hog is, and
+## none looks at what is not its own run's (every check of what is left goes by the run's prefix).
+## The image may still be building beside their first tests. The docker tier once both lanes and
+## the image are done.
 test: $(STAMP)
 	@mkdir -p build
 	@$(BYTECODE)
@@ -107,7 +111,10 @@ test: $(STAMP)
 	{ $(BIN)/mypy && $(BIN)/lint-imports; } > build/typecheck.log 2>&1 & types=$$!; \
 	$(BIN)/pytest -q -m "pure and not slow" --durations=5 || rc=1; \
 	wait $$types || rc=1; cat build/typecheck.log; \
-	$(BIN)/pytest -q -m "not pure and not docker and not slow" --durations=20 || rc=1; \
+	$(BIN)/pytest -q -p no:cacheprovider -m "app and not docker and not slow" --durations=15 \
+	  > build/test-app.log 2>&1 & app=$$!; \
+	$(BIN)/pytest -q -m "not pure and not app and not docker and not slow" --durations=15 || rc=1; \
+	wait $$app || rc=1; echo "make test: the app tier (build/test-app.log):"; cat build/test-app.log; \
 	wait $$image || echo "make test: the image build failed (build/image.log); the docker tier will say why"; \
 	$(BIN)/pytest -q -m "docker and not slow" --durations=15 || rc=1; \
 	exit $$rc

@@ -97,6 +97,7 @@ def _goodput(la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver, dest: tuple[str
     return {"connections": connections, "bytes": nbytes, "seconds": secs, "ok": ok, "reason": reason,
             "bps": nbytes * 8 / secs if ok and secs > 0 else None,
             "steady_bps": steady_rate(acked, nbytes) if ok else None, "congestion": congestion,
+            "acked": [(round(t - start, 4), b) for t, b in acked],
             "peer_window_bytes": steady[len(steady) // 2] if steady else None}
 
 

@@ -57,9 +57,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--rtt-probes", type=int, default=50)
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--only", action="append", default=[], metavar="PROFILE", help="these profiles only (repeatable)")
     args = ap.parse_args()
     results = []
     for path in sorted(PROFILE_DIR.glob("*.yaml")):
+        if args.only and path.stem not in args.only:
+            continue
         t0 = time.monotonic()
         p = load_profile(path)
         # The tier's bars are RTT, loss and goodput on 4 connections: the transfers on one
