@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from testbed.config.privilege import need_root
 from testbed.core.loss_account import LossAccount, QueueBound, Snapshot, account_loss, peak_in_flight
 from testbed.core.linkprofile import LinkParams, LinkProfile
@@ -108,13 +110,17 @@ STEADY_MIN_S = 0.5
 def steady_rate(acked: list[tuple[float, int]], nbytes: int) -> float | None:
     """Bits per second acknowledged between a quarter and 95% of the transfer: the link's rate as
     TCP gets it past its ramp (slow start or BBR's startup take a few round trips, which over a
-    150 ms path is a fifth of a 3 s transfer), like iperf3's --omit. None when that stretch was
-    shorter than STEADY_MIN_S (a short or fast transfer: the whole-transfer figure then says it)."""
+    150 ms path is a fifth of a 3 s transfer), like iperf3's --omit. The slope of a least-squares
+    line through every sample of that stretch, not the two ends': a sample taken late (a busy or
+    one-CPU machine runs the sampler when it can) then moves the figure by its share of the
+    stretch, not by its whole error. None when that stretch was shorter than STEADY_MIN_S (a
+    short or fast transfer: the whole-transfer figure then says it)."""
     inside = [(t, b) for t, b in acked if STEADY_FROM * nbytes <= b <= STEADY_TO * nbytes]
     if len(inside) < 2 or inside[-1][0] - inside[0][0] < STEADY_MIN_S:
         return None
-    (t0, b0), (t1, b1) = inside[0], inside[-1]
-    return (b1 - b0) * 8 / (t1 - t0)
+    t, b = np.array(inside, dtype=float).T
+    slope = np.polyfit(t - t[0], b - b[0], 1)[0]
+    return float(slope) * 8
 
 
 def multi_goodput_bps(g: dict[str, Any]) -> float | None:

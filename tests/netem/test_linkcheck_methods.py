@@ -87,5 +87,9 @@ def test_goodput_past_the_ramp_leaves_out_the_slow_start() -> None:
     samples += [(1.0 + 0.05 * i, int(0.2e6 + 1e6 * 0.05 * i)) for i in range(1, 17)]
     assert steady_rate(samples, 1_000_000) == pytest.approx(8e6, rel=0.02)
     assert steady_rate(samples[:24], 1_000_000) is None          # under half a second inside the stretch
+    # The stretch's last sample 0.2 s late (the link stalled, then caught up): the fitted line
+    # reads 12% low, a rate from the stretch's two end samples would read 22% low.
+    late = [(t + (0.2 if i == 35 else 0.0), b) for i, (t, b) in enumerate(samples)]
+    assert steady_rate(late, 1_000_000) == pytest.approx(0.88 * 8e6, rel=0.01)
     assert multi_goodput_bps({"bps": 4e6, "steady_bps": 8e6}) == 8e6
     assert multi_goodput_bps({"bps": 4e6, "steady_bps": None}) == 4e6
