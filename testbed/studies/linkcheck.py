@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from testbed.config.privilege import need_root
 from testbed.core.loss_account import LossAccount, QueueBound, Snapshot, account_loss, peak_in_flight
 from testbed.core.linkprofile import LinkParams, LinkProfile
@@ -68,18 +66,22 @@ def _goodput(la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver, dest: tuple[str
 
     windows: list[int] = []
     acked: list[tuple[float, int]] = []
+    received: list[tuple[float, int]] = []
+    base = receiver.bytes_received          # the receiver serves one transfer after another
 
     async def send() -> float:
         sender = KVSender(connections=connections, chunk_bytes=256 * 1024, congestion=congestion)
 
         async def sample() -> None:
-            # The peer's advertised window as the sender sees it (what bounds bytes in flight), and
-            # the bytes acknowledged so far (the rate past TCP's ramp).
+            # The peer's advertised window as the sender sees it (what bounds bytes in flight), the
+            # bytes acknowledged so far, and the bytes the receiver has (the rate past TCP's ramp).
             while True:
                 await asyncio.sleep(0.05)
                 info = sender.tcp_info()
                 windows.extend(c.snd_wnd for c in info)
-                acked.append((time.time(), sum(c.bytes_acked for c in info)))
+                now = time.time()
+                acked.append((now, sum(c.bytes_acked for c in info)))
+                received.append((now, receiver.bytes_received - base))
 
         sampler = asyncio.create_task(sample())
         try:
@@ -98,29 +100,31 @@ def _goodput(la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver, dest: tuple[str
     steady = sorted(windows[len(windows) // 4:])     # past slow start
     return {"connections": connections, "bytes": nbytes, "seconds": secs, "ok": ok, "reason": reason,
             "bps": nbytes * 8 / secs if ok and secs > 0 else None,
-            "steady_bps": steady_rate(acked, nbytes) if ok else None, "congestion": congestion,
+            "steady_bps": steady_rate(received, nbytes, complete) if ok else None, "congestion": congestion,
             "acked": [(round(t - start, 4), b) for t, b in acked],
+            "received": [(round(t - start, 4), b) for t, b in received],
             "peer_window_bytes": steady[len(steady) // 2] if steady else None}
 
 
-STEADY_FROM, STEADY_TO = 0.25, 0.95      # of the transfer's bytes acknowledged
+STEADY_FROM = 0.25      # of the transfer's bytes received: the ramp is over by then
 STEADY_MIN_S = 0.5
 
 
-def steady_rate(acked: list[tuple[float, int]], nbytes: int) -> float | None:
-    """Bits per second acknowledged between a quarter and 95% of the transfer: the link's rate as
-    TCP gets it past its ramp (slow start or BBR's startup take a few round trips, which over a
-    150 ms path is a fifth of a 3 s transfer), like iperf3's --omit. The slope of a least-squares
-    line through every sample of that stretch, not the two ends': a sample taken late (a busy or
-    one-CPU machine runs the sampler when it can) then moves the figure by its share of the
-    stretch, not by its whole error. None when that stretch was shorter than STEADY_MIN_S (a
-    short or fast transfer: the whole-transfer figure then says it)."""
-    inside = [(t, b) for t, b in acked if STEADY_FROM * nbytes <= b <= STEADY_TO * nbytes]
-    if len(inside) < 2 or inside[-1][0] - inside[0][0] < STEADY_MIN_S:
+def steady_rate(received: list[tuple[float, int]], nbytes: int, complete: float) -> float | None:
+    """Bits per second from the moment the receiver had a quarter of the transfer to the moment it
+    had all of it: the link's rate as TCP gets it past its ramp (slow start or BBR's startup take
+    a few round trips, which over a 150 ms path is a fifth of a 3 s transfer), like iperf3's
+    --omit, counted where iperf3 counts, at the receiver. Not from the sender's acknowledgements:
+    a sender that reads its ACKs late (a busy or one-CPU machine) sees them lag the link, then
+    catch up in a burst (a stretch between two of its samples read 80% of a link that delivered
+    96%), and at any moment they trail the delivered bytes by what is in flight (past the rate on
+    a long path). None when the stretch was shorter than STEADY_MIN_S (a short or fast transfer:
+    the whole-transfer figure says it)."""
+    start = next(((t, b) for t, b in received if b >= STEADY_FROM * nbytes), None)
+    if start is None or complete - start[0] < STEADY_MIN_S:
         return None
-    t, b = np.array(inside, dtype=float).T
-    slope = np.polyfit(t - t[0], b - b[0], 1)[0]
-    return float(slope) * 8
+    t0, b0 = start
+    return max(nbytes - b0, 0) * 8 / (complete - t0)
 
 
 def multi_goodput_bps(g: dict[str, Any]) -> float | None:
