@@ -100,31 +100,32 @@ def _goodput(la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver, dest: tuple[str
     steady = sorted(windows[len(windows) // 4:])     # past slow start
     return {"connections": connections, "bytes": nbytes, "seconds": secs, "ok": ok, "reason": reason,
             "bps": nbytes * 8 / secs if ok and secs > 0 else None,
-            "steady_bps": steady_rate(received, nbytes, complete) if ok else None, "congestion": congestion,
+            "steady_bps": steady_rate(received, nbytes) if ok else None, "congestion": congestion,
             "acked": [(round(t - start, 4), b) for t, b in acked],
             "received": [(round(t - start, 4), b) for t, b in received],
             "peer_window_bytes": steady[len(steady) // 2] if steady else None}
 
 
-STEADY_FROM = 0.25      # of the transfer's bytes received: the ramp is over by then
+STEADY_FROM, STEADY_TO = 0.25, 0.95      # of the transfer's bytes received
 STEADY_MIN_S = 0.5
 
 
-def steady_rate(received: list[tuple[float, int]], nbytes: int, complete: float) -> float | None:
-    """Bits per second from the moment the receiver had a quarter of the transfer to the moment it
-    had all of it: the link's rate as TCP gets it past its ramp (slow start or BBR's startup take
-    a few round trips, which over a 150 ms path is a fifth of a 3 s transfer), like iperf3's
-    --omit, counted where iperf3 counts, at the receiver. Not from the sender's acknowledgements:
-    a sender that reads its ACKs late (a busy or one-CPU machine) sees them lag the link, then
-    catch up in a burst (a stretch between two of its samples read 80% of a link that delivered
-    96%), and at any moment they trail the delivered bytes by what is in flight (past the rate on
-    a long path). None when the stretch was shorter than STEADY_MIN_S (a short or fast transfer:
-    the whole-transfer figure says it)."""
-    start = next(((t, b) for t, b in received if b >= STEADY_FROM * nbytes), None)
-    if start is None or complete - start[0] < STEADY_MIN_S:
+def steady_rate(received: list[tuple[float, int]], nbytes: int) -> float | None:
+    """Bits per second received between a quarter and 95% of the transfer: the link's rate as TCP
+    gets it past its ramp (slow start or BBR's startup take a few round trips, which over a 150 ms
+    path is a fifth of a 3 s transfer), like iperf3's --omit, counted where iperf3 counts, at the
+    receiver. Not from the sender's acknowledgements: a sender that reads its ACKs late (a busy or
+    one-CPU machine) sees them lag the link and catch up in a burst, and a stretch that ended
+    inside such a lag read 85% of a link that delivered 96%. Both ends of the stretch are the
+    receiver's own samples, so what it has not yet read from its socket counts alike at both
+    (a stretch running to its last byte instead counted a backlog unread at the start as sent
+    past it, and read up to 101% of the rate). None when the stretch was shorter than
+    STEADY_MIN_S (a short or fast transfer: the whole-transfer figure then says it)."""
+    inside = [(t, b) for t, b in received if STEADY_FROM * nbytes <= b <= STEADY_TO * nbytes]
+    if len(inside) < 2 or inside[-1][0] - inside[0][0] < STEADY_MIN_S:
         return None
-    t0, b0 = start
-    return max(nbytes - b0, 0) * 8 / (complete - t0)
+    (t0, b0), (t1, b1) = inside[0], inside[-1]
+    return (b1 - b0) * 8 / (t1 - t0)
 
 
 def multi_goodput_bps(g: dict[str, Any]) -> float | None:
