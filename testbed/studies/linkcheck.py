@@ -65,7 +65,6 @@ def _goodput(la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver, dest: tuple[str
     fut = lb.submit(receiver_wait(receiver, tid, timeout))
 
     windows: list[int] = []
-    acked: list[tuple[float, int]] = []
     received: list[tuple[float, int]] = []
     base = receiver.bytes_received          # the receiver serves one transfer after another
 
@@ -73,15 +72,13 @@ def _goodput(la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver, dest: tuple[str
         sender = KVSender(connections=connections, chunk_bytes=256 * 1024, congestion=congestion)
 
         async def sample() -> None:
-            # The peer's advertised window as the sender sees it (what bounds bytes in flight), the
-            # bytes acknowledged so far, and the bytes the receiver has (the rate past TCP's ramp).
+            # The peer's advertised window as the sender sees it (what bounds bytes in flight), and
+            # the bytes the receiver has so far (the rate past TCP's ramp).
             while True:
                 await asyncio.sleep(0.05)
                 info = sender.tcp_info()
                 windows.extend(c.snd_wnd for c in info)
-                now = time.time()
-                acked.append((now, sum(c.bytes_acked for c in info)))
-                received.append((now, receiver.bytes_received - base))
+                received.append((time.time(), receiver.bytes_received - base))
 
         sampler = asyncio.create_task(sample())
         try:
@@ -101,7 +98,6 @@ def _goodput(la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver, dest: tuple[str
     return {"connections": connections, "bytes": nbytes, "seconds": secs, "ok": ok, "reason": reason,
             "bps": nbytes * 8 / secs if ok and secs > 0 else None,
             "steady_bps": steady_rate(received, nbytes) if ok else None, "congestion": congestion,
-            "acked": [(round(t - start, 4), b) for t, b in acked],
             "received": [(round(t - start, 4), b) for t, b in received],
             "peer_window_bytes": steady[len(steady) // 2] if steady else None}
 

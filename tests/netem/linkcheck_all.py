@@ -59,6 +59,9 @@ def main() -> int:
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--only", action="append", default=[], metavar="PROFILE", help="these profiles only (repeatable)")
     args = ap.parse_args()
+    unknown = sorted(set(args.only) - {p.stem for p in PROFILE_DIR.glob("*.yaml")})
+    if unknown:
+        ap.error(f"--only: no profile {', '.join(unknown)} in {PROFILE_DIR}")
     results = []
     for path in sorted(PROFILE_DIR.glob("*.yaml")):
         if args.only and path.stem not in args.only:
