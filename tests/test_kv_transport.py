@@ -384,9 +384,8 @@ async def outage_run(resume_timeout: float, outage: float, down: bool = False
     """Eight 2 MiB transfers through the proxy; once 1 MiB has arrived, every connection is
     reset, and for `outage` seconds new ones are reset as they come (or, `down`, refused). The
     proxy holds everything after the first MiB until the reset (the bytes held are lost with it),
-    so the transfers are mid-way when it comes on any machine, a busy one included. (The refusing
-    case once waited for the first MiB to arrive instead: on a busy machine all 16 MiB had come
-    through loopback before the wait saw it.)"""
+    so the transfers are mid-way when it comes on any machine, a busy one included: waiting for
+    the receiver to have 1 MiB instead lets loopback carry all 16 MiB before the wait sees it."""
     rx = KVReceiver(verify=True)
     port = await rx.start(HOST, 0)
     proxy = Proxy(port)

@@ -110,12 +110,9 @@ def steady_rate(received: list[tuple[float, int]], nbytes: int) -> float | None:
     """Bits per second received between a quarter and 95% of the transfer: the link's rate as TCP
     gets it past its ramp (slow start or BBR's startup take a few round trips, which over a 150 ms
     path is a fifth of a 3 s transfer), like iperf3's --omit, counted where iperf3 counts, at the
-    receiver. Not from the sender's acknowledgements: a sender that reads its ACKs late (a busy or
-    one-CPU machine) sees them lag the link and catch up in a burst, and a stretch that ended
-    inside such a lag read 85% of a link that delivered 96%. Both ends of the stretch are the
-    receiver's own samples, so what it has not yet read from its socket counts alike at both
-    (a stretch running to its last byte instead counted a backlog unread at the start as sent
-    past it, and read up to 101% of the rate). None when the stretch was shorter than
+    receiver: a sender that reads its ACKs late (a busy or one-CPU machine) sees them lag the link
+    and catch up in a burst. Both ends of the stretch are the receiver's own samples, so what it
+    has not yet read from its socket counts alike at both. None when the stretch was shorter than
     STEADY_MIN_S (a short or fast transfer: the whole-transfer figure then says it)."""
     inside = [(t, b) for t, b in received if STEADY_FROM * nbytes <= b <= STEADY_TO * nbytes]
     if len(inside) < 2 or inside[-1][0] - inside[0][0] < STEADY_MIN_S:

@@ -59,11 +59,12 @@ def main() -> int:
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--only", action="append", default=[], metavar="PROFILE", help="these profiles only (repeatable)")
     args = ap.parse_args()
-    unknown = sorted(set(args.only) - {p.stem for p in PROFILE_DIR.glob("*.yaml")})
+    profiles = sorted(PROFILE_DIR.glob("*.yaml"))
+    unknown = sorted(set(args.only) - {p.stem for p in profiles})
     if unknown:
         ap.error(f"--only: no profile {', '.join(unknown)} in {PROFILE_DIR}")
     results = []
-    for path in sorted(PROFILE_DIR.glob("*.yaml")):
+    for path in profiles:
         if args.only and path.stem not in args.only:
             continue
         t0 = time.monotonic()
