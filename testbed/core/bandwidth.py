@@ -29,13 +29,15 @@ All figures are in paper units (seconds, bytes, bits/s).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
 
 from testbed.core.policy import BandwidthState
 from testbed.core.scenario import ControlSpec
+
+_COSTS_KEPT = 1 << 16       # distinct lengths whose costs a stage model keeps
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,19 @@ class StageModel:
     prfaas_time: Callable[[float], float]   # prefill seconds of l uncached tokens, PrfaaS hardware
     pdp_time: Callable[[float], float]      # the same on PD-P hardware
     wan_bytes: Callable[[float], float]     # KV bytes an offloaded request of l tokens sends
+    # Each length's three costs once: every update re-plans over the same recent lengths, and
+    # these interpolations were most of what a bandwidth-aware simulation did.
+    _costs: dict[float, tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False,
+                                                            compare=False)
+
+    def costs(self, length: float) -> tuple[float, float, float]:
+        """(WAN bytes, PrfaaS time, PD-P time) of a request of `length` incremental tokens."""
+        c = self._costs.get(length)
+        if c is None:
+            if len(self._costs) >= _COSTS_KEPT:
+                self._costs.clear()
+            c = self._costs[length] = (self.wan_bytes(length), self.prfaas_time(length), self.pdp_time(length))
+        return c
 
 
 @dataclass(frozen=True)
@@ -243,11 +258,12 @@ class _Sample:
     @classmethod
     def of(cls, lengths: Sequence[float], m: StageModel) -> "_Sample":
         xs = np.sort(np.asarray(lengths, dtype=np.float64))
+        costs = list(map(m.costs, xs.tolist()))
 
-        def cum(f: Callable[[float], float]) -> np.ndarray:
-            return np.concatenate(([0.0], np.cumsum([f(float(x)) for x in xs])))
+        def cum(i: int) -> np.ndarray:
+            return np.concatenate(([0.0], np.cumsum([c[i] for c in costs])))
 
-        return cls(xs, cum(m.wan_bytes), cum(m.prfaas_time), cum(m.pdp_time))
+        return cls(xs, cum(0), cum(1), cum(2))
 
     def split(self, t: float) -> tuple[int, float, float, float]:
         """(requests above t, their mean WAN bytes, their mean PrfaaS time, mean PD-P time of the rest)."""
