@@ -98,3 +98,24 @@ def test_recent_window_rate() -> None:
     assert list(r.lengths) == [2, 3, 4]
     assert r.rate(3.0) == pytest.approx(1.0)
     assert r.rate(5.0) == pytest.approx(0.5)     # quiet since: the rate falls
+
+
+@pytest.mark.pure
+def test_stage_costs_are_kept_per_length_and_equal_the_models() -> None:
+    """A control update looks each recent length's costs up: the same figures as the stage
+    model's own functions, computed once per length, and the store stays bounded."""
+    from testbed.core import bandwidth
+
+    calls: list[float] = []
+
+    def wan(x: float) -> float:
+        calls.append(x)
+        return x * 3.0
+
+    m = bandwidth.StageModel(2, 2, lambda x: x / 7.0, lambda x: x / 11.0, wan)
+    for x in (100.0, 2048.0, 100.0, 5e4, 2048.0):
+        assert m.costs(x) == (x * 3.0, x / 7.0, x / 11.0)
+    assert calls == [100.0, 2048.0, 5e4]
+    for i in range(bandwidth._COSTS_KEPT + 10):
+        m.costs(float(i))
+    assert len(m._costs) <= bandwidth._COSTS_KEPT
