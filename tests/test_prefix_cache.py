@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 from testbed.core.cache_book import CacheBook
 from testbed.core.kvsize import KVModel
 from testbed.core.policy import CacheMove, Decision
-from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache, Match
+from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache, Match, _Entry
 from testbed.config.scenarios import load_scenario
 
 B = 4          # tokens per block: small numbers keep the arithmetic readable
@@ -173,6 +175,76 @@ def test_accounting_never_exceeds_capacity(capacity: int, ops: list[tuple[str, i
             assert m.tokens <= m.full_tokens
             if state and m.tokens:
                 assert m.tokens in p.state_lengths()
+
+
+class _BlockByBlock(HybridPrefixCache):
+    """The pool with the plain insert it is specified by: what is there refreshed, then each
+    missing block added from the root, making room for that block alone, until one cannot fit;
+    then the state, then everything present refreshed again."""
+
+    def insert(self, hash_ids: Iterable[int], input_tokens: int) -> int:
+        ids = list(hash_ids)
+        blocks = min(input_tokens // self.block_tokens, len(ids))
+        if self.capacity_bytes <= 0 or blocks == 0:
+            return 0
+        self._refresh(ids, blocks)
+        added = present = 0
+        bb, sb = self.block_bytes, self.state_bytes
+        for i in range(blocks):
+            if not bb or ("b", i, ids[i]) in self._entries:
+                present = i + 1
+                continue
+            if self.capacity_bytes - self.used_bytes < bb and not self._make_room(bb):
+                self.stats.refused_bytes += bb * (blocks - i)
+                break
+            self._entries[("b", i, ids[i])] = _Entry(bb)
+            self.used_bytes += bb
+            added += bb
+            present = i + 1
+        if sb and present == blocks and ("s", blocks, ids[blocks - 1]) not in self._entries:
+            if self._make_room(sb):
+                self._entries[("s", blocks, ids[blocks - 1])] = _Entry(sb)
+                self.used_bytes += sb
+                added += sb
+            else:
+                self.stats.refused_bytes += sb
+        self.stats.inserted_bytes += added
+        self._refresh(ids, present)
+        return added
+
+
+@pytest.mark.pure
+@settings(max_examples=400, deadline=None)
+@given(capacity=st.integers(0, 200), ops=OPS, state=st.sampled_from([0, 7, 25]),
+       orphans=st.booleans())
+def test_insert_evicts_exactly_as_block_by_block(capacity: int, ops: list[tuple[str, int, int]], state: int,
+                                                 orphans: bool) -> None:
+    """However full and pinned the pool, an insert leaves the same entries in the same order,
+    with the same figures, as making room one block at a time."""
+    fast, plain = pool(capacity, state=state), _BlockByBlock(capacity, B, BLOCK, state)
+    prefixes = [[1, 2, 3, 4, 5, 6], [1, 2, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16],
+                [1, 2, 3, 17, 18, 19], [20, 21, 22, 23, 24, 25], [11, 12, 26, 27, 28, 29]]
+    if orphans:         # deep blocks cached without their roots, as evictions leave them
+        prefixes[3] = [30, 2, 3, 4, 5, 6]
+    for op, k, n in ops:
+        for p in (fast, plain):
+            ids, owner = prefixes[k], f"o{k}"
+            if op == "insert":
+                p.insert(ids, n * B)
+            elif op == "touch":
+                p.touch(ids, n * B)
+            elif op == "pin":
+                p.pin(owner, ids, n * B)
+            elif op == "unpin":
+                p.unpin(owner)
+            elif op == "hold":
+                p.hold(owner, n)
+            else:
+                p.release(owner)
+        fast.check()
+        assert list(fast._entries) == list(plain._entries)
+        assert fast.stats == plain.stats and fast.used_bytes == plain.used_bytes
+        assert fast.pinned_bytes == plain.pinned_bytes
 
 
 def _decision(prefill: str, decode: str, cached: int, crossed: bool, move: CacheMove | None = None,

@@ -202,7 +202,33 @@ class HybridPrefixCache:
         present = 0
         entries = self._entries
         bb = self.block_bytes
-        for i in range(blocks):
+        if bb:
+            # Room for every missing block at once where older entries can give it: the same
+            # victims as making room block by block (oldest first: this prompt's entries, just
+            # refreshed, and the blocks added on the way are newer than all of them), with one
+            # pass over the pool's pinned old end instead of one per block. Otherwise block by
+            # block below, as far as it goes (it may then evict this prompt's own entries).
+            missing: list[int] = []
+            own = 0             # this prompt's evictable bytes: the newest, not to be reached
+            for i in range(blocks):
+                e = entries.get(("b", i, ids[i]))
+                if e is None:
+                    missing.append(i)
+                elif not e.pins:
+                    own += e.nbytes
+            st = entries.get(("s", blocks, ids[blocks - 1])) if self.state_bytes else None
+            if st is not None and not st.pins:
+                own += st.nbytes
+            need = len(missing) * bb
+            free = self.capacity_bytes - self.used_bytes
+            older = self.used_bytes - self._held_bytes - self._pinned_entry_bytes - own
+            if free >= need or (need <= free + older and self._make_room(need)):
+                for i in missing:
+                    entries[("b", i, ids[i])] = _Entry(bb)
+                self.used_bytes += need
+                added = need
+                present = blocks
+        for i in range(present, blocks):
             key: Key = ("b", i, ids[i])
             if not bb or key in entries:
                 present = i + 1
