@@ -201,34 +201,34 @@ class HybridPrefixCache:
         added = 0
         present = 0
         entries = self._entries
-        bb = self.block_bytes
+        bb, sb = self.block_bytes, self.state_bytes
         if bb:
-            # Room for every missing block at once where older entries can give it: the same
-            # victims as making room block by block (oldest first: this prompt's entries, just
-            # refreshed, and the blocks added on the way are newer than all of them), with one
-            # pass over the pool's pinned old end instead of one per block. Otherwise block by
-            # block below, as far as it goes (it may then evict this prompt's own entries).
-            missing: list[int] = []
+            # Room for every missing entry at once where older entries can give it: the same
+            # victims as making room block by block and then for the state (oldest first: this
+            # prompt's entries, just refreshed, and what it adds on the way are newer than all of
+            # them), with one pass over the pool's pinned old end instead of one per block; what
+            # is left is then `_insert_fitting`'s. Otherwise block by block below, as far as it
+            # goes (it may then evict this prompt's own entries).
+            missing = 0
             own = 0             # this prompt's evictable bytes: the newest, not to be reached
             for i in range(blocks):
                 e = entries.get(("b", i, ids[i]))
                 if e is None:
-                    missing.append(i)
+                    missing += 1
                 elif not e.pins:
                     own += e.nbytes
-            st = entries.get(("s", blocks, ids[blocks - 1])) if self.state_bytes else None
-            if st is not None and not st.pins:
-                own += st.nbytes
-            need = len(missing) * bb
+            need = missing * bb
+            if sb:
+                st = entries.get(("s", blocks, ids[blocks - 1]))
+                if st is None:
+                    need += sb
+                elif not st.pins:
+                    own += st.nbytes
             free = self.capacity_bytes - self.used_bytes
             older = self.used_bytes - self._held_bytes - self._pinned_entry_bytes - own
             if free >= need or (need <= free + older and self._make_room(need)):
-                for i in missing:
-                    entries[("b", i, ids[i])] = _Entry(bb)
-                self.used_bytes += need
-                added = need
-                present = blocks
-        for i in range(present, blocks):
+                return self._insert_fitting(ids, blocks)
+        for i in range(blocks):
             key: Key = ("b", i, ids[i])
             if not bb or key in entries:
                 present = i + 1
@@ -240,7 +240,7 @@ class HybridPrefixCache:
             self.used_bytes += bb
             added += bb
             present = i + 1
-        if self.state_bytes and present == blocks:
+        if sb and present == blocks:
             skey: Key = ("s", blocks, ids[blocks - 1])
             if skey not in self._entries:
                 if self._make_room(self.state_bytes):
@@ -254,7 +254,7 @@ class HybridPrefixCache:
         return added
 
     def _insert_fitting(self, ids: list[int], blocks: int) -> int:
-        """`insert` when every entry fits without evicting: one pass, in `_refresh`'s order (the
+        """`insert` when every entry fits (room made already): one pass, in `_refresh`'s order (the
         state, then leaf to root, each moved or added to the most recent end), which is the
         order adding from the root and refreshing afterwards leaves."""
         entries = self._entries
