@@ -49,8 +49,8 @@ class StageModel:
     prfaas_time: Callable[[float], float]   # prefill seconds of l uncached tokens, PrfaaS hardware
     pdp_time: Callable[[float], float]      # the same on PD-P hardware
     wan_bytes: Callable[[float], float]     # KV bytes an offloaded request of l tokens sends
-    # Each length's three costs once: every update re-plans over the same recent lengths, and
-    # these interpolations were most of what a bandwidth-aware simulation did.
+    # Each length's three costs once: every update re-plans over much the same recent lengths,
+    # and interpolating them again took a third to a half of a bandwidth-aware simulation.
     _costs: dict[float, tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False,
                                                             compare=False)
 
