@@ -144,6 +144,27 @@ OPS = st.lists(
 )
 
 
+# Six conversation-like prefixes over a small hash space, sharing roots.
+PREFIXES = [[1, 2, 3, 4, 5, 6], [1, 2, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16],
+            [1, 2, 3, 17, 18, 19], [20, 21, 22, 23, 24, 25], [11, 12, 26, 27, 28, 29]]
+
+
+def _apply(p: HybridPrefixCache, op: str, ids: list[int], owner: str, n: int) -> None:
+    """One generated step (`OPS`) on a pool: n blocks of `ids`, or n bytes held."""
+    if op == "insert":
+        p.insert(ids, n * B)
+    elif op == "touch":
+        p.touch(ids, n * B)
+    elif op == "pin":
+        p.pin(owner, ids, n * B)
+    elif op == "unpin":
+        p.unpin(owner)
+    elif op == "hold":
+        p.hold(owner, n)
+    else:
+        p.release(owner)
+
+
 @pytest.mark.pure
 @settings(max_examples=300, deadline=None)
 @given(capacity=st.integers(0, 200), ops=OPS, state=st.sampled_from([0, 7, 25]))
@@ -151,26 +172,11 @@ def test_accounting_never_exceeds_capacity(capacity: int, ops: list[tuple[str, i
     """Whatever the sequence of inserts, pins, holds and releases, the bytes accounted equal the
     entries held and never exceed the capacity; every usable match ends at a cached state."""
     p = pool(capacity, state=state)
-    # Six conversation-like prefixes over a small hash space, sharing roots.
-    prefixes = [[1, 2, 3, 4, 5, 6], [1, 2, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16],
-                [1, 2, 3, 17, 18, 19], [20, 21, 22, 23, 24, 25], [11, 12, 26, 27, 28, 29]]
     for op, k, n in ops:
-        ids, owner = prefixes[k], f"o{k}"
-        if op == "insert":
-            p.insert(ids, n * B)
-        elif op == "touch":
-            p.touch(ids, n * B)
-        elif op == "pin":
-            p.pin(owner, ids, n * B)
-        elif op == "unpin":
-            p.unpin(owner)
-        elif op == "hold":
-            p.hold(owner, n)
-        else:
-            p.release(owner)
+        _apply(p, op, PREFIXES[k], f"o{k}", n)
         p.check()
         assert p.pinned_bytes <= p.used_bytes <= capacity
-        for ids2 in prefixes:
+        for ids2 in PREFIXES:
             m = p.match(ids2, len(ids2) * B + 1)
             assert m.tokens <= m.full_tokens
             if state and m.tokens:
@@ -222,25 +228,12 @@ def test_insert_evicts_exactly_as_block_by_block(capacity: int, ops: list[tuple[
     """However full and pinned the pool, an insert leaves the same entries in the same order,
     with the same figures, as making room one block at a time."""
     fast, plain = pool(capacity, state=state), _BlockByBlock(capacity, B, BLOCK, state)
-    prefixes = [[1, 2, 3, 4, 5, 6], [1, 2, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16],
-                [1, 2, 3, 17, 18, 19], [20, 21, 22, 23, 24, 25], [11, 12, 26, 27, 28, 29]]
+    prefixes = list(PREFIXES)
     if orphans:         # deep blocks cached without their roots, as evictions leave them
         prefixes[3] = [30, 2, 3, 4, 5, 6]
     for op, k, n in ops:
         for p in (fast, plain):
-            ids, owner = prefixes[k], f"o{k}"
-            if op == "insert":
-                p.insert(ids, n * B)
-            elif op == "touch":
-                p.touch(ids, n * B)
-            elif op == "pin":
-                p.pin(owner, ids, n * B)
-            elif op == "unpin":
-                p.unpin(owner)
-            elif op == "hold":
-                p.hold(owner, n)
-            else:
-                p.release(owner)
+            _apply(p, op, prefixes[k], f"o{k}", n)
         fast.check()
         assert list(fast._entries) == list(plain._entries)
         assert fast.stats == plain.stats and fast.used_bytes == plain.used_bytes
