@@ -317,6 +317,7 @@ class Proxy:
         self.forwarded = 0
         self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self.accepted = 0
+        self.resets = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
 
@@ -342,7 +343,14 @@ class Proxy:
         if self.refusing:
             self._rst(w)
             return
+        resets = self.resets
         ur, uw = await asyncio.open_connection(HOST, self.upstream)
+        if self.refusing or resets != self.resets:
+            # A reset (or an outage) came while this one was being relayed upstream: it is hit
+            # too, or it would carry everything through the outage on a loaded machine.
+            self._rst(w)
+            self._rst(uw)
+            return
         self.pairs.append((w, uw))
         for src, dst in ((r, uw), (ur, w)):
             task = asyncio.create_task(self._pump(src, dst))
@@ -364,6 +372,7 @@ class Proxy:
         dst.transport.abort()
 
     def reset(self) -> None:
+        self.resets += 1
         for a, b in self.pairs:
             self._rst(a)
             self._rst(b)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -16,12 +17,22 @@ pytestmark = [
 ]
 
 
-def test_linkcheck_measures_rtt_goodput_loss_and_rate_change() -> None:
+def _linkcheck() -> dict[str, Any]:
     r = subprocess.run([sys.executable, "-m", "testbed", "linkcheck", "cross-region-100g-halving", "--speedup", "4",
                         "--wire-rate", "400mbit", "--duration", "1.5", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode in (0, 1), r.stderr[-3000:]
-    out = json.loads(r.stdout)
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def test_linkcheck_measures_rtt_goodput_loss_and_rate_change() -> None:
+    # Run again only when linkcheck itself says the host was too busy to time the link.
+    for _ in range(3):
+        out = _linkcheck()
+        if out["rtt"]["valid"]:
+            break
+    assert out["rtt"]["valid"], out["rtt"]["reasons"]
     cfg = out["configured"]
     assert cfg["rate_bps_wire"] == pytest.approx(400e6)
     assert cfg["rtt_s_wire"] == pytest.approx(2 * 0.015 / 4)

@@ -67,6 +67,8 @@ DRAIN_BATCH = 64
 EARLY_S = 50e-6
 # Bound on the learnt early wake-up (and so on the final spin before a release).
 MAX_WAKE_EARLY = 300e-6
+# A packet written more than this after its due time counts as late (the host's doing).
+LATE_S = 1e-3
 UNMATCHED = "unmatched"
 SET_FIELDS = ("delay_s", "jitter_s", "loss", "loss_correlation")
 _DST = struct.Struct("!I")
@@ -158,7 +160,7 @@ class _Direction:
     """A direction's model and queue. Two parallel deques, so queueing allocates no tuple."""
 
     __slots__ = ("name", "net", "mask", "model", "rel", "pkts", "queue_bytes", "packets_out",
-                 "bytes_out", "write_errors")
+                 "bytes_out", "write_errors", "late_s", "late_packets")
 
     def __init__(self, name: str, subnet: str | None, model: DelayLineModel) -> None:
         self.name = name
@@ -174,6 +176,11 @@ class _Direction:
         self.packets_out = 0
         self.bytes_out = 0
         self.write_errors = 0   # packets the kernel refused (device down, malformed): dropped
+        # How far behind their due times packets went out (a loaded host wakes the loop late):
+        # the lateness summed, and the packets more than LATE_S late. What is late is the host's,
+        # not the model's, and a measurement over the line can tell the two apart.
+        self.late_s = 0.0
+        self.late_packets = 0
 
     def counters(self) -> dict[str, float]:
         m = self.model
@@ -181,7 +188,7 @@ class _Direction:
                 "packets_dropped": m.packets_dropped, "bytes_dropped": m.bytes_dropped,
                 "packets_out": self.packets_out, "bytes_out": self.bytes_out,
                 "queue_packets": len(self.rel), "queue_bytes": self.queue_bytes,
-                "write_errors": self.write_errors}
+                "write_errors": self.write_errors, "late_s": self.late_s, "late_packets": self.late_packets}
 
 
 class DelayLine:
@@ -351,6 +358,11 @@ class DelayLine:
                 else:
                     d.packets_out += 1
                     d.bytes_out += len(pkt)
+                    late = now - rel[0]
+                    if late > 0.0:
+                        d.late_s += late
+                        if late > LATE_S:
+                            d.late_packets += 1
                 rel.popleft()
                 pkts.popleft()
                 d.queue_bytes -= len(pkt)

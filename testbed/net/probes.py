@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import socket
@@ -12,7 +13,6 @@ import sys
 import termios
 import time
 from dataclasses import dataclass
-from typing import cast
 
 
 _PROBE = struct.Struct("!4sQd")     # magic, sequence, send time
@@ -25,70 +25,126 @@ _ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_U32.size)
 _MAGIC = b"PTBP"
 
 
-class _Echo(asyncio.DatagramProtocol):
-    def __init__(self) -> None:
-        self.t: asyncio.DatagramTransport | None = None
+_RESIDENCE = struct.Struct("!d")   # after the probe header: how long the echo held it
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.t = cast(asyncio.DatagramTransport, transport)
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        if self.t is not None:
-            self.t.sendto(data, addr)
+def _rx_stamp(anc: list[tuple[int, int, bytes]]) -> float | None:
+    """The kernel's receive time (SO_TIMESTAMPNS, wall clock) among a datagram's ancillary data."""
+    for lvl, typ, d in anc:
+        if lvl == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(d) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(d)
+            return float(sec + nsec * 1e-9)
+    return None
+
+
+def _stamped_socket(host: str, port: int, *, bind: bool) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        sock.setblocking(False)
+        if bind:
+            sock.bind((host, port))
+        else:
+            sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _echo(sock: socket.socket) -> None:
+    while True:
+        try:
+            data, anc, _, addr = sock.recvmsg(2048, _ANCBUF)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:     # an ICMP error for an earlier reply: nothing to read
+            continue
+        if len(data) >= _PROBE.size + _RESIDENCE.size and data[:4] == _MAGIC:
+            at = _rx_stamp(anc)
+            held = time.time() - at if at is not None else 0.0
+            data = data[:_PROBE.size] + _RESIDENCE.pack(held) + data[_PROBE.size + _RESIDENCE.size:]
+        with contextlib.suppress(OSError):   # a full buffer drops the reply: the probe times out
+            sock.sendto(data, addr)
 
 
 async def udp_echo_server(host: str, port: int) -> None:
-    """Echo datagrams until cancelled."""
+    """Echo datagrams until cancelled. A probe goes back with the time it spent in this host
+    (from the kernel's receive stamp to the reply), so the prober can leave it out."""
     loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_datagram_endpoint(_Echo, local_addr=(host, port))
+    sock = _stamped_socket(host, port, bind=True)
+    loop.add_reader(sock.fileno(), _echo, sock)
     try:
         await asyncio.Event().wait()
     finally:
-        transport.close()
+        loop.remove_reader(sock.fileno())
+        sock.close()
 
 
 @dataclass(frozen=True)
 class RttResult:
+    """Round trips as the kernels saw them: each probe's is from its send to the kernel's receive
+    stamp of the reply, less the time the echo host held it. What the two hosts' scheduling added
+    on top (a loaded machine wakes its readers late) is `host_median_s`, kept out of the figure."""
     sent: int
     received: int
     median_s: float
     p10_s: float
     p90_s: float
     sd_s: float = float("nan")
+    host_median_s: float = float("nan")
 
 
 async def measure_rtt(host: str, port: int, count: int = 200, gap: float = 0.01, timeout: float = 2.0) -> RttResult:
     """Sequential probes, one in flight at a time, so queueing never inflates the figure."""
     loop = asyncio.get_running_loop()
-    replies: asyncio.Queue[bytes] = asyncio.Queue()
+    replies: asyncio.Queue[tuple[bytes, float, float]] = asyncio.Queue()   # data, kernel stamp, read at
+    sock = _stamped_socket(host, port, bind=False)
 
-    class _Client(asyncio.DatagramProtocol):
-        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-            replies.put_nowait(data)
+    def on_readable() -> None:
+        while True:
+            try:
+                data, anc, _, _ = sock.recvmsg(2048, _ANCBUF)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:     # ICMP port unreachable for an earlier probe: read on
+                continue
+            read_at = time.time()
+            at = _rx_stamp(anc)
+            replies.put_nowait((data, read_at if at is None else at, read_at))
 
-    transport, _ = await loop.create_datagram_endpoint(_Client, remote_addr=(host, port))
+    loop.add_reader(sock.fileno(), on_readable)
     rtts: list[float] = []
+    host_s: list[float] = []
     try:
         for seq in range(count):
-            t = time.perf_counter()
-            transport.sendto(_PROBE.pack(_MAGIC, seq, t) + bytes(36))
+            t = time.time()
+            try:
+                sock.send(_PROBE.pack(_MAGIC, seq, t) + bytes(36))
+            except OSError:
+                await asyncio.sleep(gap)
+                continue
             try:
                 while True:
-                    data = await asyncio.wait_for(replies.get(), timeout)
-                    if _PROBE.unpack_from(data)[1] == seq:
-                        rtts.append(time.perf_counter() - t)
+                    data, at, read_at = await asyncio.wait_for(replies.get(), timeout)
+                    if len(data) >= _PROBE.size + _RESIDENCE.size and _PROBE.unpack_from(data)[1] == seq:
+                        held = _RESIDENCE.unpack_from(data, _PROBE.size)[0]
+                        rtts.append(at - t - held)
+                        host_s.append(read_at - at + held)
                         break
             except asyncio.TimeoutError:
                 pass
             await asyncio.sleep(gap)
     finally:
-        transport.close()
+        loop.remove_reader(sock.fileno())
+        sock.close()
     rtts.sort()
     if not rtts:
         nan = float("nan")
         return RttResult(count, 0, nan, nan, nan)
     q = statistics.quantiles(rtts, n=10) if len(rtts) > 1 else [rtts[0]] * 9
-    return RttResult(count, len(rtts), statistics.median(rtts), q[0], q[-1], statistics.pstdev(rtts))
+    return RttResult(count, len(rtts), statistics.median(rtts), q[0], q[-1], statistics.pstdev(rtts),
+                     statistics.median(host_s))
 
 
 class LossSink:
@@ -132,15 +188,11 @@ class LossSink:
             if len(data) < _PROBE.size or data[:4] != _MAGIC:
                 continue
             _, seq, sent_at = _PROBE.unpack_from(data)
-            at = None
             for lvl, typ, d in anc:
-                if lvl != socket.SOL_SOCKET:
-                    continue
-                if typ == SO_TIMESTAMPNS and len(d) >= _TIMESPEC.size:
-                    at = _TIMESPEC.unpack_from(d)
-                elif typ == SO_RXQ_OVFL and len(d) >= _U32.size:
+                if lvl == socket.SOL_SOCKET and typ == SO_RXQ_OVFL and len(d) >= _U32.size:
                     self.overflow = max(self.overflow or 0, _U32.unpack_from(d)[0])
-            now = at[0] + at[1] * 1e-9 if at is not None else time.time()
+            at = _rx_stamp(anc)
+            now = at if at is not None else time.time()
             self.seen.add(seq)
             self._arrivals.append((seq, now - sent_at))
             self._intervals.append((sent_at, now))
