@@ -261,7 +261,8 @@ def test_book_follows_a_request_through_both_pools() -> None:
     assert pf.pinned_bytes == 0 and pf.used_bytes == 3 * BLOCK + STATE
     assert pd.match([1, 2, 3, 4], 16).tokens == 12          # the decode cluster's pool has it too
     book.finished("r1", d)
-    pf.check(), pd.check()
+    pf.check()
+    pd.check()
     # A move: the destination gains the moved prefix and reads it; the source is released.
     pd2 = pool(1000)
     book2 = CacheBook(CacheIndex({"prfaas": pf, "pd": pd2}))
