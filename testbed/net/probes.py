@@ -21,14 +21,14 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 _TIMESPEC = struct.Struct("@qq")
 _U32 = struct.Struct("@I")
-_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_U32.size)
+ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_U32.size)
 _MAGIC = b"PTBP"
 
 
 _RESIDENCE = struct.Struct("!d")   # after the probe header: how long the echo held it
 
 
-def _rx_stamp(anc: list[tuple[int, int, bytes]]) -> float | None:
+def rx_stamp(anc: list[tuple[int, int, bytes]]) -> float | None:
     """The kernel's receive time (SO_TIMESTAMPNS, wall clock) among a datagram's ancillary data."""
     for lvl, typ, d in anc:
         if lvl == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(d) >= _TIMESPEC.size:
@@ -55,13 +55,13 @@ def _stamped_socket(host: str, port: int, *, bind: bool) -> socket.socket:
 def _echo(sock: socket.socket) -> None:
     while True:
         try:
-            data, anc, _, addr = sock.recvmsg(2048, _ANCBUF)
+            data, anc, _, addr = sock.recvmsg(2048, ANCBUF)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:     # an ICMP error for an earlier reply: nothing to read
             continue
         if len(data) >= _PROBE.size + _RESIDENCE.size and data[:4] == _MAGIC:
-            at = _rx_stamp(anc)
+            at = rx_stamp(anc)
             held = time.time() - at if at is not None else 0.0
             data = data[:_PROBE.size] + _RESIDENCE.pack(held) + data[_PROBE.size + _RESIDENCE.size:]
         with contextlib.suppress(OSError):   # a full buffer drops the reply: the probe times out
@@ -104,13 +104,13 @@ async def measure_rtt(host: str, port: int, count: int = 200, gap: float = 0.01,
     def on_readable() -> None:
         while True:
             try:
-                data, anc, _, _ = sock.recvmsg(2048, _ANCBUF)
+                data, anc, _, _ = sock.recvmsg(2048, ANCBUF)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:     # ICMP port unreachable for an earlier probe: read on
                 continue
             read_at = time.time()
-            at = _rx_stamp(anc)
+            at = rx_stamp(anc)
             replies.put_nowait((data, read_at if at is None else at, read_at))
 
     loop.add_reader(sock.fileno(), on_readable)
@@ -182,7 +182,7 @@ class LossSink:
         assert self._sock is not None
         while True:
             try:
-                data, anc, _, _ = self._sock.recvmsg(2048, _ANCBUF)
+                data, anc, _, _ = self._sock.recvmsg(2048, ANCBUF)
             except (BlockingIOError, InterruptedError):
                 return
             if len(data) < _PROBE.size or data[:4] != _MAGIC:
@@ -191,7 +191,7 @@ class LossSink:
             for lvl, typ, d in anc:
                 if lvl == socket.SOL_SOCKET and typ == SO_RXQ_OVFL and len(d) >= _U32.size:
                     self.overflow = max(self.overflow or 0, _U32.unpack_from(d)[0])
-            at = _rx_stamp(anc)
+            at = rx_stamp(anc)
             now = at if at is not None else time.time()
             self.seen.add(seq)
             self._arrivals.append((seq, now - sent_at))
