@@ -26,9 +26,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from testbed.net.delayline import DirectionSpec, control, send_control, write_config
+from testbed.net.delayline import DirectionSpec, control, lateness, send_control, write_config
 from testbed.net.probes import ANCBUF, SO_TIMESTAMPNS, rx_stamp
 from testbed.net.tun import open_tun
+from testbed.studies.linkcheck import judge_rtt, rtt_tolerance
 
 pytestmark = [
     pytest.mark.netns,
@@ -248,29 +249,24 @@ def rtts(topo: Topo, n: int) -> list[float]:
     return out
 
 
-def _lateness(line: Line) -> tuple[float, int]:
-    """The delay line's lateness so far over both directions: seconds summed, packets written."""
-    cs = [line.counters(d) for d in ("dc0->dc1", "dc1->dc0")]
-    return sum(c["late_s"] for c in cs), sum(c["packets_out"] for c in cs)
-
-
 def median_rtt(topo: Topo, line: Line, n: int, target: float, attempts: int = 3) -> float:
     """Median RTT of `n` echoes. The kernels' stamps keep the hosts' late wake-ups out; what they
     cannot remove is the delay line itself writing late on a loaded machine, which it counts: a
-    median off target is measured again only when that lateness (half the 1 ms bar or more per
-    round trip) says the host, not the line's model, was off."""
+    median off target is measured again only when linkcheck's rule (`judge_rtt`) says that
+    lateness made the figure the host's, not the line's model's."""
     for _ in range(attempts):
-        late0, pkts0 = _lateness(line)
+        before = lateness(line.ctl)
         samples = rtts(topo, n)
-        late1, pkts1 = _lateness(line)
+        late = lateness(line.ctl) - before
         med = statistics.median(samples)
-        per_trip = 2 * (late1 - late0) / max(pkts1 - pkts0, 1)
+        judged: dict[str, Any] = {"valid": True, "reasons": []}
+        judge_rtt(judged, late, rtt_tolerance(target))
         print(f"\nUDP RTT: median {med * 1e3:.3f} ms, min {min(samples) * 1e3:.3f}, "
               f"max {max(samples) * 1e3:.3f} (target {target * 1e3:.1f}); the line wrote "
-              f"{per_trip * 1e3:.3f} ms late per round trip", end="")
+              f"{judged.get('line_late_per_trip_s', 0.0) * 1e3:.3f} ms late per round trip", end="")
         # Never early: the delay line releases at most EARLY_S (50 us) before the due time.
         assert min(samples) >= target - 2 * 50e-6
-        if abs(med - target) < 0.001 or per_trip < 0.0005:
+        if abs(med - target) < 0.001 or judged["valid"]:
             break
     return med
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from testbed.net.delayline import LATE_S, DelayLine, DirectionSpec
+from testbed.net.delayline import LATE_S, DelayLine, DirectionSpec, Lateness
 from testbed.net.probes import measure_rtt, udp_echo_server
 from testbed.studies.linkcheck import judge_rtt, rtt_tolerance, verdicts
 
@@ -38,15 +38,15 @@ def test_the_bar_is_one_millisecond_or_three_percent() -> None:
 def test_a_delay_line_late_by_half_the_bar_per_round_trip_makes_the_figure_invalid() -> None:
     tol = rtt_tolerance(0.03)
     ok = _rtt()
-    judge_rtt(ok, late_s=0.2 * tol / 2, packets=400, late_packets=0, tolerance=tol)   # 1% of the bar a trip
+    judge_rtt(ok, Lateness(late_s=0.2 * tol / 2, packets=400, late_packets=0), tol)   # 1% of the bar a trip
     assert ok["valid"] and ok["reasons"] == [] and ok["line_late_per_trip_s"] == pytest.approx(0.2 * tol / 400)
     busy = _rtt()
-    judge_rtt(busy, late_s=100 * tol, packets=400, late_packets=390, tolerance=tol)   # half the bar a trip
+    judge_rtt(busy, Lateness(late_s=100 * tol, packets=400, late_packets=390), tol)   # half the bar a trip
     assert not busy["valid"]
     assert busy["reasons"] == ["the delay line wrote the probes 0.50 ms late per round trip (390 of 400 packets "
                                "over 1 ms late): the host was too busy to time the link"]
     quiet = _rtt()
-    judge_rtt(quiet, 0.0, 0, 0, tol)          # netem: no delay line, nothing to judge
+    judge_rtt(quiet, Lateness(0.0, 0, 0), tol)          # netem: no delay line, nothing to judge
     assert quiet["valid"] and "line_late_per_trip_s" not in quiet
 
 

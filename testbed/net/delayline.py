@@ -489,6 +489,26 @@ def control(path: Path | str, msg: dict[str, Any], timeout: float = 2.0) -> dict
         return _decode_reply(sock.recv(65536))
 
 
+@dataclass(frozen=True)
+class Lateness:
+    """How late a running delay line has written packets so far, over all its directions."""
+
+    late_s: float       # lateness summed
+    packets: int        # packets written
+    late_packets: int   # of them, more than LATE_S late
+
+    def __sub__(self, before: "Lateness") -> "Lateness":
+        return Lateness(self.late_s - before.late_s, self.packets - before.packets,
+                        self.late_packets - before.late_packets)
+
+
+def lateness(path: Path | str) -> Lateness:
+    """The lateness counters of the delay line behind control socket `path`."""
+    dirs = control(path, {"op": "stats"})["directions"].values()
+    return Lateness(sum(float(d["late_s"]) for d in dirs), sum(int(d["packets_out"]) for d in dirs),
+                    sum(int(d["late_packets"]) for d in dirs))
+
+
 async def send_control(path: Path | str, msg: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
     """`control` for asyncio code."""
     loop = asyncio.get_running_loop()

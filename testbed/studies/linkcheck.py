@@ -26,7 +26,7 @@ from testbed.net.procs import ProcessGroup
 from testbed.live.kv_transport import KVReceiver, KVSender
 from testbed.metrics.series_format import SeriesWriter, read_series
 from testbed.net.capabilities import choose_method, probe_shaping
-from testbed.net.delayline import LATE_S, control
+from testbed.net.delayline import LATE_S, Lateness, control, lateness
 from testbed.net.drop_counters import NetlinkReader, layout_for, read_path
 from testbed.net.executor import Executor
 from testbed.net.monitor import LinkMonitor, WatchedLink
@@ -281,30 +281,29 @@ def rtt_tolerance(rtt_s: float) -> float:
     return max(0.001, 0.03 * rtt_s)
 
 
-def _line_lateness(link: ShapedLink) -> tuple[float, int, int]:
-    """The delay line's lateness so far over all directions: seconds summed, packets written,
-    packets more than LATE_S late ((0, 0, 0) without a delay line)."""
-    if link.delay_line is None:
-        return 0.0, 0, 0
-    dirs = control(link.delay_line, {"op": "stats"})["directions"].values()
-    return (sum(float(d["late_s"]) for d in dirs), sum(int(d["packets_out"]) for d in dirs),
-            sum(int(d["late_packets"]) for d in dirs))
-
-
-def judge_rtt(d: dict[str, Any], late_s: float, packets: int, late_packets: int, tolerance: float) -> None:
+def judge_rtt(d: dict[str, Any], line: Lateness, tolerance: float) -> None:
     """Mark the RTT figure invalid when the delay line wrote the probes late: the loaded host's
     doing, not the link model's (the kernel stamps already keep the hosts' readers out of it).
     Invalid when the lateness a round trip met (two crossings) averages half the bar or more."""
-    if not packets:
+    if not line.packets:
         return
-    per_trip = 2 * late_s / packets
+    per_trip = 2 * line.late_s / line.packets
     d["line_late_per_trip_s"] = per_trip
-    d["line_late_packets"] = late_packets
+    d["line_late_packets"] = line.late_packets
     if per_trip >= tolerance / 2:
         d["valid"] = False
         d["reasons"].append(f"the delay line wrote the probes {per_trip * 1e3:.2f} ms late per round trip "
-                            f"({late_packets} of {packets} packets over {LATE_S * 1e3:g} ms late): the host was "
-                            f"too busy to time the link")
+                            f"({line.late_packets} of {line.packets} packets over {LATE_S * 1e3:g} ms late): "
+                            f"the host was too busy to time the link")
+
+
+def rtt_valid(r: dict[str, Any]) -> bool:
+    """Whether the RTT figure measured the link (results written before it was judged: yes)."""
+    return bool(r["rtt"].get("valid", True))
+
+
+def rtt_invalid_cell(r: dict[str, Any]) -> str:
+    return "INVALID: " + "; ".join(r["rtt"]["reasons"])
 
 
 def measure_rtt_checked(link: ShapedLink, probes: int, tolerance: float) -> dict[str, Any]:
@@ -312,12 +311,13 @@ def measure_rtt_checked(link: ShapedLink, probes: int, tolerance: float) -> dict
     of a busy machine passes; a misconfigured link fails both times). The last run stands, with
     every attempt recorded."""
     ip = link.topo.host("b").ip
+    no_line = Lateness(0.0, 0, 0)
     attempts: list[dict[str, Any]] = []
     for _ in range(2):
-        before = _line_lateness(link)
+        before = lateness(link.delay_line) if link.delay_line is not None else no_line
         d = _rtt_dict(_rtt(link.la, link.lb, ip, probes), link.base_rtt)
-        after = _line_lateness(link)
-        judge_rtt(d, after[0] - before[0], after[1] - before[1], after[2] - before[2], tolerance)
+        after = lateness(link.delay_line) if link.delay_line is not None else no_line
+        judge_rtt(d, after - before, tolerance)
         attempts.append(d)
         if d["valid"]:
             break
@@ -535,7 +535,7 @@ def verdicts(r: dict[str, Any]) -> dict[str, bool | None]:
     loss = r["loss"]
     out: dict[str, bool | None] = {
         # An invalid figure (the host too busy to time the link) measured nothing of it: None.
-        "rtt": (None if not r["rtt"].get("valid", True)
+        "rtt": (None if not rtt_valid(r)
                 else abs(rtt - c["rtt_s_wire"]) <= rtt_tolerance(c["rtt_s_wire"])),
         "goodput_multi": (g := multi_goodput_bps(multi)) is not None and g >= 0.9 * c["rate_bps_wire"],
         # An invalid figure measured nothing of the link: None, neither pass nor fail.
@@ -565,7 +565,7 @@ def print_report(r: dict[str, Any]) -> None:
     t.add_row("RTT median", f"{c['rtt_s_wire'] * 1e3:.2f} ms",
               f"{r['rtt']['median_s'] * 1e3:.2f} ms (p10 {r['rtt']['p10_s'] * 1e3:.2f}, p90 {r['rtt']['p90_s'] * 1e3:.2f})",
               f"{sc.paper_seconds(r['rtt']['median_s']) * 1e3:.2f} ms",
-              ("INVALID: " + "; ".join(r["rtt"]["reasons"]) if not r["rtt"].get("valid", True) else mark[v["rtt"]])
+              (mark[v["rtt"]] if rtt_valid(r) else rtt_invalid_cell(r))
               + f" (1 ms or 3%{over})")
     for g in r["goodput"]:
         pred = g.get("predicted_bps") or c["rate_bps_wire"]
@@ -614,7 +614,7 @@ def main_linkcheck(profiles: list[LinkProfile], scales: list[Scale], connections
         print(json.dumps(results[0] if len(results) == 1 else results, indent=1))
     failed = [r["profile"] for r in results if any(v is False for v in r["verdicts"].values())]
     invalid = [r["profile"] for r in results if not r["loss"]["valid"]]
-    untimed = [r["profile"] for r in results if not r["rtt"].get("valid", True)]
+    untimed = [r["profile"] for r in results if not rtt_valid(r)]
     if len(results) > 1 and not as_json:
         print(f"linkcheck: {len(results) - len(failed)} of {len(results)} profiles within their bars"
               + (f"; outside: {', '.join(failed)}" if failed else "")
@@ -674,8 +674,7 @@ def compare_rows(c: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     rows = [
         ("RTT median", _ms(cfg["rtt_s_wire"]),
          cells(lambda r: f"{_ms(r['rtt']['median_s'])} (unshaped {_ms(r['rtt']['base_median_s'])})"
-                         + (fail[r["verdicts"]["rtt"]] if r["rtt"].get("valid", True) else " INVALID: the host "
-                            "was too busy to time the link"))),
+                         + (fail[r["verdicts"]["rtt"]] if rtt_valid(r) else " " + rtt_invalid_cell(r)))),
         ("RTT sd", f"jitter {_ms(cfg['jitter_s_wire'])} each way",
          cells(lambda r: f"{_ms(r['rtt']['sd_s'])} (unshaped {_ms(r['rtt']['base_sd_s'])})")),
         ("one-way delay sd", "-", cells(lambda r: _ms(r["probes"]["delay_sd_s"]))),

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from testbed.config.profiles import PROFILE_DIR, load_profile
 from testbed.core.linkprofile import parse_rate
-from testbed.studies.linkcheck import (LinkCheckConfig, loss_cell, multi_goodput_bps, print_report, run_linkcheck,
-                                       scale_for, shaped_rtt, verdicts)
+from testbed.studies.linkcheck import (LinkCheckConfig, loss_cell, multi_goodput_bps, print_report, rtt_invalid_cell,
+                                       rtt_valid, run_linkcheck, scale_for, shaped_rtt, verdicts)
 
 GATES = ("loss",)
 
@@ -39,10 +39,8 @@ def summary_line(r: dict[str, object]) -> str:
     assert isinstance(lo, dict)
     loss = (f"loss {mark[v['loss']]} ({lo['link']:.2%} of {c['loss']:.2%})" if lo["valid"]
             else f"loss not measured ({loss_cell(lo)})")
-    rt = r["rtt"]
-    assert isinstance(rt, dict)
     parts = [(f"RTT {mark[v['rtt']]} ({rtt * 1e3:.2f} of {c['rtt_s_wire'] * 1e3:.2f} ms over the unshaped path)"
-              if rt.get("valid", True) else f"RTT not measured (INVALID: {'; '.join(rt['reasons'])})"),
+              if rtt_valid(r) else f"RTT not measured ({rtt_invalid_cell(r)})"),
              f"goodput {mark[v['goodput_multi']]} ({(multi_goodput_bps(multi) or 0) / c['rate_bps_wire']:.0%} of the "
              f"rate past TCP's ramp, {(multi['bps'] or 0) / c['rate_bps_wire']:.0%} over the whole transfer)",
              loss]
