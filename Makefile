@@ -16,10 +16,22 @@ BYTECODE = $(BIN)/python -m compileall -q testbed
 PIP_INSTALL = pipi() { if [ -x $(BIN)/uv ]; then $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python "$$@"; \
 	else $(BIN)/pip install -q "$$@"; fi; }; pipi
 
-$(STAMP): pyproject.toml
+# The compiled twins of core mechanisms (native/, Rust via maturin; testbed.core.native) are built
+# where a Rust toolchain is (cargo on PATH or in ~/.cargo/bin) unless NATIVE=0; without them, or where
+# the build fails, the pure-Python modules run: the same results, more slowly.
+NATIVE ?= 1
+CARGO_BIN := $(or $(dir $(shell command -v cargo 2>/dev/null)),$(wildcard $(HOME)/.cargo/bin/))
+NATIVE_SRC := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/testbed_native.pyi $(wildcard native/src/*.rs)
+BUILD_NATIVE = if [ "$(NATIVE)" = 0 ]; then $(BIN)/python -m pip uninstall -q -y prfaas-testbed-native 2>/dev/null || true; \
+	elif [ -z "$(CARGO_BIN)" ]; then echo "note: no Rust toolchain (cargo): the simulator runs its pure-Python mechanisms"; \
+	else export PATH="$(CARGO_BIN):$$PATH"; $(PIP_INSTALL) --reinstall ./native || \
+	  echo "note: building native/ failed (above): the simulator runs its pure-Python mechanisms"; fi
+
+$(STAMP): pyproject.toml $(NATIVE_SRC)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv || $(BIN)/pip install -q --upgrade pip
 	$(PIP_INSTALL) -e '.[dev,analysis,clients,profiles]'
+	@$(BUILD_NATIVE)
 	$(BYTECODE)
 	touch $(STAMP)
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from testbed.core.kvsize import KVModel
 from testbed.core.policy import Decision
-from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache
+from testbed.core.prefix_cache import CacheIndex, PrefixPool, new_pool
 from testbed.core.scenario import Scenario
 
 
@@ -26,7 +26,7 @@ class CacheBook:
     def __init__(self, index: CacheIndex) -> None:
         self.index = index
 
-    def _pool(self, cluster: str) -> HybridPrefixCache | None:
+    def _pool(self, cluster: str) -> PrefixPool | None:
         """The cluster's pool, if it keeps a prefix cache at all."""
         p = self.index.pool(cluster)
         return p if p is not None and p.capacity_bytes > 0 else None
@@ -75,6 +75,6 @@ class CacheBook:
 
 def cache_book_for(sc: Scenario, kv: KVModel) -> CacheBook | None:
     """The book over the pools of every cluster that keeps a prefix cache; None when none does."""
-    pools = {c.name: HybridPrefixCache.for_model(kv, sc.model.block_tokens, c.cache_bytes)
+    pools = {c.name: new_pool(kv, sc.model.block_tokens, c.cache_bytes)
              for c in sc.clusters if c.cache_bytes > 0}
     return CacheBook(CacheIndex(pools)) if pools else None

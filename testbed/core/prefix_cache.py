@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Protocol
 
+from testbed.core import native
 from testbed.core.kvsize import KVModel
 
 # ("b", block index, hash) for a full-attention block, ("s", blocks, hash of the last block)
@@ -375,14 +376,74 @@ class HybridPrefixCache:
         assert 0 <= self.used_bytes <= max(self.capacity_bytes, 0), (self.used_bytes, self.capacity_bytes)
 
 
+class MatchView(Protocol):
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def full_tokens(self) -> int: ...
+
+
+class StatsView(Protocol):
+    @property
+    def lookups(self) -> int: ...
+    @property
+    def hit_tokens(self) -> int: ...
+    @property
+    def inserted_bytes(self) -> int: ...
+    @property
+    def evicted_bytes(self) -> int: ...
+    @property
+    def evictions(self) -> int: ...
+    @property
+    def refused_bytes(self) -> int: ...
+
+
+class PrefixPool(Protocol):
+    """A cluster's pool as its users see it: `HybridPrefixCache`, or its compiled twin
+    (`testbed_native.PrefixPool`, the same decisions; `new_pool` picks)."""
+
+    @property
+    def capacity_bytes(self) -> int: ...
+    @property
+    def block_tokens(self) -> int: ...
+    @property
+    def used_bytes(self) -> int: ...
+    @property
+    def pinned_bytes(self) -> int: ...
+    @property
+    def stats(self) -> StatsView: ...
+    def match(self, hash_ids: Iterable[int], input_tokens: int) -> MatchView: ...
+    def usable_tokens(self, hash_ids: Iterable[int], input_tokens: int) -> int: ...
+    def touch(self, hash_ids: Iterable[int], tokens: int) -> None: ...
+    def insert(self, hash_ids: Iterable[int], input_tokens: int) -> int: ...
+    def touch_and_pin(self, owner: str, hash_ids: Iterable[int], tokens: int) -> None: ...
+    def pin(self, owner: str, hash_ids: Iterable[int], tokens: int) -> None: ...
+    def unpin(self, owner: str) -> None: ...
+    def hold(self, owner: str, nbytes: int) -> bool: ...
+    def release(self, owner: str) -> None: ...
+    def tail_bytes(self, input_tokens: int) -> int: ...
+    def check(self) -> None: ...
+
+
+def new_pool(kv: KVModel, block_tokens: int, capacity_bytes: int) -> PrefixPool:
+    """A cluster's pool for `kv`: the compiled twin where it is built (`testbed.core.native`),
+    else `HybridPrefixCache`."""
+    py = HybridPrefixCache.for_model(kv, block_tokens, capacity_bytes)
+    ext = native.module()
+    if ext is None:
+        return py
+    pool: PrefixPool = ext.PrefixPool(py.capacity_bytes, py.block_tokens, py.block_bytes, py.state_bytes)
+    return pool
+
+
 class CacheIndex:
     """The global KV cache manager's view: every cluster's pool, answering "longest usable
     cached prefix per cluster" for the router."""
 
-    def __init__(self, pools: Mapping[str, HybridPrefixCache]) -> None:
+    def __init__(self, pools: Mapping[str, PrefixPool]) -> None:
         self.pools = dict(pools)
 
-    def lookup(self, hash_ids: Iterable[int], input_tokens: int) -> dict[str, Match]:
+    def lookup(self, hash_ids: Iterable[int], input_tokens: int) -> dict[str, MatchView]:
         ids = list(hash_ids)
         return {name: p.match(ids, input_tokens) for name, p in self.pools.items()}
 
@@ -390,5 +451,5 @@ class CacheIndex:
         ids = hash_ids if isinstance(hash_ids, (tuple, list)) else list(hash_ids)
         return {name: p.usable_tokens(ids, input_tokens) for name, p in self.pools.items()}
 
-    def pool(self, cluster: str) -> HybridPrefixCache | None:
+    def pool(self, cluster: str) -> PrefixPool | None:
         return self.pools.get(cluster)

@@ -154,7 +154,8 @@ def run_testbed(trace: Path, sc: Scale, out: Path, cpu: int) -> Sample:
     writes = float(sim.get("write_s") or 0.0)
     return Sample(wall, float(sim["wall_s"]) - writes, rss,
                   {"mean_ttft_s": summary["ttft_s"]["mean"], "mean_itl_s": summary["tpot_s"]["mean"],
-                   "completed": summary["requests"]["completed"], "sim_wall_s": sim["wall_s"], "write_s": writes})
+                   "completed": summary["requests"]["completed"], "sim_wall_s": sim["wall_s"], "write_s": writes,
+                   "mechanisms": sim.get("mechanisms") or "python"})
 
 
 def run_mocker(kwargs: dict[str, Any], cpu: int) -> Sample:
@@ -216,7 +217,8 @@ def bench_peers(args: Any) -> int:
             mk = run_mocker(kwargs, cpu)
             samples[sc.label]["testbed"].append(tb)
             samples[sc.label]["mocker"].append(mk)
-            print(f"  run {i + 1} {sc.label}: testbed {tb.whole_s:.2f} s whole, {tb.sim_s:.2f} s sim "
+            print(f"  run {i + 1} {sc.label}: testbed ({tb.extra['mechanisms']} mechanisms) {tb.whole_s:.2f} s whole, "
+                  f"{tb.sim_s:.2f} s sim "
                   f"(+{tb.extra['write_s']:.2f} s writing), "
                   f"{tb.rss_mib:.0f} MiB; mocker {mk.whole_s:.2f} s whole, {mk.sim_s:.2f} s sim, {mk.rss_mib:.0f} MiB",
                   flush=True)

@@ -25,6 +25,7 @@ from testbed.live.replay_stats import ReplayStats
 from testbed.metrics.artefacts import RunInfo, Summary, run_info, write_artefact
 from testbed.metrics.artefacts.run_file import Shaping, SimInfo, this_process
 from testbed.config.scenarios import dump_scenario
+from testbed.core import native
 from testbed.core.scenario import Scenario
 from testbed.traces.types import Trace, TraceRequest
 from testbed.core.errors import UserError
@@ -190,7 +191,7 @@ def _run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None
     meta.t_end = rs.scale.wire_seconds(st.t_end)
     meta.sim = SimInfo(events=st.events, rebalances=st.rebalances, wall_s=st.wall_s, write_s=st.write_s,
                        simulated_s_paper=st.t_end,
-                       retries=st.retries, live_path=rs.live_path.to_dict())
+                       retries=st.retries, live_path=rs.live_path.to_dict(), mechanisms=native.implementation())
     meta.state = "finished"
     write_run_json(meta_path, meta)
     stats = ReplayStats(sent=len(trace), completed=st.completed, failed=st.failed, total=len(trace))

@@ -83,6 +83,7 @@ class SimInfo(Section):
     write_s: float | None = None                # of wall_s, writing records and series as the loop ran
     retries: int | None = None                  # attempts routed again after a failed one
     live_path: dict[str, Any] | None = None     # what the simulator added for the live path (wire s)
+    mechanisms: str | None = None               # "native" (compiled twins) or "python" (testbed.core.native)
 
 
 class RunInfo(Artefact):

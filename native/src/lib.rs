@@ -1,0 +1,22 @@
+//! Compiled twins of prfaas-testbed's core mechanisms.
+//!
+//! Each type here does exactly what the pure-Python module it names does, decision for decision
+//! and byte for byte; the Python module stays the reference (and what runs where this extension
+//! is not built), and the differential tests in `tests/test_native_*.py` hold the two together.
+
+use pyo3::prelude::*;
+
+mod prefix_pool;
+
+/// Bumped whenever a twin's behaviour or interface changes.
+const ABI: u32 = 1;
+
+#[pymodule]
+fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // What `testbed.core.native` expects: a build from older sources is not used.
+    m.add("ABI", ABI)?;
+    m.add_class::<prefix_pool::PrefixPool>()?;
+    m.add_class::<prefix_pool::PoolMatch>()?;
+    m.add_class::<prefix_pool::PoolStats>()?;
+    Ok(())
+}

@@ -1,0 +1,158 @@
+"""The compiled prefix pool (`testbed_native.PrefixPool`) against the Python one it twins
+(`testbed.core.prefix_cache.HybridPrefixCache`): every answer, every entry in LRU order, every
+figure, after every step of generated sequences; and whole simulated runs byte for byte.
+
+Skipped where the extension is not built (no Rust toolchain), unless TESTBED_REQUIRE_NATIVE=1
+(CI sets it: there a missing build is a failure, not a skip)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from testbed.core import native
+from testbed.core.prefix_cache import HybridPrefixCache, new_pool
+from testbed.core.kvsize import KVModel
+
+ext = native.module()
+if ext is None:
+    if os.environ.get("TESTBED_REQUIRE_NATIVE") == "1":
+        raise RuntimeError("TESTBED_REQUIRE_NATIVE=1 but testbed_native is not built (make install builds it "
+                           "where cargo is on PATH)")
+    pytest.skip("testbed_native is not built here (needs a Rust toolchain; `make install` builds it)",
+                allow_module_level=True)
+
+B = 4           # tokens per block
+BIG = 2**80     # a hash id beyond 64 bits
+# Prompts sharing prefixes, a deep prefix without its root (as evictions leave), hash ids beyond 64
+# bits and below zero, and one id repeated at two positions.
+PREFIXES: list[list[int]] = [
+    [1, 2, 3, 4, 5, 6], [1, 2, 3, 9], [1, 2], [7, 8, 9, 10, 11], [30, 2, 3, 4, 5, 6],
+    [BIG, BIG + 1, 3], [-5, 2**63 - 1, -(2**63)], [1, 1, 1, 1], [7, 8],
+]
+OPS = st.lists(st.tuples(st.sampled_from(["insert", "touch", "touch_and_pin", "pin", "unpin", "hold", "release"]),
+                         st.integers(0, len(PREFIXES) - 1), st.integers(0, 8), st.sampled_from(["list", "tuple", "iter"])),
+               max_size=60)
+
+
+def _py_entries(p: HybridPrefixCache) -> list[tuple[str, int, int, int, int]]:
+    return [(k[0], k[1], k[2], e.nbytes, e.pins) for k, e in p._entries.items()]
+
+
+def _stats(p: Any) -> tuple[int, ...]:
+    s = p.stats
+    return (s.lookups, s.hit_tokens, s.inserted_bytes, s.evicted_bytes, s.evictions, s.refused_bytes)
+
+
+def _shaped(ids: list[int], shape: str) -> Iterable[int]:
+    return tuple(ids) if shape == "tuple" else iter(ids) if shape == "iter" else list(ids)
+
+
+def _step(p: Any, op: str, ids: list[int], shape: str, owner: str, n: int) -> Any:
+    if op == "insert":
+        return p.insert(_shaped(ids, shape), n * B + n % 3)
+    if op == "touch":
+        return p.touch(_shaped(ids, shape), n * B)
+    if op == "touch_and_pin":
+        return p.touch_and_pin(owner, _shaped(ids, shape), n * B + 1)
+    if op == "pin":
+        return p.pin(owner, _shaped(ids, shape), n * B)
+    if op == "unpin":
+        return p.unpin(owner)
+    if op == "hold":
+        return p.hold(owner, n * 3)
+    return p.release(owner)
+
+
+def _same(py: HybridPrefixCache, nat: Any) -> None:
+    py.check()
+    nat.check()
+    assert nat.entries() == _py_entries(py)
+    assert _stats(nat) == _stats(py)
+    assert (nat.used_bytes, nat.pinned_bytes) == (py.used_bytes, py.pinned_bytes)
+    assert nat.state_lengths() == py.state_lengths()
+    for ids in PREFIXES:
+        for tokens in (0, 1, B, len(ids) * B, len(ids) * B + 1):
+            m, n = py.match(ids, tokens), nat.match(ids, tokens)
+            assert (n.tokens, n.full_tokens) == (m.tokens, m.full_tokens), (ids, tokens)
+            assert nat.usable_tokens(tuple(ids), tokens) == m.tokens
+        for i, h in enumerate(ids):
+            assert nat.holds(("b", i, h)) == py.holds(("b", i, h))
+            assert nat.holds(("s", i + 1, h)) == py.holds(("s", i + 1, h))
+
+
+@pytest.mark.pure
+@settings(max_examples=400, deadline=None)
+@given(capacity=st.integers(0, 240), ops=OPS, block=st.sampled_from([0, 10]), state=st.sampled_from([0, 7, 25]))
+def test_every_step_leaves_both_pools_alike(capacity: int, ops: list[tuple[str, int, int, str]], block: int,
+                                            state: int) -> None:
+    """Whatever the sequence of inserts, touches, pins, holds and releases, on any capacity (none,
+    scarce, ample) and any model (full blocks only, linear states only, both), the compiled pool
+    returns what the Python one returns and holds the same entries in the same LRU order, pins and
+    figures included."""
+    py = HybridPrefixCache(capacity, B, block, state)
+    nat = ext.PrefixPool(capacity, B, block, state)
+    for op, k, n, shape in ops:
+        owner = f"r{k % 3}:{op[-4:]}"
+        assert _step(nat, op, PREFIXES[k], shape, owner, n) == _step(py, op, PREFIXES[k], shape, owner, n), op
+        _same(py, nat)
+
+
+@pytest.mark.pure
+@given(tokens=st.integers(0, 10**7), block=st.sampled_from([0, 1, 3, 4096, 10**6 + 7]),
+       state=st.sampled_from([0, 123]), bt=st.sampled_from([1, 3, 16, 512]))
+def test_tail_bytes_round_alike(tokens: int, block: int, state: int, bt: int) -> None:
+    """The transfer-cache tail: a partial block's bytes rounded half to even, as Python rounds."""
+    assert ext.PrefixPool(1, bt, block, state).tail_bytes(tokens) == HybridPrefixCache(1, bt, block, state).tail_bytes(tokens)
+
+
+@pytest.mark.pure
+def test_the_compiled_pool_refuses_what_it_cannot_key() -> None:
+    """Input the Python pool would take silently and wrongly is refused by name."""
+    nat = ext.PrefixPool(100, B, 10, 0)
+    with pytest.raises(TypeError, match="hash id must be an integer"):
+        nat.insert(["a", "b"], 8)
+    with pytest.raises(ValueError, match="tokens must be >= 0"):
+        nat.touch([1, 2], -4)
+    with pytest.raises(ValueError, match="block_tokens must be > 0"):
+        ext.PrefixPool(100, 0, 10, 0)
+
+
+@pytest.mark.pure
+def test_new_pool_is_the_compiled_one_where_built() -> None:
+    from testbed.config.scenarios import load_scenario
+
+    sc = load_scenario("paper-prfaas-cache")
+    pool = new_pool(KVModel.from_spec(sc.model), sc.model.block_tokens, 10**12)
+    assert type(pool).__module__ == "testbed_native"
+    assert native.implementation() == "native"
+
+
+def _replay(tmp: Path, name: str, scenario: str, native_on: bool) -> Path:
+    out = tmp / name
+    env = dict(os.environ, TESTBED_NATIVE="1" if native_on else "0")
+    subprocess.run([sys.executable, "-m", "testbed", "replay", "--scenario", scenario, "--backend", "sim",
+                    "--requests", "1500", "--out", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
+    return out
+
+
+@pytest.mark.app
+@pytest.mark.parametrize("scenario", ["paper-prfaas-cache", "paper-prfaas"])
+def test_a_simulated_run_is_the_same_with_either_pool(tmp_path: Path, scenario: str) -> None:
+    """Cache-aware routing, cache moves and transfer-cache holds across the WAN: the run directory
+    reads the same byte for byte whichever pool ran, and run.json says which did."""
+    a, b = _replay(tmp_path, "native", scenario, True), _replay(tmp_path, "python", scenario, False)
+    for f in ("records.csv", "summary.json", "decisions.jsonl"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    summary = json.loads((a / "summary.json").read_text())
+    assert summary["requests"]["completed"] > 0
+    assert json.loads((a / "run.json").read_text())["sim"]["mechanisms"] == "native"
+    assert json.loads((b / "run.json").read_text())["sim"]["mechanisms"] == "python"
