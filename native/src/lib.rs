@@ -6,15 +6,17 @@
 
 use pyo3::prelude::*;
 
+mod decode_batch;
 mod prefix_pool;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 1;
+const ABI: u32 = 2;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // What `testbed.core.native` expects: a build from older sources is not used.
     m.add("ABI", ABI)?;
+    m.add_class::<decode_batch::DecodeBatch>()?;
     m.add_class::<prefix_pool::PrefixPool>()?;
     m.add_class::<prefix_pool::PoolMatch>()?;
     m.add_class::<prefix_pool::PoolStats>()?;

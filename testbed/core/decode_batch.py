@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
+from testbed.core import native
 from testbed.core.servicetime import DecodeStepTime
 
 
@@ -167,6 +169,19 @@ class DecodeBatch:
                 self.context -= s.context_tokens + s.generated
         return done
 
+    @property
+    def n_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def head_id(self) -> str | None:
+        """The request id of the first waiting sequence (None: nothing waits)."""
+        return self.waiting[0].request_id if self.waiting else None
+
     def abort(self, request_id: str) -> bool:
         for s in self.running:
             if s.request_id == request_id:
@@ -183,3 +198,51 @@ class DecodeBatch:
     @property
     def idle(self) -> bool:
         return not self.running and not self.waiting
+
+
+class Batch(Protocol):
+    """A decode instance's batch as its drivers see it: `DecodeBatch`, or its compiled twin
+    (`testbed_native.DecodeBatch`: the same decisions and the same float bits; `new_batch`
+    picks). The twin keeps each running sequence's count itself and writes it back to the
+    `DecodeSeq` when the sequence finishes or leaves, or when `running` lists it."""
+
+    @property
+    def step_time(self) -> DecodeStepTime: ...
+    @property
+    def bs_max(self) -> int: ...
+    @property
+    def kv_capacity(self) -> int: ...
+    @property
+    def kv_used(self) -> int: ...
+    @property
+    def running(self) -> Sequence[DecodeSeq]: ...
+    @property
+    def waiting(self) -> Sequence[DecodeSeq]: ...
+    @property
+    def n_running(self) -> int: ...
+    @property
+    def n_waiting(self) -> int: ...
+    @property
+    def head_id(self) -> str | None: ...
+    @property
+    def idle(self) -> bool: ...
+    def submit(self, seq: DecodeSeq) -> None: ...
+    def admit(self, now: float) -> list[DecodeSeq]: ...
+    def step_duration(self) -> float: ...
+    def complete_step(self) -> list[StepResult]: ...
+    def steps_to_finish(self) -> int: ...
+    def duration_of(self, steps: int) -> float: ...
+    def steps_until(self, elapsed: float) -> int: ...
+    def advance(self, steps: int) -> list[StepResult]: ...
+    def advance_finished(self, steps: int) -> list[DecodeSeq]: ...
+    def abort(self, request_id: str) -> bool: ...
+
+
+def new_batch(step_time: DecodeStepTime, bs_max: int, kv_capacity: int) -> Batch:
+    """A simulated instance's batch: the compiled twin where it is built (`testbed.core.native`),
+    else `DecodeBatch`."""
+    ext = native.module()
+    if ext is None:
+        return DecodeBatch(step_time, bs_max, kv_capacity)
+    batch: Batch = ext.DecodeBatch(step_time, bs_max, kv_capacity)
+    return batch

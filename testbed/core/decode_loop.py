@@ -21,7 +21,7 @@ and `span` to find the boundaries.
 
 from __future__ import annotations
 
-from testbed.core.decode_batch import DecodeBatch, DecodeSeq, StepResult
+from testbed.core.decode_batch import Batch, DecodeSeq, StepResult
 from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
 
@@ -40,7 +40,7 @@ def decode_seq(kv: KVModel, request_id: str, input_tokens: int, output_tokens: i
 
 
 class DecodeLoop:
-    def __init__(self, batch: DecodeBatch, slow: SlowDown | None = None) -> None:
+    def __init__(self, batch: Batch, slow: SlowDown | None = None) -> None:
         self.batch = batch
         self.slow = slow if slow is not None else SlowDown()
         self.step_start: float | None = None    # the present step's start (None: not running)
@@ -56,7 +56,7 @@ class DecodeLoop:
 
     @property
     def running(self) -> bool:
-        return bool(self.batch.running)
+        return self.batch.n_running > 0
 
     def submit(self, seq: DecodeSeq) -> None:
         """A sequence whose KV has arrived; `AdmissionError` if it can never fit."""
@@ -79,7 +79,7 @@ class DecodeLoop:
             self.late_s += now - self.step_start
             self.step_start = now
         admitted = b.admit(now)
-        if not b.running:
+        if not b.n_running:
             self.step_start = None
             return admitted, None
         self.step_factor = self.slow.at(now)
@@ -137,8 +137,8 @@ class DecodeLoop:
         """The decode instance's time-series samples."""
         b = self.batch
         return [
-            ("running_batch", float(len(b.running)), {}),
-            ("queue_depth", float(len(b.waiting)), {}),
+            ("running_batch", float(b.n_running), {}),
+            ("queue_depth", float(b.n_waiting), {}),
             ("kv_usage_bytes", float(b.kv_used), {}),
             ("kv_bytes_received", float(kv_bytes_received), {}),
             ("decode_step_modelled_s", self.modelled_s, {}),

@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from testbed.core.decode_batch import AdmissionError, DecodeBatch
+from testbed.core.decode_batch import AdmissionError, Batch, DecodeBatch
 from testbed.core.decode_loop import DecodeLoop, decode_seq
 from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
@@ -51,7 +51,7 @@ class DecodeState:
     completed: int = 0
 
     @property
-    def batch(self) -> DecodeBatch:
+    def batch(self) -> Batch:
         return self.loop.batch
 
     @property

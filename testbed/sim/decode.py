@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from testbed.core.decode_batch import AdmissionError, DecodeBatch
+from testbed.core.decode_batch import AdmissionError, Batch, new_batch
 from testbed.core.decode_loop import DecodeLoop, decode_seq
 from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
@@ -39,7 +39,7 @@ class DecodeSim:
         self.sim = sim
         self.spec = spec
         self.kv = kv
-        self.loop = DecodeLoop(DecodeBatch(DecodeStepTime.from_spec(spec), spec.bs_max, spec.kv_capacity_bytes))
+        self.loop = DecodeLoop(new_batch(DecodeStepTime.from_spec(spec), spec.bs_max, spec.kv_capacity_bytes))
         self.reqs: dict[str, SimRequest] = {}
         self.version = 0
         self.due = 0.0             # the next boundary where membership changes
@@ -53,7 +53,7 @@ class DecodeSim:
         self.rng = random.Random(node.id) if self.stall_rate > 0 else None
 
     @property
-    def batch(self) -> DecodeBatch:
+    def batch(self) -> Batch:
         return self.loop.batch
 
     @property
@@ -75,10 +75,10 @@ class DecodeSim:
         if self.paused:
             return
         b = self.batch
-        if not b.running:
+        if not b.n_running:
             self._boundary(t)
             return
-        if len(b.running) >= b.bs_max or b.waiting[0].request_id != req.rid:
+        if b.n_running >= b.bs_max or b.head_id != req.rid:
             return          # a finish frees the slot (or the FCFS head goes first)
         self._change_at(t)
 
@@ -147,7 +147,7 @@ class DecodeSim:
     def _settle(self, t: float) -> None:
         """Run the steps that ended by `t` (none finishing a sequence: the plan has a boundary at
         the first finish); the present step is then the one in progress at `t`."""
-        if not self.batch.running or self.loop.step_start is None:
+        if not self.batch.n_running or self.loop.step_start is None:
             return
         m = self.loop.steps_until(t)
         whole = m if self.loop.step_start + self.loop.span(m) <= t else m - 1
@@ -166,16 +166,16 @@ class DecodeSim:
         running = any(s.request_id == req.rid for s in self.batch.running)
         if self.paused or not running:
             self.batch.abort(req.rid)
-            if not self.paused and not self.batch.running and self.batch.waiting:
+            if not self.paused and not self.batch.n_running and self.batch.n_waiting:
                 self._boundary(t)
             return
         self._settle(t)
         self.batch.abort(req.rid)
         self.fresh = [r for r in self.fresh if r is not req]
-        if not self.batch.running:
+        if not self.batch.n_running:
             self.loop.rest()
             self.version += 1
-            if self.batch.waiting:
+            if self.batch.n_waiting:
                 self._boundary(t)
             return
         # The step in progress ends on its own time; from there, a new plan.
@@ -183,7 +183,7 @@ class DecodeSim:
 
     def slow_changed(self, t: float) -> None:
         """A slowdown started or ended: steps from the next boundary take the factor in force."""
-        if self.paused or not self.batch.running or self.loop.step_start is None:
+        if self.paused or not self.batch.n_running or self.loop.step_start is None:
             return
         self._settle(t)
         if self.loop.step_start < t:
@@ -199,9 +199,9 @@ class DecodeSim:
     def resume(self, t: float) -> None:
         """The step in progress when it paused ends now; the cadence restarts from here."""
         self.paused = False
-        if self.batch.running and self.loop.step_start is not None:
+        if self.batch.n_running and self.loop.step_start is not None:
             if t < self.loop.step_start + self.loop.span(1):
-                self._set_due(1 if self.batch.waiting else self.due_steps)   # paused within a step: the plan stands
+                self._set_due(1 if self.batch.n_waiting else self.due_steps)   # paused within a step: the plan stands
                 return
             self._steps(1, t)
             for req in self.fresh:
@@ -215,10 +215,10 @@ class DecodeSim:
         self.version += 1
         self.fresh = []
         slow = self.loop.slow
-        self.loop = DecodeLoop(DecodeBatch(self.batch.step_time, self.batch.bs_max, self.batch.kv_capacity), slow)
+        self.loop = DecodeLoop(new_batch(self.batch.step_time, self.batch.bs_max, self.batch.kv_capacity), slow)
         self.paused = False
         return held
 
     @property
     def waiting(self) -> int:
-        return len(self.batch.waiting)
+        return self.batch.n_waiting

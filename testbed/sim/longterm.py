@@ -46,8 +46,8 @@ class RoleLoop:
         nodes = [n for n in self.ctl.roles.routable("decode") if n not in down and self.answers(n)]
         batches = [self.decode[n].batch for n in nodes]
         bs_max = next(iter(self.decode.values())).batch.bs_max if self.decode else 1
-        return DecodeSignals(len(nodes), float(sum(len(b.running) for b in batches)),
-                             float(sum(len(b.waiting) for b in batches)), bs_max)
+        return DecodeSignals(len(nodes), float(sum(b.n_running for b in batches)),
+                             float(sum(b.n_waiting for b in batches)), bs_max)
 
     def _step(self, _: Any) -> None:
         t = self.loop.now
