@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 from pathlib import Path
@@ -16,7 +17,10 @@ from testbed.core.record import (
     NAN, TIME_NAMES, PrefillReport, RecordFormatError, RequestRecord, StageTimes, record_from_wire,
     record_to_wire, report_from_wire, report_to_wire,
 )
-from testbed.metrics.records import COLUMNS, MAX_FIELD_CHARS, format_row, parse_row, read_records, write_records
+from testbed.metrics.records import (
+    COLUMNS, MAX_FIELD_CHARS, RecordWriter, as_written, format_line, format_row, parse_row, read_records,
+    write_records, written_line,
+)
 
 pytestmark = pytest.mark.pure
 
@@ -221,6 +225,39 @@ def test_a_very_long_field_is_cut_by_the_writer_and_read_back(tmp_path: Path) ->
     exact = RequestRecord("r3", 3, 10, 2, outcome="failed", reason="y" * MAX_FIELD_CHARS)
     write_records(tmp_path / "exact.csv", [exact])
     assert read_records(tmp_path / "exact.csv")[0].reason == exact.reason
+
+
+def _csv_line(rec: RequestRecord) -> str:
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerow(format_row(rec))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("change", [
+    {}, {"reason": 'a "quoted", comma'}, {"reason": "two\nlines"}, {"reason": "cr\r"}, {"request_id": "nan"},
+    {"reason": "%s %d %%"}, {"reason": "z" * (MAX_FIELD_CHARS + 5)}, {"reason": "z" * MAX_FIELD_CHARS},
+    {"crossed_wan": 2}, {"threshold": NAN}, {"threshold": -1e-9}, {"threshold": math.inf},
+    {"prefill_modelled": 2.0000005}, {"kv_bytes_paper": 2**70},
+])
+def test_a_line_is_what_the_csv_module_writes_and_settling_rounds_as_written(change: dict[str, Any]) -> None:
+    rec = full_record()
+    rec.times.arrival, rec.times.prefill_sent, rec.times.first_token = 1.0000004999, -0.0, 7.1234565
+    for k, v in change.items():
+        setattr(rec, k, v)
+    assert format_line(rec) == _csv_line(rec)
+    settled, expected = dataclasses.replace(rec, times=dataclasses.replace(rec.times)), as_written(rec)
+    line = written_line(settled)
+    assert line == _csv_line(expected)
+    assert repr(settled) == repr(expected)      # repr: -0.0 and NaN compared too
+
+
+def test_a_settling_writer_writes_the_same_bytes(tmp_path: Path) -> None:
+    recs = [full_record(), RequestRecord("r2", 4, 100, 2, outcome="failed", reason='x, "y"')]
+    write_records(tmp_path / "plain.csv", recs)
+    with RecordWriter(tmp_path / "settled.csv", deferred=True, settle=True) as w:
+        for r in recs:
+            w.write(r)
+    assert (tmp_path / "settled.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
 
 
 def test_every_column_is_a_record_field_or_a_stamp() -> None:

@@ -10,9 +10,10 @@ stamp of its `times`. What a record holds beyond them (the router-side stamps su
 from __future__ import annotations
 
 import csv
+import io
 import math
 import time
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
@@ -67,6 +68,42 @@ _ROW_FIELDS = tuple((c in _TIMES, c, _FORMAT[_KINDS[c]]) for c in COLUMNS)
 def format_row(rec: RequestRecord) -> list[str]:
     t = rec.times
     return [fmt(getattr(t if timed else rec, c)) for timed, c, fmt in _ROW_FIELDS]
+
+
+def _attr(timed: bool, c: str) -> str:
+    return "times." + c if timed else c
+
+
+# A whole row as two `%` formats, not a call per field: the floats (and the one bool) first,
+# leaving `%s` for the rest, whose NaNs then read as empty (only the floats can print "nan");
+# then the ints and texts, as `str` would write them. The csv module would write the same line
+# unless a text needs quoting or cutting: `format_line` hands such a row to it instead.
+_FIRST_ATTRS = [_attr(timed, c) for timed, c, fmt in _ROW_FIELDS if fmt is _fmt_float or fmt is _fmt_bool]
+_FIRST = attrgetter(*_FIRST_ATTRS)
+_SECOND = attrgetter(*[_attr(timed, c) for timed, c, fmt in _ROW_FIELDS if fmt is not _fmt_float and fmt is not _fmt_bool])
+_LINE = ",".join("%.6f" if fmt is _fmt_float else "%d" if fmt is _fmt_bool else "%%s"
+                 for _, _, fmt in _ROW_FIELDS) + "\r\n"
+_COMMAS = len(COLUMNS) - 1
+_BOOL_COLUMNS = tuple(c for _, c, fmt in _ROW_FIELDS if fmt is _fmt_bool)
+assert _BOOL_COLUMNS == ("crossed_wan",)     # `format_line` checks this one's type
+
+
+def _plain(line: str) -> bool:
+    """No field of the line holds a comma, quote or line break (the csv module would quote it),
+    nor is any longer than the cut."""
+    return (line.count(",") == _COMMAS and line.count("\n") == 1 and line.count("\r") == 1 and '"' not in line
+            and len(line) <= MAX_FIELD_CHARS)
+
+
+def format_line(rec: RequestRecord) -> str:
+    """The row's line as the csv module writes `format_row(rec)`."""
+    if rec.crossed_wan.__class__ is bool:    # "%d" writes a bool as _fmt_bool does, not any value
+        line = (_LINE % _FIRST(rec)).replace("nan", "") % _SECOND(rec)
+        if _plain(line):
+            return line
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerow(format_row(rec))
+    return buf.getvalue()
 
 
 def parse_row(row: Mapping[Any, Any], where: str = "row") -> RequestRecord:
@@ -150,19 +187,50 @@ def as_written(rec: RequestRecord) -> RequestRecord:
     return rec
 
 
+# `written_line`: the floats of `_LINE` and then the stamps that are not columns, split at commas.
+# A float's "%.6f" text reads back as round(v, 6) (both are the same correctly rounded decimal):
+# parsing the text once written is cheaper than rounding each float again.
+_EXTRA_TIMES = tuple(n for n in TIME_NAMES if n not in COLUMNS)
+_HELD_FIRST = attrgetter(*_FIRST_ATTRS, *("times." + n for n in _EXTRA_TIMES))
+_HELD_LINE = _LINE + ",".join(["", *["%.6f"] * len(_EXTRA_TIMES)])
+_AT = {c: i for i, c in enumerate(COLUMNS)} | {n: len(COLUMNS) + i for i, n in enumerate(_EXTRA_TIMES)}
+_TIMES_AT = itemgetter(*[_AT[n] for n in TIME_NAMES])
+_OTHER_FLOATS_AT = tuple((c, _AT[c]) for c in _OTHER_FLOATS)
+
+
+def written_line(rec: RequestRecord) -> str:
+    """`format_line(rec)`, and `rec` made `as_written(rec)` in place. For records whose floats
+    are floats (an int would become a float here, where `round` keeps it an int)."""
+    if rec.crossed_wan.__class__ is bool:
+        text = _HELD_LINE % _HELD_FIRST(rec)
+        line = text[:text.index("\n") + 1].replace("nan", "") % _SECOND(rec)
+        if _plain(line):
+            # No text was cut; the last column's "\r\n" is whitespace to float().
+            fields = text.split(",")
+            rec.times = StageTimes(*map(float, _TIMES_AT(fields)))
+            for c, i in _OTHER_FLOATS_AT:
+                setattr(rec, c, float(fields[i]))
+            return line
+    line = format_line(rec)
+    as_written(rec)
+    return line
+
+
 class RecordWriter:
     """Appends records to CSV and flushes each row, so an interrupted run keeps what it has.
     `deferred` writes them in batches of `BATCH` rows (a simulator: a flush per row costs a tenth
-    of its run), so a run killed outright still leaves all but its last batch on disk."""
+    of its run), so a run killed outright still leaves all but its last batch on disk.
+    `settle` makes each record `as_written` as its row is written (`written_line`), for a writer
+    that summarises the records it holds."""
 
     BATCH = 4096
 
-    def __init__(self, path: Path, deferred: bool = False) -> None:
+    def __init__(self, path: Path, deferred: bool = False, settle: bool = False) -> None:
         self.path = path
         self._fh: IO[str] = path.open("w", newline="")
-        self._w = csv.writer(self._fh)
-        self._w.writerow(COLUMNS)
+        csv.writer(self._fh).writerow(COLUMNS)
         self._fh.flush()
+        self._line = written_line if settle else format_line
         self._later: list[RequestRecord] | None = [] if deferred else None
         self.count = 0
         self.write_s = 0.0      # seconds spent writing deferred batches
@@ -174,7 +242,7 @@ class RecordWriter:
             if len(self._later) >= self.BATCH:
                 self._write_later()
             return
-        self._w.writerow(format_row(rec))
+        self._fh.write(self._line(rec))
         self._fh.flush()
 
     def close(self) -> None:
@@ -186,7 +254,7 @@ class RecordWriter:
     def _write_later(self) -> None:
         assert self._later is not None
         t = time.perf_counter()
-        self._w.writerows(format_row(r) for r in self._later)
+        self._fh.write("".join(map(self._line, self._later)))
         self._fh.flush()
         self._later = []
         self.write_s += time.perf_counter() - t

@@ -90,11 +90,15 @@ def read_series(path: Path, t0: float = 0.0, metric: str | None = None) -> list[
     that does not parse is dropped with a warning (a writer killed mid-line); any other malformed
     line raises `TimeseriesError` naming file:line."""
     # errors="replace": truncation can split a multi-byte character of the last line.
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    text = path.read_text(encoding="utf-8", errors="replace")
     # A line of the metric holds its name as a JSON string: the others are skipped unparsed
-    # (a run's decisions.jsonl is mostly one routing decision per request).
+    # (a run's decisions.jsonl is mostly one routing decision per request), all of them at once
+    # when no line names it (a run without threshold changes, say).
     token = None if metric is None else json.dumps(metric)
+    if token is not None and token not in text:
+        return []
+    lines = text.splitlines()
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
     out: list[SeriesPoint] = []
     for i, line in enumerate(lines):
         if not line.strip() or (token is not None and token not in line):
@@ -179,7 +183,8 @@ class BatchSeriesFile:
         self.speedup = speedup
         self.lines = 0
         # Samples repeat the same few label sets: encode each once (not for one-off labels).
-        self._labels: dict[tuple[tuple[str, str], ...], str] | None = {} if repeated_labels else None
+        self._labels: dict[tuple[tuple[str, str], ...], tuple[str, dict[str, str]]] | None = (
+            {} if repeated_labels else None)
         self.points: list[SeriesPoint] | None = [] if keep else None
         self._sources: dict[str, str] = {}       # each source's name, JSON-encoded once
         self._later: list[tuple[float, str | None, Iterable[RawSample]]] | None = [] if deferred else None
@@ -194,24 +199,27 @@ class BatchSeriesFile:
 
     def _take(self, t_paper: float, source: str | None, samples: Iterable[RawSample]) -> None:
         if self._later is None:
-            self._emit(t_paper, source, samples)
+            out: list[str] = []
+            self._emit(out, t_paper, source, samples)
+            self._fh.write("".join(out))
+            self.lines += len(out)
             return
         self._later.append((t_paper, source, samples))
         if len(self._later) >= self.BATCH:
             self._drain()
 
-    def _emit(self, t_paper: float, source: str | None, samples: Iterable[RawSample]) -> None:
+    def _emit(self, out: list[str], t_paper: float, source: str | None, samples: Iterable[RawSample]) -> None:
         t = t_paper / self.speedup
         if source is None:
-            self._write(f'{{"ts": {t:.6f}{self._head}', samples, t, self.source)
+            self._write(out, f'{{"ts": {t:.6f}{self._head}', samples, t, self.source)
             return
         name = self._sources.get(source)
         if name is None:
             name = self._sources[source] = json.dumps(source)
-        self._write(f'{{"ts": {t:.6f}, "source": {name}, "metric": ', samples, t, source)
+        self._write(out, f'{{"ts": {t:.6f}, "source": {name}, "metric": ', samples, t, source)
 
-    def _write(self, ts: str, samples: Iterable[RawSample], t: float, source: str) -> None:
-        out: list[str] = []
+    def _write(self, out: list[str], ts: str, samples: Iterable[RawSample], t: float, source: str) -> None:
+        """Appends the samples' lines to `out` (and keeps their points)."""
         line = out.append
         cache = self._labels
         keep = self.points
@@ -226,23 +234,28 @@ class BatchSeriesFile:
                     point(SeriesPoint(t6, source, metric, v, _NO_LABELS))
                 continue
             if cache is None:
-                lab = encode_labels(labels)
-            else:
-                key = tuple(labels.items())
-                known = cache.get(key)
-                if known is None:
-                    known = cache[key] = encode_labels(labels)
-                lab = known
-            line(f'{ts}"{metric}", "value": {v!r}, "labels": {lab}}}\n')
+                line(f'{ts}"{metric}", "value": {v!r}, "labels": {encode_labels(labels)}}}\n')
+                if point is not None:
+                    point(SeriesPoint(t6, source, metric, v, {str(k): str(x) for k, x in labels.items()}))
+                continue
+            key = tuple(labels.items())
+            known = cache.get(key)
+            if known is None:
+                # The points of a label set share its mapping, as they share the empty one.
+                known = cache[key] = (encode_labels(labels), {str(k): str(x) for k, x in labels.items()})
+            line(f'{ts}"{metric}", "value": {v!r}, "labels": {known[0]}}}\n')
             if point is not None:
-                point(SeriesPoint(t6, source, metric, v, {str(k): str(x) for k, x in labels.items()}))
-        self._fh.write("".join(out))
-        self.lines += len(out)
+                point(SeriesPoint(t6, source, metric, v, known[1]))
 
     def _drain(self) -> None:
         t = time.perf_counter()
-        for t_paper, source, samples in self._later or ():
-            self._emit(t_paper, source, samples)
+        if self._later:
+            # One write per batch: the samples of an instant are often a line or two.
+            out: list[str] = []
+            for t_paper, source, samples in self._later:
+                self._emit(out, t_paper, source, samples)
+            self._fh.write("".join(out))
+            self.lines += len(out)
         self._fh.flush()
         if self._later is not None:
             self._later = []

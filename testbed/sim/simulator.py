@@ -82,11 +82,14 @@ class SimOptions:
     """How much the run writes. Series are sampled at the live intervals, coarsened so that a
     long or large run writes at most about `series_lines` node and router samples and
     `link_lines` link-counter samples; `decisions` False leaves out the per-request routing
-    decisions (threshold changes are always written)."""
+    decisions (threshold changes are always written). `settle_records` makes the records the
+    run returns what records.csv reads back (`testbed.metrics.records.as_written`) as they are
+    written, for a caller that summarises them (with a run directory only)."""
 
     series_lines: int = 100_000
     link_lines: int = 20_000
     decisions: bool = True
+    settle_records: bool = False
 
 
 @dataclass
@@ -185,7 +188,8 @@ class Simulation:
             ts = self.run_dir / "timeseries"
             # Records and samples are held while the run goes and written when it ends (however it
             # ends: the files are closed below); formatted one by one they cost a quarter of it.
-            self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True)
+            self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True,
+                                       settle=self.options.settle_records)
             s = self.scale.speedup
             self.series = {name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True)
                            for name in ("router", "wan")}

@@ -167,10 +167,9 @@ def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None 
 
 def _run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None,
              on_progress: Callable[[ReplayStats], None] | None, report: bool) -> RunResult:
-    from testbed.metrics.records import as_written
     from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
-    from testbed.sim import shaping, simulate
+    from testbed.sim import SimOptions, shaping, simulate
 
     registry.refuse_unhonoured("sim", [rs])
     _start_run_dir(rs, run_dir)
@@ -179,7 +178,7 @@ def _run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None
     meta_path = run_dir / "run.json"
     write_run_json(meta_path, meta)
     try:
-        st = simulate(rs, trace, run_dir)
+        st = simulate(rs, trace, run_dir, SimOptions(settle_records=True))
     except KeyboardInterrupt:
         # The records written so far stay, and run.json says the run was interrupted. Their
         # summary is left to `testbed report`: over a long trace it takes far longer than the
@@ -197,9 +196,9 @@ def _run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None
     stats = ReplayStats(sent=len(trace), completed=st.completed, failed=st.failed, total=len(trace))
     if on_progress:
         on_progress(stats)
-    # What the simulation wrote, as it holds it: reading records.csv and timeseries/ back cost
-    # more than the rest of the summary.
-    summary = write_summary(run_dir, [as_written(r) for r in st.records], st.series)
+    # What the simulation wrote, as it holds it (its records settled as written): reading
+    # records.csv and timeseries/ back cost more than the rest of the summary.
+    summary = write_summary(run_dir, st.records, st.series)
     if report:
         write_report(run_dir, summary)
     return RunResult(run_dir, stats, False, summary)
