@@ -7,16 +7,18 @@
 use pyo3::prelude::*;
 
 mod decode_batch;
+mod event_loop;
 mod prefix_pool;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 2;
+const ABI: u32 = 3;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // What `testbed.core.native` expects: a build from older sources is not used.
     m.add("ABI", ABI)?;
     m.add_class::<decode_batch::DecodeBatch>()?;
+    m.add_class::<event_loop::EventLoop>()?;
     m.add_class::<prefix_pool::PrefixPool>()?;
     m.add_class::<prefix_pool::PoolMatch>()?;
     m.add_class::<prefix_pool::PoolStats>()?;

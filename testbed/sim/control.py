@@ -23,7 +23,7 @@ from testbed.core.control import SenderStatus, SignalMeter, change_line, control
 from testbed.core.router_books import RouterBooks
 from testbed.core.scaling import Scale
 from testbed.metrics.series_format import RawSample as Sample
-from testbed.sim.events import CONTROL, EventLoop
+from testbed.sim.events import CONTROL, Loop
 from testbed.sim.network import Network
 from testbed.sim.prefill import PrefillSim
 
@@ -31,7 +31,7 @@ Write = Callable[[float, list[Sample]], None]
 
 
 class ControlLoop:
-    def __init__(self, loop: EventLoop, net: Network, router: RouterBooks, prefill: dict[str, PrefillSim],
+    def __init__(self, loop: Loop, net: Network, router: RouterBooks, prefill: dict[str, PrefillSim],
                  controller: BandwidthController, interval_s: float, adjust: bool, follow_state: bool,
                  busy: Callable[[], bool], answers: Callable[[str], bool], series: Write, decisions: Write) -> None:
         self.loop = loop

@@ -37,7 +37,7 @@ from testbed.core.scenario import (
     TcpResetFault,
 )
 from testbed.metrics.faults import FaultLogFile
-from testbed.sim.events import FAULT, SAMPLE, EventLoop
+from testbed.sim.events import FAULT, SAMPLE, Loop
 from testbed.sim.network import Network
 from testbed.sim.router import SimRouter
 from testbed.sim.wan import ResetWindow
@@ -53,7 +53,7 @@ class FaultHost(Protocol):
     @property
     def costs(self) -> LivePathCosts: ...
     @property
-    def loop(self) -> EventLoop: ...
+    def loop(self) -> Loop: ...
     @property
     def net(self) -> Network: ...
     @property

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from testbed.sim.events import EventLoop
+from testbed.sim.events import Loop
 from testbed.sim.network import Network, Path
 from testbed.sim.request import SimRequest
 
 
 class Host(Protocol):
     @property
-    def loop(self) -> EventLoop: ...
+    def loop(self) -> Loop: ...
     @property
     def net(self) -> Network: ...
 

@@ -15,13 +15,13 @@ from testbed.core.longterm import DecodeSignals, LongTermController, RoleMeter, 
 from testbed.core.router_books import RouterBooks
 from testbed.metrics.series_format import RawSample as Sample
 from testbed.sim.decode import DecodeSim
-from testbed.sim.events import CONTROL, EventLoop
+from testbed.sim.events import CONTROL, Loop
 
 Write = Callable[[float, list[Sample]], None]
 
 
 class RoleLoop:
-    def __init__(self, loop: EventLoop, router: RouterBooks, decode: dict[str, DecodeSim], ctl: LongTermController,
+    def __init__(self, loop: Loop, router: RouterBooks, decode: dict[str, DecodeSim], ctl: LongTermController,
                  meter: RoleMeter, bandwidth: Callable[[], BandwidthController | None], busy: Callable[[], bool],
                  answers: Callable[[str], bool], series: Write, decisions: Write) -> None:
         self.loop = loop

@@ -42,7 +42,7 @@ from testbed.core.faults import FaultEvent, faulted_links
 from testbed.core.linkprofile import LinkParams, LinkProfile
 from testbed.core.scaling import Scale
 from testbed.core.scenario import TransferSpec
-from testbed.sim.events import LINK_CHANGE, NET, EventLoop
+from testbed.sim.events import LINK_CHANGE, NET, Loop
 from testbed.sim.tcp import TcpModel
 from testbed.sim.wan import WanFaults
 
@@ -197,7 +197,7 @@ class Path:
 
 
 class Network:
-    def __init__(self, loop: EventLoop, node_dc: dict[str, str], intra: LinkProfile, inter: LinkProfile,
+    def __init__(self, loop: Loop, node_dc: dict[str, str], intra: LinkProfile, inter: LinkProfile,
                  transfer: TransferSpec, byte_scale: float, speedup: float = 1.0) -> None:
         self.loop = loop
         self.node_dc = node_dc

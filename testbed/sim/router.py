@@ -40,7 +40,7 @@ from testbed.core.routing import route
 from testbed.core.scaling import Scale
 from testbed.metrics.series_format import RawSample
 from testbed.sim.decode import DecodeSim
-from testbed.sim.events import ARRIVAL, KV_ARRIVAL, PREFILL, EventLoop
+from testbed.sim.events import ARRIVAL, KV_ARRIVAL, PREFILL, Loop
 from testbed.sim.network import Network, Path as NetPath
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
@@ -65,7 +65,7 @@ class RouterHost(Protocol):
     @property
     def node_ids(self) -> list[str]: ...
     @property
-    def loop(self) -> EventLoop: ...
+    def loop(self) -> Loop: ...
     @property
     def net(self) -> Network: ...
     @property

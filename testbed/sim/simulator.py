@@ -40,7 +40,7 @@ from testbed.sim.control import ControlLoop
 from testbed.sim.faults import FaultRunner, Prober
 from testbed.sim.longterm import RoleLoop
 from testbed.sim.decode import DecodeSim
-from testbed.sim.events import ARRIVAL, FAULT, SAMPLE, EventLoop
+from testbed.sim.events import ARRIVAL, FAULT, SAMPLE, new_loop
 from testbed.sim.network import Network, Path as NetPath
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
@@ -118,7 +118,7 @@ class Simulation:
         self.options = options
         self.run_dir = run_dir
         self.costs = rs.live_path if costs is None else costs
-        self.loop = EventLoop()
+        self.loop = new_loop()
         nodes = node_specs(sc)
         self.node_ids = [n.id for n in nodes]
         self.roles = {n.id: n.role for n in nodes}

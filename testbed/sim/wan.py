@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from testbed.core.kv_send import ACK_TIMEOUT_S, MAX_RESUMES
-from testbed.sim.events import LINK_CHANGE, EventLoop
+from testbed.sim.events import LINK_CHANGE, Loop
 
 IDLE = 0          # a path state (testbed.sim.network)
 
@@ -71,7 +71,7 @@ class Network(Protocol):
     faulted: bool
 
     @property
-    def loop(self) -> EventLoop: ...
+    def loop(self) -> Loop: ...
     @property
     def paths(self) -> Mapping[tuple[str, str], Path]: ...
     def resend(self, src: str, dst: str, t: float, nbytes: float) -> None: ...
