@@ -25,11 +25,9 @@ from testbed.core.scenario import Scenario
 class CacheBook:
     def __init__(self, index: CacheIndex) -> None:
         self.index = index
-
-    def _pool(self, cluster: str) -> PrefixPool | None:
-        """The cluster's pool, if it keeps a prefix cache at all."""
-        p = self.index.pool(cluster)
-        return p if p is not None and p.capacity_bytes > 0 else None
+        # The pools that keep a prefix cache at all, by cluster (an index's pools are fixed).
+        self._caching = {name: p for name, p in index.pools.items() if p.capacity_bytes > 0}
+        self._pool = self._caching.get
 
     def routed(self, rid: str, hash_ids: Sequence[int], d: Decision) -> None:
         mv = d.cache_move
@@ -66,11 +64,12 @@ class CacheBook:
             dec.insert(hash_ids, input_tokens)
 
     def finished(self, rid: str, d: Decision) -> None:
+        owners = (f"{rid}:read", f"{rid}:move", f"{rid}:xfer")
         for cluster in {d.prefill_cluster, d.decode_cluster} | (
                 {d.cache_move.src_cluster} if d.cache_move else set()):
             if pool := self._pool(cluster):
-                for tag in ("read", "move", "xfer"):
-                    pool.release(f"{rid}:{tag}")
+                for owner in owners:
+                    pool.release(owner)
 
 
 def cache_book_for(sc: Scenario, kv: KVModel) -> CacheBook | None:

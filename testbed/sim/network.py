@@ -648,6 +648,14 @@ class Network:
             else:
                 return
         self.rebalances += 1
+        if not self.greedy:
+            # Nothing to fill (a transfer just ended, say): only an oversubscribed touched link
+            # has limited paths to turn greedy.
+            for lk in touched:
+                if lk.lim_sum > lk.capacity * (1 + 1e-9):
+                    break
+            else:
+                return
         check = list(touched)
         while True:
             rates, levels = self._fill()
