@@ -14,6 +14,7 @@ from types import FrameType
 from typing import NoReturn
 
 from testbed.core.errors import UserError
+from testbed.core.gc_pause import paused_gc
 
 
 # Each module registers its subcommands. Imported by name, and for `testbed serve` (what every
@@ -92,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         # A flag's type may refuse a value with a UserError (e.g. --out /): the same one line.
-        args = build_parser(argv).parse_args(argv)
+        # The command's modules are imported here (a tenth of a simulated replay's time): the
+        # objects they make live as long as the process, so collecting meanwhile finds nothing.
+        with paused_gc():
+            args = build_parser(argv).parse_args(argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
