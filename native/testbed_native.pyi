@@ -3,6 +3,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from testbed.core.decode_batch import DecodeSeq, StepResult
+from testbed.core.record import RequestRecord, StageTimes
 from testbed.core.servicetime import DecodeStepTime
 
 ABI: int
@@ -110,3 +111,9 @@ class EventLoop:
     def pending(self) -> int: ...
     def at(self, t: float, priority: int, fn: Callable[[Any], None], arg: Any = None) -> None: ...
     def run(self, until: float = ...) -> None: ...
+
+class RecordRows:
+    """`testbed.metrics.records.format_line` / `written_line` for a batch, compiled."""
+    def __init__(self, columns: list[tuple[str, str, bool]], time_names: list[str], times_cls: type[StageTimes],
+                 max_field: int) -> None: ...
+    def lines(self, records: list[RequestRecord], settle: bool = False) -> list[str | None]: ...

@@ -9,9 +9,10 @@ use pyo3::prelude::*;
 mod decode_batch;
 mod event_loop;
 mod prefix_pool;
+mod record_rows;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 3;
+const ABI: u32 = 4;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -22,5 +23,6 @@ fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_pool::PrefixPool>()?;
     m.add_class::<prefix_pool::PoolMatch>()?;
     m.add_class::<prefix_pool::PoolStats>()?;
+    m.add_class::<record_rows::RecordRows>()?;
     Ok(())
 }

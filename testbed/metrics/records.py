@@ -13,11 +13,13 @@ import csv
 import io
 import math
 import time
+from functools import cache
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
+from testbed.core import native
 from testbed.core.record import FIELD_TYPES, NAN, TIME_NAMES, RecordFormatError, RequestRecord, StageTimes
 
 COLUMNS: tuple[str, ...] = (
@@ -216,20 +218,39 @@ def written_line(rec: RequestRecord) -> str:
     return line
 
 
+@cache
+def native_rows() -> RecordRows | None:
+    """The compiled twin of `format_line` and `written_line` for a batch
+    (`testbed_native.RecordRows`), where built (`testbed.core.native`)."""
+    ext = native.module()
+    if ext is None:
+        return None
+    rows: RecordRows = ext.RecordRows([(c, _KINDS[c], c in _TIMES) for c in COLUMNS], list(TIME_NAMES), StageTimes,
+                                      MAX_FIELD_CHARS)
+    return rows
+
+
+class RecordRows(Protocol):
+    def lines(self, records: list[RequestRecord], settle: bool = False) -> list[str | None]: ...
+
+
 class RecordWriter:
     """Appends records to CSV and flushes each row, so an interrupted run keeps what it has.
     `deferred` writes them in batches of `BATCH` rows (a simulator: a flush per row costs a tenth
     of its run), so a run killed outright still leaves all but its last batch on disk.
     `settle` makes each record `as_written` as its row is written (`written_line`), for a writer
-    that summarises the records it holds."""
+    that summarises the records it holds. Deferred batches go through the compiled writer where
+    it is built (`native_rows`: the same bytes) unless `compiled` is False."""
 
     BATCH = 4096
 
-    def __init__(self, path: Path, deferred: bool = False, settle: bool = False) -> None:
+    def __init__(self, path: Path, deferred: bool = False, settle: bool = False, compiled: bool = True) -> None:
         self.path = path
         self._fh: IO[str] = path.open("w", newline="")
         csv.writer(self._fh).writerow(COLUMNS)
         self._fh.flush()
+        self._settle = settle
+        self._compiled = compiled      # deferred batches by the compiled writer, where built
         self._line = written_line if settle else format_line
         self._later: list[RequestRecord] | None = [] if deferred else None
         self.count = 0
@@ -254,7 +275,13 @@ class RecordWriter:
     def _write_later(self) -> None:
         assert self._later is not None
         t = time.perf_counter()
-        self._fh.write("".join(map(self._line, self._later)))
+        rows = native_rows() if self._compiled else None
+        if rows is None:
+            self._fh.write("".join(map(self._line, self._later)))
+        else:
+            # The compiled writer's lines; a record it leaves (None) is written the Python way.
+            lines = rows.lines(self._later, self._settle)
+            self._fh.write("".join([ln if ln is not None else self._line(r) for ln, r in zip(lines, self._later)]))
         self._fh.flush()
         self._later = []
         self.write_s += time.perf_counter() - t

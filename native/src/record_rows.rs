@@ -1,0 +1,186 @@
+//! `RecordRows`: the lines of `records.csv` for a batch of records, as
+//! `testbed.metrics.records.format_line` writes them, and (`settle`) each record made what its
+//! line reads back as (`testbed.metrics.records.as_written`). A record this cannot write exactly
+//! as the csv module would (a text that needs quoting or cutting, a value of another type than
+//! its column's) gets None, and the caller writes it the Python way.
+//!
+//! Floats are written "%.6f" (NaN empty): Rust's fixed-precision formatting is correctly
+//! rounded, half to even on exact ties, as Python's is; and the text read back is the float
+//! `round(v, 6)` gives, as in `written_line`.
+
+use std::fmt::Write;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString};
+
+const FLOAT: u8 = 0;
+const INT: u8 = 1;
+const BOOL: u8 = 2;
+const STR: u8 = 3;
+
+struct Column {
+    name: Py<PyString>,
+    kind: u8,
+    timed: bool,
+}
+
+#[pyclass(module = "testbed_native")]
+pub struct RecordRows {
+    columns: Vec<Column>,
+    time_names: Vec<Py<PyString>>,
+    times_cls: Py<PyAny>,
+    max_field: usize,
+}
+
+fn kind_of(name: &str) -> PyResult<u8> {
+    Ok(match name {
+        "float" => FLOAT,
+        "int" => INT,
+        "bool" => BOOL,
+        "str" => STR,
+        _ => return Err(pyo3::exceptions::PyValueError::new_err(format!("unknown column type {name:?}"))),
+    })
+}
+
+/// The float's text in a field, or None when it is not a float (an int, say: the Python
+/// way keeps it an int when settling).
+fn float_text(v: &Bound<'_, PyAny>, out: &mut String) -> Option<f64> {
+    if !v.is_exact_instance_of::<PyFloat>() {
+        return None;
+    }
+    let x = v.cast::<PyFloat>().ok()?.value();
+    if !x.is_nan() {
+        let _ = write!(out, "{x:.6}");
+    }
+    Some(x)
+}
+
+fn settled(text: &str, x: f64) -> f64 {
+    if x.is_nan() {
+        x
+    } else {
+        text.parse().unwrap_or(x)
+    }
+}
+
+impl RecordRows {
+    /// The record's line, with its settled float columns and times; None: the Python way.
+    fn line(&self, py: Python<'_>, rec: &Bound<'_, PyAny>, settle: bool) -> PyResult<Option<(String, Vec<f64>, Vec<f64>)>> {
+        let times = rec.getattr(pyo3::intern!(py, "times"))?;
+        let mut line = String::with_capacity(400);
+        let mut floats = Vec::new();
+        let mut field = String::with_capacity(32);
+        for (i, c) in self.columns.iter().enumerate() {
+            if i > 0 {
+                line.push(',');
+            }
+            let v = if c.timed { times.getattr(c.name.bind(py))? } else { rec.getattr(c.name.bind(py))? };
+            match c.kind {
+                FLOAT => {
+                    field.clear();
+                    let Some(x) = float_text(&v, &mut field) else { return Ok(None) };
+                    line.push_str(&field);
+                    if settle && !c.timed {
+                        floats.push(settled(&field, x));
+                    }
+                }
+                INT => {
+                    if !v.is_exact_instance_of::<PyInt>() {
+                        return Ok(None);
+                    }
+                    let Ok(n) = v.extract::<i64>() else { return Ok(None) };
+                    let _ = write!(line, "{n}");
+                }
+                BOOL => {
+                    if !v.is_exact_instance_of::<PyBool>() {
+                        return Ok(None);
+                    }
+                    line.push(if v.is_truthy()? { '1' } else { '0' });
+                }
+                _ => {
+                    if !v.is_exact_instance_of::<PyString>() {
+                        return Ok(None);
+                    }
+                    let s = v.cast::<PyString>().map_err(PyErr::from)?;
+                    let Ok(text) = s.to_str() else { return Ok(None) };   // a lone surrogate
+                    if text.chars().count() > self.max_field || text.contains([',', '"', '\r', '\n']) {
+                        return Ok(None);
+                    }
+                    line.push_str(text);
+                }
+            }
+        }
+        line.push_str("\r\n");
+        let mut stamps = Vec::new();
+        if settle {
+            stamps.reserve(self.time_names.len());
+            for n in &self.time_names {
+                let v = times.getattr(n.bind(py))?;
+                field.clear();
+                let Some(x) = float_text(&v, &mut field) else { return Ok(None) };
+                stamps.push(settled(&field, x));
+            }
+        }
+        Ok(Some((line, floats, stamps)))
+    }
+}
+
+#[pymethods]
+impl RecordRows {
+    /// `columns`: (name, type name, is a stamp of `times`) in the file's order; `time_names`:
+    /// every field of `times_cls` (StageTimes) in order; `max_field`: the cut of a text.
+    #[new]
+    fn new(columns: Vec<(Bound<'_, PyString>, String, bool)>, time_names: Vec<Bound<'_, PyString>>,
+           times_cls: Bound<'_, PyAny>, max_field: usize) -> PyResult<Self> {
+        let mut cols = Vec::with_capacity(columns.len());
+        for (name, kind, timed) in columns {
+            cols.push(Column { name: name.intern_self(), kind: kind_of(&kind)?, timed });
+        }
+        Ok(RecordRows {
+            columns: cols,
+            time_names: time_names.into_iter().map(|n| n.intern_self()).collect(),
+            times_cls: times_cls.unbind(),
+            max_field,
+        })
+    }
+
+    /// Each record's line (None where the Python way must write it); with `settle`, each record
+    /// given a line is made what that line reads back as.
+    #[pyo3(signature = (records, settle = false))]
+    fn lines(&self, py: Python<'_>, records: &Bound<'_, PyList>, settle: bool) -> PyResult<Py<PyList>> {
+        let out = PyList::empty(py);
+        for rec in records.iter() {
+            match self.line(py, &rec, settle)? {
+                None => out.append(py.None())?,
+                Some((line, floats, stamps)) => {
+                    if settle {
+                        let mut k = 0;
+                        for c in &self.columns {
+                            if c.kind == FLOAT && !c.timed {
+                                rec.setattr(c.name.bind(py), floats[k])?;
+                                k += 1;
+                            }
+                        }
+                        rec.setattr(pyo3::intern!(py, "times"), self.times_cls.bind(py).call1(pyo3::types::PyTuple::new(py, stamps)?)?)?;
+                    }
+                    out.append(line)?;
+                }
+            }
+        }
+        Ok(out.unbind())
+    }
+}
+
+trait InternSelf {
+    fn intern_self(self) -> Py<PyString>;
+}
+
+impl InternSelf for Bound<'_, PyString> {
+    fn intern_self(self) -> Py<PyString> {
+        let py = self.py();
+        match self.to_str() {
+            Ok(s) => PyString::intern(py, s).unbind(),
+            Err(_) => self.unbind(),
+        }
+    }
+}
