@@ -122,7 +122,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                       f"(speedup {sc.scale.speedup:g}, byte_scale {sc.scale.byte_scale:g}) -> {out}", file=sys.stderr)
             results.append(run_one(rs, trace, out, backend, show, args.prometheus, report))
     except KeyboardInterrupt:
-        if registry.get(backend).caps.simulator:
+        if not base.exists():       # stopped while the trace was read: no run had begun
+            print("interrupted before any run began: nothing recorded", file=sys.stderr)
+        elif registry.get(backend).caps.simulator:
             print(f"interrupted: records so far kept under {base}; `testbed report RUN` summarises a run",
                   file=sys.stderr)
         else:
