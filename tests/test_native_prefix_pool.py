@@ -1,17 +1,13 @@
 """The compiled prefix pool (`testbed_native.PrefixPool`) against the Python one it twins
 (`testbed.core.prefix_cache.HybridPrefixCache`): every answer, every entry in LRU order, every
-figure, after every step of generated sequences; and whole simulated runs byte for byte.
+figure, after every step of generated sequences (whole runs: `test_native_runs.py`).
 
 Skipped where the extension is not built (no Rust toolchain), unless TESTBED_REQUIRE_NATIVE=1
 (CI sets it: there a missing build is a failure, not a skip)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any, Iterable
 
 import pytest
@@ -134,25 +130,3 @@ def test_new_pool_is_the_compiled_one_where_built() -> None:
     pool = new_pool(KVModel.from_spec(sc.model), sc.model.block_tokens, 10**12)
     assert type(pool).__module__ == "testbed_native"
     assert native.implementation() == "native"
-
-
-def _replay(tmp: Path, name: str, scenario: str, native_on: bool) -> Path:
-    out = tmp / name
-    env = dict(os.environ, TESTBED_NATIVE="1" if native_on else "0")
-    subprocess.run([sys.executable, "-m", "testbed", "replay", "--scenario", scenario, "--backend", "sim",
-                    "--requests", "1500", "--out", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
-    return out
-
-
-@pytest.mark.app
-@pytest.mark.parametrize("scenario", ["paper-prfaas-cache", "paper-prfaas"])
-def test_a_simulated_run_is_the_same_with_either_pool(tmp_path: Path, scenario: str) -> None:
-    """Cache-aware routing, cache moves and transfer-cache holds across the WAN: the run directory
-    reads the same byte for byte whichever pool ran, and run.json says which did."""
-    a, b = _replay(tmp_path, "native", scenario, True), _replay(tmp_path, "python", scenario, False)
-    for f in ("records.csv", "summary.json", "decisions.jsonl"):
-        assert (a / f).read_bytes() == (b / f).read_bytes(), f
-    summary = json.loads((a / "summary.json").read_text())
-    assert summary["requests"]["completed"] > 0
-    assert json.loads((a / "run.json").read_text())["sim"]["mechanisms"] == "native"
-    assert json.loads((b / "run.json").read_text())["sim"]["mechanisms"] == "python"

@@ -45,11 +45,24 @@ impl Ord for Entry {
 #[pyclass(module = "testbed_native")]
 pub struct EventLoop {
     #[pyo3(get)]
-    now: f64,
+    pub(crate) now: f64,
     #[pyo3(get)]
     processed: u64,
     heap: BinaryHeap<Entry>,
     seq: u64,
+}
+
+impl EventLoop {
+    /// `at`, for the other compiled parts (the flow network's events).
+    pub(crate) fn push(&mut self, t: f64, priority: i64, fn_: Py<PyAny>, arg: Py<PyAny>) -> PyResult<()> {
+        if t.is_nan() {
+            return Err(PyValueError::new_err("an event's time is NaN"));
+        }
+        let t = if t < self.now { self.now } else { t };
+        self.seq += 1;
+        self.heap.push(Entry { t, priority, seq: self.seq, fn_, arg });
+        Ok(())
+    }
 }
 
 #[pymethods]
@@ -62,14 +75,8 @@ impl EventLoop {
     /// Run `fn(arg)` at virtual time `t` (never before now).
     #[pyo3(signature = (t, priority, r#fn, arg = None))]
     fn at(&mut self, py: Python<'_>, t: f64, priority: i64, r#fn: Py<PyAny>, arg: Option<Py<PyAny>>) -> PyResult<()> {
-        if t.is_nan() {
-            return Err(PyValueError::new_err("an event's time is NaN"));
-        }
-        let t = if t < self.now { self.now } else { t };
-        self.seq += 1;
         let arg = arg.unwrap_or_else(|| py.None());
-        self.heap.push(Entry { t, priority, seq: self.seq, fn_: r#fn, arg });
-        Ok(())
+        self.push(t, priority, r#fn, arg)
     }
 
     /// Run events in order until none is left (or the next is after `until`). An exception from

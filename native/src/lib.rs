@@ -8,11 +8,12 @@ use pyo3::prelude::*;
 
 mod decode_batch;
 mod event_loop;
+mod flow_net;
 mod prefix_pool;
 mod record_rows;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 4;
+const ABI: u32 = 5;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -20,6 +21,8 @@ fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", ABI)?;
     m.add_class::<decode_batch::DecodeBatch>()?;
     m.add_class::<event_loop::EventLoop>()?;
+    m.add_class::<flow_net::FlowNet>()?;
+    m.add_class::<flow_net::NetPath>()?;
     m.add_class::<prefix_pool::PrefixPool>()?;
     m.add_class::<prefix_pool::PoolMatch>()?;
     m.add_class::<prefix_pool::PoolStats>()?;

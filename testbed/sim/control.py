@@ -24,14 +24,14 @@ from testbed.core.router_books import RouterBooks
 from testbed.core.scaling import Scale
 from testbed.metrics.series_format import RawSample as Sample
 from testbed.sim.events import CONTROL, Loop
-from testbed.sim.network import Network
+from testbed.sim.network import Net
 from testbed.sim.prefill import PrefillSim
 
 Write = Callable[[float, list[Sample]], None]
 
 
 class ControlLoop:
-    def __init__(self, loop: Loop, net: Network, router: RouterBooks, prefill: dict[str, PrefillSim],
+    def __init__(self, loop: Loop, net: Net, router: RouterBooks, prefill: dict[str, PrefillSim],
                  controller: BandwidthController, interval_s: float, adjust: bool, follow_state: bool,
                  busy: Callable[[], bool], answers: Callable[[str], bool], series: Write, decisions: Write) -> None:
         self.loop = loop
@@ -64,9 +64,8 @@ class ControlLoop:
         if p.node.kind != "prfaas":
             return SenderStatus(0.0, 0.0, 0.0, 0.0, queued_s)
         net = self.net
-        sent = net.sent[nid].at(t)
-        paths = net.greedy_of[nid]
-        queued = sum(path.queued(t) for path in paths)
+        sent = net.sent_at(nid, t)
+        queued = net.backlog(nid, t)
         wan = next(iter(net.wan.values()), None)
         rtt = 2.0 * wan.delay if wan is not None else 0.0
         mss = wan.tcp.mss_bytes if wan is not None else 1.0
@@ -78,7 +77,7 @@ class ControlLoop:
             self._retrans[nid] += 1.0 if queued > 0 else 0.0
         elif loss > 0:
             self._retrans[nid] += delivered / mss * loss / (1.0 - loss)
-        return SenderStatus(sent, self._retrans[nid], sent / mss, queued + net.sent[nid].rate * rtt, queued_s)
+        return SenderStatus(sent, self._retrans[nid], sent / mss, queued + net.sent_rate(nid) * rtt, queued_s)
 
     def _step(self, _: Any) -> None:
         t = self.loop.now

@@ -38,7 +38,7 @@ from testbed.core.scenario import (
 )
 from testbed.metrics.faults import FaultLogFile
 from testbed.sim.events import FAULT, SAMPLE, Loop
-from testbed.sim.network import Network
+from testbed.sim.network import Net, Network
 from testbed.sim.router import SimRouter
 from testbed.sim.wan import ResetWindow
 
@@ -55,7 +55,7 @@ class FaultHost(Protocol):
     @property
     def loop(self) -> Loop: ...
     @property
-    def net(self) -> Network: ...
+    def net(self) -> Net: ...
     @property
     def router(self) -> SimRouter: ...
     @property
@@ -129,18 +129,24 @@ class FaultRunner:
                     self.links.append(ev)
                 else:
                     self.links = [e for e in self.links if e is not ev]
-                sim.net.set_link_faults(self.links)
+                self._net().set_link_faults(self.links)
             case TcpResetFault():
                 if phase == "start":
                     assert ev.end_s is not None
-                    self.windows[ev.index] = sim.net.faults.open_window(
+                    self.windows[ev.index] = self._net().faults.open_window(
                         ev.index, t, ev.end_s, None if spec.count == "all" else spec.count)
                     detail = {"modelled": True, "ends": spec.ends}
                 else:
-                    detail.update(sim.net.faults.close_window(self.windows.pop(ev.index)))
+                    detail.update(self._net().faults.close_window(self.windows.pop(ev.index)))
             case _:
                 unknown_kind("fault kind", spec)
         self._write(ev, phase, "ok", detail, t)
+
+    def _net(self) -> Network:
+        """The run's network: a run with faults has the Python one (`new_network`)."""
+        net = self.sim.net
+        assert isinstance(net, Network)
+        return net
 
     def _restarted(self, ev: FaultEvent) -> None:
         sim = self.sim
@@ -159,7 +165,7 @@ class FaultRunner:
             elif phase == "start" and ev.end_s is not None:
                 detail: dict[str, Any] = {"cut_short": True}
                 if isinstance(ev.spec, TcpResetFault) and ev.index in self.windows:
-                    detail.update(self.sim.net.faults.close_window(self.windows.pop(ev.index)))
+                    detail.update(self._net().faults.close_window(self.windows.pop(ev.index)))
                 self._write(ev, "end", "skipped: the run ended first", detail, t)
         if self.log is not None:
             self.log.close()

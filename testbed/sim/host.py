@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from testbed.sim.events import Loop
-from testbed.sim.network import Network, Path
+from testbed.sim.network import Net, PathHandle
 from testbed.sim.request import SimRequest
 
 
@@ -13,9 +13,9 @@ class Host(Protocol):
     @property
     def loop(self) -> Loop: ...
     @property
-    def net(self) -> Network: ...
+    def net(self) -> Net: ...
 
-    def transfer_handed(self, req: SimRequest, path: Path, pos: float) -> None:
+    def transfer_handed(self, req: SimRequest, path: PathHandle, pos: float) -> None:
         """A prefill's compute ended with its KV up to byte `pos` of `path`."""
 
     def finished(self, req: SimRequest, t: float) -> None:

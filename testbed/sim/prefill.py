@@ -26,7 +26,7 @@ from testbed.core.servicetime import PrefillTime
 from testbed.core.topology import NodeSpec
 from testbed.sim.host import Host
 from testbed.sim.events import PREFILL
-from testbed.sim.network import Path
+from testbed.sim.network import PathHandle
 from testbed.sim.request import SimRequest
 
 
@@ -44,7 +44,7 @@ class PrefillSim:
         self.pending: dict[str, SimRequest] = {}
         self.blocked: SimRequest | None = None     # popped, waiting for its moved cached prefix
         self.current: SimRequest | None = None     # computing
-        self.path: Path | None = None              # where the computing job's KV streams
+        self.path: PathHandle | None = None              # where the computing job's KV streams
         self.completed = 0
         self.slow = SlowDown()
         self.version = 0                           # of the computing job's end event

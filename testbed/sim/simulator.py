@@ -41,7 +41,7 @@ from testbed.sim.faults import FaultRunner, Prober
 from testbed.sim.longterm import RoleLoop
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, FAULT, SAMPLE, new_loop
-from testbed.sim.network import Network, Path as NetPath
+from testbed.sim.network import Network, PathHandle as NetPath, new_network
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter
@@ -130,8 +130,8 @@ class Simulation:
         self.router_dc = local_dc(sc)
         self.node_dc = {n.id: n.datacenter for n in nodes}
         self._unreachable: dict[str, list[tuple[float, Callable[[Any], None]]]] = {}
-        self.net = Network(self.loop, {n.id: n.datacenter for n in nodes}, rs.intra_dc, rs.inter_dc,
-                           sc.transfer, self.scale.byte_scale, self.scale.speedup)
+        self.net = new_network(self.loop, {n.id: n.datacenter for n in nodes}, rs.intra_dc, rs.inter_dc,
+                               sc.transfer, self.scale.byte_scale, self.scale.speedup, bool(sc.faults))
         kv = KVModel.from_spec(sc.model)
         self.kv = kv
         c, s = self.costs, self.scale.speedup
@@ -147,9 +147,10 @@ class Simulation:
                 self.decode[n.id] = DecodeSim(n, hw.decode, kv, self, stalls)
         self.router = SimRouter(self)
         books = self.router.books
-        self.net.faults.on_fail = self.router.transfers_failed
-        self.net.faults.busy = lambda: self.busy
-        self.net.on_back = self._links_back
+        if isinstance(self.net, Network):     # what a fault does to the transport and the links
+            self.net.faults.on_fail = self.router.transfers_failed
+            self.net.faults.busy = lambda: self.busy
+            self.net.on_back = self._links_back
         ctl = controller_for(sc, rs.threshold, rs.inter_dc.rate)
         self.control = None if ctl is None else ControlLoop(
             self.loop, self.net, books, self.prefill, ctl, sc.policy.control.interval_s,
@@ -333,6 +334,7 @@ class Simulation:
         self.life[node] = "down"
         self._resumed.pop(node, None)
         net = self.net
+        assert isinstance(net, Network)     # a run with faults has the Python network
         if self.roles[node] == "prefill":
             self.prefill[node].kill(t)
             self.router.node_lost(node, "prefill", t)
@@ -413,18 +415,18 @@ class Simulation:
         b = self.scale.byte_scale
         net = self.net
         out = self.series["nodes"]
-        wan = net.faults
         for nid, p in self.prefill.items():
-            backlog = sum(path.queued(t) for path in net.greedy_of[nid])
-            samples = p.queue.samples(backlog / b, net.sent[nid].at(t) / b)
+            samples = p.queue.samples(net.backlog(nid, t) / b, net.sent_at(nid, t) / b)
             if self.faults is not None:
+                assert isinstance(net, Network)
+                wan = net.faults
                 # What connection losses cost, as the live senders count it (the report's Faults section).
                 samples += [("kv_resumes", float(wan.resumes[nid]), {}),
                             ("kv_bytes_resent", wan.resent[nid] / b, {}),
                             ("kv_transfers_failed", float(wan.failed[nid]), {})]
             out.source_write(t, nid, samples)
         for nid, dn in self.decode.items():
-            out.source_write(t, nid, dn.loop.samples(net.received[nid].at(t) / b))
+            out.source_write(t, nid, dn.loop.samples(net.received_at(nid, t) / b))
         self.series["router"].write(t, self.router.books.samples())
 
     def _write(self, name: str, t: float, samples: list[Sample]) -> None:

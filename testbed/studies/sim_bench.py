@@ -116,7 +116,7 @@ def scale_run(out: Path, seed: int) -> dict[str, Any]:
     snaps: dict[str, float] = {}
 
     def snap(key: str) -> None:
-        snaps[key] = sum(sim.net.sent[nid].at(sim.loop.now) for nid in prfaas)
+        snaps[key] = sum(sim.net.sent_at(nid, sim.loop.now) for nid in prfaas)
 
     sim.loop.at(t_a, 9, lambda _: snap("a"))
     sim.loop.at(t_b, 9, lambda _: snap("b"))
