@@ -137,7 +137,9 @@ impl DecodeBatch {
                 "request {} needs {} KV bytes, more than the instance's {}",
                 s.request_id, s.kv_bytes, self.kv_capacity
             );
-            return Err(PyErr::from_value(python_class(py, &ADMISSION_ERROR, "AdmissionError")?.bind(py).call1((msg,))?));
+            return Err(PyErr::from_value(
+                python_class(py, &ADMISSION_ERROR, "AdmissionError")?.bind(py).call1((msg,))?,
+            ));
         }
         self.waiting_.push_back(s);
         Ok(())

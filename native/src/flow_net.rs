@@ -131,7 +131,10 @@ impl Path {
             }
             self.t = t;
         } else if dt < 0.0 {
-            return Err(PyRuntimeError::new_err(format!("path {}->{}: time went back ({t} < {})", self.src, self.dst, self.t)));
+            return Err(PyRuntimeError::new_err(format!(
+                "path {}->{}: time went back ({t} < {})",
+                self.src, self.dst, self.t
+            )));
         }
         Ok(())
     }
@@ -155,6 +158,8 @@ pub struct NetPath {
 }
 
 type Fired = Vec<(Py<PyAny>, Py<PyAny>)>;
+/// The greedy paths' rates, and the level of each saturated link (in the order found).
+type Fill = (Vec<(u32, f64)>, Vec<(usize, f64)>);
 
 #[pyclass(module = "testbed_native", subclass)]
 pub struct FlowNet {
@@ -228,9 +233,14 @@ impl FlowNet {
         self.handles[s as usize].clone_ref(py)
     }
 
-    /// A slot for a new path: a forgotten path's that no one holds any more, else a new one.
+    /// A slot for a new path: a forgotten path's that no one holds any more and that is still
+    /// idle (a holder may have sent on it again, and its events then keep it going, as they
+    /// keep a Python `Path` alive), else a new one.
     fn free_slot(&mut self, py: Python<'_>) -> Option<u32> {
-        let i = self.forgotten.iter().position(|&s| self.handles[s as usize].get_refcnt(py) == 1)?;
+        let i = self.forgotten.iter().position(|&s| {
+            let p = &self.paths[s as usize];
+            self.handles[s as usize].get_refcnt(py) == 1 && p.state == IDLE && p.marks.is_empty() && p.inflow == 0.0
+        })?;
         Some(self.forgotten.swap_remove(i))
     }
 
@@ -248,10 +258,13 @@ impl FlowNet {
         if lk.heap.len() > COMPACT * lk.limited as usize + 16 {
             let old = std::mem::take(&mut lk.heap);
             let paths = &self.paths;
-            lk.heap = old.into_iter().filter(|e| {
-                let p = &paths[e.path as usize];
-                p.state == LIMITED && p.token == e.token
-            }).collect();
+            lk.heap = old
+                .into_iter()
+                .filter(|e| {
+                    let p = &paths[e.path as usize];
+                    p.state == LIMITED && p.token == e.token
+                })
+                .collect();
         }
     }
 
@@ -319,8 +332,7 @@ impl FlowNet {
         }
     }
 
-    fn to_greedy(&mut self, s: u32, t: f64) {
-        let _ = t;
+    fn make_greedy(&mut self, s: u32) {
         if self.paths[s as usize].state == LIMITED {
             for li in self.paths[s as usize].links.clone() {
                 self.remove_limited(li, s);
@@ -433,8 +445,7 @@ impl FlowNet {
             let levels;
             (rates, levels) = self.fill();
             let mut moved = false;
-            let pairs: Vec<(usize, f64)> =
-                levels.iter().copied().chain(check.iter().map(|&li| (li, -1.0))).collect();
+            let pairs: Vec<(usize, f64)> = levels.iter().copied().chain(check.iter().map(|&li| (li, -1.0))).collect();
             for (li, level) in pairs {
                 {
                     let lk = &self.links[li];
@@ -442,8 +453,7 @@ impl FlowNet {
                         continue;
                     }
                 }
-                loop {
-                    let Some(top) = self.top_limited(li) else { break };
+                while let Some(top) = self.top_limited(li) {
                     let over = {
                         let lk = &self.links[li];
                         lk.lim_sum > lk.capacity * (1.0 + 1e-9)
@@ -454,7 +464,7 @@ impl FlowNet {
                     }
                     self.paths[top as usize].advance(t)?;
                     self.set_rate(top, t, 0.0);
-                    self.to_greedy(top, t);
+                    self.make_greedy(top);
                     moved = true;
                     if !over {
                         break;
@@ -476,7 +486,7 @@ impl FlowNet {
 
     /// Weighted progressive filling (`Network._fill`): the greedy paths' rates in the order of
     /// `greedy`, and the level of each saturated link in the order found.
-    fn fill(&self) -> (Vec<(u32, f64)>, Vec<(usize, f64)>) {
+    fn fill(&self) -> Fill {
         let mut rates: Vec<(u32, f64)> = Vec::new();
         let mut levels: Vec<(usize, f64)> = Vec::new();
         if self.greedy.len() == 1 {
@@ -604,7 +614,7 @@ impl FlowNet {
             self.forget_if_idle(s);
         } else if rate > self.paths[s as usize].conn_rate {
             self.set_rate(s, t, 0.0);
-            self.to_greedy(s, t);
+            self.make_greedy(s);
             return self.rebalance(py, t, &links, true);
         } else {
             self.paths[s as usize].state = LIMITED;
@@ -639,7 +649,7 @@ impl FlowNet {
             }
             return self.schedule(py, s, t);
         }
-        self.to_greedy(s, t);
+        self.make_greedy(s);
         self.rebalance(py, t, &links, true)
     }
 
@@ -667,7 +677,7 @@ impl FlowNet {
             return self.rebalance(py, t, &links, false);
         }
         p.released += nbytes;
-        self.to_greedy(s, t);
+        self.make_greedy(s);
         self.rebalance(py, t, &links, true)
     }
 
@@ -716,7 +726,13 @@ impl FlowNet {
             p.marks = old
                 .into_iter()
                 .map(|mk| {
-                    let pos = if mk.pos <= lo { mk.pos } else if mk.pos > hi { mk.pos - gone } else { lo };
+                    let pos = if mk.pos <= lo {
+                        mk.pos
+                    } else if mk.pos > hi {
+                        mk.pos - gone
+                    } else {
+                        lo
+                    };
                     Mark { pos, ..mk }
                 })
                 .collect();
@@ -763,10 +779,20 @@ impl FlowNet {
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        py: Python<'_>, loop_: Py<PyAny>, net_priority: i64, nodes: Vec<String>, node_dc: Vec<usize>,
+        py: Python<'_>,
+        loop_: Py<PyAny>,
+        net_priority: i64,
+        nodes: Vec<String>,
+        node_dc: Vec<usize>,
         links: Vec<(f64, usize)>,
-        nic_out: Vec<usize>, nic_in: Vec<usize>, wan: FxHashMap<(usize, usize), usize>, counters: usize,
-        sent_of: Vec<usize>, received_of: Vec<usize>, route: FxHashMap<(usize, usize), (f64, f64)>, conns: i64,
+        nic_out: Vec<usize>,
+        nic_in: Vec<usize>,
+        wan: FxHashMap<(usize, usize), usize>,
+        counters: usize,
+        sent_of: Vec<usize>,
+        received_of: Vec<usize>,
+        route: FxHashMap<(usize, usize), (f64, f64)>,
+        conns: i64,
         chunk: f64,
     ) -> PyResult<Self> {
         let n = node_dc.len();
@@ -785,7 +811,14 @@ impl FlowNet {
             node_index: nodes.into_iter().enumerate().map(|(i, id)| (id, i)).collect(),
             links: links
                 .into_iter()
-                .map(|(capacity, counter)| Link { capacity, counter, lim_sum: 0.0, limited: 0, heap: BinaryHeap::new(), greedy: 0 })
+                .map(|(capacity, counter)| Link {
+                    capacity,
+                    counter,
+                    lim_sum: 0.0,
+                    limited: 0,
+                    heap: BinaryHeap::new(),
+                    greedy: 0,
+                })
                 .collect(),
             counters: vec![Counter::default(); counters],
             nic_out,
@@ -829,13 +862,29 @@ impl FlowNet {
         let mut counters: Vec<usize> = links.iter().map(|&li| self.links[li].counter).collect();
         counters.push(self.sent_of[src]);
         counters.push(self.received_of[dst]);
-        let (delay, conn_rate) =
-            *self.route.get(&(a, b)).ok_or_else(|| PyValueError::new_err("FlowNet: no route"))?;
+        let (delay, conn_rate) = *self.route.get(&(a, b)).ok_or_else(|| PyValueError::new_err("FlowNet: no route"))?;
         let t = self.now(py)?;
         let fresh = Path {
-            gen: 0, live: true, src, dst, links, counters, conns: self.conns, chunk: self.chunk, conn_rate,
-            released: 0.0, sent: 0.0, t, inflow: 0.0, rate: 0.0, state: IDLE, k: 1, marks: BinaryHeap::new(),
-            version: 0, token: 0, due: f64::INFINITY,
+            gen: 0,
+            live: true,
+            src,
+            dst,
+            links,
+            counters,
+            conns: self.conns,
+            chunk: self.chunk,
+            conn_rate,
+            released: 0.0,
+            sent: 0.0,
+            t,
+            inflow: 0.0,
+            rate: 0.0,
+            state: IDLE,
+            k: 1,
+            marks: BinaryHeap::new(),
+            version: 0,
+            token: 0,
+            due: f64::INFINITY,
         };
         let s = match self.free_slot(py) {
             Some(s) => {

@@ -100,6 +100,9 @@ impl<'py> Ids<'py> {
     }
 }
 
+/// An entry as `entries` lists it: kind, position, hash id, bytes, pins.
+type EntryView = (&'static str, i64, Py<PyAny>, i64, i64);
+
 #[pyclass(module = "testbed_native")]
 pub struct PrefixPool {
     #[pyo3(get)]
@@ -171,7 +174,7 @@ impl PrefixPool {
         self.tail = s;
     }
 
-    fn to_end(&mut self, s: u32) {
+    fn move_to_end(&mut self, s: u32) {
         if self.tail != s {
             self.unlink(s);
             self.link_last(s);
@@ -215,10 +218,7 @@ impl PrefixPool {
             return Ok(Some(Hid { value: v, big: false }));
         }
         if !x.is_instance_of::<PyInt>() {
-            return Err(PyTypeError::new_err(format!(
-                "a hash id must be an integer, got {}",
-                x.get_type().name()?
-            )));
+            return Err(PyTypeError::new_err(format!("a hash id must be an integer, got {}", x.get_type().name()?)));
         }
         let big = self.big.bind(x.py());
         if let Some(v) = big.get_item(x)? {
@@ -322,13 +322,13 @@ impl PrefixPool {
     fn refresh(&mut self, ids: &[Option<Hid>], blocks: i64) {
         if self.state_bytes != 0 && blocks > 0 {
             if let Some(s) = self.find(STATE, blocks, ids[blocks as usize - 1]) {
-                self.to_end(s);
+                self.move_to_end(s);
             }
         }
         if self.block_bytes != 0 {
             for i in (0..blocks).rev() {
                 if let Some(s) = self.find(BLOCK, i, ids[i as usize]) {
-                    self.to_end(s);
+                    self.move_to_end(s);
                 }
             }
         }
@@ -340,7 +340,7 @@ impl PrefixPool {
         if sb != 0 {
             let hid = ids[blocks as usize - 1].expect("stored");
             match self.find(STATE, blocks, Some(hid)) {
-                Some(s) => self.to_end(s),
+                Some(s) => self.move_to_end(s),
                 None => {
                     self.add(Key { kind: STATE, pos: blocks, hid }, sb);
                     added += sb;
@@ -351,7 +351,7 @@ impl PrefixPool {
             for i in (0..blocks).rev() {
                 let hid = ids[i as usize].expect("stored");
                 match self.find(BLOCK, i, Some(hid)) {
-                    Some(s) => self.to_end(s),
+                    Some(s) => self.move_to_end(s),
                     None => {
                         self.add(Key { kind: BLOCK, pos: i, hid }, bb);
                         added += bb;
@@ -378,7 +378,13 @@ impl PrefixPool {
 #[pymethods]
 impl PrefixPool {
     #[new]
-    fn new(py: Python<'_>, capacity_bytes: i64, block_tokens: i64, block_bytes: i64, state_bytes: i64) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        capacity_bytes: i64,
+        block_tokens: i64,
+        block_bytes: i64,
+        state_bytes: i64,
+    ) -> PyResult<Self> {
         if block_tokens <= 0 {
             return Err(PyValueError::new_err(format!("block_tokens must be > 0, got {block_tokens}")));
         }
@@ -533,7 +539,7 @@ impl PrefixPool {
         let held = self.present(&ids, blocks);
         let mut added = 0;
         for &s in &held {
-            self.to_end(s);
+            self.move_to_end(s);
             let slot = &mut self.slots[s as usize];
             if slot.pins == 0 {
                 added += slot.nbytes;
@@ -643,7 +649,7 @@ impl PrefixPool {
 
     /// Every entry oldest first as ("b"|"s", position, hash id, bytes, pins): what the
     /// differential tests compare with the Python pool's `OrderedDict`.
-    fn entries<'py>(&self, py: Python<'py>) -> PyResult<Vec<(&'static str, i64, Py<PyAny>, i64, i64)>> {
+    fn entries(&self, py: Python<'_>) -> PyResult<Vec<EntryView>> {
         let mut back: FxHashMap<i64, Py<PyAny>> = FxHashMap::default();
         for (k, v) in self.big.bind(py).iter() {
             back.insert(v.extract()?, k.unbind());

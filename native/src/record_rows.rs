@@ -18,6 +18,9 @@ const INT: u8 = 1;
 const BOOL: u8 = 2;
 const STR: u8 = 3;
 
+/// A record's line, its settled float columns and its settled stamps.
+type Line = (String, Vec<f64>, Vec<f64>);
+
 struct Column {
     name: Py<PyString>,
     kind: u8,
@@ -65,7 +68,7 @@ fn settled(text: &str, x: f64) -> f64 {
 
 impl RecordRows {
     /// The record's line, with its settled float columns and times; None: the Python way.
-    fn line(&self, py: Python<'_>, rec: &Bound<'_, PyAny>, settle: bool) -> PyResult<Option<(String, Vec<f64>, Vec<f64>)>> {
+    fn line(&self, py: Python<'_>, rec: &Bound<'_, PyAny>, settle: bool) -> PyResult<Option<Line>> {
         let times = rec.getattr(pyo3::intern!(py, "times"))?;
         let mut line = String::with_capacity(400);
         let mut floats = Vec::new();
@@ -102,7 +105,7 @@ impl RecordRows {
                         return Ok(None);
                     }
                     let s = v.cast::<PyString>().map_err(PyErr::from)?;
-                    let Ok(text) = s.to_str() else { return Ok(None) };   // a lone surrogate
+                    let Ok(text) = s.to_str() else { return Ok(None) }; // a lone surrogate
                     if text.chars().count() > self.max_field || text.contains([',', '"', '\r', '\n']) {
                         return Ok(None);
                     }
@@ -130,8 +133,12 @@ impl RecordRows {
     /// `columns`: (name, type name, is a stamp of `times`) in the file's order; `time_names`:
     /// every field of `times_cls` (StageTimes) in order; `max_field`: the cut of a text.
     #[new]
-    fn new(columns: Vec<(Bound<'_, PyString>, String, bool)>, time_names: Vec<Bound<'_, PyString>>,
-           times_cls: Bound<'_, PyAny>, max_field: usize) -> PyResult<Self> {
+    fn new(
+        columns: Vec<(Bound<'_, PyString>, String, bool)>,
+        time_names: Vec<Bound<'_, PyString>>,
+        times_cls: Bound<'_, PyAny>,
+        max_field: usize,
+    ) -> PyResult<Self> {
         let mut cols = Vec::with_capacity(columns.len());
         for (name, kind, timed) in columns {
             cols.push(Column { name: name.intern_self(), kind: kind_of(&kind)?, timed });
@@ -161,7 +168,10 @@ impl RecordRows {
                                 k += 1;
                             }
                         }
-                        rec.setattr(pyo3::intern!(py, "times"), self.times_cls.bind(py).call1(pyo3::types::PyTuple::new(py, stamps)?)?)?;
+                        rec.setattr(
+                            pyo3::intern!(py, "times"),
+                            self.times_cls.bind(py).call1(pyo3::types::PyTuple::new(py, stamps)?)?,
+                        )?;
                     }
                     out.append(line)?;
                 }
