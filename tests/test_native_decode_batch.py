@@ -7,24 +7,18 @@ Skipped where the extension is not built, unless TESTBED_REQUIRE_NATIVE=1 (as CI
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.core import native
+from native_ext import required
 from testbed.core.decode_batch import AdmissionError, DecodeBatch, DecodeSeq, StepResult, new_batch
 from testbed.core.decode_loop import DecodeLoop
 from testbed.core.servicetime import DecodeStepTime
 
-ext = native.module()
-if ext is None:
-    if os.environ.get("TESTBED_REQUIRE_NATIVE") == "1":
-        raise RuntimeError("TESTBED_REQUIRE_NATIVE=1 but testbed_native is not built")
-    pytest.skip("testbed_native is not built here (needs a Rust toolchain; `make install` builds it)",
-                allow_module_level=True)
+ext = required()
 
 STEP = DecodeStepTime(0.0123, 0.00041, 3.7e-8)
 OPS = st.lists(st.one_of(

@@ -7,22 +7,16 @@ Skipped where the extension is not built, unless TESTBED_REQUIRE_NATIVE=1 (as CI
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.core import native
+from native_ext import required
 from testbed.sim.events import EventLoop, new_loop
 
-ext = native.module()
-if ext is None:
-    if os.environ.get("TESTBED_REQUIRE_NATIVE") == "1":
-        raise RuntimeError("TESTBED_REQUIRE_NATIVE=1 but testbed_native is not built")
-    pytest.skip("testbed_native is not built here (needs a Rust toolchain; `make install` builds it)",
-                allow_module_level=True)
+ext = required()
 
 TIMES = st.sampled_from([0.0, -0.0, 0.5, 1.0, 1.0, 2.5, -1.0, math.inf, 1e-300, 7.25])
 EVENTS = st.lists(st.tuples(TIMES, st.integers(0, 8), st.lists(st.tuples(TIMES, st.integers(0, 8)), max_size=3)),

@@ -9,7 +9,6 @@ Skipped where the extension is not built, unless TESTBED_REQUIRE_NATIVE=1 (as CI
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import pytest
@@ -17,16 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.config.scenarios import load_scenario
-from testbed.core import native
+from native_ext import required
 from testbed.core.linkprofile import LinkProfile
 from testbed.sim.events import ARRIVAL, SAMPLE, EventLoop, new_loop
 from testbed.sim.network import Network, new_network
 
-if native.module() is None:
-    if os.environ.get("TESTBED_REQUIRE_NATIVE") == "1":
-        raise RuntimeError("TESTBED_REQUIRE_NATIVE=1 but testbed_native is not built")
-    pytest.skip("testbed_native is not built here (needs a Rust toolchain; `make install` builds it)",
-                allow_module_level=True)
+required()
 
 NODES = {"a0": "east", "a1": "east", "b0": "west", "b1": "west"}
 TRANSFER = load_scenario("paper-prfaas").transfer

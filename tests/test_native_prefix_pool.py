@@ -7,24 +7,18 @@ Skipped where the extension is not built (no Rust toolchain), unless TESTBED_REQ
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from native_ext import required
 from testbed.core import native
 from testbed.core.prefix_cache import HybridPrefixCache, new_pool
 from testbed.core.kvsize import KVModel
 
-ext = native.module()
-if ext is None:
-    if os.environ.get("TESTBED_REQUIRE_NATIVE") == "1":
-        raise RuntimeError("TESTBED_REQUIRE_NATIVE=1 but testbed_native is not built (make install builds it "
-                           "where cargo is on PATH)")
-    pytest.skip("testbed_native is not built here (needs a Rust toolchain; `make install` builds it)",
-                allow_module_level=True)
+ext = required()
 
 B = 4           # tokens per block
 BIG = 2**80     # a hash id beyond 64 bits

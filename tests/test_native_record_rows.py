@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.core import native
+from native_ext import required
 from testbed.core.record import TIME_NAMES, RequestRecord, StageTimes
 from testbed.metrics.records import COLUMNS, MAX_FIELD_CHARS, RecordWriter, format_line, native_rows, written_line
 
-if native.module() is None:
-    if os.environ.get("TESTBED_REQUIRE_NATIVE") == "1":
-        raise RuntimeError("TESTBED_REQUIRE_NATIVE=1 but testbed_native is not built")
-    pytest.skip("testbed_native is not built here (needs a Rust toolchain; `make install` builds it)",
-                allow_module_level=True)
+required()
 
 ROWS = native_rows()
 # Each field draws its column's ordinary values, and now and then an awkward one: mostly

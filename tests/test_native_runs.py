@@ -15,13 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.core import native
+from native_ext import required
 
-if native.module() is None:
-    if os.environ.get("TESTBED_REQUIRE_NATIVE") == "1":
-        raise RuntimeError("TESTBED_REQUIRE_NATIVE=1 but testbed_native is not built")
-    pytest.skip("testbed_native is not built here (needs a Rust toolchain; `make install` builds it)",
-                allow_module_level=True)
+required()
 
 
 def _replay(tmp: Path, name: str, scenario: str, compiled: bool) -> Path:

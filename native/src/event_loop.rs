@@ -15,19 +15,7 @@ struct Entry {
     arg: Py<PyAny>,
 }
 
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Entry {}
-
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
+order_by_ord!(Entry);
 
 impl Ord for Entry {
     /// Reversed: `BinaryHeap` is a max-heap and the earliest entry must come out first. Times are

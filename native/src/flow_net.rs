@@ -46,17 +46,8 @@ struct Lim {
     path: u32,
 }
 
-impl PartialEq for Lim {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Lim {}
-impl PartialOrd for Lim {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
+order_by_ord!(Lim);
+
 impl Ord for Lim {
     fn cmp(&self, o: &Self) -> Ordering {
         // Reversed for BinaryHeap (a max-heap); tokens are unique, so the order is total.
@@ -80,17 +71,8 @@ struct Mark {
     arg: Py<PyAny>,
 }
 
-impl PartialEq for Mark {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Mark {}
-impl PartialOrd for Mark {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
+order_by_ord!(Mark);
+
 impl Ord for Mark {
     fn cmp(&self, o: &Self) -> Ordering {
         o.pos.partial_cmp(&self.pos).unwrap_or(Ordering::Equal).then(o.seq.cmp(&self.seq))

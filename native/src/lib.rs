@@ -6,6 +6,24 @@
 
 use pyo3::prelude::*;
 
+/// `PartialEq`, `Eq` and `PartialOrd` from the type's own `Ord` (a heap entry's order is its
+/// `Ord`, keys compared in turn, reversed for `BinaryHeap`).
+macro_rules! order_by_ord {
+    ($($t:ty),+) => {$(
+        impl PartialEq for $t {
+            fn eq(&self, o: &Self) -> bool {
+                self.cmp(o) == std::cmp::Ordering::Equal
+            }
+        }
+        impl Eq for $t {}
+        impl PartialOrd for $t {
+            fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(o))
+            }
+        }
+    )+};
+}
+
 mod decode_batch;
 mod event_loop;
 mod flow_net;

@@ -320,17 +320,8 @@ impl PrefixPool {
     }
 
     fn refresh(&mut self, ids: &[Option<Hid>], blocks: i64) {
-        if self.state_bytes != 0 && blocks > 0 {
-            if let Some(s) = self.find(STATE, blocks, ids[blocks as usize - 1]) {
-                self.move_to_end(s);
-            }
-        }
-        if self.block_bytes != 0 {
-            for i in (0..blocks).rev() {
-                if let Some(s) = self.find(BLOCK, i, ids[i as usize]) {
-                    self.move_to_end(s);
-                }
-            }
+        for s in self.present(ids, blocks) {
+            self.move_to_end(s);
         }
     }
 
@@ -364,8 +355,15 @@ impl PrefixPool {
         added
     }
 
-    fn hold_slots(&mut self, owner: &str, held: Vec<u32>, added: i64) {
-        self.pinned_entry_bytes += added;
+    /// Pin `held` once more for `owner` (its entries are then never evicted until it unpins).
+    fn pin_slots(&mut self, owner: &str, held: Vec<u32>) {
+        for &s in &held {
+            let slot = &mut self.slots[s as usize];
+            if slot.pins == 0 {
+                self.pinned_entry_bytes += slot.nbytes;
+            }
+            slot.pins += 1;
+        }
         match self.pins.get_mut(owner) {
             Some(mine) => mine.extend(held),
             None => {
@@ -537,31 +535,17 @@ impl PrefixPool {
         self.stats.lookups += 1;
         self.stats.hit_tokens += blocks * self.block_tokens;
         let held = self.present(&ids, blocks);
-        let mut added = 0;
         for &s in &held {
             self.move_to_end(s);
-            let slot = &mut self.slots[s as usize];
-            if slot.pins == 0 {
-                added += slot.nbytes;
-            }
-            slot.pins += 1;
         }
-        self.hold_slots(owner, held, added);
+        self.pin_slots(owner, held);
         Ok(())
     }
 
     fn pin(&mut self, owner: &str, hash_ids: &Bound<'_, PyAny>, tokens: i64) -> PyResult<()> {
         let (ids, blocks) = self.prefix(hash_ids, tokens, false)?;
         let held = self.present(&ids, blocks);
-        let mut added = 0;
-        for &s in &held {
-            let slot = &mut self.slots[s as usize];
-            if slot.pins == 0 {
-                added += slot.nbytes;
-            }
-            slot.pins += 1;
-        }
-        self.hold_slots(owner, held, added);
+        self.pin_slots(owner, held);
         Ok(())
     }
 

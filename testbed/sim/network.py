@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from testbed.core import native
@@ -885,23 +886,19 @@ def new_network(loop: Loop, node_dc: dict[str, str], intra: LinkProfile, inter: 
     return compiled
 
 
-_COMPILED: dict[int, type] = {}
-
-
+@cache
 def _compiled_class(ext: Any) -> type:
     """The compiled network with what the simulator reads beside its mechanism (made once)."""
-    cls = _COMPILED.get(id(ext))
-    if cls is None:
-        class CompiledNetwork(ext.FlowNet):  # type: ignore[misc]
-            """`testbed_native.FlowNet` with the WAN links' parameters (they never change here)."""
 
-            wan: dict[tuple[str, str], _WanLink]
+    class CompiledNetwork(ext.FlowNet):  # type: ignore[misc]
+        """`testbed_native.FlowNet` with the WAN links' parameters (they never change here)."""
 
-            def dark(self, a: str, b: str) -> bool:
-                return a != b and (self.wan[(a, b)].loss >= 1.0 or self.wan[(b, a)].loss >= 1.0)
+        wan: dict[tuple[str, str], _WanLink]
 
-            def schedule_changes(self) -> None:
-                """No link changes in a run this network serves (`new_network`)."""
+        def dark(self, a: str, b: str) -> bool:
+            return a != b and (self.wan[(a, b)].loss >= 1.0 or self.wan[(b, a)].loss >= 1.0)
 
-        cls = _COMPILED[id(ext)] = CompiledNetwork
-    return cls
+        def schedule_changes(self) -> None:
+            """No link changes in a run this network serves (`new_network`)."""
+
+    return CompiledNetwork
