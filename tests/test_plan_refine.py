@@ -172,6 +172,7 @@ def test_simulate_rows_reports_failures_and_absence(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_refine_on_the_simulator(trace: Trace, tmp_path: Path) -> None:
     """Ten minutes of conversation traffic: every written or recommended row simulated, each
     kind's first choice the simulator's best of its simulated rows, no row said to meet the SLOs

@@ -138,6 +138,7 @@ def test_validate_and_info_memory_grows_little_with_the_file(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_validate_and_info_on_a_million_lines_stay_under_500_mb(tmp_path: Path) -> None:
     path = tmp_path / "million.jsonl"
     blocks = write_mooncake_file(path, 1_000_000)
