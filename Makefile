@@ -27,6 +27,12 @@ BUILD_NATIVE = if [ "$(NATIVE)" = 0 ]; then $(BIN)/python -m pip uninstall -q -y
 	else export PATH="$(CARGO_BIN):$$PATH"; $(PIP_INSTALL) --reinstall ./native || \
 	  echo "note: building native/ failed (above): the simulator runs its pure-Python mechanisms"; fi
 
+# The compiled twins' lint, where they are built: rustfmt's layout (native/rustfmt.toml) and clippy's
+# warnings as errors. Their behaviour is the differential tests' (tests/test_native_*.py).
+LINT_NATIVE = if [ "$(NATIVE)" != 0 ] && [ -n "$(CARGO_BIN)" ]; then export PATH="$(CARGO_BIN):$$PATH"; \
+	if cargo clippy --version >/dev/null 2>&1; then cd native && cargo fmt --check && cargo clippy -q --locked -- -D warnings; \
+	else echo "note: no clippy in this Rust toolchain: native/ not linted"; fi; fi
+
 $(STAMP): pyproject.toml $(NATIVE_SRC)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv || $(BIN)/pip install -q --upgrade pip
@@ -105,7 +111,7 @@ plan-refine: $(STAMP)
 	done
 
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
-## The type checks, the import contracts and the pure tier (no I/O, no timing) run side by side,
+## The type checks, the import contracts and the Rust lint beside the pure tier (no I/O, no timing),
 ## while the container image the docker tier needs builds (its log: build/image.log); then the
 ## tiers that start services without containers, in two lanes side by side: the app tier (its
 ## output in build/test-app.log, shown when it ends) beside the netns, clients and observability
@@ -120,7 +126,7 @@ test: $(STAMP)
 	@$(NEED_PROMETHEUS)
 	@rc=0; \
 	$(BIN)/python -m testbed.deploy.image --if-possible > build/image.log 2>&1 & image=$$!; \
-	{ $(BIN)/mypy && $(BIN)/lint-imports; } > build/typecheck.log 2>&1 & types=$$!; \
+	{ $(BIN)/mypy && $(BIN)/lint-imports && { $(LINT_NATIVE); }; } > build/typecheck.log 2>&1 & types=$$!; \
 	$(BIN)/pytest -q -m "pure and not slow" --durations=5 || rc=1; \
 	wait $$types || rc=1; cat build/typecheck.log; \
 	$(BIN)/pytest -q -p no:cacheprovider -m "app and not docker and not slow" --durations=15 \
@@ -196,6 +202,7 @@ test-busy: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	@$(LINT_NATIVE)
 
 ## Benchmarks print figures; they are not pass/fail tests.
 bench: $(STAMP)
