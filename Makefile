@@ -30,7 +30,8 @@ BUILD_NATIVE = if [ "$(NATIVE)" = 0 ]; then $(BIN)/python -m pip uninstall -q -y
 # The compiled twins' lint, where they are built: rustfmt's layout (native/rustfmt.toml) and clippy's
 # warnings as errors. Their behaviour is the differential tests' (tests/test_native_*.py).
 LINT_NATIVE = if [ "$(NATIVE)" != 0 ] && [ -n "$(CARGO_BIN)" ]; then export PATH="$(CARGO_BIN):$$PATH"; \
-	if cargo clippy --version >/dev/null 2>&1; then cd native && cargo fmt --check && cargo clippy -q --locked -- -D warnings; \
+	if cargo clippy --version >/dev/null 2>&1; then cd native && cargo fmt --check && cargo clippy -q --locked -- -D warnings && \
+	  echo "native/: rustfmt and clippy clean"; \
 	else echo "note: no clippy in this Rust toolchain: native/ not linted"; fi; fi
 
 $(STAMP): pyproject.toml $(NATIVE_SRC)
