@@ -12,6 +12,8 @@ import math
 import subprocess
 import sys
 import textwrap
+from itertools import permutations
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,13 +78,10 @@ def _run(net: Any, loop: Any, ops: list[tuple[float, str, str, str, float]]) -> 
     def stop_all(_: Any) -> None:
         # A stream nobody stops never ends: over a shared NIC its queue swings across a chunk
         # boundary forever (k 1 -> 2 -> 1), and the loop would never run dry. Every run's streams end.
-        t = loop.now
-        for src in NODES:
-            for dst in NODES:
-                if src != dst:
-                    p = net.path(src, dst)
-                    net.end_stream(p, t, 0.0)
-                    log.append(("stop", src, dst, net.position(p).hex()))
+        for src, dst in permutations(NODES, 2):
+            p = net.path(src, dst)
+            net.end_stream(p, loop.now, 0.0)
+            log.append(("stop", src, dst, net.position(p).hex()))
 
     for i, op in enumerate(ops):
         loop.at(op[0], ARRIVAL, do, (i, op))
@@ -138,24 +137,19 @@ def test_a_forgotten_path_lives_on_for_its_holders() -> None:
     assert got[0] == got[1] == (True, 0.5, 3e6)
 
 
-# Two streams nobody stops out of one NIC: the flow network's own events (compiled, no bytecode run
-# between them) go on forever. A signal must still reach the loop: Ctrl-C, SIGTERM, a test timeout.
-_ENDLESS = textwrap.dedent("""
+# Two streams nobody stops out of one NIC (b0's): the flow network's own events (compiled, no
+# bytecode run between them) go on forever. A signal must still reach the loop: Ctrl-C, SIGTERM, a
+# test's timeout.
+ENDLESS = (("b0", "a1", 2043789.0), ("b0", "a0", 697118.5))
+_INTERRUPTED = textwrap.dedent(f"""
     import signal, sys
-    from testbed.config.scenarios import load_scenario
-    from testbed.core.linkprofile import LinkProfile
-    from testbed.sim.events import ARRIVAL, new_loop
-    from testbed.sim.network import new_network
-    loop = new_loop()
+    sys.path.insert(0, {str(Path(__file__).parent)!r})
+    from test_native_flow_net import ARRIVAL, ENDLESS, _pair
+    _, (net, loop) = _pair("native")
     assert type(loop).__module__ == "testbed_native"
-    net = new_network(loop, {"a0": "east", "a1": "east", "b0": "west"},
-                      LinkProfile(name="intra", rate=80e6, delay=0.001),
-                      LinkProfile(name="inter", rate=20e6, delay=0.015, loss=0.001),
-                      load_scenario("paper-prfaas").transfer, 1.0, 1.0, faults=False)
-    loop.at(0.0, ARRIVAL, lambda _: (net.stream(net.path("b0", "a1"), 0.0, 2043789.0),
-                                     net.stream(net.path("b0", "a0"), 0.0, 697118.5)))
+    loop.at(0.0, ARRIVAL, lambda _: [net.stream(net.path(a, b), 0.0, r) for a, b, r in ENDLESS])
     signal.setitimer(signal.ITIMER_REAL, 0.5)
-    signal.signal(signal.SIGALRM, lambda *_: sys.exit(f"interrupted after {loop.now:.0f} s of virtual time"))
+    signal.signal(signal.SIGALRM, lambda *_: sys.exit(f"interrupted after {{loop.now:.0f}} s of virtual time"))
     loop.run()
 """)
 
@@ -163,7 +157,7 @@ _ENDLESS = textwrap.dedent("""
 @pytest.mark.app
 def test_a_stretch_of_compiled_events_still_hears_a_signal() -> None:
     try:
-        out = subprocess.run([sys.executable, "-c", _ENDLESS], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-c", _INTERRUPTED], capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail("the compiled loop ran on for 120 s past a signal sent after 0.5 s")
     assert out.returncode == 1 and out.stderr.startswith("interrupted after"), out.stderr
