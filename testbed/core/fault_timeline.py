@@ -4,7 +4,7 @@ Pure: a scenario's `faults` become `FaultEvent`s sorted by start (paper seconds 
 replay's t0), each with its end and what it acts on; `faulted_links` turns the link parameters
 in force plus the link faults active now into the parameters to shape with; `SlowDown` is a
 node's service-time factor over time. The deploy layer executes the timeline (see
-`testbed.deploy.faults`).
+`testbed.deploy.fault_injection`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
-from testbed.core.kinds import unknown_kind
-from testbed.core.linkprofile import LinkParams
-from testbed.core.scenario import (
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.schema.linkprofile import LinkParams
+from testbed.core.schema.scenario import (
     FaultKind, FaultSpec, KillFault, OutageFault, PartitionFault, PauseFault, RateDropFault, RestartFault, Scenario,
     SlowFault, TcpResetFault,
 )

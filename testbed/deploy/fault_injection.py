@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from testbed.core.faults import FaultEvent, Phase, fault_scope, fault_timeline
-from testbed.core.kinds import unknown_kind
-from testbed.core.scenario import (
+from testbed.core.fault_timeline import FaultEvent, Phase, fault_scope, fault_timeline
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.schema.scenario import (
     KillFault, OutageFault, PartitionFault, PauseFault, RateDropFault, RestartFault, Scenario, SlowFault, TcpResetFault,
 )
 from testbed.live.clock import now, sleep_until
-from testbed.metrics.faults import FaultLogFile
+from testbed.metrics.fault_effects import FaultLogFile
 from testbed.net.procs import ProcessGroup, log_tail, start_reporting_child
 from testbed.net.rst import injector_argv
 
@@ -87,7 +87,7 @@ def _outcome(e: BaseException) -> str:
 
 
 class FaultLog:
-    """`faults.jsonl` (`testbed.metrics.faults.FaultLogFile`) on the wall clock, from t0."""
+    """`faults.jsonl` (`testbed.metrics.fault_effects.FaultLogFile`) on the wall clock, from t0."""
 
     def __init__(self, path: Path, t0: float, speedup: float) -> None:
         self.path = path

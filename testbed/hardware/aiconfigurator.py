@@ -1,4 +1,4 @@
-"""NVIDIA's aiconfigurator as a timing source (`testbed.model.profile_sample.Predictor`).
+"""NVIDIA's aiconfigurator as a timing source (`testbed.hardware.profile_sample.Predictor`).
 
 aiconfigurator-core (PyPI, Apache-2.0) predicts prefill and decode latencies of a model on a
 GPU system and serving backend from measured kernel tables, offline on a CPU. It is an optional

@@ -1,7 +1,7 @@
 """Fit a hardware profile (a scenario's `hardware:` entry) to measurements of a real server.
 
-Pure: numpy, no I/O. The readers in `testbed.model.measurements` turn files into the points and
-request records used here; `testbed calibrate` (studies/calibrate.py) wires the two.
+Pure: numpy, no I/O. The readers in `testbed.hardware.measurements` turn files into the points and
+request records used here; `testbed calibrate` (hardware/calibrate_command.py) wires the two.
 
 - Prefill: T(uncached, cached) as a table (piecewise linear over uncached tokens, extrapolated
   from the end segments, exactly as `PrefillTime` evaluates it) or a polynomial, plus
@@ -34,8 +34,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from testbed.core.errors import UserError
-from testbed.core.scenario import PolynomialPrefill, TablePrefill
-from testbed.core.servicetime import PrefillTime
+from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
+from testbed.core.engine.servicetime import PrefillTime
 
 Array = NDArray[np.float64]
 # Request-overlap matrices are built a block of rows at a time, at most this many cells a block

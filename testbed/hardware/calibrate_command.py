@@ -1,7 +1,7 @@
 """`testbed calibrate`: a hardware profile (prefill curve, decode step model) fitted to
 measurements of a real server, written as a scenario that extends a base one, or as the block.
 
-The readers are `testbed.model.measurements`, the fits `testbed.model.calibrate`.
+The readers are `testbed.hardware.measurements`, the fits `testbed.hardware.calibrate`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import yaml
 
 from testbed.config.cli_args import StoreOnce, out_file
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
-from testbed.core.scenario import DecodeSpec, Scenario, size_bytes
-from testbed.model.calibrate import (
+from testbed.core.schema.scenario import DecodeSpec, Scenario, size_bytes
+from testbed.hardware.calibrate import (
     CalibrationError,
     DecodeFit,
     DecodePoint,
@@ -38,7 +38,7 @@ from testbed.model.calibrate import (
     fit_prefill_table,
     prefill_points,
 )
-from testbed.model.measurements import (
+from testbed.hardware.measurements import (
     DECODE_COLUMNS,
     PREFILL_COLUMNS,
     ReadStats,

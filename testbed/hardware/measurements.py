@@ -43,7 +43,7 @@ from typing import Any
 
 from testbed.config.input_files import MAX_CONFIG_BYTES, InputFileError, decode_utf8, open_regular, read_text_capped
 from testbed.core.errors import UserError
-from testbed.model.calibrate import DecodePoint, PrefillPoint, RequestRecord
+from testbed.hardware.calibrate import DecodePoint, PrefillPoint, RequestRecord
 
 PREFILL_COLUMNS = ("prompt_tokens", "cached_tokens", "prefill_s")
 DECODE_COLUMNS = ("batch_size", "context_tokens", "step_s")

@@ -22,14 +22,14 @@ import yaml
 from testbed.config.cli_args import StoreOnce, out_file
 from testbed.config.scenarios import MODEL_DIR, ScenarioError, load_model_profile
 from testbed.core.errors import UserError
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import ModelProfile, ModelSpec, size_bytes
-from testbed.core.servicetime import DecodeStepTime, PrefillTime
-from testbed.model import aiconfigurator as aic
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import ModelProfile, ModelSpec, size_bytes
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
+from testbed.hardware import aiconfigurator as aic
 from testbed.model.bandwidth_command import parse_tokens
 from testbed.model.errors import ModelError
-from testbed.model.profile_sample import ProfileSample, SampleError, SampleSettings, sample_profile
-from testbed.studies.calibrate import _g, _write_atomic
+from testbed.hardware.profile_sample import ProfileSample, SampleError, SampleSettings, sample_profile
+from testbed.hardware.calibrate_command import _g, _write_atomic
 
 # Lengths the summary prints the prefill time at (the paper's Table 3).
 SUMMARY_TOKENS = (1024, 8192, 32768, 131072)

@@ -3,7 +3,7 @@
 A source is anything that answers two questions (`Predictor`): how long one prefill of l
 uncached tokens after c cached ones takes, and how long one decode step of a batch takes at a
 given context. NVIDIA's aiconfigurator answers both from measured kernels
-(`testbed.model.aiconfigurator`); the tests answer them with closed forms. Pure: no I/O.
+(`testbed.hardware.aiconfigurator`); the tests answer them with closed forms. Pure: no I/O.
 
 - Prefill: a table over uncached tokens whose points are the source's own answers, with points
   added where the straight line between two of them strays more than `tolerance` from the
@@ -12,7 +12,7 @@ given context. NVIDIA's aiconfigurator answers both from measured kernels
   terms non-negative). The source's time is kernel time: `overhead_s` is what the user adds.
 - Decode: BS_max is the largest batch whose step at `decode_context` tokens per sequence meets
   the TPOT target (and whose KV fits, when the capacity is known); the three-term step model is
-  fitted (`testbed.model.calibrate.fit_decode`) to steps over batches up to BS_max and contexts
+  fitted (`testbed.hardware.calibrate.fit_decode`) to steps over batches up to BS_max and contexts
   up to the longest prompt.
 
 Every fitted or interpolated term is scored against the source where it was not fitted, and
@@ -29,10 +29,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from testbed.core.errors import UserError
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import DecodeSpec, TablePrefill
-from testbed.core.servicetime import PrefillTime
-from testbed.model.calibrate import DecodeFit, DecodePoint, fit_decode
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import DecodeSpec, TablePrefill
+from testbed.core.engine.servicetime import PrefillTime
+from testbed.hardware.calibrate import DecodeFit, DecodePoint, fit_decode
 
 # The batch sizes tried for BS_max, at most.
 MAX_BATCH = 1024

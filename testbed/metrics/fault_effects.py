@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from testbed.core.faults import NODE_KINDS, FaultEvent, Phase
+from testbed.core.fault_timeline import NODE_KINDS, FaultEvent, Phase
 from testbed.core.record import RequestRecord
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series, select
@@ -37,7 +37,7 @@ BAND_COLOURS = {"kill": "black", "pause": "tab:orange", "restart": "tab:purple",
 class FaultLogFile:
     """Appends the steps of a run's faults to `faults.jsonl`, one JSON object a line, flushing
     each (an interrupted run keeps what happened). The live fault scheduler
-    (`testbed.deploy.faults`) and the simulator (`testbed.sim.faults`) both write with it."""
+    (`testbed.deploy.fault_injection`) and the simulator (`testbed.sim.fault_runner`) both write with it."""
 
     def __init__(self, path: Path, speedup: float) -> None:
         self.path = path

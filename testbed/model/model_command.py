@@ -11,14 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.config.cli_args import StoreOnce
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import Scenario
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import ModelResult, Workload, evaluate
 from testbed.model.bandwidth_command import DEFAULT_GPUS, run_bandwidth
 from testbed.model.optimise import OptimiseResult, optimise, optimise_threshold, resolve_threshold
 from testbed.config.scenarios import PROFILE_SOURCES, load_scenario
 from testbed.model.workload import TraceWorkload
-from testbed.traces.command import WINDOW_HELP, window_arg
+from testbed.traces.trace_command import WINDOW_HELP, window_arg
 from testbed.traces.formats import SUPPORTED_FORMATS
 from testbed.traces.loader import load_trace
 from testbed.traces.types import Trace

@@ -1,5 +1,5 @@
 """`testbed netcaps` (what shaping this kernel supports) and `testbed linkcheck` (one shaped link
-measured against its profile). `testbed down` lives with the deploy backends (deploy/command.py):
+measured against its profile). `testbed down` lives with the deploy backends (deploy/down_command.py):
 it removes their Docker objects too, which this layer knows nothing of."""
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ from testbed.live.clock import now
 from testbed.live.held import HOLD_KEY, HOLD_PATH
 from testbed.metrics.artefacts import Summary, run_info
 from testbed.metrics.artefacts.run_file import HoldInfo as HoldFacts, RunState, Shaping, this_process
-from testbed.studies.runner import _versions, check_run_dir, clear_previous_run, make_backend, write_run_json
-from testbed.studies.stoppable import default_in_forked_child
+from testbed.run.runner import _versions, check_run_dir, clear_previous_run, make_backend, write_run_json
+from testbed.run.stoppable import default_in_forked_child
 
 HOLD_SPEEDUP = 1.0
 HOLD_STREAM_INTERVAL = 1   # tokens per streamed chunk, unless the user sets serving.stream_interval
@@ -254,7 +254,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from testbed.config.overrides import overrides_for
-    from testbed.studies.load import load
+    from testbed.run.load import load
     from testbed.deploy.registry import check_host, pick_backend, refuse_unhonoured
 
     if not args.scenario:
@@ -311,7 +311,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
         print(json.dumps({"ended": res.ended, "run_dir": str(res.run_dir), "requests": n,
                           "report": str(res.run_dir / "report.md")}), flush=True)
     else:
-        from testbed.metrics.command import print_summary_table
+        from testbed.metrics.report_command import print_summary_table
         print(f"hold ended: {res.ended}; {n} requests recorded", file=sys.stderr)
         if n:
             print_summary_table(res.summary, title=res.run_dir.name)

@@ -8,7 +8,7 @@ from typing import Any
 
 from testbed import config
 from testbed.config.resolved import ResolvedScenario
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.model.optimise import solve_threshold
 
 

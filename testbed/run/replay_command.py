@@ -14,12 +14,12 @@ from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
 from testbed.deploy.prometheus import DEFAULT_LISTEN
-from testbed.studies.load import load
-from testbed.studies.run_args import add_run_args, run_overrides, trace_for
+from testbed.run.load import load
+from testbed.run.run_args import add_run_args, run_overrides, trace_for
 from testbed.traces.types import Trace
 
 if TYPE_CHECKING:
-    from testbed.studies.runner import RunResult
+    from testbed.run.runner import RunResult
 
 
 def _add_scenario_args(p: argparse.ArgumentParser, backends: dict[str, Any]) -> None:
@@ -58,7 +58,7 @@ def _progress_runner(label: str, enabled: bool) -> Any:
 
 async def _run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: bool,
                    prometheus: str | None = None, report: bool = True) -> RunResult:
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
 
     prog = _progress_runner(rs.name, show)
     task = prog.add_task(rs.name, total=len(trace), sent=0, failed=0)
@@ -75,9 +75,9 @@ def run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: b
     """One run on `backend`; a simulated one directly (no event loop, no progress bar: it takes
     seconds, and its progress comes at its end)."""
     if registry.get(backend).caps.simulator:
-        from testbed.studies.runner import run_sim
+        from testbed.run.runner import run_sim
         return run_sim(rs, trace, out, report=report)
-    from testbed.studies.stoppable import run_stoppable
+    from testbed.run.stoppable import run_stoppable
     return run_stoppable(_run_one(rs, trace, out, backend, show, prometheus, report))
 
 
@@ -110,8 +110,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             trace = trace_for(sc, args)
             out = base / sc.name if len(scenarios) > 1 else base
             if args.speedup == "auto":
-                from testbed.studies.speedup import pick_speedup, with_speedup
-                from testbed.studies.stoppable import run_stoppable
+                from testbed.run.speedup import pick_speedup, with_speedup
+                from testbed.run.stoppable import run_stoppable
                 s, tried = run_stoppable(pick_speedup(rs, trace, backend, out / "speedup-probes"))
                 print(f"--speedup auto: {s:g} (" + ", ".join(
                     f"{t['speedup']:g}: {'valid' if t['valid'] else 'invalid'}" for t in tried) + ")", file=sys.stderr)
@@ -137,7 +137,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(json.dumps({r.run_dir.name: r.summary.to_json_dict() for r in results} if len(results) > 1
                          else results[0].summary.to_json_dict(), indent=1))
     else:
-        from testbed.metrics.command import print_summary_table
+        from testbed.metrics.report_command import print_summary_table
         for r in results:
             print_summary_table(r.summary, title=f"{r.run_dir.name}")
         if report:
@@ -179,7 +179,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     if args.hold:
-        from testbed.studies.hold import cmd_hold
+        from testbed.run.hold import cmd_hold
         return cmd_hold(args)
     if args.port:
         print("up: --port only with --hold", file=sys.stderr)

@@ -10,7 +10,7 @@ from typing import Any
 
 from testbed.config.cli_args import StoreOnce
 from testbed.config.overrides import overrides_for, set_path
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.traces.types import Trace, TraceError
 
 
@@ -20,7 +20,7 @@ def add_run_args(p: argparse.ArgumentParser, *, speedup_auto: bool = False, rate
     """The workload flags, each single-valued one refused when given twice (StoreOnce).
     `speedup_auto`: --speedup also takes `auto` (a probe picks it; only where one run follows).
     `rate=False` where the command chooses the offered rates itself."""
-    from testbed.traces.command import WINDOW_HELP, window_arg
+    from testbed.traces.trace_command import WINDOW_HELP, window_arg
     from testbed.traces.loader import SUPPORTED_FORMATS
 
     p.add_argument("--trace", action=StoreOnce, help="trace file to replay instead of the scenario's synthetic workload")

@@ -26,7 +26,7 @@ from testbed.metrics.artefacts import RunInfo, Summary, run_info, write_artefact
 from testbed.metrics.artefacts.run_file import Shaping, SimInfo, this_process
 from testbed.config.scenarios import dump_scenario
 from testbed.core import native
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.traces.types import Trace, TraceRequest
 from testbed.core.errors import UserError
 

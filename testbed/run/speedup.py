@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.studies.runner import RunResult, run_replay_async
+from testbed.run.runner import RunResult, run_replay_async
 from testbed.traces import transforms
 from testbed.traces.types import Trace
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from testbed.core.bandwidth import BandwidthController
-from testbed.core.control import SenderStatus, SignalMeter, change_line, control_series
-from testbed.core.router_books import RouterBooks
-from testbed.core.scaling import Scale
+from testbed.core.control.bandwidth import BandwidthController
+from testbed.core.control.short_term import SenderStatus, SignalMeter, change_line, control_series
+from testbed.core.router.router_books import RouterBooks
+from testbed.core.schema.scaling import Scale
 from testbed.metrics.series_format import RawSample as Sample
 from testbed.sim.events import CONTROL, Loop
 from testbed.sim.network import Net

@@ -1,8 +1,8 @@
 """A scenario's faults in virtual time, and the router's health probes.
 
-`FaultRunner` executes the fault timeline (`testbed.core.faults.fault_timeline`) at its paper
-times, as the live scheduler (`testbed.deploy.faults`) does at t0 + at_s / speedup, and writes
-the same `faults.jsonl` (`testbed.metrics.faults.FaultLogFile`):
+`FaultRunner` executes the fault timeline (`testbed.core.fault_timeline.fault_timeline`) at its paper
+times, as the live scheduler (`testbed.deploy.fault_injection`) does at t0 + at_s / speedup, and writes
+the same `faults.jsonl` (`testbed.metrics.fault_effects.FaultLogFile`):
 
 - kill: the instance is gone with its work (`Simulation.kill`); restart: gone, then up again,
   empty, `down_s` later plus the time a service takes to answer its health check (the live
@@ -10,7 +10,7 @@ the same `faults.jsonl` (`testbed.metrics.faults.FaultLogFile`):
 - pause: the instance computes, sends and answers nothing until the end; slow: its service
   times x factor for the jobs and steps that start within the window;
 - outage, partition, rate_drop: the WAN links' parameters with the faults in force
-  (`testbed.core.faults.faulted_links`), and what that does to the connections
+  (`testbed.core.fault_timeline.faulted_links`), and what that does to the connections
   (`testbed.sim.wan`); tcp_reset: the connections crossing the WAN are reset during the window.
 
 A fault the run ended before (every request done) is logged skipped, one cut short by the end
@@ -19,7 +19,7 @@ of the run gets an end line saying so, as live.
 `Prober` is the router's active health check: every `PROBE_INTERVAL_S` wire seconds each
 instance due is probed; an instance up answers at once, a killed one refuses, a paused one
 does not answer within `PROBE_TIMEOUT_S`. Results go to the same health book the requests'
-outcomes go to (`testbed.core.health`), with its startup grace.
+outcomes go to (`testbed.core.router.health`), with its startup grace.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from testbed.core.faults import FaultEvent, Phase, fault_timeline
-from testbed.core.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
-from testbed.core.kinds import unknown_kind
-from testbed.core.live_path import LivePathCosts
-from testbed.core.scaling import Scale
-from testbed.core.scenario import (
+from testbed.core.fault_timeline import FaultEvent, Phase, fault_timeline
+from testbed.core.router.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.schema.live_path import LivePathCosts
+from testbed.core.schema.scaling import Scale
+from testbed.core.schema.scenario import (
     KillFault, OutageFault, PartitionFault, PauseFault, RateDropFault, RestartFault, Scenario, SlowFault,
     TcpResetFault,
 )
-from testbed.metrics.faults import FaultLogFile
+from testbed.metrics.fault_effects import FaultLogFile
 from testbed.sim.events import FAULT, SAMPLE, Loop
 from testbed.sim.network import Net, Network
 from testbed.sim.router import SimRouter

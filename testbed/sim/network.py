@@ -40,10 +40,10 @@ from functools import cache
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from testbed.core import native
-from testbed.core.faults import FaultEvent, faulted_links
-from testbed.core.linkprofile import LinkParams, LinkProfile
-from testbed.core.scaling import Scale
-from testbed.core.scenario import TransferSpec
+from testbed.core.fault_timeline import FaultEvent, faulted_links
+from testbed.core.schema.linkprofile import LinkParams, LinkProfile
+from testbed.core.schema.scaling import Scale
+from testbed.core.schema.scenario import TransferSpec
 from testbed.sim.events import LINK_CHANGE, NET, Loop
 from testbed.sim.tcp import TcpModel
 from testbed.sim.wan import WanFaults
@@ -225,7 +225,7 @@ class Network:
         self._seq = 0
         self.rebalances = 0
         # Faults on the WAN: each direction's parameters from the profile and its schedule, the
-        # link faults in force on top (`testbed.core.faults.faulted_links`), and what they do to
+        # link faults in force on top (`testbed.core.fault_timeline.faulted_links`), and what they do to
         # the transport's connections (`testbed.sim.wan`).
         self.wan_base = {pair: LinkParams.from_profile(inter, PAPER) for pair in self.wan}
         self.link_faults: list[FaultEvent] = []

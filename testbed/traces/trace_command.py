@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from testbed.config.cli_args import StoreOnce, out_file
-from testbed.core.scenario import WorkloadSpec
+from testbed.core.schema.scenario import WorkloadSpec
 from testbed.traces.burstgpt import MODELS
 from testbed.traces.csvutil import LoadStats, Window
 from testbed.traces.distinct import DistinctCounter

@@ -34,8 +34,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from testbed.core.policy import BandwidthState
-from testbed.core.scenario import ControlSpec
+from testbed.core.routing.policy import BandwidthState
+from testbed.core.schema.scenario import ControlSpec
 
 _COSTS_KEPT = 1 << 16       # distinct lengths whose costs a stage model keeps
 

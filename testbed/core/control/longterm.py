@@ -23,7 +23,7 @@ Every `interval_s` the controller judges the interval's means:
   if that role, one instance short, stays at or under `donor_utilisation` (scaled from its
   measured load) and not below `min_prefill` / `min_decode`, and the planner predicts a lower
   peak stage load at the new split (each at its own best t) than at the present one. The slot
-  whose node holds the fewest requests drains (`testbed.core.roles`): it leaves routing at once,
+  whose node holds the fewest requests drains (`testbed.core.control.roles`): it leaves routing at once,
   and the slot takes the new role at the first sample that finds its node empty; the threshold
   is then re-optimised for the new split. One conversion runs at a time.
 
@@ -39,18 +39,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping, Sequence
 
-from testbed.core.bandwidth import BandwidthController, ThresholdChange
-from testbed.core.control import Recent, change_line
-from testbed.core.load_tracker import LoadTracker
-from testbed.core.roles import Role, RoleBook, other
-from testbed.core.scenario import LongTermSpec, Scenario
+from testbed.core.control.bandwidth import BandwidthController, ThresholdChange
+from testbed.core.control.short_term import Recent, change_line
+from testbed.core.routing.load_tracker import LoadTracker
+from testbed.core.control.roles import Role, RoleBook, other
+from testbed.core.schema.scenario import LongTermSpec, Scenario
 
 Stage = Literal["prfaas", "pdp", "pdd"]
 Action = Literal["drain", "activate", "retune", "hold"]
 STAGES: tuple[Stage, ...] = ("prfaas", "pdp", "pdd")
 _STAGE_OF: dict[Role, Stage] = {"prefill": "pdp", "decode": "pdd"}
 
-# metric, value, labels: one time-series sample (as `testbed.core.control.SeriesSample`)
+# metric, value, labels: one time-series sample (as `testbed.core.control.short_term.SeriesSample`)
 SeriesSample = tuple[str, float, dict[str, str]]
 
 

@@ -4,12 +4,12 @@ The mock nodes run one process per role (`testbed.live.prefill_node`, `decode_no
 real instance that changes role keeps its GPUs but restarts its engine in the other mode. The
 testbed models that without touching the nodes: with `policy.control.long_term` every
 instance of the PD cluster is a *slot* for which both a prefill and a decode node run
-(`testbed.core.topology.role_slots`), and the slot holds one role at a time. The router routes
+(`testbed.core.schema.topology.role_slots`), and the slot holds one role at a time. The router routes
 only to the role each slot holds; the other node idles, as the GPUs would not serve it.
 Converting a slot takes the role it holds out of routing (what that node was given runs to the
 end: it drains) and, once nothing is left on it, brings the slot's node of the other role into
 routing. A draining node is just one the router no longer picks, like an instance the health
-book took out (`testbed.core.health`), so no node, wire message or deployment backend learns
+book took out (`testbed.core.router.health`), so no node, wire message or deployment backend learns
 about roles, and a conversion cannot lose a request.
 
 Slot i holds prefill node `{cluster}-p{i}` and decode node `{cluster}-d{n-1-i}` (n slots): with
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from testbed.core.scenario import node_id
+from testbed.core.schema.scenario import node_id
 
 Role = Literal["prefill", "decode"]
 SlotState = Literal["prefill", "decode", "to_decode", "to_prefill"]

@@ -11,11 +11,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from testbed.core.bandwidth import BandwidthController, ControlSample, LinkSignals, StageModel, ThresholdChange
-from testbed.core.kvsize import KVModel
-from testbed.core.scaling import Scale
-from testbed.core.scenario import Scenario
-from testbed.core.servicetime import PrefillTime
+from testbed.core.control.bandwidth import BandwidthController, ControlSample, LinkSignals, StageModel, ThresholdChange
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scaling import Scale
+from testbed.core.schema.scenario import Scenario
+from testbed.core.engine.servicetime import PrefillTime
 
 # metric, value, labels: one time-series sample
 SeriesSample = tuple[str, float, dict[str, str]]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from testbed.core import native
-from testbed.core.servicetime import DecodeStepTime
+from testbed.core.engine.servicetime import DecodeStepTime
 
 
 @dataclass

@@ -9,7 +9,7 @@ was due to end, so timer lateness never accumulates; a driver that stalled for a
 (the live node on a busy host, or paused) restarts the cadence from its present time and that
 time is lost for good (`late_s`). Whatever is waiting joins at a step's start (at once on an
 idle instance), BS_max and KV memory permitting, FCFS (`DecodeBatch.admit`); a step's duration
-is fixed when it starts, with the slowdown factor in force then (`testbed.core.faults.SlowDown`).
+is fixed when it starts, with the slowdown factor in force then (`testbed.core.fault_timeline.SlowDown`).
 
 Driving it, step by step:
     admitted, end = loop.begin(now)       # None: nothing runs; wait for a submit or a finish
@@ -21,9 +21,9 @@ and `span` to find the boundaries.
 
 from __future__ import annotations
 
-from testbed.core.decode_batch import Batch, DecodeSeq, StepResult
-from testbed.core.faults import SlowDown
-from testbed.core.kvsize import KVModel
+from testbed.core.engine.decode_batch import Batch, DecodeSeq, StepResult
+from testbed.core.fault_timeline import SlowDown
+from testbed.core.engine.kvsize import KVModel
 
 
 def reservation(kv: KVModel, prompt_kv_bytes: int, output_tokens: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.core.scenario import ModelSpec
+from testbed.core.schema.scenario import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ class PrefillQueue:
 
     def start_next(self, now: float, slow: float = 1.0) -> PrefillJob | None:
         """Start the head job if the instance is idle; returns it (its end is now + duration).
-        `slow` multiplies its modelled duration (a slowed instance, see `testbed.core.faults`)."""
+        `slow` multiplies its modelled duration (a slowed instance, see `testbed.core.fault_timeline`)."""
         if self.current is not None or not self._q:
             return None
         job = self._q.popleft()

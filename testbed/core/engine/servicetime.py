@@ -5,14 +5,14 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from testbed.core.kinds import unknown_kind
-from testbed.core.scenario import DecodeSpec, PolynomialPrefill, PrefillSpec, TablePrefill
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.schema.scenario import DecodeSpec, PolynomialPrefill, PrefillSpec, TablePrefill
 
 
 @dataclass(frozen=True)
 class PrefillTime:
     """T_prefill(uncached l, cached c) = overhead_s + T(l) + c * (cached_token_s + cached_attention_s * l),
-    T(l) a table (piecewise linear, extrapolated) or a polynomial (`testbed.core.scenario`)."""
+    T(l) a table (piecewise linear, extrapolated) or a polynomial (`testbed.core.schema.scenario`)."""
 
     xs: tuple[float, ...]
     ys: tuple[float, ...]

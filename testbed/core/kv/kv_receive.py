@@ -42,7 +42,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import count
 
-from testbed.core.frames import (
+from testbed.core.kv.frames import (
     FLAG_CHECKSUM,
     Frame,
     FrameDecoder,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from itertools import count
 
-from testbed.core.frames import (
+from testbed.core.kv.frames import (
     HEADER_SIZE,
     FrameDecoder,
     FrameError,

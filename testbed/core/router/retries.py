@@ -11,8 +11,8 @@ attempt is tried again, and where the retry must not go. The live router
 
 from __future__ import annotations
 
-from testbed.core.routing import RoutePlan
-from testbed.core.scenario import Scenario
+from testbed.core.router.route_step import RoutePlan
+from testbed.core.schema.scenario import Scenario
 
 MAX_RETRIES = 1
 

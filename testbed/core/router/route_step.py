@@ -1,15 +1,15 @@
 """One routing step of the router, I/O-free: look up every cluster's usable cached prefix, ask
 the policy, book the assignment, pick the source of any cache move, pin what the prefill reads
 and note the arrival for the control loop. The live router and the simulator both call `route`
-with their own books (`testbed.core.router_books.RouterBooks`) and clock.
+with their own books (`testbed.core.router.router_books.RouterBooks`) and clock.
 """
 
 from __future__ import annotations
 
-from testbed.core.policy import NoCapacity, RoutingRequest, least_loaded_prefill
-from testbed.core.router_books import RoutePlan as RoutePlan, RouterBooks
-from testbed.core.scaling import Scale
-from testbed.core.scenario import Scenario
+from testbed.core.routing.policy import NoCapacity, RoutingRequest, least_loaded_prefill
+from testbed.core.router.router_books import RoutePlan as RoutePlan, RouterBooks
+from testbed.core.schema.scaling import Scale
+from testbed.core.schema.scenario import Scenario
 
 
 def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tuple[int, ...], now: float,

@@ -16,16 +16,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from testbed.core.cache_book import CacheBook, cache_book_for
-from testbed.core.control import Recent, SeriesSample
-from testbed.core.health import PROBE_INTERVAL_S, STARTUP_GRACE_S, HealthBook, HealthChange, Outcome
-from testbed.core.kvsize import KVModel
-from testbed.core.linkprofile import LinkProfile
-from testbed.core.load_aware import router_policy
-from testbed.core.load_tracker import LoadTracker
-from testbed.core.policy import BandwidthState, Decision, Policy
-from testbed.core.scenario import Scenario
-from testbed.core.servicetime import PrefillTime
+from testbed.core.routing.cache_book import CacheBook, cache_book_for
+from testbed.core.control.short_term import Recent, SeriesSample
+from testbed.core.router.health import PROBE_INTERVAL_S, STARTUP_GRACE_S, HealthBook, HealthChange, Outcome
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.routing.load_aware import router_policy
+from testbed.core.routing.load_tracker import LoadTracker
+from testbed.core.routing.policy import BandwidthState, Decision, Policy
+from testbed.core.schema.scenario import Scenario
+from testbed.core.engine.servicetime import PrefillTime
 
 
 @dataclass

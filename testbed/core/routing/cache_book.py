@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from testbed.core.kvsize import KVModel
-from testbed.core.policy import Decision
-from testbed.core.prefix_cache import CacheIndex, PrefixPool, new_pool
-from testbed.core.scenario import Scenario
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.routing.policy import Decision
+from testbed.core.routing.prefix_cache import CacheIndex, PrefixPool, new_pool
+from testbed.core.schema.scenario import Scenario
 
 
 class CacheBook:

@@ -1,6 +1,6 @@
 """Load-aware cache routing (`policy.cache_routing: load-aware`), I/O-free.
 
-The paper's cache-aware rules (`testbed.core.policy.prfaas`) send a request to the cluster that
+The paper's cache-aware rules (`testbed.core.routing.policy.prfaas`) send a request to the cluster that
 holds its prefix whatever that cluster's queue. This policy predicts, for every candidate, the
 TTFT it would give:
 
@@ -37,15 +37,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from testbed.core.kinds import unknown_kind
-from testbed.core.kvsize import KVModel
-from testbed.core.linkprofile import LinkProfile
-from testbed.core.policy import (
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.routing.policy import (
     CacheMove, ClusterView, Decision, NoCapacity, Policy, RoutingRequest, View, build_decision,
     decode_cluster_for, get_policy, least_loaded_prefill, prfaas,
 )
-from testbed.core.scenario import Scenario
-from testbed.core.servicetime import PrefillTime
+from testbed.core.schema.scenario import Scenario
+from testbed.core.engine.servicetime import PrefillTime
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """The router's load book-keeping (`LoadTracker`): what it assigned to each instance and what has
 finished. The router sees every assignment, so this is exact without polling nodes. The live
-router and the simulator both hold one (`testbed.core.router_books`).
+router and the simulator both hold one (`testbed.core.router.router_books`).
 
 `view()` lists, per cluster, just the least-loaded prefill instance (by backlog, then requests
 assigned, then name) and the least-loaded decode instance (by requests assigned, then name),
-among those not `down`. That is all any policy reads: every rule in `testbed.core.policy` and
-`testbed.core.load_aware` takes minima over instances with those keys, so a policy decides
+among those not `down`. That is all any policy reads: every rule in `testbed.core.routing.policy` and
+`testbed.core.routing.load_aware` takes minima over instances with those keys, so a policy decides
 exactly as on the full listing (`full_view`, kept for the test that shows it), and a view costs
 O(clusters) instead of O(instances), which a 10,000-GPU deployment needs. Heaps with lazy
 deletion keep the minima: every change pushes the instance's new key, and a query drops the
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import heapq
 
-from testbed.core.policy import BandwidthState, ClusterView, Decision, InstanceLoad, View
-from testbed.core.scenario import Scenario
-from testbed.core.topology import role_slots
+from testbed.core.routing.policy import BandwidthState, ClusterView, Decision, InstanceLoad, View
+from testbed.core.schema.scenario import Scenario
+from testbed.core.schema.topology import role_slots
 
 # Rebuild a heap once stale entries outnumber live ones this many times over.
 _COMPACT = 4

@@ -12,8 +12,8 @@ import math
 from types import MappingProxyType
 from typing import Callable, Literal, Mapping, NamedTuple, get_args
 
-from testbed.core.kinds import unknown_kind
-from testbed.core.scenario import PolicyName, Scenario
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.schema.scenario import PolicyName, Scenario
 
 # What routing builds per request is immutable: named tuples rather than frozen dataclasses,
 # whose constructor sets each field through object.__setattr__ (a request's view and decision

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Protocol
 
 from testbed.core import native
-from testbed.core.kvsize import KVModel
+from testbed.core.engine.kvsize import KVModel
 
 # ("b", block index, hash) for a full-attention block, ("s", blocks, hash of the last block)
 # for a linear state taken after that many blocks.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from testbed.core.scaling import Scale
+from testbed.core.schema.scaling import Scale
 
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([kmgt]?)(bit|bps)?(?:/s)?\s*$", re.I)

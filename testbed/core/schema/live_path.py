@@ -6,7 +6,7 @@ The emulator's services talk HTTP and run on asyncio timers: the client's reques
 router and is routed, the router asks the decode and prefill nodes, each token travels back
 through the router to the client, and on a busy host a decode step now and then ends late
 (the live batch loop keeps absolute deadlines, so lateness is lost only when the loop stalls
-for a whole step; `testbed.core.decode_loop`). These costs are wire seconds: they belong to the
+for a whole step; `testbed.core.engine.decode_loop`). These costs are wire seconds: they belong to the
 host and its load, not to the scenario, so a run at speedup s pays s times as much paper time.
 With them the simulator predicts an emulated run on the same host, not only the model.
 

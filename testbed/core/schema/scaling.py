@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.core.scenario import ScaleSpec
+from testbed.core.schema.scenario import ScaleSpec
 
 
 @dataclass(frozen=True)

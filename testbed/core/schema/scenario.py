@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
+from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 
 MIB = 1024 * 1024
 
@@ -182,13 +182,13 @@ class LinksSpec(_Strict):
 
 
 class LongTermSpec(_Strict):
-    """The router's long-term loop (paper seconds; `testbed.core.longterm`): every `sample_s` it
+    """The router's long-term loop (paper seconds; `testbed.core.control.longterm`): every `sample_s` it
     reads each stage's load (prefill work routed per instance-second and the work still queued;
     decode slot occupancy and sequences waiting for admission), every `interval_s` it judges
     them: it re-optimises the threshold on the last `window` requests' lengths and, when one PD
     role stays the bottleneck for `confirm` judgements while the other has room, drains one
     instance of the other role and brings it back in the bottleneck's role. Instances of the PD
-    cluster are slots that hold either role (`testbed.core.roles`)."""
+    cluster are slots that hold either role (`testbed.core.control.roles`)."""
 
     enabled: bool = False
     sample_s: float = Field(default=2.0, gt=0)
@@ -220,7 +220,7 @@ class ControlSpec(_Strict):
     senders' delivered and undelivered KV bytes, TCP retransmissions and the prefill backlogs,
     estimates the bandwidth the WAN gives, judges it scarce or abundant (the cache-aware rules)
     and, with `bandwidth_aware`, moves the threshold to where the predicted load of the link and
-    of both prefill stages is lowest (see `testbed.core.bandwidth`)."""
+    of both prefill stages is lowest (see `testbed.core.control.bandwidth`)."""
 
     interval_s: float = Field(default=2.0, gt=0)
     window: int = Field(default=200, ge=10, le=100000)        # recent requests the planner samples
@@ -246,7 +246,7 @@ class ControlSpec(_Strict):
 
 
 class LoadAwareSpec(_Strict):
-    """Load-aware cache routing (`cache_routing: load-aware`, see `testbed.core.load_aware`): the
+    """Load-aware cache routing (`cache_routing: load-aware`, see `testbed.core.routing.load_aware`): the
     threshold rule's pick (the paper's rules) is kept unless another candidate is predicted faster
     by more than `min_gain_s` paper seconds. Offloading a short request ships its whole linear
     state however short it is: the margin keeps offload to where it saves enough to pay for that.
@@ -360,7 +360,7 @@ class ServingSpec(_Strict):
 
 
 class LivePathSpec(_Strict):
-    """What the live path costs a request, wire seconds (`testbed.core.live_path`)."""
+    """What the live path costs a request, wire seconds (`testbed.core.schema.live_path`)."""
 
     routing_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)   # client sent -> router decided
     dispatch_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # router decided -> prefill queued
@@ -396,7 +396,7 @@ class _FaultBase(_Strict):
 
 class _NodeFault(_FaultBase):
     """A fault of one node instance, named by its id (`{cluster}-p{i}` / `{cluster}-d{i}`, see
-    `testbed.core.topology`) or by `cluster`, `role` and `index`."""
+    `testbed.core.schema.topology`) or by `cluster`, `role` and `index`."""
 
     node: str | None = None
     cluster: str | None = None
@@ -522,7 +522,7 @@ class Scenario(_Strict):
     workload: WorkloadSpec = WorkloadSpec()
     transfer: TransferSpec = TransferSpec()
     serving: ServingSpec = ServingSpec()
-    # Timed fault events (see `testbed.core.faults` for their timeline).
+    # Timed fault events (see `testbed.core.fault_timeline` for their timeline).
     faults: list[FaultSpec] = []
     sim: SimSpec = SimSpec()
 

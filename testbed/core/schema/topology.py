@@ -1,7 +1,7 @@
 """Node instances of a scenario, named `{cluster}-p{i}` (prefill) and `{cluster}-d{i}` (decode).
 
 With the long-term loop (`policy.control.long_term`) every instance of the PD cluster is a slot
-that can hold either role (`testbed.core.roles`): both of its nodes exist, so the cluster has a
+that can hold either role (`testbed.core.control.roles`): both of its nodes exist, so the cluster has a
 prefill and a decode node per slot, and the router routes only to the role each slot holds.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from testbed.core.scenario import ClusterSpec, Scenario, node_id
+from testbed.core.schema.scenario import ClusterSpec, Scenario, node_id
 
 Role = Literal["prefill", "decode"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.core.record import RequestRecord
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.metrics.records import read_records
-from testbed.studies.load import load
-from testbed.studies.stoppable import run_stoppable
+from testbed.run.load import load
+from testbed.run.stoppable import run_stoppable
 
 FIDELITY_RATE = 0.3    # paper req/s: low enough that queues stay empty on the paper deployments
 
@@ -57,7 +57,7 @@ def fidelity_figures(sc: Scenario, records: list[RequestRecord]) -> dict[str, An
 
 
 def fidelity(args: argparse.Namespace) -> int:
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
     rs = load(args.scenario, {"workload": {"rate": FIDELITY_RATE, "requests": args.requests or 40}})
@@ -140,11 +140,11 @@ def live_path(args: argparse.Namespace) -> int:
     from datetime import datetime as dt
 
     from testbed.config.live_path import save_host_costs
-    from testbed.core.live_path import DRAWN, quantiles
+    from testbed.core.schema.live_path import DRAWN, quantiles
     from testbed.deploy import registry
     from testbed.metrics.live_path import live_path_figures
     from testbed.config.overrides import overrides_for, set_path
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
     from testbed.traces.loader import load_trace, trace_from_workload
 
     if args.from_runs:
@@ -204,13 +204,13 @@ def _bench(args: argparse.Namespace) -> int:
     if args.which == "live-path":
         return live_path(args)
     if args.which == "sim":
-        from testbed.studies.sim_bench import bench_sim
+        from testbed.studies.bench.sim_bench import bench_sim
         return bench_sim(args)
     if args.which == "sim-faults":
-        from testbed.studies.sim_bench import bench_sim_faults
+        from testbed.studies.bench.sim_bench import bench_sim_faults
         return bench_sim_faults(args)
     if args.which == "peers":
-        from testbed.studies.peer_bench import bench_peers
+        from testbed.studies.crosscheck.peer_bench import bench_peers
         return bench_peers(args)
     if args.which == "kv":
         return kv(args)
@@ -246,7 +246,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b.add_argument("--from", dest="from_runs", action="append", metavar="RUN",
                    help="live-path: take the figures from these emulated runs instead of a new one (repeatable)")
     b.add_argument("--no-save", action="store_true", help="live-path: do not keep the figures as this host's")
-    from testbed.traces.command import WINDOW_HELP, window_arg
+    from testbed.traces.trace_command import WINDOW_HELP, window_arg
     b.add_argument("--trace", action=StoreOnce, help="live-path: replay this trace (best: a part of the one the "
                                                      "simulator is to predict, at its load) instead of the probe workload; "
                                                      "peers: a Mooncake trace to replay instead of the one-hour "

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.core.scenario import LengthDist
-from testbed.studies.load import load, resolve
+from testbed.core.schema.scenario import LengthDist
+from testbed.run.load import load, resolve
 
 HOUR_REQUESTS = 12000
 HOUR_S = 3600.0
@@ -194,12 +194,12 @@ def _window(recs: list[Any], lo: float, hi: float, speedup: float) -> dict[str, 
 def faults_run(out: Path, seed: int, control: bool) -> dict[str, Any]:
     """One 15-minute run of the 10,000-GPU deployment with the faults, its run directory whole
     (records, series, faults.jsonl, summary, report with its Faults section)."""
-    from testbed.metrics.faults import fault_effects
+    from testbed.metrics.fault_effects import fault_effects
     from testbed.metrics.records import read_records
     from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
     from testbed.model.analytical import evaluate
-    from testbed.studies.runner import run_sim
+    from testbed.run.runner import run_sim
     from testbed.traces.loader import trace_from_workload
 
     base, k = scaled(load("paper-prfaas"), SCALE_INSTANCES)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
 from testbed.metrics.records import read_records
 from testbed.metrics.stats import percentile
@@ -95,7 +95,7 @@ def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_sl
 def workload_at(rs: ResolvedScenario, rate: float, trace: Trace | None = None) -> tuple[ResolvedScenario, Trace]:
     """The scenario and its workload at `rate` paper req/s: the scenario's synthetic workload, or
     `trace` (testbed capacity --trace) with its arrivals rescaled to that rate."""
-    from testbed.studies.run_args import at_rate
+    from testbed.run.run_args import at_rate
     from testbed.traces.loader import trace_from_workload
 
     rs_r = rs.at_rate(rate)
@@ -107,7 +107,7 @@ INVALID_RERUNS = 2
 
 async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, growth_limit: float,
                  ttft_slo: float, growth_s: float | None = None, trace: Trace | None = None) -> Probe:
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
 
     sc = rs.spec
     rs_r, tr = workload_at(rs, rate, trace)
@@ -136,7 +136,7 @@ async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, gro
 
 def model_lambda(sc: Scenario, link_bps: float = 100e9) -> float | None:
     from testbed.model.analytical import evaluate
-    from testbed.model.command import resolve_threshold
+    from testbed.model.model_command import resolve_threshold
 
     try:
         t = resolve_threshold(sc, link_bps) if sc.policy.name == "prfaas" else None

@@ -13,11 +13,11 @@ from pathlib import Path
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
-from testbed.studies.capacity import model_lambda, search, write_outputs
-from testbed.studies.load import load
-from testbed.studies.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
-from testbed.studies.run_args import add_run_args, run_overrides, trace_for
-from testbed.studies.stoppable import run_stoppable
+from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
+from testbed.run.load import load
+from testbed.studies.capacity.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
+from testbed.run.run_args import add_run_args, run_overrides, trace_for
+from testbed.run.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
 

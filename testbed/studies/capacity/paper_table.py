@@ -1,6 +1,6 @@
 """The paper's Table 6 by emulation: `testbed capacity` with several scenarios.
 
-For each deployment: Lambda_max by bisection (`testbed.studies.capacity.search`), then one replay of
+For each deployment: Lambda_max by bisection (`testbed.studies.capacity.capacity.search`), then one replay of
 every deployment at a common offered load for TTFT. From the run directories it measures what
 Table 6 lists (Lambda_max, ratios, mean/P90 TTFT, Theta per stage, offload share, WAN usage),
 sets the analytical model's figures beside them, and explains each gap from the records:
@@ -26,12 +26,12 @@ from typing import Any, Sequence
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
 from testbed.metrics.artefacts import Summary
 from testbed.metrics.records import read_records
 from testbed.metrics.stats import percentile
-from testbed.studies.capacity import CapacityResult, Probe, model_lambda, search, workload_at, write_outputs
+from testbed.studies.capacity.capacity import CapacityResult, Probe, model_lambda, search, workload_at, write_outputs
 from testbed.traces.types import Trace
 
 DEFAULT_GROWTH_S = 2.5        # paper seconds of growth in mean wait that marks a probe unstable
@@ -275,7 +275,7 @@ async def run_table(scenarios: Sequence[ResolvedScenario], out: Path, backend: s
                     growth_s: float, common_rate: float | None, spread: float = 0.25,
                     trace: Trace | None = None) -> list[TableRow]:
     from testbed.model.analytical import evaluate
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
 
     deps: list[TableRow] = []
     for rs in scenarios:

@@ -23,10 +23,10 @@ from testbed.model.errors import ModelError
 from testbed.core.errors import UserError
 from testbed.deploy import registry
 from testbed.metrics.artefacts import Summary
-from testbed.studies.crosscheck_explain import Side
-from testbed.studies.crosscheck_table import Crosscheck, compare
-from testbed.studies.run_args import add_run_args, run_overrides, trace_for
-from testbed.studies.stoppable import run_stoppable
+from testbed.studies.crosscheck.crosscheck_explain import Side
+from testbed.studies.crosscheck.crosscheck_table import Crosscheck, compare
+from testbed.run.run_args import add_run_args, run_overrides, trace_for
+from testbed.run.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
 class CrosscheckError(UserError, ValueError):
@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def model_figures(rs: ResolvedScenario, trace: Trace, from_trace: bool) -> tuple[dict[str, float | None], str]:
     """What the analytical model predicts of the crosscheck's metrics, and a note saying how."""
-    from testbed.core.kvsize import KVModel
+    from testbed.core.engine.kvsize import KVModel
     from testbed.model.analytical import evaluate
     from testbed.model.workload import TraceWorkload
 
@@ -138,9 +138,9 @@ def _side(label: str, run_dir: Path, summary: Summary | None = None) -> Side:
 
 
 def crosscheck_one(rs: ResolvedScenario, trace: Trace, out: Path, args: argparse.Namespace, several: bool) -> Crosscheck:
-    from testbed.studies.crosscheck_report import write
-    from testbed.studies.replay_command import _run_one
-    from testbed.studies.runner import run_sim
+    from testbed.studies.crosscheck.crosscheck_report import write
+    from testbed.run.replay_command import _run_one
+    from testbed.run.runner import run_sim
 
     show = not args.json and sys.stderr.isatty()
     emu: Side | None = None
@@ -164,8 +164,8 @@ def crosscheck_one(rs: ResolvedScenario, trace: Trace, out: Path, args: argparse
 
 
 def cmd_crosscheck(args: argparse.Namespace) -> int:
-    from testbed.studies.crosscheck_report import print_table, write
-    from testbed.studies.load import load
+    from testbed.studies.crosscheck.crosscheck_report import print_table, write
+    from testbed.run.load import load
 
     if args.peer is not None:
         return cmd_peer(args)
@@ -212,8 +212,8 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
 
 def cmd_peer(args: argparse.Namespace) -> int:
     """`crosscheck --peer`: the testbed's simulator beside a peer simulator (`peer_check`)."""
-    from testbed.studies.load import load
-    from testbed.studies.peer_check import check_peer, print_table, run_peer_check
+    from testbed.run.load import load
+    from testbed.studies.crosscheck.peer_check import check_peer, print_table, run_peer_check
 
     if args.emulated is not None or args.skip_emulation or args.backend not in (None, registry.AUTO):
         print("crosscheck: --peer runs no emulation; it takes none of --emulated, --skip-emulation, --backend",

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from testbed.core.record import RequestRecord
 from testbed.metrics.artefacts import Summary
-from testbed.studies import crosscheck_stages as st
+from testbed.studies.crosscheck import crosscheck_stages as st
 
 
 @dataclass(frozen=True)

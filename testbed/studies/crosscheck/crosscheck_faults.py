@@ -1,5 +1,5 @@
 """The crosscheck of a fault scenario: what each fault did in the simulation against the emulation
-(`testbed.metrics.faults.fault_effects` on both runs), judged against the simulator's bar, and
+(`testbed.metrics.fault_effects.fault_effects` on both runs), judged against the simulator's bar, and
 every difference in failed and retried requests explained from the two runs' records and
 decision logs.
 
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.core.faults import NODE_KINDS
+from testbed.core.fault_timeline import NODE_KINDS
 from testbed.core.record import RequestRecord
-from testbed.metrics.faults import fault_effects
+from testbed.metrics.fault_effects import fault_effects
 from testbed.metrics.summary import read_run_info
 from testbed.metrics.timeseries import decision_points
-from testbed.studies.crosscheck_explain import Side
+from testbed.studies.crosscheck.crosscheck_explain import Side
 
 COUNT_TOL = (2, 0.20)          # requests: within 2 or 20%, whichever is larger
 RECOVER_TOL_S = 1.0            # paper seconds

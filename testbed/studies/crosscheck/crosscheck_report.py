@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from testbed.studies import crosscheck_faults
-from testbed.studies.crosscheck_table import Crosscheck
+from testbed.studies.crosscheck import crosscheck_faults
+from testbed.studies.crosscheck.crosscheck_table import Crosscheck
 
 COLUMNS = ("metric", "model", "sim", "emulation", "sim vs emulation", "tolerance", "verdict")
 

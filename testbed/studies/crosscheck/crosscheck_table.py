@@ -14,9 +14,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-from testbed.studies import crosscheck_stages as st
-from testbed.studies.crosscheck_explain import Context, Side, explain, finite, notes, rel
-from testbed.studies.crosscheck_faults import FaultRow, fault_rows
+from testbed.studies.crosscheck import crosscheck_stages as st
+from testbed.studies.crosscheck.crosscheck_explain import Context, Side, explain, finite, notes, rel
+from testbed.studies.crosscheck.crosscheck_faults import FaultRow, fault_rows
 
 EXPLAIN_ABOVE = 0.05
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core.errors import UserError
-from testbed.studies import peer_dynamo
+from testbed.studies.crosscheck import peer_dynamo
 from testbed.traces.types import Trace, TraceRequest
 
 HOUR_REQUESTS = 12000       # `make replay-load-aware`'s one-hour conversation surrogate
@@ -171,7 +171,7 @@ def _med(xs: list[float]) -> float:
 
 def bench_peers(args: Any) -> int:
     from testbed.config.overrides import overrides_for
-    from testbed.studies.load import load
+    from testbed.run.load import load
     from testbed.traces.loader import load_trace
 
     why = peer_dynamo.missing()

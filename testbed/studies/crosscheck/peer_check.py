@@ -19,9 +19,9 @@ from rich.text import Text
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.metrics.summary import load_records
-from testbed.studies import peer_dynamo
-from testbed.studies.crosscheck_explain import Side
-from testbed.studies.peer_compare import COLUMNS, PeerCheck, _cells, compare, markdown
+from testbed.studies.crosscheck import peer_dynamo
+from testbed.studies.crosscheck.crosscheck_explain import Side
+from testbed.studies.crosscheck.peer_compare import COLUMNS, PeerCheck, _cells, compare, markdown
 from testbed.traces.types import Trace
 
 PEERS: tuple[str, ...] = ("dynamo",)
@@ -36,7 +36,7 @@ def check_peer(peer: str, rs: ResolvedScenario) -> None:
 
 
 def run_peer_check(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str, router: str = "kv") -> PeerCheck:
-    from testbed.studies.runner import run_sim
+    from testbed.run.runner import run_sim
 
     name = "Dynamo's mocker"
     print(f"simulating {len(trace)} requests of {trace.source} on {rs.name} -> {out / 'sim'}", file=sys.stderr)

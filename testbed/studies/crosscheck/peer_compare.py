@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from testbed.core.record import RequestRecord
-from testbed.core.scenario import HardwareSpec
-from testbed.core.servicetime import DecodeStepTime, PrefillTime
-from testbed.studies import crosscheck_stages as st
-from testbed.studies.crosscheck_explain import Side, finite, rel
+from testbed.core.schema.scenario import HardwareSpec
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
+from testbed.studies.crosscheck import crosscheck_stages as st
+from testbed.studies.crosscheck.crosscheck_explain import Side, finite, rel
 
 EXPLAIN_ABOVE = 0.05
 BAR = 0.10

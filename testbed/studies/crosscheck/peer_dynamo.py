@@ -37,8 +37,8 @@ from typing import Any, Literal
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
 from testbed.core.record import NAN, RequestRecord, StageTimes
-from testbed.core.scenario import ClusterSpec
-from testbed.studies.peer_timing import MockerTiming, mocker_timing
+from testbed.core.schema.scenario import ClusterSpec
+from testbed.studies.crosscheck.peer_timing import MockerTiming, mocker_timing
 from testbed.traces.types import Trace
 
 PACKAGE = "ai-dynamo-runtime"

@@ -29,13 +29,13 @@ from testbed.config.overrides import overrides_for
 from testbed.config.profiles import load_profile
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.scenarios import ScenarioError, dump_scenario
-from testbed.core.linkprofile import LinkProfile
-from testbed.core.scenario import Scenario
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
 from testbed.metrics.records import read_records
 from testbed.model.feasibility import Deployments, HomogeneousPoint, MapPoint, ModelMap, point_key
-from testbed.studies.capacity import CapacityResult, model_lambda, search, write_outputs
-from testbed.studies.load import load
+from testbed.studies.capacity.capacity import CapacityResult, model_lambda, search, write_outputs
+from testbed.run.load import load
 
 SimChoice = Literal["all", "none", "subset"]
 
@@ -170,7 +170,7 @@ def _share(sc: Scenario, run_dir: Path) -> float | None:
 
 async def measure(rs: ResolvedScenario, out: Path, backend: str, s: RunSettings, verbose: bool = False) -> Measured:
     """Lambda_max by bisection around the model's, then P90 TTFT at a light load."""
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
     sc = rs.spec

@@ -24,7 +24,7 @@ from testbed.model.feasibility import (
     default_models,
     load_deployments,
 )
-from testbed.studies.feasibility import (
+from testbed.studies.feasibility.feasibility import (
     CONFIRM_TOLERANCE,
     Confirmation,
     RunSettings,
@@ -37,7 +37,7 @@ from testbed.studies.feasibility import (
     simulate_points,
     write_confirm,
 )
-from testbed.studies.feasibility_report import (
+from testbed.studies.feasibility.feasibility_report import (
     Timing,
     plot_heatmap,
     rows,
@@ -47,7 +47,7 @@ from testbed.studies.feasibility_report import (
     write_json,
     write_report,
 )
-from testbed.studies.stoppable import run_stoppable
+from testbed.run.stoppable import run_stoppable
 
 
 class FeasibilityError(UserError, ValueError):

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.config.privilege import need_root
-from testbed.core.loss_account import LossAccount, QueueBound, Snapshot, account_loss, peak_in_flight
-from testbed.core.linkprofile import LinkParams, LinkProfile
-from testbed.core.scaling import Scale
+from testbed.net.loss_account import LossAccount, QueueBound, Snapshot, account_loss, peak_in_flight
+from testbed.core.schema.linkprofile import LinkParams, LinkProfile
+from testbed.core.schema.scaling import Scale
 from testbed.net.procs import ProcessGroup
 from testbed.live.kv_transport import KVReceiver, KVSender
 from testbed.metrics.series_format import SeriesWriter, read_series
@@ -835,7 +835,7 @@ def _probe_count(text: str) -> int | None:
 
 
 def cmd_linkcheck(args: argparse.Namespace) -> int:
-    from testbed.core.linkprofile import parse_rate
+    from testbed.core.schema.linkprofile import parse_rate
     from testbed.config.profiles import PROFILE_DIR, load_profile
 
     names: list[str] = list(args.profile)

@@ -25,9 +25,9 @@ from typing import Any, Sequence
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
-from testbed.core.kinds import unknown_kind
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import Scenario
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import Workload
 from testbed.model.optimise import resolve_threshold
 from testbed.model.planner import (
@@ -47,8 +47,8 @@ from testbed.model.planner import (
     score_config,
 )
 from testbed.model.workload import TraceWorkload
-from testbed.studies.plan_report import Rows, key, report_md, scenario_file, slug, write_plan_file
-from testbed.studies.plan_sim import (
+from testbed.studies.plan.plan_report import Rows, key, report_md, scenario_file, slug, write_plan_file
+from testbed.studies.plan.plan_sim import (
     NOT_VERIFIED,
     SIM_FIGURES,
     SimUnavailable,
@@ -164,7 +164,7 @@ def _link(bases: dict[Kind, Base], gbps: float | None) -> tuple[float, float, st
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from testbed.traces.command import WINDOW_HELP, window_arg
+    from testbed.traces.trace_command import WINDOW_HELP, window_arg
     from testbed.traces.formats import SUPPORTED_FORMATS
 
     p = sub.add_parser(

@@ -55,8 +55,8 @@ def sim_simulator(out_dir: Path, window: Window | None, fmt: str) -> Simulate:
     once. Raises SimUnavailable while the runner knows no `sim` backend."""
     import shutil
 
-    from testbed.studies import runner
-    from testbed.studies.load import load
+    from testbed.run import runner
+    from testbed.run.load import load
     from testbed.traces.loader import load_trace
     from testbed.traces.types import Trace
 

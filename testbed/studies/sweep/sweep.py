@@ -32,16 +32,16 @@ import numpy as np
 import yaml
 
 from testbed.config.cli_args import StoreOnce, out_dir
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.metrics.artefacts import Summary
 from testbed.config.resolved import ResolvedScenario
 from testbed.model.errors import ModelError
 from testbed.config.overrides import build_overrides, parse_assignments
 from testbed.config.scenarios import ScenarioError, load_scenario
 from testbed.deploy import registry
-from testbed.studies.load import load
-from testbed.studies.run_args import add_run_args, run_assignments, trace_for
-from testbed.studies.stoppable import run_stoppable
+from testbed.run.load import load
+from testbed.run.run_args import add_run_args, run_assignments, trace_for
+from testbed.run.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
 MAX_PARAMS = 2
@@ -208,7 +208,7 @@ def threshold_grid(sc: Scenario, extra: Sequence[float] = (), points: int | None
 def model_curve(sc: Scenario, link_bps: float, extra: Sequence[float] = ()) -> list[dict[str, Any]]:
     """Analytical figures of the `prfaas` policy for each t of `threshold_grid` (paper units);
     queue-free TTFT only on the coarser TTFT grid (empty elsewhere)."""
-    from testbed.core.kvsize import KVModel
+    from testbed.core.engine.kvsize import KVModel
     from testbed.model.analytical import StagePools, LengthDistribution, evaluate, threshold_curves
 
     dep = StagePools.from_scenario(sc)
@@ -403,7 +403,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _run_and_record(pt: Point, out: Path, backend: str, link_bps: float, n: int, rows: list[dict[str, Any]],
                     capacity_probes: int = 0, trace: Trace | None = None) -> bool:
     """Run one point and append its row; True when Ctrl-C stopped it. With `capacity_probes`,
-    the point is a capacity search (testbed.studies.capacity) and its row carries the measured
+    the point is a capacity search (testbed.studies.capacity.capacity) and its row carries the measured
     Lambda_max and the figures of the highest stable probe. Every point replays the scenario's
     workload, or `trace` (--trace) the same for all."""
     run_dir = out / pt.label
@@ -441,7 +441,7 @@ def _short(v: Any) -> str:
 
 async def _capacity_point(pt: Point, run_dir: Path, backend: str, probes: int, link_bps: float,
                           trace: Trace | None = None) -> Any:
-    from testbed.studies.capacity import model_lambda, search, write_outputs
+    from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
 
     model = model_lambda(pt.scenario, link_bps) or 1.0
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -452,7 +452,7 @@ async def _capacity_point(pt: Point, run_dir: Path, backend: str, probes: int, l
 
 
 async def _run_point(pt: Point, run_dir: Path, backend: str, trace: Trace | None = None) -> None:
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
     if trace is None:
