@@ -8,7 +8,7 @@ from testbed.core.record import StageTimes
 from testbed.metrics.records import RecordRows as RecordRowsView
 from testbed.core.engine.servicetime import DecodeStepTime
 from testbed.sim.events import Loop
-from testbed.sim.network import PathHandle
+from testbed.sim.net_view import PathHandle
 
 ABI: int
 
@@ -50,11 +50,11 @@ class RecordRows(RecordRowsView):
                  max_field: int) -> None: ...
 
 class NetPath(PathHandle):
-    """A path of a `FlowNet` (`testbed.sim.network.PathHandle`)."""
+    """A path of a `FlowNet` (`testbed.sim.net_view.PathHandle`)."""
 
 class FlowNet:
     """`testbed.sim.network.Network` compiled, for runs whose links never change
-    (`testbed.sim.network.new_network` builds it)."""
+    (`testbed.sim.net_view.new_network` builds it)."""
     def __init__(self, loop: Any, net_priority: int, nodes: list[str], node_dc: list[int],
                  links: list[tuple[float, int]], nic_out: list[int], nic_in: list[int],
                  wan: dict[tuple[int, int], int], counters: int, sent_of: list[int], received_of: list[int],

@@ -23,7 +23,7 @@ from testbed.core.gc_pause import paused_gc
 COMMAND_MODULES = (
     "testbed.run.replay_command", "testbed.deploy.serve", "testbed.studies.bench.bench",
     "testbed.model.model_command", "testbed.traces.trace_command", "testbed.metrics.report_command",
-    "testbed.deploy.down_command", "testbed.net.netcaps_command", "testbed.studies.linkcheck.linkcheck",
+    "testbed.deploy.down_command", "testbed.net.netcaps_command", "testbed.studies.linkcheck.linkcheck_command",
     "testbed.studies.capacity.capacity_command", "testbed.metrics.regress", "testbed.studies.sweep.sweep",
     "testbed.hardware.calibrate_command", "testbed.studies.plan.plan", "testbed.studies.crosscheck.crosscheck",
     "testbed.studies.feasibility.feasibility_command", "testbed.hardware.profile_command",
@@ -38,7 +38,7 @@ COMMAND_MODULE = {
     "report": "testbed.metrics.report_command", "compare": "testbed.metrics.report_command",
     "regress": "testbed.metrics.regress", "crosscheck": "testbed.studies.crosscheck.crosscheck",
     "model": "testbed.model.model_command", "down": "testbed.deploy.down_command",
-    "netcaps": "testbed.net.netcaps_command", "linkcheck": "testbed.studies.linkcheck.linkcheck",
+    "netcaps": "testbed.net.netcaps_command", "linkcheck": "testbed.studies.linkcheck.linkcheck_command",
     "capacity": "testbed.studies.capacity.capacity_command", "sweep": "testbed.studies.sweep.sweep",
     "calibrate": "testbed.hardware.calibrate_command", "plan": "testbed.studies.plan.plan",
     "feasibility": "testbed.studies.feasibility.feasibility_command",

@@ -37,7 +37,8 @@ from testbed.core.kv.kv_receive import (
     TransferResult,
 )
 from testbed.core.kv.kv_send import CloseConnection as SendCloseConnection
-from testbed.core.kv.kv_send import DataEncoder, OutgoingTransfer, Phase, ReadyForEnd, SendEvent, SendPath, TransferDelivered
+from testbed.core.kv.kv_send import (DataEncoder, OutgoingTransfer, Phase, ReadyForEnd, SendEvent, SendPath,
+                                     TransferDelivered)
 
 pytestmark = pytest.mark.pure
 

@@ -24,7 +24,8 @@ from testbed.config.scenarios import load_scenario
 from native_ext import required
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.sim.events import ARRIVAL, SAMPLE, EventLoop, new_loop
-from testbed.sim.network import Network, new_network
+from testbed.sim.net_view import new_network
+from testbed.sim.network import Network
 
 required()
 

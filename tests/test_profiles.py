@@ -28,7 +28,8 @@ from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.hardware import aiconfigurator as aic
 from testbed.model.analytical import prefill_seconds
-from testbed.hardware.calibrate import CalibrationError, PrefillPoint, fit_prefill_polynomial, fit_prefill_table, split_overhead
+from testbed.hardware.calibrate import (CalibrationError, PrefillPoint, fit_prefill_polynomial, fit_prefill_table,
+                                        split_overhead)
 from testbed.model.feasibility import compare_sources, compute_map, load_deployments
 from testbed.model.paper_bandwidth import TABLE3_GBPS
 from testbed.hardware.profile_sample import (

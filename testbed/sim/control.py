@@ -24,7 +24,7 @@ from testbed.core.router.router_books import RouterBooks
 from testbed.core.schema.scaling import Scale
 from testbed.metrics.series_format import RawSample as Sample
 from testbed.sim.events import CONTROL, Loop
-from testbed.sim.network import Net
+from testbed.sim.net_view import Net
 from testbed.sim.prefill import PrefillSim
 
 Write = Callable[[float, list[Sample]], None]

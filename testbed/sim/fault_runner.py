@@ -38,7 +38,8 @@ from testbed.core.schema.scenario import (
 )
 from testbed.metrics.fault_effects import FaultLogFile
 from testbed.sim.events import FAULT, SAMPLE, Loop
-from testbed.sim.network import Net, Network
+from testbed.sim.net_view import Net
+from testbed.sim.network import Network
 from testbed.sim.router import SimRouter
 from testbed.sim.wan import ResetWindow
 

@@ -26,7 +26,7 @@ from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.schema.topology import NodeSpec
 from testbed.sim.host import Host
 from testbed.sim.events import PREFILL
-from testbed.sim.network import PathHandle
+from testbed.sim.net_view import PathHandle
 from testbed.sim.request import SimRequest
 
 

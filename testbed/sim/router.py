@@ -41,7 +41,7 @@ from testbed.core.schema.scaling import Scale
 from testbed.metrics.series_format import RawSample
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, KV_ARRIVAL, PREFILL, Loop
-from testbed.sim.network import Net, PathHandle as NetPath
+from testbed.sim.net_view import Net, PathHandle as NetPath
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.traces.types import TraceRequest

@@ -41,7 +41,8 @@ from testbed.sim.fault_runner import FaultRunner, Prober
 from testbed.sim.longterm import RoleLoop
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, FAULT, SAMPLE, new_loop
-from testbed.sim.network import Network, PathHandle as NetPath, new_network
+from testbed.sim.net_view import PathHandle as NetPath, new_network
+from testbed.sim.network import Network
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter

@@ -43,7 +43,7 @@ class Link(Protocol):
 
 
 class Path(Protocol):
-    """What this module reads of a `testbed.sim.network.Path`."""
+    """What this module reads of a `testbed.sim.net_links.Path`."""
 
     @property
     def src(self) -> str: ...

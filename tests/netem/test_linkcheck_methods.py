@@ -11,7 +11,8 @@ import pytest
 
 from testbed.config.profiles import load_profile
 from testbed.core.schema.scaling import Scale
-from testbed.studies.linkcheck.linkcheck import LOSS_BAR, compare_markdown, loss_probes_for
+from testbed.studies.linkcheck.linkcheck import LOSS_BAR, loss_probes_for
+from testbed.studies.linkcheck.linkcheck_compare import compare_markdown
 
 
 @pytest.mark.pure

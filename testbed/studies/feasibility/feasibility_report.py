@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 from testbed.config.scenarios import load_model_profile
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.model.feasibility import PROFILE_HARDWARE, BreakEven, MapPoint, ModelMap, SourceMaps, label
-from testbed.studies.feasibility.feasibility import CONFIRM_TOLERANCE, Confirmation, RunSettings, SimResults, confirm_table
+from testbed.studies.feasibility.feasibility import (CONFIRM_TOLERANCE, Confirmation, RunSettings, SimResults,
+                                                     confirm_table)
 
 SIM_COLUMNS = ("lambda_max_sim", "homogeneous_lambda_max_sim", "gain_sim", "offload_share_sim", "ttft_p90_sim_s",
                "ttft_rate_sim", "lowest_unstable_sim")

@@ -4,7 +4,6 @@ when installed), loss, and how fast throughput follows a scheduled rate change."
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import math
@@ -12,13 +11,12 @@ import shutil
 import subprocess
 import time
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.config.privilege import need_root
 from testbed.net.loss_account import LossAccount, QueueBound, Snapshot, account_loss, peak_in_flight
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile
 from testbed.core.schema.scaling import Scale
@@ -623,175 +621,8 @@ def main_linkcheck(profiles: list[LinkProfile], scales: list[Scale], connections
     return 1 if failed else 0
 
 
-# -- netem against the delay line -------------------------------------------------------------------
-
-COMPARED: tuple[Method, Method] = ("netem", "fallback")
-
-
-def measure_method(cfg: LinkCheckConfig, method: Method) -> dict[str, Any]:
-    """What `method` makes of the profile: RTT and its spread, the probe stream's loss, loss
-    correlation, reordering and one-way delay spread, goodput on 1 and N connections."""
-    with shaped_link(cfg, method) as link:
-        out = _configured(cfg, method, link.topo.mtu)
-        b = link.topo.host("b")
-        out["rtt"] = measure_rtt_checked(link, cfg.rtt_probes, rtt_tolerance(2 * link.params.delay_s))
-        run, out["loss"] = measure_loss(link, cfg.loss_probes)
-        out["probes"] = asdict(run.stats)
-        receiver = KVReceiver()
-        link.lb.run(receiver.start(b.ip, KV_PORT))
-        nbytes = int(link.params.rate_bps / 8 * cfg.duration_s)
-        timeout = cfg.duration_s * 20 + 30
-        ids = itertools.count(1)
-        out["goodput"] = [_goodput(link.la, link.lb, receiver, (b.ip, KV_PORT), nbytes, n, next(ids),
-                                   cfg.profile.tcp.congestion, timeout)
-                          for n in (cfg.connections, 1)]
-        link.lb.run(receiver.close())
-    out["verdicts"] = verdicts(out)
-    return out
-
-
-def compare_methods(cfg: LinkCheckConfig) -> dict[str, Any]:
-    return {"profile": cfg.profile.name, "methods": {m: measure_method(cfg, m) for m in COMPARED}}
-
-
-def _ms(x: float | None) -> str:
-    return f"{x * 1e3:.2f} ms" if x is not None and math.isfinite(x) else "-"
-
-
-def _pct(x: float | None, digits: int = 2) -> str:
-    return f"{x:.{digits}%}" if x is not None else "-"
-
-
-def compare_rows(c: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
-    """(measure, configured, one cell per method in COMPARED) for one profile."""
-    rs = [c["methods"][m] for m in COMPARED]
-    cfg = rs[0]["configured"]
-    fail = {True: "", False: " FAIL", None: ""}
-
-    def cells(f: Any) -> list[str]:
-        return [f(r) for r in rs]
-
-    rows = [
-        ("RTT median", _ms(cfg["rtt_s_wire"]),
-         cells(lambda r: f"{_ms(r['rtt']['median_s'])} (unshaped {_ms(r['rtt']['base_median_s'])})"
-                         + (fail[r["verdicts"]["rtt"]] if rtt_valid(r) else " " + rtt_invalid_cell(r)))),
-        ("RTT sd", f"jitter {_ms(cfg['jitter_s_wire'])} each way",
-         cells(lambda r: f"{_ms(r['rtt']['sd_s'])} (unshaped {_ms(r['rtt']['base_sd_s'])})")),
-        ("one-way delay sd", "-", cells(lambda r: _ms(r["probes"]["delay_sd_s"]))),
-        ("loss", _pct(cfg["loss"]),
-         cells(lambda r: (f"{_pct(r['loss']['link'])} of {r['probes']['sent']}" + fail[r["verdicts"]["loss"]])
-               if r["loss"]["valid"] else f"INVALID ({_pct(r['probes']['loss'])} of {r['probes']['sent']}: "
-                                          + "; ".join(r["loss"]["reasons"]) + ")")),
-    ]
-    if cfg["loss_correlation"]:
-        rows.append(("loss correlation (lag 1)", f"{cfg['loss_correlation']:g}",
-                     cells(lambda r: f"{r['probes']['loss_correlation']:.3f}"
-                           if r["probes"]["loss_correlation"] is not None else "-")))
-    rows.append(("reordered probes", "0", cells(lambda r: _pct(r["probes"]["reordered"], 3))))
-    for i, g in enumerate(rs[0]["goodput"]):
-        rows.append((f"goodput, {g['connections']} conn", f"{cfg['rate_bps_wire'] / 1e6:.1f} Mbit/s",
-                     cells(lambda r: (f"{r['goodput'][i]['bps'] / 1e6:.1f} Mbit/s" + _past_ramp(r["goodput"][i])
-                                      if r["goodput"][i]["bps"] else f"failed: {r['goodput'][i]['reason']}")
-                           + (fail[r["verdicts"]["goodput_multi"]] if i == 0 else ""))))
-    return rows
-
-
 def _past_ramp(g: dict[str, Any]) -> str:
     return f" (past the ramp {g['steady_bps'] / 1e6:.1f})" if g.get("steady_bps") else ""
-
-
-def compare_markdown(results: list[dict[str, Any]]) -> str:
-    s = results[0]["methods"][COMPARED[0]]["scale"] if results else {"speedup": 1.0, "byte_scale": 1.0}
-    lines = [f"linkcheck --compare-methods (speedup {s['speedup']:g}; wire figures; FAIL: outside "
-             "linkcheck's bar: RTT 1 ms or 3% over the unshaped path, loss 0.3 points, goodput on "
-             "N connections past TCP's ramp 90% of the rate)", "",
-             "| profile | measure | configured | " + " | ".join(COMPARED) + " |",
-             "|---|---|---|" + "---|" * len(COMPARED)]
-    for c in results:
-        for k, (measure, conf, cells) in enumerate(compare_rows(c)):
-            lines.append(f"| {c['profile'] if k == 0 else ''} | {measure} | {conf} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _loss_with_corr(r: dict[str, Any]) -> str:
-    if not r["loss"]["valid"]:
-        return "INVALID"
-    corr = r["probes"]["loss_correlation"]
-    return _pct(r["loss"]["link"]) + (f" ({corr:.2f})" if corr is not None and r["configured"]["loss"] else "")
-
-
-def compare_summary(results: list[dict[str, Any]]) -> str:
-    """One row per profile, netem / the delay line in each cell: the table the README quotes."""
-    def pair(c: dict[str, Any], f: Callable[[dict[str, Any]], str]) -> str:
-        return " / ".join(f(c["methods"][m]) for m in COMPARED)
-
-    def mbit(g: dict[str, Any]) -> str:
-        return f"{g['bps'] / 1e6:.1f}" if g["bps"] else "failed"
-
-    def ms(x: float) -> str:
-        return f"{x * 1e3:.2f}"
-
-    lines = ["| profile | RTT (ms) | RTT added | RTT sd | one-way delay sd | loss (corr) | measured "
-             "| goodput, 4 conn (Mbit/s) | 1 conn |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for c in results:
-        cfg = c["methods"][COMPARED[0]]["configured"]
-        corr = f" ({cfg['loss_correlation']:g})" if cfg["loss_correlation"] else ""
-        cells = [c["profile"], ms(cfg["rtt_s_wire"]),
-                 pair(c, lambda r: ms(shaped_rtt(r))),
-                 pair(c, lambda r: ms(r["rtt"]["sd_s"])),
-                 pair(c, lambda r: ms(r["probes"]["delay_sd_s"])),
-                 _pct(cfg["loss"]) + corr,
-                 pair(c, _loss_with_corr),
-                 f"{cfg['rate_bps_wire'] / 1e6:.0f}: " + pair(c, lambda r: mbit(r["goodput"][0])),
-                 pair(c, lambda r: mbit(r["goodput"][1]))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def print_compare(c: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    r0 = c["methods"][COMPARED[0]]
-    t = Table(title=f"linkcheck --compare-methods {c['profile']}: MTU {r0['mtu']}, "
-                    f"speedup {r0['scale']['speedup']:g}, byte_scale {r0['scale']['byte_scale']:g}")
-    for col in ("measure", "configured (wire)", *COMPARED):
-        t.add_column(col)
-    for measure, conf, cells in compare_rows(c):
-        t.add_row(measure, conf, *cells)
-    Console().print(t)
-
-
-def main_compare(profiles: list[LinkProfile], scales: list[Scale], connections: int, duration: float,
-                 as_json: bool, out: Path | None, rtt_probes: int = 200,
-                 loss_probes: int | None = 20000) -> int:
-    import json
-
-    caps = probe_shaping()
-    if not (caps.netem and caps.htb and caps.tun):
-        print(f"linkcheck --compare-methods needs both netem and the delay line (HTB + TUN); this kernel "
-              f"has netem={caps.netem} htb={caps.htb} tun={caps.tun} (tests/netem/run_uml.sh runs one that has)",
-              file=sys.stderr)
-        return 2
-    results = []
-    for profile, scale in zip(profiles, scales):
-        c = compare_methods(LinkCheckConfig(profile, scale, connections, duration, loss_probes, rtt_probes))
-        results.append(c)
-        if not as_json:
-            print_compare(c)
-            sys.stdout.flush()
-    if as_json:
-        print(json.dumps(results, indent=1))
-    md = compare_summary(results) + "\n" + compare_markdown(results)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "compare-methods.md").write_text(md)
-        (out / "compare-methods.json").write_text(json.dumps(results, indent=1) + "\n")
-        print(f"linkcheck: wrote {out / 'compare-methods.md'} and compare-methods.json", file=sys.stderr)
-    elif not as_json:
-        print(md)
-    return 0
 
 
 def scale_for(profile: LinkProfile, speedup: float, byte_scale: float | None, wire_rate: float | None) -> Scale:
@@ -799,60 +630,3 @@ def scale_for(profile: LinkProfile, speedup: float, byte_scale: float | None, wi
     if wire_rate is not None:
         return Scale(speedup, max(profile.rate * speedup / wire_rate, 1.0))
     return Scale(speedup, byte_scale or 1.0)
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    lc = sub.add_parser("linkcheck", help="build one shaped link and measure RTT, goodput and loss against the profile")
-    lc.add_argument("profile", nargs="*",
-                    help="link profile names (netem_profiles/NAME.yaml) or paths, checked in turn "
-                         "(with --compare-methods, default: every shipped profile)")
-    lc.add_argument("--speedup", type=float, default=1.0, help="time scale s (default 1)")
-    g = lc.add_mutually_exclusive_group()
-    g.add_argument("--byte-scale", type=float, help="byte scale b: wire rate = rate / b * s")
-    g.add_argument("--wire-rate", default="1gbit", help="choose b so the wire rate is this (default 1gbit)")
-    lc.add_argument("--connections", type=int, default=4, help="connections for the multi-connection goodput")
-    lc.add_argument("--duration", type=float, default=4.0, help="wire seconds per goodput measurement")
-    lc.add_argument("--rtt-probes", type=int, default=200, help="sequential RTT probes (default 200)")
-    lc.add_argument("--loss-probes", type=_probe_count, default=20000,
-                    help="paced UDP probes for loss (default 20000); auto: enough for the 0.3-point bar at "
-                         "the profile's loss and correlation (at least 2000)")
-    lc.add_argument("--method", choices=["auto", "netem", "fallback"], default="auto")
-    lc.add_argument("--compare-methods", action="store_true",
-                    help="measure each profile by netem and by the delay line side by side (needs a kernel "
-                         "with netem; exit 2 without)")
-    lc.add_argument("--out", type=Path, help="with --compare-methods: write compare-methods.md and .json here")
-    lc.add_argument("--json", action="store_true", help="print JSON")
-    lc.set_defaults(func=cmd_linkcheck)
-
-
-def _probe_count(text: str) -> int | None:
-    if text == "auto":
-        return None
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError("a positive count or auto")
-    return n
-
-
-def cmd_linkcheck(args: argparse.Namespace) -> int:
-    from testbed.core.schema.linkprofile import parse_rate
-    from testbed.config.profiles import PROFILE_DIR, load_profile
-
-    names: list[str] = list(args.profile)
-    if not names:
-        if not args.compare_methods:
-            print("error: linkcheck needs a profile (netem_profiles/NAME.yaml or a path)", file=sys.stderr)
-            return 2
-        names = sorted(f.stem for f in PROFILE_DIR.glob("*.yaml"))
-    if args.out is not None and not args.compare_methods:
-        print("error: --out goes with --compare-methods", file=sys.stderr)
-        return 2
-    need_root("linkcheck (two network namespaces and a shaped link between them)")
-    profiles = [load_profile(n) for n in names]  # a ProfileError is a UserError: the CLI prints it
-    wire = None if args.byte_scale is not None else parse_rate(args.wire_rate)
-    scales = [scale_for(p, args.speedup, args.byte_scale, wire) for p in profiles]
-    if args.compare_methods:
-        return main_compare(profiles, scales, args.connections, args.duration, args.json, args.out,
-                            args.rtt_probes, args.loss_probes)
-    return main_linkcheck(profiles, scales, args.connections, args.duration, args.method, args.json,
-                          args.rtt_probes, args.loss_probes)
