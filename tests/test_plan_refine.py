@@ -1,6 +1,6 @@
 """Plans checked and chosen by simulation: configurations scored on their own routing
 (`planner.score_config`), the estimate's burstiness, the simulator's verdict and ranking
-(`studies.plan_sim`), and a small real `testbed plan --refine` on the simulator (slow tier)."""
+(`studies.plan.plan_sim`), and a small real `testbed plan --refine` on the simulator (slow tier)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`testbed capacity`: Lambda_max of one scenario by bisection (`studies.capacity`), or with
-several scenarios the paper's Table 6 by emulation (`studies.paper_table`)."""
+"""`testbed capacity`: Lambda_max of one scenario by bisection (`studies.capacity.capacity`), or with
+several scenarios the paper's Table 6 by emulation (`studies.capacity.paper_table`)."""
 
 from __future__ import annotations
 
