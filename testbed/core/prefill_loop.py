@@ -25,6 +25,10 @@ from enum import Enum
 from testbed.core.faults import SlowDown
 from testbed.core.prefill_queue import PrefillJob, PrefillQueue
 
+# Wire seconds a blocked job waits for its moved-in prefix before failing (the live node and the
+# simulator alike).
+CACHE_IN_TIMEOUT_S = 120.0
+
 
 class Dropped(Enum):
     """Where a request given up on was (`PrefillLoop.abort`)."""

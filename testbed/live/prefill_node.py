@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from testbed.core.faults import SlowDown
 from testbed.core.kvsize import KVModel
-from testbed.core.prefill_loop import PrefillLoop, layer_ready
+from testbed.core.prefill_loop import CACHE_IN_TIMEOUT_S, PrefillLoop, layer_ready
 from testbed.core.prefill_queue import PrefillJob
 from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
 from testbed.core.servicetime import PrefillTime
@@ -43,7 +43,6 @@ from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.prefill")
-CACHE_IN_TIMEOUT_S = 120.0     # wire seconds a prefill waits for a moved-in cached prefix
 
 
 @dataclass

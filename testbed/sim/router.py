@@ -30,10 +30,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.decode_loop import KV_TIMEOUT_S
 from testbed.core.health import Outcome
 from testbed.core.live_path import LivePathCosts
 from testbed.core.lifecycle import Event
 from testbed.core.policy import NoCapacity
+from testbed.core.prefill_loop import CACHE_IN_TIMEOUT_S
 from testbed.core.retries import avoid_after, deadline_paper_s, deadline_reason, may_retry
 from testbed.core.router_books import RouterBooks, decision_line, health_line
 from testbed.core.routing import route
@@ -47,8 +49,6 @@ from testbed.sim.request import SimRequest
 from testbed.traces.types import TraceRequest
 
 PAPER_TIME = Scale()        # the simulator's clock is paper time: routing books paper seconds
-KV_TIMEOUT_S = 120.0        # wire s a decode node waits for a request's KV (testbed.live.decode_node)
-CACHE_IN_TIMEOUT_S = 120.0  # wire s a prefill waits for a moved-in prefix (testbed.live.prefill_node)
 GONE = "ServerDisconnectedError: Server disconnected"
 REFUSED = "ClientConnectorError: Cannot connect to host {}: Connection refused"
 
