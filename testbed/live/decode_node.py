@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from testbed.core.engine.decode_batch import AdmissionError, Batch, DecodeBatch
-from testbed.core.engine.decode_loop import DecodeLoop, decode_seq
+from testbed.core.engine.decode_loop import KV_TIMEOUT_S, DecodeLoop, decode_seq
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import DecodeStepTime
@@ -36,7 +36,6 @@ from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.decode")
-KV_TIMEOUT_S = 120.0     # wire seconds a decode request waits for its KV before failing
 
 
 @dataclass

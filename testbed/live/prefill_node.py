@@ -1,4 +1,5 @@
-"""Mock prefill instance: FCFS queue, calibrated compute layer by layer, KV streamed per layer.
+"""Mock prefill instance: calibrated compute layer by layer, KV streamed per layer. The core
+`PrefillLoop` decides each job's lifecycle (FCFS, a moved-in prefix waited for), as the simulator's.
 
 POST /prefill {request_id, transfer_id, input_tokens, cached_tokens, decode_node,
                [decode_cached_tokens], [cache_in_transfer]}
@@ -27,7 +28,8 @@ from prometheus_client import CollectorRegistry
 
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.engine.prefill_loop import CACHE_IN_TIMEOUT_S, PrefillLoop, layer_ready
+from testbed.core.engine.prefill_queue import PrefillJob
 from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.live.clock import now, sleep_until
@@ -41,7 +43,6 @@ from testbed.live.series import sample_forever
 from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.prefill")
-CACHE_IN_TIMEOUT_S = 120.0     # wire seconds a prefill waits for a moved-in cached prefix
 
 
 @dataclass
@@ -58,7 +59,7 @@ class _Pending:
 @dataclass
 class PrefillState:
     cfg: ServiceConfig
-    queue: PrefillQueue
+    loop: PrefillLoop
     sender: KVSender
     receiver: KVReceiver
     model_time: PrefillTime
@@ -67,7 +68,6 @@ class PrefillState:
     running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     finishing: set[asyncio.Task[None]] = field(default_factory=set)
-    slow: SlowDown = field(default_factory=SlowDown)
     completed: int = 0
     failed: int = 0
     moves_sent: int = 0
@@ -78,7 +78,7 @@ class PrefillState:
 STATE = web.AppKey("prefill_state", PrefillState)
 
 
-async def _run_job(st: PrefillState, p: _Pending) -> None:
+async def _compute_and_send(st: PrefillState, p: _Pending) -> None:
     job = p.job
     assert job.started_at is not None
     rep = PrefillReport(StageTimes(prefill_queued=job.queued_at), job.duration)
@@ -92,8 +92,9 @@ async def _run_job(st: PrefillState, p: _Pending) -> None:
         if not res.ok:
             raise TransferFailed(f"cache move failed: {res.reason}")
         rep.times.cache_move_end, rep.cache_move_bytes_wire = res.complete, res.bytes
-        job.started_at = now()
-    start = rep.times.prefill_start = job.started_at
+        st.loop.prefix_arrived(job.request_id, now())
+    assert st.loop.computing is job and job.started_at is not None
+    rep.times.prefill_start = job.started_at
     sc = st.cfg.deployment.scenario
     layer_bytes = st.kv.layer_bytes(p.tokens, p.ship_from, sc.scale.byte_scale)
     transfer = st.sender.start(p.dest, p.transfer_id, sum(layer_bytes), len(layer_bytes))
@@ -102,7 +103,7 @@ async def _run_job(st: PrefillState, p: _Pending) -> None:
     handoff = NAN
     try:
         for i, nbytes in enumerate(layer_bytes):
-            await sleep_until(start + job.duration * (i + 1) / n)
+            await sleep_until(layer_ready(job, i, n))
             transfer.send_layer(i, nbytes)
             if i == 0:
                 handoff = now()
@@ -110,7 +111,7 @@ async def _run_job(st: PrefillState, p: _Pending) -> None:
         transfer.abort("the request was cancelled")
         raise
     rep.times.prefill_end = end = now()
-    st.queue.finish(end)
+    st.loop.finish(end)
 
     async def finish() -> None:
         try:
@@ -132,14 +133,13 @@ async def _run_job(st: PrefillState, p: _Pending) -> None:
 
 async def _worker(st: PrefillState) -> None:
     while True:
-        t = now()
-        job = st.queue.start_next(t, st.slow.at(t))
-        if job is None:
+        job = st.loop.start_next(now())
+        if not isinstance(job, PrefillJob):    # None: nothing waits (a live call is queued on arrival)
             st.wakeup.clear()
             await st.wakeup.wait()
             continue
         p = st.pending.pop(job.request_id)
-        task = asyncio.create_task(_run_job(st, p))
+        task = asyncio.create_task(_compute_and_send(st, p))
         st.running[job.request_id] = task
         try:
             await task
@@ -159,8 +159,7 @@ async def _worker(st: PrefillState) -> None:
 
 
 def _abandon(st: PrefillState, p: _Pending, reason: str) -> None:
-    if st.queue.current is not None:
-        st.queue.finish(now())
+    st.loop.fail(now())
     st.failed += 1
     if not p.done.done():
         p.done.set_result(PrefillReport(StageTimes(prefill_queued=p.job.queued_at), error=reason))
@@ -185,16 +184,16 @@ async def handle_prefill(request: web.Request) -> web.Response:
         raise bad_request(f"request {rid!r} is already queued here")
     scale = st.cfg.scale
     duration = scale.wire_seconds(st.model_time(tokens - cached, cached))
-    job = PrefillJob(rid, tokens - cached, cached, duration)
+    job = PrefillJob(rid, tokens - cached, cached, duration, awaits_prefix=cache_in is not None)
     fut: asyncio.Future[PrefillReport] = asyncio.get_running_loop().create_future()
     st.pending[rid] = _Pending(job, tid, (dnode.kv.host, dnode.kv.port), tokens, ship_from, cache_in, fut)
-    st.queue.push(job, now())
+    st.loop.submit(job, now())
     st.wakeup.set()
     try:
         rep = await fut
     except asyncio.CancelledError:
         # The router gave up (its client left, or a deadline passed): drop the job, or stop it.
-        if st.queue.remove(rid):
+        if st.loop.queue.remove(rid):
             st.pending.pop(rid, None)
         elif (task := st.running.get(rid)) is not None:
             task.cancel()
@@ -230,9 +229,10 @@ async def handle_status(request: web.Request) -> web.Response:
 def _status(st: PrefillState) -> dict[str, Any]:
     """Wire units: queued modelled work (s) and the KV sender's counters (bytes, segments)."""
     ls = st.sender.link_state()
-    return {"t": now(), "queue_depth": st.queue.depth, "running": len(st.running),
-            "backlog_s": st.queue.backlog(now()),
-            "queued_s": st.queue.waiting_work(),
+    q = st.loop.queue
+    return {"t": now(), "queue_depth": q.depth, "running": len(st.running),
+            "backlog_s": q.backlog(now()),
+            "queued_s": q.waiting_work(),
             "acked_bytes": ls.acked_bytes, "retrans_segments": ls.retrans_segments,
             "acked_segments": ls.acked_segments, "undelivered_bytes": ls.undelivered_bytes,
             "kv_bytes_sent": st.sender.bytes_sent}
@@ -253,7 +253,7 @@ def sending_connections(stats: Iterable[ConnectionStats],
 
 
 def _collect(st: PrefillState) -> list[Sample]:
-    out: list[Sample] = [Sample(*x) for x in st.queue.samples(st.sender.backlog_bytes, st.sender.bytes_sent)]
+    out: list[Sample] = [Sample(*x) for x in st.loop.queue.samples(st.sender.backlog_bytes, st.sender.bytes_sent)]
     out += [
         # Counters, so the report can say what connection losses cost (faults, resets).
         Sample("kv_resumes", float(st.sender.resumes), {}),
@@ -278,11 +278,11 @@ def _metrics(reg: CollectorRegistry, st: PrefillState) -> None:
     """vLLM's scheduler gauges and the testbed's KV counters, labelled as vLLM labels (`model_name`,
     `engine`: the node). The counters were gauges without the `_total` suffix before."""
     ScrapeTimeMetrics({"model_name": st.cfg.deployment.scenario.model.name, "engine": st.cfg.node_id}) \
-        .gauge("vllm:num_requests_waiting", "Prefill requests waiting", lambda: st.queue.depth) \
-        .gauge("vllm:num_requests_running", "Prefill requests computing", lambda: 1 if st.queue.current else 0) \
+        .gauge("vllm:num_requests_waiting", "Prefill requests waiting", lambda: st.loop.queue.depth) \
+        .gauge("vllm:num_requests_running", "Prefill requests computing", lambda: 1 if st.loop.busy else 0) \
         .gauge("testbed_kv_backlog_bytes", "KV bytes queued, not yet written", lambda: st.sender.backlog_bytes) \
         .gauge("testbed_slowdown_factor", "Service-time factor of an injected slowdown in force (1: none)",
-               lambda: st.slow.at(now())) \
+               lambda: st.loop.slow.at(now())) \
         .counter("testbed_kv_bytes_sent", "KV bytes written to TCP (wire)", lambda: st.sender.bytes_sent) \
         .counter("testbed_prefills_completed", "Prefills whose KV was sent", lambda: st.completed) \
         .counter("testbed_prefills_failed", "Prefills whose KV transfer failed", lambda: st.failed) \
@@ -306,8 +306,8 @@ def make_app(cfg: ServiceConfig) -> web.Application:
                               idle_timeout=receiver_idle_timeout(t.resume_timeout_s))
         if node.kv is not None:
             await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
-        st = PrefillState(cfg, PrefillQueue(), sender, receiver, PrefillTime.from_spec(hw.prefill),
-                          KVModel.from_spec(sc.model), slow=slow)
+        st = PrefillState(cfg, PrefillLoop(slow), sender, receiver, PrefillTime.from_spec(hw.prefill),
+                          KVModel.from_spec(sc.model))
         app[STATE] = st
         _metrics(reg, st)
         series = SeriesWriter(cfg.series_path(), cfg.node_id)

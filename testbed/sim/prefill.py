@@ -1,8 +1,8 @@
 """A prefill instance in virtual time, as `testbed.live.prefill_node` runs one.
 
-The core `PrefillQueue` holds the jobs (FCFS, one at a time; a slowdown in force when a job
-starts multiplies its duration). A job whose cached prefix is being moved in from another
-cluster holds the instance until the move has arrived, then computes. Layer i's KV exists when
+The core `PrefillLoop` decides each job's lifecycle, as for the live node: FCFS, one at a time;
+a slowdown in force when a job starts multiplies its duration; a job whose cached prefix is being
+moved in from another cluster holds the instance until the move has arrived, then computes. Layer i's KV exists when
 i + 1 of the n layers' shares of the modelled compute have passed; the transport sends what
 exists, so KV streams into the path to the decode node while the prefill computes. The
 simulator releases the first n - 1 layers as a steady stream over the compute (the path's queue
@@ -21,6 +21,7 @@ from __future__ import annotations
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.lifecycle import Event
+from testbed.core.engine.prefill_loop import Dropped, PrefillLoop, layer_ready
 from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.schema.topology import NodeSpec
@@ -31,57 +32,70 @@ from testbed.sim.request import SimRequest
 
 
 class PrefillSim:
-    __slots__ = ("node", "sim", "queue", "time", "kv", "byte_scale", "pending", "blocked", "current", "path",
-                 "completed", "slow", "version", "paused", "paused_at", "rate", "ends_at", "late_end")
+    __slots__ = ("node", "sim", "loop", "time", "kv", "byte_scale", "pending", "blocked", "current", "path",
+                 "version", "paused_at", "rate", "ends_at", "late_end")
 
     def __init__(self, node: NodeSpec, time: PrefillTime, kv: KVModel, byte_scale: float, sim: Host) -> None:
         self.node = node
         self.sim = sim
-        self.queue = PrefillQueue()
+        self.loop = PrefillLoop()
         self.time = time
         self.kv = kv
         self.byte_scale = byte_scale
         self.pending: dict[str, SimRequest] = {}
-        self.blocked: SimRequest | None = None     # popped, waiting for its moved cached prefix
-        self.current: SimRequest | None = None     # computing
+        self.blocked: SimRequest | None = None     # the loop's blocked job's request
+        self.current: SimRequest | None = None     # the loop's computing job's request
         self.path: PathHandle | None = None              # where the computing job's KV streams
-        self.completed = 0
-        self.slow = SlowDown()
         self.version = 0                           # of the computing job's end event
-        self.paused = False
         self.paused_at = 0.0
         self.rate = 0.0                            # the computing job's KV stream (paper bytes/s)
         self.ends_at = 0.0                         # its planned end
         self.late_end = False                      # its end came while paused
+
+    @property
+    def queue(self) -> PrefillQueue:
+        return self.loop.queue
+
+    @property
+    def slow(self) -> SlowDown:
+        return self.loop.slow
+
+    @property
+    def paused(self) -> bool:
+        return self.loop.paused
+
+    @property
+    def completed(self) -> int:
+        return self.loop.completed
 
     def submit(self, req: SimRequest, t: float) -> None:
         """The router's call for `req` reaches the instance at `t` (now, or later: across the WAN)."""
         assert req.plan is not None
         d = req.plan.d
         job = PrefillJob(req.rid, d.incremental_tokens, d.cached_tokens,
-                         self.time(d.incremental_tokens, d.cached_tokens))
+                         self.time(d.incremental_tokens, d.cached_tokens), awaits_prefix=d.cache_move is not None)
         req.queued = t
         req.life.apply(Event.ENQUEUE_PREFILL, t)
         self.pending[req.rid] = req
-        self.queue.push(job, t)
-        if self.queue.current is None and not self.paused:
+        self.loop.submit(job, t)
+        if not self.loop.busy and not self.loop.paused:
             self._next(self.sim.loop.now)
 
     def _next(self, t: float) -> None:
-        head = self.queue.head
-        if head is not None and head.queued_at > t:
+        self._started(self.loop.start_next(t), t)
+
+    def _started(self, got: PrefillJob | float | None, t: float) -> None:
+        if got is None:
+            return
+        if isinstance(got, float):
             # Its call is still on its way: start it when it is here (if nothing else starts first).
             self.version += 1
-            self.sim.loop.at(head.queued_at, PREFILL, self._arrived, self.version)
+            self.sim.loop.at(got, PREFILL, self._arrived, self.version)
             return
-        job = self.queue.start_next(t, self.slow.at(t))
-        if job is None:
-            return
-        req = self.pending.pop(job.request_id)
-        req.job = job
-        req.modelled = job.duration
-        assert req.plan is not None
-        if req.plan.d.cache_move is not None and not req.moved:
+        req = self.pending.pop(got.request_id)
+        req.job = got
+        req.modelled = got.duration
+        if self.loop.blocked is got:
             self.blocked = req
             return
         self._compute(req, t)
@@ -90,19 +104,18 @@ class PrefillSim:
         """The cached prefix moved in for `req` is here."""
         req.moved = True
         req.move_end = t
-        if self.blocked is req and not self.paused:
+        if self.loop.prefix_arrived(req.rid, t) is not None:
             self.blocked = None
             self._compute(req, t)
 
     def _compute(self, req: SimRequest, t: float) -> None:
         job = req.job
-        assert job is not None and req.plan is not None
+        assert job is not None and req.plan is not None and job.started_at == t
         d = req.plan.d
-        job.started_at = t
         dur = job.duration
         n = self.kv.layers
         req.start = t
-        req.transfer_start = t + dur / n
+        req.transfer_start = layer_ready(job, 0, n)
         req.life.apply(Event.START_PREFILL, t)
         req.life.apply(Event.TRANSFER_START, req.transfer_start)
         # The wire bytes `kv.layer_bytes` gives the live sender: their total and the last layer.
@@ -126,20 +139,20 @@ class PrefillSim:
         self.sim.loop.at(self.ends_at, PREFILL, self._end, (req, self.version))
 
     def _arrived(self, version: int) -> None:
-        if version == self.version and self.queue.current is None and not self.paused:
+        if version == self.version and not self.loop.busy and not self.loop.paused:
             self._next(self.sim.loop.now)
 
     def _end(self, arg: tuple[SimRequest, int]) -> None:
         req, version = arg
         if version != self.version:
             return
-        if self.paused:
+        if self.loop.paused:
             self.late_end = True
             return
         self._finish(req, self.sim.loop.now)
 
     def _finish(self, req: SimRequest, t: float) -> None:
-        job = self.queue.finish(t)
+        job = self.loop.finish(t)
         assert job.request_id == req.rid and self.path is not None
         req.end = t
         req.life.apply(Event.END_PREFILL, t)
@@ -149,43 +162,42 @@ class PrefillSim:
         self.version += 1
         net.end_stream(path, t, req.tail_bytes)
         self.sim.transfer_handed(req, path, net.position(path))
-        self.completed += 1
         self._next(t)
 
     # -- requests given up, faults ---------------------------------------------------------------
 
     def abort(self, req: SimRequest, t: float) -> None:
         """The router gave up on the request: drop its job, or stop its compute and its KV."""
-        if self.queue.remove(req.rid):
+        how = self.loop.abort(req.rid, t)
+        if how is None:
+            return
+        if how is Dropped.QUEUED:
             self.pending.pop(req.rid, None)
             return
-        if self.blocked is req:
+        if how is Dropped.BLOCKED:
             self.blocked = None
-        elif self.current is req:
-            assert self.path is not None
+        else:
+            assert self.current is req and self.path is not None
             self.sim.net.end_stream(self.path, t, 0.0)
             self.current, self.path = None, None
             self.version += 1
             self.late_end = False
-        else:
-            return
-        self.queue.finish(t)
-        if not self.paused:
+        if not self.loop.paused:
             self._next(t)
 
     def pause(self, t: float) -> None:
-        if self.paused:
+        if not self.loop.pause():
             return
-        self.paused, self.paused_at = True, t
+        self.paused_at = t
         if self.current is not None and self.path is not None and self.rate > 0:
             self.sim.net.stream(self.path, t, 0.0)
 
     def resume(self, t: float) -> None:
-        if not self.paused:
+        if not self.loop.paused:
             return
-        self.paused = False
         req = self.current
         if req is not None and self.path is not None:
+            self.loop.resume(t)
             net = self.sim.net
             if self.rate > 0:
                 # The layers whose time passed while it was stopped go at once.
@@ -196,11 +208,15 @@ class PrefillSim:
                 self.late_end = False
                 self._finish(req, t)
             return
-        if self.blocked is not None and self.blocked.moved:
-            req, self.blocked = self.blocked, None
-            self._compute(req, t)
-        elif self.queue.current is None:
-            self._next(t)
+        blocked = self.blocked
+        got = self.loop.resume(t)
+        if got is None:
+            return
+        if blocked is not None and got is blocked.job:
+            self.blocked = None
+            self._compute(blocked, t)
+            return
+        self._started(got, t)
 
     def kill(self, t: float) -> list[SimRequest]:
         """The process is gone with its queue; returns the requests it held (the caller fails
@@ -209,14 +225,14 @@ class PrefillSim:
         for r in (self.blocked, self.current):
             if r is not None:
                 held.append(r)
-        if self.current is not None and self.path is not None and self.rate > 0 and not self.paused:
+        if self.current is not None and self.path is not None and self.rate > 0 and not self.loop.paused:
             self.sim.net.stream(self.path, t, 0.0)
         self.pending.clear()
         self.blocked = self.current = None
         self.path = None
-        self.queue = PrefillQueue()
+        self.loop.kill()
         self.version += 1
-        self.paused = self.late_end = False
+        self.late_end = False
         return held
 
     @property

@@ -11,7 +11,7 @@ import math
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.engine.prefill_queue import PrefillJob
 from testbed.core.router.retries import retry_id
-from testbed.core.router.route_step import RoutePlan
+from testbed.core.router.route_step import RoutePlan, note_route
 from testbed.core.schema.scaling import Scale
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.traces.types import TraceRequest
@@ -90,20 +90,9 @@ class SimRequest:
             rec.tokens_received = tr.output_tokens
         plan = self.plan
         if plan is not None:
-            d = plan.d
-            rec.prefill_cluster = d.prefill_cluster
-            rec.prefill_node = d.prefill_node
-            rec.decode_cluster = d.decode_cluster
-            rec.decode_node = d.decode_node
-            rec.crossed_wan, rec.route_reason = d.crossed_wan, d.reason
-            rec.threshold = NAN if d.threshold is None else float(d.threshold)
-            rec.cached_tokens = d.cached_tokens
-            rec.decode_cached_tokens = d.decode_cached_tokens
-            if d.cache_move is not None:
-                rec.cache_move_tokens = d.cache_move.tokens - d.cache_move.from_tokens
-                rec.cache_move_src = plan.move_src or ""
+            note_route(rec, plan)
+            if plan.d.cache_move is not None:
                 rec.times.cache_move_start = self.move_start / s
                 rec.times.cache_move_end = self.move_end / s
-                rec.cache_move_bytes_paper = plan.move_bytes_paper
                 rec.cache_move_bytes_wire = self.move_wire
         return rec

@@ -1,8 +1,8 @@
 """The router in virtual time: each request's attempts through prefill, KV transfer and decode,
 with the live router's rules (`testbed.live.router`).
 
-The books are the live router's (`testbed.core.router.router_books.RouterBooks`: the load tracker, the
-cache book, the health book), routing is `testbed.core.router.route_step.route`, and the attempts follow
+The books are the live router's (`testbed.core.router_books.RouterBooks`: the load tracker, the
+cache book, the health book), routing is `testbed.core.routing.route`, and the attempts follow
 `testbed.core.router.retries`: an attempt that fails before the client saw a token is routed once more,
 away from the instance to blame; a request past its deadline fails whatever it was doing. What
 fails an attempt, and with which words (the live router's, so the report's Faults section reads
@@ -30,10 +30,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.engine.decode_loop import KV_TIMEOUT_S
 from testbed.core.router.health import Outcome
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.lifecycle import Event
 from testbed.core.routing.policy import NoCapacity
+from testbed.core.engine.prefill_loop import CACHE_IN_TIMEOUT_S
 from testbed.core.router.retries import avoid_after, deadline_paper_s, deadline_reason, may_retry
 from testbed.core.router.router_books import RouterBooks, decision_line, health_line
 from testbed.core.router.route_step import route
@@ -47,8 +49,6 @@ from testbed.sim.request import SimRequest
 from testbed.traces.types import TraceRequest
 
 PAPER_TIME = Scale()        # the simulator's clock is paper time: routing books paper seconds
-KV_TIMEOUT_S = 120.0        # wire s a decode node waits for a request's KV (testbed.live.decode_node)
-CACHE_IN_TIMEOUT_S = 120.0  # wire s a prefill waits for a moved-in prefix (testbed.live.prefill_node)
 GONE = "ServerDisconnectedError: Server disconnected"
 REFUSED = "ClientConnectorError: Cannot connect to host {}: Connection refused"
 

@@ -25,6 +25,9 @@ from testbed.core.engine.decode_batch import Batch, DecodeSeq, StepResult
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
 
+# Wire seconds a decode request waits for its KV before failing (the live node and the simulator alike).
+KV_TIMEOUT_S = 120.0
+
 
 def reservation(kv: KVModel, prompt_kv_bytes: int, output_tokens: int) -> int:
     """KV memory a sequence holds on the decode instance: its prompt's KV and what decoding

@@ -1,5 +1,6 @@
 """FCFS prefill queue of one instance: one prefill at a time, as long-context prefills run
-(chunked prefill of a single long prompt already fills the instance)."""
+(chunked prefill of a single long prompt already fills the instance). The instance's lifecycle
+around it is `testbed.core.engine.prefill_loop.PrefillLoop`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class PrefillJob:
     duration: float          # modelled, in the driver's time unit
     queued_at: float = 0.0
     started_at: float | None = None
+    awaits_prefix: bool = False   # a cached prefix moved in from another cluster must arrive first
 
 
 class PrefillQueue:

@@ -1,11 +1,12 @@
 """One routing step of the router, I/O-free: look up every cluster's usable cached prefix, ask
 the policy, book the assignment, pick the source of any cache move, pin what the prefill reads
 and note the arrival for the control loop. The live router and the simulator both call `route`
-with their own books (`testbed.core.router.router_books.RouterBooks`) and clock.
+with their own books (`testbed.core.router_books.RouterBooks`) and clock.
 """
 
 from __future__ import annotations
 
+from testbed.core.record import NAN, RequestRecord
 from testbed.core.routing.policy import NoCapacity, RoutingRequest, least_loaded_prefill
 from testbed.core.router.router_books import RoutePlan as RoutePlan, RouterBooks
 from testbed.core.schema.scaling import Scale
@@ -48,3 +49,18 @@ def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tu
     if st.history is not None:
         st.history.add(scale.paper_seconds(now), length, output_tokens)
     return plan
+
+
+def note_route(rec: RequestRecord, plan: RoutePlan) -> None:
+    """What the routing plan decided, in the request's record: the one copy the live router and
+    the simulator both make (each adds the stamps and bytes it measured)."""
+    d = plan.d
+    rec.prefill_cluster, rec.prefill_node = d.prefill_cluster, d.prefill_node
+    rec.decode_cluster, rec.decode_node = d.decode_cluster, d.decode_node
+    rec.cached_tokens, rec.decode_cached_tokens = d.cached_tokens, d.decode_cached_tokens
+    rec.crossed_wan, rec.route_reason = d.crossed_wan, d.reason
+    rec.threshold = NAN if d.threshold is None else float(d.threshold)
+    if d.cache_move is not None:
+        rec.cache_move_tokens = d.cache_move.tokens - d.cache_move.from_tokens
+        rec.cache_move_src = plan.move_src or ""
+        rec.cache_move_bytes_paper = plan.move_bytes_paper

@@ -14,7 +14,7 @@ import aiohttp
 from testbed.core.router.health import Outcome
 from testbed.core.record import NAN, PrefillReport, RecordFormatError, RequestRecord, report_from_wire
 from testbed.core.router.router_books import decision_line
-from testbed.core.router.route_step import RoutePlan, route as route_books
+from testbed.core.router.route_step import RoutePlan, note_route, route as route_books
 from testbed.live.clock import now
 from testbed.live.openai_api import ParsedRequest, block_hashes
 from testbed.live.router.state import Progress, RequestFailed, RouterState, log, outcome_of
@@ -31,28 +31,15 @@ def route(st: RouterState, req: ParsedRequest, rid: str, avoid: frozenset[str] =
                        avoid, output_tokens=req.output_tokens)
 
 
-def _note_route(rec: RequestRecord, plan: RoutePlan, kv_paper: int) -> None:
-    d = plan.d
-    rec.prefill_cluster, rec.prefill_node = d.prefill_cluster, d.prefill_node
-    rec.decode_cluster, rec.decode_node = d.decode_cluster, d.decode_node
-    rec.cached_tokens, rec.decode_cached_tokens = d.cached_tokens, d.decode_cached_tokens
-    rec.crossed_wan, rec.route_reason = d.crossed_wan, d.reason
-    rec.threshold = NAN if d.threshold is None else float(d.threshold)
-    rec.kv_bytes_paper = kv_paper
-    if d.cache_move is not None:
-        rec.cache_move_tokens = d.cache_move.tokens - d.cache_move.from_tokens
-        rec.cache_move_src = plan.move_src or ""
-        rec.cache_move_bytes_paper = plan.move_bytes_paper
-
-
 def note_decision(st: RouterState, rid: str, req: ParsedRequest, plan: RoutePlan, prog: Progress) -> None:
     d = plan.d
     prog.rec.times.routed = now()
     st.metrics.routed.labels(cluster=d.prefill_cluster).inc()
     note_prefix(st.metrics, req.input_tokens, d.cached_tokens)
     st.decisions.write([Sample(*decision_line(rid, d, st.bandwidth))])
+    note_route(prog.rec, plan)
     # What the request moves: the KV the decode side lacks (paper bytes).
-    _note_route(prog.rec, plan, st.kv.incremental(req.input_tokens, d.decode_cached_tokens))
+    prog.rec.kv_bytes_paper = st.kv.incremental(req.input_tokens, d.decode_cached_tokens)
 
 
 async def _move_cache(st: RouterState, rid: str, plan: RoutePlan, tid: int, prog: Progress) -> None:
