@@ -104,6 +104,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if why := unavailable(backend, find_binary()):
             print(f"replay: {why}", file=sys.stderr)
             return 2
+    if len(scenarios) == 1:
+        from testbed.studies.runner import check_run_dir
+        check_run_dir(base)     # a folder of the user's own files: refused before a lock file is made in it
     with run_lock.holding(base, args.overwrite):
         return _replay_into(args, scenarios, base, backend, report, show)
 
