@@ -23,6 +23,7 @@ from testbed.config.privilege import need_root
 from testbed.core.loss_account import LossAccount, QueueBound, Snapshot, account_loss, peak_in_flight
 from testbed.core.linkprofile import LinkParams, LinkProfile
 from testbed.core.scaling import Scale
+from testbed.net import owners
 from testbed.net.procs import ProcessGroup
 from testbed.live.kv_transport import KVReceiver, KVSender
 from testbed.metrics.series_format import SeriesWriter, read_series
@@ -238,6 +239,7 @@ def shaped_link(cfg: LinkCheckConfig, method: Method) -> Iterator[ShapedLink]:
     p = cfg.profile
     params = p.wire(cfg.scale)
     prefix = new_prefix()
+    owners.claim(prefix, "linkcheck", cfg.workdir)
     topo = build_topology(prefix, [("a", SRC), ("b", DST)], {(SRC, DST): params, (DST, SRC): params},
                           method, mtu=p.mtu, tcp=p.tcp)
     workdir = cfg.workdir / f"{prefix}-linkcheck"
@@ -258,6 +260,7 @@ def shaped_link(cfg: LinkCheckConfig, method: Method) -> Iterator[ShapedLink]:
     finally:
         procs.stop(first=(), last=("delayline",))
         teardown(prefix)
+        owners.release(prefix)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
