@@ -85,7 +85,10 @@ def release(key: str) -> None:
 def forget(key: str, dirs: list[Path] | None = None) -> None:
     """`down` removed a dead owner's resources: its file goes too, wherever it is."""
     for d in owner_dirs() if dirs is None else dirs:
-        (d / f"{key}.json").unlink(missing_ok=True)
+        try:
+            (d / f"{key}.json").unlink(missing_ok=True)
+        except OSError:
+            pass        # another user's record: its owner's `down` (or root's) removes it
 
 
 def _read(path: Path) -> Owner | None:
