@@ -181,7 +181,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_overwrite(u, "the run directory")
     u.add_argument("--hold", action="store_true",
                    help="bring the deployment up on any --backend, print the OpenAI base URL this host reaches it "
-                        "at, and keep it until Ctrl-C, SIGTERM or `testbed down`, recording every request outside "
+                        "at, and keep it until Ctrl-C, SIGTERM or `testbed down --force PREFIX`, recording every request outside "
                         "clients send; then write the records, summary and report. Runs at speedup 1 (paper time) "
                         "unless --set scale.speedup=S. With --json: one line {base_url, url, run_dir, backend, ...} "
                         "once ready")
