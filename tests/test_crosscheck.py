@@ -15,7 +15,7 @@ from testbed.core.record import RequestRecord, StageTimes
 from testbed.metrics.records import read_records, write_records
 from testbed.metrics.artefacts.summary_file import Validity
 from testbed.metrics.summary import summarize
-from testbed.studies.crosscheck.crosscheck import crosscheck_stages as st
+from testbed.studies.crosscheck import crosscheck_stages as st
 from testbed.studies.crosscheck.crosscheck_explain import Side
 from testbed.studies.crosscheck.crosscheck_table import METRICS, Crosscheck, compare
 
