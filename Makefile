@@ -65,24 +65,24 @@ docs-results: $(STAMP)
 ## The main job: the three paper deployments on one seeded workload, one comparison report.
 replay: $(STAMP)
 	@$(BYTECODE)
-	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --out $(RUNS)/paper-compare
+	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --out $(RUNS)/paper-compare --overwrite
 
 ## The same comparison by the discrete-event simulator (seconds, no root): same workload, same run directories.
 replay-sim: $(STAMP)
-	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --backend sim --report --out $(RUNS)/paper-compare-sim
+	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --backend sim --report --out $(RUNS)/paper-compare-sim --overwrite
 
 ## Model, simulation and netns emulation of make replay's workload side by side for the three paper
 ## deployments, each difference against the simulator's tolerances and explained from the records (root).
 ## CROSSCHECK_ARGS=--check exits 1 when one is outside; --emulated runs/paper-compare reuses make replay's runs.
 crosscheck: $(STAMP)
 	$(BIN)/testbed crosscheck --scenario paper-homogeneous --scenario paper-prfaas --scenario paper-naive \
-	  --backend netns --out $(RUNS)/crosscheck $(CROSSCHECK_ARGS)
+	  --backend netns --out $(RUNS)/crosscheck --overwrite $(CROSSCHECK_ARGS)
 
 ## The feasibility map: PrfaaS-PD against homogeneous PD for every model profile x link rate
 ## (1-400 Gbit/s) x RTT (30, 150 ms), by the model and by simulation (no root; minutes).
-## Emulated confirmation of three points (root): testbed feasibility --confirm 3 --out $(RUNS)/feasibility
+## Emulated confirmation of three points (root): testbed feasibility --confirm 3 --out $(RUNS)/feasibility --overwrite
 models: $(STAMP)
-	$(BIN)/testbed feasibility --out $(RUNS)/feasibility
+	$(BIN)/testbed feasibility --out $(RUNS)/feasibility --overwrite
 
 ## The measured-kernel model profiles (scenarios/models/aiconfigurator) from aiconfigurator (the profiles extra).
 AIC_MODELS := minimax-m2.5 mimo-v2-flash qwen3.5-397b qwen3-235b
@@ -97,7 +97,7 @@ model: $(STAMP)
 ## PLAN_ARGS=--vary-counts instance counts) per deployment kind; scenario files and plan.md.
 plan: $(STAMP)
 	@test -n "$(TRACE)" || { echo "usage: make plan TRACE=path/to/trace.jsonl [PLAN_ARGS='--objective ttft ...']"; exit 2; }
-	$(BIN)/testbed plan --trace $(TRACE) --out $(RUNS)/plan-$(basename $(notdir $(TRACE))) $(PLAN_ARGS)
+	$(BIN)/testbed plan --trace $(TRACE) --out $(RUNS)/plan-$(basename $(notdir $(TRACE))) --overwrite $(PLAN_ARGS)
 
 ## Plans chosen by simulation on two one-hour conversation surrogates that differ only in their
 ## arrivals (Poisson, and bursts with inter-arrival CV 3): the model's estimate beside the
@@ -108,7 +108,7 @@ plan-refine: $(STAMP)
 	for cv in 1 3; do \
 	  $(BIN)/testbed trace synth --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --arrival-cv $$cv \
 	    --out $(PLAN_REFINE)/chat-cv$$cv.jsonl && \
-	  $(BIN)/testbed plan --trace $(PLAN_REFINE)/chat-cv$$cv.jsonl --refine 5 --out $(PLAN_REFINE)/cv$$cv || exit 1; \
+	  $(BIN)/testbed plan --trace $(PLAN_REFINE)/chat-cv$$cv.jsonl --refine 5 --out $(PLAN_REFINE)/cv$$cv --overwrite || exit 1; \
 	done
 
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
@@ -211,12 +211,12 @@ bench: $(STAMP)
 
 ## The simulator's speed (a one-hour Mooncake-format trace) and scale (10,000 GPUs, 15 minutes).
 bench-sim: $(STAMP)
-	$(BIN)/testbed bench sim --out $(RUNS)/bench-sim
+	$(BIN)/testbed bench sim --out $(RUNS)/bench-sim --overwrite
 
 ## The 10,000-GPU deployment through a 60 s WAN outage and a decode rack's loss, with and
 ## without the short-term bandwidth loop (simulator).
 bench-sim-faults: $(STAMP)
-	$(BIN)/testbed bench sim-faults --out $(RUNS)/bench-sim-faults
+	$(BIN)/testbed bench sim-faults --out $(RUNS)/bench-sim-faults --overwrite
 
 ## NVIDIA Dynamo's mocker, the `peer` extra (ai-dynamo-runtime), installed on first use.
 PEER_STAMP := $(VENV)/.installed-peer
@@ -229,7 +229,7 @@ $(PEER_STAMP): $(STAMP)
 ## worker counts (8P/4D; 80P/40D at 10x the rate), each run its own process pinned to one CPU, interleaved: median
 ## whole-process and simulation times, peak RSS, the ratios against the bars. BENCH_PEERS_ARGS=--repeats 5 ...
 bench-peers: $(PEER_STAMP)
-	$(BIN)/testbed bench peers --out $(RUNS)/bench-peers $(if $(PEER_TRACE),--trace $(PEER_TRACE)) $(BENCH_PEERS_ARGS)
+	$(BIN)/testbed bench peers --out $(RUNS)/bench-peers --overwrite $(if $(PEER_TRACE),--trace $(PEER_TRACE)) $(BENCH_PEERS_ARGS)
 
 ## The simulator beside Dynamo's mocker on the one-hour surrogate at 8P/4D, the same timing tables: TTFT, ITL,
 ## throughput and cache hits side by side, each difference above 5% explained (PEER_TRACE=path for your own).
@@ -239,7 +239,7 @@ crosscheck-dynamo: $(PEER_STAMP)
 	@test -n "$(PEER_TRACE)" || test -f $(PEER_DEFAULT_TRACE) || \
 	  $(BIN)/testbed trace synth --format mooncake --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --out $(PEER_DEFAULT_TRACE)
 	$(BIN)/testbed crosscheck --peer dynamo --scenario paper-homogeneous --set clusters.0.prefill=8 \
-	  --set clusters.0.decode=4 --trace $(or $(PEER_TRACE),$(PEER_DEFAULT_TRACE)) --out $(RUNS)/crosscheck-dynamo $(CROSSCHECK_ARGS)
+	  --set clusters.0.decode=4 --trace $(or $(PEER_TRACE),$(PEER_DEFAULT_TRACE)) --out $(RUNS)/crosscheck-dynamo --overwrite $(CROSSCHECK_ARGS)
 
 ## Measure what a shaped link delivers against its profile (root).
 linkcheck: $(STAMP)
@@ -250,25 +250,25 @@ linkcheck: $(STAMP)
 ## WAN usage near capacity: hybrid vs dense KV over a 100 Gbit/s cross-region link (root, netns).
 WAN_SET := --backend netns --rate 3.0 --requests 800 --set scale.speedup=2 --set scale.byte_scale=200
 replay-wan: $(STAMP)
-	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-dense $(WAN_SET) --out $(RUNS)/wan-hybrid-vs-dense
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-dense $(WAN_SET) --out $(RUNS)/wan-hybrid-vs-dense --overwrite
 
 ## The paper's Table 6 by emulation: Lambda_max of the three deployments by bisection over
 ## offered rates on the 100 Gbit/s cross-region link, TTFT at a common load, the model beside it.
 PAPER_TABLE := --probes 6 --requests 300 --ttft-slo 30 --wait-growth 2.5 --set workload.seed=45
 replay-paper: $(STAMP)
 	$(BIN)/testbed capacity --scenario paper-homogeneous --scenario paper-prfaas --scenario paper-naive \
-	  $(PAPER_TABLE) --out $(RUNS)/paper-table
+	  $(PAPER_TABLE) --out $(RUNS)/paper-table --overwrite
 
 ## Table 6 by simulation: the same capacity search as replay-paper, every probe simulated (under a minute).
 replay-paper-sim: $(STAMP)
 	$(BIN)/testbed capacity --scenario paper-homogeneous --scenario paper-prfaas --scenario paper-naive \
-	  $(PAPER_TABLE) --backend sim --out $(RUNS)/paper-table-sim
+	  $(PAPER_TABLE) --backend sim --out $(RUNS)/paper-table-sim --overwrite
 
 ## Cache-aware against length-only PrfaaS routing on a Mooncake-format trace with prefix reuse
 ## (long-context agent sessions) over the measured 14.7 Gbit/s cross-cloud link.
 CACHE_SET := --trace traces/samples/mooncake-agent-sample.jsonl --set links.inter_dc=cross-region-15g-measured
 replay-cache: $(STAMP)
-	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-cache $(CACHE_SET) --out $(RUNS)/cache-aware
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-cache $(CACHE_SET) --out $(RUNS)/cache-aware --overwrite
 
 ## Load-aware cache routing against length-only and the paper's cache rules, simulated, on the
 ## first 10 minutes of a one-hour Mooncake-format surrogate of the conversation trace.
@@ -277,13 +277,13 @@ replay-load-aware: $(STAMP)
 	mkdir -p $(RUNS)
 	$(BIN)/testbed trace synth --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --out $(LOAD_TRACE)
 	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-cache paper-prfaas-load-aware --backend sim --report \
-	  --trace $(LOAD_TRACE) --window :10m --out $(RUNS)/load-aware
+	  --trace $(LOAD_TRACE) --window :10m --out $(RUNS)/load-aware --overwrite
 
 ## Bandwidth-aware against fixed-threshold PrfaaS while the WAN drops to 10% for a minute,
 ## then to half, then recovers (cross-region-100g-fluctuating).
 BW_SET := --set links.inter_dc=cross-region-100g-fluctuating --rate 2.2 --requests 400 --set workload.seed=45
 replay-bandwidth: $(STAMP)
-	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-bw $(BW_SET) --out $(RUNS)/bandwidth-aware
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-bw $(BW_SET) --out $(RUNS)/bandwidth-aware --overwrite
 
 ## The long-term loop (simulator, seconds): the first 10 minutes of a one-hour Mooncake-format
 ## conversation trace at its own rate (~3.3 req/s) on the paper's static configuration, on the
@@ -291,8 +291,8 @@ replay-bandwidth: $(STAMP)
 LT_DIR := $(RUNS)/longterm
 replay-longterm: $(STAMP)
 	$(BIN)/testbed trace synth --format mooncake --prefix-reuse chat --requests 12000 --rate 3.3333 --seed 1 --out $(LT_DIR)/chat-1h.jsonl
-	$(BIN)/testbed plan --trace $(LT_DIR)/chat-1h.jsonl --window 0:600 --kinds prfaas --out $(LT_DIR)/plan
-	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-adaptive $(LT_DIR)/plan/plan-prfaas-1.yaml --trace $(LT_DIR)/chat-1h.jsonl --window 0:600 --backend sim --report --out $(LT_DIR)/compare
+	$(BIN)/testbed plan --trace $(LT_DIR)/chat-1h.jsonl --window 0:600 --kinds prfaas --out $(LT_DIR)/plan --overwrite
+	$(BIN)/testbed replay --compare paper-prfaas paper-prfaas-adaptive $(LT_DIR)/plan/plan-prfaas-1.yaml --trace $(LT_DIR)/chat-1h.jsonl --window 0:600 --backend sim --report --out $(LT_DIR)/compare --overwrite
 
 ## The container image for the compose backend: built offline, only when missing or stale.
 image: $(STAMP)
@@ -305,19 +305,19 @@ base-image:
 ## A short paper-prfaas replay on the compose backend over the shaped cross-region link
 ## (builds the image first when needed; one container per instance plus router and WAN router).
 replay-compose: $(STAMP)
-	$(BIN)/testbed up --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/compose-prfaas
+	$(BIN)/testbed up --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/compose-prfaas --overwrite
 
 ## The same as a Docker Swarm stack (on a swarm manager, as root; nodes labelled per datacenter,
 ## see compose/README.md; a single-node swarm gets every label on its only node).
 replay-swarm: $(STAMP)
-	$(BIN)/testbed up --backend swarm --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/swarm-prfaas
+	$(BIN)/testbed up --backend swarm --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/swarm-prfaas --overwrite
 
 ## The same on a swarm of three Docker engines on this machine (Docker-in-Docker nodes, one per
 ## datacenter and one for the WAN router; testbed/deploy/swarm_lab.py): the lab up, the replay on
 ## its manager, the lab removed (also on Ctrl-C). Root; the node image builds once (~20 s).
 replay-swarm-multi: $(STAMP)
 	$(BIN)/python -m testbed.deploy.swarm_lab run --scenario paper-prfaas -- --requests 120 --rate 1.6 \
-	  --out $(RUNS)/swarm-multi-prfaas
+	  --out $(RUNS)/swarm-multi-prfaas --overwrite
 
 ## Remove every namespace, process and container a killed run left behind (idempotent).
 down: $(STAMP)
@@ -335,11 +335,11 @@ NB_MAP      = $(if $(wildcard $(RUNS)/feasibility/map.csv),$(RUNS)/feasibility,$
 
 notebooks: $(STAMP)
 	@test -f $(NB_COMPARE)/comparison.md || $(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive \
-	  $(NB_FAST) --out $(RUNS)/notebook-compare
+	  $(NB_FAST) --out $(RUNS)/notebook-compare --overwrite
 	@test -f $(RUNS)/notebook-sweep/sweep.csv || $(BIN)/testbed sweep --scenario paper-prfaas \
-	  --param policy.threshold=10000,19400,40000 $(NB_FAST) --out $(RUNS)/notebook-sweep
+	  --param policy.threshold=10000,19400,40000 $(NB_FAST) --out $(RUNS)/notebook-sweep --overwrite
 	@test -f $(NB_MAP)/map.csv || $(BIN)/testbed feasibility --sim none --no-break-even --rates 10,100,400 \
-	  --out $(RUNS)/notebook-feasibility
+	  --out $(RUNS)/notebook-feasibility --overwrite
 	RUNS_DIR=$(abspath $(NB_COMPARE)) RUN_DIR=$(abspath $(NB_COMPARE))/paper-prfaas SWEEP_DIR=$(abspath $(RUNS))/notebook-sweep \
 	  MAP_DIR=$(abspath $(NB_MAP)) \
 	  $(BIN)/jupyter nbconvert --execute --to html --ExecutePreprocessor.timeout=600 \

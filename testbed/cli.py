@@ -113,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             # SIGTERM that becomes one, would then be no-ops and the run could only be killed,
             # leaving its deployment behind. A run is always stoppable with its teardown.
             signal.signal(signal.SIGINT, signal.default_int_handler)
+    from testbed.config.run_lock import command_scope
     try:
-        rc: int = args.func(args)
+        # The output directories the command takes are its own until it returns.
+        with command_scope(argv):
+            rc: int = args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

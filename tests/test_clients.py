@@ -222,8 +222,8 @@ def test_openai_package_through_the_netns_forwarder_until_testbed_down(tmp_path:
     except BaseException:
         held.end()
         raise
-    # `testbed down` removes the deployment under the hold: it notices and writes its run.
-    down = subprocess.run([sys.executable, "-m", "testbed", "down", "--prefix", info["prefix"]],
+    # `testbed down --force RUN` removes the live deployment under the hold: it notices and writes its run.
+    down = subprocess.run([sys.executable, "-m", "testbed", "down", "--force", info["prefix"]],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert down.returncode == 0, down.stderr
     last = held.wait(timeout=120)

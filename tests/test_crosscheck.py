@@ -164,8 +164,8 @@ def test_a_reused_run_is_checked_for_the_same_workload_and_check_gates(tmp_path:
     assert main(["crosscheck", *SIM_FAST, "--emulated", str(slow), "--check", "--out", str(tmp_path / "b")]) == 1
     out, err = capsys.readouterr()
     assert "TPOT mean (ms) (-16.7%)" in out and "1 outside tolerance: paper-prfaas: TPOT mean (ms)" in err
-    # Without --check it is a report: exit 0.
-    assert main(["crosscheck", *SIM_FAST, "--emulated", str(slow), "--out", str(tmp_path / "b")]) == 0
+    # Without --check it is a report: exit 0 (the same --out again: replaced as told).
+    assert main(["crosscheck", *SIM_FAST, "--emulated", str(slow), "--out", str(tmp_path / "b"), "--overwrite"]) == 0
     md = (tmp_path / "b" / "crosscheck.md").read_text()
     assert "| TPOT mean (ms) |  | 25.00 | 30.00 | -16.7% | ±2% | FAIL |" in md
     # Another workload than the recorded one is refused, naming the file.

@@ -292,6 +292,18 @@ def test_compose_sweep_removes_exactly_the_projects_containers_networks_volumes(
     assert [o.id for o in c.containers.objects] == ["other00000000000000"]
 
 
+def test_a_live_runs_project_is_spared_by_every_label_sweep() -> None:
+    """`testbed down` with the bare prefix leaves the objects of a project whose run lives."""
+    c = FakeClient()
+    _populate(c)
+    out = remove_docker_leftovers("ptb", _engine(c), spare={"ptb1"})
+    assert all(not any(k.startswith("ptb1") for k in keys) for keys in out.values()), out
+    assert out["containers"] == ["ptb2aaaaaaaa"] and out["services"] == ["ptb2ssssssss"]
+    for col in (c.containers, c.networks, c.volumes, c.services, c.configs):
+        assert sorted(o.labels.get(PROJECT_LABEL, "") for o in col.objects) == ["", "ptb1"]
+    assert remove_docker_leftovers("ptb1", _engine(c), spare={"ptb1"}) == {k: [] for k in DOCKER_KINDS}
+
+
 def test_swarm_sweep_repeats_until_nothing_is_left_and_names_what_stays() -> None:
     c = FakeClient()
     _populate(c)

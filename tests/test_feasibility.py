@@ -234,8 +234,8 @@ def test_command_tiny_grid_simulated(tmp_path: Path, capsys: pytest.CaptureFixtu
     report = (out / "report.md").read_text()
     assert "## Headline" in report and "by simulation" in report and "map.png" in report
     assert (out / "map.png").stat().st_size > 10_000
-    # A rerun reuses every measurement whose scenario and settings are unchanged.
-    assert main(argv) == 0
+    # A rerun (told to replace the output) reuses every measurement whose scenario and settings are unchanged.
+    assert main([*argv, "--overwrite"]) == 0
     again = json.loads((out / "map.json").read_text())
     assert again["timing"]["sim_runs"] == 0 and again["timing"]["sim_reused"] == 6
     assert [p["gain_sim"] for p in again["points"]] == [p["gain_sim"] for p in data["points"]]

@@ -19,7 +19,7 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
 from testbed.deploy import registry
 from testbed.deploy.base import Backend
-from testbed.deploy.cleanup import Leftovers, Warn
+from testbed.deploy.cleanup import Leftovers, LiveRuns, Warn
 from testbed.deploy.engine import Engine
 from testbed.deploy.loopback import LoopbackBackend
 from testbed.deploy.registry import BackendEntry, Capabilities
@@ -207,7 +207,7 @@ class _ToyLeftovers:
         return f"toy: swept {self.prefix}"
 
 
-def _sweep_toy(prefix: str, engine: Engine | None, warn: Warn) -> Leftovers:
+def _sweep_toy(prefix: str, engine: Engine | None, warn: Warn, live: LiveRuns) -> Leftovers:
     return _ToyLeftovers(prefix)
 
 
@@ -224,7 +224,8 @@ def test_testbed_down_runs_each_registered_sweep_once(toy: BackendEntry) -> None
         assert registry.sweepers() == [*before, _sweep_toy]
     finally:
         registry.unregister("toy2")
-    report = down([_sweep_toy, _sweep_toy], "ptb1")
-    assert report.to_dict() == {"toy": ["ptb1"]} and report.summary() == "toy: swept ptb1\ntoy: swept ptb1"
+    report = down([_sweep_toy, _sweep_toy], "ptb1", owner_dirs=[])
+    assert report.to_dict() == {"toy": ["ptb1"], "live_runs_spared": {}}
+    assert report.summary() == "toy: swept ptb1\ntoy: swept ptb1"
     with pytest.raises(ValueError, match="must start with 'ptb'"):
         down([_sweep_toy], "xyz")

@@ -342,7 +342,7 @@ def test_real_slow_decode_fails_on_tpot_and_rerun_passes(tmp_path: Path, capsys:
         invalid_only = rc == 1 and "1 of 10 metrics outside tolerance: validity.valid" in out
         if not invalid_only or attempt == 2:
             break
-        assert main(["replay", *APP_FAST, "--out", str(rerun)]) == 0
+        assert main(["replay", *APP_FAST, "--out", str(rerun), "--overwrite"]) == 0
         capsys.readouterr()
     assert rc == 0, out
     assert "warning" not in err   # same scenario, scale, shaping, backend and requests

@@ -63,3 +63,13 @@ def out_file(value: str) -> Path:
     if path.is_dir():
         raise UserError(f"--out {value!r}: an existing directory; this command writes one file, give its path")
     return path
+
+
+def add_overwrite(p: argparse.ArgumentParser, what: str = "its output directory") -> None:
+    """`--overwrite`, one flag on every command that writes an output directory: without it, a
+    directory holding a previous command's output (a finished or stopped run) is refused."""
+    from testbed.config.run_lock import OVERWRITE_FLAG
+
+    p.add_argument(OVERWRITE_FLAG, action="store_true",
+                   help=f"replace what a previous command left in {what} (refused without it); a directory "
+                        "a live command holds is refused regardless")

@@ -5,6 +5,11 @@ swarm services and configs). The backends' stop() and `testbed down` both use it
 idempotent, and a second one finds nothing.
 
 A project is a run's prefix (`ptb` + 4 hex characters); the bare prefix `ptb` selects every run.
+
+A live run's resources are never swept, whatever the prefix: each backend records the run's owner
+under its prefix while it lives (`testbed.net.owners`; a local run's process journal names its
+owner too), and every sweep leaves the resources of a live owner alone and says so. `--force
+PREFIX` (`LiveRuns.force`) names a live run whose resources go all the same.
 """
 
 from __future__ import annotations
@@ -12,16 +17,18 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError
 from testbed.deploy.engine import PROJECT_LABEL, Engine, Sweep, try_connect
+from testbed.net import owners
+from testbed.net.owners import Owner, owner_of
 from testbed.net.procs import JOURNAL_DIR, sweep_orphans
-from testbed.net.teardown import TeardownReport, teardown
+from testbed.net.teardown import TeardownReport, namespaces, remove_namespaces
 
 PREFIX = "ptb"
 DOCKER_KINDS = ("containers", "networks", "volumes", "services", "configs")
@@ -35,14 +42,34 @@ def _stderr(line: str) -> None:
     print(f"cleanup: {line}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class LiveRuns:
+    """The runs whose owner lives (by prefix), and those of them `--force` gives up anyway."""
+
+    owners: Mapping[str, Owner] = field(default_factory=dict)
+    force: frozenset[str] = frozenset()
+
+    def spared(self, name: str) -> Owner | None:
+        """The live owner that keeps the resource `name` (a namespace, a project), if any."""
+        o = owner_of(name, self.owners)
+        return None if o is None or o.key in self.force else o
+
+    def spared_keys(self) -> set[str]:
+        return {k for k in self.owners if k not in self.force}
+
+
+NO_LIVE_RUNS = LiveRuns()
+
+
 def project_label(project: str) -> str:
     """The label filter of a project's objects; for the bare prefix, of every project's."""
     return PROJECT_LABEL if project == PREFIX else f"{PROJECT_LABEL}={project}"
 
 
-def _sweep(engine: Engine, kind: str, label: str, warn: Warn, driver: str | None = None) -> Sweep:
+def _sweep(engine: Engine, kind: str, label: str, warn: Warn, driver: str | None = None,
+           spare: Collection[str] = ()) -> Sweep:
     try:
-        return engine.sweep(kind, label, driver)
+        return engine.sweep(kind, label, driver, spare) if spare else engine.sweep(kind, label, driver)
     except BackendError as e:
         warn(str(e))
         return Sweep()
@@ -53,13 +80,14 @@ def _warn_failed(kind: str, sweep: Sweep, warn: Warn) -> None:
         warn(f"could not remove {kind[:-1]} {key}: {why}")
 
 
-def remove_compose_project(engine: Engine, project: str, warn: Warn = _stderr) -> dict[str, list[str]]:
+def remove_compose_project(engine: Engine, project: str, warn: Warn = _stderr,
+                           spare: Collection[str] = ()) -> dict[str, list[str]]:
     """Every container, network and volume labelled with the project: what `compose down` would
-    remove, also when the compose file is gone."""
+    remove, also when the compose file is gone. Those of the projects in `spare` stay."""
     label = project_label(project)
     out: dict[str, list[str]] = {}
     for kind in ("containers", "networks", "volumes"):
-        s = _sweep(engine, kind, label, warn)
+        s = _sweep(engine, kind, label, warn, spare=spare)
         _warn_failed(kind, s, warn)
         out[kind] = s.found
     return out
@@ -67,7 +95,7 @@ def remove_compose_project(engine: Engine, project: str, warn: Warn = _stderr) -
 
 def remove_swarm_project(engine: Engine, project: str, timeout: float = SWARM_SWEEP_S, warn: Warn = _stderr,
                          stack_rm: Callable[[str], None] = dockercli.stack_rm,
-                         pause: float = SWEEP_PAUSE_S) -> dict[str, list[str]]:
+                         pause: float = SWEEP_PAUSE_S, spare: Collection[str] = ()) -> dict[str, list[str]]:
     """`docker stack rm` (on a manager), then remove whatever is still labelled with the project:
     services, containers, volumes, overlay networks, configs, until none is left. Networks go only
     once their containers have, which the swarm does asynchronously: an object that will not go
@@ -86,7 +114,7 @@ def remove_swarm_project(engine: Engine, project: str, timeout: float = SWARM_SW
         table = [("services", None), *table, ("networks", "overlay"), ("configs", None)]
     deadline = time.monotonic() + timeout
     while True:
-        passed = {kind: _sweep(engine, kind, label, warn, driver) for kind, driver in table}
+        passed = {kind: _sweep(engine, kind, label, warn, driver, spare) for kind, driver in table}
         for kind, s in passed.items():
             out[kind] += [i for i in s.found if i not in out[kind]]
         if not any(s.found for s in passed.values()):
@@ -99,15 +127,17 @@ def remove_swarm_project(engine: Engine, project: str, timeout: float = SWARM_SW
 
 
 def remove_docker_leftovers(project: str, engine: Engine | None = None,
-                            warn: Warn = _stderr) -> dict[str, list[str]]:
+                            warn: Warn = _stderr, spare: Collection[str] = ()) -> dict[str, list[str]]:
     """Swarm and compose objects of the project, per kind (every kind listed, found or not);
-    nothing where no engine can be reached."""
+    nothing where no engine can be reached, nor of the projects in `spare`."""
+    if project in spare:
+        return {k: [] for k in DOCKER_KINDS}
     if engine is None:
         engine = try_connect()
     if engine is None:
         return {k: [] for k in DOCKER_KINDS}
-    swarm = remove_swarm_project(engine, project, warn=warn)
-    rest = remove_compose_project(engine, project, warn=warn)
+    swarm = remove_swarm_project(engine, project, warn=warn, spare=spare)
+    rest = remove_compose_project(engine, project, warn=warn, spare=spare)
     merged = {k: list(dict.fromkeys(swarm.get(k, []) + rest.get(k, []))) for k in {**swarm, **rest}}
     return {k: merged.get(k, []) for k in DOCKER_KINDS}
 
@@ -123,37 +153,43 @@ class Leftovers(Protocol):
         ...
 
 
-# (prefix, an engine to use or None for any that answers, where warnings go) -> what it removed.
-# Each backend's registry entry names the one that removes what its runs leave.
-Sweeper = Callable[[str, Engine | None, Warn], Leftovers]
+# (prefix, an engine to use or None for any that answers, where warnings go, the live runs to
+# leave alone) -> what it removed. Each backend's registry entry names the one that removes what
+# its runs leave.
+Sweeper = Callable[[str, Engine | None, Warn, LiveRuns], Leftovers]
 
 
-def sweep_namespaces(prefix: str, engine: Engine | None = None, warn: Warn = _stderr) -> TeardownReport:
-    return teardown(prefix)
+def sweep_namespaces(prefix: str, engine: Engine | None = None, warn: Warn = _stderr,
+                     live: LiveRuns = NO_LIVE_RUNS) -> TeardownReport:
+    """Every namespace whose name starts with `prefix` (and what runs inside), but a live run's."""
+    return remove_namespaces([n for n in namespaces(prefix) if live.spared(n) is None], label=prefix)
 
 
 @dataclass(frozen=True)
 class ProcessLeftovers:
     stopped: dict[str, list[str]]
     errors: tuple[str, ...] = ()
+    spared: dict[str, str] = field(default_factory=dict)      # live local runs: name -> its runner
 
     def to_dict(self) -> dict[str, object]:
-        return {"local_runs": self.stopped}
+        return {"local_runs": self.stopped, "local_runs_spared": self.spared}
 
     def summary(self) -> str:
-        return "\n".join(f"stopped the services of {group}, whose run was gone: {', '.join(keys)}"
-                         for group, keys in self.stopped.items())
+        return "\n".join([f"stopped the services of {group}, whose run was gone: {', '.join(keys)}"
+                          for group, keys in self.stopped.items()]
+                         + [f"left live local run {group} alone ({who}); `testbed down --force {group}` stops it"
+                            for group, who in self.spared.items()])
 
 
 def sweep_processes(prefix: str, engine: Engine | None = None, warn: Warn = _stderr,
-                    journal_dir: Path = JOURNAL_DIR) -> ProcessLeftovers:
+                    live: LiveRuns = NO_LIVE_RUNS, journal_dir: Path = JOURNAL_DIR) -> ProcessLeftovers:
     """The services of local runs whose runner died (kill -9): the run named `prefix`'s (its
     journal is `<prefix>.json`), or every such run's with the bare prefix. A live runner's
-    services are left alone: it stops its own."""
-    o = sweep_orphans(journal_dir, None if prefix == PREFIX else prefix)
+    services are left alone (it stops its own) unless `live.force` names its run."""
+    o = sweep_orphans(journal_dir, None if prefix == PREFIX else prefix, force=live.force)
     for e in o.errors:
         warn(e)
-    return ProcessLeftovers(o.stopped, tuple(o.errors))
+    return ProcessLeftovers(o.stopped, tuple(o.errors), o.spared)
 
 
 @dataclass(frozen=True)
@@ -186,10 +222,11 @@ def _remove_dirs(found: list[Path]) -> list[str]:
     return gone
 
 
-def remove_ctl_dirs(prefix: str) -> list[str]:
-    """The control folders of the project `prefix` (of every project with the bare prefix)."""
+def remove_ctl_dirs(prefix: str, spare: Collection[str] = ()) -> list[str]:
+    """The control folders of the project `prefix` (of every project with the bare prefix), but
+    a live run's (`spare`)."""
     found = [ctl_dir(prefix)] if prefix != PREFIX else sorted(ctl_dir(PREFIX).parent.glob(f"{PREFIX}*-ctl"))
-    return _remove_dirs(found)
+    return _remove_dirs([d for d in found if d.name.removesuffix("-ctl") not in spare])
 
 
 # The folders of the swarm labs (`testbed.deploy.swarm_lab`): one per lab, its nodes' sockets.
@@ -203,9 +240,30 @@ def remove_lab_dirs(prefix: str, lab_dir: Path = LAB_DIR) -> list[str]:
     return _remove_dirs(found)
 
 
-def sweep_docker(prefix: str, engine: Engine | None = None, warn: Warn = _stderr) -> DockerLeftovers:
-    removed = remove_docker_leftovers(prefix, engine, warn)
-    return DockerLeftovers({**removed, "control_dirs": remove_ctl_dirs(prefix), "lab_dirs": remove_lab_dirs(prefix)})
+def sweep_docker(prefix: str, engine: Engine | None = None, warn: Warn = _stderr,
+                 live: LiveRuns = NO_LIVE_RUNS) -> DockerLeftovers:
+    spare = live.spared_keys()
+    removed = remove_docker_leftovers(prefix, engine, warn, spare)
+    return DockerLeftovers({**removed, "control_dirs": remove_ctl_dirs(prefix, spare),
+                            "lab_dirs": remove_lab_dirs(prefix)})
+
+
+@dataclass(frozen=True)
+class SparedRuns:
+    """The live runs whose resources (namespaces, Docker objects) a sweep left alone."""
+
+    runs: dict[str, str]       # prefix -> who owns it
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"live_runs_spared": self.runs}
+
+    def summary(self) -> str:
+        return "\n".join(f"left live run {k} alone ({who}); `testbed down --force {k}` removes it"
+                         for k, who in self.runs.items())
 
 
 @dataclass(frozen=True)
@@ -231,10 +289,20 @@ class DownReport:
 
 
 def down(sweepers: Sequence[Sweeper], prefix: str = PREFIX, engine: Engine | None = None,
-         warn: Warn = _stderr) -> DownReport:
+         warn: Warn = _stderr, force: Collection[str] = (),
+         owner_dirs: list[Path] | None = None) -> DownReport:
     """Everything every kind of run left whose name starts with (namespaces) or whose project is
-    (Docker objects) `prefix`, one sweeper per kind (`testbed.deploy.registry.sweepers`).
-    ValueError for a prefix that is not a testbed one, before anything is touched."""
+    (Docker objects) `prefix`, one sweeper per kind (`testbed.deploy.registry.sweepers`), except
+    what a live run owns, unless `force` names that run. ValueError for a prefix that is not a
+    testbed one, before anything is touched."""
     if not prefix.startswith(PREFIX):
         raise ValueError(f"prefix {prefix!r}: must start with {PREFIX!r}")
-    return DownReport(tuple(sweep(prefix, engine, warn) for sweep in sweepers))
+    recorded = owners.read_owners(owner_dirs)
+    live = LiveRuns({k: o for k, o in recorded.items() if o.live()}, frozenset(force))
+    parts = [sweep(prefix, engine, warn, live) for sweep in sweepers]
+    for k, o in recorded.items():
+        if k.startswith(prefix) and k not in live.owners:
+            owners.forget(k, owner_dirs)        # its run is gone, and now what it left too
+    spared = {k: o.describe().split(": ", 1)[1] for k, o in live.owners.items()
+              if k not in live.force and (k.startswith(prefix) or prefix.startswith(k))}
+    return DownReport((*parts, SparedRuns(spared)))

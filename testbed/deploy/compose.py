@@ -28,6 +28,7 @@ from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import node_specs
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError, every_step
+from testbed.net import owners
 from testbed.deploy.cleanup import ctl_dir, remove_compose_project
 from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LABEL, ContainerState, Engine, connect,
                                    try_connect)
@@ -217,6 +218,8 @@ class ComposeBackend:
         }
 
     async def start(self) -> None:
+        # Before any container exists: `testbed down` leaves a live owner's project alone.
+        owners.claim(self.project, "compose", self.run_dir)
         try:
             await asyncio.to_thread(self._up)
             await asyncio.to_thread(self._wait_healthy)
@@ -355,4 +358,5 @@ class ComposeBackend:
             lambda: series.close() if series is not None else None,      # writes: may fail on a full disk
             down,
             lambda: asyncio.to_thread(self._remove),
-            lambda: shutil.rmtree(self.ctl_dir, ignore_errors=True))
+            lambda: shutil.rmtree(self.ctl_dir, ignore_errors=True),
+            lambda: owners.release(self.project))

@@ -9,7 +9,7 @@ the engine's own reason; a container that fails to start also brings its last lo
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,6 +148,19 @@ def parse_tasks(tasks: list[dict[str, Any]], service_names: dict[str, str], node
                         str(status.get("Err") or ""), node_names.get(str(t.get("NodeID", "")), ""),
                         str(t.get("ID", ""))))
     return out
+
+
+def _labels(obj: Any) -> dict[str, str]:
+    """An engine object's labels from its document, where each kind keeps them (a sparse
+    container, a network, a volume: `Labels`; a service, a config: `Spec.Labels`)."""
+    attrs = getattr(obj, "attrs", None) or {}
+    for path in (("Labels",), ("Spec", "Labels"), ("Config", "Labels")):
+        d: Any = attrs
+        for k in path:
+            d = d.get(k) if isinstance(d, dict) else None
+        if isinstance(d, dict):
+            return d
+    return {}
 
 
 @dataclass
@@ -295,16 +308,18 @@ class Engine:
             return list(c.configs.list(filters=filters))
         raise ValueError(f"unknown kind {kind!r} (one of {', '.join(SWEEP_KINDS)})")
 
-    def sweep(self, kind: str, label: str, driver: str | None = None) -> Sweep:
+    def sweep(self, kind: str, label: str, driver: str | None = None, spare: Collection[str] = ()) -> Sweep:
         """Remove every object of kind carrying label (`key` or `key=value`; networks also of
         driver): containers forced, with their anonymous volumes. An object that will not go (a
         network whose containers are still stopping) is named in `failed`; the next sweep finds it
-        again. Listing failures raise."""
+        again. Listing failures raise. Objects of the projects in `spare` (live runs) stay."""
         filters: dict[str, Any] = {"label": label, **({"driver": driver} if driver else {})}
         with engine_errors(f"listing {kind} labelled {label}"):
             objs = self._labelled(kind, filters)
         out = Sweep()
         for obj in objs:
+            if spare and _labels(obj).get(PROJECT_LABEL) in spare:
+                continue
             key = str(obj.name if kind == "volumes" else obj.short_id)
             out.found.append(key)
             try:

@@ -20,6 +20,7 @@ from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import local_dc, node_specs
 from testbed.deploy.base import every_step
+from testbed.net import owners
 from testbed.deploy.fault_injection import (
     FaultScheduler, FaultTarget, InjectorProcess, ProcessNodes, http_json, start_faults,
 )
@@ -145,6 +146,8 @@ class NetnsBackend:
     # -- start ----------------------------------------------------------------------------
     async def start(self) -> None:
         need_root("the netns backend (a network namespace per service)", "give --backend local")
+        # Before any namespace exists: `testbed down` leaves a live owner's namespaces alone.
+        owners.claim(self.prefix, "netns", self.run_dir)
         try:
             await asyncio.to_thread(self._build)
             await asyncio.to_thread(self._spawn_all)
@@ -293,4 +296,5 @@ class NetnsBackend:
             lambda: client.__exit__(None, None, None) if client is not None else None,
             lambda: asyncio.to_thread(self._procs.stop, ("router",), ("delayline",)),
             lambda: asyncio.to_thread(teardown, self.prefix),
-            lambda: control.unlink(missing_ok=True) if control is not None else None)
+            lambda: control.unlink(missing_ok=True) if control is not None else None,
+            lambda: owners.release(self.prefix))

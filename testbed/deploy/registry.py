@@ -24,7 +24,7 @@ from testbed.deploy.base import Backend
 from testbed.deploy.preflight import compose_host, netns_host, swarm_host
 
 if TYPE_CHECKING:
-    from testbed.deploy.cleanup import Leftovers, Sweeper, Warn
+    from testbed.deploy.cleanup import Leftovers, LiveRuns, Sweeper, Warn
     from testbed.deploy.engine import Engine
 
 AUTO = "auto"
@@ -273,19 +273,19 @@ def _swarm(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, ho
 
 
 # Imported when `testbed down` runs, not with the registry (the Docker SDK is slow to import).
-def _sweep_namespaces(prefix: str, engine: Engine | None, warn: Warn) -> Leftovers:
+def _sweep_namespaces(prefix: str, engine: Engine | None, warn: Warn, live: LiveRuns) -> Leftovers:
     from testbed.deploy.cleanup import sweep_namespaces
-    return sweep_namespaces(prefix, engine, warn)
+    return sweep_namespaces(prefix, engine, warn, live)
 
 
-def _sweep_processes(prefix: str, engine: Engine | None, warn: Warn) -> Leftovers:
+def _sweep_processes(prefix: str, engine: Engine | None, warn: Warn, live: LiveRuns) -> Leftovers:
     from testbed.deploy.cleanup import sweep_processes
-    return sweep_processes(prefix, engine, warn)
+    return sweep_processes(prefix, engine, warn, live)
 
 
-def _sweep_docker(prefix: str, engine: Engine | None, warn: Warn) -> Leftovers:
+def _sweep_docker(prefix: str, engine: Engine | None, warn: Warn, live: LiveRuns) -> Leftovers:
     from testbed.deploy.cleanup import sweep_docker
-    return sweep_docker(prefix, engine, warn)
+    return sweep_docker(prefix, engine, warn, live)
 
 
 def loopback_factory(name: str, processes: bool) -> Factory:

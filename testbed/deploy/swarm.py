@@ -43,6 +43,7 @@ from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import node_specs
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError
+from testbed.net import owners
 from testbed.deploy.cleanup import remove_swarm_project
 from testbed.deploy.subnets import SWARM_BASES, pick_base, subnets_of
 from testbed.deploy.compose import (HEALTH_CMD, HTTP_PORT, IN_CONTAINER, dc_subnets, deployment_for, layout,
@@ -330,6 +331,8 @@ class SwarmBackend:
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
+        # Before any service exists: `testbed down` leaves a live owner's project alone.
+        owners.claim(self.project, "swarm", self.run_dir)
         try:
             await asyncio.to_thread(self._deploy)
             await asyncio.to_thread(self._wait_running)
@@ -617,5 +620,6 @@ class SwarmBackend:
             await asyncio.to_thread(self._save_logs)
         await asyncio.to_thread(self._remove_client)
         left = await asyncio.to_thread(self._remove_stack)
+        owners.release(self.project)
         if any(left.values()):
             _log(f"{self.project} removed: " + ", ".join(f"{len(v)} {k}" for k, v in left.items() if v))

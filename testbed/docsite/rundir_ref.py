@@ -46,6 +46,9 @@ FILES: tuple[tuple[str, str], ...] = (
     ("compose.yaml, stack.yaml", "compose and swarm backends: the generated file, with the command to rerun it."),
     ("prometheus/", "With `--prometheus`: the generated scrape configuration and Prometheus's data."),
     ("speedup-probes/", "With `--speedup auto`: the probe runs."),
+    (".testbed.lock", "The command that wrote the directory (pid, start, command line): locked while it runs, so "
+                      "another command is refused; afterwards it marks a previous output, replaced only with "
+                      "`--overwrite`."),
 )
 
 

@@ -10,6 +10,7 @@ import errno
 import os
 from dataclasses import asdict, dataclass
 
+from testbed.net import owners
 from testbed.net.executor import Executor, NetError
 from testbed.net.plan import (
     HTB_ROOT,
@@ -67,6 +68,7 @@ def probe_shaping() -> ShapingCaps:
     ns = f"ptb-probe-{os.getpid()}"
     notes: list[str] = []
     remove_namespaces([ns])  # a leftover from a crashed probe of a process that had this pid
+    owners.claim(ns, "probe", "")
     try:
         with Executor() as ex:
             try:
@@ -83,6 +85,7 @@ def probe_shaping() -> ShapingCaps:
             tun = _open_tun(notes) and _try(ex, [AddTun(ns, "tun0"), LinkUp(ns, "tun0")], "tun", notes)
     finally:
         remove_namespaces([ns])
+        owners.release(ns)
     return ShapingCaps(netem=netem, htb=htb, tun=tun, detail="; ".join(notes))
 
 

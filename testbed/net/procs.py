@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 # Where a ProcessGroup that outlives its owner can be found again: one file per group, naming
 # the owner and every service (pid and start time, so a reused pid is never taken for one).
@@ -113,15 +113,18 @@ def _alive(entry: object) -> int | None:
 
 @dataclass
 class Orphans:
-    """What `sweep_orphans` stopped: service keys with their pids, per group file."""
+    """What `sweep_orphans` stopped: service keys with their pids, per group file; and the groups
+    it left to their live owners."""
     stopped: dict[str, list[str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    spared: dict[str, str] = field(default_factory=dict)     # group -> its owner ("pid N")
 
 
-def sweep_orphans(journal_dir: Path = JOURNAL_DIR, name: str | None = None, grace: float = 5.0) -> Orphans:
+def sweep_orphans(journal_dir: Path = JOURNAL_DIR, name: str | None = None, grace: float = 5.0,
+                  force: Collection[str] = ()) -> Orphans:
     """Stop the services of every group (the one called `name`, when given) whose owner is gone
     (SIGTERM to each session, SIGKILL after `grace`), then forget the group. A live owner's group
-    is left alone: it stops its own."""
+    is left alone (it stops its own) unless `force` names it."""
     out = Orphans()
     files = sorted(journal_dir.glob("*.json")) if name is None else [journal_dir / f"{name}.json"]
     for f in (f for f in files if f.is_file()):
@@ -132,7 +135,8 @@ def sweep_orphans(journal_dir: Path = JOURNAL_DIR, name: str | None = None, grac
         except (OSError, ValueError, KeyError, TypeError) as e:
             out.errors.append(f"{f}: unreadable ({e}); left in place")
             continue
-        if _alive(owner) is not None:
+        if (pid := _alive(owner)) is not None and f.stem not in force:
+            out.spared[f.stem] = f"runner pid {pid}, logs in {entry.get('log_dir', '?')}"
             continue
         live = {k: pid for k, e in procs.items() if (pid := _alive(e)) is not None}
         for sig in (signal.SIGTERM, signal.SIGKILL):

@@ -42,7 +42,7 @@ from testbed.live.clock import now
 from testbed.live.held import HOLD_KEY, HOLD_PATH
 from testbed.metrics.artefacts import Summary, run_info
 from testbed.metrics.artefacts.run_file import HoldInfo as HoldFacts, RunState, Shaping, this_process
-from testbed.run.runner import _versions, check_run_dir, clear_previous_run, make_backend, write_run_json
+from testbed.run.runner import _versions, clear_previous_run, make_backend, owning_run_dir, write_run_json
 from testbed.run.stoppable import default_in_forked_child
 
 HOLD_SPEEDUP = 1.0
@@ -127,11 +127,16 @@ async def hold_async(rs: ResolvedScenario, run_dir: Path, backend: str, stop: as
     """Bring the deployment up, call `on_ready`, keep it until `stop` is set or it disappears,
     then tear it down and write the run directory. `prometheus`: the listen address of a
     Prometheus to run against the deployment (`testbed.deploy.prometheus`)."""
+    with owning_run_dir(run_dir):
+        return await _hold(rs, run_dir, backend, stop, on_ready, host_port, prometheus)
+
+
+async def _hold(rs: ResolvedScenario, run_dir: Path, backend: str, stop: asyncio.Event,
+                on_ready: Callable[[HoldInfo], None], host_port: int, prometheus: str | None) -> HoldResult:
     from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
 
     sc = rs.spec
-    check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     clear_previous_run(run_dir)
     (run_dir / "timeseries").mkdir(exist_ok=True)
@@ -285,7 +290,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
     def ready(info: HoldInfo) -> None:
         if args.json:
             print(json.dumps(info.to_json()), flush=True)
-        down = f", or `testbed down --prefix {info.prefix}`" if info.prefix else ""
+        down = f", or `testbed down --force {info.prefix}`" if info.prefix else ""
         paper = ("clients measure paper time" if sc.scale.speedup == 1 else
                  f"clients measure wire time: multiply their latencies by {sc.scale.speedup:g} for paper time")
         print(f"held: {sc.name} on {backend}, speedup {sc.scale.speedup:g} ({paper}), "
@@ -305,7 +310,9 @@ def cmd_hold(args: argparse.Namespace) -> int:
         finally:
             restore()
 
-    res = asyncio.run(main())
+    from testbed.config import run_lock
+    with run_lock.holding(out, args.overwrite):
+        res = asyncio.run(main())
     n = res.summary.requests.total
     if args.json:
         print(json.dumps({"ended": res.ended, "run_dir": str(res.run_dir), "requests": n,

@@ -10,7 +10,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.config import run_lock
+from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
 from testbed.deploy.prometheus import DEFAULT_LISTEN
@@ -103,11 +104,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if why := unavailable(backend, find_binary()):
             print(f"replay: {why}", file=sys.stderr)
             return 2
+    if len(scenarios) == 1:
+        from testbed.run.runner import check_run_dir
+        check_run_dir(base)     # a folder of the user's own files: refused before a lock file is made in it
+    with run_lock.holding(base, args.overwrite):
+        return _replay_into(args, scenarios, base, backend, report, show)
+
+
+def _replay_into(args: argparse.Namespace, scenarios: list[ResolvedScenario], base: Path, backend: str,
+                 report: bool, show: bool) -> int:
+    """The runs of `replay`/`up` into `base`, which this command holds."""
     results = []
+    began = False
     try:
         for rs in scenarios:
             sc = rs.spec
             trace = trace_for(sc, args)
+            began = True
             out = base / sc.name if len(scenarios) > 1 else base
             if args.speedup == "auto":
                 from testbed.run.speedup import pick_speedup, with_speedup
@@ -122,7 +135,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                       f"(speedup {sc.scale.speedup:g}, byte_scale {sc.scale.byte_scale:g}) -> {out}", file=sys.stderr)
             results.append(run_one(rs, trace, out, backend, show, args.prometheus, report))
     except KeyboardInterrupt:
-        if not base.exists():       # stopped while the trace was read: no run had begun
+        if not began and not results:       # stopped while the trace was read: no run had begun
             print("interrupted before any run began: nothing recorded", file=sys.stderr)
         elif registry.get(backend).caps.simulator:
             print(f"interrupted: records so far kept under {base}; `testbed report RUN` summarises a run",
@@ -155,6 +168,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--compare", nargs="+", metavar="SCENARIO",
                    help="run several scenarios on the same workload and write one comparison report")
     r.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory (default runs/<time>-<scenario>)")
+    add_overwrite(r, "the run directory")
     _add_scenario_args(r, registry.backend_option())
     r.set_defaults(func=cmd_replay)
 
@@ -164,9 +178,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     u.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
     u.add_argument("--compare", nargs="+", metavar="SCENARIO", help=argparse.SUPPRESS)
     u.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory (default runs/<time>-<scenario>)")
+    add_overwrite(u, "the run directory")
     u.add_argument("--hold", action="store_true",
                    help="bring the deployment up on any --backend, print the OpenAI base URL this host reaches it "
-                        "at, and keep it until Ctrl-C, SIGTERM or `testbed down`, recording every request outside "
+                        "at, and keep it until Ctrl-C, SIGTERM or `testbed down --force PREFIX`, recording every request outside "
                         "clients send; then write the records, summary and report. Runs at speedup 1 (paper time) "
                         "unless --set scale.speedup=S. With --json: one line {base_url, url, run_dir, backend, ...} "
                         "once ready")

@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from testbed.config import run_lock
 from testbed.config.cli_args import check_out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
@@ -112,8 +113,18 @@ def client_timeout(sc: Scenario) -> Callable[[TraceRequest], float]:
     return limit
 
 
-def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
+@contextlib.contextmanager
+def owning_run_dir(run_dir: Path) -> Iterator[None]:
+    """The run directory for this process while the block runs (`testbed.config.run_lock`):
+    refused while another live command holds it, and when it holds a previous command's output
+    unless this command was given --overwrite for it (or a folder above it). A folder of the
+    user's own files is refused first, before a lock file is made in it."""
     check_run_dir(run_dir)
+    with run_lock.holding(run_dir, flag="run directory"):
+        yield
+
+
+def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     clear_previous_run(run_dir)
     (run_dir / "timeseries").mkdir(exist_ok=True)
@@ -161,7 +172,8 @@ def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None 
     from testbed.core.gc_pause import keep_heap_to_exit, paused_gc
 
     keep_heap_to_exit()
-    with paused_gc():       # the summary and report walk what the simulation left: no collections meanwhile
+    # The summary and report walk what the simulation left: no collections meanwhile.
+    with owning_run_dir(run_dir), paused_gc():
         return _run_sim(rs, trace, run_dir, name, on_progress, report)
 
 
@@ -222,6 +234,13 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
     if registry.get(backend).caps.simulator:
         return run_sim(rs, trace, run_dir, name, on_progress, report)
     registry.refuse_unhonoured(backend, [rs])        # before any service starts
+    with owning_run_dir(run_dir):
+        return await _run_replay_async(rs, trace, run_dir, backend, name, on_progress, report, prometheus)
+
+
+async def _run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, backend: str, name: str | None,
+                            on_progress: Callable[[ReplayStats], None] | None, report: bool,
+                            prometheus: str | None) -> RunResult:
     import asyncio
 
     from testbed.deploy.prometheus import PrometheusProcess, find_binary

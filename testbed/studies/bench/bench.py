@@ -12,7 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.config import run_lock
+from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import Scenario
 from testbed.metrics.records import read_records
@@ -201,6 +202,8 @@ def live_path(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.out is not None and not (args.which == "live-path" and args.from_runs):
+        run_lock.acquire(args.out, args.overwrite)      # this command's until it returns
     if args.which == "live-path":
         return live_path(args)
     if args.which == "sim":
@@ -236,6 +239,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "prefill workers one whole prompt at a time (crosscheck's default); defaults: nothing but the "
                         "worker roles (its own timing model, as `run_mocker_trace_replay` runs by default)")
     b.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory")
+    add_overwrite(b)
     b.add_argument("--json", action="store_true")
     b.add_argument("--bytes", type=int, default=10**9, help="kv: bytes of the transfer")
     b.add_argument("--connections", type=int, default=4, help="kv: connections")

@@ -10,7 +10,8 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
-from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.config import run_lock
+from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
 from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--out", action=StoreOnce, type=out_dir)
+    add_overwrite(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_capacity)
 
@@ -72,7 +74,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     lo = args.lo or (0.6 * model if model else 1.0)
     hi = args.hi or (1.3 * model if model else 4.0)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-capacity-{sc.name}"
-    out.mkdir(parents=True, exist_ok=True)
+    run_lock.acquire(out, args.overwrite)       # this command's until it returns
     ttft_slo = args.ttft_slo or sc.slo.ttft_s
     print(f"capacity of {sc.name}: bisection in [{lo:.3f}, {hi:.3f}] req/s, {args.probes} probes of "
           f"{n} requests{'' if trace is None else ' of ' + trace.source}, backend {backend} -> {out}", file=sys.stderr)
@@ -93,7 +95,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], backend: str,
                trace: Trace | None) -> int:
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-table6"
-    out.mkdir(parents=True, exist_ok=True)
+    run_lock.acquire(out, args.overwrite)
     ttft_slo = args.ttft_slo or max(rs.spec.slo.ttft_s for rs in scenarios)
     growth = args.wait_growth if args.wait_growth is not None else DEFAULT_GROWTH_S
     print(f"Table 6 by {'simulation' if registry.is_simulated(backend) else 'emulation'}: {', '.join(rs.name for rs in scenarios)}; "

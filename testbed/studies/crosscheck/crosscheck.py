@@ -17,7 +17,8 @@ import math
 import sys
 from pathlib import Path
 
-from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.config import run_lock
+from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.model.errors import ModelError
 from testbed.core.errors import UserError
@@ -43,6 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
     p.add_argument("--backend", action=StoreOnce, **registry.backend_option(registry.emulates, lead="the emulation's backend"))
     p.add_argument("--out", action=StoreOnce, type=out_dir, help="output directory (default runs/crosscheck-<scenario>)")
+    add_overwrite(p)
     p.add_argument("--skip-emulation", action="store_true", help="compare model and simulation only")
     p.add_argument("--emulated", type=Path, metavar="RUN",
                    help="reuse a recorded emulation instead of running one: its run directory, or with several "
@@ -188,6 +190,7 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     base: Path = args.out or Path("runs") / f"crosscheck-{'-'.join(rs.name for rs in scenarios)}"
+    run_lock.acquire(base, args.overwrite)      # this command's until it returns
     checks: list[Crosscheck] = []
     try:
         for rs in scenarios:
@@ -227,6 +230,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     registry.refuse_unhonoured("sim", [rs])
     check_peer(args.peer, rs)
     out: Path = args.out or Path("runs") / f"crosscheck-{rs.name}-{args.peer}"
+    run_lock.acquire(out, args.overwrite)
     try:
         c = run_peer_check(rs, trace_for(rs.spec, args), out, args.peer_scheduler, args.peer_router)
     except KeyboardInterrupt:

@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.config import run_lock
+from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.core.errors import UserError
 from testbed.deploy import registry
 from testbed.config.scenarios import PROFILE_SOURCES
@@ -121,6 +122,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--confirm-backend",
                    **registry.backend_option(registry.emulates, lead="backend of the confirmation runs"))
     p.add_argument("--out", action=StoreOnce, type=out_dir, default=Path("runs") / "feasibility", help="output directory")
+    add_overwrite(p)
     p.add_argument("--json", action="store_true", help="print map.json instead of the summary")
     p.set_defaults(func=cmd_feasibility)
 
@@ -136,7 +138,7 @@ def cmd_feasibility(args: argparse.Namespace) -> int:
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    run_lock.acquire(out, args.overwrite)       # this command's until it returns
     t_start = time.perf_counter()
     c0 = time.process_time()
     models = args.model or default_models(args.source)

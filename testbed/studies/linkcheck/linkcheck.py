@@ -20,6 +20,7 @@ from typing import Any
 from testbed.net.loss_account import LossAccount, QueueBound, Snapshot, account_loss, peak_in_flight
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile
 from testbed.core.schema.scaling import Scale
+from testbed.net import owners
 from testbed.net.procs import ProcessGroup
 from testbed.live.kv_transport import KVReceiver, KVSender
 from testbed.metrics.series_format import SeriesWriter, read_series
@@ -235,6 +236,7 @@ def shaped_link(cfg: LinkCheckConfig, method: Method) -> Iterator[ShapedLink]:
     p = cfg.profile
     params = p.wire(cfg.scale)
     prefix = new_prefix()
+    owners.claim(prefix, "linkcheck", cfg.workdir)
     topo = build_topology(prefix, [("a", SRC), ("b", DST)], {(SRC, DST): params, (DST, SRC): params},
                           method, mtu=p.mtu, tcp=p.tcp)
     workdir = cfg.workdir / f"{prefix}-linkcheck"
@@ -255,6 +257,7 @@ def shaped_link(cfg: LinkCheckConfig, method: Method) -> Iterator[ShapedLink]:
     finally:
         procs.stop(first=(), last=("delayline",))
         teardown(prefix)
+        owners.release(prefix)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

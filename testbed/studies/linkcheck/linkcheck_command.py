@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from testbed.config.cli_args import add_overwrite
+
 from testbed.config.privilege import need_root
 from testbed.studies.linkcheck.linkcheck import main_linkcheck, scale_for
 from testbed.studies.linkcheck.linkcheck_compare import main_compare
@@ -32,6 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     help="measure each profile by netem and by the delay line side by side (needs a kernel "
                          "with netem; exit 2 without)")
     lc.add_argument("--out", type=Path, help="with --compare-methods: write compare-methods.md and .json here")
+    add_overwrite(lc, "--out")
     lc.add_argument("--json", action="store_true", help="print JSON")
     lc.set_defaults(func=cmd_linkcheck)
 
@@ -63,6 +66,9 @@ def cmd_linkcheck(args: argparse.Namespace) -> int:
     wire = None if args.byte_scale is not None else parse_rate(args.wire_rate)
     scales = [scale_for(p, args.speedup, args.byte_scale, wire) for p in profiles]
     if args.compare_methods:
+        if args.out is not None:
+            from testbed.config import run_lock
+            run_lock.acquire(args.out, args.overwrite)      # this command's until it returns
         return main_compare(profiles, scales, args.connections, args.duration, args.json, args.out,
                             args.rtt_probes, args.loss_probes)
     return main_linkcheck(profiles, scales, args.connections, args.duration, args.method, args.json,

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.config import run_lock
+from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
 from testbed.core.schema.kinds import unknown_kind
@@ -199,6 +200,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "(default: the --top written; every written or recommended row is simulated)")
     p.add_argument("--no-sim", action="store_true", help="the model alone: nothing simulated, the SLO verdicts the model's")
     p.add_argument("--out", action=StoreOnce, type=out_dir, help="output directory (default runs/plan-<trace name>)")
+    add_overwrite(p)
     p.add_argument("--json", action="store_true", help="print plan.json instead of the summary")
     p.set_defaults(func=cmd_plan)
 
@@ -303,7 +305,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
     tw0 = TraceWorkload.from_trace(trace, KVModel.from_spec(first.model))
     cache_aware = tw0.cached_share > 0
     out_dir: Path = args.out or Path("runs") / f"plan-{trace_path.stem}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    run_lock.acquire(out_dir, args.overwrite)   # this command's until it returns
     for old in (*out_dir.glob("plan-*-*.yaml"), *out_dir.glob("candidates/*.yaml")):
         old.unlink()
     sim: Simulate | None

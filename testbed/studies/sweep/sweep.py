@@ -31,7 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
-from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.config import run_lock
+from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.core.schema.scenario import Scenario
 from testbed.metrics.artefacts import Summary
 from testbed.config.resolved import ResolvedScenario
@@ -320,6 +321,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                   "and --sample)")
     p.add_argument("--backend", action=StoreOnce, **registry.backend_option(lead="where every point runs"))
     p.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
+    add_overwrite(p, "the sweep directory")
     p.add_argument("--capacity-probes", type=int, default=0, metavar="N",
                    help="measure Lambda_max at every point by a capacity search of N replays (testbed capacity) "
                         "instead of one replay at the offered rate")
@@ -364,7 +366,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-sweep-{first.name}"
-    out.mkdir(parents=True, exist_ok=True)
+    run_lock.acquire(out, args.overwrite)       # this command's until it returns
     facts = {"scenario": first.name, "backend": args.backend,
              "requests": first.workload.requests if trace is None else len(trace),
              "rate": first.workload.rate if trace is None else trace.rate, "speedup": first.scale.speedup, "byte_scale": first.scale.byte_scale,
