@@ -32,7 +32,8 @@ from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
 from testbed.core.servicetime import PrefillTime
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
-    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_request,
+    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_middlewares,
+    node_request,
 )
 from testbed.live.kv_sender import ConnectionStats, Dest
 from testbed.live.kv_transport import KVReceiver, KVSender, TransferFailed, receiver_idle_timeout
@@ -293,7 +294,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     sc = cfg.deployment.scenario
     node = cfg.deployment.nodes[cfg.node_id]
     hw = sc.hardware[sc.cluster(node.cluster).hardware]
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, middlewares=node_middlewares(cfg))
     reg = CollectorRegistry()
     app[REGISTRY_KEY] = reg
     slow = SlowDown()

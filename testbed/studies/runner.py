@@ -255,10 +255,10 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
         meta.t0 = t0 = now()
         write_run_json(meta_path, meta)
         await be.on_t0(t0)
-        url = be.deployment.router.url
+        url, key = be.deployment.router.url, be.deployment.credentials.api_key
         try:
             stats = await be.run_client(lambda: replay(trace, url, writer, sc.scale.speedup, sc.model.name,
-                                                       on_progress, client_timeout(sc), t0=t0))
+                                                       on_progress, client_timeout(sc), t0=t0, api_key=key))
         except asyncio.CancelledError:
             interrupted = True
             raise
