@@ -22,6 +22,7 @@ from testbed.core.kv_receive import (
     MAX_FRAGMENTS,
     MAX_TRANSFERS,
     MAX_TRANSFERS_PER_CONNECTION,
+    MAX_TRANSFERS_PER_PEER,
     CloseConnection,
     ConnectionLost,
     ConnId,
@@ -122,12 +123,13 @@ class KVReceiver:
         max_transfers: int = MAX_TRANSFERS,
         max_transfers_per_connection: int = MAX_TRANSFERS_PER_CONNECTION,
         max_fragments: int = MAX_FRAGMENTS,
+        max_transfers_per_peer: int = MAX_TRANSFERS_PER_PEER,
     ) -> None:
         self.rcvbuf = rcvbuf
         self._rx = Reassembler(verify, idle_timeout, result_ttl, frame_timeout=frame_timeout,
                                max_connections=max_connections, max_transfers=max_transfers,
                                max_transfers_per_connection=max_transfers_per_connection,
-                               max_fragments=max_fragments)
+                               max_fragments=max_fragments, max_transfers_per_peer=max_transfers_per_peer)
         self._server: asyncio.Server | None = None
         self._transports: dict[ConnId, asyncio.Transport] = {}
         self._waiters: dict[int, asyncio.Future[TransferResult]] = {}
