@@ -14,7 +14,12 @@ from testbed.config.scenarios import load_scenario
 from testbed.core.errors import UserError
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
-from testbed.live.credentials import API_KEY_ENV, RUN_SECRET_ENV, SECRET_HEADER, Credentials
+from testbed.live.credentials import (
+    API_KEY_ENV,
+    RUN_SECRET_ENV,
+    SECRET_HEADER,
+    Credentials,
+)
 from testbed.live.deployment import Deployment
 from testbed.live.held import HOLD_KEY, HOLD_PATH
 from testbed.studies.load import resolve

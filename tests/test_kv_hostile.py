@@ -334,3 +334,78 @@ def test_hostile_generators_cover_every_frame_type() -> None:
             if raw[i : i + 4] == MAGIC.to_bytes(4, "big"):
                 seen.add(raw[i + 5])
     assert {int(t) for t in FrameType} <= seen and 7 in seen
+
+
+# -- 32 silent connections against a deployment ------------------------------------------------
+
+FLOOD = r"""
+import socket, struct, sys
+ports, conns, per, hosts = [int(p) for p in sys.argv[1].split(",")], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+H = struct.Struct(">IBBHQHHIQQII")
+socks = []
+for j, port in enumerate(ports):
+    for i in range(conns):
+        s = socket.socket()
+        s.bind((f"127.0.0.{2 + i % hosts}" if hosts > 1 else "127.0.0.1", 0))   # loopback takes any 127/8 source
+        s.connect(("127.0.0.1", port))
+        base = (1 << 62) + (j << 40) + (i << 20)
+        s.sendall(b"".join(H.pack(0x4B565446, 1, 1, 0, base + k, 0, 0, 1, 0, 2, 0, 0) + b"x" for k in range(per)))
+        socks.append(s)
+print(len(socks), flush=True)
+sys.stdin.readline()   # every connection open and silent until told
+"""
+
+
+@pytest.mark.parametrize("hosts", [1, 8])
+async def test_requests_complete_while_32_silent_connections_hold_every_decode_nodes_transfer_table(
+        tmp_path: Path, hosts: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """The attack seen live: 32 connections to each decode node's KV port, 128 transfers opened on
+    each and left silent. From one address they hold that address's 1024 places (the prefill
+    nodes' address too, on loopback); from eight, all 4096. Either way a trace replayed through
+    the router meanwhile completes every request."""
+    from testbed.config.scenarios import load_scenario
+    from testbed.deploy.inproc import InProcessBackend
+    from testbed.deploy.plan import loopback_deployment
+    from testbed.live import decode_node
+    from testbed.live.replayer import replay
+    from testbed.metrics.records import RecordWriter, read_records
+    from testbed.studies.load import resolve
+    from testbed.traces.loader import trace_from_workload
+
+    sc = load_scenario("paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024},
+                                        "workload": {"requests": 24, "rate": 4.0, "output_tokens": 12, "seed": 3}})
+    dep = loopback_deployment(resolve(sc), str(tmp_path))
+    decodes = sorted(n for n, e in dep.nodes.items() if e.role == "decode")
+    ports = ",".join(str(dep.nodes[n].kv.port) for n in decodes if dep.nodes[n].kv is not None)
+    writer = RecordWriter(tmp_path / "records.csv")
+    figures: dict[str, str] = {}
+    be = InProcessBackend(dep)
+    async with be as d:
+        rxs = [service_app(be, n)[decode_node.STATE].receiver.reassembler for n in decodes]
+        full = 4096 if hosts > 1 else 1024
+
+        async def attacked(opened: int) -> None:
+            await wait_until(lambda: all(rx.active >= full for rx in rxs), 60)
+            before = [(rx.active, rx.transfers_evicted, rx.transfers_refused) for rx in rxs]
+            stats = await replay(trace_from_workload(sc.workload), d.router.url, writer, sc.scale.speedup,
+                                 sc.model.name, api_key=d.credentials.api_key)
+            after = [(rx.active, rx.transfers_evicted, rx.transfers_refused) for rx in rxs]
+            assert len(rxs[0].connections) >= 32
+            figures.update(opened=str(opened), completed=f"{stats.completed}/{stats.total}",
+                           held=" ".join(str(b[0]) for b in before),
+                           evicted=" ".join(str(a[1] - b[1]) for a, b in zip(after, before)))
+
+        await with_client(FLOOD, ports, "32", "128", str(hosts), body=attacked)
+    writer.close()
+    recs = read_records(tmp_path / "records.csv")
+    with capsys.disabled():
+        print(f"\n{figures['opened']} silent KV connections from {hosts} address(es) holding {figures['held']} "
+              f"transfers on the {len(decodes)} decode nodes: {figures['completed']} requests completed; "
+              f"places taken back from the flood per decode node: {figures['evicted']}")
+    assert len(recs) == 24 and all(r.outcome == "completed" for r in recs), \
+        [r.reason for r in recs if r.outcome != "completed"]
+
+
+def service_app(be: Any, node: str) -> Any:
+    """A service's aiohttp application in an in-process deployment (the test reads its receiver)."""
+    return be._by_id[node].app

@@ -168,7 +168,7 @@ class IncomingTransfer:
     conns: set[ConnId] = field(default_factory=set)       # carried any frame
     data_conns: set[ConnId] = field(default_factory=set)  # carried accepted DATA
     layers_seen: set[int] = field(default_factory=set)
-    owner: "_Conn | None" = None     # the connection it counts against; None: gone (an orphan of `host`)
+    owner: _Conn | None = None     # the connection it counts against; None: gone (an orphan of `host`)
     host: str = ""                   # the peer it counts against
 
     @property

@@ -31,14 +31,14 @@ class Credentials:
         return "Credentials(...)"
 
     @classmethod
-    def new(cls, api_key: str | None = None) -> "Credentials":
+    def new(cls, api_key: str | None = None) -> Credentials:
         """A fresh run secret; the API key given, else TESTBED_API_KEY, else a fresh one."""
         key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or "tb-" + secrets.token_urlsafe(24)
         check_api_key(key)
         return cls(key, secrets.token_urlsafe(32))
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Credentials":
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Credentials:
         """What a deploy backend gave a service (`testbed serve`)."""
         missing = [v for v in (API_KEY_ENV, RUN_SECRET_ENV) if not env.get(v)]
         if missing:
