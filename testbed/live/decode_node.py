@@ -189,7 +189,8 @@ def make_app(cfg: ServiceConfig) -> web.Application:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         receiver = KVReceiver(verify=sc.transfer.checksum, rcvbuf=sc.transfer.rcvbuf_bytes,
-                              idle_timeout=receiver_idle_timeout(sc.transfer.resume_timeout_s))
+                              idle_timeout=receiver_idle_timeout(sc.transfer.resume_timeout_s),
+                              allowed_hosts=cfg.deployment.node_hosts())
         assert node.kv is not None
         await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
         batch = DecodeBatch(DecodeStepTime.from_spec(dspec), dspec.bs_max, dspec.kv_capacity_bytes,

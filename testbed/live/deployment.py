@@ -72,6 +72,10 @@ class Deployment:
             raise ValueError(f"node {node_id} has no KV endpoint")
         return kv.host
 
+    def node_hosts(self) -> frozenset[str]:
+        """Every node's addresses: where KV may come from (prefill to decode, cache moves)."""
+        return frozenset(h for n in self.nodes.values() for h in (n.http.host, n.kv.host if n.kv else n.http.host))
+
     @property
     def scenario(self) -> Scenario:
         return self.resolved.spec

@@ -304,7 +304,8 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         sender = KVSender(t.connections, t.chunk_bytes, t.sndbuf_bytes, t.congestion, t.checksum,
                           resume_timeout=t.resume_timeout_s)
         receiver = KVReceiver(verify=t.checksum, rcvbuf=t.rcvbuf_bytes,
-                              idle_timeout=receiver_idle_timeout(t.resume_timeout_s))
+                              idle_timeout=receiver_idle_timeout(t.resume_timeout_s),
+                              allowed_hosts=cfg.deployment.node_hosts())
         if node.kv is not None:
             await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
         st = PrefillState(cfg, PrefillQueue(), sender, receiver, PrefillTime.from_spec(hw.prefill),
