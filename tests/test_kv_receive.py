@@ -672,3 +672,14 @@ def test_open_transfers_are_capped_per_peer_and_a_full_peer_gives_up_its_own_lar
     assert r.reason == "peer 10.0.0.1 has 10 transfers open (limit 10)"
     b = connect(rx, "10.0.0.2:1")      # another peer is not held to 10.0.0.1's count
     assert _whole(rx, b, 500, 4.0).ok
+
+
+def test_an_abort_of_an_unknown_transfer_takes_no_place_from_anyone() -> None:
+    rx = Reassembler(max_transfers=4)
+    a = connect(rx, "10.0.0.1:1")
+    rx.data_received(a, b"".join(data(k, 0, 2, 1) for k in range(1, 5)), 0.0)      # the table is full
+    b = connect(rx, "10.0.0.2:1")
+    for k in range(100, 110):      # aborts of ids never seen: each would be over at once
+        rx.data_received(b, encode_abort(k, "x"), 1.0)
+    assert rx.transfers_evicted == 0 and [rx.transfer(k) is not None for k in range(1, 5)] == [True] * 4
+    assert _whole(rx, b, 200, 2.0).ok and rx.transfers_evicted == 1     # a real one does

@@ -471,7 +471,8 @@ class Reassembler:
             return
         t = self._transfers.get(tid)
         if t is None:
-            refusal = self._over_limit(c, now, out)
+            # An ABORT of a transfer never seen takes no place from anyone: it would be over at once.
+            refusal = self._over_limit(c, now, out, evict=ftype != FrameType.ABORT)
             if refusal is not None:
                 self._refuse(tid, c, ftype != FrameType.ABORT, refusal, now, out)
                 return
@@ -532,18 +533,18 @@ class Reassembler:
             reason = f.payload.decode("utf-8", "replace")
             self._finish(t, False, f"aborted by sender: {reason}", now, out, notify=False)
 
-    def _over_limit(self, c: _Conn, now: float, out: list[ReceiveEvent]) -> str | None:
+    def _over_limit(self, c: _Conn, now: float, out: list[ReceiveEvent], evict: bool = True) -> str | None:
         # The counts never pass their limits, so each reason is one string, shared by every
         # refusal's result and tombstone rather than built anew for each.
         if len(c.carried) >= self.max_transfers_per_connection:
             return c.full
         if self._peer_open.get(c.host, 0) >= self.max_transfers_per_peer:
-            victim = self._victim_in(c.host, c)
+            victim = self._victim_in(c.host, c) if evict else None
             if victim is None:
                 return f"peer {c.host} has {self.max_transfers_per_peer} transfers open (limit {self.max_transfers_per_peer})"
             self._evict(victim, f"peer {c.host} at its limit of {self.max_transfers_per_peer} open transfers", now, out)
         if len(self._transfers) >= self.max_transfers:
-            victim = self._fair_victim(c)
+            victim = self._fair_victim(c) if evict else None
             if victim is None:
                 return self._full
             self._evict(victim, f"receiver full ({self.max_transfers} transfers open)", now, out)

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from testbed.core.faults import MAX_SLOW_FACTOR, MIN_SLOW_FACTOR, SlowDown
 from testbed.core.scaling import Scale
+from testbed.live.auth import run_secret_middleware
 from testbed.live.clock import now
 from testbed.live.deployment import Deployment
 
@@ -148,5 +149,4 @@ def add_fault_route(app: web.Application, slow: SlowDown) -> None:
 def node_middlewares(cfg: ServiceConfig) -> list[Any]:
     """A node serves its deployment only: every route but /health and /metrics needs the run
     secret, which the router and the runner send (`testbed.live.auth`)."""
-    from testbed.live.auth import run_secret_middleware
     return [run_secret_middleware(cfg.deployment.credentials.run_secret)]
