@@ -42,7 +42,7 @@ async def _replay(sc: Scenario, trace: Trace, tmp: Path, break_decode: str | Non
     skip = frozenset({break_decode}) if break_decode else frozenset()
     async with InProcessBackend(dep, skip) as d:
         task = asyncio.ensure_future(replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name,
-                                                  api_key=d.credentials.api_key))
+                                            api_key=d.credentials.api_key))
         if cancel_after_records is not None:
             # Stopped by the run's own progress, not by a wall-clock delay: on a fast host the
             # whole trace could finish before any fixed delay, and nothing would be interrupted.

@@ -63,7 +63,7 @@ def _versions() -> dict[str, str]:
 RUN_ARTEFACTS = ("timeseries", "logs", "decisions.jsonl", "faults.jsonl", "records.csv", "summary.json", "report.md", "run.json",
                  "deployment.json", "topology.json", "delayline.json", "wan.json", "wan-ready", "compose.yaml",
                  "stack.yaml", "fidelity.json", "ttft_cdf.png", "queues.png", "links.png", "wan.png", "control.png",
-                 "roles.png")
+                 "roles.png", "api-key")
 
 
 # ...and the run's own copy of its scenario, overwritten rather than cleared.
