@@ -224,6 +224,7 @@ class _Conn:
     decoder: FrameDecoder
     full: str                         # the reason a transfer beyond its cap fails
     host: str = ""
+    peer_full: str = ""               # the reason a transfer beyond its peer's cap fails
     # Open transfers that count against this connection, least recently active first.
     owned: OrderedDict[int, IncomingTransfer] = field(default_factory=OrderedDict)
     carried: set[IncomingTransfer] = field(default_factory=set)  # unfinished, with a frame from here
@@ -303,10 +304,10 @@ class Reassembler:
             self.connections_refused += 1
             return None
         cid = next(self._ids)
-        cap = self.max_transfers_per_connection
+        cap, host, pcap = self.max_transfers_per_connection, peer_host(peer), self.max_transfers_per_peer
         c = self._conns[cid] = _Conn(peer, FrameDecoder(keep_data=self.verify),
                                      f"connection from {peer} carries {cap} open transfers (limit {cap})",
-                                     peer_host(peer))
+                                     host, f"peer {host} has {pcap} transfers open (limit {pcap})")
         self._peer_conns.setdefault(c.host, set()).add(c)
         return cid
 
@@ -541,7 +542,7 @@ class Reassembler:
         if self._peer_open.get(c.host, 0) >= self.max_transfers_per_peer:
             victim = self._victim_in(c.host, c) if evict else None
             if victim is None:
-                return f"peer {c.host} has {self.max_transfers_per_peer} transfers open (limit {self.max_transfers_per_peer})"
+                return c.peer_full
             self._evict(victim, f"peer {c.host} at its limit of {self.max_transfers_per_peer} open transfers", now, out)
         if len(self._transfers) >= self.max_transfers:
             victim = self._fair_victim(c) if evict else None
