@@ -22,7 +22,7 @@ from testbed.live.credentials import (
 )
 from testbed.live.deployment import Deployment
 from testbed.live.held import HOLD_KEY, HOLD_PATH
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 
 BODY = {"model": "kimi-linear-1t", "prompt": "hello", "max_tokens": 2}
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.core.frames import (
+from testbed.core.kv.frames import (
     HEADER,
     MAGIC,
     MAX_PAYLOAD,
@@ -30,7 +30,7 @@ from testbed.core.frames import (
     encode_end,
     payload_pattern,
 )
-from testbed.core.kv_receive import MAX_TRANSFERS_PER_PEER, fragment_cap
+from testbed.core.kv.kv_receive import MAX_TRANSFERS_PER_PEER, fragment_cap
 from testbed.live.kv_transport import KVReceiver, KVSender
 from procinfo import vmrss
 
@@ -374,7 +374,7 @@ async def test_requests_complete_while_32_silent_connections_hold_every_decode_n
     from testbed.live import decode_node
     from testbed.live.replayer import replay
     from testbed.metrics.records import RecordWriter, read_records
-    from testbed.studies.load import resolve
+    from testbed.run.load import resolve
     from testbed.traces.loader import trace_from_workload
 
     sc = load_scenario("paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024},
