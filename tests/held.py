@@ -76,12 +76,28 @@ LONG_PROMPT = "hello " * 14_000
 SHORT_PROMPT = "hello " * 500
 
 
-def drive_with_openai(base_url: str, model: str = "kimi-linear-1t") -> dict[str, int]:
+def check_api_key(info: dict[str, Any]) -> str:
+    """The key a hold printed: in its run directory too, readable by its user only; the router
+    refuses a client without it (401, as OpenAI's API does)."""
+    import urllib.error
+    import urllib.request
+
+    path = Path(info["api_key_file"])
+    assert path.read_text().strip() == info["api_key"] and path.stat().st_mode & 0o777 == 0o600
+    try:
+        urllib.request.urlopen(info["base_url"] + "/models", timeout=10)
+        raise AssertionError("the router answered without the API key")
+    except urllib.error.HTTPError as e:
+        assert e.code == 401, e
+    return str(info["api_key"])
+
+
+def drive_with_openai(base_url: str, api_key: str, model: str = "kimi-linear-1t") -> dict[str, int]:
     """A streaming and a non-streaming chat completion with the `openai` package, each under its
     own X-Request-Id; checks the answers and returns each id's max_tokens."""
     import openai
 
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
     stream = client.chat.completions.create(
         model=model, max_tokens=9, stream=True, messages=[{"role": "user", "content": LONG_PROMPT}],
         stream_options={"include_usage": True}, extra_headers={"X-Request-Id": "held-stream"})

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+import creds
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
@@ -54,9 +55,9 @@ async def run(sc: Scenario, trace: Trace, tmp: Path, turns: bool = False) -> lis
             t0 = now()
             for r in trace:
                 await replay(Trace([r], source=trace.source), d.router.url, writer, sc.scale.speedup,
-                             sc.model.name, t0=t0)
+                             sc.model.name, t0=t0, api_key=d.credentials.api_key)
         else:
-            await replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name)
+            await replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name, api_key=d.credentials.api_key)
     writer.close()
     (tmp / "run.json").write_text(json.dumps({"scale": {"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
                                               "t0": None}))
@@ -125,7 +126,7 @@ async def test_real_clients_hit_the_cache_by_prompt_content(tmp_path: Path) -> N
     sc = scenario({"cache_aware": True, "bandwidth_state": "scarce"})
     dep = loopback_deployment(resolve(sc), str(tmp_path))
     history = list(range(3 * B))
-    async with InProcessBackend(dep) as d, aiohttp.ClientSession() as http:
+    async with InProcessBackend(dep) as d, aiohttp.ClientSession(headers=creds.headers(dep)) as http:
         outs = []
         for prompt in (history, history + list(range(7, 7 + B))):
             async with http.post(f"{d.router.url}/v1/completions",

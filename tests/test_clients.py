@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from held import ROOT, Held, start_hold
+from held import ROOT, Held, check_api_key, start_hold
 from hf_tokenizer import byte_level_bpe, english_corpus, save_hf_cache
 from testbed.live.openai_api import TOKEN_TEXT
 
@@ -83,8 +83,9 @@ def held(aiperf: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Held
         assert last["ended"] == "stopped" and (h.run_dir / "summary.json").exists()
 
 
-def run_aiperf(exe: str, hf_home: Path, url: str, out: Path, *args: str) -> list[dict[str, Any]]:
-    cmd = [exe, "profile", "--model", "kimi-linear-1t", "--url", url, "--endpoint-type", "chat", "--streaming",
+def run_aiperf(exe: str, hf_home: Path, url: str, api_key: str, out: Path, *args: str) -> list[dict[str, Any]]:
+    cmd = [exe, "profile", "--model", "kimi-linear-1t", "--url", url, "--api-key", api_key, "--endpoint-type", "chat",
+           "--streaming",
            "--tokenizer", "prfaas-testbed/test-tokenizer", "--extra-inputs", "ignore_eos:true", "--random-seed", "1",
            "--ui", "none", "--no-gpu-telemetry", "--artifact-dir", str(out), *args]
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -135,7 +136,8 @@ def records_of(run_dir: Path, ids: list[str]) -> list[dict[str, str]]:
 
 def test_aiperf_synthetic_streaming_chat(aiperf: str, hf_home: Path, held: Held, tmp_path: Path) -> None:
     osl = 12
-    rows = run_aiperf(aiperf, hf_home, held.info["url"], tmp_path, "--request-count", "50", "--concurrency", "4",
+    rows = run_aiperf(aiperf, hf_home, held.info["url"], check_api_key(held.info), tmp_path,
+                      "--request-count", "50", "--concurrency", "4",
                       "--isl", "3000", "--isl-stddev", "0", "--osl", str(osl), "--osl-stddev", "0")
     assert len(rows) == 50
     assert all(value(r, "output_sequence_length") == osl and value(r, "usage_completion_tokens") == osl for r in rows)
@@ -165,7 +167,8 @@ def _small_trace(out: Path, n: int = 20, max_output: int = 8, faster: float = 2.
 def test_aiperf_mooncake_trace_on_a_fixed_schedule(aiperf: str, hf_home: Path, held: Held, tmp_path: Path) -> None:
     trace = _small_trace(tmp_path / "trace.jsonl")
     (tmp_path / "aiperf").mkdir()
-    rows = run_aiperf(aiperf, hf_home, held.info["url"], tmp_path / "aiperf", "--input-file", str(trace),
+    rows = run_aiperf(aiperf, hf_home, held.info["url"], check_api_key(held.info), tmp_path / "aiperf",
+                      "--input-file", str(trace),
                       "--custom-dataset-type", "mooncake_trace", "--fixed-schedule", "--no-server-metrics")
     assert len(rows) == 20
     recs = records_of(held.run_dir, [r["metadata"]["x_request_id"] for r in rows])
@@ -202,7 +205,7 @@ def test_openai_package_through_the_netns_forwarder_until_testbed_down(tmp_path:
     try:
         info = held.info
         assert info["base_url"].startswith("http://127.0.0.1:") and info["prefix"].startswith("ptb")
-        client = openai.OpenAI(base_url=info["base_url"], api_key="unused")
+        client = openai.OpenAI(base_url=info["base_url"], api_key=check_api_key(info))
         stream = client.chat.completions.create(model="kimi-linear-1t", max_tokens=9, stream=True,
                                                 messages=[{"role": "user", "content": "hello " * 2000}],
                                                 stream_options={"include_usage": True}, extra_body={"ignore_eos": True})

@@ -16,7 +16,7 @@ from wan_bound import counters_bound
 import yaml
 
 from deployment_sizes import ONE_PER_ROLE, SERVICES_ONE_PER_ROLE
-from held import answers, check_held_run, drive_with_openai, start_hold
+from held import answers, check_api_key, check_held_run, drive_with_openai, start_hold
 from testbed.core.schema.scaling import Scale
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.netns import wan_links
@@ -147,7 +147,7 @@ def test_hold_serves_the_openai_package_then_ctrl_c_removes_everything(tmp_path:
         running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
                                  capture_output=True, text=True).stdout.split()
         assert len(running) == SERVICES_ONE_PER_ROLE
-        sent = drive_with_openai(held.info["base_url"])
+        sent = drive_with_openai(held.info["base_url"], check_api_key(held.info))
     except BaseException:
         held.kill()
         raise

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from prom_samples import value
+import creds
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
@@ -40,7 +41,8 @@ async def _replay(sc: Scenario, trace: Trace, tmp: Path, break_decode: str | Non
     writer = RecordWriter(tmp / "records.csv")
     skip = frozenset({break_decode}) if break_decode else frozenset()
     async with InProcessBackend(dep, skip) as d:
-        task = asyncio.ensure_future(replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name))
+        task = asyncio.ensure_future(replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name,
+                                            api_key=d.credentials.api_key))
         if cancel_after_records is not None:
             # Stopped by the run's own progress, not by a wall-clock delay: on a fast host the
             # whole trace could finish before any fixed delay, and nothing would be interrupted.
@@ -107,7 +109,7 @@ async def test_openai_client_streams_against_router(tmp_path: Path) -> None:
     sc = fast_scenario()
     dep = loopback_deployment(resolve(sc), None)
     async with InProcessBackend(dep) as d:
-        client = openai.AsyncOpenAI(base_url=f"{d.router.url}/v1", api_key="unused")
+        client = openai.AsyncOpenAI(base_url=f"{d.router.url}/v1", api_key=d.credentials.api_key)
         stream = await client.completions.create(model="kimi-linear-1t", prompt="hello " * 400, max_tokens=9,
                                                  stream=True)
         text = ""
@@ -135,7 +137,7 @@ async def test_openai_client_streams_against_router(tmp_path: Path) -> None:
 async def test_router_metrics_and_bad_requests(tmp_path: Path) -> None:
     sc = fast_scenario()
     dep = loopback_deployment(resolve(sc), None)
-    async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
+    async with InProcessBackend(dep) as d, aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         async with s.post(f"{d.router.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}) as r:
             assert r.status == 200
         async with s.post(f"{d.router.url}/v1/completions", json={"prompt": "x", "max_tokens": -1}) as r:
@@ -169,7 +171,7 @@ async def test_router_refuses_hostile_json_with_an_openai_400(tmp_path: Path) ->
         ("/v1/completions", b'{"\\udc80": 1, "prompt": "x", "max_tokens": 2}', "surrogate"),
         ("/v1/completions", b'{"prompt": "\xff", "max_tokens": 2}', "not JSON"),
     ]
-    async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
+    async with InProcessBackend(dep) as d, aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         for path, raw, words in cases:
             async with s.post(d.router.url + path, data=raw, headers={"Content-Type": "application/json"}) as r:
                 assert r.status == 400, (raw[:80], r.status, await r.text())
@@ -184,7 +186,7 @@ async def test_router_refuses_hostile_json_with_an_openai_400(tmp_path: Path) ->
 async def test_nodes_reject_bad_requests_naming_the_field(tmp_path: Path) -> None:
     sc = fast_scenario()
     dep = loopback_deployment(resolve(sc), None)
-    async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
+    async with InProcessBackend(dep) as d, aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         p, dn = d.nodes["pd-p0"].http.url, d.nodes["pd-d0"].http.url
         cases = [
             (f"{p}/prefill", {"request_id": "x", "transfer_id": 1, "input_tokens": 0, "cached_tokens": 0,

@@ -428,9 +428,10 @@ async def test_nodes_take_a_slowdown_over_http(tmp_path: Path, aiohttp_client: A
     from testbed.run.load import resolve
 
     dep = loopback_deployment(resolve(load_scenario("paper-prfaas")), None)
+    secret = dep.credentials.runner_headers()
     for node, mod in (("pd-d0", decode_node), ("pd-p0", prefill_node)):
         app = mod.make_app(ServiceConfig(dep, node))
-        client = await aiohttp_client(app)
+        client = await aiohttp_client(app, headers=secret)
         until = time.time() + 60
         r = await client.post("/testbed/fault", json={"slow": 4, "until_s": until})
         assert r.status == 200 and (await r.json())["slow"] == 4
@@ -438,7 +439,8 @@ async def test_nodes_take_a_slowdown_over_http(tmp_path: Path, aiohttp_client: A
         assert app[mod.STATE].slow is app[SLOW_KEY]       # the one the service loop reads
         for bad in ({"slow": 0}, {"slow": "x"}, {"slow": 2, "until_s": "soon"}, [1],
                     {"slow": math.inf}, {"slow": math.nan}, {"slow": 2, "until_s": math.inf},
-                    {"slow": -2}, {"slow": 2, "until_s": -1}, {"slow": 2, "until_s": math.nan}):
+                    {"slow": -2}, {"slow": 2, "until_s": -1}, {"slow": 2, "until_s": math.nan},
+                    {"slow": 1e308}, {"slow": 1001}, {"slow": 1e-9}):
             r = await client.post("/testbed/fault", json=bad)
             assert r.status == 400, bad
             if isinstance(bad, dict):
@@ -446,6 +448,32 @@ async def test_nodes_take_a_slowdown_over_http(tmp_path: Path, aiohttp_client: A
                 assert f"field '{field}'" in (await r.json())["error"]["message"], bad
         r = await client.post("/testbed/fault", json={"slow": 1})
         assert r.status == 200 and app[SLOW_KEY].at(time.time()) == 1
+
+
+@pytest.mark.app
+async def test_the_fault_route_refuses_a_caller_without_the_run_secret(aiohttp_client: Any) -> None:
+    """Anyone on the host reaches a local node's port: only the deployment's runner may slow it."""
+    from testbed.deploy.plan import loopback_deployment
+    from testbed.live import decode_node, prefill_node
+    from testbed.live.common import SLOW_KEY, ServiceConfig
+    from testbed.live.credentials import SECRET_HEADER
+    from testbed.run.load import resolve
+
+    dep = loopback_deployment(resolve(load_scenario("paper-prfaas")), None)
+    other = loopback_deployment(resolve(load_scenario("paper-prfaas")), None)     # another run's secret
+    for node, mod in (("pd-d0", decode_node), ("pd-p0", prefill_node)):
+        app = mod.make_app(ServiceConfig(dep, node))
+        client = await aiohttp_client(app)
+        for headers in ({}, {SECRET_HEADER: ""}, {SECRET_HEADER: "x"}, other.credentials.runner_headers(),
+                        dep.credentials.client_headers()):       # the API key is no run secret
+            r = await client.post("/testbed/fault", json={"slow": 1000}, headers=headers)
+            assert r.status == 403 and SECRET_HEADER in (await r.json())["error"]["message"], headers
+            assert app[SLOW_KEY].at(time.time()) == 1
+        for path in ("/prefill", "/decode", "/status", "/cache/send"):       # the nodes' work too
+            r = await client.post(path, json={}) if path != "/status" else await client.get(path)
+            assert r.status in (403, 405), path
+        for path in ("/health", "/metrics"):       # open, as on real engines
+            assert (await client.get(path)).status == 200
 
 
 @pytest.mark.app
@@ -611,7 +639,8 @@ async def test_container_nodes_drive_the_engine_and_the_node_endpoint(aiohttp_cl
     app = decode_node.make_app(ServiceConfig(dep, "pd-d0"))
     client = await aiohttp_client(app)
     engine = FakeEngine()
-    nodes = ContainerNodes(engine, {"pd-d0": str(client.make_url("")).rstrip("/")})
+    nodes = ContainerNodes(engine, {"pd-d0": str(client.make_url("")).rstrip("/")},
+                           headers=dep.credentials.runner_headers())
     await nodes.kill("pd-d0")
     await nodes.pause("pd-d0")
     await nodes.resume("pd-d0")

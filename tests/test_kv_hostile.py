@@ -30,7 +30,7 @@ from testbed.core.kv.frames import (
     encode_end,
     payload_pattern,
 )
-from testbed.core.kv.kv_receive import fragment_cap
+from testbed.core.kv.kv_receive import MAX_TRANSFERS_PER_PEER, fragment_cap
 from testbed.live.kv_transport import KVReceiver, KVSender
 from procinfo import vmrss
 
@@ -334,3 +334,89 @@ def test_hostile_generators_cover_every_frame_type() -> None:
             if raw[i : i + 4] == MAGIC.to_bytes(4, "big"):
                 seen.add(raw[i + 5])
     assert {int(t) for t in FrameType} <= seen and 7 in seen
+
+
+# -- 32 silent connections against a deployment ------------------------------------------------
+
+FLOOD = r"""
+import socket, struct, sys
+ports, conns, per, hosts = [int(p) for p in sys.argv[1].split(",")], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+H = struct.Struct(">IBBHQHHIQQII")
+socks = []
+for j, port in enumerate(ports):
+    for i in range(conns):
+        s = socket.socket()
+        s.bind((f"127.0.0.{2 + i % hosts}" if hosts > 1 else "127.0.0.1", 0))   # loopback takes any 127/8 source
+        s.connect(("127.0.0.1", port))
+        base = (1 << 62) + (j << 40) + (i << 20)
+        try:
+            s.sendall(b"".join(H.pack(0x4B565446, 1, 1, 0, base + k, 0, 0, 1, 0, 2, 0, 0) + b"x" for k in range(per)))
+        except OSError:   # refused: not an address of the deployment
+            pass
+        socks.append(s)
+print(len(socks), flush=True)
+sys.stdin.readline()   # every connection open and silent until told
+"""
+
+
+@pytest.mark.parametrize("hosts", [1, 8])
+async def test_requests_complete_while_32_silent_connections_hold_every_decode_nodes_transfer_table(
+        tmp_path: Path, hosts: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """The attack seen live: 32 connections to each decode node's KV port, 128 transfers opened on
+    each and left silent. From the nodes' own address (on loopback every local process has it)
+    they hold that address's 1024 places, shared with the prefill nodes; from eight others, every
+    connection is closed at once (no node of the deployment has those addresses; in a container
+    deployment, the host's address on the bridge is such a one). Either way a trace replayed
+    through the router meanwhile completes every request."""
+    from testbed.config.scenarios import load_scenario
+    from testbed.deploy.inproc import InProcessBackend
+    from testbed.deploy.plan import loopback_deployment
+    from testbed.live import decode_node
+    from testbed.live.replayer import replay
+    from testbed.metrics.records import RecordWriter, read_records
+    from testbed.run.load import resolve
+    from testbed.traces.loader import trace_from_workload
+
+    sc = load_scenario("paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024},
+                                        "workload": {"requests": 24, "rate": 4.0, "output_tokens": 12, "seed": 3}})
+    dep = loopback_deployment(resolve(sc), str(tmp_path))
+    decodes = sorted(n for n, e in dep.nodes.items() if e.role == "decode")
+    ports = ",".join(str(dep.nodes[n].kv.port) for n in decodes if dep.nodes[n].kv is not None)
+    writer = RecordWriter(tmp_path / "records.csv")
+    figures: dict[str, str] = {}
+    be = InProcessBackend(dep)
+    async with be as d:
+        rxs = [service_app(be, n)[decode_node.STATE].receiver.reassembler for n in decodes]
+        receivers = [service_app(be, n)[decode_node.STATE].receiver for n in decodes]
+
+        async def attacked(opened: int) -> None:
+            if hosts == 1:
+                await wait_until(lambda: all(rx.active >= MAX_TRANSFERS_PER_PEER for rx in rxs), 60)
+            else:
+                await wait_until(lambda: all(r.peers_refused >= 32 for r in receivers), 60)
+                assert all(rx.active == 0 for rx in rxs)
+            before = [(rx.active, rx.transfers_evicted, rx.transfers_refused) for rx in rxs]
+            stats = await replay(trace_from_workload(sc.workload), d.router.url, writer, sc.scale.speedup,
+                                 sc.model.name, api_key=d.credentials.api_key)
+            after = [(rx.active, rx.transfers_evicted, rx.transfers_refused) for rx in rxs]
+            assert len(rxs[0].connections) >= (32 if hosts == 1 else 0)
+            figures.update(opened=str(opened), completed=f"{stats.completed}/{stats.total}",
+                           refused=" ".join(str(r.peers_refused) for r in receivers),
+                           held=" ".join(str(b[0]) for b in before),
+                           evicted=" ".join(str(a[1] - b[1]) for a, b in zip(after, before)))
+
+        await with_client(FLOOD, ports, "32", "128", str(hosts), body=attacked)
+    writer.close()
+    recs = read_records(tmp_path / "records.csv")
+    with capsys.disabled():
+        print(f"\n{figures['opened']} silent KV connections from {hosts} address(es) (refused per decode node: "
+              f"{figures['refused']}) holding {figures['held']} transfers on the {len(decodes)} decode nodes: "
+              f"{figures['completed']} requests completed; places taken back from the flood per decode node: "
+              f"{figures['evicted']}")
+    assert len(recs) == 24 and all(r.outcome == "completed" for r in recs), \
+        [r.reason for r in recs if r.outcome != "completed"]
+
+
+def service_app(be: Any, node: str) -> Any:
+    """A service's aiohttp application in an in-process deployment (the test reads its receiver)."""
+    return be._by_id[node].app

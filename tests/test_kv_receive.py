@@ -24,6 +24,7 @@ from testbed.core.kv.frames import (
     encode_end,
     payload_pattern,
 )
+from testbed.core.kv.kv_receive import MAX_TRANSFERS, MAX_TRANSFERS_PER_PEER
 from testbed.core.kv.kv_receive import (
     CloseConnection,
     ConnectionLost,
@@ -37,8 +38,7 @@ from testbed.core.kv.kv_receive import (
     TransferResult,
 )
 from testbed.core.kv.kv_send import CloseConnection as SendCloseConnection
-from testbed.core.kv.kv_send import (DataEncoder, OutgoingTransfer, Phase, ReadyForEnd, SendEvent, SendPath,
-                                     TransferDelivered)
+from testbed.core.kv.kv_send import DataEncoder, OutgoingTransfer, Phase, ReadyForEnd, SendEvent, SendPath, TransferDelivered
 
 pytestmark = pytest.mark.pure
 
@@ -593,3 +593,93 @@ def test_a_transfer_past_its_fragment_cap_fails_naming_it_and_breaks_only_its_co
         evs += rx.data_received(c, data(3, off, total, step), 0.0)
     evs += rx.data_received(c, encode_end(3, 1, total), 0.0)
     assert results(evs)[3].ok
+
+
+def _flood(rx: Reassembler, peers: list[str], per_conn: int, now: float = 0.0) -> list[ConnId]:
+    """Connections from `peers` that each open `per_conn` transfers (one byte of two) and go silent."""
+    conns = []
+    for i, peer in enumerate(peers):
+        c = connect(rx, peer)
+        base = (i + 1) << 32
+        rx.data_received(c, b"".join(data(base + k, 0, 2, 1) for k in range(per_conn)), now)
+        conns.append(c)
+    return conns
+
+
+def _whole(rx: Reassembler, conn: ConnId, tid: int, now: float) -> TransferResult:
+    return results(rx.data_received(conn, data(tid, 0, 20, 20) + encode_end(tid, 1, 20), now))[tid]
+
+
+@pytest.mark.parametrize("hosts", [1, 8])
+def test_32_silent_connections_that_fill_the_table_cannot_keep_a_sender_out(hosts: int) -> None:
+    """Seen live: 32 connections x 128 silent transfers filled the 4096 places, and every request
+    failed "receiver has 4096 transfers open" for a minute after the attacker left. Now one address
+    holds at most 1024 (on loopback every local peer is 127.0.0.1, the good sender's too), an
+    attacker on 8 addresses fills the table, and either way a sender that needs a few places takes
+    them from the largest silent holder."""
+    rx = Reassembler()
+    hostile = _flood(rx, [("127.0.0.1" if hosts == 1 else f"10.9.0.{i % hosts}") + f":{40000 + i}"
+                          for i in range(32)], 128)
+    held, flood_evicted, flood_refused = rx.active, rx.transfers_evicted, rx.transfers_refused
+    assert held == (MAX_TRANSFERS_PER_PEER if hosts == 1 else MAX_TRANSFERS)
+    # One address: its own flood took back some of its oldest places (refused the rest); eight: none.
+    assert (flood_evicted > 0) == (hosts == 1)
+    good = connect(rx, "127.0.0.1:50000")
+    for k in range(200):
+        r = _whole(rx, good, (1 << 60) + k, 1.0 + k)
+        assert r.ok, r.reason
+    # The first took a place back, completed and freed it; the next 199 used that one.
+    assert rx.transfers_evicted == flood_evicted + 1 and rx.active == held - 1
+    hostile_results = [rx.expect(((i + 1) << 32) + k) for i in range(32) for k in range(128)]
+    ended = [r for r in hostile_results if r is not None]     # each heard why: evicted or refused
+    assert len(ended) == rx.transfers_evicted + rx.transfers_refused
+    assert sum(r.reason.startswith("evicted for a fair share") for r in ended) == rx.transfers_evicted
+    # 20 open at once (a prefill node's batch): every one gets a place.
+    opened = results(rx.data_received(good, b"".join(data((1 << 61) + k, 0, 2, 1) for k in range(20)), 500.0))
+    assert all((1 << 61) + k not in opened and rx.transfer((1 << 61) + k) is not None for k in range(20))
+    assert all(r.reason.startswith("evicted") for r in opened.values())       # hostile ones made room
+    # The attacker leaves: what it held waits for a resume that never comes; a newcomer takes those first.
+    for c in hostile:
+        rx.connection_lost(c, 600.0)
+    other = connect(rx, "10.0.0.7:1")
+    assert _whole(rx, other, 1 << 62, 601.0).ok
+    assert rx.transfers_refused == flood_refused
+
+
+def test_a_silent_flood_never_takes_the_places_of_a_sender_holding_its_share() -> None:
+    rx = Reassembler(max_transfers=64)
+    good = connect(rx, "10.0.0.2:1")
+    rx.data_received(good, b"".join(data(k, 0, 20, 10) for k in range(1, 4)), 0.0)   # 3 open, in progress
+    _flood(rx, ["10.9.0.1:1", "10.9.0.1:2"], 30, 1.0)        # 60 more: 63 open
+    more = connect(rx, "10.9.0.1:3")
+    events = rx.data_received(more, b"".join(data((9 << 32) + k, 0, 2, 1) for k in range(40)), 2.0)
+    assert [rx.transfer(k) is not None for k in (1, 2, 3)] == [True, True, True]
+    assert all(r.reason.startswith(("evicted", "receiver has")) for r in results(events).values())
+    for k in (1, 2, 3):        # the good sender finishes what it started, long after
+        assert results(rx.data_received(good, data(k, 10, 20, 10) + encode_end(k, 1, 20), 50.0))[k].ok
+
+
+def test_open_transfers_are_capped_per_peer_and_a_full_peer_gives_up_its_own_largest() -> None:
+    rx = Reassembler(max_transfers_per_peer=10, max_transfers=100)
+    a1, a2 = connect(rx, "10.0.0.1:1"), connect(rx, "10.0.0.1:2")
+    rx.data_received(a1, b"".join(data(k, 0, 2, 1) for k in range(1, 9)), 0.0)       # 8 silent on a1
+    rx.data_received(a2, data(100, 0, 2, 1) + data(101, 0, 2, 1), 1.0)              # 2 on a2: peer at 10
+    r = results(rx.data_received(a2, data(102, 0, 2, 1), 2.0))
+    assert r[1].reason.startswith("evicted for a fair share (peer 10.0.0.1 at its limit of 10")   # a1's oldest
+    assert rx.transfer(102) is not None and rx.active == 10
+    # a1 cannot push a2 out: it holds the most already, so its own new one is refused.
+    r = results(rx.data_received(a1, data(9, 0, 2, 1), 3.0))[9]
+    assert r.reason == "peer 10.0.0.1 has 10 transfers open (limit 10)"
+    b = connect(rx, "10.0.0.2:1")      # another peer is not held to 10.0.0.1's count
+    assert _whole(rx, b, 500, 4.0).ok
+
+
+def test_an_abort_of_an_unknown_transfer_takes_no_place_from_anyone() -> None:
+    rx = Reassembler(max_transfers=4)
+    a = connect(rx, "10.0.0.1:1")
+    rx.data_received(a, b"".join(data(k, 0, 2, 1) for k in range(1, 5)), 0.0)      # the table is full
+    b = connect(rx, "10.0.0.2:1")
+    for k in range(100, 110):      # aborts of ids never seen: each would be over at once
+        rx.data_received(b, encode_abort(k, "x"), 1.0)
+    assert rx.transfers_evicted == 0 and [rx.transfer(k) is not None for k in range(1, 5)] == [True] * 4
+    assert _whole(rx, b, 200, 2.0).ok and rx.transfers_evicted == 1     # a real one does

@@ -16,6 +16,7 @@ import pytest
 
 from hf_tokenizer import byte_level_bpe, english_corpus, save_hf, sentencepiece_bpe, wordpiece
 from prom_samples import value
+import creds
 from testbed.config.scenarios import load_scenario
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
@@ -119,7 +120,7 @@ async def test_a_held_router_records_every_request_and_answers_like_vllm(tmp_pat
     dep = loopback_deployment(resolve(sc), str(tmp_path))
     dep.extra[HOLD_KEY] = {"records": "records.csv"}
     (tmp_path / "timeseries").mkdir()
-    async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
+    async with InProcessBackend(dep) as d, aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         url = d.router.url
         async with s.post(url + HOLD_PATH, json={"t0": "soon"}) as r:
             assert r.status == 400
@@ -177,7 +178,7 @@ async def test_a_client_that_leaves_is_recorded_as_failed(tmp_path: Path) -> Non
     dep.extra[HOLD_KEY] = {"records": "records.csv"}
     (tmp_path / "timeseries").mkdir()
     async with InProcessBackend(dep) as d:
-        async with aiohttp.ClientSession() as s:
+        async with aiohttp.ClientSession(headers=creds.headers(dep)) as s:
             body = {"prompt": "x" * 4000, "max_tokens": 400, "stream": True}
             async with s.post(f"{d.router.url}/v1/completions", json=body) as r:
                 await r.content.readline()      # the first token's chunk, then away

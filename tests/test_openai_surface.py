@@ -13,6 +13,7 @@ import aiohttp
 import jsonschema
 import pytest
 
+import creds
 from testbed.config.scenarios import load_scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
@@ -38,9 +39,10 @@ TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"typ
 
 
 class Router:
-    def __init__(self, url: str, model: str, decode_urls: list[str]) -> None:
-        self.url, self.model, self.decode_urls = url, model, decode_urls
-        self.client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    def __init__(self, url: str, model: str, decode_urls: list[str], headers: dict[str, str]) -> None:
+        self.url, self.model, self.decode_urls, self.headers = url, model, decode_urls, headers
+        key = headers["Authorization"].removeprefix("Bearer ")
+        self.client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
 
 @pytest.fixture
@@ -49,7 +51,8 @@ async def router() -> AsyncIterator[Router]:
                                         "serving": {"stream_interval": 2}})
     dep = loopback_deployment(resolve(sc), None)
     async with InProcessBackend(dep) as d:
-        r = Router(d.router.url, sc.model.name, [n.http.url for n in dep.nodes.values() if n.role == "decode"])
+        r = Router(d.router.url, sc.model.name, [n.http.url for n in dep.nodes.values() if n.role == "decode"],
+                   creds.headers(dep))
         yield r
         await r.client.close()
 
@@ -74,7 +77,7 @@ async def test_stop_ends_the_stream_and_the_decode_work_where_the_stop_sequence_
     # The record (the last content chunk's `testbed` field): 5 tokens asked of the decode node, 5 sent.
     rec = [c for c in chunks if c.choices][-1].model_extra["testbed"]
     assert (rec["outcome"], rec["output_tokens"], rec["tokens_received"]) == ("completed", 5, 5)
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers=router.headers) as s:
         async with s.get(f"{router.url}/testbed/info") as r:
             assert (await r.json())["tokens_per_chunk"] == 2
         for url in router.decode_urls:
@@ -173,7 +176,7 @@ async def test_models_retrieve_and_json_errors_for_what_is_not_emulated(router: 
     with pytest.raises(openai.NotFoundError) as emb:
         await router.client.embeddings.create(model="m", input="x")
     assert "not emulated" in emb.value.body["message"]
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers=router.headers) as s:
         for method, path, status in (("POST", "/v1/nope", 404), ("GET", "/v1/chat/completions", 405),
                                      ("DELETE", "/v1/responses", 405), ("POST", "/v1/images/generations", 404)):
             async with s.request(method, router.url + path, json={}) as r:

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from prom_samples import value
+import creds
 from testbed.config.overrides import overrides_for
 from testbed.core.router.request_ids import RequestIds
 from testbed.deploy.inproc import InProcessBackend
@@ -87,7 +88,7 @@ async def test_a_reused_request_id_does_not_collide_in_flight_or_in_the_records(
     dep = loopback_deployment(load("paper-prfaas", overrides_for("paper-prfaas", sets)), str(tmp_path))
     dep.extra[HOLD_KEY] = {"records": "records.csv"}
     (tmp_path / "timeseries").mkdir()
-    async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
+    async with InProcessBackend(dep) as d, aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         url = d.router.url
         async with s.post(url + HOLD_PATH, json={"t0": time.time()}) as r:
             assert r.status == 200

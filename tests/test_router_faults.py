@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import creds
 from testbed.config.scenarios import load_scenario
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
@@ -46,7 +47,7 @@ async def test_a_decode_node_dying_mid_stream_ends_the_stream_with_an_error_even
     sc = _scenario()
     dep = loopback_deployment(resolve(sc), None)
     be = InProcessBackend(dep)
-    async with be, aiohttp.ClientSession() as s:
+    async with be, aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         body = {"prompt": "x", "max_tokens": 400, "stream": True, "testbed": {"input_tokens": 2000}}
         async with s.post(f"{dep.router.url}/v1/completions", json=body) as r:
             first = await r.content.readline()          # the first token chunk is out
@@ -66,7 +67,7 @@ async def test_limits_deadline_and_request_shapes() -> None:
     sc = _scenario(deadline_s=2.0, deadline_floor_wire_s=0.01, max_output_tokens=1500)
     sc = sc.model_copy(update={"model": sc.model.model_copy(update={"max_context_tokens": 100_000})})
     dep = loopback_deployment(resolve(sc), None)
-    async with InProcessBackend(dep), aiohttp.ClientSession() as s:
+    async with InProcessBackend(dep), aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         url = f"{dep.router.url}/v1/completions"
         async with s.post(url, json={"prompt": "x", "testbed": {"input_tokens": 10**15}}) as r:
             assert r.status == 400 and "maximum context length is 100000" in (await r.json())["error"]["message"]
@@ -87,7 +88,7 @@ async def test_limits_deadline_and_request_shapes() -> None:
 async def test_a_client_that_leaves_cancels_its_prefill_on_the_node() -> None:
     sc = _scenario()
     dep = loopback_deployment(resolve(sc), None)
-    async with InProcessBackend(dep), aiohttp.ClientSession() as s:
+    async with InProcessBackend(dep), aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         url = f"{dep.router.url}/v1/completions"
         # ~100K tokens: a long prefill; the client leaves while it runs.
         task = asyncio.create_task(s.post(url, json={"prompt": "x", "max_tokens": 4, "testbed": {"input_tokens": 100_000}}))

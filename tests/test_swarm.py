@@ -21,7 +21,7 @@ import yaml
 from aiohttp import web
 
 from deployment_sizes import ONE_PER_ROLE, SERVICES_ONE_PER_ROLE
-from held import answers, check_held_run, drive_with_openai, start_hold
+from held import answers, check_api_key, check_held_run, drive_with_openai, start_hold
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.discovery import (ADDRESSES, FILES, REGISTER, Registry, add_file_routes, add_registry_routes,
                                       discover, routes_via_wan, with_hosts)
@@ -378,7 +378,7 @@ def test_swarm_hold_serves_the_openai_package_then_sigterm_removes_everything(tm
         assert held.info["base_url"].startswith("http://127.0.0.1:")
         running = _docker("service", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}").stdout.split()
         assert len(running) == SERVICES_ONE_PER_ROLE
-        sent = drive_with_openai(held.info["base_url"])
+        sent = drive_with_openai(held.info["base_url"], check_api_key(held.info))
     except BaseException:
         held.kill()
         raise

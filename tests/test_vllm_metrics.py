@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import creds
 from testbed.config.scenarios import load_scenario
 from testbed.core.router.health import HealthBook
 from testbed.core.record import RequestRecord
@@ -165,7 +166,7 @@ def test_router_exposition_matches_vllm() -> None:
 async def test_node_expositions_match_vllm(tmp_path: Path) -> None:
     sc = load_scenario("paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024}})
     dep = loopback_deployment(resolve(sc), None)
-    async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
+    async with InProcessBackend(dep) as d, aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         async with s.post(f"{d.router.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}) as r:
             assert r.status == 200
         for nid, node in d.nodes.items():

@@ -172,6 +172,11 @@ def faulted_links(base: Mapping[Link, LinkParams], active: Iterable[FaultEvent])
     return out
 
 
+# The service-time factors a node takes (the scenario's slow fault: factor in (1, 1000]).
+MIN_SLOW_FACTOR = 1e-3
+MAX_SLOW_FACTOR = 1000.0
+
+
 @dataclass
 class SlowDown:
     """A node's service-time factor: `factor` until `until` (the driver's clock), else 1."""
@@ -180,8 +185,8 @@ class SlowDown:
     until: float | None = None     # None with factor != 1: until cleared
 
     def set(self, factor: float, until: float | None) -> None:
-        if factor <= 0:
-            raise ValueError(f"slow factor must be > 0, got {factor}")
+        if not MIN_SLOW_FACTOR <= factor <= MAX_SLOW_FACTOR:    # also refuses NaN
+            raise ValueError(f"slow factor must be in [{MIN_SLOW_FACTOR:g}, {MAX_SLOW_FACTOR:g}], got {factor}")
         self.factor, self.until = factor, until
 
     def at(self, now: float) -> float:

@@ -35,6 +35,7 @@ from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LAB
 from testbed.core.schema.topology import local_dc
 from testbed.deploy.netns import wan_links
 from testbed.deploy.subnets import COMPOSE_BASES, POOL_OVERLAP, dc_subnet, host_routes, pick_base, subnets_of
+from testbed.live.credentials import API_KEY_ENV, RUN_SECRET_ENV
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 from testbed.net.container_wan import wan_config
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from testbed.deploy.fault_injection import FaultScheduler
 
 T = TypeVar("T")
+CREDENTIAL_ENV = (API_KEY_ENV, RUN_SECRET_ENV)
 HTTP_PORT = 8000
 KV_PORT = 9000
 WAN_HOST = 254          # the WAN router's host number on every datacenter network
@@ -128,6 +130,9 @@ def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, r
             "cap_add": ["NET_ADMIN"],
             "sysctls": dict(sysctls),
             "volumes": list(volumes),
+            # By name only: compose passes the values from its own environment, so the file holds
+            # no secret (`testbed.live.credentials`).
+            "environment": list(CREDENTIAL_ENV),
             "healthcheck": {"test": HEALTH_CMD, "interval": "2s", "timeout": "10s", "retries": 150},
             "labels": dict(labels),
             "depends_on": ["wan"],
@@ -200,7 +205,8 @@ class ComposeBackend:
         self._faults: FaultScheduler | None = None
 
     def _compose(self, *args: str, timeout: float = dockercli.CLI_TIMEOUT_S, check: bool = True) -> None:
-        dockercli.compose(self._cli, self.project, self.run_dir / "compose.yaml", *args, timeout=timeout, check=check)
+        dockercli.compose(self._cli, self.project, self.run_dir / "compose.yaml", *args, timeout=timeout, check=check,
+                          env=self.deployment.credentials.env())
 
     @property
     def engine(self) -> Engine:
@@ -272,6 +278,7 @@ class ComposeBackend:
         (self.run_dir / "compose.yaml").write_text(
             f"# prfaas-testbed: scenario {self.sc.name}. Rerun by hand:\n"
             f"#   docker compose -p {self.project} -f compose.yaml up -d   (or docker-compose)\n"
+            f"# with {' and '.join(CREDENTIAL_ENV)} exported (any values: the router's API key and the run secret)\n"
             + yaml.safe_dump(spec, sort_keys=False))
 
     def _failed_starts(self) -> str:

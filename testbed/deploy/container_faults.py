@@ -75,9 +75,11 @@ class SdkEngine:
 class ContainerNodes:
     """`NodeControl` for one container per node instance (the service is named like the node)."""
 
-    def __init__(self, engine: ContainerEngine, urls: dict[str, str], health_timeout: float = HEALTH_TIMEOUT_S) -> None:
+    def __init__(self, engine: ContainerEngine, urls: dict[str, str], health_timeout: float = HEALTH_TIMEOUT_S,
+                 headers: dict[str, str] | None = None) -> None:
         self.engine = engine
         self.urls = urls
+        self.headers = headers or {}      # the run secret the nodes' fault route asks for
         self.health_timeout = health_timeout
 
     async def kill(self, node: str) -> dict[str, Any]:
@@ -106,7 +108,7 @@ class ContainerNodes:
 
     async def slow(self, node: str, factor: float, until: float | None) -> dict[str, Any]:
         reply = await asyncio.to_thread(http_json, f"{self.urls[node]}/testbed/fault",
-                                        {"slow": factor, "until_s": until})
+                                        {"slow": factor, "until_s": until}, 5.0, self.headers)
         return {"slow": reply.get("slow"), "until_s": reply.get("until_s")}
 
 
@@ -140,5 +142,6 @@ def container_fault_target(dep: Deployment, engine: ContainerEngine, wan_config:
     netns = f"/proc/{wan_pid}/ns/net"
     urls = {k: n.http.url for k, n in dep.nodes.items()}
     resets = InjectorProcess([d.wan_ifname for d in topo.dcs], kv_port, log_dir, netns=netns)
-    return FaultTarget("compose", ContainerNodes(engine, urls), ContainerWanLinks(topo, netns, control), resets)
+    nodes = ContainerNodes(engine, urls, headers=dep.credentials.runner_headers())
+    return FaultTarget("compose", nodes, ContainerWanLinks(topo, netns, control), resets)
 

@@ -9,6 +9,7 @@ by hand; everything else goes through the engine's API (`testbed.deploy.engine`)
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,11 +19,14 @@ from testbed.deploy.base import BackendError
 CLI_TIMEOUT_S = 300.0
 
 
-def run(cmd: list[str], timeout: float = CLI_TIMEOUT_S, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run a CLI command; BackendError with its output when it cannot run, times out or (check) fails."""
+def run(cmd: list[str], timeout: float = CLI_TIMEOUT_S, check: bool = True,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a CLI command; BackendError with its output when it cannot run, times out or (check) fails.
+    `env`: added to this process's environment (what a compose or stack file passes on by name)."""
     what = " ".join(cmd[:4]) + ("..." if len(cmd) > 4 else "")
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env=None if env is None else {**os.environ, **env})
     except FileNotFoundError:
         raise BackendError(f"{what}: {cmd[0]} is not installed") from None
     except subprocess.TimeoutExpired:
@@ -43,14 +47,16 @@ def compose_cli() -> list[str]:
 
 
 def compose(cli: list[str], project: str, file: Path, *args: str, timeout: float = CLI_TIMEOUT_S,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+            check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`COMPOSE -p PROJECT -f FILE ARGS...` (up, down)."""
-    return run([*cli, "-p", project, "-f", str(file), *args], timeout=timeout, check=check)
+    return run([*cli, "-p", project, "-f", str(file), *args], timeout=timeout, check=check, env=env)
 
 
-def stack_deploy(file: Path, project: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def stack_deploy(file: Path, project: str, timeout: float = CLI_TIMEOUT_S,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`docker stack deploy` of a stack file, with the image as it is on each node (no registry)."""
-    return run(["docker", "stack", "deploy", "--resolve-image", "never", "-c", str(file), project], timeout=timeout)
+    return run(["docker", "stack", "deploy", "--resolve-image", "never", "-c", str(file), project], timeout=timeout,
+               env=env)
 
 
 def stack_rm(project: str) -> None:

@@ -260,10 +260,12 @@ def start_faults(sc: Scenario, target: FaultTarget, t0: float, run_dir: Path) ->
 Request = Callable[[str, str, dict[str, Any] | None], Awaitable[dict[str, Any]]]
 
 
-def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> dict[str, Any]:
-    """GET (no body) or POST JSON; the reply's JSON object (blocking: run it in a thread)."""
+def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0,
+              headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """GET (no body) or POST JSON; the reply's JSON object (blocking: run it in a thread).
+    `headers`: e.g. the run secret a node's control routes ask for."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})},
                                  method="GET" if body is None else "POST")
     with urllib.request.urlopen(req, timeout=timeout) as r:
         out = json.loads(r.read() or b"{}")

@@ -63,6 +63,7 @@ class LocalBackend:
     async def __aenter__(self) -> Deployment:
         dep_file = self.run_dir / "deployment.json"
         self.dep.write(dep_file)
+        self.procs.env = self.dep.credentials.env()
         try:
             for nid, n in self.dep.nodes.items():
                 self.procs.spawn(nid, serve_argv(n.role, dep_file, nid))

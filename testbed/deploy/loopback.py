@@ -59,7 +59,8 @@ class LoopbackBackend:
         dep, dep_file = self.deployment, self.run_dir / "deployment.json"
 
         async def request(node: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
-            return await asyncio.to_thread(http_json, dep.nodes[node].http.url + path, body)
+            return await asyncio.to_thread(http_json, dep.nodes[node].http.url + path, body, 5.0,
+                                           dep.credentials.runner_headers())
 
         return FaultTarget(self.name, ProcessNodes(
             impl.procs, lambda n: serve_argv(dep.nodes[n].role, dep_file, n), request))

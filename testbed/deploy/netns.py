@@ -180,6 +180,7 @@ class NetnsBackend:
     def _spawn_all(self) -> None:
         assert self.topo is not None
         dep_file = self.run_dir / "deployment.json"
+        self._procs.env = self.deployment.credentials.env()
         if self.method == "fallback":
             self._control = start_delayline(self._procs, self.topo, self.run_dir,
                                             self.run_dir / "timeseries" / "delayline.jsonl")
@@ -252,7 +253,8 @@ class NetnsBackend:
         async def request(node: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
             # From the node's own namespace: a remote node stays reachable during a WAN outage.
             url = f"http://127.0.0.1:{HTTP_PORT}{path}"
-            return await asyncio.to_thread(run_in_netns, topo.host(node).netns, http_json, url, body)
+            return await asyncio.to_thread(run_in_netns, topo.host(node).netns, http_json, url, body, 5.0,
+                                           self.deployment.credentials.runner_headers())
 
         def argv(node: str) -> list[str]:
             return nsexec_argv(topo.host(node).netns, serve_argv(self.deployment.nodes[node].role, dep_file, node))

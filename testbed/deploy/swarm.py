@@ -46,7 +46,7 @@ from testbed.deploy.base import BackendError
 from testbed.net import owners
 from testbed.deploy.cleanup import remove_swarm_project
 from testbed.deploy.subnets import SWARM_BASES, pick_base, subnets_of
-from testbed.deploy.compose import (HEALTH_CMD, HTTP_PORT, IN_CONTAINER, dc_subnets, deployment_for, layout,
+from testbed.deploy.compose import (CREDENTIAL_ENV, HEALTH_CMD, HTTP_PORT, IN_CONTAINER, dc_subnets, deployment_for, layout,
                                     link_facts)
 from testbed.deploy.discovery import ADDRESSES, EXTRA_KEY, FILES, with_hosts
 from testbed.deploy.engine import PROJECT_LABEL, Engine, Task, connect, try_connect
@@ -140,6 +140,7 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str,
                         "--id", sid, "--discover", DISCOVER_URL, "--serve-files"],
             "networks": [f"dc-{dc}"],
             "sysctls": dict(sysctls),
+            "environment": list(CREDENTIAL_ENV),     # values from the deploying CLI's environment
             "configs": [{"source": "deployment", "target": f"{CONFIG_DIR}/deployment.json"}],
         }
     services["wan"] = {
@@ -244,11 +245,13 @@ async def _post_json(url: str, body: dict[str, Any], timeout: float = 10.0) -> A
             return await r.json(content_type=None)
 
 
-async def pull_files(base_url: str, dest: Path, timeout: float = 60.0) -> list[str]:
-    """Copy every file a service exports (GET /testbed/files) into dest under the same relative path."""
+async def pull_files(base_url: str, dest: Path, timeout: float = 60.0,
+                     headers: dict[str, str] | None = None) -> list[str]:
+    """Copy every file a service exports (GET /testbed/files) into dest under the same relative path.
+    `headers`: the run secret, which the services ask for."""
     import aiohttp
     got = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers) as s:
         async with s.get(base_url + FILES) as r:
             r.raise_for_status()
             files = (await r.json())["files"]
@@ -380,6 +383,7 @@ class SwarmBackend:
         (self.run_dir / "stack.yaml").write_text(
             f"# prfaas-testbed: scenario {self.sc.name}, for Docker Swarm. Deploy by hand from this directory:\n"
             f"#   docker stack deploy --resolve-image never -c stack.yaml {self.project}\n"
+            f"# with {' and '.join(CREDENTIAL_ENV)} exported (any values: the router's API key and the run secret)\n"
             f"# (nodes labelled {', '.join(dc_label(d) + '=true' for d in self.lay['dcs'])} and {WAN_LABEL}=true;\n"
             f"#  the image {IMAGE} loaded on each). Remove: docker stack rm {self.project}\n"
             + yaml.safe_dump(spec, sort_keys=False))
@@ -387,7 +391,7 @@ class SwarmBackend:
             if self._cancel.is_set():   # stopped while the image was being built
                 return
             self._deployed = True
-            r = dockercli.stack_deploy(self.run_dir / "stack.yaml", self.project)
+            r = dockercli.stack_deploy(self.run_dir / "stack.yaml", self.project, env=self.template.credentials.env())
         ignored = [line for line in (r.stdout + r.stderr).splitlines() if "Ignoring unsupported" in line]
         if ignored:
             _log("; ".join(ignored))
@@ -521,7 +525,8 @@ class SwarmBackend:
                 await _post_json(wan + "/testbed/monitor/stop", {})
         except Exception as e:
             _log(f"stopping the WAN router's monitor failed: {e}")
-        results = await asyncio.gather(*(pull_files(url, self.run_dir) for url in targets.values()),
+        secret = self.deployment.credentials.runner_headers()
+        results = await asyncio.gather(*(pull_files(url, self.run_dir, headers=secret) for url in targets.values()),
                                        return_exceptions=True)
         for sid, res in zip(targets, results):
             if isinstance(res, BaseException):

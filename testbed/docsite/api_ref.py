@@ -93,7 +93,11 @@ def page() -> str:
            "Every route of the testbed's services, read from the aiohttp applications their factories build, "
            "so this list is complete for this version. Clients talk to the router; the nodes' routes are the "
            "router's own calls (and the fault injector's). What the OpenAI-style routes accept and answer, and "
-           "how failures, limits and deadlines work: [The router's OpenAI API](../guides/openai-api.md).", ""]
+           "how failures, limits and deadlines work: [The router's OpenAI API](../guides/openai-api.md). "
+           "Who may call what: the router's `/v1/` routes need the deployment's API key "
+           "(`Authorization: Bearer KEY`, else 401); every node route but `/health` and `/metrics`, and the "
+           "router's `/testbed/hold`, need the run secret (header `X-Testbed-Secret`, else 403), which only "
+           "the router and the runner hold ([API key](../guides/openai-api.md#api-key)).", ""]
     for title, keep in (("Router", lambda r: r.service.startswith("router")),
                         ("Prefill and decode nodes", lambda r: not r.service.startswith("router"))):
         out += [f"## {title}", "",

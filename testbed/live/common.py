@@ -13,8 +13,9 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from testbed.core.fault_timeline import SlowDown
+from testbed.core.fault_timeline import MAX_SLOW_FACTOR, MIN_SLOW_FACTOR, SlowDown
 from testbed.core.schema.scaling import Scale
+from testbed.live.auth import run_secret_middleware
 from testbed.live.clock import now
 from testbed.live.deployment import Deployment
 
@@ -127,9 +128,11 @@ async def handle_fault(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise bad_request("body must be a JSON object")
     k, until = body.get("slow"), body.get("until_s")
-    # JSON parsers take Infinity and NaN: `slow: Infinity` hung every request of the node.
-    if not isinstance(k, (int, float)) or isinstance(k, bool) or not math.isfinite(k) or not k > 0:
-        raise bad_request("field 'slow' must be a finite number > 0")
+        # JSON parsers take Infinity and NaN: `slow: Infinity` hung every request of the node, and a
+    # finite 1e308 does the same: the factor is bounded as the scenario's slow fault is.
+    if not isinstance(k, (int, float)) or isinstance(k, bool) or not math.isfinite(k) \
+            or not MIN_SLOW_FACTOR <= k <= MAX_SLOW_FACTOR:
+        raise bad_request(f"field 'slow' must be a number in [{MIN_SLOW_FACTOR:g}, {MAX_SLOW_FACTOR:g}]")
     if until is not None and (not isinstance(until, (int, float)) or isinstance(until, bool)
                               or not math.isfinite(until) or until < 0):
         raise bad_request("field 'until_s' must be finite unix seconds >= 0 or null")
@@ -141,3 +144,9 @@ async def handle_fault(request: web.Request) -> web.Response:
 def add_fault_route(app: web.Application, slow: SlowDown) -> None:
     app[SLOW_KEY] = slow
     app.router.add_post("/testbed/fault", handle_fault)
+
+
+def node_middlewares(cfg: ServiceConfig) -> list[Any]:
+    """A node serves its deployment only: every route but /health and /metrics needs the run
+    secret, which the router and the runner send (`testbed.live.auth`)."""
+    return [run_secret_middleware(cfg.deployment.credentials.run_secret)]

@@ -28,7 +28,8 @@ from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import DecodeStepTime
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
-    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_request,
+    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_middlewares,
+    node_request,
 )
 from testbed.live.kv_transport import KVReceiver, receiver_idle_timeout
 from testbed.live.prom import ScrapeTimeMetrics
@@ -180,14 +181,15 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     if hw.decode is None:
         raise ValueError(f"{cfg.node_id}: hardware of cluster {node.cluster!r} has no decode profile")
     dspec = hw.decode
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, middlewares=node_middlewares(cfg))
     reg = CollectorRegistry()
     app[REGISTRY_KEY] = reg
     slow = SlowDown()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         receiver = KVReceiver(verify=sc.transfer.checksum, rcvbuf=sc.transfer.rcvbuf_bytes,
-                              idle_timeout=receiver_idle_timeout(sc.transfer.resume_timeout_s))
+                              idle_timeout=receiver_idle_timeout(sc.transfer.resume_timeout_s),
+                              allowed_hosts=cfg.deployment.node_hosts())
         assert node.kv is not None
         await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
         batch = DecodeBatch(DecodeStepTime.from_spec(dspec), dspec.bs_max, dspec.kv_capacity_bytes,

@@ -11,6 +11,7 @@ from typing import Any
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import Scenario
+from testbed.live.credentials import Credentials
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class Deployment:
     # reachable only from inside the container).
     bind_loopback: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # The API key and run secret: never written with the rest (`to_json`); a service started by a
+    # backend reads them from its environment (`read`).
+    credentials: Credentials = field(default_factory=Credentials.new, repr=False)
 
     def http_binds(self, service_id: str) -> list[str]:
         """Addresses the HTTP server of `service_id` ("router" or a node id) listens on."""
@@ -67,6 +71,10 @@ class Deployment:
         if kv is None:
             raise ValueError(f"node {node_id} has no KV endpoint")
         return kv.host
+
+    def node_hosts(self) -> frozenset[str]:
+        """Every node's addresses: where KV may come from (prefill to decode, cache moves)."""
+        return frozenset(h for n in self.nodes.values() for h in (n.http.host, n.kv.host if n.kv else n.http.host))
 
     @property
     def scenario(self) -> Scenario:
@@ -96,7 +104,8 @@ class Deployment:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "Deployment":
+    def from_json(cls, text: str, credentials: Credentials | None = None) -> "Deployment":
+        """The deployment `to_json` wrote, with `credentials` (None: fresh ones)."""
         d = json.loads(text)
         nodes = {}
         for k, v in d["nodes"].items():
@@ -110,6 +119,7 @@ class Deployment:
             bind_host=d.get("bind_host", "127.0.0.1"),
             bind_loopback=bool(d.get("bind_loopback", False)),
             extra=d.get("extra", {}),
+            credentials=credentials if credentials is not None else Credentials.new(),
         )
 
     def write(self, path: Path) -> None:
@@ -117,4 +127,5 @@ class Deployment:
 
     @classmethod
     def read(cls, path: Path) -> "Deployment":
-        return cls.from_json(path.read_text())
+        """A service's deployment: the file, and the credentials its backend put in the environment."""
+        return cls.from_json(path.read_text(), Credentials.from_env())

@@ -5,7 +5,8 @@ acts on the events that come back (write ACKs and outcomes back, close a connect
 resolve an `expect` future) and runs the sweep (stale transfers, frames not finished in time)
 once a second. A connection beyond the reassembler's limit is closed at once. Accepted sockets
 get TCP keepalive, so a connection left half-open by a network outage is reaped rather than
-held against the connection limit for good. Times are time.time().
+held against the connection limit for good. With `allowed_hosts`, a connection from any other
+address is closed before it costs anything. Times are time.time().
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from testbed.core.kv.kv_receive import (
     MAX_FRAGMENTS,
     MAX_TRANSFERS,
     MAX_TRANSFERS_PER_CONNECTION,
+    MAX_TRANSFERS_PER_PEER,
     CloseConnection,
     ConnectionLost,
     ConnId,
@@ -59,10 +61,12 @@ class _Protocol(asyncio.Protocol):
         rx: Reassembler,
         transports: dict[ConnId, asyncio.Transport],
         handle: Callable[[list[ReceiveEvent]], None],
+        receiver: KVReceiver,
     ) -> None:
         self.rx = rx
         self.transports = transports
         self.handle = handle
+        self.receiver = receiver
         self.conn: ConnId | None = None
         self.transport: asyncio.Transport | None = None
 
@@ -70,6 +74,15 @@ class _Protocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         peer = transport.get_extra_info("peername")
         label = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+        allowed = self.receiver.allowed_hosts
+        if allowed is not None and (not isinstance(peer, tuple) or peer[0] not in allowed):
+            self.receiver.peers_refused += 1
+            n = self.receiver.peers_refused
+            if n == 1 or n % 1000 == 0:
+                log.warning("refusing KV connection from %s: not a node of this deployment (%d refused so far)",
+                            label, n)
+            transport.abort()
+            return
         self.conn = self.rx.connection_made(label)
         if self.conn is None:
             n = self.rx.connections_refused
@@ -122,12 +135,18 @@ class KVReceiver:
         max_transfers: int = MAX_TRANSFERS,
         max_transfers_per_connection: int = MAX_TRANSFERS_PER_CONNECTION,
         max_fragments: int = MAX_FRAGMENTS,
+        max_transfers_per_peer: int = MAX_TRANSFERS_PER_PEER,
+        allowed_hosts: frozenset[str] | None = None,
     ) -> None:
         self.rcvbuf = rcvbuf
+        # Senders' addresses (the deployment's nodes): a connection from any other is closed at
+        # once (a container's KV port is reachable from the host and its bridge). None: any.
+        self.allowed_hosts = allowed_hosts
+        self.peers_refused = 0
         self._rx = Reassembler(verify, idle_timeout, result_ttl, frame_timeout=frame_timeout,
                                max_connections=max_connections, max_transfers=max_transfers,
                                max_transfers_per_connection=max_transfers_per_connection,
-                               max_fragments=max_fragments)
+                               max_fragments=max_fragments, max_transfers_per_peer=max_transfers_per_peer)
         self._server: asyncio.Server | None = None
         self._transports: dict[ConnId, asyncio.Transport] = {}
         self._waiters: dict[int, asyncio.Future[TransferResult]] = {}
@@ -196,7 +215,7 @@ class KVReceiver:
             sock.listen(512)
             sock.setblocking(False)
             self._server = await loop.create_server(
-                lambda: _Protocol(self._rx, self._transports, self._handle), sock=sock
+                lambda: _Protocol(self._rx, self._transports, self._handle, self), sock=sock
             )
         except BaseException:
             sock.close()

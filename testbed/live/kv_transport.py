@@ -14,7 +14,9 @@ connection was carrying.
 The receiver acknowledges what it has consumed on each connection, and answers each transfer
 with its outcome; a sender resumes a transfer whose connection was lost from what was not
 acknowledged, within a deadline. The receiver bounds what a hostile peer can cost it:
-connections, open transfers per connection and in total, time inside a frame, kept results.
+connections (and, in a deployment, only from its nodes' addresses), open transfers per
+connection, per peer address and in total (shared fairly: a silent flood gives its places back
+to a sender that needs a few), time inside a frame, kept results.
 
 The protocol logic of both sides is I/O-free, in `testbed.core.kv.kv_send` and
 `testbed.core.kv.kv_receive`; these modules drive it with sockets, tasks and futures.

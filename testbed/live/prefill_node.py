@@ -34,7 +34,8 @@ from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
-    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_request,
+    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_middlewares,
+    node_request,
 )
 from testbed.live.kv_sender import ConnectionStats, Dest
 from testbed.live.kv_transport import KVReceiver, KVSender, TransferFailed, receiver_idle_timeout
@@ -293,7 +294,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     sc = cfg.deployment.scenario
     node = cfg.deployment.nodes[cfg.node_id]
     hw = sc.hardware[sc.cluster(node.cluster).hardware]
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, middlewares=node_middlewares(cfg))
     reg = CollectorRegistry()
     app[REGISTRY_KEY] = reg
     slow = SlowDown()
@@ -303,7 +304,8 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         sender = KVSender(t.connections, t.chunk_bytes, t.sndbuf_bytes, t.congestion, t.checksum,
                           resume_timeout=t.resume_timeout_s)
         receiver = KVReceiver(verify=t.checksum, rcvbuf=t.rcvbuf_bytes,
-                              idle_timeout=receiver_idle_timeout(t.resume_timeout_s))
+                              idle_timeout=receiver_idle_timeout(t.resume_timeout_s),
+                              allowed_hosts=cfg.deployment.node_hosts())
         if node.kv is not None:
             await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
         st = PrefillState(cfg, PrefillLoop(slow), sender, receiver, PrefillTime.from_spec(hw.prefill),

@@ -84,9 +84,9 @@ async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, r
 async def replay(trace: Trace, url: str, writer: RecordWriter, speedup: float, model: str = "",
                  on_progress: Callable[[ReplayStats], None] | None = None,
                  request_timeout: float | Callable[[TraceRequest], float] | None = None,
-                 t0: float | None = None) -> ReplayStats:
+                 t0: float | None = None, api_key: str | None = None) -> ReplayStats:
     """Replay `trace` (paper-time timestamps divided by `speedup`); record times are relative
-    to `t0` (default: now)."""
+    to `t0` (default: now). `api_key`: sent as `Authorization: Bearer KEY`, as OpenAI clients do."""
     stats = ReplayStats(total=len(trace))
     t0 = now() if t0 is None else t0
     first = START_LEAD_S
@@ -121,7 +121,8 @@ async def replay(trace: Trace, url: str, writer: RecordWriter, speedup: float, m
 
     tasks: list[asyncio.Task[None]] = []
     connector = aiohttp.TCPConnector(limit=0)
-    session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key is not None else None
+    session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), headers=headers)
     try:
         for i, tr in enumerate(trace):
             await sleep_until(t0 + first + tr.timestamp / speedup)

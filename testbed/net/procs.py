@@ -37,6 +37,8 @@ class ProcessGroup:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.journal = journal        # None: not findable after a kill -9 of this process
+        # Added to every service's environment (a deployment's credentials: not on the command line)
+        self.env: dict[str, str] = {}
 
     def _write_journal(self) -> None:
         if self.journal is None:
@@ -54,7 +56,7 @@ class ProcessGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with (self.log_dir / f"{key}.log").open("ab" if append_log else "wb") as fh:
             self.procs[key] = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                               env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
         self._write_journal()
 
     def log(self, key: str) -> str:

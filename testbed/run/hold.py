@@ -39,6 +39,7 @@ from testbed.config.scenarios import dump_scenario
 from testbed.deploy.base import Backend
 from testbed.deploy.prometheus import PrometheusProcess, find_binary, unavailable
 from testbed.live.clock import now
+from testbed.live.credentials import API_KEY_FILE
 from testbed.live.held import HOLD_KEY, HOLD_PATH
 from testbed.metrics.artefacts import Summary, run_info
 from testbed.metrics.artefacts.run_file import HoldInfo as HoldFacts, RunState, Shaping, this_process
@@ -62,6 +63,7 @@ class HoldInfo:
     prefix: str           # what `testbed down --prefix` takes ("" where it does not apply)
     speedup: float
     prometheus: str = ""  # Prometheus scraping the deployment (--prometheus), else ""
+    api_key: str = ""     # what clients send as `Authorization: Bearer KEY` (also in run_dir/api-key)
 
     @property
     def base_url(self) -> str:
@@ -71,7 +73,8 @@ class HoldInfo:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"base_url": self.base_url, "url": self.url, "run_dir": str(self.run_dir),
                                "backend": self.backend, "prefix": self.prefix, "speedup": self.speedup,
-                               "records": str(self.run_dir / "records.csv")}
+                               "records": str(self.run_dir / "records.csv"), "api_key": self.api_key,
+                               "api_key_file": str(self.run_dir / API_KEY_FILE)}
         if self.prometheus:
             out["prometheus"] = self.prometheus
         return out
@@ -92,8 +95,8 @@ def _prefix(be: Backend) -> str:
     return ""
 
 
-async def _post_t0(router: str, t0: float) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+async def _post_t0(router: str, t0: float, headers: dict[str, str]) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), headers=headers) as s:
         async with s.post(router + HOLD_PATH, json={"t0": t0}) as r:
             if r.status != 200:
                 raise RuntimeError(f"the router refused the hold's t0: {r.status} {await r.text()}")
@@ -164,11 +167,14 @@ async def _hold(rs: ResolvedScenario, run_dir: Path, backend: str, stop: asyncio
         meta.shaping = Shaping.model_validate(be.shaping())
         url = await be.host_url()
         meta.t0 = t0 = now()
-        await be.run_client(lambda: _post_t0(be.deployment.router.url, t0))
+        creds = be.deployment.credentials
+        await be.run_client(lambda: _post_t0(be.deployment.router.url, t0, creds.runner_headers()))
+        write_api_key(run_dir / API_KEY_FILE, creds.api_key)
         meta.hold = HoldFacts(url=url, base_url=f"{url}/v1", prefix=_prefix(be))
         write_run_json(meta_path, meta)
         await be.on_t0(t0)
-        on_ready(HoldInfo(url, run_dir, backend, _prefix(be), sc.scale.speedup, prom.url if prom else ""))
+        on_ready(HoldInfo(url, run_dir, backend, _prefix(be), sc.scale.speedup, prom.url if prom else "",
+                          creds.api_key))
         ended = "stopped"
         stopped = asyncio.ensure_future(stop.wait())
         gone = asyncio.ensure_future(_until_gone(be))
@@ -207,6 +213,14 @@ async def _hold(rs: ResolvedScenario, run_dir: Path, backend: str, stop: asyncio
             summary = write_summary(run_dir)
             write_report(run_dir, summary)
     return HoldResult(run_dir, ended, summary)
+
+
+def write_api_key(path: Path, key: str) -> None:
+    """The key, readable by this user only (created so: never world-readable for a moment)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
 
 
 def stop_on_sigint(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> Callable[[], None]:
@@ -297,7 +311,10 @@ def cmd_hold(args: argparse.Namespace) -> int:
               f"byte_scale {sc.scale.byte_scale:g}\n"
               f"{chunking_note(sc.serving.stream_interval)} (also at {info.url}/testbed/info)\n"
               f"OpenAI base URL: {info.base_url}\n"
-              f"  aiperf --url {info.url} | vllm bench serve --base-url {info.url} | guidellm --target {info.url}\n"
+              f"API key: {info.api_key} (also in {info.run_dir / API_KEY_FILE}; send `Authorization: Bearer KEY`)\n"
+              f"  export OPENAI_API_KEY=$(cat {info.run_dir / API_KEY_FILE})\n"
+              f"  aiperf --url {info.url} --api-key $OPENAI_API_KEY | vllm bench serve --base-url {info.url} "
+              f"| guidellm --target {info.url}\n"
               + (f"Prometheus: {info.prometheus} (examples/observability/ has the dashboards)\n" if info.prometheus else "")
               + f"every request is recorded in {info.run_dir / 'records.csv'}; Ctrl-C or SIGTERM{down} ends the hold",
               file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +16,7 @@ from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
 from testbed.deploy.prometheus import DEFAULT_LISTEN
+from testbed.live.credentials import API_KEY_ENV, API_KEY_FILE, check_api_key
 from testbed.run.load import load
 from testbed.run.run_args import add_run_args, run_overrides, trace_for
 from testbed.traces.types import Trace
@@ -35,6 +37,10 @@ def _add_scenario_args(p: argparse.ArgumentParser, backends: dict[str, Any]) -> 
                         f"HOST:PORT (default {DEFAULT_LISTEN}), with a scrape config generated into the run "
                         "directory's prometheus/ (local and inproc backends; examples/observability/ has the "
                         "dashboards)")
+    p.add_argument("--api-key", action=StoreOnce, metavar="KEY",
+                   help=f"the API key the router asks of clients (`Authorization: Bearer KEY`); default: "
+                        f"${API_KEY_ENV} if set, else one made for the run (a held deployment prints it and writes "
+                        f"it to {API_KEY_FILE} in the run directory, readable by this user only)")
     p.add_argument("--json", action="store_true", help="print figures as JSON")
     p.add_argument("--report", action=argparse.BooleanOptionalAction, default=None,
                    help="write report.md with its plots (and with --compare, comparison.md) into the run directory; "
@@ -82,12 +88,21 @@ def run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: b
     return run_stoppable(_run_one(rs, trace, out, backend, show, prometheus, report))
 
 
+def use_api_key(args: argparse.Namespace) -> None:
+    """--api-key is $TESTBED_API_KEY for this run: every deployment it builds takes the key from there
+    (`testbed.live.credentials.Credentials.new`)."""
+    if args.api_key is not None:
+        check_api_key(args.api_key)
+        os.environ[API_KEY_ENV] = args.api_key
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
 
     names = args.compare or [args.scenario]
     if not names or names == [None]:
         print("replay: give --scenario NAME or --compare NAME...", file=sys.stderr)
         return 2
+    use_api_key(args)
     scenarios = [load(n, run_overrides(args, n)) for n in names]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
@@ -193,6 +208,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    use_api_key(args)
     if args.hold:
         from testbed.run.hold import cmd_hold
         return cmd_hold(args)

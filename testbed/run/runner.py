@@ -64,7 +64,7 @@ def _versions() -> dict[str, str]:
 RUN_ARTEFACTS = ("timeseries", "logs", "decisions.jsonl", "faults.jsonl", "records.csv", "summary.json", "report.md", "run.json",
                  "deployment.json", "topology.json", "delayline.json", "wan.json", "wan-ready", "compose.yaml",
                  "stack.yaml", "fidelity.json", "ttft_cdf.png", "queues.png", "links.png", "wan.png", "control.png",
-                 "roles.png")
+                 "roles.png", "api-key")
 
 
 # ...and the run's own copy of its scenario, overwritten rather than cleared.
@@ -274,10 +274,10 @@ async def _run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, b
         meta.t0 = t0 = now()
         write_run_json(meta_path, meta)
         await be.on_t0(t0)
-        url = be.deployment.router.url
+        url, key = be.deployment.router.url, be.deployment.credentials.api_key
         try:
             stats = await be.run_client(lambda: replay(trace, url, writer, sc.scale.speedup, sc.model.name,
-                                                       on_progress, client_timeout(sc), t0=t0))
+                                                       on_progress, client_timeout(sc), t0=t0, api_key=key))
         except asyncio.CancelledError:
             interrupted = True
             raise

@@ -23,11 +23,22 @@ carried elsewhere does not touch it.
 Limits, all constructor arguments: `max_connections` (a connection beyond it is refused:
 `connection_made` returns None); `frame_timeout` (a connection that began a frame must finish it
 within that many seconds or `sweep` breaks it, freeing what it held); `max_transfers` open in
-total and `max_transfers_per_connection` (a new transfer beyond either fails at once with the
-reason, answered with ABORT); `max_results` unclaimed results and `max_tombstones` finished ids
+total, `max_transfers_per_peer` (a remote address) and `max_transfers_per_connection` (a new
+transfer beyond one fails at once with the reason, answered with ABORT, unless a place can be
+taken back fairly, below); `max_results` unclaimed results and `max_tombstones` finished ids
 kept (oldest forgotten first), so ids nobody expects cost a bounded amount; `max_fragments`
 separate byte ranges held by one transfer (see `fragment_cap`: a DATA frame past it is a protocol
 error, which breaks its connection and fails the transfers it carried).
+
+Fair share. Each open transfer belongs to a peer (the address of the connection whose frame opened
+it, or last carried it after its own connection went away). When the table is full, a new
+transfer takes the place of one held by the peer holding the most, if that peer holds more than
+one place more than the newcomer's; within a peer (and when the peer's own limit is reached),
+from a transfer whose connection is gone, else from the connection holding the most, if it holds
+more than one more than the newcomer's. The one taken is that holder's longest silent, failed
+with the reason and answered with ABORT. So a client that opens thousands of transfers and goes
+silent, on any number of connections, cannot keep a sender that needs a few from its places:
+every request it would have failed ("receiver has 4096 transfers open") goes through.
 
 Results go to whoever `expect`ed the transfer (the event says `claimed`), else are kept for
 `result_ttl`; late frames of a finished transfer are dropped for as long (a late END is answered
@@ -62,6 +73,7 @@ ConnId = int
 MAX_CONNECTIONS = 1024
 FRAME_TIMEOUT_S = 30.0        # a 256 KiB chunk at 70 kbit/s; a 16 MiB one needs >= 4.5 Mbit/s
 MAX_TRANSFERS = 4096
+MAX_TRANSFERS_PER_PEER = 1024
 MAX_TRANSFERS_PER_CONNECTION = 256
 MAX_RESULTS = 4096
 MAX_TOMBSTONES = 16384
@@ -156,6 +168,8 @@ class IncomingTransfer:
     conns: set[ConnId] = field(default_factory=set)       # carried any frame
     data_conns: set[ConnId] = field(default_factory=set)  # carried accepted DATA
     layers_seen: set[int] = field(default_factory=set)
+    owner: _Conn | None = None     # the connection it counts against; None: gone (an orphan of `host`)
+    host: str = ""                   # the peer it counts against
 
     @property
     def complete(self) -> bool:
@@ -198,11 +212,21 @@ class IncomingTransfer:
         )
 
 
+def peer_host(peer: str) -> str:
+    """The address of a peer label `host:port` (the label itself without a port)."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
+
+
 @dataclass(eq=False, slots=True)
 class _Conn:
     peer: str
     decoder: FrameDecoder
     full: str                         # the reason a transfer beyond its cap fails
+    host: str = ""
+    peer_full: str = ""               # the reason a transfer beyond its peer's cap fails
+    # Open transfers that count against this connection, least recently active first.
+    owned: OrderedDict[int, IncomingTransfer] = field(default_factory=OrderedDict)
     carried: set[IncomingTransfer] = field(default_factory=set)  # unfinished, with a frame from here
     broken: bool = False
     fed: int = 0                      # bytes of the stream so far
@@ -224,8 +248,10 @@ class Reassembler:
         max_results: int = MAX_RESULTS,
         max_tombstones: int = MAX_TOMBSTONES,
         max_fragments: int = MAX_FRAGMENTS,
+        max_transfers_per_peer: int = MAX_TRANSFERS_PER_PEER,
     ) -> None:
         for name, v in (("max_connections", max_connections), ("max_transfers", max_transfers),
+                        ("max_transfers_per_peer", max_transfers_per_peer),
                         ("max_transfers_per_connection", max_transfers_per_connection),
                         ("max_results", max_results), ("max_tombstones", max_tombstones),
                         ("max_fragments", max_fragments)):
@@ -240,6 +266,7 @@ class Reassembler:
         self.max_connections = max_connections
         self.max_transfers = max_transfers
         self.max_transfers_per_connection = max_transfers_per_connection
+        self.max_transfers_per_peer = max_transfers_per_peer
         self.max_results = max_results
         self.max_tombstones = max_tombstones
         self.max_fragments = max_fragments
@@ -250,7 +277,13 @@ class Reassembler:
         self.transfers_failed = 0
         self.transfers_refused = 0       # failed at once by a limit (counted in transfers_failed too)
         self.connections_refused = 0
+        self.transfers_evicted = 0       # places taken back for a fairer holder (counted in transfers_failed too)
         self._conns: dict[ConnId, _Conn] = {}
+        # Per peer: open transfers counted against it, its connections, its transfers whose
+        # connection is gone (least recently active first).
+        self._peer_open: dict[str, int] = {}
+        self._peer_conns: dict[str, set[_Conn]] = {}
+        self._orphans: dict[str, OrderedDict[int, IncomingTransfer]] = {}
         self._ids = count()
         self._transfers: dict[int, IncomingTransfer] = {}
         self._expected: set[int] = set()
@@ -271,9 +304,11 @@ class Reassembler:
             self.connections_refused += 1
             return None
         cid = next(self._ids)
-        cap = self.max_transfers_per_connection
-        self._conns[cid] = _Conn(peer, FrameDecoder(keep_data=self.verify),
-                                 f"connection from {peer} carries {cap} open transfers (limit {cap})")
+        cap, host, pcap = self.max_transfers_per_connection, peer_host(peer), self.max_transfers_per_peer
+        c = self._conns[cid] = _Conn(peer, FrameDecoder(keep_data=self.verify),
+                                     f"connection from {peer} carries {cap} open transfers (limit {cap})",
+                                     host, f"peer {host} has {pcap} transfers open (limit {pcap})")
+        self._peer_conns.setdefault(c.host, set()).add(c)
         return cid
 
     @property
@@ -338,6 +373,8 @@ class Reassembler:
         fails: its transfers may resume on another connection."""
         c = self._conns.pop(conn, None)
         out: list[ReceiveEvent] = []
+        if c is not None:
+            self._disown(c)
         if c is None or c.broken or self._closing:
             return out
         c.broken = True
@@ -435,13 +472,16 @@ class Reassembler:
             return
         t = self._transfers.get(tid)
         if t is None:
-            refusal = self._over_limit(c)
+            # An ABORT of a transfer never seen takes no place from anyone: it would be over at once.
+            refusal = self._over_limit(c, now, out, evict=ftype != FrameType.ABORT)
             if refusal is not None:
                 self._refuse(tid, c, ftype != FrameType.ABORT, refusal, now, out)
                 return
             t = self._transfers[tid] = IncomingTransfer(tid, h.total, now, now)
+            self._own(t, c)
         else:
             t.last_activity = now
+            self._touch(t, c)
         if ftype == FrameType.DATA:
             n = h.length
             self.bytes_received += n
@@ -494,14 +534,94 @@ class Reassembler:
             reason = f.payload.decode("utf-8", "replace")
             self._finish(t, False, f"aborted by sender: {reason}", now, out, notify=False)
 
-    def _over_limit(self, c: _Conn) -> str | None:
+    def _over_limit(self, c: _Conn, now: float, out: list[ReceiveEvent], evict: bool = True) -> str | None:
         # The counts never pass their limits, so each reason is one string, shared by every
         # refusal's result and tombstone rather than built anew for each.
-        if len(self._transfers) >= self.max_transfers:
-            return self._full
         if len(c.carried) >= self.max_transfers_per_connection:
             return c.full
+        if self._peer_open.get(c.host, 0) >= self.max_transfers_per_peer:
+            victim = self._victim_in(c.host, c) if evict else None
+            if victim is None:
+                return c.peer_full
+            self._evict(victim, f"peer {c.host} at its limit of {self.max_transfers_per_peer} open transfers", now, out)
+        if len(self._transfers) >= self.max_transfers:
+            victim = self._fair_victim(c) if evict else None
+            if victim is None:
+                return self._full
+            self._evict(victim, f"receiver full ({self.max_transfers} transfers open)", now, out)
         return None
+
+    # -- fair share
+
+    def _own(self, t: IncomingTransfer, c: _Conn) -> None:
+        t.owner, t.host = c, c.host
+        c.owned[t.transfer_id] = t
+        self._peer_open[c.host] = self._peer_open.get(c.host, 0) + 1
+
+    def _unown(self, t: IncomingTransfer) -> None:
+        if t.owner is not None:
+            t.owner.owned.pop(t.transfer_id, None)
+        else:
+            orphans = self._orphans.get(t.host)
+            if orphans is not None:
+                orphans.pop(t.transfer_id, None)
+                if not orphans:
+                    del self._orphans[t.host]
+        n = self._peer_open[t.host] - 1
+        if n:
+            self._peer_open[t.host] = n
+        else:
+            del self._peer_open[t.host]
+        t.owner = None
+
+    def _touch(self, t: IncomingTransfer, c: _Conn) -> None:
+        """A frame of `t` came on `c`: it is the most recently active of its holder's; an orphan
+        is adopted by the connection that resumed it."""
+        if t.owner is None:
+            self._unown(t)
+            self._own(t, c)
+        else:
+            t.owner.owned.move_to_end(t.transfer_id)
+
+    def _disown(self, c: _Conn) -> None:
+        """`c` is gone: what it held stays open (it may resume elsewhere), held by its peer."""
+        conns = self._peer_conns.get(c.host)
+        if conns is not None:
+            conns.discard(c)
+            if not conns:
+                del self._peer_conns[c.host]
+        if c.owned:
+            orphans = self._orphans.setdefault(c.host, OrderedDict())
+            for tid, t in c.owned.items():
+                t.owner = None
+                orphans[tid] = t
+            c.owned.clear()
+
+    def _victim_in(self, host: str, newcomer: _Conn | None) -> IncomingTransfer | None:
+        """The transfer of `host` to give up a place: its longest silent one whose connection is
+        gone, else that of its connection holding the most (if more than one more than `newcomer`)."""
+        orphans = self._orphans.get(host)
+        if orphans:
+            return next(iter(orphans.values()))
+        conns = self._peer_conns.get(host)
+        if not conns:
+            return None
+        big = max(conns, key=lambda k: len(k.owned))
+        if not big.owned or (newcomer is not None and len(big.owned) <= len(newcomer.owned) + 1):
+            return None
+        return next(iter(big.owned.values()))
+
+    def _fair_victim(self, c: _Conn) -> IncomingTransfer | None:
+        mine = self._peer_open.get(c.host, 0)
+        host, most = max(self._peer_open.items(), key=lambda kv: kv[1])
+        if host == c.host:
+            return self._victim_in(host, c)
+        return self._victim_in(host, None) if most > mine + 1 else None
+
+    def _evict(self, t: IncomingTransfer, why: str, now: float, out: list[ReceiveEvent]) -> None:
+        self.transfers_evicted += 1
+        self._finish(t, False, f"evicted for a fair share ({why}): the longest silent ({now - t.last_activity:.3g} s) "
+                               f"of the largest holder, at {t.host}", now, out)
 
     def _refuse(self, tid: int, c: _Conn, answer: bool, reason: str, now: float, out: list[ReceiveEvent]) -> None:
         """Fail a transfer beyond a limit before it costs anything but its result."""
@@ -518,6 +638,7 @@ class Reassembler:
         carried it."""
         tid = t.transfer_id
         del self._transfers[tid]
+        self._unown(t)
         live: ConnId | None = None
         for cid in t.conns:
             c = self._conns.get(cid)

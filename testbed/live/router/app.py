@@ -11,6 +11,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from testbed.live.auth import api_key_middleware, run_secret_middleware
 from testbed.live.common import REGISTRY_KEY, SCRAPE_KEY, ServiceConfig, add_common_routes
 from testbed.live.held import HELD_KEY, HOLD_PATH, HeldRecords, hold_records_path, post_hold
 from testbed.live.router.handler import (
@@ -23,9 +24,18 @@ from testbed.live.router.vllm_metrics import add_state_gauges, make_metrics
 from testbed.metrics.series_format import SeriesWriter
 
 
+def _control(path: str) -> bool:
+    """The router's routes for the deployment's own runner: the hold's t0, a swarm run's files."""
+    return path == HOLD_PATH or path.startswith("/testbed/files")
+
+
 def make_app(cfg: ServiceConfig) -> web.Application:
     sc = cfg.deployment.scenario
-    app = web.Application(client_max_size=sc.serving.max_body_bytes, middlewares=[openai_errors])
+    creds = cfg.deployment.credentials
+    # The key guards the OpenAI routes (/v1/...), as vLLM's --api-key does; the run secret the
+    # hold's t0; /health, /metrics, /version and /testbed/info stay open.
+    guards = [api_key_middleware(creds.api_key), run_secret_middleware(creds.run_secret, guarded=_control)]
+    app = web.Application(client_max_size=sc.serving.max_body_bytes, middlewares=[*guards, openai_errors])
     reg = CollectorRegistry()
     app[REGISTRY_KEY] = reg
     metrics = make_metrics(reg, sc.model.name, sc.model.max_context_tokens)
@@ -33,8 +43,9 @@ def make_app(cfg: ServiceConfig) -> web.Application:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         # One pooled session to every node; no per-host cap (open-loop load is unbounded).
+        # The run secret on every call: the nodes serve their deployment's router only.
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0), headers=creds.runner_headers(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         )
         rd = cfg.deployment.run_dir
