@@ -51,7 +51,7 @@ class FaultLogFile:
                 "kind": ev.kind, "phase": phase, "target": ev.target,
                 "at_s": ev.start_s if phase == "start" else ev.end_s, "detail": detail or {}, "outcome": outcome}
         if not self._fh.closed:
-            self._fh.write(json.dumps(line) + "\n")
+            self._fh.write(finite_dumps(line) + "\n")
             self._fh.flush()
         return line
 

@@ -128,7 +128,7 @@ def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str
         t0=None, t_end=None,
         scale={"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
         shaping=shaping, slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
-        offered_rate=trace.rate if len(trace) > 1 else 0.0,
+        offered_rate=trace.offered_rate,
         trace={"source": trace.source, "requests": len(trace)},
         threshold=rs.threshold, versions=_versions(), interrupted=False,
         state="running", **this_process(),

@@ -29,6 +29,11 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _json_kind(value: Any) -> str:
+    kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"), (list, "an array"))
+    return next((name for t, name in kinds if isinstance(value, t)), "null")
+
+
 _BOM = b"\xef\xbb\xbf"
 _loads_text = json.JSONDecoder().decode     # json.loads of text with default options
 
@@ -82,7 +87,8 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
                 except (ValueError, RecursionError) as e:
                     raise TraceError(_json_error(e)) from None
                 if type(obj) is not dict:
-                    raise TraceError(f"expected a JSON object, got {_show(obj)}")
+                    # Its type only: a line that is no trace row may be anyone's text.
+                    raise TraceError(f"expected a JSON object, got {_json_kind(obj)}")
                 try:
                     ts = obj["timestamp"]
                     inp = obj["input_length"]
