@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from testbed.core.limits import MAX_TIMESTAMP_S
-from testbed.traces.files import open_trace
+from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import TraceError, TraceRequest
 
 # A window start this far into a file (bytes) is found by bisection instead of a scan.
@@ -416,7 +416,7 @@ def scan(
         if t0 is not None:
             base = t0
             offset, first_line = seek_time(header, lambda row: parse(row)[0] - base, start)
-    stem = path.stem
+    stem = plain_name(path).stem
     ncols = len(header.columns)
     new = object.__new__
     set_id, set_time, set_input, set_output, set_hashes = _SETTERS

@@ -21,6 +21,7 @@ from testbed.config.input_files import InputFileError, refuse_special
 from testbed.core.kinds import unknown_kind
 from testbed.traces import azure, burstgpt
 from testbed.traces.csvutil import LoadStats, Window, describe_header, read_header, sniff_columns
+from testbed.traces.files import plain_name
 from testbed.traces.mooncake import MOONCAKE_BLOCK_TOKENS, iter_mooncake, write_mooncake
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
@@ -56,7 +57,7 @@ class FileLook:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.suffix = self.path.suffix.lower()
+        self.suffix = plain_name(self.path).suffix.lower()   # `x.csv.gz` is a CSV (read decompressed)
 
     @cached_property
     def columns(self) -> list[str]:
@@ -263,7 +264,7 @@ def detect_format(path: str | Path) -> FormatName:
         raise TraceError(f"unsupported format: the header ({describe_header(look.raw_columns, expected)}) has {has}",
                          path=path, line=1)
     raise TraceError(
-        f"unsupported format: cannot tell the format from suffix {look.suffix or '(none)'!r}; "
-        f"pass format= one of {', '.join(SUPPORTED_FORMATS)}",
+        f"unsupported format: cannot tell the format from suffix {look.suffix or '(none)'!r} "
+        f"(.jsonl, .csv, either one .gz or .zst compressed); give --format, one of {', '.join(SUPPORTED_FORMATS)}",
         path=path,
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS, MIN_TOKENS
-from testbed.traces.files import open_trace
+from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -64,7 +64,7 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
     checked against the last good one.
     """
     p = Path(path)
-    stem = p.stem
+    stem = plain_name(p).stem
     with open_trace(p) as f:
         t0: int | float | None = None
         prev_ts: int | float = 0
