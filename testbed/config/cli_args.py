@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -63,3 +64,15 @@ def out_file(value: str) -> Path:
     if path.is_dir():
         raise UserError(f"--out {value!r}: an existing directory; this command writes one file, give its path")
     return path
+
+
+@contextlib.contextmanager
+def unwritable_out(path: Path, flag: str = "--out") -> Iterator[None]:
+    """An OSError while making or writing output directory `path` as one UserError line: its
+    parent may be /proc, read-only, immutable or full, which no check before writing can tell."""
+    try:
+        yield
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and Path(e.filename) != path else ""
+        raise UserError(f"{flag} {str(path)!r}: cannot write the output there{where}: "
+                        f"{e.strerror or e}") from None

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from testbed.config.cli_args import check_out_dir
+from testbed.config.cli_args import check_out_dir, unwritable_out
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
 from testbed.live.replay_stats import ReplayStats
@@ -114,10 +114,11 @@ def client_timeout(sc: Scenario) -> Callable[[TraceRequest], float]:
 
 def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
     check_run_dir(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    clear_previous_run(run_dir)
-    (run_dir / "timeseries").mkdir(exist_ok=True)
-    (run_dir / "scenario.yaml").write_text(dump_scenario(rs.spec))
+    with unwritable_out(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        clear_previous_run(run_dir)
+        (run_dir / "timeseries").mkdir(exist_ok=True)
+        (run_dir / "scenario.yaml").write_text(dump_scenario(rs.spec))
 
 
 def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str,
