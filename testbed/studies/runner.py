@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from testbed.config.cli_args import check_out_dir, unwritable_out
+from testbed.studies.router_check import RouterLost, router_lost
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
 from testbed.live.replay_stats import ReplayStats
@@ -266,6 +267,12 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
         finally:
             # The run ends with the last record, not after teardown (compose down takes seconds).
             meta.t_end = now()
+        exit_code = getattr(be, "exit_code", None)
+        lost = await be.run_client(lambda: router_lost(url, exit_code("router") if exit_code else None))
+        if lost is not None:     # the run failed, its records kept: run.json says "failed"
+            logs = run_dir / "logs"
+            raise RouterLost(f"{run_dir}: {lost} ({stats.completed}/{stats.total} completed)"
+                             + (f"; logs in {logs}" if logs.is_dir() else ""))
         replayed = True
     finally:
         # Every step runs even when an earlier one raised (a full disk must not leave the
