@@ -47,6 +47,7 @@ from testbed.model.planner import (
     score_config,
 )
 from testbed.model.workload import TraceWorkload
+from testbed.studies.plan_progress import PlanProgress
 from testbed.studies.plan_report import Rows, key, report_md, scenario_file, slug, write_plan_file
 from testbed.studies.plan_sim import (
     NOT_VERIFIED,
@@ -272,10 +273,14 @@ def reference(fam: Family, base: Base, wl: Workload, trace: Trace, settings: Pla
     return c, f"{base.name} ({how})"
 
 
-def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto") -> dict[str, Any]:
-    """The whole command without printing: returns plan.json's content. `simulate`: "auto" uses
-    the sim backend when it exists (unless --no-sim); None never simulates; a callable is used as is."""
+def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
+             progress: PlanProgress | None = None) -> dict[str, Any]:
+    """The whole command; returns plan.json's content. `simulate`: "auto" uses the sim backend
+    when it exists (unless --no-sim); None never simulates; a callable is used as is. `progress`
+    hears each step (None: silent)."""
     from testbed.traces.loader import load_trace
+
+    step = progress if progress is not None else PlanProgress(quiet=True)
 
     t0 = time.monotonic()
     if args.top < 1 or args.refine < 0:
@@ -289,6 +294,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         raise PlanError("no kind left to plan")
     budgets = parse_budget(args.budget)
     trace_path = Path(args.trace)
+    step(f"loading the trace {trace_path}")
     trace: Trace = load_trace(trace_path, args.format, window=args.window)
     if len(trace) < 2:
         raise PlanError(f"{trace_path}: {len(trace)} request(s){' in the window' if args.window else ''}; "
@@ -300,6 +306,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         tpot_slo_s=args.tpot_slo if args.tpot_slo is not None else first.slo.tpot_s,
         objective=args.objective, link_bps=link_bps, link_delay_s=delay,
     )
+    step(f"measuring the workload of {len(trace):,} requests (prefix reuse, lengths)")
     tw0 = TraceWorkload.from_trace(trace, KVModel.from_spec(first.model))
     cache_aware = tw0.cached_share > 0
     out_dir: Path = args.out or Path("runs") / f"plan-{trace_path.stem}"
@@ -323,8 +330,10 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         if note:
             notes.append(note)
         fam = family_for(kind, base.spec, budget, args.vary_counts)
+        step(f"searching the {kind} deployments")
         fp, wl = search(fam, trace, settings)
         n = max(pool, args.top)
+        step(f"scoring the best {min(n, len(fp.candidates))} {kind} deployments on their own routing")
         fp = replace(fp, candidates=(*rescored(fam, wl, trace, settings, fp.candidates[:n], cache_aware),
                                      *fp.candidates[n:]))
         plans.append(fp)
@@ -343,9 +352,11 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
             rows.append((c, path, slug(c)))
     if sim is not None:
         rows += [(c, bases[kind].path, bases[kind].name) for kind, (c, _) in refs.items()]
+        step(f"simulating {len({name for _, _, name in rows})} deployments")
     done, why = simulate_rows(rows, trace_path, sim, settings) if rows or sim is None else ({}, None)
     fewest: list[Candidate] = []
     if args.vary_counts:
+        step("finding the smallest deployments that meet the SLOs")
         for fp in plans:
             c_few = _fewest(fp, workloads[fp.family.kind], trace, settings, cache_aware, sim if why is None else None,
                             done, trace_path, cand_dir, bases[fp.family.kind])
@@ -372,6 +383,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         references[i] = (r, f"{how}; would rank {pos} of {len(ranked) + 1}")
     fewest = [done.get(slug(c), c) for c in fewest]
 
+    step(f"writing the plan to {out_dir}")
     files: dict[tuple[Any, ...], str] = {}
     for fp in plans:
         kind = fp.family.kind
@@ -451,11 +463,15 @@ def _fewest(fp: FamilyPlan, wl: Workload, trace: Trace, settings: PlanSettings, 
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    progress = PlanProgress()
     try:
-        res = run_plan(args)
+        res = run_plan(args, progress=progress)
     except (PlanError, ScenarioError) as e:
         print(f"plan: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:       # Ctrl-C, or the SIGTERM the CLI turns into one
+        print(progress.interrupted(), file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
