@@ -77,12 +77,12 @@ def parse_assignments(pairs: Sequence[str]) -> list[tuple[str, Any]]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise ScenarioError(f"--set {pair}: must look like field.path=value")
+            raise ScenarioError(f"--set {pair!r}: must look like field.path=value")
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ScenarioError(f"--set {pair}: the value is not valid YAML ({problem})") from None
+            raise ScenarioError(f"--set {pair!r}: the value is not valid YAML ({problem})") from None
         out.append((key.strip(), value))
     return out
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.faults import NODE_KINDS, FaultEvent, Phase
 from testbed.core.record import RequestRecord
 from testbed.metrics.series_format import SeriesPoint

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, BinaryIO, cast
 
 from testbed.config.input_files import InputFileError, open_regular
 from testbed.traces.types import TraceError
@@ -49,7 +49,7 @@ def _decompressor(magic: bytes) -> tuple[str, Callable[[IO[bytes]], IO[bytes]]] 
     import gzip
 
     if magic.startswith(GZIP_MAGIC):
-        return "gzip", lambda f: gzip.GzipFile(fileobj=f, mode="rb")
+        return "gzip", lambda f: cast(BinaryIO, gzip.GzipFile(fileobj=f, mode="rb"))
     if magic.startswith(ZSTD_MAGIC):
         return "zstd", _zstd_reader
     return None
