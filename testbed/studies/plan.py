@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -238,21 +239,29 @@ def budget_for(kind: Kind, base: Scenario, budgets: dict[str | None, dict[str, i
     return budget, ", ".join(parts), note
 
 
-def search(fam: Family, trace: Trace, settings: PlanSettings) -> tuple[FamilyPlan, Workload]:
+def search(fam: Family, trace: Trace, settings: PlanSettings,
+           step: Callable[[str], None] = lambda _: None) -> tuple[FamilyPlan, Workload]:
     """The family's ranked candidates on its workload; a threshold kind searches twice, the second
     time with the prefix cache replayed under the first search's best threshold."""
+    step(f"replaying the {fam.kind} prefix cache over the trace")
     wl = family_workload(fam, trace).model_workload()
+    step(f"searching the {fam.kind} deployments")
     fp = plan_family(fam, wl, settings)
     if kind_pools(fam.kind).threshold and fp.candidates:
+        step(f"replaying the {fam.kind} prefix cache under threshold {fp.candidates[0].threshold:,.0f}")
         wl = family_workload(fam, trace, fp.candidates[0].threshold).model_workload()
+        step(f"searching the {fam.kind} deployments again")
         fp = plan_family(fam, wl, settings)
     return fp, wl
 
 
 def rescored(fam: Family, wl: Workload, trace: Trace, settings: PlanSettings, cands: Sequence[Candidate],
-             cache_aware: bool) -> list[Candidate]:
+             cache_aware: bool, step: Callable[[str], None] = lambda _: None) -> list[Candidate]:
     """Candidates scored on their own routing (`planner.score_config`), ranked by the model."""
-    out = [score_config(fam, wl, trace, settings, c.n_prfaas, c.n_p, c.n_d, c.threshold, cache_aware) for c in cands]
+    out = []
+    for i, c in enumerate(cands, 1):
+        step(f"scoring {fam.kind} deployment {i} of {len(cands)} on its own routing")
+        out.append(score_config(fam, wl, trace, settings, c.n_prfaas, c.n_p, c.n_d, c.threshold, cache_aware))
     return sorted(out, key=lambda c: objective_key(c, settings.objective))
 
 
@@ -330,14 +339,14 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
         if note:
             notes.append(note)
         fam = family_for(kind, base.spec, budget, args.vary_counts)
-        step(f"searching the {kind} deployments")
-        fp, wl = search(fam, trace, settings)
+        fp, wl = search(fam, trace, settings, step)
         n = max(pool, args.top)
-        step(f"scoring the best {min(n, len(fp.candidates))} {kind} deployments on their own routing")
-        fp = replace(fp, candidates=(*rescored(fam, wl, trace, settings, fp.candidates[:n], cache_aware),
+        fp = replace(fp, candidates=(*rescored(fam, wl, trace, settings, fp.candidates[:n], cache_aware, step),
                                      *fp.candidates[n:]))
         plans.append(fp)
         workloads[kind] = wl
+        if base.spec.policy.name == fam.kind:
+            step(f"scoring {base.name} as it stands")
         if (ref := reference(fam, base, wl, trace, settings, link_bps)) is not None:
             refs[kind] = ref
 
@@ -465,7 +474,8 @@ def _fewest(fp: FamilyPlan, wl: Workload, trace: Trace, settings: PlanSettings, 
 def cmd_plan(args: argparse.Namespace) -> int:
     progress = PlanProgress()
     try:
-        res = run_plan(args, progress=progress)
+        with progress:
+            res = run_plan(args, progress=progress)
     except (PlanError, ScenarioError) as e:
         print(f"plan: {e}", file=sys.stderr)
         return 2
