@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
+from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.kinds import unknown_kind
 from testbed.core.kvsize import KVModel
 from testbed.core.scenario import Scenario
@@ -437,7 +438,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
         "simulated": {name: c.to_dict() for name, c in done.items()},
         "out": str(out_dir), "seconds": time.monotonic() - t0,
     }
-    (out_dir / "plan.json").write_text(json.dumps(result, indent=1))
+    (out_dir / "plan.json").write_text(finite_dumps(result, indent=1))
     return result
 
 
