@@ -121,3 +121,26 @@ def test_finite_json_writes_null_for_what_has_no_figure() -> None:
     value = {"a": float("inf"), "b": [1.5, float("nan"), (float("-inf"),)], "c": "inf", "d": 2}
     assert finite(value) == {"a": None, "b": [1.5, None, [None]], "c": "inf", "d": 2}
     assert json.loads(dumps(value)) == {"a": None, "b": [1.5, None, [None]], "c": "inf", "d": 2}
+
+
+@pytest.mark.parametrize("reader", ["prefill_csv", "decode_csv", "aiperf", "vllm", "baseline"])
+def test_a_shadow_file_as_measurements_or_baseline_quotes_none_of_it(reader: str, tmp_path: Path) -> None:
+    from testbed.core.errors import UserError
+    from testbed.metrics.regress import RegressError, load_baseline
+    from testbed.model import measurements
+
+    path = _shadow(tmp_path / "m")
+    read = {"prefill_csv": measurements.read_prefill_csv, "decode_csv": measurements.read_decode_csv,
+            "aiperf": measurements.read_aiperf, "vllm": measurements.read_vllm, "baseline": load_baseline}[reader]
+    with pytest.raises((UserError, RegressError)) as e:
+        read(path)
+    _assert_quotes_nothing(str(e.value))
+    assert str(path) in str(e.value)
+
+
+def test_a_json_lines_file_of_strings_is_named_by_type(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('"SECRETstring"\n["SECRETlist"]\n')
+    rc, text = _run(["trace", "validate", str(path)], capsys)
+    assert rc != 0 and "SECRET" not in text, text
+    assert "expected a JSON object, got a string" in text and "got an array" in text

@@ -26,7 +26,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}")
 _SYNTAX_QUOTE = re.compile(r"'(.{0,2}|<[a-z ]+>)'")
 
 
-def _yaml_problem(path: Path, e: yaml.YAMLError) -> str:
+def yaml_problem(path: Path, e: yaml.YAMLError) -> str:
     """`FILE: not valid YAML (line N, column M: problem)`, the problem kept only when all it
     quotes is syntax (YAML quotes aliases, tags and escapes from the text too)."""
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
@@ -59,7 +59,7 @@ def read_mapping(path: Path, error: type[Exception], what: str = "",
     except InputFileError as e:
         raise error(str(e)) from None
     except yaml.YAMLError as e:
-        raise error(_yaml_problem(path, e)) from None
+        raise error(yaml_problem(path, e)) from None
     except OSError as e:
         raise error(f"{path}: cannot read: {e.strerror}") from None
     if data is None:
@@ -72,7 +72,8 @@ def read_mapping(path: Path, error: type[Exception], what: str = "",
     return data
 
 
-def _loc_text(loc: tuple[int | str, ...]) -> str:
+def loc_text(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as `a.b.0.c`, a part that is no short name shown as `<key>`."""
     parts = [str(x) if isinstance(x, int) or _NAME.fullmatch(str(x)) else "<key>" for x in loc]
     return ".".join(parts) or "(top level)"
 
@@ -92,7 +93,7 @@ def format_validation_error(source: str, what: str, err: ValidationError,
     else:
         lines = [f"{source}: invalid {what} ({n} error{'s' if n != 1 else ''})"]
     for e, origin in zip(errors, origins):
-        lines.append(f"  {origin + ': ' if origin else ''}field '{_loc_text(e['loc'])}': {e['msg']}")
+        lines.append(f"  {origin + ': ' if origin else ''}field '{loc_text(e['loc'])}': {e['msg']}")
     return "\n".join(lines)
 
 

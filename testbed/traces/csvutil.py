@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from testbed.core.limits import MAX_TIMESTAMP_S
+from testbed.config.input_files import quotable_header
 from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import TraceError, TraceRequest
 
@@ -124,19 +125,10 @@ def _norm(name: str) -> str:
     return " ".join(name.split()).casefold()
 
 
-_COLUMN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_ ()./-]{0,39}")
-
-
 def describe_header(columns: Sequence[str], expected: Sequence[str]) -> str:
-    """The header for an error message. It is quoted only where it is recognisably a trace's:
-    at least one expected column, and every column a short name. Any file can be named as a
-    trace (`--trace /etc/shadow` under sudo), and its first line is then not ours to print."""
-    if not columns or columns == [""]:
-        return "empty"
-    have = {_norm(c) for c in columns}
-    if any(_norm(n) in have for n in expected) and all(_COLUMN_NAME.fullmatch(c) for c in columns):
-        return ", ".join(columns)
-    return f"{len(columns)} field{'s' if len(columns) != 1 else ''}, none of them a column it names"
+    """The header for an error message: quoted only where it is recognisably a trace's
+    (`input_files.quotable_header`)."""
+    return quotable_header(columns, expected)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS, MIN_TOKENS
+from testbed.config.input_files import json_kind
 from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
@@ -27,11 +28,6 @@ _SMALL = (1 << 30) - 1  # the largest int CPython compares on its fast path
 def _show(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _json_kind(value: Any) -> str:
-    kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"), (list, "an array"))
-    return next((name for t, name in kinds if isinstance(value, t)), "null")
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -88,7 +84,7 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
                     raise TraceError(_json_error(e)) from None
                 if type(obj) is not dict:
                     # Its type only: a line that is no trace row may be anyone's text.
-                    raise TraceError(f"expected a JSON object, got {_json_kind(obj)}")
+                    raise TraceError(f"expected a JSON object, got {json_kind(obj)}")
                 try:
                     ts = obj["timestamp"]
                     inp = obj["input_length"]
