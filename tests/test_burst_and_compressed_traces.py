@@ -88,3 +88,15 @@ def test_a_corrupt_gzip_trace_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(TraceError) as e:
         load_trace(p)
     assert str(e.value).startswith(f"{p}: gzip-compressed, and it does not decompress") and "\n" not in str(e.value)
+
+
+def test_a_compressed_trace_whose_name_says_no_format_says_it_is_compressed(tmp_path: Path) -> None:
+    from testbed.traces.types import TraceError
+
+    p = tmp_path / "conversation.gz"
+    FORMATS["mooncake"].write(tmp_path / "c.jsonl", _burst_first(), WriteOptions())
+    p.write_bytes(gzip.compress((tmp_path / "c.jsonl").read_bytes()))
+    with pytest.raises(TraceError) as e:
+        load_trace(p)
+    assert str(e.value).startswith(f"{p}: gzip-compressed; unsupported format") and "give --format" in str(e.value)
+    assert len(load_trace(p, "mooncake")) == 12

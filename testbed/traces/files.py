@@ -82,6 +82,17 @@ def _decompressed(path: str | Path, f: io.BufferedReader) -> io.BufferedReader:
     return open(f"/proc/self/fd/{fd}", "rb")
 
 
+def compression(path: str | Path) -> str | None:
+    """"gzip" or "zstd" when the file's first bytes say it is compressed, else None (also when it
+    cannot be read: the reader words that)."""
+    try:
+        with open_regular(path) as f:
+            found = _decompressor(f.peek(4)[:4])
+    except (OSError, InputFileError):
+        return None
+    return None if found is None else found[0]
+
+
 def open_trace(path: str | Path) -> io.BufferedReader:
     """The trace file opened in binary for streaming (no size cap: a trace may be GBs), its
     content decompressed when it is gzip or zstd. Only a regular file: a FIFO would block the

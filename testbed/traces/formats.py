@@ -21,7 +21,7 @@ from testbed.config.input_files import InputFileError, refuse_special
 from testbed.core.kinds import unknown_kind
 from testbed.traces import azure, burstgpt
 from testbed.traces.csvutil import LoadStats, Window, describe_header, read_header, sniff_columns
-from testbed.traces.files import plain_name
+from testbed.traces.files import compression, plain_name
 from testbed.traces.mooncake import MOONCAKE_BLOCK_TOKENS, iter_mooncake, write_mooncake
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
@@ -263,8 +263,10 @@ def detect_format(path: str | Path) -> FormatName:
         expected = [c for f in by_header for c in (f.header or ())]
         raise TraceError(f"unsupported format: the header ({describe_header(look.raw_columns, expected)}) has {has}",
                          path=path, line=1)
+    packed = compression(path)
     raise TraceError(
-        f"unsupported format: cannot tell the format from suffix {look.suffix or '(none)'!r} "
+        (f"{packed}-compressed; " if packed else "")
+        + f"unsupported format: cannot tell the format from suffix {look.suffix or '(none)'!r} "
         f"(.jsonl, .csv, either one .gz or .zst compressed); give --format, one of {', '.join(SUPPORTED_FORMATS)}",
         path=path,
     )
