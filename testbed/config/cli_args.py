@@ -52,7 +52,26 @@ def check_out_dir(path: Path, flag: str = "--out", *, writes: Collection[str] = 
 def out_dir(value: str) -> Path:
     """argparse `type` of an output directory flag (--out DIR): refused while parsing, before any
     work, with the CLI's one-line user error (argparse's own errors would not name the reason)."""
-    return check_out_dir(Path(value))
+    path = check_out_dir(Path(value))
+    probe_writable(path)
+    return path
+
+
+def probe_writable(path: Path, flag: str = "--out") -> None:
+    """UserError unless a directory can be made where `path` is (or in it, when it exists): one
+    is made and removed at once. Permissions alone cannot tell (root passes them; /proc, an
+    immutable directory and a read-only mount refuse root too)."""
+    import tempfile
+
+    base = path
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        return              # a file on the way: the writer words that
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".testbed-probe-", dir=base))
+    except OSError as e:
+        raise UserError(f"{flag} {str(path)!r}: cannot write the output there: {e.strerror or e}") from None
 
 
 def out_file(value: str) -> Path:
