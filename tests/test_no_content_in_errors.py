@@ -125,7 +125,7 @@ def test_finite_json_writes_null_for_what_has_no_figure() -> None:
 def test_a_shadow_file_as_measurements_or_baseline_quotes_none_of_it(reader: str, tmp_path: Path) -> None:
     from testbed.core.errors import UserError
     from testbed.metrics.regress import RegressError, load_baseline
-    from testbed.model import measurements
+    from testbed.hardware import measurements
 
     path = _shadow(tmp_path / "m")
     read = {"prefill_csv": measurements.read_prefill_csv, "decode_csv": measurements.read_decode_csv,

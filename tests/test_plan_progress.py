@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.studies.plan_progress import PlanProgress
+from testbed.studies.plan.plan_progress import PlanProgress
 from testbed.traces.formats import FORMATS, WriteOptions
 from testbed.traces.synthetic import synthetic_trace
-from testbed.core.scenario import WorkloadSpec
+from testbed.core.schema.scenario import WorkloadSpec
 
 
 @pytest.mark.pure

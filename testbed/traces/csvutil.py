@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from testbed.core.limits import MAX_TIMESTAMP_S
+from testbed.core.schema.limits import MAX_TIMESTAMP_S
 from testbed.config.input_files import quotable_header
 from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import TraceError, TraceRequest
