@@ -299,7 +299,7 @@ def test_detection(tmp_path: Path) -> None:
     assert detect_format(_csv(tmp_path, "b.csv", [V2])) == "burstgpt"
     assert detect_format(tmp_path / "x.jsonl") == "mooncake"
     e = _err(_csv(tmp_path, "c.csv", ["time,prompt,completion", "1,2,3"]))
-    assert str(e).startswith(f"{tmp_path / 'c.csv'}:1: unsupported format: the header (time, prompt, completion)")
+    assert str(e).startswith(f"{tmp_path / 'c.csv'}:1: unsupported format: the header (3 fields, none of them a column it names)")
     # An explicit format wins over the suffix.
     assert len(load_trace(_csv(tmp_path, "az.txt", [AZ, "2023-11-16 18:15:46,1,1"]), "azure")) == 1
     assert "cannot open" in str(_err(tmp_path / "missing.csv", "azure"))

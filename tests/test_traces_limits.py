@@ -122,7 +122,7 @@ def test_csv_huge_numbers(tmp_path: Path, header: str, row: str, field: str, fra
 @pytest.mark.parametrize(
     ("header", "fragment"),
     [
-        ("TIMESTAMP,Context\rTokens,GeneratedTokens", "unsupported format: the header (timestamp, context)"),
+        ("TIMESTAMP,Context\rTokens,GeneratedTokens", "unsupported format: the header (TIMESTAMP, Context)"),
         ('"' + "x" * 200_000 + '",a', "bad CSV"),
     ],
 )

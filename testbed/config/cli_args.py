@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,7 +52,26 @@ def check_out_dir(path: Path, flag: str = "--out", *, writes: Collection[str] = 
 def out_dir(value: str) -> Path:
     """argparse `type` of an output directory flag (--out DIR): refused while parsing, before any
     work, with the CLI's one-line user error (argparse's own errors would not name the reason)."""
-    return check_out_dir(Path(value))
+    path = check_out_dir(Path(value))
+    probe_writable(path)
+    return path
+
+
+def probe_writable(path: Path, flag: str = "--out") -> None:
+    """UserError unless a directory can be made where `path` is (or in it, when it exists): one
+    is made and removed at once. Permissions alone cannot tell (root passes them; /proc, an
+    immutable directory and a read-only mount refuse root too)."""
+    import tempfile
+
+    base = path
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        return              # a file on the way: the writer words that
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".testbed-probe-", dir=base))
+    except OSError as e:
+        raise UserError(f"{flag} {str(path)!r}: cannot write the output there: {e.strerror or e}") from None
 
 
 def out_file(value: str) -> Path:
@@ -73,3 +93,13 @@ def add_overwrite(p: argparse.ArgumentParser, what: str = "its output directory"
     p.add_argument(OVERWRITE_FLAG, action="store_true",
                    help=f"replace what a previous command left in {what} (refused without it); a directory "
                         "a live command holds is refused regardless")
+@contextlib.contextmanager
+def unwritable_out(path: Path, flag: str = "--out") -> Iterator[None]:
+    """An OSError while making or writing output directory `path` as one UserError line: its
+    parent may be /proc, read-only, immutable or full, which no check before writing can tell."""
+    try:
+        yield
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and Path(e.filename) != path else ""
+        raise UserError(f"{flag} {str(path)!r}: cannot write the output there{where}: "
+                        f"{e.strerror or e}") from None

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from testbed.core.errors import UserError
@@ -106,3 +108,28 @@ def read_text_capped(path: str | Path, max_bytes: int) -> str:
 
 def _size(n: int) -> str:
     return f"{n / MIB:.4g} MiB" if n >= MIB else f"{n:,} bytes"
+
+
+# What an error may quote of a file that is not recognisably the kind expected: nothing. Any
+# readable file can be named as input (`--trace /etc/shadow` under sudo), and its lines are not
+# ours to print. These say what it is instead.
+_COLUMN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_ ()./-]{0,39}")
+
+
+def quotable_header(columns: Sequence[str], expected: Sequence[str]) -> str:
+    """A CSV header for an error message, quoted only where it is recognisably one of ours: at
+    least one expected column (case and repeated spaces aside), and every column a short name.
+    Otherwise its number of fields."""
+    if not columns or list(columns) == [""]:
+        return "empty"
+    norm = {" ".join(c.split()).casefold() for c in columns}
+    if any(" ".join(n.split()).casefold() in norm for n in expected) and all(_COLUMN_NAME.fullmatch(c) for c in columns):
+        return ", ".join(columns)
+    return f"{len(columns)} field{'s' if len(columns) != 1 else ''}, none of them a column it names"
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is ("a string"), for an error that must not quote it."""
+    kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"), (list, "an array"),
+             (dict, "an object"))
+    return next((name for t, name in kinds if isinstance(value, t)), "null")

@@ -61,6 +61,15 @@ def build_overrides(resolved: dict[str, Any], assignments: Sequence[tuple[str, A
     return out
 
 
+class Overrides(dict[str, Any]):
+    """A sparse override dict that remembers which `--set` gave each dotted path (`origins`),
+    so that an error in a value names the override rather than the scenario file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.origins: dict[str, str] = {}
+
+
 def parse_assignments(pairs: Sequence[str]) -> list[tuple[str, Any]]:
     """`--set a.b=value` pairs as (path, YAML-parsed value), kept flat so that indexed paths can
     be resolved against the scenario."""
@@ -68,7 +77,7 @@ def parse_assignments(pairs: Sequence[str]) -> list[tuple[str, Any]]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise ScenarioError(f"override {pair!r} must look like field.path=value")
+            raise ScenarioError(f"--set {pair!r}: must look like field.path=value")
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as e:
@@ -84,6 +93,14 @@ def overrides_for(name_or_path: str, pairs: Sequence[str]) -> dict[str, Any]:
     from testbed.config.scenarios import load_scenario
 
     assignments = parse_assignments(pairs)
+    out = Overrides()
     if not assignments:
-        return {}
-    return build_overrides(load_scenario(name_or_path).model_dump(mode="json"), assignments)
+        return out
+    resolved = load_scenario(name_or_path).model_dump(mode="json")
+    for pair, (path, value) in zip(pairs, assignments):
+        try:
+            set_path(out, resolved, path, value)
+        except ScenarioError as e:
+            raise ScenarioError(f"--set {pair}: {e}") from None
+        out.origins[path] = f"--set {pair}"
+    return out

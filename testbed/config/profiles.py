@@ -28,4 +28,5 @@ def profile_path(name_or_path: str | Path) -> Path:
 
 def load_profile(name_or_path: str | Path) -> LinkProfile:
     path = profile_path(name_or_path)
-    return validate(LinkProfile, read_mapping(path, ProfileError), str(path), "link profile", ProfileError)
+    data = read_mapping(path, ProfileError, "link profile", tuple(LinkProfile.model_fields))
+    return validate(LinkProfile, data, str(path), "link profile", ProfileError)

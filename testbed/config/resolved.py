@@ -9,7 +9,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict
 
 from testbed.config.profiles import ProfileError, load_profile
-from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
+from testbed.config.scenarios import ScenarioError, load_scenario, override_origins, resolve_path
 from testbed.config.live_path import live_path_costs
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.live_path import LivePathCosts
@@ -48,9 +48,11 @@ class ResolvedScenario(BaseModel):
         return self.model_dump(mode="json")
 
 
-def resolve(spec: Scenario, source: str = "", solve: ThresholdSolver | None = None) -> ResolvedScenario:
-    intra = _profile(spec, "intra_dc", source)
-    inter = _profile(spec, "inter_dc", source)
+def resolve(spec: Scenario, source: str = "", solve: ThresholdSolver | None = None,
+            origins: dict[str, str] | None = None) -> ResolvedScenario:
+    """`origins` (dotted path -> `--set a.b=v`): a link named by an override is blamed on it."""
+    intra = _profile(spec, "intra_dc", source, origins or {})
+    inter = _profile(spec, "inter_dc", source, origins or {})
     threshold: float | None = None
     t = spec.policy.threshold
     if spec.policy.name == "prfaas":
@@ -65,15 +67,16 @@ def resolve(spec: Scenario, source: str = "", solve: ThresholdSolver | None = No
                             live_path=live_path_costs(spec, source))
 
 
-def _profile(spec: Scenario, field: str, source: str) -> LinkProfile:
+def _profile(spec: Scenario, field: str, source: str, origins: dict[str, str]) -> LinkProfile:
     try:
         return load_profile(getattr(spec.links, field))
     except ProfileError as e:
-        raise ProfileError(f"{source or spec.name}: field 'links.{field}': {e}") from None
+        by = origins.get(f"links.{field}") or origins.get("links")
+        raise ProfileError(f"{by or source or spec.name}: field 'links.{field}': {e}") from None
 
 
 def load(name_or_path: str | Path, overrides: dict[str, Any] | None = None,
          solve: ThresholdSolver | None = None) -> ResolvedScenario:
     """Read, merge and validate a scenario file, then resolve it (profiles, threshold)."""
     spec = load_scenario(name_or_path, overrides)
-    return resolve(spec, str(resolve_path(name_or_path)), solve)
+    return resolve(spec, str(resolve_path(name_or_path)), solve, override_origins(overrides))

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from testbed.config.loader import read_mapping, validate as validate_model
+from testbed.config.loader import origin_of, read_mapping, validate as validate_model
 from testbed.core.errors import UserError
 from testbed.core.schema.scenario import ModelProfile, Scenario
 
@@ -20,6 +20,10 @@ PROFILE_SOURCES: dict[str, Path] = {"paper": MODEL_DIR, "aiconfigurator": MODEL_
 
 class ScenarioError(UserError, ValueError):
     """An invalid scenario: the message names the file and each offending field."""
+
+
+# The top-level keys a scenario file (or a part it extends, such as a model profile) may hold.
+_SCENARIO_KEYS = (*Scenario.model_fields, "extends")
 
 
 def resolve_path(name_or_path: str | Path) -> Path:
@@ -53,7 +57,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in seen:
         raise ScenarioError(f"{path}: 'extends' loops back to itself")
-    out = read_mapping(path, ScenarioError)
+    out = read_mapping(path, ScenarioError, "scenario", _SCENARIO_KEYS)
     parents = out.pop("extends", None)
     if parents is not None:
         # One parent, or a list merged left to right (a later one wins), then this file on top:
@@ -69,8 +73,17 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return out
 
 
-def validate(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
-    return validate_model(Scenario, data, source, "scenario", ScenarioError)
+def validate(data: dict[str, Any], source: str = "<scenario>", origins: dict[str, str] | None = None) -> Scenario:
+    """`data` as a Scenario; `origins` (dotted path -> `--set a.b=v`) names the override an
+    error is in instead of `source`."""
+    found = origins or {}
+    return validate_model(Scenario, data, source, "scenario", ScenarioError,
+                          (lambda loc: origin_of(found, loc)) if found else None)
+
+
+def override_origins(overrides: dict[str, Any] | None) -> dict[str, str]:
+    """What `overrides` says of where its values came from (`overrides.Overrides`), else nothing."""
+    return dict(getattr(overrides, "origins", None) or {})
 
 
 def load_scenario(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
@@ -79,7 +92,7 @@ def load_scenario(name_or_path: str | Path, overrides: dict[str, Any] | None = N
     data = _read_raw(path)
     if overrides:
         data = _deep_merge(data, overrides)
-    return validate(data, str(path))
+    return validate(data, str(path), override_origins(overrides))
 
 
 def dump_scenario(sc: Scenario) -> str:

@@ -68,6 +68,12 @@ class LoopbackBackend:
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()
 
+    def exit_code(self, service: str) -> int | None:
+        """How a service's process ended (negative: the signal), None while it runs or in-process."""
+        impl = self._impl
+        p = impl.procs.procs.get(service) if isinstance(impl, LocalBackend) else None
+        return None if p is None else p.poll()
+
     async def host_url(self) -> str:
         return self.deployment.router.url
 

@@ -263,6 +263,11 @@ class NetnsBackend:
                                  wrap=lambda a: nsexec_argv(topo.wan_ns, a))
         return FaultTarget("netns", ProcessNodes(self._procs, argv, request), self, resets)
 
+    def exit_code(self, service: str) -> int | None:
+        """How a service's process ended (negative: the signal), None while it runs."""
+        p = self._procs.procs.get(service)
+        return None if p is None else p.poll()
+
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         if self._client is None:
             raise NetnsError("client namespace is not up")

@@ -150,7 +150,8 @@ NOTES: dict[str, str] = {
     _R + "RunInfo.t_end": "Unix time the run ended.",
     _R + "RunInfo.scale": "speedup and byte_scale in force.",
     _R + "RunInfo.shaping": "How the WAN was shaped: method, profile, MTU, per-direction parameters.",
-    _R + "RunInfo.offered_rate": "Offered rate, paper req/s.",
+    _R + "RunInfo.offered_rate": "Offered rate, paper req/s (1 / mean inter-arrival gap); null when it has none: "
+                                 "fewer than two requests, or all at one instant (a burst).",
     _R + "RunInfo.trace": "Where the workload came from, and how many requests it holds.",
     _R + "RunInfo.threshold": "Routing threshold at the start (tokens).",
     _R + "RunInfo.versions": "Versions of Python, the platform, the testbed and its main libraries "

@@ -97,8 +97,10 @@ def page() -> str:
            table(("key", "type", "what it holds"), [(f"`{r.path}`", r.typename, r.doc) for r in _key_rows(Summary)]), "",
            "## `run.json`", "",
            "Written when the run starts (state `running`), again when the services are up (`shaping`, `t0`) and "
-           "when it ends (`t_end`, state `finished`, `interrupted` or `failed`). Backends add facts of their own "
-           "under `shaping` and `versions`.", "",
+           "when it ends (`t_end`, state `finished`, `interrupted` or `failed`: a live run fails when its router "
+           "stopped answering before the replay ended, and the command then exits non-zero naming it). Backends "
+           "add facts of their own under `shaping` and `versions`. Every JSON file of a run holds finite numbers "
+           "or null, never `Infinity` or `NaN`.", "",
            table(("key", "type", "what it holds"), [(f"`{r.path}`", r.typename, r.doc) for r in _key_rows(RunInfo)]), "",
            "## Schema versions", "",
            f"`summary.json` is at version {summary_file.SUMMARY_VERSION}, `run.json` at {run_file.RUN_VERSION}. "

@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.config.input_files import MAX_CONFIG_BYTES, InputFileError, decode_utf8, open_regular, read_text_capped
+from testbed.config.input_files import (
+    MAX_CONFIG_BYTES, InputFileError, decode_utf8, json_kind, open_regular, quotable_header, read_text_capped,
+)
 from testbed.core.errors import UserError
 from testbed.hardware.calibrate import DecodePoint, PrefillPoint, RequestRecord
 
@@ -142,7 +144,7 @@ def _csv_rows(path: Path, columns: tuple[str, ...], optional: tuple[str, ...]) -
                     names = [c.casefold() for c in cells]
                     for c in columns:
                         if c not in names and c not in optional:
-                            raise MeasurementError(f"missing column (header: {', '.join(cells)}; expected "
+                            raise MeasurementError(f"missing column (header: {quotable_header(cells, columns)}; expected "
                                                    f"{', '.join(columns)})", path=path, line=line, field=c)
                     positions = {c: names.index(c) for c in columns if c in names}
                     continue
@@ -262,10 +264,10 @@ def read_aiperf(path: str | Path, stats: ReadStats | None = None) -> list[Reques
     for line, rec in _json_lines(p):
         try:
             if not isinstance(rec, dict):
-                raise _Bad("(record)", f"expected a JSON object, got {_show(rec)}")
+                raise _Bad("(record)", f"expected a JSON object, got {json_kind(rec)}")
             meta = rec.get("metadata")
             if not isinstance(meta, dict):
-                raise _Bad("metadata", f"expected an object, got {_show(meta)}")
+                raise _Bad("metadata", f"expected an object, got {json_kind(meta)}")
             if meta.get("benchmark_phase", "profiling") != "profiling":
                 st.warmup += 1
                 continue
@@ -274,7 +276,7 @@ def read_aiperf(path: str | Path, stats: ReadStats | None = None) -> list[Reques
                 continue
             metrics = rec.get("metrics")
             if not isinstance(metrics, dict):
-                raise _Bad("metrics", f"expected an object, got {_show(metrics)}")
+                raise _Bad("metrics", f"expected an object, got {json_kind(metrics)}")
             prompt = _tokens(metrics, "input_sequence_length")
             if prompt is None:
                 raise _Bad("metrics.input_sequence_length", "missing")
@@ -368,7 +370,7 @@ def _list(doc: dict[str, Any], name: str, n: int | None) -> list[Any]:
 
 def _vllm_run(p: Path, line: int, run_no: int, doc: object, st: ReadStats) -> list[RequestRecord]:
     if not isinstance(doc, dict):
-        raise _Bad("(document)", f"expected a JSON object, got {_show(doc)}")
+        raise _Bad("(document)", f"expected a JSON object, got {json_kind(doc)}")
     missing = [k for k in _VLLM_LISTS if k not in doc]
     if missing:
         raise _Bad(missing[0], "missing: the per-request lists are saved only by "

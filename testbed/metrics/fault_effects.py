@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.fault_timeline import NODE_KINDS, FaultEvent, Phase
 from testbed.core.record import RequestRecord
 from testbed.metrics.series_format import SeriesPoint
@@ -51,7 +52,7 @@ class FaultLogFile:
                 "kind": ev.kind, "phase": phase, "target": ev.target,
                 "at_s": ev.start_s if phase == "start" else ev.end_s, "detail": detail or {}, "outcome": outcome}
         if not self._fh.closed:
-            self._fh.write(json.dumps(line) + "\n")
+            self._fh.write(finite_dumps(line) + "\n")
             self._fh.flush()
         return line
 

@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from testbed.config.input_files import MAX_CONFIG_BYTES, InputFileError, read_text_capped
+from testbed.config.loader import loc_text, yaml_problem
 from testbed.metrics.artefacts import RunDirError, RunInfo, Summary, read_artefact
 from testbed.metrics.summary import SCHEMA_VERSION
 
@@ -157,13 +158,17 @@ def load_baseline(path: Path) -> Baseline:
     except OSError as e:
         raise RegressError(f"{path}: cannot read baseline: {e.strerror or e}") from None
     except yaml.YAMLError as e:
-        raise RegressError(f"{path}: not valid YAML: {e}") from None
+        raise RegressError(yaml_problem(path, e)) from None
     if not isinstance(raw, dict):
         raise RegressError(f"{path}: a baseline is a mapping with 'metrics:', got {type(raw).__name__}")
+    known = {f.alias or n for n, f in Baseline.model_fields.items()}
+    if raw and not any(k in known for k in raw):      # not ours: quote none of its keys
+        raise RegressError(f"{path}: not a baseline: none of its {len(raw)} top-level keys is one of its fields "
+                           f"({', '.join(sorted(known))})")
     try:
         b = Baseline.model_validate(raw)
     except ValidationError as e:
-        fields = "; ".join(f"field '{'.'.join(str(x) for x in err['loc'])}': {err['msg']}" for err in e.errors())
+        fields = "; ".join(f"field '{loc_text(err['loc'])}': {err['msg']}" for err in e.errors())
         raise RegressError(f"{path}: invalid baseline: {fields}") from None
     if b.schema_ != BASELINE_SCHEMA:
         raise RegressError(f"{path}: baseline schema {b.schema_} is not {BASELINE_SCHEMA}")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple, TextIO
 
 from testbed.core.errors import UserError
+from testbed.core.finite_json import dumps as finite_dumps
 
 log = logging.getLogger("testbed.metrics")
 
@@ -47,13 +48,16 @@ class SeriesPoint:
 by_time = attrgetter("t")
 
 
+_INF = math.inf
+
+
 class TimeseriesError(UserError, ValueError):
     """A malformed time-series line (other than an interrupted run's truncated last line) or file."""
 
 
 def encode_line(ts: float, source: str, s: Sample) -> str:
     """One line, without its newline; `ts` in unix seconds (kept to the microsecond)."""
-    return json.dumps({"ts": round(ts, 6), "source": source, "metric": s.metric, "value": s.value, "labels": s.labels})
+    return finite_dumps({"ts": round(ts, 6), "source": source, "metric": s.metric, "value": s.value, "labels": s.labels})
 
 
 def parse_line(line: str, t0: float = 0.0) -> SeriesPoint:
@@ -227,14 +231,15 @@ class BatchSeriesFile:
         t6 = round(t, 6)        # what the line's "ts" reads back as
         for metric, value, labels in samples:
             v = float(value)
+            vs = repr(v) if -_INF < v < _INF else "null"     # JSON has no inf/nan: null reads back as nan
             if not labels:
-                line(f'{ts}"{metric}", "value": {v!r}, "labels": {{}}}}\n')
+                line(f'{ts}"{metric}", "value": {vs}, "labels": {{}}}}\n')
                 if point is not None:
                     # Points without labels share one empty mapping (nothing writes to a point's labels).
                     point(SeriesPoint(t6, source, metric, v, _NO_LABELS))
                 continue
             if cache is None:
-                line(f'{ts}"{metric}", "value": {v!r}, "labels": {encode_labels(labels)}}}\n')
+                line(f'{ts}"{metric}", "value": {vs}, "labels": {encode_labels(labels)}}}\n')
                 if point is not None:
                     point(SeriesPoint(t6, source, metric, v, {str(k): str(x) for k, x in labels.items()}))
                 continue
@@ -243,7 +248,7 @@ class BatchSeriesFile:
             if known is None:
                 # The points of a label set share its mapping, as they share the empty one.
                 known = cache[key] = (encode_labels(labels), {str(k): str(x) for k, x in labels.items()})
-            line(f'{ts}"{metric}", "value": {v!r}, "labels": {known[0]}}}\n')
+            line(f'{ts}"{metric}", "value": {vs}, "labels": {known[0]}}}\n')
             if point is not None:
                 point(SeriesPoint(t6, source, metric, v, known[1]))
 

@@ -126,6 +126,9 @@ def trace_for(sc: Scenario | None, args: argparse.Namespace) -> Trace:
     if len(tr) == 0:
         raise TraceError("no requests to replay" + (" in the window" if args.window is not None else ""),
                          path=args.trace)
+    if tr.is_burst and args.rate is None:
+        print(f"note: {args.trace}: the {len(tr)} requests selected all arrive at one instant: they are "
+              "sent as one burst, and run.json's offered_rate is null (a burst has no rate)", file=sys.stderr)
     if args.rate is not None:
         tr = at_rate(tr, args.rate, "--rate")
     return tr

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from testbed.config import run_lock
-from testbed.config.cli_args import check_out_dir
+from testbed.config.cli_args import check_out_dir, unwritable_out
+from testbed.run.router_check import RouterLost, router_lost
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
 from testbed.live.replay_stats import ReplayStats
@@ -125,10 +126,11 @@ def owning_run_dir(run_dir: Path) -> Iterator[None]:
 
 
 def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    clear_previous_run(run_dir)
-    (run_dir / "timeseries").mkdir(exist_ok=True)
-    (run_dir / "scenario.yaml").write_text(dump_scenario(rs.spec))
+    with unwritable_out(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        clear_previous_run(run_dir)
+        (run_dir / "timeseries").mkdir(exist_ok=True)
+        (run_dir / "scenario.yaml").write_text(dump_scenario(rs.spec))
 
 
 def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str,
@@ -139,7 +141,7 @@ def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str
         t0=None, t_end=None,
         scale={"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
         shaping=shaping, slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
-        offered_rate=trace.rate if len(trace) > 1 else 0.0,
+        offered_rate=trace.offered_rate,
         trace={"source": trace.source, "requests": len(trace)},
         threshold=rs.threshold, versions=_versions(), interrupted=False,
         state="running", **this_process(),
@@ -284,6 +286,12 @@ async def _run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, b
         finally:
             # The run ends with the last record, not after teardown (compose down takes seconds).
             meta.t_end = now()
+        exit_code = getattr(be, "exit_code", None)
+        lost = await be.run_client(lambda: router_lost(url, exit_code("router") if exit_code else None))
+        if lost is not None:     # the run failed, its records kept: run.json says "failed"
+            logs = run_dir / "logs"
+            raise RouterLost(f"{run_dir}: {lost} ({stats.completed}/{stats.total} completed)"
+                             + (f"; logs in {logs}" if logs.is_dir() else ""))
         replayed = True
     finally:
         # Every step runs even when an earlier one raised (a full disk must not leave the

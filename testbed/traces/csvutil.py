@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from testbed.core.schema.limits import MAX_TIMESTAMP_S
-from testbed.traces.files import open_trace
+from testbed.config.input_files import quotable_header
+from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import TraceError, TraceRequest
 
 # A window start this far into a file (bytes) is found by bisection instead of a scan.
@@ -124,6 +125,12 @@ def _norm(name: str) -> str:
     return " ".join(name.split()).casefold()
 
 
+def describe_header(columns: Sequence[str], expected: Sequence[str]) -> str:
+    """The header for an error message: quoted only where it is recognisably a trace's
+    (`input_files.quotable_header`)."""
+    return quotable_header(columns, expected)
+
+
 @dataclass(frozen=True)
 class CsvHeader:
     path: Path
@@ -144,7 +151,7 @@ class CsvHeader:
                 out[name] = names.index(key)
             elif name in required:
                 raise TraceError(
-                    f"missing column (header: {', '.join(self.columns) or '(empty)'})",
+                    f"missing column (header: {describe_header(self.columns, required)})",
                     path=self.path, line=1, field=name,
                 )
         return out
@@ -401,7 +408,7 @@ def scan(
         if t0 is not None:
             base = t0
             offset, first_line = seek_time(header, lambda row: parse(row)[0] - base, start)
-    stem = path.stem
+    stem = plain_name(path).stem
     ncols = len(header.columns)
     new = object.__new__
     set_id, set_time, set_input, set_output, set_hashes = _SETTERS

@@ -20,7 +20,8 @@ from typing import Final, Literal, Protocol, get_args
 from testbed.config.input_files import InputFileError, refuse_special
 from testbed.core.schema.kinds import unknown_kind
 from testbed.traces import azure, burstgpt
-from testbed.traces.csvutil import LoadStats, Window, sniff_columns
+from testbed.traces.csvutil import LoadStats, Window, describe_header, read_header, sniff_columns
+from testbed.traces.files import compression, plain_name
 from testbed.traces.mooncake import MOONCAKE_BLOCK_TOKENS, iter_mooncake, write_mooncake
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
@@ -56,11 +57,16 @@ class FileLook:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.suffix = self.path.suffix.lower()
+        self.suffix = plain_name(self.path).suffix.lower()   # `x.csv.gz` is a CSV (read decompressed)
 
     @cached_property
     def columns(self) -> list[str]:
         return sniff_columns(self.path)
+
+    @cached_property
+    def raw_columns(self) -> list[str]:
+        """The header's fields as written (for messages)."""
+        return read_header(self.path).columns
 
 
 class TraceFormat(Protocol):
@@ -254,10 +260,13 @@ def detect_format(path: str | Path) -> FormatName:
         wanted = [f"{f.label}'s {'columns ' if i == 0 else ''}({', '.join(f.header or ())})"
                   for i, f in enumerate(by_header)]
         has = ("neither " + " nor ".join(wanted)) if len(wanted) > 1 else f"not {wanted[0]}"
-        raise TraceError(f"unsupported format: the header ({', '.join(look.columns) or 'empty'}) has {has}",
+        expected = [c for f in by_header for c in (f.header or ())]
+        raise TraceError(f"unsupported format: the header ({describe_header(look.raw_columns, expected)}) has {has}",
                          path=path, line=1)
+    packed = compression(path)
     raise TraceError(
-        f"unsupported format: cannot tell the format from suffix {look.suffix or '(none)'!r}; "
-        f"pass format= one of {', '.join(SUPPORTED_FORMATS)}",
+        (f"{packed}-compressed; " if packed else "")
+        + f"unsupported format: cannot tell the format from suffix {look.suffix or '(none)'!r} "
+        f"(.jsonl, .csv, either one .gz or .zst compressed); give --format, one of {', '.join(SUPPORTED_FORMATS)}",
         path=path,
     )

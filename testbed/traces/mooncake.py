@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core.schema.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS, MIN_TOKENS
-from testbed.traces.files import open_trace
+from testbed.config.input_files import json_kind
+from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -59,7 +60,7 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
     checked against the last good one.
     """
     p = Path(path)
-    stem = p.stem
+    stem = plain_name(p).stem
     with open_trace(p) as f:
         t0: int | float | None = None
         prev_ts: int | float = 0
@@ -82,7 +83,8 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
                 except (ValueError, RecursionError) as e:
                     raise TraceError(_json_error(e)) from None
                 if type(obj) is not dict:
-                    raise TraceError(f"expected a JSON object, got {_show(obj)}")
+                    # Its type only: a line that is no trace row may be anyone's text.
+                    raise TraceError(f"expected a JSON object, got {json_kind(obj)}")
                 try:
                     ts = obj["timestamp"]
                     inp = obj["input_length"]

@@ -93,3 +93,16 @@ class Trace:
             return 0.0
         d = self.duration
         return (n - 1) / d if d > 0 else math.inf
+
+    @property
+    def offered_rate(self) -> float | None:
+        """The rate a run records as offered: `rate` where it is a figure, None (JSON null) where
+        it is none: fewer than two requests, or all arriving at one instant (a burst, such as the
+        first rows of a trace that stamps a whole batch with one timestamp)."""
+        r = self.rate
+        return r if len(self.requests) > 1 and math.isfinite(r) else None
+
+    @property
+    def is_burst(self) -> bool:
+        """More than one request, all at one instant."""
+        return len(self.requests) > 1 and self.duration == 0

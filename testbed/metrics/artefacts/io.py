@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from testbed.core.errors import UserError
+from testbed.core.finite_json import dumps as finite_dumps
 
 LEGACY_VERSION = 1   # what a file without `schema_version` is
 
@@ -89,9 +90,9 @@ def read_artefact(path: Path, model: type[A]) -> A:
 
 
 def write_artefact(path: Path, artefact: Artefact, indent: int = 2, atomic: bool = True) -> None:
-    """Write `artefact` as strict JSON (no NaN); `atomic` writes then renames, so a reader never
-    sees half a file."""
-    text = json.dumps(artefact.to_json_dict(), indent=indent, allow_nan=False) + ("\n" if atomic else "")
+    """Write `artefact` as strict JSON, a non-finite float as null; `atomic` writes then renames,
+    so a reader never sees half a file."""
+    text = finite_dumps(artefact.to_json_dict(), indent=indent) + ("\n" if atomic else "")
     path = Path(path)
     if not atomic:
         path.write_text(text)

@@ -14,6 +14,7 @@ from typing import Any
 
 from testbed.config import run_lock
 from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
+from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import Scenario
 from testbed.metrics.records import read_records
@@ -67,7 +68,7 @@ def fidelity(args: argparse.Namespace) -> int:
     res = run_stoppable(run_replay_async(rs, trace_from_workload(sc.workload), out, "local"))
     fig = fidelity_figures(sc, read_records(res.run_dir / "records.csv"))
     fig["run_dir"] = str(res.run_dir)
-    (res.run_dir / "fidelity.json").write_text(json.dumps(fig, indent=1))
+    (res.run_dir / "fidelity.json").write_text(finite_dumps(fig, indent=1))
     if args.json:
         print(json.dumps(fig, indent=1))
     else:

@@ -289,7 +289,7 @@ def write_run(out: Path, rs: ResolvedScenario, trace: Trace, s: PeerSetup, pr: P
                     t_end=max(ends, default=0.0), scale={"speedup": 1.0, "byte_scale": 1.0},
                     shaping={"method": "none", "detail": "Dynamo's mocker: no network model (instant KV transfer)"},
                     slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
-                    offered_rate=trace.rate if len(trace) > 1 else 0.0,
+                    offered_rate=trace.offered_rate,
                     trace={"source": trace.source, "requests": len(trace)}, threshold=None,
                     versions={PACKAGE: version()}, interrupted=False, state="finished", **this_process())
     write_artefact(out / "run.json", meta, indent=1)

@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,6 +27,7 @@ from testbed.config import run_lock
 from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
+from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.scenario import Scenario
@@ -48,6 +50,7 @@ from testbed.model.planner import (
     score_config,
 )
 from testbed.model.workload import TraceWorkload
+from testbed.studies.plan.plan_progress import PlanProgress
 from testbed.studies.plan.plan_report import Rows, key, report_md, scenario_file, slug, write_plan_file
 from testbed.studies.plan.plan_sim import (
     NOT_VERIFIED,
@@ -239,21 +242,29 @@ def budget_for(kind: Kind, base: Scenario, budgets: dict[str | None, dict[str, i
     return budget, ", ".join(parts), note
 
 
-def search(fam: Family, trace: Trace, settings: PlanSettings) -> tuple[FamilyPlan, Workload]:
+def search(fam: Family, trace: Trace, settings: PlanSettings,
+           step: Callable[[str], None] = lambda _: None) -> tuple[FamilyPlan, Workload]:
     """The family's ranked candidates on its workload; a threshold kind searches twice, the second
     time with the prefix cache replayed under the first search's best threshold."""
+    step(f"replaying the {fam.kind} prefix cache over the trace")
     wl = family_workload(fam, trace).model_workload()
+    step(f"searching the {fam.kind} deployments")
     fp = plan_family(fam, wl, settings)
     if kind_pools(fam.kind).threshold and fp.candidates:
+        step(f"replaying the {fam.kind} prefix cache under threshold {fp.candidates[0].threshold:,.0f}")
         wl = family_workload(fam, trace, fp.candidates[0].threshold).model_workload()
+        step(f"searching the {fam.kind} deployments again")
         fp = plan_family(fam, wl, settings)
     return fp, wl
 
 
 def rescored(fam: Family, wl: Workload, trace: Trace, settings: PlanSettings, cands: Sequence[Candidate],
-             cache_aware: bool) -> list[Candidate]:
+             cache_aware: bool, step: Callable[[str], None] = lambda _: None) -> list[Candidate]:
     """Candidates scored on their own routing (`planner.score_config`), ranked by the model."""
-    out = [score_config(fam, wl, trace, settings, c.n_prfaas, c.n_p, c.n_d, c.threshold, cache_aware) for c in cands]
+    out = []
+    for i, c in enumerate(cands, 1):
+        step(f"scoring {fam.kind} deployment {i} of {len(cands)} on its own routing")
+        out.append(score_config(fam, wl, trace, settings, c.n_prfaas, c.n_p, c.n_d, c.threshold, cache_aware))
     return sorted(out, key=lambda c: objective_key(c, settings.objective))
 
 
@@ -274,10 +285,14 @@ def reference(fam: Family, base: Base, wl: Workload, trace: Trace, settings: Pla
     return c, f"{base.name} ({how})"
 
 
-def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto") -> dict[str, Any]:
-    """The whole command without printing: returns plan.json's content. `simulate`: "auto" uses
-    the sim backend when it exists (unless --no-sim); None never simulates; a callable is used as is."""
+def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
+             progress: PlanProgress | None = None) -> dict[str, Any]:
+    """The whole command; returns plan.json's content. `simulate`: "auto" uses the sim backend
+    when it exists (unless --no-sim); None never simulates; a callable is used as is. `progress`
+    hears each step (None: silent)."""
     from testbed.traces.loader import load_trace
+
+    step = progress if progress is not None else PlanProgress(quiet=True)
 
     t0 = time.monotonic()
     if args.top < 1 or args.refine < 0:
@@ -291,6 +306,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         raise PlanError("no kind left to plan")
     budgets = parse_budget(args.budget)
     trace_path = Path(args.trace)
+    step(f"loading the trace {trace_path}")
     trace: Trace = load_trace(trace_path, args.format, window=args.window)
     if len(trace) < 2:
         raise PlanError(f"{trace_path}: {len(trace)} request(s){' in the window' if args.window else ''}; "
@@ -302,6 +318,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         tpot_slo_s=args.tpot_slo if args.tpot_slo is not None else first.slo.tpot_s,
         objective=args.objective, link_bps=link_bps, link_delay_s=delay,
     )
+    step(f"measuring the workload of {len(trace):,} requests (prefix reuse, lengths)")
     tw0 = TraceWorkload.from_trace(trace, KVModel.from_spec(first.model))
     cache_aware = tw0.cached_share > 0
     out_dir: Path = args.out or Path("runs") / f"plan-{trace_path.stem}"
@@ -325,12 +342,14 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         if note:
             notes.append(note)
         fam = family_for(kind, base.spec, budget, args.vary_counts)
-        fp, wl = search(fam, trace, settings)
+        fp, wl = search(fam, trace, settings, step)
         n = max(pool, args.top)
-        fp = replace(fp, candidates=(*rescored(fam, wl, trace, settings, fp.candidates[:n], cache_aware),
+        fp = replace(fp, candidates=(*rescored(fam, wl, trace, settings, fp.candidates[:n], cache_aware, step),
                                      *fp.candidates[n:]))
         plans.append(fp)
         workloads[kind] = wl
+        if base.spec.policy.name == fam.kind:
+            step(f"scoring {base.name} as it stands")
         if (ref := reference(fam, base, wl, trace, settings, link_bps)) is not None:
             refs[kind] = ref
 
@@ -345,9 +364,11 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
             rows.append((c, path, slug(c)))
     if sim is not None:
         rows += [(c, bases[kind].path, bases[kind].name) for kind, (c, _) in refs.items()]
+        step(f"simulating {len({name for _, _, name in rows})} deployments")
     done, why = simulate_rows(rows, trace_path, sim, settings) if rows or sim is None else ({}, None)
     fewest: list[Candidate] = []
     if args.vary_counts:
+        step("finding the smallest deployments that meet the SLOs")
         for fp in plans:
             c_few = _fewest(fp, workloads[fp.family.kind], trace, settings, cache_aware, sim if why is None else None,
                             done, trace_path, cand_dir, bases[fp.family.kind])
@@ -374,6 +395,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         references[i] = (r, f"{how}; would rank {pos} of {len(ranked) + 1}")
     fewest = [done.get(slug(c), c) for c in fewest]
 
+    step(f"writing the plan to {out_dir}")
     files: dict[tuple[Any, ...], str] = {}
     for fp in plans:
         kind = fp.family.kind
@@ -418,7 +440,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         "simulated": {name: c.to_dict() for name, c in done.items()},
         "out": str(out_dir), "seconds": time.monotonic() - t0,
     }
-    (out_dir / "plan.json").write_text(json.dumps(result, indent=1))
+    (out_dir / "plan.json").write_text(finite_dumps(result, indent=1))
     return result
 
 
@@ -453,11 +475,16 @@ def _fewest(fp: FamilyPlan, wl: Workload, trace: Trace, settings: PlanSettings, 
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    progress = PlanProgress()
     try:
-        res = run_plan(args)
+        with progress:
+            res = run_plan(args, progress=progress)
     except (PlanError, ScenarioError) as e:
         print(f"plan: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:       # Ctrl-C, or the SIGTERM the CLI turns into one
+        print(progress.interrupted(), file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
