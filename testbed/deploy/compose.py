@@ -28,6 +28,7 @@ from testbed.core.scenario import Scenario
 from testbed.core.topology import node_specs
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError, every_step
+from testbed.deploy.host_capacity import CONTAINER_HEALTH_TIMEOUT_S
 from testbed.deploy.cleanup import ctl_dir, remove_compose_project
 from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LABEL, ContainerState, Engine, connect,
                                    try_connect)
@@ -285,7 +286,7 @@ class ComposeBackend:
         return {c.labels.get(COMPOSE_SERVICE, c.name): c
                 for c in self.engine.containers(f"{COMPOSE_PROJECT}={self.project}")}
 
-    def _wait_healthy(self, timeout: float = 300.0) -> None:
+    def _wait_healthy(self, timeout: float = CONTAINER_HEALTH_TIMEOUT_S) -> None:
         import time
         want = set(self.lay["hosts"]) | {"wan"}
         deadline = time.monotonic() + timeout

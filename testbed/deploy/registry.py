@@ -21,6 +21,7 @@ from testbed.core.errors import UserError
 from testbed.core.faults import datacenters
 from testbed.core.scenario import NODE_FAULTS
 from testbed.deploy.base import Backend
+from testbed.deploy.host_capacity import CONTAINER_HEALTH_TIMEOUT_S, PROCESS_HEALTH_TIMEOUT_S
 from testbed.deploy.preflight import compose_host, netns_host, swarm_host
 
 if TYPE_CHECKING:
@@ -65,6 +66,10 @@ class BackendEntry:
     # What this host must have for the backend (root, a tool, an engine): raises a UserError
     # naming what is missing, before a run prints or writes anything.
     preflight: Callable[[], None] = lambda: None
+    # Processes of this host a deployment runs beyond one per node and the router (a WAN router),
+    # and how long the backend waits for all of them to answer (its health timeout); None: its
+    # services do not run as processes of this host (in-process, a swarm's nodes, the simulator).
+    host_services: tuple[int, float] | None = None
 
     def create(self, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
                host_port: int | None = None) -> Backend:
@@ -108,6 +113,22 @@ def get(name: str) -> BackendEntry:
 def check_host(name: str) -> None:
     """UserError naming what backend `name` lacks on this host (its entry's `preflight`)."""
     get(name).preflight()
+
+
+def check_capacity(name: str, scenarios: Iterable[ResolvedScenario], force: bool = False) -> None:
+    """UserError with the figures when a deployment of one of `scenarios` on backend `name` would
+    not fit this host (`testbed.deploy.host_capacity`); `force` (--force-capacity) skips it."""
+    from testbed.core.topology import node_specs
+    from testbed.deploy.host_capacity import check, need_of
+
+    e = get(name)
+    if e.host_services is None or force:
+        return
+    extra, budget = e.host_services
+    for rs in scenarios:
+        specs = node_specs(rs.spec)
+        decode = sum(s.role == "decode" for s in specs)
+        check(need_of(len(specs) + 1 + extra, decode, len(specs) - decode, rs.spec.transfer.connections, budget, name))
 
 
 def sweepers(root: bool = True) -> list[Sweeper]:
@@ -300,11 +321,12 @@ register(BackendEntry(
     "netns", "a namespace per service and shaped WAN links (root)",
     Capabilities(wan_shaping=True, link_schedules=True, node_faults=True, link_faults=True, needs_root=True,
                  can_hold=True),
-    _netns, auto_rank=0, unavailable=_no_namespaces, leftovers=_sweep_namespaces, preflight=netns_host))
+    _netns, auto_rank=0, unavailable=_no_namespaces, leftovers=_sweep_namespaces, preflight=netns_host,
+    host_services=(1, PROCESS_HEALTH_TIMEOUT_S)))
 register(BackendEntry(
     "compose", "one container per service, a WAN router container (Docker)",
     Capabilities(wan_shaping=True, node_faults=True, link_faults=True, needs_docker=True, can_hold=True),
-    _compose, leftovers=_sweep_docker, preflight=compose_host))
+    _compose, leftovers=_sweep_docker, preflight=compose_host, host_services=(1, CONTAINER_HEALTH_TIMEOUT_S)))
 register(BackendEntry(
     "swarm", "the compose deployment as a Docker Swarm stack, each datacenter on the nodes labelled for it "
              "(root, a swarm manager)",
@@ -313,7 +335,7 @@ register(BackendEntry(
 register(BackendEntry(
     "local", "one process per service on loopback",
     Capabilities(node_faults=True, can_hold=True), loopback_factory("local", processes=True), auto_rank=1,
-    leftovers=_sweep_processes))
+    leftovers=_sweep_processes, host_services=(0, PROCESS_HEALTH_TIMEOUT_S)))
 register(BackendEntry(
     "inproc", "all in this process",
     Capabilities(can_hold=True), loopback_factory("inproc", processes=False)))
