@@ -117,6 +117,9 @@ class NetnsBackend:
         self._extra = dict(extra or {})
         self._host_port = host_port
         self._forwarder: NetnsForwarder | None = None
+        # Set when the start is interrupted: the threads building the network and spawning the
+        # services stop at their next step, so that the teardown does not race them.
+        self._halt = threading.Event()
 
     # -- facts ----------------------------------------------------------------------------
     def shaping(self) -> dict[str, Any]:
@@ -146,13 +149,25 @@ class NetnsBackend:
     async def start(self) -> None:
         need_root("the netns backend (a network namespace per service)", "give --backend local")
         try:
-            await asyncio.to_thread(self._build)
-            await asyncio.to_thread(self._spawn_all)
+            await self._in_thread(self._build)
+            await self._in_thread(self._spawn_all)
             self._client = NetnsLoop(self.topo.host(CLIENT_HOST).netns)  # type: ignore[union-attr]
             self._client.__enter__()
             await self._wait_healthy()
         except BaseException:
             await self.stop()
+            raise
+
+    async def _in_thread(self, fn: Callable[[], None]) -> None:
+        """`fn` in a worker thread. Cancelled (Ctrl-C, SIGTERM), the thread runs on until its next
+        check of `_halt`: wait for it, so that the teardown after this sees every namespace and
+        process it made, and none is made after the teardown ran."""
+        work = asyncio.ensure_future(asyncio.to_thread(fn))
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            self._halt.set()
+            await asyncio.gather(work, return_exceptions=True)
             raise
 
     def _build(self) -> None:
@@ -169,7 +184,7 @@ class NetnsBackend:
              "dcs": {d.name: {"subnet": d.subnet, "gateway": d.gateway, "index": d.index} for d in self.topo.dcs}},
             indent=1))
         with Executor() as ex:
-            ex.apply(plan_up(self.topo))
+            ex.apply(plan_up(self.topo), self._halt)
 
     def _spawn(self, key: str, netns: str, argv: list[str]) -> None:
         self._procs.spawn(key, nsexec_argv(netns, argv))
@@ -181,6 +196,8 @@ class NetnsBackend:
             self._control = start_delayline(self._procs, self.topo, self.run_dir,
                                             self.run_dir / "timeseries" / "delayline.jsonl")
         for nid, n in self.deployment.nodes.items():
+            if self._halt.is_set():
+                return
             self._spawn(nid, self.topo.host(nid).netns, serve_argv(n.role, dep_file, nid))
         self._spawn("router", self.topo.host(ROUTER_HOST).netns, serve_argv("router", dep_file, "router"))
 

@@ -266,6 +266,9 @@ async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, ba
             # The run ends with the last record, not after teardown (compose down takes seconds).
             meta.t_end = now()
         replayed = True
+    except asyncio.CancelledError:     # Ctrl-C or SIGTERM, during the start-up too
+        interrupted = True
+        raise
     finally:
         # Every step runs even when an earlier one raised (a full disk must not leave the
         # services running), services first; a second Ctrl-C cannot cut the teardown short.
