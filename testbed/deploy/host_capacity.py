@@ -137,34 +137,37 @@ def _meminfo(key: str) -> int | None:
     return None
 
 
-def _cgroup_dirs(controller: str) -> list[Path]:
+def cgroup_dirs(controller: str, membership: str | None = None, root: Path = CGROUP_ROOT) -> list[Path]:
     """This process's cgroup directory for `controller` and its ancestors up to the mount (a
-    limit may sit on any of them); v2's unified hierarchy, else v1's controller hierarchy."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
+    limit may sit on any of them): v1's hierarchy of that controller where there is one, else
+    v2's unified one. `membership`: /proc/self/cgroup's text."""
+    if membership is None:
+        try:
+            membership = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            return []
+    found: dict[str, Path] = {}
+    for line in membership.splitlines():
         num, _, rest = line.partition(":")
         ctrls, _, path = rest.partition(":")
-        if num == "0" and ctrls == "" and (CGROUP_ROOT / "cgroup.controllers").exists():
-            base = CGROUP_ROOT
-        elif controller in ctrls.split(","):
-            base = CGROUP_ROOT / controller
-        else:
-            continue
-        d = base / path.lstrip("/")
-        out = []
-        while True:
-            out.append(d)
-            if d == base or base not in d.parents:
-                break
-            d = d.parent
-        return out
-    return []
+        if controller in ctrls.split(","):
+            found["v1"] = root / controller / path.lstrip("/")
+        elif num == "0" and ctrls == "" and (root / "cgroup.controllers").exists():
+            found["v2"] = root / path.lstrip("/")
+    start = found.get("v1") or found.get("v2")
+    if start is None:
+        return []
+    base = root / controller if "v1" in found else root
+    out = []
+    d = start
+    while True:
+        out.append(d)
+        if d == base or base not in d.parents:
+            return out
+        d = d.parent
 
 
-def _memory_headroom(d: Path) -> tuple[int, str] | None:
+def memory_headroom(d: Path) -> tuple[int, str] | None:
     """Limit minus usage of one cgroup (v2 memory.max/current; v1 limit/usage less reclaimable
     page cache), or None without a limit there."""
     limit = _read_int(d / "memory.max")
@@ -186,8 +189,8 @@ def _memory_headroom(d: Path) -> tuple[int, str] | None:
 def _memory() -> Limit:
     avail = _meminfo("MemAvailable")
     best = Limit(avail if avail is not None else 1 << 62, "MemAvailable")
-    for d in _cgroup_dirs("memory"):
-        h = _memory_headroom(d)
+    for d in cgroup_dirs("memory"):
+        h = memory_headroom(d)
         if h is not None and h[0] < best.value:
             best = Limit(max(0, h[0]), h[1])
     return best
@@ -215,7 +218,7 @@ def _tasks() -> Limit | None:
     if soft != resource.RLIM_INFINITY and os.geteuid() != 0:
         used = _user_tasks(os.getuid())
         best = Limit(soft - used, f"RLIMIT_NPROC {soft} ({used} in use by this user)")
-    for d in _cgroup_dirs("pids"):
+    for d in cgroup_dirs("pids"):
         limit = _read_int(d / "pids.max")
         if limit is None:
             continue
