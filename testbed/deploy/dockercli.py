@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 from testbed.deploy.base import BackendError
@@ -18,11 +20,17 @@ from testbed.deploy.base import BackendError
 CLI_TIMEOUT_S = 300.0
 
 
-def run(cmd: list[str], timeout: float = CLI_TIMEOUT_S, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run a CLI command; BackendError with its output when it cannot run, times out or (check) fails."""
+def run(cmd: list[str], timeout: float = CLI_TIMEOUT_S, check: bool = True,
+        halt: threading.Event | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a CLI command; BackendError with its output when it cannot run, times out or (check) fails.
+    Once `halt` is set, the command is stopped (SIGTERM, which `compose up` answers by creating
+    nothing more) and BackendError raised: an interrupted start-up does not wait for it."""
     what = " ".join(cmd[:4]) + ("..." if len(cmd) > 4 else "")
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if halt is None:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        else:
+            r = _run_halting(cmd, timeout, halt, what)
     except FileNotFoundError:
         raise BackendError(f"{what}: {cmd[0]} is not installed") from None
     except subprocess.TimeoutExpired:
@@ -30,6 +38,27 @@ def run(cmd: list[str], timeout: float = CLI_TIMEOUT_S, check: bool = True) -> s
     if check and r.returncode != 0:
         raise BackendError(f"{what} failed ({r.returncode}):\n{(r.stderr or r.stdout)[-2000:]}")
     return r
+
+
+def _run_halting(cmd: list[str], timeout: float, halt: threading.Event, what: str) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + timeout
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        while True:
+            try:
+                out, err = p.communicate(timeout=0.2)
+                return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                pass
+            if halt.is_set() or time.monotonic() > deadline:
+                p.terminate()
+                try:
+                    p.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.communicate()
+                if halt.is_set():
+                    raise BackendError(f"{what}: stopped (interrupted)")
+                raise subprocess.TimeoutExpired(cmd, timeout)
 
 
 def compose_cli() -> list[str]:
@@ -43,9 +72,9 @@ def compose_cli() -> list[str]:
 
 
 def compose(cli: list[str], project: str, file: Path, *args: str, timeout: float = CLI_TIMEOUT_S,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+            check: bool = True, halt: threading.Event | None = None) -> subprocess.CompletedProcess[str]:
     """`COMPOSE -p PROJECT -f FILE ARGS...` (up, down)."""
-    return run([*cli, "-p", project, "-f", str(file), *args], timeout=timeout, check=check)
+    return run([*cli, "-p", project, "-f", str(file), *args], timeout=timeout, check=check, halt=halt)
 
 
 def stack_deploy(file: Path, project: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:

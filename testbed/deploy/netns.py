@@ -19,7 +19,7 @@ from testbed.core.linkprofile import LinkParams, LinkProfile, schedule_wire
 from testbed.core.scaling import Scale
 from testbed.core.scenario import Scenario
 from testbed.core.topology import local_dc, node_specs
-from testbed.deploy.base import every_step
+from testbed.deploy.base import every_step, in_thread_halting
 from testbed.deploy.faults import (
     FaultScheduler, FaultTarget, InjectorProcess, ProcessNodes, http_json, start_faults,
 )
@@ -149,25 +149,13 @@ class NetnsBackend:
     async def start(self) -> None:
         need_root("the netns backend (a network namespace per service)", "give --backend local")
         try:
-            await self._in_thread(self._build)
-            await self._in_thread(self._spawn_all)
+            await in_thread_halting(self._build, self._halt)
+            await in_thread_halting(self._spawn_all, self._halt)
             self._client = NetnsLoop(self.topo.host(CLIENT_HOST).netns)  # type: ignore[union-attr]
             self._client.__enter__()
             await self._wait_healthy()
         except BaseException:
             await self.stop()
-            raise
-
-    async def _in_thread(self, fn: Callable[[], None]) -> None:
-        """`fn` in a worker thread. Cancelled (Ctrl-C, SIGTERM), the thread runs on until its next
-        check of `_halt`: wait for it, so that the teardown after this sees every namespace and
-        process it made, and none is made after the teardown ran."""
-        work = asyncio.ensure_future(asyncio.to_thread(fn))
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            self._halt.set()
-            await asyncio.gather(work, return_exceptions=True)
             raise
 
     def _build(self) -> None:
