@@ -11,9 +11,10 @@ import pytest
 from procinfo import pids_naming
 
 from testbed.config.overrides import overrides_for
+from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
 from testbed.deploy import host_capacity as hc
-from testbed.deploy.registry import check_capacity
+from testbed.deploy.registry import check_capacity, refusal
 from testbed.studies.load import load
 
 pytestmark = pytest.mark.pure
@@ -56,8 +57,8 @@ def test_process_and_open_file_limits() -> None:
     assert len(short) == 1 and "processes: 30 services x" in short[0] and "pids.max" in short[0]
     assert hc.shortfalls(_need(25), _host(tasks=100)) == []
     # 1,000 decode nodes, 4 KV connections each from every prefill node
-    (short,) = hc.shortfalls(hc.need_of(1010, 1000, 9, 4, 1e9, "local"), _host(memory=1000 * GB, nofile=1024))
-    assert short.startswith(f"open files: the busiest service may hold {hc.BASE_FDS + 4000}")
+    (files,) = hc.shortfalls(hc.need_of(1010, 1000, 9, 4, 1e9, "local"), _host(memory=1000 * GB, nofile=1024))
+    assert files.startswith(f"open files: the busiest service may hold {hc.BASE_FDS + 4000}")
 
 
 def test_the_refusal_is_one_line_with_every_figure_and_the_flag() -> None:
@@ -79,6 +80,18 @@ def test_the_registry_counts_every_service_of_the_scenario() -> None:
         check_capacity("netns", [rs])
     check_capacity("local", [rs], force=True)
     check_capacity("inproc", [rs])        # one process: no service processes to count
+
+
+def test_netns_refuses_more_hosts_than_a_datacenter_subnet_holds() -> None:
+    """A hard limit, forced or not: before, 4,096 decode nodes on netns ended in a traceback
+    from the topology builder after the run had begun."""
+    def rs(decode: int) -> ResolvedScenario:
+        return load("paper-prfaas", overrides_for("paper-prfaas", [f"clusters.1.decode={decode}"]))
+    # the local cluster's 3 prefill nodes, the router and the client share the decode nodes' /24
+    assert refusal("netns", rs(240)) is None
+    why = refusal("netns", rs(241))        
+    assert why is not None and "'dc-local' would hold 246 hosts, and at most 245 fit" in why
+    assert refusal("local", rs(4096)) is None
 
 
 def test_cgroup_v2_headroom_and_the_tightest_ancestor(tmp_path: Path) -> None:

@@ -70,6 +70,9 @@ class BackendEntry:
     # and how long the backend waits for all of them to answer (its health timeout); None: its
     # services do not run as processes of this host (in-process, a swarm's nodes, the simulator).
     host_services: tuple[int, float] | None = None
+    # A limit of the backend's own on a scenario's size (netns: hosts per datacenter subnet):
+    # why it cannot run `rs`, or None. A hard limit, checked with the capabilities.
+    size_limit: Callable[[ResolvedScenario], str | None] = lambda rs: None
 
     def create(self, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
                host_port: int | None = None) -> Backend:
@@ -251,6 +254,8 @@ def requests(rs: ResolvedScenario) -> list[Request]:
 def refusal(backend: str, rs: ResolvedScenario) -> str | None:
     """Why `backend` cannot honour `rs` (the first field it cannot), or None."""
     e = get(backend)
+    if (why := e.size_limit(rs)) is not None:
+        return f"scenario {rs.name!r} on the {e.name} backend: {why}"
     for r in requests(rs):
         if not r.need(e.caps):
             able = names(r.need) or ["none"]
@@ -275,6 +280,21 @@ def _no_namespaces() -> str | None:
         return "not root"
     if not Path("/var/run/netns").exists() and not os.access("/var/run", os.W_OK):
         return "cannot create network namespaces"
+    return None
+
+
+def _netns_size(rs: ResolvedScenario) -> str | None:
+    from collections import Counter
+
+    from testbed.core.topology import local_dc, node_specs
+    from testbed.net.topology import HOST_FIRST
+
+    per_dc = Counter(s.datacenter for s in node_specs(rs.spec))
+    per_dc[local_dc(rs.spec)] += 2          # the router and the client beside the decode cluster
+    most = 255 - HOST_FIRST
+    dc, n = per_dc.most_common(1)[0]
+    if n > most:
+        return f"datacenter {dc!r} would hold {n} hosts, and at most {most} fit in its /24 subnet"
     return None
 
 
@@ -322,7 +342,7 @@ register(BackendEntry(
     Capabilities(wan_shaping=True, link_schedules=True, node_faults=True, link_faults=True, needs_root=True,
                  can_hold=True),
     _netns, auto_rank=0, unavailable=_no_namespaces, leftovers=_sweep_namespaces, preflight=netns_host,
-    host_services=(1, PROCESS_HEALTH_TIMEOUT_S)))
+    host_services=(1, PROCESS_HEALTH_TIMEOUT_S), size_limit=_netns_size))
 register(BackendEntry(
     "compose", "one container per service, a WAN router container (Docker)",
     Capabilities(wan_shaping=True, node_faults=True, link_faults=True, needs_docker=True, can_hold=True),
