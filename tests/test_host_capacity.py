@@ -136,3 +136,24 @@ def test_the_cli_refuses_with_exit_2_and_starts_nothing(tmp_path: Path) -> None:
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "12289 services" in lines[0] and "--force-capacity" in lines[0], r.stderr
     assert not out.exists() and pids_naming(str(out)) == []
+
+
+def test_the_start_stops_when_memory_runs_short_as_services_grow() -> None:
+    """The guard between spawns counts what the services just started will still take (a fresh
+    process holds little of its 70 MB), not only what is taken now."""
+    mb = hc.MB
+    fresh = {1: 5 * mb, 2: 5 * mb, 3: hc.SERVICE_BYTES + 10 * mb}      # two just spawned, one grown
+    growing = hc.still_to_grow([1, 2, 3, 4], fresh.get)                 # 4: gone (counts as grown)
+    assert growing == 2 * (hc.SERVICE_BYTES - 5 * mb)
+    room = growing + 8 * hc.SERVICE_BYTES + hc.RESERVE_BYTES
+    assert hc.start_shortfall(4, 100, hc.Limit(room, "MemAvailable"), growing, 8) is None
+    why = hc.start_shortfall(4, 100, hc.Limit(room - 1, "MemAvailable"), growing, 8)
+    assert why is not None and why.startswith("memory ran short while starting services: 4 of 100 started")
+    assert "\n" not in why and f"{growing // mb} MB still to be taken" in why
+
+
+def test_a_running_process_has_a_resident_size() -> None:
+    import os
+
+    assert (hc.resident_bytes(os.getpid()) or 0) > 1 << 20
+    assert hc.resident_bytes(2 ** 22 + 7) is None

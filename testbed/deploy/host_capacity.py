@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.core.errors import UserError
+from testbed.deploy.base import BackendError
 
 FORCE_FLAG = "--force-capacity"
 MB = 1 << 20
@@ -241,3 +243,57 @@ def check(need: Need, force: bool = False, host: Host | None = None) -> None:
     why = refusal(need, host or read_host())
     if why is not None:
         raise UserError(why)
+
+
+# -- while services start ------------------------------------------------------------------
+
+# How often the start-up looks at the memory again (every this many services): each look reads
+# every started service's resident size, so looking at every spawn would cost N^2 /proc reads.
+GUARD_EVERY = 8
+
+
+def resident_bytes(pid: int) -> int | None:
+    """Resident set of a running process (/proc/PID/statm), or None when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def still_to_grow(pids: list[int], read: Callable[[int], int | None] = resident_bytes) -> int:
+    """Memory the started services will still take: each one up to SERVICE_BYTES from what it
+    holds now (a service just spawned holds little, and takes its 70 MB within a second)."""
+    return sum(max(0, SERVICE_BYTES - (read(p) or SERVICE_BYTES)) for p in pids)
+
+
+def start_shortfall(started: int, total: int, available: Limit, growing: int, next_batch: int) -> str | None:
+    """Why the start-up must stop before the next `next_batch` services (None: it may go on): what
+    is available now, less what the started ones will still take and the next ones need, must
+    leave the reserve. Checked even with --force-capacity: this is the host's memory as it is,
+    not an estimate, and past it the kernel kills a service or the runner itself."""
+    need = growing + next_batch * SERVICE_BYTES + RESERVE_BYTES
+    if need <= available.value:
+        return None
+    return (f"memory ran short while starting services: {started} of {total} started, {available.value // MB} MB "
+            f"available ({available.source}), {growing // MB} MB still to be taken by those starting, "
+            f"{next_batch} more x {SERVICE_BYTES // MB} MB and {RESERVE_BYTES // MB} MB reserve needed; "
+            "the services started were stopped")
+
+
+class StartGuard:
+    """Looked at before each service a backend spawns; BackendError when memory runs short."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.pids: list[int] = []
+
+    def before(self) -> None:
+        n = len(self.pids)
+        if n % GUARD_EVERY:
+            return
+        why = start_shortfall(n, self.total, _memory(), still_to_grow(self.pids), min(GUARD_EVERY, self.total - n))
+        if why is not None:
+            raise BackendError(why)
+
+    def started(self, pid: int) -> None:
+        self.pids.append(pid)

@@ -23,6 +23,7 @@ from testbed.deploy.base import every_step, in_thread_halting
 from testbed.deploy.faults import (
     FaultScheduler, FaultTarget, InjectorProcess, ProcessNodes, http_json, start_faults,
 )
+from testbed.deploy.host_capacity import StartGuard
 from testbed.deploy.local import serve_argv, wait_healthy
 from testbed.net.procs import ProcessGroup
 from testbed.live.clock import sleep_until
@@ -183,11 +184,14 @@ class NetnsBackend:
         if self.method == "fallback":
             self._control = start_delayline(self._procs, self.topo, self.run_dir,
                                             self.run_dir / "timeseries" / "delayline.jsonl")
-        for nid, n in self.deployment.nodes.items():
+        guard = StartGuard(len(self.deployment.nodes) + 1)
+        for nid, n in [*self.deployment.nodes.items(), ("router", None)]:
             if self._halt.is_set():
                 return
-            self._spawn(nid, self.topo.host(nid).netns, serve_argv(n.role, dep_file, nid))
-        self._spawn("router", self.topo.host(ROUTER_HOST).netns, serve_argv("router", dep_file, "router"))
+            guard.before()
+            host = ROUTER_HOST if n is None else nid
+            self._spawn(nid, self.topo.host(host).netns, serve_argv(n.role if n else "router", dep_file, nid))
+            guard.started(self._procs.procs[nid].pid)
 
     async def _wait_healthy(self) -> None:
         urls = {"router": self.deployment.router.url, **{k: v.http.url for k, v in self.deployment.nodes.items()}}
