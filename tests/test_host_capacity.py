@@ -157,3 +157,4 @@ def test_a_running_process_has_a_resident_size() -> None:
 
     assert (hc.resident_bytes(os.getpid()) or 0) > 1 << 20
     assert hc.resident_bytes(2 ** 22 + 7) is None
+
