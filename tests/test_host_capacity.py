@@ -15,7 +15,7 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
 from testbed.deploy import host_capacity as hc
 from testbed.deploy.registry import check_capacity, refusal
-from testbed.studies.load import load
+from testbed.run.load import load
 
 pytestmark = pytest.mark.pure
 GB = 1 << 30

@@ -4,7 +4,7 @@ and what it can honour. Commands take their `--backend` choices, defaults and he
 here, before anything starts. Adding a backend is one `register` call.
 
 The simulator is an entry too (`simulator`, no factory): it runs without a Backend object
-(`testbed.studies.runner.run_sim`) but is chosen, listed and checked like the others.
+(`testbed.run.runner.run_sim`) but is chosen, listed and checked like the others.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from testbed.config.privilege import is_root
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
-from testbed.core.faults import datacenters
-from testbed.core.scenario import NODE_FAULTS
+from testbed.core.fault_timeline import datacenters
+from testbed.core.schema.scenario import NODE_FAULTS
 from testbed.deploy.base import Backend
 from testbed.deploy.host_capacity import CONTAINER_HEALTH_TIMEOUT_S, PROCESS_HEALTH_TIMEOUT_S
 from testbed.deploy.preflight import compose_host, netns_host, swarm_host
@@ -121,7 +121,7 @@ def check_host(name: str) -> None:
 def check_capacity(name: str, scenarios: Iterable[ResolvedScenario], force: bool = False) -> None:
     """UserError with the figures when a deployment of one of `scenarios` on backend `name` would
     not fit this host (`testbed.deploy.host_capacity`); `force` (--force-capacity) skips it."""
-    from testbed.core.topology import node_specs
+    from testbed.core.schema.topology import node_specs
     from testbed.deploy.host_capacity import check, need_of
 
     e = get(name)
@@ -286,7 +286,7 @@ def _no_namespaces() -> str | None:
 def _netns_size(rs: ResolvedScenario) -> str | None:
     from collections import Counter
 
-    from testbed.core.topology import local_dc, node_specs
+    from testbed.core.schema.topology import local_dc, node_specs
     from testbed.net.topology import HOST_FIRST
 
     per_dc = Counter(s.datacenter for s in node_specs(rs.spec))
