@@ -256,3 +256,62 @@ def test_a_full_disk_stops_the_run_and_leaves_nothing(tmp_path: Path, backend: s
         assert "ended without closing the run" in text or "interrupted" in text or "failed" in text, text[-2000:]
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+START_UP_DECODE = 150      # services that take seconds to start (netns: ~10 s to build their network here)
+
+
+@pytest.mark.parametrize(("backend", "stage"), [
+    pytest.param("local", "services", marks=BACKENDS["local"][0], id="local-services"),
+    pytest.param("netns", "network", marks=BACKENDS["netns"][0], id="netns-network"),
+    pytest.param("netns", "services", marks=BACKENDS["netns"][0], id="netns-services"),
+])
+def test_sigterm_during_start_up_stops_it_within_seconds(tmp_path: Path, backend: str, stage: str) -> None:
+    """SIGTERM while a large deployment starts: while the netns backend builds its namespaces,
+    and while services are being spawned. The start stops where it stands (it once went on
+    spawning every service, or building every namespace after the teardown had run), everything
+    started so far is removed, and run.json says the run was interrupted."""
+    out = tmp_path / "run"
+    services = str(out / "deployment.json")         # on every service's command line, not on the runner's
+    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--backend", backend, "--requests", "5",
+                                     "--out", str(out), "--force-capacity", *ONE_PER_ROLE,
+                                     "--set", f"clusters.1.decode={START_UP_DECODE}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        began, prefix = time.monotonic(), None
+        while proc.poll() is None and time.monotonic() - began < 600:
+            prefix = prefix or _prefix(out)
+            spaces = [n for n in os.listdir("/run/netns") if prefix and n.startswith(prefix)] \
+                if os.path.isdir("/run/netns") else []
+            if prefix and (len(spaces) >= 40 if stage == "network" else len(pids_naming(services)) >= 20):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None and prefix, f"the start-up ended or never began: {proc.communicate()[1][-3000:]}"
+        reached = time.monotonic() - began
+        if stage == "network":
+            assert pids_naming(services) == [], "the network was built before the signal"
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=300)
+        stop_s = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    print(f"{backend} {stage}: SIGTERM {reached:.1f} s into the start-up, exited {stop_s:.1f} s later")
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    # Seconds, not the minutes the whole start-up takes; as loaded as the machine that got there.
+    assert stop_s < 10 + reached, f"{stop_s:.1f} s to stop"
+    left = leftovers(out, backend, prefix)
+    # The ports of services never started were only picked, not held: another program may
+    # listen on one meanwhile. Those of the services that did start must be free.
+    started = sorted(p.stem for p in (out / "logs").glob("*.log"))
+    dep = json.loads((out / "deployment.json").read_text())
+    ports = {dep["router"]["port"]} | {dep["nodes"][k]["http"]["port"] for k in started if k in dep["nodes"]} | \
+            {dep["nodes"][k]["kv"]["port"] for k in started if k in dep["nodes"]}
+    if backend == "local" and "sockets" in left:
+        left["sockets"] = sorted(set(left["sockets"]) & ports)       # type: ignore[call-overload]
+    assert {k: v for k, v in left.items() if v} == {}
+    assert len(started) < START_UP_DECODE, f"{len(started)} services were started after all"
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["interrupted"] is True and meta["state"] == "interrupted"

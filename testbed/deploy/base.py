@@ -3,6 +3,8 @@ run the client where the router is reachable, and stop everything it started."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from testbed.core.errors import UserError
@@ -63,3 +65,17 @@ async def every_step(*steps: Callable[[], object]) -> None:
             first = first or e
     if first is not None:
         raise first
+
+
+async def in_thread_halting(fn: Callable[[], T], halt: threading.Event) -> T:
+    """`fn()` in a worker thread, which checks `halt` between its steps. Cancelled (Ctrl-C,
+    SIGTERM during a start-up), set `halt` and wait for the thread to return before raising: a
+    thread left running would go on creating namespaces, processes or containers after the
+    teardown had looked for them."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        halt.set()
+        await asyncio.gather(work, return_exceptions=True)
+        raise

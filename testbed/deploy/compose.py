@@ -16,6 +16,7 @@ import ipaddress
 import json
 import shutil
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
@@ -27,7 +28,8 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import node_specs
 from testbed.deploy import dockercli
-from testbed.deploy.base import BackendError, every_step
+from testbed.deploy.base import BackendError, every_step, in_thread_halting
+from testbed.deploy.host_capacity import CONTAINER_HEALTH_TIMEOUT_S
 from testbed.net import owners
 from testbed.deploy.cleanup import ctl_dir, remove_compose_project
 from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LABEL, ContainerState, Engine, connect,
@@ -203,10 +205,13 @@ class ComposeBackend:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self._faults: FaultScheduler | None = None
+        # Set when the start-up is interrupted: `compose up` is stopped, the health wait ends.
+        self._halt = threading.Event()
 
-    def _compose(self, *args: str, timeout: float = dockercli.CLI_TIMEOUT_S, check: bool = True) -> None:
+    def _compose(self, *args: str, timeout: float = dockercli.CLI_TIMEOUT_S, check: bool = True,
+                 halt: threading.Event | None = None) -> None:
         dockercli.compose(self._cli, self.project, self.run_dir / "compose.yaml", *args, timeout=timeout, check=check,
-                          env=self.deployment.credentials.env())
+                          env=self.deployment.credentials.env(), halt=halt)
 
     @property
     def engine(self) -> Engine:
@@ -227,8 +232,8 @@ class ComposeBackend:
         # Before any container exists: `testbed down` leaves a live owner's project alone.
         owners.claim(self.project, "compose", self.run_dir)
         try:
-            await asyncio.to_thread(self._up)
-            await asyncio.to_thread(self._wait_healthy)
+            await in_thread_halting(self._up, self._halt)
+            await in_thread_halting(self._wait_healthy, self._halt)
         except BaseException:
             await self.stop()
             raise
@@ -254,7 +259,7 @@ class ComposeBackend:
             self._lay_out(pick_base(COMPOSE_BASES, len(self.lay["dcs"]), taken, tried))
             self._write_files()
             try:
-                self._compose("up", "-d", timeout=600)
+                self._compose("up", "-d", timeout=600, halt=self._halt)
                 return
             except BackendError as e:
                 if POOL_OVERLAP in str(e) and len(tried) < len(COMPOSE_BASES) - 1:
@@ -295,7 +300,7 @@ class ComposeBackend:
         return {c.labels.get(COMPOSE_SERVICE, c.name): c
                 for c in self.engine.containers(f"{COMPOSE_PROJECT}={self.project}")}
 
-    def _wait_healthy(self, timeout: float = 300.0) -> None:
+    def _wait_healthy(self, timeout: float = CONTAINER_HEALTH_TIMEOUT_S) -> None:
         import time
         want = set(self.lay["hosts"]) | {"wan"}
         deadline = time.monotonic() + timeout
@@ -308,7 +313,8 @@ class ComposeBackend:
                 raise BackendError(f"container {svc} {'exited' if bad else 'not healthy'}; last log lines:\n{text}")
             if want <= set(status) and all(c.health == "healthy" for s, c in status.items() if s in want):
                 return
-            time.sleep(0.5)
+            if self._halt.wait(0.5):
+                raise BackendError("stopped waiting for the containers to be healthy (interrupted)")
 
     async def on_t0(self, t0: float) -> None:
         from testbed.metrics.series_format import Sample, SeriesWriter

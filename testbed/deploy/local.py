@@ -15,11 +15,12 @@ import aiohttp
 
 # BackendError lives with the other backends' base; re-exported for importers of this module.
 from testbed.deploy.base import BackendError as BackendError
+from testbed.deploy.host_capacity import PROCESS_HEALTH_TIMEOUT_S, StartGuard
 from testbed.net.procs import JOURNAL_DIR, ProcessGroup
 from testbed.net.topology import new_prefix
 from testbed.live.deployment import Deployment
 
-HEALTH_TIMEOUT_S = 60.0
+HEALTH_TIMEOUT_S = PROCESS_HEALTH_TIMEOUT_S     # what the capacity check budgets start-up against
 
 
 def serve_argv(role: str, dep_file: Path, node_id: str) -> list[str]:
@@ -64,10 +65,15 @@ class LocalBackend:
         dep_file = self.run_dir / "deployment.json"
         self.dep.write(dep_file)
         self.procs.env = self.dep.credentials.env()
+        guard = StartGuard(len(self.dep.nodes) + 1)
         try:
-            for nid, n in self.dep.nodes.items():
-                self.procs.spawn(nid, serve_argv(n.role, dep_file, nid))
-            self.procs.spawn("router", serve_argv("router", dep_file, "router"))
+            for nid, n in [*self.dep.nodes.items(), ("router", None)]:
+                guard.before()
+                self.procs.spawn(nid, serve_argv(n.role if n else "router", dep_file, nid))
+                guard.started(self.procs.procs[nid].pid)
+                # Between services, Ctrl-C or SIGTERM (a cancellation) can land: thousands of
+                # services take minutes to spawn, and the stop must not wait for the last one.
+                await asyncio.sleep(0)
             urls = {"router": self.dep.router.url, **{k: v.http.url for k, v in self.dep.nodes.items()}}
             await wait_healthy(urls, self.procs)
         except BaseException:

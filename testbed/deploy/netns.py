@@ -19,11 +19,12 @@ from testbed.core.schema.linkprofile import LinkParams, LinkProfile, schedule_wi
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import local_dc, node_specs
-from testbed.deploy.base import every_step
+from testbed.deploy.base import every_step, in_thread_halting
 from testbed.net import owners
 from testbed.deploy.fault_injection import (
     FaultScheduler, FaultTarget, InjectorProcess, ProcessNodes, http_json, start_faults,
 )
+from testbed.deploy.host_capacity import StartGuard
 from testbed.deploy.local import serve_argv, wait_healthy
 from testbed.net.procs import ProcessGroup
 from testbed.live.clock import sleep_until
@@ -118,6 +119,9 @@ class NetnsBackend:
         self._extra = dict(extra or {})
         self._host_port = host_port
         self._forwarder: NetnsForwarder | None = None
+        # Set when the start is interrupted: the threads building the network and spawning the
+        # services stop at their next step, so that the teardown does not race them.
+        self._halt = threading.Event()
 
     # -- facts ----------------------------------------------------------------------------
     def shaping(self) -> dict[str, Any]:
@@ -149,8 +153,8 @@ class NetnsBackend:
         # Before any namespace exists: `testbed down` leaves a live owner's namespaces alone.
         owners.claim(self.prefix, "netns", self.run_dir)
         try:
-            await asyncio.to_thread(self._build)
-            await asyncio.to_thread(self._spawn_all)
+            await in_thread_halting(self._build, self._halt)
+            await in_thread_halting(self._spawn_all, self._halt)
             self._client = NetnsLoop(self.topo.host(CLIENT_HOST).netns)  # type: ignore[union-attr]
             self._client.__enter__()
             await self._wait_healthy()
@@ -172,7 +176,7 @@ class NetnsBackend:
              "dcs": {d.name: {"subnet": d.subnet, "gateway": d.gateway, "index": d.index} for d in self.topo.dcs}},
             indent=1))
         with Executor() as ex:
-            ex.apply(plan_up(self.topo))
+            ex.apply(plan_up(self.topo), self._halt)
 
     def _spawn(self, key: str, netns: str, argv: list[str]) -> None:
         self._procs.spawn(key, nsexec_argv(netns, argv))
@@ -184,9 +188,14 @@ class NetnsBackend:
         if self.method == "fallback":
             self._control = start_delayline(self._procs, self.topo, self.run_dir,
                                             self.run_dir / "timeseries" / "delayline.jsonl")
-        for nid, n in self.deployment.nodes.items():
-            self._spawn(nid, self.topo.host(nid).netns, serve_argv(n.role, dep_file, nid))
-        self._spawn("router", self.topo.host(ROUTER_HOST).netns, serve_argv("router", dep_file, "router"))
+        guard = StartGuard(len(self.deployment.nodes) + 1)
+        for nid, n in [*self.deployment.nodes.items(), ("router", None)]:
+            if self._halt.is_set():
+                return
+            guard.before()
+            host = ROUTER_HOST if n is None else nid
+            self._spawn(nid, self.topo.host(host).netns, serve_argv(n.role if n else "router", dep_file, nid))
+            guard.started(self._procs.procs[nid].pid)
 
     async def _wait_healthy(self) -> None:
         urls = {"router": self.deployment.router.url, **{k: v.http.url for k, v in self.deployment.nodes.items()}}

@@ -21,6 +21,7 @@ from testbed.core.errors import UserError
 from testbed.core.fault_timeline import datacenters
 from testbed.core.schema.scenario import NODE_FAULTS
 from testbed.deploy.base import Backend
+from testbed.deploy.host_capacity import CONTAINER_HEALTH_TIMEOUT_S, PROCESS_HEALTH_TIMEOUT_S
 from testbed.deploy.preflight import compose_host, netns_host, swarm_host
 
 if TYPE_CHECKING:
@@ -65,6 +66,13 @@ class BackendEntry:
     # What this host must have for the backend (root, a tool, an engine): raises a UserError
     # naming what is missing, before a run prints or writes anything.
     preflight: Callable[[], None] = lambda: None
+    # Processes of this host a deployment runs beyond one per node and the router (a WAN router),
+    # and how long the backend waits for all of them to answer (its health timeout); None: its
+    # services do not run as processes of this host (in-process, a swarm's nodes, the simulator).
+    host_services: tuple[int, float] | None = None
+    # A limit of the backend's own on a scenario's size (netns: hosts per datacenter subnet):
+    # why it cannot run `rs`, or None. A hard limit, checked with the capabilities.
+    size_limit: Callable[[ResolvedScenario], str | None] = lambda rs: None
 
     def create(self, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
                host_port: int | None = None) -> Backend:
@@ -108,6 +116,22 @@ def get(name: str) -> BackendEntry:
 def check_host(name: str) -> None:
     """UserError naming what backend `name` lacks on this host (its entry's `preflight`)."""
     get(name).preflight()
+
+
+def check_capacity(name: str, scenarios: Iterable[ResolvedScenario], force: bool = False) -> None:
+    """UserError with the figures when a deployment of one of `scenarios` on backend `name` would
+    not fit this host (`testbed.deploy.host_capacity`); `force` (--force-capacity) skips it."""
+    from testbed.core.schema.topology import node_specs
+    from testbed.deploy.host_capacity import check, need_of
+
+    e = get(name)
+    if e.host_services is None or force:
+        return
+    extra, budget = e.host_services
+    for rs in scenarios:
+        specs = node_specs(rs.spec)
+        decode = sum(s.role == "decode" for s in specs)
+        check(need_of(len(specs) + 1 + extra, decode, len(specs) - decode, rs.spec.transfer.connections, budget, name))
 
 
 def sweepers(root: bool = True) -> list[Sweeper]:
@@ -230,6 +254,8 @@ def requests(rs: ResolvedScenario) -> list[Request]:
 def refusal(backend: str, rs: ResolvedScenario) -> str | None:
     """Why `backend` cannot honour `rs` (the first field it cannot), or None."""
     e = get(backend)
+    if (why := e.size_limit(rs)) is not None:
+        return f"scenario {rs.name!r} on the {e.name} backend: {why}"
     for r in requests(rs):
         if not r.need(e.caps):
             able = names(r.need) or ["none"]
@@ -254,6 +280,21 @@ def _no_namespaces() -> str | None:
         return "not root"
     if not Path("/var/run/netns").exists() and not os.access("/var/run", os.W_OK):
         return "cannot create network namespaces"
+    return None
+
+
+def _netns_size(rs: ResolvedScenario) -> str | None:
+    from collections import Counter
+
+    from testbed.core.schema.topology import local_dc, node_specs
+    from testbed.net.topology import HOST_FIRST
+
+    per_dc = Counter(s.datacenter for s in node_specs(rs.spec))
+    per_dc[local_dc(rs.spec)] += 2          # the router and the client beside the decode cluster
+    most = 255 - HOST_FIRST
+    dc, n = per_dc.most_common(1)[0]
+    if n > most:
+        return f"datacenter {dc!r} would hold {n} hosts, and at most {most} fit in its /24 subnet"
     return None
 
 
@@ -300,11 +341,12 @@ register(BackendEntry(
     "netns", "a namespace per service and shaped WAN links (root)",
     Capabilities(wan_shaping=True, link_schedules=True, node_faults=True, link_faults=True, needs_root=True,
                  can_hold=True),
-    _netns, auto_rank=0, unavailable=_no_namespaces, leftovers=_sweep_namespaces, preflight=netns_host))
+    _netns, auto_rank=0, unavailable=_no_namespaces, leftovers=_sweep_namespaces, preflight=netns_host,
+    host_services=(1, PROCESS_HEALTH_TIMEOUT_S), size_limit=_netns_size))
 register(BackendEntry(
     "compose", "one container per service, a WAN router container (Docker)",
     Capabilities(wan_shaping=True, node_faults=True, link_faults=True, needs_docker=True, can_hold=True),
-    _compose, leftovers=_sweep_docker, preflight=compose_host))
+    _compose, leftovers=_sweep_docker, preflight=compose_host, host_services=(1, CONTAINER_HEALTH_TIMEOUT_S)))
 register(BackendEntry(
     "swarm", "the compose deployment as a Docker Swarm stack, each datacenter on the nodes labelled for it "
              "(root, a swarm manager)",
@@ -313,7 +355,7 @@ register(BackendEntry(
 register(BackendEntry(
     "local", "one process per service on loopback",
     Capabilities(node_faults=True, can_hold=True), loopback_factory("local", processes=True), auto_rank=1,
-    leftovers=_sweep_processes))
+    leftovers=_sweep_processes, host_services=(0, PROCESS_HEALTH_TIMEOUT_S)))
 register(BackendEntry(
     "inproc", "all in this process",
     Capabilities(can_hold=True), loopback_factory("inproc", processes=False)))

@@ -80,6 +80,10 @@ class NetError(RuntimeError):
         self.errno = errno_
 
 
+class Halted(NetError):
+    """`Executor.apply` stopped early because its caller asked it to (the run was interrupted)."""
+
+
 def kernel_error(e: BaseException) -> tuple[str, int | None]:
     """(kernel's text, errno) of a netlink or OS error."""
     if isinstance(e, NetlinkError):
@@ -198,15 +202,19 @@ class Executor:
         """The calling thread's netlink handle in `ns`, for reading (counters, qdisc stats)."""
         return self._ipr(ns)
 
-    def apply(self, ops: Iterable[Operation]) -> None:
+    def apply(self, ops: Iterable[Operation], halt: threading.Event | None = None) -> None:
+        """Apply `ops` in order; once `halt` is set, stop before the next one (Halted): a plan of
+        thousands of operations must not outlive the Ctrl-C that interrupted it."""
         ups: list[LinkUp] = []
         for op in ops:
+            if halt is not None and halt.is_set():
+                raise Halted(f"stopped before {op.describe()}: interrupted")
             self.apply_one(op)
             if isinstance(op, LinkUp):
                 ups.append(op)
-        self._await_operational(ups)
+        self._await_operational(ups, halt)
 
-    def _await_operational(self, ups: list[LinkUp]) -> None:
+    def _await_operational(self, ups: list[LinkUp], halt: threading.Event | None = None) -> None:
         """Return once the links just brought up carry packets. The kernel attaches a link's
         queueing discipline when its link watcher marks it operational, up to a second after
         `ip link set up` (longer on a slow machine); until then what is sent through it is
@@ -218,6 +226,8 @@ class Executor:
             pending = [op for op in pending if not self._operational(op)]
             if not pending:
                 return
+            if halt is not None and halt.is_set():
+                raise Halted(f"stopped waiting for {len(pending)} link(s) to come up: interrupted")
             if time.monotonic() > deadline:
                 raise NetError(f"{pending[0].describe()}: not operational after {LINK_UP_TIMEOUT_S:.0f} s "
                                f"({len(pending)} link(s) still down)")

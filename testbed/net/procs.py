@@ -39,13 +39,21 @@ class ProcessGroup:
         self.journal = journal        # None: not findable after a kill -9 of this process
         # Added to every service's environment (a deployment's credentials: not on the command line)
         self.env: dict[str, str] = {}
+        # Start times by pid, read once: the journal is rewritten at every spawn, and reading
+        # every service's again each time made starting N services cost N^2 /proc reads.
+        self._starts: dict[int, int | None] = {}
+
+    def _start_of(self, pid: int) -> int | None:
+        if pid not in self._starts:
+            self._starts[pid] = start_time(pid)
+        return self._starts[pid]
 
     def _write_journal(self) -> None:
         if self.journal is None:
             return
         me = os.getpid()
         entry = {"owner": {"pid": me, "start": start_time(me)}, "log_dir": str(self.log_dir),
-                 "procs": {k: {"pid": p.pid, "start": start_time(p.pid)} for k, p in self.procs.items()}}
+                 "procs": {k: {"pid": p.pid, "start": self._start_of(p.pid)} for k, p in self.procs.items()}}
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.journal.with_suffix(".tmp")
         tmp.write_text(json.dumps(entry))
@@ -89,6 +97,7 @@ class ProcessGroup:
                 _signal(p, signal.SIGKILL)
                 p.wait()
         self.procs.clear()
+        self._starts.clear()
         if self.journal is not None:
             self.journal.unlink(missing_ok=True)
 

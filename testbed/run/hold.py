@@ -274,7 +274,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
 
     from testbed.config.overrides import overrides_for
     from testbed.run.load import load
-    from testbed.deploy.registry import check_host, pick_backend, refuse_unhonoured
+    from testbed.deploy.registry import check_capacity, check_host, pick_backend, refuse_unhonoured
 
     if not args.scenario:
         print("up --hold: give --scenario NAME", file=sys.stderr)
@@ -292,6 +292,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
     backend, warning = pick_backend(args.backend)
     refuse_unhonoured(backend, [rs])
     check_host(backend)
+    check_capacity(backend, [rs], args.force_capacity)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     if args.prometheus is not None and (why := unavailable(backend, find_binary())):

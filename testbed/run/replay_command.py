@@ -112,6 +112,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     report = wants_report(args, backend)
     refuse_unhonoured(backend, scenarios)
     registry.check_host(backend)
+    registry.check_capacity(backend, scenarios, args.force_capacity)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     if args.prometheus is not None:

@@ -47,6 +47,10 @@ def add_run_args(p: argparse.ArgumentParser, *, speedup_auto: bool = False, rate
     else:
         p.add_argument("--speedup", action=StoreOnce, type=positive_speedup, metavar="S", help="time scale (as --set scale.speedup=S)")
     p.add_argument("--requests", action=StoreOnce, type=int, default=requests_default, help=requests_help)
+    p.add_argument("--force-capacity", action="store_true",
+                   help="start the deployment even where the host check finds it too large for this host's free "
+                        "memory, CPUs, process or open-file limits (by default refused, with the figures, before "
+                        "anything starts)")
 
 
 def speedup_arg(v: str) -> str:

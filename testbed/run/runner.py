@@ -293,6 +293,9 @@ async def _run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, b
             raise RouterLost(f"{run_dir}: {lost} ({stats.completed}/{stats.total} completed)"
                              + (f"; logs in {logs}" if logs.is_dir() else ""))
         replayed = True
+    except asyncio.CancelledError:     # Ctrl-C or SIGTERM, during the start-up too
+        interrupted = True
+        raise
     finally:
         # Every step runs even when an earlier one raised (a full disk must not leave the
         # services running), services first; a second Ctrl-C cannot cut the teardown short.

@@ -64,6 +64,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     backend, warning = pick_backend(args.backend)
     refuse_unhonoured(backend, scenarios)
     registry.check_host(backend)
+    registry.check_capacity(backend, scenarios, args.force_capacity)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     if len(scenarios) > 1:

@@ -187,6 +187,7 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
         registry.refuse_unhonoured(backend, scenarios)
     if emulate:
         registry.check_host(args.backend)
+        registry.check_capacity(args.backend, scenarios, args.force_capacity)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     base: Path = args.out or Path("runs") / f"crosscheck-{'-'.join(rs.name for rs in scenarios)}"

@@ -363,6 +363,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     args.backend, warning = registry.pick_backend(args.backend)
     registry.refuse_unhonoured(args.backend, (pt.resolved for pt in points))
     registry.check_host(args.backend)
+    registry.check_capacity(args.backend, (pt.resolved for pt in points), args.force_capacity)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-sweep-{first.name}"
