@@ -71,9 +71,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def print_summary_table(summary: Summary, title: str | None = None, console: Console | None = None,
-                        prefix: str | None = None) -> None:
+                        prefix: str | None = None, validity: bool = True) -> None:
     """One run's summary as a terminal table (paper and wire units), plus its warnings (`prefix`:
-    the run's name for `testbed down`, named in a cut-short run's)."""
+    the run's name for `testbed down`, named in a cut-short run's; `validity` False leaves out the
+    INVALID line, for a caller that says it around the table)."""
     from testbed.metrics.report import run_label, summary_rows
 
     run = summary.run
@@ -91,7 +92,7 @@ def print_summary_table(summary: Summary, title: str | None = None, console: Con
     for row in summary_rows(summary):
         table.add_row(*(Text(c) for c in row))
     console.print(table)
-    if not summary.valid and summary.validity is not None:
+    if validity and not summary.valid and summary.validity is not None:
         console.print(Text("INVALID RUN: " + "; ".join(summary.validity.reasons), style="bold red"))
     if run.cut_short:
         from testbed.metrics.report import cut_short_note

@@ -158,7 +158,7 @@ def _finish(args: argparse.Namespace, results: list[RunResult], base: Path, repo
     else:
         from testbed.metrics.command import print_summary_table
         for r in results:
-            print_summary_table(r.summary, title=f"{r.run_dir.name}", console=console)
+            print_summary_table(r.summary, title=f"{r.run_dir.name}", console=console, validity=False)
     lines = []
     if len(results) > 1:
         from testbed.metrics.report import verdicts

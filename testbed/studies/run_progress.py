@@ -33,6 +33,8 @@ def fmt_duration(s: float | None) -> str:
     """`42 s`, `3 min 05 s`, `1 h 02 min`; `?` when unknown."""
     if s is None or s != s or s < 0:
         return "?"
+    if s < 9.95:
+        return f"{s:.1f} s"
     s = round(s)
     if s < 60:
         return f"{s} s"
