@@ -35,6 +35,7 @@ COMMAND_MODULE = {
     "replay": "testbed.studies.replay_command", "up": "testbed.studies.replay_command", "serve": SERVE_MODULE,
     "bench": "testbed.studies.bench", "trace": "testbed.traces.command", "report": "testbed.metrics.command",
     "compare": "testbed.metrics.command", "regress": "testbed.metrics.regress", "crosscheck": "testbed.studies.crosscheck",
+    "plot": "testbed.metrics.command",
     "model": "testbed.model.command", "down": "testbed.deploy.command", "netcaps": "testbed.net.command",
     "linkcheck": "testbed.studies.linkcheck", "capacity": "testbed.studies.capacity_command",
     "sweep": "testbed.studies.sweep", "calibrate": "testbed.studies.calibrate", "plan": "testbed.studies.plan",

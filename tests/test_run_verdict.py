@@ -82,6 +82,10 @@ def test_plain_progress_prints_lines_and_never_redraws() -> None:
 def test_progress_line_and_eta() -> None:
     st = ReplayStats(sent=60, completed=50, failed=0, total=100)
     assert progress_line("x", st, 10.0, 30.0) == "x: 50/100 done (50%), sent 60, failed 0, 5.00 req/s, elapsed 10 s, ETA 20 s"
+    done = ReplayStats(sent=100, completed=99, failed=1, total=100)
+    assert progress_line("x", done, 20.0, 30.0, 12.0) == (
+        "x: 100/100 done (100%), sent 100, failed 1, 5.00 req/s in 20 s; stopping services and writing the summary "
+        "and report (12 s)")
     assert eta_s(50, 100, 10.0, None) == 10.0 and eta_s(0, 100, 0.0, None) is None
     assert eta_s(99, 100, 10.0, 60.0) == 50.0          # an open loop cannot end before its last arrival
     assert [fmt_duration(x) for x in (0.42, 42, 185, 3720, None)] == ["0.4 s", "42 s", "3 min 05 s", "1 h 02 min", "?"]

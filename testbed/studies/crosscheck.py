@@ -142,7 +142,7 @@ def crosscheck_one(rs: ResolvedScenario, trace: Trace, out: Path, args: argparse
     from testbed.studies.replay_command import _run_one
     from testbed.studies.runner import run_sim
 
-    show = not args.json and sys.stderr.isatty()
+    show = not args.json          # a bar on a terminal, plain lines in a log (testbed.studies.run_progress)
     emu: Side | None = None
     if args.emulated is not None:
         d = emulated_dir(args.emulated, rs.name, several)

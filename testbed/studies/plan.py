@@ -451,8 +451,12 @@ def _fewest(fp: FamilyPlan, wl: Workload, trace: Trace, settings: PlanSettings, 
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from testbed.studies.run_progress import StepTicker
+
     try:
-        res = run_plan(args)
+        # An hour of trace takes a minute or more, silent without the ticker's lines.
+        with StepTicker(f"plan: reading {args.trace} and searching deployments"):
+            res = run_plan(args)
     except (PlanError, ScenarioError) as e:
         print(f"plan: {e}", file=sys.stderr)
         return 2

@@ -52,19 +52,20 @@ def eta_s(done: int, total: int, elapsed: float, expected_s: float | None) -> fl
     return max(known) if known else None
 
 
-def progress_line(label: str, st: ReplayStats, elapsed: float, expected_s: float | None) -> str:
-    """One plain progress line: done/total, sent, failed, rate, elapsed, ETA."""
+def progress_line(label: str, st: ReplayStats, elapsed: float, expected_s: float | None,
+                  finishing_s: float | None = None) -> str:
+    """One plain progress line: done/total, sent, failed, rate, elapsed, ETA; once every request
+    is done (`finishing_s` since then), the replay's own figures and how long the finish has taken."""
     done = st.completed + st.failed
     if st.sent == 0 and done == 0:
         return f"{label}: starting the deployment ({fmt_duration(elapsed)})"
     pct = f" ({done / st.total:.0%})" if st.total else ""
     rate = done / elapsed if elapsed > 0 else 0.0
-    if st.total and done >= st.total:
-        tail = "all requests done; stopping services and writing the summary"
-    else:
-        tail = f"ETA {fmt_duration(eta_s(done, st.total, elapsed, expected_s))}"
-    return (f"{label}: {done}/{st.total} done{pct}, sent {st.sent}, failed {st.failed}, "
-            f"{rate:.2f} req/s, elapsed {fmt_duration(elapsed)}, {tail}")
+    head = f"{label}: {done}/{st.total} done{pct}, sent {st.sent}, failed {st.failed}, {rate:.2f} req/s"
+    if finishing_s is not None:
+        return (f"{head} in {fmt_duration(elapsed)}; stopping services and writing the summary and report "
+                f"({fmt_duration(finishing_s)})")
+    return f"{head}, elapsed {fmt_duration(elapsed)}, ETA {fmt_duration(eta_s(done, st.total, elapsed, expected_s))}"
 
 
 class PlainProgress:
@@ -79,6 +80,7 @@ class PlainProgress:
         self.stats = ReplayStats(total=total)
         self._start = time.monotonic()
         self._t0: float | None = None
+        self._done_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
 
@@ -86,11 +88,15 @@ class PlainProgress:
         if self._t0 is None and st.sent:
             self._t0 = time.monotonic()
         self.stats = ReplayStats(st.sent, st.completed, st.failed, st.total or self.stats.total)
+        if self._done_at is None and self.stats.total and st.completed + st.failed >= self.stats.total:
+            self._done_at = time.monotonic()
 
     def line(self) -> str:
         now = time.monotonic()
         if self._t0 is None:
             return progress_line(self.label, ReplayStats(total=self.stats.total), now - self._start, None)
+        if self._done_at is not None:
+            return progress_line(self.label, self.stats, self._done_at - self._t0, self.expected_s, now - self._done_at)
         return progress_line(self.label, self.stats, now - self._t0, self.expected_s)
 
     def _loop(self) -> None:
