@@ -146,7 +146,9 @@ def _finish(args: argparse.Namespace, results: list[RunResult], base: Path, repo
     comparison = None
     if len(results) > 1 and report:
         from testbed.metrics.report import write_comparison
-        comparison = write_comparison([r.run_dir for r in results], base)
+        from testbed.studies.run_progress import StepTicker
+        with StepTicker(f"writing the comparison of {len(results)} runs into {base}", every_s=5.0):
+            comparison = write_comparison([r.run_dir for r in results], base)
     outcomes = [RunOutcome(r.run_dir.name, r.run_dir, r.summary) for r in results]
     # With --json stdout is the JSON alone: the verdict goes to stderr.
     console = Console(stderr=bool(args.json), highlight=False, soft_wrap=True)

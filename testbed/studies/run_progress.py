@@ -100,8 +100,12 @@ class PlainProgress:
         return progress_line(self.label, self.stats, now - self._t0, self.expected_s)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
+        # On a fixed schedule, not `every_s` after the last line: a busy host delays a wake-up,
+        # and the delays must not add up.
+        due = time.monotonic() + self.every_s
+        while not self._stop.wait(max(due - time.monotonic(), 0.0)):
             print(self.line(), file=self.stream, flush=True)
+            due = max(due + self.every_s, time.monotonic() + self.every_s / 2)
 
     def __enter__(self) -> PlainProgress:
         self._thread.start()
@@ -170,9 +174,11 @@ class StepTicker:
         self._thread = threading.Thread(target=self._loop, name="step-ticker", daemon=True)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
+        due = time.monotonic() + self.every_s
+        while not self._stop.wait(max(due - time.monotonic(), 0.0)):
             print(f"{self.what}: still running ({fmt_duration(time.monotonic() - self._start)})",
                   file=self.stream, flush=True)
+            due = max(due + self.every_s, time.monotonic() + self.every_s / 2)
 
     def __enter__(self) -> StepTicker:
         print(f"{self.what} ...", file=self.stream, flush=True)
