@@ -88,6 +88,7 @@ def test_progress_line_and_eta() -> None:
         "and report (12 s)")
     assert eta_s(50, 100, 10.0, None) == 10.0 and eta_s(0, 100, 0.0, None) is None
     assert eta_s(99, 100, 10.0, 60.0) == 50.0          # an open loop cannot end before its last arrival
+    assert eta_s(0, 40, 1.4, 0.3) is None                # all sent, none done yet: no rate to go by
     assert [fmt_duration(x) for x in (0.42, 42, 185, 3720, None)] == ["0.4 s", "42 s", "3 min 05 s", "1 h 02 min", "?"]
 
 

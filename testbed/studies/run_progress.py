@@ -47,7 +47,8 @@ def eta_s(done: int, total: int, elapsed: float, expected_s: float | None) -> fl
     """Seconds left: the remaining requests at the rate so far, and never less than what the
     schedule still holds (an open-loop replay cannot finish before its last arrival)."""
     left_by_rate = (total - done) * elapsed / done if done > 0 and elapsed > 0 else None
-    left_by_plan = None if expected_s is None else max(expected_s - elapsed, 0.0)
+    # Past its last planned arrival the schedule tells nothing more: the rate alone then.
+    left_by_plan = None if expected_s is None or elapsed >= expected_s else expected_s - elapsed
     known = [x for x in (left_by_rate, left_by_plan) if x is not None]
     return max(known) if known else None
 
