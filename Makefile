@@ -68,7 +68,7 @@ docs-results: $(STAMP)
 	  $(if $(RENDER_ONLY),--render-only)
 
 ## The main job: the three paper deployments on one seeded workload, one comparison report. Exits
-## non-zero (3) when the testbed marks any run invalid (docs/guides/exit-codes.md).
+## non-zero (3) when the testbed marks any run invalid (docs/guides/reading-a-run.md).
 replay: $(STAMP)
 	@$(BYTECODE)
 	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --out $(RUNS)/paper-compare

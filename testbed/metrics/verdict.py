@@ -1,6 +1,6 @@
 """A run's verdict as its exit status and its closing block.
 
-Exit codes of `testbed replay` and `testbed up` (docs/guides/exit-codes.md):
+Exit codes of `testbed replay` and `testbed up` (docs/guides/reading-a-run.md):
 - 0: every run kept the scenario's time (or `--accept-invalid` was given);
 - 1: a run failed (an error, a service that died);
 - 2: usage or input error (a flag, a scenario, a trace: the message names it);
