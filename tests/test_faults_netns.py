@@ -24,7 +24,7 @@ import pytest
 
 from replay_exit import RAN
 
-from testbed.core.linkprofile import LinkParams
+from testbed.core.schema.linkprofile import LinkParams
 from testbed.net import plan as P
 from testbed.net.delayline import control
 from testbed.net.executor import Executor

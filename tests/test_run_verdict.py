@@ -16,7 +16,7 @@ from testbed.cli import main
 from testbed.live.replay_stats import ReplayStats
 from testbed.metrics.artefacts import Summary
 from testbed.metrics.verdict import EXIT_INVALID, EXIT_OK, RunOutcome, closing_block, exit_code, verdict_line
-from testbed.studies.run_progress import PlainProgress, eta_s, fmt_duration, is_terminal, progress_line
+from testbed.run.run_progress import PlainProgress, eta_s, fmt_duration, is_terminal, progress_line
 
 pytestmark = pytest.mark.pure
 
@@ -54,8 +54,8 @@ def test_the_closing_block_says_where_each_runs_files_are(tmp_path: Path) -> Non
 @pytest.mark.parametrize("accept, rc", [(False, EXIT_INVALID), (True, EXIT_OK)])
 def test_replay_says_invalid_first_and_last(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             accept: bool, rc: int) -> None:
-    from testbed.studies.replay_command import _finish
-    from testbed.studies.runner import RunResult
+    from testbed.run.replay_command import _finish
+    from testbed.run.runner import RunResult
 
     res = RunResult(tmp_path / "run", ReplayStats(), False, _summary(False))
     args = argparse.Namespace(json=False, accept_invalid=accept)
