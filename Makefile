@@ -35,12 +35,17 @@ LINT_NATIVE = if [ "$(NATIVE)" != 0 ] && [ -n "$(CARGO_BIN)" ]; then export PATH
 	else echo "note: no clippy in this Rust toolchain: native/ not linted"; fi; fi
 
 $(STAMP): pyproject.toml $(NATIVE_SRC)
+	@echo "make install: creating $(VENV) and installing the testbed with its dev, analysis, clients and profiles extras (about 2 minutes on a fresh clone)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv || $(BIN)/pip install -q --upgrade pip
+	@echo "make install: resolving and installing the packages (the slow step)"
 	$(PIP_INSTALL) -e '.[dev,analysis,clients,profiles]'
+	@echo "make install: building the compiled twins (native/) where a Rust toolchain is"
 	@$(BUILD_NATIVE)
+	@echo "make install: compiling the package's bytecode"
 	$(BYTECODE)
 	touch $(STAMP)
+	@echo "make install: done ($(VENV))"
 
 install: $(STAMP)
 
@@ -62,7 +67,8 @@ docs-results: $(STAMP)
 	$(BIN)/python -m testbed.docsite.results $(if $(ONLY),--only $(ONLY)) $(if $(SKIP_EMULATION),--skip-emulation) \
 	  $(if $(RENDER_ONLY),--render-only)
 
-## The main job: the three paper deployments on one seeded workload, one comparison report.
+## The main job: the three paper deployments on one seeded workload, one comparison report. Exits
+## non-zero (3) when the testbed marks any run invalid (docs/guides/reading-a-run.md).
 replay: $(STAMP)
 	@$(BYTECODE)
 	$(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive --out $(RUNS)/paper-compare --overwrite
@@ -335,7 +341,7 @@ NB_MAP      = $(if $(wildcard $(RUNS)/feasibility/map.csv),$(RUNS)/feasibility,$
 
 notebooks: $(STAMP)
 	@test -f $(NB_COMPARE)/comparison.md || $(BIN)/testbed replay --compare paper-homogeneous paper-prfaas paper-naive \
-	  $(NB_FAST) --out $(RUNS)/notebook-compare --overwrite
+	  $(NB_FAST) --accept-invalid --out $(RUNS)/notebook-compare --overwrite
 	@test -f $(RUNS)/notebook-sweep/sweep.csv || $(BIN)/testbed sweep --scenario paper-prfaas \
 	  --param policy.threshold=10000,19400,40000 $(NB_FAST) --out $(RUNS)/notebook-sweep --overwrite
 	@test -f $(NB_MAP)/map.csv || $(BIN)/testbed feasibility --sim none --no-break-even --rates 10,100,400 \

@@ -21,11 +21,10 @@ from testbed.core.gc_pause import paused_gc
 # backend starts, a dozen at a time) only that one: the others pull in matplotlib, pyroute2 and
 # the studies, 0.6 s of imports per service process.
 COMMAND_MODULES = (
-    "testbed.run.replay_command", "testbed.deploy.serve", "testbed.studies.bench.bench",
-    "testbed.model.model_command", "testbed.traces.trace_command", "testbed.metrics.report_command",
-    "testbed.deploy.down_command", "testbed.net.netcaps_command", "testbed.studies.linkcheck.linkcheck_command",
-    "testbed.studies.capacity.capacity_command", "testbed.metrics.regress", "testbed.studies.sweep.sweep",
-    "testbed.hardware.calibrate_command", "testbed.studies.plan.plan", "testbed.studies.crosscheck.crosscheck",
+    "testbed.run.replay_command", "testbed.deploy.serve", "testbed.studies.bench.bench", "testbed.model.model_command",
+    "testbed.traces.trace_command", "testbed.metrics.report_command", "testbed.deploy.down_command", "testbed.net.netcaps_command",
+    "testbed.studies.linkcheck.linkcheck", "testbed.studies.capacity.capacity_command", "testbed.metrics.regress",
+    "testbed.studies.sweep.sweep", "testbed.hardware.calibrate_command", "testbed.studies.plan.plan", "testbed.studies.crosscheck.crosscheck",
     "testbed.studies.feasibility.feasibility_command", "testbed.hardware.profile_command",
 )
 SERVE_MODULE = "testbed.deploy.serve"
@@ -34,13 +33,12 @@ SERVE_MODULE = "testbed.deploy.serve"
 # A command not listed here (or --help) still imports them all.
 COMMAND_MODULE = {
     "replay": "testbed.run.replay_command", "up": "testbed.run.replay_command", "serve": SERVE_MODULE,
-    "bench": "testbed.studies.bench.bench", "trace": "testbed.traces.trace_command",
-    "report": "testbed.metrics.report_command", "compare": "testbed.metrics.report_command",
-    "regress": "testbed.metrics.regress", "crosscheck": "testbed.studies.crosscheck.crosscheck",
-    "model": "testbed.model.model_command", "down": "testbed.deploy.down_command",
-    "netcaps": "testbed.net.netcaps_command", "linkcheck": "testbed.studies.linkcheck.linkcheck_command",
-    "capacity": "testbed.studies.capacity.capacity_command", "sweep": "testbed.studies.sweep.sweep",
-    "calibrate": "testbed.hardware.calibrate_command", "plan": "testbed.studies.plan.plan",
+    "bench": "testbed.studies.bench.bench", "trace": "testbed.traces.trace_command", "report": "testbed.metrics.report_command",
+    "compare": "testbed.metrics.report_command", "regress": "testbed.metrics.regress", "crosscheck": "testbed.studies.crosscheck.crosscheck",
+    "plot": "testbed.metrics.report_command",
+    "model": "testbed.model.model_command", "down": "testbed.deploy.down_command", "netcaps": "testbed.net.netcaps_command",
+    "linkcheck": "testbed.studies.linkcheck.linkcheck", "capacity": "testbed.studies.capacity.capacity_command",
+    "sweep": "testbed.studies.sweep.sweep", "calibrate": "testbed.hardware.calibrate_command", "plan": "testbed.studies.plan.plan",
     "feasibility": "testbed.studies.feasibility.feasibility_command",
 }
 

@@ -12,7 +12,7 @@ _STATS = {"n": 40, "mean": 2.5, "p50": 2.3, "p90": 4.1, "p99": 5.1}
 _BREAKDOWN = {"routing": 0.01, "prefill_queue": 0.2, "prefill_compute": 2.0, "transfer_tail": 0.05,
               "decode_queue": 0.01, "first_step": 0.05, "other": 0.18}
 _FIGURES: dict[str, Any] = {
-    "schema_version": 3,
+    "schema_version": 4,
     "schema": 2,
     "run": {"name": "ci", "scenario": "paper-prfaas", "policy": "prfaas", "threshold": 19400.0,
             "speedup": 10.0, "byte_scale": 256.0, "shaping_method": "none", "offered_rate_rps": 1.6,
@@ -35,7 +35,7 @@ _FIGURES: dict[str, Any] = {
     "links": {"prfaas-p0{dest=127.0.0.1:4000}": {
         "metric": "kv_bytes_sent", "wan": True, "bytes_paper": 3e10, "bytes_wire": 1.171875e8,
         "mean_Bps_paper": 1.0e8, "peak_Bps_paper": 1.4e9, "mean_Bps_wire": 3.9e6, "peak_Bps_wire": 5.5e7}},
-    "fidelity": {"n": 40, "prefill_abs_err_median_s": 0.001, "prefill_rel_err_median": 0.002, "warn": False,
+    "fidelity": {"n": 40, "prefill_abs_err_median_s": 0.001, "prefill_rel_err_median": 0.002,
                  "bounds": {"prefill_rel_err_median": 0.03}},
     "validity": {"valid": True, "reasons": []},
     "wire": {"duration_s": 3.2, "ttft_s": {k: (v if k == "n" else v / 10) for k, v in _STATS.items()},

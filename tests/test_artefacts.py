@@ -49,6 +49,25 @@ def test_a_file_without_schema_version_reads_as_version_1(tmp_path: Path) -> Non
     assert {**s.to_json_dict(), "schema_version": SUMMARY_VERSION} == summary_figures()
 
 
+def _v3(figures: dict[str, Any], warn: bool = False) -> dict[str, Any]:
+    """The same figures as version 3 wrote them: `fidelity.warn` beside `validity`."""
+    return {**figures, "schema_version": 3, "fidelity": {**figures["fidelity"], "warn": warn}}
+
+
+def test_a_version_3_summary_with_fidelity_warn_reads_and_regresses_against_a_version_4_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = _write(tmp_path / "v3", _v3(summary_figures(), warn=True))
+    s = read_summary(old)
+    assert s.schema_version == 3 and s.fidelity.warn is True and s.valid      # validity is the verdict
+    new = _write(tmp_path / "v4", summary_figures())
+    assert "warn" not in read_summary(new).to_json_dict()["fidelity"]
+    baseline = tmp_path / "baseline.yaml"
+    rc, text = _regress(capsys, str(old), "--baseline", str(baseline), "--update")
+    assert rc == 0, text
+    rc, text = _regress(capsys, str(new), "--baseline", str(baseline))
+    assert rc == 0, text
+
+
 @pytest.mark.parametrize("baseline_from", ["v1", "v2"])
 def test_regress_of_a_v1_summary_against_a_v2_one_with_identical_figures_passes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], baseline_from: str) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from replay_exit import RAN
+
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
@@ -39,7 +41,7 @@ def test_link_drop_raises_the_threshold_with_a_recorded_reason(tmp_path: Path) -
            "--set", "workload.output_tokens=64", "--set", "serving.stream_interval=8",
            "--set", "policy.control.interval_s=1.0"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode in RAN, r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["requests"]["completed"] == 90
     ctl = s["control"]

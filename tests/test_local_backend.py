@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from replay_exit import RAN
+
 pytestmark = pytest.mark.app
 
 FAST = ["--set", "scale.speedup=40", "--set", "scale.byte_scale=1024", "--set", "workload.output_tokens=32",
@@ -55,7 +57,7 @@ def test_replay_cli_on_local_backend(tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "12", "--rate", "3",
                                 "--out", str(out), "--json", "--backend", "local", *FAST), capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode in RAN, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary["requests"]["total"] == 12 and summary["requests"]["completed"] == 12
     assert summary["run"]["shaping_method"] == "none"

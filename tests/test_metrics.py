@@ -167,12 +167,12 @@ def test_summary_figures_by_hand(tmp_path: Path) -> None:
     assert by.wan_per_offloaded_request_paper == ap(384_000)
     assert by.wan_per_offloaded_request_wire == ap(1500)
 
-    # |0.4-0.38|, 0, |0.2-0.19| -> median 0.01 s; relative 0.0526, 0, 0.0526 -> warn.
+    # |0.4-0.38|, 0, |0.2-0.19| -> median 0.01 s; relative 0.0526, 0, 0.0526 -> invalid (bound 3%).
     fid = s.fidelity
     assert fid.n == 3
     assert fid.prefill_abs_err_median_s == ap(0.01)
     assert fid.prefill_rel_err_median == ap(0.01 / 0.19)
-    assert fid.warn is True
+    assert fid.warn is None and "warn" not in s.to_json_dict()["fidelity"]     # validity is the one verdict
     assert s.validity is not None and s.validity.valid is False and "prefill durations off the model by 5.3%" in s.validity.reasons[0]
 
     # prfaas-p0 sent KV over the WAN: 3000 wire B in 2 wire s, peak 2000 B/s.
@@ -208,7 +208,7 @@ def test_empty_and_failed_only_runs(tmp_path: Path, records: list[RequestRecord]
     assert s.bytes.kv_per_request_paper is None
     assert s.throughput.goodput_rps_paper is None
     fid = s.fidelity
-    assert (fid.n, fid.prefill_abs_err_median_s, fid.prefill_rel_err_median, fid.warn) == (0, None, None, False)
+    assert (fid.n, fid.prefill_abs_err_median_s, fid.prefill_rel_err_median) == (0, None, None)
     assert fid.decode_step_late_share is None and fid.token_lag_p90_s_paper is None
     assert s.validity is not None and s.validity.model_dump() == {"valid": True, "reasons": []}     # nothing measured, nothing judged
     assert s.wan_egress.mean_Bps_paper is None

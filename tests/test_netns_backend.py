@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from replay_exit import RAN
 from procinfo import pids_naming
 from wan_bound import counters_bound
 
@@ -89,7 +91,7 @@ def test_replay_over_shaped_link_counts_wan_bytes(tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "16", "--rate", "2",
                                 "--out", str(out), "--json", *FAST), capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode in RAN, r.stderr[-3000:]
     s = json.loads(r.stdout)
     assert s["requests"]["completed"] == 16
     assert s["run"]["shaping_method"] in ("fallback", "netem")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from replay_exit import RAN, replay_until_valid
+
 from testbed.cli import main
 
 nbformat = pytest.importorskip("nbformat", reason="needs the analysis extra: pip install -e '.[analysis]'")
@@ -26,8 +28,8 @@ FAST = ["--backend", "inproc", "--set", "scale.speedup=40", "--set", "workload.o
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("nb")
     cmp_dir, sweep_dir = root / "compare", root / "sweep"
-    assert main(["replay", "--compare", "paper-homogeneous", "paper-prfaas", "paper-naive", *FAST,
-                 "--out", str(cmp_dir), "--json"]) == 0
+    assert replay_until_valid(["replay", "--compare", "paper-homogeneous", "paper-prfaas", "paper-naive", *FAST,
+                               "--out", str(cmp_dir), "--json"]) in RAN
     assert main(["sweep", "--scenario", "paper-prfaas", "--param", "policy.threshold=10000,40000", *FAST,
                  "--out", str(sweep_dir), "--json"]) == 0
     map_dir = root / "map"

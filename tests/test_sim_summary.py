@@ -61,7 +61,7 @@ def test_a_simulated_replay_writes_its_report_only_when_asked_and_later_on_deman
                              f'"hash_ids": [{i}, {i + 100}, {i + 200}, {i + 300}]}}\n' for i in range(12)))
     base = ["replay", "--scenario", "paper-homogeneous", "--backend", "sim", "--trace", str(trace)]
     assert main([*base, "--out", str(tmp_path / "a")]) == 0
-    assert f"report with plots: testbed report {tmp_path / 'a'}" in capsys.readouterr().out
+    assert f"no report: `testbed report {tmp_path / 'a'}` writes report.md and its plots" in capsys.readouterr().out
     assert (tmp_path / "a" / "summary.json").is_file() and not (tmp_path / "a" / "report.md").exists()
     assert main(["report", str(tmp_path / "a")]) == 0
     assert (tmp_path / "a" / "report.md").is_file() and (tmp_path / "a" / "ttft_cdf.png").is_file()

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from replay_exit import RAN
 from wan_bound import counters_bound
 import yaml
 from aiohttp import web
@@ -300,7 +302,7 @@ def test_swarm_replay_over_the_shaped_link_and_teardown(tmp_path: Path) -> None:
                            "--set", "workload.output_tokens=64", "--set", "serving.stream_interval=8"),
                        capture_output=True, text=True, timeout=1800)
     took = time.monotonic() - t
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode in RAN, r.stderr[-3000:]
     s = json.loads(r.stdout)
     meta = json.loads((out / "run.json").read_text())
     project = meta["shaping"]["project"]

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from replay_exit import RAN
 from conftest import docker_available
 from wan_bound import counters_bound
 
@@ -185,7 +187,7 @@ def test_replay_across_three_engines_crosses_the_wan_between_them(lab: Lab, left
     r = subprocess.run(_up(lab, out, "--requests", "12", "--rate", "2", "--json"), env=_env(lab),
                        capture_output=True, text=True, timeout=left())
     took = time.monotonic() - t
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode in RAN, r.stderr[-3000:]
     s = json.loads(r.stdout)
     meta = json.loads((out / "run.json").read_text())
     sh = meta["shaping"]
@@ -239,7 +241,7 @@ def test_losing_the_remote_engine_mid_run_accounts_for_every_request(lab: Lab, l
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode in RAN, err[-3000:]
     meta = json.loads((out / "run.json").read_text())
     assert meta["state"] == "finished"
     rows = _records(out)

@@ -31,6 +31,7 @@ from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import Summary
 from testbed.metrics.artefacts.summary_file import LinkPhase
 from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands
+from testbed.metrics.plot_style import stamp
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.stats import percentile
 from testbed.metrics.timeseries import decision_points, select, time_weighted_mean
@@ -127,7 +128,7 @@ def change_rows(s: Summary, limit: int = 20) -> list[tuple[str, str, str, str]]:
 
 
 def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path,
-                 bands: Sequence[FaultWindow] = ()) -> Path | None:
+                 bands: Sequence[FaultWindow] = (), title: str = "") -> Path | None:
     """Threshold over time; WAN delivered rate and the loop's bandwidth estimate; predicted loads."""
     thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
     est = sorted(select(samples, metric="wan_bandwidth_estimate_bps_paper"), key=lambda p: p.t)
@@ -164,6 +165,7 @@ def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path,
     for a in ax:
         a.grid(alpha=0.3)
     draw_fault_bands(ax, bands)
+    stamp(fig, title)
     fig.savefig(path, dpi=110)
     return path
 

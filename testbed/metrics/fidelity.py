@@ -74,7 +74,6 @@ def fidelity(records: Sequence[RequestRecord], samples: Sequence[SeriesPoint], s
         "cpu_busy_mean": float(np.mean(cpu)) if cpu else None,
         "cpu_saturated_share": float(np.mean([c >= CPU_SATURATED for c in cpu])) if cpu else None,
     }
-    out["warn"] = rel is not None and rel > PREFILL_REL_BOUND
     out["bounds"] = {
         "prefill_rel_err_median": PREFILL_REL_BOUND,
         "decode_step_late_share": DECODE_LATE_BOUND,

@@ -31,6 +31,7 @@ from testbed.metrics.control import cache_rows, change_rows, control_rows, phase
 from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands, faults_section, load_faults
 from testbed.metrics.roles import decision_rows, long_term_rows, plot_roles, read_role_decisions, roles_cell
 from testbed.metrics.wanlink import plot_wan, wan_rows
+from testbed.metrics.plot_style import line_styles, run_title, stamp
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_rate, group_series, select
 
@@ -132,9 +133,18 @@ def run_label(summary: Summary) -> str:
     return name if not policy or policy in name else f"{name} ({policy})"
 
 
-def unique_labels(summaries: Sequence[Summary]) -> list[str]:
-    """Run labels, numbered where two runs share a name (e.g. repeats of one scenario)."""
+def unique_labels(summaries: Sequence[Summary], dirs: Sequence[Path] | None = None) -> list[str]:
+    """Run labels; where two runs share a name (repeats of one scenario), their directories tell
+    them apart (the shortest tail of each path that differs), and only where those are alike too
+    a number."""
     labels = [run_label(s) for s in summaries]
+    if dirs is not None and len(dirs) == len(labels) and len(set(labels)) < len(labels):
+        paths = [Path(d).resolve().parts for d in dirs]
+        for k in range(1, max(len(p) for p in paths) + 1):
+            tails = ["/".join(p[-k:]) for p in paths]
+            if len(set(tails)) == len(tails):
+                labels = [lab if labels.count(lab) == 1 else tail for lab, tail in zip(labels, tails)]
+                break
     seen: dict[str, int] = {}
     out = []
     for lab in labels:
@@ -294,7 +304,8 @@ def _figure(**kw: Any) -> Figure:
     return Figure(**kw)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path, title: str = "") -> Path:
+    stamp(fig, title)
     fig.savefig(path, dpi=110)
     return path
 
@@ -303,7 +314,8 @@ def _no_data(ax: Axes, msg: str) -> None:
     ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def plot_ttft_cdf(curves: Sequence[tuple[str, Sequence[float]]], path: Path, slo_s: float | None = None) -> Path:
+def plot_ttft_cdf(curves: Sequence[tuple[str, Sequence[float]]], path: Path, slo_s: float | None = None,
+                  title: str = "") -> Path:
     """Empirical CDFs of TTFT (paper seconds), one line per (label, values)."""
     fig = _figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
@@ -326,14 +338,14 @@ def plot_ttft_cdf(curves: Sequence[tuple[str, Sequence[float]]], path: Path, slo
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize="small")
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 def _series_panel(ax: Axes, samples: Sequence[SeriesPoint], speedup: float, ylabel: str) -> None:
     groups = group_series(samples)
-    for key, series in groups.items():
+    for (key, series), (colour, dash) in zip(groups.items(), line_styles(len(groups))):
         ax.plot([p.t * speedup for p in series], [p.value for p in series], drawstyle="steps-post",
-                label=key, linewidth=1)
+                label=key, linewidth=1, color=colour, linestyle=dash)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if 0 < len(groups) <= 12:  # beyond a dozen lines a legend hides the plot
@@ -341,7 +353,7 @@ def _series_panel(ax: Axes, samples: Sequence[SeriesPoint], speedup: float, ylab
 
 
 def plot_queues(samples: Sequence[SeriesPoint], speedup: float, path: Path,
-                bands: Sequence[FaultWindow] = ()) -> Path | None:
+                bands: Sequence[FaultWindow] = (), title: str = "") -> Path | None:
     """Queue depth and running batch over time per node; None when no such series exist."""
     present = [m for m in QUEUE_METRICS if select(samples, metric=m)]
     if not present:
@@ -352,12 +364,12 @@ def plot_queues(samples: Sequence[SeriesPoint], speedup: float, path: Path,
         _series_panel(ax, select(samples, metric=m), speedup, m)
     axes[-1].set_xlabel("time since run start (paper seconds)")
     draw_fault_bands(axes, bands)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 def plot_links(
     samples: Sequence[SeriesPoint], scale: Scale, path: Path, wan_series: frozenset[str] = frozenset(),
-    bands: Sequence[FaultWindow] = (),
+    bands: Sequence[FaultWindow] = (), title: str = "",
 ) -> Path | None:
     """KV egress rate of each byte counter (paper Gbit/s), and the routing threshold if recorded.
 
@@ -371,7 +383,7 @@ def plot_links(
     fig = _figure(figsize=(8, 2.8 * n + 0.6), layout="constrained")
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     groups = group_series(counters)
-    for key, series in groups.items():
+    for (key, series), (colour, _) in zip(groups.items(), line_styles(len(groups))):
         t, r = counter_rate(series)
         if not t.size:
             continue
@@ -380,7 +392,7 @@ def plot_links(
         y = np.concatenate([r[:1], r]) * scale.byte_scale / scale.speedup * 8 / 1e9
         wan = key in wan_series
         axes[0].plot(x, y, drawstyle="steps-pre", label=f"{key} (WAN)" if wan else key, linewidth=1,
-                     linestyle="-" if wan else "--")
+                     linestyle="-" if wan else "--", color=colour)
     axes[0].set_ylabel("egress (paper Gbit/s)")
     axes[0].grid(alpha=0.3)
     if len(groups) <= 12:
@@ -389,7 +401,7 @@ def plot_links(
         _series_panel(axes[1], thresholds, scale.speedup, "threshold (tokens)")
     axes[-1].set_xlabel("time since run start (paper seconds)")
     draw_fault_bands(axes, bands)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 # ---------------------------------------------------------------- documents
@@ -426,23 +438,8 @@ def write_report(run_dir: Path, summary: Summary | None = None) -> Path:
     run = s.run
     scale = Scale(run.speedup, run.byte_scale)
     records = load_records(run_dir)
-    ttfts = [t * scale.speedup for t in completed_ttfts_wire(records)]
     samples = load_run_timeseries(run_dir, load_run_meta(run_dir))
-    wan_series = frozenset(k for k, v in s.links.items() if v.wan)
-    faults = load_faults(run_dir)
-
-    plots = [("TTFT CDF", plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", run.slo_ttft_s))]
-    for title, p in (
-        ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png", faults)),
-        ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series, faults)),
-        ("WAN link", plot_wan(samples, scale, run_dir / "wan.png", faults)),
-        ("Threshold and WAN bandwidth (control loop)", plot_control(samples, scale, run_dir / "control.png", faults)),
-        ("PD roles, stage loads and threshold (long-term loop)",
-         plot_roles(samples, read_role_decisions(run_dir, load_run_meta(run_dir).t0, scale.speedup), scale,
-                    run_dir / "roles.png", faults)),
-    ):
-        if p is not None:
-            plots.append((title, p))
+    plots = _write_plots(run_dir, s, records, samples)
 
     out = [f"# Run report: {run.name}", "", _preamble(s), ""]
     if run.cut_short:
@@ -453,12 +450,6 @@ def write_report(run_dir: Path, summary: Summary | None = None) -> Path:
     if s.validity is not None and not s.validity.valid:
         out += ["> **INVALID RUN:** the testbed could not keep the scenario's time, so its figures are not "
                 "measurements of the scenario: " + "; ".join(s.validity.reasons) + ".", ""]
-    elif fid.warn:
-        out += [
-            f"> **Warning:** the testbed's own timing error is {fmt_pct(fid.prefill_rel_err_median)} "
-            "(median measured vs modelled prefill time), above 3%: differences of that size are noise.",
-            "",
-        ]
     out += ["## Summary", "", md_table(["Metric", "Paper units", "Wire units"], summary_rows(s)), ""]
     wrows = wan_rows(s.wan_link)
     if wrows:
@@ -507,6 +498,44 @@ def write_report(run_dir: Path, summary: Summary | None = None) -> Path:
     return path
 
 
+def write_plots(run_dir: Path, summary: Summary | None = None) -> list[tuple[str, Path]]:
+    """The run's plots alone (no report.md), from its records and time series: (title, path)
+    of each written. Without `summary`, the one in summary.json, else recomputed."""
+    run_dir = Path(run_dir)
+    if summary is None:
+        from testbed.metrics.summary import read_summary
+        summary = read_summary(run_dir) if (run_dir / "summary.json").exists() else summarize(run_dir)
+    return _write_plots(run_dir, summary, load_records(run_dir), load_run_timeseries(run_dir, load_run_meta(run_dir)))
+
+
+def _write_plots(run_dir: Path, s: Summary, records: Sequence[Any], samples: Sequence[SeriesPoint]
+                 ) -> list[tuple[str, Path]]:
+    """Every plot the run's data makes, each titled with the run's name (and INVALID when so)."""
+    scale = Scale(s.run.speedup, s.run.byte_scale)
+    ttfts = [t * scale.speedup for t in completed_ttfts_wire(records)]
+    wan_series = frozenset(k for k, v in s.links.items() if v.wan)
+    faults = load_faults(run_dir)
+
+    def title(what: str) -> str:
+        return run_title(s.run.name, s.valid, what)
+
+    plots = [("TTFT CDF", plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", s.run.slo_ttft_s,
+                                        title("TTFT CDF")))]
+    for name, p in (
+        ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png", faults, title("queues"))),
+        ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series, faults, title("KV egress"))),
+        ("WAN link", plot_wan(samples, scale, run_dir / "wan.png", faults, title("WAN link"))),
+        ("Threshold and WAN bandwidth (control loop)",
+         plot_control(samples, scale, run_dir / "control.png", faults, title("control loop"))),
+        ("PD roles, stage loads and threshold (long-term loop)",
+         plot_roles(samples, read_role_decisions(run_dir, load_run_meta(run_dir).t0, scale.speedup), scale,
+                    run_dir / "roles.png", faults, title("long-term loop"))),
+    ):
+        if p is not None:
+            plots.append((name, p))
+    return plots
+
+
 def _shaping_line(run_dir: Path) -> str:
     """How the link was shaped, from run.json, in one sentence."""
     try:
@@ -546,9 +575,7 @@ def _preamble(s: Summary) -> str:
 
 
 def _validity_cell(s: Summary) -> str:
-    if not s.valid:
-        return "INVALID"
-    return "WARN" if s.fidelity.warn else "ok"
+    return "ok" if s.valid else "INVALID"
 
 
 def _fidelity_line(fid: Fidelity) -> str:
@@ -590,18 +617,24 @@ def write_comparison(
         summaries = [summarize(d) for d in dirs]
     elif len(summaries) != len(dirs):
         raise ValueError(f"{len(summaries)} summaries for {len(dirs)} run directories")
-    labels = unique_labels(summaries)
+    labels = unique_labels(summaries, dirs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     curves = [
-        (lab, [t * s.run.speedup for t in completed_ttfts_wire(load_records(d))])
+        (lab if s.valid else f"{lab} (INVALID)", [t * s.run.speedup for t in completed_ttfts_wire(load_records(d))])
         for lab, s, d in zip(labels, summaries, dirs)
     ]
     slos = {s.run.slo_ttft_s for s in summaries}
-    plot_ttft_cdf(curves, out_dir / "ttft_cdf.png", slos.pop() if len(slos) == 1 else None)
+    bad = [lab for lab, s in zip(labels, summaries) if not s.valid]
+    plot_ttft_cdf(curves, out_dir / "ttft_cdf.png", slos.pop() if len(slos) == 1 else None,
+                  f"TTFT CDF: {' vs '.join(labels)}" + (f" (INVALID: {', '.join(bad)})" if bad else ""))
 
     out = [f"# Comparison: {' vs '.join(labels)}", ""]
+    for lab, s in zip(labels, summaries):
+        if not s.valid and s.validity is not None:
+            out += [f"> **INVALID RUN {lab}:** the testbed could not keep the scenario's time, so its figures are not "
+                    "measurements of the scenario: " + "; ".join(s.validity.reasons) + ".", ""]
     out.append(f"All figures in paper units. Baseline for the verdicts: **{labels[0]}**.")
     setups = {(s.run.speedup, s.run.byte_scale, s.run.shaping_method) for s in summaries}
     if len(setups) > 1:

@@ -32,7 +32,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     c.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png")
     c.add_argument("--json", action="store_true", help="print the summaries and verdicts as JSON")
+    c.add_argument("--csv", action=StoreOnce, type=Path, metavar="FILE",
+                   help="also write FILE: one row per run, its directory, validity and every figure of its "
+                        "summary.json as a dotted column (ttft_s.p90, throughput.goodput_rps_paper, ...)")
+    c.add_argument("--accept-invalid", action="store_true",
+                   help="exit 0 even when a run is marked invalid (without it: exit 3)")
     c.set_defaults(func=cmd_compare)
+
+    pl = sub.add_parser(
+        "plot",
+        help="write the plots of runs (simulated ones included) without a report",
+        description="Write each RUN_DIR's plots (ttft_cdf.png, queues.png, and links.png, wan.png, control.png, "
+                    "roles.png where the run has their data) from its records and time series; each plot names "
+                    "its run and says INVALID when the testbed marked the run so.",
+    )
+    pl.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    pl.set_defaults(func=cmd_plot)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -56,10 +71,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def print_summary_table(summary: Summary, title: str | None = None, console: Console | None = None,
-                        prefix: str | None = None) -> None:
+                        prefix: str | None = None, validity: bool = True) -> None:
     """One run's summary as a terminal table (paper and wire units), plus its warnings (`prefix`:
-    the run's name for `testbed down`, named in a cut-short run's)."""
-    from testbed.metrics.report import fmt_pct, run_label, summary_rows
+    the run's name for `testbed down`, named in a cut-short run's; `validity` False leaves out the
+    INVALID line, for a caller that says it around the table)."""
+    from testbed.metrics.report import run_label, summary_rows
 
     run = summary.run
     console = console or Console()
@@ -76,9 +92,8 @@ def print_summary_table(summary: Summary, title: str | None = None, console: Con
     for row in summary_rows(summary):
         table.add_row(*(Text(c) for c in row))
     console.print(table)
-    fid = summary.fidelity
-    if fid.warn:
-        console.print(Text(f"warning: testbed timing error {fmt_pct(fid.prefill_rel_err_median)} > 3%", style="yellow"))
+    if validity and not summary.valid and summary.validity is not None:
+        console.print(Text("INVALID RUN: " + "; ".join(summary.validity.reasons), style="bold red"))
     if run.cut_short:
         from testbed.metrics.report import cut_short_note
         console.print(Text("warning: " + cut_short_note(summary, prefix).removeprefix("> **CUT SHORT:** "), style="yellow"))
@@ -89,17 +104,24 @@ def print_summary_table(summary: Summary, title: str | None = None, console: Con
 def cmd_compare(args: argparse.Namespace) -> int:
     from testbed.metrics.report import comparison_rows, unique_labels, verdicts, write_comparison
     from testbed.metrics.summary import summarize
+    from testbed.metrics.verdict import RunOutcome, closing_block, exit_code, invalid
 
     dirs: list[Path] = args.run_dirs
     summaries = [summarize(d) for d in dirs]
     written = write_comparison(dirs, args.out, summaries) if args.out is not None else None
-    labels = unique_labels(summaries)
+    labels = unique_labels(summaries, dirs)
     lines = verdicts(summaries, labels)
+    outcomes = [RunOutcome(lab, d, s) for lab, d, s in zip(labels, dirs, summaries)]
+    if args.csv is not None:
+        from testbed.metrics.summary_csv import write_summary_csv
+        write_summary_csv(args.csv, outcomes)
+    rc = exit_code(outcomes, args.accept_invalid)
     if args.json:
-        runs = [{"label": lab, "run_dir": str(d), "summary": s.to_json_dict()} for lab, d, s in zip(labels, dirs, summaries)]
+        runs = [{"label": lab, "run_dir": str(d), "valid": s.valid, "summary": s.to_json_dict()}
+                for lab, d, s in zip(labels, dirs, summaries)]
         print(json.dumps({"baseline": labels[0], "runs": runs, "verdicts": lines}, indent=2))
-        return 0
-    console = Console()
+        return rc
+    console = Console(highlight=False, soft_wrap=True)
     table = Table(title="Runs side by side (paper units)")
     table.add_column("Metric", no_wrap=True)
     for lab in labels:
@@ -107,8 +129,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for metric, cells in comparison_rows(summaries):
         table.add_row(Text(metric), *(Text(c) for c in cells))
     console.print(table)
-    for line in lines:
+    block = closing_block(outcomes, written, lines, args.accept_invalid)
+    if args.csv is not None:
+        block.insert(-1, f"csv: {args.csv}")
+    for line in block[:-1]:
         console.print(Text(line))
-    if written is not None:
-        console.print(Text(f"wrote {written}"))
+    console.print(Text(block[-1], style="bold red" if invalid(outcomes) else "bold green"))
+    return rc
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from testbed.metrics.report import write_plots
+
+    for d in args.run_dirs:
+        plots = write_plots(d)
+        print(f"{d}: " + ", ".join(str(p) for _, p in plots))
     return 0

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 
 from testbed.core.schema.scaling import Scale
+from testbed.metrics.plot_style import stamp
 from testbed.metrics.artefacts import Summary
 from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
@@ -93,7 +94,7 @@ def decision_rows(s: Summary, limit: int = 20) -> list[tuple[str, str, str, str,
 
 
 def plot_roles(samples: Sequence[SeriesPoint], decisions: Sequence[dict[str, Any]], scale: Scale, path: Path,
-               bands: Sequence[FaultWindow] = ()) -> Path | None:
+               bands: Sequence[FaultWindow] = (), title: str = "") -> Path | None:
     """PD instances per role over time with the loop's decisions marked; the stage loads it
     judged; the threshold in force and the one the loop holds."""
     pre = _counts(samples, "prefill")
@@ -147,6 +148,7 @@ def plot_roles(samples: Sequence[SeriesPoint], decisions: Sequence[dict[str, Any
     for a in ax:
         a.grid(alpha=0.3)
     draw_fault_bands(ax, bands)
+    stamp(fig, title)
     fig.savefig(path, dpi=110)
     return path
 

@@ -17,6 +17,7 @@ from testbed.core.record import RequestRecord
 from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts.summary_file import WanLink
 from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands
+from testbed.metrics.plot_style import stamp
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series
 
@@ -126,7 +127,8 @@ def link_usage(samples: Sequence[SeriesPoint], records: Sequence[RequestRecord],
     }
 
 
-def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path, bands: Sequence[FaultWindow] = ()) -> Path | None:
+def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path, bands: Sequence[FaultWindow] = (),
+             title: str = "") -> Path | None:
     """Each WAN link's measured rate (100 ms windows, paper Gbit/s) with the configured rate in
     force drawn under it."""
     from matplotlib.figure import Figure
@@ -158,6 +160,7 @@ def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path, bands: Se
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small", loc="best")
     draw_fault_bands([ax], bands)
+    stamp(fig, title)
     fig.savefig(path, dpi=110)
     return path
 

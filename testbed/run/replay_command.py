@@ -42,6 +42,9 @@ def _add_scenario_args(p: argparse.ArgumentParser, backends: dict[str, Any]) -> 
                         f"${API_KEY_ENV} if set, else one made for the run (a held deployment prints it and writes "
                         f"it to {API_KEY_FILE} in the run directory, readable by this user only)")
     p.add_argument("--json", action="store_true", help="print figures as JSON")
+    p.add_argument("--accept-invalid", action="store_true",
+                   help="exit 0 even when the testbed marks a run invalid (its timing not faithful to the scenario), "
+                        "for exploration; the verdict still says INVALID. Without it such a run exits 3")
     p.add_argument("--report", action=argparse.BooleanOptionalAction, default=None,
                    help="write report.md with its plots (and with --compare, comparison.md) into the run directory; "
                         "default: yes for emulated runs, no for simulated ones, whose run directory is then only "
@@ -54,27 +57,21 @@ def wants_report(args: argparse.Namespace, backend: str) -> bool:
     return bool(args.report) if args.report is not None else not registry.get(backend).caps.simulator
 
 
-def _progress_runner(label: str, enabled: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("sent {task.fields[sent]}  failed {task.fields[failed]}"), TimeElapsedColumn(),
-                    disable=not enabled, transient=False)
-    return prog
-
-
 async def _run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: bool,
                    prometheus: str | None = None, report: bool = True) -> RunResult:
+    from testbed.run.run_progress import run_progress
     from testbed.run.runner import run_replay_async
 
-    prog = _progress_runner(rs.name, show)
-    task = prog.add_task(rs.name, total=len(trace), sent=0, failed=0)
-
-    def cb(s: Any) -> None:
-        prog.update(task, completed=s.completed + s.failed, sent=s.sent, failed=s.failed)
-
+    prog = run_progress(rs.name, len(trace), expected_wall_s(trace, rs.spec.scale.speedup), show)
     with prog:
-        return await run_replay_async(rs, trace, out, backend, on_progress=cb, report=report, prometheus=prometheus)
+        return await run_replay_async(rs, trace, out, backend, on_progress=prog.update, report=report,
+                                      prometheus=prometheus)
+
+
+def expected_wall_s(trace: Trace, speedup: float) -> float:
+    """Wall seconds from the first arrival to the last: the trace's span over the speedup (the
+    drain after the last arrival and the deployment's start come on top)."""
+    return trace.duration / speedup if len(trace) > 1 else 0.0
 
 
 def run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: bool,
@@ -106,7 +103,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     scenarios = [load(n, run_overrides(args, n)) for n in names]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
-    show = not args.json and sys.stderr.isatty()
+    show = not args.json
     from testbed.deploy.registry import pick_backend, refuse_unhonoured
     backend, warning = pick_backend(args.backend)
     report = wants_report(args, backend)
@@ -147,8 +144,13 @@ def _replay_into(args: argparse.Namespace, scenarios: list[ResolvedScenario], ba
                 rs = with_speedup(rs, s)
                 sc = rs.spec
             if not args.json:
+                from testbed.run.run_progress import fmt_duration
+                wall = ("simulated" if registry.get(backend).caps.simulator else
+                        f"about {fmt_duration(expected_wall_s(trace, sc.scale.speedup))} of arrivals at this speedup, "
+                        "plus start-up and drain")
                 print(f"replaying {len(trace)} requests of {trace.source} on {sc.name} "
-                      f"(speedup {sc.scale.speedup:g}, byte_scale {sc.scale.byte_scale:g}) -> {out}", file=sys.stderr)
+                      f"(speedup {sc.scale.speedup:g}, byte_scale {sc.scale.byte_scale:g}; {wall}) -> {out}",
+                      file=sys.stderr, flush=True)
             results.append(run_one(rs, trace, out, backend, show, args.prometheus, report))
     except KeyboardInterrupt:
         if not began and not results:       # stopped while the trace was read: no run had begun
@@ -159,23 +161,45 @@ def _replay_into(args: argparse.Namespace, scenarios: list[ResolvedScenario], ba
         else:
             print(f"interrupted: services stopped, records so far kept under {base}", file=sys.stderr)
         return 130
+    return _finish(args, results, base, report)
+
+
+def _finish(args: argparse.Namespace, results: list[RunResult], base: Path, report: bool) -> int:
+    """Figures, closing block and exit status: an invalid run says so first (before its figures)
+    and last (the verdict line), and exits EXIT_INVALID unless --accept-invalid."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from testbed.metrics.verdict import RunOutcome, closing_block, exit_code, invalid, invalid_headline
+
+    comparison = None
     if len(results) > 1 and report:
         from testbed.metrics.report import write_comparison
-        write_comparison([r.run_dir for r in results], base)
+        from testbed.run.run_progress import StepTicker
+        with StepTicker(f"writing the comparison of {len(results)} runs into {base}", every_s=5.0):
+            comparison = write_comparison([r.run_dir for r in results], base)
+    outcomes = [RunOutcome(r.run_dir.name, r.run_dir, r.summary) for r in results]
+    # With --json stdout is the JSON alone: the verdict goes to stderr.
+    console = Console(stderr=bool(args.json), highlight=False, soft_wrap=True)
+    for line in invalid_headline(outcomes):
+        console.print(Text(line, style="bold red"))
     if args.json:
         print(json.dumps({r.run_dir.name: r.summary.to_json_dict() for r in results} if len(results) > 1
-                         else results[0].summary.to_json_dict(), indent=1))
+                         else results[0].summary.to_json_dict(), indent=1), flush=True)
     else:
         from testbed.metrics.report_command import print_summary_table
         for r in results:
-            print_summary_table(r.summary, title=f"{r.run_dir.name}")
-        if report:
-            print(f"report: {base / 'comparison.md' if len(results) > 1 else base / 'report.md'}")
-        elif len(results) > 1:
-            print(f"comparison: testbed compare {' '.join(str(r.run_dir) for r in results)} --out {base}")
-        else:
-            print(f"summary: {base / 'summary.json'}; report with plots: testbed report {base}")
-    return 0
+            print_summary_table(r.summary, title=f"{r.run_dir.name}", console=console, validity=False)
+    lines = []
+    if len(results) > 1:
+        from testbed.metrics.report import verdicts
+        lines = verdicts([r.summary for r in results], [o.label for o in outcomes])
+    block = closing_block(outcomes, comparison, lines, args.accept_invalid)
+    rc = exit_code(outcomes, args.accept_invalid)
+    for line in block[:-1]:
+        console.print(Text(line))
+    console.print(Text(block[-1], style="bold red" if invalid(outcomes) else "bold green"))
+    return rc
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -9,6 +9,8 @@ Schema versions (`schema_version`; `schema` is the older layout counter, kept as
 - 3: `run.cut_short` (its process died without closing the run: `run.json` still says `running`)
   and `run.trace_requests` (requests the run was to send, when known). Every version-2 key is
   unchanged, and `run.interrupted` is also true for a run cut short.
+- 4: `fidelity.warn` is no longer written: `validity` is the run's one verdict (the prefill error that
+  `warn` judged is one of its bounds). Files of versions 1-3 keep their `warn` and read as before.
 
 Unknown keys are errors everywhere except where the keys are names (links, nodes, failure
 reasons, decision actions): a dict of typed values there.
@@ -22,7 +24,7 @@ from pydantic import Field
 
 from testbed.metrics.artefacts.io import Artefact, Section
 
-SUMMARY_VERSION = 3
+SUMMARY_VERSION = 4
 LAYOUT = 2   # `schema`: 2 added `validity` and the fidelity section's decode, lag, router and CPU measures
 
 
@@ -385,8 +387,8 @@ class Fidelity(Section):
     """Host CPU busy share over the run."""
     cpu_saturated_share: float | None = None
     """Share of host CPU samples at >= 95%."""
-    warn: bool
-    """`prefill_rel_err_median` above 3%: service-time emulation is off; distrust fine differences."""
+    warn: bool | None = None
+    """Versions 1-3 only: `prefill_rel_err_median` above 3%. Version 4 leaves it out: `validity` is the verdict."""
     bounds: FidelityBounds = Field(default_factory=FidelityBounds)
     """The bound each timing measure is held to (`testbed.metrics.fidelity`)."""
 
@@ -463,7 +465,8 @@ class Summary(Artefact):
     fidelity: Fidelity
     """The run's own timing against the service model."""
     validity: Validity | None = None
-    """Whether the run's timing was faithful enough for its figures to stand."""
+    """Whether the run's timing was faithful enough for its figures to stand: the run's one verdict (`testbed
+    replay` exits 3 when it is false; absent only in files written before layout 2)."""
     wire: Wire
     """The timing sections in wire seconds."""
     timeseries: SeriesInfo

@@ -155,7 +155,12 @@ async def search(rs: ResolvedScenario, out: Path, backend: str, lo: float, hi: f
     res = CapacityResult(sc.name, None, None, model_lambda(sc, rs.inter_dc.rate), ttft_slo, sc.slo.tpot_s)
 
     async def run(rate: float) -> bool:
-        p = await _probe(rs, rate, out, backend, growth_limit, ttft_slo, growth_s, trace)
+        if verbose:
+            from testbed.run.run_progress import StepTicker
+            with StepTicker(f"  probe {len(res.probes) + 1} of {probes}: {sc.name} at {rate:.3f} req/s"):
+                p = await _probe(rs, rate, out, backend, growth_limit, ttft_slo, growth_s, trace)
+        else:
+            p = await _probe(rs, rate, out, backend, growth_limit, ttft_slo, growth_s, trace)
         res.probes.append(p)
         if verbose:
             print(f"  {rate:.3f} req/s: {'stable' if p.stable else 'UNSTABLE'}"

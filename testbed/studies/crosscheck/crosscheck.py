@@ -144,7 +144,7 @@ def crosscheck_one(rs: ResolvedScenario, trace: Trace, out: Path, args: argparse
     from testbed.run.replay_command import _run_one
     from testbed.run.runner import run_sim
 
-    show = not args.json and sys.stderr.isatty()
+    show = not args.json          # a bar on a terminal, plain lines in a log (testbed.run.run_progress)
     emu: Side | None = None
     if args.emulated is not None:
         d = emulated_dir(args.emulated, rs.name, several)
