@@ -35,6 +35,7 @@ from testbed.core.record import RequestRecord
 from testbed.core.gc_pause import paused_gc
 from testbed.metrics.records import RecordWriter
 from testbed.core.live_path import LivePathCosts
+from testbed.core.failures import Failure
 from testbed.core.faults import SlowDown
 from testbed.sim.control import ControlLoop
 from testbed.sim.faults import FaultRunner, Prober
@@ -270,8 +271,8 @@ class Simulation:
     def finished(self, req: SimRequest, t: float) -> None:
         self.router.finished(req, t)
 
-    def attempt_failed(self, req: SimRequest, reason: str, t: float) -> None:
-        self.router.attempt_failed(req, reason, t)
+    def attempt_failed(self, req: SimRequest, f: Failure, t: float) -> None:
+        self.router.attempt_failed(req, f, t)
 
     def closed(self, req: SimRequest, t: float) -> None:
         """The request is done, completed or failed: its record is written."""

@@ -9,6 +9,9 @@ Schema versions (`schema_version`; `schema` is the older layout counter, kept as
 - 3: `run.cut_short` (its process died without closing the run: `run.json` still says `running`)
   and `run.trace_requests` (requests the run was to send, when known). Every version-2 key is
   unchanged, and `run.interrupted` is also true for a run cut short.
+- 4: `requests.failure_kinds` (failed records by their `failure_kind`; records.csv version 2) and
+  `requests.failure_nodes` (by their `failure_node`). Every version-3 key is unchanged; an older
+  file reads with both empty.
 
 Unknown keys are errors everywhere except where the keys are names (links, nodes, failure
 reasons, decision actions): a dict of typed values there.
@@ -22,7 +25,7 @@ from pydantic import Field
 
 from testbed.metrics.artefacts.io import Artefact, Section
 
-SUMMARY_VERSION = 3
+SUMMARY_VERSION = 4
 LAYOUT = 2   # `schema`: 2 added `validity` and the fidelity section's decode, lag, router and CPU measures
 
 
@@ -69,6 +72,11 @@ class Requests(Section):
     """Records with any other outcome (the run stopped before they finished)."""
     failure_reasons: dict[str, int] = Field(default_factory=dict)   # keyed by reason
     """`{reason: count}` over failed records (`unknown` when a record gives none)."""
+    failure_kinds: dict[str, int] = Field(default_factory=dict)   # keyed by failure kind
+    """`{kind: count}` over failed records, by their `failure_kind` (`unknown` when a record gives none:
+    written before records.csv had the column)."""
+    failure_nodes: dict[str, int] = Field(default_factory=dict)   # keyed by instance
+    """`{instance: count}` over failed records that name the instance they failed at (`failure_node`)."""
 
 
 class Throughput(Section):
