@@ -12,7 +12,7 @@ _STATS = {"n": 40, "mean": 2.5, "p50": 2.3, "p90": 4.1, "p99": 5.1}
 _BREAKDOWN = {"routing": 0.01, "prefill_queue": 0.2, "prefill_compute": 2.0, "transfer_tail": 0.05,
               "decode_queue": 0.01, "first_step": 0.05, "other": 0.18}
 _FIGURES: dict[str, Any] = {
-    "schema_version": 3,
+    "schema_version": 4,
     "schema": 2,
     "run": {"name": "ci", "scenario": "paper-prfaas", "policy": "prfaas", "threshold": 19400.0,
             "speedup": 10.0, "byte_scale": 256.0, "shaping_method": "none", "offered_rate_rps": 1.6,
