@@ -6,9 +6,11 @@ are the file's external format and keep their names and order; each names a reco
 stamp of its `times`. What a record holds beyond them (the router-side stamps such as
 `router_arrival`, `decode_cluster`, `route_reason`, `cache_move_src`) is not stored.
 
-Schema versions (the file has no version of its own: its header names its columns):
+Schema versions (the file carries no number, its header names the columns):
 - 1: before `failure_kind`, `failure_node`, `retry_kind` and `retry_node`: what failed a request
-  was only in the `reason` and `retry_reason` texts. Such a file reads with those four empty.
+  was only in the `reason` and `retry_reason` texts. Such a file reads with those four empty: its
+  summary counts its failures' kinds as `unknown`, and its report's Faults section counts a
+  retried request by the instances it ran on only (the texts are for people, never parsed).
 - 2: `failure_kind` and `retry_kind` (a `testbed.core.failures.FailureKind`), `failure_node` and
   `retry_node` (the instance it happened at): what failed, as data.
 """
