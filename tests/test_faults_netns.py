@@ -182,6 +182,12 @@ def test_replay_through_a_wan_outage_with_resets(tmp_path: Path) -> None:
     assert len(rows) == 60 and len({r["request_id"] for r in rows}) == 60
     assert all(r["outcome"] in ("completed", "failed") for r in rows)
     assert s["requests"]["completed"] + s["requests"]["failed"] == 60
+    # Every failure names its kind; a KV transfer between two instances names neither.
+    failed = [r for r in rows if r["outcome"] == "failed"]
+    assert all(r["failure_kind"] for r in failed), [(r["request_id"], r["reason"]) for r in failed]
+    assert all(r["failure_node"] == "" for r in failed if r["failure_kind"] == "kv_transfer_failed")
+    print(f"outage with resets (netns): {len(failed)} failed, by kind "
+          f"{sorted((k, sum(r['failure_kind'] == k for r in failed)) for k in {r['failure_kind'] for r in failed})}")
     f = _faults(out)
     assert set(f) == {(0, "start"), (0, "end"), (1, "start"), (1, "end")}
     assert all(x["outcome"] == "ok" for x in f.values()), f

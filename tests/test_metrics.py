@@ -290,8 +290,8 @@ def test_report_and_plots_written(tmp_path: Path) -> None:
     text = path.read_text()
     assert path == run / "report.md"
     for needle in ("# Run report: paper-prfaas", "speedup s = 4", "byte_scale b = 256", "htb+tun-delay",
-                   "| TTFT mean | 2.13 s | 0.533 s |", "KV transfer tail", "| transfer_timeout | 2 |", "| kv_transfer_failed | 2 |",
-                   "| pd-d0 | 1 |",
+                   "| TTFT mean | 2.13 s | 0.533 s |", "KV transfer tail", "| transfer_timeout | 2 |",
+                   "| kv_transfer_failed | 2 |", "| pd-d0 | 1 |",
                    "INVALID RUN", "prefill durations off the model by 5.3%", "![TTFT CDF](ttft_cdf.png)", "![Queues](queues.png)"):
         assert needle in text, needle
     for png in ("ttft_cdf.png", "queues.png", "links.png"):

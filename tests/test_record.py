@@ -200,8 +200,8 @@ def test_csv_bytes_are_the_external_format(tmp_path: Path) -> None:
                        cache_move_tokens=1024, cache_move_bytes_paper=4096000, cache_move_bytes_wire=16000,
                        route_reason="not a column", retries=1, retry_reason="prefill node prfaas-p1 unreachable",
                        retry_kind="prefill_node_down", retry_node="prfaas-p1", times=times)
-    r2 = RequestRecord("r2", 4, 100, 2, outcome="failed", reason='decode node "x", gone', failure_kind="decode_node_down",
-                       failure_node="x", times=StageTimes(arrival=2.0))
+    r2 = RequestRecord("r2", 4, 100, 2, outcome="failed", reason='decode node "x", gone',
+                       failure_kind="decode_node_down", failure_node="x", times=StageTimes(arrival=2.0))
     write_records(tmp_path / "records.csv", [r1, r2])
     assert (tmp_path / "records.csv").read_text() == GOLDEN
 

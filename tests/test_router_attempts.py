@@ -90,7 +90,8 @@ async def test_a_decode_node_refusing_before_any_token_is_retried_once_on_the_ot
         nodes = FakeNodes()
         att = _attempts(st, nodes, relayed)
         first = att.plan.d.decode_node
-        nodes.script = [([], RequestFailed(f"decode node {first} unreachable", K.DECODE_DOWN, first, "refused")), ([1, 2, 4], None)]
+        refused = RequestFailed(f"decode node {first} unreachable", K.DECODE_DOWN, first, "refused")
+        nodes.script = [([], refused), ([1, 2, 4], None)]
         await att.run()
     (rid0, _, d0), (rid1, _, d1) = nodes.calls
     assert d0 == first and d1 != d0
@@ -154,7 +155,8 @@ async def test_a_second_failure_gives_up_with_its_own_reason() -> None:
 async def test_a_refused_only_instance_leaves_nothing_to_retry_on() -> None:
     async with aiohttp.ClientSession() as session:
         st = _state(session, prefill=1, decode=1)
-        nodes = FakeNodes(([], RequestFailed("decode node pd-d0 unreachable", K.DECODE_DOWN, "pd-d0", "refused")), ([4], None))
+        refused = RequestFailed("decode node pd-d0 unreachable", K.DECODE_DOWN, "pd-d0", "refused")
+        nodes = FakeNodes(([], refused), ([4], None))
         att = _attempts(st, nodes, [])
         with pytest.raises(RequestFailed) as got:
             await att.run()

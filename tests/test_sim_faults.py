@@ -234,6 +234,10 @@ def test_the_shipped_fault_scenarios_simulate_with_every_figure_of_the_faults_se
         rs = load(f"scenarios/faults/{name}.yaml", {"workload": {"output_tokens": 256}})
         recs = _run(rs, tmp_path / name)
         effects = fault_effects(tmp_path / name, recs, S)
+        # Every failure and every retry names its kind (a node fault: the instance too).
+        assert all(r.failure_kind for r in recs if r.outcome != "completed"), name
+        assert all(r.retry_kind for r in recs if r.retries), name
+        assert all(r.retry_node for r in recs if r.retries and r.retry_kind.endswith("_down")), name
         assert effects and all(e["affected"] > 0 and e["recover_s"] is not None for e in effects), (name, effects)
         lines = [json.loads(x) for x in (tmp_path / name / "faults.jsonl").read_text().splitlines()]
         assert all(set(x) == {"t", "t_wire", "fault", "kind", "phase", "target", "at_s", "detail", "outcome"}

@@ -46,7 +46,7 @@ async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, r
     async with session.post(f"{url}/v1/completions", json=body) as resp:
         if resp.status != 200:
             text = await resp.text()
-            kind = {503: K.NO_CAPACITY, 400: K.BAD_REQUEST}.get(resp.status, K.ROUTER_ERROR)
+            kind = K.NO_CAPACITY if resp.status == 503 else K.BAD_REQUEST if resp.status < 500 else K.ROUTER_ERROR
             rec.fail(Failure(kind), f"router answered {resp.status}: {text[:200]}")
             return
         async for raw in resp.content:

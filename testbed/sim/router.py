@@ -409,8 +409,8 @@ class SimRouter:
 
     def _kv_timeout(self, req: SimRequest) -> None:
         if not req.gone and math.isnan(req.transfer_end):
-            self.attempt_failed(req, Failure(K.KV_TRANSFER, "", f"kv transfer did not complete within {KV_TIMEOUT_S:g} s"),
-                                self.sim.loop.now)
+            f = Failure(K.KV_TRANSFER, "", f"kv transfer did not complete within {KV_TIMEOUT_S:g} s")
+            self.attempt_failed(req, f, self.sim.loop.now)
 
     # -- faults ----------------------------------------------------------------------------------
 
