@@ -6,7 +6,7 @@ from typing import Protocol
 
 from testbed.core.failures import Failure
 from testbed.sim.events import Loop
-from testbed.sim.network import Net, PathHandle
+from testbed.sim.net_view import Net, PathHandle
 from testbed.sim.request import SimRequest
 
 

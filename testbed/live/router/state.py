@@ -12,11 +12,11 @@ import aiohttp
 from aiohttp import web
 
 from testbed.core.failures import Failure, FailureKind
-from testbed.core.health import HealthChange, Outcome
+from testbed.core.router.health import HealthChange, Outcome
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import RequestRecord
-from testbed.core.request_ids import RequestIds
-from testbed.core.router_books import RouterBooks, health_line
+from testbed.core.router.request_ids import RequestIds
+from testbed.core.router.router_books import RouterBooks, health_line
 from testbed.live.common import ServiceConfig
 from testbed.live.held import HeldRecords
 from testbed.live.router.vllm_metrics import RouterMetrics
@@ -27,7 +27,7 @@ log = logging.getLogger("testbed.router")
 
 @dataclass(kw_only=True)
 class RouterState(RouterBooks):
-    """The books (`testbed.core.router_books`) and what the live router keeps beside them."""
+    """The books (`testbed.core.router.router_books`) and what the live router keeps beside them."""
 
     cfg: ServiceConfig
     session: aiohttp.ClientSession
