@@ -258,7 +258,7 @@ def test_a_fault_scenario_is_judged_fault_by_fault_and_failed_and_retried_differ
     assert metrics == ["affected", "failed", "retried", "recover_s", "ttft_after"]
     assert all(r.verdict in ("ok", "FAIL") for r in c.faults)
     failed = next(r for r in c.faults if r.metric == "failed")
-    assert failed.sim != failed.emulation and failed.explanation.startswith("Simulation: failed: decode node stream broke x")
+    assert failed.sim != failed.emulation and failed.explanation.startswith("Simulation: failed: decode_node_down x")
     assert "the router took pd-d0 out 0.00 s after the fault began" in failed.explanation
     assert "Requests that failed in one run only:" in failed.explanation
     from testbed.studies.crosscheck.crosscheck_report import markdown

@@ -663,12 +663,14 @@ def test_a_prefill_kill_counts_the_prefills_it_caught_and_the_retries_away_from_
         r.times.prefill_end = prefill_end
         return r
 
+    # Where the first attempt failed is the record's `retry_node`; the reason text is for people
+    # (these name no node: the count does not come from them).
+    down = {"retries": 1, "retry_kind": "prefill_node_down", "retry_reason": "the instance broke off"}
     recs = [
         pre(0, "prfaas-p0", 0.2, 0.6),     # prefill done before the kill, decoding after it: untouched
-        pre(1, "prfaas-p3", 0.8, 1.4, retries=1,
-            retry_reason="prefill node prfaas-p0 unreachable: Server disconnected"),
-        pre(2, "prfaas-p3", 1.05, 1.5, retries=1, retry_reason="prefill node prfaas-p0 unreachable: refused"),
-        pre(3, "prfaas-p1", 0.9, 1.3, retries=1, retry_reason="prefill node prfaas-p1 unreachable: reset"),
+        pre(1, "prfaas-p3", 0.8, 1.4, retry_node="prfaas-p0", **down),
+        pre(2, "prfaas-p3", 1.05, 1.5, retry_node="prfaas-p0", **down),
+        pre(3, "prfaas-p1", 0.9, 1.3, retry_node="prfaas-p1", **down),
     ]
     eff = fault_effects(tmp_path, recs, 10.0)
     assert [(e["affected"], e["failed"], e["retried"]) for e in eff] == [(2, 0, 2)]

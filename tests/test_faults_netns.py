@@ -151,10 +151,10 @@ def _scenario(tmp_path: Path, faults: str) -> Path:
     return f
 
 
-def _replay(tmp_path: Path, scenario: Path, requests: int, rate: float) -> tuple[Path, dict[str, Any]]:
+def _replay(tmp_path: Path, scenario: Path, requests: int, rate: float, *more: str) -> tuple[Path, dict[str, Any]]:
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "testbed", "replay", "--scenario", str(scenario), "--requests",
-                        str(requests), "--rate", str(rate), "--out", str(out), "--json", *FAST],
+                        str(requests), "--rate", str(rate), "--out", str(out), "--json", *FAST, *more],
                        capture_output=True, text=True, timeout=400)
     assert r.returncode in RAN, r.stderr[-3000:]
     return out, json.loads(r.stdout)
@@ -184,6 +184,12 @@ def test_replay_through_a_wan_outage_with_resets(tmp_path: Path) -> None:
     assert len(rows) == 60 and len({r["request_id"] for r in rows}) == 60
     assert all(r["outcome"] in ("completed", "failed") for r in rows)
     assert s["requests"]["completed"] + s["requests"]["failed"] == 60
+    # Every failure names its kind; a KV transfer between two instances names neither.
+    failed = [r for r in rows if r["outcome"] == "failed"]
+    assert all(r["failure_kind"] for r in failed), [(r["request_id"], r["reason"]) for r in failed]
+    assert all(r["failure_node"] == "" for r in failed if r["failure_kind"] == "kv_transfer_failed")
+    print(f"outage with resets (netns): {len(failed)} failed, by kind "
+          f"{sorted((k, sum(r['failure_kind'] == k for r in failed)) for k in {r['failure_kind'] for r in failed})}")
     f = _faults(out)
     assert set(f) == {(0, "start"), (0, "end"), (1, "start"), (1, "end")}
     assert all(x["outcome"] == "ok" for x in f.values()), f
@@ -203,7 +209,10 @@ def test_replay_through_a_wan_outage_with_resets(tmp_path: Path) -> None:
 
 
 def test_replay_with_a_decode_instance_killed(tmp_path: Path) -> None:
-    out, s = _replay(tmp_path, _scenario(tmp_path, "  - {kind: kill, at_s: 20, node: pd-d0}\n"), 60, 2)
+    # Outputs long enough that streams are under way at the kill (those fail) besides ones
+    # without a token yet (those are retried).
+    out, s = _replay(tmp_path, _scenario(tmp_path, "  - {kind: kill, at_s: 20, node: pd-d0}\n"), 60, 2,
+                     "--set", "workload.output_tokens=512")
     rows = _records(out)
     assert len(rows) == 60 and len({r["request_id"] for r in rows}) == 60
     assert all(r["outcome"] in ("completed", "failed") for r in rows)
@@ -219,3 +228,15 @@ def test_replay_with_a_decode_instance_killed(tmp_path: Path) -> None:
     assert elsewhere and all(r["outcome"] == "completed" for r in elsewhere), \
         [(r["request_id"], r["reason"]) for r in elsewhere if r["outcome"] != "completed"]
     assert s["requests"]["failed"] == sum(r["outcome"] == "failed" for r in rows)
+    # What failed, as data: every failed request names the kind and the killed instance, and each
+    # retried one the instance its first attempt failed at; the summary counts them alike.
+    failed = [r for r in rows if r["outcome"] == "failed"]
+    assert failed and all((r["failure_kind"], r["failure_node"]) == ("decode_node_down", "pd-d0") for r in failed), \
+        [(r["request_id"], r["failure_kind"], r["failure_node"], r["reason"]) for r in failed]
+    retried = [r for r in rows if r["retries"] != "0"]
+    assert all((r["retry_kind"], r["retry_node"]) == ("decode_node_down", "pd-d0") for r in retried), \
+        [(r["request_id"], r["retry_kind"], r["retry_node"], r["retry_reason"]) for r in retried]
+    assert s["requests"]["failure_kinds"] == {"decode_node_down": len(failed)}
+    assert s["requests"]["failure_nodes"] == {"pd-d0": len(failed)}
+    print(f"decode kill (netns): {len(rows)} records, {len(failed)} failed, {len(retried)} retried; failed by "
+          f"(kind, node): {sorted({(r['failure_kind'], r['failure_node']) for r in failed})}")

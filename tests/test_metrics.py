@@ -75,9 +75,11 @@ def known_records() -> list[RequestRecord]:
             prefill_modelled=0.19, transfer_end=3.4, first_token=3.6, last_token=3.6, tokens_received=1,
             crossed_wan=True, prefill_node="prfaas-p0", kv_bytes_wire=2000, kv_bytes_paper=512_000,
             outcome="completed"),
-        rec(4, arrival=4.0, outcome="failed", reason="transfer_timeout", kv_bytes_wire=999),
-        rec(5, arrival=4.5, outcome="failed", reason="transfer_timeout"),
-        rec(6, arrival=5.0, outcome="failed", reason="decode_oom"),
+        rec(4, arrival=4.0, outcome="failed", reason="transfer_timeout", kv_bytes_wire=999,
+            failure_kind="kv_transfer_failed"),
+        rec(5, arrival=4.5, outcome="failed", reason="transfer_timeout", failure_kind="kv_transfer_failed"),
+        rec(6, arrival=5.0, outcome="failed", reason="decode_oom", failure_kind="decode_node_error",
+            failure_node="pd-d0"),
         rec(7, arrival=9.0),  # still pending when the run stopped
     ]
 
@@ -123,6 +125,7 @@ def test_summary_figures_by_hand(tmp_path: Path) -> None:
     assert s.requests.model_dump() == {
         "total": 7, "completed": 3, "failed": 3, "pending": 1,
         "failure_reasons": {"transfer_timeout": 2, "decode_oom": 1},
+        "failure_kinds": {"kv_transfer_failed": 2, "decode_node_error": 1}, "failure_nodes": {"pd-d0": 1},
     }
 
     # TTFT wire 0.7, 0.3, 0.6 -> paper x4.
@@ -288,6 +291,7 @@ def test_report_and_plots_written(tmp_path: Path) -> None:
     assert path == run / "report.md"
     for needle in ("# Run report: paper-prfaas", "speedup s = 4", "byte_scale b = 256", "htb+tun-delay",
                    "| TTFT mean | 2.13 s | 0.533 s |", "KV transfer tail", "| transfer_timeout | 2 |",
+                   "| kv_transfer_failed | 2 |", "| pd-d0 | 1 |",
                    "INVALID RUN", "prefill durations off the model by 5.3%", "![TTFT CDF](ttft_cdf.png)", "![Queues](queues.png)"):
         assert needle in text, needle
     for png in ("ttft_cdf.png", "queues.png", "links.png"):

@@ -178,17 +178,19 @@ GOLDEN = (
     "decode_node,crossed_wan,threshold,prefill_queued,prefill_start,prefill_end,prefill_modelled,transfer_start,"
     "transfer_end,decode_admitted,first_token,last_token,tokens_received,kv_bytes_paper,kv_bytes_wire,outcome,"
     "reason,decode_cached_tokens,cache_move_tokens,cache_move_start,cache_move_end,cache_move_bytes_paper,"
-    "cache_move_bytes_wire,retries,retry_reason,router_arrival,decode_first_token,decode_last_token\n"
+    "cache_move_bytes_wire,retries,retry_reason,router_arrival,decode_first_token,decode_last_token,failure_kind,"
+    "failure_node,retry_kind,retry_node\n"
     "r1,3,30000,16,512,1.500000,1.501000,prfaas,prfaas-p0,pd-d0,1,19400.000000,1.502000,1.600000,2.250000,"
     "0.650000,1.610000,2.400000,2.410000,2.450000,3.200000,16,123456789,482253,completed,,0,1024,1.510000,"
-    "1.580000,4096000,16000,0,,1.500500,,\n"
-    'r2,4,100,2,0,2.000000,,,,,0,,,,,,,,,,,0,0,0,failed,"decode node ""x"", gone",0,0,,,0,0,0,,,,\n'
+    "1.580000,4096000,16000,1,prefill node prfaas-p1 unreachable,1.500500,,,,,prefill_node_down,prfaas-p1\n"
+    'r2,4,100,2,0,2.000000,,,,,0,,,,,,,,,,,0,0,0,failed,"decode node ""x"", gone",0,0,,,0,0,0,,,,,'
+    "decode_node_down,x,,\n"
 )
 
 
 def test_csv_bytes_are_the_external_format(tmp_path: Path) -> None:
-    """The file written before the record moved to core, byte for byte (plus the retry columns,
-    added later, which a file without them reads as 0 and empty)."""
+    """The file written before the record moved to core, byte for byte (plus the retry columns
+    and the failure columns, added later, which a file without them reads as 0 and empty)."""
     times = StageTimes(arrival=1.5, routed=1.501, prefill_queued=1.502, prefill_start=1.6, prefill_end=2.25,
                        transfer_start=1.61, transfer_end=2.4, decode_admitted=2.41, first_token=2.45, last_token=3.2,
                        cache_move_start=1.51, cache_move_end=1.58, router_arrival=1.5005)
@@ -196,8 +198,10 @@ def test_csv_bytes_are_the_external_format(tmp_path: Path) -> None:
                        decode_node="pd-d0", crossed_wan=True, threshold=19400.0, prefill_modelled=0.65,
                        tokens_received=16, kv_bytes_paper=123456789, kv_bytes_wire=482253, outcome="completed",
                        cache_move_tokens=1024, cache_move_bytes_paper=4096000, cache_move_bytes_wire=16000,
-                       route_reason="not a column", times=times)
-    r2 = RequestRecord("r2", 4, 100, 2, outcome="failed", reason='decode node "x", gone', times=StageTimes(arrival=2.0))
+                       route_reason="not a column", retries=1, retry_reason="prefill node prfaas-p1 unreachable",
+                       retry_kind="prefill_node_down", retry_node="prfaas-p1", times=times)
+    r2 = RequestRecord("r2", 4, 100, 2, outcome="failed", reason='decode node "x", gone',
+                       failure_kind="decode_node_down", failure_node="x", times=StageTimes(arrival=2.0))
     write_records(tmp_path / "records.csv", [r1, r2])
     assert (tmp_path / "records.csv").read_text() == GOLDEN
 
@@ -293,10 +297,26 @@ def test_a_bad_csv_file_names_file_line_and_column(tmp_path: Path) -> None:
 
 def test_a_file_written_before_the_retry_columns_still_reads(tmp_path: Path) -> None:
     head, *rows = GOLDEN.splitlines()
-    old = [head.split(",retries,")[0]] + [r.rsplit(",", 5)[0] for r in rows]
+    old = [head.split(",retries,")[0]] + [r.rsplit(",", 9)[0] for r in rows]
     (tmp_path / "records.csv").write_text("\n".join(old) + "\n")
     recs = read_records(tmp_path / "records.csv")
     assert [(r.request_id, r.retries, r.retry_reason) for r in recs] == [("r1", 0, ""), ("r2", 0, "")]
+
+
+def test_a_file_written_before_the_failure_columns_reads_them_empty(tmp_path: Path) -> None:
+    head, *rows = GOLDEN.splitlines()
+    old = [head.split(",failure_kind,")[0]] + [r.rsplit(",", 4)[0] for r in rows]
+    (tmp_path / "records.csv").write_text("\n".join(old) + "\n")
+    recs = read_records(tmp_path / "records.csv")
+    assert [(r.request_id, r.retries, r.failure_kind, r.failure_node, r.retry_kind, r.retry_node) for r in recs] == \
+        [("r1", 1, "", "", "", ""), ("r2", 0, "", "", "", "")]
+
+
+def test_an_unknown_failure_kind_is_an_error_naming_the_line_and_column(tmp_path: Path) -> None:
+    (tmp_path / "records.csv").write_text(GOLDEN.replace("decode_node_down", "decode_node_gone"))
+    with pytest.raises(RecordFormatError, match=r"records.csv:3: column 'failure_kind': unknown failure kind "
+                                                r"'decode_node_gone' \(known: prefill_node_down, "):
+        read_records(tmp_path / "records.csv")
 
 
 def test_a_last_row_cut_off_mid_write_is_left_out_and_the_rest_read(tmp_path: Path) -> None:

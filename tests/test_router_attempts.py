@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from testbed.config.scenarios import load_scenario
+from testbed.core.failures import FailureKind as K
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import NO_TRACE_INDEX, RequestRecord
 from testbed.core.router.route_step import RoutePlan
@@ -89,7 +90,8 @@ async def test_a_decode_node_refusing_before_any_token_is_retried_once_on_the_ot
         nodes = FakeNodes()
         att = _attempts(st, nodes, relayed)
         first = att.plan.d.decode_node
-        nodes.script = [([], RequestFailed(f"decode node {first} unreachable", first, "refused")), ([1, 2, 4], None)]
+        refused = RequestFailed(f"decode node {first} unreachable", K.DECODE_DOWN, first, "refused")
+        nodes.script = [([], refused), ([1, 2, 4], None)]
         await att.run()
     (rid0, _, d0), (rid1, _, d1) = nodes.calls
     assert d0 == first and d1 != d0
@@ -97,6 +99,7 @@ async def test_a_decode_node_refusing_before_any_token_is_retried_once_on_the_ot
     assert st.health.state(d0) == "down"            # refused: out at once
     assert relayed == [(1, 0), (1, 1), (2, 2)] and att.sent == 4 and att.seen.sent == 4
     assert st.retries == 1 and att.prog.rec.retries == 1 and "unreachable" in att.prog.rec.retry_reason
+    assert (att.prog.rec.retry_kind, att.prog.rec.retry_node) == ("decode_node_down", first)   # as data
     assert att.seen.prog is att.prog and att.holding and att.plan.d.decode_node == d1
     assert st.tracker.active[d0] == 0 and st.tracker.active[d1] == 1       # the failed slot is freed
 
@@ -104,7 +107,7 @@ async def test_a_decode_node_refusing_before_any_token_is_retried_once_on_the_ot
 async def test_a_failure_naming_no_instance_retries_away_from_both_instances_it_used() -> None:
     async with aiohttp.ClientSession() as session:
         st = _state(session)
-        nodes = FakeNodes(([], RequestFailed("decode failed")), ([4], None))
+        nodes = FakeNodes(([], RequestFailed("decode failed", K.KV_TRANSFER)), ([4], None))
         await _attempts(st, nodes, []).run()
     (_, p0, d0), (_, p1, d1) = nodes.calls
     assert p1 != p0 and d1 != d0
@@ -114,15 +117,16 @@ async def test_a_failure_naming_no_instance_retries_away_from_both_instances_it_
 async def test_with_nothing_else_of_the_role_left_a_retry_goes_back_to_a_failed_but_not_down_instance() -> None:
     async with aiohttp.ClientSession() as session:
         st = _state(session, prefill=1, decode=1)
-        nodes = FakeNodes(([], RequestFailed("decode node pd-d0 stream broke", "pd-d0")), ([4], None))
+        nodes = FakeNodes(([], RequestFailed("decode node pd-d0 stream broke", K.DECODE_DOWN, "pd-d0")), ([4], None))
         await _attempts(st, nodes, []).run()
     assert [c[1:] for c in nodes.calls] == [("pd-p0", "pd-d0")] * 2
     assert st.health.state("pd-d0") == "up" and st.retries == 1       # one failure does not take it out
 
 
 @pytest.mark.parametrize("first, second, why", [
-    ([1], RequestFailed("decode node pd-d0 stream broke", "pd-d0"), "a token reached the client"),
-    ([], RequestFailed("decode node pd-d0 answered 400: bad", retryable=False), "not retryable"),
+    ([1], RequestFailed("decode node pd-d0 stream broke", K.DECODE_DOWN, "pd-d0"), "a token reached the client"),
+    ([], RequestFailed("decode node pd-d0 answered 400: bad", K.DECODE_ERROR, retryable=False, at="pd-d0"),
+     "not retryable"),
 ])
 async def test_no_retry_once_a_token_was_sent_or_when_the_failure_is_not_retryable(
         first: list[int], second: RequestFailed, why: str) -> None:
@@ -140,7 +144,8 @@ async def test_no_retry_once_a_token_was_sent_or_when_the_failure_is_not_retryab
 async def test_a_second_failure_gives_up_with_its_own_reason() -> None:
     async with aiohttp.ClientSession() as session:
         st = _state(session)
-        nodes = FakeNodes(([], RequestFailed("decode failed")), ([], RequestFailed("prefill node pd-p1 unreachable")))
+        nodes = FakeNodes(([], RequestFailed("decode failed", K.KV_TRANSFER)),
+                          ([], RequestFailed("prefill node pd-p1 unreachable", K.PREFILL_DOWN, "pd-p1")))
         att = _attempts(st, nodes, [])
         with pytest.raises(RequestFailed, match="pd-p1 unreachable"):
             await att.run()
@@ -150,11 +155,14 @@ async def test_a_second_failure_gives_up_with_its_own_reason() -> None:
 async def test_a_refused_only_instance_leaves_nothing_to_retry_on() -> None:
     async with aiohttp.ClientSession() as session:
         st = _state(session, prefill=1, decode=1)
-        nodes = FakeNodes(([], RequestFailed("decode node pd-d0 unreachable", "pd-d0", "refused")), ([4], None))
+        refused = RequestFailed("decode node pd-d0 unreachable", K.DECODE_DOWN, "pd-d0", "refused")
+        nodes = FakeNodes(([], refused), ([4], None))
         att = _attempts(st, nodes, [])
         with pytest.raises(RequestFailed) as got:
             await att.run()
     assert str(got.value).startswith("decode node pd-d0 unreachable; no instance left to retry on")
+    # The request dies of the attempt's failure: its kind and instance, as data.
+    assert got.value.failure.kind == K.DECODE_DOWN and got.value.failure.node == "pd-d0"
     assert not got.value.retryable and len(nodes.calls) == 1 and st.retries == 0
 
 
@@ -162,7 +170,7 @@ async def test_the_deadline_covers_the_retry_and_ends_an_attempt_that_never_answ
     async with aiohttp.ClientSession() as session:
         # 2 s paper at speedup 40: 50 ms of wire time for the whole request, retry included.
         st = _state(session, deadline_s=2.0, deadline_floor_wire_s=0.01)
-        nodes = FakeNodes(([], RequestFailed("decode failed")), ([], HANG))
+        nodes = FakeNodes(([], RequestFailed("decode failed", K.KV_TRANSFER)), ([], HANG))
         att = _attempts(st, nodes, [])
         assert att.deadline_wire_s() == pytest.approx(0.05)
         t0 = now()
@@ -170,6 +178,7 @@ async def test_the_deadline_covers_the_retry_and_ends_an_attempt_that_never_answ
             await att.run()
         took = now() - t0
     assert str(got.value) == "deadline exceeded: no answer within 2 s (paper)" and not got.value.retryable
+    assert got.value.kind == K.DEADLINE and got.value.at == ""
     assert 0.05 <= took < 1.0 and len(nodes.calls) == 2
     assert att.holding            # the retry's slot: the handler frees it
 

@@ -60,6 +60,7 @@ async def test_a_decode_node_dying_mid_stream_ends_the_stream_with_an_error_even
     rec = err["testbed"]
     assert rec["outcome"] == "failed" and rec["decode_node"] == "pd-d0" and rec["prefill_node"] == "pd-p0"
     assert rec["prefill_end"] is not None and rec["decode_first_token"] is not None
+    assert (rec["failure_kind"], rec["failure_node"]) == ("decode_node_down", "pd-d0")     # as data
 
 
 @app
@@ -78,6 +79,7 @@ async def test_limits_deadline_and_request_shapes() -> None:
             assert r.status == 502
             got = await r.json()
             assert "deadline exceeded" in got["error"]["message"] and "object" not in got
+            assert (got["testbed"]["failure_kind"], got["testbed"]["failure_node"]) == ("deadline_exceeded", "")
         chat = f"{dep.router.url}/v1/chat/completions"
         msgs = [{"role": "assistant", "content": None}, {"role": "user", "content": "hi"}]
         async with s.post(chat, json={"messages": msgs, "max_tokens": 2}) as r:

@@ -57,13 +57,16 @@ def test_a_decode_kill_breaks_its_streams_and_retries_what_had_no_token(tmp_path
     rs = _rs([{"kind": "kill", "at_s": 30, "node": "pd-d0"}])
     recs = _run(rs, tmp_path, report=True)
     kill = 30.0
-    on_it = [r for r in recs if r.decode_node == "pd-d0" or "pd-d0" in r.retry_reason]
+    on_it = [r for r in recs if r.decode_node == "pd-d0" or r.retry_node == "pd-d0"]
     failed = [r for r in recs if r.outcome != "completed"]
-    assert failed and all(r.reason.startswith("decode node pd-d0 stream broke") for r in failed)
+    # What failed, as data: the kind and the killed instance on every failed record.
+    assert failed and all((r.failure_kind, r.failure_node) == ("decode_node_down", "pd-d0") for r in failed)
+    assert all(r.reason.startswith("decode node pd-d0 stream broke: the instance was killed") for r in failed)
     # Failed: it had streamed a token before the kill; retried: it had not.
     assert all(r.times.first_token * S < kill for r in failed)
     retried = [r for r in recs if r.retries]
-    assert all(r.retry_reason.startswith("decode node pd-d0") and r.decode_node != "pd-d0" for r in retried)
+    assert retried and all((r.retry_kind, r.retry_node) == ("decode_node_down", "pd-d0") and r.decode_node != "pd-d0"
+                           for r in retried)
     assert all(r.outcome == "completed" for r in retried)
     # Nothing is served there after the kill.
     assert not [r for r in on_it if r.outcome == "completed" and r.decode_node == "pd-d0"
@@ -73,7 +76,13 @@ def test_a_decode_kill_breaks_its_streams_and_retries_what_had_no_token(tmp_path
     assert (f.kind, f.target, f.start_s, f.end_s, f.outcome) == ("kill", "pd-d0", 30.0, None, "ok")
     (e,) = fault_effects(tmp_path, recs, S)
     assert e["failed"] == len(failed) and e["retried"] == len(retried) and e["recover_s"] is not None
-    assert "## Faults" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "## Faults" in report and f"| decode_node_down | {len(failed)} |" in report
+    summary = json.loads((tmp_path / "summary.json").read_text())["requests"]
+    assert summary["failure_kinds"] == {"decode_node_down": len(failed)} and summary["failure_nodes"] == {
+        "pd-d0": len(failed)}
+    print(f"decode kill (sim): {len(recs)} records, {len(failed)} failed, {len(retried)} retried; failed by "
+          f"(kind, node): {sorted({(r.failure_kind, r.failure_node) for r in failed})}")
 
 
 def test_a_prefill_kill_retries_its_prefills_elsewhere_and_the_probe_takes_it_out(tmp_path: Path) -> None:
@@ -81,7 +90,7 @@ def test_a_prefill_kill_retries_its_prefills_elsewhere_and_the_probe_takes_it_ou
     recs = _run(rs, tmp_path)
     assert all(r.outcome == "completed" for r in recs)
     retried = [r for r in recs if r.retries]
-    assert retried and all(r.retry_reason.startswith("prefill node prfaas-p0") for r in retried)
+    assert retried and all((r.retry_kind, r.retry_node) == ("prefill_node_down", "prfaas-p0") for r in retried)
     assert all(r.prefill_node != "prfaas-p0" for r in retried)
     (down,) = [h for h in _health(tmp_path) if h["node"] == "prfaas-p0"]
     # Within one probe interval (0.5 wire s) of the kill, or at once if a request found it first.
@@ -171,8 +180,9 @@ def test_transfers_that_cannot_resume_fail_and_their_requests_are_retried(tmp_pa
              transfer={"resume_timeout_s": 5.0})
     recs = {r.request_id: r for r in _run(rs, tmp_path, _two())}
     a = recs["a"]
-    assert a.retries == 1 and a.retry_reason == ("kv transfer failed: [Errno 104] Connection reset by peer "
+    assert a.retries == 1 and a.retry_reason == ("kv transfer failed: the connection was reset (tcp_reset fault) "
                                                  "(not resumed within 5 s)")
+    assert (a.retry_kind, a.retry_node) == ("kv_transfer_failed", "")      # between two instances: neither named
     # Failed at the budget's end. By then the router's probes across the dark link went unanswered
     # and took the remote instances out: the retry is prefilled locally and completes.
     assert a.times.routed * S == pytest.approx(start + 5.0 * S)
@@ -204,6 +214,7 @@ def test_a_request_past_its_deadline_fails_with_the_reason(tmp_path: Path) -> No
     trace = Trace([TraceRequest("long", 0.0, 2000, 8000)], "one")
     (r,) = simulate(rs, trace).records
     assert r.outcome == "failed" and r.reason.startswith("deadline exceeded: no answer within 30 s (paper)")
+    assert (r.failure_kind, r.failure_node) == ("deadline_exceeded", "")
     assert r.times.first_token * S < deadline_paper_s(rs.spec, 8000) + START_LEAD_S * S
 
 
@@ -223,6 +234,10 @@ def test_the_shipped_fault_scenarios_simulate_with_every_figure_of_the_faults_se
         rs = load(f"scenarios/faults/{name}.yaml", {"workload": {"output_tokens": 256}})
         recs = _run(rs, tmp_path / name)
         effects = fault_effects(tmp_path / name, recs, S)
+        # Every failure and every retry names its kind (a node fault: the instance too).
+        assert all(r.failure_kind for r in recs if r.outcome != "completed"), name
+        assert all(r.retry_kind for r in recs if r.retries), name
+        assert all(r.retry_node for r in recs if r.retries and r.retry_kind.endswith("_down")), name
         assert effects and all(e["affected"] > 0 and e["recover_s"] is not None for e in effects), (name, effects)
         lines = [json.loads(x) for x in (tmp_path / name / "faults.jsonl").read_text().splitlines()]
         assert all(set(x) == {"t", "t_wire", "fault", "kind", "phase", "target", "at_s", "detail", "outcome"}

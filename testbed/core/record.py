@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.core.errors import UserError
+from testbed.core.failures import Failure, failure_kind
 from testbed.core.lifecycle import Event
 
 NAN = float("nan")
@@ -115,6 +116,10 @@ class RequestRecord:
     cache_move_bytes_wire: int = 0  # what arrived at the prefill node
     retries: int = 0                # times the router routed it again (a failure before any token)
     retry_reason: str = ""          # what failed the attempt before
+    failure_kind: str = ""          # what failed it (`testbed.core.failures.FailureKind`; empty when it completed)
+    failure_node: str = ""          # the instance it failed at (empty: none, e.g. a KV transfer, a deadline)
+    retry_kind: str = ""            # what failed the attempt before (a `FailureKind`; empty without a retry)
+    retry_node: str = ""            # the instance the attempt before failed at (empty: none)
     times: StageTimes = field(default_factory=StageTimes)
 
     @property
@@ -126,6 +131,11 @@ class RequestRecord:
         if self.tokens_received < 2:
             return NAN
         return (self.times.last_token - self.times.first_token) / (self.tokens_received - 1)
+
+    def fail(self, f: Failure, reason: str) -> None:
+        """The request failed for good: `reason` for people, `f`'s kind and node as data."""
+        self.outcome, self.reason = "failed", reason
+        self.failure_kind, self.failure_node = f.kind.value, f.node
 
     def take_served(self, served: RequestRecord) -> None:
         """Take what the serving side reported (`served`), keeping what the client knows
@@ -140,7 +150,7 @@ class RequestRecord:
 # Field name -> type name ("float", "int", "bool", "str"): annotations are strings here.
 FIELD_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(RequestRecord) if f.name != "times"}
 _IDENTITY = frozenset({"request_id", "trace_index", "input_tokens", "output_tokens"})
-_CLIENT_VERDICT = frozenset({"tokens_received", "outcome", "reason"})
+_CLIENT_VERDICT = frozenset({"tokens_received", "outcome", "reason", "failure_kind", "failure_node"})
 SERVED_FIELDS: tuple[str, ...] = tuple(n for n in FIELD_TYPES if n not in _IDENTITY | _CLIENT_VERDICT)
 # The wire carries everything but the trace index.
 _WIRE_FIELDS: tuple[str, ...] = tuple(n for n in FIELD_TYPES if n != "trace_index")
@@ -165,6 +175,19 @@ def _wire_value(name: str, kind: str, v: Any) -> Any:
     if not isinstance(v, str):
         raise RecordFormatError(f"field {name!r}: expected a string, got {v!r}")
     return v
+
+
+def _kind_value(name: str, v: Any) -> str:
+    """A failure kind's text: empty or a `FailureKind`."""
+    text = str(_wire_value(name, "str", v))
+    try:
+        failure_kind(text, f"field {name!r}")
+    except ValueError as e:
+        raise RecordFormatError(str(e)) from None
+    return text
+
+
+_KIND_FIELDS = frozenset({"failure_kind", "retry_kind"})
 
 
 def _check_keys(obj: Any, expected: Mapping[str, str], what: str) -> None:
@@ -198,7 +221,8 @@ def record_to_wire(rec: RequestRecord, t0: float = 0.0) -> dict[str, Any]:
 def record_from_wire(obj: Any, trace_index: int = NO_TRACE_INDEX, t0: float = 0.0) -> RequestRecord:
     """The record a `testbed` object describes, times relative to `t0`."""
     _check_keys(obj, _RECORD_WIRE, "request record")
-    kw = {n: _wire_value(n, FIELD_TYPES[n], obj[n]) for n in _WIRE_FIELDS}
+    kw: dict[str, Any] = {n: _kind_value(n, obj[n]) if n in _KIND_FIELDS else _wire_value(n, FIELD_TYPES[n], obj[n])
+                          for n in _WIRE_FIELDS}
     times = StageTimes(*(_wire_value(n, "float", obj[n]) - t0 for n in TIME_NAMES))
     return RequestRecord(trace_index=trace_index, times=times, **kw)
 
@@ -219,17 +243,19 @@ class PrefillReport:
     prefill_modelled: float = NAN
     cache_move_bytes_wire: int = 0
     error: str = ""                 # empty: the prefill ran and every KV byte went to TCP
+    error_kind: str = ""            # the error's `FailureKind`
 
 
 _REPORT_WIRE: dict[str, str] = {
     **{n: "float" for n in PREFILL_TIMES}, "prefill_modelled": "float", "cache_move_bytes_wire": "int", "error": "str",
+    "error_kind": "str",
 }
 
 
 def report_to_wire(rep: PrefillReport) -> dict[str, Any]:
     out: dict[str, Any] = {n: _stamp(getattr(rep.times, n), 0.0) for n in PREFILL_TIMES}
     out.update(prefill_modelled=None if math.isnan(rep.prefill_modelled) else rep.prefill_modelled,
-               cache_move_bytes_wire=rep.cache_move_bytes_wire, error=rep.error)
+               cache_move_bytes_wire=rep.cache_move_bytes_wire, error=rep.error, error_kind=rep.error_kind)
     return out
 
 
@@ -240,4 +266,4 @@ def report_from_wire(obj: Any) -> PrefillReport:
         setattr(times, n, _wire_value(n, "float", obj[n]))
     return PrefillReport(times, _wire_value("prefill_modelled", "float", obj["prefill_modelled"]),
                          _wire_value("cache_move_bytes_wire", "int", obj["cache_move_bytes_wire"]),
-                         _wire_value("error", "str", obj["error"]))
+                         _wire_value("error", "str", obj["error"]), _kind_value("error_kind", obj["error_kind"]))

@@ -103,11 +103,13 @@ def page() -> str:
            "or null, never `Infinity` or `NaN`.", "",
            table(("key", "type", "what it holds"), [(f"`{r.path}`", r.typename, r.doc) for r in _key_rows(RunInfo)]), "",
            "## Schema versions", "",
-           f"`summary.json` is at version {summary_file.SUMMARY_VERSION}, `run.json` at {run_file.RUN_VERSION}. "
+           f"`summary.json` is at version {summary_file.SUMMARY_VERSION}, `run.json` at {run_file.RUN_VERSION}, "
+           f"`records.csv`'s columns at {records.RECORDS_VERSION} (its header names them). "
            "A file newer than the testbed knows is refused with one line naming the file and the version; a "
            "malformed one (a missing section, a wrong type, a key the model does not know) with one line naming "
            "the file and the field, e.g. `run/summary.json: ttft_s.mean: Input should be a valid number`. "
            "Unknown keys are errors everywhere except where the keys are names.", "",
            "### `summary.json`", "", _versions(summary_file), "",
-           "### `run.json`", "", _versions(run_file), ""]
+           "### `run.json`", "", _versions(run_file), "",
+           "### `records.csv`", "", _versions(records), ""]
     return "\n".join(out) + "\n"

@@ -4,7 +4,7 @@
 POST /decode {request_id, transfer_id, input_tokens, output_tokens, kv_bytes_paper}
   -> 200, NDJSON stream: {"event": "kv", ...} {"event": "admitted", ...}
      {"event": "tokens", "n": cumulative, "t": ...}... {"event": "done", ...}
-     or {"event": "error", "reason": ...}. Closing the request aborts the sequence.
+     or {"event": "error", "kind": a FailureKind, "reason": ...}. Closing the request aborts the sequence.
 POST /testbed/fault {slow, until_s} -> step times x slow until then (a slowed instance).
 GET /status -> {running, waiting, bs_max, kv_used_bytes, kv_capacity_bytes}: the batch, for the
      router's long-term loop (`testbed.live.role_control`).
@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from testbed.core.engine.decode_batch import AdmissionError, Batch, DecodeBatch
 from testbed.core.engine.decode_loop import KV_TIMEOUT_S, DecodeLoop, decode_seq
+from testbed.core.failures import FailureKind as K
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import DecodeStepTime
@@ -119,7 +120,7 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
     try:
         result = await asyncio.wait_for(st.receiver.expect(vals["transfer_id"]), KV_TIMEOUT_S)
         if not result.ok:
-            await emit({"event": "error", "reason": f"kv transfer failed: {result.reason}"})
+            await emit({"event": "error", "kind": K.KV_TRANSFER, "reason": f"kv transfer failed: {result.reason}"})
             return resp
         await emit({"event": "kv", "first_byte": result.first_byte, "complete": result.complete,
                     "bytes": result.bytes})
@@ -127,7 +128,7 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
         try:
             st.loop.submit(seq)
         except AdmissionError as e:
-            await emit({"event": "error", "reason": str(e)})
+            await emit({"event": "error", "kind": K.DECODE_ERROR, "reason": str(e)})
             return resp
         st.wakeup.set()
         while True:
@@ -138,7 +139,8 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
         await resp.write_eof()
         return resp
     except asyncio.TimeoutError:
-        await emit({"event": "error", "reason": f"kv transfer did not complete within {KV_TIMEOUT_S:g} s"})
+        await emit({"event": "error", "kind": K.KV_TRANSFER,
+                    "reason": f"kv transfer did not complete within {KV_TIMEOUT_S:g} s"})
         return resp
     finally:
         st.streams.pop(rid, None)

@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Iterable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from testbed.core.failures import FailureKind as K
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.prefill_loop import CACHE_IN_TIMEOUT_S, PrefillLoop, layer_ready
@@ -123,7 +124,7 @@ async def _compute_and_send(st: PrefillState, p: _Pending) -> None:
             t.transfer_first_sent = NAN if transfer.first_send is None else transfer.first_send
         except TransferFailed as e:
             st.failed += 1
-            rep.error = f"kv transfer failed: {e}"
+            rep.error, rep.error_kind = f"kv transfer failed: {e}", K.KV_TRANSFER
         if not p.done.done():
             p.done.set_result(rep)
 
@@ -148,22 +149,22 @@ async def _worker(st: PrefillState) -> None:
             me = asyncio.current_task()
             if me is not None and me.cancelling():      # the worker itself is stopping
                 raise
-            _abandon(st, p, "cancelled: the router gave up on the request")
-        except TransferFailed as e:
+            _abandon(st, p, "cancelled: the router gave up on the request", K.ROUTER_ERROR)
+        except TransferFailed as e:     # only the wait for a moved-in prefix raises it in a job
             log.warning("prefill %s failed: %s", job.request_id, e.reason)
-            _abandon(st, p, e.reason)
+            _abandon(st, p, e.reason, K.CACHE_MOVE)
         except Exception as e:  # keep serving the queue whatever one job did
             log.exception("prefill %s failed", job.request_id)
-            _abandon(st, p, f"prefill failed: {e}")
+            _abandon(st, p, f"prefill failed: {e}", K.PREFILL_ERROR)
         finally:
             st.running.pop(job.request_id, None)
 
 
-def _abandon(st: PrefillState, p: _Pending, reason: str) -> None:
+def _abandon(st: PrefillState, p: _Pending, reason: str, kind: K) -> None:
     st.loop.fail(now())
     st.failed += 1
     if not p.done.done():
-        p.done.set_result(PrefillReport(StageTimes(prefill_queued=p.job.queued_at), error=reason))
+        p.done.set_result(PrefillReport(StageTimes(prefill_queued=p.job.queued_at), error=reason, error_kind=kind))
 
 
 async def handle_prefill(request: web.Request) -> web.Response:

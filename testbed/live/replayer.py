@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import aiohttp
 
+from testbed.core.failures import Failure, FailureKind as K
 from testbed.core.record import RequestRecord, record_from_wire
 from testbed.live.clock import now, sleep_until
 from testbed.live.openai_api import EXTENSION
@@ -45,7 +46,8 @@ async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, r
     async with session.post(f"{url}/v1/completions", json=body) as resp:
         if resp.status != 200:
             text = await resp.text()
-            rec.outcome, rec.reason = "failed", f"router answered {resp.status}: {text[:200]}"
+            kind = K.NO_CAPACITY if resp.status == 503 else K.BAD_REQUEST if resp.status < 500 else K.ROUTER_ERROR
+            rec.fail(Failure(kind), f"router answered {resp.status}: {text[:200]}")
             return
         async for raw in resp.content:
             line = raw.strip()
@@ -72,11 +74,14 @@ async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, r
         rec.take_served(served)
     rec.tokens_received = tokens
     if error is not None:
-        rec.outcome, rec.reason = "failed", error
+        # The router's verdict: its record names what failed and where.
+        f = Failure(K(served.failure_kind), served.failure_node) if served is not None and served.failure_kind \
+            else Failure(K.ROUTER_ERROR)
+        rec.fail(f, error)
     elif served is None or served.outcome != "completed":
-        rec.outcome, rec.reason = "failed", "stream ended without a completed record"
+        rec.fail(Failure(K.CLIENT_ERROR), "stream ended without a completed record")
     elif tokens != tr.output_tokens:
-        rec.outcome, rec.reason = "failed", f"received {tokens} of {tr.output_tokens} tokens"
+        rec.fail(Failure(K.CLIENT_ERROR), f"received {tokens} of {tr.output_tokens} tokens")
     else:
         rec.outcome = "completed"
 
@@ -110,13 +115,13 @@ async def replay(trace: Trace, url: str, writer: RecordWriter, speedup: float, m
         try:
             await asyncio.wait_for(send_one(session, url, tr, rec, t0, model), limit)
         except asyncio.CancelledError:
-            rec.outcome, rec.reason = "failed", "interrupted: run stopped before the request finished"
+            rec.fail(Failure(K.INTERRUPTED), "interrupted: run stopped before the request finished")
             finish(i)
             raise
         except asyncio.TimeoutError:
-            rec.outcome, rec.reason = "failed", f"no answer within {limit:g} s (wire): the client gave up"
+            rec.fail(Failure(K.CLIENT_TIMEOUT), f"no answer within {limit:g} s (wire): the client gave up")
         except (aiohttp.ClientError, ValueError, KeyError) as e:
-            rec.outcome, rec.reason = "failed", f"client error: {type(e).__name__}: {e}"
+            rec.fail(Failure(K.CLIENT_ERROR), f"client error: {type(e).__name__}: {e}")
         finish(i)
 
     tasks: list[asyncio.Task[None]] = []
@@ -137,7 +142,7 @@ async def replay(trace: Trace, url: str, writer: RecordWriter, speedup: float, m
         await asyncio.gather(*tasks, return_exceptions=True)
         for i, rec in enumerate(records):
             if not written[i]:
-                rec.outcome, rec.reason = "failed", "not sent: run interrupted"
+                rec.fail(Failure(K.INTERRUPTED), "not sent: run interrupted")
                 finish(i)
         await session.close()
     return stats

@@ -2,7 +2,7 @@
 report's Faults section, and the bands that mark faults on the time-series plots.
 
 A request *touches* a fault's target when its prefill or decode node is the faulted instance,
-or its failed attempt there was retried elsewhere (node faults), or when its KV crossed the faulted WAN link (link faults and resets: every
+or its failed attempt there was retried elsewhere (its `retry_node`: node faults), or when its KV crossed the faulted WAN link (link faults and resets: every
 inter-DC link, or the two datacenters named). It is *affected* when it also was in flight
 during the fault: it arrived before the fault ended and, if it completed, it still needed the
 target after the fault began (its last token; on a prefill instance, the end of its prefill) (a failed record has no end time, so a failed request that touches the
@@ -120,12 +120,9 @@ def _role(node: str, nodes: dict[str, tuple[str, str]]) -> str:
 
 
 def _retried_from(r: RequestRecord) -> str:
-    """The node whose failure made the router retry this request ("" if none): the router's
-    retry reasons begin "prefill node <id> ..." or "decode node <id> ..."."""
-    words = r.retry_reason.split()
-    if r.retries and len(words) >= 3 and words[0] in ("prefill", "decode") and words[1] == "node":
-        return words[2].rstrip(":")
-    return ""
+    """The node whose failure made the router retry this request ("" if none): the record's
+    `retry_node`."""
+    return r.retry_node if r.retries else ""
 
 
 def _touches(r: RequestRecord, w: FaultWindow, nodes: dict[str, tuple[str, str]]) -> bool:

@@ -5,6 +5,14 @@ Paper-unit figures are derived in the summary (times x speedup, bytes x byte_sca
 are the file's external format and keep their names and order; each names a record field or a
 stamp of its `times`. What a record holds beyond them (the router-side stamps such as
 `router_arrival`, `decode_cluster`, `route_reason`, `cache_move_src`) is not stored.
+
+Schema versions (the file carries no number, its header names the columns):
+- 1: before `failure_kind`, `failure_node`, `retry_kind` and `retry_node`: what failed a request
+  was only in the `reason` and `retry_reason` texts. Such a file reads with those four empty: its
+  summary counts its failures' kinds as `unknown`, and its report's Faults section counts a
+  retried request by the instances it ran on only (the texts are for people, never parsed).
+- 2: `failure_kind` and `retry_kind` (a `testbed.core.failures.FailureKind`), `failure_node` and
+  `retry_node` (the instance it happened at): what failed, as data.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, Protocol
 
 from testbed.core import native
+from testbed.core.failures import failure_kind
 from testbed.core.record import FIELD_TYPES, NAN, TIME_NAMES, RecordFormatError, RequestRecord, StageTimes
 
 COLUMNS: tuple[str, ...] = (
@@ -29,11 +38,14 @@ COLUMNS: tuple[str, ...] = (
     "first_token", "last_token", "tokens_received", "kv_bytes_paper", "kv_bytes_wire", "outcome", "reason",
     "decode_cached_tokens", "cache_move_tokens", "cache_move_start", "cache_move_end",
     "cache_move_bytes_paper", "cache_move_bytes_wire", "retries", "retry_reason", "router_arrival",
-    "decode_first_token", "decode_last_token",
+    "decode_first_token", "decode_last_token", "failure_kind", "failure_node", "retry_kind", "retry_node",
 )
+RECORDS_VERSION = 2
 # Columns added after the first release: a file without them reads as their default.
 OPTIONAL: dict[str, str] = {"retries": "0", "retry_reason": "", "router_arrival": "", "decode_first_token": "",
-                            "decode_last_token": ""}
+                            "decode_last_token": "", "failure_kind": "", "failure_node": "", "retry_kind": "",
+                            "retry_node": ""}
+_KIND_COLUMNS = frozenset({"failure_kind", "retry_kind"})
 # The longest value a records.csv field holds, in characters, for the writer and the reader alike:
 # the writer cuts a longer text (a failure's reason quoting a huge body, say) to this many, and the
 # reader lets the csv module read fields this long. Before, the writer wrote any length and the
@@ -121,6 +133,11 @@ def parse_row(row: Mapping[Any, Any], where: str = "row") -> RequestRecord:
         if raw is None:      # csv.DictReader: the row ended early
             raise RecordFormatError(f"{where}: column {c!r} is missing its value")
         v = _parse(c, _KINDS[c], raw, where)
+        if c in _KIND_COLUMNS:
+            try:
+                failure_kind(v, f"{where}: column {c!r}")
+            except ValueError as e:
+                raise RecordFormatError(str(e)) from None
         if c in _TIMES:
             setattr(times, c, v)
         else:

@@ -487,6 +487,10 @@ def write_report(run_dir: Path, summary: Summary | None = None) -> Path:
         "",
     ]
     reasons = s.requests.failure_reasons
+    if s.requests.failure_kinds:
+        out += [md_table(["Kind", "Requests"], [(k, fmt(n)) for k, n in s.requests.failure_kinds.items()]), ""]
+    if s.requests.failure_nodes:
+        out += [md_table(["Failed at", "Requests"], [(k, fmt(n)) for k, n in s.requests.failure_nodes.items()]), ""]
     out.append(md_table(["Reason", "Requests"], [(r, fmt(n)) for r, n in reasons.items()]) if reasons else "None.")
     if s.requests.pending:
         out += ["", f"Requests that never finished (run interrupted): {fmt(s.requests.pending)}."]

@@ -307,6 +307,8 @@ def summarize(run_dir: Path, records: Sequence[RequestRecord] | None = None,
     done = [r for r in records if r.outcome == "completed"]
     failed = [r for r in records if r.outcome == "failed"]
     reasons = Counter(r.reason or "unknown" for r in failed)
+    kinds = Counter(r.failure_kind or "unknown" for r in failed)
+    at_nodes = Counter(r.failure_node for r in failed if r.failure_node)
     dur = _duration_wire(meta, records)
 
     ttft_w = completed_ttfts_wire(records)
@@ -360,6 +362,8 @@ def summarize(run_dir: Path, records: Sequence[RequestRecord] | None = None,
             "failed": len(failed),
             "pending": len(records) - len(done) - len(failed),
             "failure_reasons": dict(reasons.most_common()),
+            "failure_kinds": dict(kinds.most_common()),
+            "failure_nodes": dict(at_nodes.most_common()),
         },
         "throughput": {
             "completed_rps_paper": paper_rate(per_s(len(done))),

@@ -18,6 +18,7 @@ import random
 
 from testbed.core.engine.decode_batch import AdmissionError, Batch, new_batch
 from testbed.core.engine.decode_loop import DecodeLoop, decode_seq
+from testbed.core.failures import Failure, FailureKind as K
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.lifecycle import Event
@@ -69,7 +70,8 @@ class DecodeSim:
         try:
             self.loop.submit(decode_seq(self.kv, req.rid, tr.input_tokens, tr.output_tokens))
         except AdmissionError as e:
-            self.sim.attempt_failed(req, str(e), t)
+            # It happened here, but a node that cannot hold it is not to blame (`DecodeSim` is one).
+            self.sim.attempt_failed(req, Failure(K.DECODE_ERROR, self.node.id, str(e)), t)
             return
         self.reqs[req.rid] = req
         if self.paused:

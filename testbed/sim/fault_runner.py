@@ -192,8 +192,8 @@ class Prober:
                 case "up":
                     router.note_health(n, "ok", t, "health probe answered 200", probe=True)
                 case "down":
-                    router.note_health(n, "refused", t, f"health probe: ClientConnectorError: Cannot connect to "
-                                                        f"host {n}: Connection refused", probe=True)
+                    router.note_health(n, "refused", t, "health probe: connection refused (the instance is down)",
+                                       probe=True)
                 case _:
                     sim.loop.at(t + self.timeout, SAMPLE, self._unanswered, n)
         if sim.busy:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from testbed.core.failures import Failure
 from testbed.sim.events import Loop
 from testbed.sim.net_view import Net, PathHandle
 from testbed.sim.request import SimRequest
@@ -21,5 +22,5 @@ class Host(Protocol):
     def finished(self, req: SimRequest, t: float) -> None:
         """The request's last token is out."""
 
-    def attempt_failed(self, req: SimRequest, reason: str, t: float) -> None:
+    def attempt_failed(self, req: SimRequest, f: Failure, t: float) -> None:
         """The request's attempt cannot go on there (the router may retry it elsewhere)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from testbed.core.failures import Failure
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.engine.prefill_queue import PrefillJob
 from testbed.core.router.retries import retry_id
@@ -23,9 +24,9 @@ class SimRequest:
     __slots__ = ("index", "tr", "rid", "life", "plan", "job", "arrival", "routed", "queued", "start", "end",
                  "modelled", "transfer_start", "transfer_end", "admitted", "first", "last", "kv_paper", "kv_wire",
                  "tail_bytes", "move_start", "move_end", "move_wire", "moved", "prefill_seen", "outcome", "reason",
-                 "retries", "retry_reason", "gone", "relay", "relay_last", "kv_range", "move_range")
+                 "failure", "retries", "retried", "gone", "relay", "relay_last", "kv_range", "move_range")
 
-    def __init__(self, index: int, tr: TraceRequest, arrival: float, retries: int = 0, retry_reason: str = "",
+    def __init__(self, index: int, tr: TraceRequest, arrival: float, retries: int = 0, retried: Failure | None = None,
                  relay: tuple[float, float] = (0.0, 0.0)) -> None:
         self.index = index
         self.tr = tr
@@ -54,16 +55,17 @@ class SimRequest:
         self.prefill_seen = False     # the router has the prefill's answer (its KV is delivered)
         self.outcome = "pending"
         self.reason = ""
+        self.failure: Failure | None = None     # what failed the request for good
         self.retries = retries
-        self.retry_reason = retry_reason
+        self.retried = retried                  # what failed the attempt before
         self.gone = False             # this attempt failed or was given up: late events ignore it
         self.relay, self.relay_last = relay   # paper seconds from the decode node's first, last token to the client
         self.kv_range: tuple[float, float] | None = None     # its KV's byte positions in its path
         self.move_range: tuple[float, float] | None = None   # its moved prefix's, in the move's path
 
-    def retry(self, reason: str) -> "SimRequest":
-        """The next attempt of the same request."""
-        return SimRequest(self.index, self.tr, self.arrival, self.retries + 1, reason, (self.relay, self.relay_last))
+    def retry(self, f: Failure) -> "SimRequest":
+        """The next attempt of the same request, after `f` failed this one."""
+        return SimRequest(self.index, self.tr, self.arrival, self.retries + 1, f, (self.relay, self.relay_last))
 
     def tokens_sent(self, t: float) -> bool:
         """The client has seen a token by `t` (a retry could not take it back)."""
@@ -80,12 +82,17 @@ class SimRequest:
                            last_token=(self.last + self.relay_last) / s,
                            decode_first_token=self.first / s, decode_last_token=self.last / s)
         rec = RequestRecord(tr.request_id, self.index, tr.input_tokens, tr.output_tokens, times=times,
-                            retries=self.retries, retry_reason=self.retry_reason)
+                            retries=self.retries)
+        if self.retried is not None:
+            f = self.retried
+            rec.retry_reason, rec.retry_kind, rec.retry_node = f.detail, f.kind.value, f.node
         rec.prefill_modelled = self.modelled / s
         rec.kv_bytes_paper = self.kv_paper
         rec.kv_bytes_wire = self.kv_wire
         rec.outcome = self.outcome
         rec.reason = self.reason
+        if self.failure is not None:
+            rec.failure_kind, rec.failure_node = self.failure.kind.value, self.failure.node
         if self.outcome == "completed":
             rec.tokens_received = tr.output_tokens
         plan = self.plan

@@ -5,8 +5,9 @@ The books are the live router's (`testbed.core.router_books.RouterBooks`: the lo
 cache book, the health book), routing is `testbed.core.routing.route`, and the attempts follow
 `testbed.core.router.retries`: an attempt that fails before the client saw a token is routed once more,
 away from the instance to blame; a request past its deadline fails whatever it was doing. What
-fails an attempt, and with which words (the live router's, so the report's Faults section reads
-both alike):
+fails an attempt, and which `testbed.core.failures.FailureKind` and instance it names (the live
+router's for the same event, so the report's Faults section reads both alike; the words are the
+simulator's own):
 
 - its decode instance is gone (refused at dispatch, or the stream broke when it was killed);
 - its prefill instance is gone before it answered (refused, or the call broke);
@@ -31,6 +32,7 @@ from typing import Any, Protocol
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.engine.decode_loop import KV_TIMEOUT_S
+from testbed.core.failures import NODE_KINDS, Failure, FailureKind as K
 from testbed.core.router.health import Outcome
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.lifecycle import Event
@@ -49,8 +51,6 @@ from testbed.sim.request import SimRequest
 from testbed.traces.types import TraceRequest
 
 PAPER_TIME = Scale()        # the simulator's clock is paper time: routing books paper seconds
-GONE = "ServerDisconnectedError: Server disconnected"
-REFUSED = "ClientConnectorError: Cannot connect to host {}: Connection refused"
 
 
 class RouterHost(Protocol):
@@ -133,7 +133,7 @@ class SimRouter:
         try:
             self._route(req, t)
         except NoCapacity as e:
-            self._fail(req, f"router answered 503: {e}", t)
+            self._fail(req, Failure(K.NO_CAPACITY, "", f"router answered 503: {e}"), t)
             return
         self.books.inflight += 1
 
@@ -170,8 +170,9 @@ class SimRouter:
             role = "decode" if node == d.decode_node else "prefill"
             match sim.life[node]:
                 case "down":
-                    self.attempt_failed(req, f"{role} node {node} unreachable: {REFUSED.format(node)}", t, node,
-                                        "refused")
+                    f = Failure(NODE_KINDS[role, False], node, f"{role} node {node} unreachable: the instance is "
+                                                               "down (connection refused)")
+                    self.attempt_failed(req, f, t, node, "refused")
                     return
                 case "paused":
                     sim.when_resumed(node, lambda _: self._dispatch(req))
@@ -210,8 +211,8 @@ class SimRouter:
 
     def _move_lost(self, req: SimRequest) -> None:
         if not req.gone and not req.moved:
-            self.attempt_failed(req, f"moved cached prefix did not arrive within {CACHE_IN_TIMEOUT_S:g} s",
-                                self.sim.loop.now)
+            self.attempt_failed(req, Failure(K.CACHE_MOVE, "", f"moved cached prefix did not arrive within "
+                                                               f"{CACHE_IN_TIMEOUT_S:g} s"), self.sim.loop.now)
 
     def _move_sent(self, arg: tuple[SimRequest, NetPath], t: float) -> None:
         req, path = arg
@@ -308,25 +309,26 @@ class SimRouter:
         self.active.pop(req.rid, None)
         self._close(req, max(t + req.relay_last, self.sim.loop.now))
 
-    def attempt_failed(self, req: SimRequest, reason: str, t: float, node: str = "", outcome: Outcome = "failed",
+    def attempt_failed(self, req: SimRequest, f: Failure, t: float, node: str = "", outcome: Outcome = "failed",
                        retryable: bool = True) -> None:
-        """One attempt failed (`node`: the instance to blame): clean up after it, tell the health
-        book, then retry elsewhere or give the request up."""
+        """One attempt failed with `f` (`node`: the instance to blame): clean up after it, tell the
+        health book, then retry elsewhere or give the request up."""
         if req.gone or req.outcome != "pending":
             return
         self._drop(req, t)
         if node:
-            self.note_health(node, outcome, t, reason)
+            self.note_health(node, outcome, t, f.detail)
         plan = req.plan
         if plan is None or not may_retry(retryable, 1 if req.tokens_sent(t) else 0, req.retries):
-            self._fail(req, reason, t)
+            self._fail(req, f, t)
             return
-        new = req.retry(reason)
+        new = req.retry(f)
         self.current[req.index] = new
         try:
             self._route(new, t, avoid_after(node, plan))
         except NoCapacity as nc:
-            self._fail(new, f"{reason}; no instance left to retry on: {nc}", t)
+            # The request dies of the attempt's failure: its kind and instance stay.
+            self._fail(new, Failure(f.kind, f.node, f"{f.detail}; no instance left to retry on: {nc}"), t)
             return
         self.books.retries += 1
 
@@ -351,13 +353,13 @@ class SimRouter:
         self.books.attempt_over(req.tr.request_id, plan, req.prefill_seen)
         self.books.tracker.decode_done(d)
 
-    def _fail(self, req: SimRequest, reason: str, t: float) -> None:
+    def _fail(self, req: SimRequest, f: Failure, t: float) -> None:
         """The request fails for good."""
         if not req.gone:
             self._drop(req, t)
         if not req.life.done:
-            req.life.apply(Event.FAIL, t, reason)
-        req.outcome, req.reason = "failed", reason
+            req.life.apply(Event.FAIL, t, f.detail)
+        req.outcome, req.reason, req.failure = "failed", f.detail, f
         if req.plan is not None or req.retries:      # it was routed once
             self.books.inflight -= 1
         self._close(req, t)
@@ -398,7 +400,7 @@ class SimRouter:
                 heapq.heappop(h)            # done before its deadline
             elif t <= now:
                 heapq.heappop(h)
-                self._fail(req, deadline_reason(self.sc, req.tr.output_tokens), now)
+                self._fail(req, Failure(K.DEADLINE, "", deadline_reason(self.sc, req.tr.output_tokens)), now)
             else:
                 break
         self._sweep_at = math.inf
@@ -407,7 +409,8 @@ class SimRouter:
 
     def _kv_timeout(self, req: SimRequest) -> None:
         if not req.gone and math.isnan(req.transfer_end):
-            self.attempt_failed(req, f"kv transfer did not complete within {KV_TIMEOUT_S:g} s", self.sim.loop.now)
+            f = Failure(K.KV_TRANSFER, "", f"kv transfer did not complete within {KV_TIMEOUT_S:g} s")
+            self.attempt_failed(req, f, self.sim.loop.now)
 
     # -- faults ----------------------------------------------------------------------------------
 
@@ -419,9 +422,11 @@ class SimRouter:
                 continue
             d = plan.d
             if role == "decode" and d.decode_node == node:
-                self.attempt_failed(req, f"decode node {node} stream broke: {GONE}", t, node)
+                f = Failure(K.DECODE_DOWN, node, f"decode node {node} stream broke: the instance was killed")
+                self.attempt_failed(req, f, t, node)
             elif role == "prefill" and d.prefill_node == node and not req.prefill_seen:
-                self.attempt_failed(req, f"prefill node {node} unreachable: {GONE}", t, node)
+                f = Failure(K.PREFILL_DOWN, node, f"prefill node {node} unreachable: the instance was killed")
+                self.attempt_failed(req, f, t, node)
             elif role == "prefill" and plan.move_src == node and not req.moved and d.cache_move is not None:
                 self.sim.loop.at(t + CACHE_IN_TIMEOUT_S * self.speedup, PREFILL, self._move_lost, req)
 
@@ -436,7 +441,7 @@ class SimRouter:
                 and req.kv_range is not None
             move = plan.move_src == src and d.prefill_node == dst and not req.moved and req.move_range is not None
             if kv or move:
-                self.attempt_failed(req, f"kv transfer failed: {reason}", t)
+                self.attempt_failed(req, Failure(K.KV_TRANSFER, "", f"kv transfer failed: {reason}"), t)
 
     def note_health(self, node: str, outcome: Outcome, t: float, reason: str = "", probe: bool = False) -> None:
         if outcome == "ok" and not self.watch:

@@ -3,7 +3,7 @@ virtual (paper) time, writing what a live run writes (records, time series, deci
 faults `faults.jsonl`).
 
 Every request goes through the same core code the live services run, in the live order: the
-router's books and `testbed.core.router.route_step.route` (prefix lookup, policy, load tracker, cache
+router's books and `testbed.core.routing.route` (prefix lookup, policy, load tracker, cache
 book, recent arrivals, health), its attempts, retries and deadlines (`testbed.sim.router`), the
 prefill queue and service times, layer-wise KV into the flow-level network
 (`testbed.sim.network`), the decode batch loop with KV admission (`testbed.core.engine.decode_loop`),
@@ -35,6 +35,7 @@ from testbed.core.record import RequestRecord
 from testbed.core.gc_pause import paused_gc
 from testbed.metrics.records import RecordWriter
 from testbed.core.schema.live_path import LivePathCosts
+from testbed.core.failures import Failure
 from testbed.core.fault_timeline import SlowDown
 from testbed.sim.control import ControlLoop
 from testbed.sim.fault_runner import FaultRunner, Prober
@@ -271,8 +272,8 @@ class Simulation:
     def finished(self, req: SimRequest, t: float) -> None:
         self.router.finished(req, t)
 
-    def attempt_failed(self, req: SimRequest, reason: str, t: float) -> None:
-        self.router.attempt_failed(req, reason, t)
+    def attempt_failed(self, req: SimRequest, f: Failure, t: float) -> None:
+        self.router.attempt_failed(req, f, t)
 
     def closed(self, req: SimRequest, t: float) -> None:
         """The request is done, completed or failed: its record is written."""

@@ -244,7 +244,7 @@ class WanFaults:
         c = self._conn(p)
         if c.stall is None and c.lost is None:
             c.inflight = p.rate * 2.0 * p.delay
-        self._lose((p.src, p.dst), c, t, "[Errno 104] Connection reset by peer", k)
+        self._lose((p.src, p.dst), c, t, "the connection was reset (tcp_reset fault)", k)
 
     def _lose(self, pair: tuple[str, str], c: Conns, t: float, reason: str, k: int = 1) -> None:
         """The pair's connections are gone: what was in flight goes again, it dials."""

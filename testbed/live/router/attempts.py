@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Awaitable, Callable
 
+from testbed.core.failures import FailureKind as K
 from testbed.core.routing.policy import NoCapacity
 from testbed.core.record import NAN
 from testbed.core.router.retries import avoid_after as _avoid, deadline_paper_s, deadline_reason, may_retry, retry_id
@@ -26,7 +27,7 @@ Relay = Callable[[int, int], Awaitable[None]]
 
 
 def avoid_after(e: RequestFailed, plan: RoutePlan) -> frozenset[str]:
-    """Where a retry should not go (`testbed.core.router.retries.avoid_after`)."""
+    """Where a retry should not go (`testbed.core.retries.avoid_after`)."""
     return _avoid(e.node, plan)
 
 
@@ -57,7 +58,7 @@ class Attempts:
                 await self._attempts()
         except TimeoutError:
             raise RequestFailed(deadline_reason(self.st.cfg.deployment.scenario, self.req.output_tokens),
-                                retryable=False) from None
+                                K.DEADLINE, retryable=False) from None
 
     def may_retry(self, e: RequestFailed) -> bool:
         """Once, and only while the client has seen nothing (`testbed.core.router.retries`)."""
@@ -105,11 +106,12 @@ class Attempts:
             raise e
         avoid = avoid_after(e, self.plan)
         log.warning("request %s: %s; retrying elsewhere", self.rid, e)
-        self.prog = self.seen.prog = retry_progress(self.prog, str(e))
+        self.prog = self.seen.prog = retry_progress(self.prog, e)
         try:
             self.plan = route(st, self.req, self.rid, avoid)
         except NoCapacity as nc:
-            raise RequestFailed(f"{e}; no instance left to retry on: {nc}", retryable=False) from None
+            # The request dies of the attempt's failure: its kind and instance stay.
+            raise RequestFailed(f"{e}; no instance left to retry on: {nc}", e.kind, retryable=False, at=e.at) from None
         self.holding = True
         st.retries += 1
         note_decision(st, self.rid, self.req, self.plan, self.prog)

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
+from testbed.core.failures import FailureKind as K, failure_kind
 from testbed.core.router.health import Outcome
 from testbed.core.record import NAN, PrefillReport, RecordFormatError, RequestRecord, report_from_wire
 from testbed.core.router.router_books import decision_line
@@ -61,6 +62,16 @@ async def _move_cache(st: RouterState, rid: str, plan: RoutePlan, tid: int, prog
         log.warning("request %s: %s", rid, res["error"])
 
 
+def _decode_error(ev: dict[str, Any], node: str) -> RequestFailed:
+    """The decode node's `error` event: its kind names what failed (its KV, or the node itself)."""
+    try:
+        kind = failure_kind(str(ev.get("kind", "")), f"decode node {node}'s error event") or K.DECODE_ERROR
+    except ValueError as e:
+        return RequestFailed(str(e), K.DECODE_ERROR, node)
+    return RequestFailed(str(ev.get("reason", "decode failed")), kind,
+                         at=node if kind in (K.DECODE_DOWN, K.DECODE_ERROR) else "")
+
+
 async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, plan: RoutePlan, prog: Progress
                 ) -> AsyncIterator[int]:
     """Run one attempt of a request through prefill, transfer and decode (the nodes know the
@@ -90,7 +101,10 @@ async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, pl
         rec.prefill_modelled, rec.cache_move_bytes_wire = rep.prefill_modelled, rep.cache_move_bytes_wire
         if rep.error:
             node, outcome = prefill_blame[0] if prefill_blame else ("", "failed")
-            raise RequestFailed(rep.error, node, outcome)
+            kind = K(rep.error_kind) if rep.error_kind else K.PREFILL_ERROR
+            # The node's own failure happened there, whether or not it is to blame for the next route.
+            at = d.prefill_node if kind in (K.PREFILL_DOWN, K.PREFILL_ERROR) else node
+            raise RequestFailed(rep.error, kind, node, outcome, at=at)
         st.note_health(d.prefill_node, "ok", now())
         if math.isfinite(times.transfer_end):
             note_tail()
@@ -100,12 +114,14 @@ async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, pl
     try:
         dresp = await st.session.post(f"{dnode.http.url}/decode", json=decode_body)
     except aiohttp.ClientError as e:
-        raise RequestFailed(f"decode node {d.decode_node} unreachable: {e}", d.decode_node, outcome_of(e)) from None
+        raise RequestFailed(f"decode node {d.decode_node} unreachable: {e}", K.DECODE_DOWN, d.decode_node,
+                            outcome_of(e)) from None
     if dresp.status != 200:
         text = await dresp.text()
         dresp.release()
-        raise RequestFailed(f"decode node {d.decode_node} answered {dresp.status}: {text[:200]}",
-                            d.decode_node if dresp.status >= 500 else "", retryable=dresp.status >= 500)
+        raise RequestFailed(f"decode node {d.decode_node} answered {dresp.status}: {text[:200]}", K.DECODE_ERROR,
+                            d.decode_node if dresp.status >= 500 else "", retryable=dresp.status >= 500,
+                            at=d.decode_node)
 
     async def prefill() -> PrefillReport:
         try:
@@ -116,13 +132,15 @@ async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, pl
                 err = res.get("error") if isinstance(res, dict) else None
                 if r.status >= 500:
                     prefill_blame.append((d.prefill_node, "failed"))
-                return PrefillReport(error=str(err) if err else f"prefill node answered {r.status}")
+                return PrefillReport(error=str(err) if err else f"prefill node answered {r.status}",
+                                     error_kind=K.PREFILL_ERROR)
         except RecordFormatError as e:
             prefill_blame.append((d.prefill_node, "failed"))
-            return PrefillReport(error=f"prefill node {d.prefill_node} answered a malformed report: {e}")
+            return PrefillReport(error=f"prefill node {d.prefill_node} answered a malformed report: {e}",
+                                 error_kind=K.PREFILL_ERROR)
         except (aiohttp.ClientError, ValueError) as e:
             prefill_blame.append((d.prefill_node, outcome_of(e)))
-            return PrefillReport(error=f"prefill node {d.prefill_node} unreachable: {e}")
+            return PrefillReport(error=f"prefill node {d.prefill_node} unreachable: {e}", error_kind=K.PREFILL_DOWN)
 
     if move_tid is not None:
         move_task = asyncio.create_task(_move_cache(st, rid, plan, move_tid, prog))
@@ -146,9 +164,10 @@ async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, pl
                 ev = json.loads(line) if line else None
             except (aiohttp.ClientError, ConnectionError, ValueError) as e:
                 raise RequestFailed(f"decode node {d.decode_node} stream broke: {type(e).__name__}: {e}",
-                                    d.decode_node) from None
+                                    K.DECODE_DOWN, d.decode_node) from None
             if not isinstance(ev, dict):
-                raise RequestFailed(f"decode node {d.decode_node} closed the stream early", d.decode_node)
+                raise RequestFailed(f"decode node {d.decode_node} closed the stream early", K.DECODE_DOWN,
+                                    d.decode_node)
             kind = ev.get("event")
             if kind == "kv":
                 times.transfer_end = float(ev["complete"])
@@ -169,7 +188,7 @@ async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, pl
                 st.note_health(d.decode_node, "ok", now())
                 break
             elif kind == "error":
-                raise RequestFailed(str(ev.get("reason", "decode failed")))
+                raise _decode_error(ev, d.decode_node)
             line_task = asyncio.create_task(dresp.content.readline())
         if not prefill_seen:
             res = await ptask

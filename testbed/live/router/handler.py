@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from testbed.core.failures import FailureKind as K
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
 from testbed.core.routing.policy import NoCapacity
 from testbed.core.record import NO_TRACE_INDEX, RequestRecord
@@ -46,14 +47,14 @@ async def _parse(request: web.Request, kind: str, st: RouterState, seen: Seen) -
     try:
         text = await request.text()
     except UnicodeDecodeError:
-        seen.error = "bad request: body is not JSON"
+        seen.error, seen.error_kind = "bad request: body is not JSON", K.BAD_REQUEST
         raise _bad_request("body is not JSON (not UTF-8)") from None
     try:
         body = load_body(text)
         limits = Limits(sc.model.max_context_tokens, sc.serving.max_output_tokens)
         return parse_responses(body, limits) if kind == "responses" else parse(body, kind, limits)
     except RequestError as e:
-        seen.error = f"bad request: {e}"
+        seen.error, seen.error_kind = f"bad request: {e}", K.BAD_REQUEST
         raise _bad_request(str(e), getattr(e, "param", None)) from None
 
 
@@ -82,7 +83,7 @@ async def _serve(request: web.Request, kind: str, st: RouterState, seen: Seen) -
     try:
         plan = route(st, req, rid)
     except NoCapacity as e:
-        seen.error = f"no capacity: {e}"
+        seen.error, seen.error_kind = f"no capacity: {e}", K.NO_CAPACITY
         raise web.HTTPServiceUnavailable(text=json.dumps(openai_error(str(e), "server_error")),
                                          content_type="application/json") from None
     note_decision(st, rid, req, plan, prog)
@@ -109,12 +110,13 @@ async def _serve(request: web.Request, kind: str, st: RouterState, seen: Seen) -
         return out
     except (RequestFailed, InvalidTransition, aiohttp.ClientError) as e:
         if isinstance(e, InvalidTransition):
-            e = RequestFailed(f"stamps out of lifecycle order: {e}")
+            e = RequestFailed(f"stamps out of lifecycle order: {e}", K.ROUTER_ERROR)
         elif isinstance(e, aiohttp.ClientError):
-            e = RequestFailed(f"router: {type(e).__name__}: {e}")
+            e = RequestFailed(f"router: {type(e).__name__}: {e}", K.ROUTER_ERROR)
         if not att.prog.life.done:
             att.prog.life.apply(Event.FAIL, now(), str(e))
-        st.metrics.failed.labels(reason=str(e).split(":")[0][:40]).inc()
+        att.prog.rec.failure_kind, att.prog.rec.failure_node = e.kind.value, e.at
+        st.metrics.failed.labels(reason=e.kind.value).inc()
         log.warning("request %s failed: %s", rid, e)
         return await reply.fail(str(e), record_ext(att.prog, att.sent))
     except ConnectionError:

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.core.failures import Failure, FailureKind as K
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import NAN, NO_TRACE_INDEX, RequestRecord
 from testbed.live.openai_api import record_extension
@@ -22,7 +23,7 @@ def replay_lifecycle(prog: Progress) -> None:
     for t, ev in prog.rec.times.lifecycle_events():
         prog.life.apply(ev, t)
     if not prog.life.done:
-        raise RequestFailed(f"incomplete lifecycle: stopped in state {prog.life.state.value}")
+        raise RequestFailed(f"incomplete lifecycle: stopped in state {prog.life.state.value}", K.ROUTER_ERROR)
 
 
 def record_ext(prog: Progress, tokens: int) -> dict[str, Any]:
@@ -32,10 +33,11 @@ def record_ext(prog: Progress, tokens: int) -> dict[str, Any]:
     return record_extension(rec)
 
 
-def retry_progress(old: Progress, reason: str) -> Progress:
-    """A fresh attempt's progress: the client's arrival kept, the failed attempt's stages not."""
+def retry_progress(old: Progress, e: RequestFailed) -> Progress:
+    """A fresh attempt's progress after `e`: the client's arrival kept, the failed attempt's
+    stages not."""
     rec = RequestRecord(old.rec.request_id, old.rec.trace_index, old.rec.input_tokens, old.rec.output_tokens,
-                        retries=old.rec.retries + 1, retry_reason=reason)
+                        retries=old.rec.retries + 1, retry_reason=str(e), retry_kind=e.kind.value, retry_node=e.at)
     rec.times.router_arrival = old.rec.times.router_arrival
     return Progress(Lifecycle(old.rec.request_id), rec)
 
@@ -50,6 +52,7 @@ class Seen:
     last: float = NAN
     sent: int = 0
     error: str = ""             # why it ended without a lifecycle verdict (bad request, no capacity)
+    error_kind: K = K.CLIENT_GONE    # its kind
     rid: str = ""               # the id claimed for it (`RouterState.ids`), released at the end
 
 
@@ -60,7 +63,7 @@ def held_record(seen: Seen) -> RequestRecord:
         src = seen.prog.rec
         rec = dataclasses.replace(src, times=dataclasses.replace(src.times))
     if rec.outcome not in ("completed", "failed"):
-        rec.outcome, rec.reason = "failed", seen.error or "the client disconnected before the end"
+        rec.fail(Failure(seen.error_kind), seen.error or "the client disconnected before the end")
     t = rec.times
     t.arrival, t.first_token, t.last_token = seen.arrival, seen.first, seen.last
     rec.tokens_received = seen.sent

@@ -1,4 +1,4 @@
-"""The router's state: the books routing reads (`testbed.core.router.router_books.RouterBooks`) with the
+"""The router's state: the books routing reads (`testbed.core.router_books.RouterBooks`) with the
 router's sessions and writers, and what one request's attempt carries (`Progress`, `RequestFailed`)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from testbed.core.failures import Failure, FailureKind
 from testbed.core.router.health import HealthChange, Outcome
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import RequestRecord
@@ -58,12 +59,20 @@ STATE = web.AppKey("router_state", RouterState)
 
 
 class RequestFailed(Exception):
-    """A request attempt that failed: why, which instance is to blame if one is, and what that
-    says about it (`refused`: nothing answers there; `failed`: it answered badly or broke off)."""
+    """A request attempt that failed: why (for people), what kind of failure it is, which instance
+    is to blame if one is, and what that says about it (`refused`: nothing answers there; `failed`:
+    it answered badly or broke off). `at` is the instance it happened at, for the record: the one
+    to blame unless told (a node that refused the request itself is not to blame)."""
 
-    def __init__(self, reason: str, node: str = "", outcome: Outcome = "failed", retryable: bool = True) -> None:
+    def __init__(self, reason: str, kind: FailureKind, node: str = "", outcome: Outcome = "failed",
+                 retryable: bool = True, at: str | None = None) -> None:
         super().__init__(reason)
-        self.node, self.outcome, self.retryable = node, outcome, retryable
+        self.kind, self.node, self.outcome, self.retryable = kind, node, outcome, retryable
+        self.at = node if at is None else at
+
+    @property
+    def failure(self) -> Failure:
+        return Failure(self.kind, self.at, str(self))
 
 
 def outcome_of(e: BaseException) -> Outcome:

@@ -153,7 +153,8 @@ def make_metrics(reg: CollectorRegistry, model_name: str, max_model_len: int) ->
                         "to prefill start), prefill, kv_transfer (prefill end to the decode node holding the KV), "
                         "decode (to the first token at the router); wire seconds", [*labels, "stage"],
                         buckets=TTFT_BUCKETS, registry=reg),
-        failed=Labelled(Counter("testbed_requests_failed", "Failed requests", [*labels, "reason"], registry=reg),
+        failed=Labelled(Counter("testbed_requests_failed", "Failed requests, by failure kind (label reason)",
+                                [*labels, "reason"], registry=reg),
                         fixed),
         routed=Labelled(Counter("testbed_requests_routed", "Requests routed, by prefill cluster",
                                 [*labels, "cluster"], registry=reg), fixed),

@@ -11,6 +11,8 @@ Schema versions (`schema_version`; `schema` is the older layout counter, kept as
   unchanged, and `run.interrupted` is also true for a run cut short.
 - 4: `fidelity.warn` is no longer written: `validity` is the run's one verdict (the prefill error that
   `warn` judged is one of its bounds). Files of versions 1-3 keep their `warn` and read as before.
+  `requests.failure_kinds` (failed records by their `failure_kind`; records.csv version 2) and
+  `requests.failure_nodes` (by their `failure_node`); an older file reads with both empty.
 
 Unknown keys are errors everywhere except where the keys are names (links, nodes, failure
 reasons, decision actions): a dict of typed values there.
@@ -71,6 +73,11 @@ class Requests(Section):
     """Records with any other outcome (the run stopped before they finished)."""
     failure_reasons: dict[str, int] = Field(default_factory=dict)   # keyed by reason
     """`{reason: count}` over failed records (`unknown` when a record gives none)."""
+    failure_kinds: dict[str, int] = Field(default_factory=dict)   # keyed by failure kind
+    """`{kind: count}` over failed records, by their `failure_kind` (`unknown` when a record gives none:
+    written before records.csv had the column)."""
+    failure_nodes: dict[str, int] = Field(default_factory=dict)   # keyed by instance
+    """`{instance: count}` over failed records that name the instance they failed at (`failure_node`)."""
 
 
 class Throughput(Section):

@@ -234,7 +234,8 @@ def notes(c: Context) -> list[str]:
         out.append("The emulation's links were not shaped (shaping none, a loopback backend): WAN delay and rate "
                    "are not emulated there, so transfer times and the TTFT they feed are not the scenario's.")
     if c.pairing.only_a or c.pairing.only_b:
-        failed = c.emu.summary.requests.failure_reasons
+        # By kind; a summary written before records had kinds: by reason.
+        failed = c.emu.summary.requests.failure_kinds or c.emu.summary.requests.failure_reasons
         out.append(f"Completed in one run only: {c.pairing.only_a} in the simulation, {c.pairing.only_b} in the "
                    "emulation (the emulation's failures: "
                    + (", ".join(f"{k} x{v}" for k, v in failed.items()) or "none") + ").")

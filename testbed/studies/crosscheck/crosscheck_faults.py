@@ -16,7 +16,6 @@ retried ones were retried, and what connection losses cost the KV senders.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -113,17 +112,9 @@ def fault_rows(sim: Side, emu: Side) -> list[FaultRow]:
 
 # -- explanation -------------------------------------------------------------------------------
 
-_NODE = re.compile(r"\b(prefill|decode) node \S+")
-
-
-def _reason_kind(reason: str) -> str:
-    """A failure or retry reason without its instance and details: what kind of thing happened."""
-    head = _NODE.sub(lambda m: f"{m.group(1)} node", reason)
-    return head.split(":")[0].strip()[:60] if ":" in head else head[:60]
-
-
-def _counts(reasons: list[str]) -> str:
-    c = Counter(_reason_kind(r) for r in reasons if r)
+def _counts(kinds: list[str]) -> str:
+    """Failure kinds counted (a record written before records.csv had them: `unknown`)."""
+    c = Counter(k or "unknown" for k in kinds)
     return ", ".join(f"{k} x{v}" for k, v in c.most_common()) or "none"
 
 
@@ -143,14 +134,15 @@ def _side_text(side: Side, e: dict[str, Any]) -> str:
     recs: list[RequestRecord] = list(side.records)
     failed = [r for r in recs if r.outcome != "completed" and start is not None and r.times.arrival * s <= end]
     retried = [r for r in recs if r.retries and start is not None and r.times.arrival * s <= end]
-    parts = [f"failed: {_counts([r.reason for r in failed])}", f"retried after: {_counts([r.retry_reason for r in retried])}"]
+    parts = [f"failed: {_counts([r.failure_kind for r in failed])}",
+             f"retried after: {_counts([r.retry_kind for r in retried])}"]
     if e["kind"] in NODE_KINDS and start is not None:
         out = _taken_out(side, e["target"], start)
         if out is None:
             parts.append(f"the router never took {e['target']} out")
         else:
             routed = [r for r in recs if (r.prefill_node == e["target"] or r.decode_node == e["target"]
-                                          or e["target"] in r.retry_reason)
+                                          or r.retry_node == e["target"])
                       and start <= r.times.routed * s < out]
             parts.append(f"the router took {e['target']} out {out - start:.2f} s after the fault began, "
                          f"{len(routed)} request(s) routed there in between")
