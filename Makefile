@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: docs docs-results install profiles replay test test-pure test-app test-netns test-netem test-docker test-slow test-clients test-profiles test-observability test-busy typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-swarm-multi replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm plan-refine bench-sim-faults bench-peers crosscheck-dynamo
+.PHONY: docs docs-serve docs-check docs-results install profiles replay test test-pure test-app test-netns test-netem test-docker test-slow test-clients test-profiles test-observability test-busy typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-swarm-multi replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm plan-refine bench-sim-faults bench-peers crosscheck-dynamo
 
 # The package's bytecode, written ahead: where PYTHONDONTWRITEBYTECODE is set (as on CI runners)
 # every service process of a run would otherwise compile the package again, 0.5 s of CPU each.
@@ -53,6 +53,16 @@ $(DOCS_STAMP): $(STAMP)
 
 docs: $(DOCS_STAMP)
 	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
+
+## The built site opens from file:// (build/site/index.html, search included); docs-serve serves it over
+## HTTP instead, on loopback (DOCS_PORT, default 8000). docs-check opens it in headless Chromium: a
+## sidebar link opens its page and search ranks the traces guide first for "mooncake".
+DOCS_PORT ?= 8000
+docs-serve: docs
+	@echo "make docs-serve: http://127.0.0.1:$(DOCS_PORT)/index.html (Ctrl-C stops it)"
+	$(BIN)/python -m http.server --bind 127.0.0.1 --directory build/site $(DOCS_PORT)
+docs-check: docs
+	$(BIN)/python tests/site_browser.py --site build/site
 
 ## Rerun the measurements the docs quote (testbed/docsite/measurements.py) into docs/results/data/,
 ## each stamped with date, commit, host and command. ONLY=name,name selects; SKIP_EMULATION=1 runs
