@@ -25,7 +25,7 @@ COMMAND_MODULES = (
     "testbed.traces.command", "testbed.metrics.command", "testbed.deploy.command", "testbed.net.command",
     "testbed.studies.linkcheck", "testbed.studies.capacity_command", "testbed.metrics.regress",
     "testbed.studies.sweep", "testbed.studies.calibrate", "testbed.studies.plan", "testbed.studies.crosscheck",
-    "testbed.studies.feasibility_command", "testbed.studies.profile",
+    "testbed.studies.feasibility_command", "testbed.studies.profile", "testbed.studies.tokenizer",
 )
 SERVE_MODULE = "testbed.deploy.serve"
 # The module of each subcommand, so that running one imports only its module: importing them all
@@ -38,7 +38,7 @@ COMMAND_MODULE = {
     "model": "testbed.model.command", "down": "testbed.deploy.command", "netcaps": "testbed.net.command",
     "linkcheck": "testbed.studies.linkcheck", "capacity": "testbed.studies.capacity_command",
     "sweep": "testbed.studies.sweep", "calibrate": "testbed.studies.calibrate", "plan": "testbed.studies.plan",
-    "feasibility": "testbed.studies.feasibility_command",
+    "feasibility": "testbed.studies.feasibility_command", "tokenizer": "testbed.studies.tokenizer",
 }
 
 

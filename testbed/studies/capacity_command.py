@@ -16,7 +16,7 @@ from testbed.deploy import registry
 from testbed.studies.capacity import model_lambda, search, write_outputs
 from testbed.studies.load import load
 from testbed.studies.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
-from testbed.studies.run_args import add_run_args, run_overrides, trace_for
+from testbed.studies.run_args import add_run_args, run_overrides, trace_for, warn_if_planned
 from testbed.studies.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
@@ -58,6 +58,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     scenarios = [load(name, run_overrides(args, name)) for name in args.scenario]
     trace = trace_for(None, args) if args.trace is not None else None
+    if trace is None:
+        for rs in scenarios:
+            warn_if_planned(rs.spec)
     n = args.requests if trace is None else len(trace)
     backend, warning = pick_backend(args.backend)
     refuse_unhonoured(backend, scenarios)
@@ -68,7 +71,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return _cmd_table(args, scenarios, backend, trace)
     rs = scenarios[0]
     sc = rs.spec
-    model = model_lambda(sc, rs.inter_dc.rate)
+    model = model_lambda(sc, rs.inter_dc.rate, trace)
     lo = args.lo or (0.6 * model if model else 1.0)
     hi = args.hi or (1.3 * model if model else 4.0)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-capacity-{sc.name}"

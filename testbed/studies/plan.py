@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.config.profiles import load_profile
@@ -214,15 +214,35 @@ def _kinds(text: str) -> list[Kind]:
     return out
 
 
+def _instances(kind: Kind, base: Scenario) -> dict[str, int]:
+    """Instances per hardware name that `kind` deploys on `base`."""
+    have: dict[str, int] = {}
+    for c in base.clusters:
+        if c.kind == "pd" or (c.kind == "prfaas" and kind_pools(kind).prfaas):
+            have[c.hardware] = have.get(c.hardware, 0) + c.prefill + c.decode
+    return have
+
+
+def check_budget(budgets: dict[str | None, dict[str, int]], bases: Mapping[Kind, Scenario]) -> None:
+    """A budget naming hardware that no planned kind deploys would be ignored: refuse it instead."""
+    for kind, budget in budgets.items():
+        if kind is not None and kind not in bases:
+            raise PlanError(f"--budget {kind}:...: kind {kind!r} is not planned (--kinds {','.join(bases)})")
+        scope = {k: b for k, b in bases.items() if kind is None or k == kind}
+        known = {hw for k, b in scope.items() for hw in _instances(k, b)}
+        where = "the bases" if kind is None else f"{kind}'s base"
+        for hw, n in budget.items():
+            if hw not in known:
+                raise PlanError(f"--budget {kind + ':' if kind else ''}{hw}={n}: no hardware {hw!r} in {where} "
+                                f"(it deploys {', '.join(sorted(known)) or 'none'})")
+
+
 def budget_for(kind: Kind, base: Scenario, budgets: dict[str | None, dict[str, int]]) -> tuple[dict[str, int], str, str | None]:
     """The budget a kind plans within, how to read it, and a note when a budget given for every
     kind caps this one below its base's own instances of that hardware."""
     shared, own = budgets.get(None, {}), budgets.get(kind, {})
     budget = {**shared, **own}
-    have: dict[str, int] = {}
-    for c in base.clusters:
-        if c.kind == "pd" or (c.kind == "prfaas" and kind_pools(kind).prfaas):
-            have[c.hardware] = have.get(c.hardware, 0) + c.prefill + c.decode
+    have = _instances(kind, base)
     parts = []
     for hw in have:
         src = f"{kind}:" if hw in own else "every kind" if hw in shared else None
@@ -288,6 +308,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
     if not bases:
         raise PlanError("no kind left to plan")
     budgets = parse_budget(args.budget)
+    check_budget(budgets, {k: b.spec for k, b in bases.items()})
     trace_path = Path(args.trace)
     trace: Trace = load_trace(trace_path, args.format, window=args.window)
     if len(trace) < 2:

@@ -300,6 +300,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"{args.path}: {bad.count:,} bad line{'' if bad.count == 1 else 's'}{shown}; "
               f"{acc.n:,} good requests", file=sys.stderr)
         return 2
+    if not s["requests"]:
+        # Nothing to replay: a replay of it would end at once with an empty report.
+        print(f"{args.path}: no requests: an empty trace has nothing to replay", file=sys.stderr)
+        return 2
     print(f"{args.path}: ok, {s['requests']:,} requests over {s['duration_s']:,.1f} s")
     for note in s["notes"]:
         print(f"  {note}")
