@@ -92,7 +92,7 @@ crosscheck: $(STAMP)
 ## (1-400 Gbit/s) x RTT (30, 150 ms), by the model and by simulation (no root; minutes).
 ## Emulated confirmation of three points (root): testbed feasibility --confirm 3 --out $(RUNS)/feasibility
 models: $(STAMP)
-	$(BIN)/testbed feasibility --out $(RUNS)/feasibility
+	$(BIN)/testbed feasibility --ttft-slo 30 --out $(RUNS)/feasibility
 
 ## The measured-kernel model profiles (scenarios/models/aiconfigurator) from aiconfigurator (the profiles extra).
 AIC_MODELS := minimax-m2.5 mimo-v2-flash qwen3.5-397b qwen3-235b

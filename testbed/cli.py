@@ -55,9 +55,20 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("prfaas-testbed")
+    except PackageNotFoundError:      # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p = OneLineParser(prog="testbed", description="Cross-datacenter PD-disaggregation testbed (PrfaaS)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                   help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     one = COMMAND_MODULE.get(_command_of(argv) or "") if argv is not None else None
     names = (one,) if one is not None else COMMAND_MODULES

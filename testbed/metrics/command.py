@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="recompute summary.json and report.md of a run",
         description="Recompute RUN_DIR/summary.json, report.md and its plots from the run's records and time series.",
     )
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (what replay --out wrote)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
     p.set_defaults(func=cmd_report)
 
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="put runs side by side (paper units)",
         description="Compare runs side by side in paper units; the first run is the baseline of the verdicts.",
     )
-    c.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    c.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="run directories to set side by side")
     c.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png")
     c.add_argument("--json", action="store_true", help="print the summaries and verdicts as JSON")
     c.set_defaults(func=cmd_compare)

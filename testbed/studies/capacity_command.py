@@ -47,9 +47,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="several scenarios: rewrite table6.md from the run directories already under --out")
     p.add_argument("--spread", type=float, default=0.25,
                    help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--out", action=StoreOnce, type=out_dir)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a scenario field, e.g. --set scale.speedup=2 (repeatable)")
+    p.add_argument("--out", action=StoreOnce, type=out_dir,
+                   help="output directory (default runs/<time>-capacity-<scenario>, or runs/<time>-table6)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of Markdown")
     p.set_defaults(func=cmd_capacity)
 
 

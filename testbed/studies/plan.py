@@ -177,7 +177,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "(plan.md, plan.json).",
     )
     p.add_argument("--trace", action=StoreOnce, required=True, help="trace file (Mooncake JSONL with hash_ids, Azure or BurstGPT CSV)")
-    p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS))
+    p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)")
     p.add_argument("--window", type=window_arg, metavar="START:END", help=f"plan for this part of the trace: {WINDOW_HELP}")
     p.add_argument("--scenario", action="append", metavar="NAME",
                    help="a base scenario (repeatable); its policy says which kind it is the base of "

@@ -60,6 +60,11 @@ def positive_speedup(v: str) -> str:
     """argparse `type` of --speedup where each run takes the one given."""
     if _positive(v):
         return v
+    if v == "auto":
+        # auto probes one workload on one backend for the speedup one run keeps time at; a search or
+        # a sweep runs many workloads and rates, which one probe cannot answer for.
+        raise argparse.ArgumentTypeError("--speedup auto picks the speedup of one run (replay, up); here every probe "
+                                         "or point runs at the number given: pass one (e.g. 4)")
     raise argparse.ArgumentTypeError(f"--speedup must be a positive number, got {v!r}")
 
 
