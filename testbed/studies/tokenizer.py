@@ -71,6 +71,9 @@ def save_hf(tok: Any, out: Path) -> Path:
         "bos_token": EOS, "eos_token": EOS, "unk_token": EOS, "clean_up_tokenization_spaces": False,
     }))
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": EOS, "eos_token": EOS, "unk_token": EOS}))
+    # AutoTokenizer (vllm bench serve, transformers 5) reads a model config before the tokenizer's;
+    # any known model type will do, tokenizer_class above decides the class.
+    (out / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     return out
 
 
