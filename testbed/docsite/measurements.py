@@ -276,7 +276,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "make plan-refine: two one-hour conversation surrogates that differ only in their arrivals (inter-arrival CV "
         "1 and 3), `testbed plan --refine 5` on each: each kind's first choice with its predicted and simulated "
         "mean TTFT, and every row's verdict.",
-        "sim", ("make plan-refine PLAN_REFINE={work}",), plan_tables(("cv1", "cv3"))),
+        "sim", ("make plan-refine PLAN_REFINE={work}",), plan_tables(("cv1", "cv3")),
+        figures=(("cv1/plan.png", "plan-refine-cv1.png"), ("cv3/plan.png", "plan-refine-cv3.png"))),
     Measurement(
         "bench-sim-faults", "Faults at 10,000 GPUs, simulated",
         "make bench-sim-faults: the 10,000-GPU deployment of make bench-sim under 15 minutes of the paper's "

@@ -47,6 +47,7 @@ from testbed.model.planner import (
     score_config,
 )
 from testbed.model.workload import TraceWorkload
+from testbed.studies.plan_figure import write_plan_figure
 from testbed.studies.plan_report import Rows, key, report_md, scenario_file, slug, write_plan_file
 from testbed.studies.plan_sim import (
     NOT_VERIFIED,
@@ -438,6 +439,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto")
         "out": str(out_dir), "seconds": time.monotonic() - t0,
     }
     (out_dir / "plan.json").write_text(json.dumps(result, indent=1))
+    write_plan_figure(result, out_dir / "plan.png")
     return result
 
 
