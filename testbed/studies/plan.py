@@ -503,8 +503,8 @@ def _print_summary(res: dict[str, Any]) -> None:
               f"input mean {wl['input_tokens']['mean']:,.0f} ({wl['cached_share']:.0%} seen before), "
               f"output mean {wl['output_tokens']['mean']:,.0f}")
     tab = Table(title=f"objective {res['settings']['objective']}; TTFT mean/P90 (s) at {wl['rate_rps']:.2f} req/s",
-                box=box.SIMPLE_HEAD)
-    for h in ("", "t", "Nf/Np/Nd", "Λmax", "TTFT model", "TTFT sim", "SLO"):
+                box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)     # fits 80 columns
+    for h in ("", "t", "PrfaaS/P/D", "Λmax", "TTFT model", "TTFT sim", "SLO"):
         tab.add_column(h, justify="left" if not h else "right", no_wrap=True)
     files: list[str] = []
 
@@ -529,6 +529,9 @@ def _print_summary(res: dict[str, Any]) -> None:
         if k.get("fewest"):
             add("  fewest", k["fewest"])
     con.print(tab)
+    con.print("PrfaaS/P/D: instances of PrfaaS prefill / PD prefill / PD decode; t: the length threshold; "
+              "Λmax: the model's capacity (req/s); SLO: met by the simulator's figures (sim) or the model's",
+              highlight=False)
     for f in files:
         con.print(f"plan {f}")
     for n in res["notes"]:

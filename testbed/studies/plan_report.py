@@ -100,7 +100,7 @@ def write_plan_file(path: Path, fam: Family, base_path: Path, c: Candidate, rank
     scenario_file(path, fam, base_path, c, cache_aware, head, planned_for=f"--trace {trace}{_window_flag(window)}")
 
 
-_HEAD = ["kind", "t", "N_prfaas/N_p/N_d", "Λ_max (req/s)", "bottleneck", "TTFT mean / P90 model (s)",
+_HEAD = ["kind", "t", "instances PrfaaS / PD prefill / PD decode", "Λ_max (req/s)", "bottleneck", "TTFT mean / P90 model (s)",
          "TTFT mean / P90 simulated (s)", "offloaded", "egress Gbit/s (link)", "meets SLO", "file"]
 
 
