@@ -72,9 +72,12 @@ def print_summary_table(summary: Summary, title: str | None = None, console: Con
     )
     table.add_column("Metric", no_wrap=True)
     table.add_column("Paper", justify="right")
-    table.add_column("Wire", justify="right")
+    # A simulated run has no wire: it runs in paper time and bytes, so a second column would repeat the first.
+    wire = run.shaping_method != "sim"
+    if wire:
+        table.add_column("Wire", justify="right")
     for row in summary_rows(summary):
-        table.add_row(*(Text(c) for c in row))
+        table.add_row(*(Text(c) for c in (row if wire else row[:2])))
     console.print(table)
     fid = summary.fidelity
     if fid.warn:

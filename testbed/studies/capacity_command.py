@@ -91,7 +91,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(res), indent=1))
     else:
-        print((out / "capacity.md").read_text())
+        _show(out / "capacity.md")
     return 0
 
 
@@ -110,7 +110,7 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], back
         except FileNotFoundError as e:
             print(f"capacity --table-only: {e.filename}: missing; run without --table-only first", file=sys.stderr)
             return 2
-        print((out / "table6.md").read_text())
+        _show(out / "table6.md")
         return 0
     try:
         deps = run_stoppable(run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate,
@@ -121,5 +121,18 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], back
     if args.json:
         print((out / "table6.json").read_text())
     else:
-        print((out / "table6.md").read_text())
+        _show(out / "table6.md")
     return 0 if all(d.capacity.lambda_max is not None for d in deps) else 1
+
+
+def _show(md: Path) -> None:
+    """A Markdown result on stdout: rendered on a terminal, as written (Markdown) into a pipe or file."""
+    text = md.read_text()
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(text))
+        print(f"(written to {md})")
+    else:
+        print(text)
