@@ -68,6 +68,8 @@ def print_summary_table(summary: Summary, title: str | None = None, console: Con
         title=Text(
             f"{head}: {run.scenario}, speedup {run.speedup:g}, "
             f"byte_scale {run.byte_scale:g}, shaping {run.shaping_method}"
+            + ("\n(fallback shaping: no netem in this kernel; HTB limits the rate, a userspace delay line adds "
+               "delay, jitter and loss)" if run.shaping_method == "fallback" else "")
         )
     )
     table.add_column("Metric", no_wrap=True)
