@@ -315,7 +315,7 @@ base-image:
 ## A short paper-prfaas replay on the compose backend over the shaped cross-region link
 ## (builds the image first when needed; one container per instance plus router and WAN router).
 replay-compose: $(STAMP)
-	$(BIN)/testbed up --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/compose-prfaas
+	$(BIN)/testbed up --backend compose --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/compose-prfaas
 
 ## The same as a Docker Swarm stack (on a swarm manager, as root; nodes labelled per datacenter,
 ## see compose/README.md; a single-node swarm gets every label on its only node).

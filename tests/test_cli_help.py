@@ -15,10 +15,8 @@ pytestmark = pytest.mark.pure
 
 # A flag with different defaults on different commands, and why.
 DIFFERENT_DEFAULTS = {
-    # `up` exists to run containers (make replay-compose); replay, capacity, sweep pick the best
-    # backend this host can run (netns as root, else local).
-    "--backend": "`up` defaults to compose, every other command to auto",
     # Commands that generate or sample a workload name their own sizes.
+    "--backend": "profile's --backend is the serving engine (sglang); every deployment command's is auto",
     "--requests": "per command: trace synth has no default, capacity probes 240, replay the scenario's",
     "--out": "each command names its own output",
     "--format": "trace synth writes mooncake; readers detect the format (auto)",
