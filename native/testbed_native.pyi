@@ -2,24 +2,24 @@
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from testbed.core.decode_batch import Batch
-from testbed.core.prefix_cache import MatchView, PrefixPool as PrefixPoolView, StatsView
+from testbed.core.engine.decode_batch import Batch
+from testbed.core.routing.prefix_cache import MatchView, PrefixPool as PrefixPoolView, StatsView
 from testbed.core.record import StageTimes
 from testbed.metrics.records import RecordRows as RecordRowsView
-from testbed.core.servicetime import DecodeStepTime
+from testbed.core.engine.servicetime import DecodeStepTime
 from testbed.sim.events import Loop
-from testbed.sim.network import PathHandle
+from testbed.sim.net_view import PathHandle
 
 ABI: int
 
 class PoolMatch(MatchView):
-    """`testbed.core.prefix_cache.Match`."""
+    """`testbed.core.routing.prefix_cache.Match`."""
 
 class PoolStats(StatsView):
-    """`testbed.core.prefix_cache.PoolStats`, as read at one moment."""
+    """`testbed.core.routing.prefix_cache.PoolStats`, as read at one moment."""
 
 class PrefixPool(PrefixPoolView):
-    """`testbed.core.prefix_cache.HybridPrefixCache`, compiled (`testbed.core.prefix_cache.PrefixPool`)."""
+    """`testbed.core.routing.prefix_cache.HybridPrefixCache`, compiled (`testbed.core.routing.prefix_cache.PrefixPool`)."""
     def __init__(self, capacity_bytes: int, block_tokens: int, block_bytes: int, state_bytes: int) -> None: ...
     @property
     def block_bytes(self) -> int: ...
@@ -33,7 +33,7 @@ class PrefixPool(PrefixPoolView):
     def entries(self) -> list[tuple[str, int, int, int, int]]: ...
 
 class DecodeBatch(Batch):
-    """`testbed.core.decode_batch.DecodeBatch`, compiled (`testbed.core.decode_batch.Batch`)."""
+    """`testbed.core.engine.decode_batch.DecodeBatch`, compiled (`testbed.core.engine.decode_batch.Batch`)."""
     def __init__(self, step_time: DecodeStepTime, bs_max: int, kv_capacity: int, time_scale: float = 1.0) -> None: ...
     @property
     def time_scale(self) -> float: ...
@@ -50,11 +50,11 @@ class RecordRows(RecordRowsView):
                  max_field: int) -> None: ...
 
 class NetPath(PathHandle):
-    """A path of a `FlowNet` (`testbed.sim.network.PathHandle`)."""
+    """A path of a `FlowNet` (`testbed.sim.net_view.PathHandle`)."""
 
 class FlowNet:
     """`testbed.sim.network.Network` compiled, for runs whose links never change
-    (`testbed.sim.network.new_network` builds it)."""
+    (`testbed.sim.net_view.new_network` builds it)."""
     def __init__(self, loop: Any, net_priority: int, nodes: list[str], node_dc: list[int],
                  links: list[tuple[float, int]], nic_out: list[int], nic_in: list[int],
                  wan: dict[tuple[int, int], int], counters: int, sent_of: list[int], received_of: list[int],

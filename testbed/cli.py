@@ -21,24 +21,24 @@ from testbed.core.gc_pause import paused_gc
 # backend starts, a dozen at a time) only that one: the others pull in matplotlib, pyroute2 and
 # the studies, 0.6 s of imports per service process.
 COMMAND_MODULES = (
-    "testbed.studies.replay_command", "testbed.deploy.serve", "testbed.studies.bench", "testbed.model.command",
-    "testbed.traces.command", "testbed.metrics.command", "testbed.deploy.command", "testbed.net.command",
-    "testbed.studies.linkcheck", "testbed.studies.capacity_command", "testbed.metrics.regress",
-    "testbed.studies.sweep", "testbed.studies.calibrate", "testbed.studies.plan", "testbed.studies.crosscheck",
-    "testbed.studies.feasibility_command", "testbed.studies.profile", "testbed.studies.tokenizer",
+    "testbed.run.replay_command", "testbed.deploy.serve", "testbed.studies.bench.bench", "testbed.model.model_command",
+    "testbed.traces.trace_command", "testbed.metrics.report_command", "testbed.deploy.down_command", "testbed.net.netcaps_command",
+    "testbed.studies.linkcheck.linkcheck", "testbed.studies.capacity.capacity_command", "testbed.metrics.regress",
+    "testbed.studies.sweep.sweep", "testbed.hardware.calibrate_command", "testbed.studies.plan.plan", "testbed.studies.crosscheck.crosscheck",
+    "testbed.studies.feasibility.feasibility_command", "testbed.hardware.profile_command", "testbed.run.tokenizer_command",
 )
 SERVE_MODULE = "testbed.deploy.serve"
 # The module of each subcommand, so that running one imports only its module: importing them all
 # costs ~1 s (pyroute2, docker, matplotlib, aiohttp), more than a simulated replay's own start.
 # A command not listed here (or --help) still imports them all.
 COMMAND_MODULE = {
-    "replay": "testbed.studies.replay_command", "up": "testbed.studies.replay_command", "serve": SERVE_MODULE,
-    "bench": "testbed.studies.bench", "trace": "testbed.traces.command", "report": "testbed.metrics.command",
-    "compare": "testbed.metrics.command", "regress": "testbed.metrics.regress", "crosscheck": "testbed.studies.crosscheck",
-    "model": "testbed.model.command", "down": "testbed.deploy.command", "netcaps": "testbed.net.command",
-    "linkcheck": "testbed.studies.linkcheck", "capacity": "testbed.studies.capacity_command",
-    "sweep": "testbed.studies.sweep", "calibrate": "testbed.studies.calibrate", "plan": "testbed.studies.plan",
-    "feasibility": "testbed.studies.feasibility_command", "tokenizer": "testbed.studies.tokenizer",
+    "replay": "testbed.run.replay_command", "up": "testbed.run.replay_command", "serve": SERVE_MODULE,
+    "bench": "testbed.studies.bench.bench", "trace": "testbed.traces.trace_command", "report": "testbed.metrics.report_command",
+    "compare": "testbed.metrics.report_command", "regress": "testbed.metrics.regress", "crosscheck": "testbed.studies.crosscheck.crosscheck",
+    "model": "testbed.model.model_command", "down": "testbed.deploy.down_command", "netcaps": "testbed.net.netcaps_command",
+    "linkcheck": "testbed.studies.linkcheck.linkcheck", "capacity": "testbed.studies.capacity.capacity_command",
+    "sweep": "testbed.studies.sweep.sweep", "calibrate": "testbed.hardware.calibrate_command", "plan": "testbed.studies.plan.plan",
+    "feasibility": "testbed.studies.feasibility.feasibility_command", "tokenizer": "testbed.run.tokenizer_command",
 }
 
 

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from testbed.studies import tokenizer
-from testbed.studies.tokenizer import EOS, byte_level_bpe, save_hf
+from testbed.run import tokenizer_command as tokenizer
+from testbed.run.tokenizer_command import EOS, byte_level_bpe, save_hf
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.core.scenario import WorkloadSpec
+from testbed.core.schema.scenario import WorkloadSpec
 from testbed.model.arrivals import Arrivals, GapLaw
 from testbed.model.queueing import gim_wait, mgc_wait, split_scv, windowed_wait
-from testbed.traces.command import register
+from testbed.traces.trace_command import register
 from testbed.traces.loader import load_trace
 from testbed.traces.synthetic import arrival_times, poisson_arrivals, synth_with_prefixes, synthetic_trace
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from testbed.core.bandwidth import BandwidthController, LinkSignals
-from testbed.core.scenario import ControlSpec
-from testbed.core.control import Recent, stage_model
+from testbed.core.control.bandwidth import BandwidthController, LinkSignals
+from testbed.core.schema.scenario import ControlSpec
+from testbed.core.control.short_term import Recent, stage_model
 from testbed.config.scenarios import load_scenario
 from testbed.traces.synthetic import sample_lengths
 
@@ -104,7 +104,7 @@ def test_recent_window_rate() -> None:
 def test_stage_costs_are_kept_per_length_and_equal_the_models() -> None:
     """A control update looks each recent length's costs up: the same figures as the stage
     model's own functions, computed once per length, and the store stays bounded."""
-    from testbed.core import bandwidth
+    from testbed.core.control import bandwidth
 
     calls: list[float] = []
 

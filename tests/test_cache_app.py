@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import Scenario
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.openai_api import block_hashes
@@ -21,7 +21,7 @@ from testbed.live.replayer import replay
 from testbed.metrics.records import RecordWriter, read_records
 from testbed.metrics.summary import summarize
 from testbed.config.scenarios import load_scenario
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 from testbed.traces.types import Trace, TraceRequest
 
 pytestmark = pytest.mark.app

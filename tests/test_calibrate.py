@@ -5,7 +5,7 @@ Known profiles: the paper's H200 prefill table and H20 prefill polynomial (scena
 and a decode step with the paper's 25 ms base plus per-sequence and per-context terms (the paper
 gives only the base; the two terms are ours, so that all three must be recovered). Noise: 1%
 multiplicative, seeded. The aiperf and vllm files come from a small event-driven server (one FIFO
-prefill instance, one continuous decode batch from `testbed.core.decode_batch`, closed-loop
+prefill instance, one continuous decode batch from `testbed.core.engine.decode_batch`, closed-loop
 clients), so batch sizes move as they do on a real server and the reader has to estimate them.
 
 Bars: prefill within 3% at the profile's points, decode step within 2% across (batch, context).
@@ -27,10 +27,10 @@ import yaml
 
 from testbed.cli import main
 from testbed.config.scenarios import SCENARIO_DIR, load_scenario
-from testbed.core.decode_batch import DecodeBatch, DecodeSeq
-from testbed.core.scenario import PolynomialPrefill, TablePrefill
-from testbed.core.servicetime import DecodeStepTime, PrefillTime
-from testbed.model.calibrate import (
+from testbed.core.engine.decode_batch import DecodeBatch, DecodeSeq
+from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
+from testbed.hardware.calibrate import (
     CalibrationError,
     DecodePoint,
     PrefillPoint,
@@ -41,7 +41,7 @@ from testbed.model.calibrate import (
     hat_basis,
     holdout_mask,
 )
-from testbed.model.measurements import MeasurementError, read_aiperf, read_decode_csv, read_prefill_csv, read_vllm
+from testbed.hardware.measurements import MeasurementError, read_aiperf, read_decode_csv, read_prefill_csv, read_vllm
 
 pytestmark = pytest.mark.pure
 
@@ -433,7 +433,7 @@ def test_vllm_without_start_times_uses_max_concurrency(tmp_path: Path) -> None:
 
 
 def test_request_analysis_is_the_same_block_by_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    import testbed.model.calibrate as cal
+    import testbed.hardware.calibrate as cal
     true = PrefillTime.from_spec(H20)
     recs = [cal.RequestRecord(f"r:{i}", "run", r.prompt, None, r.output, r.ttft, r.latency, r.start)
             for i, r in enumerate(serve(true, 12, decode_jobs(48, 3), seed=3))]

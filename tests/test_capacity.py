@@ -7,8 +7,8 @@ import pytest
 
 from testbed.config.scenarios import load_scenario
 from testbed.core.record import RequestRecord, StageTimes
-from testbed.studies.capacity import judge, search, write_outputs
-from testbed.studies.load import resolve
+from testbed.studies.capacity.capacity import judge, search, write_outputs
+from testbed.run.load import resolve
 
 
 def _rec(i: int, arrival: float, ttft: float, tpot: float = 0.00625, modelled: float = 0.1,

@@ -61,8 +61,8 @@ def test_out_that_is_no_directory_to_write_is_refused(cmd: list[str], where: str
 
 
 def test_a_run_directory_that_is_a_file_is_refused_by_the_runner(tmp_path: Path) -> None:
-    from testbed.studies.load import load
-    from testbed.studies.runner import run_sim
+    from testbed.run.load import load
+    from testbed.run.runner import run_sim
     from testbed.traces.loader import trace_from_workload
 
     rs = load("paper-prfaas", {"workload": {"requests": 2}})

@@ -17,7 +17,7 @@ import yaml
 
 from deployment_sizes import ONE_PER_ROLE, SERVICES_ONE_PER_ROLE
 from held import answers, check_held_run, drive_with_openai, start_hold
-from testbed.core.scaling import Scale
+from testbed.core.schema.scaling import Scale
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.netns import wan_links
 from testbed.config.profiles import load_profile

@@ -5,14 +5,14 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from testbed.core.decode_batch import AdmissionError, DecodeBatch, DecodeSeq
-from testbed.core.kvsize import KVModel
+from testbed.core.engine.decode_batch import AdmissionError, DecodeBatch, DecodeSeq
+from testbed.core.engine.kvsize import KVModel
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle, State
-from testbed.core.load_tracker import LoadTracker
-from testbed.core.policy import RoutingRequest, get_policy
-from testbed.core.prefill_queue import PrefillJob, PrefillQueue
-from testbed.core.scaling import Scale
-from testbed.core.servicetime import DecodeStepTime, PrefillTime
+from testbed.core.routing.load_tracker import LoadTracker
+from testbed.core.routing.policy import RoutingRequest, get_policy
+from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.schema.scaling import Scale
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.config.scenarios import load_scenario
 
 pytestmark = pytest.mark.pure
@@ -61,7 +61,7 @@ def test_prefill_time_table_interpolates_and_extrapolates() -> None:
 
 
 def test_prefill_time_cached_term() -> None:
-    from testbed.core.scenario import PolynomialPrefill
+    from testbed.core.schema.scenario import PolynomialPrefill
     pt = PrefillTime.from_spec(PolynomialPrefill(kind="polynomial", coefficients=[0.1, 1e-4], cached_token_s=1e-6))
     assert pt(1000, 5000) == pytest.approx(0.1 + 0.1 + 0.005)
 

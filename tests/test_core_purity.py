@@ -24,10 +24,10 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_core_has_modules() -> None:
-    assert len(list(CORE.glob("*.py"))) >= 8
+    assert len(list(CORE.rglob("*.py"))) >= 8
 
 
-@pytest.mark.parametrize("path", sorted(CORE.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(CORE.rglob("*.py")), ids=lambda p: str(p.relative_to(CORE)))
 def test_core_module_is_io_free(path: Path) -> None:
     bad = _imports(path) & FORBIDDEN
     assert not bad, f"{path.name} imports {sorted(bad)}"

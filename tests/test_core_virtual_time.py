@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from testbed.config.scenarios import load_scenario
-from testbed.core.decode_batch import DecodeBatch, DecodeSeq
-from testbed.core.kvsize import KVModel
-from testbed.core.load_tracker import LoadTracker
-from testbed.core.policy import NoCapacity, RoutingRequest, get_policy
-from testbed.core.servicetime import DecodeStepTime
+from testbed.core.engine.decode_batch import DecodeBatch, DecodeSeq
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.routing.load_tracker import LoadTracker
+from testbed.core.routing.policy import NoCapacity, RoutingRequest, get_policy
+from testbed.core.engine.servicetime import DecodeStepTime
 
 pytestmark = pytest.mark.pure
 
@@ -83,7 +83,7 @@ def test_the_trackers_view_decides_as_the_full_listing_does(scenario: str) -> No
     """The view lists only each cluster's least-loaded instances (what a 10,000-GPU deployment
     needs), among those not down: every policy decides on it exactly as on every instance."""
     from testbed.config.resolved import resolve
-    from testbed.core.load_aware import router_policy
+    from testbed.core.routing.load_aware import router_policy
 
     sc = load_scenario(scenario, {"clusters": [
         {"name": "prfaas", "datacenter": "dc-remote", "kind": "prfaas", "hardware": "h200", "prefill": 9, "decode": 0},

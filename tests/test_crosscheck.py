@@ -15,9 +15,9 @@ from testbed.core.record import RequestRecord, StageTimes
 from testbed.metrics.records import read_records, write_records
 from testbed.metrics.artefacts.summary_file import Validity
 from testbed.metrics.summary import summarize
-from testbed.studies import crosscheck_stages as st
-from testbed.studies.crosscheck_explain import Side
-from testbed.studies.crosscheck_table import METRICS, Crosscheck, compare
+from testbed.studies.crosscheck import crosscheck_stages as st
+from testbed.studies.crosscheck.crosscheck_explain import Side
+from testbed.studies.crosscheck.crosscheck_table import METRICS, Crosscheck, compare
 
 pure = pytest.mark.pure
 
@@ -243,9 +243,9 @@ def test_a_fault_scenario_is_judged_fault_by_fault_and_failed_and_retried_differ
     with the kill at 37 s and at 40 s, so different requests are caught; every fault row is
     judged and the differences in failed and retried requests are explained from the records
     and the health lines of `decisions.jsonl`."""
-    from testbed.studies.crosscheck import _side
-    from testbed.studies.load import load
-    from testbed.studies.runner import run_sim
+    from testbed.studies.crosscheck.crosscheck import _side
+    from testbed.run.load import load
+    from testbed.run.runner import run_sim
     from testbed.traces.loader import trace_from_workload
 
     sides = []
@@ -261,7 +261,7 @@ def test_a_fault_scenario_is_judged_fault_by_fault_and_failed_and_retried_differ
     assert failed.sim != failed.emulation and failed.explanation.startswith("Simulation: failed: decode node stream broke x")
     assert "the router took pd-d0 out 0.00 s after the fault began" in failed.explanation
     assert "Requests that failed in one run only:" in failed.explanation
-    from testbed.studies.crosscheck_report import markdown
+    from testbed.studies.crosscheck.crosscheck_report import markdown
     md = "\n".join(markdown(c))
     assert "## Faults" in md and "| #0 kill pd-d0 | affected, failed |" in md
     assert c.to_dict()["faults"][0]["metric"] == "affected"

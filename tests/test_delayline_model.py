@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from testbed.core.delayline_model import JITTER_SD_FACTOR, DelayLineModel
+from testbed.net.delayline_model import JITTER_SD_FACTOR, DelayLineModel
 
 pytestmark = pytest.mark.pure
 
@@ -123,7 +123,7 @@ def test_invalid_parameters_are_rejected_without_partial_update(kw: dict[str, fl
 # -- the delay line's config and packet helpers (no I/O) -------------------------------------
 
 def test_config_round_trip_and_link_params() -> None:
-    from testbed.core.linkprofile import LinkParams
+    from testbed.core.schema.linkprofile import LinkParams
     from testbed.net.delayline import DirectionSpec, parse_config
 
     link = LinkParams(rate_bps=1e9, delay_s=0.015, jitter_s=0.001, loss=0.01, loss_correlation=0.25,

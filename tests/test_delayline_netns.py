@@ -29,7 +29,7 @@ import pytest
 from testbed.net.delayline import DirectionSpec, control, lateness, send_control, write_config
 from testbed.net.probes import ANCBUF, SO_TIMESTAMPNS, rx_stamp
 from testbed.net.tun import open_tun
-from testbed.studies.linkcheck import judge_rtt, rtt_tolerance
+from testbed.studies.linkcheck.linkcheck import judge_rtt, rtt_tolerance
 
 pytestmark = [
     pytest.mark.netns,

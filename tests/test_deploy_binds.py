@@ -20,7 +20,7 @@ from testbed.deploy.plan import loopback_deployment
 from testbed.deploy.swarm import SUBNET_BASE, swarm_deployment
 from testbed.deploy.swarm_wan import listen_hosts
 from testbed.live.deployment import Deployment
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 
 
 def every_service(dep: Deployment) -> list[str]:

@@ -21,8 +21,8 @@ import pytest
 from pydantic import BaseModel
 
 from testbed.cli import build_parser
-from testbed.core.linkprofile import LinkProfile
-from testbed.core.scenario import Scenario
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.schema.scenario import Scenario
 from testbed.docsite import cli_ref, pages, rundir_ref, schema_ref
 from testbed.docsite.notes import NOTES
 from testbed.docsite.results import DATA, MEASUREMENTS, readme_block

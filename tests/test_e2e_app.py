@@ -11,15 +11,15 @@ import aiohttp
 import pytest
 
 from prom_samples import value
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import Scenario
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.openai_api import TOKEN_TEXT
 from testbed.live.replayer import replay
 from testbed.metrics.records import RecordWriter, read_records
 from testbed.config.scenarios import load_scenario
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace
 
@@ -205,7 +205,7 @@ async def test_nodes_reject_bad_requests_naming_the_field(tmp_path: Path) -> Non
 async def test_a_rerun_into_the_same_directory_starts_from_a_clean_slate(tmp_path: Path) -> None:
     """Series and decisions are appended as they come: a second run into the same directory
     must not mix in the first run's (a user reruns `make replay`)."""
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
 
     sc = fast_scenario(requests=6)
     trace = trace_from_workload(sc.workload)
@@ -230,7 +230,7 @@ async def test_a_full_disk_stops_every_service_and_says_so(tmp_path: Path) -> No
     import subprocess
 
     from testbed.core.errors import UserError
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
 
     small = tmp_path / "small"
     small.mkdir()

@@ -393,7 +393,7 @@ def test_stack_tasks_and_nodes_from_the_engines_documents() -> None:
 
 def test_compose_names_the_container_that_exited_with_its_last_log_lines(tmp_path: Path) -> None:
     from testbed.deploy.compose import ComposeBackend
-    from testbed.studies.load import load
+    from testbed.run.load import load
 
     b = ComposeBackend(load("paper-prfaas"), tmp_path)
     c = FakeClient()
@@ -417,7 +417,7 @@ def test_compose_names_the_container_that_exited_with_its_last_log_lines(tmp_pat
 
 def test_swarm_names_the_failed_service_with_its_node_and_last_log_lines(tmp_path: Path) -> None:
     from testbed.deploy.swarm import SwarmBackend
-    from testbed.studies.load import load
+    from testbed.run.load import load
 
     b = SwarmBackend(load("paper-prfaas"), tmp_path)
     c = FakeClient()
@@ -436,7 +436,7 @@ def test_swarm_names_the_failed_service_with_its_node_and_last_log_lines(tmp_pat
 
 def test_swarm_teardown_waits_for_the_nodes_to_stop_the_stack_but_not_for_a_lost_node(tmp_path: Path) -> None:
     from testbed.deploy.swarm import SwarmBackend
-    from testbed.studies.load import load
+    from testbed.run.load import load
 
     b = SwarmBackend(load("paper-prfaas"), tmp_path)
     c = FakeClient()

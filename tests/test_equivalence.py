@@ -5,7 +5,7 @@ One seeded workload is replayed through the simulator and through the in-process
 cache-aware, load-aware and bandwidth-aware policies, and every request must be placed alike:
 prefill cluster and instance, decode instance, cached tokens, offloaded or not.
 
-Both drivers route from the same books (`testbed.core.router_books`) with `core.routing.route`;
+Both drivers route from the same books (`testbed.core.router.router_books`) with `core.router.route_step.route`;
 what this checks is everything around that: the order the books are updated in (assignments,
 prefills answered, KV complete, requests finished), the cache book's events, the load tracker's
 view, the control loop's signals. The workload is built so that the answer does not hang on a
@@ -28,8 +28,8 @@ import pytest
 
 from testbed.core.record import RequestRecord
 from testbed.metrics.records import read_records
-from testbed.studies.load import load
-from testbed.studies.runner import run_replay_async
+from testbed.run.load import load
+from testbed.run.runner import run_replay_async
 from testbed.traces.types import Trace, TraceRequest
 
 pytestmark = pytest.mark.app

@@ -16,13 +16,13 @@ import pytest
 from matplotlib.figure import Figure
 
 from testbed.config.scenarios import ScenarioError, load_scenario
-from testbed.core.faults import SlowDown, fault_steps, fault_timeline, faulted_links
-from testbed.core.linkprofile import LinkParams
-from testbed.core.prefill_queue import PrefillJob, PrefillQueue
-from testbed.core.scenario import TcpResetFault
-from testbed.core.tcp_reset import ACK, RST, SYN, ResetPlanner, Segment, seq_after, seq_newest
-from testbed.deploy.faults import FaultScheduler, FaultTarget
-from testbed.metrics.faults import draw_fault_bands, fault_effects, faults_section, load_faults
+from testbed.core.fault_timeline import SlowDown, fault_steps, fault_timeline, faulted_links
+from testbed.core.schema.linkprofile import LinkParams
+from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.schema.scenario import TcpResetFault
+from testbed.net.tcp_reset import ACK, RST, SYN, ResetPlanner, Segment, seq_after, seq_newest
+from testbed.deploy.fault_injection import FaultScheduler, FaultTarget
+from testbed.metrics.fault_effects import draw_fault_bands, fault_effects, faults_section, load_faults
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.metrics.records import write_records
 
@@ -425,7 +425,7 @@ async def test_nodes_take_a_slowdown_over_http(tmp_path: Path, aiohttp_client: A
     from testbed.deploy.plan import loopback_deployment
     from testbed.live import decode_node, prefill_node
     from testbed.live.common import SLOW_KEY, ServiceConfig
-    from testbed.studies.load import resolve
+    from testbed.run.load import resolve
 
     dep = loopback_deployment(resolve(load_scenario("paper-prfaas")), None)
     for node, mod in (("pd-d0", decode_node), ("pd-p0", prefill_node)):
@@ -450,9 +450,9 @@ async def test_nodes_take_a_slowdown_over_http(tmp_path: Path, aiohttp_client: A
 
 @pytest.mark.app
 async def test_slowed_decode_steps_take_k_times_longer(tmp_path: Path) -> None:
-    from testbed.core.decode_batch import DecodeBatch, DecodeSeq
-    from testbed.core.decode_loop import DecodeLoop
-    from testbed.core.servicetime import DecodeStepTime
+    from testbed.core.engine.decode_batch import DecodeBatch, DecodeSeq
+    from testbed.core.engine.decode_loop import DecodeLoop
+    from testbed.core.engine.servicetime import DecodeStepTime
     from testbed.live.decode_node import DecodeState, _batch_loop
 
     sc = load_scenario("paper-prfaas")
@@ -538,8 +538,8 @@ def test_fault_effects_and_the_faults_section(tmp_path: Path) -> None:
 @pytest.mark.app
 async def test_local_backend_kills_pauses_and_restarts_node_processes(tmp_path: Path) -> None:
     from testbed.metrics.records import read_records
-    from testbed.studies.load import resolve
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.load import resolve
+    from testbed.run.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
     # Speedup 10: the first request leaves 0.5 s wire (5 paper s) after t0, the last at ~65 paper s.
@@ -605,7 +605,7 @@ async def test_container_nodes_drive_the_engine_and_the_node_endpoint(aiohttp_cl
     from testbed.deploy.plan import loopback_deployment
     from testbed.live import decode_node
     from testbed.live.common import SLOW_KEY, ServiceConfig
-    from testbed.studies.load import resolve
+    from testbed.run.load import resolve
 
     dep = loopback_deployment(resolve(load_scenario("paper-prfaas")), None)
     app = decode_node.make_app(ServiceConfig(dep, "pd-d0"))

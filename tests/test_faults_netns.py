@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from testbed.core.linkprofile import LinkParams
+from testbed.core.schema.linkprofile import LinkParams
 from testbed.net import plan as P
 from testbed.net.delayline import control
 from testbed.net.executor import Executor

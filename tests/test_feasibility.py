@@ -15,7 +15,7 @@ import yaml
 from testbed.cli import main
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario
-from testbed.core.servicetime import PrefillTime
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.model.feasibility import (
     Deployments,
     ModelMap,
@@ -24,7 +24,7 @@ from testbed.model.feasibility import (
     scaled_pd_prefill,
     smallest_rate,
 )
-from testbed.studies.feasibility import link_profile, pick_confirm, subset_keys
+from testbed.studies.feasibility.feasibility import link_profile, pick_confirm, subset_keys
 
 HYBRID, DENSE = "qwen3.5-397b", "minimax-m2.5"
 RATES = [10.0, 50.0, 100.0]

@@ -71,9 +71,9 @@ def test_proc_stat_cpu_share() -> None:
 
 
 async def test_speedup_auto_takes_the_highest_faithful_speedup(tmp_path: Path) -> None:
-    from testbed.studies.load import load
-    from testbed.studies.runner import RunResult
-    from testbed.studies.speedup import pick_speedup
+    from testbed.run.load import load
+    from testbed.run.runner import RunResult
+    from testbed.run.speedup import pick_speedup
     from testbed.traces.loader import trace_from_workload
     from testbed.live.replayer import ReplayStats
 
@@ -94,9 +94,9 @@ async def test_speedup_auto_takes_the_highest_faithful_speedup(tmp_path: Path) -
 
 
 async def test_speedup_auto_slows_time_down_when_real_time_is_not_faithful(tmp_path: Path) -> None:
-    from testbed.studies.load import load
-    from testbed.studies.runner import RunResult
-    from testbed.studies.speedup import pick_speedup
+    from testbed.run.load import load
+    from testbed.run.runner import RunResult
+    from testbed.run.speedup import pick_speedup
     from testbed.traces.loader import trace_from_workload
     from testbed.live.replayer import ReplayStats
 

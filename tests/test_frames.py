@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.core.frames import (
+from testbed.core.kv.frames import (
     FLAG_CHECKSUM,
     HEADER,
     HEADER_SIZE,

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.core.frames import (
+from testbed.core.kv.frames import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -38,8 +38,8 @@ from testbed.core.frames import (
     encode_data,
     encode_end,
 )
-from testbed.core.kv_receive import Reassembler, Send
-from testbed.core.kv_send import SendPath
+from testbed.core.kv.kv_receive import Reassembler, Send
+from testbed.core.kv.kv_send import SendPath
 
 pytestmark = pytest.mark.pure
 

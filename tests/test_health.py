@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.core.health import HealthBook
-from testbed.core.load_tracker import LoadTracker
-from testbed.core.policy import homogeneous, RoutingRequest
+from testbed.core.router.health import HealthBook
+from testbed.core.routing.load_tracker import LoadTracker
+from testbed.core.routing.policy import homogeneous, RoutingRequest
 from testbed.config.scenarios import load_scenario
 
 pytestmark = pytest.mark.pure
@@ -56,7 +56,7 @@ def test_a_down_decode_instance_gets_no_new_requests() -> None:
 
 
 def test_with_every_prfaas_instance_down_prfaas_routing_falls_back_to_pd_prefill() -> None:
-    from testbed.core.policy import prfaas
+    from testbed.core.routing.policy import prfaas
 
     sc = load_scenario("paper-prfaas")
     tracker = LoadTracker(sc)

@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 
 from testbed.config.scenarios import load_scenario
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.common import MAX_HEADERS
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 from procinfo import vmrss
 
 pytestmark = pytest.mark.app

@@ -20,7 +20,7 @@ from testbed.config.profiles import ProfileError, load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario
 from testbed.core.errors import UserError
 from testbed.metrics.regress import RegressError, load_baseline
-from testbed.model.measurements import MeasurementError, read_aiperf, read_prefill_csv, read_vllm
+from testbed.hardware.measurements import MeasurementError, read_aiperf, read_prefill_csv, read_vllm
 from testbed.traces.loader import load_trace
 from testbed.traces.types import TraceError
 

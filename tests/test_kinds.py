@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from testbed.config.scenarios import load_scenario
-from testbed.core.faults import FaultEvent, NODE_KINDS, faulted_links, kind_scope
-from testbed.core.kinds import UnknownKind
-from testbed.core.linkprofile import LinkParams
-from testbed.core.load_aware import router_policy
-from testbed.core.policy import get_policy
-from testbed.core.scenario import Scenario
-from testbed.core.servicetime import PrefillTime
-from testbed.deploy.faults import FaultScheduler, FaultTarget
+from testbed.core.fault_timeline import FaultEvent, NODE_KINDS, faulted_links, kind_scope
+from testbed.core.schema.kinds import UnknownKind
+from testbed.core.schema.linkprofile import LinkParams
+from testbed.core.routing.load_aware import router_policy
+from testbed.core.routing.policy import get_policy
+from testbed.core.schema.scenario import Scenario
+from testbed.core.engine.servicetime import PrefillTime
+from testbed.deploy.fault_injection import FaultScheduler, FaultTarget
 from testbed.model.analytical import evaluate
 from testbed.model.planner import kind_pools
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.core.frames import (
+from testbed.core.kv.frames import (
     HEADER,
     MAGIC,
     MAX_PAYLOAD,
@@ -30,7 +30,7 @@ from testbed.core.frames import (
     encode_end,
     payload_pattern,
 )
-from testbed.core.kv_receive import fragment_cap
+from testbed.core.kv.kv_receive import fragment_cap
 from testbed.live.kv_transport import KVReceiver, KVSender
 from procinfo import vmrss
 

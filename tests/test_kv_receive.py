@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.core.frames import (
+from testbed.core.kv.frames import (
     HEADER,
     MAGIC,
     MAX_PAYLOAD,
@@ -24,7 +24,7 @@ from testbed.core.frames import (
     encode_end,
     payload_pattern,
 )
-from testbed.core.kv_receive import (
+from testbed.core.kv.kv_receive import (
     CloseConnection,
     ConnectionLost,
     ConnId,
@@ -36,8 +36,9 @@ from testbed.core.kv_receive import (
     TransferFailed,
     TransferResult,
 )
-from testbed.core.kv_send import CloseConnection as SendCloseConnection
-from testbed.core.kv_send import DataEncoder, OutgoingTransfer, Phase, ReadyForEnd, SendEvent, SendPath, TransferDelivered
+from testbed.core.kv.kv_send import CloseConnection as SendCloseConnection
+from testbed.core.kv.kv_send import (DataEncoder, OutgoingTransfer, Phase, ReadyForEnd, SendEvent, SendPath,
+                                     TransferDelivered)
 
 pytestmark = pytest.mark.pure
 
@@ -560,7 +561,7 @@ def test_a_frame_not_finished_in_time_breaks_its_connection_and_frees_what_it_he
 
 
 def test_a_transfer_past_its_fragment_cap_fails_naming_it_and_breaks_only_its_connection() -> None:
-    from testbed.core.kv_receive import fragment_cap
+    from testbed.core.kv.kv_receive import fragment_cap
 
     total = 1 << 20
     cap = fragment_cap(total)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.core.frames import (
+from testbed.core.kv.frames import (
     HEADER_SIZE,
     FrameDecoder,
     FrameType,
@@ -15,7 +15,7 @@ from testbed.core.frames import (
     encode_end,
     payload_pattern,
 )
-from testbed.core.kv_send import (
+from testbed.core.kv.kv_send import (
     TERMINAL,
     TRANSITIONS,
     Chunk,

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from testbed.core.frames import HEADER, MAGIC, MAX_PAYLOAD, encode_abort, encode_data, encode_end, payload_pattern
+from testbed.core.kv.frames import HEADER, MAGIC, MAX_PAYLOAD, encode_abort, encode_data, encode_end, payload_pattern
 from testbed.live.kv_transport import KVReceiver, KVSender, TransferFailed, TransferResult
 from testbed.live.tcpinfo import TcpInfo, parse_tcp_info, read_tcp_info
 
@@ -562,7 +562,7 @@ async def test_a_connection_stuck_inside_a_frame_is_closed_after_the_frame_timeo
 
 
 async def test_loopback_bench_measures_a_transfer() -> None:
-    from testbed.studies.bench import kv_loopback_once
+    from testbed.studies.bench.bench import kv_loopback_once
 
     rate, cpu = await kv_loopback_once(8 << 20, 2, 65536, layers=4)
     assert rate > 0 and cpu > 0
@@ -571,7 +571,7 @@ async def test_loopback_bench_measures_a_transfer() -> None:
 def test_scenarios_bound_the_resume_timeout_and_receivers_outlast_it() -> None:
     from pydantic import ValidationError
 
-    from testbed.core.scenario import TransferSpec
+    from testbed.core.schema.scenario import TransferSpec
     from testbed.live.kv_transport import IDLE_TIMEOUT_S, receiver_idle_timeout
 
     assert TransferSpec().resume_timeout_s == 30.0

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from testbed.core.kvsize import KVModel
-from testbed.core.prefix_cache import HybridPrefixCache
-from testbed.core.scenario import ModelSpec
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.routing.prefix_cache import HybridPrefixCache
+from testbed.core.schema.scenario import ModelSpec
 from testbed.model.analytical import kv_bytes
 from testbed.config.scenarios import load_scenario
 

@@ -55,8 +55,8 @@ def test_probes_the_receiving_host_drops_are_counted_as_its_own_not_the_links() 
     import time
 
     from testbed.config.profiles import load_profile
-    from testbed.core.scaling import Scale
-    from testbed.studies.linkcheck import LinkCheckConfig, _probe_stream, shaped_link
+    from testbed.core.schema.scaling import Scale
+    from testbed.studies.linkcheck.linkcheck import LinkCheckConfig, _probe_stream, shaped_link
 
     cfg = LinkCheckConfig(load_profile("lan"), Scale(1.0, 100.0), rtt_probes=10, method="fallback")
     with shaped_link(cfg, "fallback") as link:

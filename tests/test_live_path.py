@@ -10,12 +10,12 @@ import pytest
 
 from testbed.config.live_path import host_file, save_host_costs
 from testbed.config.scenarios import ScenarioError
-from testbed.core.live_path import LivePathCosts
+from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.metrics.live_path import live_path_figures
 from testbed.metrics.records import write_records
 from testbed.metrics.series_format import Sample, encode_line
-from testbed.studies.load import load
+from testbed.run.load import load
 
 pytestmark = pytest.mark.pure
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from testbed.core.bandwidth import BandwidthController
-from testbed.core.control import stage_model
-from testbed.core.longterm import (
+from testbed.core.control.bandwidth import BandwidthController
+from testbed.core.control.short_term import stage_model
+from testbed.core.control.longterm import (
     DecodeSignals, LongTermController, PrefillSignals, RoleSignals, ThresholdPlan, WorkloadSample, apply,
     controller_for, decision_line,
 )
-from testbed.core.roles import RoleBook, RoleError
-from testbed.core.scenario import ControlSpec, LongTermSpec
-from testbed.core.topology import node_specs
+from testbed.core.control.roles import RoleBook, RoleError
+from testbed.core.schema.scenario import ControlSpec, LongTermSpec
+from testbed.core.schema.topology import node_specs
 
 PAPER = "paper-prfaas"
 
@@ -280,7 +280,7 @@ def test_the_model_planner_reoptimises_like_the_optimiser() -> None:
 
 def _split_run(long_term: bool, p: int, d: int, run_dir: Path | None = None) -> tuple[float, Any]:
     from testbed.sim import simulate
-    from testbed.studies.load import load
+    from testbed.run.load import load
     from testbed.traces.loader import trace_from_workload
 
     rs = load(PAPER, {
@@ -332,8 +332,8 @@ def test_a_simulated_run_from_a_decode_starved_split_converts_and_its_ttft_recov
 
 @pytest.mark.pure
 def test_the_report_draws_the_roles_and_lists_the_decisions(tmp_path: Path) -> None:
-    from testbed.studies.load import load
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.load import load
+    from testbed.run.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
     import asyncio
 
@@ -363,8 +363,8 @@ def test_the_report_draws_the_roles_and_lists_the_decisions(tmp_path: Path) -> N
 async def test_the_live_router_converts_a_prefill_instance_to_decode_without_losing_a_request(tmp_path: Path) -> None:
     from testbed.config.scenarios import load_scenario
     from testbed.metrics.records import read_records
-    from testbed.studies.load import resolve
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.load import resolve
+    from testbed.run.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
     # One decode instance for 2 req/s x 512 tokens (Theta_pdd 1.56 req/s): its slots fill within

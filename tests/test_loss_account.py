@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from testbed.core.loss_account import Counter, QueueBound, account_loss, peak_in_flight
+from testbed.net.loss_account import Counter, QueueBound, account_loss, peak_in_flight
 from testbed.net.drop_counters import IfDrops, PathLayout, QdiscDrops, parse_snmp, read_path
-from testbed.studies.linkcheck import loss_cell, probe_rate, verdicts
-from testbed.core.linkprofile import LinkParams
+from testbed.studies.linkcheck.linkcheck import loss_cell, probe_rate, verdicts
+from testbed.core.schema.linkprofile import LinkParams
 
 pytestmark = pytest.mark.pure
 

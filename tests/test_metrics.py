@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from testbed.core.record import TIME_NAMES, RequestRecord, StageTimes
-from testbed.metrics.command import print_summary_table, register
+from testbed.metrics.report_command import print_summary_table, register
 from testbed.metrics.records import write_records
 from testbed.metrics.report import fmt, fmt_bytes, fmt_change, write_comparison, write_report
 from testbed.metrics.series_format import SeriesPoint, TimeseriesError

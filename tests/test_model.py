@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from testbed.core.servicetime import PrefillTime
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.model.analytical import LengthDistribution, ModelResult, evaluate, prefill_seconds
 from testbed.cli import main
-from testbed.model.command import register, resolve_threshold, run
+from testbed.model.model_command import register, resolve_threshold, run
 from testbed.model.optimise import optimise, optimise_threshold
 from testbed.config.scenarios import load_scenario
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.core.scenario import ModelSpec
+from testbed.core.schema.scenario import ModelSpec
 from testbed.model.bandwidth import ModelCurve, datacenter_candidates, egress_bps, report
 from testbed.model.bandwidth_command import parse_tokens
 from testbed.cli import main
-from testbed.model.command import register, run
+from testbed.model.model_command import register, run
 from testbed.model.paper_bandwidth import CLAIMS, KV_BYTES_PER_TOKEN, TABLE3_GBPS, TABLE3_TOKENS, Claim
 from testbed.config.scenarios import MODEL_DIR, SCENARIO_DIR, ScenarioError, load_model_profile, load_scenario, model_profiles
 

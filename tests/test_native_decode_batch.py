@@ -1,5 +1,5 @@
 """The compiled decode batch (`testbed_native.DecodeBatch`) against the Python one it twins
-(`testbed.core.decode_batch.DecodeBatch`): the same admissions, finishes, errors and float bits
+(`testbed.core.engine.decode_batch.DecodeBatch`): the same admissions, finishes, errors and float bits
 after every step of generated sequences, and a decode loop driven on either the same way.
 
 Skipped where the extension is not built, unless TESTBED_REQUIRE_NATIVE=1 (as CI sets)."""
@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from native_ext import required
-from testbed.core.decode_batch import AdmissionError, DecodeBatch, DecodeSeq, StepResult, new_batch
-from testbed.core.decode_loop import DecodeLoop
-from testbed.core.servicetime import DecodeStepTime
+from testbed.core.engine.decode_batch import AdmissionError, DecodeBatch, DecodeSeq, StepResult, new_batch
+from testbed.core.engine.decode_loop import DecodeLoop
+from testbed.core.engine.servicetime import DecodeStepTime
 
 ext = required()
 

@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 
 from testbed.config.scenarios import load_scenario
 from native_ext import required
-from testbed.core.linkprofile import LinkProfile
+from testbed.core.schema.linkprofile import LinkProfile
 from testbed.sim.events import ARRIVAL, SAMPLE, EventLoop, new_loop
-from testbed.sim.network import Network, new_network
+from testbed.sim.net_view import new_network
+from testbed.sim.network import Network
 
 required()
 

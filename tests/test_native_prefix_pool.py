@@ -1,5 +1,5 @@
 """The compiled prefix pool (`testbed_native.PrefixPool`) against the Python one it twins
-(`testbed.core.prefix_cache.HybridPrefixCache`): every answer, every entry in LRU order, every
+(`testbed.core.routing.prefix_cache.HybridPrefixCache`): every answer, every entry in LRU order, every
 figure, after every step of generated sequences (whole runs: `test_native_runs.py`).
 
 Skipped where the extension is not built (no Rust toolchain), unless TESTBED_REQUIRE_NATIVE=1
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from native_ext import required
 from testbed.core import native
-from testbed.core.prefix_cache import HybridPrefixCache, new_pool
-from testbed.core.kvsize import KVModel
+from testbed.core.routing.prefix_cache import HybridPrefixCache, new_pool
+from testbed.core.engine.kvsize import KVModel
 
 ext = required()
 

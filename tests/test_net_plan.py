@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from testbed.core.linkprofile import LinkParams, TcpSettings
+from testbed.core.schema.linkprofile import LinkParams, TcpSettings
 from testbed.net import plan as P
 from testbed.net.capabilities import ShapingCaps, ShapingUnavailable, choose_method
 from testbed.net.executor import _DISPATCH, NetError, kernel_error

@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from testbed.core.linkprofile import LinkParams, TcpSettings
+from testbed.core.schema.linkprofile import LinkParams, TcpSettings
 from testbed.net import plan as P
 from testbed.net.capabilities import probe_shaping
-from testbed.deploy.command import register
+from testbed.deploy.down_command import register
 from testbed.net.executor import Executor, NetError
 from testbed.net.nsexec import nsexec_argv
 from testbed.net.nsthread import NETNS_DIR, NetnsLoop, enter_netns, read_sysctl, run_in_netns

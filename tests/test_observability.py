@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from testbed.deploy.prometheus import find_binary
-from testbed.studies.hold import HoldInfo, hold_async
-from testbed.studies.load import load
+from testbed.run.hold import HoldInfo, hold_async
+from testbed.run.load import load
 
 pytestmark = [pytest.mark.observability,
               pytest.mark.skipif(find_binary() is None, reason="no `prometheus` binary on PATH (Debian: "

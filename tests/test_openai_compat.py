@@ -17,7 +17,7 @@ import pytest
 from hf_tokenizer import byte_level_bpe, english_corpus, save_hf, sentencepiece_bpe, wordpiece
 from prom_samples import value
 from testbed.config.scenarios import load_scenario
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.held import HOLD_KEY, HOLD_PATH
@@ -26,8 +26,8 @@ from testbed.live.openai_api import (
 )
 from testbed.metrics.records import read_records
 from testbed.net.forward import NetnsForwarder
-from testbed.studies.hold import chunking_note, with_hold_speedup, with_hold_streaming
-from testbed.studies.load import resolve
+from testbed.run.hold import chunking_note, with_hold_speedup, with_hold_streaming
+from testbed.run.load import resolve
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from testbed.config.scenarios import load_scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.openai_api import TOKEN_TEXT
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 
 openai = pytest.importorskip("openai")
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from testbed.cli import main
-from testbed.core.scenario import DecodeSpec, HardwareSpec, PolynomialPrefill, TablePrefill
-from testbed.core.servicetime import DecodeStepTime, PrefillTime
-from testbed.studies import peer_dynamo
-from testbed.studies.load import load
-from testbed.studies.peer_bench import _run
-from testbed.studies.peer_timing import DECODE_TOL, PREFILL_TOL, mocker_timing
+from testbed.core.schema.scenario import DecodeSpec, HardwareSpec, PolynomialPrefill, TablePrefill
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
+from testbed.studies.crosscheck import peer_dynamo
+from testbed.run.load import load
+from testbed.studies.crosscheck.peer_bench import _run
+from testbed.studies.crosscheck.peer_timing import DECODE_TOL, PREFILL_TOL, mocker_timing
 from testbed.traces.types import Trace, TraceRequest
 
 pure = pytest.mark.pure

@@ -13,8 +13,8 @@ import pytest
 
 from summaries import make_summary
 from testbed.config.scenarios import load_scenario
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import LengthDist
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import LengthDist
 from testbed.model.analytical import evaluate
 from testbed.model.planner import (
     PlanError,
@@ -26,8 +26,8 @@ from testbed.model.planner import (
 )
 from testbed.model.queueing import Branch, erlang_c, mgc_wait, mixture_quantile
 from testbed.model.workload import TraceWorkload
-from testbed.studies import plan as plan_cmd
-from testbed.traces.command import prefix_reuse_share
+from testbed.studies.plan import plan as plan_cmd
+from testbed.traces.trace_command import prefix_reuse_share
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import synth_with_prefixes
 from testbed.traces.types import Trace

@@ -1,6 +1,6 @@
 """Plans checked and chosen by simulation: configurations scored on their own routing
 (`planner.score_config`), the estimate's burstiness, the simulator's verdict and ranking
-(`studies.plan_sim`), and a small real `testbed plan --refine` on the simulator (slow tier)."""
+(`studies.plan.plan_sim`), and a small real `testbed plan --refine` on the simulator (slow tier)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from testbed.config.scenarios import load_scenario
-from testbed.core.kvsize import KVModel
+from testbed.core.engine.kvsize import KVModel
 from testbed.model.analytical import evaluate
 from testbed.model.planner import (
     Candidate,
@@ -28,8 +28,8 @@ from testbed.model.planner import (
     score_config,
 )
 from testbed.model.workload import TraceWorkload
-from testbed.studies import plan as plan_cmd
-from testbed.studies.plan_sim import refined_key, sim_verdict, simulate_rows, with_simulation
+from testbed.studies.plan import plan as plan_cmd
+from testbed.studies.plan.plan_sim import refined_key, sim_verdict, simulate_rows, with_simulation
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import synth_with_prefixes
 from testbed.traces.types import Trace

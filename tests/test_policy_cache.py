@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.core.load_tracker import LoadTracker
-from testbed.core.policy import CacheMove, RoutingRequest, get_policy
+from testbed.core.routing.load_tracker import LoadTracker
+from testbed.core.routing.policy import CacheMove, RoutingRequest, get_policy
 from testbed.config.scenarios import load_scenario
 
 T = 19400

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from testbed.config.scenarios import ScenarioError, load_scenario
-from testbed.core.linkprofile import LinkProfile
-from testbed.core.load_aware import RouteCosts, candidates, load_aware, router_policy
-from testbed.core.load_tracker import LoadTracker
-from testbed.core.policy import CacheMove, RoutingRequest, View, get_policy
-from testbed.core.scenario import Scenario
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.routing.load_aware import RouteCosts, candidates, load_aware, router_policy
+from testbed.core.routing.load_tracker import LoadTracker
+from testbed.core.routing.policy import CacheMove, RoutingRequest, View, get_policy
+from testbed.core.schema.scenario import Scenario
 from testbed.sim import simulate
-from testbed.studies.load import load
+from testbed.run.load import load
 from testbed.traces.types import Trace, TraceRequest
 
 pytestmark = pytest.mark.pure

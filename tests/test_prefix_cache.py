@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.core.cache_book import CacheBook
-from testbed.core.kvsize import KVModel
-from testbed.core.policy import CacheMove, Decision
-from testbed.core.prefix_cache import CacheIndex, HybridPrefixCache, Match, _Entry
+from testbed.core.routing.cache_book import CacheBook
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.routing.policy import CacheMove, Decision
+from testbed.core.routing.prefix_cache import CacheIndex, HybridPrefixCache, Match, _Entry
 from testbed.config.scenarios import load_scenario
 
 B = 4          # tokens per block: small numbers keep the arithmetic readable

@@ -23,15 +23,16 @@ from testbed.config.scenarios import (
     model_profiles,
     profile_sources,
 )
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import PolynomialPrefill, TablePrefill
-from testbed.core.servicetime import PrefillTime
-from testbed.model import aiconfigurator as aic
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
+from testbed.core.engine.servicetime import PrefillTime
+from testbed.hardware import aiconfigurator as aic
 from testbed.model.analytical import prefill_seconds
-from testbed.model.calibrate import CalibrationError, PrefillPoint, fit_prefill_polynomial, fit_prefill_table, split_overhead
+from testbed.hardware.calibrate import (CalibrationError, PrefillPoint, fit_prefill_polynomial, fit_prefill_table,
+                                        split_overhead)
 from testbed.model.feasibility import compare_sources, compute_map, load_deployments
 from testbed.model.paper_bandwidth import TABLE3_GBPS
-from testbed.model.profile_sample import (
+from testbed.hardware.profile_sample import (
     SampleError,
     SampleSettings,
     choose_bs_max,
@@ -40,7 +41,7 @@ from testbed.model.profile_sample import (
     sample_profile,
     start_knots,
 )
-from testbed.studies.feasibility_report import source_lines, source_rows
+from testbed.studies.feasibility.feasibility_report import source_lines, source_rows
 
 pytestmark = pytest.mark.pure
 

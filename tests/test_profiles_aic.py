@@ -12,8 +12,8 @@ import pytest
 
 from testbed.cli import main
 from testbed.config.scenarios import PROFILE_SOURCES, load_model_profile
-from testbed.core.servicetime import DecodeStepTime, PrefillTime
-from testbed.model import aiconfigurator as aic
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
+from testbed.hardware import aiconfigurator as aic
 
 pytestmark = pytest.mark.profiles
 

@@ -12,7 +12,7 @@ import yaml
 from testbed.config.scenarios import load_scenario
 from testbed.deploy.plan import loopback_deployment
 from testbed.deploy.prometheus import scrape_targets, unavailable, write_scrape_config
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 
 pytestmark = pytest.mark.pure
 

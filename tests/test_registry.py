@@ -23,7 +23,7 @@ from testbed.deploy.cleanup import Leftovers, Warn
 from testbed.deploy.engine import Engine
 from testbed.deploy.loopback import LoopbackBackend
 from testbed.deploy.registry import BackendEntry, Capabilities
-from testbed.studies.load import load
+from testbed.run.load import load
 
 TOY = "toy"
 made: list[Path] = []
@@ -129,7 +129,7 @@ def test_what_a_backend_can_do_is_not_refused(toy: BackendEntry) -> None:
 
 @pytest.mark.pure
 def test_the_runner_refuses_before_any_service_starts(tmp_path: Path, toy: BackendEntry) -> None:
-    from testbed.studies.runner import run_replay_async
+    from testbed.run.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
     rs = load("scenarios/faults/wan-outage-resets.yaml", {"workload": {"requests": 2}})

@@ -15,12 +15,12 @@ import pytest
 
 from prom_samples import value
 from testbed.config.overrides import overrides_for
-from testbed.core.request_ids import RequestIds
+from testbed.core.router.request_ids import RequestIds
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.held import HOLD_KEY, HOLD_PATH
 from testbed.metrics.records import read_records
-from testbed.studies.load import load
+from testbed.run.load import load
 
 
 @pytest.mark.pure

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 from testbed.config.scenarios import load_scenario
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import NO_TRACE_INDEX, RequestRecord
-from testbed.core.routing import RoutePlan
-from testbed.core.topology import node_specs
+from testbed.core.router.route_step import RoutePlan
+from testbed.core.schema.topology import node_specs
 from testbed.live.clock import now
 from testbed.live.common import ServiceConfig
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
@@ -28,7 +28,7 @@ from testbed.live.router.reply import Reply
 from testbed.live.router.state import Progress, RequestFailed, RouterState, new_state
 from testbed.live.router.vllm_metrics import make_metrics
 from testbed.metrics.series_format import SeriesWriter
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 
 pytestmark = pytest.mark.pure
 

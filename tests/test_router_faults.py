@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testbed.config.scenarios import load_scenario
-from testbed.core.scenario import Scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.openai_api import Limits, RequestError, parse
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 
 app = pytest.mark.app
 pure = pytest.mark.pure

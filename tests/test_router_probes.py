@@ -14,15 +14,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from testbed.config.scenarios import load_scenario
-from testbed.core.topology import node_specs
+from testbed.core.schema.topology import node_specs
 from testbed.live.common import ServiceConfig
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
-from testbed.core.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
+from testbed.core.router.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
 from testbed.live.router.probes import probe_forever
 from testbed.live.router.state import RouterState, new_state
 from testbed.live.router.vllm_metrics import make_metrics
 from testbed.metrics.series_format import SeriesWriter
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 
 pytestmark = pytest.mark.app
 

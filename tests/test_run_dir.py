@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from testbed.config.scenarios import ScenarioError, load_scenario
-from testbed.studies.runner import clear_previous_run
+from testbed.run.runner import clear_previous_run
 
 pytestmark = pytest.mark.pure
 
@@ -63,7 +63,7 @@ def test_replay_into_a_folder_of_the_users_files_is_refused_naming_them(tmp_path
 
 def test_a_new_empty_or_previous_run_directory_is_accepted(tmp_path: Path) -> None:
     from testbed.core.errors import UserError
-    from testbed.studies.runner import check_run_dir
+    from testbed.run.runner import check_run_dir
 
     check_run_dir(tmp_path / "new")
     (tmp_path / "empty").mkdir()

@@ -12,7 +12,7 @@ import pytest
 
 from testbed.cli import main
 from testbed.config.scenarios import load_scenario
-from testbed.studies.run_args import trace_for
+from testbed.run.run_args import trace_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "traces" / "samples" / "mooncake-sample.jsonl"

@@ -14,15 +14,15 @@ from typing import Any, cast
 
 import pytest
 
-from testbed.core.decode_batch import DecodeBatch, DecodeSeq
-from testbed.core.decode_loop import DecodeLoop, decode_seq
-from testbed.core.faults import SlowDown
-from testbed.core.kvsize import KVModel
+from testbed.core.engine.decode_batch import DecodeBatch, DecodeSeq
+from testbed.core.engine.decode_loop import DecodeLoop, decode_seq
+from testbed.core.fault_timeline import SlowDown
+from testbed.core.engine.kvsize import KVModel
 from testbed.core.lifecycle import Event
-from testbed.core.live_path import LivePathCosts
-from testbed.core.scenario import DecodeSpec
-from testbed.core.servicetime import DecodeStepTime, PrefillTime
-from testbed.core.topology import NodeSpec
+from testbed.core.schema.live_path import LivePathCosts
+from testbed.core.schema.scenario import DecodeSpec
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
+from testbed.core.schema.topology import NodeSpec
 from testbed.metrics.records import read_records
 from testbed.sim import simulate
 from testbed.sim.decode import DecodeSim
@@ -30,8 +30,8 @@ from testbed.sim.events import KV_ARRIVAL, EventLoop
 from testbed.sim.host import Host
 from testbed.sim.request import SimRequest
 from testbed.sim.simulator import START_LEAD_S
-from testbed.studies.load import load
-from testbed.studies.runner import run_replay_async
+from testbed.run.load import load
+from testbed.run.runner import run_replay_async
 from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace, TraceRequest
 
@@ -108,7 +108,7 @@ Stamps = dict[str, tuple[float, float, float]]
 
 def _stepped(spec: DecodeSpec, arrivals: list[tuple[float, DecodeSeq]],
              slow: SlowDown | None = None) -> tuple[Stamps, int]:
-    """The shared batch loop (`testbed.core.decode_loop.DecodeLoop`) driven one step at a time, as
+    """The shared batch loop (`testbed.core.engine.decode_loop.DecodeLoop`) driven one step at a time, as
     the live node drives it (`testbed.live.decode_node._batch_loop`: wait when idle or when
     nothing can run, sleep until each step's end), in virtual time: admitted, first and last
     token of each sequence, and the steps run."""
@@ -253,7 +253,7 @@ def test_the_control_loop_sees_the_link_drop_from_the_simulated_bytes(tmp_path: 
 
 
 def test_a_capacity_search_runs_on_the_simulator_without_probe_plots(tmp_path: Path) -> None:
-    from testbed.studies.capacity import search
+    from testbed.studies.capacity.capacity import search
 
     rs = load("paper-prfaas", {"workload": {"requests": 60, "output_tokens": 32, "seed": 45}})
     res = asyncio.run(search(rs, tmp_path, "sim", 1.0, 8.0, 3, 0.25, 30.0, verbose=False, growth_s=2.5))
@@ -266,7 +266,7 @@ def test_a_capacity_search_runs_on_the_simulator_without_probe_plots(tmp_path: P
 
 
 def test_the_10000_gpu_deployment_keeps_the_paper_proportions() -> None:
-    from testbed.studies.sim_bench import scaled
+    from testbed.studies.bench.sim_bench import scaled
 
     base = load("paper-prfaas")
     rs, k = scaled(base, 1250)

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from testbed.core.record import RequestRecord
-from testbed.core.retries import deadline_paper_s
-from testbed.metrics.faults import fault_effects, load_faults
+from testbed.core.router.retries import deadline_paper_s
+from testbed.metrics.fault_effects import fault_effects, load_faults
 from testbed.metrics.records import read_records
 from testbed.sim import simulate
 from testbed.sim.simulator import START_LEAD_S
 from testbed.sim.wan import CONNECT_TIMEOUT_S, dial_instant, rto_instant
-from testbed.studies.load import load
-from testbed.studies.runner import run_sim
+from testbed.run.load import load
+from testbed.run.runner import run_sim
 from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace, TraceRequest
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from long_sim import start_long_sim_replay
 from testbed.sim import simulate
-from testbed.studies.load import load
+from testbed.run.load import load
 from testbed.traces.loader import trace_from_workload
 
 DAY = 86400.0

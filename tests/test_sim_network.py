@@ -7,10 +7,11 @@ import math
 
 import pytest
 
-from testbed.core.linkprofile import LinkChange, LinkProfile, TcpSettings
-from testbed.core.scenario import TransferSpec
+from testbed.core.schema.linkprofile import LinkChange, LinkProfile, TcpSettings
+from testbed.core.schema.scenario import TransferSpec
 from testbed.sim.events import EventLoop
-from testbed.sim.network import Network, Path
+from testbed.sim.net_links import Path
+from testbed.sim.network import Network
 from testbed.sim.tcp import TcpModel
 
 pytestmark = pytest.mark.pure

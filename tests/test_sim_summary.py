@@ -12,8 +12,8 @@ from testbed.cli import COMMAND_MODULE, COMMAND_MODULES, build_parser, main
 from testbed.metrics.records import as_written, format_row, parse_row, COLUMNS
 from testbed.metrics.summary import summarize
 from testbed.sim import simulate
-from testbed.studies.load import load
-from testbed.studies.runner import run_sim
+from testbed.run.load import load
+from testbed.run.runner import run_sim
 from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace, TraceRequest
 

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from testbed.studies.stoppable import run_stoppable
+from testbed.run.stoppable import run_stoppable
 
 pytestmark = pytest.mark.pure
 

@@ -30,7 +30,7 @@ from testbed.config.scenarios import load_scenario
 from testbed.deploy.engine import parse_tasks
 from testbed.deploy.swarm import (DC_LABEL, SUBNET_BASE, WAN_LABEL, all_running, engine_start_failure, missing_labels,
                                   stack_spec, swarm_deployment, task_problem, wan_stack_config)
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 
 PROJECT_LABEL = "prfaas-testbed.project"
 
@@ -110,7 +110,7 @@ def test_deployment_and_wan_config_leave_addresses_to_discovery() -> None:
     assert routes_via_wan("dc-remote", info["subnets"], {"dc-remote": "10.234.0.5", "dc-local": "10.234.1.5"}) \
         == ["10.234.1.0/24=10.234.0.5"]
     prof = load_profile(sc.links.inter_dc)
-    from testbed.core.scaling import Scale
+    from testbed.core.schema.scaling import Scale
     from testbed.deploy.netns import wan_links
     cfg = wan_stack_config("ptb1234", lay, wan_links(sc, prof, Scale.from_spec(sc.scale)), 64950)
     assert [(d["name"], d["index"], d["subnet"], d["address"]) for d in cfg["dcs"]] == [

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from testbed.studies import sweep
+from testbed.studies.sweep import sweep
 from summaries import summary_figures
 from testbed.cli import main
 from testbed.model.analytical import evaluate
 from testbed.config.scenarios import ScenarioError, load_scenario
 from testbed.config.overrides import build_overrides, parse_assignments
-from testbed.studies.sweep import (
+from testbed.studies.sweep.sweep import (
     build_grid,
     model_curve,
     model_figures,

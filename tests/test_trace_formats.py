@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.traces import command
+from testbed.traces import trace_command as command
 from testbed.traces.formats import FORMATS, SUPPORTED_FORMATS, ReadOptions, WriteOptions, detect_format, trace_format
 from testbed.traces.loader import iter_trace
 from testbed.traces.synthetic import synth_with_prefixes

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from testbed.config.scenarios import load_scenario
-from testbed.core.kvsize import KVModel
-from testbed.core.prefix_cache import HybridPrefixCache
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.routing.prefix_cache import HybridPrefixCache
 from testbed.model.analytical import LengthDistribution, Workload, evaluate
-from testbed.model.command import register, run
+from testbed.model.model_command import register, run
 from testbed.model.optimise import optimise
 from testbed.model.workload import EmpiricalDistribution, Routing, TraceWorkload, replay_cache, usable_cached_tokens
-from testbed.traces.command import prefix_reuse_share
+from testbed.traces.trace_command import prefix_reuse_share
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import sample_lengths, synth_with_prefixes
 from testbed.traces.types import Trace, TraceRequest

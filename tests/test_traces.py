@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.core.scenario import LengthDist, WorkloadSpec
-from testbed.traces import command, transforms
-from testbed.traces.command import prefix_reuse_share
+from testbed.core.schema.scenario import LengthDist, WorkloadSpec
+from testbed.traces import transforms
+from testbed.traces import trace_command as command
+from testbed.traces.trace_command import prefix_reuse_share
 from testbed.traces.loader import load_trace, trace_from_workload
 from testbed.traces.mooncake import load_mooncake, write_mooncake
 from testbed.traces.synthetic import synth_with_prefixes, synthetic_trace, truncated_lognormal_mean

@@ -13,7 +13,7 @@ import pytest
 from testbed.traces import csvutil, transforms
 from testbed.traces.azure import azure_clock, write_azure
 from testbed.traces.burstgpt import HEADER_V1, HEADER_V2, write_burstgpt
-from testbed.traces.command import parse_window
+from testbed.traces.trace_command import parse_window
 from testbed.traces.loader import detect_format, iter_trace, load_trace
 from testbed.traces.synthetic import synth_with_prefixes
 from testbed.traces.types import Trace, TraceError, TraceRequest
@@ -423,7 +423,7 @@ def test_writers_round_trip(tmp_path: Path, fmt: str, variant: str) -> None:
 
 
 def _run(argv: list[str]) -> int:
-    from testbed.traces import command
+    from testbed.traces import trace_command as command
 
     p = argparse.ArgumentParser(prog="testbed")
     command.register(p.add_subparsers(dest="command", required=True))
@@ -524,7 +524,7 @@ def test_cli_window_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_trace_for_order(tmp_path: Path) -> None:
-    from testbed.studies.run_args import run_overrides as _overrides, trace_for as _trace_for
+    from testbed.run.run_args import run_overrides as _overrides, trace_for as _trace_for
 
     p = _azure_file(tmp_path, 400)
     full = load_trace(p)

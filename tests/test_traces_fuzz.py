@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.core.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
-from testbed.traces import command
+from testbed.core.schema.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
+from testbed.traces import trace_command as command
 from testbed.traces.loader import iter_trace
 from testbed.traces.types import TraceError, TraceRequest
 

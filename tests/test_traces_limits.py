@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.core.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS
+from testbed.core.schema.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS
 from testbed.live import openai_api
 from testbed.live.replayer import request_body
-from testbed.traces import command
+from testbed.traces import trace_command as command
 from testbed.traces.loader import iter_trace, load_trace
 from testbed.traces.types import TraceError, TraceRequest
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.traces.command import ESTIMATE_NOTE, _Summary, prefix_reuse_share
+from testbed.traces.trace_command import ESTIMATE_NOTE, _Summary, prefix_reuse_share
 from testbed.traces.distinct import DistinctCounter
 from testbed.traces.synthetic import synth_with_prefixes
 from testbed.traces.types import TraceRequest

@@ -14,16 +14,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testbed.config.scenarios import load_scenario
-from testbed.core.health import HealthBook
+from testbed.core.router.health import HealthBook
 from testbed.core.record import RequestRecord
-from testbed.core.request_ids import RequestIds
-from testbed.core.scaling import Scale
+from testbed.core.router.request_ids import RequestIds
+from testbed.core.schema.scaling import Scale
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.router.vllm_metrics import (
     add_state_gauges, make_metrics, note_arrival, note_departure, note_prefix, note_tokens, observe_finished,
 )
-from testbed.studies.load import resolve
+from testbed.run.load import resolve
 
 # vLLM v0.12's buckets, copied from its source rather than from the module under test.
 TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,

@@ -1,4 +1,4 @@
-//! `DecodeBatch`: `testbed.core.decode_batch.DecodeBatch` compiled (continuous batching with
+//! `DecodeBatch`: `testbed.core.engine.decode_batch.DecodeBatch` compiled (continuous batching with
 //! BS_max and KV-memory admission; its module docstring says how). The sequences stay the
 //! caller's `DecodeSeq` objects; their counts live here while they run, and each object's
 //! `generated` is written back when it finishes, leaves, or is listed (`running`, `waiting`).
@@ -24,7 +24,7 @@ static ADMISSION_ERROR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static STEP_RESULT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn python_class(py: Python<'_>, cell: &'static PyOnceLock<Py<PyAny>>, name: &str) -> PyResult<Py<PyAny>> {
-    cell.get_or_try_init(py, || Ok(py.import("testbed.core.decode_batch")?.getattr(name)?.unbind()))
+    cell.get_or_try_init(py, || Ok(py.import("testbed.core.engine.decode_batch")?.getattr(name)?.unbind()))
         .map(|c| c.clone_ref(py))
 }
 

@@ -31,7 +31,7 @@ mod prefix_pool;
 mod record_rows;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 5;
+const ABI: u32 = 6;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {

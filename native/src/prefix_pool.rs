@@ -1,4 +1,4 @@
-//! `PrefixPool`: `testbed.core.prefix_cache.HybridPrefixCache` compiled (its module docstring
+//! `PrefixPool`: `testbed.core.routing.prefix_cache.HybridPrefixCache` compiled (its module docstring
 //! says what the pool keeps and how it evicts). The entries live in a slab threaded by an
 //! intrusive doubly linked list in LRU order (oldest at the head), which is what the Python
 //! `OrderedDict` is; a pinned entry is never evicted, so the slots an owner pins stay its own

@@ -1,6 +1,6 @@
 """Where the simulator's live-path costs come from (`sim.live_path` of a scenario): nothing, this
 host's figures (measured by `testbed bench live-path` and kept per host), a figures file, or
-the figures written into the scenario (`testbed.core.live_path`)."""
+the figures written into the scenario (`testbed.core.schema.live_path`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.config.scenarios import ScenarioError
-from testbed.core.live_path import LivePathCosts
-from testbed.core.scenario import LivePathSpec, Scenario
+from testbed.core.schema.live_path import LivePathCosts
+from testbed.core.schema.scenario import LivePathSpec, Scenario
 
 
 def host_file() -> Path:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from testbed.config.loader import read_mapping, validate
 from testbed.core.errors import UserError
-from testbed.core.linkprofile import LinkProfile
+from testbed.core.schema.linkprofile import LinkProfile
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "netem_profiles"
 

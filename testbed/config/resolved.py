@@ -11,10 +11,10 @@ from pydantic import BaseModel, ConfigDict
 from testbed.config.profiles import ProfileError, load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
 from testbed.config.live_path import live_path_costs
-from testbed.core.linkprofile import LinkProfile
-from testbed.core.live_path import LivePathCosts
-from testbed.core.scaling import Scale
-from testbed.core.scenario import Scenario
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.schema.live_path import LivePathCosts
+from testbed.core.schema.scaling import Scale
+from testbed.core.schema.scenario import Scenario
 
 # (spec, inter-DC link rate in bit/s) -> threshold in tokens. The analytical optimiser provides
 # one (`testbed.model.optimise.solve_threshold`); config may not import the model layer.

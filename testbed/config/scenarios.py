@@ -9,7 +9,7 @@ import yaml
 
 from testbed.config.loader import read_mapping, validate as validate_model
 from testbed.core.errors import UserError
-from testbed.core.scenario import ModelProfile, Scenario
+from testbed.core.schema.scenario import ModelProfile, Scenario
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 MODEL_DIR = SCENARIO_DIR / "models"

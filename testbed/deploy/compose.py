@@ -21,24 +21,24 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 import yaml
 
-from testbed.core.linkprofile import LinkParams, LinkProfile
-from testbed.core.scaling import Scale
+from testbed.core.schema.linkprofile import LinkParams, LinkProfile
+from testbed.core.schema.scaling import Scale
 from testbed.config.resolved import ResolvedScenario
-from testbed.core.scenario import Scenario
-from testbed.core.topology import node_specs
+from testbed.core.schema.scenario import Scenario
+from testbed.core.schema.topology import node_specs
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError, every_step
 from testbed.deploy.cleanup import ctl_dir, remove_compose_project
 from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LABEL, ContainerState, Engine, connect,
                                    try_connect)
-from testbed.core.topology import local_dc
+from testbed.core.schema.topology import local_dc
 from testbed.deploy.netns import wan_links
 from testbed.deploy.subnets import COMPOSE_BASES, POOL_OVERLAP, dc_subnet, host_routes, pick_base, subnets_of
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 from testbed.net.container_wan import wan_config
 
 if TYPE_CHECKING:
-    from testbed.deploy.faults import FaultScheduler
+    from testbed.deploy.fault_injection import FaultScheduler
 
 T = TypeVar("T")
 HTTP_PORT = 8000
@@ -314,7 +314,7 @@ class ComposeBackend:
         await asyncio.to_thread(self._monitor.start)
         if self.sc.faults:
             from testbed.deploy.container_faults import SdkEngine, container_fault_target
-            from testbed.deploy.faults import start_faults
+            from testbed.deploy.fault_injection import start_faults
 
             ctl = self.ctl_dir / "dl.sock" if self.method == "fallback" else None
             target = container_fault_target(self.deployment, SdkEngine(self.engine, self.containers), self.run_dir / "wan.json",

@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from testbed.core.faults import FaultEvent, Link, faulted_links
-from testbed.core.linkprofile import LinkParams
+from testbed.core.fault_timeline import FaultEvent, Link, faulted_links
+from testbed.core.schema.linkprofile import LinkParams
 from testbed.deploy.engine import ContainerState, Engine
-from testbed.deploy.faults import HEALTH_TIMEOUT_S, FaultTarget, InjectorProcess, http_json
+from testbed.deploy.fault_injection import HEALTH_TIMEOUT_S, FaultTarget, InjectorProcess, http_json
 from testbed.live.clock import now
 from testbed.live.deployment import Deployment
 from testbed.net.topology import Topology

@@ -19,7 +19,7 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
-from testbed.core.kinds import unknown_kind
+from testbed.core.schema.kinds import unknown_kind
 from testbed.deploy.base import BackendError
 
 PROJECT_LABEL = "prfaas-testbed.project"         # on every object a run creates

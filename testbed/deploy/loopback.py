@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.deploy.faults import FaultScheduler, FaultTarget, ProcessNodes, http_json, start_faults
+from testbed.deploy.fault_injection import FaultScheduler, FaultTarget, ProcessNodes, http_json, start_faults
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.local import LocalBackend, serve_argv
 from testbed.deploy.plan import loopback_deployment

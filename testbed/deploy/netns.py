@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
 from testbed.config.privilege import need_root
-from testbed.core.faults import FaultEvent, Link, faulted_links
-from testbed.core.linkprofile import LinkParams, LinkProfile, schedule_wire
-from testbed.core.scaling import Scale
-from testbed.core.scenario import Scenario
-from testbed.core.topology import local_dc, node_specs
+from testbed.core.fault_timeline import FaultEvent, Link, faulted_links
+from testbed.core.schema.linkprofile import LinkParams, LinkProfile, schedule_wire
+from testbed.core.schema.scaling import Scale
+from testbed.core.schema.scenario import Scenario
+from testbed.core.schema.topology import local_dc, node_specs
 from testbed.deploy.base import every_step
-from testbed.deploy.faults import (
+from testbed.deploy.fault_injection import (
     FaultScheduler, FaultTarget, InjectorProcess, ProcessNodes, http_json, start_faults,
 )
 from testbed.deploy.local import serve_argv, wait_healthy

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.core.topology import node_specs
+from testbed.core.schema.topology import node_specs
 from testbed.deploy.ports import free_ports
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 

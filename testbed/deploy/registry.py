@@ -4,7 +4,7 @@ and what it can honour. Commands take their `--backend` choices, defaults and he
 here, before anything starts. Adding a backend is one `register` call.
 
 The simulator is an entry too (`simulator`, no factory): it runs without a Backend object
-(`testbed.studies.runner.run_sim`) but is chosen, listed and checked like the others.
+(`testbed.run.runner.run_sim`) but is chosen, listed and checked like the others.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from testbed.config.privilege import is_root
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
-from testbed.core.faults import datacenters
-from testbed.core.scenario import NODE_FAULTS
+from testbed.core.fault_timeline import datacenters
+from testbed.core.schema.scenario import NODE_FAULTS
 from testbed.deploy.base import Backend
 from testbed.deploy.preflight import compose_host, netns_host, swarm_host
 

@@ -36,11 +36,11 @@ from urllib.parse import quote
 
 import yaml
 
-from testbed.core.linkprofile import LinkProfile
+from testbed.core.schema.linkprofile import LinkProfile
 from testbed.config.privilege import is_root
 from testbed.config.resolved import ResolvedScenario
-from testbed.core.scenario import Scenario
-from testbed.core.topology import node_specs
+from testbed.core.schema.scenario import Scenario
+from testbed.core.schema.topology import node_specs
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError
 from testbed.deploy.cleanup import remove_swarm_project

@@ -44,8 +44,8 @@ from typing import Any
 
 import docker
 
-from testbed.core.scenario import Scenario
-from testbed.core.topology import local_dc
+from testbed.core.schema.scenario import Scenario
+from testbed.core.schema.topology import local_dc
 from testbed.deploy.base import BackendError
 from testbed.deploy.cleanup import LAB_DIR, remove_compose_project, remove_lab_dirs
 from testbed.deploy.engine import PROJECT_LABEL, Engine, connect, engine_errors

@@ -61,7 +61,7 @@ def _apps() -> list[tuple[str, web.Application]]:
     from testbed.live import decode_node, prefill_node
     from testbed.live.common import ServiceConfig
     from testbed.live.router.app import make_app
-    from testbed.studies.load import resolve
+    from testbed.run.load import resolve
 
     dep = loopback_deployment(resolve(load_scenario("paper-prfaas")), None)
     return [("router", make_app(ServiceConfig(dep, "router"))),

@@ -1,6 +1,6 @@
 """What extending the testbed touches, read from the code: the members of each kind (policies,
 fault kinds, trace formats, prefill models, backends) and every place that dispatches over one
-(each `match` over a kind ends in `unknown_kind(family, ...)`, see `testbed.core.kinds`), so the
+(each `match` over a kind ends in `unknown_kind(family, ...)`, see `testbed.core.schema.kinds`), so the
 list of places a new member needs is the list of those calls."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
-from testbed.core.scenario import FaultKind, PolicyName
+from testbed.core.schema.scenario import FaultKind, PolicyName
 from testbed.deploy import registry
 from testbed.traces.formats import SUPPORTED_FORMATS
 
@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True)
 class Site:
     family: str       # "policy", "fault kind", ...
-    path: str         # testbed/core/policy.py
+    path: str         # testbed/core/routing/policy.py
     line: int
     function: str     # the enclosing function or method
 
@@ -30,7 +30,7 @@ def dispatch_sites() -> dict[str, list[Site]]:
     """family -> every `unknown_kind("family", ...)` call in the package, in file order."""
     out: dict[str, list[Site]] = defaultdict(list)
     for f in sorted(PACKAGE.rglob("*.py")):
-        if f.name == "kinds.py" and f.parent.name == "core":
+        if f.name == "kinds.py" and f.parent.name == "schema":
             continue
         tree = ast.parse(f.read_text(), str(f))
         stack: list[str] = []
@@ -54,7 +54,7 @@ def dispatch_sites() -> dict[str, list[Site]]:
 
 def members() -> dict[str, tuple[str, ...]]:
     """The members each family has now."""
-    from testbed.core.scenario import PrefillSpec
+    from testbed.core.schema.scenario import PrefillSpec
     prefill = tuple(str(get_args(m.model_fields["kind"].annotation)[0]) for m in get_args(get_args(PrefillSpec)[0]))
     return {"policy": tuple(get_args(PolicyName)), "fault kind": tuple(get_args(FaultKind)),
             "trace format": tuple(SUPPORTED_FORMATS), "prefill model": prefill,

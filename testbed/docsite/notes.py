@@ -5,8 +5,8 @@ can go stale."""
 
 from __future__ import annotations
 
-_S = "testbed.core.scenario."
-_L = "testbed.core.linkprofile."
+_S = "testbed.core.schema.scenario."
+_L = "testbed.core.schema.linkprofile."
 _R = "testbed.metrics.artefacts.run_file."
 _REC = "testbed.core.record."
 

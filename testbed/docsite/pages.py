@@ -21,12 +21,16 @@ MARKER = re.compile(r"^([ \t]*)<!-- gen:([a-z0-9-]+) -->$", re.M)
 
 
 def core_modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(testbed.core.__path__) if not m.name.startswith("_"))
+    """Every module of core, its topic packages' included, dotted below `testbed.core` (`schema.scenario`)."""
+    prefix = "testbed.core."
+    return sorted(m.name.removeprefix(prefix) for m in pkgutil.walk_packages(testbed.core.__path__, prefix)
+                  if not m.ispkg and not any(part.startswith("_") for part in m.name.split(".")))
 
 
 def api_pages() -> dict[str, str]:
     mods = core_modules()
-    pages = {f"reference/api/{m}.md": f"# testbed.core.{m}\n\n::: testbed.core.{m}\n" for m in mods}
+    pages = {f"reference/api/{m.replace('.', '/')}.md": f"# testbed.core.{m}\n\n::: testbed.core.{m}\n"
+             for m in mods}
     doc = (testbed.core.__doc__ or "").strip()
     index = ["# Core API", "", "`testbed.core` is the I/O-free heart of the testbed: the request lifecycle, service "
              "times, KV sizes, queues, caches, routing policies, the KV frame codec and the control loops' "
@@ -35,7 +39,7 @@ def api_pages() -> dict[str, str]:
              "signatures.", ""]
     if doc:
         index += [doc, ""]
-    index += [f"- [`testbed.core.{m}`]({m}.md)" for m in mods]
+    index += [f"- [`testbed.core.{m}`]({m.replace('.', '/')}.md)" for m in mods]
     pages["reference/api/index.md"] = "\n".join(index) + "\n"
     return pages
 

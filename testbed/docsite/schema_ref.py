@@ -11,8 +11,8 @@ from pydantic import BaseModel
 
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import load_scenario
-from testbed.core.linkprofile import LinkProfile
-from testbed.core.scenario import Scenario
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.schema.scenario import Scenario
 from testbed.docsite.fielddoc import FieldRow, class_doc, model_rows
 from testbed.docsite.markdown import escape_text, table
 
@@ -85,7 +85,7 @@ def _shipped(pattern: str, check: Callable[[Path], object]) -> list[tuple[str, s
 def scenario_page() -> str:
     intro = ("A scenario file (`scenarios/*.yaml`) describes a deployment: the model, hardware, clusters, links, "
              "policy, scale, SLOs, workload, transfer and serving settings and any faults. This page is generated "
-             "from the pydantic models in `testbed/core/scenario.py`: every field with its type, default and "
+             "from the pydantic models in `testbed/core/schema/scenario.py`: every field with its type, default and "
              "constraints. A file may `extends:` another file, or a list of files merged left to right, and "
              "override parts of it; a mapping of another `kind` replaces the one it overrides. `--set FIELD=VALUE` "
              "overrides any field from the command line (list items by index: `--set clusters.0.prefill=2`). "
@@ -101,7 +101,7 @@ def scenario_page() -> str:
 def link_profile_page() -> str:
     intro = ("A link profile (`netem_profiles/*.yaml`, paper units) sets a link's rate, delay, jitter, loss, "
              "queue and TCP settings, and an optional schedule of changes over time. Generated from "
-             "`testbed/core/linkprofile.py`. " + escape_text(class_doc(LinkProfile)))
+             "`testbed/core/schema/linkprofile.py`. " + escape_text(class_doc(LinkProfile)))
     page = model_page(LinkProfile, "Link profile schema", intro)
     shipped = _shipped("netem_profiles/*.yaml", load_profile)
     page += "\n## Shipped profiles\n\n" + table(("file", "what it is"), shipped) + "\n"

@@ -13,8 +13,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from testbed.core.faults import SlowDown
-from testbed.core.scaling import Scale
+from testbed.core.fault_timeline import SlowDown
+from testbed.core.schema.scaling import Scale
 from testbed.live.clock import now
 from testbed.live.deployment import Deployment
 

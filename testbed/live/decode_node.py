@@ -21,11 +21,11 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from testbed.core.decode_batch import AdmissionError, Batch, DecodeBatch
-from testbed.core.decode_loop import DecodeLoop, decode_seq
-from testbed.core.faults import SlowDown
-from testbed.core.kvsize import KVModel
-from testbed.core.servicetime import DecodeStepTime
+from testbed.core.engine.decode_batch import AdmissionError, Batch, DecodeBatch
+from testbed.core.engine.decode_loop import DecodeLoop, decode_seq
+from testbed.core.fault_timeline import SlowDown
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.servicetime import DecodeStepTime
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
     REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_request,

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.core.linkprofile import LinkProfile
-from testbed.core.scenario import Scenario
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.schema.scenario import Scenario
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""KV receiver over TCP: asyncio driver of `testbed.core.kv_receive.Reassembler`.
+"""KV receiver over TCP: asyncio driver of `testbed.core.kv.kv_receive.Reassembler`.
 
 One asyncio Protocol per accepted connection hands its bytes to the reassembler; the receiver
 acts on the events that come back (write ACKs and outcomes back, close a connection, log,
@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from testbed.core.kv_receive import (
+from testbed.core.kv.kv_receive import (
     FRAME_TIMEOUT_S,
     MAX_CONNECTIONS,
     MAX_FRAGMENTS,

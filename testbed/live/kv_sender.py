@@ -1,4 +1,4 @@
-"""KV sender over TCP: asyncio driver of `testbed.core.kv_send.SendPath`.
+"""KV sender over TCP: asyncio driver of `testbed.core.kv.kv_send.SendPath`.
 
 Per destination, one SendPath and N writer tasks, each owning one persistent connection that it
 opens on first use (and re-opens after a loss, backing off while it cannot). Each writer takes
@@ -17,7 +17,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from testbed.core.kv_send import (
+from testbed.core.kv.kv_send import (
     ACK_TIMEOUT_S,
     MAX_RESUMES,
     RESUME_TIMEOUT_S,

@@ -16,15 +16,15 @@ with its outcome; a sender resumes a transfer whose connection was lost from wha
 acknowledged, within a deadline. The receiver bounds what a hostile peer can cost it:
 connections, open transfers per connection and in total, time inside a frame, kept results.
 
-The protocol logic of both sides is I/O-free, in `testbed.core.kv_send` and
-`testbed.core.kv_receive`; these modules drive it with sockets, tasks and futures.
+The protocol logic of both sides is I/O-free, in `testbed.core.kv.kv_send` and
+`testbed.core.kv.kv_receive`; these modules drive it with sockets, tasks and futures.
 KV bytes are dummies: zeros, or `payload_pattern` with CRC-32 when checksumming.
 """
 
 from __future__ import annotations
 
-from testbed.core.kv_receive import TransferResult
-from testbed.core.kv_send import ACK_TIMEOUT_S
+from testbed.core.kv.kv_receive import TransferResult
+from testbed.core.kv.kv_send import ACK_TIMEOUT_S
 from testbed.live.kv_receiver import KVReceiver
 from testbed.live.kv_sender import (
     TCP_CONGESTION,

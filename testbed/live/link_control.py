@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 import aiohttp
 
-from testbed.core.bandwidth import BandwidthController, ControlSample, ThresholdChange
-from testbed.core.control import Recent, SenderStatus, SignalMeter, change_line, control_series
-from testbed.core.scaling import Scale
+from testbed.core.control.bandwidth import BandwidthController, ControlSample, ThresholdChange
+from testbed.core.control.short_term import Recent, SenderStatus, SignalMeter, change_line, control_series
+from testbed.core.schema.scaling import Scale
 from testbed.live.clock import now
 from testbed.live.common import fetch_status
 from testbed.live.deployment import Deployment

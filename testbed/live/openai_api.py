@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
+from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 from testbed.core.record import RequestRecord, record_to_wire
-from testbed.core.request_ids import client_id
+from testbed.core.router.request_ids import client_id
 from testbed.live.mock_output import BYTES_PER_TOKEN, TOKEN_TEXT, Output, plan, token_logprobs
 from testbed.live.openai_options import RequestError, generation
 

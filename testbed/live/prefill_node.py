@@ -25,11 +25,11 @@ from typing import Any, AsyncIterator, Iterable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from testbed.core.faults import SlowDown
-from testbed.core.kvsize import KVModel
-from testbed.core.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.fault_timeline import SlowDown
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
-from testbed.core.servicetime import PrefillTime
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
     REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_request,

@@ -3,7 +3,7 @@ batches of the PD-D instances in service (each node's `/status`), take the prefi
 from the router's own books (`RoleMeter`), feed the I/O-free `LongTermController` and carry out
 what it decides.
 
-A conversion changes nothing on the nodes (`testbed.core.roles`): the router stops picking the
+A conversion changes nothing on the nodes (`testbed.core.control.roles`): the router stops picking the
 draining instance (its slot's nodes join the set routing avoids, beside the instances the health
 book took out), the requests already there run to the end, and once the router's books show
 nothing left on it the slot's node of the other role is picked again. A retuned threshold is the
@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 import aiohttp
 
-from testbed.core.bandwidth import BandwidthController
-from testbed.core.control import Recent
-from testbed.core.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
-from testbed.core.scaling import Scale
+from testbed.core.control.bandwidth import BandwidthController
+from testbed.core.control.short_term import Recent
+from testbed.core.control.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
+from testbed.core.schema.scaling import Scale
 from testbed.live.clock import now
 from testbed.live.common import fetch_status
 from testbed.live.deployment import Deployment

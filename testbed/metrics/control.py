@@ -27,10 +27,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from testbed.core.record import RequestRecord
-from testbed.core.scaling import Scale
+from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import Summary
 from testbed.metrics.artefacts.summary_file import LinkPhase
-from testbed.metrics.faults import FaultWindow, draw_fault_bands
+from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.stats import percentile
 from testbed.metrics.timeseries import decision_points, select, time_weighted_mean

@@ -1,4 +1,4 @@
-"""What the live path cost the requests of an emulated run (`testbed.core.live_path`), read from
+"""What the live path cost the requests of an emulated run (`testbed.core.schema.live_path`), read from
 its records and its decode nodes' time series: the figures `testbed bench live-path` measures
 on a host and the simulator adds (`sim.live_path`).
 
@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from testbed.core.live_path import quantiles
+from testbed.core.schema.live_path import quantiles
 from testbed.core.record import RequestRecord
 from testbed.metrics.records import read_records
 from testbed.metrics.timeseries import group_series, load_timeseries, select

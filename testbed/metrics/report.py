@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from testbed.core.scaling import Scale
+from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import RunInfo, Summary
 from testbed.metrics.artefacts.summary_file import Control, Fidelity, WanLink
 from testbed.metrics.summary import (
@@ -28,7 +28,7 @@ from testbed.metrics.summary import (
     write_summary,
 )
 from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
-from testbed.metrics.faults import FaultWindow, draw_fault_bands, faults_section, load_faults
+from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands, faults_section, load_faults
 from testbed.metrics.roles import decision_rows, long_term_rows, plot_roles, read_role_decisions, roles_cell
 from testbed.metrics.wanlink import plot_wan, wan_rows
 from testbed.metrics.series_format import SeriesPoint

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-from testbed.core.scaling import Scale
+from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import Summary
-from testbed.metrics.faults import FaultWindow, draw_fault_bands
+from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import decision_points, select, time_weighted_mean
 

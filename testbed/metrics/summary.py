@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.record import RequestRecord
-from testbed.core.scaling import Scale
+from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import LAYOUT, SUMMARY_VERSION, RunInfo, read_artefact, write_artefact
 from testbed.metrics.artefacts import RunDirError as RunDirError, Summary as Summary   # re-exported
 from testbed.metrics.artefacts.run_file import Slo, was_cut_short

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from testbed.core.record import RequestRecord
-from testbed.core.scaling import Scale
+from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts.summary_file import WanLink
-from testbed.metrics.faults import FaultWindow, draw_fault_bands
+from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series
 

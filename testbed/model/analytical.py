@@ -28,12 +28,12 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from testbed.core.kinds import unknown_kind
+from testbed.core.schema.kinds import unknown_kind
 from testbed.model.arrivals import GapLaw, Windows
 from testbed.model.errors import ModelError
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import LengthDist, Scenario
-from testbed.core.servicetime import PrefillTime
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import LengthDist, Scenario
+from testbed.core.engine.servicetime import PrefillTime
 
 FloatArray = npt.NDArray[np.float64]
 

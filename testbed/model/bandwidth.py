@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from testbed.model.errors import ModelError
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import ModelProfile
-from testbed.core.servicetime import PrefillTime
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import ModelProfile
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.model.paper_bandwidth import (
     CLAIMS,
     DATACENTER_ASSUMPTIONS,

@@ -32,9 +32,9 @@ import numpy as np
 
 from testbed.model.errors import ModelError
 from testbed.config.scenarios import ScenarioError, load_model_profile, load_scenario, model_profiles, profile_sources
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import Scenario, TablePrefill
-from testbed.core.servicetime import PrefillTime
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import Scenario, TablePrefill
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.model.analytical import (
     LengthDistribution,
     ModelResult,

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from testbed.model.errors import ModelError
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import Scenario
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import (
     DEFAULT_LINK_BPS,
     DiscreteDistribution,
@@ -166,7 +166,7 @@ def resolve_threshold(scenario: Scenario, link_bps: float = DEFAULT_LINK_BPS) ->
     """The scenario's fixed threshold, or for "auto" the optimiser's t at the deployed split.
 
     "auto" optimises t for the split the deployment starts with; the long-term loop
-    (`testbed.core.longterm`, planner `testbed.model.retune`) re-optimises it as the split changes.
+    (`testbed.core.control.longterm`, planner `testbed.model.retune`) re-optimises it as the split changes.
     """
     t = scenario.policy.threshold
     if isinstance(t, int):

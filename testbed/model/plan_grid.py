@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import DecodeSpec
-from testbed.core.servicetime import PrefillTime
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import DecodeSpec
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.model.analytical import (
     DiscreteDistribution,
     FloatArray,

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping
 
 from testbed.core.errors import UserError
-from testbed.core.kinds import unknown_kind
-from testbed.core.scenario import ClusterSpec, PolicyName, Scenario
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.schema.scenario import ClusterSpec, PolicyName, Scenario
 from testbed.model.analytical import DEFAULT_LINK_BPS
 
 Kind = PolicyName

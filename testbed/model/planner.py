@@ -24,9 +24,9 @@ from typing import Any, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from testbed.core.kvsize import KVModel
-from testbed.core.scenario import Scenario
-from testbed.core.servicetime import PrefillTime
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import Scenario
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.model.analytical import Workload
 from testbed.model.plan_grid import MAX_THRESHOLDS, ROUND_RTOL, Evaluator
 from testbed.model.plan_types import (

@@ -1,4 +1,4 @@
-"""The analytical model as the long-term loop's planner (`testbed.core.longterm.Planner`).
+"""The analytical model as the long-term loop's planner (`testbed.core.control.longterm.Planner`).
 
 For a split N_p / N_d and the recent requests (their incremental lengths as an empirical
 distribution, their mean output length, their rate) it gives the threshold the optimiser
@@ -14,10 +14,10 @@ import math
 
 import numpy as np
 
-from testbed.core.kinds import unknown_kind
-from testbed.core.kvsize import KVModel
-from testbed.core.longterm import Planner, ThresholdPlan, WorkloadSample
-from testbed.core.scenario import Scenario
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.control.longterm import Planner, ThresholdPlan, WorkloadSample
+from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import StagePools, Workload, stage_capacity, threshold_curves
 from testbed.model.optimise import optimise_threshold
 from testbed.model.workload import EmpiricalDistribution

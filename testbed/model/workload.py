@@ -5,7 +5,7 @@ The threshold and the prefill times are judged on the *incremental* (uncached) p
 hold given the requests before it. Assumption, stated once here: one unbounded prefix cache
 that every earlier request of the trace has filled (the clusters' pools never evict and a
 prefix found in either cluster is usable, as with cache-aware routing when bandwidth is
-abundant). A request reuses what `testbed.core.prefix_cache.HybridPrefixCache.match` would
+abundant). A request reuses what `testbed.core.routing.prefix_cache.HybridPrefixCache.match` would
 find in such a pool:
 
 - the longest run of its *leading* blocks whose (position, hash) an earlier request inserted
@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from testbed.model.arrivals import Arrivals
 from testbed.model.errors import ModelError
-from testbed.core.kvsize import KVModel
+from testbed.core.engine.kvsize import KVModel
 from testbed.model.analytical import DiscreteDistribution, FloatArray, Workload
 from testbed.traces.csvutil import Window
 from testbed.traces.loader import load_trace

@@ -22,7 +22,7 @@ from typing import Any
 
 from pyroute2 import IPRoute  # type: ignore[import-untyped]
 
-from testbed.core.linkprofile import LinkParams, TcpSettings
+from testbed.core.schema.linkprofile import LinkParams, TcpSettings
 from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.executor import Executor, NetError
 from testbed.net.plan import (HTB_ROOT, AddTun, HtbClass, HtbRoot, NetemLeaf, Sysctl, plan_delay_line,

@@ -52,8 +52,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from testbed.core.delayline_model import DelayLineModel
-from testbed.core.linkprofile import LinkParams
+from testbed.net.delayline_model import DelayLineModel
+from testbed.core.schema.linkprofile import LinkParams
 from testbed.metrics.series_format import Sample, encode_line
 from testbed.net.tun import open_tun
 

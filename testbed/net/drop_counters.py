@@ -1,5 +1,5 @@
 """The drop counters along one shaped direction, read as one snapshot for the loss account
-(testbed.core.loss_account): every interface's dropped counts in the namespaces the probes
+(testbed.net.loss_account): every interface's dropped counts in the namespaces the probes
 cross, the leaf qdiscs of the shaped interface (netem's drops are the loss model's; a bfifo's
 are the bottleneck queue's), the UDP counters of the sending and receiving namespaces
 (/proc/net/snmp: SndbufErrors, InErrors), and with the delay line its own counts.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from testbed.core.loss_account import Counter, Snapshot, Stage
+from testbed.net.loss_account import Counter, Snapshot, Stage
 from testbed.net.nsthread import run_in_netns
 from testbed.net.plan import TUN_IF, fmt_handle
 from testbed.net.topology import Method, Topology

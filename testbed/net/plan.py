@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from testbed.core.linkprofile import LinkParams
+from testbed.core.schema.linkprofile import LinkParams
 from testbed.net.topology import (
     BRIDGE_IF,
     HOST_IF,

@@ -1,6 +1,6 @@
 """TCP reset injection at the WAN router: sniff the KV connections crossing it, inject RSTs with
 valid sequence numbers (scapy for both; which RSTs, the probes that reveal the numbers, and
-why: `testbed.core.tcp_reset`).
+why: `testbed.net.tcp_reset`).
 
     python -m testbed.net.rst --iface dc0 --iface dc1 --port 9000 --start UNIX --end UNIX \
         [--count N|all] [--ends both|receiver|sender] [--netns NAME|PATH]
@@ -37,7 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from testbed.core.tcp_reset import Reset, ResetPlanner, Segment
+from testbed.net.tcp_reset import Reset, ResetPlanner, Segment
 
 if TYPE_CHECKING:
     from scapy.packet import Packet

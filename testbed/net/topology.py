@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from testbed.core.linkprofile import LinkParams, TcpSettings
+from testbed.core.schema.linkprofile import LinkParams, TcpSettings
 
 Method = Literal["netem", "fallback", "none"]
 METHODS: tuple[Method, ...] = ("netem", "fallback", "none")

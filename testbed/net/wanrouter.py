@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from testbed.core.linkprofile import LinkParams
+from testbed.core.schema.linkprofile import LinkParams
 from testbed.net.procs import ProcessGroup
 from testbed.net.delayline import DirectionSpec, control, write_config
 from testbed.net.executor import Executor

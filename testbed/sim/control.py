@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from testbed.core.bandwidth import BandwidthController
-from testbed.core.control import SenderStatus, SignalMeter, change_line, control_series
-from testbed.core.router_books import RouterBooks
-from testbed.core.scaling import Scale
+from testbed.core.control.bandwidth import BandwidthController
+from testbed.core.control.short_term import SenderStatus, SignalMeter, change_line, control_series
+from testbed.core.router.router_books import RouterBooks
+from testbed.core.schema.scaling import Scale
 from testbed.metrics.series_format import RawSample as Sample
 from testbed.sim.events import CONTROL, Loop
-from testbed.sim.network import Net
+from testbed.sim.net_view import Net
 from testbed.sim.prefill import PrefillSim
 
 Write = Callable[[float, list[Sample]], None]

@@ -1,6 +1,6 @@
 """A decode instance in virtual time, as `testbed.live.decode_node` runs one, without stepping.
 
-Both drive the core `DecodeLoop` (`testbed.core.decode_loop`): a sequence whose KV has arrived
+Both drive the core `DecodeLoop` (`testbed.core.engine.decode_loop`): a sequence whose KV has arrived
 joins at the next step boundary (at once when the instance is idle), BS_max and KV memory
 permitting, FCFS; its first token comes at the end of its first step and its last when it has
 generated its output. Between two membership changes (an admission, a finish) every step is
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import random
 
-from testbed.core.decode_batch import AdmissionError, Batch, new_batch
-from testbed.core.decode_loop import DecodeLoop, decode_seq
-from testbed.core.faults import SlowDown
-from testbed.core.kvsize import KVModel
+from testbed.core.engine.decode_batch import AdmissionError, Batch, new_batch
+from testbed.core.engine.decode_loop import DecodeLoop, decode_seq
+from testbed.core.fault_timeline import SlowDown
+from testbed.core.engine.kvsize import KVModel
 from testbed.core.lifecycle import Event
-from testbed.core.scenario import DecodeSpec
-from testbed.core.servicetime import DecodeStepTime
-from testbed.core.topology import NodeSpec
+from testbed.core.schema.scenario import DecodeSpec
+from testbed.core.engine.servicetime import DecodeStepTime
+from testbed.core.schema.topology import NodeSpec
 from testbed.sim.host import Host
 from testbed.sim.events import DECODE
 from testbed.sim.request import SimRequest
@@ -47,7 +47,7 @@ class DecodeSim:
         self.fresh: list[SimRequest] = []   # admitted at the present step's start: their first step is this one
         self.completed = 0
         self.paused = False
-        # Stalls of the live batch loop (`testbed.core.live_path`): per paper second of decoding,
+        # Stalls of the live batch loop (`testbed.core.schema.live_path`): per paper second of decoding,
         # and the mean paper seconds each loses; a seeded stream per instance.
         self.stall_rate, self.stall_s = stalls
         self.rng = random.Random(node.id) if self.stall_rate > 0 else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from testbed.sim.events import Loop
-from testbed.sim.network import Net, PathHandle
+from testbed.sim.net_view import Net, PathHandle
 from testbed.sim.request import SimRequest
 
 

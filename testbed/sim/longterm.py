@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from testbed.core.bandwidth import BandwidthController
-from testbed.core.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
-from testbed.core.router_books import RouterBooks
+from testbed.core.control.bandwidth import BandwidthController
+from testbed.core.control.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
+from testbed.core.router.router_books import RouterBooks
 from testbed.metrics.series_format import RawSample as Sample
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import CONTROL, Loop

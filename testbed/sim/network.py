@@ -35,167 +35,19 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
-from functools import cache
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
-from testbed.core import native
-from testbed.core.faults import FaultEvent, faulted_links
-from testbed.core.linkprofile import LinkParams, LinkProfile
-from testbed.core.scaling import Scale
-from testbed.core.scenario import TransferSpec
+from testbed.core.fault_timeline import FaultEvent, faulted_links
+from testbed.core.schema.linkprofile import LinkParams, LinkProfile
+from testbed.core.schema.scaling import Scale
+from testbed.core.schema.scenario import TransferSpec
 from testbed.sim.events import LINK_CHANGE, NET, Loop
+from testbed.sim.net_links import GREEDY, IDLE, LIMITED, Counter, Link, Mark, MarkFn, Path
 from testbed.sim.tcp import TcpModel
 from testbed.sim.wan import WanFaults
 
-IDLE, LIMITED, GREEDY = 0, 1, 2
 EPS_BYTES = 1.0          # a byte position within this is reached (float error on cumulative counts)
-_COMPACT = 4
-
-MarkFn = Callable[[Any, float], None]
 PAPER = Scale()          # link parameters in paper units (`LinkParams` are built for a scale)
-
-
-class Counter:
-    """Cumulative bytes of a fluid whose rate changes at events: `at(t)` is exact."""
-
-    __slots__ = ("acc", "rate", "t")
-
-    def __init__(self) -> None:
-        self.acc = 0.0
-        self.rate = 0.0
-        self.t = 0.0
-
-    def change(self, t: float, delta: float) -> None:
-        self.acc += self.rate * (t - self.t)
-        self.t = t
-        self.rate += delta
-        if self.rate < 1e-6:
-            self.rate = 0.0
-
-    def at(self, t: float) -> float:
-        return self.acc + self.rate * (t - self.t)
-
-
-class Link:
-    __slots__ = ("name", "kind", "tcp", "rate_bps", "delay", "loss", "loss_correlation", "capacity", "counter",
-                 "lim_sum", "limited", "_heap", "greedy")
-
-    def __init__(self, name: str, kind: str, profile: LinkProfile, tcp: TcpModel, delay_share: float = 1.0) -> None:
-        self.name = name
-        self.kind = kind                  # "wan" or "nic"
-        self.tcp = tcp
-        self.rate_bps = profile.rate
-        self.delay = profile.delay * delay_share
-        self.loss = profile.loss
-        self.loss_correlation = profile.loss_correlation
-        self.capacity = tcp.link_payload(self.rate_bps, self.loss)
-        self.counter = Counter()
-        self.lim_sum = 0.0                # streams of the limited paths on it
-        self.limited = 0
-        self._heap: list[tuple[float, int, Path]] = []   # (-stream rate, token, path) of limited paths
-        self.greedy = 0
-
-    def add_limited(self, p: "Path") -> None:
-        self.lim_sum += p.inflow
-        self.limited += 1
-        heapq.heappush(self._heap, (-p.inflow, p.token, p))
-        if len(self._heap) > _COMPACT * self.limited + 16:
-            self._heap = [e for e in self._heap if e[2].state == LIMITED and e[2].token == e[1]]
-            heapq.heapify(self._heap)
-
-    def remove_limited(self, p: "Path") -> None:
-        self.lim_sum -= p.inflow
-        self.limited -= 1
-        if self.limited == 0:
-            self.lim_sum = 0.0
-            self._heap.clear()
-
-    def top_limited(self) -> "Path | None":
-        """The limited path with the fastest stream."""
-        h = self._heap
-        while h:
-            _, token, p = h[0]
-            if p.state == LIMITED and p.token == token:
-                return p
-            heapq.heappop(h)
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class _Mark:
-    pos: float
-    seq: int
-    fn: MarkFn
-    arg: Any
-
-    def __lt__(self, other: "_Mark") -> bool:
-        return (self.pos, self.seq) < (other.pos, other.seq)
-
-
-class Path:
-    __slots__ = ("src", "dst", "links", "counters", "conns", "chunk", "tcp", "delay", "conn_rate", "released",
-                 "sent", "t", "inflow", "rate", "state", "k", "marks", "version", "token", "crosses", "due", "gate",
-                 "parked")
-
-    def __init__(self, src: str, dst: str, links: tuple[Link, ...], counters: tuple[Counter, ...], conns: int,
-                 chunk: float, tcp: TcpModel, crosses: bool, known: tuple[float, float] | None = None) -> None:
-        self.src, self.dst = src, dst
-        self.links = links
-        self.counters = counters
-        self.conns = conns
-        self.chunk = chunk
-        self.tcp = tcp
-        self.crosses = crosses
-        self.delay = 0.0
-        self.conn_rate = math.inf
-        self.released = 0.0           # bytes that entered the path so far
-        self.sent = 0.0               # bytes that left the sender so far
-        self.t = 0.0
-        self.inflow = 0.0
-        self.rate = 0.0
-        self.state = IDLE
-        self.k = 1
-        self.marks: list[_Mark] = []
-        self.version = 0
-        self.token = 0
-        self.due = math.inf           # when its scheduled event (if greedy) is
-        self.gate = 0.0               # its connections carry nothing before (testbed.sim.wan)
-        self.parked = False           # greedy but carrying nothing (a dark link, a gate): left out of the fill
-        if known is None:
-            self.refresh()
-        else:
-            self.delay, self.conn_rate = known
-
-    def refresh(self) -> None:
-        """Delay and per-connection rate from the links' parameters in force."""
-        self.delay = sum(lk.delay for lk in self.links)
-        keep = 1.0
-        corr = 0.0
-        for lk in self.links:
-            keep *= 1.0 - lk.loss
-            corr = max(corr, lk.loss_correlation)
-        self.conn_rate = self.tcp.connection_rate(2.0 * self.delay, 1.0 - keep, corr)
-
-    @property
-    def cap(self) -> float:
-        return self.k * self.conn_rate
-
-    def queued(self, t: float) -> float:
-        if self.state != GREEDY:
-            return 0.0
-        return max(self.released + self.inflow * (t - self.t) - self.sent - self.rate * (t - self.t), 0.0)
-
-    def _advance(self, t: float) -> None:
-        dt = t - self.t
-        if dt > 0:
-            self.released += self.inflow * dt
-            self.sent += self.rate * dt
-            if self.sent > self.released:
-                self.sent = self.released
-            self.t = t
-        elif dt < 0:
-            raise RuntimeError(f"path {self.src}->{self.dst}: time went back ({t} < {self.t})")
 
 
 class Network:
@@ -225,7 +77,7 @@ class Network:
         self._seq = 0
         self.rebalances = 0
         # Faults on the WAN: each direction's parameters from the profile and its schedule, the
-        # link faults in force on top (`testbed.core.faults.faulted_links`), and what they do to
+        # link faults in force on top (`testbed.core.fault_timeline.faulted_links`), and what they do to
         # the transport's connections (`testbed.sim.wan`).
         self.wan_base = {pair: LinkParams.from_profile(inter, PAPER) for pair in self.wan}
         self.link_faults: list[FaultEvent] = []
@@ -429,9 +281,9 @@ class Network:
                 if mk.pos <= lo:
                     kept.append(mk)
                 elif mk.pos > hi:
-                    kept.append(_Mark(mk.pos - gone, mk.seq, mk.fn, mk.arg))
+                    kept.append(Mark(mk.pos - gone, mk.seq, mk.fn, mk.arg))
                 else:
-                    kept.append(_Mark(lo, mk.seq, mk.fn, mk.arg))
+                    kept.append(Mark(lo, mk.seq, mk.fn, mk.arg))
             heapq.heapify(kept)
             p.marks = kept
         if p.state == GREEDY:
@@ -537,7 +389,7 @@ class Network:
             fn(arg, t)
             return
         self._seq += 1
-        heapq.heappush(p.marks, _Mark(pos, self._seq, fn, arg))
+        heapq.heappush(p.marks, Mark(pos, self._seq, fn, arg))
         if p.state == GREEDY and p.rate > 0 and t + (pos - p.sent) / p.rate < p.due:
             self._schedule(p, t)
 
@@ -769,136 +621,3 @@ class Network:
                     res[lk] = max(res[lk] - r, 0.0)
                     wsum[lk] -= p.k
         return rates, levels
-
-
-# -- the network as the simulator's parts see it, and its compiled twin ---------------------------
-
-class WanView(Protocol):
-    """What the simulator reads of a WAN link: its parameters and its byte counter."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def rate_bps(self) -> float: ...
-    @property
-    def delay(self) -> float: ...
-    @property
-    def loss(self) -> float: ...
-    @property
-    def tcp(self) -> TcpModel: ...
-    @property
-    def counter(self) -> "CounterView": ...
-
-
-class CounterView(Protocol):
-    def at(self, t: float) -> float: ...
-
-
-class PathHandle(Protocol):
-    """A path as the simulator holds it (`Path`, or `testbed_native.NetPath`)."""
-
-    @property
-    def delay(self) -> float: ...
-
-
-class Net(Protocol):
-    """`Network`, or its compiled twin for a run whose links never change (`new_network`). A path
-    is the network's own handle (`Path`, or `testbed_native.NetPath`): the simulator only hands
-    it back and reads its `delay`."""
-
-    @property
-    def wan(self) -> Mapping[tuple[str, str], WanView]: ...
-    @property
-    def rebalances(self) -> int: ...
-    def path(self, src: str, dst: str) -> Any: ...
-    def position(self, p: Any) -> float: ...
-    def stream(self, p: Any, t: float, rate: float) -> None: ...
-    def push(self, p: Any, t: float, nbytes: float) -> None: ...
-    def end_stream(self, p: Any, t: float, nbytes: float) -> None: ...
-    def mark(self, p: Any, pos: float, fn: MarkFn, arg: Any) -> None: ...
-    def withdraw(self, p: Any, lo: float, hi: float) -> None: ...
-    def sent_at(self, node: str, t: float) -> float: ...
-    def sent_rate(self, node: str) -> float: ...
-    def received_at(self, node: str, t: float) -> float: ...
-    def backlog(self, node: str, t: float) -> float: ...
-    def dark(self, a: str, b: str) -> bool: ...
-    def schedule_changes(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class _LinkCounter:
-    net: Any
-    link: int
-
-    def at(self, t: float) -> float:
-        return float(self.net.link_bytes(self.link, t))
-
-
-@dataclass(frozen=True)
-class _WanLink:
-    """A WAN link of the compiled network: fixed parameters, the twin's counter."""
-
-    name: str
-    rate_bps: float
-    delay: float
-    loss: float
-    tcp: TcpModel
-    counter: _LinkCounter
-
-
-def new_network(loop: Loop, node_dc: dict[str, str], intra: LinkProfile, inter: LinkProfile,
-                transfer: TransferSpec, byte_scale: float, speedup: float, faults: bool) -> Net:
-    """The simulator's network: the compiled twin where it is built (`testbed.core.native`) and
-    the links never change in the run (no faults, no schedule of link changes, none dark, every
-    path able to carry), else `Network`. Both give the same rates, events and counts."""
-    py = Network(loop, node_dc, intra, inter, transfer, byte_scale, speedup)
-    ext = native.module()
-    if ext is None or faults or intra.schedule or inter.schedule:
-        return py
-    nodes = list(node_dc)
-    dcs = list(dict.fromkeys(node_dc.values()))
-    links = [py.nic_out[n] for n in nodes] + [py.nic_in[n] for n in nodes] + list(py.wan.values())
-    if any(lk.loss >= 1.0 for lk in links):
-        return py
-    index = {id(lk): i for i, lk in enumerate(links)}
-    first = {dc: next(n for n in nodes if node_dc[n] == dc) for dc in dcs}
-    route: dict[tuple[int, int], tuple[float, float]] = {}
-    for i, a in enumerate(dcs):
-        for j, b in enumerate(dcs):
-            src, dst = first[a], first[b]
-            through = (py.nic_out[src], py.wan[(a, b)], py.nic_in[dst]) if a != b else (py.nic_out[src], py.nic_in[dst])
-            p = Path(src, dst, through, (), transfer.connections, py.chunk, py.inter_tcp if a != b else py.intra_tcp,
-                     a != b)
-            if p.conn_rate <= 0.0:
-                return py
-            route[(i, j)] = (p.delay, p.conn_rate)
-    n = len(nodes)
-    flow = _compiled_class(ext)(
-        loop, NET, nodes, [dcs.index(node_dc[x]) for x in nodes], [(lk.capacity, i) for i, lk in enumerate(links)],
-        list(range(n)), list(range(n, 2 * n)),
-        {(dcs.index(a), dcs.index(b)): index[id(lk)] for (a, b), lk in py.wan.items()},
-        len(links) + 2 * n, list(range(len(links), len(links) + n)), list(range(len(links) + n, len(links) + 2 * n)),
-        route, transfer.connections, py.chunk)
-    flow.bind()
-    flow.wan = {pair: _WanLink(lk.name, lk.rate_bps, lk.delay, lk.loss, lk.tcp, _LinkCounter(flow, index[id(lk)]))
-                for pair, lk in py.wan.items()}
-    compiled: Net = flow
-    return compiled
-
-
-@cache
-def _compiled_class(ext: Any) -> type:
-    """The compiled network with what the simulator reads beside its mechanism (made once)."""
-
-    class CompiledNetwork(ext.FlowNet):  # type: ignore[misc]
-        """`testbed_native.FlowNet` with the WAN links' parameters (they never change here)."""
-
-        wan: dict[tuple[str, str], _WanLink]
-
-        def dark(self, a: str, b: str) -> bool:
-            return a != b and (self.wan[(a, b)].loss >= 1.0 or self.wan[(b, a)].loss >= 1.0)
-
-        def schedule_changes(self) -> None:
-            """No link changes in a run this network serves (`new_network`)."""
-
-    return CompiledNetwork

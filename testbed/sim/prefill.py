@@ -18,15 +18,15 @@ the caller's to fail (`kill` returns them).
 
 from __future__ import annotations
 
-from testbed.core.faults import SlowDown
-from testbed.core.kvsize import KVModel
+from testbed.core.fault_timeline import SlowDown
+from testbed.core.engine.kvsize import KVModel
 from testbed.core.lifecycle import Event
-from testbed.core.prefill_queue import PrefillJob, PrefillQueue
-from testbed.core.servicetime import PrefillTime
-from testbed.core.topology import NodeSpec
+from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.schema.topology import NodeSpec
 from testbed.sim.host import Host
 from testbed.sim.events import PREFILL
-from testbed.sim.network import PathHandle
+from testbed.sim.net_view import PathHandle
 from testbed.sim.request import SimRequest
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 
 from testbed.core.lifecycle import Lifecycle
-from testbed.core.prefill_queue import PrefillJob
-from testbed.core.retries import retry_id
-from testbed.core.routing import RoutePlan
-from testbed.core.scaling import Scale
+from testbed.core.engine.prefill_queue import PrefillJob
+from testbed.core.router.retries import retry_id
+from testbed.core.router.route_step import RoutePlan
+from testbed.core.schema.scaling import Scale
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.traces.types import TraceRequest
 

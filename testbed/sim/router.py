@@ -1,9 +1,9 @@
 """The router in virtual time: each request's attempts through prefill, KV transfer and decode,
 with the live router's rules (`testbed.live.router`).
 
-The books are the live router's (`testbed.core.router_books.RouterBooks`: the load tracker, the
-cache book, the health book), routing is `testbed.core.routing.route`, and the attempts follow
-`testbed.core.retries`: an attempt that fails before the client saw a token is routed once more,
+The books are the live router's (`testbed.core.router.router_books.RouterBooks`: the load tracker, the
+cache book, the health book), routing is `testbed.core.router.route_step.route`, and the attempts follow
+`testbed.core.router.retries`: an attempt that fails before the client saw a token is routed once more,
 away from the instance to blame; a request past its deadline fails whatever it was doing. What
 fails an attempt, and with which words (the live router's, so the report's Faults section reads
 both alike):
@@ -17,7 +17,7 @@ A paused instance answers nothing: what is sent to it waits until it resumes; on
 WAN (the router sits in the decode cluster's datacenter) gets nothing until the link is back.
 The prefill node answers once the decode node confirmed its KV (END's answer back, then a hop);
 without faults that answer is taken with the KV's arrival (milliseconds early, an event less per
-request). The live path's own costs (`testbed.core.live_path`) sit where the live router pays
+request). The live path's own costs (`testbed.core.schema.live_path`) sit where the live router pays
 them: routing, dispatching the prefill (with the network's delay to it), relaying tokens.
 """
 
@@ -30,18 +30,18 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.core.health import Outcome
-from testbed.core.live_path import LivePathCosts
+from testbed.core.router.health import Outcome
+from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.lifecycle import Event
-from testbed.core.policy import NoCapacity
-from testbed.core.retries import avoid_after, deadline_paper_s, deadline_reason, may_retry
-from testbed.core.router_books import RouterBooks, decision_line, health_line
-from testbed.core.routing import route
-from testbed.core.scaling import Scale
+from testbed.core.routing.policy import NoCapacity
+from testbed.core.router.retries import avoid_after, deadline_paper_s, deadline_reason, may_retry
+from testbed.core.router.router_books import RouterBooks, decision_line, health_line
+from testbed.core.router.route_step import route
+from testbed.core.schema.scaling import Scale
 from testbed.metrics.series_format import RawSample
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, KV_ARRIVAL, PREFILL, Loop
-from testbed.sim.network import Net, PathHandle as NetPath
+from testbed.sim.net_view import Net, PathHandle as NetPath
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.traces.types import TraceRequest

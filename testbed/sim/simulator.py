@@ -3,14 +3,14 @@ virtual (paper) time, writing what a live run writes (records, time series, deci
 faults `faults.jsonl`).
 
 Every request goes through the same core code the live services run, in the live order: the
-router's books and `testbed.core.routing.route` (prefix lookup, policy, load tracker, cache
+router's books and `testbed.core.router.route_step.route` (prefix lookup, policy, load tracker, cache
 book, recent arrivals, health), its attempts, retries and deadlines (`testbed.sim.router`), the
 prefill queue and service times, layer-wise KV into the flow-level network
-(`testbed.sim.network`), the decode batch loop with KV admission (`testbed.core.decode_loop`),
+(`testbed.sim.network`), the decode batch loop with KV admission (`testbed.core.engine.decode_loop`),
 and the short-term bandwidth controller fed from the network's own byte accounting. Requests
 arrive open loop at their trace times (after the same start lead as the live replayer). The
-scenario's faults act at their times (`testbed.sim.faults`). What the live path itself costs
-(HTTP hops, routing, decode loop stalls) is added when given (`testbed.core.live_path`);
+scenario's faults act at their times (`testbed.sim.fault_runner`). What the live path itself costs
+(HTTP hops, routing, decode loop stalls) is added when given (`testbed.core.schema.live_path`);
 without it nothing in the simulator adds time of its own.
 """
 
@@ -27,29 +27,30 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from testbed.config.resolved import ResolvedScenario
-from testbed.core.control import controller_for
-from testbed.core.longterm import RoleMeter, controller_for as longterm_for
+from testbed.core.control.short_term import controller_for
+from testbed.core.control.longterm import RoleMeter, controller_for as longterm_for
 from testbed.model.retune import role_planner
-from testbed.core.topology import local_dc, node_specs
+from testbed.core.schema.topology import local_dc, node_specs
 from testbed.core.record import RequestRecord
 from testbed.core.gc_pause import paused_gc
 from testbed.metrics.records import RecordWriter
-from testbed.core.live_path import LivePathCosts
-from testbed.core.faults import SlowDown
+from testbed.core.schema.live_path import LivePathCosts
+from testbed.core.fault_timeline import SlowDown
 from testbed.sim.control import ControlLoop
-from testbed.sim.faults import FaultRunner, Prober
+from testbed.sim.fault_runner import FaultRunner, Prober
 from testbed.sim.longterm import RoleLoop
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, FAULT, SAMPLE, new_loop
-from testbed.sim.network import Network, PathHandle as NetPath, new_network
+from testbed.sim.net_view import PathHandle as NetPath, new_network
+from testbed.sim.network import Network
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter
 from testbed.sim.wan import rto_instant
 from testbed.metrics.series_format import BatchSeriesFile as SeriesFile, RawSample as Sample, SeriesPoint, by_time
 from testbed.traces.types import Trace, TraceRequest
-from testbed.core.kvsize import KVModel
-from testbed.core.servicetime import PrefillTime
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.servicetime import PrefillTime
 
 START_LEAD_S = 0.5          # wire seconds before the first request, as the live replayer waits
 NODE_SAMPLE_S = 0.1         # wire seconds between node samples, as live services sample

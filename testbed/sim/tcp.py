@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from testbed.core.linkprofile import LinkProfile
-from testbed.core.scenario import TransferSpec
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.schema.scenario import TransferSpec
 
 LINUX_RMEM_MAX = 6 * 1024 * 1024      # net.ipv4.tcp_rmem default maximum
 LINUX_WMEM_MAX = 4 * 1024 * 1024      # net.ipv4.tcp_wmem default maximum

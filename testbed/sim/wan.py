@@ -15,7 +15,7 @@ to notice, and the emulator's runs show it; each sender -> receiver pair across 
   after the first SYN that finds the link up. What was in flight is sent again (counted as
   resent bytes; a connection loss as a resume). A pair that has not got through within
   `resume_timeout` wire seconds of the loss fails its transfers, and one whose progress losses
-  interrupted more than `max_resumes` times fails them too (`testbed.core.kv_send`'s budget).
+  interrupted more than `max_resumes` times fails them too (`testbed.core.kv.kv_send`'s budget).
 
 A `tcp_reset` window resets the connections of the pairs carrying KV across the WAN when it
 opens and those that start carrying it while it lasts (the injector resets what it sees), up to
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from testbed.core.kv_send import ACK_TIMEOUT_S, MAX_RESUMES
+from testbed.core.kv.kv_send import ACK_TIMEOUT_S, MAX_RESUMES
 from testbed.sim.events import LINK_CHANGE, Loop
 
 IDLE = 0          # a path state (testbed.sim.network)
@@ -43,7 +43,7 @@ class Link(Protocol):
 
 
 class Path(Protocol):
-    """What this module reads of a `testbed.sim.network.Path`."""
+    """What this module reads of a `testbed.sim.net_links.Path`."""
 
     @property
     def src(self) -> str: ...

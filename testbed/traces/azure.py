@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
-from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
+from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 from testbed.traces import csvutil
 from testbed.traces.csvutil import LoadStats, RowError, TokenCounts, Window, show
 from testbed.traces.types import Trace, TraceError, TraceRequest
@@ -128,7 +128,7 @@ def iter_azure(
 
     See `csvutil.scan` for trace time, `window`, `limit`, ordering, ids and `on_error`. Zero
     ContextTokens or GeneratedTokens are raised to 1 (the router's minimum) and counted in
-    `stats`; counts above `testbed.core.limits` are errors.
+    `stats`; counts above `testbed.core.schema.limits` are errors.
     """
     header = csvutil.read_header(path)
     cols = header.index(COLUMNS)

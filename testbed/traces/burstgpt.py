@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.core.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_S
+from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_S
 from testbed.traces import csvutil
 from testbed.traces.csvutil import LoadStats, TokenCounts, Window, parse_seconds
 from testbed.traces.types import Trace, TraceError, TraceRequest
@@ -48,7 +48,7 @@ def iter_burstgpt(
 
     See `csvutil.scan` for trace time, `window`, `limit`, ordering, ids and `on_error`. `models`
     keeps only rows whose `Model` is one of them (exact names, e.g. "ChatGPT", "GPT-4"). What is
-    skipped or changed is counted in `stats`; counts above `testbed.core.limits` are errors.
+    skipped or changed is counted in `stats`; counts above `testbed.core.schema.limits` are errors.
     """
     header = csvutil.read_header(path)
     cols = header.index((*REQUIRED, MODEL) if models is not None else REQUIRED, (MODEL,))

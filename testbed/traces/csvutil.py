@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from testbed.core.limits import MAX_TIMESTAMP_S
+from testbed.core.schema.limits import MAX_TIMESTAMP_S
 from testbed.traces.files import open_trace
 from testbed.traces.types import TraceError, TraceRequest
 

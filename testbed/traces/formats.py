@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Final, Literal, Protocol, get_args
 
 from testbed.config.input_files import InputFileError, refuse_special
-from testbed.core.kinds import unknown_kind
+from testbed.core.schema.kinds import unknown_kind
 from testbed.traces import azure, burstgpt
 from testbed.traces.csvutil import LoadStats, Window, sniff_columns
 from testbed.traces.mooncake import MOONCAKE_BLOCK_TOKENS, iter_mooncake, write_mooncake

@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from testbed.core.gc_pause import paused_gc
-from testbed.core.scenario import WorkloadSpec
+from testbed.core.schema.scenario import WorkloadSpec
 from testbed.traces.csvutil import LoadStats, Window
 from testbed.traces.formats import (
     FORMATS, SUPPORTED_FORMATS, FormatName, ReadOptions, TraceFormat, detect_format, trace_format,

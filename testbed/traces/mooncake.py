@@ -3,7 +3,7 @@
 One JSON object per line: `timestamp` (ms, int or float), `input_length`, `output_length`
 (tokens) and `hash_ids` (one id per 512-token block of the prompt; equal id = equal prefix
 block). Blank lines are skipped; other keys are ignored so newer releases still load. Values
-must be replayable: token counts and timestamps within `testbed.core.limits`.
+must be replayable: token counts and timestamps within `testbed.core.schema.limits`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from testbed.core.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS, MIN_TOKENS
+from testbed.core.schema.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS, MIN_TOKENS
 from testbed.traces.files import open_trace
 from testbed.traces.types import Trace, TraceError, TraceRequest
 

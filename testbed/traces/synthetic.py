@@ -16,7 +16,7 @@ from collections import deque
 import numpy as np
 import numpy.typing as npt
 
-from testbed.core.scenario import LengthDist, WorkloadSpec
+from testbed.core.schema.scenario import LengthDist, WorkloadSpec
 from testbed.traces.types import Trace, TraceRequest
 
 DEFAULT_BLOCK_TOKENS = 512

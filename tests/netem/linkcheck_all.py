@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 from testbed.config.profiles import PROFILE_DIR, load_profile
-from testbed.core.linkprofile import parse_rate
-from testbed.studies.linkcheck import (LinkCheckConfig, loss_cell, multi_goodput_bps, print_report, rtt_invalid_cell,
-                                       rtt_valid, run_linkcheck, scale_for, shaped_rtt, verdicts)
+from testbed.core.schema.linkprofile import parse_rate
+from testbed.studies.linkcheck.linkcheck import (LinkCheckConfig, loss_cell, multi_goodput_bps, print_report,
+                                                 rtt_invalid_cell, rtt_valid, run_linkcheck, scale_for, shaped_rtt,
+                                                 verdicts)
 
 GATES = ("loss",)
 

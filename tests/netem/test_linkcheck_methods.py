@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from testbed.config.profiles import load_profile
-from testbed.core.scaling import Scale
-from testbed.studies.linkcheck import LOSS_BAR, compare_markdown, loss_probes_for
+from testbed.core.schema.scaling import Scale
+from testbed.studies.linkcheck.linkcheck import LOSS_BAR, loss_probes_for
+from testbed.studies.linkcheck.linkcheck_compare import compare_markdown
 
 
 @pytest.mark.pure
@@ -79,7 +80,7 @@ def test_compare_methods_without_netem_says_so_in_one_line() -> None:
 
 @pytest.mark.pure
 def test_goodput_past_the_ramp_leaves_out_the_slow_start() -> None:
-    from testbed.studies.linkcheck import multi_goodput_bps, steady_rate
+    from testbed.studies.linkcheck.linkcheck import multi_goodput_bps, steady_rate
 
     # 1 MB at 1 MB/s after a ramp that moved 0.2 MB in its first second: the whole transfer
     # averages 0.5 MB/s, the stretch from 25% to 95% received runs at the link's 1 MB/s.

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from testbed.core.delayline_model import DelayLineModel
+from testbed.net.delayline_model import DelayLineModel
 from testbed.net import executor, netem_codec as C  # executor: registers the codec
 from testbed.net.plan import NetemLeaf
 

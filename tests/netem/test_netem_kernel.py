@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from testbed.core.linkprofile import LinkParams
+from testbed.core.schema.linkprofile import LinkParams
 from testbed.net import plan as P
 from testbed.net.capabilities import probe_shaping
 from testbed.net.executor import Executor

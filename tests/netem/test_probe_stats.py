@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.core.delayline_model import DelayLineModel
+from testbed.net.delayline_model import DelayLineModel
 from testbed.net.probe_stats import loss_correlation, probe_stats, reordered_fraction
 
 pytestmark = pytest.mark.pure

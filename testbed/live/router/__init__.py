@@ -1,4 +1,4 @@
-"""The router: OpenAI-style API in front, policy from `testbed.core.policy` behind.
+"""The router: OpenAI-style API in front, policy from `testbed.core.routing.policy` behind.
 
 For each request it looks up every cluster's usable cached prefix in the global index, asks
 the policy for a prefill and a decode instance (and any cross-cluster cache move), opens the

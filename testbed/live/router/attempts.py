@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Awaitable, Callable
 
-from testbed.core.policy import NoCapacity
+from testbed.core.routing.policy import NoCapacity
 from testbed.core.record import NAN
-from testbed.core.retries import avoid_after as _avoid, deadline_paper_s, deadline_reason, may_retry, retry_id
-from testbed.core.routing import RoutePlan
+from testbed.core.router.retries import avoid_after as _avoid, deadline_paper_s, deadline_reason, may_retry, retry_id
+from testbed.core.router.route_step import RoutePlan
 from testbed.live.clock import now
 from testbed.live.openai_api import ParsedRequest
 from testbed.live.router.drive import drive, note_decision, route
@@ -26,7 +26,7 @@ Relay = Callable[[int, int], Awaitable[None]]
 
 
 def avoid_after(e: RequestFailed, plan: RoutePlan) -> frozenset[str]:
-    """Where a retry should not go (`testbed.core.retries.avoid_after`)."""
+    """Where a retry should not go (`testbed.core.router.retries.avoid_after`)."""
     return _avoid(e.node, plan)
 
 
@@ -46,7 +46,7 @@ class Attempts:
         self._last_t = NAN
 
     def deadline_wire_s(self) -> float:
-        """The whole request's time limit, retries included (`testbed.core.retries`)."""
+        """The whole request's time limit, retries included (`testbed.core.router.retries`)."""
         sc = self.st.cfg.deployment.scenario
         return self.st.cfg.scale.wire_seconds(deadline_paper_s(sc, self.req.output_tokens))
 
@@ -60,7 +60,7 @@ class Attempts:
                                 retryable=False) from None
 
     def may_retry(self, e: RequestFailed) -> bool:
-        """Once, and only while the client has seen nothing (`testbed.core.retries`)."""
+        """Once, and only while the client has seen nothing (`testbed.core.router.retries`)."""
         return may_retry(e.retryable, self.sent, self.prog.rec.retries)
 
     async def _attempts(self) -> None:

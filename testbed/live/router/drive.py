@@ -11,10 +11,10 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from testbed.core.health import Outcome
+from testbed.core.router.health import Outcome
 from testbed.core.record import NAN, PrefillReport, RecordFormatError, RequestRecord, report_from_wire
-from testbed.core.router_books import decision_line
-from testbed.core.routing import RoutePlan, route as route_books
+from testbed.core.router.router_books import decision_line
+from testbed.core.router.route_step import RoutePlan, route as route_books
 from testbed.live.clock import now
 from testbed.live.openai_api import ParsedRequest, block_hashes
 from testbed.live.router.state import Progress, RequestFailed, RouterState, log, outcome_of

@@ -15,9 +15,9 @@ import aiohttp
 from aiohttp import web
 
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
-from testbed.core.policy import NoCapacity
+from testbed.core.routing.policy import NoCapacity
 from testbed.core.record import NO_TRACE_INDEX, RequestRecord
-from testbed.core.request_ids import client_id
+from testbed.core.router.request_ids import client_id
 from testbed.live.clock import now
 from testbed.live.openai_api import Limits, ParsedRequest, RequestError, load_body, parse
 from testbed.live.responses_api import parse_responses
@@ -63,7 +63,7 @@ def _bad_request(message: str, param: str | None = None) -> web.HTTPBadRequest:
 
 def _claim_id(request: web.Request, req: ParsedRequest, st: RouterState, seen: Seen) -> str:
     # X-Request-Id as vLLM takes it (aiperf and vllm bench serve send one): an outside client's
-    # records match the router's. An id in use, or recorded, gets a suffix (`testbed.core.request_ids`).
+    # records match the router's. An id in use, or recorded, gets a suffix (`testbed.core.router.request_ids`).
     asked = req.client_request_id or client_id(request.headers.get("X-Request-Id", "")) or uuid.uuid4().hex[:16]
     rid = seen.rid = st.ids.claim(asked)
     if rid != asked:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from testbed.core.bandwidth import ControlSample, ThresholdChange
-from testbed.core.control import controller_for
-from testbed.core.longterm import RoleMeter, controller_for as longterm_for
+from testbed.core.control.bandwidth import ControlSample, ThresholdChange
+from testbed.core.control.short_term import controller_for
+from testbed.core.control.longterm import RoleMeter, controller_for as longterm_for
 from testbed.live.link_control import LinkControl
 from testbed.live.role_control import RoleControl
 from testbed.live.router.probes import probe_forever

@@ -9,9 +9,9 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from testbed.core.health import Outcome
+from testbed.core.router.health import Outcome
 from testbed.live.clock import now
-from testbed.core.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
+from testbed.core.router.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
 from testbed.live.router.state import STATE, RouterState, outcome_of
 from testbed.live.router.vllm_metrics import KV_GAUGE
 

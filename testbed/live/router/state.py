@@ -1,4 +1,4 @@
-"""The router's state: the books routing reads (`testbed.core.router_books.RouterBooks`) with the
+"""The router's state: the books routing reads (`testbed.core.router.router_books.RouterBooks`) with the
 router's sessions and writers, and what one request's attempt carries (`Progress`, `RequestFailed`)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from testbed.core.health import HealthChange, Outcome
+from testbed.core.router.health import HealthChange, Outcome
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import RequestRecord
-from testbed.core.request_ids import RequestIds
-from testbed.core.router_books import RouterBooks, health_line
+from testbed.core.router.request_ids import RequestIds
+from testbed.core.router.router_books import RouterBooks, health_line
 from testbed.live.common import ServiceConfig
 from testbed.live.held import HeldRecords
 from testbed.live.router.vllm_metrics import RouterMetrics
@@ -26,7 +26,7 @@ log = logging.getLogger("testbed.router")
 
 @dataclass(kw_only=True)
 class RouterState(RouterBooks):
-    """The books (`testbed.core.router_books`) and what the live router keeps beside them."""
+    """The books (`testbed.core.router.router_books`) and what the live router keeps beside them."""
 
     cfg: ServiceConfig
     session: aiohttp.ClientSession

@@ -25,10 +25,10 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from testbed.core.health import HealthBook
+from testbed.core.router.health import HealthBook
 from testbed.core.record import RequestRecord, StageTimes
-from testbed.core.request_ids import RequestIds
-from testbed.core.scaling import Scale
+from testbed.core.router.request_ids import RequestIds
+from testbed.core.schema.scaling import Scale
 from testbed.live.prom import LABELS, ScrapeTimeMetrics
 
 VLLM_VERSION = "0.12"       # whose names, labels and buckets these are

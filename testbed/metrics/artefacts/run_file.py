@@ -1,6 +1,6 @@
 """`run.json`: what a run was (scenario, scale, shaping, SLOs, trace) and when it ran.
 
-Written by `testbed.studies.runner` (and `hold`) when the run directory is made, again when the
+Written by `testbed.run.runner` (and `hold`) when the run directory is made, again when the
 services are up (`shaping`, `t0`) and when it ends or is interrupted (`t_end`, `interrupted`).
 
 Schema versions:

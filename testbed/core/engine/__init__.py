@@ -1,0 +1,1 @@
+"""One instance's mechanics: service times, KV sizes, the prefill queue and decode batching."""

@@ -1,0 +1,85 @@
+"""Calibrated service-time models, in paper seconds."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.schema.scenario import DecodeSpec, PolynomialPrefill, PrefillSpec, TablePrefill
+
+
+@dataclass(frozen=True)
+class PrefillTime:
+    """T_prefill(uncached l, cached c) = overhead_s + T(l) + c * (cached_token_s + cached_attention_s * l),
+    T(l) a table (piecewise linear, extrapolated) or a polynomial (`testbed.core.schema.scenario`)."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+    coefficients: tuple[float, ...]
+    cached_token_s: float
+    overhead_s: float = 0.0
+    cached_attention_s: float = 0.0
+
+    @classmethod
+    def from_spec(cls, spec: PrefillSpec) -> "PrefillTime":
+        xs: tuple[float, ...]
+        ys: tuple[float, ...]
+        coefficients: tuple[float, ...]
+        match spec:
+            case TablePrefill():
+                xs, ys, coefficients = tuple(p[0] for p in spec.points), tuple(p[1] for p in spec.points), ()
+            case PolynomialPrefill():
+                xs, ys, coefficients = (), (), tuple(spec.coefficients)
+            case _:
+                unknown_kind("prefill model", spec)
+        return cls(xs=xs, ys=ys, coefficients=coefficients, cached_token_s=spec.cached_token_s,
+                   overhead_s=spec.overhead_s, cached_attention_s=spec.cached_attention_s)
+
+    def __call__(self, uncached: float, cached: float = 0.0) -> float:
+        t = self.uncached_time(uncached)
+        if cached:
+            t += cached * (self.cached_token_s + self.cached_attention_s * uncached)
+        return t
+
+    def uncached_time(self, tokens: float) -> float:
+        """A prefill of `tokens` with nothing cached: the fixed overhead included."""
+        return self.overhead_s + self.length_time(tokens)
+
+    def length_time(self, tokens: float) -> float:
+        """The curve alone, T(l): what grows with the length, without the fixed overhead."""
+        if self.coefficients:
+            t = 0.0
+            for c in reversed(self.coefficients):
+                t = t * tokens + c
+            return max(t, 0.0)
+        xs, ys = self.xs, self.ys
+        i = bisect.bisect_right(xs, tokens)
+        # Clamp to the first/last segment so the ends extrapolate linearly.
+        i = min(max(i, 1), len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0), 1e-6)
+
+    def fixed_time(self) -> float:
+        """What a prefill costs at zero length by this curve: the overhead plus the curve's own
+        intercept (a table's first segment extrapolated to 0 tokens; a polynomial's constant)."""
+        if self.coefficients:
+            return self.overhead_s + self.coefficients[0]
+        x0, x1, y0, y1 = self.xs[0], self.xs[1], self.ys[0], self.ys[1]
+        return self.overhead_s + y0 - (y1 - y0) * x0 / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class DecodeStepTime:
+    """One continuous-batching step: base + per sequence + per context token held in the batch."""
+
+    base_s: float
+    per_seq_s: float
+    per_context_token_s: float
+
+    @classmethod
+    def from_spec(cls, spec: DecodeSpec) -> "DecodeStepTime":
+        return cls(spec.base_s, spec.per_seq_s, spec.per_context_token_s)
+
+    def __call__(self, batch: int, context_tokens: int) -> float:
+        return self.base_s + self.per_seq_s * batch + self.per_context_token_s * context_tokens

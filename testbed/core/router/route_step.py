@@ -1,0 +1,50 @@
+"""One routing step of the router, I/O-free: look up every cluster's usable cached prefix, ask
+the policy, book the assignment, pick the source of any cache move, pin what the prefill reads
+and note the arrival for the control loop. The live router and the simulator both call `route`
+with their own books (`testbed.core.router.router_books.RouterBooks`) and clock.
+"""
+
+from __future__ import annotations
+
+from testbed.core.routing.policy import NoCapacity, RoutingRequest, least_loaded_prefill
+from testbed.core.router.router_books import RoutePlan as RoutePlan, RouterBooks
+from testbed.core.schema.scaling import Scale
+from testbed.core.schema.scenario import Scenario
+
+
+def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tuple[int, ...], now: float,
+          scale: Scale, down: frozenset[str] = frozenset(), avoid: frozenset[str] = frozenset(),
+          output_tokens: int = 0) -> RoutePlan:
+    """Route one request at `now` (the driver's clock; `scale` turns paper seconds into it) to
+    instances not `down`; `avoid` (a retry's failed instances) too, unless nothing else is left
+    of the role needed. The arrival goes to the short-term loop's `recent` window and, with the
+    long-term loop, to its longer `history` with the request's `output_tokens`."""
+    cached = st.book.index.usable(hashes, input_tokens) if st.book is not None else {}
+    rreq = RoutingRequest(rid, input_tokens, cached)
+    try:
+        view = st.tracker.view(st.threshold, now, down=down | avoid, bandwidth=st.bandwidth,
+                               bandwidth_bps=st.bandwidth_bps, backlog_scale=scale.speedup)
+        d = st.policy(view, rreq)
+    except NoCapacity:
+        if not avoid:
+            raise
+        view = st.tracker.view(st.threshold, now, down=down, bandwidth=st.bandwidth,
+                               bandwidth_bps=st.bandwidth_bps, backlog_scale=scale.speedup)
+        d = st.policy(view, rreq)
+    hw = sc.cluster(d.prefill_cluster).hardware
+    work = scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))
+    st.tracker.assign(d, work)
+    plan = RoutePlan(d, work, hashes)
+    if d.cache_move is not None:
+        src = next(c for c in view.clusters if c.name == d.cache_move.src_cluster)
+        plan.move_src = least_loaded_prefill(src).node_id
+        plan.move_bytes_paper = st.kv.incremental(d.cache_move.tokens, d.cache_move.from_tokens)
+    if st.book is not None:
+        st.book.routed(rid, hashes, d)
+    # The planner judges the length the PD cluster would compute (the scarce rule's l).
+    pd_cached = max((v for k, v in cached.items() if sc.cluster(k).kind == "pd"), default=0)
+    length = input_tokens - (pd_cached if st.cache_aware else 0)
+    st.recent.add(scale.paper_seconds(now), length)
+    if st.history is not None:
+        st.history.add(scale.paper_seconds(now), length, output_tokens)
+    return plan

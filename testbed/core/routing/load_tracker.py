@@ -1,0 +1,163 @@
+"""The router's load book-keeping (`LoadTracker`): what it assigned to each instance and what has
+finished. The router sees every assignment, so this is exact without polling nodes. The live
+router and the simulator both hold one (`testbed.core.router.router_books`).
+
+`view()` lists, per cluster, just the least-loaded prefill instance (by backlog, then requests
+assigned, then name) and the least-loaded decode instance (by requests assigned, then name),
+among those not `down`. That is all any policy reads: every rule in `testbed.core.routing.policy` and
+`testbed.core.routing.load_aware` takes minima over instances with those keys, so a policy decides
+exactly as on the full listing (`full_view`, kept for the test that shows it), and a view costs
+O(clusters) instead of O(instances), which a 10,000-GPU deployment needs. Heaps with lazy
+deletion keep the minima: every change pushes the instance's new key, and a query drops the
+stale tops. Instances out of service (`down`) leave the heaps while that set stays the same; a
+new set rebuilds them once (faults and retries change it rarely).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from testbed.core.routing.policy import BandwidthState, ClusterView, Decision, InstanceLoad, View
+from testbed.core.schema.scenario import Scenario
+from testbed.core.schema.topology import role_slots
+
+# Rebuild a heap once stale entries outnumber live ones this many times over.
+_COMPACT = 4
+
+
+class LoadTracker:
+    """`assigned_work` adds up each prefill instance's routed work for good (the long-term loop
+    reads stage loads from it)."""
+
+    def __init__(self, sc: Scenario) -> None:
+        self._clusters = sc.clusters
+        self.prefill_backlog: dict[str, float] = {}
+        self.assigned_work: dict[str, float] = {}
+        self.active: dict[str, int] = {}
+        self._ids: dict[str, tuple[list[str], list[str]]] = {}
+        self._cluster_of: dict[str, str] = {}
+        for c in sc.clusters:
+            n_p, n_d = role_slots(sc, c)
+            pn = [f"{c.name}-p{i}" for i in range(n_p)]
+            dn = [f"{c.name}-d{i}" for i in range(n_d)]
+            self._ids[c.name] = (pn, dn)
+            for n in pn:
+                self.prefill_backlog[n] = 0.0
+                self.assigned_work[n] = 0.0
+                self.active[n] = 0
+            for n in dn:
+                self.active[n] = 0
+            for n in pn + dn:
+                self._cluster_of[n] = c.name
+        self._down: frozenset[str] = frozenset()
+        self._pheap: dict[str, list[tuple[float, int, str]]] = {}
+        self._dheap: dict[str, list[tuple[int, str]]] = {}
+        self._size: dict[str, int] = {}
+        self._rebuild(frozenset())
+
+    def node_ids(self, cluster: str) -> tuple[list[str], list[str]]:
+        """The cluster's prefill and decode node ids."""
+        return self._ids[cluster]
+
+    # -- book-keeping --------------------------------------------------------------------------
+
+    def assign(self, d: Decision, prefill_work: float) -> None:
+        self.prefill_backlog[d.prefill_node] += prefill_work
+        self.assigned_work[d.prefill_node] += prefill_work
+        self.active[d.prefill_node] += 1
+        self.active[d.decode_node] += 1
+        self._push_prefill(d.prefill_node)
+        self._push_decode(d.decode_node)
+
+    def prefill_done(self, d: Decision, prefill_work: float) -> None:
+        self.prefill_backlog[d.prefill_node] = max(self.prefill_backlog[d.prefill_node] - prefill_work, 0.0)
+        self.active[d.prefill_node] -= 1
+        self._push_prefill(d.prefill_node)
+
+    def decode_done(self, d: Decision) -> None:
+        self.active[d.decode_node] -= 1
+        self._push_decode(d.decode_node)
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset(),
+             bandwidth: BandwidthState = "scarce", bandwidth_bps: float | None = None,
+             backlog_scale: float = 1.0) -> View:
+        """What routing reads: the least-loaded instances of each cluster not `down`."""
+        if down != self._down:
+            self._rebuild(down)
+        cvs = tuple(ClusterView(c.name, c.kind, c.datacenter, self._best_prefill(c.name), self._best_decode(c.name))
+                    for c in self._clusters)
+        return View(cvs, threshold, now, bandwidth, bandwidth_bps, backlog_scale)
+
+    def full_view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset(),
+                  bandwidth: BandwidthState = "scarce", bandwidth_bps: float | None = None,
+                  backlog_scale: float = 1.0) -> View:
+        """Every instance not `down` (what `view` stands for)."""
+        cvs = []
+        for c in self._clusters:
+            pn, dn = self._ids[c.name]
+            p = tuple(InstanceLoad(n, self.prefill_backlog[n], self.active[n]) for n in pn if n not in down)
+            d = tuple(InstanceLoad(n, 0.0, self.active[n]) for n in dn if n not in down)
+            cvs.append(ClusterView(c.name, c.kind, c.datacenter, p, d))
+        return View(tuple(cvs), threshold, now, bandwidth, bandwidth_bps, backlog_scale)
+
+    # -- the index -------------------------------------------------------------------------------
+
+    def _rebuild(self, down: frozenset[str]) -> None:
+        self._down = down
+        for c in self._clusters:
+            pn, dn = self._ids[c.name]
+            self._size[c.name] = len(pn) + len(dn)
+            self._pheap[c.name] = [self._pkey(n) for n in pn if n not in down]
+            self._dheap[c.name] = [self._dkey(n) for n in dn if n not in down]
+            heapq.heapify(self._pheap[c.name])
+            heapq.heapify(self._dheap[c.name])
+
+    def _pkey(self, node: str) -> tuple[float, int, str]:
+        return (self.prefill_backlog[node], self.active[node], node)
+
+    def _dkey(self, node: str) -> tuple[int, str]:
+        return (self.active[node], node)
+
+    def _push_prefill(self, node: str) -> None:
+        if node in self._down:
+            return
+        c = self._cluster_of[node]
+        h = self._pheap[c]
+        heapq.heappush(h, self._pkey(node))
+        if len(h) > _COMPACT * self._size[c] + 16:
+            live = {e[2] for e in h}
+            self._pheap[c] = h = [self._pkey(n) for n in live]
+            heapq.heapify(h)
+
+    def _push_decode(self, node: str) -> None:
+        if node in self._down:
+            return
+        c = self._cluster_of[node]
+        h = self._dheap[c]
+        heapq.heappush(h, self._dkey(node))
+        if len(h) > _COMPACT * self._size[c] + 16:
+            live = {e[1] for e in h}
+            self._dheap[c] = h = [self._dkey(n) for n in live]
+            heapq.heapify(h)
+
+    def _best_prefill(self, cluster: str) -> tuple[InstanceLoad, ...]:
+        h = self._pheap[cluster]
+        backlog, active = self.prefill_backlog, self.active
+        while h:
+            b, a, node = h[0]
+            if b == backlog[node] and a == active[node]:       # the entry is the node's present key
+                return (InstanceLoad(node, b, a),)
+            heapq.heappop(h)
+        return ()
+
+    def _best_decode(self, cluster: str) -> tuple[InstanceLoad, ...]:
+        h = self._dheap[cluster]
+        active = self.active
+        while h:
+            a, node = h[0]
+            if a == active[node]:
+                return (InstanceLoad(node, 0.0, a),)
+            heapq.heappop(h)
+        return ()

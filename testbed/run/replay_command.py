@@ -1,0 +1,188 @@
+"""`testbed replay` and `testbed up`: replay a trace (or the scenario's workload) on one or
+several scenarios and write each run directory and a comparison."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.config.resolved import ResolvedScenario
+from testbed.deploy import registry
+from testbed.deploy.prometheus import DEFAULT_LISTEN
+from testbed.run.load import load
+from testbed.run.run_args import add_run_args, run_overrides, trace_for
+from testbed.traces.types import Trace
+
+if TYPE_CHECKING:
+    from testbed.run.runner import RunResult
+
+
+def _add_scenario_args(p: argparse.ArgumentParser, backends: dict[str, Any]) -> None:
+    """The flags `replay` and `up` share; `backends` is the `--backend` flag's choices, default and
+    help (`testbed.deploy.registry.backend_option`)."""
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
+    add_run_args(p, speedup_auto=True)
+    p.add_argument("--backend", action=StoreOnce, **backends)
+    p.add_argument("--prometheus", nargs="?", const=DEFAULT_LISTEN, metavar="HOST:PORT",
+                   help=f"run Prometheus (the `prometheus` binary on PATH) against the deployment, listening on "
+                        f"HOST:PORT (default {DEFAULT_LISTEN}), with a scrape config generated into the run "
+                        "directory's prometheus/ (local and inproc backends; examples/observability/ has the "
+                        "dashboards)")
+    p.add_argument("--json", action="store_true", help="print figures as JSON")
+    p.add_argument("--report", action=argparse.BooleanOptionalAction, default=None,
+                   help="write report.md with its plots (and with --compare, comparison.md) into the run directory; "
+                        "default: yes for emulated runs, no for simulated ones, whose run directory is then only "
+                        "records, time series and summary.json (`testbed report RUN` writes the report later)")
+
+
+def wants_report(args: argparse.Namespace, backend: str) -> bool:
+    """--report as given, else yes unless the backend simulates (plots cost a simulated run more
+    than its simulation)."""
+    return bool(args.report) if args.report is not None else not registry.get(backend).caps.simulator
+
+
+def _progress_runner(label: str, enabled: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("sent {task.fields[sent]}  failed {task.fields[failed]}"), TimeElapsedColumn(),
+                    disable=not enabled, transient=False)
+    return prog
+
+
+async def _run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: bool,
+                   prometheus: str | None = None, report: bool = True) -> RunResult:
+    from testbed.run.runner import run_replay_async
+
+    prog = _progress_runner(rs.name, show)
+    task = prog.add_task(rs.name, total=len(trace), sent=0, failed=0)
+
+    def cb(s: Any) -> None:
+        prog.update(task, completed=s.completed + s.failed, sent=s.sent, failed=s.failed)
+
+    with prog:
+        return await run_replay_async(rs, trace, out, backend, on_progress=cb, report=report, prometheus=prometheus)
+
+
+def run_one(rs: ResolvedScenario, trace: Trace, out: Path, backend: str, show: bool,
+            prometheus: str | None = None, report: bool = True) -> RunResult:
+    """One run on `backend`; a simulated one directly (no event loop, no progress bar: it takes
+    seconds, and its progress comes at its end)."""
+    if registry.get(backend).caps.simulator:
+        from testbed.run.runner import run_sim
+        return run_sim(rs, trace, out, report=report)
+    from testbed.run.stoppable import run_stoppable
+    return run_stoppable(_run_one(rs, trace, out, backend, show, prometheus, report))
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+
+    names = args.compare or [args.scenario]
+    if not names or names == [None]:
+        print("replay: give --scenario NAME or --compare NAME...", file=sys.stderr)
+        return 2
+    scenarios = [load(n, run_overrides(args, n)) for n in names]
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
+    show = not args.json and sys.stderr.isatty()
+    from testbed.deploy.registry import pick_backend, refuse_unhonoured
+    backend, warning = pick_backend(args.backend)
+    report = wants_report(args, backend)
+    refuse_unhonoured(backend, scenarios)
+    registry.check_host(backend)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.prometheus is not None:
+        from testbed.deploy.prometheus import find_binary, unavailable
+        if why := unavailable(backend, find_binary()):
+            print(f"replay: {why}", file=sys.stderr)
+            return 2
+    results = []
+    try:
+        for rs in scenarios:
+            sc = rs.spec
+            trace = trace_for(sc, args)
+            out = base / sc.name if len(scenarios) > 1 else base
+            if args.speedup == "auto":
+                from testbed.run.speedup import pick_speedup, with_speedup
+                from testbed.run.stoppable import run_stoppable
+                s, tried = run_stoppable(pick_speedup(rs, trace, backend, out / "speedup-probes"))
+                print(f"--speedup auto: {s:g} (" + ", ".join(
+                    f"{t['speedup']:g}: {'valid' if t['valid'] else 'invalid'}" for t in tried) + ")", file=sys.stderr)
+                rs = with_speedup(rs, s)
+                sc = rs.spec
+            if not args.json:
+                print(f"replaying {len(trace)} requests of {trace.source} on {sc.name} "
+                      f"(speedup {sc.scale.speedup:g}, byte_scale {sc.scale.byte_scale:g}) -> {out}", file=sys.stderr)
+            results.append(run_one(rs, trace, out, backend, show, args.prometheus, report))
+    except KeyboardInterrupt:
+        if not base.exists():       # stopped while the trace was read: no run had begun
+            print("interrupted before any run began: nothing recorded", file=sys.stderr)
+        elif registry.get(backend).caps.simulator:
+            print(f"interrupted: records so far kept under {base}; `testbed report RUN` summarises a run",
+                  file=sys.stderr)
+        else:
+            print(f"interrupted: services stopped, records so far kept under {base}", file=sys.stderr)
+        return 130
+    if len(results) > 1 and report:
+        from testbed.metrics.report import write_comparison
+        write_comparison([r.run_dir for r in results], base)
+    if args.json:
+        print(json.dumps({r.run_dir.name: r.summary.to_json_dict() for r in results} if len(results) > 1
+                         else results[0].summary.to_json_dict(), indent=1))
+    else:
+        from testbed.metrics.report_command import print_summary_table
+        for r in results:
+            print_summary_table(r.summary, title=f"{r.run_dir.name}")
+        if report:
+            print(f"report: {base / 'comparison.md' if len(results) > 1 else base / 'report.md'}")
+        elif len(results) > 1:
+            print(f"comparison: testbed compare {' '.join(str(r.run_dir) for r in results)} --out {base}")
+        else:
+            print(f"summary: {base / 'summary.json'}; report with plots: testbed report {base}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    r = sub.add_parser("replay", help="replay a trace against a scenario and report")
+    r.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
+    r.add_argument("--compare", nargs="+", metavar="SCENARIO",
+                   help="run several scenarios on the same workload and write one comparison report")
+    r.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory (default runs/<time>-<scenario>)")
+    _add_scenario_args(r, registry.backend_option())
+    r.set_defaults(func=cmd_replay)
+
+    u = sub.add_parser("up", help="bring a deployment up on --backend (compose and swarm: build the image if needed, "
+                                  "generate the compose (stack) file into the run directory), replay, collect, tear "
+                                  "down; with --hold, keep the deployment open for outside clients instead")
+    u.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
+    u.add_argument("--compare", nargs="+", metavar="SCENARIO", help=argparse.SUPPRESS)
+    u.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory (default runs/<time>-<scenario>)")
+    u.add_argument("--hold", action="store_true",
+                   help="bring the deployment up on any --backend, print the OpenAI base URL this host reaches it "
+                        "at, and keep it until Ctrl-C, SIGTERM or `testbed down`, recording every request outside "
+                        "clients send; then write the records, summary and report. Runs at speedup 1 (paper time) "
+                        "unless --set scale.speedup=S. With --json: one line {base_url, url, run_dir, backend, ...} "
+                        "once ready")
+    u.add_argument("--port", type=int, default=0,
+                   help="with --hold: the loopback port of the base URL (default: a free one)")
+    # Every backend it offers can hold open; the default is every command's (auto), containers by --backend compose.
+    _add_scenario_args(u, registry.backend_option(registry.holds_open))
+    u.set_defaults(func=cmd_up)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if args.hold:
+        from testbed.run.hold import cmd_hold
+        return cmd_hold(args)
+    if args.port:
+        print("up: --port only with --hold", file=sys.stderr)
+        return 2
+    return cmd_replay(args)
+

@@ -1,0 +1,1 @@
+"""`testbed bench`: benchmarks of the simulator, the live path and the peer mocker."""

@@ -1,0 +1,1 @@
+"""`testbed linkcheck`: one shaped link measured against its profile."""

@@ -1,0 +1,541 @@
+"""`testbed plan`: plan deployments for a trace with the analytical model, check and rank the best
+by simulation, write ready-to-run scenario files for the best few of each kind and a report
+(plan.md, plan.json).
+
+The search is `testbed.model.planner` (pure, vectorised): per kind, every split (and with
+`--vary-counts` every count) with its best threshold, ranked by a queueing estimate that reads
+the trace's burstiness and replays its prefix cache. Here: the bases and the budget, then
+- the best `max(--refine, --top)` of each kind are scored again on their own routing and
+  replayed on the simulator (`plan_sim`), as are the base scenarios as they stand and, with
+  `--vary-counts`, the smallest deployment meeting the SLOs; a simulated row's SLO verdict is
+  the simulator's, and simulated rows rank by their simulated TTFT (`plan_sim.refined_key`);
+- the files and plan.md (`plan_report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from testbed.config.cli_args import StoreOnce, out_dir
+from testbed.config.profiles import load_profile
+from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.scenario import Scenario
+from testbed.model.analytical import Workload
+from testbed.model.optimise import resolve_threshold
+from testbed.model.planner import (
+    KINDS,
+    OBJECTIVES,
+    Candidate,
+    Family,
+    FamilyPlan,
+    Kind,
+    PlanError,
+    PlanSettings,
+    family_for,
+    family_workload,
+    kind_pools,
+    objective_key,
+    plan_family,
+    score_config,
+)
+from testbed.model.workload import TraceWorkload
+from testbed.studies.plan.plan_figure import write_plan_figure
+from testbed.studies.plan.plan_report import Rows, key, report_md, scenario_file, slug, write_plan_file
+from testbed.studies.plan.plan_sim import (
+    NOT_VERIFIED,
+    SIM_FIGURES,
+    SimUnavailable,
+    Simulate,
+    figures,
+    refined_key,
+    sim_simulator,
+    simulate_rows,
+)
+from testbed.traces.types import Trace
+
+__all__ = ["SIM_FIGURES", "SimUnavailable", "figures", "sim_simulator", "run_plan", "register", "cmd_plan",
+           "parse_budget", "pick_bases", "Base"]
+
+DEFAULT_SCENARIOS = ("paper-prfaas", "paper-homogeneous", "paper-naive")
+# With --vary-counts: smallest deployments meeting the SLOs by the model tried per kind until
+# one meets them by simulation (and at most four times as many scored on their own routing).
+FEWEST_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Base:
+    name: str
+    path: Path
+    spec: Scenario
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def parse_budget(texts: Sequence[str]) -> dict[str | None, dict[str, int]]:
+    """`[KIND:]HW=N[,HW=N...]` (repeatable) -> {kind or None (every kind): {hardware: instances}}."""
+    out: dict[str | None, dict[str, int]] = {}
+    for text in texts:
+        kind: str | None = None
+        body = text
+        head, sep, rest = text.partition(":")
+        if sep:
+            if head not in KINDS:
+                raise PlanError(f"--budget {text!r}: {head!r} is not a kind ({', '.join(KINDS)})")
+            kind, body = head, rest
+        for part in body.split(","):
+            hw, eq, n = part.strip().partition("=")
+            if not eq or not hw or not n.strip().isdigit() or int(n) < 1:
+                raise PlanError(f"--budget {text!r}: expected HW=N with N >= 1, e.g. h200=4,h20=8")
+            out.setdefault(kind, {})[hw.strip()] = int(n)
+    return out
+
+
+def _kind_of(sc: Scenario) -> Kind:
+    name = sc.policy.name
+    assert name in KINDS
+    return name
+
+
+def _same_hardware(kind: Kind) -> Kind | None:
+    """The kind whose base scenario can stand in for `kind`'s: PrfaaS and naive use the same
+    clusters, homogeneous has no PrfaaS cluster."""
+    match kind:
+        case "prfaas":
+            return "naive"
+        case "naive":
+            return "prfaas"
+        case "homogeneous":
+            return None
+        case _:
+            unknown_kind("policy", kind)
+
+
+def pick_bases(given: Sequence[Base], kinds: Sequence[Kind]) -> tuple[dict[Kind, Base], list[str]]:
+    """Each kind's base: a given scenario of that policy; else prfaas and naive share hardware
+    (one derives from the other); else the paper's scenario of that kind if it serves the same
+    model. Returns the bases and notes on what was derived or left out."""
+    notes: list[str] = []
+    out: dict[Kind, Base] = {}
+    for kind in kinds:
+        own = next((b for b in given if _kind_of(b.spec) == kind), None)
+        other = _same_hardware(kind)
+        if own is None and other is not None:
+            own = next((b for b in given if _kind_of(b.spec) == other), None)
+            if own is not None:
+                notes.append(f"{kind}: on the hardware of {own.name} (a {other} scenario)")
+        if own is None:
+            paper = f"paper-{kind}"
+            spec = load_scenario(paper)
+            if given and spec.model != given[0].spec.model:
+                notes.append(f"{kind}: left out (no {kind} scenario given for model {given[0].spec.model.name!r})")
+                continue
+            own = Base(paper, resolve_path(paper), spec)
+            if given:
+                notes.append(f"{kind}: no {kind} scenario given, using {paper}")
+        out[kind] = own
+    return out, notes
+
+
+def _link(bases: dict[Kind, Base], gbps: float | None) -> tuple[float, float, str]:
+    """(rate bit/s, one-way delay s, description): --link-gbps, else the PrfaaS base's inter-DC profile."""
+    b = bases.get("prfaas") or bases.get("naive")
+    prof = load_profile(b.spec.links.inter_dc) if b is not None else None
+    delay = prof.delay if prof is not None else 0.0
+    if gbps is not None:
+        if not gbps > 0:
+            raise PlanError("--link-gbps must be > 0")
+        return gbps * 1e9, delay, f"{gbps:g} Gbit/s (--link-gbps), {delay * 1e3:g} ms one way"
+    if prof is None:
+        return 100e9, 0.0, "100 Gbit/s (no PrfaaS deployment)"
+    return prof.rate, delay, f"{prof.name}: {prof.rate / 1e9:g} Gbit/s, {delay * 1e3:g} ms one way"
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from testbed.traces.trace_command import WINDOW_HELP, window_arg
+    from testbed.traces.formats import SUPPORTED_FORMATS
+
+    p = sub.add_parser(
+        "plan", help="plan threshold, P/D split and instance counts for a trace, checked by simulation",
+        description="Searches, for each deployment kind on its own hardware, the threshold t, the PD cluster's "
+                    "N_p/N_d split and optionally the instance counts; ranks them by the model on the trace's "
+                    "empirical workload and burstiness; replays the best of each kind, the base scenarios as they "
+                    "stand and the smallest deployment meeting the SLOs on the simulator and ranks those by it; "
+                    "writes ready-to-run scenario files for the best few of each kind and a report "
+                    "(plan.md, plan.json).",
+    )
+    p.add_argument("--trace", action=StoreOnce, required=True, help="trace file (Mooncake JSONL with hash_ids, Azure or BurstGPT CSV)")
+    p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)")
+    p.add_argument("--window", type=window_arg, metavar="START:END", help=f"plan for this part of the trace: {WINDOW_HELP}")
+    p.add_argument("--scenario", action="append", metavar="NAME",
+                   help="a base scenario (repeatable); its policy says which kind it is the base of "
+                        f"(default: {', '.join(DEFAULT_SCENARIOS)})")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)} (default all)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="lambda",
+                   help="lambda: highest Λ_max; ttft / ttft-p90: lowest mean / P90 TTFT at the trace's rate")
+    p.add_argument("--ttft-slo", type=float, metavar="S", help="P90 TTFT SLO, paper seconds (default: the base's slo.ttft_s)")
+    p.add_argument("--tpot-slo", type=float, metavar="S", help="TPOT SLO, paper seconds (default: the base's slo.tpot_s)")
+    p.add_argument("--budget", action="append", default=[], metavar="[KIND:]HW=N,...",
+                   help="instances per hardware: KIND:HW=N for one kind (e.g. prfaas:h200=4,h20=8 or "
+                        "homogeneous:h20=12); HW=N without a kind applies to every kind that uses HW, "
+                        "homogeneous PD included (default: each base's own counts)")
+    p.add_argument("--vary-counts", action="store_true", help="also try every smaller instance count within the budget")
+    p.add_argument("--link-gbps", type=float, help="PrfaaS egress link (default: the base's inter-DC link profile)")
+    p.add_argument("--top", type=int, default=3, metavar="N", help="scenario files written per kind (default 3)")
+    p.add_argument("--refine", type=int, default=0, metavar="N",
+                   help="replay the best N of each kind by the model on the simulator and rank them by it "
+                        "(default: the --top written; every written or recommended row is simulated)")
+    p.add_argument("--no-sim", action="store_true", help="the model alone: nothing simulated, the SLO verdicts the model's")
+    p.add_argument("--out", action=StoreOnce, type=out_dir, help="output directory (default runs/plan-<trace name>)")
+    p.add_argument("--json", action="store_true", help="print plan.json instead of the summary")
+    p.set_defaults(func=cmd_plan)
+
+
+def _kinds(text: str) -> list[Kind]:
+    out: list[Kind] = []
+    for k in (x.strip() for x in text.split(",") if x.strip()):
+        if k not in KINDS:
+            raise PlanError(f"--kinds: {k!r} is not one of {', '.join(KINDS)}")
+        out.append(k)
+    if not out:
+        raise PlanError("--kinds: give at least one kind")
+    return out
+
+
+def _instances(kind: Kind, base: Scenario) -> dict[str, int]:
+    """Instances per hardware name that `kind` deploys on `base`."""
+    have: dict[str, int] = {}
+    for c in base.clusters:
+        if c.kind == "pd" or (c.kind == "prfaas" and kind_pools(kind).prfaas):
+            have[c.hardware] = have.get(c.hardware, 0) + c.prefill + c.decode
+    return have
+
+
+def check_budget(budgets: dict[str | None, dict[str, int]], bases: Mapping[Kind, Scenario]) -> None:
+    """A budget naming hardware that no planned kind deploys would be ignored: refuse it instead."""
+    for kind, budget in budgets.items():
+        if kind is not None and kind not in bases:
+            raise PlanError(f"--budget {kind}:...: kind {kind!r} is not planned (--kinds {','.join(bases)})")
+        scope = {k: b for k, b in bases.items() if kind is None or k == kind}
+        known = {hw for k, b in scope.items() for hw in _instances(k, b)}
+        where = "the bases" if kind is None else f"{kind}'s base"
+        for hw, n in budget.items():
+            if hw not in known:
+                raise PlanError(f"--budget {kind + ':' if kind else ''}{hw}={n}: no hardware {hw!r} in {where} "
+                                f"(it deploys {', '.join(sorted(known)) or 'none'})")
+
+
+def budget_for(kind: Kind, base: Scenario, budgets: dict[str | None, dict[str, int]]) -> tuple[dict[str, int], str, str | None]:
+    """The budget a kind plans within, how to read it, and a note when a budget given for every
+    kind caps this one below its base's own instances of that hardware."""
+    shared, own = budgets.get(None, {}), budgets.get(kind, {})
+    budget = {**shared, **own}
+    have = _instances(kind, base)
+    parts = []
+    for hw in have:
+        src = f"{kind}:" if hw in own else "every kind" if hw in shared else None
+        n = budget.get(hw, have[hw])
+        parts.append(f"{hw}={n} ({'--budget ' + src if src else 'base'})")
+    note = None
+    capped = [hw for hw in have if hw in shared and hw not in own and shared[hw] < have[hw]]
+    if capped:
+        what = ",".join(f"{hw}={shared[hw]}" for hw in capped)
+        note = (f"{kind}: --budget {what} (given without a kind) caps it below its base's "
+                f"{', '.join(f'{have[hw]} {hw}' for hw in capped)}; prefix a kind (e.g. prfaas:{what}) to cap one kind")
+    return budget, ", ".join(parts), note
+
+
+def search(fam: Family, trace: Trace, settings: PlanSettings) -> tuple[FamilyPlan, Workload]:
+    """The family's ranked candidates on its workload; a threshold kind searches twice, the second
+    time with the prefix cache replayed under the first search's best threshold."""
+    wl = family_workload(fam, trace).model_workload()
+    fp = plan_family(fam, wl, settings)
+    if kind_pools(fam.kind).threshold and fp.candidates:
+        wl = family_workload(fam, trace, fp.candidates[0].threshold).model_workload()
+        fp = plan_family(fam, wl, settings)
+    return fp, wl
+
+
+def rescored(fam: Family, wl: Workload, trace: Trace, settings: PlanSettings, cands: Sequence[Candidate],
+             cache_aware: bool) -> list[Candidate]:
+    """Candidates scored on their own routing (`planner.score_config`), ranked by the model."""
+    out = [score_config(fam, wl, trace, settings, c.n_prfaas, c.n_p, c.n_d, c.threshold, cache_aware) for c in cands]
+    return sorted(out, key=lambda c: objective_key(c, settings.objective))
+
+
+def reference(fam: Family, base: Base, wl: Workload, trace: Trace, settings: PlanSettings,
+              link_bps: float) -> tuple[Candidate, str] | None:
+    """The base scenario as it stands, on its own routing; None when it is not of this kind."""
+    sc = base.spec
+    if sc.policy.name != fam.kind:
+        return None
+    pd = sc.cluster(fam.pd_cluster)
+    n_prf = sc.cluster(fam.prfaas_cluster).prefill if fam.prfaas_cluster else 0
+    t = resolve_threshold(sc, link_bps) if kind_pools(fam.kind).threshold else None
+    c = score_config(fam, wl, trace, settings, n_prf, pd.prefill, pd.decode, t, sc.policy.cache_aware)
+    if kind_pools(fam.kind).threshold:
+        how = "cache-aware routing" if sc.policy.cache_aware else "length-only routing"
+    else:
+        how = "cache-aware" if sc.policy.cache_aware else "not cache-aware: the whole KV ships"
+    return c, f"{base.name} ({how})"
+
+
+def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto") -> dict[str, Any]:
+    """The whole command without printing: returns plan.json's content. `simulate`: "auto" uses
+    the sim backend when it exists (unless --no-sim); None never simulates; a callable is used as is."""
+    from testbed.traces.loader import load_trace
+
+    t0 = time.monotonic()
+    if args.top < 1 or args.refine < 0:
+        raise PlanError("--top must be >= 1 and --refine >= 0")
+    given = [Base(n, resolve_path(n), load_scenario(n)) for n in (args.scenario or [])]
+    for b in given:
+        if not (b.spec.policy.name in KINDS):
+            raise PlanError(f"scenario {b.name!r}: policy {b.spec.policy.name!r} is not a kind")
+    bases, notes = pick_bases(given, _kinds(args.kinds))
+    if not bases:
+        raise PlanError("no kind left to plan")
+    budgets = parse_budget(args.budget)
+    check_budget(budgets, {k: b.spec for k, b in bases.items()})
+    trace_path = Path(args.trace)
+    trace: Trace = load_trace(trace_path, args.format, window=args.window)
+    if len(trace) < 2:
+        raise PlanError(f"{trace_path}: {len(trace)} request(s){' in the window' if args.window else ''}; "
+                        "the rate needs at least two")
+    link_bps, delay, link_text = _link(bases, args.link_gbps)
+    first = next(iter(bases.values())).spec
+    settings = PlanSettings(
+        ttft_slo_s=args.ttft_slo if args.ttft_slo is not None else first.slo.ttft_s,
+        tpot_slo_s=args.tpot_slo if args.tpot_slo is not None else first.slo.tpot_s,
+        objective=args.objective, link_bps=link_bps, link_delay_s=delay,
+    )
+    tw0 = TraceWorkload.from_trace(trace, KVModel.from_spec(first.model))
+    cache_aware = tw0.cached_share > 0
+    out_dir: Path = args.out or Path("runs") / f"plan-{trace_path.stem}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in (*out_dir.glob("plan-*-*.yaml"), *out_dir.glob("candidates/*.yaml")):
+        old.unlink()
+    sim: Simulate | None
+    if simulate == "auto":
+        sim = None if args.no_sim else sim_simulator(out_dir, args.window, args.format)
+    else:
+        sim = simulate if callable(simulate) else None
+    pool = max(args.refine, args.top) if sim is not None else 0
+
+    # The model: search, then the shortlist of each kind and the bases scored on their own routing.
+    plans: list[FamilyPlan] = []
+    workloads: dict[Kind, Workload] = {}
+    budget_text: dict[str, str] = {}
+    refs: dict[Kind, tuple[Candidate, str]] = {}
+    for kind, base in bases.items():
+        budget, budget_text[kind], note = budget_for(kind, base.spec, budgets)
+        if note:
+            notes.append(note)
+        fam = family_for(kind, base.spec, budget, args.vary_counts)
+        fp, wl = search(fam, trace, settings)
+        n = max(pool, args.top)
+        fp = replace(fp, candidates=(*rescored(fam, wl, trace, settings, fp.candidates[:n], cache_aware),
+                                     *fp.candidates[n:]))
+        plans.append(fp)
+        workloads[kind] = wl
+        if (ref := reference(fam, base, wl, trace, settings, link_bps)) is not None:
+            refs[kind] = ref
+
+    # The simulator: the shortlist, the bases, then the smallest deployments meeting the SLOs.
+    cand_dir = out_dir / "candidates"
+    rows: list[tuple[Candidate, Path, str]] = []
+    for fp in plans:
+        for c in fp.candidates[:pool]:
+            cand_dir.mkdir(exist_ok=True)
+            path = cand_dir / f"{slug(c)}.yaml"
+            scenario_file(path, fp.family, bases[fp.family.kind].path, c, cache_aware)
+            rows.append((c, path, slug(c)))
+    if sim is not None:
+        rows += [(c, bases[kind].path, bases[kind].name) for kind, (c, _) in refs.items()]
+    done, why = simulate_rows(rows, trace_path, sim, settings) if rows or sim is None else ({}, None)
+    fewest: list[Candidate] = []
+    if args.vary_counts:
+        for fp in plans:
+            c_few = _fewest(fp, workloads[fp.family.kind], trace, settings, cache_aware, sim if why is None else None,
+                            done, trace_path, cand_dir, bases[fp.family.kind])
+            if c_few is not None:
+                fewest.append(c_few)
+    if why is None and sim is None:
+        why = f"{NOT_VERIFIED} (--no-sim)"
+
+    # Final rankings: simulated rows by the simulator, then the rest by the model.
+    def final(cands: Sequence[Candidate]) -> list[Candidate]:
+        got = [done.get(slug(c), c) for c in cands]
+        simd = sorted((c for c in got if c.simulated is not None), key=lambda c: refined_key(c, settings.objective))
+        rest = sorted((c for c in got if c.simulated is None), key=lambda c: objective_key(c, settings.objective))
+        return simd + rest
+
+    model_first = {fp.family.kind: fp.candidates[0] for fp in plans if fp.candidates}
+    plans = [replace(fp, candidates=tuple(final(fp.candidates))) for fp in plans]
+    ranked = final([c for fp in plans for c in fp.candidates])
+    references = [(done.get(bases[k].name, c), how) for k, (c, how) in refs.items()]
+    for i, (r, how) in enumerate(references):
+        pos = 1 + sum(1 for c in ranked if (refined_key(c, settings.objective) < refined_key(r, settings.objective)
+                                             if c.simulated is not None and r.simulated is not None
+                                             else objective_key(c, settings.objective) < objective_key(r, settings.objective)))
+        references[i] = (r, f"{how}; would rank {pos} of {len(ranked) + 1}")
+    fewest = [done.get(slug(c), c) for c in fewest]
+
+    files: dict[tuple[Any, ...], str] = {}
+    for fp in plans:
+        kind = fp.family.kind
+        for rank, c in enumerate(fp.candidates[: args.top], 1):
+            path = out_dir / f"plan-{kind}-{rank}.yaml"
+            write_plan_file(path, fp.family, bases[kind].path, c, rank, len(fp.candidates), str(trace_path),
+                            settings.objective, cache_aware, args.window)
+            files[key(c)] = path.name
+    for c in fewest:
+        if key(c) not in files:
+            fam = next(fp.family for fp in plans if fp.family.kind == c.kind)
+            path = out_dir / f"plan-{c.kind}-fewest.yaml"
+            write_plan_file(path, fam, bases[c.kind].path, c, ranked.index(c) + 1 if c in ranked else 0,
+                            len(ranked), str(trace_path), settings.objective, cache_aware, args.window)
+            files[key(c)] = path.name
+
+    best = sorted((fp.candidates[0] for fp in plans if fp.candidates), key=ranked.index)
+    report_rows = Rows(best=best, references=references, ranking=ranked, fewest=fewest, simulated=pool,
+                       refined={k: (done.get(slug(c), c), next(fp.candidates[0] for fp in plans if fp.family.kind == k))
+                                for k, c in model_first.items()} if done else {})
+    ctx = {"workload": tw0.summary(), "settings": settings, "link": link_text, "notes": notes,
+           "show": max(10, args.top * len(plans)), "vary_counts": args.vary_counts, "budgets": budget_text,
+           "simulated": done, "seconds": time.monotonic() - t0}
+    (out_dir / "plan.md").write_text(report_md(ctx, report_rows, files, why))
+    ref_by_kind = {k: done.get(bases[k].name, c) for k, (c, _) in refs.items()}
+    result = {
+        "trace": str(trace_path), "window": list(args.window) if args.window else None,
+        "workload": tw0.summary(),
+        "settings": {"objective": settings.objective, "ttft_slo_s": settings.ttft_slo_s,
+                     "tpot_slo_s": settings.tpot_slo_s, "link_bps": link_bps, "link_delay_s": delay,
+                     "vary_counts": args.vary_counts, "cache_aware": cache_aware, "simulated_per_kind": pool,
+                     "budgets": budget_text},
+        "bases": {k: str(b.path) for k, b in bases.items()},
+        "notes": notes, "verified": why is None, "verification": why or "simulated",
+        "kinds": {fp.family.kind: {
+            "best": ({**fp.candidates[0].to_dict(), "file": files.get(key(fp.candidates[0]))} if fp.candidates else None),
+            "model_first": model_first[fp.family.kind].to_dict() if fp.family.kind in model_first else None,
+            "reference": ref_by_kind[fp.family.kind].to_dict() if fp.family.kind in ref_by_kind else None,
+            "fewest": next(({**c.to_dict(), "file": files.get(key(c))} for c in fewest if c.kind == fp.family.kind), None),
+            "candidates": len(fp.candidates)} for fp in plans},
+        "ranking": [{**c.to_dict(), "file": files.get(key(c))} for c in ranked],
+        "simulated": {name: c.to_dict() for name, c in done.items()},
+        "out": str(out_dir), "seconds": time.monotonic() - t0,
+    }
+    (out_dir / "plan.json").write_text(json.dumps(result, indent=1))
+    write_plan_figure(result, out_dir / "plan.png")
+    return result
+
+
+def _fewest(fp: FamilyPlan, wl: Workload, trace: Trace, settings: PlanSettings, cache_aware: bool,
+            sim: Simulate | None, done: dict[str, Candidate], trace_path: Path, cand_dir: Path,
+            base: Base) -> Candidate | None:
+    """The smallest deployment of the family meeting the SLOs: by the model, scored on its own
+    routing, then by simulation (the next smallest tried when one misses them there, up to
+    FEWEST_TRIES); None when none of those does."""
+    order = sorted((c for c in fp.candidates if c.meets_slo_model),
+                   key=lambda c: (c.instances, objective_key(c, settings.objective)))
+    tried = 0
+    for c in order[: 4 * FEWEST_TRIES]:
+        if tried >= FEWEST_TRIES:
+            break
+        c = score_config(fp.family, wl, trace, settings, c.n_prfaas, c.n_p, c.n_d, c.threshold, cache_aware)
+        if not c.meets_slo_model:
+            continue
+        if sim is None:
+            return c
+        tried += 1
+        name = slug(c)
+        if name not in done:
+            cand_dir.mkdir(exist_ok=True)
+            path = cand_dir / f"{name}.yaml"
+            scenario_file(path, fp.family, base.path, c, cache_aware)
+            got, _ = simulate_rows([(c, path, name)], trace_path, sim, settings)
+            done.update(got)
+        if name in done and done[name].meets_slo:
+            return done[name]
+    return None
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    try:
+        res = run_plan(args)
+    except (PlanError, ScenarioError) as e:
+        print(f"plan: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    _print_summary(res)
+    return 0
+
+
+def _print_summary(res: dict[str, Any]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from testbed.model.planner import kilo
+
+    wl = res["workload"]
+    arr = wl.get("arrivals") or {}
+    con = Console()
+    if not con.is_terminal:     # a pipe or a file: no terminal width to fit, keep the table whole
+        con = Console(width=120)
+    con.print(f"trace {res['trace']}: {wl['requests']:,} requests, {wl['rate_rps']:.3f} req/s "
+              f"(inter-arrival CV {arr.get('gap_cv', 1.0):.2f}, busiest 10 s at {arr.get('busiest_10s_over_mean', 1.0):.1f}x), "
+              f"input mean {wl['input_tokens']['mean']:,.0f} ({wl['cached_share']:.0%} seen before), "
+              f"output mean {wl['output_tokens']['mean']:,.0f}")
+    tab = Table(title=f"objective {res['settings']['objective']}; TTFT mean/P90 (s) at {wl['rate_rps']:.2f} req/s",
+                box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)     # fits 80 columns
+    for h in ("", "t", "PrfaaS/P/D", "Λmax", "TTFT model", "TTFT sim", "SLO"):
+        tab.add_column(h, justify="left" if not h else "right", no_wrap=True)
+    files: list[str] = []
+
+    def ttft(x: float | None) -> str:
+        return "sat." if x is None else f"{x:.2f}"     # JSON keeps an infinite TTFT as null
+
+    def add(tag: str, c: dict[str, Any]) -> None:
+        t = "-" if c["threshold"] is None else kilo(c["threshold"])
+        counts = "/".join(str(n) if n else "-" for n in (c["n_prfaas"], c["n_p"], c["n_d"]))
+        sim = c.get("simulated")
+        simt = "-" if not sim else "failed" if "error" in sim else f"{ttft(sim.get('ttft_mean_s'))}/{ttft(sim.get('ttft_p90_s'))}"
+        by = "sim" if sim else "model"
+        tab.add_row(tag, t, counts, f"{c['lambda_max']:.2f}", f"{ttft(c['ttft_mean_s'])}/{ttft(c['ttft_p90_s'])}", simt,
+                    f"{'yes' if c['meets_slo'] else 'no'} ({by})")
+
+    for kind, k in res["kinds"].items():
+        if k["best"]:
+            add(kind, k["best"])
+            files.append(f"{kind}: {res['out']}/{k['best']['file']} (bottleneck {k['best']['bottleneck']})")
+        if k["reference"]:
+            add("  as given", k["reference"])
+        if k.get("fewest"):
+            add("  fewest", k["fewest"])
+    con.print(tab)
+    con.print("PrfaaS/P/D: instances of PrfaaS prefill / PD prefill / PD decode; t: the length threshold; "
+              "Λmax: the model's capacity (req/s); SLO: met by the simulator's figures (sim) or the model's",
+              highlight=False)
+    for f in files:
+        con.print(f"plan {f}")
+    for n in res["notes"]:
+        con.print(f"note: {n}")
+    if not res["verified"]:
+        con.print(f"{res['verification']}")
+    con.print(f"report: {res['out']}/plan.md  ({res['seconds']:.1f} s)")
