@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: docs docs-results install profiles replay test test-pure test-app test-netns test-netem test-docker test-slow test-clients test-profiles test-observability test-busy typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-swarm-multi replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm plan-refine bench-sim-faults bench-peers crosscheck-dynamo
+.PHONY: docs docs-serve docs-check docs-results install profiles replay test test-pure test-app test-netns test-netem test-docker test-slow test-clients test-profiles test-observability test-busy typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-swarm-multi replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm plan-refine bench-sim-faults bench-peers crosscheck-dynamo
 
 # The package's bytecode, written ahead: where PYTHONDONTWRITEBYTECODE is set (as on CI runners)
 # every service process of a run would otherwise compile the package again, 0.5 s of CPU each.
@@ -59,6 +59,16 @@ $(DOCS_STAMP): $(STAMP)
 docs: $(DOCS_STAMP)
 	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
+## The built site opens from file:// (build/site/index.html, search included); docs-serve serves it over
+## HTTP instead, on loopback (DOCS_PORT, default 8000). docs-check opens it in headless Chromium: a
+## sidebar link opens its page and search ranks the traces guide first for "mooncake".
+DOCS_PORT ?= 8000
+docs-serve: docs
+	@echo "make docs-serve: http://127.0.0.1:$(DOCS_PORT)/index.html (Ctrl-C stops it)"
+	$(BIN)/python -m http.server --bind 127.0.0.1 --directory build/site $(DOCS_PORT)
+docs-check: docs
+	$(BIN)/python tests/site_browser.py --site build/site
+
 ## Rerun the measurements the docs quote (testbed/docsite/measurements.py) into docs/results/data/,
 ## each stamped with date, commit, host and command. ONLY=name,name selects; SKIP_EMULATION=1 runs
 ## only the model and simulation ones; RENDER_ONLY=1 rewrites the files from the last run's outputs
@@ -88,7 +98,7 @@ crosscheck: $(STAMP)
 ## (1-400 Gbit/s) x RTT (30, 150 ms), by the model and by simulation (no root; minutes).
 ## Emulated confirmation of three points (root): testbed feasibility --confirm 3 --out $(RUNS)/feasibility --overwrite
 models: $(STAMP)
-	$(BIN)/testbed feasibility --out $(RUNS)/feasibility --overwrite
+	$(BIN)/testbed feasibility --ttft-slo 30 --out $(RUNS)/feasibility --overwrite
 
 ## The measured-kernel model profiles (scenarios/models/aiconfigurator) from aiconfigurator (the profiles extra).
 AIC_MODELS := minimax-m2.5 mimo-v2-flash qwen3.5-397b qwen3-235b
@@ -311,7 +321,7 @@ base-image:
 ## A short paper-prfaas replay on the compose backend over the shaped cross-region link
 ## (builds the image first when needed; one container per instance plus router and WAN router).
 replay-compose: $(STAMP)
-	$(BIN)/testbed up --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/compose-prfaas --overwrite
+	$(BIN)/testbed up --backend compose --scenario paper-prfaas --requests 120 --rate 1.6 --out $(RUNS)/compose-prfaas --overwrite
 
 ## The same as a Docker Swarm stack (on a swarm manager, as root; nodes labelled per datacenter,
 ## see compose/README.md; a single-node swarm gets every label on its only node).

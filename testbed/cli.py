@@ -25,7 +25,7 @@ COMMAND_MODULES = (
     "testbed.traces.trace_command", "testbed.metrics.report_command", "testbed.deploy.down_command", "testbed.net.netcaps_command",
     "testbed.studies.linkcheck.linkcheck", "testbed.studies.capacity.capacity_command", "testbed.metrics.regress",
     "testbed.studies.sweep.sweep", "testbed.hardware.calibrate_command", "testbed.studies.plan.plan", "testbed.studies.crosscheck.crosscheck",
-    "testbed.studies.feasibility.feasibility_command", "testbed.hardware.profile_command",
+    "testbed.studies.feasibility.feasibility_command", "testbed.hardware.profile_command", "testbed.run.tokenizer_command",
 )
 SERVE_MODULE = "testbed.deploy.serve"
 # The module of each subcommand, so that running one imports only its module: importing them all
@@ -39,7 +39,7 @@ COMMAND_MODULE = {
     "model": "testbed.model.model_command", "down": "testbed.deploy.down_command", "netcaps": "testbed.net.netcaps_command",
     "linkcheck": "testbed.studies.linkcheck.linkcheck", "capacity": "testbed.studies.capacity.capacity_command",
     "sweep": "testbed.studies.sweep.sweep", "calibrate": "testbed.hardware.calibrate_command", "plan": "testbed.studies.plan.plan",
-    "feasibility": "testbed.studies.feasibility.feasibility_command",
+    "feasibility": "testbed.studies.feasibility.feasibility_command", "tokenizer": "testbed.run.tokenizer_command",
 }
 
 
@@ -56,9 +56,20 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("prfaas-testbed")
+    except PackageNotFoundError:      # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p = OneLineParser(prog="testbed", description="Cross-datacenter PD-disaggregation testbed (PrfaaS)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                   help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     one = COMMAND_MODULE.get(_command_of(argv) or "") if argv is not None else None
     names = (one,) if one is not None else COMMAND_MODULES

@@ -5,13 +5,16 @@ aiperf's `--tokenizer PATH` load."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from testbed.run import tokenizer_command as tokenizer
+from testbed.run.tokenizer_command import EOS, byte_level_bpe, save_hf
+
 ROOT = Path(__file__).resolve().parent.parent
-EOS = "<|endoftext|>"
+
+__all__ = ["EOS", "byte_level_bpe", "english_corpus", "save_hf", "save_hf_cache", "sentencepiece_bpe", "wordpiece"]
 
 
 def english_corpus() -> list[str]:
@@ -21,19 +24,6 @@ def english_corpus() -> list[str]:
              *sorted(p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts)]
     text = "\n".join(p.read_text() for p in files if p.exists())
     return [line for line in text.splitlines() if line.strip()]
-
-
-def byte_level_bpe(lines: Iterable[str], vocab_size: int = 2000) -> Any:
-    """A GPT-2-style byte-level BPE (the scheme of GPT-2, tiktoken, Llama 3 and Qwen)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(lines, trainer)
-    return tok
 
 
 def sentencepiece_bpe(lines: Iterable[str], vocab_size: int = 2000) -> Any:
@@ -60,31 +50,11 @@ def wordpiece(lines: Iterable[str], vocab_size: int = 2000) -> Any:
     return tok
 
 
-def save_hf(tok: Any, out: Path) -> Path:
-    """Write `tok` as a Hugging Face tokenizer directory; returns it."""
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 30,
-        "bos_token": EOS, "eos_token": EOS, "unk_token": EOS, "clean_up_tokenization_spaces": False,
-    }))
-    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": EOS, "eos_token": EOS, "unk_token": EOS}))
-    return out
-
-
 CACHE_REPO = "prfaas-testbed/test-tokenizer"
-CACHE_COMMIT = "0" * 40
 
 
 def save_hf_cache(tok: Any, hf_home: Path, repo: str = CACHE_REPO) -> str:
-    """Write `tok` into a Hugging Face cache under `hf_home` as repo `repo` and return the repo
-    id. aiperf 0.13 loads a tokenizer in worker processes with HF_HUB_OFFLINE forced on, and
-    offline it resolves names only through the cache (a plain directory path fails there: it is
-    not a repo id), so with `HF_HOME=hf_home HF_HUB_OFFLINE=1` `--tokenizer REPO` works in every
-    mode, trace replay included."""
-    owner, name = repo.split("/")
-    base = hf_home / "hub" / f"models--{owner}--{name}"
-    (base / "refs").mkdir(parents=True, exist_ok=True)
-    (base / "refs" / "main").write_text(CACHE_COMMIT)
-    save_hf(tok, base / "snapshots" / CACHE_COMMIT)
+    """Write `tok` into a Hugging Face cache under `hf_home` as repo `repo` and return the repo id
+    (`testbed tokenizer` does the same for users; why a cache and not a directory: its docstring)."""
+    tokenizer.save_hf_cache(tok, hf_home, repo)
     return repo

@@ -30,7 +30,7 @@ def test_a_backend_error_is_a_user_error(tmp_path: Path, monkeypatch: pytest.Mon
 def test_no_docker_compose_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     _no_programs(tmp_path, monkeypatch)
-    rc = main(["up", "--scenario", "paper-prfaas", "--requests", "1", "--out", str(tmp_path / "run")])
+    rc = main(["up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "1", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert rc == 2, err
@@ -40,7 +40,7 @@ def test_no_docker_compose_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: p
 
 
 @pytest.mark.parametrize("cmd", [["replay", "--scenario", "paper-prfaas", "--backend", "sim"],
-                                 ["up", "--scenario", "paper-prfaas"],
+                                 ["up", "--backend", "compose", "--scenario", "paper-prfaas"],
                                  ["sweep", "--scenario", "paper-prfaas", "--param", "policy.threshold=1,2"],
                                  ["crosscheck", "--scenario", "paper-prfaas"],
                                  ["capacity", "--scenario", "paper-prfaas"]],

@@ -59,16 +59,16 @@ def _one_line(r: subprocess.CompletedProcess[str], *needles: str) -> str:
 
 # (condition, argv, what the line names); {out} is a directory that must not be created.
 DOCKER_CASES = [
-    ("no-engine", ["up", "--scenario", "paper-prfaas", "--requests", "1", "--out", "{out}"], "no Docker engine answers at"),
-    ("no-engine", ["up", "--hold", "--scenario", "paper-prfaas", "--out", "{out}"], "no Docker engine answers at"),
+    ("no-engine", ["up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "1", "--out", "{out}"], "no Docker engine answers at"),
+    ("no-engine", ["up", "--backend", "compose", "--hold", "--scenario", "paper-prfaas", "--out", "{out}"], "no Docker engine answers at"),
     ("no-engine", ["crosscheck", "--scenario", "paper-prfaas", "--backend", "compose", "--requests", "1",
                    "--out", "{out}"], "no Docker engine answers at"),
-    ("no-compose", ["up", "--scenario", "paper-prfaas", "--requests", "1", "--out", "{out}"],
+    ("no-compose", ["up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "1", "--out", "{out}"],
      "neither `docker compose` nor `docker-compose` is installed"),
-    ("no-compose", ["up", "--hold", "--scenario", "paper-prfaas", "--out", "{out}"], "docker-compose"),
+    ("no-compose", ["up", "--backend", "compose", "--hold", "--scenario", "paper-prfaas", "--out", "{out}"], "docker-compose"),
     ("no-compose", ["crosscheck", "--scenario", "paper-prfaas", "--backend", "compose", "--requests", "1",
                     "--out", "{out}"], "docker-compose"),
-    ("no-docker", ["up", "--scenario", "paper-prfaas", "--requests", "1", "--out", "{out}"], "docker-compose"),
+    ("no-docker", ["up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "1", "--out", "{out}"], "docker-compose"),
     ("no-docker", ["up", "--backend", "swarm", "--scenario", "paper-prfaas", "--requests", "1", "--out", "{out}"],
      "swarm backend"),
 ]
@@ -218,7 +218,7 @@ def test_as_an_unprivileged_user_a_docker_socket_it_may_not_open_is_one_line(
     out = cwd / "run"
     env = {**env, "PATH": _bin(cwd, DOCKER_WITH_COMPOSE)}
     env.pop("DOCKER_HOST", None)
-    r = subprocess.run([*python, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "1",
+    r = subprocess.run([*python, "-m", "testbed", "up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "1",
                         "--out", str(out)], env=env, cwd=cwd, user="nobody", extra_groups=[],
                        capture_output=True, text=True, timeout=120)
     _one_line(r, "permission denied", "docker")

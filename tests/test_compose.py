@@ -69,7 +69,7 @@ def test_compose_replay_and_teardown(tmp_path: Path) -> None:
     subprocess.run(["docker", "network", "create", "--subnet", "10.232.1.0/24", squatter],
                    check=True, capture_output=True)
     try:
-        r = subprocess.run([sys.executable, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "12",
+        r = subprocess.run([sys.executable, "-m", "testbed", "up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "12",
                             "--rate", "2", "--out", str(out), "--json", "--set", "scale.speedup=10",
                             "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=64",
                             "--set", "serving.stream_interval=8"],
@@ -102,7 +102,7 @@ def test_sigterm_mid_replay_removes_every_container_network_and_volume(tmp_path:
     # and each reaches this backend once.
     sig = signal.SIGTERM
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "testbed", "up", "--scenario", "paper-prfaas", "--requests", "60",
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", "up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "60",
                              "--rate", "2", "--out", str(out), "--set", "scale.speedup=10",
                              "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=400", *ONE_PER_ROLE],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -60,7 +60,7 @@ def _offers(argv: list[str], flag: str, name: str) -> bool:
 
 COMMANDS = {
     "replay": (["replay", "--scenario", "paper-prfaas"], "--backend", "auto", registry.any_backend),
-    "up": (["up", "--scenario", "paper-prfaas"], "--backend", "compose", registry.holds_open),
+    "up": (["up", "--scenario", "paper-prfaas"], "--backend", "auto", registry.holds_open),
     "capacity": (["capacity", "--scenario", "paper-prfaas"], "--backend", "auto", registry.any_backend),
     "sweep": (["sweep", "--scenario", "paper-prfaas", "--param", "x=1"], "--backend", "auto", registry.any_backend),
     "crosscheck": (["crosscheck", "--scenario", "paper-prfaas"], "--backend", "auto", registry.emulates),

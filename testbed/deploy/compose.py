@@ -161,7 +161,8 @@ def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, r
 
 
 def _log_image(line: str) -> None:
-    print(f"image: {line}", file=sys.stderr, flush=True)
+    # The image module prefixes its own steps ("image: building ..."); the build's lines it passes on do not.
+    print(line if line.startswith("image: ") else f"image: {line}", file=sys.stderr, flush=True)
 
 
 def _log(line: str) -> None:

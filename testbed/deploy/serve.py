@@ -43,9 +43,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("serve", help="run one service of a deployment (used by the deploy backends)")
-    s.add_argument("role", choices=["router", "prefill", "decode"])
-    s.add_argument("--deployment", required=True)
-    s.add_argument("--id", required=True)
+    s.add_argument("role", choices=["router", "prefill", "decode"], help="which service this process is")
+    s.add_argument("--deployment", required=True, help="the deployment file the backend wrote (every service reads the same)")
+    s.add_argument("--id", required=True, help="this instance's id in the deployment file")
     s.add_argument("--route", action="append", default=[], metavar="CIDR=GATEWAY",
                    help="add a route first (containers: other datacenters via the WAN router)")
     s.add_argument("--discover", metavar="URL",

@@ -228,7 +228,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "feasibility", "Which model can cross which link (the feasibility map)",
         "make models: PrfaaS-PD against homogeneous PD for every model profile x link rate x RTT, by the model "
         "and by simulation.",
-        "sim", ("testbed feasibility --out {work}",), include("report.md"),
+        "sim", ("testbed feasibility --ttft-slo 30 --out {work}",), include("report.md"),
         figures=(("map.png", "feasibility-map.png"),)),
 
     Measurement(
@@ -251,7 +251,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "feasibility-aic-sim", "The measured-kernel map, simulated",
         "`testbed feasibility` with the aiconfigurator profiles simulated: MiniMax-M2.5 (dense) and Qwen3.5-397B "
         "(hybrid) at 100 Gbit/s and 30 ms RTT, gain over homogeneous PD by the model and by simulation.",
-        "sim", ("testbed feasibility --source aiconfigurator --model minimax-m2.5 --model qwen3.5-397b --rates 100 "
+        "sim", ("testbed feasibility --ttft-slo 30 --source aiconfigurator --model minimax-m2.5 --model qwen3.5-397b --rates 100 "
                 "--rtts 30 --no-break-even --out {work}",), include("report.md", only=("Headline",))),
     Measurement(
         "crosscheck-dynamo", "The simulator beside Dynamo's mocker",
@@ -276,7 +276,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "make plan-refine: two one-hour conversation surrogates that differ only in their arrivals (inter-arrival CV "
         "1 and 3), `testbed plan --refine 5` on each: each kind's first choice with its predicted and simulated "
         "mean TTFT, and every row's verdict.",
-        "sim", ("make plan-refine PLAN_REFINE={work}",), plan_tables(("cv1", "cv3"))),
+        "sim", ("make plan-refine PLAN_REFINE={work}",), plan_tables(("cv1", "cv3")),
+        figures=(("cv1/plan.png", "plan-refine-cv1.png"), ("cv3/plan.png", "plan-refine-cv3.png"))),
     Measurement(
         "bench-sim-faults", "Faults at 10,000 GPUs, simulated",
         "make bench-sim-faults: the 10,000-GPU deployment of make bench-sim under 15 minutes of the paper's "

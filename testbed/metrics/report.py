@@ -573,7 +573,7 @@ def _preamble(s: Summary) -> str:
         f"Scenario **{run.scenario or NA}**, policy **{run.policy or NA}**{thr}.{rate}{slo}\n\n"
         f"Scale: speedup s = {fmt_factor(run.speedup)} (wire time = paper time / s), "
         f"byte_scale b = {fmt_factor(run.byte_scale)} (wire KV bytes = paper bytes / b). "
-        f"WAN shaping: **{run.shaping_method}**. Figures are in paper units; "
+        f"WAN shaping: **{run.shaping_method}**{shaping_note(run.shaping_method)}. Figures are in paper units; "
         "wire units are what this machine measured."
     )
 
@@ -663,3 +663,19 @@ def write_comparison(
     path = out_dir / "comparison.md"
     path.write_text("\n".join(out) + "\n")
     return path
+
+
+# What each shaping method means, for a reader who has not read the WAN-links guide.
+SHAPING_NOTES = {
+    "netem": "the kernel's netem shapes delay, jitter, loss and rate",
+    "fallback": "this kernel has no netem: HTB limits the rate, the testbed's userspace delay line adds delay, "
+                "jitter and loss",
+    "none": "no WAN emulated: services talk over loopback",
+    "sim": "modelled by the simulator, nothing on a wire",
+}
+
+
+def shaping_note(method: str | None) -> str:
+    """` (what the method means)` for a known shaping method, else nothing."""
+    note = SHAPING_NOTES.get(method or "")
+    return f" ({note})" if note else ""

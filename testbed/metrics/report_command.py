@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="recompute summary.json and report.md of a run",
         description="Recompute RUN_DIR/summary.json, report.md and its plots from the run's records and time series.",
     )
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (what replay --out wrote)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
     p.set_defaults(func=cmd_report)
 
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="put runs side by side (paper units)",
         description="Compare runs side by side in paper units; the first run is the baseline of the verdicts.",
     )
-    c.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    c.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="run directories to set side by side")
     c.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png")
     c.add_argument("--json", action="store_true", help="print the summaries and verdicts as JSON")
     c.add_argument("--csv", action=StoreOnce, type=Path, metavar="FILE",
@@ -84,13 +84,18 @@ def print_summary_table(summary: Summary, title: str | None = None, console: Con
         title=Text(
             f"{head}: {run.scenario}, speedup {run.speedup:g}, "
             f"byte_scale {run.byte_scale:g}, shaping {run.shaping_method}"
+            + ("\n(fallback shaping: no netem in this kernel; HTB limits the rate, a userspace delay line adds "
+               "delay, jitter and loss)" if run.shaping_method == "fallback" else "")
         )
     )
     table.add_column("Metric", no_wrap=True)
     table.add_column("Paper", justify="right")
-    table.add_column("Wire", justify="right")
+    # A simulated run has no wire: it runs in paper time and bytes, so a second column would repeat the first.
+    wire = run.shaping_method != "sim"
+    if wire:
+        table.add_column("Wire", justify="right")
     for row in summary_rows(summary):
-        table.add_row(*(Text(c) for c in row))
+        table.add_row(*(Text(c) for c in (row if wire else row[:2])))
     console.print(table)
     if validity and not summary.valid and summary.validity is not None:
         console.print(Text("INVALID RUN: " + "; ".join(summary.validity.reasons), style="bold red"))

@@ -122,7 +122,7 @@ def _table(rows: list[tuple[ModelResult, OptimiseResult | None]], workload: str 
         tab.add_row(name, *cells)
 
     line("threshold t", [_fmt(r.threshold / 1000, "{:.1f}K") if r.threshold is not None else "-" for r in results])
-    line("N_prfaas/N_p/N_d", [f"{_count(r.n_prfaas)}/{_count(r.n_p)}/{_count(r.n_d)}" for r in results])
+    line("instances PrfaaS/prefill/decode", [f"{_count(r.n_prfaas)}/{_count(r.n_p)}/{_count(r.n_d)}" for r in results])
     line("share to PrfaaS p", [f"{r.p:.1%}" for r in results])
     line("mean/P90 TTFT (s)", [f"{r.ttft_mean_s:.2f}/{r.ttft_p90_s:.2f}" for r in results])
     line("+ mean KV tail (ms)", [f"{r.kv_tail_mean_s * 1e3:.2f}" for r in results])

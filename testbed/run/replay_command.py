@@ -212,9 +212,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_scenario_args(r, registry.backend_option())
     r.set_defaults(func=cmd_replay)
 
-    u = sub.add_parser("up", help="replay on the compose backend (or another --backend): build the image if needed, "
-                                  "generate the compose (stack) file into the run directory, run, collect, tear down; "
-                                  "with --hold, keep the deployment open for outside clients instead")
+    u = sub.add_parser("up", help="bring a deployment up on --backend (compose and swarm: build the image if needed, "
+                                  "generate the compose (stack) file into the run directory), replay, collect, tear "
+                                  "down; with --hold, keep the deployment open for outside clients instead")
     u.add_argument("--scenario", action=StoreOnce, help="scenario name (scenarios/NAME.yaml) or path")
     u.add_argument("--compare", nargs="+", metavar="SCENARIO", help=argparse.SUPPRESS)
     u.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory (default runs/<time>-<scenario>)")
@@ -227,8 +227,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "once ready")
     u.add_argument("--port", type=int, default=0,
                    help="with --hold: the loopback port of the base URL (default: a free one)")
-    # Containers are what `up` is for (make replay-compose); every backend it offers can hold open.
-    _add_scenario_args(u, registry.backend_option(registry.holds_open, default="compose"))
+    # Every backend it offers can hold open; the default is every command's (auto), containers by --backend compose.
+    _add_scenario_args(u, registry.backend_option(registry.holds_open))
     u.set_defaults(func=cmd_up)
 
 

@@ -64,6 +64,11 @@ def positive_speedup(v: str) -> str:
     """argparse `type` of --speedup where each run takes the one given."""
     if _positive(v):
         return v
+    if v == "auto":
+        # auto probes one workload on one backend for the speedup one run keeps time at; a search or
+        # a sweep runs many workloads and rates, which one probe cannot answer for.
+        raise argparse.ArgumentTypeError("--speedup auto picks the speedup of one run (replay, up); here every probe "
+                                         "or point runs at the number given: pass one (e.g. 4)")
     raise argparse.ArgumentTypeError(f"--speedup must be a positive number, got {v!r}")
 
 
@@ -105,6 +110,13 @@ def run_overrides(args: argparse.Namespace, name: str | None = None) -> dict[str
     return ov
 
 
+def warn_if_planned(sc: Scenario) -> None:
+    """A plan file run without --trace replays the base's synthetic workload, not what it was sized for: say so."""
+    if sc.workload.planned_for:
+        print(f"warning: {sc.name} was planned for {sc.workload.planned_for}; without --trace this run replays "
+              f"the scenario's synthetic workload instead", file=sys.stderr)
+
+
 def trace_for(sc: Scenario | None, args: argparse.Namespace) -> Trace:
     """The scenario's workload, or --trace: --window and (without --sample) --requests are read
     from the file alone; then --sample, --requests, --rate in that order."""
@@ -113,6 +125,7 @@ def trace_for(sc: Scenario | None, args: argparse.Namespace) -> Trace:
 
     if args.trace is None:
         assert sc is not None, "the scenario's workload needs the scenario"
+        warn_if_planned(sc)
         return trace_from_workload(sc.workload)
     head_in_loader = args.sample is None
     tr = load_trace(args.trace, args.format, window=args.window,

@@ -69,19 +69,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tsub = p.add_subparsers(dest="trace_command", required=True, metavar="{synth,info,validate}")
 
     s = tsub.add_parser("synth", help="write a generated trace")
-    s.add_argument("--format", choices=SUPPORTED_FORMATS, default="mooncake")
+    s.add_argument("--format", choices=SUPPORTED_FORMATS, default="mooncake", help="file format to write (default mooncake)")
     s.add_argument("--variant", metavar="V", help="; ".join(
         f"{f.name}: {' or '.join(f.variants)} {f.variant_noun} (default {f.default_variant})"
         for f in FORMATS.values() if f.variants))
-    s.add_argument("--requests", type=int, required=True, metavar="N")
+    s.add_argument("--requests", type=int, required=True, metavar="N", help="how many requests to write")
     s.add_argument("--rate", type=float, required=True, metavar="R", help="mean arrivals per second")
-    s.add_argument("--seed", type=int, default=1, metavar="S")
+    s.add_argument("--seed", type=int, default=1, metavar="S", help="random seed (default 1): the same seed writes the same file")
     s.add_argument("--arrival-cv", type=float, default=1.0, metavar="C",
                    help="coefficient of variation of the inter-arrival gaps: 1 Poisson (default), "
                         "below 1 smoother (gamma), above 1 bursts (interrupted Poisson)")
     s.add_argument("--burst-peak", type=float, default=DEFAULT_BURST_PEAK, metavar="P",
                    help=f"with --arrival-cv above 1: the rate during a burst over the mean (default {DEFAULT_BURST_PEAK:g})")
-    s.add_argument("--out", action=StoreOnce, type=out_file, required=True, metavar="FILE")
+    s.add_argument("--out", action=StoreOnce, type=out_file, required=True, metavar="FILE", help="the trace file to write")
     s.add_argument(
         "--prefix-reuse", nargs="?", const="chat", choices=tuple(REUSE_PROFILES), metavar="PROFILE",
         help="multi-turn sessions sharing prefix blocks, shaped as PROFILE: chat (default) or agent "
@@ -92,8 +92,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.set_defaults(func=cmd_synth)
 
     i = tsub.add_parser("info", help="summarise a trace")
-    i.add_argument("path", metavar="PATH")
-    i.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS))
+    i.add_argument("path", metavar="PATH", help="the trace file")
+    i.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)")
     i.add_argument("--window", type=window_arg, metavar="START:END", help=WINDOW_HELP)
     i.add_argument("--keep-failed", action="store_true", help="BurstGPT: count failed requests in (1 output token)")
     _models_arg(i, "--model")
@@ -101,8 +101,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     i.set_defaults(func=cmd_info)
 
     v = tsub.add_parser("validate", help="check a whole trace file; exit 0 if valid, 2 if not")
-    v.add_argument("path", metavar="PATH")
-    v.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS))
+    v.add_argument("path", metavar="PATH", help="the trace file")
+    v.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)")
     v.set_defaults(func=cmd_validate)
 
 
@@ -299,6 +299,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         shown = f" (the first {len(bad.first)} shown)" if bad.count > len(bad.first) else ""
         print(f"{args.path}: {bad.count:,} bad line{'' if bad.count == 1 else 's'}{shown}; "
               f"{acc.n:,} good requests", file=sys.stderr)
+        return 2
+    if not s["requests"]:
+        # Nothing to replay: a replay of it would end at once with an empty report.
+        print(f"{args.path}: no requests: an empty trace has nothing to replay", file=sys.stderr)
         return 2
     print(f"{args.path}: ok, {s['requests']:,} requests over {s['duration_s']:,.1f} s")
     for note in s["notes"]:

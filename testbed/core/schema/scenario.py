@@ -325,6 +325,9 @@ class WorkloadSpec(_Strict):
     rate: float = Field(default=1.0, gt=0)
     requests: int = Field(default=200, gt=0)
     seed: int = 1
+    # The trace (and window) a `testbed plan` file was sized for, as `--trace FILE [--window W]`:
+    # a run of the file without --trace warns that it replays this synthetic workload instead.
+    planned_for: str | None = None
 
 
 class TransferSpec(_Strict):

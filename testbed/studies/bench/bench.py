@@ -226,7 +226,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                      "KV transport throughput; sim: the simulator's speed and scale; live-path: what "
                                      "the emulator's live path costs on this host, for the simulator; sim-faults: faults at 10,000 GPUs, "
                                      "with and without the control loop; peers: replay --backend sim against Dynamo's mocker, whole job)")
-    b.add_argument("which", choices=["fidelity", "kv", "sim", "sim-faults", "live-path", "peers"])
+    b.add_argument("which", choices=["fidelity", "kv", "sim", "sim-faults", "live-path", "peers"], help="which benchmark")
     b.add_argument("--scenario", action=StoreOnce, default="paper-prfaas", help="fidelity, live-path: the scenario")
     b.add_argument("--requests", type=int, help="fidelity: requests to replay (default 40); live-path: of the "
                                                   "probe workload (default 120) or the first of --trace; peers: only "
@@ -241,7 +241,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "worker roles (its own timing model, as `run_mocker_trace_replay` runs by default)")
     b.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory")
     add_overwrite(b)
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--json", action="store_true", help="print the figures as JSON")
     b.add_argument("--bytes", type=int, default=10**9, help="kv: bytes of the transfer")
     b.add_argument("--connections", type=int, default=4, help="kv: connections")
     b.add_argument("--chunk-bytes", type=int, default=256 * 1024, help="kv: chunk size")

@@ -20,6 +20,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
@@ -28,6 +29,9 @@ from testbed.deploy.registry import is_simulated
 from testbed.metrics.records import read_records
 from testbed.metrics.stats import percentile
 from testbed.traces.types import Trace
+
+if TYPE_CHECKING:
+    from testbed.model.analytical import Workload
 
 SLO_SLACK = 1.01        # the testbed's own timing error (see metrics.summary.SLO_TIMING_TOLERANCE)
 # The mock decode step does not slow with load, so TPOT moves only with timer lateness (a few
@@ -134,13 +138,25 @@ async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, gro
                  fig["wait_last_s"], thr)
 
 
-def model_lambda(sc: Scenario, link_bps: float = 100e9) -> float | None:
+def trace_workload(sc: Scenario, trace: Trace | None) -> "Workload | None":
+    """The analytical model's workload for `trace` (its lengths and reuse, as `testbed model --trace`
+    and `testbed plan` read it), or None for the scenario's own synthetic one."""
+    if trace is None:
+        return None
+    from testbed.core.engine.kvsize import KVModel
+    from testbed.model.workload import TraceWorkload
+
+    return TraceWorkload.from_trace(trace, KVModel.from_spec(sc.model)).model_workload()
+
+
+def model_lambda(sc: Scenario, link_bps: float = 100e9, trace: Trace | None = None) -> float | None:
+    """The model's Lambda_max on the scenario's synthetic workload, or on `trace`'s when given."""
     from testbed.model.analytical import evaluate
     from testbed.model.model_command import resolve_threshold
 
     try:
         t = resolve_threshold(sc, link_bps) if sc.policy.name == "prfaas" else None
-        return float(evaluate(sc, link_bps=link_bps, threshold=t).lambda_max)
+        return float(evaluate(sc, link_bps=link_bps, threshold=t, workload=trace_workload(sc, trace)).lambda_max)
     except (ValueError, ZeroDivisionError):
         return None
 
@@ -152,7 +168,7 @@ async def search(rs: ResolvedScenario, out: Path, backend: str, lo: float, hi: f
     doubled) if it is not, before the interval is halved `probes` times in all. Each probe
     replays the scenario's workload, or `trace`, at its rate."""
     sc = rs.spec
-    res = CapacityResult(sc.name, None, None, model_lambda(sc, rs.inter_dc.rate), ttft_slo, sc.slo.tpot_s)
+    res = CapacityResult(sc.name, None, None, model_lambda(sc, rs.inter_dc.rate, trace), ttft_slo, sc.slo.tpot_s)
 
     async def run(rate: float) -> bool:
         if verbose:

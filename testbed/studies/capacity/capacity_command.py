@@ -1,5 +1,5 @@
-"""`testbed capacity`: Lambda_max of one scenario by bisection (`studies.capacity.capacity`), or with
-several scenarios the paper's Table 6 by emulation (`studies.capacity.paper_table`)."""
+"""`testbed capacity`: Lambda_max of one scenario by bisection (`studies.capacity`), or with
+several scenarios the paper's Table 6 by emulation (`studies.paper_table`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from testbed.deploy import registry
 from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
 from testbed.run.load import load
 from testbed.studies.capacity.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
-from testbed.run.run_args import add_run_args, run_overrides, trace_for
+from testbed.run.run_args import add_run_args, run_overrides, trace_for, warn_if_planned
 from testbed.run.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
@@ -48,10 +48,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="several scenarios: rewrite table6.md from the run directories already under --out")
     p.add_argument("--spread", type=float, default=0.25,
                    help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--out", action=StoreOnce, type=out_dir)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a scenario field, e.g. --set scale.speedup=2 (repeatable)")
+    p.add_argument("--out", action=StoreOnce, type=out_dir,
+                   help="output directory (default runs/<time>-capacity-<scenario>, or runs/<time>-table6)")
     add_overwrite(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of Markdown")
     p.set_defaults(func=cmd_capacity)
 
 
@@ -60,6 +62,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     scenarios = [load(name, run_overrides(args, name)) for name in args.scenario]
     trace = trace_for(None, args) if args.trace is not None else None
+    if trace is None:
+        for rs in scenarios:
+            warn_if_planned(rs.spec)
     n = args.requests if trace is None else len(trace)
     backend, warning = pick_backend(args.backend)
     refuse_unhonoured(backend, scenarios)
@@ -71,7 +76,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return _cmd_table(args, scenarios, backend, trace)
     rs = scenarios[0]
     sc = rs.spec
-    model = model_lambda(sc, rs.inter_dc.rate)
+    model = model_lambda(sc, rs.inter_dc.rate, trace)
     lo = args.lo or (0.6 * model if model else 1.0)
     hi = args.hi or (1.3 * model if model else 4.0)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-capacity-{sc.name}"
@@ -89,7 +94,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(res), indent=1))
     else:
-        print((out / "capacity.md").read_text())
+        _show(out / "capacity.md")
     return 0
 
 
@@ -108,7 +113,7 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], back
         except FileNotFoundError as e:
             print(f"capacity --table-only: {e.filename}: missing; run without --table-only first", file=sys.stderr)
             return 2
-        print((out / "table6.md").read_text())
+        _show(out / "table6.md")
         return 0
     try:
         deps = run_stoppable(run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate,
@@ -119,5 +124,18 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], back
     if args.json:
         print((out / "table6.json").read_text())
     else:
-        print((out / "table6.md").read_text())
+        _show(out / "table6.md")
     return 0 if all(d.capacity.lambda_max is not None for d in deps) else 1
+
+
+def _show(md: Path) -> None:
+    """A Markdown result on stdout: rendered on a terminal, as written (Markdown) into a pipe or file."""
+    text = md.read_text()
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(text))
+        print(f"(written to {md})")
+    else:
+        print(text)

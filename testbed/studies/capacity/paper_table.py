@@ -1,6 +1,6 @@
 """The paper's Table 6 by emulation: `testbed capacity` with several scenarios.
 
-For each deployment: Lambda_max by bisection (`testbed.studies.capacity.capacity.search`), then one replay of
+For each deployment: Lambda_max by bisection (`testbed.studies.capacity.search`), then one replay of
 every deployment at a common offered load for TTFT. From the run directories it measures what
 Table 6 lists (Lambda_max, ratios, mean/P90 TTFT, Theta per stage, offload share, WAN usage),
 sets the analytical model's figures beside them, and explains each gap from the records:
@@ -31,7 +31,9 @@ from testbed.deploy.registry import is_simulated
 from testbed.metrics.artefacts import Summary
 from testbed.metrics.records import read_records
 from testbed.metrics.stats import percentile
-from testbed.studies.capacity.capacity import CapacityResult, Probe, model_lambda, search, workload_at, write_outputs
+from testbed.studies.capacity.capacity import (
+    CapacityResult, Probe, model_lambda, search, trace_workload, workload_at, write_outputs,
+)
 from testbed.traces.types import Trace
 
 DEFAULT_GROWTH_S = 2.5        # paper seconds of growth in mean wait that marks a probe unstable
@@ -280,8 +282,9 @@ async def run_table(scenarios: Sequence[ResolvedScenario], out: Path, backend: s
     deps: list[TableRow] = []
     for rs in scenarios:
         sc, link_bps = rs.spec, rs.inter_dc.rate
-        model = evaluate(sc, link_bps=link_bps, threshold=_model_threshold(rs)).to_dict()
-        lam = model_lambda(sc, link_bps) or 1.0
+        model = evaluate(sc, link_bps=link_bps, threshold=_model_threshold(rs),
+                         workload=trace_workload(sc, trace)).to_dict()
+        lam = model_lambda(sc, link_bps, trace) or 1.0
         d = out / sc.name
         d.mkdir(parents=True, exist_ok=True)
         print(f"{sc.name}: model Λ_max {lam:.2f} req/s; bisection in [{(1 - spread) * lam:.2f}, "

@@ -55,7 +55,7 @@ class RunSettings:
     requests: int = 300
     probes: int = 6
     seed: int = 45
-    ttft_slo_s: float = 30.0
+    ttft_slo_s: float | None = None   # None: each scenario's slo.ttft_s
     wait_growth_s: float = 2.5
     spread: float = 0.25          # bisection between (1 -/+ spread) x the model's Lambda_max
     ttft_load: float = 0.5        # the TTFT replay's offered rate, x the model's Lambda_max
@@ -179,7 +179,7 @@ async def measure(rs: ResolvedScenario, out: Path, backend: str, s: RunSettings,
     centre = lam or 1.0
     out.mkdir(parents=True, exist_ok=True)
     cap: CapacityResult = await search(rs, out, backend, (1 - s.spread) * centre, (1 + s.spread) * centre,
-                                       s.probes, 0.25, s.ttft_slo_s, verbose=verbose, growth_s=s.wait_growth_s)
+                                       s.probes, 0.25, s.ttft_slo_s if s.ttft_slo_s is not None else sc.slo.ttft_s, verbose=verbose, growth_s=s.wait_growth_s)
     write_outputs(cap, out)
     stable = [p for p in cap.probes if p.stable]
     share = _share(sc, Path(max(stable, key=lambda p: p.rate).run_dir)) if stable else None

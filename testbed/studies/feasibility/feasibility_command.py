@@ -100,7 +100,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--requests", type=int, default=300, help="requests per probe (default 300)")
     s.add_argument("--probes", type=int, default=6, help="probes per capacity search (default 6)")
     s.add_argument("--seed", type=int, default=45, help="workload seed (default 45, as make replay-paper)")
-    s.add_argument("--ttft-slo", type=float, default=30.0, help="P90 TTFT SLO of a stable probe, paper s (default 30)")
+    s.add_argument("--ttft-slo", type=float, metavar="S",
+                   help="P90 TTFT SLO of a stable probe, paper s (default: the scenario's slo.ttft_s, as in every "
+                        "command; `make models` gives 30, as Table 6 does)")
     s.add_argument("--wait-growth", type=float, default=2.5,
                    help="unstable when the mean wait grows by more than this, paper s (default 2.5)")
     s.add_argument("--spread", type=float, default=0.25,

@@ -330,11 +330,12 @@ def write_report(mm: ModelMap, sim: SimResults, settings: RunSettings, conf: Seq
           + f"; splits: **{mm.split}** "
           + ("(PrfaaS-PD by the paper's 2-D search over t and N_p/N_d; homogeneous PD's best N_p/N_d)"
              if mm.split == "optimise" else "(Table 6's 3/5 and 9/3; t optimised)") + ".", ""]
+    ttft_slo = "the scenario's TTFT SLO" if settings.ttft_slo_s is None else f"{settings.ttft_slo_s:g} s"
     L += ["Gain = Λ_max(PrfaaS-PD) / Λ_max(homogeneous PD). The model is the paper's queue-free fluid model: its "
           "Λ_max does not depend on RTT, its P90 TTFT adds the KV's one-way delay and last-layer tail for offloaded "
           "requests. Simulated: capacity bisection on `--backend sim` at the model's threshold and split, "
           f"{settings.probes} probes of {settings.requests} requests (seed {settings.seed}), stable = every request "
-          f"completed, P90 TPOT within the SLO, P90 TTFT <= {settings.ttft_slo_s:g} s and mean wait growth <= "
+          f"completed, P90 TPOT within the SLO, P90 TTFT <= {ttft_slo} and mean wait growth <= "
           f"{settings.wait_growth_s:g} s; P90 TTFT simulated at {settings.ttft_load:g} x the model's Λ_max.", ""]
     L += ["![map](map.png)", "", f"Colour: the gain by {'simulation' if colour == 'sim' else 'the model'}.", ""]
     L += ["## Headline", ""]

@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lc.add_argument("--loss-probes", type=_probe_count, default=20000,
                     help="paced UDP probes for loss (default 20000); auto: enough for the 0.3-point bar at "
                          "the profile's loss and correlation (at least 2000)")
-    lc.add_argument("--method", choices=["auto", "netem", "fallback"], default="auto")
+    lc.add_argument("--method", choices=["auto", "netem", "fallback"], default="auto",
+                    help="how to shape: netem (the kernel's sch_netem), fallback (HTB rate in the kernel, delay/jitter/loss "
+                         "by the userspace delay line, for kernels without netem), auto (netem where the kernel has it)")
     lc.add_argument("--compare-methods", action="store_true",
                     help="measure each profile by netem and by the delay line side by side (needs a kernel "
                          "with netem; exit 2 without)")

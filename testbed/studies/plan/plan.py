@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from testbed.config import run_lock
 from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
@@ -51,6 +51,7 @@ from testbed.model.planner import (
 )
 from testbed.model.workload import TraceWorkload
 from testbed.studies.plan.plan_progress import PlanProgress
+from testbed.studies.plan.plan_figure import write_plan_figure
 from testbed.studies.plan.plan_report import Rows, key, report_md, scenario_file, slug, write_plan_file
 from testbed.studies.plan.plan_sim import (
     NOT_VERIFIED,
@@ -181,7 +182,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "(plan.md, plan.json).",
     )
     p.add_argument("--trace", action=StoreOnce, required=True, help="trace file (Mooncake JSONL with hash_ids, Azure or BurstGPT CSV)")
-    p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS))
+    p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)")
     p.add_argument("--window", type=window_arg, metavar="START:END", help=f"plan for this part of the trace: {WINDOW_HELP}")
     p.add_argument("--scenario", action="append", metavar="NAME",
                    help="a base scenario (repeatable); its policy says which kind it is the base of "
@@ -219,15 +220,35 @@ def _kinds(text: str) -> list[Kind]:
     return out
 
 
+def _instances(kind: Kind, base: Scenario) -> dict[str, int]:
+    """Instances per hardware name that `kind` deploys on `base`."""
+    have: dict[str, int] = {}
+    for c in base.clusters:
+        if c.kind == "pd" or (c.kind == "prfaas" and kind_pools(kind).prfaas):
+            have[c.hardware] = have.get(c.hardware, 0) + c.prefill + c.decode
+    return have
+
+
+def check_budget(budgets: dict[str | None, dict[str, int]], bases: Mapping[Kind, Scenario]) -> None:
+    """A budget naming hardware that no planned kind deploys would be ignored: refuse it instead."""
+    for kind, budget in budgets.items():
+        if kind is not None and kind not in bases:
+            raise PlanError(f"--budget {kind}:...: kind {kind!r} is not planned (--kinds {','.join(bases)})")
+        scope = {k: b for k, b in bases.items() if kind is None or k == kind}
+        known = {hw for k, b in scope.items() for hw in _instances(k, b)}
+        where = "the bases" if kind is None else f"{kind}'s base"
+        for hw, n in budget.items():
+            if hw not in known:
+                raise PlanError(f"--budget {kind + ':' if kind else ''}{hw}={n}: no hardware {hw!r} in {where} "
+                                f"(it deploys {', '.join(sorted(known)) or 'none'})")
+
+
 def budget_for(kind: Kind, base: Scenario, budgets: dict[str | None, dict[str, int]]) -> tuple[dict[str, int], str, str | None]:
     """The budget a kind plans within, how to read it, and a note when a budget given for every
     kind caps this one below its base's own instances of that hardware."""
     shared, own = budgets.get(None, {}), budgets.get(kind, {})
     budget = {**shared, **own}
-    have: dict[str, int] = {}
-    for c in base.clusters:
-        if c.kind == "pd" or (c.kind == "prfaas" and kind_pools(kind).prfaas):
-            have[c.hardware] = have.get(c.hardware, 0) + c.prefill + c.decode
+    have = _instances(kind, base)
     parts = []
     for hw in have:
         src = f"{kind}:" if hw in own else "every kind" if hw in shared else None
@@ -305,6 +326,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
     if not bases:
         raise PlanError("no kind left to plan")
     budgets = parse_budget(args.budget)
+    check_budget(budgets, {k: b.spec for k, b in bases.items()})
     trace_path = Path(args.trace)
     step(f"loading the trace {trace_path}")
     trace: Trace = load_trace(trace_path, args.format, window=args.window)
@@ -441,6 +463,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
         "out": str(out_dir), "seconds": time.monotonic() - t0,
     }
     (out_dir / "plan.json").write_text(finite_dumps(result, indent=1))
+    write_plan_figure(result, out_dir / "plan.png")
     return result
 
 
@@ -509,8 +532,8 @@ def _print_summary(res: dict[str, Any]) -> None:
               f"input mean {wl['input_tokens']['mean']:,.0f} ({wl['cached_share']:.0%} seen before), "
               f"output mean {wl['output_tokens']['mean']:,.0f}")
     tab = Table(title=f"objective {res['settings']['objective']}; TTFT mean/P90 (s) at {wl['rate_rps']:.2f} req/s",
-                box=box.SIMPLE_HEAD)
-    for h in ("", "t", "Nf/Np/Nd", "Λmax", "TTFT model", "TTFT sim", "SLO"):
+                box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)     # fits 80 columns
+    for h in ("", "t", "PrfaaS/P/D", "Λmax", "TTFT model", "TTFT sim", "SLO"):
         tab.add_column(h, justify="left" if not h else "right", no_wrap=True)
     files: list[str] = []
 
@@ -535,6 +558,9 @@ def _print_summary(res: dict[str, Any]) -> None:
         if k.get("fewest"):
             add("  fewest", k["fewest"])
     con.print(tab)
+    con.print("PrfaaS/P/D: instances of PrfaaS prefill / PD prefill / PD decode; t: the length threshold; "
+              "Λmax: the model's capacity (req/s); SLO: met by the simulator's figures (sim) or the model's",
+              highlight=False)
     for f in files:
         con.print(f"plan {f}")
     for n in res["notes"]:

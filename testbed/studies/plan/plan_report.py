@@ -72,12 +72,15 @@ def _window_flag(window: Window | None) -> str:
 
 
 def scenario_file(path: Path, fam: Family, base_path: Path, c: Candidate, cache_aware: bool,
-                  head: Sequence[str] = ()) -> None:
-    """A scenario file for `c` extending its base (relative inside one tree, else absolute)."""
+                  head: Sequence[str] = (), planned_for: str | None = None) -> None:
+    """A scenario file for `c` extending its base (relative inside one tree, else absolute);
+    `planned_for` (the `--trace F [--window W]` it was sized for) lets a run without it warn."""
     src, here = base_path.resolve(), path.parent.resolve()
     rel = os.path.relpath(src, here) if os.path.commonpath([src, here]) != os.sep and \
         len(Path(os.path.commonpath([src, here])).parts) > 2 else str(src)
     body = {"extends": rel, **scenario_patch(fam, c, path.stem, cache_aware)}
+    if planned_for is not None:
+        body["workload"] = {"planned_for": planned_for}
     text = "".join(f"# {h}\n" for h in head)
     path.write_text(text + yaml.safe_dump(body, sort_keys=False, default_flow_style=None))
 
@@ -94,10 +97,10 @@ def write_plan_file(path: Path, fam: Family, base_path: Path, c: Candidate, rank
         head.append(f"Simulated: mean/P90 TTFT {_g(sim.get('ttft_mean_s'))}/{_g(sim.get('ttft_p90_s'))} s; "
                     f"SLOs {'met' if c.meets_slo else 'missed'}.")
     head.append(f"Replay: testbed replay --scenario {path} --trace {trace}{_window_flag(window)}")
-    scenario_file(path, fam, base_path, c, cache_aware, head)
+    scenario_file(path, fam, base_path, c, cache_aware, head, planned_for=f"--trace {trace}{_window_flag(window)}")
 
 
-_HEAD = ["kind", "t", "N_prfaas/N_p/N_d", "Λ_max (req/s)", "bottleneck", "TTFT mean / P90 model (s)",
+_HEAD = ["kind", "t", "instances PrfaaS / PD prefill / PD decode", "Λ_max (req/s)", "bottleneck", "TTFT mean / P90 model (s)",
          "TTFT mean / P90 simulated (s)", "offloaded", "egress Gbit/s (link)", "meets SLO", "file"]
 
 

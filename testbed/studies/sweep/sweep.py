@@ -41,7 +41,7 @@ from testbed.config.overrides import build_overrides, parse_assignments
 from testbed.config.scenarios import ScenarioError, load_scenario
 from testbed.deploy import registry
 from testbed.run.load import load
-from testbed.run.run_args import add_run_args, run_assignments, trace_for
+from testbed.run.run_args import add_run_args, run_assignments, trace_for, warn_if_planned
 from testbed.run.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
@@ -360,6 +360,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     fields = [k for k, _ in params]
     first = points[0].scenario
     trace = trace_for(None, args) if args.trace is not None else None
+    if trace is None:
+        warn_if_planned(first)
     args.backend, warning = registry.pick_backend(args.backend)
     registry.refuse_unhonoured(args.backend, (pt.resolved for pt in points))
     registry.check_host(args.backend)
@@ -446,7 +448,7 @@ async def _capacity_point(pt: Point, run_dir: Path, backend: str, probes: int, l
                           trace: Trace | None = None) -> Any:
     from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
 
-    model = model_lambda(pt.scenario, link_bps) or 1.0
+    model = model_lambda(pt.scenario, link_bps, trace) or 1.0
     run_dir.mkdir(parents=True, exist_ok=True)
     res = await search(pt.resolved, run_dir, backend, 0.75 * model, 1.25 * model, probes, 0.25,
                        pt.scenario.slo.ttft_s, trace=trace)
