@@ -16,31 +16,36 @@ from typing import NoReturn
 from testbed.core.errors import UserError
 from testbed.core.gc_pause import paused_gc
 
-
-# Each module registers its subcommands. Imported by name, and for `testbed serve` (what every
-# backend starts, a dozen at a time) only that one: the others pull in matplotlib, pyroute2 and
-# the studies, 0.6 s of imports per service process.
-COMMAND_MODULES = (
-    "testbed.run.replay_command", "testbed.deploy.serve", "testbed.studies.bench.bench", "testbed.model.model_command",
-    "testbed.traces.trace_command", "testbed.metrics.report_command", "testbed.deploy.down_command", "testbed.net.netcaps_command",
-    "testbed.studies.linkcheck.linkcheck", "testbed.studies.capacity.capacity_command", "testbed.metrics.regress",
-    "testbed.studies.sweep.sweep", "testbed.hardware.calibrate_command", "testbed.studies.plan.plan", "testbed.studies.crosscheck.crosscheck",
-    "testbed.studies.feasibility.feasibility_command", "testbed.hardware.profile_command", "testbed.run.tokenizer_command",
-)
+# The module of each subcommand, which registers it. Running one imports only its module: importing
+# them all costs ~1 s (pyroute2, docker, matplotlib, aiohttp), more than a simulated replay's own
+# start, and `testbed serve` (what every backend starts, a dozen at a time) would pay it per service.
+# `--help` or an unknown command imports them all.
 SERVE_MODULE = "testbed.deploy.serve"
-# The module of each subcommand, so that running one imports only its module: importing them all
-# costs ~1 s (pyroute2, docker, matplotlib, aiohttp), more than a simulated replay's own start.
-# A command not listed here (or --help) still imports them all.
 COMMAND_MODULE = {
-    "replay": "testbed.run.replay_command", "up": "testbed.run.replay_command", "serve": SERVE_MODULE,
-    "bench": "testbed.studies.bench.bench", "trace": "testbed.traces.trace_command", "report": "testbed.metrics.report_command",
-    "compare": "testbed.metrics.report_command", "regress": "testbed.metrics.regress", "crosscheck": "testbed.studies.crosscheck.crosscheck",
+    "replay": "testbed.run.replay_command",
+    "up": "testbed.run.replay_command",
+    "serve": SERVE_MODULE,
+    "bench": "testbed.studies.bench.bench",
+    "trace": "testbed.traces.trace_command",
+    "report": "testbed.metrics.report_command",
+    "compare": "testbed.metrics.report_command",
     "plot": "testbed.metrics.report_command",
-    "model": "testbed.model.model_command", "down": "testbed.deploy.down_command", "netcaps": "testbed.net.netcaps_command",
-    "linkcheck": "testbed.studies.linkcheck.linkcheck", "capacity": "testbed.studies.capacity.capacity_command",
-    "sweep": "testbed.studies.sweep.sweep", "calibrate": "testbed.hardware.calibrate_command", "plan": "testbed.studies.plan.plan",
-    "feasibility": "testbed.studies.feasibility.feasibility_command", "tokenizer": "testbed.run.tokenizer_command",
+    "regress": "testbed.metrics.regress",
+    "crosscheck": "testbed.studies.crosscheck.crosscheck",
+    "model": "testbed.model.model_command",
+    "down": "testbed.deploy.down_command",
+    "netcaps": "testbed.net.netcaps_command",
+    "linkcheck": "testbed.studies.linkcheck.linkcheck_command",
+    "capacity": "testbed.studies.capacity.capacity_command",
+    "sweep": "testbed.studies.sweep.sweep",
+    "calibrate": "testbed.hardware.calibrate_command",
+    "profile": "testbed.hardware.profile_command",
+    "plan": "testbed.studies.plan.plan",
+    "feasibility": "testbed.studies.feasibility.feasibility_command",
+    "tokenizer": "testbed.run.tokenizer_command",
 }
+# Every module once, in the map's order (the order `testbed --help` lists the commands in).
+COMMAND_MODULES = tuple(dict.fromkeys(COMMAND_MODULE.values()))
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
@@ -61,15 +66,16 @@ def _version() -> str:
 
     try:
         return version("prfaas-testbed")
-    except PackageNotFoundError:      # run from a checkout that was never installed
+    except PackageNotFoundError:  # run from a checkout that was never installed
         return "(not installed)"
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p = OneLineParser(prog="testbed", description="Cross-datacenter PD-disaggregation testbed (PrfaaS)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
-                   help="print the installed version and exit")
+    p.add_argument(
+        "--version", action="version", version=f"%(prog)s {_version()}", help="print the installed version and exit"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     one = COMMAND_MODULE.get(_command_of(argv) or "") if argv is not None else None
     names = (one,) if one is not None else COMMAND_MODULES
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    if args.func.__module__ != SERVE_MODULE:     # a service handles SIGTERM itself
+    if args.func.__module__ != SERVE_MODULE:  # a service handles SIGTERM itself
         global _main_pid
         _main_pid = os.getpid()
         signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
@@ -123,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             # leaving its deployment behind. A run is always stoppable with its teardown.
             signal.signal(signal.SIGINT, signal.default_int_handler)
     from testbed.config.run_lock import command_scope
+
     try:
         # The output directories the command takes are its own until it returns.
         with command_scope(argv):
@@ -151,7 +158,7 @@ def entry() -> NoReturn:
         else:
             import atexit
 
-            atexit._run_exitfuncs()     # logging's flush, temporary directories' removal, ...
+            atexit._run_exitfuncs()  # logging's flush, temporary directories' removal, ...
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
@@ -166,7 +173,7 @@ def _only_heap_left() -> bool:
     if gc_pause is None or not gc_pause.heap_kept():
         return False
     if sys.getprofile() is not None or sys.gettrace() is not None:
-        return False        # a profiler or debugger wraps the command and reports after it returns
+        return False  # a profiler or debugger wraps the command and reports after it returns
     import threading
 
     return threading.active_count() == 1

@@ -55,4 +55,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Every test belongs to a tier, so `make test-<tier>` and CI select exactly what they mean."""
     untiered = [i.nodeid for i in items if not TIERS & {m.name for m in i.iter_markers()}]
     if untiered:
-        raise pytest.UsageError("tests without a tier marker (pure/app/netns/docker/slow/clients/observability/profiles): " + ", ".join(untiered))
+        raise pytest.UsageError(
+            "tests without a tier marker (pure/app/netns/docker/slow/clients/observability/profiles): "
+            + ", ".join(untiered)
+        )

@@ -10,4 +10,4 @@ check its size."""
 from __future__ import annotations
 
 ONE_PER_ROLE = ["--set", "clusters.0.prefill=1", "--set", "clusters.1.prefill=1", "--set", "clusters.1.decode=1"]
-SERVICES_ONE_PER_ROLE = 3 + 2        # instances, the router and the WAN router
+SERVICES_ONE_PER_ROLE = 3 + 2  # instances, the router and the WAN router

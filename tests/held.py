@@ -20,7 +20,7 @@ READY_TIMEOUT_S = 120.0
 @dataclass
 class Held:
     proc: subprocess.Popen[str]
-    info: dict[str, Any]            # the hold's first JSON line: base_url, url, run_dir, prefix, ...
+    info: dict[str, Any]  # the hold's first JSON line: base_url, url, run_dir, prefix, ...
     run_dir: Path
 
     def end(self, timeout: float = 90.0, sig: signal.Signals = signal.SIGTERM) -> dict[str, Any]:
@@ -99,8 +99,13 @@ def drive_with_openai(base_url: str, api_key: str, model: str = "kimi-linear-1t"
 
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
     stream = client.chat.completions.create(
-        model=model, max_tokens=9, stream=True, messages=[{"role": "user", "content": LONG_PROMPT}],
-        stream_options={"include_usage": True}, extra_headers={"X-Request-Id": "held-stream"})
+        model=model,
+        max_tokens=9,
+        stream=True,
+        messages=[{"role": "user", "content": LONG_PROMPT}],
+        stream_options={"include_usage": True},
+        extra_headers={"X-Request-Id": "held-stream"},
+    )
     text, usage, final = "", None, None
     for ch in stream:
         if ch.choices and ch.choices[0].delta.content:
@@ -114,8 +119,11 @@ def drive_with_openai(base_url: str, api_key: str, model: str = "kimi-linear-1t"
     assert usage is not None and usage.completion_tokens == 9 and usage.prompt_tokens > 19_400
     assert final is not None and final["request_id"] == "held-stream" and final["crossed_wan"] is True, final
     plain = client.chat.completions.create(
-        model=model, max_tokens=3, messages=[{"role": "user", "content": SHORT_PROMPT}],
-        extra_headers={"X-Request-Id": "held-plain"})
+        model=model,
+        max_tokens=3,
+        messages=[{"role": "user", "content": SHORT_PROMPT}],
+        extra_headers={"X-Request-Id": "held-plain"},
+    )
     assert plain.choices[0].message.content == " the" * 3 and plain.choices[0].finish_reason == "length"
     assert plain.usage is not None and plain.usage.completion_tokens == 3
     assert client.models.list().data[0].id == model

@@ -20,8 +20,11 @@ __all__ = ["EOS", "byte_level_bpe", "english_corpus", "save_hf", "save_hf_cache"
 def english_corpus() -> list[str]:
     """The project's own prose (README, format notes and the documentation's hand-written pages):
     English with numbers and code words."""
-    files = [ROOT / "README.md", ROOT / "traces/FORMATS.md",
-             *sorted(p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts)]
+    files = [
+        ROOT / "README.md",
+        ROOT / "traces/FORMATS.md",
+        *sorted(p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts),
+    ]
     text = "\n".join(p.read_text() for p in files if p.exists())
     return [line for line in text.splitlines() if line.strip()]
 

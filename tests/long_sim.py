@@ -9,12 +9,27 @@ import time
 from pathlib import Path
 
 
-def start_long_sim_replay(out: Path, requests: int, min_record_bytes: int, stdout: int = subprocess.PIPE,
-                          timeout: float = 120.0) -> subprocess.Popen[str]:
+def start_long_sim_replay(
+    out: Path, requests: int, min_record_bytes: int, stdout: int = subprocess.PIPE, timeout: float = 120.0
+) -> subprocess.Popen[str]:
     """The paper-prfaas workload at 40 req/s on the simulator into `out`, once `records.csv`
     holds `min_record_bytes`; it must still be running then (the caller stops it)."""
-    cmd = [sys.executable, "-m", "testbed", "replay", "--backend", "sim", "--scenario", "paper-prfaas",
-           "--set", f"workload.requests={requests}", "--set", "workload.rate=40", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "testbed",
+        "replay",
+        "--backend",
+        "sim",
+        "--scenario",
+        "paper-prfaas",
+        "--set",
+        f"workload.requests={requests}",
+        "--set",
+        "workload.rate=40",
+        "--out",
+        str(out),
+    ]
     p = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, start_new_session=True)
     records = out / "records.csv"
     deadline = time.monotonic() + timeout

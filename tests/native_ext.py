@@ -16,8 +16,12 @@ def required() -> ModuleType:
     ext = native.module()
     if ext is None:
         if os.environ.get("TESTBED_REQUIRE_NATIVE") == "1":
-            raise RuntimeError("TESTBED_REQUIRE_NATIVE=1 but testbed_native is not built (make install builds it "
-                               "where cargo is on PATH)")
-        pytest.skip("testbed_native is not built here (needs a Rust toolchain; `make install` builds it)",
-                    allow_module_level=True)
+            raise RuntimeError(
+                "TESTBED_REQUIRE_NATIVE=1 but testbed_native is not built (make install builds it "
+                "where cargo is on PATH)"
+            )
+        pytest.skip(
+            "testbed_native is not built here (needs a Rust toolchain; `make install` builds it)",
+            allow_module_level=True,
+        )
     return ext

@@ -60,8 +60,10 @@ class Page:
         return None
 
 
-RESULTS = ("Array.from(document.querySelectorAll('.md-search-result__item > a'))"
-           ".map(a => new URL(a.href).pathname + ' | ' + (a.querySelector('h1') || a).textContent.trim())")
+RESULTS = (
+    "Array.from(document.querySelectorAll('.md-search-result__item > a'))"
+    ".map(a => new URL(a.href).pathname + ' | ' + (a.querySelector('h1') || a).textContent.trim())"
+)
 
 
 async def check(base: str, query: str, expect: str, link: str) -> list[tuple[bool, str]]:
@@ -69,9 +71,19 @@ async def check(base: str, query: str, expect: str, link: str) -> list[tuple[boo
     if chrome is None:
         return [(False, "no chromium on PATH (apt-get install chromium)")]
     port, profile = _free_port(), tempfile.mkdtemp(prefix="site-browser-")
-    proc = subprocess.Popen([chrome, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                             f"--remote-debugging-port={port}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            chrome,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={profile}",
+            f"--remote-debugging-port={port}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     out: list[tuple[bool, str]] = []
     try:
         async with aiohttp.ClientSession() as http:
@@ -95,14 +107,25 @@ async def check(base: str, query: str, expect: str, link: str) -> list[tuple[boo
                 else:
                     await page.goto(href)
                     title = await page.js("document.title")
-                    listing = await page.js("document.title.startsWith('Index of') || !document.querySelector('.md-content')")
-                    out.append((not listing and bool(title), f"sidebar link {link} opens {await page.js('location.href')}: {title!r}"))
+                    listing = await page.js(
+                        "document.title.startsWith('Index of') || !document.querySelector('.md-content')"
+                    )
+                    out.append(
+                        (
+                            not listing and bool(title),
+                            f"sidebar link {link} opens {await page.js('location.href')}: {title!r}",
+                        )
+                    )
                 await page.goto(f"{base}/index.html?q={query}")
                 got = await page.wait_for(f"(() => {{ const r = {RESULTS}; return r.length ? r : null; }})()")
                 results: list[str] = got or []
                 first = results[0] if results else "(no results)"
-                out.append((bool(results) and results[0].split(" | ")[0].endswith(expect),
-                            f"search {query!r}: {len(results)} results, first {first}"))
+                out.append(
+                    (
+                        bool(results) and results[0].split(" | ")[0].endswith(expect),
+                        f"search {query!r}: {len(results)} results, first {first}",
+                    )
+                )
                 for i, r in enumerate(results[:5], 1):
                     print(f"  {i}. {r}")
     finally:

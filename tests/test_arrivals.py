@@ -13,9 +13,9 @@ import pytest
 from testbed.core.schema.scenario import WorkloadSpec
 from testbed.model.arrivals import Arrivals, GapLaw
 from testbed.model.queueing import gim_wait, mgc_wait, split_scv, windowed_wait
-from testbed.traces.trace_command import register
 from testbed.traces.loader import load_trace
 from testbed.traces.synthetic import arrival_times, poisson_arrivals, synth_with_prefixes, synthetic_trace
+from testbed.traces.trace_command import register
 
 pytestmark = pytest.mark.pure
 
@@ -30,8 +30,10 @@ def test_cv_one_is_the_poisson_process_draw_for_draw() -> None:
     b = poisson_arrivals(np.random.default_rng(3), 500, 2.0)
     assert np.array_equal(a, b)
     # So traces written before the option stay the same.
-    assert synthetic_trace(WorkloadSpec(requests=50, seed=4)).requests == \
-        synthetic_trace(WorkloadSpec(requests=50, seed=4), arrival_cv=1.0).requests
+    assert (
+        synthetic_trace(WorkloadSpec(requests=50, seed=4)).requests
+        == synthetic_trace(WorkloadSpec(requests=50, seed=4), arrival_cv=1.0).requests
+    )
 
 
 @pytest.mark.parametrize("cv, peak", [(0.5, 4.0), (3.0, 4.0), (3.0, 12.0), (8.0, 4.0)])
@@ -61,8 +63,22 @@ def test_synth_command_writes_a_bursty_trace(tmp_path: Path, capsys: pytest.Capt
     ap = argparse.ArgumentParser()
     register(ap.add_subparsers())
     out = tmp_path / "bursty.jsonl"
-    args = ap.parse_args(["trace", "synth", "--prefix-reuse", "chat", "--requests", "4000", "--rate", "2",
-                          "--arrival-cv", "3", "--out", str(out)])
+    args = ap.parse_args(
+        [
+            "trace",
+            "synth",
+            "--prefix-reuse",
+            "chat",
+            "--requests",
+            "4000",
+            "--rate",
+            "2",
+            "--arrival-cv",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     assert args.func(args) == 0
     tr = load_trace(out)
     arr = Arrivals(np.array([r.timestamp for r in tr]))
@@ -77,8 +93,9 @@ def test_prefix_sessions_keep_their_shape_under_bursts() -> None:
     """Only the arrival times change: the same seed gives the same sessions, lengths and hashes."""
     a = synth_with_prefixes(300, 2.0, 5)
     b = synth_with_prefixes(300, 2.0, 5, arrival_cv=3.0)
-    assert [(r.request_id, r.input_tokens, r.hash_ids) for r in a] == [(r.request_id, r.input_tokens, r.hash_ids)
-                                                                          for r in b]
+    assert [(r.request_id, r.input_tokens, r.hash_ids) for r in a] == [
+        (r.request_id, r.input_tokens, r.hash_ids) for r in b
+    ]
     assert [r.timestamp for r in a] != [r.timestamp for r in b]
     assert "arrival_cv=3" in b.source and "arrival_cv" not in a.source
 
@@ -88,12 +105,12 @@ def test_prefix_sessions_keep_their_shape_under_bursts() -> None:
 
 
 def test_arrivals_hand_made() -> None:
-    even = Arrivals(np.arange(0.0, 100.0, 0.5) + 7.0)       # one every 0.5 s, from 7 s
+    even = Arrivals(np.arange(0.0, 100.0, 0.5) + 7.0)  # one every 0.5 s, from 7 s
     assert even.times[0] == 0.0 and even.rate == pytest.approx(2.0)
     assert even.gap_scv == pytest.approx(0.0) and even.gap_cv == 0.0
     assert even.busiest(10.0) == pytest.approx(1.0)
     assert even.dispersion(2.0) == pytest.approx(0.0)
-    assert even.dispersion(10.0) is None                     # fewer than 20 windows fit
+    assert even.dispersion(10.0) is None  # fewer than 20 windows fit
     # 20 arrivals in the first second, then one a second: the first 10 s hold 29 of 119.
     rush = Arrivals(np.concatenate((np.linspace(0, 0.95, 20), np.arange(1.0, 100.0))))
     assert rush.busiest(10.0) == pytest.approx(29 / (rush.rate * 10.0))
@@ -101,7 +118,7 @@ def test_arrivals_hand_made() -> None:
     bursts = Arrivals(np.array([10.0 * k + 0.01 * j for k in range(30) for j in range(10)]))
     g = np.array([0.01] * 9 + [9.91])
     assert bursts.gap_scv == pytest.approx(float(g.var() / g.mean() ** 2), rel=0.05)
-    assert bursts.dispersion(1.0) == pytest.approx(9.0, rel=0.15)       # 10 or 0 in each second
+    assert bursts.dispersion(1.0) == pytest.approx(9.0, rel=0.15)  # 10 or 0 in each second
     s = bursts.summary()
     assert s["busiest_10s_over_mean"] == bursts.busiest(10.0) and s["dispersion_60s"] is None
     assert s["gap_cv"] == pytest.approx(math.sqrt(bursts.gap_scv))
@@ -190,7 +207,7 @@ def test_gap_law_of_poisson_arrivals_gives_sigma_rho() -> None:
     # M/M/c: sigma = rho, at any share of the stream (a thinned Poisson stream is Poisson).
     for cmu, q, rho in ((4.0, 1.0, 0.5), (2.5, 1.0, 0.8), (4.0, 0.5, 0.25), (8.0, 0.3, 0.075)):
         assert float(law.sigma(cmu, q)) == pytest.approx(rho, abs=0.01)
-    assert float(law.sigma(1.9, 1.0)) == 1.0 and float(law.sigma(4.0, 0.0)) == 0.0      # saturated; nothing comes
+    assert float(law.sigma(1.9, 1.0)) == 1.0 and float(law.sigma(4.0, 0.0)) == 0.0  # saturated; nothing comes
     # Then the GI/M/c skeleton is Allen-Cunneen's M/G/c exactly.
     for c, es, es2 in ((1, 0.4, 0.2), (4, 1.5, 3.0), (12, 2.0, 4.0)):
         rho = 2.0 * es / c
@@ -208,7 +225,7 @@ def test_gap_law_of_even_arrivals_is_d_m_1() -> None:
         s = math.exp(-mu * (1 - s) / lam)
     sig = float(law.sigma(mu, 1.0))
     assert sig == pytest.approx(s, rel=1e-3)
-    w = gim_wait(lam, 1 / mu, 2 / mu ** 2, 1, sig, 0.0)
+    w = gim_wait(lam, 1 / mu, 2 / mu**2, 1, sig, 0.0)
     assert float(w.mean) == pytest.approx(s / (mu * (1 - s)), rel=3e-3)
 
 

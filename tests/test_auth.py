@@ -40,13 +40,20 @@ async def test_the_router_answers_401_without_the_key_and_200_with_it(tmp_path: 
     key = dep.credentials.api_key
     async with InProcessBackend(dep) as d, aiohttp.ClientSession() as s:
         url = d.router.url
-        for headers, code in (({}, None), ({"Authorization": "Bearer wrong"}, "invalid_api_key"),
-                              ({"Authorization": key}, None),                 # no scheme
-                              ({"Authorization": f"Basic {key}"}, None),
-                              ({"Authorization": f"Bearer {key}x"}, "invalid_api_key"),
-                              ({"api-key": key}, None)):                       # Azure's header: not taken
-            for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                                 ("GET", "/v1/models"), ("POST", "/v1/nope")):
+        for headers, code in (
+            ({}, None),
+            ({"Authorization": "Bearer wrong"}, "invalid_api_key"),
+            ({"Authorization": key}, None),  # no scheme
+            ({"Authorization": f"Basic {key}"}, None),
+            ({"Authorization": f"Bearer {key}x"}, "invalid_api_key"),
+            ({"api-key": key}, None),
+        ):  # Azure's header: not taken
+            for method, path in (
+                ("POST", "/v1/completions"),
+                ("POST", "/v1/chat/completions"),
+                ("GET", "/v1/models"),
+                ("POST", "/v1/nope"),
+            ):
                 async with s.request(method, url + path, json=BODY, headers=headers) as r:
                     body = await r.json()
                     assert r.status == 401, (headers, path)
@@ -56,7 +63,7 @@ async def test_the_router_answers_401_without_the_key_and_200_with_it(tmp_path: 
                     assert key not in body["error"]["message"]
         async with s.post(url + "/v1/completions", json=BODY, headers={"Authorization": f"bearer {key}"}) as r:
             assert r.status == 200, await r.text()
-        for path in ("/health", "/metrics", "/version", "/testbed/info"):     # open, as on vLLM
+        for path in ("/health", "/metrics", "/version", "/testbed/info"):  # open, as on vLLM
             async with s.get(url + path) as r:
                 assert r.status == 200, path
         # The hold's t0: the run secret, not the API key.
@@ -86,8 +93,9 @@ async def test_the_openai_package_gets_in_with_the_key_and_is_refused_without(tm
 
 
 @pytest.mark.pure
-def test_credentials_come_from_the_environment_and_never_from_the_file(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_credentials_come_from_the_environment_and_never_from_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     a, b = Credentials.new(), Credentials.new()
     assert a.api_key != b.api_key and a.run_secret != b.run_secret and len(a.run_secret) >= 32
@@ -124,7 +132,7 @@ async def test_local_services_get_the_credentials_by_environment_not_argv(tmp_pa
             assert c.api_key not in argv and c.run_secret not in argv, key
             environ = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
             assert f"{RUN_SECRET_ENV}={c.run_secret}".encode() in environ
-            assert os.stat(f"/proc/{p}/environ").st_mode & 0o004 == 0      # not world-readable
+            assert os.stat(f"/proc/{p}/environ").st_mode & 0o004 == 0  # not world-readable
         async with s.post(d.router.url + "/v1/completions", json=BODY, headers=c.client_headers()) as r:
             assert r.status == 200, await r.text()
         async with s.post(d.router.url + "/v1/completions", json=BODY) as r:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from testbed.core.control.bandwidth import BandwidthController, LinkSignals
-from testbed.core.schema.scenario import ControlSpec
-from testbed.core.control.short_term import Recent, stage_model
 from testbed.config.scenarios import load_scenario
+from testbed.core.control.bandwidth import BandwidthController, LinkSignals
+from testbed.core.control.short_term import Recent, stage_model
+from testbed.core.schema.scenario import ControlSpec
 from testbed.traces.synthetic import sample_lengths
 
 NOMINAL = 100e9
@@ -20,10 +20,18 @@ def controller(**kw: float) -> BandwidthController:
     return BandwidthController(19400, NOMINAL, stage_model(SC), ControlSpec(**kw), 131072)  # type: ignore[arg-type]
 
 
-def signals(delivered_gbps: float, undelivered_gb: float = 0.0, rate: float = 2.4, retrans: float = 0.0,
-            prfaas_q: float = 0.0, pdp_q: float = 0.0, at: float = 0.0) -> LinkSignals:
-    return LinkSignals(at, 2.0, delivered_gbps * 1e9 / 8 * 2.0, undelivered_gb * 1e9, retrans, prfaas_q, pdp_q,
-                       rate, LENGTHS)
+def signals(
+    delivered_gbps: float,
+    undelivered_gb: float = 0.0,
+    rate: float = 2.4,
+    retrans: float = 0.0,
+    prfaas_q: float = 0.0,
+    pdp_q: float = 0.0,
+    at: float = 0.0,
+) -> LinkSignals:
+    return LinkSignals(
+        at, 2.0, delivered_gbps * 1e9 / 8 * 2.0, undelivered_gb * 1e9, retrans, prfaas_q, pdp_q, rate, LENGTHS
+    )
 
 
 @pytest.mark.pure
@@ -63,8 +71,10 @@ def test_a_pd_prefill_queue_lowers_the_threshold() -> None:
     c = controller()
     sample, change = c.update(signals(9.0, 0.0, rate=2.6, pdp_q=30.0), adjust=True)
     assert change is not None and change.new < 19400
-    assert c.loads(change.new, signals(9.0, 0.0, rate=2.6, pdp_q=30.0)).pdp < \
-        c.loads(19400, signals(9.0, 0.0, rate=2.6, pdp_q=30.0)).pdp
+    assert (
+        c.loads(change.new, signals(9.0, 0.0, rate=2.6, pdp_q=30.0)).pdp
+        < c.loads(19400, signals(9.0, 0.0, rate=2.6, pdp_q=30.0)).pdp
+    )
 
 
 @pytest.mark.pure
@@ -85,7 +95,7 @@ def test_retransmissions_count_as_congestion_and_no_adjust_only_judges() -> None
 
 @pytest.mark.pure
 def test_small_changes_are_not_made() -> None:
-    c = controller(min_change=10.0)            # any change is "small"
+    c = controller(min_change=10.0)  # any change is "small"
     _, change = c.update(signals(10.0, 3.0), adjust=True)
     assert change is None and c.threshold == 19400
 
@@ -97,7 +107,7 @@ def test_recent_window_rate() -> None:
         r.add(t, n)
     assert list(r.lengths) == [2, 3, 4]
     assert r.rate(3.0) == pytest.approx(1.0)
-    assert r.rate(5.0) == pytest.approx(0.5)     # quiet since: the rate falls
+    assert r.rate(5.0) == pytest.approx(0.5)  # quiet since: the rate falls
 
 
 @pytest.mark.pure

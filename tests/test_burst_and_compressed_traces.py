@@ -22,15 +22,20 @@ pytestmark = pytest.mark.pure
 
 def _burst_first(n_burst: int = 8, n: int = 12) -> Trace:
     """`n_burst` requests at t=0, then one a second: the first rows share a timestamp."""
-    reqs = [TraceRequest(f"r{i}", 0.0 if i < n_burst else float(i - n_burst + 1), 1000 + 97 * i, 20 + i,
-                         tuple(range(i, i + 2))) for i in range(n)]
+    reqs = [
+        TraceRequest(
+            f"r{i}", 0.0 if i < n_burst else float(i - n_burst + 1), 1000 + 97 * i, 20 + i, tuple(range(i, i + 2))
+        )
+        for i in range(n)
+    ]
     return Trace(reqs, source="burst")
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("compress", ["", ".gz"])
-def test_first_rows_sharing_a_timestamp_replay(fmt: str, compress: str, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_first_rows_sharing_a_timestamp_replay(
+    fmt: str, compress: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     f = FORMATS[fmt]
     path = tmp_path / f"burst{f.suffix}"
     f.write(path, _burst_first(), WriteOptions())
@@ -40,8 +45,21 @@ def test_first_rows_sharing_a_timestamp_replay(fmt: str, compress: str, tmp_path
         path.unlink()
         path = gz
     out = tmp_path / "run"
-    rc = main(["replay", "--scenario", "paper-prfaas", "--backend", "sim", "--trace", str(path),
-               "--requests", "5", "--out", str(out)])
+    rc = main(
+        [
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            "sim",
+            "--trace",
+            str(path),
+            "--requests",
+            "5",
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "all arrive at one instant" in err
@@ -71,12 +89,13 @@ def test_gzip_and_zstd_traces_load_as_the_plain_one(fmt: str, tmp_path: Path) ->
     gz.write_bytes(gzip.compress(data))
     zst = tmp_path / f"t{f.suffix}.zst"
     zst.write_bytes(zstandard.ZstdCompressor().compress(data))
-    misnamed = tmp_path / f"u{f.suffix}"          # gzip content, plain name: told by its magic
+    misnamed = tmp_path / f"u{f.suffix}"  # gzip content, plain name: told by its magic
     misnamed.write_bytes(gzip.compress(data))
     for p in (gz, zst, misnamed):
         got = load_trace(p, window=(0.0, 20.0))
-        assert [(r.timestamp, r.input_tokens, r.output_tokens) for r in got] == \
-            [(r.timestamp, r.input_tokens, r.output_tokens) for r in want if r.timestamp < 20.0]
+        assert [(r.timestamp, r.input_tokens, r.output_tokens) for r in got] == [
+            (r.timestamp, r.input_tokens, r.output_tokens) for r in want if r.timestamp < 20.0
+        ]
     assert load_trace(gz).requests[0].request_id == want.requests[0].request_id
 
 

@@ -9,19 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import creds
 import pytest
 
-import creds
+from testbed.config.scenarios import load_scenario
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
-from testbed.live.openai_api import block_hashes
 from testbed.live.clock import now
+from testbed.live.openai_api import block_hashes
 from testbed.live.replayer import replay
 from testbed.metrics.records import RecordWriter, read_records
 from testbed.metrics.summary import summarize
-from testbed.config.scenarios import load_scenario
 from testbed.run.load import resolve
 from testbed.traces.types import Trace, TraceRequest
 
@@ -30,17 +30,34 @@ B = 512
 
 
 def scenario(policy: dict[str, Any], pd_cache: str = "8TiB") -> Scenario:
-    return load_scenario("paper-prfaas", {
-        "scale": {"speedup": 40, "byte_scale": 1024},
-        "serving": {"stream_interval": 1},
-        "policy": policy,
-        "clusters": [
-            {"name": "prfaas", "datacenter": "dc-remote", "kind": "prfaas", "hardware": "h200", "prefill": 2,
-             "decode": 0, "cache_bytes": "4TiB"},
-            {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 2, "decode": 2,
-             "cache_bytes": pd_cache},
-        ],
-    })
+    return load_scenario(
+        "paper-prfaas",
+        {
+            "scale": {"speedup": 40, "byte_scale": 1024},
+            "serving": {"stream_interval": 1},
+            "policy": policy,
+            "clusters": [
+                {
+                    "name": "prfaas",
+                    "datacenter": "dc-remote",
+                    "kind": "prfaas",
+                    "hardware": "h200",
+                    "prefill": 2,
+                    "decode": 0,
+                    "cache_bytes": "4TiB",
+                },
+                {
+                    "name": "pd",
+                    "datacenter": "dc-local",
+                    "kind": "pd",
+                    "hardware": "h20",
+                    "prefill": 2,
+                    "decode": 2,
+                    "cache_bytes": pd_cache,
+                },
+            ],
+        },
+    )
 
 
 async def run(sc: Scenario, trace: Trace, tmp: Path, turns: bool = False) -> list[Any]:
@@ -54,23 +71,37 @@ async def run(sc: Scenario, trace: Trace, tmp: Path, turns: bool = False) -> lis
         if turns:
             t0 = now()
             for r in trace:
-                await replay(Trace([r], source=trace.source), d.router.url, writer, sc.scale.speedup,
-                             sc.model.name, t0=t0, api_key=d.credentials.api_key)
+                await replay(
+                    Trace([r], source=trace.source),
+                    d.router.url,
+                    writer,
+                    sc.scale.speedup,
+                    sc.model.name,
+                    t0=t0,
+                    api_key=d.credentials.api_key,
+                )
         else:
             await replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name, api_key=d.credentials.api_key)
     writer.close()
-    (tmp / "run.json").write_text(json.dumps({"scale": {"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
-                                              "t0": None}))
+    (tmp / "run.json").write_text(
+        json.dumps({"scale": {"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale}, "t0": None})
+    )
     return sorted(read_records(tmp / "records.csv"), key=lambda r: (r.trace_index, r.request_id))
 
 
 def conversation() -> Trace:
     """Turn 2 extends turn 1 (30K tokens) by 2K; turn 3 extends turn 2 by 30K."""
-    t1 = tuple(range(59))                         # ceil(30000 / 512)
-    t2 = t1[:58] + tuple(range(100, 105))         # 58 full blocks shared, 32K tokens
-    t3 = t2[:62] + tuple(range(200, 262))         # 62 full blocks shared, 62K tokens
-    return Trace([TraceRequest("t1", 0.0, 30000, 8, t1), TraceRequest("t2", 8.0, 32000, 8, t2),
-                  TraceRequest("t3", 16.0, 62000, 8, t3)], source="conversation")
+    t1 = tuple(range(59))  # ceil(30000 / 512)
+    t2 = t1[:58] + tuple(range(100, 105))  # 58 full blocks shared, 32K tokens
+    t3 = t2[:62] + tuple(range(200, 262))  # 62 full blocks shared, 62K tokens
+    return Trace(
+        [
+            TraceRequest("t1", 0.0, 30000, 8, t1),
+            TraceRequest("t2", 8.0, 32000, 8, t2),
+            TraceRequest("t3", 16.0, 62000, 8, t3),
+        ],
+        source="conversation",
+    )
 
 
 async def test_cache_aware_reuses_the_pd_prefix_and_ships_only_what_decode_lacks(tmp_path: Path) -> None:
@@ -112,7 +143,7 @@ async def test_abundant_bandwidth_moves_the_longer_prefix_with_real_bytes(tmp_pa
     assert r2.prefill_cluster == "pd" and r2.cached_tokens == 58 * B
     assert r2.cache_move_tokens == 58 * B
     assert r2.cache_move_bytes_paper == kv.incremental(58 * B, 0)
-    assert r2.cache_move_bytes_wire == round(kv.incremental(58 * B, 0) / 1024)   # the bytes that arrived
+    assert r2.cache_move_bytes_wire == round(kv.incremental(58 * B, 0) / 1024)  # the bytes that arrived
     # The move lands before the compute starts, and after the router asked for it.
     assert r2.times.cache_move_start <= r2.times.cache_move_end <= r2.times.prefill_start
     s = summarize(tmp_path)
@@ -129,8 +160,9 @@ async def test_real_clients_hit_the_cache_by_prompt_content(tmp_path: Path) -> N
     async with InProcessBackend(dep) as d, aiohttp.ClientSession(headers=creds.headers(dep)) as http:
         outs = []
         for prompt in (history, history + list(range(7, 7 + B))):
-            async with http.post(f"{d.router.url}/v1/completions",
-                                 json={"model": sc.model.name, "prompt": prompt, "max_tokens": 2}) as r:
+            async with http.post(
+                f"{d.router.url}/v1/completions", json={"model": sc.model.name, "prompt": prompt, "max_tokens": 2}
+            ) as r:
                 outs.append(await r.json())
     assert outs[0]["testbed"]["cached_tokens"] == 0
     assert outs[1]["testbed"]["cached_tokens"] == 3 * B
@@ -145,6 +177,11 @@ async def test_control_loop_samples_and_status_endpoint(tmp_path: Path) -> None:
     assert all(r.outcome == "completed" for r in recs)
     lines = [json.loads(x) for x in (tmp_path / "timeseries" / "router.jsonl").read_text().splitlines()]
     metrics = {x["metric"] for x in lines}
-    assert {"wan_bandwidth_estimate_bps_paper", "wan_delivered_bps_paper", "planned_load", "bandwidth_abundant"} <= metrics
+    assert {
+        "wan_bandwidth_estimate_bps_paper",
+        "wan_delivered_bps_paper",
+        "planned_load",
+        "bandwidth_abundant",
+    } <= metrics
     delivered = [x["value"] for x in lines if x["metric"] == "wan_delivered_bps_paper"]
-    assert max(delivered) > 0          # PrfaaS egress was seen through TCP_INFO
+    assert max(delivered) > 0  # PrfaaS egress was seen through TCP_INFO

@@ -28,8 +28,8 @@ import yaml
 from testbed.cli import main
 from testbed.config.scenarios import SCENARIO_DIR, load_scenario
 from testbed.core.engine.decode_batch import DecodeBatch, DecodeSeq
-from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
 from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
+from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
 from testbed.hardware.calibrate import (
     CalibrationError,
     DecodePoint,
@@ -49,7 +49,7 @@ PAPER = load_scenario("paper-prfaas")
 H200 = PAPER.hardware["h200"].prefill
 H20 = PAPER.hardware["h20"].prefill
 assert isinstance(H200, TablePrefill) and isinstance(H20, PolynomialPrefill)
-H200_POINTS = [p[0] for p in H200.points]            # 1K, 8K, 32K, 128K
+H200_POINTS = [p[0] for p in H200.points]  # 1K, 8K, 32K, 128K
 CHECK_LENGTHS = [1024.0, 8192.0, 32768.0, 131072.0]
 DECODE = DecodeStepTime(base_s=0.025, per_seq_s=4e-4, per_context_token_s=2e-8)
 # (batch, total context) where the fitted step is scored: 1..32 sequences of 1K..64K tokens each.
@@ -78,7 +78,7 @@ class Served:
     cached: int
     output: int
     start: float
-    tokens: list[float] = field(default_factory=list)    # when each output token came out
+    tokens: list[float] = field(default_factory=list)  # when each output token came out
 
     @property
     def ttft(self) -> float:
@@ -191,30 +191,34 @@ def aiperf_records(served: list[Served], t0_ns: int, cache_counts: bool) -> list
         if r.output >= 2:
             itl = (r.latency - r.ttft) / (r.output - 1)
             metrics["time_to_second_token"] = {"value": (r.tokens[1] - r.tokens[0]) * 1e3, "unit": "ms"}
-            metrics["inter_chunk_latency"] = {"value": [(b - a) * 1e3 for a, b in zip(r.tokens, r.tokens[1:])],
-                                              "unit": "ms"}
+            metrics["inter_chunk_latency"] = {
+                "value": [(b - a) * 1e3 for a, b in zip(r.tokens, r.tokens[1:])],
+                "unit": "ms",
+            }
             metrics["inter_token_latency"] = {"value": itl * 1e3, "unit": "ms"}
             metrics["output_token_throughput_per_user"] = {"value": 1 / itl, "unit": "tokens/sec/user"}
         if cache_counts:
             metrics["usage_prompt_cache_read_tokens"] = {"value": r.cached, "unit": "tokens"}
-        out.append({
-            "metadata": {
-                "session_num": i,
-                "x_request_id": f"00000000-0000-4000-8000-{i:012d}",
-                "x_correlation_id": f"00000000-0000-4000-9000-{i:012d}",
-                "conversation_id": f"conv-{i}",
-                "turn_index": 0,
-                "request_start_ns": start,
-                "request_ack_ns": start + 2_000_000,
-                "request_end_ns": end,
-                "worker_id": "worker_359d423a",
-                "record_processor_id": "record_processor_1fa47cd7",
-                "benchmark_phase": "profiling",
-                "was_cancelled": False,
-                "agent_depth": 0,
-            },
-            "metrics": metrics,
-        })
+        out.append(
+            {
+                "metadata": {
+                    "session_num": i,
+                    "x_request_id": f"00000000-0000-4000-8000-{i:012d}",
+                    "x_correlation_id": f"00000000-0000-4000-9000-{i:012d}",
+                    "conversation_id": f"conv-{i}",
+                    "turn_index": 0,
+                    "request_start_ns": start,
+                    "request_ack_ns": start + 2_000_000,
+                    "request_end_ns": end,
+                    "worker_id": "worker_359d423a",
+                    "record_processor_id": "record_processor_1fa47cd7",
+                    "benchmark_phase": "profiling",
+                    "was_cancelled": False,
+                    "agent_depth": 0,
+                },
+                "metrics": metrics,
+            }
+        )
     return out
 
 
@@ -222,11 +226,20 @@ def write_aiperf(path: Path, served: list[Served], cache_counts: bool = False) -
     recs = aiperf_records(served, 1_759_813_207_532_900_363, cache_counts)
     warm = json.loads(json.dumps(recs[0]))
     warm["metadata"]["benchmark_phase"] = "warmup"
-    failed = {"metadata": {**recs[0]["metadata"], "session_num": len(recs), "was_cancelled": True,
-                           "cancellation_time_ns": recs[0]["metadata"]["request_start_ns"] + 1000},
-              "metrics": {"error_isl": {"value": 550, "unit": "tokens"}},
-              "error": {"code": 499, "type": "RequestCancellationError",
-                        "message": "Request was cancelled after 0.000 seconds"}}
+    failed = {
+        "metadata": {
+            **recs[0]["metadata"],
+            "session_num": len(recs),
+            "was_cancelled": True,
+            "cancellation_time_ns": recs[0]["metadata"]["request_start_ns"] + 1000,
+        },
+        "metrics": {"error_isl": {"value": 550, "unit": "tokens"}},
+        "error": {
+            "code": 499,
+            "type": "RequestCancellationError",
+            "message": "Request was cancelled after 0.000 seconds",
+        },
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in [warm, *recs, failed]))
     return path
@@ -239,12 +252,23 @@ def vllm_result(served: list[Served], concurrency: int | None, start_times: bool
     dur = max(r.tokens[-1] for r in served)
     ttfts = [r.ttft for r in served]
     doc: dict[str, Any] = {
-        "date": "20260101-120000", "endpoint_type": "vllm", "backend": "vllm", "label": None,
-        "model_id": "test/model", "tokenizer_id": "test/model", "num_prompts": len(served),
-        "request_rate": "inf", "burstiness": 1.0, "max_concurrency": concurrency,
-        "duration": dur, "completed": len(served), "failed": 0,
-        "total_input_tokens": sum(r.prompt for r in served), "total_output_tokens": sum(r.output for r in served),
-        "request_throughput": len(served) / dur, "request_goodput": None,
+        "date": "20260101-120000",
+        "endpoint_type": "vllm",
+        "backend": "vllm",
+        "label": None,
+        "model_id": "test/model",
+        "tokenizer_id": "test/model",
+        "num_prompts": len(served),
+        "request_rate": "inf",
+        "burstiness": 1.0,
+        "max_concurrency": concurrency,
+        "duration": dur,
+        "completed": len(served),
+        "failed": 0,
+        "total_input_tokens": sum(r.prompt for r in served),
+        "total_output_tokens": sum(r.output for r in served),
+        "request_throughput": len(served) / dur,
+        "request_goodput": None,
         "output_throughput": sum(r.output for r in served) / dur,
         "total_token_throughput": sum(r.prompt + r.output for r in served) / dur,
         "input_lens": [r.prompt for r in served],
@@ -256,9 +280,13 @@ def vllm_result(served: list[Served], concurrency: int | None, start_times: bool
         "queue_times": [0.0 for _ in served],
         "generated_texts": ["x" * r.output for r in served],
         "errors": ["" for _ in served],
-        "max_output_tokens_per_s": 0.0, "max_concurrent_requests": concurrency or len(served), "rtfx": 0.0,
-        "mean_ttft_ms": 1e3 * float(np.mean(ttfts)), "median_ttft_ms": 1e3 * float(np.median(ttfts)),
-        "std_ttft_ms": 1e3 * float(np.std(ttfts)), "p99_ttft_ms": 1e3 * float(np.percentile(ttfts, 99)),
+        "max_output_tokens_per_s": 0.0,
+        "max_concurrent_requests": concurrency or len(served),
+        "rtfx": 0.0,
+        "mean_ttft_ms": 1e3 * float(np.mean(ttfts)),
+        "median_ttft_ms": 1e3 * float(np.median(ttfts)),
+        "std_ttft_ms": 1e3 * float(np.std(ttfts)),
+        "p99_ttft_ms": 1e3 * float(np.percentile(ttfts, 99)),
     }
     if not start_times:
         del doc["start_times"]
@@ -296,7 +324,7 @@ def _noisy(rng: np.random.Generator, t: float) -> float:
 
 def test_csv_polynomial_recovers_h20_with_a_cached_term(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(20)
-    cached_s = 3e-6          # ours: the paper states no cached-token cost
+    cached_s = 3e-6  # ours: the paper states no cached-token cost
     true = PrefillTime.from_spec(H20.model_copy(update={"cached_token_s": cached_s}))
     rows = ["prompt_tokens,cached_tokens,prefill_s"]
     for k in range(60):
@@ -318,8 +346,13 @@ def test_csv_table_recovers_h200(tmp_path: Path, capsys: pytest.CaptureFixture[s
     true = PrefillTime.from_spec(H200)
     f = tmp_path / "prefill.csv"
     # No header: positional prompt_tokens, prefill_s.
-    f.write_text("".join(f"{n},{_noisy(rng, true(n)):.6f}\n"
-                         for n in (round(1024 * 2 ** (k / 4)) for k in range(29)) for _ in range(2)))
+    f.write_text(
+        "".join(
+            f"{n},{_noisy(rng, true(n)):.6f}\n"
+            for n in (round(1024 * 2 ** (k / 4)) for k in range(29))
+            for _ in range(2)
+        )
+    )
     doc = run_cli(["--prefill-csv", str(f)], capsys)
     assert doc["prefill"]["spec"]["kind"] == "table" and len(doc["prefill"]["spec"]["points"]) == 16
     assert doc["prefill"]["spec"]["cached_token_s"] == 0
@@ -343,7 +376,7 @@ def test_csv_decode_recovers_the_step_model(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_csv_decode_of_the_paper_constant_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    paper = DecodeStepTime(0.025, 0.0, 0.0)           # scenarios/base/paper.yaml h20: 25 ms per step
+    paper = DecodeStepTime(0.025, 0.0, 0.0)  # scenarios/base/paper.yaml h20: 25 ms per step
     doc = run_cli(["--decode-csv", str(_decode_csv(tmp_path / "d.csv", paper, 4))], capsys)
     fit = fitted_decode(doc)
     assert max(_rel(fit(b, c), 0.025) for b, c in DECODE_CHECKS) < 0.02
@@ -358,10 +391,24 @@ def test_aiperf_exports_recover_h200_and_the_decode_step(tmp_path: Path, capsys:
     files = []
     for c, served in runs(true, seed=7):
         files += ["--aiperf", str(write_aiperf(tmp_path / f"c{c}" / "profile_export.jsonl", served))]
-    files[1] = str(Path(files[1]).parent)          # an artifacts directory works too
+    files[1] = str(Path(files[1]).parent)  # an artifacts directory works too
     out = tmp_path / "h200-calibrated.yaml"
-    doc = run_cli([*files, "--scenario", "paper-prfaas", "--name", "h200", "--out", str(out),
-                   "--bs-max", "32", "--kv-capacity", "200GiB"], capsys)
+    doc = run_cli(
+        [
+            *files,
+            "--scenario",
+            "paper-prfaas",
+            "--name",
+            "h200",
+            "--out",
+            str(out),
+            "--bs-max",
+            "32",
+            "--kv-capacity",
+            "200GiB",
+        ],
+        capsys,
+    )
     pre, dec = fitted_prefill(doc), fitted_decode(doc)
     assert worst_prefill(pre, true, H200_POINTS) < 0.03
     assert worst_decode(dec) < 0.02
@@ -405,14 +452,29 @@ def test_vllm_results_recover_h20_and_the_decode_step(tmp_path: Path, capsys: py
     base.parent.mkdir()
     base.write_text(yaml.safe_dump({"extends": str(SCENARIO_DIR / "paper-prfaas.yaml"), "name": "mine"}))
     out = tmp_path / "scen" / "h20.yaml"
-    doc = run_cli(["--vllm", str(single), "--vllm", str(appended), "--prefill", "polynomial",
-                   "--scenario", str(base), "--name", "h20", "--out", str(out)], capsys)
+    doc = run_cli(
+        [
+            "--vllm",
+            str(single),
+            "--vllm",
+            str(appended),
+            "--prefill",
+            "polynomial",
+            "--scenario",
+            str(base),
+            "--name",
+            "h20",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert yaml.safe_load(out.read_text())["extends"] == "../bases/mine.yaml"
     assert worst_prefill(fitted_prefill(doc), true, CHECK_LENGTHS) < 0.03
     assert worst_decode(fitted_decode(doc)) < 0.02
     sc = load_scenario(out)
     got = sc.hardware["h20"]
-    assert got.decode is not None and got.decode.bs_max == 20     # kept from the base
+    assert got.decode is not None and got.decode.bs_max == 20  # kept from the base
     assert got.decode.base_s == doc["block"]["decode"]["base_s"]
     assert isinstance(got.prefill, PolynomialPrefill)
     assert sc.hardware["h200"] == PAPER.hardware["h200"]
@@ -421,11 +483,12 @@ def test_vllm_results_recover_h20_and_the_decode_step(tmp_path: Path, capsys: py
 def test_vllm_without_start_times_uses_max_concurrency(tmp_path: Path) -> None:
     true = PrefillTime.from_spec(H20)
     (c1, s1), (c4, s4), *_ = runs(true, seed=13)
-    f = write_vllm(tmp_path / "old.json", [vllm_result(s1, c1, start_times=False),
-                                           vllm_result(s4, c4, start_times=False)])
+    f = write_vllm(
+        tmp_path / "old.json", [vllm_result(s1, c1, start_times=False), vllm_result(s4, c4, start_times=False)]
+    )
     a = analyse_requests(read_vllm(f))
     assert {p.batch for p in a.decode} == {1.0, 4.0}
-    assert len(a.first_steps) == len(s1)           # only the concurrency-1 run is queue-free
+    assert len(a.first_steps) == len(s1)  # only the concurrency-1 run is queue-free
     unknown = write_vllm(tmp_path / "none.json", [vllm_result(s4, None, start_times=False)])
     with pytest.raises(CalibrationError, match="--concurrency"):
         analyse_requests(read_vllm(unknown))
@@ -434,11 +497,14 @@ def test_vllm_without_start_times_uses_max_concurrency(tmp_path: Path) -> None:
 
 def test_request_analysis_is_the_same_block_by_block(monkeypatch: pytest.MonkeyPatch) -> None:
     import testbed.hardware.calibrate as cal
+
     true = PrefillTime.from_spec(H20)
-    recs = [cal.RequestRecord(f"r:{i}", "run", r.prompt, None, r.output, r.ttft, r.latency, r.start)
-            for i, r in enumerate(serve(true, 12, decode_jobs(48, 3), seed=3))]
+    recs = [
+        cal.RequestRecord(f"r:{i}", "run", r.prompt, None, r.output, r.ttft, r.latency, r.start)
+        for i, r in enumerate(serve(true, 12, decode_jobs(48, 3), seed=3))
+    ]
     whole = analyse_requests(recs)
-    monkeypatch.setattr(cal, "_BLOCK_CELLS", 7 * len(recs))       # blocks of 7 rows
+    monkeypatch.setattr(cal, "_BLOCK_CELLS", 7 * len(recs))  # blocks of 7 rows
     assert analyse_requests(recs) == whole
 
 
@@ -449,11 +515,29 @@ def test_block_only_and_a_table_over_the_base_polynomial(tmp_path: Path, capsys:
     rng = np.random.default_rng(1)
     true = PrefillTime.from_spec(H20)
     f = tmp_path / "p.csv"
-    f.write_text("prompt_tokens,prefill_s\n" + "".join(f"{n},{_noisy(rng, true(n)):.5f}\n"
-                                                       for n in range(1024, 131073, 4096)))
+    f.write_text(
+        "prompt_tokens,prefill_s\n" + "".join(f"{n},{_noisy(rng, true(n)):.5f}\n" for n in range(1024, 131073, 4096))
+    )
     block = tmp_path / "block.yaml"
-    assert main(["calibrate", "--prefill-csv", str(f), "--decode-csv", str(_decode_csv(tmp_path / "d.csv", DECODE, 2)),
-                 "--name", "h20", "--scenario", "paper-prfaas", "--out", str(block), "--block-only"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--prefill-csv",
+                str(f),
+                "--decode-csv",
+                str(_decode_csv(tmp_path / "d.csv", DECODE, 2)),
+                "--name",
+                "h20",
+                "--scenario",
+                "paper-prfaas",
+                "--out",
+                str(block),
+                "--block-only",
+            ]
+        )
+        == 0
+    )
     text = block.read_text()
     assert text.startswith("# Hardware profile 'h20' calibrated") and "# prefill: table of 16 points" in text
     data = yaml.safe_load(text)
@@ -543,7 +627,7 @@ def test_csv_errors_name_file_line_and_field(tmp_path: Path, capsys: pytest.Capt
     f.write_text("prompt_tokens,cached_tokens,prefill_s\n1024,2048,0.44\n")
     with pytest.raises(MeasurementError, match=r"p\.csv:2: field 'cached_tokens': 2048 cached tokens is more"):
         read_prefill_csv(f)
-    f.write_text("1024,0,fast\n")          # no header: a bad first row is data, not a header
+    f.write_text("1024,0,fast\n")  # no header: a bad first row is data, not a header
     with pytest.raises(MeasurementError, match=r"p\.csv:1: field 'prefill_s': expected a number"):
         read_prefill_csv(f)
     d = tmp_path / "d.csv"
@@ -592,7 +676,7 @@ def test_vllm_errors_name_file_line_and_field(tmp_path: Path) -> None:
     assert str(e.value) == f"{f}:2: field 'ttfts[3]': expected a number, got 'x'"
     summary = vllm_result(served, 1)
     for k in ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors"):
-        del summary[k]                   # what --save-result writes without --save-detailed
+        del summary[k]  # what --save-result writes without --save-detailed
     write_vllm(f, [summary])
     with pytest.raises(MeasurementError, match=r"r\.json:1: field 'input_lens': missing: .*--save-detailed"):
         read_vllm(f)

@@ -7,15 +7,15 @@ import pytest
 
 from testbed.config.scenarios import load_scenario
 from testbed.core.record import RequestRecord, StageTimes
-from testbed.studies.capacity.capacity import judge, search, write_outputs
 from testbed.run.load import resolve
+from testbed.studies.capacity.capacity import judge, search, write_outputs
 
 
-def _rec(i: int, arrival: float, ttft: float, tpot: float = 0.00625, modelled: float = 0.1,
-         outcome: str = "completed") -> RequestRecord:
+def _rec(
+    i: int, arrival: float, ttft: float, tpot: float = 0.00625, modelled: float = 0.1, outcome: str = "completed"
+) -> RequestRecord:
     times = StageTimes(arrival=arrival, first_token=arrival + ttft, last_token=arrival + ttft + 10 * tpot)
-    r = RequestRecord(f"r{i}", i, 1000, 11, tokens_received=11, prefill_modelled=modelled, outcome=outcome,
-                      times=times)
+    r = RequestRecord(f"r{i}", i, 1000, 11, tokens_received=11, prefill_modelled=modelled, outcome=outcome, times=times)
     return r
 
 
@@ -47,19 +47,27 @@ def test_judge_names_each_reason() -> None:
 @pytest.mark.app
 def test_search_brackets_capacity(tmp_path: Path) -> None:
     # One PD-P and one PD-D instance, short outputs: prefill is the bottleneck near 1 / E[T].
-    sc = load_scenario("paper-homogeneous", {
-        "clusters": [{"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20",
-                      "prefill": 1, "decode": 1}],
-        # Speedup 20 keeps the decode step (1.25 ms wire) above the event loop's timer granularity.
-        "scale": {"speedup": 20, "byte_scale": 4096}, "serving": {"stream_interval": 8},
-        "workload": {"requests": 24, "output_tokens": 16, "seed": 2},
-        # This test is about the bisection: the queue's growth decides it. TPOT at a 1.25 ms step
-        # is a timing the host's load moves (beside the docker tier a probe's P90 read 58 ms,
-        # its run marked invalid, "decode steps 46% late"), so its SLO is out of the way.
-        "slo": {"ttft_s": 60.0, "tpot_s": 0.5},
-    })
-    res = asyncio.run(search(resolve(sc), tmp_path, "inproc", lo=0.12, hi=1.2, probes=4, growth_limit=0.25,
-                             ttft_slo=60.0, verbose=False))
+    sc = load_scenario(
+        "paper-homogeneous",
+        {
+            "clusters": [
+                {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 1, "decode": 1}
+            ],
+            # Speedup 20 keeps the decode step (1.25 ms wire) above the event loop's timer granularity.
+            "scale": {"speedup": 20, "byte_scale": 4096},
+            "serving": {"stream_interval": 8},
+            "workload": {"requests": 24, "output_tokens": 16, "seed": 2},
+            # This test is about the bisection: the queue's growth decides it. TPOT at a 1.25 ms step
+            # is a timing the host's load moves (beside the docker tier a probe's P90 read 58 ms,
+            # its run marked invalid, "decode steps 46% late"), so its SLO is out of the way.
+            "slo": {"ttft_s": 60.0, "tpot_s": 0.5},
+        },
+    )
+    res = asyncio.run(
+        search(
+            resolve(sc), tmp_path, "inproc", lo=0.12, hi=1.2, probes=4, growth_limit=0.25, ttft_slo=60.0, verbose=False
+        )
+    )
     write_outputs(res, tmp_path)
     assert len(res.probes) == 4
     rates = {round(p.rate, 3): p.stable for p in res.probes}

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.pure
 def _no_programs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "bin"
     empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))       # neither docker nor docker-compose on it
+    monkeypatch.setenv("PATH", str(empty))  # neither docker nor docker-compose on it
 
 
 def test_a_backend_error_is_a_user_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,27 +27,38 @@ def test_a_backend_error_is_a_user_error(tmp_path: Path, monkeypatch: pytest.Mon
     assert isinstance(e.value, UserError)
 
 
-def test_no_docker_compose_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_docker_compose_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _no_programs(tmp_path, monkeypatch)
-    rc = main(["up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "1", "--out", str(tmp_path / "run")])
+    rc = main(
+        ["up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "1", "--out", str(tmp_path / "run")]
+    )
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert rc == 2, err
-    assert lines == ["error: neither `docker compose` nor `docker-compose` is installed: install the Docker Compose "
-                     "plugin (or Debian's docker-compose)"], err
+    assert lines == [
+        "error: neither `docker compose` nor `docker-compose` is installed: install the Docker Compose "
+        "plugin (or Debian's docker-compose)"
+    ], err
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("cmd", [["replay", "--scenario", "paper-prfaas", "--backend", "sim"],
-                                 ["up", "--backend", "compose", "--scenario", "paper-prfaas"],
-                                 ["sweep", "--scenario", "paper-prfaas", "--param", "policy.threshold=1,2"],
-                                 ["crosscheck", "--scenario", "paper-prfaas"],
-                                 ["capacity", "--scenario", "paper-prfaas"]],
-                         ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["replay", "--scenario", "paper-prfaas", "--backend", "sim"],
+        ["up", "--backend", "compose", "--scenario", "paper-prfaas"],
+        ["sweep", "--scenario", "paper-prfaas", "--param", "policy.threshold=1,2"],
+        ["crosscheck", "--scenario", "paper-prfaas"],
+        ["capacity", "--scenario", "paper-prfaas"],
+    ],
+    ids=lambda c: c[0],
+)
 @pytest.mark.parametrize("where", ["root", "file"])
-def test_out_that_is_no_directory_to_write_is_refused(cmd: list[str], where: str, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_out_that_is_no_directory_to_write_is_refused(
+    cmd: list[str], where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = "/" if where == "root" else str(tmp_path / "a-file")
     if where == "file":
         Path(target).write_text("mine")

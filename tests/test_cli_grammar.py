@@ -12,7 +12,10 @@ from testbed.cli import build_parser
 pytestmark = pytest.mark.pure
 
 ONE_SCENARIO = [
-    ["replay"], ["up"], ["sweep", "--set-grid", "x=1"], ["bench", "fidelity"],
+    ["replay"],
+    ["up"],
+    ["sweep", "--set-grid", "x=1"],
+    ["bench", "fidelity"],
 ]
 
 
@@ -29,18 +32,21 @@ def test_scenario_twice_is_refused_naming_the_flag(cmd: list[str], capsys: pytes
     assert "--scenario given more than once" in capsys.readouterr().err
 
 
-
-@pytest.mark.parametrize("argv", [
-    ["replay", "--scenario", "paper-prfaas", "--out", "a", "--out", "b"],
-    ["replay", "--scenario", "paper-prfaas", "--backend", "sim", "--backend", "local"],
-    ["up", "--scenario", "paper-prfaas", "--trace", "a.jsonl", "--trace", "b.jsonl"],
-    ["sweep", "--scenario", "paper-prfaas", "--param", "x=1", "--backend", "sim", "--backend", "local"],
-    ["crosscheck", "--scenario", "paper-prfaas", "--out", "a", "--out", "b"],
-    ["capacity", "--scenario", "paper-prfaas", "--backend", "sim", "--backend", "local"],
-    ["plan", "--trace", "a.jsonl", "--trace", "b.jsonl"],
-    ["bench", "fidelity", "--out", "a", "--out", "b"],
-    ["feasibility", "--out", "a", "--out", "b"],
-], ids=lambda a: f"{a[0]}{[x for x in a if x.startswith('--')][-1]}")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "--scenario", "paper-prfaas", "--out", "a", "--out", "b"],
+        ["replay", "--scenario", "paper-prfaas", "--backend", "sim", "--backend", "local"],
+        ["up", "--scenario", "paper-prfaas", "--trace", "a.jsonl", "--trace", "b.jsonl"],
+        ["sweep", "--scenario", "paper-prfaas", "--param", "x=1", "--backend", "sim", "--backend", "local"],
+        ["crosscheck", "--scenario", "paper-prfaas", "--out", "a", "--out", "b"],
+        ["capacity", "--scenario", "paper-prfaas", "--backend", "sim", "--backend", "local"],
+        ["plan", "--trace", "a.jsonl", "--trace", "b.jsonl"],
+        ["bench", "fidelity", "--out", "a", "--out", "b"],
+        ["feasibility", "--out", "a", "--out", "b"],
+    ],
+    ids=lambda a: f"{a[0]}{[x for x in a if x.startswith('--')][-1]}",
+)
 def test_out_trace_and_backend_twice_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     flag = [x for x in argv if x.startswith("--")][-1]
     with pytest.raises(SystemExit) as e:
@@ -48,22 +54,35 @@ def test_out_trace_and_backend_twice_are_refused(argv: list[str], capsys: pytest
     assert e.value.code == 2
     assert f"{flag} given more than once" in capsys.readouterr().err
 
+
 def test_one_scenario_is_taken() -> None:
     args = _parse(["replay", "--scenario", "paper-prfaas"])
-    assert getattr(args, "scenario") == "paper-prfaas"
+    assert args.scenario == "paper-prfaas"
 
 
 @pytest.mark.parametrize("cmd", [["capacity"], ["crosscheck"]])
 def test_comparing_commands_take_several(cmd: list[str]) -> None:
     args = _parse([*cmd, "--scenario", "paper-prfaas", "--scenario", "paper-homogeneous"])
-    assert getattr(args, "scenario") == ["paper-prfaas", "paper-homogeneous"]
+    assert args.scenario == ["paper-prfaas", "paper-homogeneous"]
 
 
 def test_a_fault_scenario_runs_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from testbed.cli import main
 
-    rc = main(["replay", "--backend", "sim", "--scenario", "scenarios/faults/decode-kill.yaml", "--requests", "60",
-               "--report", "--out", str(tmp_path / "run")])
+    rc = main(
+        [
+            "replay",
+            "--backend",
+            "sim",
+            "--scenario",
+            "scenarios/faults/decode-kill.yaml",
+            "--requests",
+            "60",
+            "--report",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 0, err
     assert (tmp_path / "run" / "faults.jsonl").is_file()
@@ -79,12 +98,17 @@ def test_calibrate_takes_one_scenario(capsys: pytest.CaptureFixture[str]) -> Non
 FAULTS = "scenarios/faults/decode-kill.yaml"
 
 
-@pytest.mark.parametrize("cmd", [
-    ["replay", "--backend", "inproc", "--requests", "2", "--compare", "paper-prfaas", FAULTS],
-    ["sweep", "--backend", "inproc", "--requests", "2", "--scenario", FAULTS, "--param", "policy.threshold=1,2"],
-], ids=lambda c: c[0])
-def test_a_fault_scenario_is_refused_before_anything_runs(cmd: list[str], tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["replay", "--backend", "inproc", "--requests", "2", "--compare", "paper-prfaas", FAULTS],
+        ["sweep", "--backend", "inproc", "--requests", "2", "--scenario", FAULTS, "--param", "policy.threshold=1,2"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_a_fault_scenario_is_refused_before_anything_runs(
+    cmd: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from testbed.cli import main
 
     out = tmp_path / "out"
@@ -97,19 +121,28 @@ def test_a_fault_scenario_is_refused_before_anything_runs(cmd: list[str], tmp_pa
 
 
 RUN_COMMANDS = [
-    ["replay", "--scenario", "paper-prfaas"], ["up", "--scenario", "paper-prfaas"],
-    ["capacity", "--scenario", "paper-prfaas"], ["sweep", "--scenario", "paper-prfaas", "--param", "x=1"],
+    ["replay", "--scenario", "paper-prfaas"],
+    ["up", "--scenario", "paper-prfaas"],
+    ["capacity", "--scenario", "paper-prfaas"],
+    ["sweep", "--scenario", "paper-prfaas", "--param", "x=1"],
     ["crosscheck", "--scenario", "paper-prfaas"],
 ]
-ONCE = [["--speedup", "2", "--speedup", "4"], ["--seed", "1", "--seed", "2"], ["--requests", "5", "--requests", "6"],
-        ["--trace", "a.jsonl", "--trace", "b.jsonl"], ["--window", "0:10", "--window", "0:20"],
-        ["--sample", "3", "--sample", "4"], ["--format", "mooncake", "--format", "azure"]]
+ONCE = [
+    ["--speedup", "2", "--speedup", "4"],
+    ["--seed", "1", "--seed", "2"],
+    ["--requests", "5", "--requests", "6"],
+    ["--trace", "a.jsonl", "--trace", "b.jsonl"],
+    ["--window", "0:10", "--window", "0:20"],
+    ["--sample", "3", "--sample", "4"],
+    ["--format", "mooncake", "--format", "azure"],
+]
 
 
 @pytest.mark.parametrize("flags", ONCE, ids=lambda f: f[0])
 @pytest.mark.parametrize("cmd", RUN_COMMANDS, ids=lambda c: c[0])
-def test_every_run_command_refuses_a_run_flag_twice(cmd: list[str], flags: list[str],
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_run_command_refuses_a_run_flag_twice(
+    cmd: list[str], flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as e:
         _parse([*cmd, *flags])
     assert e.value.code == 2
@@ -119,17 +152,54 @@ def test_every_run_command_refuses_a_run_flag_twice(cmd: list[str], flags: list[
 
 @pytest.mark.parametrize("cmd", RUN_COMMANDS, ids=lambda c: c[0])
 def test_every_run_command_takes_the_same_run_flags(cmd: list[str]) -> None:
-    args = _parse([*cmd, "--trace", "t.jsonl", "--format", "mooncake", "--window", "0:60", "--sample", "5",
-                   "--seed", "3", "--speedup", "2", "--requests", "4", "--keep-failed", "--trace-model", "GPT-4"])
-    got = {k: getattr(args, k) for k in ("trace", "format", "window", "sample", "seed", "speedup", "requests",
-                                         "keep_failed", "trace_models")}
-    assert got == {"trace": "t.jsonl", "format": "mooncake", "window": (0.0, 60.0), "sample": 5, "seed": 3,
-                   "speedup": "2", "requests": 4, "keep_failed": True, "trace_models": ["GPT-4"]}
+    args = _parse(
+        [
+            *cmd,
+            "--trace",
+            "t.jsonl",
+            "--format",
+            "mooncake",
+            "--window",
+            "0:60",
+            "--sample",
+            "5",
+            "--seed",
+            "3",
+            "--speedup",
+            "2",
+            "--requests",
+            "4",
+            "--keep-failed",
+            "--trace-model",
+            "GPT-4",
+        ]
+    )
+    got = {
+        k: getattr(args, k)
+        for k in ("trace", "format", "window", "sample", "seed", "speedup", "requests", "keep_failed", "trace_models")
+    }
+    assert got == {
+        "trace": "t.jsonl",
+        "format": "mooncake",
+        "window": (0.0, 60.0),
+        "sample": 5,
+        "seed": 3,
+        "speedup": "2",
+        "requests": 4,
+        "keep_failed": True,
+        "trace_models": ["GPT-4"],
+    }
 
 
-@pytest.mark.parametrize("cmd", [["capacity", "--scenario", "paper-prfaas"],
-                                 ["sweep", "--scenario", "paper-prfaas", "--param", "x=1"],
-                                 ["crosscheck", "--scenario", "paper-prfaas"]], ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["capacity", "--scenario", "paper-prfaas"],
+        ["sweep", "--scenario", "paper-prfaas", "--param", "x=1"],
+        ["crosscheck", "--scenario", "paper-prfaas"],
+    ],
+    ids=lambda c: c[0],
+)
 def test_speedup_auto_only_where_one_run_follows(cmd: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         _parse([*cmd, "--speedup", "auto"])
@@ -137,13 +207,19 @@ def test_speedup_auto_only_where_one_run_follows(cmd: list[str], capsys: pytest.
     assert _parse(["replay", "--speedup", "auto"]).speedup == "auto"
 
 
-@pytest.mark.parametrize("argv", [["trace", "synth", "--requests", "1", "--rate", "1", "--out", "a", "--out", "b"],
-                                  ["compare", "r1", "--out", "a", "--out", "b"],
-                                  ["calibrate", "--out", "a", "--out", "b"],
-                                  ["model", "--scenario", "paper-prfaas", "--trace", "a", "--trace", "b"]],
-                         ids=lambda a: a[0])
-def test_out_and_trace_twice_are_refused_in_the_other_commands(argv: list[str],
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["trace", "synth", "--requests", "1", "--rate", "1", "--out", "a", "--out", "b"],
+        ["compare", "r1", "--out", "a", "--out", "b"],
+        ["calibrate", "--out", "a", "--out", "b"],
+        ["model", "--scenario", "paper-prfaas", "--trace", "a", "--trace", "b"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_out_and_trace_twice_are_refused_in_the_other_commands(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     flag = [x for x in argv if x.startswith("--")][-1]
     with pytest.raises(SystemExit) as e:
         _parse(argv)

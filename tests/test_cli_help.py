@@ -47,8 +47,11 @@ def _actions(p: argparse.ArgumentParser, path: tuple[str, ...]) -> Iterator[tupl
 
 
 def test_every_option_has_help() -> None:
-    missing = [f"testbed {' '.join(path)} {'/'.join(a.option_strings) or a.dest}"
-               for path, a in _actions(build_parser(), ()) if not a.help]
+    missing = [
+        f"testbed {' '.join(path)} {'/'.join(a.option_strings) or a.dest}"
+        for path, a in _actions(build_parser(), ())
+        if not a.help
+    ]
     assert not missing, "options without help:\n" + "\n".join(missing)
 
 

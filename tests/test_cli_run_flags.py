@@ -27,8 +27,25 @@ def _meta(run_dir: Path) -> dict[str, Any]:
 
 
 def test_capacity_on_a_trace_takes_the_run_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["capacity", "--scenario", "paper-prfaas", "--backend", "sim", *TRACE_FLAGS, "--probes", "2",
-               "--lo", "1", "--hi", "2", "--out", str(tmp_path), "--json"])
+    rc = main(
+        [
+            "capacity",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            "sim",
+            *TRACE_FLAGS,
+            "--probes",
+            "2",
+            "--lo",
+            "1",
+            "--hi",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     probes = json.loads(out)["probes"]
@@ -41,8 +58,23 @@ def test_capacity_on_a_trace_takes_the_run_flags(tmp_path: Path, capsys: pytest.
 
 
 def test_sweep_on_a_trace_takes_the_run_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["sweep", "--scenario", "paper-prfaas", "--backend", "sim", "--param", "policy.threshold=10000,40000",
-               *TRACE_FLAGS, "--rate", "2", "--out", str(tmp_path), "--json"])
+    rc = main(
+        [
+            "sweep",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            "sim",
+            "--param",
+            "policy.threshold=10000,40000",
+            *TRACE_FLAGS,
+            "--rate",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     points = json.loads(out)["points"]
@@ -56,15 +88,47 @@ def test_sweep_on_a_trace_takes_the_run_flags(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_crosscheck_takes_speedup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["crosscheck", "--scenario", "paper-prfaas", "--skip-emulation", "--requests", "4", "--speedup", "3",
-               "--out", str(tmp_path)])
+    rc = main(
+        [
+            "crosscheck",
+            "--scenario",
+            "paper-prfaas",
+            "--skip-emulation",
+            "--requests",
+            "4",
+            "--speedup",
+            "3",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert _meta(tmp_path / "sim")["scale"]["speedup"] == 3.0
 
 
 def test_capacity_without_a_trace_seeds_the_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["capacity", "--scenario", "paper-prfaas", "--backend", "sim", "--requests", "6", "--seed", "11",
-               "--speedup", "2", "--probes", "1", "--lo", "1", "--out", str(tmp_path), "--json"])
+    rc = main(
+        [
+            "capacity",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            "sim",
+            "--requests",
+            "6",
+            "--seed",
+            "11",
+            "--speedup",
+            "2",
+            "--probes",
+            "1",
+            "--lo",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     meta = _meta(Path(json.loads(out)["probes"][0]["run_dir"]))

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from held import ROOT, Held, check_api_key, start_hold
 from hf_tokenizer import byte_level_bpe, english_corpus, save_hf_cache
+
 from testbed.live.openai_api import TOKEN_TEXT
 
 pytestmark = pytest.mark.clients
@@ -39,7 +39,7 @@ MOONCAKE = ROOT / "traces" / "samples" / "mooncake-sample.jsonl"
 FULL_ATTENTION = ("--set", "model.layer_pattern=[full]", "--set", "model.linear_state_bytes=0")
 # ~4 bytes per token on aiperf's corpus, as the router's estimate of a text prompt's length assumes.
 TOKENIZER_VOCAB = 6000
-BLOCK_TOKENS = 512        # the paper model's cache block (scenarios/base/paper.yaml)
+BLOCK_TOKENS = 512  # the paper model's cache block (scenarios/base/paper.yaml)
 
 
 def _aiperf() -> str | None:
@@ -60,8 +60,13 @@ def aiperf() -> str:
 def _aiperf_corpus(exe: str) -> list[str]:
     """The text aiperf draws its synthetic prompts from, as it prepares it."""
     python = Path(exe).read_text().splitlines()[0].removeprefix("#!").strip()
-    where = subprocess.run([python, "-c", "import aiperf, os; print(os.path.dirname(aiperf.__file__))"],
-                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    where = subprocess.run(
+        [python, "-c", "import aiperf, os; print(os.path.dirname(aiperf.__file__))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
     text = (Path(where) / "dataset" / "generator" / "assets" / "shakespeare.txt").read_text()
     return [line.strip() for line in text.splitlines() if line.strip()]
 
@@ -84,10 +89,31 @@ def held(aiperf: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Held
 
 
 def run_aiperf(exe: str, hf_home: Path, url: str, api_key: str, out: Path, *args: str) -> list[dict[str, Any]]:
-    cmd = [exe, "profile", "--model", "kimi-linear-1t", "--url", url, "--api-key", api_key, "--endpoint-type", "chat",
-           "--streaming",
-           "--tokenizer", "prfaas-testbed/test-tokenizer", "--extra-inputs", "ignore_eos:true", "--random-seed", "1",
-           "--ui", "none", "--no-gpu-telemetry", "--artifact-dir", str(out), *args]
+    cmd = [
+        exe,
+        "profile",
+        "--model",
+        "kimi-linear-1t",
+        "--url",
+        url,
+        "--api-key",
+        api_key,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--tokenizer",
+        "prfaas-testbed/test-tokenizer",
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--random-seed",
+        "1",
+        "--ui",
+        "none",
+        "--no-gpu-telemetry",
+        "--artifact-dir",
+        str(out),
+        *args,
+    ]
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     log = r.stdout + r.stderr
@@ -115,14 +141,19 @@ def ttft_agreement(rows: list[dict[str, Any]], recs: list[dict[str, str]]) -> tu
     |aiperf's TTFT / the record's - 1|): how far the client's figure is from the testbed's."""
     client = [value(r, "time_to_first_token") / 1000 for r in rows]
     server = [float(r["first_token"]) - float(r["arrival"]) for r in recs]
-    return (statistics.mean(client) / statistics.mean(server) - 1,
-            statistics.median(abs(c / s - 1) for c, s in zip(client, server)))
+    return (
+        statistics.mean(client) / statistics.mean(server) - 1,
+        statistics.median(abs(c / s - 1) for c, s in zip(client, server)),
+    )
 
 
 def _print_agreement(what: str, mean_rel: float, median_rel: float) -> None:
     # A figure for the README's 1% claim, printed (bounds below are what a busy host allows).
-    print(f"\n{what}: aiperf TTFT vs the records: mean {mean_rel:+.2%}, per-request median |diff| {median_rel:.2%}",
-          file=sys.__stdout__, flush=True)
+    print(
+        f"\n{what}: aiperf TTFT vs the records: mean {mean_rel:+.2%}, per-request median |diff| {median_rel:.2%}",
+        file=sys.__stdout__,
+        flush=True,
+    )
 
 
 def records_of(run_dir: Path, ids: list[str]) -> list[dict[str, str]]:
@@ -136,9 +167,25 @@ def records_of(run_dir: Path, ids: list[str]) -> list[dict[str, str]]:
 
 def test_aiperf_synthetic_streaming_chat(aiperf: str, hf_home: Path, held: Held, tmp_path: Path) -> None:
     osl = 12
-    rows = run_aiperf(aiperf, hf_home, held.info["url"], check_api_key(held.info), tmp_path,
-                      "--request-count", "50", "--concurrency", "4",
-                      "--isl", "3000", "--isl-stddev", "0", "--osl", str(osl), "--osl-stddev", "0")
+    rows = run_aiperf(
+        aiperf,
+        hf_home,
+        held.info["url"],
+        check_api_key(held.info),
+        tmp_path,
+        "--request-count",
+        "50",
+        "--concurrency",
+        "4",
+        "--isl",
+        "3000",
+        "--isl-stddev",
+        "0",
+        "--osl",
+        str(osl),
+        "--osl-stddev",
+        "0",
+    )
     assert len(rows) == 50
     assert all(value(r, "output_sequence_length") == osl and value(r, "usage_completion_tokens") == osl for r in rows)
     # The usage field the router reports carries the cached prompt tokens (0 for fresh prompts).
@@ -158,8 +205,10 @@ def test_aiperf_synthetic_streaming_chat(aiperf: str, hf_home: Path, held: Held,
 def _small_trace(out: Path, n: int = 20, max_output: int = 8, faster: float = 2.0) -> Path:
     """The sample's first n requests, outputs capped and arrivals `faster` times as fast."""
     rows = [json.loads(line) for line in MOONCAKE.read_text().splitlines()[:n]]
-    rows = [{**r, "output_length": min(r["output_length"], max_output), "timestamp": round(r["timestamp"] / faster, 3)}
-            for r in rows]
+    rows = [
+        {**r, "output_length": min(r["output_length"], max_output), "timestamp": round(r["timestamp"] / faster, 3)}
+        for r in rows
+    ]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out
 
@@ -167,9 +216,19 @@ def _small_trace(out: Path, n: int = 20, max_output: int = 8, faster: float = 2.
 def test_aiperf_mooncake_trace_on_a_fixed_schedule(aiperf: str, hf_home: Path, held: Held, tmp_path: Path) -> None:
     trace = _small_trace(tmp_path / "trace.jsonl")
     (tmp_path / "aiperf").mkdir()
-    rows = run_aiperf(aiperf, hf_home, held.info["url"], check_api_key(held.info), tmp_path / "aiperf",
-                      "--input-file", str(trace),
-                      "--custom-dataset-type", "mooncake_trace", "--fixed-schedule", "--no-server-metrics")
+    rows = run_aiperf(
+        aiperf,
+        hf_home,
+        held.info["url"],
+        check_api_key(held.info),
+        tmp_path / "aiperf",
+        "--input-file",
+        str(trace),
+        "--custom-dataset-type",
+        "mooncake_trace",
+        "--fixed-schedule",
+        "--no-server-metrics",
+    )
     assert len(rows) == 20
     recs = records_of(held.run_dir, [r["metadata"]["x_request_id"] for r in rows])
     assert all(r["outcome"] == "completed" for r in recs)
@@ -179,10 +238,30 @@ def test_aiperf_mooncake_trace_on_a_fixed_schedule(aiperf: str, hf_home: Path, h
     assert abs(mean_rel) < 0.15, (mean_rel, median_rel)
     held_share = sum(int(r["cached_tokens"]) for r in recs) / sum(int(r["input_tokens"]) for r in recs)
     # The same file replayed by the testbed itself (the trace's hash ids, not text), same speed.
-    rep = subprocess.run([sys.executable, "-m", "testbed", "replay", "--scenario", "paper-prfaas", *FULL_ATTENTION,
-                          "--trace", str(trace), "--backend", "inproc", "--set", "scale.speedup=1", "--json",
-                          "--out", str(tmp_path / "replay")],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            *FULL_ATTENTION,
+            "--trace",
+            str(trace),
+            "--backend",
+            "inproc",
+            "--set",
+            "scale.speedup=1",
+            "--json",
+            "--out",
+            str(tmp_path / "replay"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert rep.returncode == 0, rep.stderr[-3000:]
     replay_share = json.loads(rep.stdout)["cache"]["cached_token_share"]
     # What may differ: aiperf's text, tokenised again, can end a shared prefix one block early
@@ -200,15 +279,21 @@ def test_openai_package_through_the_netns_forwarder_until_testbed_down(tmp_path:
     if os.geteuid() != 0:
         pytest.skip("the netns backend needs root")
     openai = pytest.importorskip("openai")
-    held = start_hold(tmp_path / "run", "--backend", "netns", "--scenario", "paper-prfaas",
-                      "--set", "serving.stream_interval=2")
+    held = start_hold(
+        tmp_path / "run", "--backend", "netns", "--scenario", "paper-prfaas", "--set", "serving.stream_interval=2"
+    )
     try:
         info = held.info
         assert info["base_url"].startswith("http://127.0.0.1:") and info["prefix"].startswith("ptb")
         client = openai.OpenAI(base_url=info["base_url"], api_key=check_api_key(info))
-        stream = client.chat.completions.create(model="kimi-linear-1t", max_tokens=9, stream=True,
-                                                messages=[{"role": "user", "content": "hello " * 2000}],
-                                                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        stream = client.chat.completions.create(
+            model="kimi-linear-1t",
+            max_tokens=9,
+            stream=True,
+            messages=[{"role": "user", "content": "hello " * 2000}],
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         text, usage = "", None
         for ch in stream:
             if ch.choices and ch.choices[0].delta.content:
@@ -217,8 +302,9 @@ def test_openai_package_through_the_netns_forwarder_until_testbed_down(tmp_path:
                 usage = ch.usage
         assert text == TOKEN_TEXT * 9 and usage is not None and usage.completion_tokens == 9
         assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 0
-        again = client.chat.completions.create(model="kimi-linear-1t", max_tokens=3,
-                                               messages=[{"role": "user", "content": "hello " * 2000}])
+        again = client.chat.completions.create(
+            model="kimi-linear-1t", max_tokens=3, messages=[{"role": "user", "content": "hello " * 2000}]
+        )
         assert again.usage is not None and again.usage.prompt_tokens_details is not None
         assert again.usage.prompt_tokens_details.cached_tokens > 0.8 * again.usage.prompt_tokens
         assert client.models.list().data[0].id == "kimi-linear-1t"
@@ -226,8 +312,13 @@ def test_openai_package_through_the_netns_forwarder_until_testbed_down(tmp_path:
         held.end()
         raise
     # `testbed down --force RUN` removes the live deployment under the hold: it notices and writes its run.
-    down = subprocess.run([sys.executable, "-m", "testbed", "down", "--force", info["prefix"]],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    down = subprocess.run(
+        [sys.executable, "-m", "testbed", "down", "--force", info["prefix"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert down.returncode == 0, down.stderr
     last = held.wait(timeout=120)
     assert last["ended"].startswith("the deployment went away") and last["requests"] == 2

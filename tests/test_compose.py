@@ -12,16 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from wan_bound import counters_bound
 import yaml
-
 from deployment_sizes import ONE_PER_ROLE, SERVICES_ONE_PER_ROLE
 from held import answers, check_api_key, check_held_run, drive_with_openai, start_hold
+from wan_bound import counters_bound
+
+from testbed.config.profiles import load_profile
+from testbed.config.scenarios import load_scenario
 from testbed.core.schema.scaling import Scale
 from testbed.deploy.compose import compose_spec, layout
 from testbed.deploy.netns import wan_links
-from testbed.config.profiles import load_profile
-from testbed.config.scenarios import load_scenario
 
 
 def _docker_ok() -> bool:
@@ -36,9 +36,9 @@ def test_compose_file_has_one_container_per_instance_and_a_wan_router(tmp_path: 
     prof = load_profile(sc.links.inter_dc)
     spec = compose_spec(sc, prof, "ptb1234", "prfaas-testbed:latest", tmp_path, tmp_path / "ctl")
     services = spec["services"]
-    assert len(services) == (4 + 3 + 5) + 1 + 1          # instances + router + WAN router
+    assert len(services) == (4 + 3 + 5) + 1 + 1  # instances + router + WAN router
     assert set(spec["networks"]) == {"dc-dc-remote", "dc-dc-local"}
-    assert not any(n.get("internal") for n in spec["networks"].values())   # see compose_spec
+    assert not any(n.get("internal") for n in spec["networks"].values())  # see compose_spec
     lay = layout(sc)
     wan = services["wan"]
     assert set(wan["networks"]) == set(spec["networks"]) and "NET_ADMIN" in wan["cap_add"]
@@ -46,7 +46,7 @@ def test_compose_file_has_one_container_per_instance_and_a_wan_router(tmp_path: 
     assert wan["sysctls"]["net.ipv4.ip_forward"] == "1"
     # A PrfaaS node routes the local DC's subnet through the WAN router's address on its own network.
     p0 = services["prfaas-p0"]
-    (net, cfg), = p0["networks"].items()
+    ((net, cfg),) = p0["networks"].items()
     assert net == "dc-dc-remote" and cfg["ipv4_address"] == lay["hosts"]["prfaas-p0"][1]
     local_subnet = lay["dcs"]["dc-local"][1]
     assert f"--route={local_subnet}=10.232.0.254" in p0["command"]
@@ -66,14 +66,40 @@ def test_compose_replay_and_teardown(tmp_path: Path) -> None:
     # Someone else's network holds the first block's second /24 (as a CI runner's did): the run
     # must take another block, not fail with the engine's "Pool overlaps".
     squatter = f"ptbtest-squatter-{os.getpid()}"
-    subprocess.run(["docker", "network", "create", "--subnet", "10.232.1.0/24", squatter],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["docker", "network", "create", "--subnet", "10.232.1.0/24", squatter], check=True, capture_output=True
+    )
     try:
-        r = subprocess.run([sys.executable, "-m", "testbed", "up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "12",
-                            "--rate", "2", "--out", str(out), "--json", "--set", "scale.speedup=10",
-                            "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=64",
-                            "--set", "serving.stream_interval=8"],
-                           capture_output=True, text=True, timeout=1800)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "testbed",
+                "up",
+                "--backend",
+                "compose",
+                "--scenario",
+                "paper-prfaas",
+                "--requests",
+                "12",
+                "--rate",
+                "2",
+                "--out",
+                str(out),
+                "--json",
+                "--set",
+                "scale.speedup=10",
+                "--set",
+                "scale.byte_scale=1000",
+                "--set",
+                "workload.output_tokens=64",
+                "--set",
+                "serving.stream_interval=8",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
     finally:
         subprocess.run(["docker", "network", "rm", squatter], capture_output=True)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -87,10 +113,14 @@ def test_compose_replay_and_teardown(tmp_path: Path) -> None:
     assert len(spec["services"]) == 12 + 2
     assert s["wan_link"]["link"] == "dc-remote->dc-local"
     assert 1.0 <= s["wan_link"]["counters_over_records"] < counters_bound(out, s)
-    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=prfaas-testbed.project={project}"],
-                          capture_output=True, text=True).stdout.split()
-    nets = subprocess.run(["docker", "network", "ls", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
-                          capture_output=True, text=True).stdout.split()
+    left = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=prfaas-testbed.project={project}"], capture_output=True, text=True
+    ).stdout.split()
+    nets = subprocess.run(
+        ["docker", "network", "ls", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert left == [] and nets == []
 
 
@@ -102,20 +132,52 @@ def test_sigterm_mid_replay_removes_every_container_network_and_volume(tmp_path:
     # and each reaches this backend once.
     sig = signal.SIGTERM
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "testbed", "up", "--backend", "compose", "--scenario", "paper-prfaas", "--requests", "60",
-                             "--rate", "2", "--out", str(out), "--set", "scale.speedup=10",
-                             "--set", "scale.byte_scale=1000", "--set", "workload.output_tokens=400", *ONE_PER_ROLE],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "up",
+            "--backend",
+            "compose",
+            "--scenario",
+            "paper-prfaas",
+            "--requests",
+            "60",
+            "--rate",
+            "2",
+            "--out",
+            str(out),
+            "--set",
+            "scale.speedup=10",
+            "--set",
+            "scale.byte_scale=1000",
+            "--set",
+            "workload.output_tokens=400",
+            *ONE_PER_ROLE,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 900
         records = out / "records.csv"
-        while time.time() < deadline and proc.poll() is None and not (
-                records.exists() and len(records.read_text().splitlines()) > 3):
+        while (
+            time.time() < deadline
+            and proc.poll() is None
+            and not (records.exists() and len(records.read_text().splitlines()) > 3)
+        ):
             time.sleep(0.5)
-        assert proc.poll() is None, f"the run ended before the interrupt ({proc.returncode}): {proc.communicate()[1][-3000:]}"
+        assert proc.poll() is None, (
+            f"the run ended before the interrupt ({proc.returncode}): {proc.communicate()[1][-3000:]}"
+        )
         project = json.loads((out / "run.json").read_text())["shaping"]["project"]
-        running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
-                                 capture_output=True, text=True).stdout.split()
+        running = subprocess.run(
+            ["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         assert len(running) == SERVICES_ONE_PER_ROLE
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=180)
@@ -124,8 +186,9 @@ def test_sigterm_mid_replay_removes_every_container_network_and_volume(tmp_path:
             proc.kill()
     assert proc.returncode == 128 + sig, err[-3000:]
     for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
-        left = subprocess.run(["docker", *kind, "--filter", f"label=prfaas-testbed.project={project}"],
-                              capture_output=True, text=True).stdout.split()
+        left = subprocess.run(
+            ["docker", *kind, "--filter", f"label=prfaas-testbed.project={project}"], capture_output=True, text=True
+        ).stdout.split()
         assert left == [], kind
     rows = (out / "records.csv").read_text().splitlines()
     assert len(rows) == 61
@@ -137,15 +200,27 @@ def test_sigterm_mid_replay_removes_every_container_network_and_volume(tmp_path:
 def test_hold_serves_the_openai_package_then_ctrl_c_removes_everything(tmp_path: Path) -> None:
     out = tmp_path / "run"
     t = time.monotonic()
-    held = start_hold(out, "--scenario", "paper-prfaas", "--set", "scale.byte_scale=1000",
-                      "--set", "serving.stream_interval=2", *ONE_PER_ROLE, ready_timeout=600)
+    held = start_hold(
+        out,
+        "--scenario",
+        "paper-prfaas",
+        "--set",
+        "scale.byte_scale=1000",
+        "--set",
+        "serving.stream_interval=2",
+        *ONE_PER_ROLE,
+        ready_timeout=600,
+    )
     ready = time.monotonic() - t
     project = held.info["prefix"]
     try:
         assert held.info["backend"] == "compose" and project.startswith("ptb")
         assert held.info["base_url"].startswith("http://127.0.0.1:")
-        running = subprocess.run(["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
-                                 capture_output=True, text=True).stdout.split()
+        running = subprocess.run(
+            ["docker", "ps", "-q", "--filter", f"label=prfaas-testbed.project={project}"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         assert len(running) == SERVICES_ONE_PER_ROLE
         sent = drive_with_openai(held.info["base_url"], check_api_key(held.info))
     except BaseException:
@@ -157,8 +232,9 @@ def test_hold_serves_the_openai_package_then_ctrl_c_removes_everything(tmp_path:
     check_held_run(out, sent, last)
     assert json.loads((out / "run.json").read_text())["shaping"]["project"] == project
     for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
-        left = subprocess.run(["docker", *kind, "--filter", f"label=prfaas-testbed.project={project}"],
-                              capture_output=True, text=True).stdout.split()
+        left = subprocess.run(
+            ["docker", *kind, "--filter", f"label=prfaas-testbed.project={project}"], capture_output=True, text=True
+        ).stdout.split()
         assert left == [], kind
     assert not Path(f"/tmp/{project}-ctl").exists() and not answers(held.info["url"])
     print(f"compose hold: ready in {ready:.0f} s, Ctrl-C to everything removed {took:.0f} s")

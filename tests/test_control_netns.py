@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from replay_exit import RAN
 
 pytestmark = [
@@ -35,11 +34,35 @@ def test_link_drop_raises_the_threshold_with_a_recorded_reason(tmp_path: Path) -
     prof.write_text(PROFILE)
     out = tmp_path / "run"
     # 1.2 offloaded req/s x ~0.95 GB of KV is ~9 Gbit/s of demand: fine at 100, saturating at 4.
-    cmd = [sys.executable, "-m", "testbed", "replay", "--scenario", "paper-prfaas-bw", "--out", str(out),
-           "--backend", "netns", "--requests", "90", "--rate", "2.4", "--json",
-           "--set", f"links.inter_dc={prof}", "--set", "scale.speedup=8", "--set", "scale.byte_scale=512",
-           "--set", "workload.output_tokens=64", "--set", "serving.stream_interval=8",
-           "--set", "policy.control.interval_s=1.0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "testbed",
+        "replay",
+        "--scenario",
+        "paper-prfaas-bw",
+        "--out",
+        str(out),
+        "--backend",
+        "netns",
+        "--requests",
+        "90",
+        "--rate",
+        "2.4",
+        "--json",
+        "--set",
+        f"links.inter_dc={prof}",
+        "--set",
+        "scale.speedup=8",
+        "--set",
+        "scale.byte_scale=512",
+        "--set",
+        "workload.output_tokens=64",
+        "--set",
+        "serving.stream_interval=8",
+        "--set",
+        "policy.control.interval_s=1.0",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode in RAN, r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())

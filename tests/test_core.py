@@ -3,22 +3,32 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
+from testbed.config.scenarios import load_scenario
 from testbed.core.engine.decode_batch import AdmissionError, DecodeBatch, DecodeSeq
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle, State
 from testbed.core.routing.load_tracker import LoadTracker
 from testbed.core.routing.policy import RoutingRequest, get_policy
-from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.schema.scaling import Scale
-from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
-from testbed.config.scenarios import load_scenario
 
 pytestmark = pytest.mark.pure
 
-HAPPY = [Event.ROUTE, Event.ENQUEUE_PREFILL, Event.START_PREFILL, Event.TRANSFER_START, Event.END_PREFILL,
-         Event.KV_COMPLETE, Event.ADMIT, Event.FIRST_TOKEN, Event.FINISH]
+HAPPY = [
+    Event.ROUTE,
+    Event.ENQUEUE_PREFILL,
+    Event.START_PREFILL,
+    Event.TRANSFER_START,
+    Event.END_PREFILL,
+    Event.KV_COMPLETE,
+    Event.ADMIT,
+    Event.FIRST_TOKEN,
+    Event.FINISH,
+]
 
 
 def test_lifecycle_happy_path_records_times() -> None:
@@ -62,6 +72,7 @@ def test_prefill_time_table_interpolates_and_extrapolates() -> None:
 
 def test_prefill_time_cached_term() -> None:
     from testbed.core.schema.scenario import PolynomialPrefill
+
     pt = PrefillTime.from_spec(PolynomialPrefill(kind="polynomial", coefficients=[0.1, 1e-4], cached_token_s=1e-6))
     assert pt(1000, 5000) == pytest.approx(0.1 + 0.1 + 0.005)
 
@@ -99,7 +110,7 @@ def test_prefill_queue_fcfs_and_backlog() -> None:
     q.push(PrefillJob("b", 10, 0, 2.0), 0.0)
     a = q.start_next(0.0)
     assert a is not None and a.request_id == "a"
-    assert q.start_next(0.1) is None          # busy
+    assert q.start_next(0.1) is None  # busy
     assert q.depth == 1 and q.backlog(0.5) == pytest.approx(0.5 + 2.0)
     q.finish(1.0)
     b = q.start_next(1.0)
@@ -128,7 +139,7 @@ def test_decode_batch_kv_memory_admission_is_fcfs() -> None:
     b.submit(DecodeSeq("big", 10, 1, 70))
     b.submit(DecodeSeq("big2", 10, 1, 60))
     b.submit(DecodeSeq("small", 10, 1, 10))
-    assert [s.request_id for s in b.admit(0.0)] == ["big"]   # big2 does not fit; small may not overtake
+    assert [s.request_id for s in b.admit(0.0)] == ["big"]  # big2 does not fit; small may not overtake
     b.complete_step()
     assert [s.request_id for s in b.admit(1.0)] == ["big2", "small"]
     with pytest.raises(AdmissionError, match="more than the instance"):
@@ -152,13 +163,15 @@ def test_policies_route_as_the_paper_says() -> None:
     edge = pol(view, RoutingRequest("e", 19400))
     assert long.prefill_cluster == "prfaas" and long.crossed_wan
     assert short.prefill_cluster == "pd" and not short.crossed_wan
-    assert edge.prefill_cluster == "pd"                      # l <= t stays local
+    assert edge.prefill_cluster == "pd"  # l <= t stays local
     assert long.decode_cluster == "pd" and long.decode_node.startswith("pd-d")
-    naive = get_policy("naive")(load_scenario("paper-naive") and LoadTracker(load_scenario("paper-naive")).view(None),
-                                RoutingRequest("x", 100))
+    naive = get_policy("naive")(
+        load_scenario("paper-naive") and LoadTracker(load_scenario("paper-naive")).view(None), RoutingRequest("x", 100)
+    )
     assert naive.prefill_cluster == "prfaas"
-    homo = get_policy("homogeneous")(LoadTracker(load_scenario("paper-homogeneous")).view(None),
-                                     RoutingRequest("x", 100000))
+    homo = get_policy("homogeneous")(
+        LoadTracker(load_scenario("paper-homogeneous")).view(None), RoutingRequest("x", 100000)
+    )
     assert homo.prefill_cluster == "pd" and not homo.crossed_wan
 
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from testbed.config.scenarios import load_scenario
 from testbed.core.engine.decode_batch import DecodeBatch, DecodeSeq
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.routing.load_tracker import LoadTracker
-from testbed.core.routing.policy import NoCapacity, RoutingRequest, get_policy
 from testbed.core.engine.servicetime import DecodeStepTime
+from testbed.core.routing.load_tracker import LoadTracker
+from testbed.core.routing.policy import NoCapacity, RoutingRequest
 
 pytestmark = pytest.mark.pure
 
@@ -27,8 +28,7 @@ def _batch(seqs: list[tuple[int, int]], per_seq: float = 0.001, per_ctx: float =
     return b
 
 
-@given(st.lists(st.tuples(st.integers(1, 50000), st.integers(1, 300)), min_size=1, max_size=12),
-       st.integers(0, 300))
+@given(st.lists(st.tuples(st.integers(1, 50000), st.integers(1, 300)), min_size=1, max_size=12), st.integers(0, 300))
 @settings(max_examples=60, deadline=None)
 def test_advance_is_that_many_steps_and_duration_of_is_their_sum(seqs: list[tuple[int, int]], want: int) -> None:
     a, b = _batch(seqs), _batch(seqs)
@@ -51,11 +51,15 @@ def test_advance_refuses_to_run_past_a_finish() -> None:
         b.advance(4)
 
 
-@given(st.lists(st.tuples(st.integers(1, 50000), st.integers(50, 300)), min_size=1, max_size=8),
-       st.floats(0.0, 2.0), st.sampled_from([0.0, 1e-6]))
+@given(
+    st.lists(st.tuples(st.integers(1, 50000), st.integers(50, 300)), min_size=1, max_size=8),
+    st.floats(0.0, 2.0),
+    st.sampled_from([0.0, 1e-6]),
+)
 @settings(max_examples=80, deadline=None)
-def test_steps_until_is_the_first_boundary_at_or_after(seqs: list[tuple[int, int]], elapsed: float,
-                                                       per_ctx: float) -> None:
+def test_steps_until_is_the_first_boundary_at_or_after(
+    seqs: list[tuple[int, int]], elapsed: float, per_ctx: float
+) -> None:
     b = _batch(seqs, per_ctx=per_ctx)
     m = b.steps_until(elapsed)
     if elapsed <= 0:
@@ -77,18 +81,33 @@ def test_shipped_is_the_total_and_last_layer_of_layer_bytes(name: str) -> None:
         assert kv.shipped(tokens, cached, scale) == (sum(layers), layers[-1])
 
 
-@pytest.mark.parametrize("scenario", ["paper-prfaas", "paper-prfaas-cache", "paper-prfaas-load-aware",
-                                      "paper-homogeneous", "paper-naive"])
+@pytest.mark.parametrize(
+    "scenario", ["paper-prfaas", "paper-prfaas-cache", "paper-prfaas-load-aware", "paper-homogeneous", "paper-naive"]
+)
 def test_the_trackers_view_decides_as_the_full_listing_does(scenario: str) -> None:
     """The view lists only each cluster's least-loaded instances (what a 10,000-GPU deployment
     needs), among those not down: every policy decides on it exactly as on every instance."""
     from testbed.config.resolved import resolve
     from testbed.core.routing.load_aware import router_policy
 
-    sc = load_scenario(scenario, {"clusters": [
-        {"name": "prfaas", "datacenter": "dc-remote", "kind": "prfaas", "hardware": "h200", "prefill": 9, "decode": 0},
-        {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 7, "decode": 11}]}
-        if scenario != "paper-homogeneous" else {})
+    sc = load_scenario(
+        scenario,
+        {
+            "clusters": [
+                {
+                    "name": "prfaas",
+                    "datacenter": "dc-remote",
+                    "kind": "prfaas",
+                    "hardware": "h200",
+                    "prefill": 9,
+                    "decode": 0,
+                },
+                {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 7, "decode": 11},
+            ]
+        }
+        if scenario != "paper-homogeneous"
+        else {},
+    )
     rs = resolve(sc)
     policy = router_policy(sc, rs.intra_dc, rs.inter_dc)
     tr = LoadTracker(sc)
@@ -97,7 +116,7 @@ def test_the_trackers_view_decides_as_the_full_listing_does(scenario: str) -> No
     open_: list[tuple[object, float, bool]] = []
     down: frozenset[str] = frozenset()
     for i in range(3000):
-        if rng.random() < 0.01:       # instances go down and come back now and then
+        if rng.random() < 0.01:  # instances go down and come back now and then
             down = frozenset(rng.sample(nodes, rng.randint(0, 3)))
         cached = {c.name: rng.choice([0, 0, 512 * rng.randint(1, 40)]) for c in sc.clusters}
         req = RoutingRequest(f"r{i}", rng.randint(100, 120000), cached)

@@ -12,8 +12,8 @@ import pytest
 
 from testbed.cli import main
 from testbed.core.record import RequestRecord, StageTimes
-from testbed.metrics.records import read_records, write_records
 from testbed.metrics.artefacts.summary_file import Validity
+from testbed.metrics.records import read_records, write_records
 from testbed.metrics.summary import summarize
 from testbed.studies.crosscheck import crosscheck_stages as st
 from testbed.studies.crosscheck.crosscheck_explain import Side
@@ -22,8 +22,18 @@ from testbed.studies.crosscheck.crosscheck_table import METRICS, Crosscheck, com
 pure = pytest.mark.pure
 
 
-def rec(i: int, queue: float = 0.1, prefill: float = 1.0, tail: float = 0.01, step: float = 0.025,
-        other: float = 0.0, crossed: bool = False, kv: int = 0, tokens: int = 16, tpot: float = 0.025) -> RequestRecord:
+def rec(
+    i: int,
+    queue: float = 0.1,
+    prefill: float = 1.0,
+    tail: float = 0.01,
+    step: float = 0.025,
+    other: float = 0.0,
+    crossed: bool = False,
+    kv: int = 0,
+    tokens: int = 16,
+    tpot: float = 0.025,
+) -> RequestRecord:
     """A completed request whose TTFT is exactly its stages (wire s; the runs below use speedup 1);
     `other` is an HTTP hop between routing and the prefill queue."""
     t = StageTimes()
@@ -37,19 +47,40 @@ def rec(i: int, queue: float = 0.1, prefill: float = 1.0, tail: float = 0.01, st
     t.decode_first_token = t.decode_admitted + step
     t.first_token = t.decode_first_token
     t.last_token = t.first_token + (tokens - 1) * tpot
-    return RequestRecord(f"r{i}", i, 10000 + 1000 * i, tokens, prefill_cluster="prfaas" if crossed else "pd",
-                         crossed_wan=crossed, kv_bytes_paper=kv, kv_bytes_wire=kv, tokens_received=tokens,
-                         outcome="completed", threshold=19400.0, times=t)
+    return RequestRecord(
+        f"r{i}",
+        i,
+        10000 + 1000 * i,
+        tokens,
+        prefill_cluster="prfaas" if crossed else "pd",
+        crossed_wan=crossed,
+        kv_bytes_paper=kv,
+        kv_bytes_wire=kv,
+        tokens_received=tokens,
+        outcome="completed",
+        threshold=19400.0,
+        times=t,
+    )
 
 
 def side(tmp: Path, label: str, records: list[RequestRecord], valid: bool = True) -> Side:
     d = tmp / label
     d.mkdir(parents=True)
     end = max(r.times.last_token for r in records)
-    (d / "run.json").write_text(json.dumps({
-        "name": label, "scenario": "paper-prfaas", "policy": "prfaas", "t0": 0.0, "t_end": end,
-        "scale": {"speedup": 1, "byte_scale": 1}, "shaping": {"method": "tbf"},
-        "slo": {"ttft_s": 10.0, "tpot_s": 0.025}}))
+    (d / "run.json").write_text(
+        json.dumps(
+            {
+                "name": label,
+                "scenario": "paper-prfaas",
+                "policy": "prfaas",
+                "t0": 0.0,
+                "t_end": end,
+                "scale": {"speedup": 1, "byte_scale": 1},
+                "shaping": {"method": "tbf"},
+                "slo": {"ttft_s": 10.0, "tpot_s": 0.025},
+            }
+        )
+    )
     write_records(d / "records.csv", records)
     s = summarize(d)
     if not valid:
@@ -77,8 +108,9 @@ def test_only_a_longer_queue_wait_is_named_as_the_ttft_difference(tmp_path: Path
     assert "prefill compute" not in ttft.explanation and "-300 ms per request" in ttft.explanation
     # The P90 is decomposed over the slowest fifth, which names the same stage.
     assert "Most of it: prefill queue wait" in row(c, "ttft_p90").explanation
-    assert row(c, "prefill_queue").explanation.startswith("Mean prefill queue wait by cluster, simulated vs "
-                                                          "emulated: pd 0.100 vs 0.400 s.")
+    assert row(c, "prefill_queue").explanation.startswith(
+        "Mean prefill queue wait by cluster, simulated vs emulated: pd 0.100 vs 0.400 s."
+    )
     # Nothing else differs: TPOT, offload and bytes agree and are not explained.
     for key in ("tpot_mean", "offload_ratio", "wan_bytes_total"):
         assert row(c, key).verdict == "ok" and row(c, key).explanation == ""
@@ -114,8 +146,10 @@ def test_tolerances_judge_each_metric_on_its_own_scale(tmp_path: Path) -> None:
     assert "TPOT has median +0.6" in tpot.explanation
     off = row(c, "offload_ratio")
     assert off.verdict == "FAIL" and off.cells["diff"] == "+5.0 pp" and off.tolerance == "±1 pp"
-    assert "1 crossed the WAN only in the simulation (input 13,000 to 13,000 tokens) and 0 only in the emulation" \
+    assert (
+        "1 crossed the WAN only in the simulation (input 13,000 to 13,000 tokens) and 0 only in the emulation"
         in off.explanation
+    )
     wan = row(c, "wan_bytes_total")
     assert wan.verdict == "FAIL" and wan.cells["diff"] == "inf"
     assert "+1.00 GB from requests offloaded only in the simulation" in wan.explanation
@@ -126,11 +160,15 @@ def test_tolerances_judge_each_metric_on_its_own_scale(tmp_path: Path) -> None:
 
 @pure
 def test_an_invalid_emulation_brings_its_validity_and_fidelity_figures(tmp_path: Path) -> None:
-    c = compare("paper-prfaas", side(tmp_path, "sim", base()), side(tmp_path, "emu", base(prefill=1.2), valid=False), {})
+    c = compare(
+        "paper-prfaas", side(tmp_path, "sim", base()), side(tmp_path, "emu", base(prefill=1.2), valid=False), {}
+    )
     note = c.notes[0]
     assert note.startswith("The emulation was marked invalid") and "prefill durations off the model by 9.0%" in note
     assert "prefill timing error 9.0% (median)" in note
-    assert row(c, "ttft_mean").explanation.endswith("The emulation was marked invalid (see its fidelity figures above).")
+    assert row(c, "ttft_mean").explanation.endswith(
+        "The emulation was marked invalid (see its fidelity figures above)."
+    )
 
 
 @pure
@@ -145,16 +183,20 @@ SIM_FAST = ["--scenario", "paper-prfaas", "--requests", "30", "--set", "workload
 
 
 @pure
-def test_a_reused_run_is_checked_for_the_same_workload_and_check_gates(tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_reused_run_is_checked_for_the_same_workload_and_check_gates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     same, slow = tmp_path / "same", tmp_path / "slow"
     assert main(["replay", *SIM_FAST, "--backend", "sim", "--out", str(same)]) == 0
-    assert main(["replay", *SIM_FAST, "--backend", "sim", "--out", str(slow),
-                 "--set", "hardware.h20.decode.base_s=0.03"]) == 0
+    assert (
+        main(["replay", *SIM_FAST, "--backend", "sim", "--out", str(slow), "--set", "hardware.h20.decode.base_s=0.03"])
+        == 0
+    )
     capsys.readouterr()
     # The simulation against a simulated run of the same workload: every judged metric agrees.
-    assert main(["crosscheck", *SIM_FAST, "--emulated", str(same), "--check", "--out", str(tmp_path / "a"),
-                 "--json"]) == 0
+    assert (
+        main(["crosscheck", *SIM_FAST, "--emulated", str(same), "--check", "--out", str(tmp_path / "a"), "--json"]) == 0
+    )
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert data["failed"] == [] and {r["verdict"] for r in data["rows"] if r["tolerance"]} == {"ok"}
@@ -169,23 +211,70 @@ def test_a_reused_run_is_checked_for_the_same_workload_and_check_gates(tmp_path:
     md = (tmp_path / "b" / "crosscheck.md").read_text()
     assert "| TPOT mean (ms) |  | 25.00 | 30.00 | -16.7% | ±2% | FAIL |" in md
     # Another workload than the recorded one is refused, naming the file.
-    rc = main(["crosscheck", "--scenario", "paper-prfaas", "--requests", "20", "--set", "workload.output_tokens=64",
-               "--emulated", str(same), "--out", str(tmp_path / "c")])
+    rc = main(
+        [
+            "crosscheck",
+            "--scenario",
+            "paper-prfaas",
+            "--requests",
+            "20",
+            "--set",
+            "workload.output_tokens=64",
+            "--emulated",
+            str(same),
+            "--out",
+            str(tmp_path / "c"),
+        ]
+    )
     assert rc == 2 and f"{same / 'records.csv'}: 30 requests, this workload has 20" in capsys.readouterr().err
 
 
 @pure
 def test_several_scenarios_reuse_a_comparison_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     wl = ["--requests", "20", "--set", "workload.output_tokens=64"]
-    assert main(["replay", "--compare", "paper-homogeneous", "paper-naive", "--backend", "sim", *wl,
-                 "--out", str(tmp_path / "cmp"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                "--compare",
+                "paper-homogeneous",
+                "paper-naive",
+                "--backend",
+                "sim",
+                *wl,
+                "--out",
+                str(tmp_path / "cmp"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     out = tmp_path / "cc"
-    assert main(["crosscheck", "--scenario", "paper-homogeneous", "--scenario", "paper-naive", *wl,
-                 "--emulated", str(tmp_path / "cmp"), "--out", str(out), "--check", "--json"]) == 0
+    assert (
+        main(
+            [
+                "crosscheck",
+                "--scenario",
+                "paper-homogeneous",
+                "--scenario",
+                "paper-naive",
+                *wl,
+                "--emulated",
+                str(tmp_path / "cmp"),
+                "--out",
+                str(out),
+                "--check",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert [c["scenario"] for c in data] == ["paper-homogeneous", "paper-naive"]
-    assert [c["emulation_dir"] for c in data] == [str(tmp_path / "cmp" / n) for n in ("paper-homogeneous", "paper-naive")]
+    assert [c["emulation_dir"] for c in data] == [
+        str(tmp_path / "cmp" / n) for n in ("paper-homogeneous", "paper-naive")
+    ]
     rows = [{r["key"]: r for r in c["rows"]} for c in data]
     # No KV crosses in homogeneous PD, so its link counters are not judged; naive offloads all.
     assert rows[0]["wan_link_bytes"]["verdict"] == "-" and rows[0]["offload_ratio"]["sim"] == 0.0
@@ -195,8 +284,9 @@ def test_several_scenarios_reuse_a_comparison_directory(tmp_path: Path, capsys: 
 
 
 @pure
-def test_netns_without_root_and_conflicting_flags_are_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                                 is_root: bool) -> None:
+def test_netns_without_root_and_conflicting_flags_are_user_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], is_root: bool
+) -> None:
     assert main(["crosscheck", *SIM_FAST, "--skip-emulation", "--check", "--out", str(tmp_path)]) == 2
     assert "takes neither --emulated nor --check" in capsys.readouterr().err
     if not is_root:
@@ -206,17 +296,34 @@ def test_netns_without_root_and_conflicting_flags_are_user_errors(tmp_path: Path
 
 @pytest.mark.app
 def test_tiny_crosscheck_against_the_inproc_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["crosscheck", "--scenario", "paper-prfaas", "--backend", "inproc", "--requests", "8",
-               "--set", "scale.speedup=20", "--set", "workload.output_tokens=16", "--set", "serving.stream_interval=4",
-               "--out", str(tmp_path)])
+    rc = main(
+        [
+            "crosscheck",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            "inproc",
+            "--requests",
+            "8",
+            "--set",
+            "scale.speedup=20",
+            "--set",
+            "workload.output_tokens=16",
+            "--set",
+            "serving.stream_interval=4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     for col in ("model", "sim", "emulation", "tolerance", "verdict"):
         assert col in out
     sim, emu = (read_records(tmp_path / d / "records.csv") for d in ("sim", "emulation"))
     # One seeded workload: the same requests, by index and length, in both runs.
-    assert sorted((r.trace_index, r.input_tokens, r.output_tokens) for r in sim) == \
-        sorted((r.trace_index, r.input_tokens, r.output_tokens) for r in emu)
+    assert sorted((r.trace_index, r.input_tokens, r.output_tokens) for r in sim) == sorted(
+        (r.trace_index, r.input_tokens, r.output_tokens) for r in emu
+    )
     assert json.loads((tmp_path / "emulation" / "run.json").read_text())["backend"] == "inproc"
     data = json.loads((tmp_path / "crosscheck.json").read_text())
     rows = {r["key"]: r for r in data["rows"]}
@@ -237,15 +344,14 @@ def test_tiny_crosscheck_against_the_inproc_backend(tmp_path: Path, capsys: pyte
 
 
 @pure
-def test_a_fault_scenario_is_judged_fault_by_fault_and_failed_and_retried_differences_explained(
-        tmp_path: Path) -> None:
+def test_a_fault_scenario_is_judged_fault_by_fault_and_failed_and_retried_differences_explained(tmp_path: Path) -> None:
     """Two simulated runs of a decode kill stand for simulation and emulation: the same workload
     with the kill at 37 s and at 40 s, so different requests are caught; every fault row is
     judged and the differences in failed and retried requests are explained from the records
     and the health lines of `decisions.jsonl`."""
-    from testbed.studies.crosscheck.crosscheck import _side
     from testbed.run.load import load
     from testbed.run.runner import run_sim
+    from testbed.studies.crosscheck.crosscheck import _side
     from testbed.traces.loader import trace_from_workload
 
     sides = []
@@ -262,6 +368,7 @@ def test_a_fault_scenario_is_judged_fault_by_fault_and_failed_and_retried_differ
     assert "the router took pd-d0 out 0.00 s after the fault began" in failed.explanation
     assert "Requests that failed in one run only:" in failed.explanation
     from testbed.studies.crosscheck.crosscheck_report import markdown
+
     md = "\n".join(markdown(c))
     assert "## Faults" in md and "| #0 kill pd-d0 | affected, failed |" in md
     assert c.to_dict()["faults"][0]["metric"] == "affected"

@@ -109,8 +109,17 @@ def test_update_applies_to_later_packets_only() -> None:
     assert (m.delay_s, m.jitter_s, m.loss, m.loss_correlation) == (0.001, 0.0, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("kw", [{"delay_s": -0.001}, {"jitter_s": -1.0}, {"loss": 1.5},
-                                {"loss_correlation": 1.0}, {"delay_s": math.inf}, {"loss": math.nan}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"delay_s": -0.001},
+        {"jitter_s": -1.0},
+        {"loss": 1.5},
+        {"loss_correlation": 1.0},
+        {"delay_s": math.inf},
+        {"loss": math.nan},
+    ],
+)
 def test_invalid_parameters_are_rejected_without_partial_update(kw: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         DelayLineModel(**{"delay_s": 0.01, **kw})
@@ -122,12 +131,14 @@ def test_invalid_parameters_are_rejected_without_partial_update(kw: dict[str, fl
 
 # -- the delay line's config and packet helpers (no I/O) -------------------------------------
 
+
 def test_config_round_trip_and_link_params() -> None:
     from testbed.core.schema.linkprofile import LinkParams
     from testbed.net.delayline import DirectionSpec, parse_config
 
-    link = LinkParams(rate_bps=1e9, delay_s=0.015, jitter_s=0.001, loss=0.01, loss_correlation=0.25,
-                      queue_bytes=1 << 22, mtu=65000)
+    link = LinkParams(
+        rate_bps=1e9, delay_s=0.015, jitter_s=0.001, loss=0.01, loss_correlation=0.25, queue_bytes=1 << 22, mtu=65000
+    )
     spec = DirectionSpec.from_link("dc0->dc1", "10.231.1.0/24", link, seed=3)
     assert spec == DirectionSpec("dc0->dc1", "10.231.1.0/24", 0.015, 0.001, 0.01, 0.25, 3)
     assert parse_config({"directions": [spec.to_json()]}) == [spec]
@@ -135,17 +146,22 @@ def test_config_round_trip_and_link_params() -> None:
     assert minimal[0].delay_s == 0.0 and minimal[0].seed == 0
 
 
-@pytest.mark.parametrize("cfg, match", [
-    ({}, "directions"),
-    ({"directions": [{"name": "x"}]}, r"directions\[0\]\.dst_subnet"),
-    ({"directions": [{"name": "x", "dst_subnet": "10.0.0.0/33"}]}, "'x'"),
-    ({"directions": [{"name": "x", "dst_subnet": "10.0.0.0/8", "delay": 0.01}]}, "unknown field"),
-    ({"directions": [{"name": "x", "dst_subnet": "10.0.0.0/8", "loss": "1%"}]}, "loss"),
-    ({"directions": [{"name": "x", "dst_subnet": "10.0.0.0/8", "loss": 2}]}, "loss"),
-    ({"directions": [{"name": "x", "dst_subnet": "10.0.0.0/8"}, {"name": "x", "dst_subnet": "10.1.0.0/16"}]},
-     "unique"),
-    ({"directions": [{"name": "unmatched", "dst_subnet": "10.0.0.0/8"}]}, "unique"),
-])
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        ({}, "directions"),
+        ({"directions": [{"name": "x"}]}, r"directions\[0\]\.dst_subnet"),
+        ({"directions": [{"name": "x", "dst_subnet": "10.0.0.0/33"}]}, "'x'"),
+        ({"directions": [{"name": "x", "dst_subnet": "10.0.0.0/8", "delay": 0.01}]}, "unknown field"),
+        ({"directions": [{"name": "x", "dst_subnet": "10.0.0.0/8", "loss": "1%"}]}, "loss"),
+        ({"directions": [{"name": "x", "dst_subnet": "10.0.0.0/8", "loss": 2}]}, "loss"),
+        (
+            {"directions": [{"name": "x", "dst_subnet": "10.0.0.0/8"}, {"name": "x", "dst_subnet": "10.1.0.0/16"}]},
+            "unique",
+        ),
+        ({"directions": [{"name": "unmatched", "dst_subnet": "10.0.0.0/8"}]}, "unique"),
+    ],
+)
 def test_config_errors_name_the_field(cfg: object, match: str) -> None:
     from testbed.net.delayline import ConfigError, parse_config
 

@@ -40,10 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 MTU = 65000
 A_IP, RA_IP, RB_IP, B_IP = "10.231.0.2", "10.231.0.1", "10.231.1.1", "10.231.1.2"
 T = TypeVar("T")
-SO_RCVBUFFORCE = 33   # Linux; not exported by the socket module
+SO_RCVBUFFORCE = 33  # Linux; not exported by the socket module
 # Runs the delay line as `python -m` would, after entering the router namespace.
-LAUNCH = ("import sys, runpy; from pyroute2 import netns; netns.setns(sys.argv[1], flags=0); "
-          "sys.argv = sys.argv[1:]; runpy.run_module('testbed.net.delayline', run_name='__main__', alter_sys=True)")
+LAUNCH = (
+    "import sys, runpy; from pyroute2 import netns; netns.setns(sys.argv[1], flags=0); "
+    "sys.argv = sys.argv[1:]; runpy.run_module('testbed.net.delayline', run_name='__main__', alter_sys=True)"
+)
 
 
 def in_ns(ns: str, fn: Callable[[], T]) -> T:
@@ -152,11 +154,28 @@ class Line:
         write_config(d / "config.json", directions)
         with self.log.open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", LAUNCH, topo.r, "--tun", "tun0", "--config", str(d / "config.json"),
-                 "--control", str(self.ctl), "--stats", str(self.stats), "--stats-interval", "0.1"],
-                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+                [
+                    sys.executable,
+                    "-c",
+                    LAUNCH,
+                    topo.r,
+                    "--tun",
+                    "tun0",
+                    "--config",
+                    str(d / "config.json"),
+                    "--control",
+                    str(self.ctl),
+                    "--stats",
+                    str(self.stats),
+                    "--stats-interval",
+                    "0.1",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         deadline = time.monotonic() + 15
-        while not self.ctl.exists():   # bound last: its appearance means ready
+        while not self.ctl.exists():  # bound last: its appearance means ready
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise AssertionError(f"delay line did not start:\n{self.log.read_text()}")
@@ -182,8 +201,10 @@ class Line:
 
 
 def directions(delay_s: float, loss: float = 0.0) -> list[DirectionSpec]:
-    return [DirectionSpec("dc0->dc1", "10.231.1.0/24", delay_s, loss=loss, seed=1),
-            DirectionSpec("dc1->dc0", "10.231.0.0/24", delay_s, seed=2)]
+    return [
+        DirectionSpec("dc0->dc1", "10.231.1.0/24", delay_s, loss=loss, seed=1),
+        DirectionSpec("dc1->dc0", "10.231.0.0/24", delay_s, seed=2),
+    ]
 
 
 @pytest.fixture
@@ -239,7 +260,7 @@ def rtts(topo: Topo, n: int) -> list[float]:
                 if struct.unpack_from("!I", data)[0] == i:
                     break
             at = rx_stamp(anc)
-            if i >= 3:   # the first exchanges pay for ARP
+            if i >= 3:  # the first exchanges pay for ARP
                 out.append((at if at is not None else time.time()) - t0 - _HELD.unpack_from(data, 4)[0])
     finally:
         stop.set()
@@ -261,9 +282,12 @@ def median_rtt(topo: Topo, line: Line, n: int, target: float, attempts: int = 3)
         med = statistics.median(samples)
         judged: dict[str, Any] = {"valid": True, "reasons": []}
         judge_rtt(judged, late, rtt_tolerance(target))
-        print(f"\nUDP RTT: median {med * 1e3:.3f} ms, min {min(samples) * 1e3:.3f}, "
-              f"max {max(samples) * 1e3:.3f} (target {target * 1e3:.1f}); the line wrote "
-              f"{judged.get('line_late_per_trip_s', 0.0) * 1e3:.3f} ms late per round trip", end="")
+        print(
+            f"\nUDP RTT: median {med * 1e3:.3f} ms, min {min(samples) * 1e3:.3f}, "
+            f"max {max(samples) * 1e3:.3f} (target {target * 1e3:.1f}); the line wrote "
+            f"{judged.get('line_late_per_trip_s', 0.0) * 1e3:.3f} ms late per round trip",
+            end="",
+        )
         # Never early: the delay line releases at most EARLY_S (50 us) before the due time.
         assert min(samples) >= target - 2 * 50e-6
         if abs(med - target) < 0.001 or judged["valid"]:
@@ -294,15 +318,17 @@ def test_loss_rate_matches_configured(topo: Topo) -> None:
             th.start()
             for i in range(n):
                 cli.send(struct.pack("!I", i))
-                if i % 50 == 49:   # paced, so no queue but the delay line's own can drop
+                if i % 50 == 49:  # paced, so no queue but the delay line's own can drop
                     time.sleep(0.0005)
             th.join()
         c = ln.counters("dc0->dc1")
     finally:
         ln.stop()
     loss = 1 - len(got) / n
-    print(f"\nloss configured 1.00 %, measured {loss * 100:.2f} % "
-          f"(delay line dropped {c['packets_dropped']} of {c['packets_in']})")
+    print(
+        f"\nloss configured 1.00 %, measured {loss * 100:.2f} % "
+        f"(delay line dropped {c['packets_dropped']} of {c['packets_in']})"
+    )
     assert abs(loss - 0.01) < 0.003
     assert c["packets_in"] >= n and c["packets_dropped"] == n - len(got)
 
@@ -364,9 +390,11 @@ def goodput(topo: Topo, conns: int, duration: float) -> tuple[float, list[float]
 def test_tcp_goodput_four_connections(topo: Topo, line: Line) -> None:
     gbps, per = goodput(topo, 4, 3.0)
     c = line.counters("dc0->dc1")
-    print(f"\nTCP goodput A->B, 4 connections, 10 ms one-way: {gbps:.2f} Gbit/s "
-          f"(per connection {[round(x, 2) for x in per]}); "
-          f"delay line: {c['packets_in']} packets in, {c['packets_dropped']} dropped")
+    print(
+        f"\nTCP goodput A->B, 4 connections, 10 ms one-way: {gbps:.2f} Gbit/s "
+        f"(per connection {[round(x, 2) for x in per]}); "
+        f"delay line: {c['packets_in']} packets in, {c['packets_dropped']} dropped"
+    )
     assert gbps > 0.3
     assert c["packets_dropped"] == 0
 
@@ -375,10 +403,10 @@ def test_open_tun_refuses_missing_and_busy_devices(topo: Topo, line: Line) -> No
     # A missing name must not silently create a fresh, unrouted TUN.
     with pytest.raises(FileNotFoundError, match="tun9"):
         in_ns(topo.r, lambda: open_tun("tun9"))
-    with pytest.raises(OSError) as e:   # the running delay line holds tun0
+    with pytest.raises(OSError) as e:  # the running delay line holds tun0
         in_ns(topo.r, lambda: open_tun("tun0"))
     assert e.value.errno == errno.EBUSY
-    with pytest.raises(OSError):        # not a TUN device
+    with pytest.raises(OSError):  # not a TUN device
         in_ns(topo.r, lambda: open_tun("lo"))
 
 
@@ -389,13 +417,23 @@ def test_stats_file_and_clean_shutdown(topo: Topo, line: Line) -> None:
     assert line.stop() == 0
     assert not line.ctl.exists()
     rows = [json.loads(s) for s in line.stats.read_text().splitlines()]
-    assert rows and all(r["source"] == "delayline" and set(r) == {"ts", "source", "metric", "value", "labels"}
-                        for r in rows)
-    metrics = {"packets_in", "bytes_in", "packets_dropped", "bytes_dropped", "packets_out", "bytes_out",
-               "queue_packets", "queue_bytes"}
+    assert rows and all(
+        r["source"] == "delayline" and set(r) == {"ts", "source", "metric", "value", "labels"} for r in rows
+    )
+    metrics = {
+        "packets_in",
+        "bytes_in",
+        "packets_dropped",
+        "bytes_dropped",
+        "packets_out",
+        "bytes_out",
+        "queue_packets",
+        "queue_bytes",
+    }
     assert metrics <= {r["metric"] for r in rows}
-    series = [(r["ts"], r["value"]) for r in rows
-              if r["metric"] == "packets_out" and r["labels"] == {"direction": "dc0->dc1"}]
+    series = [
+        (r["ts"], r["value"]) for r in rows if r["metric"] == "packets_out" and r["labels"] == {"direction": "dc0->dc1"}
+    ]
     values = [v for _, v in series]
     assert len(series) >= 3 and values == sorted(values) and values[0] < values[-1] >= 8
     assert [t for t, _ in series] == sorted(t for t, _ in series)

@@ -50,7 +50,7 @@ def test_compose_services_bind_to_their_container_address_and_loopback_for_the_h
         _, ip = lay["hosts"][sid]
         assert dep.http_binds(sid) == [ip, "127.0.0.1"]
         if sid != "router":
-            assert dep.kv_bind(sid) == ip   # KV: its own address only
+            assert dep.kv_bind(sid) == ip  # KV: its own address only
     back = Deployment.from_json(dep.to_json())
     assert (back.bind_host, back.bind_loopback) == (None, True)
 
@@ -66,7 +66,10 @@ def test_swarm_services_bind_to_the_address_discovery_found() -> None:
     assert found.http_binds("router") == ["10.234.1.7", "127.0.0.1"]
     # The WAN router: every DC address it found by subnet, and loopback; not 0.0.0.0.
     assert listen_hosts([{"name": "a", "address": "10.234.0.254"}, {"name": "b", "address": "10.234.1.254"}]) == [
-        "10.234.0.254", "10.234.1.254", "127.0.0.1"]
+        "10.234.0.254",
+        "10.234.1.254",
+        "127.0.0.1",
+    ]
 
 
 @pytest.mark.pure
@@ -74,11 +77,12 @@ def test_loopback_deployments_and_old_files_keep_one_bind_host() -> None:
     rs = resolve(load_scenario("paper-prfaas"))
     dep = loopback_deployment(rs, None)
     assert dep.http_binds("router") == ["127.0.0.1"] and dep.kv_bind("pd-d0") == "127.0.0.1"
-    old = dep.to_json().replace('"bind_loopback": false,', "")   # written before bind_loopback existed
+    old = dep.to_json().replace('"bind_loopback": false,', "")  # written before bind_loopback existed
     assert Deployment.from_json(old).bind_loopback is False
     with pytest.raises(ValueError, match="no KV endpoint"):
-        dataclasses.replace(dep, bind_host=None, nodes={**dep.nodes, "pd-d0": dataclasses.replace(
-            dep.nodes["pd-d0"], kv=None)}).kv_bind("pd-d0")
+        dataclasses.replace(
+            dep, bind_host=None, nodes={**dep.nodes, "pd-d0": dataclasses.replace(dep.nodes["pd-d0"], kv=None)}
+        ).kv_bind("pd-d0")
 
 
 def _reachable(host: str, port: int) -> bool:

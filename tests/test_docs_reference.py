@@ -37,8 +37,10 @@ DOCS = ROOT / "docs"
 
 # -- the CLI --------------------------------------------------------------------------------
 
-def _commands(p: argparse.ArgumentParser, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...],
-                                                                                   argparse.ArgumentParser]]:
+
+def _commands(
+    p: argparse.ArgumentParser, path: tuple[str, ...]
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     yield path, p
     for a in p._actions:
         if isinstance(a, argparse._SubParsersAction):
@@ -52,8 +54,8 @@ def _commands(p: argparse.ArgumentParser, path: tuple[str, ...]) -> Iterator[tup
 def _section(text: str, anchor: str) -> str:
     m = re.search(r"^#+ .*\{#" + re.escape(anchor) + r"\}$", text, re.M)
     assert m, f"no section for {anchor!r} in the CLI reference"
-    nxt = re.search(r"^#+ ", text[m.end():], re.M)
-    return text[m.end(): m.end() + nxt.start() if nxt else len(text)]
+    nxt = re.search(r"^#+ ", text[m.end() :], re.M)
+    return text[m.end() : m.end() + nxt.start() if nxt else len(text)]
 
 
 def test_every_subcommand_and_flag_has_an_entry_in_the_cli_reference() -> None:
@@ -83,6 +85,7 @@ def test_a_command_the_generator_does_not_know_shows_up() -> None:
 
 
 # -- models ---------------------------------------------------------------------------------
+
 
 def _nested(tp: Any) -> list[tuple[str, type[BaseModel]]]:
     origin, args = get_origin(tp), get_args(tp)
@@ -115,8 +118,9 @@ def _described(text: str, path: str) -> list[str]:
     return [r.rstrip().rstrip("|").rsplit("|", 1)[-1].strip() for r in rows]
 
 
-@pytest.mark.parametrize("model,render", [(Scenario, schema_ref.scenario_page),
-                                          (LinkProfile, schema_ref.link_profile_page)])
+@pytest.mark.parametrize(
+    "model,render", [(Scenario, schema_ref.scenario_page), (LinkProfile, schema_ref.link_profile_page)]
+)
 def test_every_scenario_and_link_profile_field_has_a_described_entry(model: type[BaseModel], render: Any) -> None:
     text = render()
     paths = _paths(model)
@@ -124,21 +128,23 @@ def test_every_scenario_and_link_profile_field_has_a_described_entry(model: type
     absent = [p for p in sorted(paths) if not _described(text, p)]
     undescribed = [p for p in sorted(paths) if any(not d for d in _described(text, p))]
     assert not absent, f"no entry in the {model.__name__} reference: {absent}"
-    assert not undescribed, (f"{model.__name__} fields without words (add a comment on the field's line in the "
-                             f"model, or a note in testbed/docsite/notes.py): {undescribed}")
+    assert not undescribed, (
+        f"{model.__name__} fields without words (add a comment on the field's line in the "
+        f"model, or a note in testbed/docsite/notes.py): {undescribed}"
+    )
 
 
 def test_every_summary_run_and_records_key_has_a_described_entry() -> None:
     text = rundir_ref.page()
-    summary = text[text.index("## `summary.json`"):text.index("## `run.json`")]
-    run = text[text.index("## `run.json`"):text.index("## Schema versions")]
-    records = text[text.index("## `records.csv`"):text.index("## `summary.json`")]
+    summary = text[text.index("## `summary.json`") : text.index("## `run.json`")]
+    run = text[text.index("## `run.json`") : text.index("## Schema versions")]
+    records = text[text.index("## `records.csv`") : text.index("## `summary.json`")]
     for section, paths in ((summary, _paths(Summary)), (run, _paths(RunInfo)), (records, set(COLUMNS))):
         absent = [p for p in sorted(paths) if not _described(section, p)]
         undescribed = [p for p in sorted(paths) if any(not d for d in _described(section, p))]
         assert not absent, f"no entry in the run-directory reference: {absent}"
         assert not undescribed, f"keys without words (document the field where it is typed): {undescribed}"
-    assert "`ttft_breakdown_s.transfer_tail`" in summary and "`schema`" in summary   # the alias, as written
+    assert "`ttft_breakdown_s.transfer_tail`" in summary and "`schema`" in summary  # the alias, as written
 
 
 def test_no_note_outlives_its_field() -> None:
@@ -153,8 +159,14 @@ def test_no_note_outlives_its_field() -> None:
 
 def test_generated_pages_and_blocks_build() -> None:
     generated = pages.generate()
-    for name in ("reference/cli.md", "reference/scenario.md", "reference/run-directory.md",
-                 "reference/http-api.md", "reference/api/index.md", "results/index.md"):
+    for name in (
+        "reference/cli.md",
+        "reference/scenario.md",
+        "reference/run-directory.md",
+        "reference/http-api.md",
+        "reference/api/index.md",
+        "results/index.md",
+    ):
         assert generated[name].startswith("# "), name
     for rel in pages.pages_with_blocks():
         filled = pages.fill((DOCS / rel).read_text(), rel)
@@ -200,9 +212,9 @@ def test_every_measured_section_quotes_a_results_file() -> None:
     for where, text in _doc_texts().items():
         for m in MEASURED_HEADING.finditer(text):
             level = len(m.group(1))
-            rest = text[m.end():]
+            rest = text[m.end() :]
             nxt = re.search(rf"^#{{1,{level}}} ", rest, re.M)
-            section = rest[:nxt.start()] if nxt else rest
+            section = rest[: nxt.start()] if nxt else rest
             if not SNIPPET.search(section):
                 problems.append(f"{where}: '{m.group(0).strip()}' quotes no results file")
     assert not problems, "\n".join(problems)
@@ -227,4 +239,5 @@ def test_the_readme_is_a_landing_page_and_quotes_its_headline_from_a_results_fil
     assert m, "README.md has no headline block taken from a results file"
     data = (DATA / f"{m.group(1)}.md").read_text()
     assert m.group(2).strip() == readme_block(data).strip(), (
-        "README.md's headline table differs from its results file: run `make docs-results` (it rewrites it)")
+        "README.md's headline table differs from its results file: run `make docs-results` (it rewrites it)"
+    )

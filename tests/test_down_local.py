@@ -35,16 +35,24 @@ def test_an_orphaned_group_is_stopped_and_a_live_one_left_alone(tmp_path: Path) 
     mine = ProcessGroup(tmp_path / "mine", journal=journals / "mine.json")
     mine.spawn("a", SLEEPER)
     # A group whose owner is a process that is then killed with SIGKILL.
-    owner = subprocess.Popen([sys.executable, "-c", f"""
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import sys, time
 from pathlib import Path
 from testbed.net.procs import ProcessGroup
-g = ProcessGroup(Path({str(tmp_path / 'orphan')!r}), journal=Path({str(journals / 'orphan.json')!r}))
+g = ProcessGroup(Path({str(tmp_path / "orphan")!r}), journal=Path({str(journals / "orphan.json")!r}))
 g.spawn("router", {SLEEPER!r})
 g.spawn("pd-d0", {SLEEPER!r})
 print("up", flush=True)
 time.sleep(300)
-"""], stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert owner.stdout is not None and owner.stdout.readline().strip() == "up"
         entry = json.loads((journals / "orphan.json").read_text())
@@ -54,13 +62,13 @@ time.sleep(300)
         assert sweep_orphans(journals).stopped == {}
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
-        assert all(start_time(p) is not None for p in pids)      # orphaned, still running
+        assert all(start_time(p) is not None for p in pids)  # orphaned, still running
         swept = sweep_orphans(journals, grace=2.0)
         assert sorted(swept.stopped) == ["orphan"] and not swept.errors
         assert all(_gone(p) for p in pids)
         assert not (journals / "orphan.json").exists()
         assert mine.procs["a"].poll() is None and (journals / "mine.json").exists()
-        assert sweep_orphans(journals).stopped == {}               # idempotent
+        assert sweep_orphans(journals).stopped == {}  # idempotent
     finally:
         mine.stop(grace=1.0)
         owner.kill()
@@ -74,11 +82,16 @@ def test_a_reused_pid_is_not_taken_for_a_service(tmp_path: Path) -> None:
     # The owner is gone; the "service" pid is this very process, but with another start time:
     # a later process given the same pid. It must not be signalled.
     me = os.getpid()
-    (journals / "old.json").write_text(json.dumps({
-        "owner": {"pid": 2 ** 22 + 7, "start": 1},
-        "procs": {"router": {"pid": me, "start": (start_time(me) or 0) + 12345}}}))
+    (journals / "old.json").write_text(
+        json.dumps(
+            {
+                "owner": {"pid": 2**22 + 7, "start": 1},
+                "procs": {"router": {"pid": me, "start": (start_time(me) or 0) + 12345}},
+            }
+        )
+    )
     swept = sweep_orphans(journals, grace=0.1)
-    assert sorted(swept.stopped) == ["old"]          # forgotten, and this process still here
+    assert sorted(swept.stopped) == ["old"]  # forgotten, and this process still here
     (journals / "bad.json").write_text("{not json")
     assert "unreadable" in sweep_orphans(journals).errors[0]
 
@@ -90,7 +103,11 @@ def test_down_with_a_runs_prefix_stops_that_runs_services_only(tmp_path: Path) -
     from testbed.deploy.cleanup import sweep_processes
 
     journals = tmp_path / "procs"
-    owner = subprocess.Popen([sys.executable, "-c", f"""
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import time
 from pathlib import Path
 from testbed.net.procs import ProcessGroup
@@ -99,15 +116,21 @@ for name in ("ptbaaaa", "ptbbbbb"):
     g.spawn("router", {SLEEPER!r})
 print("up", flush=True)
 time.sleep(300)
-"""], stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert owner.stdout is not None and owner.stdout.readline().strip() == "up"
-        pids = {n: json.loads((journals / f"{n}.json").read_text())["procs"]["router"]["pid"]
-                for n in ("ptbaaaa", "ptbbbbb")}
+        pids = {
+            n: json.loads((journals / f"{n}.json").read_text())["procs"]["router"]["pid"]
+            for n in ("ptbaaaa", "ptbbbbb")
+        }
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
         swept = sweep_processes("ptbaaaa", journal_dir=journals)
-        assert list(swept.to_dict()["local_runs"]) == ["ptbaaaa"] and not swept.errors   # type: ignore[call-overload]
+        assert list(swept.to_dict()["local_runs"]) == ["ptbaaaa"] and not swept.errors  # type: ignore[call-overload]
         assert _gone(pids["ptbaaaa"]) and start_time(pids["ptbbbbb"]) is not None
         assert (journals / "ptbbbbb.json").exists() and not (journals / "ptbaaaa.json").exists()
         assert sweep_processes("ptbaaaa", journal_dir=journals).stopped == {}

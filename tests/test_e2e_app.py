@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
-
-from prom_samples import value
 import creds
+import pytest
+from prom_samples import value
+
+from testbed.config.scenarios import load_scenario
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
@@ -19,7 +20,6 @@ from testbed.deploy.plan import loopback_deployment
 from testbed.live.openai_api import TOKEN_TEXT
 from testbed.live.replayer import replay
 from testbed.metrics.records import RecordWriter, read_records
-from testbed.config.scenarios import load_scenario
 from testbed.run.load import resolve
 from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace
@@ -28,21 +28,26 @@ pytestmark = pytest.mark.app
 
 
 def fast_scenario(requests: int = 24, output: int = 12, name: str = "paper-prfaas") -> Scenario:
-    return load_scenario(name, {
-        "scale": {"speedup": 40, "byte_scale": 1024},
-        "workload": {"requests": requests, "rate": 4.0, "output_tokens": output, "seed": 3},
-        "serving": {"stream_interval": 1},
-    })
+    return load_scenario(
+        name,
+        {
+            "scale": {"speedup": 40, "byte_scale": 1024},
+            "workload": {"requests": requests, "rate": 4.0, "output_tokens": output, "seed": 3},
+            "serving": {"stream_interval": 1},
+        },
+    )
 
 
-async def _replay(sc: Scenario, trace: Trace, tmp: Path, break_decode: str | None = None,
-                  cancel_after_records: int | None = None) -> list[Any]:
+async def _replay(
+    sc: Scenario, trace: Trace, tmp: Path, break_decode: str | None = None, cancel_after_records: int | None = None
+) -> list[Any]:
     dep = loopback_deployment(resolve(sc), str(tmp))
     writer = RecordWriter(tmp / "records.csv")
     skip = frozenset({break_decode}) if break_decode else frozenset()
     async with InProcessBackend(dep, skip) as d:
-        task = asyncio.ensure_future(replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name,
-                                            api_key=d.credentials.api_key))
+        task = asyncio.ensure_future(
+            replay(trace, d.router.url, writer, sc.scale.speedup, sc.model.name, api_key=d.credentials.api_key)
+        )
         if cancel_after_records is not None:
             # Stopped by the run's own progress, not by a wall-clock delay: on a fast host the
             # whole trace could finish before any fixed delay, and nothing would be interrupted.
@@ -71,10 +76,18 @@ async def test_replay_routes_and_accounts_every_request(tmp_path: Path) -> None:
         assert r.tokens_received == 12
         # Stage order: a request's life is monotone in time.
         t = r.times
-        seq = [t.arrival, t.routed, t.prefill_start, t.prefill_end, t.transfer_end, t.decode_admitted,
-               t.first_token, t.last_token]
+        seq = [
+            t.arrival,
+            t.routed,
+            t.prefill_start,
+            t.prefill_end,
+            t.transfer_end,
+            t.decode_admitted,
+            t.first_token,
+            t.last_token,
+        ]
         assert seq == sorted(seq), (r.request_id, seq)
-        assert r.times.transfer_start <= r.times.prefill_end   # layer-wise: KV leaves before compute ends
+        assert r.times.transfer_start <= r.times.prefill_end  # layer-wise: KV leaves before compute ends
     assert (tmp_path / "decisions.jsonl").exists()
     assert (tmp_path / "timeseries" / "router.jsonl").exists()
 
@@ -110,15 +123,20 @@ async def test_openai_client_streams_against_router(tmp_path: Path) -> None:
     dep = loopback_deployment(resolve(sc), None)
     async with InProcessBackend(dep) as d:
         client = openai.AsyncOpenAI(base_url=f"{d.router.url}/v1", api_key=d.credentials.api_key)
-        stream = await client.completions.create(model="kimi-linear-1t", prompt="hello " * 400, max_tokens=9,
-                                                 stream=True)
+        stream = await client.completions.create(
+            model="kimi-linear-1t", prompt="hello " * 400, max_tokens=9, stream=True
+        )
         text = ""
         async for ch in stream:
             text += ch.choices[0].text if ch.choices else ""
         assert text.count(TOKEN_TEXT) == 9
         chat = await client.chat.completions.create(
-            model="kimi-linear-1t", messages=[{"role": "user", "content": "hi there"}], max_tokens=5,
-            stream=True, stream_options={"include_usage": True})
+            model="kimi-linear-1t",
+            messages=[{"role": "user", "content": "hi there"}],
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         parts, usage = [], None
         async for ch in chat:
             if ch.choices and ch.choices[0].delta.content:
@@ -126,8 +144,9 @@ async def test_openai_client_streams_against_router(tmp_path: Path) -> None:
             if ch.usage:
                 usage = ch.usage
         assert "".join(parts).count(TOKEN_TEXT) == 5 and usage is not None and usage.completion_tokens == 5
-        full = await client.completions.create(model="m", prompt=[1, 2, 3] * 1000, max_tokens=3,
-                                               extra_body={"testbed": {"input_tokens": 50000}})
+        full = await client.completions.create(
+            model="m", prompt=[1, 2, 3] * 1000, max_tokens=3, extra_body={"testbed": {"input_tokens": 50000}}
+        )
         assert full.usage is not None and full.usage.prompt_tokens == 50000 and full.usage.completion_tokens == 3
         models = await client.models.list()
         assert models.data[0].id == "kimi-linear-1t"
@@ -165,8 +184,11 @@ async def test_router_refuses_hostile_json_with_an_openai_400(tmp_path: Path) ->
         ("/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b', "max_tokens": 2}', "nested"),
         ("/v1/completions", f'{{"prompt": {deep_prompt}, "max_tokens": 2}}'.encode(), "nested"),
         ("/v1/completions", b'{"prompt": "a\\udc80b", "max_tokens": 2}', "surrogate"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}',
-         "surrogate"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}',
+            "surrogate",
+        ),
         ("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "testbed": {"request_id": "\\udfff"}}', "surrogate"),
         ("/v1/completions", b'{"\\udc80": 1, "prompt": "x", "max_tokens": 2}', "surrogate"),
         ("/v1/completions", b'{"prompt": "\xff", "max_tokens": 2}', "not JSON"),
@@ -189,13 +211,22 @@ async def test_nodes_reject_bad_requests_naming_the_field(tmp_path: Path) -> Non
     async with InProcessBackend(dep) as d, aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         p, dn = d.nodes["pd-p0"].http.url, d.nodes["pd-d0"].http.url
         cases = [
-            (f"{p}/prefill", {"request_id": "x", "transfer_id": 1, "input_tokens": 0, "cached_tokens": 0,
-                              "decode_node": "pd-d0"}, "input_tokens"),
-            (f"{p}/prefill", {"request_id": "x", "transfer_id": 1, "input_tokens": 10, "cached_tokens": 0,
-                              "decode_node": "nope"}, "decode_node"),
+            (
+                f"{p}/prefill",
+                {"request_id": "x", "transfer_id": 1, "input_tokens": 0, "cached_tokens": 0, "decode_node": "pd-d0"},
+                "input_tokens",
+            ),
+            (
+                f"{p}/prefill",
+                {"request_id": "x", "transfer_id": 1, "input_tokens": 10, "cached_tokens": 0, "decode_node": "nope"},
+                "decode_node",
+            ),
             (f"{dn}/decode", {"request_id": "", "transfer_id": 1}, "request_id"),
-            (f"{dn}/decode", {"request_id": "y", "transfer_id": True, "input_tokens": 1, "output_tokens": 1,
-                              "kv_bytes_paper": 0}, "transfer_id"),
+            (
+                f"{dn}/decode",
+                {"request_id": "y", "transfer_id": True, "input_tokens": 1, "output_tokens": 1, "kv_bytes_paper": 0},
+                "transfer_id",
+            ),
         ]
         for url, body, field in cases:
             async with s.post(url, json=body) as r:
@@ -223,8 +254,10 @@ async def test_a_rerun_into_the_same_directory_starts_from_a_clean_slate(tmp_pat
     assert (tmp_path / "mine.txt").read_text() == "not the testbed's"
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
-                    reason="mounting a small tmpfs (a full disk) needs root")
+@pytest.mark.skipif(
+    not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+    reason="mounting a small tmpfs (a full disk) needs root",
+)
 async def test_a_full_disk_stops_every_service_and_says_so(tmp_path: Path) -> None:
     """A run whose directory fills up used to raise in its first teardown step and leave every
     service of the local backend running; now every step runs and the error is one line."""

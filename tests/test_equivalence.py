@@ -37,11 +37,11 @@ pytestmark = pytest.mark.app
 SPEEDUP = 10
 BURSTS = 5
 PER_BURST = 4
-GAP_S = 0.3 * SPEEDUP            # paper seconds between requests of a burst (0.3 s wire)
-QUIET_S = 20.0                   # paper seconds from one burst to the next (a burst takes about 11)
+GAP_S = 0.3 * SPEEDUP  # paper seconds between requests of a burst (0.3 s wire)
+QUIET_S = 20.0  # paper seconds from one burst to the next (a burst takes about 11)
 BLOCK = 512
 SEED = 9
-MARGIN_S = 0.05                  # wire seconds between an arrival and any other request's KV or end
+MARGIN_S = 0.05  # wire seconds between an arrival and any other request's KV or end
 
 
 def _workload(seed: int = SEED) -> Trace:
@@ -53,7 +53,7 @@ def _workload(seed: int = SEED) -> Trace:
     for b in range(BURSTS):
         for j in range(PER_BURST):
             s = sessions[rng.randrange(len(sessions))]
-            grow = rng.choice([4, 8, 16, 30, 50])          # blocks: 2K to 25K tokens more
+            grow = rng.choice([4, 8, 16, 30, 50])  # blocks: 2K to 25K tokens more
             s.extend(range(next_block, next_block + grow))
             next_block += grow
             tokens = len(s) * BLOCK - rng.randrange(BLOCK)
@@ -62,19 +62,24 @@ def _workload(seed: int = SEED) -> Trace:
 
 
 def _decisions(recs: list[RequestRecord]) -> dict[str, tuple[Any, ...]]:
-    return {r.request_id: (r.prefill_cluster, r.prefill_node, r.decode_node, r.cached_tokens, r.crossed_wan)
-            for r in recs}
+    return {
+        r.request_id: (r.prefill_cluster, r.prefill_node, r.decode_node, r.cached_tokens, r.crossed_wan) for r in recs
+    }
 
 
 def _overrides() -> dict[str, Any]:
     # Short outputs and a planner that plans from the fifth request on (the bandwidth-aware loop
     # judges the light load fine and keeps its threshold in both: what is compared is that it does).
-    return {"scale": {"speedup": SPEEDUP}, "serving": {"stream_interval": 4},
-            "policy": {"control": {"min_requests": 5}}}
+    return {
+        "scale": {"speedup": SPEEDUP},
+        "serving": {"stream_interval": 4},
+        "policy": {"control": {"min_requests": 5}},
+    }
 
 
-@pytest.mark.parametrize("scenario", ["paper-prfaas", "paper-prfaas-cache", "paper-prfaas-load-aware",
-                                      "paper-prfaas-bw"])
+@pytest.mark.parametrize(
+    "scenario", ["paper-prfaas", "paper-prfaas-cache", "paper-prfaas-load-aware", "paper-prfaas-bw"]
+)
 def test_the_simulator_and_the_live_services_place_every_request_alike(scenario: str, tmp_path: Path) -> None:
     rs = load(scenario, _overrides())
     trace = _workload()

@@ -8,9 +8,15 @@ from typing import Any
 
 import pytest
 
-from testbed.core.failures import NODE_KINDS, Failure, FailureKind as K, failure_kind
+from testbed.core.failures import NODE_KINDS, Failure, failure_kind
+from testbed.core.failures import FailureKind as K
 from testbed.core.record import (
-    PrefillReport, RecordFormatError, RequestRecord, record_from_wire, record_to_wire, report_from_wire,
+    PrefillReport,
+    RecordFormatError,
+    RequestRecord,
+    record_from_wire,
+    record_to_wire,
+    report_from_wire,
     report_to_wire,
 )
 from testbed.live.router.drive import _decode_error
@@ -38,7 +44,11 @@ def test_a_record_fails_with_its_kind_and_instance_as_data() -> None:
     rec = RequestRecord("r", 0, 10, 2)
     rec.fail(Failure(K.DECODE_DOWN, "pd-d0"), "decode node pd-d0 stream broke: gone")
     assert (rec.outcome, rec.reason, rec.failure_kind, rec.failure_node) == (
-        "failed", "decode node pd-d0 stream broke: gone", "decode_node_down", "pd-d0")
+        "failed",
+        "decode node pd-d0 stream broke: gone",
+        "decode_node_down",
+        "pd-d0",
+    )
 
 
 def test_the_wire_carries_the_kinds_and_refuses_an_unknown_one() -> None:
@@ -46,7 +56,11 @@ def test_the_wire_carries_the_kinds_and_refuses_an_unknown_one() -> None:
     rec.fail(Failure(K.KV_TRANSFER), "kv transfer failed: reset")
     back = record_from_wire(record_to_wire(rec))
     assert (back.failure_kind, back.failure_node, back.retry_kind, back.retry_node) == (
-        "kv_transfer_failed", "", "prefill_node_down", "p0")
+        "kv_transfer_failed",
+        "",
+        "prefill_node_down",
+        "p0",
+    )
     wire: dict[str, Any] = record_to_wire(rec) | {"retry_kind": "gone"}
     with pytest.raises(RecordFormatError, match=r"field 'retry_kind': unknown failure kind 'gone'"):
         record_from_wire(wire)
@@ -57,12 +71,15 @@ def test_the_wire_carries_the_kinds_and_refuses_an_unknown_one() -> None:
         report_from_wire(report_to_wire(PrefillReport()) | {"error_kind": "oops"})
 
 
-@pytest.mark.parametrize("event, kind, at, blamed", [
-    ({"event": "error", "kind": "kv_transfer_failed", "reason": "kv transfer failed: x"}, K.KV_TRANSFER, "", ""),
-    ({"event": "error", "kind": "decode_node_error", "reason": "cannot hold it"}, K.DECODE_ERROR, "pd-d1", ""),
-    ({"event": "error", "reason": "an older node's event"}, K.DECODE_ERROR, "pd-d1", ""),
-    ({"event": "error", "kind": "melted", "reason": "?"}, K.DECODE_ERROR, "pd-d1", "pd-d1"),
-])
+@pytest.mark.parametrize(
+    "event, kind, at, blamed",
+    [
+        ({"event": "error", "kind": "kv_transfer_failed", "reason": "kv transfer failed: x"}, K.KV_TRANSFER, "", ""),
+        ({"event": "error", "kind": "decode_node_error", "reason": "cannot hold it"}, K.DECODE_ERROR, "pd-d1", ""),
+        ({"event": "error", "reason": "an older node's event"}, K.DECODE_ERROR, "pd-d1", ""),
+        ({"event": "error", "kind": "melted", "reason": "?"}, K.DECODE_ERROR, "pd-d1", "pd-d1"),
+    ],
+)
 def test_the_decode_node_s_error_event_names_its_kind(event: dict[str, Any], kind: K, at: str, blamed: str) -> None:
     e = _decode_error(event, "pd-d1")
     assert (e.kind, e.at, e.node) == (kind, at, blamed)

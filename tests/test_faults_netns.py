@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from replay_exit import RAN
 
 from testbed.core.schema.linkprofile import LinkParams
@@ -42,18 +41,33 @@ pytestmark = [
 ]
 
 HERE = Path(__file__).resolve().parent.parent
-LINK = LinkParams(rate_bps=200e6, delay_s=0.002, jitter_s=0.0, loss=0.0, loss_correlation=0.0,
-                  queue_bytes=512 * 1024, mtu=None)
+LINK = LinkParams(
+    rate_bps=200e6, delay_s=0.002, jitter_s=0.0, loss=0.0, loss_correlation=0.0, queue_bytes=512 * 1024, mtu=None
+)
 KV = 9000
-FAST = ["--backend", "netns", "--set", "scale.speedup=10", "--set", "scale.byte_scale=1000",
-        "--set", "workload.output_tokens=64", "--set", "serving.stream_interval=8"]
+FAST = [
+    "--backend",
+    "netns",
+    "--set",
+    "scale.speedup=10",
+    "--set",
+    "scale.byte_scale=1000",
+    "--set",
+    "workload.output_tokens=64",
+    "--set",
+    "serving.stream_interval=8",
+]
 
 
 @contextlib.contextmanager
 def two_dcs(method: str, workdir: Path) -> Iterator[tuple[Topology, Path | None]]:
     """Host a0 in dc0, b0 in dc1, the WAN router between (with its delay line for "fallback")."""
-    topo = build_topology("ptbt" + secrets.token_hex(3), [("a0", "dc0"), ("b0", "dc1")],
-                          {("dc0", "dc1"): LINK, ("dc1", "dc0"): LINK}, method)  # type: ignore[arg-type]
+    topo = build_topology(
+        "ptbt" + secrets.token_hex(3),
+        [("a0", "dc0"), ("b0", "dc1")],
+        {("dc0", "dc1"): LINK, ("dc1", "dc0"): LINK},
+        method,
+    )  # type: ignore[arg-type]
     procs = ProcessGroup(workdir / "logs")
     try:
         with Executor() as ex:
@@ -92,7 +106,7 @@ async def _send(host: str, until: float) -> str:
         return "no error"
     except OSError as e:
         return type(e).__name__
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "stalled"
     finally:
         w.close()
@@ -110,16 +124,18 @@ def test_injected_rsts_reset_a_live_connection_at_both_ends(tmp_path: Path, meth
                 until = time.time() + 30
                 sending = cl.submit(_send(b.ip, until))
                 deadline = time.time() + 10
-                while received[0] < 1 << 20 and time.time() < deadline:    # established, streaming
+                while received[0] < 1 << 20 and time.time() < deadline:  # established, streaming
                     time.sleep(0.05)
                 assert received[0] >= 1 << 20 and not sending.done()
                 if outage:
                     assert ctl is not None and control(ctl, {"op": "set", "direction": "*", "loss": 1.0})["ok"]
-                    time.sleep(0.3)             # the sender is now retransmitting into the void
+                    time.sleep(0.3)  # the sender is now retransmitting into the void
                 start = time.time() + 0.2
                 trace = tmp_path / "rst.jsonl"
-                argv = nsexec_argv(topo.wan_ns, injector_argv([d.wan_ifname for d in topo.dcs], KV, start, start + 4,
-                                                              None, "both", trace=trace))
+                argv = nsexec_argv(
+                    topo.wan_ns,
+                    injector_argv([d.wan_ifname for d in topo.dcs], KV, start, start + 4, None, "both", trace=trace),
+                )
                 r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
                 events = [json.loads(x) for x in r.stdout.splitlines()]
                 assert r.returncode == 0, r.stderr[-2000:]
@@ -153,9 +169,28 @@ def _scenario(tmp_path: Path, faults: str) -> Path:
 
 def _replay(tmp_path: Path, scenario: Path, requests: int, rate: float, *more: str) -> tuple[Path, dict[str, Any]]:
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "testbed", "replay", "--scenario", str(scenario), "--requests",
-                        str(requests), "--rate", str(rate), "--out", str(out), "--json", *FAST, *more],
-                       capture_output=True, text=True, timeout=400)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "replay",
+            "--scenario",
+            str(scenario),
+            "--requests",
+            str(requests),
+            "--rate",
+            str(rate),
+            "--out",
+            str(out),
+            "--json",
+            *FAST,
+            *more,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert r.returncode in RAN, r.stderr[-3000:]
     return out, json.loads(r.stdout)
 
@@ -177,9 +212,10 @@ def _f(x: str) -> float:
 def test_replay_through_a_wan_outage_with_resets(tmp_path: Path) -> None:
     # Speedup 10: requests leave from 5 paper s after t0 (0.5 s wire) until ~35 s; the outage and
     # the reset window cover 20-30 s.
-    sc = _scenario(tmp_path, "  - {kind: outage, at_s: 20, duration_s: 10}\n"
-                             "  - {kind: tcp_reset, at_s: 20, duration_s: 10}\n")
-    out, s = _replay(tmp_path, sc, 60, 2)     # the run ends by itself (the call would time out)
+    sc = _scenario(
+        tmp_path, "  - {kind: outage, at_s: 20, duration_s: 10}\n  - {kind: tcp_reset, at_s: 20, duration_s: 10}\n"
+    )
+    out, s = _replay(tmp_path, sc, 60, 2)  # the run ends by itself (the call would time out)
     rows = _records(out)
     assert len(rows) == 60 and len({r["request_id"] for r in rows}) == 60
     assert all(r["outcome"] in ("completed", "failed") for r in rows)
@@ -188,8 +224,10 @@ def test_replay_through_a_wan_outage_with_resets(tmp_path: Path) -> None:
     failed = [r for r in rows if r["outcome"] == "failed"]
     assert all(r["failure_kind"] for r in failed), [(r["request_id"], r["reason"]) for r in failed]
     assert all(r["failure_node"] == "" for r in failed if r["failure_kind"] == "kv_transfer_failed")
-    print(f"outage with resets (netns): {len(failed)} failed, by kind "
-          f"{sorted((k, sum(r['failure_kind'] == k for r in failed)) for k in {r['failure_kind'] for r in failed})}")
+    print(
+        f"outage with resets (netns): {len(failed)} failed, by kind "
+        f"{sorted((k, sum(r['failure_kind'] == k for r in failed)) for k in {r['failure_kind'] for r in failed})}"
+    )
     f = _faults(out)
     assert set(f) == {(0, "start"), (0, "end"), (1, "start"), (1, "end")}
     assert all(x["outcome"] == "ok" for x in f.values()), f
@@ -201,8 +239,11 @@ def test_replay_through_a_wan_outage_with_resets(tmp_path: Path) -> None:
     # Nothing crossed the WAN while it was out (the first 50 ms wire let queued packets drain).
     t0 = json.loads((out / "run.json").read_text())["t0"]
     w0, w1 = f[(0, "start")]["t_wire"] + 0.05, f[(0, "end")]["t_wire"]
-    kv_bytes = [(p["ts"] - t0, p["value"]) for p in map(json.loads, (out / "timeseries" / "wan.jsonl").open())
-                if p["metric"] == "link_bytes" and p["labels"]["link"] == "dc-remote->dc-local"]
+    kv_bytes = [
+        (p["ts"] - t0, p["value"])
+        for p in map(json.loads, (out / "timeseries" / "wan.jsonl").open())
+        if p["metric"] == "link_bytes" and p["labels"]["link"] == "dc-remote->dc-local"
+    ]
     inside = [v for t, v in kv_bytes if w0 <= t <= w1]
     assert len(inside) >= 5 and inside[-1] - inside[0] < 20_000, inside
     assert "## Faults" in (out / "report.md").read_text()
@@ -211,8 +252,14 @@ def test_replay_through_a_wan_outage_with_resets(tmp_path: Path) -> None:
 def test_replay_with_a_decode_instance_killed(tmp_path: Path) -> None:
     # Outputs long enough that streams are under way at the kill (those fail) besides ones
     # without a token yet (those are retried).
-    out, s = _replay(tmp_path, _scenario(tmp_path, "  - {kind: kill, at_s: 20, node: pd-d0}\n"), 60, 2,
-                     "--set", "workload.output_tokens=512")
+    out, s = _replay(
+        tmp_path,
+        _scenario(tmp_path, "  - {kind: kill, at_s: 20, node: pd-d0}\n"),
+        60,
+        2,
+        "--set",
+        "workload.output_tokens=512",
+    )
     rows = _records(out)
     assert len(rows) == 60 and len({r["request_id"] for r in rows}) == 60
     assert all(r["outcome"] in ("completed", "failed") for r in rows)
@@ -225,18 +272,23 @@ def test_replay_with_a_decode_instance_killed(tmp_path: Path) -> None:
     assert on_it and all(_f(r["last_token"]) <= kill["t_wire"] + 0.05 for r in on_it if r["last_token"])
     assert all(r["outcome"] == "failed" for r in on_it if _f(r["routed"]) > kill["t_wire"])
     elsewhere = [r for r in rows if r["decode_node"] and r["decode_node"] != "pd-d0"]
-    assert elsewhere and all(r["outcome"] == "completed" for r in elsewhere), \
-        [(r["request_id"], r["reason"]) for r in elsewhere if r["outcome"] != "completed"]
+    assert elsewhere and all(r["outcome"] == "completed" for r in elsewhere), [
+        (r["request_id"], r["reason"]) for r in elsewhere if r["outcome"] != "completed"
+    ]
     assert s["requests"]["failed"] == sum(r["outcome"] == "failed" for r in rows)
     # What failed, as data: every failed request names the kind and the killed instance, and each
     # retried one the instance its first attempt failed at; the summary counts them alike.
     failed = [r for r in rows if r["outcome"] == "failed"]
-    assert failed and all((r["failure_kind"], r["failure_node"]) == ("decode_node_down", "pd-d0") for r in failed), \
-        [(r["request_id"], r["failure_kind"], r["failure_node"], r["reason"]) for r in failed]
+    assert failed and all((r["failure_kind"], r["failure_node"]) == ("decode_node_down", "pd-d0") for r in failed), [
+        (r["request_id"], r["failure_kind"], r["failure_node"], r["reason"]) for r in failed
+    ]
     retried = [r for r in rows if r["retries"] != "0"]
-    assert all((r["retry_kind"], r["retry_node"]) == ("decode_node_down", "pd-d0") for r in retried), \
-        [(r["request_id"], r["retry_kind"], r["retry_node"], r["retry_reason"]) for r in retried]
+    assert all((r["retry_kind"], r["retry_node"]) == ("decode_node_down", "pd-d0") for r in retried), [
+        (r["request_id"], r["retry_kind"], r["retry_node"], r["retry_reason"]) for r in retried
+    ]
     assert s["requests"]["failure_kinds"] == {"decode_node_down": len(failed)}
     assert s["requests"]["failure_nodes"] == {"pd-d0": len(failed)}
-    print(f"decode kill (netns): {len(rows)} records, {len(failed)} failed, {len(retried)} retried; failed by "
-          f"(kind, node): {sorted({(r['failure_kind'], r['failure_node']) for r in failed})}")
+    print(
+        f"decode kill (netns): {len(rows)} records, {len(failed)} failed, {len(retried)} retried; failed by "
+        f"(kind, node): {sorted({(r['failure_kind'], r['failure_node']) for r in failed})}"
+    )

@@ -63,7 +63,7 @@ def test_smallest_rate_brackets_a_step_within_rtol() -> None:
 @pytest.mark.pure
 def test_smallest_rate_continuous_and_edges() -> None:
     be = smallest_rate(lambda x: math.log10(x), 10.5, 1e8, 1e13, rtol=1e-4)
-    assert be.rate_bps == pytest.approx(10 ** 10.5, rel=1e-4)
+    assert be.rate_bps == pytest.approx(10**10.5, rel=1e-4)
     assert smallest_rate(lambda x: 3.0, 1.0, 1e8, 1e13).bound == "below"
     never = smallest_rate(lambda x: 0.9, 1.0, 1e8, 1e13)
     assert never.bound == "never" and never.rate_bps is None and never.gain_at_hi == 0.9
@@ -163,6 +163,7 @@ def test_break_even_is_where_the_gain_reaches_one(small_map: ModelMap) -> None:
     assert 50e9 < be.rate_bps < 100e9 * 1.01
     dep, hom = load_deployments(DENSE), by[DENSE].homogeneous
     from testbed.model.feasibility import gain_curve
+
     g = gain_curve(dep, hom)
     assert g(be.rate_bps) >= 1.0 > g(be.rate_bps / 1.01)
     hy = by[HYBRID].break_even
@@ -174,8 +175,9 @@ def test_confirm_picks_and_subset(small_map: ModelMap) -> None:
     mm = small_map
     assert pick_confirm(mm, 2) == [f"{DENSE}@100g/30ms", f"{HYBRID}@100g/30ms"]
     # Kimi Linear's 4 PrfaaS instances saturate 10 Gbit/s: the third pick, a link-bound hybrid at the longest RTT.
-    kimi = compute_map([load_deployments("kimi-linear"), load_deployments(DENSE)], [10.0, 100.0], RTTS,
-                       with_break_even=False)
+    kimi = compute_map(
+        [load_deployments("kimi-linear"), load_deployments(DENSE)], [10.0, 100.0], RTTS, with_break_even=False
+    )
     picks = pick_confirm(kimi, 3)
     assert picks == [f"{DENSE}@100g/30ms", "kimi-linear@100g/30ms", "kimi-linear@10g/150ms"]
     third = kimi.point("kimi-linear", 10.0, 150.0)
@@ -211,8 +213,23 @@ def _csv(path: Path) -> list[dict[str, str]]:
 @pytest.mark.app
 def test_command_tiny_grid_simulated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "map"
-    argv = ["feasibility", "--model", "kimi-linear", "--model", DENSE, "--rates", "10,100", "--rtts", "30",
-            "--requests", "60", "--probes", "2", "--out", str(out)]
+    argv = [
+        "feasibility",
+        "--model",
+        "kimi-linear",
+        "--model",
+        DENSE,
+        "--rates",
+        "10,100",
+        "--rtts",
+        "30",
+        "--requests",
+        "60",
+        "--probes",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "break-even" in printed and "MiniMax-M2.5" in printed
@@ -220,7 +237,9 @@ def test_command_tiny_grid_simulated(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert len(table) == 4
     for r in table:
         assert float(r["lambda_max_sim"]) > 0 and float(r["gain_sim"]) > 0 and r["ttft_p90_sim_s"]
-        assert float(r["gain_sim"]) == pytest.approx(float(r["lambda_max_sim"]) / float(r["homogeneous_lambda_max_sim"]))
+        assert float(r["gain_sim"]) == pytest.approx(
+            float(r["lambda_max_sim"]) / float(r["homogeneous_lambda_max_sim"])
+        )
     data = json.loads((out / "map.json").read_text())
     assert data["timing"]["sim_runs"] == 6 and data["timing"]["sim_reused"] == 0
     # Each simulated point ran its own scenario over its own link profile, kept for reruns.
@@ -244,10 +263,41 @@ def test_command_tiny_grid_simulated(tmp_path: Path, capsys: pytest.CaptureFixtu
 @pytest.mark.app
 def test_command_confirm_plumbing_inproc(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "map"
-    assert main(["feasibility", "--model", "kimi-linear", "--model", DENSE, "--rates", "100", "--rtts", "30",
-                 "--sim", "none", "--no-break-even", "--confirm", "1", "--confirm-backend", "inproc",
-                 "--requests", "8", "--probes", "1", "--set", "scale.speedup=40", "--set", "workload.output_tokens=16",
-                 "--set", "serving.stream_interval=4", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "feasibility",
+                "--model",
+                "kimi-linear",
+                "--model",
+                DENSE,
+                "--rates",
+                "100",
+                "--rtts",
+                "30",
+                "--sim",
+                "none",
+                "--no-break-even",
+                "--confirm",
+                "1",
+                "--confirm-backend",
+                "inproc",
+                "--requests",
+                "8",
+                "--probes",
+                "1",
+                "--set",
+                "scale.speedup=40",
+                "--set",
+                "workload.output_tokens=16",
+                "--set",
+                "serving.stream_interval=4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert f"confirm {DENSE}@100g/30ms: emulated" in printed
     conf = json.loads((out / "confirm.json").read_text())
@@ -263,8 +313,20 @@ def test_command_confirm_plumbing_inproc(tmp_path: Path, capsys: pytest.CaptureF
 
 @pytest.mark.app
 def test_command_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["feasibility", "--model", "kimi-linear", "--rates", "100", "--rtts", "30", "--sim", "none",
-            "--no-break-even", "--out", str(tmp_path)]
+    base = [
+        "feasibility",
+        "--model",
+        "kimi-linear",
+        "--rates",
+        "100",
+        "--rtts",
+        "30",
+        "--sim",
+        "none",
+        "--no-break-even",
+        "--out",
+        str(tmp_path),
+    ]
     assert main([*base, "--model", "no-such-model"]) == 2
     assert "no-such-model" in capsys.readouterr().err
     assert main([*base, "--confirm-at", "kimi-linear@3g/30ms", "--confirm-backend", "inproc"]) == 2

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from summaries import make_summary
+
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.live.hostload import busy_share, cpu_times
 from testbed.metrics.fidelity import fidelity, validity
@@ -18,15 +18,28 @@ pytestmark = pytest.mark.pure
 
 
 def _rec(i: int, prefill: float = 1.0, modelled: float = 1.0, lag: float = 0.001) -> RequestRecord:
-    t = StageTimes(arrival=0.0, router_arrival=0.0, routed=0.001, prefill_start=0.01, prefill_end=0.01 + prefill,
-                   first_token=1.1, last_token=2.0, decode_last_token=2.0 - lag)
-    return RequestRecord(f"r{i}", i, 1000, 10, prefill_modelled=modelled, outcome="completed", tokens_received=10,
-                         times=t)
+    t = StageTimes(
+        arrival=0.0,
+        router_arrival=0.0,
+        routed=0.001,
+        prefill_start=0.01,
+        prefill_end=0.01 + prefill,
+        first_token=1.1,
+        last_token=2.0,
+        decode_last_token=2.0 - lag,
+    )
+    return RequestRecord(
+        f"r{i}", i, 1000, 10, prefill_modelled=modelled, outcome="completed", tokens_received=10, times=t
+    )
 
 
 def _steps(modelled: float, late: float) -> list[SeriesPoint]:
-    return [SeriesPoint(0.0, "pd-d0", "decode_step_modelled_s", 0.0), SeriesPoint(1.0, "pd-d0", "decode_step_modelled_s", modelled),
-            SeriesPoint(0.0, "pd-d0", "decode_step_late_s", 0.0), SeriesPoint(1.0, "pd-d0", "decode_step_late_s", late)]
+    return [
+        SeriesPoint(0.0, "pd-d0", "decode_step_modelled_s", 0.0),
+        SeriesPoint(1.0, "pd-d0", "decode_step_modelled_s", modelled),
+        SeriesPoint(0.0, "pd-d0", "decode_step_late_s", 0.0),
+        SeriesPoint(1.0, "pd-d0", "decode_step_late_s", late),
+    ]
 
 
 def test_a_faithful_run_is_valid() -> None:
@@ -54,8 +67,9 @@ def test_slow_prefill_and_token_lag_are_judged_against_their_bounds() -> None:
 
 
 def test_regress_fails_an_invalid_run_whatever_its_figures() -> None:
-    base = Baseline.model_validate({"schema": 1, "taken_from": {},
-                                    "metrics": {"requests.failed": {"baseline": 0, "direction": "lower_is_better"}}})
+    base = Baseline.model_validate(
+        {"schema": 1, "taken_from": {}, "metrics": {"requests.failed": {"baseline": 0, "direction": "lower_is_better"}}}
+    )
     summary = make_summary(validity={"valid": False, "reasons": ["decode steps 176% late"]})
     v = check(base, summary, TakenFrom())
     assert not v.passed and [r.key for r in v.failed] == ["validity.valid"]
@@ -71,21 +85,22 @@ def test_proc_stat_cpu_share() -> None:
 
 
 async def test_speedup_auto_takes_the_highest_faithful_speedup(tmp_path: Path) -> None:
+    from testbed.live.replayer import ReplayStats
     from testbed.run.load import load
     from testbed.run.runner import RunResult
     from testbed.run.speedup import pick_speedup
     from testbed.traces.loader import trace_from_workload
-    from testbed.live.replayer import ReplayStats
 
     seen: list[float] = []
 
     async def fake_run(rs: Any, trace: Any, out: Path, backend: str, name: str = "") -> RunResult:
         s = rs.spec.scale.speedup
         seen.append(s)
-        assert 120 <= len(trace) <= 160    # ~90 s of arrivals at the trace's own rate (1.6 req/s)
+        assert 120 <= len(trace) <= 160  # ~90 s of arrivals at the trace's own rate (1.6 req/s)
         ok = s <= 2
-        return RunResult(out, ReplayStats(), False,
-                         make_summary(validity={"valid": ok, "reasons": [] if ok else ["late"]}))
+        return RunResult(
+            out, ReplayStats(), False, make_summary(validity={"valid": ok, "reasons": [] if ok else ["late"]})
+        )
 
     rs = load("paper-prfaas")
     s, tried = await pick_speedup(rs, trace_from_workload(rs.spec.workload), "inproc", tmp_path, run=fake_run)
@@ -94,19 +109,20 @@ async def test_speedup_auto_takes_the_highest_faithful_speedup(tmp_path: Path) -
 
 
 async def test_speedup_auto_slows_time_down_when_real_time_is_not_faithful(tmp_path: Path) -> None:
+    from testbed.live.replayer import ReplayStats
     from testbed.run.load import load
     from testbed.run.runner import RunResult
     from testbed.run.speedup import pick_speedup
     from testbed.traces.loader import trace_from_workload
-    from testbed.live.replayer import ReplayStats
 
     seen: list[float] = []
 
     async def fake_run(rs: Any, trace: Any, out: Path, backend: str, name: str = "") -> RunResult:
         seen.append(rs.spec.scale.speedup)
-        ok = rs.spec.scale.speedup <= 0.5       # too many streams for one router at real time
-        return RunResult(out, ReplayStats(), False,
-                         make_summary(validity={"valid": ok, "reasons": [] if ok else ["lag"]}))
+        ok = rs.spec.scale.speedup <= 0.5  # too many streams for one router at real time
+        return RunResult(
+            out, ReplayStats(), False, make_summary(validity={"valid": ok, "reasons": [] if ok else ["lag"]})
+        )
 
     rs = load("paper-prfaas")
     s, _ = await pick_speedup(rs, trace_from_workload(rs.spec.workload), "inproc", tmp_path, run=fake_run)

@@ -43,11 +43,24 @@ def data_frame(tid: int, layer: int, offset: int, total: int, payload: bytes, ch
 
 def raw_header(**kw: int) -> bytes:
     """A DATA header with every field overridable, bypassing the encoder's own checks."""
-    f = dict(magic=MAGIC, version=1, type=1, flags=0, tid=9, layer=0, reserved=0, length=0,
-             offset=0, total=0, crc=0, pad=0)
+    f = dict(
+        magic=MAGIC, version=1, type=1, flags=0, tid=9, layer=0, reserved=0, length=0, offset=0, total=0, crc=0, pad=0
+    )
     f.update(kw)
-    return HEADER.pack(f["magic"], f["version"], f["type"], f["flags"], f["tid"], f["layer"], f["reserved"],
-                       f["length"], f["offset"], f["total"], f["crc"], f["pad"])
+    return HEADER.pack(
+        f["magic"],
+        f["version"],
+        f["type"],
+        f["flags"],
+        f["tid"],
+        f["layer"],
+        f["reserved"],
+        f["length"],
+        f["offset"],
+        f["total"],
+        f["crc"],
+        f["pad"],
+    )
 
 
 def sample_stream() -> tuple[bytes, list[tuple[int, int, bytes]]]:
@@ -62,9 +75,16 @@ def sample_stream() -> tuple[bytes, list[tuple[int, int, bytes]]]:
         encode_end(3, 2, 1000),
         encode_ack(123456),
     ]
-    expect = [(DATA, 1, b"abcde"), (DATA, 1, b"fghij"), (END, 1, b""), (DATA, 2, b""),
-              (ABORT, 2, b"prefill died"), (DATA, 3, payload_pattern(3, 100, 700)), (END, 3, b""),
-              (ACK, 0, b"")]
+    expect = [
+        (DATA, 1, b"abcde"),
+        (DATA, 1, b"fghij"),
+        (END, 1, b""),
+        (DATA, 2, b""),
+        (ABORT, 2, b"prefill died"),
+        (DATA, 3, payload_pattern(3, 100, 700)),
+        (END, 3, b""),
+        (ACK, 0, b""),
+    ]
     return b"".join(parts), expect
 
 
@@ -95,7 +115,13 @@ def test_data_round_trip_with_and_without_checksum() -> None:
 
 def test_end_round_trip() -> None:
     (f,) = FrameDecoder().feed(encode_end(5, 61, 123456789))
-    assert (f.header.type, f.header.transfer_id, f.header.layer, f.header.total, f.header.length) == (END, 5, 61, 123456789, 0)
+    assert (f.header.type, f.header.transfer_id, f.header.layer, f.header.total, f.header.length) == (
+        END,
+        5,
+        61,
+        123456789,
+        0,
+    )
     assert f.payload == b""
 
 
@@ -214,12 +240,14 @@ BAD_HEADERS = [
     ("ACK.*length 1,", raw_header(type=ACK, tid=0, length=1), 0),
     ("ACK.*total 1,", raw_header(type=ACK, tid=0, total=1), 0),
     ("ACK.*layer 1,", raw_header(type=ACK, tid=0, layer=1), 0),
-    ("ACK.*transfer_id 9", raw_header(type=ACK), 9),   # ACKs are per connection
+    ("ACK.*transfer_id 9", raw_header(type=ACK), 9),  # ACKs are per connection
 ]
 
 
 @pytest.mark.parametrize("keep", [True, False], ids=["keep", "stream"])
-@pytest.mark.parametrize(("field", "raw", "tid"), BAD_HEADERS, ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(BAD_HEADERS)])
+@pytest.mark.parametrize(
+    ("field", "raw", "tid"), BAD_HEADERS, ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(BAD_HEADERS)]
+)
 def test_bound_violation_names_field(field: str, raw: bytes, tid: int | None, keep: bool) -> None:
     d = FrameDecoder(keep_data=keep)
     with pytest.raises(FrameError, match=field) as exc:

@@ -43,20 +43,33 @@ from testbed.core.kv.kv_send import SendPath
 
 pytestmark = pytest.mark.pure
 
-DEADLINE = timedelta(seconds=10)   # a hang fails the example, not the suite (generous: shared CPU)
+DEADLINE = timedelta(seconds=10)  # a hang fails the example, not the suite (generous: shared CPU)
 MUTATIONS = ["none", "flip", "field", "truncate", "trailing", "splice", "random"]
 FEEDS = ["whole", "pieces", "bytes"]
-FIELD_OFFSETS = {"magic": (0, 4), "version": (4, 1), "type": (5, 1), "flags": (6, 2), "tid": (8, 8),
-                 "layer": (16, 2), "reserved": (18, 2), "length": (20, 4), "offset": (24, 8), "total": (32, 8),
-                 "crc": (40, 4), "pad": (44, 4)}
+FIELD_OFFSETS = {
+    "magic": (0, 4),
+    "version": (4, 1),
+    "type": (5, 1),
+    "flags": (6, 2),
+    "tid": (8, 8),
+    "layer": (16, 2),
+    "reserved": (18, 2),
+    "length": (20, 4),
+    "offset": (24, 8),
+    "total": (32, 8),
+    "crc": (40, 4),
+    "pad": (44, 4),
+}
 counts = {"frames": 0, "examples": 0, "bytes": 0}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _report(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    line = (f"\nframe fuzz: {counts['frames']} frame cases in {counts['examples']} streams "
-            f"({counts['bytes'] / 1e6:.1f} MB fed to each decoder mode)")
+    line = (
+        f"\nframe fuzz: {counts['frames']} frame cases in {counts['examples']} streams "
+        f"({counts['bytes'] / 1e6:.1f} MB fed to each decoder mode)"
+    )
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     if capture is not None:
         with capture.global_and_fixture_disabled():
@@ -84,8 +97,24 @@ def valid_frame(rng: random.Random) -> tuple[bytes, tuple[int, int, bytes]]:
 
 def boundary(rng: random.Random, size: int) -> bytes:
     top = 2 ** (8 * size)
-    v = rng.choice([0, 1, top - 1, top // 2, MAX_PAYLOAD, MAX_PAYLOAD + 1, MAX_REASON + 1, MAX_LAYERS,
-                    MAGIC, VERSION + 1, rng.randrange(top)]) % top
+    v = (
+        rng.choice(
+            [
+                0,
+                1,
+                top - 1,
+                top // 2,
+                MAX_PAYLOAD,
+                MAX_PAYLOAD + 1,
+                MAX_REASON + 1,
+                MAX_LAYERS,
+                MAGIC,
+                VERSION + 1,
+                rng.randrange(top),
+            ]
+        )
+        % top
+    )
     return v.to_bytes(size, "big")
 
 
@@ -151,15 +180,17 @@ def run(d: FrameDecoder, stream: bytes, spans: list[tuple[int, int]], limit: int
 
 
 def summary(frames: list[Frame], keep_data: bool) -> list[tuple[int, int, bytes]]:
-    return [(f.header.type, f.header.transfer_id, f.payload if keep_data or f.header.type != FrameType.DATA else b"")
-            for f in frames]
+    return [
+        (f.header.type, f.header.transfer_id, f.payload if keep_data or f.header.type != FrameType.DATA else b"")
+        for f in frames
+    ]
 
 
 @settings(max_examples=1500, deadline=DEADLINE)
 @given(st.integers(0, 2**64 - 1), st.sampled_from(MUTATIONS), st.sampled_from(FEEDS))
 def test_decoders_survive_hostile_streams_and_agree(seed: int, mutation: str, feed: str) -> None:
     rng = random.Random(seed)
-    n = 12 if feed == "bytes" else 120   # byte by byte is a feed call per byte: fewer frames
+    n = 12 if feed == "bytes" else 120  # byte by byte is a feed call per byte: fewer frames
     batch = [valid_frame(rng) for _ in range(n)]
     stream, intact = mutate(rng, mutation, [f for f, _ in batch])
     spans = pieces(rng, feed, len(stream))
@@ -174,7 +205,7 @@ def test_decoders_survive_hostile_streams_and_agree(seed: int, mutation: str, fe
     assert kept_err == streamed_err
     expect = [e for _, e in batch]
     assert summary(kept, True)[:intact] == expect[:intact]
-    for f in kept:   # whatever got through is a frame the codec would have produced
+    for f in kept:  # whatever got through is a frame the codec would have produced
         h = f.header
         assert len(f.payload) == h.length
         if h.flags & 1:
@@ -220,21 +251,29 @@ def hostile_headers(rng: random.Random) -> bytes:
 @given(st.integers(0, 2**64 - 1))
 def test_reassembler_survives_hostile_connections_within_its_limits(seed: int) -> None:
     rng = random.Random(seed)
-    rx = Reassembler(verify=rng.random() < 0.3, max_transfers=20, max_transfers_per_connection=5,
-                     max_results=10, max_tombstones=30, max_connections=6)
+    rx = Reassembler(
+        verify=rng.random() < 0.3,
+        max_transfers=20,
+        max_transfers_per_connection=5,
+        max_results=10,
+        max_tombstones=30,
+        max_connections=6,
+    )
     conns = [c for c in (rx.connection_made(f"p{i}") for i in range(8)) if c is not None]
     assert len(conns) == 6 and rx.connections_refused == 2
     now = 0.0
     for _ in range(40):
         conn = rng.choice(conns)
-        parts = [valid_frame(rng)[0] if rng.random() < 0.8 else hostile_headers(rng) for _ in range(rng.randrange(1, 6))]
+        parts = [
+            valid_frame(rng)[0] if rng.random() < 0.8 else hostile_headers(rng) for _ in range(rng.randrange(1, 6))
+        ]
         stream, _ = mutate(rng, rng.choice(MUTATIONS), parts)
         now += rng.random()
         for a, b in pieces(rng, rng.choice(["whole", "pieces"]), len(stream)):
             events = rx.data_received(conn, stream[a:b], now)
             for e in events:
                 if isinstance(e, Send):
-                    FrameDecoder().feed(e.data)   # what goes back is well formed
+                    FrameDecoder().feed(e.data)  # what goes back is well formed
         if rng.random() < 0.1:
             rx.connection_lost(conn, now, rng.choice([None, "ConnectionResetError()"]))
             conns.remove(conn)
@@ -263,9 +302,18 @@ def test_send_path_survives_a_hostile_receiver(seed: int) -> None:
         if path.alive(conn) and rng.random() < 0.5 and (chunk := path.take()) is not None:
             path.begin_write(conn, chunk, 0.0)
             path.chunk_written(conn)
-        parts = [rng.choice([encode_ack(rng.randrange(2 * path.written_bytes(conn) + 2)),
-                             encode_end(rng.randrange(5), 1, 250), encode_abort(rng.randrange(5), "no"),
-                             valid_frame(rng)[0], hostile_headers(rng)]) for _ in range(rng.randrange(1, 4))]
+        parts = [
+            rng.choice(
+                [
+                    encode_ack(rng.randrange(2 * path.written_bytes(conn) + 2)),
+                    encode_end(rng.randrange(5), 1, 250),
+                    encode_abort(rng.randrange(5), "no"),
+                    valid_frame(rng)[0],
+                    hostile_headers(rng),
+                ]
+            )
+            for _ in range(rng.randrange(1, 4))
+        ]
         stream, _ = mutate(rng, rng.choice(MUTATIONS), parts)
         path.data_received(conn, stream, 1.0)
         if not path.alive(conn):

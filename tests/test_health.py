@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from testbed.config.scenarios import load_scenario
 from testbed.core.router.health import HealthBook
 from testbed.core.routing.load_tracker import LoadTracker
-from testbed.core.routing.policy import homogeneous, RoutingRequest
-from testbed.config.scenarios import load_scenario
+from testbed.core.routing.policy import RoutingRequest, homogeneous
 
 pytestmark = pytest.mark.pure
 

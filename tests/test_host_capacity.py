@@ -22,8 +22,12 @@ GB = 1 << 30
 
 
 def _host(memory: int = 64 * GB, cpus: int = 16, tasks: int | None = None, nofile: int = 65536) -> hc.Host:
-    return hc.Host(hc.Limit(memory, "MemAvailable"), cpus,
-                   hc.Limit(tasks, "cgroup /x: pids.max 100 (0 in use)") if tasks is not None else None, nofile)
+    return hc.Host(
+        hc.Limit(memory, "MemAvailable"),
+        cpus,
+        hc.Limit(tasks, "cgroup /x: pids.max 100 (0 in use)") if tasks is not None else None,
+        nofile,
+    )
 
 
 def _need(services: int, decode: int = 1, prefill: int = 1) -> hc.Need:
@@ -76,20 +80,22 @@ def test_the_registry_counts_every_service_of_the_scenario() -> None:
     rs = load("paper-prfaas", overrides_for("paper-prfaas", sets))
     with pytest.raises(UserError, match=r"cannot hold 12289 services on the local backend"):
         check_capacity("local", [rs])
-    with pytest.raises(UserError, match=r"cannot hold 12290 services on the netns backend"):   # + delay line
+    with pytest.raises(UserError, match=r"cannot hold 12290 services on the netns backend"):  # + delay line
         check_capacity("netns", [rs])
     check_capacity("local", [rs], force=True)
-    check_capacity("inproc", [rs])        # one process: no service processes to count
+    check_capacity("inproc", [rs])  # one process: no service processes to count
 
 
 def test_netns_refuses_more_hosts_than_a_datacenter_subnet_holds() -> None:
     """A hard limit, forced or not: before, 4,096 decode nodes on netns ended in a traceback
     from the topology builder after the run had begun."""
+
     def rs(decode: int) -> ResolvedScenario:
         return load("paper-prfaas", overrides_for("paper-prfaas", [f"clusters.1.decode={decode}"]))
+
     # the local cluster's 3 prefill nodes, the router and the client share the decode nodes' /24
     assert refusal("netns", rs(240)) is None
-    why = refusal("netns", rs(241))        
+    why = refusal("netns", rs(241))
     assert why is not None and "'dc-local' would hold 246 hosts, and at most 245 fit" in why
     assert refusal("local", rs(4096)) is None
 
@@ -117,7 +123,7 @@ def test_cgroup_v1_headroom_leaves_out_reclaimable_cache(tmp_path: Path) -> None
     assert hc.cgroup_dirs("memory", "4:memory:/job\n3:pids:/\n", tmp_path) == [d, tmp_path / "memory"]
     room = hc.memory_headroom(d)
     assert room is not None and room[0] == 2 * GB - (GB - GB // 4)
-    (d / "memory.limit_in_bytes").write_text("9223372036854771712\n")       # v1's "no limit"
+    (d / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
     assert hc.memory_headroom(d) is None
 
 
@@ -128,10 +134,31 @@ def test_this_host_reads() -> None:
 
 def test_the_cli_refuses_with_exit_2_and_starts_nothing(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "testbed", "replay", "--scenario", "paper-prfaas",
-                        "--set", "clusters.0.prefill=4096", "--set", "clusters.1.prefill=4096",
-                        "--set", "clusters.1.decode=4096", "--backend", "local", "--requests", "5",
-                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--set",
+            "clusters.0.prefill=4096",
+            "--set",
+            "clusters.1.prefill=4096",
+            "--set",
+            "clusters.1.decode=4096",
+            "--backend",
+            "local",
+            "--requests",
+            "5",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "12289 services" in lines[0] and "--force-capacity" in lines[0], r.stderr
@@ -142,8 +169,8 @@ def test_the_start_stops_when_memory_runs_short_as_services_grow() -> None:
     """The guard between spawns counts what the services just started will still take (a fresh
     process holds little of its 70 MB), not only what is taken now."""
     mb = hc.MB
-    fresh = {1: 5 * mb, 2: 5 * mb, 3: hc.SERVICE_BYTES + 10 * mb}      # two just spawned, one grown
-    growing = hc.still_to_grow([1, 2, 3, 4], fresh.get)                 # 4: gone (counts as grown)
+    fresh = {1: 5 * mb, 2: 5 * mb, 3: hc.SERVICE_BYTES + 10 * mb}  # two just spawned, one grown
+    growing = hc.still_to_grow([1, 2, 3, 4], fresh.get)  # 4: gone (counts as grown)
     assert growing == 2 * (hc.SERVICE_BYTES - 5 * mb)
     room = growing + 8 * hc.SERVICE_BYTES + hc.RESERVE_BYTES
     assert hc.start_shortfall(4, 100, hc.Limit(room, "MemAvailable"), growing, 8) is None
@@ -156,5 +183,4 @@ def test_a_running_process_has_a_resident_size() -> None:
     import os
 
     assert (hc.resident_bytes(os.getpid()) or 0) > 1 << 20
-    assert hc.resident_bytes(2 ** 22 + 7) is None
-
+    assert hc.resident_bytes(2**22 + 7) is None

@@ -14,6 +14,7 @@ from procinfo import pids_naming
 
 pytestmark = pytest.mark.app
 
+
 def _memory_cgroup(name: str, limit: int) -> tuple[Path, Path] | None:
     """A memory cgroup of `limit` bytes (v1's hierarchy, else v2's root where it delegates memory):
     (its directory, the file a pid is written to), or None where none can be made."""
@@ -45,16 +46,40 @@ def test_a_forced_start_under_a_memory_limit_stops_before_the_kernel_kills(tmp_p
     d, procs = cg
     out = tmp_path / "run"
     try:
-        r = subprocess.run(["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable, "-m", "testbed",
-                            "replay", "--scenario", "paper-prfaas", "--set", "clusters.1.decode=60", "--backend",
-                            "local", "--requests", "5", "--out", str(out), "--force-capacity"],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'echo $$ > {procs} && exec "$@"',
+                "sh",
+                sys.executable,
+                "-m",
+                "testbed",
+                "replay",
+                "--scenario",
+                "paper-prfaas",
+                "--set",
+                "clusters.1.decode=60",
+                "--backend",
+                "local",
+                "--requests",
+                "5",
+                "--out",
+                str(out),
+                "--force-capacity",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 2, r.stderr[-3000:]
         last = r.stderr.strip().splitlines()[-1]
         assert "memory ran short while starting services" in last and "of 68 started" in last, last
         assert pids_naming(str(out / "deployment.json")) == []
         events = d / "memory.events"
-        assert "oom_kill 0" in events.read_text() if events.exists() else (d / "memory.failcnt").read_text().strip() == "0"
+        assert (
+            "oom_kill 0" in events.read_text() if events.exists() else (d / "memory.failcnt").read_text().strip() == "0"
+        )
         assert json.loads((out / "run.json").read_text())["state"] == "failed"
     finally:
         d.rmdir()

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from procinfo import vmrss
 
 from testbed.config.scenarios import load_scenario
 from testbed.core.schema.scenario import Scenario
@@ -18,7 +19,6 @@ from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.common import MAX_HEADERS
 from testbed.run.load import resolve
-from procinfo import vmrss
 
 pytestmark = pytest.mark.app
 
@@ -29,10 +29,15 @@ SLACK_S = 20.0
 
 
 def _scenario(**serving: Any) -> Scenario:
-    return load_scenario("paper-homogeneous", {
-        "clusters": [{"name": "pd", "datacenter": "local", "kind": "pd", "hardware": "h20", "prefill": 1, "decode": 1}],
-        "serving": serving,
-    })
+    return load_scenario(
+        "paper-homogeneous",
+        {
+            "clusters": [
+                {"name": "pd", "datacenter": "local", "kind": "pd", "hardware": "h20", "prefill": 1, "decode": 1}
+            ],
+            "serving": serving,
+        },
+    )
 
 
 # Opens `idle` connections that send nothing and `slow` ones that send a request line, then a
@@ -86,7 +91,8 @@ sys.stdin.readline()
 
 @pytest.mark.parametrize("service", ["router", "pd-p0", "pd-d0"])
 async def test_idle_and_slow_header_connections_are_closed_after_the_idle_timeout(
-        service: str, capsys: pytest.CaptureFixture[str]) -> None:
+    service: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     dep = loopback_deployment(resolve(_scenario(idle_timeout_s=IDLE_S)), None)
     ep = dep.router if service == "router" else dep.nodes[service].http
     idle, slow = 2000, 50
@@ -94,14 +100,25 @@ async def test_idle_and_slow_header_connections_are_closed_after_the_idle_timeou
         gc.collect()
         before = vmrss()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CLIENTS, ep.host, str(ep.port), str(idle), str(slow), str(IDLE_S + SLACK_S),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-c",
+            CLIENTS,
+            ep.host,
+            str(ep.port),
+            str(idle),
+            str(slow),
+            str(IDLE_S + SLACK_S),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
         try:
             assert proc.stdout is not None and proc.stdin is not None
             assert int(await asyncio.wait_for(proc.stdout.readline(), 120)) == idle + slow
             held = vmrss() - before
-            closed_s, latest_s = (await asyncio.wait_for(proc.stdout.readline(), IDLE_S + SLACK_S + 60)).decode().split()
-            await asyncio.sleep(0.5)    # the server side of the last closes
+            closed_s, latest_s = (
+                (await asyncio.wait_for(proc.stdout.readline(), IDLE_S + SLACK_S + 60)).decode().split()
+            )
+            await asyncio.sleep(0.5)  # the server side of the last closes
             gc.collect()
             after = vmrss() - before
             # The node still serves.
@@ -115,8 +132,10 @@ async def test_idle_and_slow_header_connections_are_closed_after_the_idle_timeou
                 proc.kill()
                 await proc.wait()
     with capsys.disabled():
-        print(f"\n{service}: {idle + slow} connections: RSS +{held / 2**20:.1f} MiB while open, +{after / 2**20:.1f} MiB "
-              f"after; {closed_s} closed by the server, the last {latest_s} s after it opened")
+        print(
+            f"\n{service}: {idle + slow} connections: RSS +{held / 2**20:.1f} MiB while open, +{after / 2**20:.1f} MiB "
+            f"after; {closed_s} closed by the server, the last {latest_s} s after it opened"
+        )
     assert int(closed_s) == idle + slow
     assert IDLE_S * 0.9 <= float(latest_s) <= IDLE_S + SLACK_S
     assert after < 20 << 20

@@ -13,8 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from testbed.deploy.image import (HEALTHCHECK_CODE, IMAGE, SOURCE_LABEL, ImageError, _stream, ensure_image,
-                                  image_labels, source_files, source_hash)
+from testbed.deploy.image import (
+    HEALTHCHECK_CODE,
+    IMAGE,
+    SOURCE_LABEL,
+    ImageError,
+    _stream,
+    ensure_image,
+    image_labels,
+    source_files,
+    source_hash,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -28,12 +37,14 @@ def _engine_reachable() -> bool:
         return False
 
 
-needs_engine = pytest.mark.skipif(not _engine_reachable(),
-                                  reason="no Docker engine (`docker info` fails or no docker CLI)")
+needs_engine = pytest.mark.skipif(
+    not _engine_reachable(), reason="no Docker engine (`docker info` fails or no docker CLI)"
+)
 _names = itertools.count()
 
 
 # -- the source hash (no engine needed) --------------------------------------------------------
+
 
 def _tree(root: Path) -> None:
     files = {
@@ -57,8 +68,13 @@ def _tree(root: Path) -> None:
 def test_source_hash_covers_exactly_the_image_sources(tmp_path: Path) -> None:
     _tree(tmp_path)
     assert [p.as_posix() for p in source_files(tmp_path)] == [
-        "compose/Dockerfile", "netem_profiles/lan.yaml", "pyproject.toml", "scenarios/a.yaml",
-        "testbed/__init__.py", "testbed/sub/mod.py"]
+        "compose/Dockerfile",
+        "netem_profiles/lan.yaml",
+        "pyproject.toml",
+        "scenarios/a.yaml",
+        "testbed/__init__.py",
+        "testbed/sub/mod.py",
+    ]
     h = source_hash(tmp_path)
     assert len(h) == 64 and h == source_hash(tmp_path)
 
@@ -71,11 +87,13 @@ def test_source_hash_covers_exactly_the_image_sources(tmp_path: Path) -> None:
 
     # Content, a new file, a rename, the Dockerfile: each changes it.
     seen = {h}
-    for change in (lambda: (tmp_path / "testbed/sub/mod.py").write_text("X = 2\n"),
-                   lambda: (tmp_path / "testbed/new.py").write_text(""),
-                   lambda: (tmp_path / "testbed/new.py").rename(tmp_path / "testbed/new2.py"),
-                   lambda: (tmp_path / "compose/Dockerfile").write_text("FROM scratch\nLABEL a=b\n"),
-                   lambda: (tmp_path / "scenarios/a.yaml").write_text("name: b\n")):
+    for change in (
+        lambda: (tmp_path / "testbed/sub/mod.py").write_text("X = 2\n"),
+        lambda: (tmp_path / "testbed/new.py").write_text(""),
+        lambda: (tmp_path / "testbed/new.py").rename(tmp_path / "testbed/new2.py"),
+        lambda: (tmp_path / "compose/Dockerfile").write_text("FROM scratch\nLABEL a=b\n"),
+        lambda: (tmp_path / "scenarios/a.yaml").write_text("name: b\n"),
+    ):
         change()
         now = source_hash(tmp_path)
         assert now not in seen
@@ -96,8 +114,12 @@ def test_source_hash_separates_path_from_content(tmp_path: Path) -> None:
 def test_a_failed_step_streams_its_output_and_raises_with_the_last_lines(tmp_path: Path) -> None:
     lines: list[str] = []
     with pytest.raises(ImageError) as err:
-        _stream(["sh", "-c", "for i in $(seq 100); do echo line $i; done; echo oops >&2; exit 3"],
-                "wheelhouse", lines.append, tmp_path)
+        _stream(
+            ["sh", "-c", "for i in $(seq 100); do echo line $i; done; echo oops >&2; exit 3"],
+            "wheelhouse",
+            lines.append,
+            tmp_path,
+        )
     assert lines == [f"line {i}" for i in range(1, 101)] + ["oops"]
     msg = str(err.value)
     assert msg.startswith("wheelhouse failed (exit 3); last lines:\n")
@@ -105,6 +127,7 @@ def test_a_failed_step_streams_its_output_and_raises_with_the_last_lines(tmp_pat
 
 
 # -- the image ----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def image() -> str:
@@ -133,7 +156,9 @@ class _Runner:
         self.image = image
         self.names: list[str] = []
 
-    def __call__(self, *args: str, entrypoint: str | None = None, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self, *args: str, entrypoint: str | None = None, timeout: float = 180.0
+    ) -> subprocess.CompletedProcess[str]:
         name = f"ptb-imgtest-{os.getpid()}-{next(_names)}"
         self.names.append(name)
         argv = ["docker", "run", "--rm", "--name", name]
@@ -149,7 +174,7 @@ def test_image_matches_the_sources(image: str) -> None:
     assert labels is not None and labels.get(SOURCE_LABEL) == source_hash()
     lines: list[str] = []
     t0 = time.monotonic()
-    ensure_image(log=lines.append)         # up to date: no build, quick
+    ensure_image(log=lines.append)  # up to date: no build, quick
     assert time.monotonic() - t0 < 10
     assert lines == [f"image: {IMAGE} is up to date (sources {source_hash()[:12]})"]
 
@@ -174,10 +199,12 @@ def test_model_reads_the_shipped_scenarios(run: _Runner) -> None:
 @needs_engine
 def test_every_role_has_what_it_needs(run: _Runner) -> None:
     """WAN router: the delay line module, pyroute2, iproute2; every role: the link profiles."""
-    script = ("set -e; ip -V; python3 -c 'import testbed.net.delayline, pyroute2'; "
-              "python3 -c 'from testbed.config.profiles import load_profile; load_profile(\"cross-region-100g\")'; "
-              "python3 -c 'import importlib.metadata as m; print(m.version(\"prfaas-testbed\"))'; "
-              "test -f /app/traces/samples/mooncake-sample.jsonl")
+    script = (
+        "set -e; ip -V; python3 -c 'import testbed.net.delayline, pyroute2'; "
+        "python3 -c 'from testbed.config.profiles import load_profile; load_profile(\"cross-region-100g\")'; "
+        "python3 -c 'import importlib.metadata as m; print(m.version(\"prfaas-testbed\"))'; "
+        "test -f /app/traces/samples/mooncake-sample.jsonl"
+    )
     r = run("-c", script, entrypoint="sh")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "iproute2" in r.stdout and "0.1.0" in r.stdout
@@ -187,11 +214,13 @@ def test_every_role_has_what_it_needs(run: _Runner) -> None:
 def test_healthcheck_command(run: _Runner) -> None:
     """The documented health check: 0 when the URL answers 2xx, non-zero on 404 or a closed port."""
     probe = f"python3 -c '{HEALTHCHECK_CODE}'"
-    script = ("python3 -m http.server --bind 127.0.0.1 8000 >/dev/null 2>&1 & "
-              "for i in $(seq 50); do " + probe + " http://127.0.0.1:8000/ 2>/dev/null && break; sleep 0.1; done; "
-              f"{probe} http://127.0.0.1:8000/; echo ok=$?; "
-              f"{probe} http://127.0.0.1:8000/health 2>/dev/null; echo missing=$?; "
-              f"{probe} http://127.0.0.1:8001/health 2>/dev/null; echo closed=$?")
+    script = (
+        "python3 -m http.server --bind 127.0.0.1 8000 >/dev/null 2>&1 & "
+        "for i in $(seq 50); do " + probe + " http://127.0.0.1:8000/ 2>/dev/null && break; sleep 0.1; done; "
+        f"{probe} http://127.0.0.1:8000/; echo ok=$?; "
+        f"{probe} http://127.0.0.1:8000/health 2>/dev/null; echo missing=$?; "
+        f"{probe} http://127.0.0.1:8001/health 2>/dev/null; echo closed=$?"
+    )
     r = run("-c", script, entrypoint="sh")
     assert r.returncode == 0, r.stderr
     assert "ok=0" in r.stdout and "missing=1" in r.stdout and "closed=1" in r.stdout

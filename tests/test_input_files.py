@@ -19,8 +19,8 @@ from testbed.config.input_files import MAX_CONFIG_BYTES
 from testbed.config.profiles import ProfileError, load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario
 from testbed.core.errors import UserError
-from testbed.metrics.regress import RegressError, load_baseline
 from testbed.hardware.measurements import MeasurementError, read_aiperf, read_prefill_csv, read_vllm
+from testbed.metrics.regress import RegressError, load_baseline
 from testbed.traces.loader import load_trace
 from testbed.traces.types import TraceError
 
@@ -62,14 +62,15 @@ def _refused(load: Callable[[], Any], error: type[Exception], text: str) -> str:
     with pytest.raises(error) as e:
         load()
     assert time.monotonic() - t0 < 2.5, "refused only after the watchdog unblocked the open"
-    assert isinstance(e.value, UserError) or error is RegressError   # regress prints its own one line
+    assert isinstance(e.value, UserError) or error is RegressError  # regress prints its own one line
     msg = str(e.value)
     assert text in msg and "\n" not in msg, msg
     return msg
 
 
-def test_a_scenario_that_is_not_utf8_is_one_line_naming_the_byte(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_scenario_that_is_not_utf8_is_one_line_naming_the_byte(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     p = tmp_path / "latin1.yaml"
     p.write_bytes(b"name: caf\xe9\n")
     rc = main(["replay", "--scenario", str(p), "--backend", "sim", "--out", str(tmp_path / "run")])
@@ -79,8 +80,9 @@ def test_a_scenario_that_is_not_utf8_is_one_line_naming_the_byte(tmp_path: Path,
 
 
 def test_a_device_as_scenario_or_profile_is_refused() -> None:
-    assert _refused(lambda: load_scenario(DEVICE), ScenarioError, "not a regular file (character device)") \
-        .startswith(DEVICE)
+    assert _refused(lambda: load_scenario(DEVICE), ScenarioError, "not a regular file (character device)").startswith(
+        DEVICE
+    )
     _refused(lambda: load_profile(DEVICE), ProfileError, f"{DEVICE}: not a regular file (character device)")
 
 
@@ -92,10 +94,10 @@ def test_a_fifo_as_scenario_or_profile_is_refused_without_opening_it(fifo: Path)
 def test_an_oversized_scenario_is_refused_before_it_is_read(tmp_path: Path) -> None:
     p = tmp_path / "huge.yaml"
     with p.open("wb") as f:
-        f.truncate(MAX_CONFIG_BYTES + 1)      # sparse: nothing to write, and reading it would fail otherwise
+        f.truncate(MAX_CONFIG_BYTES + 1)  # sparse: nothing to write, and reading it would fail otherwise
     _refused(lambda: load_scenario(p), ScenarioError, f"{p}: larger than 16 MiB")
     p.write_text("name: x\n" + "#" * 100 + "\n")
-    with pytest.raises(ScenarioError, match="invalid scenario"):   # a small file is read as before
+    with pytest.raises(ScenarioError, match="invalid scenario"):  # a small file is read as before
         load_scenario(p)
 
 

@@ -38,17 +38,25 @@ LABEL = "prfaas-testbed.project"
 
 
 def _docker_ok() -> bool:
-    return shutil.which("docker") is not None and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    return (
+        shutil.which("docker") is not None and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    )
 
 
 BACKENDS = {
-    "local": ([pytest.mark.app],
-              ["--set", "scale.speedup=20", "--set", "scale.byte_scale=1024", *ONE_PER_ROLE]),
-    "netns": ([pytest.mark.netns, pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")],
-              ["--set", "scale.speedup=20", "--set", "scale.byte_scale=1000", *ONE_PER_ROLE]),
-    "compose": ([pytest.mark.docker, pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router needs root"),
-                 pytest.mark.skipif(not _docker_ok(), reason="no Docker engine reachable")],
-                ["--set", "scale.speedup=10", "--set", "scale.byte_scale=1000", *ONE_PER_ROLE]),
+    "local": ([pytest.mark.app], ["--set", "scale.speedup=20", "--set", "scale.byte_scale=1024", *ONE_PER_ROLE]),
+    "netns": (
+        [pytest.mark.netns, pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")],
+        ["--set", "scale.speedup=20", "--set", "scale.byte_scale=1000", *ONE_PER_ROLE],
+    ),
+    "compose": (
+        [
+            pytest.mark.docker,
+            pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router needs root"),
+            pytest.mark.skipif(not _docker_ok(), reason="no Docker engine reachable"),
+        ],
+        ["--set", "scale.speedup=10", "--set", "scale.byte_scale=1000", *ONE_PER_ROLE],
+    ),
 }
 
 
@@ -82,11 +90,29 @@ def _records(out: Path) -> list[dict[str, str]]:
 def _under_way(out: Path, backend: str, done: int, timeout: float = 600) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A replay yielded with its prefix once `done` requests have a record; killed on the way out
     if the test left it running."""
-    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--backend", backend,
-                                     "--requests", str(REQUESTS), "--rate", "2", "--out", str(out),
-                                     "--set", "workload.output_tokens=400", "--set", "serving.stream_interval=8",
-                                     *BACKENDS[backend][1]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _testbed(
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            backend,
+            "--requests",
+            str(REQUESTS),
+            "--rate",
+            "2",
+            "--out",
+            str(out),
+            "--set",
+            "workload.output_tokens=400",
+            "--set",
+            "serving.stream_interval=8",
+            *BACKENDS[backend][1],
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + timeout
         prefix = None
@@ -112,7 +138,7 @@ def _listening_ports() -> set[int]:
         with contextlib.suppress(OSError):
             for line in Path(table).read_text().splitlines()[1:]:
                 f = line.split()
-                if f[3] == "0A":                        # LISTEN
+                if f[3] == "0A":  # LISTEN
                     ports.add(int(f[1].rsplit(":", 1)[1], 16))
     return ports
 
@@ -134,6 +160,7 @@ def _run_ports(out: Path) -> set[int]:
         elif isinstance(x, list):
             for v in x:
                 walk(v)
+
     walk(dep)
     return found
 
@@ -151,14 +178,16 @@ def leftovers(out: Path, backend: str, prefix: str) -> dict[str, object]:
         "sockets": sorted(_run_ports(out) & _listening_ports()) if backend == "local" else [],
         "journal": [str(JOURNAL_DIR / f"{prefix}.json")] if (JOURNAL_DIR / f"{prefix}.json").exists() else [],
         "namespaces": sorted(n for n in os.listdir("/run/netns") if n.startswith(prefix))
-        if os.path.isdir("/run/netns") else [],
+        if os.path.isdir("/run/netns")
+        else [],
         "links and their qdiscs": _host_links_naming(prefix),
         "control folder": [f"/tmp/{prefix}-ctl"] if Path(f"/tmp/{prefix}-ctl").exists() else [],
     }
     if backend == "compose":
         for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
-            left[f"docker {kind[0]}"] = subprocess.run(["docker", *kind, "--filter", f"label={LABEL}={prefix}"],
-                                                      capture_output=True, text=True).stdout.split()
+            left[f"docker {kind[0]}"] = subprocess.run(
+                ["docker", *kind, "--filter", f"label={LABEL}={prefix}"], capture_output=True, text=True
+            ).stdout.split()
     return {k: v for k, v in left.items() if v}
 
 
@@ -166,22 +195,25 @@ def _every_request_recorded(out: Path) -> list[dict[str, str]]:
     rows = _records(out)
     assert len(rows) == REQUESTS and len({r["request_id"] for r in rows}) == REQUESTS
     assert all(r["outcome"] for r in rows)
-    assert all(r["reason"] for r in rows if r["outcome"] != "completed"), \
-        [r for r in rows if r["outcome"] != "completed" and not r["reason"]][:3]
+    assert all(r["reason"] for r in rows if r["outcome"] != "completed"), [
+        r for r in rows if r["outcome"] != "completed" and not r["reason"]
+    ][:3]
     return rows
 
 
 def _report(out: Path) -> str:
     r = subprocess.run(_testbed("report", str(out)), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    return " ".join((r.stdout + r.stderr).split())      # the terminal table wraps its warnings
+    return " ".join((r.stdout + r.stderr).split())  # the terminal table wraps its warnings
 
 
 @pytest.mark.parametrize("backend", _each("local", "netns", "compose"))
-@pytest.mark.parametrize(("signals", "gap"), [(("INT", "INT"), 0.5), (("INT", "INT", "TERM"), 0.05)],
-                         ids=["INT-INT", "INT-INT-TERM"])
-def test_signals_during_teardown_do_not_cut_it_short(tmp_path: Path, backend: str, signals: tuple[str, ...],
-                                                     gap: float) -> None:
+@pytest.mark.parametrize(
+    ("signals", "gap"), [(("INT", "INT"), 0.5), (("INT", "INT", "TERM"), 0.05)], ids=["INT-INT", "INT-INT-TERM"]
+)
+def test_signals_during_teardown_do_not_cut_it_short(
+    tmp_path: Path, backend: str, signals: tuple[str, ...], gap: float
+) -> None:
     """Ctrl-C twice, the second once the first one's teardown is under way; and Ctrl-C, Ctrl-C,
     SIGTERM in quick succession, the later ones before the cancellation has reached the teardown
     (as a loaded machine makes of any gap: they once escaped the event loop and left the run's
@@ -213,12 +245,14 @@ def test_kill_9_then_down_with_the_runs_prefix_leaves_nothing(tmp_path: Path, ba
         proc.communicate()
     assert leftovers(out, backend, prefix), "a killed run leaves its deployment (down is what removes it)"
     env = {**os.environ, AS_USER_ENV: "1"} if backend == "local" and os.geteuid() == 0 else None
-    down = subprocess.run(_testbed("down", "--prefix", prefix, "--json"), capture_output=True, text=True,
-                          timeout=300, env=env)
+    down = subprocess.run(
+        _testbed("down", "--prefix", prefix, "--json"), capture_output=True, text=True, timeout=300, env=env
+    )
     assert down.returncode == 0, down.stderr[-3000:]
     assert leftovers(out, backend, prefix) == {}
-    again = subprocess.run(_testbed("down", "--prefix", prefix, "--json"), capture_output=True, text=True,
-                           timeout=300, env=env)
+    again = subprocess.run(
+        _testbed("down", "--prefix", prefix, "--json"), capture_output=True, text=True, timeout=300, env=env
+    )
     assert again.returncode == 0 and not any(v for v in json.loads(again.stdout).get("local_runs", {}).values())
     text = _report(out)
     assert "ended without closing the run" in text and f"testbed down --prefix {prefix}" in text
@@ -240,10 +274,27 @@ def test_a_full_disk_stops_the_run_and_leaves_nothing(tmp_path: Path, backend: s
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(small)], check=True)
     out = small / "run"
     try:
-        r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--backend", backend,
-                                    "--requests", str(REQUESTS), "--rate", "4", "--out", str(out),
-                                    "--set", "workload.output_tokens=64", *BACKENDS[backend][1]),
-                           capture_output=True, text=True, timeout=900)
+        r = subprocess.run(
+            _testbed(
+                "replay",
+                "--scenario",
+                "paper-prfaas",
+                "--backend",
+                backend,
+                "--requests",
+                str(REQUESTS),
+                "--rate",
+                "4",
+                "--out",
+                str(out),
+                "--set",
+                "workload.output_tokens=64",
+                *BACKENDS[backend][1],
+            ),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         prefix = _prefix(out)
         assert r.returncode in (1, 2), r.stderr[-3000:]
         lines = r.stderr.strip().splitlines()
@@ -258,31 +309,53 @@ def test_a_full_disk_stops_the_run_and_leaves_nothing(tmp_path: Path, backend: s
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
-START_UP_DECODE = 150      # services that take seconds to start (netns: ~10 s to build their network here)
+START_UP_DECODE = 150  # services that take seconds to start (netns: ~10 s to build their network here)
 
 
-@pytest.mark.parametrize(("backend", "stage"), [
-    pytest.param("local", "services", marks=BACKENDS["local"][0], id="local-services"),
-    pytest.param("netns", "network", marks=BACKENDS["netns"][0], id="netns-network"),
-    pytest.param("netns", "services", marks=BACKENDS["netns"][0], id="netns-services"),
-])
+@pytest.mark.parametrize(
+    ("backend", "stage"),
+    [
+        pytest.param("local", "services", marks=BACKENDS["local"][0], id="local-services"),
+        pytest.param("netns", "network", marks=BACKENDS["netns"][0], id="netns-network"),
+        pytest.param("netns", "services", marks=BACKENDS["netns"][0], id="netns-services"),
+    ],
+)
 def test_sigterm_during_start_up_stops_it_within_seconds(tmp_path: Path, backend: str, stage: str) -> None:
     """SIGTERM while a large deployment starts: while the netns backend builds its namespaces,
     and while services are being spawned. The start stops where it stands (it once went on
     spawning every service, or building every namespace after the teardown had run), everything
     started so far is removed, and run.json says the run was interrupted."""
     out = tmp_path / "run"
-    services = str(out / "deployment.json")         # on every service's command line, not on the runner's
-    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--backend", backend, "--requests", "5",
-                                     "--out", str(out), "--force-capacity", *ONE_PER_ROLE,
-                                     "--set", f"clusters.1.decode={START_UP_DECODE}"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    services = str(out / "deployment.json")  # on every service's command line, not on the runner's
+    proc = subprocess.Popen(
+        _testbed(
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            backend,
+            "--requests",
+            "5",
+            "--out",
+            str(out),
+            "--force-capacity",
+            *ONE_PER_ROLE,
+            "--set",
+            f"clusters.1.decode={START_UP_DECODE}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         began, prefix = time.monotonic(), None
         while proc.poll() is None and time.monotonic() - began < 600:
             prefix = prefix or _prefix(out)
-            spaces = [n for n in os.listdir("/run/netns") if prefix and n.startswith(prefix)] \
-                if os.path.isdir("/run/netns") else []
+            spaces = (
+                [n for n in os.listdir("/run/netns") if prefix and n.startswith(prefix)]
+                if os.path.isdir("/run/netns")
+                else []
+            )
             if prefix and (len(spaces) >= 40 if stage == "network" else len(pids_naming(services)) >= 20):
                 break
             time.sleep(0.05)
@@ -307,10 +380,13 @@ def test_sigterm_during_start_up_stops_it_within_seconds(tmp_path: Path, backend
     # listen on one meanwhile. Those of the services that did start must be free.
     started = sorted(p.stem for p in (out / "logs").glob("*.log"))
     dep = json.loads((out / "deployment.json").read_text())
-    ports = {dep["router"]["port"]} | {dep["nodes"][k]["http"]["port"] for k in started if k in dep["nodes"]} | \
-            {dep["nodes"][k]["kv"]["port"] for k in started if k in dep["nodes"]}
+    ports = (
+        {dep["router"]["port"]}
+        | {dep["nodes"][k]["http"]["port"] for k in started if k in dep["nodes"]}
+        | {dep["nodes"][k]["kv"]["port"] for k in started if k in dep["nodes"]}
+    )
     if backend == "local" and "sockets" in left:
-        left["sockets"] = sorted(set(left["sockets"]) & ports)       # type: ignore[call-overload]
+        left["sockets"] = sorted(set(left["sockets"]) & ports)  # type: ignore[call-overload]
     assert {k: v for k, v in left.items() if v} == {}
     assert len(started) < START_UP_DECODE, f"{len(started)} services were started after all"
     meta = json.loads((out / "run.json").read_text())

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from testbed.config.scenarios import load_scenario
-from testbed.core.fault_timeline import FaultEvent, NODE_KINDS, faulted_links, kind_scope
-from testbed.core.schema.kinds import UnknownKind
-from testbed.core.schema.linkprofile import LinkParams
+from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.fault_timeline import NODE_KINDS, FaultEvent, faulted_links, kind_scope
 from testbed.core.routing.load_aware import router_policy
 from testbed.core.routing.policy import get_policy
+from testbed.core.schema.kinds import UnknownKind
+from testbed.core.schema.linkprofile import LinkParams
 from testbed.core.schema.scenario import Scenario
-from testbed.core.engine.servicetime import PrefillTime
 from testbed.deploy.fault_injection import FaultScheduler, FaultTarget
 from testbed.model.analytical import evaluate
 from testbed.model.planner import kind_pools

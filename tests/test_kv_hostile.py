@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from procinfo import vmrss
 
 from testbed.core.kv.frames import (
     HEADER,
@@ -32,13 +33,12 @@ from testbed.core.kv.frames import (
 )
 from testbed.core.kv.kv_receive import MAX_TRANSFERS_PER_PEER, fragment_cap
 from testbed.live.kv_transport import KVReceiver, KVSender
-from procinfo import vmrss
 
 pytestmark = pytest.mark.app
 
 HOST = "127.0.0.1"
 T = 10.0
-GOOD = 0xC0FFEE_0000_0001   # the legitimate transfer's id; hostile ids are drawn below 2**40
+GOOD = 0xC0FFEE_0000_0001  # the legitimate transfer's id; hostile ids are drawn below 2**40
 
 
 async def wait_until(cond: Callable[[], bool], timeout: float = T) -> None:
@@ -59,19 +59,31 @@ def hostile_stream(rng: random.Random) -> bytes:
             n = rng.randrange(2000)
             total = n + rng.randrange(3) * rng.randrange(5000)
             off = rng.randrange(total - n + 1)
-            head, view = encode_data(tid, rng.randrange(64), off, total, payload_pattern(tid, off, n), rng.random() < 0.5)
+            head, view = encode_data(
+                tid, rng.randrange(64), off, total, payload_pattern(tid, off, n), rng.random() < 0.5
+            )
             parts.append(head + bytes(view))
         elif k < 0.45:
             parts.append(encode_end(tid, rng.randrange(64), rng.randrange(10_000)))
         elif k < 0.5:
             parts.append(encode_abort(tid, "hostile"))
         elif k < 0.55:
-            parts.append(encode_ack(rng.randrange(2**40)))   # only a receiver may send these
+            parts.append(encode_ack(rng.randrange(2**40)))  # only a receiver may send these
         elif k < 0.75:
-            fields = [MAGIC, 1, rng.choice([1, 2, 3, 4, 7]), rng.choice([0, 1, 0x8000]), tid, rng.randrange(5000),
-                      rng.choice([0, 0, 1]), rng.choice([0, 10, MAX_PAYLOAD, MAX_PAYLOAD + 1, 2**32 - 1]),
-                      rng.choice([0, 5, 2**63]), rng.choice([0, 10, MAX_PAYLOAD, 2**64 - 1]), rng.choice([0, 7]),
-                      rng.choice([0, 0, 3])]
+            fields = [
+                MAGIC,
+                1,
+                rng.choice([1, 2, 3, 4, 7]),
+                rng.choice([0, 1, 0x8000]),
+                tid,
+                rng.randrange(5000),
+                rng.choice([0, 0, 1]),
+                rng.choice([0, 10, MAX_PAYLOAD, MAX_PAYLOAD + 1, 2**32 - 1]),
+                rng.choice([0, 5, 2**63]),
+                rng.choice([0, 10, MAX_PAYLOAD, 2**64 - 1]),
+                rng.choice([0, 7]),
+                rng.choice([0, 0, 3]),
+            ]
             parts.append(HEADER.pack(*fields))
         else:
             parts.append(rng.randbytes(rng.randrange(1, 120)))
@@ -93,15 +105,15 @@ async def hostile_client(port: int, stream: bytes, rng: random.Random) -> None:
         end = rng.random()
         if end < 0.3:
             sock = w.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # RST
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
             w.transport.abort()
         elif end < 0.6:
             w.close()
         else:
-            await asyncio.sleep(0.05)   # left open a while, then closed
+            await asyncio.sleep(0.05)  # left open a while, then closed
             w.close()
     except (ConnectionError, OSError):
-        pass   # the receiver closed it: that is the point
+        pass  # the receiver closed it: that is the point
 
 
 async def live_fuzz(seed: int, conns: int) -> None:
@@ -189,8 +201,9 @@ sys.stdin.readline()
 
 
 async def with_client(script: str, *args: str, body: Callable[[int], Awaitable[None]]) -> None:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, *args,
-                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
     try:
         assert proc.stdout is not None and proc.stdin is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 60)
@@ -216,7 +229,9 @@ async def assert_a_real_transfer_still_goes_through(rx: KVReceiver, port: int) -
         await tx.close()
 
 
-async def test_receiver_rss_stays_bounded_under_100_hostile_connections_held_open(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_receiver_rss_stays_bounded_under_100_hostile_connections_held_open(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Twenty of the 100 send 4 MiB of a frame announcing 16 MiB (80 MiB that a buffering decoder
     would hold); the rest hold partial headers, a refused length, invented transfers, an ABORT
     reason. RSS growth must stay under 64 MiB; the frame deadline then frees the stuck ones."""
@@ -231,22 +246,26 @@ async def test_receiver_rss_stays_bounded_under_100_hostile_connections_held_ope
             await wait_until(lambda: rx.stream_bytes >= sent, 60)
             gc.collect()
             grown.append(vmrss() - before)
-            assert rx.connections == 80   # the 20 with a refused length were closed at once
+            assert rx.connections == 80  # the 20 with a refused length were closed at once
             assert rx.reassembler.held_bytes <= 80 * MAX_REASON
-            rx.reassembler.frame_timeout = 0.2   # now let the deadline do its work
+            rx.reassembler.frame_timeout = 0.2  # now let the deadline do its work
             await wait_until(lambda: rx.connections == 0)
             assert rx.reassembler.held_bytes == 0
 
         await with_client(CLIENT, str(port), "100", body=measure)
         with capsys.disabled():
-            print(f"\nreceiver RSS growth under 100 hostile connections: {grown[0] / 2**20:.1f} MiB "
-                  f"({rx.stream_bytes / 2**20:.1f} MiB received from them)")
+            print(
+                f"\nreceiver RSS growth under 100 hostile connections: {grown[0] / 2**20:.1f} MiB "
+                f"({rx.stream_bytes / 2**20:.1f} MiB received from them)"
+            )
         assert grown[0] < 64 << 20
     finally:
         await rx.close()
 
 
-async def test_200000_invented_transfer_ids_cost_the_receiver_a_bounded_amount(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_200000_invented_transfer_ids_cost_the_receiver_a_bounded_amount(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     rx = KVReceiver()
     port = await rx.start(HOST, 0)
     try:
@@ -294,7 +313,9 @@ sys.stdin.readline()
 """
 
 
-async def test_400000_separate_one_byte_fragments_fail_the_transfer_at_the_cap(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_400000_separate_one_byte_fragments_fail_the_transfer_at_the_cap(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Unbounded, the ranges of 400,000 one-byte frames held ~30 MB. Past the cap the transfer
     fails naming it, its connection is closed, the memory is freed and the receiver serves on."""
     n = 400_000
@@ -318,7 +339,7 @@ async def test_400000_separate_one_byte_fragments_fail_the_transfer_at_the_cap(c
         await with_client(FRAGMENTS, str(port), str(n), body=measure)
         with capsys.disabled():
             print(f"\nreceiver RSS growth for {n:,} separate one-byte fragments: {grown[0] / 2**20:.1f} MiB")
-        assert grown[0] < 8 << 20     # ~30 MiB unbounded; the cap's ranges are ~0.5 MiB
+        assert grown[0] < 8 << 20  # ~30 MiB unbounded; the cap's ranges are ~0.5 MiB
         await assert_a_real_transfer_still_goes_through(rx, port)
     finally:
         await rx.close()
@@ -361,7 +382,8 @@ sys.stdin.readline()   # every connection open and silent until told
 
 @pytest.mark.parametrize("hosts", [1, 8])
 async def test_requests_complete_while_32_silent_connections_hold_every_decode_nodes_transfer_table(
-        tmp_path: Path, hosts: int, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, hosts: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The attack seen live: 32 connections to each decode node's KV port, 128 transfers opened on
     each and left silent. From the nodes' own address (on loopback every local process has it)
     they hold that address's 1024 places, shared with the prefill nodes; from eight others, every
@@ -377,8 +399,13 @@ async def test_requests_complete_while_32_silent_connections_hold_every_decode_n
     from testbed.run.load import resolve
     from testbed.traces.loader import trace_from_workload
 
-    sc = load_scenario("paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024},
-                                        "workload": {"requests": 24, "rate": 4.0, "output_tokens": 12, "seed": 3}})
+    sc = load_scenario(
+        "paper-prfaas",
+        {
+            "scale": {"speedup": 40, "byte_scale": 1024},
+            "workload": {"requests": 24, "rate": 4.0, "output_tokens": 12, "seed": 3},
+        },
+    )
     dep = loopback_deployment(resolve(sc), str(tmp_path))
     decodes = sorted(n for n, e in dep.nodes.items() if e.role == "decode")
     ports = ",".join(str(dep.nodes[n].kv.port) for n in decodes if dep.nodes[n].kv is not None)
@@ -396,25 +423,37 @@ async def test_requests_complete_while_32_silent_connections_hold_every_decode_n
                 await wait_until(lambda: all(r.peers_refused >= 32 for r in receivers), 60)
                 assert all(rx.active == 0 for rx in rxs)
             before = [(rx.active, rx.transfers_evicted, rx.transfers_refused) for rx in rxs]
-            stats = await replay(trace_from_workload(sc.workload), d.router.url, writer, sc.scale.speedup,
-                                 sc.model.name, api_key=d.credentials.api_key)
+            stats = await replay(
+                trace_from_workload(sc.workload),
+                d.router.url,
+                writer,
+                sc.scale.speedup,
+                sc.model.name,
+                api_key=d.credentials.api_key,
+            )
             after = [(rx.active, rx.transfers_evicted, rx.transfers_refused) for rx in rxs]
             assert len(rxs[0].connections) >= (32 if hosts == 1 else 0)
-            figures.update(opened=str(opened), completed=f"{stats.completed}/{stats.total}",
-                           refused=" ".join(str(r.peers_refused) for r in receivers),
-                           held=" ".join(str(b[0]) for b in before),
-                           evicted=" ".join(str(a[1] - b[1]) for a, b in zip(after, before)))
+            figures.update(
+                opened=str(opened),
+                completed=f"{stats.completed}/{stats.total}",
+                refused=" ".join(str(r.peers_refused) for r in receivers),
+                held=" ".join(str(b[0]) for b in before),
+                evicted=" ".join(str(a[1] - b[1]) for a, b in zip(after, before)),
+            )
 
         await with_client(FLOOD, ports, "32", "128", str(hosts), body=attacked)
     writer.close()
     recs = read_records(tmp_path / "records.csv")
     with capsys.disabled():
-        print(f"\n{figures['opened']} silent KV connections from {hosts} address(es) (refused per decode node: "
-              f"{figures['refused']}) holding {figures['held']} transfers on the {len(decodes)} decode nodes: "
-              f"{figures['completed']} requests completed; places taken back from the flood per decode node: "
-              f"{figures['evicted']}")
-    assert len(recs) == 24 and all(r.outcome == "completed" for r in recs), \
-        [r.reason for r in recs if r.outcome != "completed"]
+        print(
+            f"\n{figures['opened']} silent KV connections from {hosts} address(es) (refused per decode node: "
+            f"{figures['refused']}) holding {figures['held']} transfers on the {len(decodes)} decode nodes: "
+            f"{figures['completed']} requests completed; places taken back from the flood per decode node: "
+            f"{figures['evicted']}"
+        )
+    assert len(recs) == 24 and all(r.outcome == "completed" for r in recs), [
+        r.reason for r in recs if r.outcome != "completed"
+    ]
 
 
 def service_app(be: Any, node: str) -> Any:

@@ -24,8 +24,9 @@ from testbed.core.kv.frames import (
     encode_end,
     payload_pattern,
 )
-from testbed.core.kv.kv_receive import MAX_TRANSFERS, MAX_TRANSFERS_PER_PEER
 from testbed.core.kv.kv_receive import (
+    MAX_TRANSFERS,
+    MAX_TRANSFERS_PER_PEER,
     CloseConnection,
     ConnectionLost,
     ConnId,
@@ -38,7 +39,15 @@ from testbed.core.kv.kv_receive import (
     TransferResult,
 )
 from testbed.core.kv.kv_send import CloseConnection as SendCloseConnection
-from testbed.core.kv.kv_send import DataEncoder, OutgoingTransfer, Phase, ReadyForEnd, SendEvent, SendPath, TransferDelivered
+from testbed.core.kv.kv_send import (
+    DataEncoder,
+    OutgoingTransfer,
+    Phase,
+    ReadyForEnd,
+    SendEvent,
+    SendPath,
+    TransferDelivered,
+)
 
 pytestmark = pytest.mark.pure
 
@@ -70,7 +79,9 @@ def connect(rx: Reassembler, peer: str = "?") -> ConnId:
 
 
 def stream_of_one_transfer() -> bytes:
-    return data(1, 0, 300, 100) + data(1, 200, 300, 100, layer=2) + data(1, 100, 300, 100, layer=1) + encode_end(1, 3, 300)
+    return (
+        data(1, 0, 300, 100) + data(1, 200, 300, 100, layer=2) + data(1, 100, 300, 100, layer=1) + encode_end(1, 3, 300)
+    )
 
 
 def test_whole_stream_completes_the_transfer() -> None:
@@ -92,7 +103,7 @@ def test_stream_fed_byte_by_byte_completes_on_the_last_byte() -> None:
     for i, byte in enumerate(raw[:-1]):
         events = rx.data_received(conn, bytes([byte]), float(i))
         assert quiet(events) == []
-        for f in answers(events):   # an ACK after each read that completed a frame
+        for f in answers(events):  # an ACK after each read that completed a frame
             assert f.header.type == FrameType.ACK and f.header.offset == i + 1 > acked
             acked = f.header.offset
     assert acked == len(raw) - HEADER.size
@@ -108,9 +119,9 @@ def test_trailing_partial_frame_waits_and_a_loss_mid_frame_fails_nothing() -> No
     second = data(2, 100, 200, 100)
     events = rx.data_received(conn, stream_of_one_transfer() + data(2, 0, 200, 100) + second[:30], 1.0)
     assert list(results(events)) == [1]
-    assert rx.held_bytes == 30 and rx.active == 1   # a partial header is held...
+    assert rx.held_bytes == 30 and rx.active == 1  # a partial header is held...
     assert quiet(rx.data_received(conn, second[30:70], 1.5)) == []
-    assert rx.held_bytes == 0                       # ...a DATA payload streams past
+    assert rx.held_bytes == 0  # ...a DATA payload streams past
     events = rx.connection_lost(conn, 2.0)
     assert events == [ConnectionLost(conn, "connection from 10.0.0.1:5 lost mid-frame")]
     assert rx.held_bytes == 0 and rx.active == 1  # the partial frame is gone, the transfer waits
@@ -140,7 +151,8 @@ def test_out_of_order_ranges_over_several_connections_complete_once_all_arrived(
 
 
 @pytest.mark.parametrize(
-    "second", [(50, 100), (90, 20), (130, 20), (170, 40)],
+    "second",
+    [(50, 100), (90, 20), (130, 20), (170, 40)],
     ids=["overlap-right", "straddle", "into-second", "out-of-second"],
 )
 def test_overlapping_ranges_fail_the_transfer(second: tuple[int, int]) -> None:
@@ -152,13 +164,14 @@ def test_overlapping_ranges_fail_the_transfer(second: tuple[int, int]) -> None:
     r = results(events)[5]
     assert not r.ok and r.reason == f"overlapping DATA at offset {off} length {n} (part of it received already)"
     assert r.bytes == 140
-    (abort, ack) = answers(events)   # the sender hears why
+    (abort, ack) = answers(events)  # the sender hears why
     assert abort.header.type == FrameType.ABORT and abort.payload.decode() == r.reason
     assert ack.header.type == FrameType.ACK
 
 
 @pytest.mark.parametrize(
-    "second", [(0, 100), (0, 10), (99, 1), (150, 10), (140, 40)],
+    "second",
+    [(0, 100), (0, 10), (99, 1), (150, 10), (140, 40)],
     ids=["same", "inside-left", "inside-right", "inside-second", "same-second"],
 )
 def test_resent_ranges_already_received_are_no_ops(second: tuple[int, int]) -> None:
@@ -318,7 +331,7 @@ def test_expected_results_are_claimed_others_kept_and_handed_out_once() -> None:
     assert kept == ev.result
     assert rx.expect(2) is None  # handed out once; now waits (and nothing more will come)
     assert rx.expect(1) is None  # claimed results are not kept
-    rx.keep(kept, 1.0)           # a claimer that went away gives it back
+    rx.keep(kept, 1.0)  # a claimer that went away gives it back
     assert rx.expect(2) == kept
 
 
@@ -342,7 +355,7 @@ def test_sweep_fails_idle_transfers_and_forgets_old_results() -> None:
     (abort, end, _) = answers(events)
     assert (abort.header.type, abort.payload) == (FrameType.ABORT, b"no frames for 10 s")
     assert (end.header.type, end.header.transfer_id) == (FrameType.END, 3)
-    rx.sweep(105.5)              # 3's result (kept at 5.0) is forgotten; 1's and 2's are younger
+    rx.sweep(105.5)  # 3's result (kept at 5.0) is forgotten; 1's and 2's are younger
     assert rx.expect(3) is None
     stored = rx.expect(1)
     assert stored is not None and not stored.ok
@@ -489,8 +502,10 @@ def test_invented_transfer_ids_cost_a_bounded_amount_and_are_refused_with_a_reas
     rx = Reassembler(max_transfers_per_connection=256, max_results=4096, max_tombstones=16384)
     conn = connect(rx, "hostile")
     one = encode_data(0, 0, 0, 2, b"\x00", False)[0] + b"\x00"
-    batches = [b"".join(one[:8] + tid.to_bytes(8, "big") + one[16:] for tid in range(k, k + 5000))
-               for k in range(1, 20_001, 5000)]
+    batches = [
+        b"".join(one[:8] + tid.to_bytes(8, "big") + one[16:] for tid in range(k, k + 5000))
+        for k in range(1, 20_001, 5000)
+    ]
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -516,10 +531,13 @@ def test_open_transfers_are_capped_in_total_and_per_connection() -> None:
     rx = Reassembler(max_transfers=3, max_transfers_per_connection=2)
     a, b = connect(rx, "A"), connect(rx, "B")
     rx.data_received(a, data(1, 0, 20, 10) + data(2, 0, 20, 10), 0.0)
-    events = rx.data_received(a, data(3, 0, 20, 10), 1.0)   # a third on A
+    events = rx.data_received(a, data(3, 0, 20, 10), 1.0)  # a third on A
     r = results(events)[3]
     assert r.reason == "connection from A carries 2 open transfers (limit 2)" and rx.transfers_refused == 1
-    assert [(f.header.type, f.header.transfer_id) for f in answers(events)] == [(FrameType.ABORT, 3), (FrameType.ACK, 0)]
+    assert [(f.header.type, f.header.transfer_id) for f in answers(events)] == [
+        (FrameType.ABORT, 3),
+        (FrameType.ACK, 0),
+    ]
     assert quiet(rx.data_received(a, data(3, 10, 20, 10) + encode_end(3, 1, 20), 1.5)) == []  # refused stays refused
     rx.data_received(b, data(4, 0, 20, 10), 2.0)
     r = results(rx.data_received(b, data(5, 0, 20, 10), 3.0))[5]
@@ -543,17 +561,21 @@ def test_connections_beyond_the_limit_are_refused() -> None:
 def test_a_frame_not_finished_in_time_breaks_its_connection_and_frees_what_it_held() -> None:
     rx = Reassembler(verify=True, frame_timeout=5.0, idle_timeout=100.0)
     stuck, idle, slow = connect(rx, "stuck"), connect(rx, "idle"), connect(rx, "slow")
-    rx.data_received(stuck, data(1, 0, 4000, 1000, checksum=True) + data(1, 1000, 4000, 3000, checksum=True)[:2000], 0.0)
-    rx.data_received(idle, data(2, 0, 20, 10, checksum=True), 0.0)   # at a frame boundary: may idle forever
+    rx.data_received(
+        stuck, data(1, 0, 4000, 1000, checksum=True) + data(1, 1000, 4000, 3000, checksum=True)[:2000], 0.0
+    )
+    rx.data_received(idle, data(2, 0, 20, 10, checksum=True), 0.0)  # at a frame boundary: may idle forever
     frame = data(3, 0, 3000, 3000, checksum=True)
     rx.data_received(slow, frame[:1000], 0.0)
     assert rx.held_bytes == 2000 + 1000
     assert rx.sweep(5.0) == []
-    rx.data_received(slow, frame[1000:2000], 4.0)   # progress within a frame does not reset its clock
+    rx.data_received(slow, frame[1000:2000], 4.0)  # progress within a frame does not reset its clock
     events = rx.sweep(5.5)
-    assert events == [CloseConnection(stuck, "stuck", "frame not completed within 5 s (2000 bytes of it received)"),
-                      CloseConnection(slow, "slow", "frame not completed within 5 s (2000 bytes of it received)")]
-    assert rx.held_bytes == 0 and rx.active == 2   # nothing failed: the sender resumes them elsewhere
+    assert events == [
+        CloseConnection(stuck, "stuck", "frame not completed within 5 s (2000 bytes of it received)"),
+        CloseConnection(slow, "slow", "frame not completed within 5 s (2000 bytes of it received)"),
+    ]
+    assert rx.held_bytes == 0 and rx.active == 2  # nothing failed: the sender resumes them elsewhere
     assert rx.data_received(stuck, b"more", 6.0) == [] and rx.connection_lost(stuck, 6.0) == []
     # A frame that starts after the previous one finished gets a clock of its own.
     rx.data_received(idle, data(2, 10, 20, 10, checksum=True)[:20], 50.0)
@@ -573,7 +595,7 @@ def test_a_transfer_past_its_fragment_cap_fails_naming_it_and_breaks_only_its_co
     # One-byte frames two bytes apart: every one a separate range.
     stream = b"".join(data(1, 2 * i, total, 1) for i in range(cap))
     assert not quiet(rx.data_received(bad, stream, 0.0))
-    assert rx.transfer(1) is not None and len(rx.transfer(1).starts) == cap   # type: ignore[union-attr]
+    assert rx.transfer(1) is not None and len(rx.transfer(1).starts) == cap  # type: ignore[union-attr]
     evs = rx.data_received(bad, data(1, 2 * cap, total, 1), 0.0)
     closed = [e for e in evs if isinstance(e, CloseConnection)]
     assert len(closed) == 1 and closed[0].conn == bad and f"limit {cap} for {total} bytes" in closed[0].reason
@@ -618,8 +640,9 @@ def test_32_silent_connections_that_fill_the_table_cannot_keep_a_sender_out(host
     attacker on 8 addresses fills the table, and either way a sender that needs a few places takes
     them from the largest silent holder."""
     rx = Reassembler()
-    hostile = _flood(rx, [("127.0.0.1" if hosts == 1 else f"10.9.0.{i % hosts}") + f":{40000 + i}"
-                          for i in range(32)], 128)
+    hostile = _flood(
+        rx, [("127.0.0.1" if hosts == 1 else f"10.9.0.{i % hosts}") + f":{40000 + i}" for i in range(32)], 128
+    )
     held, flood_evicted, flood_refused = rx.active, rx.transfers_evicted, rx.transfers_refused
     assert held == (MAX_TRANSFERS_PER_PEER if hosts == 1 else MAX_TRANSFERS)
     # One address: its own flood took back some of its oldest places (refused the rest); eight: none.
@@ -631,13 +654,13 @@ def test_32_silent_connections_that_fill_the_table_cannot_keep_a_sender_out(host
     # The first took a place back, completed and freed it; the next 199 used that one.
     assert rx.transfers_evicted == flood_evicted + 1 and rx.active == held - 1
     hostile_results = [rx.expect(((i + 1) << 32) + k) for i in range(32) for k in range(128)]
-    ended = [r for r in hostile_results if r is not None]     # each heard why: evicted or refused
+    ended = [r for r in hostile_results if r is not None]  # each heard why: evicted or refused
     assert len(ended) == rx.transfers_evicted + rx.transfers_refused
     assert sum(r.reason.startswith("evicted for a fair share") for r in ended) == rx.transfers_evicted
     # 20 open at once (a prefill node's batch): every one gets a place.
     opened = results(rx.data_received(good, b"".join(data((1 << 61) + k, 0, 2, 1) for k in range(20)), 500.0))
     assert all((1 << 61) + k not in opened and rx.transfer((1 << 61) + k) is not None for k in range(20))
-    assert all(r.reason.startswith("evicted") for r in opened.values())       # hostile ones made room
+    assert all(r.reason.startswith("evicted") for r in opened.values())  # hostile ones made room
     # The attacker leaves: what it held waits for a resume that never comes; a newcomer takes those first.
     for c in hostile:
         rx.connection_lost(c, 600.0)
@@ -649,37 +672,37 @@ def test_32_silent_connections_that_fill_the_table_cannot_keep_a_sender_out(host
 def test_a_silent_flood_never_takes_the_places_of_a_sender_holding_its_share() -> None:
     rx = Reassembler(max_transfers=64)
     good = connect(rx, "10.0.0.2:1")
-    rx.data_received(good, b"".join(data(k, 0, 20, 10) for k in range(1, 4)), 0.0)   # 3 open, in progress
-    _flood(rx, ["10.9.0.1:1", "10.9.0.1:2"], 30, 1.0)        # 60 more: 63 open
+    rx.data_received(good, b"".join(data(k, 0, 20, 10) for k in range(1, 4)), 0.0)  # 3 open, in progress
+    _flood(rx, ["10.9.0.1:1", "10.9.0.1:2"], 30, 1.0)  # 60 more: 63 open
     more = connect(rx, "10.9.0.1:3")
     events = rx.data_received(more, b"".join(data((9 << 32) + k, 0, 2, 1) for k in range(40)), 2.0)
     assert [rx.transfer(k) is not None for k in (1, 2, 3)] == [True, True, True]
     assert all(r.reason.startswith(("evicted", "receiver has")) for r in results(events).values())
-    for k in (1, 2, 3):        # the good sender finishes what it started, long after
+    for k in (1, 2, 3):  # the good sender finishes what it started, long after
         assert results(rx.data_received(good, data(k, 10, 20, 10) + encode_end(k, 1, 20), 50.0))[k].ok
 
 
 def test_open_transfers_are_capped_per_peer_and_a_full_peer_gives_up_its_own_largest() -> None:
     rx = Reassembler(max_transfers_per_peer=10, max_transfers=100)
     a1, a2 = connect(rx, "10.0.0.1:1"), connect(rx, "10.0.0.1:2")
-    rx.data_received(a1, b"".join(data(k, 0, 2, 1) for k in range(1, 9)), 0.0)       # 8 silent on a1
-    rx.data_received(a2, data(100, 0, 2, 1) + data(101, 0, 2, 1), 1.0)              # 2 on a2: peer at 10
+    rx.data_received(a1, b"".join(data(k, 0, 2, 1) for k in range(1, 9)), 0.0)  # 8 silent on a1
+    rx.data_received(a2, data(100, 0, 2, 1) + data(101, 0, 2, 1), 1.0)  # 2 on a2: peer at 10
     r = results(rx.data_received(a2, data(102, 0, 2, 1), 2.0))
-    assert r[1].reason.startswith("evicted for a fair share (peer 10.0.0.1 at its limit of 10")   # a1's oldest
+    assert r[1].reason.startswith("evicted for a fair share (peer 10.0.0.1 at its limit of 10")  # a1's oldest
     assert rx.transfer(102) is not None and rx.active == 10
     # a1 cannot push a2 out: it holds the most already, so its own new one is refused.
     r = results(rx.data_received(a1, data(9, 0, 2, 1), 3.0))[9]
     assert r.reason == "peer 10.0.0.1 has 10 transfers open (limit 10)"
-    b = connect(rx, "10.0.0.2:1")      # another peer is not held to 10.0.0.1's count
+    b = connect(rx, "10.0.0.2:1")  # another peer is not held to 10.0.0.1's count
     assert _whole(rx, b, 500, 4.0).ok
 
 
 def test_an_abort_of_an_unknown_transfer_takes_no_place_from_anyone() -> None:
     rx = Reassembler(max_transfers=4)
     a = connect(rx, "10.0.0.1:1")
-    rx.data_received(a, b"".join(data(k, 0, 2, 1) for k in range(1, 5)), 0.0)      # the table is full
+    rx.data_received(a, b"".join(data(k, 0, 2, 1) for k in range(1, 5)), 0.0)  # the table is full
     b = connect(rx, "10.0.0.2:1")
-    for k in range(100, 110):      # aborts of ids never seen: each would be over at once
+    for k in range(100, 110):  # aborts of ids never seen: each would be over at once
         rx.data_received(b, encode_abort(k, "x"), 1.0)
     assert rx.transfers_evicted == 0 and [rx.transfer(k) is not None for k in range(1, 5)] == [True] * 4
-    assert _whole(rx, b, 200, 2.0).ok and rx.transfers_evicted == 1     # a real one does
+    assert _whole(rx, b, 200, 2.0).ok and rx.transfers_evicted == 1  # a real one does

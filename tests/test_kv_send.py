@@ -147,8 +147,8 @@ def test_acks_are_cumulative_per_connection_and_checked() -> None:
     frame = HEADER_SIZE + 10
     assert path.data_received(c0, encode_ack(frame), 1.0) == []
     assert (t.acked, path.unacked(c0), path.unacked(c1)) == (10, 1, 2)
-    assert path.data_received(c0, encode_ack(frame + 5), 1.0) == []   # inside a frame: covers nothing more
-    assert path.data_received(c0, encode_ack(frame + 5), 1.0) == []   # a repeat is harmless
+    assert path.data_received(c0, encode_ack(frame + 5), 1.0) == []  # inside a frame: covers nothing more
+    assert path.data_received(c0, encode_ack(frame + 5), 1.0) == []  # a repeat is harmless
     assert t.acked == 10
     assert ack_all(path, c1, 2.0) == [] and t.acked == 30
     # An ACK for more than was written, or going backwards, breaks the connection.
@@ -163,16 +163,16 @@ def test_connection_loss_requeues_only_the_unacknowledged_chunks_of_the_transfer
     c0, c1 = path.connection_opened(), path.connection_opened()
     a, b, c = path.start(1, 40, 1), path.start(2, 20, 1), path.start(3, 10, 1)
     path.send_layer(a, 0, 40)
-    write(path, c0)            # a@0 on c0, acknowledged below
-    write(path, c0)            # a@10 on c0, written, never acknowledged
+    write(path, c0)  # a@0 on c0, acknowledged below
+    write(path, c0)  # a@10 on c0, written, never acknowledged
     path.data_received(c0, encode_ack(HEADER_SIZE + 10), 0.5)
     path.send_layer(b, 0, 20)
-    chunk = path.take()        # a@20, in flight on c0 when it is lost
+    chunk = path.take()  # a@20, in flight on c0 when it is lost
     assert chunk is not None and chunk.transfer is a and path.begin_write(c0, chunk, 0.0)
-    write(path, c1)            # a@30 on c1
-    write(path, c1)            # b on c1
+    write(path, c1)  # a@30 on c1
+    write(path, c1)  # b on c1
     events = path.connection_lost(c0, "reset by peer", 1.0)
-    assert events == []        # nothing fails: a resumes
+    assert events == []  # nothing fails: a resumes
     assert a.phase is Phase.OPEN and a.resumes == 1 and a.stalled_since == 1.0 and a.last_error == "reset by peer"
     assert not path.alive(c0) and path.connections == [c1]
     # a@10 and a@20 go back to the front of the queue, ahead of b's second chunk.
@@ -243,9 +243,9 @@ def test_losses_that_interrupt_progress_beyond_the_budget_fail_with_the_reason()
     for i in range(2):
         conn = path.connection_opened()
         write(path, conn)
-        ack_all(path, conn, 10.0 + i)   # progress...
+        ack_all(path, conn, 10.0 + i)  # progress...
         write(path, conn)
-        events = path.connection_lost(conn, f"flap {i}", 10.5 + i)   # ...interrupted
+        events = path.connection_lost(conn, f"flap {i}", 10.5 + i)  # ...interrupted
     (ev,) = events
     assert isinstance(ev, SendFailed) and ev.reason == "flap 1 (progress interrupted 3 times: giving up)"
     assert t.failed == ev.reason and path.stats.transfers_failed == 1
@@ -301,7 +301,7 @@ def test_a_receiver_that_acknowledges_everything_without_completing_fails_the_tr
     write(path, c1)
     path.finish(t)
     send_end(path, t, c0)
-    assert ack_all(path, c0) == []   # END consumed, a chunk still unacknowledged on c1
+    assert ack_all(path, c0) == []  # END consumed, a chunk still unacknowledged on c1
     (ev,) = ack_all(path, c1)
     assert isinstance(ev, SendFailed) and "did not complete" in ev.reason
 
@@ -341,7 +341,7 @@ def test_failed_transfer_chunks_are_dropped_and_its_layers_only_counted() -> Non
     (ev,) = path.fail(t, "prefill died")
     assert isinstance(ev, SendFailed) and ev.transfer is t
     assert path.fail(t, "twice") == [] and t.failed == "prefill died"
-    assert not path.begin_write(conn, taken, 0.0)   # failed while the writer was connecting
+    assert not path.begin_write(conn, taken, 0.0)  # failed while the writer was connecting
     assert path.send_layer(t, 1, 20) == 0 and t.queued == 50
     nxt = path.take()
     assert nxt is not None and nxt.transfer is other  # t's queued chunks are skipped
@@ -429,13 +429,21 @@ def test_transition_table() -> None:
         assert ((phase, Step.FAIL) in TRANSITIONS) == (phase not in TERMINAL)
     t = OutgoingTransfer(1, 0, 1)
     seen = [t.phase]
-    for step in (Step.FINISH, Step.DRAINED, Step.END_WRITTEN, Step.RESUME, Step.DRAINED, Step.END_WRITTEN,
-                 Step.END_LOST, Step.END_WRITTEN, Step.CONFIRMED):
+    for step in (
+        Step.FINISH,
+        Step.DRAINED,
+        Step.END_WRITTEN,
+        Step.RESUME,
+        Step.DRAINED,
+        Step.END_WRITTEN,
+        Step.END_LOST,
+        Step.END_WRITTEN,
+        Step.CONFIRMED,
+    ):
         t.phase = TRANSITIONS[(t.phase, step)]
         seen.append(t.phase)
     P = Phase
-    assert seen == [P.OPEN, P.DRAINING, P.ENDING, P.SENT, P.DRAINING, P.ENDING, P.SENT, P.ENDING, P.SENT,
-                    P.DELIVERED]
+    assert seen == [P.OPEN, P.DRAINING, P.ENDING, P.SENT, P.DRAINING, P.ENDING, P.SENT, P.ENDING, P.SENT, P.DELIVERED]
     assert (P.OPEN, Step.CONFIRMED) not in TRANSITIONS  # no answer before an END went out
 
 

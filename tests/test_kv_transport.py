@@ -82,8 +82,28 @@ async def test_integrity_concurrent_transfers_striped_over_connections() -> None
     tx = KVSender(connections=4, checksum=True)
     try:
         mib = 1 << 20
-        totals = [1, 7, 100, 4095, 4096, 65536, 262143, 262144, 262145, 300_000,
-                  mib, mib + 1, 2 * mib - 3, 3 * mib, 3 * mib, 1234567, 777, 2 * mib, 500_000, 3 * mib - 1]
+        totals = [
+            1,
+            7,
+            100,
+            4095,
+            4096,
+            65536,
+            262143,
+            262144,
+            262145,
+            300_000,
+            mib,
+            mib + 1,
+            2 * mib - 3,
+            3 * mib,
+            3 * mib,
+            1234567,
+            777,
+            2 * mib,
+            500_000,
+            3 * mib - 1,
+        ]
         plans: dict[int, list[int]] = {}
         for i, total in enumerate(totals):
             # Uneven layers with a zero-byte layer in the middle.
@@ -147,7 +167,9 @@ async def test_bad_magic_fails_only_that_connections_transfers(
     writer.close()
 
 
-async def test_bad_length_fails_its_transfer_others_unaffected(receiver: tuple[KVReceiver, int], sender: KVSender) -> None:
+async def test_bad_length_fails_its_transfer_others_unaffected(
+    receiver: tuple[KVReceiver, int], sender: KVSender
+) -> None:
     rx, port = receiver
     r1, w1 = await raw_conn(port)
     r2, w2 = await raw_conn(port)
@@ -291,7 +313,6 @@ async def test_close_resolves_pending_expectations() -> None:
     assert not r.ok and "closed" in r.reason
 
 
-
 def rst(transport: asyncio.BaseTransport) -> None:
     """Close with a TCP reset, as a middlebox or a crashed peer would."""
     sock = transport.get_extra_info("socket")
@@ -388,8 +409,9 @@ class Proxy:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def outage_run(resume_timeout: float, outage: float, down: bool = False
-                     ) -> tuple[list[TransferResult], list[BaseException | float], KVSender]:
+async def outage_run(
+    resume_timeout: float, outage: float, down: bool = False
+) -> tuple[list[TransferResult], list[BaseException | float], KVSender]:
     """Eight 2 MiB transfers through the proxy; once 1 MiB has arrived, every connection is
     reset, and for `outage` seconds new ones are reset as they come (or, `down`, refused). The
     proxy holds everything after the first MiB until the reset (the bytes held are lost with it),
@@ -420,8 +442,11 @@ async def outage_run(resume_timeout: float, outage: float, down: bool = False
         if down:
             await proxy.up()
         sent = await asyncio.wait_for(asyncio.gather(*finishing, return_exceptions=True), 3 * T)
-        got = list(await asyncio.wait_for(asyncio.gather(*waits), 3 * T)) if all(
-            isinstance(x, float) for x in sent) else []
+        got = (
+            list(await asyncio.wait_for(asyncio.gather(*waits), 3 * T))
+            if all(isinstance(x, float) for x in sent)
+            else []
+        )
         return got, list(sent), tx
     finally:
         await tx.close()
@@ -433,7 +458,7 @@ async def test_a_wan_outage_with_resets_mid_transfer_ends_with_every_transfer_co
     got, sent, tx = await outage_run(resume_timeout=10.0, outage=1.0)
     assert all(isinstance(x, float) for x in sent), sent
     assert [r.ok for r in got] == [True] * 8, [r.reason for r in got]
-    assert all(r.bytes == 2 << 20 for r in got)   # verified against the pattern, byte for byte
+    assert all(r.bytes == 2 << 20 for r in got)  # verified against the pattern, byte for byte
     assert tx.resumes >= 1 and tx.transfers_sent == 8 and tx.transfers_failed == 0
 
 
@@ -460,12 +485,12 @@ async def test_a_black_holed_connection_is_given_up_after_the_ack_timeout_and_re
         t = tx.start((HOST, pport), 3100, 4 << 20, 2)
         t.send_layer(0, 2 << 20)
         await wait_until(lambda: rx.bytes_received > 0)
-        proxy.blackhole = True      # the old connections go silent, new ones are relayed anew
+        proxy.blackhole = True  # the old connections go silent, new ones are relayed anew
         held = list(proxy.pairs)
         proxy.pairs.clear()
         t.send_layer(1, 2 << 20)
         await wait_until(lambda: proxy.accepted > 2)
-        proxy.blackhole = False     # (only the new pumps would run; the old ones stay blocked)
+        proxy.blackhole = False  # (only the new pumps would run; the old ones stay blocked)
         for a, b in held:
             Proxy._rst(a)
             Proxy._rst(b)
@@ -489,7 +514,7 @@ async def test_connections_reset_by_the_receiver_side_resume_on_new_ones() -> No
             t.send_layer(layer, 1 << 20)
             if layer in (2, 5):
                 await wait_until(lambda: rx.bytes_received > (layer - 1) << 20)
-                for transport in list(rx._transports.values()):   # reset from the receiver's side
+                for transport in list(rx._transports.values()):  # reset from the receiver's side
                     rst(transport)
         await asyncio.wait_for(t.finish(), T)
         r = await asyncio.wait_for(fut, T)
@@ -528,8 +553,9 @@ async def test_connections_beyond_the_receivers_limit_are_closed_and_logged(capl
             r4, w4 = await raw_conn(port)
             assert await closed_by_peer(r4)
         assert rx.connections_refused == 1
-        assert any("refusing KV connection" in rec.getMessage() and "limit 3" in rec.getMessage()
-                   for rec in caplog.records)
+        assert any(
+            "refusing KV connection" in rec.getMessage() and "limit 3" in rec.getMessage() for rec in caplog.records
+        )
         held[0][1].close()
         await wait_until(lambda: rx.connections == 2)
         tx = KVSender(connections=1)
@@ -550,8 +576,8 @@ async def test_a_connection_stuck_inside_a_frame_is_closed_after_the_frame_timeo
     try:
         reader, writer = await raw_conn(port)
         idle_r, idle_w = await raw_conn(port)
-        writer.write(data(3500, 0, 1 << 20, 1 << 20)[:5000])   # then nothing
-        idle_w.write(data(3501, 0, 10, 5))                     # a whole frame, then idle: kept
+        writer.write(data(3500, 0, 1 << 20, 1 << 20)[:5000])  # then nothing
+        idle_w.write(data(3501, 0, 10, 5))  # a whole frame, then idle: kept
         await wait_until(lambda: rx.bytes_received == 5)
         assert await closed_by_peer(reader)
         assert rx.connections == 1 and rx.reassembler.held_bytes == 0

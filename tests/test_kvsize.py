@@ -6,17 +6,24 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from testbed.config.scenarios import load_scenario
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.routing.prefix_cache import HybridPrefixCache
 from testbed.core.schema.scenario import ModelSpec
 from testbed.model.analytical import kv_bytes
-from testbed.config.scenarios import load_scenario
 
 pytestmark = pytest.mark.pure
 
 # Two full layers at 10 B/token, two sliding-window layers at 100 B/token over a 128-token window.
-SWA = ModelSpec(name="swa", layers=4, layer_pattern=["linear", "full"], linear_state_bytes=0,
-                full_attention_bytes_per_token=20, window_tokens=128, window_bytes_per_token=200)
+SWA = ModelSpec(
+    name="swa",
+    layers=4,
+    layer_pattern=["linear", "full"],
+    linear_state_bytes=0,
+    full_attention_bytes_per_token=20,
+    window_tokens=128,
+    window_bytes_per_token=200,
+)
 
 
 def test_window_state_grows_then_stops() -> None:
@@ -61,7 +68,12 @@ def test_models_without_a_window_are_unchanged() -> None:
     ({"window_tokens": 128, "window_bytes_per_token": 10.0, "layer_pattern": ["full"]}, "needs 'linear' layers"),
 ])  # fmt: skip
 def test_window_fields_validated(fields: dict[str, object], message: str) -> None:
-    base = {"name": "m", "layers": 2, "layer_pattern": ["linear", "full"], "linear_state_bytes": 0,
-            "full_attention_bytes_per_token": 1.0}
+    base = {
+        "name": "m",
+        "layers": 2,
+        "layer_pattern": ["linear", "full"],
+        "linear_state_bytes": 0,
+        "full_attention_bytes_per_token": 1.0,
+    }
     with pytest.raises(ValidationError, match=message):
         ModelSpec.model_validate({**base, **fields})

@@ -18,9 +18,25 @@ pytestmark = [
 
 
 def _linkcheck() -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-m", "testbed", "linkcheck", "cross-region-100g-halving", "--speedup", "4",
-                        "--wire-rate", "400mbit", "--duration", "1.5", "--json"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "linkcheck",
+            "cross-region-100g-halving",
+            "--speedup",
+            "4",
+            "--wire-rate",
+            "400mbit",
+            "--duration",
+            "1.5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode in (0, 1), r.stderr[-3000:]
     out: dict[str, Any] = json.loads(r.stdout)
     return out
@@ -60,7 +76,7 @@ def test_probes_the_receiving_host_drops_are_counted_as_its_own_not_the_links() 
 
     cfg = LinkCheckConfig(load_profile("lan"), Scale(1.0, 100.0), rtt_probes=10, method="fallback")
     with shaped_link(cfg, "fallback") as link:
-        link.lb.loop.call_soon_threadsafe(time.sleep, 1.5)   # the receiver reads nothing meanwhile
+        link.lb.loop.call_soon_threadsafe(time.sleep, 1.5)  # the receiver reads nothing meanwhile
         run = _probe_stream(link, 3000, rcvbuf=4096)
     a = run.account
     lost = a.sent - a.received

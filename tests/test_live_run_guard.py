@@ -51,10 +51,28 @@ def _prefix(out: Path) -> str | None:
 @contextmanager
 def _live_run(out: Path, backend: str, *extra: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """Run A, yielded with its prefix once it has recorded a request; killed if left running."""
-    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--backend", backend,
-                                     "--requests", str(REQUESTS), "--rate", "0.25", "--out", str(out),
-                                     "--set", "workload.output_tokens=64", *ONE_PER_ROLE, *extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _testbed(
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            backend,
+            "--requests",
+            str(REQUESTS),
+            "--rate",
+            "0.25",
+            "--out",
+            str(out),
+            "--set",
+            "workload.output_tokens=64",
+            *ONE_PER_ROLE,
+            *extra,
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -89,46 +107,85 @@ def test_a_second_replay_into_a_live_runs_out_is_refused_and_down_spares_it(tmp_
     out = tmp_path / "x"
     # Its arrivals span 20 s (80 paper s at speedup 4): the second commands come while it runs.
     with _live_run(out, "local", "--set", "scale.speedup=4", "--set", "scale.byte_scale=1024") as (a, prefix):
-        r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--backend", "sim", "--requests", "5",
-                                    "--out", str(out), "--overwrite"), capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            _testbed(
+                "replay",
+                "--scenario",
+                "paper-prfaas",
+                "--backend",
+                "sim",
+                "--requests",
+                "5",
+                "--out",
+                str(out),
+                "--overwrite",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 2, r.stderr[-3000:]
         line = r.stderr.strip().splitlines()[-1]
         assert line.startswith("error:") and "in use by a live run" in line and f"pid {a.pid}" in line, line
-        assert "--backend local" in line                    # the command that holds it
+        assert "--backend local" in line  # the command that holds it
         # `down` with the run's own prefix, as a user without root (local runs need none): spared, listed.
         env = {**os.environ, AS_USER_ENV: "1"}
-        d = subprocess.run(_testbed("down", "--prefix", prefix, "--json"), capture_output=True, text=True,
-                           timeout=300, env=env)
+        d = subprocess.run(
+            _testbed("down", "--prefix", prefix, "--json"), capture_output=True, text=True, timeout=300, env=env
+        )
         assert d.returncode == 0, d.stderr[-3000:]
         report = json.loads(d.stdout)
         assert report["local_runs"] == {} and prefix in report["local_runs_spared"]
         assert a.poll() is None
         _complete(a, out, "local")
     # Finished: the directory is replaced only when told.
-    r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--backend", "sim", "--requests", "5",
-                                "--out", str(out)), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        _testbed("replay", "--scenario", "paper-prfaas", "--backend", "sim", "--requests", "5", "--out", str(out)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "give --overwrite" in r.stderr and "state finished" in r.stderr, r.stderr[-3000:]
     assert len(_records(out)) == REQUESTS
-    r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--backend", "sim", "--requests", "5",
-                                "--out", str(out), "--overwrite", "--json"), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        _testbed(
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            "sim",
+            "--requests",
+            "5",
+            "--out",
+            str(out),
+            "--overwrite",
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(_records(out)) == 5 and json.loads((out / "run.json").read_text())["backend"] == "sim"
 
 
 def _owner(key: str, pid: int, start: int | None) -> Owner:
     import socket
+
     return Owner(key, "netns", pid, start, socket.gethostname(), f"/runs/{key}", "testbed replay")
 
 
 @pytest.mark.pure
-def test_namespace_sweeps_leave_a_live_owners_namespaces_whatever_the_prefix(monkeypatch: pytest.MonkeyPatch,
-                                                                           tmp_path: Path) -> None:
+def test_namespace_sweeps_leave_a_live_owners_namespaces_whatever_the_prefix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     names = ["ptb70b0-wan", "ptb70b0-pd-d0", "ptb7dead-wan", "ptb-probe-12"]
     removed: list[list[str]] = []
 
     def fake_remove(found: list[str], label: str = "") -> TeardownReport:
         removed.append(found)
         return TeardownReport(label, tuple(found), ())
+
     monkeypatch.setattr(cleanup, "namespaces", lambda prefix: [n for n in names if n.startswith(prefix)])
     monkeypatch.setattr(cleanup, "remove_namespaces", fake_remove)
     me = os.getpid()
@@ -138,20 +195,19 @@ def test_namespace_sweeps_leave_a_live_owners_namespaces_whatever_the_prefix(mon
         sweep_namespaces(prefix, live=live)
         assert not [n for n in removed[0] if n.startswith("ptb70b0")], (prefix, removed)
     assert removed == [[]]
-    sweep_namespaces("ptb", live=LiveRuns(live.owners, frozenset({"ptb70b0"})))       # --force ptb70b0
+    sweep_namespaces("ptb", live=LiveRuns(live.owners, frozenset({"ptb70b0"})))  # --force ptb70b0
     assert removed[-1] == names
     # Owner files: a live owner is one whose pid still runs with the start time recorded.
     d = tmp_path / "owners"
     d.mkdir()
-    for key, pid, start in (("ptb70b0", me, owners.process_start(me)), ("ptb1111", me, 1),
-                            ("ptb2222", 2 ** 22 + 5, 1)):
+    for key, pid, start in (("ptb70b0", me, owners.process_start(me)), ("ptb1111", me, 1), ("ptb2222", 2**22 + 5, 1)):
         (d / f"{key}.json").write_text(json.dumps(_owner(key, pid, start).__dict__))
     assert sorted(owners.read_owners([d])) == ["ptb1111", "ptb2222", "ptb70b0"]
     assert list(owners.live_owners([d])) == ["ptb70b0"]
     report = cleanup.down([], "ptb", owner_dirs=[d])
-    assert list(report.to_dict()["live_runs_spared"]) == ["ptb70b0"]      # type: ignore[call-overload]
+    assert list(report.to_dict()["live_runs_spared"]) == ["ptb70b0"]  # type: ignore[call-overload]
     assert "`testbed down --force ptb70b0` removes it" in report.summary()
-    assert sorted(p.name for p in d.iterdir()) == ["ptb70b0.json"]       # the dead owners' files are gone
+    assert sorted(p.name for p in d.iterdir()) == ["ptb70b0.json"]  # the dead owners' files are gone
 
 
 def _netns_names(prefix: str) -> list[str]:

@@ -12,13 +12,20 @@ import time
 from pathlib import Path
 
 import pytest
-
 from replay_exit import RAN
 
 pytestmark = pytest.mark.app
 
-FAST = ["--set", "scale.speedup=40", "--set", "scale.byte_scale=1024", "--set", "workload.output_tokens=32",
-        "--set", "serving.stream_interval=4"]
+FAST = [
+    "--set",
+    "scale.speedup=40",
+    "--set",
+    "scale.byte_scale=1024",
+    "--set",
+    "workload.output_tokens=32",
+    "--set",
+    "serving.stream_interval=4",
+]
 
 
 def _testbed(*args: str) -> list[str]:
@@ -55,8 +62,26 @@ def _serve_processes(run_dir: Path) -> list[int]:
 
 def test_replay_cli_on_local_backend(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "12", "--rate", "3",
-                                "--out", str(out), "--json", "--backend", "local", *FAST), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        _testbed(
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--requests",
+            "12",
+            "--rate",
+            "3",
+            "--out",
+            str(out),
+            "--json",
+            "--backend",
+            "local",
+            *FAST,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode in RAN, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary["requests"]["total"] == 12 and summary["requests"]["completed"] == 12
@@ -71,8 +96,9 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize("sig,started", [(signal.SIGINT, "foreground"), (signal.SIGTERM, "background")],
-                         ids=["SIGINT", "SIGTERM-background"])
+@pytest.mark.parametrize(
+    "sig,started", [(signal.SIGINT, "foreground"), (signal.SIGTERM, "background")], ids=["SIGINT", "SIGTERM-background"]
+)
 def test_ctrl_c_or_sigterm_stops_services_and_keeps_records(tmp_path: Path, sig: signal.Signals, started: str) -> None:
     # "background": started as a shell starts `cmd &`, with SIGINT ignored; the SIGTERM that the
     # CLI turns into a Ctrl-C then did nothing and the run went on to its end (exit 0). A SIGTERM
@@ -81,10 +107,28 @@ def test_ctrl_c_or_sigterm_stops_services_and_keeps_records(tmp_path: Path, sig:
     # sent: when the third has ended, most are still to be sent, however busy the machine. At rate
     # 2 the whole run took ~1.5 s, and on a loaded machine it could end before the signal came.
     out = tmp_path / "run"
-    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "0.25",
-                                     "--out", str(out), "--backend", "local", *FAST, "--set", "workload.output_tokens=400"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_ignore_sigint if started == "background" else None)
+    proc = subprocess.Popen(
+        _testbed(
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--requests",
+            "60",
+            "--rate",
+            "0.25",
+            "--out",
+            str(out),
+            "--backend",
+            "local",
+            *FAST,
+            "--set",
+            "workload.output_tokens=400",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_sigint if started == "background" else None,
+    )
     deadline = time.time() + 60
     records = out / "records.csv"
     # Wait until some requests have finished, so there is something to keep.

@@ -12,12 +12,19 @@ from typing import Any
 import pytest
 
 from testbed.core.control.bandwidth import BandwidthController
-from testbed.core.control.short_term import stage_model
 from testbed.core.control.longterm import (
-    DecodeSignals, LongTermController, PrefillSignals, RoleSignals, ThresholdPlan, WorkloadSample, apply,
-    controller_for, decision_line,
+    DecodeSignals,
+    LongTermController,
+    PrefillSignals,
+    RoleSignals,
+    ThresholdPlan,
+    WorkloadSample,
+    apply,
+    controller_for,
+    decision_line,
 )
 from testbed.core.control.roles import RoleBook, RoleError
+from testbed.core.control.short_term import stage_model
 from testbed.core.schema.scenario import ControlSpec, LongTermSpec
 from testbed.core.schema.topology import node_specs
 
@@ -25,8 +32,7 @@ PAPER = "paper-prfaas"
 
 
 def _cfg(**kw: Any) -> LongTermSpec:
-    base: dict[str, Any] = {"enabled": True, "interval_s": 10.0, "confirm": 2, "min_interval_s": 0.0,
-                            "min_requests": 1}
+    base: dict[str, Any] = {"enabled": True, "interval_s": 10.0, "confirm": 2, "min_interval_s": 0.0, "min_requests": 1}
     return LongTermSpec(**{**base, **kw})
 
 
@@ -38,17 +44,21 @@ class Feed:
         self.t = 0.0
         self.active: dict[str, int] = {n: 0 for n in ctl.roles.nodes()}
 
-    def step(self, pdp: float, pdd: float, pdp_queue: float = 0.0, waiting: float = 0.0,
-             dt: float = 2.0) -> list[Any]:
+    def step(self, pdp: float, pdd: float, pdp_queue: float = 0.0, waiting: float = 0.0, dt: float = 2.0) -> list[Any]:
         self.t += dt
         roles = self.ctl.roles
         n_p, n_d = len(roles.routable("prefill")), len(roles.routable("decode"))
         sig = RoleSignals(
-            now=self.t, interval_s=dt,
+            now=self.t,
+            interval_s=dt,
             pdp=PrefillSignals(n_p, pdp * n_p * dt, pdp_queue),
             pdd=DecodeSignals(n_d, pdd * n_d * 20, waiting * n_d, 20),
             prfaas=PrefillSignals(4, 0.3 * 4 * dt, 0.0),
-            active=dict(self.active), rate=1.0, lengths=(1000.0,) * 50, outputs=(500.0,) * 50)
+            active=dict(self.active),
+            rate=1.0,
+            lengths=(1000.0,) * 50,
+            outputs=(500.0,) * 50,
+        )
         return self.ctl.update(sig)
 
     def run(self, seconds: float, **kw: Any) -> list[Any]:
@@ -68,12 +78,12 @@ def test_slots_keep_the_clusters_ids_and_route_only_the_role_each_holds() -> Non
     assert sorted(rb.routable("decode")) == [f"pd-d{i}" for i in range(5)]
     assert rb.unroutable() == frozenset({"pd-p3", "pd-p4", "pd-p5", "pd-p6", "pd-p7", "pd-d5", "pd-d6", "pd-d7"})
     assert rb.decode_node(0) == "pd-d7" and rb.decode_node(3) == "pd-d4"
-    rb.apply(3, "convert")                # a decode slot becomes prefill: it drains first
+    rb.apply(3, "convert")  # a decode slot becomes prefill: it drains first
     assert rb.states[3] == "to_prefill" and {"pd-p3", "pd-d4"} <= rb.unroutable()
     assert rb.counts() == {"prefill": 3, "decode": 4, "draining": 1}
     assert rb.draining() == [(3, "pd-d4", "prefill")]
     with pytest.raises(RoleError):
-        rb.apply(3, "convert")            # one conversion of a slot at a time
+        rb.apply(3, "convert")  # one conversion of a slot at a time
     rb.apply(3, "drained")
     assert "pd-p3" in rb.routable("prefill") and "pd-d4" not in rb.routable("decode")
     with pytest.raises(RoleError):
@@ -136,7 +146,7 @@ def test_a_decode_bottleneck_converts_the_emptiest_prefill_instance() -> None:
     out = f.run(20, pdp=0.3, pdd=0.95, waiting=3.0)
     (d,) = [x for x in out if x.action == "drain"]
     assert d.node == "pd-p1" and d.role == "decode" and "PD-D is the bottleneck" in d.reason
-    (act,) = f.step(pdp=0.3, pdd=0.95)        # pd-p1 holds nothing: the switch comes at the next sample
+    (act,) = f.step(pdp=0.3, pdd=0.95)  # pd-p1 holds nothing: the switch comes at the next sample
     assert act.action == "activate" and act.node == ctl.roles.decode_node(1) == "pd-d4"
 
 
@@ -145,11 +155,11 @@ def test_a_draining_queue_is_a_past_bottleneck_but_a_standing_one_counts() -> No
     ctl = LongTermController(_cfg(confirm=1), RoleBook("pd", 3, 5))
     f = Feed(ctl)
     q = 30.0
-    for _ in range(10):                     # 30 s of queue shrinking, load low: no action
+    for _ in range(10):  # 30 s of queue shrinking, load low: no action
         q -= 2.0
         assert f.step(pdp=0.5, pdd=0.3, pdp_queue=q) == []
     assert ctl.assessments and not any(a.hot["pdp"] for a in ctl.assessments)
-    out = f.run(10, pdp=0.5, pdd=0.3, pdp_queue=q + 1)     # standing (and growing) at >= 5 s
+    out = f.run(10, pdp=0.5, pdd=0.3, pdp_queue=q + 1)  # standing (and growing) at >= 5 s
     assert [x.action for x in out] == ["drain"]
 
 
@@ -158,7 +168,7 @@ def test_alternating_bottlenecks_and_a_busy_donor_do_not_flap() -> None:
     ctl = LongTermController(_cfg(confirm=2), RoleBook("pd", 3, 5))
     f = Feed(ctl)
     out: list[Any] = []
-    for k in range(12):                     # the hot role changes every judgement: never confirmed
+    for k in range(12):  # the hot role changes every judgement: never confirmed
         out += f.run(10, pdp=1.2 if k % 2 else 0.3, pdd=0.3 if k % 2 else 0.95)
     assert out == []
     # PD-P stays hot, but PD-D one short would run at 0.68 * 5/4 = 0.85 > 0.7: held, recorded once.
@@ -174,11 +184,11 @@ def test_conversions_are_spaced_by_the_minimum_interval_and_stop_at_the_floor() 
     ctl = LongTermController(_cfg(confirm=1, min_interval_s=60.0, min_decode=2), RoleBook("pd", 2, 6))
     f = Feed(ctl)
     drains = []
-    for _ in range(150):                    # 300 s of a hot PD-P with an idle PD-D
+    for _ in range(150):  # 300 s of a hot PD-P with an idle PD-D
         for d in f.step(pdp=1.5, pdd=0.05):
             if d.action == "drain":
                 drains.append(d.at)
-    assert len(drains) == 4 and ctl.roles.counts()["decode"] == 2      # stopped at min_decode
+    assert len(drains) == 4 and ctl.roles.counts()["decode"] == 2  # stopped at min_decode
     # Each drain ends at once (nothing on the node), so each 60 s gap runs from the switch.
     assert all(b - a >= 60.0 for a, b in zip(drains, drains[1:]))
     assert ctl.decisions[-1].action == "hold" and "minimum of 2" in ctl.decisions[-1].reason
@@ -203,13 +213,19 @@ def test_the_threshold_is_reoptimised_and_its_judgement_starts_no_prefill_conver
     out = f.run(10, pdp=1.3, pdd=0.3)
     (r,) = out
     assert r.action == "retune" and r.threshold_old == 19400.0 and r.threshold == 5000.0
-    assert "best t for 3 P / 5 D on the last 50 requests" in r.reason and "at t=19400: prfaas 0.10, pdp 1.55" in r.reason
+    assert (
+        "best t for 3 P / 5 D on the last 50 requests" in r.reason and "at t=19400: prfaas 0.10, pdp 1.55" in r.reason
+    )
     # Next judgement: the same t, so no retune; PD-P still hot, the model agrees 4 P / 4 D is better.
     (d,) = f.run(10, pdp=1.3, pdd=0.3)
     assert d.action == "drain" and "model: peak load 0.40 now" in d.reason
     # A model that predicts no gain holds the conversion.
-    ctl2 = LongTermController(_cfg(confirm=1), RoleBook("pd", 3, 5), 19400.0,
-                              lambda s, p, d, t: ThresholdPlan(19400.0, {"pdp": 0.5, "pdd": 0.5 * 5 / d}))
+    ctl2 = LongTermController(
+        _cfg(confirm=1),
+        RoleBook("pd", 3, 5),
+        19400.0,
+        lambda s, p, d, t: ThresholdPlan(19400.0, {"pdp": 0.5, "pdd": 0.5 * 5 / d}),
+    )
     out = Feed(ctl2).run(20, pdp=1.3, pdd=0.3)
     assert [x.action for x in out] == ["hold"] and "no gain" in out[0].reason
 
@@ -217,10 +233,14 @@ def test_the_threshold_is_reoptimised_and_its_judgement_starts_no_prefill_conver
 @pytest.mark.pure
 def test_small_or_useless_retunes_are_not_made() -> None:
     ctl = LongTermController(_cfg(), RoleBook("pd", 3, 5), 5200.0, _planner(5000.0))
-    assert Feed(ctl).run(40, pdp=0.3, pdd=0.3) == []          # within min_change
-    flat = LongTermController(_cfg(), RoleBook("pd", 3, 5), 19400.0,
-                              lambda s, p, d, t: ThresholdPlan(t or 5000.0, {"prfaas": 0.5, "pdp": 0.5, "pdd": 1.4}))
-    assert Feed(flat).run(40, pdp=0.3, pdd=0.3) == []         # no gain where t matters
+    assert Feed(ctl).run(40, pdp=0.3, pdd=0.3) == []  # within min_change
+    flat = LongTermController(
+        _cfg(),
+        RoleBook("pd", 3, 5),
+        19400.0,
+        lambda s, p, d, t: ThresholdPlan(t or 5000.0, {"prfaas": 0.5, "pdp": 0.5, "pdd": 1.4}),
+    )
+    assert Feed(flat).run(40, pdp=0.3, pdd=0.3) == []  # no gain where t matters
     off = LongTermController(_cfg(retune=False), RoleBook("pd", 3, 5), 19400.0, _planner(5000.0))
     assert Feed(off).run(40, pdp=0.3, pdd=0.3) == []
 
@@ -247,8 +267,14 @@ def test_decisions_reach_the_short_term_loop_and_the_records() -> None:
     apply(ctl, made, bw)
     assert bw.model.pdp_instances == 4 and bw.base == pytest.approx(5000 * (4 / 3) ** 0.5)
     name, v, lab = decision_line(made[1], "pd")
-    assert (name, v, lab["action"], lab["node"], lab["prefill"], lab["decode"]) == \
-        ("role_decision", 4.0, "activate", "pd-p7", "4", "4")
+    assert (name, v, lab["action"], lab["node"], lab["prefill"], lab["decode"]) == (
+        "role_decision",
+        4.0,
+        "activate",
+        "pd-p7",
+        "4",
+        "4",
+    )
     assert float(lab["load_pdp"]) == pytest.approx(1.3)
 
 
@@ -265,12 +291,12 @@ def test_the_model_planner_reoptimises_like_the_optimiser() -> None:
     smp = WorkloadSample(tuple(lengths), (1024.0,) * 2000, 3.0)
     plan = role_planner(sc, 100e9)
     best = plan(smp, 3, 5, None)
-    assert 17000 < best.threshold < 22000               # the paper's t = 19.4K for 3 P / 5 D
-    assert best.loads["prfaas"] == pytest.approx(best.loads["pdp"], rel=0.05)   # the balance condition
-    assert best.loads["pdd"] == pytest.approx(3.0 / 3.91, rel=0.02)            # Theta_pdd = 3.91 req/s
+    assert 17000 < best.threshold < 22000  # the paper's t = 19.4K for 3 P / 5 D
+    assert best.loads["prfaas"] == pytest.approx(best.loads["pdp"], rel=0.05)  # the balance condition
+    assert best.loads["pdd"] == pytest.approx(3.0 / 3.91, rel=0.02)  # Theta_pdd = 3.91 req/s
     at = plan(smp, 3, 5, 19400.0)
     assert at.threshold == 19400.0 and at.prefill_peak >= best.prefill_peak
-    assert plan(smp, 5, 3, None).threshold > best.threshold      # more PD-P: more stays local
+    assert plan(smp, 5, 3, None).threshold > best.threshold  # more PD-P: more stays local
     homog = role_planner(load_scenario("paper-homogeneous"), 100e9)(smp, 9, 3, None)
     assert set(homog.loads) == {"pdp", "pdd"}
 
@@ -279,18 +305,32 @@ def test_the_model_planner_reoptimises_like_the_optimiser() -> None:
 
 
 def _split_run(long_term: bool, p: int, d: int, run_dir: Path | None = None) -> tuple[float, Any]:
-    from testbed.sim import simulate
     from testbed.run.load import load
+    from testbed.sim import simulate
     from testbed.traces.loader import trace_from_workload
 
-    rs = load(PAPER, {
-        "clusters": [{"name": "prfaas", "datacenter": "dc-remote", "kind": "prfaas", "hardware": "h200", "prefill": 4,
-                      "decode": 0},
-                     {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": p,
-                      "decode": d}],
-        "workload": {"requests": 400, "rate": 1.6, "output_tokens": 1024, "seed": 5},
-        "policy": {"control": {"long_term": {"enabled": long_term, "interval_s": 10, "min_interval_s": 20,
-                                             "min_requests": 30}}}})
+    rs = load(
+        PAPER,
+        {
+            "clusters": [
+                {
+                    "name": "prfaas",
+                    "datacenter": "dc-remote",
+                    "kind": "prfaas",
+                    "hardware": "h200",
+                    "prefill": 4,
+                    "decode": 0,
+                },
+                {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": p, "decode": d},
+            ],
+            "workload": {"requests": 400, "rate": 1.6, "output_tokens": 1024, "seed": 5},
+            "policy": {
+                "control": {
+                    "long_term": {"enabled": long_term, "interval_s": 10, "min_interval_s": 20, "min_requests": 30}
+                }
+            },
+        },
+    )
     st = simulate(rs, trace_from_workload(rs.spec.workload), run_dir)
     recs = st.records
     if run_dir is not None:
@@ -299,7 +339,7 @@ def _split_run(long_term: bool, p: int, d: int, run_dir: Path | None = None) -> 
         recs = read_records(run_dir / "records.csv")
     recs = sorted(recs, key=lambda r: r.times.arrival)
     assert all(r.outcome == "completed" for r in recs)
-    return statistics.mean(r.ttft * rs.spec.scale.speedup for r in recs[len(recs) // 2:]), rs
+    return statistics.mean(r.ttft * rs.spec.scale.speedup for r in recs[len(recs) // 2 :]), rs
 
 
 @pytest.mark.pure
@@ -319,7 +359,7 @@ def test_a_simulated_run_from_a_decode_starved_split_converts_and_its_ttft_recov
     from testbed.metrics.records import read_records
 
     recs = read_records(tmp_path / "records.csv")
-    events = [(x["ts"], x["labels"]) for x in lines if x["metric"] == "role_decision"]   # the sim's clock: records' too
+    events = [(x["ts"], x["labels"]) for x in lines if x["metric"] == "role_decision"]  # the sim's clock: records' too
     joined = {lab["node"]: ts for ts, lab in events if lab["action"] == "activate"}
     for ts, lab in events:
         if lab["action"] == "drain" and lab["node"] not in joined:
@@ -332,18 +372,33 @@ def test_a_simulated_run_from_a_decode_starved_split_converts_and_its_ttft_recov
 
 @pytest.mark.pure
 def test_the_report_draws_the_roles_and_lists_the_decisions(tmp_path: Path) -> None:
+    import asyncio
+
     from testbed.run.load import load
     from testbed.run.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
-    import asyncio
 
-    rs = load(PAPER, {
-        "clusters": [{"name": "prfaas", "datacenter": "dc-remote", "kind": "prfaas", "hardware": "h200", "prefill": 4,
-                      "decode": 0},
-                     {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 6, "decode": 2}],
-        "workload": {"requests": 300, "rate": 1.6, "output_tokens": 1024, "seed": 5},
-        "policy": {"bandwidth_aware": True,
-                   "control": {"long_term": {"enabled": True, "interval_s": 10, "min_interval_s": 20, "min_requests": 30}}}})
+    rs = load(
+        PAPER,
+        {
+            "clusters": [
+                {
+                    "name": "prfaas",
+                    "datacenter": "dc-remote",
+                    "kind": "prfaas",
+                    "hardware": "h200",
+                    "prefill": 4,
+                    "decode": 0,
+                },
+                {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 6, "decode": 2},
+            ],
+            "workload": {"requests": 300, "rate": 1.6, "output_tokens": 1024, "seed": 5},
+            "policy": {
+                "bandwidth_aware": True,
+                "control": {"long_term": {"enabled": True, "interval_s": 10, "min_interval_s": 20, "min_requests": 30}},
+            },
+        },
+    )
     res = asyncio.run(run_replay_async(rs, trace_from_workload(rs.spec.workload), tmp_path, "sim"))
     lt, ctl = res.summary.long_term, res.summary.control
     assert lt is not None and ctl is not None
@@ -369,26 +424,50 @@ async def test_the_live_router_converts_a_prefill_instance_to_decode_without_los
 
     # One decode instance for 2 req/s x 512 tokens (Theta_pdd 1.56 req/s): its slots fill within
     # ~10 paper seconds and the loop moves a prefill instance over.
-    sc = load_scenario(PAPER, {
-        "clusters": [{"name": "prfaas", "datacenter": "dc-remote", "kind": "prfaas", "hardware": "h200", "prefill": 4,
-                      "decode": 0},
-                     {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 4, "decode": 1}],
-        "scale": {"speedup": 10, "byte_scale": 1024},
-        "workload": {"requests": 90, "rate": 2.0, "output_tokens": 512, "seed": 3},
-        "serving": {"stream_interval": 8},
-        "policy": {"control": {"long_term": {"enabled": True, "sample_s": 1.0, "interval_s": 5.0, "confirm": 1,
-                                             "min_interval_s": 0.0, "min_requests": 10}}}})
+    sc = load_scenario(
+        PAPER,
+        {
+            "clusters": [
+                {
+                    "name": "prfaas",
+                    "datacenter": "dc-remote",
+                    "kind": "prfaas",
+                    "hardware": "h200",
+                    "prefill": 4,
+                    "decode": 0,
+                },
+                {"name": "pd", "datacenter": "dc-local", "kind": "pd", "hardware": "h20", "prefill": 4, "decode": 1},
+            ],
+            "scale": {"speedup": 10, "byte_scale": 1024},
+            "workload": {"requests": 90, "rate": 2.0, "output_tokens": 512, "seed": 3},
+            "serving": {"stream_interval": 8},
+            "policy": {
+                "control": {
+                    "long_term": {
+                        "enabled": True,
+                        "sample_s": 1.0,
+                        "interval_s": 5.0,
+                        "confirm": 1,
+                        "min_interval_s": 0.0,
+                        "min_requests": 10,
+                    }
+                }
+            },
+        },
+    )
     res = await run_replay_async(resolve(sc), trace_from_workload(sc.workload), tmp_path, "inproc")
     recs = read_records(tmp_path / "records.csv")
     assert len(recs) == 90 and all(r.outcome == "completed" for r in recs), [r.reason for r in recs if r.reason]
     lines = [json.loads(x) for x in (tmp_path / "decisions.jsonl").read_text().splitlines()]
-    t0 = json.loads((tmp_path / "run.json").read_text())["t0"]       # records are relative to it
+    t0 = json.loads((tmp_path / "run.json").read_text())["t0"]  # records are relative to it
     events = [(x["ts"] - t0, x["labels"]) for x in lines if x["metric"] == "role_decision"]
     drains = [(ts, lab) for ts, lab in events if lab["action"] == "drain"]
     acts = [(ts, lab) for ts, lab in events if lab["action"] == "activate"]
     assert drains and acts, events
     (t_drain, drain), (t_act, act) = drains[0], acts[0]
-    assert drain["node"].startswith("pd-p") and drain["role"] == "decode" and "PD-D is the bottleneck" in drain["reason"]
+    assert (
+        drain["node"].startswith("pd-p") and drain["role"] == "decode" and "PD-D is the bottleneck" in drain["reason"]
+    )
     assert act["node"].startswith("pd-d") and act["node"] != "pd-d0" and t_act >= t_drain
     # The drained prefill instance got nothing new; what it had finished before the switch, and
     # the decode node of its slot served only after the switch.

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from testbed.net.loss_account import Counter, QueueBound, account_loss, peak_in_flight
-from testbed.net.drop_counters import IfDrops, PathLayout, QdiscDrops, parse_snmp, read_path
-from testbed.studies.linkcheck.linkcheck import loss_cell, probe_rate, verdicts
 from testbed.core.schema.linkprofile import LinkParams
+from testbed.net.drop_counters import IfDrops, PathLayout, QdiscDrops, parse_snmp, read_path
+from testbed.net.loss_account import Counter, QueueBound, account_loss, peak_in_flight
+from testbed.studies.linkcheck.linkcheck import loss_cell, probe_rate, verdicts
 
 pytestmark = pytest.mark.pure
 
@@ -105,6 +105,7 @@ def test_peak_in_flight_counts_overlapping_intervals() -> None:
 
 # -- the path's counters through a fake reader -------------------------------------------------
 
+
 class FakeReader:
     """The kernel's counters as a test sets them."""
 
@@ -131,15 +132,24 @@ def layout(method: str = "netem") -> PathLayout:
     return PathLayout("ha", "swa", "wan", "dc0", "dc1", "swb", "hb", method, "dc-a->dc-b")  # type: ignore[arg-type]
 
 
-def fake_path(netem_drops: int, bfifo_drops: int = 0, backlog_drops: int = 0, rcvbuf: int = 0,
-              sndbuf: int = 0) -> FakeReader:
+def fake_path(
+    netem_drops: int, bfifo_drops: int = 0, backlog_drops: int = 0, rcvbuf: int = 0, sndbuf: int = 0
+) -> FakeReader:
     r = FakeReader()
-    r.ifs = {"ha": [IfDrops("eth0", 0, 0)], "swa": [IfDrops("uplink", 0, 0), IfDrops("p0", 0, 0)],
-             "wan": [IfDrops("dc0", backlog_drops, 0), IfDrops("dc1", 0, 0), IfDrops("lo", 5, 5)],
-             "swb": [IfDrops("uplink", 0, 0)], "hb": [IfDrops("eth0", 0, 0)]}
-    r.qd = {("wan", "dc1"): [QdiscDrops("dc1", "htb", 0x10000, netem_drops + bfifo_drops),
-                             QdiscDrops("dc1", "netem", 0x100000, netem_drops),
-                             QdiscDrops("dc1", "bfifo", 0x110000, bfifo_drops)]}
+    r.ifs = {
+        "ha": [IfDrops("eth0", 0, 0)],
+        "swa": [IfDrops("uplink", 0, 0), IfDrops("p0", 0, 0)],
+        "wan": [IfDrops("dc0", backlog_drops, 0), IfDrops("dc1", 0, 0), IfDrops("lo", 5, 5)],
+        "swb": [IfDrops("uplink", 0, 0)],
+        "hb": [IfDrops("eth0", 0, 0)],
+    }
+    r.qd = {
+        ("wan", "dc1"): [
+            QdiscDrops("dc1", "htb", 0x10000, netem_drops + bfifo_drops),
+            QdiscDrops("dc1", "netem", 0x100000, netem_drops),
+            QdiscDrops("dc1", "bfifo", 0x110000, bfifo_drops),
+        ]
+    }
     r.mib = {"ha": {"SndbufErrors": sndbuf}, "hb": {"InErrors": rcvbuf, "RcvbufErrors": rcvbuf}}
     return r
 
@@ -147,8 +157,13 @@ def fake_path(netem_drops: int, bfifo_drops: int = 0, backlog_drops: int = 0, rc
 def test_read_path_places_each_counter_at_its_stage() -> None:
     s = read_path(fake_path(3, bfifo_drops=1, backlog_drops=2, rcvbuf=4, sndbuf=5), layout())
     stages = {p: c.stage for p, c in s.items() if c.value}
-    assert stages == {"netem 10: on dc1 drops": "model", "bfifo 11: on dc1 drops": "after",
-                      "wan dc0 rx_dropped": "before", "hb Udp InErrors": "after", "ha Udp SndbufErrors": "before"}
+    assert stages == {
+        "netem 10: on dc1 drops": "model",
+        "bfifo 11: on dc1 drops": "after",
+        "wan dc0 rx_dropped": "before",
+        "hb Udp InErrors": "after",
+        "ha Udp SndbufErrors": "before",
+    }
     # HTB repeats its leaves' drops and the router's other interfaces carry no probe: not read.
     assert not any("htb" in p or " lo " in p for p in s)
 
@@ -160,10 +175,22 @@ def test_the_account_over_two_readings_of_a_fake_path() -> None:
     a = account_loss(2000, 1952, before, after, queue=QueueBound(189, 120))
     assert a.valid and a.by_stage == {"before": 6, "model": 40, "after": 2}
     assert a.link == pytest.approx(40 / 1994)
-    cell = loss_cell({"sent": a.sent, "received": a.received, "measured": a.measured, "link": a.link,
-                      "valid": a.valid, "reasons": a.reasons, "by_stage": a.by_stage, "host_drops": a.drops})
-    assert cell == ("2.01% (40 of 1994); the host dropped 8 more (2 at hb Udp InErrors, 6 at wan dc0 rx_dropped), "
-                    "kept out of the figure")
+    cell = loss_cell(
+        {
+            "sent": a.sent,
+            "received": a.received,
+            "measured": a.measured,
+            "link": a.link,
+            "valid": a.valid,
+            "reasons": a.reasons,
+            "by_stage": a.by_stage,
+            "host_drops": a.drops,
+        }
+    )
+    assert cell == (
+        "2.01% (40 of 1994); the host dropped 8 more (2 at hb Udp InErrors, 6 at wan dc0 rx_dropped), "
+        "kept out of the figure"
+    )
 
 
 def test_the_delay_lines_counts_are_its_loss_and_its_write_errors() -> None:
@@ -178,38 +205,66 @@ def test_the_delay_lines_counts_are_its_loss_and_its_write_errors() -> None:
 
 
 def test_parse_snmp_reads_the_udp_rows() -> None:
-    text = ("Ip: Forwarding DefaultTTL\nIp: 1 64\n"
-            "Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti\n"
-            "Udp: 10 0 3 12 3 1 0 0\nUdpLite: InDatagrams\nUdpLite: 0\n")
-    assert parse_snmp(text) == {"InDatagrams": 10, "NoPorts": 0, "InErrors": 3, "OutDatagrams": 12,
-                                "RcvbufErrors": 3, "SndbufErrors": 1, "InCsumErrors": 0, "IgnoredMulti": 0}
+    text = (
+        "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+        "Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti\n"
+        "Udp: 10 0 3 12 3 1 0 0\nUdpLite: InDatagrams\nUdpLite: 0\n"
+    )
+    assert parse_snmp(text) == {
+        "InDatagrams": 10,
+        "NoPorts": 0,
+        "InErrors": 3,
+        "OutDatagrams": 12,
+        "RcvbufErrors": 3,
+        "SndbufErrors": 1,
+        "InCsumErrors": 0,
+        "IgnoredMulti": 0,
+    }
     assert parse_snmp("Ip: a\nIp: 1\n") == {}
 
 
 # -- linkcheck's use of the account --------------------------------------------------------------
 
+
 def _result(loss: dict[str, Any]) -> dict[str, Any]:
-    return {"configured": {"rtt_s_wire": 0.03, "rate_bps_wire": 50e6, "loss": 0.0},
-            "rtt": {"median_s": 0.0305, "base_median_s": 0.0005}, "goodput": [{"bps": 48e6}], "loss": loss}
+    return {
+        "configured": {"rtt_s_wire": 0.03, "rate_bps_wire": 50e6, "loss": 0.0},
+        "rtt": {"median_s": 0.0305, "base_median_s": 0.0005},
+        "goodput": [{"bps": 48e6}],
+        "loss": loss,
+    }
 
 
 def test_an_invalid_loss_figure_is_neither_pass_nor_fail_and_is_shown_as_invalid() -> None:
     inv = account_loss(2000, 1921, ZERO, ZERO)
-    lo = {"sent": inv.sent, "received": inv.received, "measured": inv.measured, "link": inv.link,
-          "valid": inv.valid, "reasons": inv.reasons, "by_stage": inv.by_stage, "host_drops": inv.drops}
+    lo = {
+        "sent": inv.sent,
+        "received": inv.received,
+        "measured": inv.measured,
+        "link": inv.link,
+        "valid": inv.valid,
+        "reasons": inv.reasons,
+        "by_stage": inv.by_stage,
+        "host_drops": inv.drops,
+    }
     assert verdicts(_result(lo))["loss"] is None
-    assert loss_cell(lo) == "INVALID: probes lost 3.95% (79 of 2000): 79 of 79 lost probes vanished where no counter saw them"
+    assert (
+        loss_cell(lo)
+        == "INVALID: probes lost 3.95% (79 of 2000): 79 of 79 lost probes vanished where no counter saw them"
+    )
     ok = dict(lo, valid=True, link=0.004, reasons=[])
-    assert verdicts(_result(ok))["loss"] is False       # a valid figure outside the bar fails
+    assert verdicts(_result(ok))["loss"] is False  # a valid figure outside the bar fails
     assert verdicts(_result(dict(ok, link=0.002)))["loss"] is True
 
 
 def test_probe_rate_leaves_netems_queue_two_thirds_free() -> None:
-    p = LinkParams(rate_bps=50e6, delay_s=0.015, jitter_s=0.0002, loss=0.0, loss_correlation=0.0,
-                   queue_bytes=187500, mtu=None)
+    p = LinkParams(
+        rate_bps=50e6, delay_s=0.015, jitter_s=0.0002, loss=0.0, loss_correlation=0.0, queue_bytes=187500, mtu=None
+    )
     pps = probe_rate(p, 1500, "netem")
     assert pps * (p.delay_s + p.jitter_s) == pytest.approx(189 / 3)
     assert probe_rate(p, 1500, "fallback") == pytest.approx(50e6 / 8 / 200 / 4)
-    lan = LinkParams(rate_bps=50e6, delay_s=1e-5, jitter_s=0.0, loss=0.0, loss_correlation=0.0,
-                     queue_bytes=131072, mtu=None)
+    lan = LinkParams(
+        rate_bps=50e6, delay_s=1e-5, jitter_s=0.0, loss=0.0, loss_correlation=0.0, queue_bytes=131072, mtu=None
+    )
     assert probe_rate(lan, 1500, "netem") == pytest.approx(50e6 / 8 / 200 / 4)

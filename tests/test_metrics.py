@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from testbed.core.record import TIME_NAMES, RequestRecord, StageTimes
-from testbed.metrics.report_command import print_summary_table, register
 from testbed.metrics.records import write_records
 from testbed.metrics.report import fmt, fmt_bytes, fmt_change, write_comparison, write_report
+from testbed.metrics.report_command import print_summary_table, register
 from testbed.metrics.series_format import SeriesPoint, TimeseriesError
 from testbed.metrics.summary import RunDirError, summarize, write_summary
 from testbed.metrics.timeseries import (
@@ -61,25 +61,81 @@ def rec(i: int, **kw: Any) -> RequestRecord:
 def known_records() -> list[RequestRecord]:
     return [
         # Offloaded, every stage recorded. TTFT 0.7 wire; TPOT 1.0 / 10 = 0.1 wire.
-        rec(1, arrival=1.0, routed=1.01, prefill_queued=1.02, prefill_start=1.1, prefill_end=1.5,
-            prefill_modelled=0.38, transfer_start=1.2, transfer_end=1.6, decode_admitted=1.65,
-            first_token=1.7, last_token=2.7, tokens_received=11, crossed_wan=True,
-            prefill_node="prfaas-p0", kv_bytes_wire=1000, kv_bytes_paper=256_000, outcome="completed"),
+        rec(
+            1,
+            arrival=1.0,
+            routed=1.01,
+            prefill_queued=1.02,
+            prefill_start=1.1,
+            prefill_end=1.5,
+            prefill_modelled=0.38,
+            transfer_start=1.2,
+            transfer_end=1.6,
+            decode_admitted=1.65,
+            first_token=1.7,
+            last_token=2.7,
+            tokens_received=11,
+            crossed_wan=True,
+            prefill_node="prfaas-p0",
+            kv_bytes_wire=1000,
+            kv_bytes_paper=256_000,
+            outcome="completed",
+        ),
         # Local; kv_bytes_paper not recorded -> wire x byte_scale. TTFT 0.3, TPOT 0.2 / 2 = 0.1.
-        rec(2, arrival=2.0, routed=2.0, prefill_queued=2.0, prefill_start=2.0, prefill_end=2.2,
-            prefill_modelled=0.2, transfer_end=2.25, decode_admitted=2.25, first_token=2.3,
-            last_token=2.5, tokens_received=3, prefill_node="pd-p0", kv_bytes_wire=500, outcome="completed"),
+        rec(
+            2,
+            arrival=2.0,
+            routed=2.0,
+            prefill_queued=2.0,
+            prefill_start=2.0,
+            prefill_end=2.2,
+            prefill_modelled=0.2,
+            transfer_end=2.25,
+            decode_admitted=2.25,
+            first_token=2.3,
+            last_token=2.5,
+            tokens_received=3,
+            prefill_node="pd-p0",
+            kv_bytes_wire=500,
+            outcome="completed",
+        ),
         # Offloaded, no decode_admitted: decode_queue and first_step count 0, their 0.2 s go to other.
         # One token: no TPOT. TTFT 0.6.
-        rec(3, arrival=3.0, routed=3.05, prefill_queued=3.05, prefill_start=3.1, prefill_end=3.3,
-            prefill_modelled=0.19, transfer_end=3.4, first_token=3.6, last_token=3.6, tokens_received=1,
-            crossed_wan=True, prefill_node="prfaas-p0", kv_bytes_wire=2000, kv_bytes_paper=512_000,
-            outcome="completed"),
-        rec(4, arrival=4.0, outcome="failed", reason="transfer_timeout", kv_bytes_wire=999,
-            failure_kind="kv_transfer_failed"),
+        rec(
+            3,
+            arrival=3.0,
+            routed=3.05,
+            prefill_queued=3.05,
+            prefill_start=3.1,
+            prefill_end=3.3,
+            prefill_modelled=0.19,
+            transfer_end=3.4,
+            first_token=3.6,
+            last_token=3.6,
+            tokens_received=1,
+            crossed_wan=True,
+            prefill_node="prfaas-p0",
+            kv_bytes_wire=2000,
+            kv_bytes_paper=512_000,
+            outcome="completed",
+        ),
+        rec(
+            4,
+            arrival=4.0,
+            outcome="failed",
+            reason="transfer_timeout",
+            kv_bytes_wire=999,
+            failure_kind="kv_transfer_failed",
+        ),
         rec(5, arrival=4.5, outcome="failed", reason="transfer_timeout", failure_kind="kv_transfer_failed"),
-        rec(6, arrival=5.0, outcome="failed", reason="decode_oom", failure_kind="decode_node_error",
-            failure_node="pd-d0"),
+        rec(
+            6,
+            arrival=5.0,
+            outcome="failed",
+            reason="decode_oom",
+            failure_kind="decode_node_error",
+            failure_node="pd-d0",
+        ),
         rec(7, arrival=9.0),  # still pending when the run stopped
     ]
 
@@ -117,15 +173,29 @@ def test_summary_figures_by_hand(tmp_path: Path) -> None:
     ap = pytest.approx
 
     assert s.run.model_dump() == {
-        "name": "paper-prfaas", "scenario": "paper-prfaas", "policy": "prfaas", "threshold": 19400.0,
-        "speedup": 4.0, "byte_scale": 256.0, "shaping_method": "htb+tun-delay", "offered_rate_rps": 0.5,
-        "slo_ttft_s": 2.5, "slo_tpot_s": 0.5, "duration_s_paper": 40.0, "interrupted": False,
-        "cut_short": False, "trace_requests": None,
+        "name": "paper-prfaas",
+        "scenario": "paper-prfaas",
+        "policy": "prfaas",
+        "threshold": 19400.0,
+        "speedup": 4.0,
+        "byte_scale": 256.0,
+        "shaping_method": "htb+tun-delay",
+        "offered_rate_rps": 0.5,
+        "slo_ttft_s": 2.5,
+        "slo_tpot_s": 0.5,
+        "duration_s_paper": 40.0,
+        "interrupted": False,
+        "cut_short": False,
+        "trace_requests": None,
     }
     assert s.requests.model_dump() == {
-        "total": 7, "completed": 3, "failed": 3, "pending": 1,
+        "total": 7,
+        "completed": 3,
+        "failed": 3,
+        "pending": 1,
         "failure_reasons": {"transfer_timeout": 2, "decode_oom": 1},
-        "failure_kinds": {"kv_transfer_failed": 2, "decode_node_error": 1}, "failure_nodes": {"pd-d0": 1},
+        "failure_kinds": {"kv_transfer_failed": 2, "decode_node_error": 1},
+        "failure_nodes": {"pd-d0": 1},
     }
 
     # TTFT wire 0.7, 0.3, 0.6 -> paper x4.
@@ -175,8 +245,12 @@ def test_summary_figures_by_hand(tmp_path: Path) -> None:
     assert fid.n == 3
     assert fid.prefill_abs_err_median_s == ap(0.01)
     assert fid.prefill_rel_err_median == ap(0.01 / 0.19)
-    assert fid.warn is None and "warn" not in s.to_json_dict()["fidelity"]     # validity is the one verdict
-    assert s.validity is not None and s.validity.valid is False and "prefill durations off the model by 5.3%" in s.validity.reasons[0]
+    assert fid.warn is None and "warn" not in s.to_json_dict()["fidelity"]  # validity is the one verdict
+    assert (
+        s.validity is not None
+        and s.validity.valid is False
+        and "prefill durations off the model by 5.3%" in s.validity.reasons[0]
+    )
 
     # prfaas-p0 sent KV over the WAN: 3000 wire B in 2 wire s, peak 2000 B/s.
     eg = s.wan_egress
@@ -197,8 +271,9 @@ def test_summary_json_is_strict(tmp_path: Path) -> None:
     assert json.loads(text) == s.to_json_dict()
 
 
-@pytest.mark.parametrize("records", [[], [rec(1, arrival=0.1, outcome="failed", reason="refused")]],
-                         ids=["empty", "failed-only"])
+@pytest.mark.parametrize(
+    "records", [[], [rec(1, arrival=0.1, outcome="failed", reason="refused")]], ids=["empty", "failed-only"]
+)
 def test_empty_and_failed_only_runs(tmp_path: Path, records: list[RequestRecord]) -> None:
     # As an interrupted run leaves it: no t_end; and no SLO.
     run = make_run(tmp_path / "run", records, timeseries=False, t_end=None, slo=None, interrupted=True)
@@ -213,7 +288,10 @@ def test_empty_and_failed_only_runs(tmp_path: Path, records: list[RequestRecord]
     fid = s.fidelity
     assert (fid.n, fid.prefill_abs_err_median_s, fid.prefill_rel_err_median) == (0, None, None)
     assert fid.decode_step_late_share is None and fid.token_lag_p90_s_paper is None
-    assert s.validity is not None and s.validity.model_dump() == {"valid": True, "reasons": []}     # nothing measured, nothing judged
+    assert s.validity is not None and s.validity.model_dump() == {
+        "valid": True,
+        "reasons": [],
+    }  # nothing measured, nothing judged
     assert s.wan_egress.mean_Bps_paper is None
     report = write_report(run).read_text()
     assert "Run report" in report and "interrupted" in report
@@ -258,7 +336,9 @@ def test_malformed_middle_line_names_file_and_line(tmp_path: Path) -> None:
     (d / "router.jsonl").write_text(f"{good}\nnot json\n{good}\n")
     with pytest.raises(TimeseriesError, match=r"router\.jsonl:2: invalid JSON"):
         load_timeseries(tmp_path)
-    (d / "router.jsonl").write_text(f"{good}\n" + json.dumps({"ts": "x", "source": "r", "metric": "m", "value": 1}) + f"\n{good}\n")
+    (d / "router.jsonl").write_text(
+        f"{good}\n" + json.dumps({"ts": "x", "source": "r", "metric": "m", "value": 1}) + f"\n{good}\n"
+    )
     with pytest.raises(TimeseriesError, match=r"router\.jsonl:2: 'ts' must be a number"):
         load_timeseries(tmp_path)
 
@@ -289,10 +369,21 @@ def test_report_and_plots_written(tmp_path: Path) -> None:
     path = write_report(run)
     text = path.read_text()
     assert path == run / "report.md"
-    for needle in ("# Run report: paper-prfaas", "speedup s = 4", "byte_scale b = 256", "htb+tun-delay",
-                   "| TTFT mean | 2.13 s | 0.533 s |", "KV transfer tail", "| transfer_timeout | 2 |",
-                   "| kv_transfer_failed | 2 |", "| pd-d0 | 1 |",
-                   "INVALID RUN", "prefill durations off the model by 5.3%", "![TTFT CDF](ttft_cdf.png)", "![Queues](queues.png)"):
+    for needle in (
+        "# Run report: paper-prfaas",
+        "speedup s = 4",
+        "byte_scale b = 256",
+        "htb+tun-delay",
+        "| TTFT mean | 2.13 s | 0.533 s |",
+        "KV transfer tail",
+        "| transfer_timeout | 2 |",
+        "| kv_transfer_failed | 2 |",
+        "| pd-d0 | 1 |",
+        "INVALID RUN",
+        "prefill durations off the model by 5.3%",
+        "![TTFT CDF](ttft_cdf.png)",
+        "![Queues](queues.png)",
+    ):
         assert needle in text, needle
     for png in ("ttft_cdf.png", "queues.png", "links.png"):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
@@ -300,10 +391,22 @@ def test_report_and_plots_written(tmp_path: Path) -> None:
 
 
 def _three_runs(tmp_path: Path) -> list[Path]:
-    slow = [rec(i, arrival=float(i), first_token=i + 1.0, last_token=i + 2.0, tokens_received=11,
-                outcome="completed") for i in range(1, 5)]
-    fast = [rec(i, arrival=float(i), first_token=i + 0.5, last_token=i + 1.5, tokens_received=11,
-                crossed_wan=True, outcome="completed") for i in range(1, 5)]
+    slow = [
+        rec(i, arrival=float(i), first_token=i + 1.0, last_token=i + 2.0, tokens_received=11, outcome="completed")
+        for i in range(1, 5)
+    ]
+    fast = [
+        rec(
+            i,
+            arrival=float(i),
+            first_token=i + 0.5,
+            last_token=i + 1.5,
+            tokens_received=11,
+            crossed_wan=True,
+            outcome="completed",
+        )
+        for i in range(1, 5)
+    ]
     return [
         make_run(tmp_path / "homo", slow, timeseries=False, name="paper-homogeneous", policy="homogeneous"),
         make_run(tmp_path / "prfaas", fast, name="paper-prfaas", policy="prfaas"),
@@ -347,7 +450,7 @@ def test_cli_report_and_compare(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "custom title" in capsys.readouterr().out
     from testbed.cli import main
 
-    assert main(["report", str(tmp_path / "nope")]) == 2       # a UserError: the CLI prints it
+    assert main(["report", str(tmp_path / "nope")]) == 2  # a UserError: the CLI prints it
     assert "run.json: missing" in capsys.readouterr().err
 
 
@@ -367,7 +470,7 @@ def test_only_connections_that_sent_since_their_last_sample_are_sampled() -> Non
         return ConnectionStats(("10.0.0.2", 9000), i, 40_000, 100, 10, retrans, 0, sent, sent)
 
     seen: dict[tuple[tuple[str, int], int], tuple[int, int]] = {}
-    assert [c.conn for c in sending_connections([conn(0, 0), conn(1, 0)], seen)] == [0, 1]   # new: always
-    assert sending_connections([conn(0, 0), conn(1, 0)], seen) == []                       # idle pool
+    assert [c.conn for c in sending_connections([conn(0, 0), conn(1, 0)], seen)] == [0, 1]  # new: always
+    assert sending_connections([conn(0, 0), conn(1, 0)], seen) == []  # idle pool
     assert [c.conn for c in sending_connections([conn(0, 0), conn(1, 500)], seen)] == [1]
     assert [c.conn for c in sending_connections([conn(0, 0, retrans=1), conn(1, 500)], seen)] == [0]

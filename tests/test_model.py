@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
+from testbed.cli import main
+from testbed.config.scenarios import load_scenario
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.model.analytical import LengthDistribution, ModelResult, evaluate, prefill_seconds
-from testbed.cli import main
 from testbed.model.model_command import register, resolve_threshold, run
 from testbed.model.optimise import optimise, optimise_threshold
-from testbed.config.scenarios import load_scenario
 
 pytestmark = pytest.mark.pure
 
@@ -178,5 +178,5 @@ def test_run_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_run_table_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_cli("--scenario", "paper-naive", "--link-gbps", "50")) == 0
     assert "paper-naive" in capsys.readouterr().out
-    assert main(["model", "--scenario", "no-such-scenario"]) == 2     # a UserError: the CLI prints it
+    assert main(["model", "--scenario", "no-such-scenario"]) == 2  # a UserError: the CLI prints it
     assert "not found" in capsys.readouterr().err

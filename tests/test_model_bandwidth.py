@@ -13,13 +13,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testbed.cli import main
+from testbed.config.scenarios import (
+    MODEL_DIR,
+    SCENARIO_DIR,
+    ScenarioError,
+    load_model_profile,
+    load_scenario,
+    model_profiles,
+)
 from testbed.core.schema.scenario import ModelSpec
 from testbed.model.bandwidth import ModelCurve, datacenter_candidates, egress_bps, report
 from testbed.model.bandwidth_command import parse_tokens
-from testbed.cli import main
 from testbed.model.model_command import register, run
 from testbed.model.paper_bandwidth import CLAIMS, KV_BYTES_PER_TOKEN, TABLE3_GBPS, TABLE3_TOKENS, Claim
-from testbed.config.scenarios import MODEL_DIR, SCENARIO_DIR, ScenarioError, load_model_profile, load_scenario, model_profiles
 
 pytestmark = pytest.mark.pure
 
@@ -82,7 +89,14 @@ ARCH = {
     # model: (layers, full layers, full bytes/token, state layers, state bytes, window tokens)
     "kimi-linear": (27, 7, 7 * (512 + 64) * 2, 20, 20 * (32 * 128 * 128 * 4 + 3 * 32 * 128 * 3 * 2), 0),
     "mimo-v2-flash": (48, 9, 9 * 4 * (192 + 128) * 2, 39, 39 * 8 * (192 + 128) * 2 * 128, 128),
-    "qwen3.5-397b": (60, 15, 15 * 2 * 256 * 2 * 2, 45, 45 * (64 * 128 * 128 * 4 + (2 * 16 * 128 + 64 * 128) * 3 * 2), 0),
+    "qwen3.5-397b": (
+        60,
+        15,
+        15 * 2 * 256 * 2 * 2,
+        45,
+        45 * (64 * 128 * 128 * 4 + (2 * 16 * 128 + 64 * 128) * 3 * 2),
+        0,
+    ),
     "ring-2.5-1t": (80, 10, 10 * (512 + 64) * 2, 70, 70 * 64 * 128 * 128 * 4, 0),
     "minimax-m2.5": (62, 62, 62 * 8 * 128 * 2 * 2, 0, 0, 0),
     "qwen3-235b": (94, 94, 94 * 4 * 128 * 2 * 2, 0, 0, 0),
@@ -108,8 +122,10 @@ def test_profiles_set_every_model_field(path: Path) -> None:
 
 def test_profile_extends_into_the_paper_deployment(tmp_path: Path) -> None:
     f = tmp_path / "minimax.yaml"
-    f.write_text(f"extends: [{SCENARIO_DIR / 'paper-prfaas.yaml'}, {MODEL_DIR / 'minimax-m2.5.yaml'}]\n"
-                 "name: paper-prfaas-minimax\n")
+    f.write_text(
+        f"extends: [{SCENARIO_DIR / 'paper-prfaas.yaml'}, {MODEL_DIR / 'minimax-m2.5.yaml'}]\n"
+        "name: paper-prfaas-minimax\n"
+    )
     sc = load_scenario(f)
     base = load_scenario("paper-prfaas")
     assert sc.model == load_model_profile("minimax-m2.5").model
@@ -121,9 +137,11 @@ def test_profile_errors(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="not found.*minimax-m2.5"):
         load_model_profile("no-such-model")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("model: {name: x, layers: 2, layer_pattern: [full], linear_state_bytes: 5,"
-                   " full_attention_bytes_per_token: 1}\n"
-                   "hardware: {h200: {prefill: {kind: table, points: [[1, 1], [2, 2]]}}}\n")
+    bad.write_text(
+        "model: {name: x, layers: 2, layer_pattern: [full], linear_state_bytes: 5,"
+        " full_attention_bytes_per_token: 1}\n"
+        "hardware: {h200: {prefill: {kind: table, points: [[1, 1], [2, 2]]}}}\n"
+    )
     with pytest.raises(ScenarioError, match="invalid model profile"):
         load_model_profile(bad)
 
@@ -142,8 +160,25 @@ def _cli(*argv: str) -> argparse.Namespace:
 
 
 def test_bandwidth_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(_cli("--bandwidth", "--json", "--gpus", "1024", "--length", "32K", "--length", "20000",
-                    "--model", "ring-2.5-1t", "--model", str(MODEL_DIR / "minimax-m2.5.yaml"))) == 0
+    assert (
+        run(
+            _cli(
+                "--bandwidth",
+                "--json",
+                "--gpus",
+                "1024",
+                "--length",
+                "32K",
+                "--length",
+                "20000",
+                "--model",
+                "ring-2.5-1t",
+                "--model",
+                str(MODEL_DIR / "minimax-m2.5.yaml"),
+            )
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["instances"] == 128
     rows = {(r["model"], r["tokens"]): r for r in out["phi"]}
@@ -174,5 +209,5 @@ def test_bandwidth_table(capsys: pytest.CaptureFixture[str]) -> None:
     (("--bandwidth", "--gpus", "0"), "gpus must be > 0"),
 ])  # fmt: skip
 def test_bandwidth_argument_errors(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str) -> None:
-    assert main(["model", *argv]) == 2       # printed by the command itself, or as the CLI's UserError
+    assert main(["model", *argv]) == 2  # printed by the command itself, or as the CLI's UserError
     assert message in capsys.readouterr().err

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from native_ext import required
+
 from testbed.core.engine.decode_batch import AdmissionError, DecodeBatch, DecodeSeq, StepResult, new_batch
 from testbed.core.engine.decode_loop import DecodeLoop
 from testbed.core.engine.servicetime import DecodeStepTime
@@ -21,15 +21,18 @@ from testbed.core.engine.servicetime import DecodeStepTime
 ext = required()
 
 STEP = DecodeStepTime(0.0123, 0.00041, 3.7e-8)
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("submit"), st.integers(1, 40_000), st.integers(1, 300), st.integers(1, 9)),
-    st.tuples(st.just("admit"), st.floats(0, 1e4, allow_nan=False)),
-    st.tuples(st.sampled_from(["complete_step", "steps_to_finish", "step_duration"])),
-    st.tuples(st.just("duration_of"), st.integers(-1, 500)),
-    st.tuples(st.just("steps_until"), st.floats(-1.0, 50.0, allow_nan=False)),
-    st.tuples(st.sampled_from(["advance", "advance_finished"]), st.integers(0, 300)),
-    st.tuples(st.just("abort"), st.integers(0, 30)),
-), max_size=80)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), st.integers(1, 40_000), st.integers(1, 300), st.integers(1, 9)),
+        st.tuples(st.just("admit"), st.floats(0, 1e4, allow_nan=False)),
+        st.tuples(st.sampled_from(["complete_step", "steps_to_finish", "step_duration"])),
+        st.tuples(st.just("duration_of"), st.integers(-1, 500)),
+        st.tuples(st.just("steps_until"), st.floats(-1.0, 50.0, allow_nan=False)),
+        st.tuples(st.sampled_from(["advance", "advance_finished"]), st.integers(0, 300)),
+        st.tuples(st.just("abort"), st.integers(0, 30)),
+    ),
+    max_size=80,
+)
 
 
 def _view(x: Any) -> Any:
@@ -46,8 +49,16 @@ def _view(x: Any) -> Any:
 
 
 def _state(b: Any) -> tuple[Any, ...]:
-    return (_view(list(b.running)), _view(list(b.waiting)), b.kv_used, b.context, b.n_running, b.n_waiting,
-            b.head_id, b.idle)
+    return (
+        _view(list(b.running)),
+        _view(list(b.waiting)),
+        b.kv_used,
+        b.context,
+        b.n_running,
+        b.n_waiting,
+        b.head_id,
+        b.idle,
+    )
 
 
 def _call(b: Any, op: tuple[Any, ...], n: int) -> Any:
@@ -65,10 +76,16 @@ def _call(b: Any, op: tuple[Any, ...], n: int) -> Any:
 
 @pytest.mark.pure
 @settings(max_examples=400, deadline=None)
-@given(ops=OPS, bs_max=st.integers(1, 6), kv_capacity=st.sampled_from([4000, 12000, 10**9]),
-       scale=st.sampled_from([1.0, 4.0]), step=st.sampled_from([STEP, DecodeStepTime(0.02, 0.0, 0.0)]))
-def test_every_step_leaves_both_batches_alike(ops: list[tuple[Any, ...]], bs_max: int, kv_capacity: int,
-                                              scale: float, step: DecodeStepTime) -> None:
+@given(
+    ops=OPS,
+    bs_max=st.integers(1, 6),
+    kv_capacity=st.sampled_from([4000, 12000, 10**9]),
+    scale=st.sampled_from([1.0, 4.0]),
+    step=st.sampled_from([STEP, DecodeStepTime(0.02, 0.0, 0.0)]),
+)
+def test_every_step_leaves_both_batches_alike(
+    ops: list[tuple[Any, ...]], bs_max: int, kv_capacity: int, scale: float, step: DecodeStepTime
+) -> None:
     """Submits (some never fitting), admissions, steps one by one and many at once (some asking
     past a finish), aborts of running, waiting and unknown sequences: the compiled batch returns
     and holds what the Python one does, float bits and error texts included."""
@@ -79,8 +96,12 @@ def test_every_step_leaves_both_batches_alike(ops: list[tuple[Any, ...]], bs_max
 
 
 @pytest.mark.pure
-@given(steps=st.integers(1, 5000), context=st.integers(0, 10**6), n=st.integers(1, 64),
-       elapsed=st.floats(1e-6, 1e4, allow_nan=False))
+@given(
+    steps=st.integers(1, 5000),
+    context=st.integers(0, 10**6),
+    n=st.integers(1, 64),
+    elapsed=st.floats(1e-6, 1e4, allow_nan=False),
+)
 def test_boundaries_solve_alike(steps: int, context: int, n: int, elapsed: float) -> None:
     """The arithmetic series of step times and its inverse (the boundary at or after a time)."""
     py, nat = DecodeBatch(STEP, 64, 10**12), ext.DecodeBatch(STEP, 64, 10**12)

@@ -12,15 +12,16 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from native_ext import required
+
 from testbed.sim.events import EventLoop, new_loop
 
 ext = required()
 
 TIMES = st.sampled_from([0.0, -0.0, 0.5, 1.0, 1.0, 2.5, -1.0, math.inf, 1e-300, 7.25])
-EVENTS = st.lists(st.tuples(TIMES, st.integers(0, 8), st.lists(st.tuples(TIMES, st.integers(0, 8)), max_size=3)),
-                  max_size=40)
+EVENTS = st.lists(
+    st.tuples(TIMES, st.integers(0, 8), st.lists(st.tuples(TIMES, st.integers(0, 8)), max_size=3)), max_size=40
+)
 
 
 def _drive(loop: Any, events: list[tuple[float, int, list[tuple[float, int]]]], until: float) -> list[Any]:

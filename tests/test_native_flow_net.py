@@ -8,7 +8,6 @@ Skipped where the extension is not built, unless TESTBED_REQUIRE_NATIVE=1 (as CI
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 import textwrap
@@ -19,9 +18,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native_ext import required
 
 from testbed.config.scenarios import load_scenario
-from native_ext import required
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.sim.events import ARRIVAL, SAMPLE, EventLoop, new_loop
 from testbed.sim.net_view import new_network
@@ -35,12 +34,16 @@ TRANSFER = load_scenario("paper-prfaas").transfer
 INTRA = LinkProfile(name="intra", rate=80e6, delay=0.001)
 INTER = LinkProfile(name="inter", rate=20e6, delay=0.015, loss=0.001)
 
-OPS = st.lists(st.tuples(
-    st.floats(0.0, 3.0, allow_nan=False),                       # when
-    st.sampled_from(["stream", "stop", "push", "end", "mark", "withdraw"]),
-    st.sampled_from(list(NODES)), st.sampled_from(list(NODES)),
-    st.floats(0.0, 4e6, allow_nan=False),                       # a rate, a size, an offset
-), max_size=45)
+OPS = st.lists(
+    st.tuples(
+        st.floats(0.0, 3.0, allow_nan=False),  # when
+        st.sampled_from(["stream", "stop", "push", "end", "mark", "withdraw"]),
+        st.sampled_from(list(NODES)),
+        st.sampled_from(list(NODES)),
+        st.floats(0.0, 4e6, allow_nan=False),  # a rate, a size, an offset
+    ),
+    max_size=45,
+)
 
 
 def _run(net: Any, loop: Any, ops: list[tuple[float, str, str, str, float]]) -> list[Any]:
@@ -72,9 +75,14 @@ def _run(net: Any, loop: Any, ops: list[tuple[float, str, str, str, float]]) -> 
 
     def sample(_: Any) -> None:
         t = loop.now
-        log.append(("sample", t.hex(), [(net.sent_at(n, t).hex(), net.received_at(n, t).hex(),
-                                         net.backlog(n, t).hex()) for n in NODES],
-                    [lk.counter.at(t).hex() for lk in net.wan.values()]))
+        log.append(
+            (
+                "sample",
+                t.hex(),
+                [(net.sent_at(n, t).hex(), net.received_at(n, t).hex(), net.backlog(n, t).hex()) for n in NODES],
+                [lk.counter.at(t).hex() for lk in net.wan.values()],
+            )
+        )
 
     def stop_all(_: Any) -> None:
         # A stream nobody stops never ends: over a shared NIC its queue swings across a chunk
@@ -128,10 +136,13 @@ def test_a_forgotten_path_lives_on_for_its_holders() -> None:
     once nobody holds that handle."""
     got = []
     for loop, net in ((EventLoop(), None), (new_loop(), None)):
-        net = Network(loop, dict(NODES), INTRA, INTER, TRANSFER, 1.0) if isinstance(loop, EventLoop) else \
-            new_network(loop, dict(NODES), INTRA, INTER, TRANSFER, 1.0, 1.0, faults=False)
+        net = (
+            Network(loop, dict(NODES), INTRA, INTER, TRANSFER, 1.0)
+            if isinstance(loop, EventLoop)
+            else new_network(loop, dict(NODES), INTRA, INTER, TRANSFER, 1.0, 1.0, faults=False)
+        )
         old = net.path("a0", "b0")
-        net.end_stream(old, 0.0, 0.5)       # nothing queued: idle, and forgotten
+        net.end_stream(old, 0.0, 0.5)  # nothing queued: idle, and forgotten
         new = net.path("a0", "b0")
         net.push(new, 0.0, 3e6)
         got.append((new is not old, net.position(old), net.position(new)))

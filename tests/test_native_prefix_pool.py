@@ -7,30 +7,44 @@ Skipped where the extension is not built (no Rust toolchain), unless TESTBED_REQ
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from native_ext import required
+
 from testbed.core import native
-from testbed.core.routing.prefix_cache import HybridPrefixCache, new_pool
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.routing.prefix_cache import HybridPrefixCache, new_pool
 
 ext = required()
 
-B = 4           # tokens per block
-BIG = 2**80     # a hash id beyond 64 bits
+B = 4  # tokens per block
+BIG = 2**80  # a hash id beyond 64 bits
 # Prompts sharing prefixes, a deep prefix without its root (as evictions leave), hash ids beyond 64
 # bits and below zero, and one id repeated at two positions.
 PREFIXES: list[list[int]] = [
-    [1, 2, 3, 4, 5, 6], [1, 2, 3, 9], [1, 2], [7, 8, 9, 10, 11], [30, 2, 3, 4, 5, 6],
-    [BIG, BIG + 1, 3], [-5, 2**63 - 1, -(2**63)], [1, 1, 1, 1], [7, 8],
+    [1, 2, 3, 4, 5, 6],
+    [1, 2, 3, 9],
+    [1, 2],
+    [7, 8, 9, 10, 11],
+    [30, 2, 3, 4, 5, 6],
+    [BIG, BIG + 1, 3],
+    [-5, 2**63 - 1, -(2**63)],
+    [1, 1, 1, 1],
+    [7, 8],
 ]
-OPS = st.lists(st.tuples(st.sampled_from(["insert", "touch", "touch_and_pin", "pin", "unpin", "hold", "release"]),
-                         st.integers(0, len(PREFIXES) - 1), st.integers(0, 8), st.sampled_from(["list", "tuple", "iter"])),
-               max_size=60)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["insert", "touch", "touch_and_pin", "pin", "unpin", "hold", "release"]),
+        st.integers(0, len(PREFIXES) - 1),
+        st.integers(0, 8),
+        st.sampled_from(["list", "tuple", "iter"]),
+    ),
+    max_size=60,
+)
 
 
 def _py_entries(p: HybridPrefixCache) -> list[tuple[str, int, int, int, int]]:
@@ -82,8 +96,9 @@ def _same(py: HybridPrefixCache, nat: Any) -> None:
 @pytest.mark.pure
 @settings(max_examples=400, deadline=None)
 @given(capacity=st.integers(0, 240), ops=OPS, block=st.sampled_from([0, 10]), state=st.sampled_from([0, 7, 25]))
-def test_every_step_leaves_both_pools_alike(capacity: int, ops: list[tuple[str, int, int, str]], block: int,
-                                            state: int) -> None:
+def test_every_step_leaves_both_pools_alike(
+    capacity: int, ops: list[tuple[str, int, int, str]], block: int, state: int
+) -> None:
     """Whatever the sequence of inserts, touches, pins, holds and releases, on any capacity (none,
     scarce, ample) and any model (full blocks only, linear states only, both), the compiled pool
     returns what the Python one returns and holds the same entries in the same LRU order, pins and
@@ -97,11 +112,17 @@ def test_every_step_leaves_both_pools_alike(capacity: int, ops: list[tuple[str, 
 
 
 @pytest.mark.pure
-@given(tokens=st.integers(0, 10**7), block=st.sampled_from([0, 1, 3, 4096, 10**6 + 7]),
-       state=st.sampled_from([0, 123]), bt=st.sampled_from([1, 3, 16, 512]))
+@given(
+    tokens=st.integers(0, 10**7),
+    block=st.sampled_from([0, 1, 3, 4096, 10**6 + 7]),
+    state=st.sampled_from([0, 123]),
+    bt=st.sampled_from([1, 3, 16, 512]),
+)
 def test_tail_bytes_round_alike(tokens: int, block: int, state: int, bt: int) -> None:
     """The transfer-cache tail: a partial block's bytes rounded half to even, as Python rounds."""
-    assert ext.PrefixPool(1, bt, block, state).tail_bytes(tokens) == HybridPrefixCache(1, bt, block, state).tail_bytes(tokens)
+    assert ext.PrefixPool(1, bt, block, state).tail_bytes(tokens) == HybridPrefixCache(1, bt, block, state).tail_bytes(
+        tokens
+    )
 
 
 @pytest.mark.pure

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from native_ext import required
+
 from testbed.core.record import TIME_NAMES, RequestRecord, StageTimes
 from testbed.metrics.records import COLUMNS, MAX_FIELD_CHARS, RecordWriter, format_line, native_rows, written_line
 
@@ -24,15 +24,34 @@ ROWS = native_rows()
 # Each field draws its column's ordinary values, and now and then an awkward one: mostly
 # ordinary, so that most records take the compiled way and are compared.
 FLOATS = st.floats(allow_nan=True, allow_infinity=True)
-ODD_FLOATS = st.sampled_from([0.0078125, 0.0234375, 2.0000005, 1.0000004999, -1e-9, -0.0, 5e-324, 1e300,
-                              123456.0000005, math.nan, math.inf])
+ODD_FLOATS = st.sampled_from(
+    [0.0078125, 0.0234375, 2.0000005, 1.0000004999, -1e-9, -0.0, 5e-324, 1e300, 123456.0000005, math.nan, math.inf]
+)
 TEXTS = st.text(st.characters(blacklist_characters=',"\r\n', blacklist_categories=("Cs",)), max_size=12)
-ODD_TEXTS = st.sampled_from(['a "q", c', 'say "hi"', "a,b", "x\ny", "cr\r", "nan", "%s %d", "é✓", "\ud800",
-                             "z" * (MAX_FIELD_CHARS + 1), "z" * MAX_FIELD_CHARS])
+ODD_TEXTS = st.sampled_from(
+    [
+        'a "q", c',
+        'say "hi"',
+        "a,b",
+        "x\ny",
+        "cr\r",
+        "nan",
+        "%s %d",
+        "é✓",
+        "\ud800",
+        "z" * (MAX_FIELD_CHARS + 1),
+        "z" * MAX_FIELD_CHARS,
+    ]
+)
 INTS = st.integers(-(2**63), 2**63 - 1)
 ODD_INTS = st.sampled_from([2**70, -(2**64), 0])
-ODD = st.sampled_from([True, 2, 3.5, "7", None])      # a value of another type than its column's
-KINDS = {"float": (FLOATS, ODD_FLOATS), "int": (INTS, ODD_INTS), "bool": (st.booleans(), ODD), "str": (TEXTS, ODD_TEXTS)}
+ODD = st.sampled_from([True, 2, 3.5, "7", None])  # a value of another type than its column's
+KINDS = {
+    "float": (FLOATS, ODD_FLOATS),
+    "int": (INTS, ODD_INTS),
+    "bool": (st.booleans(), ODD),
+    "str": (TEXTS, ODD_TEXTS),
+}
 
 
 @st.composite
@@ -44,8 +63,12 @@ def records(draw: Any) -> RequestRecord:
         usual, odd = KINDS[str(f.type)]
         roll = draw(st.integers(0, 99))
         setattr(rec, f.name, draw(ODD if roll == 0 else odd if roll < 4 else usual))
-    rec.times = StageTimes(*(draw(st.just(1) if roll == 0 else ODD_FLOATS if roll < 5 else FLOATS)
-                             for roll in [draw(st.integers(0, 99)) for _ in TIME_NAMES]))
+    rec.times = StageTimes(
+        *(
+            draw(st.just(1) if roll == 0 else ODD_FLOATS if roll < 5 else FLOATS)
+            for roll in [draw(st.integers(0, 99)) for _ in TIME_NAMES]
+        )
+    )
     return rec
 
 
@@ -63,7 +86,7 @@ def _compiled(recs: list[RequestRecord], settle: bool) -> list[str]:
     return [ln if ln is not None else line(r) for ln, r in zip(ROWS.lines(recs, settle), recs)]
 
 
-taken: list[float] = []      # the share of each example's records the compiled writer wrote
+taken: list[float] = []  # the share of each example's records the compiled writer wrote
 
 
 @pytest.mark.pure
@@ -78,7 +101,7 @@ def test_both_writers_write_and_settle_alike(recs: list[RequestRecord], settle: 
     taken.append(sum(ln is not None for ln in ROWS.lines([_copy(r) for r in recs], settle)) / len(recs))
     try:
         want = _python(a, settle)
-    except (UnicodeEncodeError, TypeError, ValueError) as e:       # the Python writer refuses it
+    except (UnicodeEncodeError, TypeError, ValueError) as e:  # the Python writer refuses it
         with pytest.raises(type(e)):
             _compiled(b, settle)
         return
@@ -98,17 +121,38 @@ def test_the_generated_records_mostly_took_the_compiled_way() -> None:
 def test_ordinary_records_take_the_compiled_way() -> None:
     """A simulated run's records need no fallback (else the compiled writer buys nothing)."""
     assert ROWS is not None
-    rec = RequestRecord("r1", 3, 300, 16, prefill_node="pd-p0", decode_node="pd-d0", crossed_wan=False,
-                        threshold=math.nan, outcome="completed", kv_bytes_paper=123, retry_reason="",
-                        times=StageTimes(*(0.1 * i for i in range(len(TIME_NAMES)))))
+    rec = RequestRecord(
+        "r1",
+        3,
+        300,
+        16,
+        prefill_node="pd-p0",
+        decode_node="pd-d0",
+        crossed_wan=False,
+        threshold=math.nan,
+        outcome="completed",
+        kv_bytes_paper=123,
+        retry_reason="",
+        times=StageTimes(*(0.1 * i for i in range(len(TIME_NAMES)))),
+    )
     assert None not in ROWS.lines([rec, _copy(rec)], True)
     assert len(COLUMNS) == format_line(rec).count(",") + 1
 
 
 @pytest.mark.pure
 def test_a_settling_writer_writes_the_same_file_either_way(tmp_path: Path) -> None:
-    recs = [RequestRecord(f"r{i}", i, 100 + i, 2, threshold=i / 3, reason='x, "y"' if i % 3 == 0 else "",
-                          times=StageTimes(*(i / 7 + k for k in range(len(TIME_NAMES))))) for i in range(10)]
+    recs = [
+        RequestRecord(
+            f"r{i}",
+            i,
+            100 + i,
+            2,
+            threshold=i / 3,
+            reason='x, "y"' if i % 3 == 0 else "",
+            times=StageTimes(*(i / 7 + k for k in range(len(TIME_NAMES)))),
+        )
+        for i in range(10)
+    ]
     out = []
     for name, compiled in (("native", True), ("python", False)):
         held = [_copy(r) for r in recs]

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from native_ext import required
 
 required()
@@ -23,19 +22,38 @@ required()
 def _replay(tmp: Path, name: str, scenario: str, compiled: bool) -> Path:
     out = tmp / name
     env = dict(os.environ, TESTBED_NATIVE="1" if compiled else "0")
-    subprocess.run([sys.executable, "-m", "testbed", "replay", "--scenario", scenario, "--backend", "sim",
-                    "--requests", "1500", "--out", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "replay",
+            "--scenario",
+            scenario,
+            "--backend",
+            "sim",
+            "--requests",
+            "1500",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     return out
 
 
 def _files(run: Path) -> dict[str, bytes]:
-    return {str(f.relative_to(run)): f.read_bytes() for f in sorted(run.rglob("*"))
-            if f.is_file() and f.name != "run.json"}
+    return {
+        str(f.relative_to(run)): f.read_bytes() for f in sorted(run.rglob("*")) if f.is_file() and f.name != "run.json"
+    }
 
 
 @pytest.mark.app
-@pytest.mark.parametrize("scenario", ["paper-prfaas-cache", "paper-prfaas", "paper-naive",
-                                      "scenarios/faults/wan-outage-resets.yaml"])
+@pytest.mark.parametrize(
+    "scenario", ["paper-prfaas-cache", "paper-prfaas", "paper-naive", "scenarios/faults/wan-outage-resets.yaml"]
+)
 def test_a_simulated_run_is_the_same_compiled_or_not(tmp_path: Path, scenario: str) -> None:
     a, b = _replay(tmp_path, "native", scenario, True), _replay(tmp_path, "python", scenario, False)
     fa, fb = _files(a), _files(b)

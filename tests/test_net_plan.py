@@ -13,7 +13,8 @@ from testbed.core.schema.linkprofile import LinkParams, TcpSettings
 from testbed.net import plan as P
 from testbed.net.capabilities import ShapingCaps, ShapingUnavailable, choose_method
 from testbed.net.executor import _DISPATCH, NetError, kernel_error
-from testbed.net.nsexec import EXIT_FAILED, main as nsexec_main, nsexec_argv
+from testbed.net.nsexec import EXIT_FAILED, nsexec_argv
+from testbed.net.nsexec import main as nsexec_main
 from testbed.net.nsthread import sysctl_path
 from testbed.net.teardown import NsProcess, TeardownReport
 from testbed.net.topology import FALLBACK_MTU, IFNAME_MAX, Method, Topology, build_topology, new_prefix
@@ -21,8 +22,9 @@ from testbed.net.topology import FALLBACK_MTU, IFNAME_MAX, Method, Topology, bui
 pytestmark = pytest.mark.pure
 
 HOSTS = [("prfaas-p0", "prfaas"), ("prfaas-p1", "prfaas"), ("pd-p0", "pd"), ("pd-d0", "pd")]
-FWD = LinkParams(rate_bps=1e9, delay_s=0.01, jitter_s=0.001, loss=0.01, loss_correlation=0.25,
-                 queue_bytes=2_500_000, mtu=None)
+FWD = LinkParams(
+    rate_bps=1e9, delay_s=0.01, jitter_s=0.001, loss=0.01, loss_correlation=0.25, queue_bytes=2_500_000, mtu=None
+)
 BACK = dataclasses.replace(FWD, rate_bps=2e8, loss=0.0, loss_correlation=0.0, queue_bytes=500_000)
 LINKS = {("prfaas", "pd"): FWD, ("pd", "prfaas"): BACK}
 TCP = TcpSettings(congestion="cubic", rmem_max=32 << 20, wmem_max=4 << 20)
@@ -40,6 +42,7 @@ IF_FIELDS = ("ifname", "peer_ifname", "master", "iif", "dev")
 
 
 # -- topology -------------------------------------------------------------------------------------
+
 
 def test_new_prefix_format() -> None:
     prefixes = {new_prefix() for _ in range(50)}
@@ -70,8 +73,7 @@ def test_topology_names_addresses_gateways() -> None:
 
 
 def test_every_interface_name_fits_and_every_namespace_is_prefixed() -> None:
-    t = build_topology("ptb3fa2", [(f"node-with-a-long-name-{i}", f"dc{i % 3}") for i in range(30)],
-                       {}, "fallback")
+    t = build_topology("ptb3fa2", [(f"node-with-a-long-name-{i}", f"dc{i % 3}") for i in range(30)], {}, "fallback")
     ops = P.plan_up(t)
     ifnames = {getattr(o, f) for o in ops for f in IF_FIELDS if getattr(o, f, None)}
     assert ifnames and all(len(n) <= IFNAME_MAX for n in ifnames), sorted(ifnames, key=len)[-3:]
@@ -88,16 +90,19 @@ def test_mtu_defaults_and_overrides() -> None:
     assert topo("fallback", mtu=16000).mtu == 16000
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(prefix="xyz1"), "prefix"),
-    (dict(hosts=[("wan", "a")]), "collide"),
-    (dict(hosts=[("h", "a"), ("h", "b")]), "collide"),
-    (dict(links={("a", "zz"): FWD}), "unknown datacenter"),
-    (dict(links={("a", "a"): FWD}), "intra-DC"),
-    (dict(hosts=[("bad name", "a")]), "host name"),
-    (dict(mtu=100), "mtu"),
-    (dict(method="tc"), "method"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(prefix="xyz1"), "prefix"),
+        (dict(hosts=[("wan", "a")]), "collide"),
+        (dict(hosts=[("h", "a"), ("h", "b")]), "collide"),
+        (dict(links={("a", "zz"): FWD}), "unknown datacenter"),
+        (dict(links={("a", "a"): FWD}), "intra-DC"),
+        (dict(hosts=[("bad name", "a")]), "host name"),
+        (dict(mtu=100), "mtu"),
+        (dict(method="tc"), "method"),
+    ],
+)
 def test_topology_rejects(kw: dict[str, object], match: str) -> None:
     args: dict[str, object] = dict(prefix="ptb3fa2", hosts=[("h0", "a"), ("h1", "b")], links={}, method="none")
     args.update(kw)
@@ -106,6 +111,7 @@ def test_topology_rejects(kw: dict[str, object], match: str) -> None:
 
 
 # -- plan_up: the routed network ---------------------------------------------------------------------
+
 
 def test_plan_up_base_network() -> None:
     t = topo("none")
@@ -211,7 +217,10 @@ def test_plan_fallback_bfifo_tun_rules() -> None:
     assert set(of(ops, P.AddRule)) == {P.AddRule(w, "dc0", 100, 100), P.AddRule(w, "dc1", 100, 101)}
     rp = [o for o in of(ops, P.Sysctl) if "rp_filter" in o.key]  # type: ignore[attr-defined]
     assert {o.key: o.value for o in rp} == {  # type: ignore[attr-defined]
-        "net.ipv4.conf.all.rp_filter": "0", "net.ipv4.conf.default.rp_filter": "0", "net.ipv4.conf.tun0.rp_filter": "0"}
+        "net.ipv4.conf.all.rp_filter": "0",
+        "net.ipv4.conf.default.rp_filter": "0",
+        "net.ipv4.conf.tun0.rp_filter": "0",
+    }
     # all/default before the WAN interfaces exist, so they inherit 0.
     pos = {o: i for i, o in enumerate(ops)}
     first_wan_if = min(pos[o] for o in of(ops, P.AddVeth) if o.ns == w)
@@ -234,7 +243,9 @@ def test_three_dcs_get_one_class_per_source() -> None:
     ops = P.plan_up(t)
     into_c = [o for o in of(ops, P.AddSrcFilter) if o.ifname == "dc2"]  # type: ignore[attr-defined]
     assert {(o.src_cidr, o.classid) for o in into_c} == {  # type: ignore[attr-defined]
-        ("10.231.0.0/24", 0x10010), ("10.231.1.0/24", 0x10011)}
+        ("10.231.0.0/24", 0x10010),
+        ("10.231.1.0/24", 0x10011),
+    }
     assert len({o.prio for o in into_c}) == 2  # type: ignore[attr-defined]
     assert len(of(ops, P.HtbRoot)) == 3 and len(of(ops, P.HtbClass)) == 6 and len(of(ops, P.BfifoLeaf)) == 6
     handles = [(o.ifname, o.handle) for o in of(ops, P.BfifoLeaf)]  # type: ignore[attr-defined]
@@ -270,6 +281,7 @@ def test_queue_packet_helpers() -> None:
 
 # -- plan_change --------------------------------------------------------------------------------
 
+
 def test_plan_change_netem_rate_and_delay() -> None:
     t = topo("netem")
     new = dataclasses.replace(FWD, rate_bps=5e8, delay_s=0.02, loss=0.0, loss_correlation=0.0)
@@ -294,6 +306,7 @@ def test_plan_change_fallback_and_none() -> None:
 
 # -- the rest of the seams --------------------------------------------------------------------------
 
+
 def test_every_operation_has_an_executor_and_a_description() -> None:
     kinds = {c for c in vars(P).values() if isinstance(c, type) and issubclass(c, P.Operation) and c is not P.Operation}
     assert kinds == set(_DISPATCH)
@@ -306,7 +319,9 @@ def test_kernel_error_text() -> None:
     from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
 
     assert kernel_error(NetlinkError(errno.ENOENT, "Specified qdisc kind is unknown")) == (
-        "Specified qdisc kind is unknown", errno.ENOENT)
+        "Specified qdisc kind is unknown",
+        errno.ENOENT,
+    )
     assert kernel_error(NetlinkError(errno.EEXIST)) == ("File exists", errno.EEXIST)
     assert NetError("x", 2).errno == 2
 
@@ -327,8 +342,17 @@ def test_choose_method() -> None:
 
 def test_nsexec_argv_and_sysctl_paths() -> None:
     argv = nsexec_argv("ptb3fa2-pd-d0", ["sleep", "1"], [("net.ipv4.tcp_congestion_control", "reno")])
-    assert argv == [sys.executable, "-m", "testbed.net.nsexec", "ptb3fa2-pd-d0",
-                    "--sysctl", "net.ipv4.tcp_congestion_control=reno", "--", "sleep", "1"]
+    assert argv == [
+        sys.executable,
+        "-m",
+        "testbed.net.nsexec",
+        "ptb3fa2-pd-d0",
+        "--sysctl",
+        "net.ipv4.tcp_congestion_control=reno",
+        "--",
+        "sleep",
+        "1",
+    ]
     assert nsexec_argv("n", ["x"], {"net.a": "1"})[-4:] == ["--sysctl", "net.a=1", "--", "x"]
     assert sysctl_path("net.ipv4.tcp_rmem") == "/proc/sys/net/ipv4/tcp_rmem"
     for bad in ("kernel.pid_max", "net.../x", "net.ipv4/../../kernel"):

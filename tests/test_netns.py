@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from testbed.core.schema.linkprofile import LinkParams, TcpSettings
+from testbed.deploy.down_command import register
 from testbed.net import plan as P
 from testbed.net.capabilities import probe_shaping
-from testbed.deploy.down_command import register
 from testbed.net.executor import Executor, NetError
 from testbed.net.nsexec import nsexec_argv
 from testbed.net.nsthread import NETNS_DIR, NetnsLoop, enter_netns, read_sysctl, run_in_netns
@@ -40,8 +40,9 @@ from testbed.net.topology import Topology, build_topology
 pytestmark = pytest.mark.netns
 
 RATE = 200e6
-LINK = LinkParams(rate_bps=RATE, delay_s=0.0, jitter_s=0.0, loss=0.0, loss_correlation=0.0,
-                  queue_bytes=512 * 1024, mtu=None)
+LINK = LinkParams(
+    rate_bps=RATE, delay_s=0.0, jitter_s=0.0, loss=0.0, loss_correlation=0.0, queue_bytes=512 * 1024, mtu=None
+)
 LINKS = {("dc0", "dc1"): LINK, ("dc1", "dc0"): LINK}
 HOSTS = [("a0", "dc0"), ("a1", "dc0"), ("b0", "dc1"), ("b1", "dc1")]
 TCP = TcpSettings(congestion="reno", rmem_max=8 << 20, wmem_max=4 << 20)
@@ -113,6 +114,7 @@ def net() -> Iterator[Topology]:
 
 # -- async helpers run on NetnsLoops --------------------------------------------------------------
 
+
 async def start_echo(host: str, port: int) -> asyncio.Server:
     async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         try:
@@ -127,6 +129,7 @@ async def start_echo(host: str, port: int) -> asyncio.Server:
 
 async def start_sink(host: str, port: int) -> asyncio.Server:
     """Counts bytes until EOF, then answers (bytes, seconds from first to last byte)."""
+
     async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         n, t0 = 0, 0.0
         try:
@@ -190,6 +193,7 @@ def transfer_bps(t: Topology, src: str, dst: str, seconds: float, port: int) -> 
 
 # -- the routed topology ------------------------------------------------------------------------
 
+
 def test_kernel_state_matches_the_plan(net: Topology) -> None:
     for h in net.hosts:
         with ipr(h.netns) as x:
@@ -250,8 +254,10 @@ def test_htb_rate_is_what_tcp_gets(net: Topology) -> None:
     shaped, n = transfer_bps(net, "a0", "b0", 3.0, PORT + 2)
     with ipr(net.wan_ns) as x:
         through = htb_class(x, "dc1", 0x10010).get_attr("TCA_STATS2").get_attr("TCA_STATS_BASIC")["bytes"] - before
-    print(f"\nunshaped {unshaped / 1e6:.0f} Mbit/s; HTB {RATE / 1e6:.0f} Mbit/s -> TCP goodput "
-          f"{shaped / 1e6:.1f} Mbit/s ({shaped / RATE:.1%}); class 1:10 carried {through} B for {n} B of payload")
+    print(
+        f"\nunshaped {unshaped / 1e6:.0f} Mbit/s; HTB {RATE / 1e6:.0f} Mbit/s -> TCP goodput "
+        f"{shaped / 1e6:.1f} Mbit/s ({shaped / RATE:.1%}); class 1:10 carried {through} B for {n} B of payload"
+    )
     assert 0.85 * RATE <= shaped <= RATE
     assert unshaped > 1.5 * RATE  # the HTB class, not the machine, is the bottleneck
     assert through >= n  # the transfer went through the DC0 -> DC1 class (u32 matched)
@@ -342,14 +348,17 @@ def test_fallback_plumbing_and_delay_path() -> None:
         finally:
             relay.stopping.set()
             relay.join(5)
-        print(f"\nfallback path: echo RTT {rtt * 1e3:.1f} ms through a 10 ms/direction tun0 relay; "
-              f"{relay.packets} packets relayed")
+        print(
+            f"\nfallback path: echo RTT {rtt * 1e3:.1f} ms through a 10 ms/direction tun0 relay; "
+            f"{relay.packets} packets relayed"
+        )
         assert got == payload
         assert 0.020 <= rtt < 0.060
         assert relay.packets > 2 * len(payload) // 65000
 
 
 # -- teardown ----------------------------------------------------------------------------------
+
 
 def _in_netns(pid: int, ns: str) -> bool:
     try:
@@ -384,9 +393,18 @@ def test_teardown_kills_processes_and_is_idempotent(capsys: pytest.CaptureFixtur
             ex.apply(P.plan_up(t))
         ns = t.host("b0").netns
         sleeper = subprocess.Popen(nsexec_argv(ns, ["sleep", "600"], [("net.ipv4.ip_default_ttl", "33")]))
-        stubborn = subprocess.Popen(nsexec_argv(t.wan_ns, [sys.executable, "-c",
-                                    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                    "print('ready', flush=True); time.sleep(600)"]), stdout=subprocess.PIPE)
+        stubborn = subprocess.Popen(
+            nsexec_argv(
+                t.wan_ns,
+                [
+                    sys.executable,
+                    "-c",
+                    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                    "print('ready', flush=True); time.sleep(600)",
+                ],
+            ),
+            stdout=subprocess.PIPE,
+        )
         outsider = subprocess.Popen(["sleep", "600"])  # root namespace: not ours to kill
         procs += [sleeper, stubborn, outsider]
         assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
@@ -416,8 +434,14 @@ def test_teardown_kills_processes_and_is_idempotent(capsys: pytest.CaptureFixtur
         capsys.readouterr()
         assert args.func(args) == 0
         out = json.loads(capsys.readouterr().out)
-        assert out == {"prefix": t.prefix + "-", "namespaces": [], "processes": [], "errors": [],
-                       "docker": out["docker"], "local_runs": {}}
+        assert out == {
+            "prefix": t.prefix + "-",
+            "namespaces": [],
+            "processes": [],
+            "errors": [],
+            "docker": out["docker"],
+            "local_runs": {},
+        }
         # Docker leftovers too (compose and swarm): each kind reported, none found.
         assert {"containers", "networks", "volumes", "services", "configs"} <= set(out["docker"])
         assert not any(out["docker"].values())
@@ -453,8 +477,13 @@ def test_netem_probe_matches_the_kernel(scratch: str) -> None:
     if not netem_here:
         # The executor names the operation and the kernel's answer.
         with Executor() as ex, pytest.raises(NetError, match=r"netem delay 5ms.*\(errno 2\)") as ei:
-            ex.apply([P.HtbRoot(scratch, "p1"), P.HtbClass(scratch, "p1", 0x10010, 10**8, 200_000, 65536),
-                      P.NetemLeaf(scratch, "p1", 0x10010, 0.005, 0.0, 0.0, 0.0, 100)])
+            ex.apply(
+                [
+                    P.HtbRoot(scratch, "p1"),
+                    P.HtbClass(scratch, "p1", 0x10010, 10**8, 200_000, 65536),
+                    P.NetemLeaf(scratch, "p1", 0x10010, 0.005, 0.0, 0.0, 0.0, 100),
+                ]
+            )
         assert ei.value.errno == errno.ENOENT
 
 

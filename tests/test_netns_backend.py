@@ -15,9 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from replay_exit import RAN
 from procinfo import pids_naming
+from replay_exit import RAN
 from wan_bound import counters_bound
 
 pytestmark = [
@@ -25,8 +24,18 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
 ]
 
-FAST = ["--backend", "netns", "--set", "scale.speedup=20", "--set", "scale.byte_scale=1000",
-        "--set", "workload.output_tokens=64", "--set", "serving.stream_interval=8"]
+FAST = [
+    "--backend",
+    "netns",
+    "--set",
+    "scale.speedup=20",
+    "--set",
+    "scale.byte_scale=1000",
+    "--set",
+    "workload.output_tokens=64",
+    "--set",
+    "serving.stream_interval=8",
+]
 
 
 def _testbed(*args: str) -> list[str]:
@@ -70,13 +79,20 @@ def _wait_for_records(out: Path, n: int, timeout: float = 90, proc: subprocess.P
 
 
 @contextlib.contextmanager
-def _replay_under_way(out: Path, records: int, *extra: str,
-                      quiet: bool = False) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def _replay_under_way(
+    out: Path, records: int, *extra: str, quiet: bool = False
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A 60-request replay, yielded with its namespace prefix once `records` requests have ended;
     killed on the way out if the test left it running."""
     pipe = subprocess.DEVNULL if quiet else subprocess.PIPE
-    proc = subprocess.Popen(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2",
-                                     "--out", str(out), *FAST, *extra), stdout=pipe, stderr=pipe, text=True)
+    proc = subprocess.Popen(
+        _testbed(
+            "replay", "--scenario", "paper-prfaas", "--requests", "60", "--rate", "2", "--out", str(out), *FAST, *extra
+        ),
+        stdout=pipe,
+        stderr=pipe,
+        text=True,
+    )
     try:
         prefix = _wait_for_prefix(out, proc=proc)
         _wait_for_records(out, records, proc=proc)
@@ -89,8 +105,24 @@ def _replay_under_way(out: Path, records: int, *extra: str,
 
 def test_replay_over_shaped_link_counts_wan_bytes(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    r = subprocess.run(_testbed("replay", "--scenario", "paper-prfaas", "--requests", "16", "--rate", "2",
-                                "--out", str(out), "--json", *FAST), capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        _testbed(
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--requests",
+            "16",
+            "--rate",
+            "2",
+            "--out",
+            str(out),
+            "--json",
+            *FAST,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode in RAN, r.stderr[-3000:]
     s = json.loads(r.stdout)
     assert s["requests"]["completed"] == 16

@@ -12,18 +12,25 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import creds
 import pytest
-
 from hf_tokenizer import byte_level_bpe, english_corpus, save_hf, sentencepiece_bpe, wordpiece
 from prom_samples import value
-import creds
+
 from testbed.config.scenarios import load_scenario
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.held import HOLD_KEY, HOLD_PATH
 from testbed.live.openai_api import (
-    MAX_BODY_DEPTH, TOKEN_TEXT, Limits, RequestError, load_body, parse, usage, usage_chunk,
+    MAX_BODY_DEPTH,
+    TOKEN_TEXT,
+    Limits,
+    RequestError,
+    load_body,
+    parse,
+    usage,
+    usage_chunk,
 )
 from testbed.metrics.records import read_records
 from testbed.net.forward import NetnsForwarder
@@ -34,7 +41,7 @@ from testbed.run.load import resolve
 @pytest.fixture(scope="module")
 def corpus() -> list[str]:
     lines = english_corpus()
-    assert len(lines) > 200       # the README is there: a real corpus, not a stub
+    assert len(lines) > 200  # the README is there: a real corpus, not a stub
     return lines
 
 
@@ -63,8 +70,12 @@ def test_ignore_eos_and_min_tokens_are_accepted_and_checked() -> None:
     req = parse({**base, "ignore_eos": True, "min_tokens": 8}, "completions")
     assert req.output_tokens == 8
     assert parse({**base, "min_tokens": None, "ignore_eos": "false"}, "completions").output_tokens == 8
-    for bad, field in (({"min_tokens": 9}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"),
-                       ({"min_tokens": True}, "min_tokens"), ({"ignore_eos": "maybe"}, "ignore_eos")):
+    for bad, field in (
+        ({"min_tokens": 9}, "min_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": True}, "min_tokens"),
+        ({"ignore_eos": "maybe"}, "ignore_eos"),
+    ):
         with pytest.raises(RequestError, match=field):
             parse({**base, **bad}, "completions", Limits())
 
@@ -72,8 +83,12 @@ def test_ignore_eos_and_min_tokens_are_accepted_and_checked() -> None:
 @pytest.mark.pure
 def test_usage_reports_cached_tokens_as_vllm_does() -> None:
     req = parse({"prompt": [1] * 100, "max_tokens": 4}, "completions")
-    assert usage(req, 4, 64) == {"prompt_tokens": 100, "completion_tokens": 4, "total_tokens": 104,
-                                 "prompt_tokens_details": {"cached_tokens": 64}}
+    assert usage(req, 4, 64) == {
+        "prompt_tokens": 100,
+        "completion_tokens": 4,
+        "total_tokens": 104,
+        "prompt_tokens_details": {"cached_tokens": 64},
+    }
     assert usage_chunk(req, "c", "m", 4)["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
@@ -91,6 +106,7 @@ def test_a_hold_streams_per_token_unless_the_user_sets_the_chunking() -> None:
     assert with_hold_streaming(["serving.stream_interval=8"]) == ["serving.stream_interval=8"]
     assert with_hold_streaming(["serving={stream_interval: 4}"]) == ["serving={stream_interval: 4}"]
     from testbed.config.overrides import overrides_for
+
     assert load_scenario("paper-prfaas").serving.stream_interval == 8
     sets = with_hold_streaming(with_hold_speedup([]))
     assert load_scenario("paper-prfaas", overrides_for("paper-prfaas", sets)).serving.stream_interval == 1
@@ -99,11 +115,14 @@ def test_a_hold_streams_per_token_unless_the_user_sets_the_chunking() -> None:
 
 
 def _held_scenario() -> Scenario:
-    return load_scenario("paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024}, "serving": {"stream_interval": 2}})
+    return load_scenario(
+        "paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024}, "serving": {"stream_interval": 2}}
+    )
 
 
-async def _sse(s: aiohttp.ClientSession, url: str, body: dict[str, Any],
-               headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+async def _sse(
+    s: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     out = []
     async with s.post(url, json=body, headers=headers) as r:
         assert r.status == 200, await r.text()
@@ -128,8 +147,15 @@ async def test_a_held_router_records_every_request_and_answers_like_vllm(tmp_pat
         async with s.post(url + HOLD_PATH, json={"t0": t0}) as r:
             assert r.status == 200
         prompt = "a long shared system prompt " * 600
-        chat = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 6, "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": True, "min_tokens": 6}
+        chat = {
+            "model": "m",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 6,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+            "min_tokens": 6,
+        }
         first = await _sse(s, f"{url}/v1/chat/completions", chat, {"X-Request-Id": "client-1"})
         second = await _sse(s, f"{url}/v1/chat/completions", chat, {"X-Request-Id": "client-2"})
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in second if c.get("choices"))
@@ -150,9 +176,14 @@ async def test_a_held_router_records_every_request_and_answers_like_vllm(tmp_pat
         async with s.get(f"{url}/metrics") as r:
             metrics = await r.text()
     model = sc.model.name
-    for name, n in (("vllm:time_to_first_token_seconds_count", 3), ("vllm:e2e_request_latency_seconds_count", 3),
-                    ("vllm:request_queue_time_seconds_count", 3), ("vllm:request_prefill_time_seconds_count", 3),
-                    ("vllm:request_decode_time_seconds_count", 3), ("vllm:inter_token_latency_seconds_count", 12)):
+    for name, n in (
+        ("vllm:time_to_first_token_seconds_count", 3),
+        ("vllm:e2e_request_latency_seconds_count", 3),
+        ("vllm:request_queue_time_seconds_count", 3),
+        ("vllm:request_prefill_time_seconds_count", 3),
+        ("vllm:request_decode_time_seconds_count", 3),
+        ("vllm:inter_token_latency_seconds_count", 12),
+    ):
         assert value(metrics, name, model_name=model, engine="router") == n, name
     decode_nodes = [k for k, n in dep.nodes.items() if n.role == "decode"]
     for node in decode_nodes:
@@ -181,7 +212,7 @@ async def test_a_client_that_leaves_is_recorded_as_failed(tmp_path: Path) -> Non
         async with aiohttp.ClientSession(headers=creds.headers(dep)) as s:
             body = {"prompt": "x" * 4000, "max_tokens": 400, "stream": True}
             async with s.post(f"{d.router.url}/v1/completions", json=body) as r:
-                await r.content.readline()      # the first token's chunk, then away
+                await r.content.readline()  # the first token's chunk, then away
         await asyncio.sleep(0.5)
     # No t0 ever came: the router's start is the base, and the record is still written.
     recs = read_records(tmp_path / "records.csv")
@@ -214,10 +245,11 @@ async def test_the_forwarder_relays_streams_and_half_closes() -> None:
     host, fport = await fwd.start()
     try:
         async with aiohttp.ClientSession() as s:
-            for _ in range(2):      # a kept-alive connection carries a second request
+            for _ in range(2):  # a kept-alive connection carries a second request
                 async with s.post(f"http://{host}:{fport}/s", data=b"x" * 200_000) as r:
                     lines = (await r.read()).splitlines()
                 assert [ln[:2] for ln in lines] == [b"0:", b"1:", b"2:"] and len(lines[2]) == 200_002
+
         # A client that half-closes after its request still gets the whole answer: the EOF is
         # passed on, and the target's reply comes back after it.
         async def echo_after_eof(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -238,10 +270,10 @@ async def test_the_forwarder_relays_streams_and_half_closes() -> None:
         dead = NetnsForwarder("", ("127.0.0.1", 1))
         dhost, dport = await dead.start()
         reader, writer = await asyncio.open_connection(dhost, dport)
-        assert await reader.read() == b""       # nothing listens there: the client's connection is closed
+        assert await reader.read() == b""  # nothing listens there: the client's connection is closed
         writer.close()
         await dead.close()
-        assert fwd.connections == 1      # both requests went over one relayed connection
+        assert fwd.connections == 1  # both requests went over one relayed connection
     finally:
         await fwd.close()
         await runner.cleanup()
@@ -253,25 +285,31 @@ def test_a_client_id_in_the_body_is_cut_like_the_headers() -> None:
     # 130 MB, and one such id in records.csv made the held run's summary fail.
     req = parse({"prompt": [1] * 10, "max_tokens": 4, "testbed": {"request_id": "x" * 200_000}}, "completions")
     assert req.client_request_id == "x" * 128
-    assert parse({"prompt": [1] * 10, "max_tokens": 4, "testbed": {"request_id": ""}},
-                 "completions").client_request_id is None
+    assert (
+        parse({"prompt": [1] * 10, "max_tokens": 4, "testbed": {"request_id": ""}}, "completions").client_request_id
+        is None
+    )
 
 
 @pytest.mark.pure
 def test_a_body_nests_at_most_max_body_depth_and_holds_only_valid_unicode() -> None:
     assert load_body("[" * MAX_BODY_DEPTH + "]" * MAX_BODY_DEPTH) is not None
-    assert load_body('{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}      # a surrogate pair is one character
-    for bad, words in (("[" * (MAX_BODY_DEPTH + 1) + "]" * (MAX_BODY_DEPTH + 1), "nested"),
-                       ('{"a": ' * 100_000 + "1" + "}" * 100_000, "nested"),
-                       ('["\\udc80"]', "lone surrogate"), ('{"\\ud800x": 1}', "lone surrogate"),
-                       ("{nope", "not JSON")):
+    assert load_body('{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}  # a surrogate pair is one character
+    for bad, words in (
+        ("[" * (MAX_BODY_DEPTH + 1) + "]" * (MAX_BODY_DEPTH + 1), "nested"),
+        ('{"a": ' * 100_000 + "1" + "}" * 100_000, "nested"),
+        ('["\\udc80"]', "lone surrogate"),
+        ('{"\\ud800x": 1}', "lone surrogate"),
+        ("{nope", "not JSON"),
+    ):
         with pytest.raises(RequestError, match=words):
             load_body(bad)
 
 
 @pytest.mark.app
 async def test_the_router_answers_even_its_own_bugs_and_size_limits_with_openai_error_bodies(
-        aiohttp_client: Any) -> None:
+    aiohttp_client: Any,
+) -> None:
     from aiohttp import web
 
     from testbed.live.router.handler import openai_errors

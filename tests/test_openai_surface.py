@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import creds
 import jsonschema
 import pytest
 
-import creds
 from testbed.config.scenarios import load_scenario
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
@@ -25,17 +25,26 @@ openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.clients
 
 MESSAGES = [{"role": "user", "content": "what is the weather in Paris?"}]
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "minLength": 2},
-    "unit": {"enum": ["celsius", "fahrenheit"]},
-    "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    "where": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
-              "required": ["lat", "lon"]},
-    "hours": {"type": "array", "items": {"type": "integer"}, "minItems": 2}},
-    "required": ["city", "unit", "days", "where", "hours"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}},
-         {"type": "function", "function": {"name": "get_weather", "description": "the weather",
-                                           "parameters": WEATHER}}]
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "minLength": 2},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "where": {
+            "type": "object",
+            "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+            "required": ["lat", "lon"],
+        },
+        "hours": {"type": "array", "items": {"type": "integer"}, "minItems": 2},
+    },
+    "required": ["city", "unit", "days", "where", "hours"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}},
+    {"type": "function", "function": {"name": "get_weather", "description": "the weather", "parameters": WEATHER}},
+]
 
 
 class Router:
@@ -47,12 +56,17 @@ class Router:
 
 @pytest.fixture
 async def router() -> AsyncIterator[Router]:
-    sc = load_scenario("paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024},
-                                        "serving": {"stream_interval": 2}})
+    sc = load_scenario(
+        "paper-prfaas", {"scale": {"speedup": 40, "byte_scale": 1024}, "serving": {"stream_interval": 2}}
+    )
     dep = loopback_deployment(resolve(sc), None)
     async with InProcessBackend(dep) as d:
-        r = Router(d.router.url, sc.model.name, [n.http.url for n in dep.nodes.values() if n.role == "decode"],
-                   creds.headers(dep))
+        r = Router(
+            d.router.url,
+            sc.model.name,
+            [n.http.url for n in dep.nodes.values() if n.role == "decode"],
+            creds.headers(dep),
+        )
         yield r
         await r.client.close()
 
@@ -61,8 +75,15 @@ async def test_stop_ends_the_stream_and_the_decode_work_where_the_stop_sequence_
     # min_tokens (vLLM's) keeps the stop from firing before token 5: " the the" then completes
     # in token 5, and the client sees the text before it.
     stream = await router.client.chat.completions.create(
-        model="m", messages=MESSAGES, max_tokens=40, stop=[" the the", "\n"], stream=True,
-        stream_options={"include_usage": True}, extra_body={"min_tokens": 5}, extra_headers={"X-Request-Id": "stop-1"})
+        model="m",
+        messages=MESSAGES,
+        max_tokens=40,
+        stop=[" the the", "\n"],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"min_tokens": 5},
+        extra_headers={"X-Request-Id": "stop-1"},
+    )
     chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == TOKEN_TEXT * 3
@@ -86,8 +107,9 @@ async def test_stop_ends_the_stream_and_the_decode_work_where_the_stop_sequence_
 
 
 async def test_logprobs_match_the_text_streaming_and_not(router: Router) -> None:
-    stream = await router.client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=5, logprobs=True,
-                                                         top_logprobs=3, stream=True)
+    stream = await router.client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=5, logprobs=True, top_logprobs=3, stream=True
+    )
     chunks = [c async for c in stream]
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -113,16 +135,18 @@ async def test_a_forced_tool_call_validates_against_its_schema(router: Router) -
     assert call.function.name == "get_weather" and call.id.startswith("call_")
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
     assert r.usage is not None and 1 < r.usage.completion_tokens < 100
-    stream = await router.client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS,
-                                                         tool_choice=forced, stream=True)
+    stream = await router.client.chat.completions.create(
+        model="m", messages=MESSAGES, tools=TOOLS, tool_choice=forced, stream=True
+    )
     deltas = [c.choices[0] async for c in stream if c.choices]
     pieces = [tc for d in deltas for tc in d.delta.tool_calls or []]
     assert pieces[0].id and pieces[0].function.name == "get_weather" and len(pieces) > 2
     assert json.loads("".join(p.function.arguments or "" for p in pieces)) == json.loads(call.function.arguments)
     assert deltas[-1].finish_reason == "tool_calls"
     with pytest.raises(openai.BadRequestError) as e:
-        await router.client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS,
-                                                    tool_choice={"type": "function", "function": {"name": "nope"}})
+        await router.client.chat.completions.create(
+            model="m", messages=MESSAGES, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}
+        )
     assert e.value.body["param"] == "tool_choice"
 
 
@@ -131,24 +155,35 @@ async def test_response_format_json_schema_gives_valid_json(router: Router) -> N
     r = await router.client.chat.completions.create(model="m", messages=MESSAGES, response_format=fmt)
     jsonschema.validate(json.loads(r.choices[0].message.content or ""), WEATHER)
     assert r.choices[0].finish_reason == "stop"
-    obj = await router.client.chat.completions.create(model="m", messages=MESSAGES,
-                                                      response_format={"type": "json_object"})
+    obj = await router.client.chat.completions.create(
+        model="m", messages=MESSAGES, response_format={"type": "json_object"}
+    )
     assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
 
 
 async def test_the_responses_api_streaming_and_not(router: Router) -> None:
-    r = await router.client.responses.create(model=router.model, input="hello", instructions="be brief",
-                                             max_output_tokens=6)
+    r = await router.client.responses.create(
+        model=router.model, input="hello", instructions="be brief", max_output_tokens=6
+    )
     assert r.output_text == TOKEN_TEXT * 6 and r.usage is not None and r.usage.output_tokens == 6
-    assert r.status == "incomplete" and r.incomplete_details is not None    # the mock always runs to the limit
-    stream = await router.client.responses.create(model=router.model, input="hello", max_output_tokens=5,
-                                                  stream=True, extra_headers={"X-Request-Id": "resp-1"})
+    assert r.status == "incomplete" and r.incomplete_details is not None  # the mock always runs to the limit
+    stream = await router.client.responses.create(
+        model=router.model, input="hello", max_output_tokens=5, stream=True, extra_headers={"X-Request-Id": "resp-1"}
+    )
     events = [ev async for ev in stream]
     types = [ev.type for ev in events]
-    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.incomplete"]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     assert "".join(ev.delta for ev in events if ev.type == "response.output_text.delta") == TOKEN_TEXT * 5
     assert [ev.sequence_number for ev in events] == list(range(len(events)))
     assert events[-1].response.output[0].content[0].text == TOKEN_TEXT * 5
@@ -157,13 +192,16 @@ async def test_the_responses_api_streaming_and_not(router: Router) -> None:
     assert js.status == "completed"
     jsonschema.validate(json.loads(js.output_text), WEATHER)
     tool = {"type": "function", "name": "get_weather", "parameters": WEATHER}
-    call = await router.client.responses.create(model=router.model, input="hello", tools=[tool],
-                                                tool_choice="required")
+    call = await router.client.responses.create(model=router.model, input="hello", tools=[tool], tool_choice="required")
     assert call.output[0].type == "function_call"
     jsonschema.validate(json.loads(call.output[0].arguments), WEATHER)
     rec = events[-1].model_extra["testbed"]
-    assert (rec["request_id"], rec["outcome"], rec["output_tokens"], rec["tokens_received"]) == \
-        ("resp-1", "completed", 5, 5)
+    assert (rec["request_id"], rec["outcome"], rec["output_tokens"], rec["tokens_received"]) == (
+        "resp-1",
+        "completed",
+        5,
+        5,
+    )
     assert rec["router_arrival"] < rec["decode_first_token"] < rec["decode_last_token"]
 
 
@@ -177,8 +215,12 @@ async def test_models_retrieve_and_json_errors_for_what_is_not_emulated(router: 
         await router.client.embeddings.create(model="m", input="x")
     assert "not emulated" in emb.value.body["message"]
     async with aiohttp.ClientSession(headers=router.headers) as s:
-        for method, path, status in (("POST", "/v1/nope", 404), ("GET", "/v1/chat/completions", 405),
-                                     ("DELETE", "/v1/responses", 405), ("POST", "/v1/images/generations", 404)):
+        for method, path, status in (
+            ("POST", "/v1/nope", 404),
+            ("GET", "/v1/chat/completions", 405),
+            ("DELETE", "/v1/responses", 405),
+            ("POST", "/v1/images/generations", 404),
+        ):
             async with s.request(method, router.url + path, json={}) as r:
                 assert r.status == status and r.content_type == "application/json", (path, await r.text())
                 body: dict[str, Any] = await r.json()

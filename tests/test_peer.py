@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from testbed.cli import main
-from testbed.core.schema.scenario import DecodeSpec, HardwareSpec, PolynomialPrefill, TablePrefill
 from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
-from testbed.studies.crosscheck import peer_dynamo
+from testbed.core.schema.scenario import DecodeSpec, HardwareSpec, PolynomialPrefill, TablePrefill
 from testbed.run.load import load
+from testbed.studies.crosscheck import peer_dynamo
 from testbed.studies.crosscheck.peer_bench import _run
 from testbed.studies.crosscheck.peer_timing import DECODE_TOL, PREFILL_TOL, mocker_timing
 from testbed.traces.types import Trace, TraceRequest
@@ -47,10 +47,13 @@ DECODE = DecodeSpec(base_s=0.012, per_seq_s=0.0004, per_context_token_s=2e-8, bs
 
 
 @pure
-@pytest.mark.parametrize("prefill", [
-    PolynomialPrefill(kind="polynomial", coefficients=[0.4678, 1.3004e-4, 2.979e-10]),
-    TablePrefill(kind="table", points=[(1024, 0.44), (8192, 0.72), (32768, 1.84), (131072, 7.40)]),
-])
+@pytest.mark.parametrize(
+    "prefill",
+    [
+        PolynomialPrefill(kind="polynomial", coefficients=[0.4678, 1.3004e-4, 2.979e-10]),
+        TablePrefill(kind="table", points=[(1024, 0.44), (8192, 0.72), (32768, 1.84), (131072, 7.40)]),
+    ],
+)
 def test_the_exported_tables_give_the_testbeds_service_times(prefill: Any) -> None:
     hw = HardwareSpec(prefill=prefill, decode=DECODE)
     t = mocker_timing(hw, 100_000, 120_000)
@@ -68,24 +71,41 @@ def test_the_exported_tables_give_the_testbeds_service_times(prefill: Any) -> No
             assert got == pytest.approx(step(batch, batch * ctx), rel=DECODE_TOL * 1.5), (batch, ctx)
     path = t.write(Path(__import__("tempfile").mkdtemp()) / "t.npz")
     with np.load(path) as z:
-        assert sorted(z.files) == ["decode_active_kv_tokens", "decode_context_length", "decode_itl", "prefill_isl",
-                                   "prefill_ttft_ms"]
+        assert sorted(z.files) == [
+            "decode_active_kv_tokens",
+            "decode_context_length",
+            "decode_itl",
+            "prefill_isl",
+            "prefill_ttft_ms",
+        ]
         assert z["decode_itl"].shape == (z["decode_active_kv_tokens"].size, z["decode_context_length"].size)
 
 
 def _req(arrival: float, n_in: int, n_out: int, **kw: Any) -> dict[str, Any]:
-    base = {"arrival_time_ms": arrival, "input_length": n_in, "output_length": n_out, "terminal_status": "completed",
-            "prefill_admit_ms": arrival + 5, "source_held_ms": arrival + 705, "destination_activated_ms": arrival + 710,
-            "decode_admit_ms": arrival + 710, "first_token_ms": arrival + 735, "last_token_ms": arrival + 735 + 25 * (n_out - 1),
-            "reused_input_tokens": 512, "prefill_worker_idx": 3, "decode_worker_idx": 1,
-            "routing_history": [{"pool": "prefill", "released_at_ms": arrival + 2}]}
+    base = {
+        "arrival_time_ms": arrival,
+        "input_length": n_in,
+        "output_length": n_out,
+        "terminal_status": "completed",
+        "prefill_admit_ms": arrival + 5,
+        "source_held_ms": arrival + 705,
+        "destination_activated_ms": arrival + 710,
+        "decode_admit_ms": arrival + 710,
+        "first_token_ms": arrival + 735,
+        "last_token_ms": arrival + 735 + 25 * (n_out - 1),
+        "reused_input_tokens": 512,
+        "prefill_worker_idx": 3,
+        "decode_worker_idx": 1,
+        "routing_history": [{"pool": "prefill", "released_at_ms": arrival + 2}],
+    }
     return base | kw
 
 
 @pure
 def test_the_mockers_report_becomes_records_paired_with_the_trace() -> None:
-    trace = Trace([TraceRequest("a", 0.0, 3000, 10), TraceRequest("b", 1.0, 4000, 5), TraceRequest("c", 1.0, 1000, 2)],
-                  "t")
+    trace = Trace(
+        [TraceRequest("a", 0.0, 3000, 10), TraceRequest("b", 1.0, 4000, 5), TraceRequest("c", 1.0, 1000, 2)], "t"
+    )
     report = [_req(1000.0, 4000, 5), _req(0.0, 3000, 10), _req(1000.0, 1000, 2, terminal_status="rejected")]
     recs = peer_dynamo.records(report, trace, "pd")
     assert [r.request_id for r in recs] == ["a", "b", "c"] and [r.trace_index for r in recs] == [0, 1, 2]
@@ -104,10 +124,13 @@ def test_the_mockers_report_becomes_records_paired_with_the_trace() -> None:
 
 
 @pure
-@pytest.mark.parametrize("name, overrides, match", [
-    ("paper-prfaas", {}, "one PD cluster"),
-    ("paper-prfaas-adaptive", {}, "one PD cluster"),
-])
+@pytest.mark.parametrize(
+    "name, overrides, match",
+    [
+        ("paper-prfaas", {}, "one PD cluster"),
+        ("paper-prfaas-adaptive", {}, "one PD cluster"),
+    ],
+)
 def test_what_the_mocker_cannot_model_is_refused_in_one_line(name: str, overrides: dict[str, Any], match: str) -> None:
     with pytest.raises(peer_dynamo.PeerError, match=match) as e:
         peer_dynamo.peer_cluster(load(name, overrides))
@@ -116,8 +139,10 @@ def test_what_the_mocker_cannot_model_is_refused_in_one_line(name: str, override
 
 @pure
 def test_a_trace_without_prefix_hashes_gets_blocks_of_its_own(tmp_path: Path) -> None:
-    trace = Trace([TraceRequest("a", 0.0, 1000, 3), TraceRequest("b", 0.5, 1500, 3, (7, 8, 9)),
-                   TraceRequest("c", 1.25, 600, 3)], "t")
+    trace = Trace(
+        [TraceRequest("a", 0.0, 1000, 3), TraceRequest("b", 0.5, 1500, 3, (7, 8, 9)), TraceRequest("c", 1.25, 600, 3)],
+        "t",
+    )
     lines = [json.loads(x) for x in peer_dynamo.write_trace(tmp_path / "t.jsonl", trace).read_text().splitlines()]
     assert [x["timestamp"] for x in lines] == [0.0, 500.0, 1250.0]
     assert lines[1]["hash_ids"] == [7, 8, 9]
@@ -139,12 +164,32 @@ def test_without_the_extra_crosscheck_peer_says_how_to_install_it(capsys: pytest
 @pytest.mark.skipif(not HAVE_DYNAMO, reason="the peer extra (ai-dynamo-runtime) is not installed")
 def test_both_simulators_on_one_trace_side_by_side(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(
-        f'{{"timestamp": {i * 700}, "input_length": {1500 + 400 * (i % 6)}, "output_length": {20 + i % 9}, '
-        f'"hash_ids": {json.dumps(list(range(i % 3 * 10, i % 3 * 10 + 3 + i % 6)))}}}\n' for i in range(60)))
+    trace.write_text(
+        "".join(
+            f'{{"timestamp": {i * 700}, "input_length": {1500 + 400 * (i % 6)}, "output_length": {20 + i % 9}, '
+            f'"hash_ids": {json.dumps(list(range(i % 3 * 10, i % 3 * 10 + 3 + i % 6)))}}}\n'
+            for i in range(60)
+        )
+    )
     out = tmp_path / "cc"
-    rc = main(["crosscheck", "--peer", "dynamo", "--scenario", "paper-homogeneous", "--set", "clusters.0.prefill=2",
-               "--set", "clusters.0.decode=1", "--trace", str(trace), "--out", str(out), "--json"])
+    rc = main(
+        [
+            "crosscheck",
+            "--peer",
+            "dynamo",
+            "--scenario",
+            "paper-homogeneous",
+            "--set",
+            "clusters.0.prefill=2",
+            "--set",
+            "clusters.0.decode=1",
+            "--trace",
+            str(trace),
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert rc == 0
     got = json.loads((out / "peer-crosscheck.json").read_text())
     rows = {r["key"]: r for r in got["rows"]}
@@ -161,17 +206,18 @@ def test_both_simulators_on_one_trace_side_by_side(tmp_path: Path) -> None:
             assert rows[key]["explanation"]
     for r in got["rows"]:
         if r["rel"] is not None and abs(r["rel"]) > 0.05 and r["explanation"] == "":
-            assert abs(r["testbed"] - r["peer"]) < 0.01, r      # only noise goes unexplained
+            assert abs(r["testbed"] - r["peer"]) < 0.01, r  # only noise goes unexplained
     assert (out / "sim" / "summary.json").is_file() and (out / "dynamo" / "records.csv").is_file()
     assert (out / "peer-crosscheck.md").read_text().startswith("# paper-homogeneous: the testbed's simulator beside")
 
 
 @pytest.mark.app
 def test_the_bench_launcher_measures_each_runs_own_peak_memory() -> None:
-    ballast = bytearray(300 * 2**20)        # this process is large; a run spawned from it is not
+    ballast = bytearray(300 * 2**20)  # this process is large; a run spawned from it is not
     ballast[::4096] = b"x" * len(ballast[::4096])
-    wall, rss, out = _run([sys.executable, "-c", "x = bytearray(64 * 2**20); x[::4096] = b'y' * len(x[::4096]); "
-                                                  "print('ok')"])
+    wall, rss, out = _run(
+        [sys.executable, "-c", "x = bytearray(64 * 2**20); x[::4096] = b'y' * len(x[::4096]); print('ok')"]
+    )
     assert out.strip() == "ok" and wall > 0
     assert 64 <= rss < 200, rss
     assert math.isfinite(wall)

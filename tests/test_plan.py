@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from summaries import make_summary
+
 from testbed.config.scenarios import load_scenario
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.scenario import LengthDist
@@ -27,9 +27,9 @@ from testbed.model.planner import (
 from testbed.model.queueing import Branch, erlang_c, mgc_wait, mixture_quantile
 from testbed.model.workload import TraceWorkload
 from testbed.studies.plan import plan as plan_cmd
-from testbed.traces.trace_command import prefix_reuse_share
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import synth_with_prefixes
+from testbed.traces.trace_command import prefix_reuse_share
 from testbed.traces.types import Trace
 
 pytestmark = pytest.mark.pure
@@ -43,7 +43,11 @@ pytestmark = pytest.mark.pure
 
 def surrogate_trace() -> Trace:
     return synth_with_prefixes(
-        12000, 12000 / 3600, 1, sessions=8000, system_prompt_tokens=1024,
+        12000,
+        12000 / 3600,
+        1,
+        sessions=8000,
+        system_prompt_tokens=1024,
         first_turn=LengthDist(mu=8.7, sigma=1.1, min=128, max=100000),
         follow_up=LengthDist(mu=7.0, sigma=1.2, min=16, max=16384),
         output=LengthDist(mu=5.7, sigma=0.6, min=16, max=2000),
@@ -76,19 +80,19 @@ def test_surrogate_has_the_stated_statistics(surrogate: Trace) -> None:
 
 
 def test_erlang_c_known_values() -> None:
-    assert erlang_c(1, 0.6) == pytest.approx(0.6)                    # M/M/1: P(wait) = rho
+    assert erlang_c(1, 0.6) == pytest.approx(0.6)  # M/M/1: P(wait) = rho
     assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
     # Table value: c = 10, a = 8 Erlangs -> 0.409.
     assert erlang_c(10, 8.0) == pytest.approx(0.4092, abs=1e-3)
-    assert list(erlang_c([1, 3], [2.0, 3.5])) == [1.0, 1.0]          # saturated
+    assert list(erlang_c([1, 3], [2.0, 3.5])) == [1.0, 1.0]  # saturated
 
 
 def test_mgc_wait_single_server_is_pollaczek_khinchine() -> None:
     lam, s = 0.5, 1.2
     rho = lam * s
-    det = mgc_wait(lam, s, s * s, 1)                                   # M/D/1
+    det = mgc_wait(lam, s, s * s, 1)  # M/D/1
     assert float(det.mean) == pytest.approx(rho * s / (2 * (1 - rho)))
-    exp = mgc_wait(lam, s, 2 * s * s, 1)                               # M/M/1
+    exp = mgc_wait(lam, s, 2 * s * s, 1)  # M/M/1
     assert float(exp.mean) == pytest.approx(rho / (1 / s - lam))
     assert float(exp.utilisation) == pytest.approx(rho)
     assert math.isinf(float(mgc_wait(1.0, 1.0, 1.0, 1).mean))
@@ -187,7 +191,9 @@ def test_vary_counts_and_budget() -> None:
     with pytest.raises(PlanError):
         family_for("prfaas", load_scenario("paper-homogeneous"))
     assert plan_cmd.parse_budget(["h200=4,h20=8", "homogeneous:h20=12"]) == {
-        None: {"h200": 4, "h20": 8}, "homogeneous": {"h20": 12}}
+        None: {"h200": 4, "h20": 8},
+        "homogeneous": {"h20": 12},
+    }
     for bad in ("h200", "x:h20=3", "h20=0", "h20=two"):
         with pytest.raises(PlanError):
             plan_cmd.parse_budget([bad])
@@ -217,8 +223,13 @@ def test_plan_command_writes_loadable_scenarios(surrogate_file: Path, tmp_path: 
     out = tmp_path / "plan"
     res = plan_cmd.run_plan(_args(surrogate_file, out, "--top", "2"), simulate=None)
     files = sorted(p.name for p in out.glob("plan-*.yaml"))
-    assert files == ["plan-homogeneous-1.yaml", "plan-homogeneous-2.yaml", "plan-naive-1.yaml",
-                     "plan-prfaas-1.yaml", "plan-prfaas-2.yaml"]
+    assert files == [
+        "plan-homogeneous-1.yaml",
+        "plan-homogeneous-2.yaml",
+        "plan-naive-1.yaml",
+        "plan-prfaas-1.yaml",
+        "plan-prfaas-2.yaml",
+    ]
     assert (out / "plan.md").exists() and json.loads((out / "plan.json").read_text())["ranking"]
     by_file = {r["file"]: r for r in res["ranking"] if r["file"]}
     for name in files:
@@ -228,7 +239,7 @@ def test_plan_command_writes_loadable_scenarios(surrogate_file: Path, tmp_path: 
         pd = sc.cluster("pd")
         assert (pd.prefill, pd.decode) == (row["n_p"], row["n_d"])
         assert sc.policy.threshold == row["threshold"]
-        assert sc.policy.cache_aware        # the trace has prefix reuse: route on the incremental length
+        assert sc.policy.cache_aware  # the trace has prefix reuse: route on the incremental length
     best = res["kinds"]["prfaas"]["best"]
     assert best["lambda_max"] > res["kinds"]["homogeneous"]["best"]["lambda_max"]
     assert res["kinds"]["prfaas"]["reference"]["lambda_max"] < best["lambda_max"]
@@ -242,6 +253,7 @@ def test_plan_command_writes_loadable_scenarios(surrogate_file: Path, tmp_path: 
 def _fake_sim(seen: list[tuple[Path, Path, str]], fail: str = "naive", slow: str = "") -> plan_cmd.Simulate:
     """A simulator that reports the model's own figures, fails every run whose name holds `fail`
     and puts a P90 TTFT of 30 s (over the SLO) on the runs whose name holds `slow`."""
+
     def fake(scenario: Path, trace: Path, name: str) -> dict[str, Any]:
         seen.append((scenario, trace, name))
         if fail and fail in name:
@@ -249,17 +261,28 @@ def _fake_sim(seen: list[tuple[Path, Path, str]], fail: str = "naive", slow: str
         sc = load_scenario(scenario)
         # A made-up but deterministic TTFT that prefers fewer PD decode instances.
         mean = 0.5 + 0.1 * sc.cluster("pd").decode
-        return {"ttft_mean_s": mean, "ttft_p90_s": 30.0 if slow and slow in name else 2 * mean, "tpot_p90_s": 0.025,
-                "offload_share": 0.4, "egress_gbps": 4.0, "completed_rps": 3.3, "slo_attainment": 0.99,
-                "requests": 100, "failed": 0}
+        return {
+            "ttft_mean_s": mean,
+            "ttft_p90_s": 30.0 if slow and slow in name else 2 * mean,
+            "tpot_p90_s": 0.025,
+            "offload_share": 0.4,
+            "egress_gbps": 4.0,
+            "completed_rps": 3.3,
+            "slo_attainment": 0.99,
+            "requests": 100,
+            "failed": 0,
+        }
+
     return fake
 
 
 def test_plan_command_simulates_every_written_or_recommended_row(surrogate_file: Path, tmp_path: Path) -> None:
     seen: list[tuple[Path, Path, str]] = []
     out = tmp_path / "plan"
-    res = plan_cmd.run_plan(_args(surrogate_file, out, "--refine", "4", "--top", "2", "--kinds", "prfaas,homogeneous"),
-                            simulate=_fake_sim(seen, fail="homogeneous-0-9-3", slow="paper-prfaas"))
+    res = plan_cmd.run_plan(
+        _args(surrogate_file, out, "--refine", "4", "--top", "2", "--kinds", "prfaas,homogeneous"),
+        simulate=_fake_sim(seen, fail="homogeneous-0-9-3", slow="paper-prfaas"),
+    )
     names = [n for _, _, n in seen]
     assert all(t == surrogate_file for _, t, _ in seen) and len(names) == len(set(names))
     # The best 4 of each kind by the model, and both bases as they stand.
@@ -268,9 +291,9 @@ def test_plan_command_simulates_every_written_or_recommended_row(surrogate_file:
     assert res["verified"]
     for r in res["ranking"]:
         if r["file"]:
-            assert r["simulated"] is not None       # every written row was simulated
+            assert r["simulated"] is not None  # every written row was simulated
     ref = res["kinds"]["prfaas"]["reference"]
-    assert ref["simulated"]["ttft_p90_s"] == 30.0 and not ref["meets_slo"]   # the simulator's verdict
+    assert ref["simulated"]["ttft_p90_s"] == 30.0 and not ref["meets_slo"]  # the simulator's verdict
     failed = next(r for r in res["ranking"] if (r["kind"], r["n_p"], r["n_d"]) == ("homogeneous", 9, 3))
     assert "error" in failed["simulated"] and not failed["meets_slo"]
     # Simulated rows rank by the simulation: the fake prefers fewer decode instances at equal Λ_max,
@@ -281,38 +304,49 @@ def test_plan_command_simulates_every_written_or_recommended_row(surrogate_file:
         assert first == {**simd[0], "file": first["file"]} and first["file"] == f"plan-{kind}-1.yaml"
         ok = [r for r in simd if r["meets_slo"]]
         assert (-round(first["lambda_max"], 9), first["simulated"]["ttft_mean_s"]) == min(
-            (-round(r["lambda_max"], 9), r["simulated"]["ttft_mean_s"]) for r in ok)
+            (-round(r["lambda_max"], 9), r["simulated"]["ttft_mean_s"]) for r in ok
+        )
     md = (out / "plan.md").read_text()
     assert "predicted against simulated" in md and "failed: RuntimeError: boom" in md
     assert "## Chosen by simulation" in md and "yes (sim)" in md and "no (sim)" in md
     assert sorted(p.name for p in (out / "candidates").glob("*.yaml")) == sorted(
-        f"{n}.yaml" for n in names if n.startswith(("prfaas-", "homogeneous-")))
+        f"{n}.yaml" for n in names if n.startswith(("prfaas-", "homogeneous-"))
+    )
 
 
 def test_plan_command_fewest_instances_are_simulated(surrogate_file: Path, tmp_path: Path) -> None:
     seen: list[tuple[Path, Path, str]] = []
     out = tmp_path / "plan"
-    res = plan_cmd.run_plan(_args(surrogate_file, out, "--kinds", "homogeneous", "--vary-counts", "--top", "1"),
-                            simulate=_fake_sim(seen, fail=""))
+    res = plan_cmd.run_plan(
+        _args(surrogate_file, out, "--kinds", "homogeneous", "--vary-counts", "--top", "1"),
+        simulate=_fake_sim(seen, fail=""),
+    )
     few = res["kinds"]["homogeneous"]["fewest"]
     assert few is not None and few["simulated"] is not None and few["meets_slo"]
     assert few["file"] in ("plan-homogeneous-1.yaml", "plan-homogeneous-fewest.yaml")
     assert (out / few["file"]).exists()
-    assert few["n_p"] + few["n_d"] <= res["kinds"]["homogeneous"]["best"]["n_p"] + \
-        res["kinds"]["homogeneous"]["best"]["n_d"]
+    assert (
+        few["n_p"] + few["n_d"]
+        <= res["kinds"]["homogeneous"]["best"]["n_p"] + res["kinds"]["homogeneous"]["best"]["n_d"]
+    )
 
 
 def test_budget_without_a_kind_is_said_to_cap_every_kind(surrogate_file: Path, tmp_path: Path) -> None:
-    res = plan_cmd.run_plan(_args(surrogate_file, tmp_path / "p", "--budget", "h200=4,h20=8", "--top", "1"),
-                            simulate=None)
+    res = plan_cmd.run_plan(
+        _args(surrogate_file, tmp_path / "p", "--budget", "h200=4,h20=8", "--top", "1"), simulate=None
+    )
     assert res["settings"]["budgets"]["homogeneous"] == "h20=8 (--budget every kind)"
     assert res["settings"]["budgets"]["prfaas"] == "h200=4 (--budget every kind), h20=8 (--budget every kind)"
     note = next(n for n in res["notes"] if n.startswith("homogeneous:"))
     assert "caps it below its base's 12 h20" in note and "prfaas:h20=8" in note
     best = res["kinds"]["homogeneous"]["best"]
     assert best["n_p"] + best["n_d"] == 8
-    res = plan_cmd.run_plan(_args(surrogate_file, tmp_path / "q", "--budget", "prfaas:h20=6", "--top", "1",
-                                  "--kinds", "prfaas,homogeneous"), simulate=None)
+    res = plan_cmd.run_plan(
+        _args(
+            surrogate_file, tmp_path / "q", "--budget", "prfaas:h20=6", "--top", "1", "--kinds", "prfaas,homogeneous"
+        ),
+        simulate=None,
+    )
     assert res["settings"]["budgets"]["homogeneous"] == "h20=12 (base)" and not res["notes"]
     assert res["settings"]["budgets"]["prfaas"] == "h200=4 (base), h20=6 (--budget prfaas:)"
 
@@ -365,12 +399,29 @@ def test_sim_simulator_against_the_runner(tmp_path: Path) -> None:
 
 
 def test_simulated_figures_from_a_run_summary() -> None:
-    summary = make_summary(run__duration_s_paper=100.0, ttft_s__mean=1.5, ttft_s__p90=3.0, offload__ratio=0.4,
-                           bytes__wan_total_paper=125e9, throughput__completed_rps_paper=3.2,
-                           throughput__slo_attainment=0.97, tpot_s__p90=0.025, requests__total=10,
-                           requests__failed=1, requests__pending=1)
+    summary = make_summary(
+        run__duration_s_paper=100.0,
+        ttft_s__mean=1.5,
+        ttft_s__p90=3.0,
+        offload__ratio=0.4,
+        bytes__wan_total_paper=125e9,
+        throughput__completed_rps_paper=3.2,
+        throughput__slo_attainment=0.97,
+        tpot_s__p90=0.025,
+        requests__total=10,
+        requests__failed=1,
+        requests__pending=1,
+    )
     f = plan_cmd.figures(summary)
-    assert f == {"ttft_mean_s": 1.5, "ttft_p90_s": 3.0, "tpot_p90_s": 0.025, "offload_share": 0.4,
-                 "egress_gbps": pytest.approx(10.0), "completed_rps": 3.2, "slo_attainment": 0.97,
-                 "requests": 10, "failed": 2}
+    assert f == {
+        "ttft_mean_s": 1.5,
+        "ttft_p90_s": 3.0,
+        "tpot_p90_s": 0.025,
+        "offload_share": 0.4,
+        "egress_gbps": pytest.approx(10.0),
+        "completed_rps": 3.2,
+        "slo_attainment": 0.97,
+        "requests": 10,
+        "failed": 2,
+    }
     assert plan_cmd.figures(make_summary(run__duration_s_paper=None))["egress_gbps"] is None

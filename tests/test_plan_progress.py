@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from testbed.core.schema.scenario import WorkloadSpec
 from testbed.studies.plan.plan_progress import PlanProgress
 from testbed.traces.formats import FORMATS, WriteOptions
 from testbed.traces.synthetic import synthetic_trace
-from testbed.core.schema.scenario import WorkloadSpec
 
 
 @pytest.mark.pure
@@ -44,11 +44,15 @@ def test_quiet_progress_prints_nothing() -> None:
 def test_sigterm_says_plan_was_interrupted_and_where(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     FORMATS["mooncake"].write(trace, synthetic_trace(WorkloadSpec(requests=20000, rate=20.0, seed=3)), WriteOptions())
-    proc = subprocess.Popen([sys.executable, "-m", "testbed", "plan", "--trace", str(trace), "--no-sim",
-                             "--out", str(tmp_path / "plan")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed", "plan", "--trace", str(trace), "--no-sim", "--out", str(tmp_path / "plan")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     seen = []
-    for line in proc.stderr:        # the first steps are printed as they start
+    for line in proc.stderr:  # the first steps are printed as they start
         seen.append(line)
         if "measuring the workload of 20,000 requests" in line:
             break

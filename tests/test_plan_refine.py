@@ -81,7 +81,7 @@ def test_the_length_only_base_is_modelled_as_it_routes(trace: Trace) -> None:
     aware = score_config(fam, wl, trace, s, 4, 3, 5, 19400, cache_aware=True)
     inputs = np.array([r.input_tokens for r in trace])
     assert blind.p == pytest.approx(float(np.mean(inputs > 19400)))
-    assert aware.p < blind.p / 2             # most long prompts are cached follow-ups
+    assert aware.p < blind.p / 2  # most long prompts are cached follow-ups
     assert blind.egress_bps > aware.egress_bps
     assert blind.util_pdp is not None and aware.util_pdp is not None and blind.util_pdp < aware.util_pdp
 
@@ -96,7 +96,7 @@ def test_bursty_arrivals_wait_longer(trace: Trace) -> None:
     for c in calm[:3]:
         b = next(x for x in bursty if (x.n_p, x.n_d) == (c.n_p, c.n_d))
         assert b.ttft_mean_s > c.ttft_mean_s and b.ttft_free_s == c.ttft_free_s
-        assert b.lambda_max == c.lambda_max         # capacity does not depend on the arrivals
+        assert b.lambda_max == c.lambda_max  # capacity does not depend on the arrivals
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,17 +105,46 @@ def test_bursty_arrivals_wait_longer(trace: Trace) -> None:
 
 def _cand(**kw: Any) -> Candidate:
     base: dict[str, Any] = dict(
-        kind="homogeneous", base="b", n_prfaas=0, n_p=8, n_d=4, threshold=None, p=0.0, lambda_max=6.0,
-        theta_prfaas=None, theta_pdp=6.0, theta_pdd=7.0, bottleneck="pdp", rate=3.0, ttft_free_s=1.0,
-        ttft_mean_s=1.2, ttft_p90_s=2.0, util_prfaas=None, util_pdp=0.5, util_pdd=0.3, egress_bps=0.0,
-        egress_share=0.0, meets_slo=True, meets_slo_model=True)
+        kind="homogeneous",
+        base="b",
+        n_prfaas=0,
+        n_p=8,
+        n_d=4,
+        threshold=None,
+        p=0.0,
+        lambda_max=6.0,
+        theta_prfaas=None,
+        theta_pdp=6.0,
+        theta_pdd=7.0,
+        bottleneck="pdp",
+        rate=3.0,
+        ttft_free_s=1.0,
+        ttft_mean_s=1.2,
+        ttft_p90_s=2.0,
+        util_prfaas=None,
+        util_pdp=0.5,
+        util_pdd=0.3,
+        egress_bps=0.0,
+        egress_share=0.0,
+        meets_slo=True,
+        meets_slo_model=True,
+    )
     base.update(kw)
     return Candidate(**base)
 
 
 def _figs(**kw: Any) -> dict[str, Any]:
-    f: dict[str, Any] = {"ttft_mean_s": 1.0, "ttft_p90_s": 2.0, "tpot_p90_s": 0.025, "offload_share": 0.0,
-                         "egress_gbps": 0.0, "completed_rps": 3.0, "slo_attainment": 1.0, "requests": 100, "failed": 0}
+    f: dict[str, Any] = {
+        "ttft_mean_s": 1.0,
+        "ttft_p90_s": 2.0,
+        "tpot_p90_s": 0.025,
+        "offload_share": 0.0,
+        "egress_gbps": 0.0,
+        "completed_rps": 3.0,
+        "slo_attainment": 1.0,
+        "requests": 100,
+        "failed": 0,
+    }
     f.update(kw)
     return f
 
@@ -124,9 +153,14 @@ def _figs(**kw: Any) -> dict[str, Any]:
 def test_sim_verdict() -> None:
     s = _settings()
     assert sim_verdict(_figs(), s) == (True, None)
-    assert sim_verdict(_figs(tpot_p90_s=0.02524), s)[0]                  # within the summary's 1% slack
-    for figs, why in ((_figs(ttft_p90_s=10.2), "TTFT"), (_figs(tpot_p90_s=0.0256), "TPOT"),
-                      (_figs(failed=3), "3 of 100"), (_figs(ttft_p90_s=None), "TTFT"), ({"error": "x"}, "failed")):
+    assert sim_verdict(_figs(tpot_p90_s=0.02524), s)[0]  # within the summary's 1% slack
+    for figs, why in (
+        (_figs(ttft_p90_s=10.2), "TTFT"),
+        (_figs(tpot_p90_s=0.0256), "TPOT"),
+        (_figs(failed=3), "3 of 100"),
+        (_figs(ttft_p90_s=None), "TTFT"),
+        ({"error": "x"}, "failed"),
+    ):
         ok, reason = sim_verdict(figs, s)
         assert not ok and reason is not None and why in reason
     c = with_simulation(_cand(), _figs(ttft_p90_s=12.0), s)
@@ -145,7 +179,7 @@ def test_refined_key_ranks_by_the_simulation() -> None:
         assert ranked[0] is fast_sim or obj == "ttft-p90"
         assert set(ranked[2:]) == {failing, broken}
     bigger = with_simulation(_cand(lambda_max=7.0), _figs(ttft_mean_s=3.0), s)
-    assert refined_key(bigger, "lambda") < refined_key(fast_sim, "lambda")     # Λ_max first
+    assert refined_key(bigger, "lambda") < refined_key(fast_sim, "lambda")  # Λ_max first
     assert refined_key(fast_sim, "ttft") < refined_key(bigger, "ttft")
 
 
@@ -160,8 +194,11 @@ def test_simulate_rows_reports_failures_and_absence(tmp_path: Path) -> None:
             raise RuntimeError("no")
         return _figs()
 
-    rows = [(_cand(), tmp_path / "a.yaml", "a"), (_cand(n_p=7), tmp_path / "b.yaml", "bad"),
-            (_cand(), tmp_path / "a.yaml", "a")]
+    rows = [
+        (_cand(), tmp_path / "a.yaml", "a"),
+        (_cand(n_p=7), tmp_path / "b.yaml", "bad"),
+        (_cand(), tmp_path / "a.yaml", "a"),
+    ]
     done, why = simulate_rows(rows, tmp_path / "t.jsonl", sim, s)
     assert why is None and calls == ["a", "bad"] and done["a"].meets_slo and not done["bad"].meets_slo
     assert simulate_rows(rows, tmp_path / "t.jsonl", None, s) == ({}, "not verified by simulation (--no-sim)")
@@ -182,8 +219,9 @@ def test_refine_on_the_simulator(trace: Trace, tmp_path: Path) -> None:
     ap = argparse.ArgumentParser()
     plan_cmd.register(ap.add_subparsers())
     out = tmp_path / "plan"
-    args = ap.parse_args(["plan", "--trace", str(path), "--refine", "3", "--top", "2", "--out", str(out),
-                          "--objective", "ttft"])
+    args = ap.parse_args(
+        ["plan", "--trace", str(path), "--refine", "3", "--top", "2", "--out", str(out), "--objective", "ttft"]
+    )
     res = plan_cmd.run_plan(args)
     if not res["verified"]:
         pytest.skip(res["verification"])
@@ -200,7 +238,11 @@ def test_refine_on_the_simulator(trace: Trace, tmp_path: Path) -> None:
     for kind, k in res["kinds"].items():
         mine = [r for r in res["ranking"] if r["kind"] == kind and r["simulated"] is not None]
         best = min(mine, key=lambda r: (not r["meets_slo"], r["simulated"]["ttft_mean_s"], -r["lambda_max"]))
-        assert (k["best"]["n_p"], k["best"]["n_d"], k["best"]["threshold"]) == (best["n_p"], best["n_d"], best["threshold"])
+        assert (k["best"]["n_p"], k["best"]["n_d"], k["best"]["threshold"]) == (
+            best["n_p"],
+            best["n_d"],
+            best["threshold"],
+        )
         sim_mean = k["best"]["simulated"]["ttft_mean_s"]
         # Measured at seed 1: within 5% for every kind; the bound leaves room for other seeds.
         assert math.isfinite(k["best"]["ttft_mean_s"]) and abs(k["best"]["ttft_mean_s"] / sim_mean - 1) < 0.15

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from testbed.config.scenarios import load_scenario
 from testbed.core.routing.load_tracker import LoadTracker
 from testbed.core.routing.policy import CacheMove, RoutingRequest, get_policy
-from testbed.config.scenarios import load_scenario
 
 T = 19400
 
@@ -51,8 +51,12 @@ def test_abundant_rule_takes_the_longer_prefix_and_moves_it() -> None:
     assert d.cache_move == CacheMove("prfaas", "pd", 26000, 8192)
     assert d.decode_cached_tokens == 26000 and not d.crossed_wan
     # Under the scarce rule the same request would have gone to PrfaaS (30K - 8K > t).
-    assert get_policy("prfaas", cache_aware=True)(_view("scarce"), RoutingRequest("a", 30000,
-                                                  {"pd": 8192, "prfaas": 26000})).prefill_cluster == "prfaas"
+    assert (
+        get_policy("prfaas", cache_aware=True)(
+            _view("scarce"), RoutingRequest("a", 30000, {"pd": 8192, "prfaas": 26000})
+        ).prefill_cluster
+        == "prfaas"
+    )
     # The longer prefix in PD, l - l_prefix > t: PrfaaS, with PD's prefix moved over; PD-D keeps its own.
     d = pol(v, RoutingRequest("b", 60000, {"pd": 20000, "prfaas": 4096}))
     assert d.prefill_cluster == "prfaas" and d.cached_tokens == 20000
@@ -64,6 +68,7 @@ def test_abundant_rule_takes_the_longer_prefix_and_moves_it() -> None:
 
 @pytest.mark.pure
 def test_baselines_reuse_their_own_cluster_cache() -> None:
-    homo = get_policy("homogeneous")(LoadTracker(load_scenario("paper-homogeneous")).view(None),
-                                     RoutingRequest("x", 10000, {"pd": 4096}))
+    homo = get_policy("homogeneous")(
+        LoadTracker(load_scenario("paper-homogeneous")).view(None), RoutingRequest("x", 10000, {"pd": 4096})
+    )
     assert homo.cached_tokens == 4096 and homo.incremental_tokens == 5904

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from testbed.config.scenarios import ScenarioError, load_scenario
-from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.routing.load_aware import RouteCosts, candidates, load_aware, router_policy
 from testbed.core.routing.load_tracker import LoadTracker
 from testbed.core.routing.policy import CacheMove, RoutingRequest, View, get_policy
+from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import Scenario
-from testbed.sim import simulate
 from testbed.run.load import load
+from testbed.sim import simulate
 from testbed.traces.types import Trace, TraceRequest
 
 pytestmark = pytest.mark.pure
@@ -34,8 +34,9 @@ def _costs(sc: Scenario, gain: float | None = None) -> RouteCosts:
     return c if gain is None else RouteCosts(c.kv, c.prefill, c.intra, c.inter, gain)
 
 
-def _view(sc: Scenario, backlog: dict[str, float] | None = None, bandwidth: str = "scarce",
-          bps: float | None = None) -> View:
+def _view(
+    sc: Scenario, backlog: dict[str, float] | None = None, bandwidth: str = "scarce", bps: float | None = None
+) -> View:
     tr = LoadTracker(sc)
     for node, s in (backlog or {}).items():
         tr.prefill_backlog[node] = s
@@ -70,7 +71,7 @@ def test_the_margin_keeps_the_rule_unless_the_gain_exceeds_it() -> None:
     req = RoutingRequest("a", 12000, {"pd": 0, "prfaas": 0})
     cands = {c.cluster: c for c in candidates(_view(sc), req, _costs(sc))}
     gain = cands["pd"].ttft_s - cands["prfaas"].ttft_s
-    assert 0 < gain < 5                  # idle: H200 prefills 12K faster than H20, even with the KV shipped
+    assert 0 < gain < 5  # idle: H200 prefills 12K faster than H20, even with the KV shipped
     assert load_aware(_view(sc), req, _costs(sc, gain + 0.01)).prefill_cluster == "pd"
     d = load_aware(_view(sc), req, _costs(sc, gain - 0.01))
     assert d.prefill_cluster == "prfaas" and f"by {gain:.2f} s >" in d.reason
@@ -140,8 +141,10 @@ def test_in_the_simulator_a_burst_on_the_prefix_holder_spreads_to_the_idle_clust
     # One conversation's first turn, then a burst of follow-ups on its prefix: the paper's rules
     # queue them all on PD-P (each increment is short), load-aware sends some to PrfaaS.
     first = TraceRequest("t0", 0.0, 24576, 8, tuple(range(48)))
-    burst = [TraceRequest(f"t{i}", 20.0 + 0.05 * i, 28672, 8, tuple(range(48)) + tuple(range(1000 + 8 * i, 1008 + 8 * i)))
-             for i in range(1, 25)]
+    burst = [
+        TraceRequest(f"t{i}", 20.0 + 0.05 * i, 28672, 8, tuple(range(48)) + tuple(range(1000 + 8 * i, 1008 + 8 * i)))
+        for i in range(1, 25)
+    ]
     trace = Trace([first, *burst], "burst on a cached prefix")
     runs = {}
     for name in ("paper-prfaas-cache", "paper-prfaas-load-aware"):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.prefill_loop import Dropped, PrefillLoop, layer_ready
 from testbed.core.engine.prefill_queue import PrefillJob
+from testbed.core.fault_timeline import SlowDown
 
 pytestmark = pytest.mark.pure
 
@@ -23,7 +23,7 @@ def test_one_job_at_a_time_in_arrival_order() -> None:
     loop.submit(_job("b"), 0.1)
     a = loop.start_next(0.2)
     assert isinstance(a, PrefillJob) and a.request_id == "a" and loop.computing is a and a.started_at == 0.2
-    assert loop.start_next(0.3) is None          # the instance is held
+    assert loop.start_next(0.3) is None  # the instance is held
     assert loop.finish(1.2) is a and loop.completed == 1 and not loop.busy
     b = loop.start_next(1.2)
     assert isinstance(b, PrefillJob) and b.request_id == "b"
@@ -83,7 +83,7 @@ def test_giving_up_frees_what_the_job_held(state: str) -> None:
         loop.start_next(0.0)
         loop.finish(1.0)
     assert loop.abort(rid, 1.5) is Dropped(state)
-    assert loop.abort(rid, 1.5) is None          # not held any more
+    assert loop.abort(rid, 1.5) is None  # not held any more
     assert not loop.busy
     assert loop.blocked is None and loop.computing is None
 
@@ -94,9 +94,9 @@ def test_a_paused_instance_starts_nothing_and_resumes_where_it_was() -> None:
     loop.submit(_job("a", awaits_prefix=True), 0.0)
     assert loop.start_next(0.0) is None
     a = loop.resume(1.0)
-    assert a is loop.blocked                     # started on resume, still waiting for its prefix
+    assert a is loop.blocked  # started on resume, still waiting for its prefix
     loop.pause()
-    assert loop.prefix_arrived("a", 2.0) is None   # arrived while paused: computes on resume
+    assert loop.prefix_arrived("a", 2.0) is None  # arrived while paused: computes on resume
     assert loop.resume(3.0) is a and a.started_at == 3.0
 
 

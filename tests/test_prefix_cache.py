@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.core.routing.cache_book import CacheBook
+from testbed.config.scenarios import load_scenario
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.routing.cache_book import CacheBook
 from testbed.core.routing.policy import CacheMove, Decision
 from testbed.core.routing.prefix_cache import CacheIndex, HybridPrefixCache, Match, _Entry
-from testbed.config.scenarios import load_scenario
 
-B = 4          # tokens per block: small numbers keep the arithmetic readable
-BLOCK = 10     # bytes per full-attention block
-STATE = 25     # bytes per linear state
+B = 4  # tokens per block: small numbers keep the arithmetic readable
+BLOCK = 10  # bytes per full-attention block
+STATE = 25  # bytes per linear state
 
 
 def pool(capacity: int, state: int = STATE, block: int = BLOCK) -> HybridPrefixCache:
@@ -25,11 +25,11 @@ def pool(capacity: int, state: int = STATE, block: int = BLOCK) -> HybridPrefixC
 
 @pytest.mark.pure
 def test_partial_prefix_match_walks_leading_blocks_only() -> None:
-    p = pool(1000, state=0)                       # no linear layers: full blocks alone decide
-    p.insert([1, 2, 3, 4], 16)                    # four full blocks
+    p = pool(1000, state=0)  # no linear layers: full blocks alone decide
+    p.insert([1, 2, 3, 4], 16)  # four full blocks
     assert p.match([1, 2, 3, 4, 5], 20) == Match(16, 16)
-    assert p.match([1, 2, 9, 4], 20) == Match(8, 8)         # a different block 2 ends the match
-    assert p.match([7, 2, 3, 4], 20) == Match(0, 0)         # nothing without the root
+    assert p.match([1, 2, 9, 4], 20) == Match(8, 8)  # a different block 2 ends the match
+    assert p.match([7, 2, 3, 4], 20) == Match(0, 0)  # nothing without the root
     # One token is always left to compute: a prompt equal to the cached one reuses all but its last block.
     assert p.match([1, 2, 3, 4], 16) == Match(12, 12)
     # Positions matter: block 2 at position 0 is another block.
@@ -39,7 +39,7 @@ def test_partial_prefix_match_walks_leading_blocks_only() -> None:
 @pytest.mark.pure
 def test_partial_last_block_is_never_cached() -> None:
     p = pool(1000, state=0)
-    p.insert([1, 2, 3], 10)                       # 2 full blocks + 2 tokens of block 3
+    p.insert([1, 2, 3], 10)  # 2 full blocks + 2 tokens of block 3
     assert p.match([1, 2, 3, 4], 16).full_tokens == 8
     assert not p.holds(("b", 2, 3))
 
@@ -47,7 +47,7 @@ def test_partial_last_block_is_never_cached() -> None:
 @pytest.mark.pure
 def test_linear_state_only_reused_at_its_own_length() -> None:
     p = pool(1000)
-    p.insert([1, 2, 3], 12)                       # blocks 0..2 and a state at 12 tokens
+    p.insert([1, 2, 3], 12)  # blocks 0..2 and a state at 12 tokens
     assert p.state_lengths() == [12]
     # A longer prompt sharing all three blocks resumes from the state at exactly 12.
     assert p.match([1, 2, 3, 4, 5], 20) == Match(12, 12)
@@ -71,8 +71,8 @@ def test_lru_eviction_takes_the_least_recently_used_prefix_leaf_first() -> None:
     p = pool(90)
     p.insert([1, 2], 8)
     p.insert([5, 6], 8)
-    p.touch([1, 2], 8)                            # [1, 2] is now the more recent
-    p.insert([7, 8], 8)                           # needs 45 bytes: evicts all of [5, 6]
+    p.touch([1, 2], 8)  # [1, 2] is now the more recent
+    p.insert([7, 8], 8)  # needs 45 bytes: evicts all of [5, 6]
     p.check()
     assert p.match([1, 2, 0], 12).tokens == 8
     assert p.match([7, 8, 0], 12).tokens == 8
@@ -82,10 +82,10 @@ def test_lru_eviction_takes_the_least_recently_used_prefix_leaf_first() -> None:
     # then its deepest block, before its root.
     q = pool(45 + 10)
     q.insert([1, 2], 8)
-    q.insert([3], 4)                              # the block fits; its state (25) evicts [1, 2]'s state
+    q.insert([3], 4)  # the block fits; its state (25) evicts [1, 2]'s state
     q.check()
     assert q.holds(("b", 0, 1)) and q.holds(("b", 1, 2)) and not q.holds(("s", 2, 2))
-    assert q.hold("x", 10)                        # 10 bytes more: the deeper block (1, 2) goes, the root stays
+    assert q.hold("x", 10)  # 10 bytes more: the deeper block (1, 2) goes, the root stays
     q.check()
     assert q.holds(("b", 0, 1)) and not q.holds(("b", 1, 2))
 
@@ -96,9 +96,9 @@ def test_pinned_entries_and_transfer_holds_are_not_evicted() -> None:
     p.insert([1, 2], 8)
     p.pin("r1:read", [1, 2], 8)
     assert p.pinned_bytes == 45
-    assert p.hold("r2:xfer", 40)                  # fits beside the pinned prefix (45 + 40 <= 90)
-    assert not p.hold("r3:xfer", 10)              # 95 > 90 and nothing is evictable
-    p.insert([3, 4], 8)                           # cannot fit: refused, nothing pinned evicted
+    assert p.hold("r2:xfer", 40)  # fits beside the pinned prefix (45 + 40 <= 90)
+    assert not p.hold("r3:xfer", 10)  # 95 > 90 and nothing is evictable
+    p.insert([3, 4], 8)  # cannot fit: refused, nothing pinned evicted
     p.check()
     assert p.match([1, 2, 0], 12).tokens == 8 and p.match([3, 4, 0], 12).tokens == 0
     assert p.stats.refused_bytes > 0
@@ -126,7 +126,7 @@ def test_pool_sizes_follow_the_model() -> None:
     p = HybridPrefixCache.for_model(kv, 512, 1 << 40)
     assert p.block_bytes == round(17143 * 512) and p.state_bytes == 180355072
     dense = HybridPrefixCache.for_model(KVModel.from_spec(load_scenario("paper-prfaas-dense").model), 512, 1 << 40)
-    assert dense.state_bytes == 0        # no linear layers: full blocks alone decide the match
+    assert dense.state_bytes == 0  # no linear layers: full blocks alone decide the match
     dense.insert(list(range(4)), 2048)
     assert dense.match(list(range(5)), 2600).tokens == 2048
 
@@ -145,8 +145,14 @@ OPS = st.lists(
 
 
 # Six conversation-like prefixes over a small hash space, sharing roots.
-PREFIXES = [[1, 2, 3, 4, 5, 6], [1, 2, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16],
-            [1, 2, 3, 17, 18, 19], [20, 21, 22, 23, 24, 25], [11, 12, 26, 27, 28, 29]]
+PREFIXES = [
+    [1, 2, 3, 4, 5, 6],
+    [1, 2, 7, 8, 9, 10],
+    [11, 12, 13, 14, 15, 16],
+    [1, 2, 3, 17, 18, 19],
+    [20, 21, 22, 23, 24, 25],
+    [11, 12, 26, 27, 28, 29],
+]
 
 
 def _apply(p: HybridPrefixCache, op: str, ids: list[int], owner: str, n: int) -> None:
@@ -221,15 +227,15 @@ class _BlockByBlock(HybridPrefixCache):
 
 @pytest.mark.pure
 @settings(max_examples=400, deadline=None)
-@given(capacity=st.integers(0, 200), ops=OPS, state=st.sampled_from([0, 7, 25]),
-       orphans=st.booleans())
-def test_insert_evicts_exactly_as_block_by_block(capacity: int, ops: list[tuple[str, int, int]], state: int,
-                                                 orphans: bool) -> None:
+@given(capacity=st.integers(0, 200), ops=OPS, state=st.sampled_from([0, 7, 25]), orphans=st.booleans())
+def test_insert_evicts_exactly_as_block_by_block(
+    capacity: int, ops: list[tuple[str, int, int]], state: int, orphans: bool
+) -> None:
     """However full and pinned the pool, an insert leaves the same entries in the same order,
     with the same figures, as making room one block at a time."""
     fast, plain = pool(capacity, state=state), _BlockByBlock(capacity, B, BLOCK, state)
     prefixes = list(PREFIXES)
-    if orphans:         # deep blocks cached without their roots, as evictions leave them
+    if orphans:  # deep blocks cached without their roots, as evictions leave them
         prefixes[3] = [30, 2, 3, 4, 5, 6]
     for op, k, n in ops:
         for p in (fast, plain):
@@ -240,10 +246,12 @@ def test_insert_evicts_exactly_as_block_by_block(capacity: int, ops: list[tuple[
         assert fast.pinned_bytes == plain.pinned_bytes
 
 
-def _decision(prefill: str, decode: str, cached: int, crossed: bool, move: CacheMove | None = None,
-              dec_cached: int = 0) -> Decision:
-    return Decision(prefill, f"{prefill}-p0", decode, f"{decode}-d0", cached, 100, crossed, 19400.0, "",
-                    dec_cached, move)
+def _decision(
+    prefill: str, decode: str, cached: int, crossed: bool, move: CacheMove | None = None, dec_cached: int = 0
+) -> Decision:
+    return Decision(
+        prefill, f"{prefill}-p0", decode, f"{decode}-d0", cached, 100, crossed, 19400.0, "", dec_cached, move
+    )
 
 
 @pytest.mark.pure
@@ -259,7 +267,7 @@ def test_book_follows_a_request_through_both_pools() -> None:
     assert pd.used_bytes == 0
     book.kv_complete("r1", ids, 12, d)
     assert pf.pinned_bytes == 0 and pf.used_bytes == 3 * BLOCK + STATE
-    assert pd.match([1, 2, 3, 4], 16).tokens == 12          # the decode cluster's pool has it too
+    assert pd.match([1, 2, 3, 4], 16).tokens == 12  # the decode cluster's pool has it too
     book.finished("r1", d)
     pf.check()
     pd.check()

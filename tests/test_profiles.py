@@ -24,14 +24,16 @@ from testbed.config.scenarios import (
     profile_sources,
 )
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
 from testbed.hardware import aiconfigurator as aic
-from testbed.model.analytical import prefill_seconds
-from testbed.hardware.calibrate import (CalibrationError, PrefillPoint, fit_prefill_polynomial, fit_prefill_table,
-                                        split_overhead)
-from testbed.model.feasibility import compare_sources, compute_map, load_deployments
-from testbed.model.paper_bandwidth import TABLE3_GBPS
+from testbed.hardware.calibrate import (
+    CalibrationError,
+    PrefillPoint,
+    fit_prefill_polynomial,
+    fit_prefill_table,
+    split_overhead,
+)
 from testbed.hardware.profile_sample import (
     SampleError,
     SampleSettings,
@@ -41,6 +43,9 @@ from testbed.hardware.profile_sample import (
     sample_profile,
     start_knots,
 )
+from testbed.model.analytical import prefill_seconds
+from testbed.model.feasibility import compare_sources, compute_map, load_deployments
+from testbed.model.paper_bandwidth import TABLE3_GBPS
 from testbed.studies.feasibility.feasibility_report import source_lines, source_rows
 
 pytestmark = pytest.mark.pure
@@ -60,8 +65,9 @@ def _rc(argv: list[str]) -> int:
 
 
 def test_every_term_of_the_prefill_model() -> None:
-    spec = TablePrefill(kind="table", points=[(1000, 0.1), (3000, 0.5)], overhead_s=0.25, cached_token_s=1e-6,
-                        cached_attention_s=2e-10)
+    spec = TablePrefill(
+        kind="table", points=[(1000, 0.1), (3000, 0.5)], overhead_s=0.25, cached_token_s=1e-6, cached_attention_s=2e-10
+    )
     t = PrefillTime.from_spec(spec)
     assert t.length_time(2000) == pytest.approx(0.3)
     assert t.uncached_time(2000) == pytest.approx(0.55)
@@ -76,8 +82,10 @@ def test_every_term_of_the_prefill_model() -> None:
 
 
 def test_the_vectorised_curve_includes_the_overhead() -> None:
-    for spec in (TablePrefill(kind="table", points=[(1024, 0.04), (8192, 0.32)], overhead_s=0.4),
-                 PolynomialPrefill(kind="polynomial", coefficients=[0.0, 1.3e-4, 3e-10], overhead_s=0.47)):
+    for spec in (
+        TablePrefill(kind="table", points=[(1024, 0.04), (8192, 0.32)], overhead_s=0.4),
+        PolynomialPrefill(kind="polynomial", coefficients=[0.0, 1.3e-4, 3e-10], overhead_s=0.47),
+    ):
         t = PrefillTime.from_spec(spec)
         v = np.array([1.0, 500.0, 4096.0, 50000.0])
         assert prefill_seconds(t, v) == pytest.approx([t.uncached_time(x) for x in v])
@@ -106,10 +114,18 @@ def _profile(tmp_path: Path, prefill: dict[str, object], provenance: dict[str, o
 
 
 def test_provenance_is_read_back_with_its_fields(tmp_path: Path) -> None:
-    prov = {"source": "aiconfigurator", "tool": "aiconfigurator-core 0.12.0", "system": "h200_sxm",
-            "backend": "sglang", "backend_version": "0.5.14", "database_mode": "SILICON",
-            "parallel": {"tp": 8, "moe_ep": 8}, "quantization": {"kv_cache": "bfloat16"},
-            "fit": {"prefill_points": 12, "cached_max_rel_error": 0.04}, "notes": ["a note"]}
+    prov = {
+        "source": "aiconfigurator",
+        "tool": "aiconfigurator-core 0.12.0",
+        "system": "h200_sxm",
+        "backend": "sglang",
+        "backend_version": "0.5.14",
+        "database_mode": "SILICON",
+        "parallel": {"tp": 8, "moe_ep": 8},
+        "quantization": {"kv_cache": "bfloat16"},
+        "fit": {"prefill_points": 12, "cached_max_rel_error": 0.04},
+        "notes": ["a note"],
+    }
     f = _profile(tmp_path, {"kind": "table", "points": [[1, 0.01], [2, 0.02]]}, prov)
     p = load_model_profile(f).hardware["h200"].provenance
     assert p is not None and p.source == "aiconfigurator" and p.parallel == {"tp": 8, "moe_ep": 8}
@@ -124,8 +140,9 @@ def test_provenance_is_read_back_with_its_fields(tmp_path: Path) -> None:
     ({"kind": "table", "points": [[1, 0.01], [2, 0.02]]}, {"source": "x", "version": "1"}, "version"),
     ({"kind": "table", "points": [[1, 0.01], [2, 0.02]]}, {"source": "x", "parallel": {"tp": "eight"}}, "parallel"),
 ])  # fmt: skip
-def test_bad_terms_and_provenance_name_the_file_and_field(tmp_path: Path, prefill: dict[str, object],
-                                                          provenance: dict[str, object] | None, field: str) -> None:
+def test_bad_terms_and_provenance_name_the_file_and_field(
+    tmp_path: Path, prefill: dict[str, object], provenance: dict[str, object] | None, field: str
+) -> None:
     f = _profile(tmp_path, prefill, provenance)
     with pytest.raises(ScenarioError) as e:
         load_model_profile(f)
@@ -198,13 +215,16 @@ def test_a_known_overhead_is_kept_and_the_curve_fits_the_rest() -> None:
     assert fit.train.max_abs < 1e-9
     tab = fit_prefill_table(pts, 8, 0, overhead=0.3)
     assert tab.spec.overhead_s == 0.3 and all(y > 0 for _, y in tab.spec.points)
-    with pytest.raises(CalibrationError, match=r"a measured prefill of 0\.3201 s is not above the fixed overhead of 0\.5 s"):
+    with pytest.raises(
+        CalibrationError, match=r"a measured prefill of 0\.3201 s is not above the fixed overhead of 0\.5 s"
+    ):
         fit_prefill_table(pts, 8, 0, overhead=0.5)
 
 
 def test_the_cached_attention_term_is_fitted_when_it_is_there() -> None:
-    true = PrefillTime.from_spec(PolynomialPrefill(kind="polynomial", coefficients=[0.0, 2e-5], overhead_s=0.1,
-                                                   cached_attention_s=3e-10))
+    true = PrefillTime.from_spec(
+        PolynomialPrefill(kind="polynomial", coefficients=[0.0, 2e-5], overhead_s=0.1, cached_attention_s=3e-10)
+    )
     pts = [PrefillPoint(float(u), float(c), true(u, c)) for u in (1000, 4000, 16000, 64000) for c in (0, 2048, 32768)]
     fit = fit_prefill_polynomial(pts, 1, 0)
     assert fit.spec.cached_attention_s == pytest.approx(3e-10, rel=1e-6)
@@ -256,8 +276,8 @@ def test_the_table_follows_the_source_between_its_points() -> None:
     src = Closed()
     pts, scores = prefill_table(lambda x: src.prefill_s(x, 0), 1, 131072, 0.005, 200)
     xs = [x for x, _ in pts]
-    assert xs[0] == 1 and xs[-1] == 131072 and {2048, 2049} <= set(xs)     # the step is a knot pair
-    assert all(y == src.prefill_s(x, 0) for x, y in pts)                   # the source's own times
+    assert xs[0] == 1 and xs[-1] == 131072 and {2048, 2049} <= set(xs)  # the step is a knot pair
+    assert all(y == src.prefill_s(x, 0) for x, y in pts)  # the source's own times
     t = PrefillTime(tuple(float(x) for x in xs), tuple(y for _, y in pts), (), 0.0)
     probe = np.unique(np.round(np.geomspace(1, 131072, 2000)).astype(int))
     worst = max(abs(t.length_time(float(x)) / src.prefill_s(int(x), 0) - 1) for x in probe)
@@ -273,9 +293,13 @@ def test_the_sampled_profile_recovers_the_closed_forms() -> None:
     s = sample_profile(Closed(), _kv(), SampleSettings(overhead_s=0.05))
     pre = s.prefill
     assert pre.overhead_s == 0.05
-    assert pre.cached_attention_s == pytest.approx(3e-10, rel=1e-3) and pre.cached_token_s == pytest.approx(0, abs=1e-12)
+    assert pre.cached_attention_s == pytest.approx(3e-10, rel=1e-3) and pre.cached_token_s == pytest.approx(
+        0, abs=1e-12
+    )
     d = s.decode
-    assert (d.base_s, d.per_seq_s, d.per_context_token_s) == pytest.approx((Closed.base, Closed.per_seq, Closed.per_ctx))
+    assert (d.base_s, d.per_seq_s, d.per_context_token_s) == pytest.approx(
+        (Closed.base, Closed.per_seq, Closed.per_ctx)
+    )
     # BS_max: the largest batch whose step at 28K tokens a sequence meets 25 ms.
     step = Closed().decode_step_s
     assert step(d.bs_max, 28672) <= 0.025 < step(d.bs_max + 1, 28672)
@@ -309,6 +333,7 @@ def test_a_source_answering_nonsense_is_refused() -> None:
     class Bad(Closed):
         def prefill_s(self, uncached: int, cached: int) -> float:
             return math.nan if uncached == 64 else super().prefill_s(uncached, cached)
+
     with pytest.raises(SampleError, match="the source gave nan s for a prefill of 64 tokens"):
         sample_profile(Bad(), _kv(), SampleSettings())
 
@@ -384,6 +409,7 @@ def test_requests_it_cannot_have_are_refused_before_compiling(req: aic.EngineReq
 def test_a_missing_extra_is_one_line_naming_the_install() -> None:
     def importer(name: str) -> ModuleType:
         raise ModuleNotFoundError(f"No module named {name!r}")
+
     with pytest.raises(aic.AiconfiguratorError) as e:
         aic.require(importer)
     msg = str(e.value)
@@ -420,7 +446,7 @@ def test_bandwidth_json_has_every_source(capsys: pytest.CaptureFixture[str]) -> 
     out = json.loads(capsys.readouterr().out)
     assert out["source"] == "paper" and set(out["sources"]) == {"paper", "aiconfigurator"}
     aic_rows = {(r["model"], r["tokens"]): r for r in out["sources"]["aiconfigurator"]["phi"]}
-    assert set(aic_rows) == {("minimax-m2.5", n) for n in (1024, 8192, 32768, 131072)}     # no Ring there
+    assert set(aic_rows) == {("minimax-m2.5", n) for n in (1024, 8192, 32768, 131072)}  # no Ring there
     prof = load_model_profile("minimax-m2.5", "aiconfigurator")
     t = PrefillTime.from_spec(prof.hardware["h200"].prefill)
     r = aic_rows[("minimax-m2.5", 32768)]
@@ -435,7 +461,7 @@ def test_bandwidth_table_puts_the_sources_in_columns(capsys: pytest.CaptureFixtu
     text = capsys.readouterr().out
     for needle in ("T s", "paper", "aic", "Fixed time per prefill", "overhead_s", "32K", "aic/paper", "0.357"):
         assert needle in text, needle
-    assert "…" not in text      # nothing cut when the output is not a terminal
+    assert "…" not in text  # nothing cut when the output is not a terminal
     assert main(["model", "--bandwidth", "--model", "qwen3-235b", "--source", "paper"]) == 0
     assert "aic" not in capsys.readouterr().out
 
@@ -449,12 +475,16 @@ def test_feasibility_compares_the_sources_by_the_model() -> None:
     assert paper is not None and kernels is not None and sm.point("aiconfigurator", "ring-2.5-1t", 100, 30) is None
     # Without the fixed 0.4 s per prefill short requests cost little locally: the best threshold rises.
     assert kernels.threshold > paper.threshold
-    direct = compute_map([load_deployments("minimax-m2.5", source="aiconfigurator")], [100.0], [30.0],
-                         with_break_even=False)
+    direct = compute_map(
+        [load_deployments("minimax-m2.5", source="aiconfigurator")], [100.0], [30.0], with_break_even=False
+    )
     assert kernels.lambda_max == direct.points[0].lambda_max
     csv_rows = source_rows(sm)
-    assert {(r["model"], r["source"]) for r in csv_rows} == {("minimax-m2.5", "paper"), ("ring-2.5-1t", "paper"),
-                                                            ("minimax-m2.5", "aiconfigurator")}
+    assert {(r["model"], r["source"]) for r in csv_rows} == {
+        ("minimax-m2.5", "paper"),
+        ("ring-2.5-1t", "paper"),
+        ("minimax-m2.5", "aiconfigurator"),
+    }
     text = "\n".join(source_lines(sm, 100.0))
     assert "## Profile sources side by side" in text and "| MiniMax-M2.5 | aic | 0.007 |" in text
     # One source: nothing to put side by side.

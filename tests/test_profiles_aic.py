@@ -17,8 +17,10 @@ from testbed.hardware import aiconfigurator as aic
 
 pytestmark = pytest.mark.profiles
 
-pytest.importorskip("aiconfigurator_core", reason="aiconfigurator-core is not installed (the profiles extra: "
-                                                  "pip install 'prfaas-testbed[profiles]')")
+pytest.importorskip(
+    "aiconfigurator_core",
+    reason="aiconfigurator-core is not installed (the profiles extra: pip install 'prfaas-testbed[profiles]')",
+)
 from aiconfigurator_core.sdk.engine import EngineHandle  # noqa: E402
 
 MODEL = "MiniMaxAI/MiniMax-M2.5"
@@ -35,8 +37,26 @@ def direct() -> Any:
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("aic") / "minimax.yaml"
-    assert main(["profile", "--aiconfigurator", "minimax-m2.5", "--system", "h200_sxm", "--backend", "sglang",
-                 "--tp", "8", "--ep", "8", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--aiconfigurator",
+                "minimax-m2.5",
+                "--system",
+                "h200_sxm",
+                "--backend",
+                "sglang",
+                "--tp",
+                "8",
+                "--ep",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -47,7 +67,7 @@ def test_the_written_profile_follows_direct_calls_within_one_percent(written: Pa
     lengths = np.unique(np.round(np.geomspace(1, 131072, 600)).astype(int))
     errors = [t(int(n)) / (direct.predict_prefill_latency(bs=1, isl=int(n), prefix=0) / 1e3) - 1 for n in lengths]
     assert max(abs(e) for e in errors) < 0.01, max(errors, key=abs)
-    for n in (1024, 8192, 32768, 131072):        # Table 3's lengths: points of the table
+    for n in (1024, 8192, 32768, 131072):  # Table 3's lengths: points of the table
         assert t(n) == pytest.approx(direct.predict_prefill_latency(bs=1, isl=n, prefix=0) / 1e3, rel=1e-5)
     # Decode and the cached prefix are fitted terms: the file states how closely they follow the
     # source, and the statement is what direct calls give.
@@ -55,11 +75,17 @@ def test_the_written_profile_follows_direct_calls_within_one_percent(written: Pa
     assert prov is not None
     step = DecodeStepTime.from_spec(hw.decode) if hw.decode is not None else None
     assert step is not None
-    dec = [step(b, b * c) / (direct.predict_decode_latency(bs=b, isl=c, osl=2) / 1e3) - 1
-           for b in (1, 8, 16, 32, hw.decode.bs_max) for c in (1024, 16384, 131072)]
+    dec = [
+        step(b, b * c) / (direct.predict_decode_latency(bs=b, isl=c, osl=2) / 1e3) - 1
+        for b in (1, 8, 16, 32, hw.decode.bs_max)
+        for c in (1024, 16384, 131072)
+    ]
     assert max(abs(e) for e in dec) <= float(prov.fit["decode_max_rel_error"]) * 1.01 + 1e-4
-    cached = [t(u, c) / (direct.predict_prefill_latency(bs=1, isl=u + c, prefix=c) / 1e3) - 1
-              for u in (1024, 16384) for c in (2048, 32768)]
+    cached = [
+        t(u, c) / (direct.predict_prefill_latency(bs=1, isl=u + c, prefix=c) / 1e3) - 1
+        for u in (1024, 16384)
+        for c in (2048, 32768)
+    ]
     assert max(abs(e) for e in cached) <= float(prov.fit["cached_max_rel_error"]) * 1.01 + 1e-4
     # BS_max meets the TPOT target by the source's own step time.
     assert direct.predict_decode_latency(bs=hw.decode.bs_max, isl=28672, osl=2) / 1e3 <= 0.025
@@ -70,22 +96,25 @@ def test_provenance_says_what_was_compiled(written: Path) -> None:
     assert prov is not None and prov.source == "aiconfigurator"
     assert prov.tool == f"aiconfigurator-core {importlib.metadata.version('aiconfigurator-core')}"
     assert (prov.model, prov.system, prov.backend, prov.database_mode) == (MODEL, "h200_sxm", "sglang", "SILICON")
-    assert prov.backend_version and prov.backend_version[0].isdigit()        # the literal version, not "current"
+    assert prov.backend_version and prov.backend_version[0].isdigit()  # the literal version, not "current"
     assert prov.parallel == {"tp": 8, "pp": 1, "moe_tp": 1, "moe_ep": 8, "attention_dp": 1}
     assert prov.quantization["kv_cache"] == "bfloat16" and prov.quantization["weights"]
 
 
 def test_the_engine_answers_as_the_package_entry_point(direct: Any) -> None:
-    pred = aic.compile_engine(aic.EngineRequest(MODEL, "h200_sxm", "sglang",
-                                                quant={"kvcache": "bfloat16", "fmha": "bfloat16"}))
+    pred = aic.compile_engine(
+        aic.EngineRequest(MODEL, "h200_sxm", "sglang", quant={"kvcache": "bfloat16", "fmha": "bfloat16"})
+    )
     for n, c in ((100, 0), (5000, 0), (70000, 0), (4096, 8192)):
         assert pred.prefill_s(n, c) == direct.predict_prefill_latency(bs=1, isl=n + c, prefix=c) / 1e3
     for b, c in ((1, 1024), (20, 28672), (64, 131072)):
         assert pred.decode_step_s(b, c) == direct.predict_decode_latency(bs=b, isl=c, osl=2) / 1e3
 
 
-@pytest.mark.skipif(importlib.metadata.version("aiconfigurator-core") != "0.12.0",
-                    reason="the shipped profiles were written with aiconfigurator-core 0.12.0")
+@pytest.mark.skipif(
+    importlib.metadata.version("aiconfigurator-core") != "0.12.0",
+    reason="the shipped profiles were written with aiconfigurator-core 0.12.0",
+)
 def test_the_shipped_profile_is_what_the_command_writes(written: Path) -> None:
     shipped = PROFILE_SOURCES["aiconfigurator"] / "minimax-m2.5.yaml"
     strip = lambda text: [ln for ln in text.splitlines() if not ln.startswith("# note: aiconfigurator-core:")]  # noqa: E731

@@ -35,6 +35,5 @@ def test_every_service_is_a_labelled_target(tmp_path: Path) -> None:
 def test_prometheus_is_refused_in_one_line_where_it_cannot_run() -> None:
     assert unavailable("local", "/usr/bin/prometheus") is None
     assert unavailable("inproc", "/usr/bin/prometheus") is None
-    for why in (unavailable("local", None), unavailable("compose", "/usr/bin/prometheus"),
-                unavailable("sim", None)):
+    for why in (unavailable("local", None), unavailable("compose", "/usr/bin/prometheus"), unavailable("sim", None)):
         assert why is not None and why.startswith("--prometheus: ") and "\n" not in why

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from replay_exit import RAN
 
 from testbed.cli import build_parser, main
@@ -40,8 +39,9 @@ def _toy(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, host
 def toy() -> Iterator[BackendEntry]:
     """Every service in this process under a new name: node faults declared, no hold."""
     made.clear()
-    entry = registry.register(BackendEntry(TOY, "a toy: every service in this process",
-                                           Capabilities(node_faults=True), _toy))
+    entry = registry.register(
+        BackendEntry(TOY, "a toy: every service in this process", Capabilities(node_faults=True), _toy)
+    )
     yield entry
     registry.unregister(TOY)
 
@@ -86,8 +86,9 @@ def test_auto_is_the_first_candidate_that_can_run(toy: BackendEntry) -> None:
     registry.register(BackendEntry(TOY, "a toy", Capabilities(), _toy, auto_rank=-1, unavailable=lambda: None))
     assert registry.pick_backend("auto") == (TOY, None)
     registry.unregister(TOY)
-    registry.register(BackendEntry(TOY, "a toy", Capabilities(), _toy, auto_rank=-1,
-                                   unavailable=lambda: "no toy box here"))
+    registry.register(
+        BackendEntry(TOY, "a toy", Capabilities(), _toy, auto_rank=-1, unavailable=lambda: "no toy box here")
+    )
     name, warning = registry.pick_backend("auto")
     assert name != TOY and (warning is None or warning.startswith("no toy box here"))
     with pytest.raises(ValueError, match="registered already"):
@@ -95,17 +96,31 @@ def test_auto_is_the_first_candidate_that_can_run(toy: BackendEntry) -> None:
 
 
 @pytest.mark.pure
-@pytest.mark.parametrize("scenario,overrides,backend,field,able", [
-    ("scenarios/faults/decode-kill.yaml", {}, "inproc", "faults[0].kind='kill'", "netns, compose, local, sim, toy"),
-    ("scenarios/faults/wan-outage-resets.yaml", {}, "local", "faults[0].kind='outage'", "netns, compose, sim"),
-    ("scenarios/faults/wan-outage-resets.yaml", {}, TOY, "faults[0].kind='outage'", "netns, compose, sim"),
-    ("paper-prfaas", {"links": {"inter_dc": "cross-region-100g-halving"}}, "local",
-     "links.inter_dc='cross-region-100g-halving'", "netns, sim"),
-    ("paper-prfaas", {"links": {"inter_dc": "cross-region-100g-halving"}}, "compose",
-     "links.inter_dc='cross-region-100g-halving'", "netns, sim"),
-])
+@pytest.mark.parametrize(
+    "scenario,overrides,backend,field,able",
+    [
+        ("scenarios/faults/decode-kill.yaml", {}, "inproc", "faults[0].kind='kill'", "netns, compose, local, sim, toy"),
+        ("scenarios/faults/wan-outage-resets.yaml", {}, "local", "faults[0].kind='outage'", "netns, compose, sim"),
+        ("scenarios/faults/wan-outage-resets.yaml", {}, TOY, "faults[0].kind='outage'", "netns, compose, sim"),
+        (
+            "paper-prfaas",
+            {"links": {"inter_dc": "cross-region-100g-halving"}},
+            "local",
+            "links.inter_dc='cross-region-100g-halving'",
+            "netns, sim",
+        ),
+        (
+            "paper-prfaas",
+            {"links": {"inter_dc": "cross-region-100g-halving"}},
+            "compose",
+            "links.inter_dc='cross-region-100g-halving'",
+            "netns, sim",
+        ),
+    ],
+)
 def test_a_request_the_backend_cannot_honour_names_the_field_and_the_backends_that_can(
-        scenario: str, overrides: dict[str, Any], backend: str, field: str, able: str, toy: BackendEntry) -> None:
+    scenario: str, overrides: dict[str, Any], backend: str, field: str, able: str, toy: BackendEntry
+) -> None:
     rs = load(scenario, overrides)
     with pytest.raises(UserError) as e:
         registry.refuse_unhonoured(backend, [rs])
@@ -141,24 +156,56 @@ def test_the_runner_refuses_before_any_service_starts(tmp_path: Path, toy: Backe
 
 
 @pytest.mark.pure
-def test_replay_refuses_a_comparison_before_its_first_scenario(tmp_path: Path, toy: BackendEntry,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["replay", "--backend", TOY, "--requests", "2", "--compare", "paper-prfaas",
-               "scenarios/faults/wan-outage-resets.yaml", "--out", str(tmp_path / "out")])
+def test_replay_refuses_a_comparison_before_its_first_scenario(
+    tmp_path: Path, toy: BackendEntry, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(
+        [
+            "replay",
+            "--backend",
+            TOY,
+            "--requests",
+            "2",
+            "--compare",
+            "paper-prfaas",
+            "scenarios/faults/wan-outage-resets.yaml",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.splitlines() == [
         "error: scenario 'faults-wan-outage-resets': faults[0].kind='outage' asks for a link fault, which the toy "
-        "backend cannot honour; backends that can: netns, compose, sim"], err
+        "backend cannot honour; backends that can: netns, compose, sim"
+    ], err
     assert made == [] and not (tmp_path / "out").exists()
 
 
 @pytest.mark.app
-def test_a_registered_backend_replays_through_the_cli(tmp_path: Path, toy: BackendEntry,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_registered_backend_replays_through_the_cli(
+    tmp_path: Path, toy: BackendEntry, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "run"
-    rc = main(["replay", "--scenario", "paper-prfaas", "--backend", TOY, "--requests", "6",
-               "--set", "scale.speedup=40", "--set", "workload.output_tokens=16", "--set", "serving.stream_interval=4",
-               "--out", str(out), "--json"])
+    rc = main(
+        [
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--backend",
+            TOY,
+            "--requests",
+            "6",
+            "--set",
+            "scale.speedup=40",
+            "--set",
+            "workload.output_tokens=16",
+            "--set",
+            "serving.stream_interval=4",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     printed, err = capsys.readouterr()
     assert rc in RAN, err
     assert made == [out]
@@ -166,6 +213,7 @@ def test_a_registered_backend_replays_through_the_cli(tmp_path: Path, toy: Backe
     assert summary["requests"]["total"] == 6 and summary["requests"]["completed"] == 6
     assert json.loads((out / "run.json").read_text())["backend"] == TOY
     from testbed.metrics.records import read_records
+
     recs = read_records(out / "records.csv")
     assert len(recs) == 6 and all(r.outcome == "completed" for r in recs)
 
@@ -175,13 +223,17 @@ def _no_toy_box() -> None:
 
 
 @pytest.mark.pure
-@pytest.mark.parametrize("argv", [
-    ["replay", "--scenario", "paper-prfaas"],
-    ["capacity", "--scenario", "paper-prfaas"],
-    ["sweep", "--scenario", "paper-prfaas", "--param", "scale.speedup=2"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "--scenario", "paper-prfaas"],
+        ["capacity", "--scenario", "paper-prfaas"],
+        ["sweep", "--scenario", "paper-prfaas", "--param", "scale.speedup=2"],
+    ],
+)
 def test_a_backends_host_check_is_its_entrys_and_runs_before_anything(
-        tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     """What a backend needs of the host is declared on its entry (no chain over backend names):
     a toy whose check fails is refused in one line, exit 2, before a run directory exists."""
     made.clear()
@@ -218,9 +270,9 @@ def test_testbed_down_runs_each_registered_sweep_once(toy: BackendEntry) -> None
     from testbed.deploy.cleanup import down
 
     before = registry.sweepers()
-    assert len(before) == 3           # namespaces (netns), Docker objects (compose and swarm share it), local processes
+    assert len(before) == 3  # namespaces (netns), Docker objects (compose and swarm share it), local processes
     registry.unregister(TOY)
-    for name in (TOY, "toy2"):        # two backends leaving the same kind of objects: one sweep
+    for name in (TOY, "toy2"):  # two backends leaving the same kind of objects: one sweep
         registry.register(BackendEntry(name, "a toy", Capabilities(), _toy, leftovers=_sweep_toy))
     try:
         assert registry.sweepers() == [*before, _sweep_toy]

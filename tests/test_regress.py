@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import yaml
+from replay_exit import RAN, replay_until_valid
+from summaries import summary_figures
 
 from testbed.cli import main
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.metrics.records import write_records
-from replay_exit import RAN, replay_until_valid
-from summaries import summary_figures
 from testbed.metrics.regress import (
     DEFAULT_METRICS,
     Baseline,
@@ -69,13 +69,22 @@ def test_update_writes_defaults_and_provenance(base: Path) -> None:
     assert (m["ttft_s.mean"].rel, m["ttft_s.p90"].rel, m["ttft_s.p99"].rel) == (0.15, 0.20, 0.25)
     assert m["ttft_s.mean"].direction == "lower_is_better"
     assert (m["throughput.completed_rps_paper"].direction, m["throughput.completed_rps_paper"].rel) == (
-        "higher_is_better", 0.10)
+        "higher_is_better",
+        0.10,
+    )
     assert (m["requests.failed"].baseline, m["requests.failed"].abs) == (0, 0)
     assert m["offload.ratio"].direction == "both" and m["wan_egress.mean_Bps_paper"].direction == "both"
     assert m["tpot_s.mean"].baseline == 0.025
     tf = b.taken_from
     assert (tf.scenario, tf.speedup, tf.byte_scale, tf.shaping, tf.requests, tf.backend, tf.note) == (
-        "paper-prfaas", 10.0, 256.0, "none", 40, "inproc", "unit test")
+        "paper-prfaas",
+        10.0,
+        256.0,
+        "none",
+        40,
+        "inproc",
+        "unit test",
+    )
     assert tf.created
     assert base.read_text().startswith("# testbed regress baseline")
 
@@ -97,17 +106,25 @@ def test_within_tolerance_passes(base: Path, tmp_path: Path, capsys: pytest.Capt
 
 
 @pure
-def test_worsened_run_fails_naming_each_metric(base: Path, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    worse = summary(tpot_s__mean=0.05, ttft_s__mean=3.0, throughput__completed_rps_paper=1.0,
-                    requests__failed=2, offload__ratio=0.40)
+def test_worsened_run_fails_naming_each_metric(base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    worse = summary(
+        tpot_s__mean=0.05,
+        ttft_s__mean=3.0,
+        throughput__completed_rps_paper=1.0,
+        requests__failed=2,
+        offload__ratio=0.40,
+    )
     run = write_run(tmp_path / "worse", worse)
     rc, out, _ = run_cli(capsys, "regress", str(run), "--baseline", str(base))
     assert rc == 1
     fails = [line for line in out.splitlines() if line.startswith("FAIL ")]
     assert [f.split(":")[0] for f in fails] == [
-        "FAIL requests.failed", "FAIL throughput.completed_rps_paper", "FAIL ttft_s.mean", "FAIL tpot_s.mean",
-        "FAIL offload.ratio"]
+        "FAIL requests.failed",
+        "FAIL throughput.completed_rps_paper",
+        "FAIL ttft_s.mean",
+        "FAIL tpot_s.mean",
+        "FAIL offload.ratio",
+    ]
     tpot = next(f for f in fails if "tpot_s.mean" in f)
     assert "measured 0.05 vs baseline 0.025 (+100.0%)" in tpot and "allowed <= 0.02875" in tpot
     assert "lower is better; tolerance rel 15%" in tpot
@@ -131,8 +148,7 @@ def test_json_verdict(base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 @pure
-def test_tolerance_override_at_check_and_update(base: Path, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_tolerance_override_at_check_and_update(base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = write_run(tmp_path / "worse", summary(tpot_s__mean=0.05))
     rc, _, _ = run_cli(capsys, "regress", str(run), "--baseline", str(base), "--tolerance", "tpot_s.mean=100%")
     assert rc == 0
@@ -141,8 +157,23 @@ def test_tolerance_override_at_check_and_update(base: Path, tmp_path: Path,
     # With --update the override is written, and survives a later --update (tolerances are kept).
     path = tmp_path / "b2.yaml"
     ref = tmp_path / "ref"
-    assert run_cli(capsys, "regress", str(ref), "--baseline", str(path), "--update", "--tolerance",
-                   "ttft_s.p99=0.4", "--abs-tolerance", "tpot_s.mean=0.002", "--metric", "ttft_s.n")[0] == 0
+    assert (
+        run_cli(
+            capsys,
+            "regress",
+            str(ref),
+            "--baseline",
+            str(path),
+            "--update",
+            "--tolerance",
+            "ttft_s.p99=0.4",
+            "--abs-tolerance",
+            "tpot_s.mean=0.002",
+            "--metric",
+            "ttft_s.n",
+        )[0]
+        == 0
+    )
     b = load_baseline(path)
     assert b.metrics["ttft_s.p99"].rel == 0.4 and b.metrics["tpot_s.mean"].abs == 0.002
     assert "ttft_s.n" in b.metrics
@@ -162,8 +193,12 @@ def test_mismatched_setup_warns(base: Path, tmp_path: Path, capsys: pytest.Captu
     assert rc == 0
     warning = [line for line in err.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1
-    for part in ("scenario paper-naive (baseline paper-prfaas)", "speedup 40 (baseline 10)",
-                 "shaping tbf (baseline none)", "backend local (baseline inproc)"):
+    for part in (
+        "scenario paper-naive (baseline paper-prfaas)",
+        "speedup 40 (baseline 10)",
+        "shaping tbf (baseline none)",
+        "backend local (baseline inproc)",
+    ):
         assert part in warning[0]
     rc, out, _ = run_cli(capsys, "regress", str(run), "--baseline", str(base), "--json")
     assert "scenario paper-naive" in json.loads(out)["warnings"][0]
@@ -184,8 +219,9 @@ def test_missing_or_null_metric_fails(base: Path, tmp_path: Path, capsys: pytest
 
 
 @pure
-def test_summary_missing_a_required_section_is_a_one_line_error(base: Path, tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_summary_missing_a_required_section_is_a_one_line_error(
+    base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     s = summary()
     del s["offload"]
     run = write_run(tmp_path / "r", s)
@@ -210,8 +246,9 @@ def test_update_from_an_invalid_run_says_so(tmp_path: Path, capsys: pytest.Captu
 
 
 @pure
-def test_unreadable_inputs_exit_2_naming_the_file(base: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreadable_inputs_exit_2_naming_the_file(
+    base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ref = str(tmp_path / "ref")
     missing = tmp_path / "nope.yaml"
     rc, _, err = run_cli(capsys, "regress", ref, "--baseline", str(missing))
@@ -246,19 +283,39 @@ def test_unreadable_inputs_exit_2_naming_the_file(base: Path, tmp_path: Path,
 def test_summary_recomputed_when_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "run.json").write_text(json.dumps({
-        "name": "r", "scenario": "paper-prfaas", "policy": "prfaas", "t0": 100.0, "t_end": 104.0,
-        "scale": {"speedup": 4, "byte_scale": 256}, "shaping": {"method": "none"}, "backend": "inproc"}))
-    recs = [RequestRecord(f"r{i}", i, 1000, 3, tokens_received=3, outcome="completed",
-                          times=StageTimes(arrival=0.1 * i, first_token=0.1 * i + 0.5, last_token=0.1 * i + 0.52))
-            for i in range(4)]
+    (run / "run.json").write_text(
+        json.dumps(
+            {
+                "name": "r",
+                "scenario": "paper-prfaas",
+                "policy": "prfaas",
+                "t0": 100.0,
+                "t_end": 104.0,
+                "scale": {"speedup": 4, "byte_scale": 256},
+                "shaping": {"method": "none"},
+                "backend": "inproc",
+            }
+        )
+    )
+    recs = [
+        RequestRecord(
+            f"r{i}",
+            i,
+            1000,
+            3,
+            tokens_received=3,
+            outcome="completed",
+            times=StageTimes(arrival=0.1 * i, first_token=0.1 * i + 0.5, last_token=0.1 * i + 0.52),
+        )
+        for i in range(4)
+    ]
     write_records(run / "records.csv", recs)
     rc, out, _ = run_cli(capsys, "regress", str(run), "--baseline", str(tmp_path / "b.yaml"), "--update")
     assert rc == 0
     b = load_baseline(tmp_path / "b.yaml")
-    assert b.metrics["ttft_s.mean"].baseline == pytest.approx(2.0)      # 0.5 wire s x speedup 4
+    assert b.metrics["ttft_s.mean"].baseline == pytest.approx(2.0)  # 0.5 wire s x speedup 4
     assert b.metrics["tpot_s.mean"].baseline == pytest.approx(0.04)
-    assert not (run / "summary.json").exists()                          # regress writes nothing into the run
+    assert not (run / "summary.json").exists()  # regress writes nothing into the run
     assert run_cli(capsys, "regress", str(run), "--baseline", str(tmp_path / "b.yaml"))[0] == 0
 
 
@@ -308,8 +365,21 @@ def test_worsened_summary_does_not_alter_baseline_object(base: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ app
 
-APP_FAST = ["--backend", "inproc", "--scenario", "paper-prfaas", "--set", "scale.speedup=5",
-            "--set", "workload.output_tokens=16", "--set", "serving.stream_interval=4", "--requests", "12", "--json"]
+APP_FAST = [
+    "--backend",
+    "inproc",
+    "--scenario",
+    "paper-prfaas",
+    "--set",
+    "scale.speedup=5",
+    "--set",
+    "workload.output_tokens=16",
+    "--set",
+    "serving.stream_interval=4",
+    "--requests",
+    "12",
+    "--json",
+]
 
 
 @pytest.mark.app
@@ -321,14 +391,19 @@ def test_real_slow_decode_fails_on_tpot_and_rerun_passes(tmp_path: Path, capsys:
     because a 12-request run on a shared 2-core machine swings that much when others load it."""
     normal, rerun, slow = tmp_path / "normal", tmp_path / "rerun", tmp_path / "slow"
     assert replay_until_valid(["replay", *APP_FAST, "--out", str(normal)]) in RAN
-    assert replay_until_valid(["replay", *APP_FAST, "--out", str(slow), "--set", "hardware.h20.decode.base_s=0.05"]) in RAN
+    assert (
+        replay_until_valid(["replay", *APP_FAST, "--out", str(slow), "--set", "hardware.h20.decode.base_s=0.05"]) in RAN
+    )
     assert replay_until_valid(["replay", *APP_FAST, "--out", str(rerun)]) in RAN
     capsys.readouterr()
     path = tmp_path / "baseline.yaml"
     wide = [f"--tolerance={k}=1.0" for k in ("ttft_s.mean", "ttft_s.p50", "ttft_s.p90", "ttft_s.p99")]
     # Twelve requests on a shared 2-core machine: throughput and egress move with scheduling noise.
-    wide += ["--tolerance=tpot_s.mean=0.4", "--tolerance=throughput.completed_rps_paper=0.5",
-             "--tolerance=wan_egress.mean_Bps_paper=0.5"]
+    wide += [
+        "--tolerance=tpot_s.mean=0.4",
+        "--tolerance=throughput.completed_rps_paper=0.5",
+        "--tolerance=wan_egress.mean_Bps_paper=0.5",
+    ]
     assert run_cli(capsys, "regress", str(normal), "--baseline", str(path), "--update", *wide)[0] == 0
 
     rc, out, _ = run_cli(capsys, "regress", str(slow), "--baseline", str(path))
@@ -346,4 +421,4 @@ def test_real_slow_decode_fails_on_tpot_and_rerun_passes(tmp_path: Path, capsys:
         assert main(["replay", *APP_FAST, "--out", str(rerun), "--overwrite"]) in RAN
         capsys.readouterr()
     assert rc == 0, out
-    assert "warning" not in err   # same scenario, scale, shaping, backend and requests
+    assert "warning" not in err  # same scenario, scale, shaping, backend and requests

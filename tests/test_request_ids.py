@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
-
-from prom_samples import value
 import creds
+import pytest
+from prom_samples import value
+
 from testbed.config.overrides import overrides_for
 from testbed.core.router.request_ids import RequestIds
 from testbed.deploy.inproc import InProcessBackend
@@ -28,11 +28,11 @@ from testbed.run.load import load
 def test_a_taken_id_gets_the_first_free_dup_suffix() -> None:
     ids = RequestIds()
     assert ids.claim("a") == "a"
-    assert ids.claim("a") == "a~dup1"            # "a" in flight
+    assert ids.claim("a") == "a~dup1"  # "a" in flight
     ids.release("a")
-    assert ids.claim("a") == "a~dup2"            # "a" finished, still recorded; a~dup1 in flight
-    assert ids.claim("a~dup3") == "a~dup3"       # a client's own id that looks like a suffix
-    assert ids.claim("a") == "a~dup4"            # ... is skipped, not handed out twice
+    assert ids.claim("a") == "a~dup2"  # "a" finished, still recorded; a~dup1 in flight
+    assert ids.claim("a~dup3") == "a~dup3"  # a client's own id that looks like a suffix
+    assert ids.claim("a") == "a~dup4"  # ... is skipped, not handed out twice
     assert ids.claim("a~dup1") == "a~dup1~dup1"
     assert ids.renamed == 4 and ids.in_flight == 5
     for rid in ("a~dup1", "a~dup2", "a~dup3", "a~dup4", "a~dup1~dup1"):
@@ -94,7 +94,8 @@ async def test_a_reused_request_id_does_not_collide_in_flight_or_in_the_records(
             assert r.status == 200
         # Three at once under one id, by header and by the extension field: all in flight together.
         same = await asyncio.wait_for(
-            asyncio.gather(*(_stream(s, url, "bench-1", 24, via) for via in ("header", "header", "body"))), 20)
+            asyncio.gather(*(_stream(s, url, "bench-1", 24, via) for via in ("header", "header", "body"))), 20
+        )
         # The id again once they have finished: it is recorded, so still taken.
         later = await _stream(s, url, "bench-1", 4, "header")
         async with s.get(f"{url}/metrics") as r:
@@ -110,6 +111,9 @@ async def test_a_reused_request_id_does_not_collide_in_flight_or_in_the_records(
     assert sorted(r.request_id for r in recs) == ["bench-1", "bench-1~dup1", "bench-1~dup2", "bench-1~dup3"]
     assert all(r.outcome == "completed" and r.tokens_received == r.output_tokens for r in recs)
     # Every routing decision names a different request.
-    decided = [json.loads(line)["labels"]["request_id"] for line in (tmp_path / "decisions.jsonl").read_text().splitlines()
-               if json.loads(line)["metric"] == "decision"]
+    decided = [
+        json.loads(line)["labels"]["request_id"]
+        for line in (tmp_path / "decisions.jsonl").read_text().splitlines()
+        if json.loads(line)["metric"] == "decision"
+    ]
     assert sorted(decided) == sorted(r.request_id for r in recs)

@@ -16,8 +16,16 @@ import pytest
 
 pytestmark = pytest.mark.app
 
-FAST = ["--set", "scale.speedup=40", "--set", "scale.byte_scale=1024", "--set", "workload.output_tokens=32",
-        "--set", "serving.stream_interval=4"]
+FAST = [
+    "--set",
+    "scale.speedup=40",
+    "--set",
+    "scale.byte_scale=1024",
+    "--set",
+    "workload.output_tokens=32",
+    "--set",
+    "serving.stream_interval=4",
+]
 
 
 def _router_pid(run_dir: Path) -> int | None:
@@ -38,9 +46,28 @@ def test_a_sigkilled_router_fails_the_run_naming_it(tmp_path: Path) -> None:
     out = tmp_path / "run"
     # 40 arrivals over 10 wire seconds (rate 0.1 at speedup 40): when the second has ended, most
     # are still to come, however busy the machine.
-    proc = subprocess.Popen([sys.executable, "-m", "testbed", "replay", "--scenario", "paper-prfaas",
-                             "--requests", "40", "--rate", "0.1", "--out", str(out), "--backend", "local", *FAST],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "replay",
+            "--scenario",
+            "paper-prfaas",
+            "--requests",
+            "40",
+            "--rate",
+            "0.1",
+            "--out",
+            str(out),
+            "--backend",
+            "local",
+            *FAST,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     records = out / "records.csv"
     deadline = time.time() + 90
     pid = None
@@ -58,6 +85,6 @@ def test_a_sigkilled_router_fails_the_run_naming_it(tmp_path: Path) -> None:
     assert meta["state"] == "failed" and meta["interrupted"] is False
     with records.open() as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == 40                      # every request kept, the ones after the death failed
+    assert len(rows) == 40  # every request kept, the ones after the death failed
     assert any(r["outcome"] == "completed" for r in rows) and any(r["outcome"] != "completed" for r in rows)
     assert (out / "summary.json").exists()

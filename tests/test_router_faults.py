@@ -8,11 +8,11 @@ import json
 from typing import Any
 
 import aiohttp
+import creds
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import creds
 from testbed.config.scenarios import load_scenario
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.inproc import InProcessBackend
@@ -25,11 +25,16 @@ pure = pytest.mark.pure
 
 
 def _scenario(**serving: Any) -> Scenario:
-    return load_scenario("paper-homogeneous", {
-        "scale": {"speedup": 40, "byte_scale": 1024},
-        "clusters": [{"name": "pd", "datacenter": "local", "kind": "pd", "hardware": "h20", "prefill": 1, "decode": 1}],
-        "serving": {"stream_interval": 1, **serving},
-    })
+    return load_scenario(
+        "paper-homogeneous",
+        {
+            "scale": {"speedup": 40, "byte_scale": 1024},
+            "clusters": [
+                {"name": "pd", "datacenter": "local", "kind": "pd", "hardware": "h20", "prefill": 1, "decode": 1}
+            ],
+            "serving": {"stream_interval": 1, **serving},
+        },
+    )
 
 
 async def _sse(resp: aiohttp.ClientResponse) -> list[Any]:
@@ -50,7 +55,7 @@ async def test_a_decode_node_dying_mid_stream_ends_the_stream_with_an_error_even
     async with be, aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         body = {"prompt": "x", "max_tokens": 400, "stream": True, "testbed": {"input_tokens": 2000}}
         async with s.post(f"{dep.router.url}/v1/completions", json=body) as r:
-            first = await r.content.readline()          # the first token chunk is out
+            first = await r.content.readline()  # the first token chunk is out
             assert first.startswith(b"data: ")
             await be.stop_service("pd-d0")
             events = await _sse(r)
@@ -60,7 +65,7 @@ async def test_a_decode_node_dying_mid_stream_ends_the_stream_with_an_error_even
     rec = err["testbed"]
     assert rec["outcome"] == "failed" and rec["decode_node"] == "pd-d0" and rec["prefill_node"] == "pd-p0"
     assert rec["prefill_end"] is not None and rec["decode_first_token"] is not None
-    assert (rec["failure_kind"], rec["failure_node"]) == ("decode_node_down", "pd-d0")     # as data
+    assert (rec["failure_kind"], rec["failure_node"]) == ("decode_node_down", "pd-d0")  # as data
 
 
 @app
@@ -93,7 +98,9 @@ async def test_a_client_that_leaves_cancels_its_prefill_on_the_node() -> None:
     async with InProcessBackend(dep), aiohttp.ClientSession(headers=creds.headers(dep)) as s:
         url = f"{dep.router.url}/v1/completions"
         # ~100K tokens: a long prefill; the client leaves while it runs.
-        task = asyncio.create_task(s.post(url, json={"prompt": "x", "max_tokens": 4, "testbed": {"input_tokens": 100_000}}))
+        task = asyncio.create_task(
+            s.post(url, json={"prompt": "x", "max_tokens": 4, "testbed": {"input_tokens": 100_000}})
+        )
         await asyncio.sleep(0.3)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -108,13 +115,22 @@ async def test_a_client_that_leaves_cancels_its_prefill_on_the_node() -> None:
 
 @pure
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12), c, max_size=5),
-                    max_leaves=20),
-       st.sampled_from(["completions", "chat"]))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12), c, max_size=5),
+        max_leaves=20,
+    ),
+    st.sampled_from(["completions", "chat"]),
+)
 def test_any_json_body_parses_or_is_a_request_error(body: Any, kind: str) -> None:
-    for b in (body, {"prompt": body, "max_tokens": body}, {"messages": body, "stream": body},
-              {"prompt": "x", "testbed": body}, {"messages": [{"role": "user", "content": body}]}):
+    for b in (
+        body,
+        {"prompt": body, "max_tokens": body},
+        {"messages": body, "stream": body},
+        {"prompt": "x", "testbed": body},
+        {"messages": [{"role": "user", "content": body}]},
+    ):
         try:
             req = parse(b, kind, Limits(1 << 20, 65536))
         except RequestError:

@@ -7,17 +7,16 @@ from __future__ import annotations
 import asyncio
 import time
 
-
 import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from testbed.config.scenarios import load_scenario
+from testbed.core.router.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
 from testbed.core.schema.topology import node_specs
 from testbed.live.common import ServiceConfig
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
-from testbed.core.router.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
 from testbed.live.router.probes import probe_forever
 from testbed.live.router.state import RouterState, new_state
 from testbed.live.router.vllm_metrics import make_metrics
@@ -49,7 +48,7 @@ class Node:
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]   # type: ignore[union-attr]
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
         if self.runner:
@@ -57,18 +56,29 @@ class Node:
 
 
 def _state(session: aiohttp.ClientSession, ports: dict[str, int]) -> tuple[RouterState, list[str]]:
-    sc = load_scenario("paper-homogeneous", {
-        "scale": {"speedup": 40, "byte_scale": 1024},
-        "clusters": [{"name": "pd", "datacenter": "local", "kind": "pd", "hardware": "h20", "prefill": 1, "decode": 1}],
-    })
+    sc = load_scenario(
+        "paper-homogeneous",
+        {
+            "scale": {"speedup": 40, "byte_scale": 1024},
+            "clusters": [
+                {"name": "pd", "datacenter": "local", "kind": "pd", "hardware": "h20", "prefill": 1, "decode": 1}
+            ],
+        },
+    )
     rs = resolve(sc)
     specs = list(node_specs(rs.spec))
     names = [s.id for s in specs]
-    nodes = {s.id: NodeEndpoint(s.id, s.role, s.cluster, s.datacenter, Endpoint("127.0.0.1", port))
-             for s, port in zip(specs, ports.values())}
+    nodes = {
+        s.id: NodeEndpoint(s.id, s.role, s.cluster, s.datacenter, Endpoint("127.0.0.1", port))
+        for s, port in zip(specs, ports.values())
+    }
     cfg = ServiceConfig(Deployment(rs, Endpoint("127.0.0.1", 9), nodes), "router")
-    return new_state(cfg, session, make_metrics(CollectorRegistry(), sc.model.name, sc.model.max_context_tokens),
-                     SeriesWriter(None, "router")), names
+    return new_state(
+        cfg,
+        session,
+        make_metrics(CollectorRegistry(), sc.model.name, sc.model.max_context_tokens),
+        SeriesWriter(None, "router"),
+    ), names
 
 
 async def test_a_paused_node_is_down_one_timeout_after_it_stopped_and_the_others_are_still_probed() -> None:
@@ -79,7 +89,7 @@ async def test_a_paused_node_is_down_one_timeout_after_it_stopped_and_the_others
         st, (p_name, h_name) = _state(session, {"p": paused.port, "h": healthy.port})
         task = asyncio.create_task(probe_forever(st))
         try:
-            while not paused.hits:         # both answered once: the startup grace is over for them
+            while not paused.hits:  # both answered once: the startup grace is over for them
                 await asyncio.sleep(0.05)
             await asyncio.sleep(PROBE_INTERVAL_S)
             paused.paused = True
@@ -109,5 +119,3 @@ def test_probe_constants_leave_room_between_the_two_bounds() -> None:
     # The test above tells the two behaviours apart only if one timeout plus the intervals of the
     # failures is well under `failures` timeouts.
     assert PROBE_TIMEOUT_S + 2 * PROBE_INTERVAL_S < 0.7 * 3 * PROBE_TIMEOUT_S
-
-

@@ -46,8 +46,9 @@ def _users_folder(tmp_path: Path) -> Path:
     return d
 
 
-def test_replay_into_a_folder_of_the_users_files_is_refused_naming_them(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_into_a_folder_of_the_users_files_is_refused_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from testbed.cli import main
 
     d = _users_folder(tmp_path)
@@ -76,7 +77,7 @@ def test_a_new_empty_or_previous_run_directory_is_accepted(tmp_path: Path) -> No
     with pytest.raises(UserError, match="run.json"):
         check_run_dir(d)
     (d / "run.json").write_text(json.dumps({"scenario": "paper-prfaas"}))
-    check_run_dir(d)       # a previous run: replaced as before
+    check_run_dir(d)  # a previous run: replaced as before
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("nothing a run writes")

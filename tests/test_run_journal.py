@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from long_sim import start_long_sim_replay
+
 from testbed.metrics.artefacts import run_info
 from testbed.metrics.artefacts.run_file import was_cut_short
 
@@ -33,17 +33,33 @@ def test_a_running_file_is_cut_short_only_when_its_process_is_gone() -> None:
     assert was_cut_short(run_info(scale=SCALE, state="running", pid=_dead_pid(), host=host))
     assert not was_cut_short(run_info(scale=SCALE, state="running", pid=os.getpid(), host=host))
     assert not was_cut_short(run_info(scale=SCALE, state="running", pid=_dead_pid(), host=host + "-elsewhere"))
-    assert was_cut_short(run_info(scale=SCALE, state="running"))        # no pid: nobody closes it
+    assert was_cut_short(run_info(scale=SCALE, state="running"))  # no pid: nobody closes it
     for ended in ("finished", "interrupted", "failed"):
         assert not was_cut_short(run_info(scale=SCALE, state=ended, pid=_dead_pid(), host=host))
-    assert not was_cut_short(run_info(scale=SCALE))                     # written before the journal
+    assert not was_cut_short(run_info(scale=SCALE))  # written before the journal
 
 
 @pytest.mark.pure
 def test_a_finished_sim_run_says_so(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "testbed", "replay", "--backend", "sim", "--scenario", "paper-prfaas",
-                        "--set", "workload.requests=20", "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed",
+            "replay",
+            "--backend",
+            "sim",
+            "--scenario",
+            "paper-prfaas",
+            "--set",
+            "workload.requests=20",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     meta = json.loads((out / "run.json").read_text())
     assert meta["state"] == "finished" and meta["pid"] > 0 and meta["host"] == socket.gethostname()
@@ -60,7 +76,7 @@ def test_a_killed_run_is_reported_as_cut_short(tmp_path: Path) -> None:
     assert meta["state"] == "running" and meta["pid"] == p.pid
     os.kill(p.pid, signal.SIGKILL)
     p.communicate()
-    assert not (out / "summary.json").exists()       # nothing closed the run
+    assert not (out / "summary.json").exists()  # nothing closed the run
 
     r = subprocess.run([sys.executable, "-m", "testbed", "report", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]

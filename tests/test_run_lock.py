@@ -17,11 +17,21 @@ from testbed.config import run_lock
 from testbed.config.run_lock import LOCK_NAME, DirBusy, DirTaken, acquire, holding, read_holder, release
 
 
-def _mark_previous(d: Path, pid: int = 2 ** 22 + 3) -> None:
+def _mark_previous(d: Path, pid: int = 2**22 + 3) -> None:
     """A lock file as a finished command of another invocation leaves it."""
     d.mkdir(parents=True, exist_ok=True)
-    (d / LOCK_NAME).write_text(json.dumps({"pid": pid, "start": 1, "host": "h", "command": "testbed replay --out old",
-                                           "started": "2026-01-01T00:00:00+00:00", "invocation": "older"}))
+    (d / LOCK_NAME).write_text(
+        json.dumps(
+            {
+                "pid": pid,
+                "start": 1,
+                "host": "h",
+                "command": "testbed replay --out old",
+                "started": "2026-01-01T00:00:00+00:00",
+                "invocation": "older",
+            }
+        )
+    )
 
 
 @pytest.mark.pure
@@ -32,8 +42,8 @@ def test_a_new_directory_is_taken_and_a_previous_output_needs_overwrite(tmp_path
         h = read_holder(d)
         assert h is not None and h.pid == os.getpid() and h.command == f"testbed replay --out {d}"
         (d / "records.csv").write_text("x\n")
-    assert (d / LOCK_NAME).exists()           # stays: the mark of a previous output
-    run_lock.begin_command(["replay", "--out", str(d)])       # the next command
+    assert (d / LOCK_NAME).exists()  # stays: the mark of a previous output
+    run_lock.begin_command(["replay", "--out", str(d)])  # the next command
     with pytest.raises(DirTaken, match=r"holds the output of `testbed replay --out .*`.*give --overwrite"):
         acquire(d)
     assert (d / "records.csv").read_text() == "x\n"
@@ -56,10 +66,10 @@ def test_runs_under_a_folder_taken_with_overwrite_may_be_replaced_and_the_hold_i
     with pytest.raises(DirTaken):
         acquire(base / "point-1")
     with holding(base, overwrite=True):
-        with holding(base):                   # the runner takes the command's own directory again
-            with holding(base / "point-1"):   # a previous run under it: this command replaces it
+        with holding(base):  # the runner takes the command's own directory again
+            with holding(base / "point-1"):  # a previous run under it: this command replaces it
                 assert run_lock.replaceable(base / "point-1")
-        assert read_holder(base) is not None and read_holder(base).invocation != "older"   # type: ignore[union-attr]
+        assert read_holder(base) is not None and read_holder(base).invocation != "older"  # type: ignore[union-attr]
     assert not run_lock.replaceable(base / "point-1")
     # A directory this invocation wrote is its own to write again (a study repeating a run).
     with holding(tmp_path / "again"):
@@ -82,12 +92,21 @@ def test_a_command_that_wrote_nothing_leaves_the_directory_as_it_found_it(tmp_pa
     with run_lock.command_scope(["plan"]):
         acquire(tmp_path / "scoped")
         (tmp_path / "scoped" / "plan.md").write_text("")
-    fresh = subprocess.run([sys.executable, "-c", f"""
+    fresh = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"""
 from pathlib import Path
 from testbed.config.run_lock import holding
-with holding(Path({str(tmp_path / 'scoped')!r}), overwrite=True):
+with holding(Path({str(tmp_path / "scoped")!r}), overwrite=True):
     print("taken")
-"""], capture_output=True, text=True, timeout=60)
+""",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert fresh.stdout.strip() == "taken", fresh.stderr
 
 
@@ -109,10 +128,10 @@ def test_a_live_holder_is_named_and_a_killed_one_does_not_block(tmp_path: Path) 
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         run_lock.begin_command(["replay", "--out", str(d)])
-        for overwrite in (False, True):       # --overwrite never displaces a live run
+        for overwrite in (False, True):  # --overwrite never displaces a live run
             with pytest.raises(DirBusy, match=rf"in use by a live run: pid {proc.pid} \(`testbed replay --out {d}`\)"):
                 acquire(d, overwrite=overwrite)
-        os.kill(proc.pid, signal.SIGKILL)     # no teardown: the kernel drops the lock
+        os.kill(proc.pid, signal.SIGKILL)  # no teardown: the kernel drops the lock
         proc.wait()
         with pytest.raises(DirTaken, match=f"pid {proc.pid}"):
             acquire(d)

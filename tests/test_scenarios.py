@@ -20,7 +20,9 @@ def test_paper_scenarios_load(name: str) -> None:
 def test_paper_deployments_match_table6() -> None:
     p = load_scenario("paper-prfaas")
     assert [(c.kind, c.hardware, c.prefill, c.decode) for c in p.clusters] == [
-        ("prfaas", "h200", 4, 0), ("pd", "h20", 3, 5)]
+        ("prfaas", "h200", 4, 0),
+        ("pd", "h20", 3, 5),
+    ]
     assert p.policy.threshold == 19400
     h = load_scenario("paper-homogeneous")
     assert [(c.prefill, c.decode) for c in h.clusters] == [(9, 3)]
@@ -36,8 +38,11 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_invalid_field_names_file_and_field(tmp_path: Path) -> None:
-    f = _write(tmp_path, "name: x\nclusters:\n  - {name: pd, datacenter: a, kind: pd, hardware: h20, prefill: -1, decode: 2}\n"
-                         "policy: {name: homogeneous}\n")
+    f = _write(
+        tmp_path,
+        "name: x\nclusters:\n  - {name: pd, datacenter: a, kind: pd, hardware: h20, prefill: -1, decode: 2}\n"
+        "policy: {name: homogeneous}\n",
+    )
     with pytest.raises(ScenarioError) as e:
         load_scenario(f)
     assert str(f) in str(e.value) and "clusters.0.prefill" in str(e.value)
@@ -51,12 +56,18 @@ def test_unknown_field_rejected(tmp_path: Path) -> None:
 
 
 def test_cross_field_errors(tmp_path: Path) -> None:
-    f = _write(tmp_path, "name: x\nclusters:\n  - {name: pd, datacenter: a, kind: pd, hardware: tpu, prefill: 1, decode: 1}\n"
-                         "policy: {name: homogeneous}\n")
+    f = _write(
+        tmp_path,
+        "name: x\nclusters:\n  - {name: pd, datacenter: a, kind: pd, hardware: tpu, prefill: 1, decode: 1}\n"
+        "policy: {name: homogeneous}\n",
+    )
     with pytest.raises(ScenarioError, match="names hardware 'tpu'"):
         load_scenario(f)
-    f = _write(tmp_path, "name: x\nclusters:\n  - {name: pd, datacenter: a, kind: pd, hardware: h20, prefill: 1, decode: 1}\n"
-                         "policy: {name: prfaas, threshold: 100}\n")
+    f = _write(
+        tmp_path,
+        "name: x\nclusters:\n  - {name: pd, datacenter: a, kind: pd, hardware: h20, prefill: 1, decode: 1}\n"
+        "policy: {name: prfaas, threshold: 100}\n",
+    )
     with pytest.raises(ScenarioError, match="needs a 'prfaas' cluster"):
         load_scenario(f)
 
@@ -95,7 +106,9 @@ def test_a_bad_set_value_is_a_scenario_error_not_a_yaml_traceback() -> None:
 def test_an_unknown_link_profile_fails_at_load_naming_the_field() -> None:
     from testbed.config import ProfileError, load
 
-    with pytest.raises(ProfileError, match=r"paper-prfaas.yaml: field 'links.inter_dc': link profile 'nowhere-9g' not found"):
+    with pytest.raises(
+        ProfileError, match=r"paper-prfaas.yaml: field 'links.inter_dc': link profile 'nowhere-9g' not found"
+    ):
         load("paper-prfaas", {"links": {"inter_dc": "nowhere-9g"}})
 
 

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from testbed.metrics.series_format import (
-    Sample, SeriesPoint, SeriesWriter, TimeseriesError, encode_line, parse_line, read_series,
+    Sample,
+    SeriesPoint,
+    SeriesWriter,
+    TimeseriesError,
+    encode_line,
+    parse_line,
+    read_series,
 )
 
 pytestmark = pytest.mark.pure
@@ -20,8 +26,10 @@ PKG = Path(__file__).resolve().parent.parent / "testbed"
 def test_line_is_the_format_every_writer_wrote() -> None:
     s = Sample("tcp_rtt_us", 40000.0, {"dest": "10.0.0.2:9000", "conn": "0"})
     line = encode_line(1712345678.1234567, "prfaas-p0", s)
-    assert line == ('{"ts": 1712345678.123457, "source": "prfaas-p0", "metric": "tcp_rtt_us", "value": 40000.0, '
-                    '"labels": {"dest": "10.0.0.2:9000", "conn": "0"}}')
+    assert line == (
+        '{"ts": 1712345678.123457, "source": "prfaas-p0", "metric": "tcp_rtt_us", "value": 40000.0, '
+        '"labels": {"dest": "10.0.0.2:9000", "conn": "0"}}'
+    )
     # Integer counters (the delay line's) stay integers.
     assert '"value": 17,' in encode_line(1.0, "delayline", Sample("packets_in", 17, {"direction": "a->b"}))
 
@@ -36,14 +44,17 @@ def test_encode_parse_round_trip() -> None:
     assert math.isnan(parse_line('{"ts": 1, "source": "n", "metric": "m", "value": null}').value)
 
 
-@pytest.mark.parametrize("line, match", [
-    ('{"ts": 1, "source": "n", "metric": "m", "value": 1', "invalid JSON"),
-    ('[1, 2]', "expected a JSON object"),
-    ('{"ts": true, "source": "n", "metric": "m", "value": 1}', "'ts' must be a number"),
-    ('{"ts": 1, "source": "", "metric": "m", "value": 1}', "'source'"),
-    ('{"ts": 1, "source": "n", "metric": "m", "value": "x"}', "'value' must be a number"),
-    ('{"ts": 1, "source": "n", "metric": "m", "value": 1, "labels": [1]}', "'labels' must be an object"),
-])
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ('{"ts": 1, "source": "n", "metric": "m", "value": 1', "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"ts": true, "source": "n", "metric": "m", "value": 1}', "'ts' must be a number"),
+        ('{"ts": 1, "source": "", "metric": "m", "value": 1}', "'source'"),
+        ('{"ts": 1, "source": "n", "metric": "m", "value": "x"}', "'value' must be a number"),
+        ('{"ts": 1, "source": "n", "metric": "m", "value": 1, "labels": [1]}', "'labels' must be an object"),
+    ],
+)
 def test_malformed_line_says_what_is_wrong(line: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         parse_line(line)
@@ -66,7 +77,7 @@ def test_writer_appends_stamped_lines_and_discards_without_a_path(tmp_path: Path
     w.write([Sample("inflight", 3.0, {}), Sample("threshold", 19400.0, {})], ts=100.0)
     w.write([], ts=101.0)
     w.close()
-    w.write([Sample("late", 1.0, {})], ts=102.0)       # after close: nothing
+    w.write([Sample("late", 1.0, {})], ts=102.0)  # after close: nothing
     lines = p.read_text().splitlines()
     assert [json.loads(x)["metric"] for x in lines] == ["inflight", "threshold"]
     assert lines[0] == encode_line(100.0, "router", Sample("inflight", 3.0, {}))

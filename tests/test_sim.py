@@ -5,9 +5,8 @@ a live one."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, cast
@@ -16,22 +15,22 @@ import pytest
 
 from testbed.core.engine.decode_batch import DecodeBatch, DecodeSeq
 from testbed.core.engine.decode_loop import DecodeLoop, decode_seq
-from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
+from testbed.core.fault_timeline import SlowDown
 from testbed.core.lifecycle import Event
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.scenario import DecodeSpec
-from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.core.schema.topology import NodeSpec
 from testbed.metrics.records import read_records
+from testbed.run.load import load
+from testbed.run.runner import run_replay_async
 from testbed.sim import simulate
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import KV_ARRIVAL, EventLoop
 from testbed.sim.host import Host
 from testbed.sim.request import SimRequest
 from testbed.sim.simulator import START_LEAD_S
-from testbed.run.load import load
-from testbed.run.runner import run_replay_async
 from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace, TraceRequest
 
@@ -106,8 +105,9 @@ class _Host:
 Stamps = dict[str, tuple[float, float, float]]
 
 
-def _stepped(spec: DecodeSpec, arrivals: list[tuple[float, DecodeSeq]],
-             slow: SlowDown | None = None) -> tuple[Stamps, int]:
+def _stepped(
+    spec: DecodeSpec, arrivals: list[tuple[float, DecodeSeq]], slow: SlowDown | None = None
+) -> tuple[Stamps, int]:
     """The shared batch loop (`testbed.core.engine.decode_loop.DecodeLoop`) driven one step at a time, as
     the live node drives it (`testbed.live.decode_node._batch_loop`: wait when idle or when
     nothing can run, sleep until each step's end), in virtual time: admitted, first and last
@@ -122,14 +122,14 @@ def _stepped(spec: DecodeSpec, arrivals: list[tuple[float, DecodeSeq]],
             loop.submit(pending.pop(0)[1])
 
     while pending or not loop.idle:
-        if loop.idle:                      # asleep until a sequence comes
+        if loop.idle:  # asleep until a sequence comes
             t = max(t, pending[0][0])
             loop.rest()
         arrive_until(t)
         admitted, end = loop.begin(t)
         for s in admitted:
             out[s.request_id] = [t]
-        if end is None:                    # asleep until a sequence comes (no finish can come)
+        if end is None:  # asleep until a sequence comes (no finish can come)
             loop.rest()
             t = pending[0][0]
             continue
@@ -143,8 +143,9 @@ def _stepped(spec: DecodeSpec, arrivals: list[tuple[float, DecodeSeq]],
     return {k: (v[0], v[1], v[-1]) for k, v in out.items()}, loop.steps
 
 
-def _decode_run(spec: DecodeSpec, times: list[float], outs: list[int],
-                slow: tuple[float, float, float] | None = None) -> tuple[Stamps, Stamps, int, int]:
+def _decode_run(
+    spec: DecodeSpec, times: list[float], outs: list[int], slow: tuple[float, float, float] | None = None
+) -> tuple[Stamps, Stamps, int, int]:
     node = NodeSpec("pd-d0", "pd", "dc", "pd", "decode", 0, "h20")
     kv = KVModel(0, 0.0, ("full",))
     host = _Host()
@@ -154,8 +155,12 @@ def _decode_run(spec: DecodeSpec, times: list[float], outs: list[int],
         req = SimRequest(i, TraceRequest(f"r{i}", t, 1000 + 700 * i, n), t)
         for ev in (Event.ROUTE, Event.ENQUEUE_PREFILL, Event.START_PREFILL, Event.END_PREFILL):
             req.life.apply(ev, t)
-        host.loop.at(t, KV_ARRIVAL, lambda r: (r.life.apply(Event.KV_COMPLETE, host.loop.now),
-                                               dec.kv_arrived(r, host.loop.now)), req)
+        host.loop.at(
+            t,
+            KV_ARRIVAL,
+            lambda r: (r.life.apply(Event.KV_COMPLETE, host.loop.now), dec.kv_arrived(r, host.loop.now)),
+            req,
+        )
         arrivals.append((t, decode_seq(kv, f"r{i}", 1000 + 700 * i, n)))
     ref = None
     if slow is not None:
@@ -203,7 +208,7 @@ def test_a_slowdown_stretches_the_steps_that_start_in_its_window_as_the_stepped_
         assert got[rid] == pytest.approx(want[rid], abs=1e-9), rid
     assert sim_steps == steps
     plain, _, _, _ = _decode_run(SPEC, TIMES, OUTS)
-    assert max(want[r][2] - plain[r][2] for r in want) > 0.1      # the window cost time
+    assert max(want[r][2] - plain[r][2] for r in want) > 0.1  # the window cost time
 
 
 def test_a_replay_through_the_runner_writes_a_run_directory(tmp_path: Path) -> None:
@@ -235,16 +240,24 @@ def test_a_cached_prefix_moves_across_before_the_prefill_that_needs_it() -> None
     assert b.cache_move_tokens > 0 and b.cached_tokens == b.cache_move_tokens
     assert b.cache_move_bytes_wire > 0 and b.times.cache_move_start == b.times.routed
     assert b.times.cache_move_start < b.times.cache_move_end <= b.times.prefill_start
-    assert b.decode_cached_tokens == b.cached_tokens    # the decode cluster holds that prefix already
+    assert b.decode_cached_tokens == b.cached_tokens  # the decode cluster holds that prefix already
 
 
 def test_the_control_loop_sees_the_link_drop_from_the_simulated_bytes(tmp_path: Path) -> None:
-    rs = load("paper-prfaas-bw", {"links": {"inter_dc": "cross-region-100g-fluctuating"},
-                                  "workload": {"rate": 3.0, "requests": 240, "output_tokens": 32, "seed": 45}})
+    rs = load(
+        "paper-prfaas-bw",
+        {
+            "links": {"inter_dc": "cross-region-100g-fluctuating"},
+            "workload": {"rate": 3.0, "requests": 240, "output_tokens": 32, "seed": 45},
+        },
+    )
     simulate(rs, trace_from_workload(rs.spec.workload), tmp_path)
     samples = [json.loads(line) for line in (tmp_path / "timeseries" / "router.jsonl").read_text().splitlines()]
-    est = [(s["ts"] * rs.spec.scale.speedup, s["value"]) for s in samples
-           if s["metric"] == "wan_bandwidth_estimate_bps_paper"]
+    est = [
+        (s["ts"] * rs.spec.scale.speedup, s["value"])
+        for s in samples
+        if s["metric"] == "wan_bandwidth_estimate_bps_paper"
+    ]
     assert est and est[0][1] == rs.inter_dc.rate
     # ~14 Gbit/s of KV at this load: the drop to 10 Gbit/s at 40 s saturates the link, and the
     # estimate follows what it delivers.
@@ -283,7 +296,7 @@ def test_the_live_paths_costs_sit_where_the_live_router_pays_them() -> None:
     base = _small()
     rs = _small().model_copy(update={"live_path": LivePathCosts(**costs, source="test")})
     s = base.spec.scale.speedup
-    for tokens in (8000, 60000):      # prefilled by the router's side, and across the WAN
+    for tokens in (8000, 60000):  # prefilled by the router's side, and across the WAN
         trace = Trace([TraceRequest("only", 0.0, tokens, 16)], "one request")
         (a,) = simulate(base, trace).records
         (b,) = simulate(rs, trace).records

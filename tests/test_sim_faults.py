@@ -19,22 +19,24 @@ from testbed.core.record import RequestRecord
 from testbed.core.router.retries import deadline_paper_s
 from testbed.metrics.fault_effects import fault_effects, load_faults
 from testbed.metrics.records import read_records
+from testbed.run.load import load
+from testbed.run.runner import run_sim
 from testbed.sim import simulate
 from testbed.sim.simulator import START_LEAD_S
 from testbed.sim.wan import CONNECT_TIMEOUT_S, dial_instant, rto_instant
-from testbed.run.load import load
-from testbed.run.runner import run_sim
 from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace, TraceRequest
 
 pytestmark = pytest.mark.pure
 
-S = 4.0      # the paper scenarios' speedup: wire seconds are paper seconds / 4
+S = 4.0  # the paper scenarios' speedup: wire seconds are paper seconds / 4
 
 
 def _rs(faults: list[dict[str, Any]], base: str = "paper-prfaas", **more: Any) -> Any:
-    over: dict[str, Any] = {"faults": faults, "workload": {"requests": 120, "rate": 1.6, "output_tokens": 512,
-                                                           "seed": 7}}
+    over: dict[str, Any] = {
+        "faults": faults,
+        "workload": {"requests": 120, "rate": 1.6, "output_tokens": 512, "seed": 7},
+    }
     over.update(more)
     return load(base, over)
 
@@ -65,12 +67,14 @@ def test_a_decode_kill_breaks_its_streams_and_retries_what_had_no_token(tmp_path
     # Failed: it had streamed a token before the kill; retried: it had not.
     assert all(r.times.first_token * S < kill for r in failed)
     retried = [r for r in recs if r.retries]
-    assert retried and all((r.retry_kind, r.retry_node) == ("decode_node_down", "pd-d0") and r.decode_node != "pd-d0"
-                           for r in retried)
+    assert retried and all(
+        (r.retry_kind, r.retry_node) == ("decode_node_down", "pd-d0") and r.decode_node != "pd-d0" for r in retried
+    )
     assert all(r.outcome == "completed" for r in retried)
     # Nothing is served there after the kill.
-    assert not [r for r in on_it if r.outcome == "completed" and r.decode_node == "pd-d0"
-                and r.times.last_token * S > kill]
+    assert not [
+        r for r in on_it if r.outcome == "completed" and r.decode_node == "pd-d0" and r.times.last_token * S > kill
+    ]
     assert [h["state"] for h in _health(tmp_path) if h["node"] == "pd-d0"] == ["down"]
     (f,) = load_faults(tmp_path)
     assert (f.kind, f.target, f.start_s, f.end_s, f.outcome) == ("kill", "pd-d0", 30.0, None, "ok")
@@ -80,9 +84,12 @@ def test_a_decode_kill_breaks_its_streams_and_retries_what_had_no_token(tmp_path
     assert "## Faults" in report and f"| decode_node_down | {len(failed)} |" in report
     summary = json.loads((tmp_path / "summary.json").read_text())["requests"]
     assert summary["failure_kinds"] == {"decode_node_down": len(failed)} and summary["failure_nodes"] == {
-        "pd-d0": len(failed)}
-    print(f"decode kill (sim): {len(recs)} records, {len(failed)} failed, {len(retried)} retried; failed by "
-          f"(kind, node): {sorted({(r.failure_kind, r.failure_node) for r in failed})}")
+        "pd-d0": len(failed)
+    }
+    print(
+        f"decode kill (sim): {len(recs)} records, {len(failed)} failed, {len(retried)} retried; failed by "
+        f"(kind, node): {sorted({(r.failure_kind, r.failure_node) for r in failed})}"
+    )
 
 
 def test_a_prefill_kill_retries_its_prefills_elsewhere_and_the_probe_takes_it_out(tmp_path: Path) -> None:
@@ -104,7 +111,7 @@ def test_a_paused_decode_holds_its_requests_and_comes_back(tmp_path: Path) -> No
     assert all(r.outcome == "completed" for r in recs)
     held = [r for r in recs if r.decode_node == "pd-d1" and r.times.first_token * S < 30 < r.times.last_token * S]
     assert held
-    for r in held:        # its tokens stopped for the pause: 20 s more than its steps
+    for r in held:  # its tokens stopped for the pause: 20 s more than its steps
         assert (r.times.last_token - r.times.first_token) * S > 20.0
     h = [x for x in _health(tmp_path) if x["node"] == "pd-d1"]
     assert [x["state"] for x in h] == ["down", "up"]
@@ -114,8 +121,7 @@ def test_a_paused_decode_holds_its_requests_and_comes_back(tmp_path: Path) -> No
 
 
 def test_a_restarted_instance_is_back_empty_after_its_down_time_and_start(tmp_path: Path) -> None:
-    rs = _rs([{"kind": "restart", "at_s": 30, "down_s": 10, "node": "pd-p0"}],
-             sim={"live_path": {"restart_s": 1.5}})
+    rs = _rs([{"kind": "restart", "at_s": 30, "down_s": 10, "node": "pd-p0"}], sim={"live_path": {"restart_s": 1.5}})
     recs = _run(rs, tmp_path)
     (f,) = load_faults(tmp_path)
     assert f.start_s == 30.0 and f.end_s == pytest.approx(40.0 + 1.5 * S)
@@ -142,7 +148,7 @@ def _two(tokens: int = 60000) -> Trace:
 def test_an_outage_stalls_the_kv_until_tcp_retransmits_after_it(tmp_path: Path) -> None:
     base = _rs([])
     lead = START_LEAD_S * S
-    start = lead + 20.0 + 1.0            # the first request's prefill is under way, its KV crossing
+    start = lead + 20.0 + 1.0  # the first request's prefill is under way, its KV crossing
     rs = _rs([{"kind": "outage", "at_s": start, "duration_s": 6.0}])
     plain = {r.request_id: r for r in simulate(base, _two()).records}
     recs = {r.request_id: r for r in _run(rs, tmp_path, _two())}
@@ -152,13 +158,17 @@ def test_an_outage_stalls_the_kv_until_tcp_retransmits_after_it(tmp_path: Path) 
     back = rto_instant(start, start + 6.0, rtt, S)
     assert back > start + 6.0
     assert a.times.transfer_end * S > back and a.ttft > plain["a"].ttft
-    assert recs["b"].ttft == pytest.approx(plain["b"].ttft)          # after it: untouched
+    assert recs["b"].ttft == pytest.approx(plain["b"].ttft)  # after it: untouched
 
 
 def test_resets_in_an_outage_resume_and_count_what_they_resent(tmp_path: Path) -> None:
     start = START_LEAD_S * S + 21.0
-    rs = _rs([{"kind": "outage", "at_s": start, "duration_s": 6.0},
-              {"kind": "tcp_reset", "at_s": start, "duration_s": 6.0, "count": "all", "ends": "both"}])
+    rs = _rs(
+        [
+            {"kind": "outage", "at_s": start, "duration_s": 6.0},
+            {"kind": "tcp_reset", "at_s": start, "duration_s": 6.0, "count": "all", "ends": "both"},
+        ]
+    )
     recs = _run(rs, tmp_path, _two(), report=True)
     assert all(r.outcome == "completed" for r in recs)
     faults = load_faults(tmp_path)
@@ -175,14 +185,19 @@ def test_resets_in_an_outage_resume_and_count_what_they_resent(tmp_path: Path) -
 def test_transfers_that_cannot_resume_fail_and_their_requests_are_retried(tmp_path: Path) -> None:
     start = START_LEAD_S * S + 21.0
     # Resets, then the link stays dark past the sender's resume budget (5 wire s here).
-    rs = _rs([{"kind": "outage", "at_s": start, "duration_s": 40.0},
-              {"kind": "tcp_reset", "at_s": start, "duration_s": 5.0, "count": "all"}],
-             transfer={"resume_timeout_s": 5.0})
+    rs = _rs(
+        [
+            {"kind": "outage", "at_s": start, "duration_s": 40.0},
+            {"kind": "tcp_reset", "at_s": start, "duration_s": 5.0, "count": "all"},
+        ],
+        transfer={"resume_timeout_s": 5.0},
+    )
     recs = {r.request_id: r for r in _run(rs, tmp_path, _two())}
     a = recs["a"]
-    assert a.retries == 1 and a.retry_reason == ("kv transfer failed: the connection was reset (tcp_reset fault) "
-                                                 "(not resumed within 5 s)")
-    assert (a.retry_kind, a.retry_node) == ("kv_transfer_failed", "")      # between two instances: neither named
+    assert a.retries == 1 and a.retry_reason == (
+        "kv transfer failed: the connection was reset (tcp_reset fault) (not resumed within 5 s)"
+    )
+    assert (a.retry_kind, a.retry_node) == ("kv_transfer_failed", "")  # between two instances: neither named
     # Failed at the budget's end. By then the router's probes across the dark link went unanswered
     # and took the remote instances out: the retry is prefilled locally and completes.
     assert a.times.routed * S == pytest.approx(start + 5.0 * S)
@@ -240,5 +255,6 @@ def test_the_shipped_fault_scenarios_simulate_with_every_figure_of_the_faults_se
         assert all(r.retry_node for r in recs if r.retries and r.retry_kind.endswith("_down")), name
         assert effects and all(e["affected"] > 0 and e["recover_s"] is not None for e in effects), (name, effects)
         lines = [json.loads(x) for x in (tmp_path / name / "faults.jsonl").read_text().splitlines()]
-        assert all(set(x) == {"t", "t_wire", "fault", "kind", "phase", "target", "at_s", "detail", "outcome"}
-                   for x in lines)
+        assert all(
+            set(x) == {"t", "t_wire", "fault", "kind", "phase", "target", "at_s", "detail", "outcome"} for x in lines
+        )

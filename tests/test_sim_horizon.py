@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from long_sim import start_long_sim_replay
-from testbed.sim import simulate
+
 from testbed.run.load import load
+from testbed.sim import simulate
 from testbed.traces.loader import trace_from_workload
 
 DAY = 86400.0
@@ -27,14 +28,13 @@ DAY = 86400.0
 
 @pytest.mark.pure
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(days=st.floats(min_value=2.0, max_value=12.0), seed=st.integers(0, 10_000),
-       n=st.integers(20, 120))
+@given(days=st.floats(min_value=2.0, max_value=12.0), seed=st.integers(0, 10_000), n=st.integers(20, 120))
 def test_a_trace_spanning_days_finishes(days: float, seed: int, n: int) -> None:
     # The paper's workload (long prompts cross the WAN, short ones stay) spread over days.
     rs = load("paper-prfaas", {"workload": {"requests": n, "rate": n / (days * DAY), "seed": seed}})
     st_ = simulate(rs, trace_from_workload(rs.spec.workload))
     assert st_.completed == n
-    assert st_.events < 5000 * n      # progress, not a stall at one instant
+    assert st_.events < 5000 * n  # progress, not a stall at one instant
 
 
 @pytest.mark.pure
@@ -71,7 +71,8 @@ def test_a_signal_stops_a_sim_replay_with_its_records(tmp_path: Path, sig: int) 
     # A stop writes run.json and nothing else: it does not wait for the summary (seconds of CPU
     # for the records kept, `testbed report` makes it). The bound leaves a busy host room.
     assert stopped < 10, stopped
-    rep = subprocess.run([sys.executable, "-m", "testbed", "report", str(out)], capture_output=True, text=True,
-                         timeout=300)
+    rep = subprocess.run(
+        [sys.executable, "-m", "testbed", "report", str(out)], capture_output=True, text=True, timeout=300
+    )
     assert rep.returncode == 0 and "interrupted" in rep.stdout + rep.stderr, rep.stderr[-2000:]
     assert json.loads((out / "summary.json").read_text())["requests"]["total"] == len(rows) - 1

@@ -52,8 +52,8 @@ def test_shares_are_per_connection_a_single_chunk_uses_one() -> None:
     net = _net()
     c = net.wan[("a", "b")].capacity
     small, big = net.path("s1", "r1"), net.path("s2", "r2")
-    net.push(small, 0.0, 100e3)            # one chunk: one connection
-    net.push(big, 0.0, 100e6)              # many chunks: all four
+    net.push(small, 0.0, 100e3)  # one chunk: one connection
+    net.push(big, 0.0, 100e6)  # many chunks: all four
     assert small.k == 1 and big.k == 4
     assert small.rate == pytest.approx(c / 5) and big.rate == pytest.approx(4 * c / 5)
 
@@ -65,7 +65,7 @@ def test_a_rate_drop_in_the_schedule_slows_a_transfer_in_flight() -> None:
     net.schedule_changes()
     p = net.path("s1", "r1")
     times: dict[str, float] = {}
-    net.push(p, 0.0, 2.0 * c)              # 2 s at the full rate
+    net.push(p, 0.0, 2.0 * c)  # 2 s at the full rate
     _done_at(net, p, times, "done")
     net.loop.run()
     assert times["done"] == pytest.approx(1.0 + 1.0 * c / (c / 2))
@@ -112,8 +112,9 @@ def test_a_lone_connection_is_window_limited() -> None:
 def test_loss_limits_loss_based_tcp_by_mathis_not_bbr() -> None:
     prof = LinkProfile(name="lossy", rate=100e9, delay=0.015, loss=0.01, tcp=BIG_WINDOWS)
     cubic = TcpModel.of(prof, TransferSpec(), 1.0)
-    bbr = TcpModel.of(prof.model_copy(update={"tcp": TcpSettings(congestion="bbr", rmem_max=GIB, wmem_max=GIB)}),
-                      TransferSpec(), 1.0)
+    bbr = TcpModel.of(
+        prof.model_copy(update={"tcp": TcpSettings(congestion="bbr", rmem_max=GIB, wmem_max=GIB)}), TransferSpec(), 1.0
+    )
     assert cubic.connection_rate(0.03, 0.01, 0.0) == pytest.approx(1460 / 0.03 * math.sqrt(1.5) / 0.1)
     assert bbr.connection_rate(0.03, 0.01, 0.0) == pytest.approx(GIB / 0.03)
     # Correlated losses come in bursts: fewer loss events, a higher rate.
@@ -123,8 +124,13 @@ def test_loss_limits_loss_based_tcp_by_mathis_not_bbr() -> None:
 
 
 def test_an_outage_stalls_a_transfer_until_its_retransmission_after_the_link_is_back() -> None:
-    wan = LinkProfile(name="wan", rate=8e9, delay=0.01, tcp=BIG_WINDOWS,
-                      schedule=[LinkChange(at=1.0, loss=1.0), LinkChange(at=3.0, loss=0.0)])
+    wan = LinkProfile(
+        name="wan",
+        rate=8e9,
+        delay=0.01,
+        tcp=BIG_WINDOWS,
+        schedule=[LinkChange(at=1.0, loss=1.0), LinkChange(at=3.0, loss=0.0)],
+    )
     net = _net(wan)
     c = net.wan[("a", "b")].capacity
     net.schedule_changes()

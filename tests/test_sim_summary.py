@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from testbed.cli import COMMAND_MODULE, COMMAND_MODULES, build_parser, main
-from testbed.metrics.records import as_written, format_row, parse_row, COLUMNS
+from testbed.metrics.records import COLUMNS, as_written, format_row, parse_row
 from testbed.metrics.summary import summarize
-from testbed.sim import simulate
 from testbed.run.load import load
 from testbed.run.runner import run_sim
+from testbed.sim import simulate
 from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace, TraceRequest
 
@@ -22,18 +22,24 @@ pytestmark = pytest.mark.pure
 
 def _trace(n: int) -> Trace:
     # Conversations: each turn extends the one before, so prefix caches are hit and counted.
-    reqs = [TraceRequest(f"r{i}", 0.4 * i, 1024 * (1 + i % 5) + 37, 24 + i % 7, tuple(range(2 * (1 + i % 5))))
-            for i in range(n)]
+    reqs = [
+        TraceRequest(f"r{i}", 0.4 * i, 1024 * (1 + i % 5) + 37, 24 + i % 7, tuple(range(2 * (1 + i % 5))))
+        for i in range(n)
+    ]
     return Trace(reqs, "conversations")
 
 
-@pytest.mark.parametrize("scenario, overrides, trace", [
-    ("paper-homogeneous", {}, _trace(80)),
-    ("paper-prfaas-bw", {"workload": {"requests": 60, "output_tokens": 32, "seed": 4}}, None),
-    ("paper-prfaas-adaptive", {}, _trace(60)),
-])
-def test_the_summary_of_a_simulated_run_is_the_one_its_files_give(tmp_path: Path, scenario: str,
-                                                                  overrides: dict[str, object], trace: Trace | None) -> None:
+@pytest.mark.parametrize(
+    "scenario, overrides, trace",
+    [
+        ("paper-homogeneous", {}, _trace(80)),
+        ("paper-prfaas-bw", {"workload": {"requests": 60, "output_tokens": 32, "seed": 4}}, None),
+        ("paper-prfaas-adaptive", {}, _trace(60)),
+    ],
+)
+def test_the_summary_of_a_simulated_run_is_the_one_its_files_give(
+    tmp_path: Path, scenario: str, overrides: dict[str, object], trace: Trace | None
+) -> None:
     rs = load(scenario, overrides)
     res = run_sim(rs, trace or trace_from_workload(rs.spec.workload), tmp_path, report=False)
     again = summarize(tmp_path).to_json_dict()
@@ -49,16 +55,23 @@ def test_a_record_as_written_is_the_row_read_back() -> None:
         back = parse_row(dict(zip(COLUMNS, format_row(rec))))
         mine = as_written(rec)
         assert format_row(mine) == format_row(back)
-        assert [getattr(mine.times, c) for c in ("arrival", "first_token", "last_token")] == \
-            [getattr(back.times, c) for c in ("arrival", "first_token", "last_token")]
+        assert [getattr(mine.times, c) for c in ("arrival", "first_token", "last_token")] == [
+            getattr(back.times, c) for c in ("arrival", "first_token", "last_token")
+        ]
         assert mine.prefill_modelled == back.prefill_modelled
 
 
-def test_a_simulated_replay_writes_its_report_only_when_asked_and_later_on_demand(tmp_path: Path,
-                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_simulated_replay_writes_its_report_only_when_asked_and_later_on_demand(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(f'{{"timestamp": {i * 500}, "input_length": 2000, "output_length": 20, '
-                             f'"hash_ids": [{i}, {i + 100}, {i + 200}, {i + 300}]}}\n' for i in range(12)))
+    trace.write_text(
+        "".join(
+            f'{{"timestamp": {i * 500}, "input_length": 2000, "output_length": 20, '
+            f'"hash_ids": [{i}, {i + 100}, {i + 200}, {i + 300}]}}\n'
+            for i in range(12)
+        )
+    )
     base = ["replay", "--scenario", "paper-homogeneous", "--backend", "sim", "--trace", str(trace)]
     assert main([*base, "--out", str(tmp_path / "a")]) == 0
     assert f"no report: `testbed report {tmp_path / 'a'}` writes report.md and its plots" in capsys.readouterr().out
@@ -74,7 +87,8 @@ def test_each_command_is_registered_by_the_module_the_cli_imports_for_it() -> No
     for command in COMMAND_MODULE:
         parser = build_parser([command])
         sub = next(a for a in parser._actions if a.dest == "command")
-        assert command in sub.choices, command          # type: ignore[operator]
+        assert command in sub.choices, command  # type: ignore[operator]
     # Without a command (--help) every module registers its own.
     every = next(a for a in build_parser([])._actions if a.dest == "command")
-    assert set(COMMAND_MODULE) <= set(every.choices)    # type: ignore[arg-type]
+    # One map: every command the modules register is in it (so running it imports only its module).
+    assert set(COMMAND_MODULE) == set(every.choices)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.pure
 
 def test_linear_interpolation_between_ranks() -> None:
     xs = [4.0, 1.0, 3.0, 2.0]
-    assert percentile(xs, 90) == pytest.approx(3.7)   # rank 0.9 * 3 = 2.7: 3 + 0.7 * (4 - 3)
+    assert percentile(xs, 90) == pytest.approx(3.7)  # rank 0.9 * 3 = 2.7: 3 + 0.7 * (4 - 3)
     assert percentile(xs, 50) == pytest.approx(2.5)
     assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 4.0
     assert percentile([7.0], 90) == 7.0

@@ -47,5 +47,11 @@ def test_compose_and_swarm_blocks_are_disjoint_and_apart_from_netns() -> None:
 
 
 def test_ipam_entries_without_an_ipv4_subnet_are_ignored() -> None:
-    assert subnets_of([{"Subnet": "10.240.0.0/24", "Gateway": "10.240.0.1"}, {"Subnet": "fd00::/64"},
-                       {"Gateway": "x"}, {"Subnet": "nonsense"}]) == [Net("10.240.0.0/24")]
+    assert subnets_of(
+        [
+            {"Subnet": "10.240.0.0/24", "Gateway": "10.240.0.1"},
+            {"Subnet": "fd00::/64"},
+            {"Gateway": "x"},
+            {"Subnet": "nonsense"},
+        ]
+    ) == [Net("10.240.0.0/24")]

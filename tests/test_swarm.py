@@ -16,22 +16,40 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from replay_exit import RAN
-from wan_bound import counters_bound
 import yaml
 from aiohttp import web
-
 from deployment_sizes import ONE_PER_ROLE, SERVICES_ONE_PER_ROLE
 from held import answers, check_api_key, check_held_run, drive_with_openai, start_hold
-from testbed.deploy.compose import compose_spec, layout
-from testbed.deploy.discovery import (ADDRESSES, FILES, REGISTER, Registry, add_file_routes, add_registry_routes,
-                                      discover, routes_via_wan, with_hosts)
+from replay_exit import RAN
+from wan_bound import counters_bound
+
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import load_scenario
+from testbed.deploy.compose import compose_spec, layout
+from testbed.deploy.discovery import (
+    ADDRESSES,
+    FILES,
+    REGISTER,
+    Registry,
+    add_file_routes,
+    add_registry_routes,
+    discover,
+    routes_via_wan,
+    with_hosts,
+)
 from testbed.deploy.engine import parse_tasks
-from testbed.deploy.swarm import (DC_LABEL, SUBNET_BASE, WAN_LABEL, all_running, engine_start_failure, missing_labels,
-                                  stack_spec, swarm_deployment, task_problem, wan_stack_config)
+from testbed.deploy.swarm import (
+    DC_LABEL,
+    SUBNET_BASE,
+    WAN_LABEL,
+    all_running,
+    engine_start_failure,
+    missing_labels,
+    stack_spec,
+    swarm_deployment,
+    task_problem,
+    wan_stack_config,
+)
 from testbed.run.load import resolve
 
 PROJECT_LABEL = "prfaas-testbed.project"
@@ -56,7 +74,7 @@ def test_stack_has_the_compose_services_on_overlay_networks_placed_by_datacenter
     prof = load_profile(sc.links.inter_dc)
     spec = stack_spec(sc, prof, "ptb1234", "prfaas-testbed:latest")
     compose = compose_spec(sc, prof, "ptb1234", "prfaas-testbed:latest", tmp_path, tmp_path / "ctl")
-    assert set(spec["services"]) == set(compose["services"])            # the same scenario, the same services
+    assert set(spec["services"]) == set(compose["services"])  # the same scenario, the same services
     assert set(spec["networks"]) == set(compose["networks"])
     # Nothing `docker stack deploy` ignores, and no bind mount of a directory other hosts lack.
     keys = set(_walk(spec))
@@ -82,13 +100,18 @@ def test_stack_has_the_compose_services_on_overlay_networks_placed_by_datacenter
         cmd = svc["command"]
         assert cmd[cmd.index("--discover") + 1] == "http://wan:8000" and "--serve-files" in cmd
         assert svc["configs"] == [{"source": "deployment", "target": "/etc/testbed/deployment.json"}]
-    assert spec["services"]["router"]["deploy"]["placement"]["constraints"] == ["node.labels.prfaas.dc.dc-local == true"]
+    assert spec["services"]["router"]["deploy"]["placement"]["constraints"] == [
+        "node.labels.prfaas.dc.dc-local == true"
+    ]
     wan = spec["services"]["wan"]
     assert wan["networks"] == list(spec["networks"]) and wan["init"] is True
     assert wan["deploy"]["placement"]["constraints"] == [f"node.labels.{WAN_LABEL} == true"]
     assert wan["entrypoint"][:3] == ["python3", "-m", "testbed.deploy.swarm_wan"]
     assert wan["sysctls"]["net.ipv4.ip_forward"] == "1"
-    assert {k: v["file"] for k, v in spec["configs"].items()} == {"deployment": "./deployment.json", "wan": "./wan.json"}
+    assert {k: v["file"] for k, v in spec["configs"].items()} == {
+        "deployment": "./deployment.json",
+        "wan": "./wan.json",
+    }
     assert spec["version"] == "3.8"
     assert yaml.safe_load(yaml.safe_dump(spec)) == spec and "&id" not in yaml.safe_dump(spec)
 
@@ -108,15 +131,19 @@ def test_deployment_and_wan_config_leave_addresses_to_discovery() -> None:
     assert resolved.router.url == "http://10.234.1.7:8000"
     p0 = resolved.nodes["prfaas-p0"]
     assert (p0.http.host, p0.kv and p0.kv.host, p0.kv and p0.kv.port) == ("10.234.0.3", "10.234.0.3", 9000)
-    assert resolved.nodes["pd-d0"].http.host == "pd-d0"            # not listed: unchanged
-    assert routes_via_wan("dc-remote", info["subnets"], {"dc-remote": "10.234.0.5", "dc-local": "10.234.1.5"}) \
-        == ["10.234.1.0/24=10.234.0.5"]
+    assert resolved.nodes["pd-d0"].http.host == "pd-d0"  # not listed: unchanged
+    assert routes_via_wan("dc-remote", info["subnets"], {"dc-remote": "10.234.0.5", "dc-local": "10.234.1.5"}) == [
+        "10.234.1.0/24=10.234.0.5"
+    ]
     prof = load_profile(sc.links.inter_dc)
     from testbed.core.schema.scaling import Scale
     from testbed.deploy.netns import wan_links
+
     cfg = wan_stack_config("ptb1234", lay, wan_links(sc, prof, Scale.from_spec(sc.scale)), 64950)
     assert [(d["name"], d["index"], d["subnet"], d["address"]) for d in cfg["dcs"]] == [
-        ("dc-remote", 0, "10.234.0.0/24", ""), ("dc-local", 1, "10.234.1.0/24", "")]
+        ("dc-remote", 0, "10.234.0.0/24", ""),
+        ("dc-local", 1, "10.234.1.0/24", ""),
+    ]
     assert cfg["method"] == "auto" and cfg["mtu"] == 64950 and cfg["members"] == info["members"]
     assert set(cfg["links"]) == {"dc-remote->dc-local", "dc-local->dc-remote"}
 
@@ -128,11 +155,18 @@ def test_task_states_tell_running_from_failed_and_unschedulable() -> None:
     nodes = {"n1": "vm"}
 
     def row(name: str, state: str, error: str = "", tid: str = "x") -> dict[str, Any]:
-        return {"ID": tid, "ServiceID": f"s-{name}", "NodeID": "n1", "Slot": 1, "DesiredState": "running",
-                "Status": {"State": state, "Message": state, **({"Err": error} if error else {})}}
+        return {
+            "ID": tid,
+            "ServiceID": f"s-{name}",
+            "NodeID": "n1",
+            "Slot": 1,
+            "DesiredState": "running",
+            "Status": {"State": state, "Message": state, **({"Err": error} if error else {})},
+        }
 
     def parse(*rows: dict[str, Any]) -> list[Any]:
         return parse_tasks(list(rows), services, nodes, "ptb1")
+
     tasks = parse(row("wan", "running"), row("pd-d0", "starting"))
     assert [(t.service, t.state, t.node) for t in tasks] == [("wan", "running", "vm"), ("pd-d0", "starting", "vm")]
     assert task_problem(tasks) is None and not all_running(tasks, {"wan", "pd-d0"}) and all_running(tasks, {"wan"})
@@ -142,20 +176,32 @@ def test_task_states_tell_running_from_failed_and_unschedulable() -> None:
     assert task_problem(stuck) == stuck[0]
     assert task_problem(parse(row("router", "pending"))) is None
     # A container the engine could not start is retried: its task is superseded by the new one.
-    busy = parse(row("pd-d0", "failed", "starting container failed: unable to remount dir as readonly: "
-                                        "mount tmpfs:/var/lib/docker/containers/x/mounts/secrets: device or resource busy",
-                     tid="old"), row("pd-d0", "starting", tid="new"))
+    busy = parse(
+        row(
+            "pd-d0",
+            "failed",
+            "starting container failed: unable to remount dir as readonly: "
+            "mount tmpfs:/var/lib/docker/containers/x/mounts/secrets: device or resource busy",
+            tid="old",
+        ),
+        row("pd-d0", "starting", tid="new"),
+    )
     assert engine_start_failure(busy[0]) and not engine_start_failure(bad[0])
     assert task_problem(busy) == busy[0] and task_problem(busy, {"old"}) is None
     nodes = [{"id": "a", "labels": {"prfaas.dc.dc-local": "true"}}, {"id": "b", "labels": {"prfaas.wan": "no"}}]
     assert missing_labels(nodes, ["prfaas.dc.dc-local", "prfaas.dc.dc-remote", "prfaas.wan"]) == [
-        "prfaas.dc.dc-remote", "prfaas.wan"]
+        "prfaas.dc.dc-remote",
+        "prfaas.wan",
+    ]
 
 
 @pytest.mark.pure
 def test_registry_checks_who_registers_where() -> None:
-    reg = Registry({"router": "local", "p0": "remote"}, {"local": "10.0.1.0/24", "remote": "10.0.0.0/24"},
-                   {"local": "10.0.1.254", "remote": "10.0.0.254"})
+    reg = Registry(
+        {"router": "local", "p0": "remote"},
+        {"local": "10.0.1.0/24", "remote": "10.0.0.0/24"},
+        {"local": "10.0.1.254", "remote": "10.0.0.254"},
+    )
     with pytest.raises(ValueError, match="unknown service"):
         reg.register("d9", "10.0.1.3")
     with pytest.raises(ValueError, match="outside remote's subnet"):
@@ -172,7 +218,7 @@ def test_registry_checks_who_registers_where() -> None:
 async def test_registry_and_file_routes_over_http(aiohttp_client: Any, tmp_path: Path) -> None:
     reg = Registry({"router": "local"}, {"local": "127.0.0.0/8"}, {"local": "127.0.0.1"})
     (tmp_path / "timeseries").mkdir()
-    (tmp_path / "timeseries" / "router.jsonl").write_bytes(b'{"a": 1}\n{"a": 2}\n{"a"')   # being appended
+    (tmp_path / "timeseries" / "router.jsonl").write_bytes(b'{"a": 1}\n{"a": 2}\n{"a"')  # being appended
     (tmp_path / "decisions.jsonl").write_text("")
     (tmp_path.parent / "secret").write_text("outside")
     app = web.Application()
@@ -207,7 +253,7 @@ async def test_a_service_registers_waits_for_the_others_and_learns_routes(aiohtt
     lines: list[str] = []
     task = asyncio.create_task(asyncio.to_thread(discover, dep, "router", url, 20.0, lines.append))
     await asyncio.sleep(1.0)
-    assert not task.done() and reg.hosts == {"router": "127.0.0.1"}        # registered, waiting for the others
+    assert not task.done() and reg.hosts == {"router": "127.0.0.1"}  # registered, waiting for the others
     for i, sid in enumerate(s for s in members if s != "router"):
         reg.hosts[sid] = f"10.99.0.{10 + i}" if members[sid] == "dc-remote" else f"127.0.0.{10 + i}"
     resolved, routes = await asyncio.wait_for(task, 10)
@@ -219,6 +265,7 @@ async def test_a_service_registers_waits_for_the_others_and_learns_routes(aiohtt
 
 
 # -- docker tier: a single-node swarm on this engine ---------------------------------------------
+
 
 def _docker(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120, check=check)
@@ -274,21 +321,34 @@ def _left(project: str) -> dict[str, list[str]]:
     stack = f"label=com.docker.stack.namespace={project}"
     return {
         "services": _docker("service", "ls", "-q", "--filter", sel).stdout.split()
-                    + _docker("service", "ls", "-q", "--filter", stack).stdout.split(),
+        + _docker("service", "ls", "-q", "--filter", stack).stdout.split(),
         "containers": _docker("ps", "-aq", "--filter", sel).stdout.split()
-                      + _docker("ps", "-aq", "--filter", stack).stdout.split(),
+        + _docker("ps", "-aq", "--filter", stack).stdout.split(),
         "networks": _docker("network", "ls", "-q", "--filter", sel).stdout.split()
-                    + _docker("network", "ls", "-q", "--filter", stack).stdout.split(),
+        + _docker("network", "ls", "-q", "--filter", stack).stdout.split(),
         "configs": _docker("config", "ls", "-q", "--filter", sel).stdout.split(),
         "volumes": _docker("volume", "ls", "-q", "--filter", sel).stdout.split()
-                   + _docker("volume", "ls", "-q", "--filter", stack).stdout.split(),
+        + _docker("volume", "ls", "-q", "--filter", stack).stdout.split(),
         "netns": [n for n in os.listdir("/run/netns") if n.startswith(project)] if os.path.isdir("/run/netns") else [],
     }
 
 
 def _up(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "testbed", "up", "--backend", "swarm", "--scenario", "paper-prfaas",
-            "--out", str(out), "--set", "scale.byte_scale=1000", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "testbed",
+        "up",
+        "--backend",
+        "swarm",
+        "--scenario",
+        "paper-prfaas",
+        "--out",
+        str(out),
+        "--set",
+        "scale.byte_scale=1000",
+        *extra,
+    ]
 
 
 @pytest.mark.docker
@@ -298,9 +358,25 @@ def _up(out: Path, *extra: str) -> list[str]:
 def test_swarm_replay_over_the_shaped_link_and_teardown(tmp_path: Path) -> None:
     out = tmp_path / "run"
     t = time.monotonic()
-    r = subprocess.run(_up(out, "--requests", "12", "--rate", "2", "--json", "--set", "scale.speedup=10",
-                           "--set", "workload.output_tokens=64", "--set", "serving.stream_interval=8"),
-                       capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        _up(
+            out,
+            "--requests",
+            "12",
+            "--rate",
+            "2",
+            "--json",
+            "--set",
+            "scale.speedup=10",
+            "--set",
+            "workload.output_tokens=64",
+            "--set",
+            "serving.stream_interval=8",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     took = time.monotonic() - t
     assert r.returncode in RAN, r.stderr[-3000:]
     s = json.loads(r.stdout)
@@ -319,9 +395,11 @@ def test_swarm_replay_over_the_shaped_link_and_teardown(tmp_path: Path) -> None:
     assert (out / "decisions.jsonl").stat().st_size > 0 and (out / "logs" / "wan.log").stat().st_size > 0
     assert set(meta["shaping"]["placement"]) == set(spec["services"])
     assert _left(project) == {k: [] for k in ("services", "containers", "networks", "configs", "volumes", "netns")}
-    print(f"swarm replay: {took:.0f} s wall, {s['requests']['completed']} completed, WAN mean "
-          f"{s['wan_link']['mean_bps_paper'] / 1e9:.2f} Gbit/s (paper), counters/records "
-          f"{s['wan_link']['counters_over_records']:.4f}, method {meta['shaping']['method']}")
+    print(
+        f"swarm replay: {took:.0f} s wall, {s['requests']['completed']} completed, WAN mean "
+        f"{s['wan_link']['mean_bps_paper'] / 1e9:.2f} Gbit/s (paper), counters/records "
+        f"{s['wan_link']['counters_over_records']:.4f}, method {meta['shaping']['method']}"
+    )
 
 
 @pytest.mark.docker
@@ -333,15 +411,24 @@ def test_swarm_ctrl_c_mid_replay_keeps_records_and_removes_everything(tmp_path: 
     sig = signal.SIGINT
     out = tmp_path / "run"
     # 200 arrivals over 20 s of wire time: the interrupt lands mid-replay.
-    proc = subprocess.Popen(_up(out, "--requests", "200", "--rate", "2", "--set", "scale.speedup=5", *ONE_PER_ROLE),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _up(out, "--requests", "200", "--rate", "2", "--set", "scale.speedup=5", *ONE_PER_ROLE),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 900
         records = out / "records.csv"
-        while time.time() < deadline and proc.poll() is None and not (
-                records.exists() and len(records.read_text().splitlines()) > 3):
+        while (
+            time.time() < deadline
+            and proc.poll() is None
+            and not (records.exists() and len(records.read_text().splitlines()) > 3)
+        ):
             time.sleep(0.2)
-        assert proc.poll() is None, f"the run ended before the interrupt ({proc.returncode}): {proc.communicate()[1][-3000:]}"
+        assert proc.poll() is None, (
+            f"the run ended before the interrupt ({proc.returncode}): {proc.communicate()[1][-3000:]}"
+        )
         project = json.loads((out / "run.json").read_text())["shaping"]["project"]
         running = _docker("service", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}").stdout.split()
         assert len(running) == SERVICES_ONE_PER_ROLE
@@ -357,7 +444,7 @@ def test_swarm_ctrl_c_mid_replay_keeps_records_and_removes_everything(tmp_path: 
     assert json.loads((out / "run.json").read_text())["interrupted"] is True
     assert _left(project) == {k: [] for k in ("services", "containers", "networks", "configs", "volumes", "netns")}
     rows = (out / "records.csv").read_text().splitlines()
-    assert len(rows) == 201                       # every request has a row: the finished ones and the cut-off ones
+    assert len(rows) == 201  # every request has a row: the finished ones and the cut-off ones
     assert (out / "timeseries" / "wan.jsonl").stat().st_size > 0
     done = sum(1 for line in rows[1:] if ",completed," in line)
     print(f"swarm Ctrl-C: {done} of 200 completed before the interrupt, exit 130 and teardown {took:.1f} s after it")
@@ -370,8 +457,19 @@ def test_swarm_ctrl_c_mid_replay_keeps_records_and_removes_everything(tmp_path: 
 def test_swarm_hold_serves_the_openai_package_then_sigterm_removes_everything(tmp_path: Path) -> None:
     out = tmp_path / "run"
     t = time.monotonic()
-    held = start_hold(out, "--backend", "swarm", "--scenario", "paper-prfaas", "--set", "scale.byte_scale=1000",
-                      "--set", "serving.stream_interval=2", *ONE_PER_ROLE, ready_timeout=600)
+    held = start_hold(
+        out,
+        "--backend",
+        "swarm",
+        "--scenario",
+        "paper-prfaas",
+        "--set",
+        "scale.byte_scale=1000",
+        "--set",
+        "serving.stream_interval=2",
+        *ONE_PER_ROLE,
+        ready_timeout=600,
+    )
     ready = time.monotonic() - t
     project = held.info["prefix"]
     try:

@@ -20,12 +20,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-
-from replay_exit import RAN
 from conftest import docker_available
+from replay_exit import RAN
 from wan_bound import counters_bound
 
 from testbed.config.scenarios import load_scenario
@@ -34,20 +32,29 @@ from testbed.deploy.swarm import host_pid, lost_services
 from testbed.deploy.swarm_lab import NODE_FILES, Lab, down, node_hash, plan_nodes, up
 
 PROJECT_LABEL = "prfaas-testbed.project"
-BUDGET_S = 600.0              # for every docker test of this file together, lab builds included
+BUDGET_S = 600.0  # for every docker test of this file together, lab builds included
 
 
-FAST = ["--set", "scale.byte_scale=1000", "--set", "scale.speedup=10", "--set", "workload.output_tokens=64",
-        "--set", "serving.stream_interval=8"]
+FAST = [
+    "--set",
+    "scale.byte_scale=1000",
+    "--set",
+    "scale.speedup=10",
+    "--set",
+    "workload.output_tokens=64",
+    "--set",
+    "serving.stream_interval=8",
+]
 
 
 @pytest.mark.pure
 def test_each_datacenter_and_the_wan_router_get_a_node_of_their_own() -> None:
     plans = plan_nodes(load_scenario("paper-prfaas"))
     assert [(p.role, p.labels) for p in plans] == [
-        ("dc-local", {"prfaas.dc.dc-local": "true"}),           # the home DC first: the manager
+        ("dc-local", {"prfaas.dc.dc-local": "true"}),  # the home DC first: the manager
         ("dc-remote", {"prfaas.dc.dc-remote": "true"}),
-        ("wan", {"prfaas.wan": "true"})]
+        ("wan", {"prfaas.wan": "true"}),
+    ]
 
 
 @pytest.mark.pure
@@ -71,7 +78,7 @@ def test_host_pid_of_a_container_in_another_pid_namespace(tmp_path: Path) -> Non
     (tmp_path / "self").mkdir()
     # The node's engine says 359, which here is another process: the cgroup names the container.
     assert host_pid(cid, 359, tmp_path) == 20600
-    assert host_pid(cid, 20601, tmp_path) == 20601             # an engine of this pid namespace: as reported
+    assert host_pid(cid, 20601, tmp_path) == 20601  # an engine of this pid namespace: as reported
     with pytest.raises(BackendError, match="no process of container 000000000000 "):
         host_pid("0" * 64, 359, tmp_path)
 
@@ -79,17 +86,24 @@ def test_host_pid_of_a_container_in_another_pid_namespace(tmp_path: Path) -> Non
 @pytest.mark.pure
 def test_services_on_a_node_no_longer_ready_are_lost() -> None:
     placement = {"router": "a", "prfaas-p0": "b", "wan": "c", "pd-d0": "gone"}
-    nodes = [{"hostname": "a", "state": "ready"}, {"hostname": "b", "state": "down"},
-             {"hostname": "c", "state": "ready"}]
-    assert lost_services(placement, nodes) == {"pd-d0": "node gone is gone from the swarm",
-                                               "prfaas-p0": "node b is down"}
+    nodes = [
+        {"hostname": "a", "state": "ready"},
+        {"hostname": "b", "state": "down"},
+        {"hostname": "c", "state": "ready"},
+    ]
+    assert lost_services(placement, nodes) == {
+        "pd-d0": "node gone is gone from the swarm",
+        "prfaas-p0": "node b is down",
+    }
 
 
 # -- docker tier ----------------------------------------------------------------------------------
 
 needs_engine = pytest.mark.skipif(not docker_available(), reason="no Docker engine reachable")
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the lab starts Docker engines in containers and the "
-                                                          "replayer enters a container's namespace (root)")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="the lab starts Docker engines in containers and the replayer enters a container's namespace (root)",
+)
 
 
 def _docker(*args: str, host: str | None = None) -> list[str]:
@@ -103,18 +117,23 @@ def _host_state() -> tuple[str, ...]:
 
 def _lab_left(name: str) -> dict[str, list[str]]:
     sel = f"label={PROJECT_LABEL}={name}"
-    return {"containers": _docker("ps", "-aq", "--filter", sel), "networks": _docker("network", "ls", "-q", "--filter", sel),
-            "volumes": _docker("volume", "ls", "-q", "--filter", sel),
-            "folders": [name] if Path(f"/run/prfaas-testbed/lab/{name}").exists() else []}
+    return {
+        "containers": _docker("ps", "-aq", "--filter", sel),
+        "networks": _docker("network", "ls", "-q", "--filter", sel),
+        "volumes": _docker("volume", "ls", "-q", "--filter", sel),
+        "folders": [name] if Path(f"/run/prfaas-testbed/lab/{name}").exists() else [],
+    }
 
 
 def _stack_left(lab: Lab, project: str) -> dict[str, list[str]]:
     """What the run left on the lab's engines: the manager's swarm objects, each live node's containers."""
     sel = f"label=com.docker.stack.namespace={project}"
     mgr = lab.docker_host
-    out = {"services": _docker("service", "ls", "-q", "--filter", sel, host=mgr),
-           "networks": _docker("network", "ls", "-q", "--filter", sel, host=mgr),
-           "configs": _docker("config", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}", host=mgr)}
+    out = {
+        "services": _docker("service", "ls", "-q", "--filter", sel, host=mgr),
+        "networks": _docker("network", "ls", "-q", "--filter", sel, host=mgr),
+        "configs": _docker("config", "ls", "-q", "--filter", f"label={PROJECT_LABEL}={project}", host=mgr),
+    }
     for n in lab.nodes:
         if _docker("ps", "-q", "--filter", f"name=^{n.name}$", "--filter", "status=running"):
             out[f"containers on {n.role}"] = _docker("ps", "-aq", "--filter", sel, host=f"unix://{n.socket}")
@@ -151,12 +170,24 @@ def lab(left: Callable[[], float]) -> Iterator[Lab]:
     finally:
         down(made.name)
         assert _lab_left(made.name) == {"containers": [], "networks": [], "volumes": [], "folders": []}
-        assert _host_state() == before           # the host engine's own swarm state is untouched
+        assert _host_state() == before  # the host engine's own swarm state is untouched
 
 
 def _up(lab: Lab, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "testbed", "up", "--backend", "swarm", "--scenario", "paper-prfaas",
-            "--out", str(out), *FAST, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "testbed",
+        "up",
+        "--backend",
+        "swarm",
+        "--scenario",
+        "paper-prfaas",
+        "--out",
+        str(out),
+        *FAST,
+        *extra,
+    ]
 
 
 def _env(lab: Lab) -> dict[str, str]:
@@ -167,8 +198,11 @@ def _wait_for_records(proc: subprocess.Popen[str], out: Path, rows: int, within_
     """Until the run in `proc` has more than `rows` records in `out` (header included), it ends,
     or `within_s` passes."""
     deadline = time.time() + within_s
-    while time.time() < deadline and proc.poll() is None and not (
-            (out / "records.csv").exists() and len((out / "records.csv").read_text().splitlines()) > rows):
+    while (
+        time.time() < deadline
+        and proc.poll() is None
+        and not ((out / "records.csv").exists() and len((out / "records.csv").read_text().splitlines()) > rows)
+    ):
         time.sleep(0.1)
 
 
@@ -180,12 +214,18 @@ def _records(out: Path) -> list[dict[str, str]]:
 @pytest.mark.docker
 @needs_engine
 @needs_root
-def test_replay_across_three_engines_crosses_the_wan_between_them(lab: Lab, left: Callable[[], float],
-                                                                  tmp_path: Path) -> None:
+def test_replay_across_three_engines_crosses_the_wan_between_them(
+    lab: Lab, left: Callable[[], float], tmp_path: Path
+) -> None:
     out = tmp_path / "run"
     t = time.monotonic()
-    r = subprocess.run(_up(lab, out, "--requests", "12", "--rate", "2", "--json"), env=_env(lab),
-                       capture_output=True, text=True, timeout=left())
+    r = subprocess.run(
+        _up(lab, out, "--requests", "12", "--rate", "2", "--json"),
+        env=_env(lab),
+        capture_output=True,
+        text=True,
+        timeout=left(),
+    )
     took = time.monotonic() - t
     assert r.returncode in RAN, r.stderr[-3000:]
     s = json.loads(r.stdout)
@@ -199,7 +239,8 @@ def test_replay_across_three_engines_crosses_the_wan_between_them(lab: Lab, left
         role = "wan" if svc == "wan" else "dc-remote" if svc.startswith("prfaas-") else "dc-local"
         assert host == node[role], (svc, host)
     assert {h: (n["id"], n["labels"]) for h, n in sh["nodes"].items()} == {
-        n.name: (n.node_id, n.labels) for n in lab.nodes}
+        n.name: (n.node_id, n.labels) for n in lab.nodes
+    }
     # Records complete; the offloaded requests' KV left the dc-remote engine for the dc-local one
     # through the WAN router's engine, whose own interface counters saw it.
     rows = _records(out)
@@ -210,25 +251,38 @@ def test_replay_across_three_engines_crosses_the_wan_between_them(lab: Lab, left
     w = s["wan_link"]
     assert w["link"] == "dc-remote->dc-local" and w["mean_bps_paper"] > 0
     assert 1.0 <= w["counters_over_records"] < counters_bound(out, s)
-    running = [c for n in lab.nodes for c in _docker("ps", "-q", "--filter", f"label=com.docker.stack.namespace="
-                                                           f"{sh['project']}", host=f"unix://{n.socket}")]
-    assert running == []                                       # stopped on every engine when the run returns
+    running = [
+        c
+        for n in lab.nodes
+        for c in _docker(
+            "ps", "-q", "--filter", f"label=com.docker.stack.namespace={sh['project']}", host=f"unix://{n.socket}"
+        )
+    ]
+    assert running == []  # stopped on every engine when the run returns
     gone = _stack_gone(lab, sh["project"])
-    print(f"three engines: {took:.0f} s wall, {len(crossed)} of 12 crossed {node['dc-remote']} -> {node['wan']} -> "
-          f"{node['dc-local']}, WAN {w['links']['dc-remote->dc-local']['bytes_wire']:.0f} B on the wire "
-          f"(counters/records {w['counters_over_records']:.4f}), mean {w['mean_bps_paper'] / 1e9:.2f} Gbit/s paper; "
-          f"the workers removed their stopped containers {gone:.0f} s after the run")
+    print(
+        f"three engines: {took:.0f} s wall, {len(crossed)} of 12 crossed {node['dc-remote']} -> {node['wan']} -> "
+        f"{node['dc-local']}, WAN {w['links']['dc-remote->dc-local']['bytes_wire']:.0f} B on the wire "
+        f"(counters/records {w['counters_over_records']:.4f}), mean {w['mean_bps_paper'] / 1e9:.2f} Gbit/s paper; "
+        f"the workers removed their stopped containers {gone:.0f} s after the run"
+    )
 
 
 @pytest.mark.docker
 @needs_engine
 @needs_root
-def test_losing_the_remote_engine_mid_run_accounts_for_every_request(lab: Lab, left: Callable[[], float],
-                                                                     tmp_path: Path) -> None:
+def test_losing_the_remote_engine_mid_run_accounts_for_every_request(
+    lab: Lab, left: Callable[[], float], tmp_path: Path
+) -> None:
     out = tmp_path / "run"
     # 60 arrivals over 6 s of wire time: the kill lands while most are still to come.
-    proc = subprocess.Popen(_up(lab, out, "--requests", "60", "--rate", "1", "--json"), env=_env(lab),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _up(lab, out, "--requests", "60", "--rate", "1", "--json"),
+        env=_env(lab),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     victim = next(n for n in lab.nodes if n.role == "dc-remote")
     try:
         _wait_for_records(proc, out, 5, left())
@@ -245,10 +299,10 @@ def test_losing_the_remote_engine_mid_run_accounts_for_every_request(lab: Lab, l
     meta = json.loads((out / "run.json").read_text())
     assert meta["state"] == "finished"
     rows = _records(out)
-    assert len(rows) == 60                                     # every request has its row
+    assert len(rows) == 60  # every request has its row
     assert all(row["outcome"] in ("completed", "failed") for row in rows)
     failed = [row for row in rows if row["outcome"] == "failed"]
-    assert all(row["reason"] for row in failed)                # and every failure its reason
+    assert all(row["reason"] for row in failed)  # and every failure its reason
     # The four prefill instances of dc-remote went with its engine; the run says so and why.
     lost = meta["shaping"]["unreachable_at_end"]
     assert sorted(lost) == ["prfaas-p0", "prfaas-p1", "prfaas-p2", "prfaas-p3"]
@@ -261,21 +315,42 @@ def test_losing_the_remote_engine_mid_run_accounts_for_every_request(lab: Lab, l
         key = re.sub(r"prfaas-p\d|\d+\.\d+\.\d+\.\d+", "*", row["reason"])[:90]
         reasons[key] = reasons.get(key, 0) + 1
     done = sum(row["outcome"] == "completed" for row in rows)
-    print(f"node loss: {done} completed, {len(failed)} failed of 60 ({reasons}); "
-          f"{sum(row['retries'] not in ('', '0') for row in rows)} retried; run ended {after:.0f} s after the kill, "
-          f"the live workers' containers gone {gone:.0f} s later")
+    print(
+        f"node loss: {done} completed, {len(failed)} failed of 60 ({reasons}); "
+        f"{sum(row['retries'] not in ('', '0') for row in rows)} retried; run ended {after:.0f} s after the kill, "
+        f"the live workers' containers gone {gone:.0f} s later"
+    )
 
 
 @pytest.mark.docker
 @needs_engine
 @needs_root
-def test_sigterm_to_the_lab_run_removes_every_engine_and_keeps_the_records(left: Callable[[], float],
-                                                                          tmp_path: Path) -> None:
+def test_sigterm_to_the_lab_run_removes_every_engine_and_keeps_the_records(
+    left: Callable[[], float], tmp_path: Path
+) -> None:
     out = tmp_path / "run"
     before = _host_state()
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.deploy.swarm_lab", "run", "--scenario", "paper-prfaas",
-                             "--", "--out", str(out), *FAST, "--requests", "200", "--rate", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed.deploy.swarm_lab",
+            "run",
+            "--scenario",
+            "paper-prfaas",
+            "--",
+            "--out",
+            str(out),
+            *FAST,
+            "--requests",
+            "200",
+            "--rate",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for_records(proc, out, 3, left())
         assert proc.poll() is None, f"the run ended before the signal: {proc.communicate()[1][-3000:]}"

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from testbed.studies.sweep import sweep
 from summaries import summary_figures
+
 from testbed.cli import main
-from testbed.model.analytical import evaluate
-from testbed.config.scenarios import ScenarioError, load_scenario
 from testbed.config.overrides import build_overrides, parse_assignments
+from testbed.config.scenarios import ScenarioError, load_scenario
+from testbed.model.analytical import evaluate
+from testbed.studies.sweep import sweep
 from testbed.studies.sweep.sweep import (
     build_grid,
     model_curve,
@@ -44,8 +44,14 @@ def test_parse_param_values_are_yaml() -> None:
 @pure
 def test_grid_is_a_product_first_field_slowest() -> None:
     g = build_grid([("a", [1, 2]), ("b", ["x", "y", "z"])])
-    assert g == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 1, "b": "z"},
-                 {"a": 2, "b": "x"}, {"a": 2, "b": "y"}, {"a": 2, "b": "z"}]
+    assert g == [
+        {"a": 1, "b": "x"},
+        {"a": 1, "b": "y"},
+        {"a": 1, "b": "z"},
+        {"a": 2, "b": "x"},
+        {"a": 2, "b": "y"},
+        {"a": 2, "b": "z"},
+    ]
     assert build_grid([("a", [3])]) == [{"a": 3}]
     with pytest.raises(ScenarioError, match="at most 2"):
         build_grid([("a", [1]), ("b", [1]), ("c", [1])])
@@ -68,21 +74,26 @@ def test_list_index_copies_the_list_and_edits_one_element() -> None:
     assert len(ov["clusters"]) == 2
     assert ov["clusters"][0] == base["clusters"][0]
     assert ov["clusters"][1] == {**base["clusters"][1], "prefill": 4, "decode": 4}
-    assert base["clusters"][1]["prefill"] == 3          # the resolved scenario is not modified
+    assert base["clusters"][1]["prefill"] == 3  # the resolved scenario is not modified
     sc = load_scenario("paper-prfaas", ov)
     assert [(c.name, c.prefill, c.decode) for c in sc.clusters] == [("prfaas", 4, 0), ("pd", 4, 4)]
 
 
 @pure
 def test_nested_list_and_mixed_paths() -> None:
-    ov = build_overrides(resolved(), [("hardware.h200.prefill.points.0.1", 0.5),
-                                      ("hardware.h200.prefill.cached_token_s", 1e-6),
-                                      ("clusters.0.prefill", 2)])
+    ov = build_overrides(
+        resolved(),
+        [
+            ("hardware.h200.prefill.points.0.1", 0.5),
+            ("hardware.h200.prefill.cached_token_s", 1e-6),
+            ("clusters.0.prefill", 2),
+        ],
+    )
     sc = load_scenario("paper-prfaas", ov)
     pre = sc.hardware["h200"].prefill
     assert pre.kind == "table" and pre.points[0] == (1024, 0.5) and pre.points[1] == (8192, 0.72)
     assert pre.cached_token_s == 1e-6
-    assert sc.hardware["h20"].decode is not None           # sparse: siblings kept
+    assert sc.hardware["h20"].decode is not None  # sparse: siblings kept
     assert sc.clusters[0].prefill == 2
 
 
@@ -146,14 +157,15 @@ def test_model_curve_has_fig5b_shape_and_passes_through_swept_points() -> None:
     ev = evaluate(sc, threshold=19400)
     assert at["lambda_max"] == pytest.approx(ev.lambda_max) and at["ttft_mean_s"] == pytest.approx(ev.ttft_mean_s)
     best = max(rows, key=lambda r: r["lambda_max"])
-    assert 15000 < best["t"] < 25000        # the paper's optimum, t ~ 19.4K
+    assert 15000 < best["t"] < 25000  # the paper's optimum, t ~ 19.4K
     with_ttft = [r for r in rows if r["ttft_mean_s"] is not None]
     assert 50 < len(with_ttft) < len(rows)
 
 
 @pure
-def test_interrupted_sweep_keeps_finished_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_interrupted_sweep_keeps_finished_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     calls: list[Path] = []
 
     async def fake_run(pt: sweep.Point, run_dir: Path, backend: str, trace: object = None) -> None:
@@ -161,18 +173,30 @@ def test_interrupted_sweep_keeps_finished_points(tmp_path: Path, monkeypatch: py
         run_dir.mkdir(parents=True)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        (run_dir / "summary.json").write_text(json.dumps(summary_figures(
-            run__offered_rate_rps=1.6, run__threshold=float(pt.values["policy.threshold"]),
-            requests__total=5, requests__completed=5, requests__failed=0,
-            ttft_s={"n": 5, "mean": 2.0, "p50": 1.9, "p90": 3.0, "p99": 3.5}, tpot_s__mean=0.025,
-            throughput__completed_rps_paper=1.5, offload__ratio=0.4, wan_egress__mean_Bps_paper=None)))
+        (run_dir / "summary.json").write_text(
+            json.dumps(
+                summary_figures(
+                    run__offered_rate_rps=1.6,
+                    run__threshold=float(pt.values["policy.threshold"]),
+                    requests__total=5,
+                    requests__completed=5,
+                    requests__failed=0,
+                    ttft_s={"n": 5, "mean": 2.0, "p50": 1.9, "p90": 3.0, "p99": 3.5},
+                    tpot_s__mean=0.025,
+                    throughput__completed_rps_paper=1.5,
+                    offload__ratio=0.4,
+                    wan_egress__mean_Bps_paper=None,
+                )
+            )
+        )
 
     monkeypatch.setattr(sweep, "_run_point", fake_run)
     # A coarse curve keeps this test fast; the curve itself is checked above.
     monkeypatch.setattr(sweep, "CURVE_POINTS", 20)
     monkeypatch.setattr(sweep, "TTFT_CURVE_POINTS", 4)
-    rc = main(["sweep", "--scenario", "paper-prfaas", "--param", "policy.threshold=10000,19400,40000",
-               "--out", str(tmp_path)])
+    rc = main(
+        ["sweep", "--scenario", "paper-prfaas", "--param", "policy.threshold=10000,19400,40000", "--out", str(tmp_path)]
+    )
     _, err = capsys.readouterr()
     assert rc == 130 and len(calls) == 2
     assert "interrupted: kept 2 of 3 points" in err
@@ -193,21 +217,48 @@ def test_bad_param_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 # ------------------------------------------------------------------------------------------ app
 
-FAST = ["--backend", "inproc", "--set", "scale.speedup=40", "--set", "workload.output_tokens=16",
-        "--set", "serving.stream_interval=4", "--requests", "6"]
+FAST = [
+    "--backend",
+    "inproc",
+    "--set",
+    "scale.speedup=40",
+    "--set",
+    "workload.output_tokens=16",
+    "--set",
+    "serving.stream_interval=4",
+    "--requests",
+    "6",
+]
 
 
 @pytest.mark.app
 def test_tiny_real_sweep_two_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["sweep", "--scenario", "paper-prfaas", "--param", "policy.threshold=10000,40000",
-               "--param", "clusters.1.prefill=2,3", *FAST, "--out", str(tmp_path), "--json"])
+    rc = main(
+        [
+            "sweep",
+            "--scenario",
+            "paper-prfaas",
+            "--param",
+            "policy.threshold=10000,40000",
+            "--param",
+            "clusters.1.prefill=2,3",
+            *FAST,
+            "--out",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     table = json.loads(out)
     assert table["params"] == ["policy.threshold", "clusters.1.prefill"]
     pts = table["points"]
     assert [(p["policy.threshold"], p["clusters.1.prefill"]) for p in pts] == [
-        (10000, 2), (10000, 3), (40000, 2), (40000, 3)]
+        (10000, 2),
+        (10000, 3),
+        (40000, 2),
+        (40000, 3),
+    ]
     for p in pts:
         assert p["status"] == "ok" and p["completed"] == 6 and p["failed"] == 0
         assert p["threshold_used"] == p["policy.threshold"]

@@ -29,8 +29,9 @@ async def test_every_step_runs_after_a_failure_and_the_first_error_is_raised() -
         raise RuntimeError("second")
 
     with pytest.raises(OSError, match="No space left"):
-        await every_step(close_series, stop_services, lambda: asyncio.sleep(0), teardown_network,
-                         lambda: ran.append("last"))
+        await every_step(
+            close_series, stop_services, lambda: asyncio.sleep(0), teardown_network, lambda: ran.append("last")
+        )
     assert ran == ["series", "services", "network", "last"]
 
 

@@ -24,11 +24,12 @@ def test_writes_a_cache_transformers_loads_offline(tmp_path: Path, capsys: pytes
     out = capsys.readouterr().out
     assert f"export HF_HOME={home.resolve()} HF_HUB_OFFLINE=1" in out.splitlines()
     text = (ROOT / "README.md").read_text()[:20000]
-    probe = ("from transformers import AutoTokenizer; import sys; "
-             "t = AutoTokenizer.from_pretrained('me/tok'); print(len(t.encode(sys.stdin.read())))")
+    probe = (
+        "from transformers import AutoTokenizer; import sys; "
+        "t = AutoTokenizer.from_pretrained('me/tok'); print(len(t.encode(sys.stdin.read())))"
+    )
     env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-c", probe], input=text, capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", probe], input=text, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     bytes_per_token = len(text.encode()) / int(r.stdout.split()[-1])
     # The README is prose with tables and code (2.4 bytes a token); plain English nears 4.

@@ -59,8 +59,13 @@ GOLDEN = {
     ("azure",): "24c0064c79912db91babc2e80d84cd973cb59825115944aa6d2fc3cbb5143a83",
     ("azure", "--variant", "2023"): "b3e7c21bd2c34f98c5433318843b0d0059098e5ad69088302be858b7446c74a7",
     ("burstgpt",): "1c0eac025cd0867943e16cd4770d4db04448578747dcacc36c9dab949b2422de",
-    ("burstgpt", "--variant", "v1", "--failed-share", "0.2"):
-        "9555aefce1d13993451cd6c0a57d9cad5c3d68e633db73a027765ed051987737",
+    (
+        "burstgpt",
+        "--variant",
+        "v1",
+        "--failed-share",
+        "0.2",
+    ): "9555aefce1d13993451cd6c0a57d9cad5c3d68e633db73a027765ed051987737",
 }
 
 
@@ -69,7 +74,8 @@ def test_synth_output_unchanged(tmp_path: Path, argv: tuple[str, ...], capsys: p
     p = argparse.ArgumentParser(prog="testbed")
     command.register(p.add_subparsers(dest="command", required=True))
     out = tmp_path / "t.out"
-    args = p.parse_args(["trace", "synth", "--format", *argv, "--requests", "40", "--rate", "2", "--seed", "7",
-                         "--out", str(out)])
+    args = p.parse_args(
+        ["trace", "synth", "--format", *argv, "--requests", "40", "--rate", "2", "--seed", "7", "--out", str(out)]
+    )
     assert args.func(args) == 0
     assert hashlib.sha256(out.read_bytes()).hexdigest() == GOLDEN[argv]

@@ -18,9 +18,9 @@ from testbed.model.analytical import LengthDistribution, Workload, evaluate
 from testbed.model.model_command import register, run
 from testbed.model.optimise import optimise
 from testbed.model.workload import EmpiricalDistribution, Routing, TraceWorkload, replay_cache, usable_cached_tokens
-from testbed.traces.trace_command import prefix_reuse_share
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import sample_lengths, synth_with_prefixes
+from testbed.traces.trace_command import prefix_reuse_share
 from testbed.traces.types import Trace, TraceRequest
 
 pytestmark = pytest.mark.pure
@@ -111,12 +111,12 @@ def _req(i: int, tokens: int, ids: list[int]) -> TraceRequest:
 
 
 HAND = [
-    _req(0, 4 * B, [1, 2, 3, 4]),             # cold
-    _req(1, 4 * B + 300, [1, 2, 3, 4, 5]),     # extends request 0: its 4 full blocks and its state
-    _req(2, 4 * B, [1, 2, 9, 10]),             # shares 2 leading blocks; no state was taken at 2 blocks
-    _req(3, 4 * B, [1, 2, 3, 4]),              # repeats request 0: one token must be computed, so 3 blocks
-    _req(4, 2 * B, [7, 1]),                    # hash 1 at another position is another block
-    _req(5, 5 * B, [1, 2, 3, 9, 11]),          # 3 leading blocks, but no state was taken at 3 blocks
+    _req(0, 4 * B, [1, 2, 3, 4]),  # cold
+    _req(1, 4 * B + 300, [1, 2, 3, 4, 5]),  # extends request 0: its 4 full blocks and its state
+    _req(2, 4 * B, [1, 2, 9, 10]),  # shares 2 leading blocks; no state was taken at 2 blocks
+    _req(3, 4 * B, [1, 2, 3, 4]),  # repeats request 0: one token must be computed, so 3 blocks
+    _req(4, 2 * B, [7, 1]),  # hash 1 at another position is another block
+    _req(5, 5 * B, [1, 2, 3, 9, 11]),  # 3 leading blocks, but no state was taken at 3 blocks
 ]
 
 
@@ -224,8 +224,21 @@ def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_model_command_with_trace(small_trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(_cli("--scenario", "paper-prfaas", "--scenario", "paper-homogeneous", "--trace", str(small_trace),
-                    "--optimise", "--json")) == 0
+    assert (
+        run(
+            _cli(
+                "--scenario",
+                "paper-prfaas",
+                "--scenario",
+                "paper-homogeneous",
+                "--trace",
+                str(small_trace),
+                "--optimise",
+                "--json",
+            )
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     (wl,) = out["workloads"]
     assert wl["requests"] == 2000 and 0 < wl["cached_share"] < 1

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from testbed.core.schema.scenario import LengthDist, WorkloadSpec
-from testbed.traces import transforms
 from testbed.traces import trace_command as command
-from testbed.traces.trace_command import prefix_reuse_share
+from testbed.traces import transforms
 from testbed.traces.loader import load_trace, trace_from_workload
 from testbed.traces.mooncake import load_mooncake, write_mooncake
 from testbed.traces.synthetic import synth_with_prefixes, synthetic_trace, truncated_lognormal_mean
+from testbed.traces.trace_command import prefix_reuse_share
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
 pytestmark = pytest.mark.pure
@@ -59,7 +59,7 @@ def test_error_message_shape(tmp_path: Path) -> None:
     p = _write(tmp_path, "x.jsonl", lines)
     with pytest.raises(TraceError) as ei:
         load_mooncake(p)
-    assert str(ei.value) == f'{p}:17: field \'input_length\': expected a non-negative integer, got "abc"'
+    assert str(ei.value) == f"{p}:17: field 'input_length': expected a non-negative integer, got \"abc\""
     assert (ei.value.line, ei.value.field, ei.value.path) == (17, "input_length", str(p))
 
 

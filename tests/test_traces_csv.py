@@ -13,9 +13,9 @@ import pytest
 from testbed.traces import csvutil, transforms
 from testbed.traces.azure import azure_clock, write_azure
 from testbed.traces.burstgpt import HEADER_V1, HEADER_V2, write_burstgpt
-from testbed.traces.trace_command import parse_window
 from testbed.traces.loader import detect_format, iter_trace, load_trace
 from testbed.traces.synthetic import synth_with_prefixes
+from testbed.traces.trace_command import parse_window
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
 pytestmark = pytest.mark.pure
@@ -44,13 +44,17 @@ def _err(path: Path, fmt: str = "auto", **kw: object) -> TraceError:
 
 def test_azure_2023_layout(tmp_path: Path) -> None:
     # The first rows of the published AzureLLMInferenceTrace_conv.csv.
-    p = _csv(tmp_path, "AzureLLMInferenceTrace_conv.csv", [
-        AZ,
-        "2023-11-16 18:15:46.6805900,374,44",
-        "2023-11-16 18:15:50.9951690,396,109",
-        "2023-11-16 18:15:51.2224670,879,55",
-        "2023-11-16 18:16:00.7401400,181,154",
-    ])
+    p = _csv(
+        tmp_path,
+        "AzureLLMInferenceTrace_conv.csv",
+        [
+            AZ,
+            "2023-11-16 18:15:46.6805900,374,44",
+            "2023-11-16 18:15:50.9951690,396,109",
+            "2023-11-16 18:15:51.2224670,879,55",
+            "2023-11-16 18:16:00.7401400,181,154",
+        ],
+    )
     assert detect_format(p) == "azure"
     t = load_trace(p)
     assert [r.request_id for r in t] == [f"AzureLLMInferenceTrace_conv-{i}" for i in (2, 3, 4, 5)]
@@ -60,18 +64,20 @@ def test_azure_2023_layout(tmp_path: Path) -> None:
 
 
 def test_azure_2024_layout(tmp_path: Path) -> None:
-    p = _csv(tmp_path, "AzureLLMInferenceTrace_code_1week.csv", [
-        AZ,
-        "2024-05-10 00:00:00.009930+00:00,2162,5",
-        "2024-05-10 00:00:00.996000+00:00,100,7",
-        "2024-05-10 00:01:00+00:00,3,4",  # pandas leaves the fraction out when it is zero
-        "2024-05-10 23:59:59.995460+00:00,4,5",
-        "2024-05-11 00:00:00.000001+00:00,4,5",
-    ])
-    t = load_trace(p)
-    assert [r.timestamp for r in t] == pytest.approx(
-        [0.0, 0.98607, 59.99007, 86399.98553, 86399.990071], abs=1e-6
+    p = _csv(
+        tmp_path,
+        "AzureLLMInferenceTrace_code_1week.csv",
+        [
+            AZ,
+            "2024-05-10 00:00:00.009930+00:00,2162,5",
+            "2024-05-10 00:00:00.996000+00:00,100,7",
+            "2024-05-10 00:01:00+00:00,3,4",  # pandas leaves the fraction out when it is zero
+            "2024-05-10 23:59:59.995460+00:00,4,5",
+            "2024-05-11 00:00:00.000001+00:00,4,5",
+        ],
     )
+    t = load_trace(p)
+    assert [r.timestamp for r in t] == pytest.approx([0.0, 0.98607, 59.99007, 86399.98553, 86399.990071], abs=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -139,8 +145,12 @@ def test_azure_naive_after_aware_rejected(tmp_path: Path) -> None:
         ("2023-11-16 18:15:49,12.5,1", "ContextTokens", "got '12.5'"),
         ("2023-11-16 18:15:49,12,", "GeneratedTokens", "got ''"),
         ("2023-11-16 18:15:49,12,1e3", "GeneratedTokens", "got '1e3'"),
-        ("2023-11-16 18:15:40,12,3", "TIMESTAMP", "goes backwards: '2023-11-16 18:15:40' is earlier than the row "
-                                                  "before ('2023-11-16 18:15:47'); rows must be in arrival order"),
+        (
+            "2023-11-16 18:15:40,12,3",
+            "TIMESTAMP",
+            "goes backwards: '2023-11-16 18:15:40' is earlier than the row "
+            "before ('2023-11-16 18:15:47'); rows must be in arrival order",
+        ),
     ],
 )
 def test_azure_bad_row_names_file_line_field(tmp_path: Path, row: str, field: str, message: str) -> None:
@@ -176,8 +186,10 @@ def test_azure_missing_column(tmp_path: Path, header: str, missing: str) -> None
 def test_azure_columns_by_name_extra_ignored_bom_crlf(tmp_path: Path) -> None:
     # The 2025 multimodal layout puts NumImages second; a BOM and CRLF line ends are tolerated.
     p = tmp_path / "mm.csv"
-    p.write_bytes("\ufeffTIMESTAMP,NumImages,ContextTokens,GeneratedTokens\r\n"
-                  "2024-10-15 00:00:00.0000000,2,900,120\r\n2024-10-15 00:00:01.0000000,0,5,6\r\n".encode())
+    p.write_bytes(
+        "\ufeffTIMESTAMP,NumImages,ContextTokens,GeneratedTokens\r\n"
+        "2024-10-15 00:00:00.0000000,2,900,120\r\n2024-10-15 00:00:01.0000000,0,5,6\r\n".encode()
+    )
     t = load_trace(p)
     assert [(r.input_tokens, r.output_tokens, r.timestamp) for r in t] == [(900, 120, 0.0), (5, 6, 1.0)]
     assert t.requests[1].request_id == "mm-3"
@@ -207,33 +219,46 @@ def test_no_final_newline(tmp_path: Path) -> None:
 
 
 def test_burstgpt_v1_header(tmp_path: Path) -> None:
-    p = _csv(tmp_path, "BurstGPT_1.csv", [
-        V1,
-        "5,ChatGPT,472,18,490,Conversation log",
-        "45,ChatGPT,1087,230,1317,Conversation log",
-        "118,GPT-4,417,276,693,Conversation log",
-        "120,GPT-4,300,0,300,API log",
-    ])
+    p = _csv(
+        tmp_path,
+        "BurstGPT_1.csv",
+        [
+            V1,
+            "5,ChatGPT,472,18,490,Conversation log",
+            "45,ChatGPT,1087,230,1317,Conversation log",
+            "118,GPT-4,417,276,693,Conversation log",
+            "120,GPT-4,300,0,300,API log",
+        ],
+    )
     assert detect_format(p) == "burstgpt"
     t = load_trace(p)
     assert [(r.request_id, r.timestamp, r.input_tokens, r.output_tokens) for r in t] == [
-        ("BurstGPT_1-2", 0.0, 472, 18), ("BurstGPT_1-3", 40.0, 1087, 230), ("BurstGPT_1-4", 113.0, 417, 276)
+        ("BurstGPT_1-2", 0.0, 472, 18),
+        ("BurstGPT_1-3", 40.0, 1087, 230),
+        ("BurstGPT_1-4", 113.0, 417, 276),
     ]
     assert t.notes == ("skipped 1 failed request (Response tokens 0; keep them with keep_failed=True / --keep-failed)",)
 
 
 def test_burstgpt_v2_header(tmp_path: Path) -> None:
     # The first rows of BurstGPT_3.csv (release v2.0), then a failed API call without a session.
-    p = _csv(tmp_path, "BurstGPT_3.csv", [
-        V2,
-        "19440110.0,1722ac82-0a46-4bf0-aa08-89794e7a2b3f,43,GPT-4,906,446,1352,Conversation log",
-        "19440161.0,d5983bf9-4b48-497b-892b-a58995247443,2,ChatGPT,36,29,65,Conversation log",
-        "19440192.0,,8,ChatGPT,1779,0,1779,API log",
-        "19440254.5,8b74c7d8-1643-4bba-8c69-91cb4548c506,3,ChatGPT,0,178,178,Conversation log",
-    ])
+    p = _csv(
+        tmp_path,
+        "BurstGPT_3.csv",
+        [
+            V2,
+            "19440110.0,1722ac82-0a46-4bf0-aa08-89794e7a2b3f,43,GPT-4,906,446,1352,Conversation log",
+            "19440161.0,d5983bf9-4b48-497b-892b-a58995247443,2,ChatGPT,36,29,65,Conversation log",
+            "19440192.0,,8,ChatGPT,1779,0,1779,API log",
+            "19440254.5,8b74c7d8-1643-4bba-8c69-91cb4548c506,3,ChatGPT,0,178,178,Conversation log",
+        ],
+    )
     t = load_trace(p)
-    assert [(r.timestamp, r.input_tokens, r.output_tokens) for r in t] == [(0.0, 906, 446), (51.0, 36, 29),
-                                                                           (144.5, 1, 178)]
+    assert [(r.timestamp, r.input_tokens, r.output_tokens) for r in t] == [
+        (0.0, 906, 446),
+        (51.0, 36, 29),
+        (144.5, 1, 178),
+    ]
     assert t.notes == (
         "skipped 1 failed request (Response tokens 0; keep them with keep_failed=True / --keep-failed)",
         "raised 1 zero Request tokens to 1 token",
@@ -244,7 +269,9 @@ def test_burstgpt_v2_header(tmp_path: Path) -> None:
 
 
 def test_burstgpt_first_row_failed_rebases_to_first_kept(tmp_path: Path) -> None:
-    p = _csv(tmp_path, "f.csv", [V1, "10,ChatGPT,5,0,5,API log", "12,ChatGPT,5,6,11,API log", "15,GPT-4,5,6,11,API log"])
+    p = _csv(
+        tmp_path, "f.csv", [V1, "10,ChatGPT,5,0,5,API log", "12,ChatGPT,5,6,11,API log", "15,GPT-4,5,6,11,API log"]
+    )
     assert [r.timestamp for r in load_trace(p)] == [0.0, 3.0]
     # The window is on the file's axis (0 = its first row), whatever is skipped.
     assert [r.request_id for r in load_trace(p, window=(2.5, 10))] == ["f-4"]
@@ -299,7 +326,9 @@ def test_detection(tmp_path: Path) -> None:
     assert detect_format(_csv(tmp_path, "b.csv", [V2])) == "burstgpt"
     assert detect_format(tmp_path / "x.jsonl") == "mooncake"
     e = _err(_csv(tmp_path, "c.csv", ["time,prompt,completion", "1,2,3"]))
-    assert str(e).startswith(f"{tmp_path / 'c.csv'}:1: unsupported format: the header (3 fields, none of them a column it names)")
+    assert str(e).startswith(
+        f"{tmp_path / 'c.csv'}:1: unsupported format: the header (3 fields, none of them a column it names)"
+    )
     # An explicit format wins over the suffix.
     assert len(load_trace(_csv(tmp_path, "az.txt", [AZ, "2023-11-16 18:15:46,1,1"]), "azure")) == 1
     assert "cannot open" in str(_err(tmp_path / "missing.csv", "azure"))
@@ -328,8 +357,15 @@ def test_window_pushdown_equals_transform(tmp_path: Path, style: str) -> None:
     p = _azure_file(tmp_path, 1500, style)
     full = load_trace(p)
     last = full.requests[-1].timestamp
-    for start, end in [(0.0, 10.0), (3.0, 50.0), (100.0, 100.5), (200.0, math.inf), (last, math.inf),
-                       (last + 1, math.inf), (full.requests[700].timestamp, full.requests[900].timestamp)]:
+    for start, end in [
+        (0.0, 10.0),
+        (3.0, 50.0),
+        (100.0, 100.5),
+        (200.0, math.inf),
+        (last, math.inf),
+        (last + 1, math.inf),
+        (full.requests[700].timestamp, full.requests[900].timestamp),
+    ]:
         want = transforms.window(full, start, end)
         got = load_trace(p, window=(start, end))
         assert got.requests == want.requests, (start, end)
@@ -406,8 +442,9 @@ def test_iter_trace_streams(tmp_path: Path) -> None:
 # --- Writers, samples, the `trace` command -------------------------------------------------------
 
 
-@pytest.mark.parametrize(("fmt", "variant"), [("azure", "2023"), ("azure", "2024"), ("burstgpt", "v1"),
-                                               ("burstgpt", "v2")])
+@pytest.mark.parametrize(
+    ("fmt", "variant"), [("azure", "2023"), ("azure", "2024"), ("burstgpt", "v1"), ("burstgpt", "v2")]
+)
 def test_writers_round_trip(tmp_path: Path, fmt: str, variant: str) -> None:
     t = synth_with_prefixes(80, 3.0, seed=9)
     p = tmp_path / f"rt-{variant}.csv"
@@ -434,14 +471,35 @@ def _run(argv: list[str]) -> int:
 
 def test_samples_reproducible(tmp_path: Path) -> None:
     for name, argv in [
-        ("azure-sample.csv", ["--format", "azure", "--variant", "2024", "--requests", "300", "--rate", "2",
-                              "--seed", "7"]),
-        ("burstgpt-sample.csv", ["--format", "burstgpt", "--variant", "v2", "--requests", "300", "--rate", "2",
-                                 "--seed", "7", "--failed-share", "0.05"]),
-        ("mooncake-sample.jsonl", ["--format", "mooncake", "--requests", "300", "--rate", "1.0", "--seed", "7",
-                                   "--prefix-reuse"]),
-        ("mooncake-agent-sample.jsonl", ["--format", "mooncake", "--requests", "400", "--rate", "1.0", "--seed", "11",
-                                         "--prefix-reuse", "agent"]),
+        (
+            "azure-sample.csv",
+            ["--format", "azure", "--variant", "2024", "--requests", "300", "--rate", "2", "--seed", "7"],
+        ),
+        (
+            "burstgpt-sample.csv",
+            [
+                "--format",
+                "burstgpt",
+                "--variant",
+                "v2",
+                "--requests",
+                "300",
+                "--rate",
+                "2",
+                "--seed",
+                "7",
+                "--failed-share",
+                "0.05",
+            ],
+        ),
+        (
+            "mooncake-sample.jsonl",
+            ["--format", "mooncake", "--requests", "300", "--rate", "1.0", "--seed", "7", "--prefix-reuse"],
+        ),
+        (
+            "mooncake-agent-sample.jsonl",
+            ["--format", "mooncake", "--requests", "400", "--rate", "1.0", "--seed", "11", "--prefix-reuse", "agent"],
+        ),
     ]:
         out = tmp_path / name
         assert _run(["trace", "synth", *argv, "--out", str(out)]) == 0
@@ -450,12 +508,48 @@ def test_samples_reproducible(tmp_path: Path) -> None:
 
 def test_command_on_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     az = tmp_path / "a.csv"
-    assert _run(["trace", "synth", "--format", "azure", "--variant", "2023", "--requests", "40", "--rate", "2",
-                 "--out", str(az)]) == 0
+    assert (
+        _run(
+            [
+                "trace",
+                "synth",
+                "--format",
+                "azure",
+                "--variant",
+                "2023",
+                "--requests",
+                "40",
+                "--rate",
+                "2",
+                "--out",
+                str(az),
+            ]
+        )
+        == 0
+    )
     assert az.read_text().splitlines()[1].startswith("2023-11-16 18:15:46.0000000,")
     bg = tmp_path / "b.csv"
-    assert _run(["trace", "synth", "--format", "burstgpt", "--variant", "v1", "--requests", "200", "--rate", "2",
-                 "--failed-share", "0.2", "--out", str(bg)]) == 0
+    assert (
+        _run(
+            [
+                "trace",
+                "synth",
+                "--format",
+                "burstgpt",
+                "--variant",
+                "v1",
+                "--requests",
+                "200",
+                "--rate",
+                "2",
+                "--failed-share",
+                "0.2",
+                "--out",
+                str(bg),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert _run(["trace", "info", str(bg), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -475,10 +569,43 @@ def test_command_on_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     bad = _csv(tmp_path, "bad.csv", lines)
     assert _run(["trace", "validate", str(bad)]) == 2
     assert f"{bad}:8: field 'ContextTokens'" in capsys.readouterr().err
-    assert _run(["trace", "synth", "--format", "azure", "--prefix-reuse", "--requests", "5", "--rate", "1",
-                 "--out", str(tmp_path / "x.csv")]) == 2
-    assert _run(["trace", "synth", "--format", "azure", "--variant", "v2", "--requests", "5", "--rate", "1",
-                 "--out", str(tmp_path / "x.csv")]) == 2
+    assert (
+        _run(
+            [
+                "trace",
+                "synth",
+                "--format",
+                "azure",
+                "--prefix-reuse",
+                "--requests",
+                "5",
+                "--rate",
+                "1",
+                "--out",
+                str(tmp_path / "x.csv"),
+            ]
+        )
+        == 2
+    )
+    assert (
+        _run(
+            [
+                "trace",
+                "synth",
+                "--format",
+                "azure",
+                "--variant",
+                "v2",
+                "--requests",
+                "5",
+                "--rate",
+                "1",
+                "--out",
+                str(tmp_path / "x.csv"),
+            ]
+        )
+        == 2
+    )
 
 
 # --- The --window syntax and the replay CLI ------------------------------------------------------
@@ -486,8 +613,15 @@ def test_command_on_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 @pytest.mark.parametrize(
     ("text", "window"),
-    [("3600:7200", (3600.0, 7200.0)), ("1h:2h", (3600.0, 7200.0)), ("2d:", (172800.0, math.inf)),
-     (":10m", (0.0, 600.0)), (" 1.5h : 90m5 ", None), ("0.5:1.25s", (0.5, 1.25)), (".5:1", (0.5, 1.0))],
+    [
+        ("3600:7200", (3600.0, 7200.0)),
+        ("1h:2h", (3600.0, 7200.0)),
+        ("2d:", (172800.0, math.inf)),
+        (":10m", (0.0, 600.0)),
+        (" 1.5h : 90m5 ", None),
+        ("0.5:1.25s", (0.5, 1.25)),
+        (".5:1", (0.5, 1.0)),
+    ],
 )
 def test_parse_window(text: str, window: tuple[float, float] | None) -> None:
     if window is None:
@@ -497,10 +631,18 @@ def test_parse_window(text: str, window: tuple[float, float] | None) -> None:
         assert parse_window(text) == window
 
 
-@pytest.mark.parametrize(("text", "fragment"), [("3600", "expected START:END"), ("a:b", "bad time 'a'"),
-                                                ("-5:10", "bad time '-5'"), ("10:5", "END must be after START"),
-                                                ("5:5", "END must be after START"), ("inf:", "bad time"),
-                                                ("1x:2", "bad time '1x'")])
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("3600", "expected START:END"),
+        ("a:b", "bad time 'a'"),
+        ("-5:10", "bad time '-5'"),
+        ("10:5", "END must be after START"),
+        ("5:5", "END must be after START"),
+        ("inf:", "bad time"),
+        ("1x:2", "bad time '1x'"),
+    ],
+)
 def test_parse_window_errors(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         parse_window(text)
@@ -524,7 +666,8 @@ def test_cli_window_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_trace_for_order(tmp_path: Path) -> None:
-    from testbed.run.run_args import run_overrides as _overrides, trace_for as _trace_for
+    from testbed.run.run_args import run_overrides as _overrides
+    from testbed.run.run_args import trace_for as _trace_for
 
     p = _azure_file(tmp_path, 400)
     full = load_trace(p)

@@ -92,8 +92,12 @@ def test_fetch_validate_skip_resume(mirror: tuple[str, Path, list[str]], tmp_pat
     names = ["conversation_trace.jsonl", "azure-2023", "BurstGPT_3.csv"]
     r = _fetch(base, *names, "--dest", str(dest))
     assert r.returncode == 0, r.stdout + r.stderr
-    rels = ["mooncake/conversation_trace.jsonl", "azure-2023/AzureLLMInferenceTrace_code.csv",
-            "azure-2023/AzureLLMInferenceTrace_conv.csv", "burstgpt/BurstGPT_3.csv"]
+    rels = [
+        "mooncake/conversation_trace.jsonl",
+        "azure-2023/AzureLLMInferenceTrace_code.csv",
+        "azure-2023/AzureLLMInferenceTrace_conv.csv",
+        "burstgpt/BurstGPT_3.csv",
+    ]
     for rel in rels:
         assert (dest / rel).read_bytes() == (root / rel).read_bytes(), rel
         assert not (dest / (rel + ".part")).exists()
@@ -129,8 +133,9 @@ def test_fetch_validate_skip_resume(mirror: tuple[str, Path, list[str]], tmp_pat
 def test_fetch_without_range_support_and_failures(tmp_path: Path) -> None:
     root = tmp_path / "mirror"
     write_azure(root / "azure-2023" / "AzureLLMInferenceTrace_code.csv", synth_with_prefixes(50, 1.0, seed=1), "2023")
-    (root / "azure-2023" / "AzureLLMInferenceTrace_conv.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                                                                        "yesterday,1,1\n")
+    (root / "azure-2023" / "AzureLLMInferenceTrace_conv.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,1\n"
+    )
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(root, False, []))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -162,9 +167,13 @@ def test_fetch_without_range_support_and_failures(tmp_path: Path) -> None:
 
 def test_select_and_catalogue() -> None:
     assert [f.name for f in fetch.select(["mooncake"])] == [
-        "conversation_trace.jsonl", "toolagent_trace.jsonl", "synthetic_trace.jsonl"]
+        "conversation_trace.jsonl",
+        "toolagent_trace.jsonl",
+        "synthetic_trace.jsonl",
+    ]
     assert len(fetch.select(["all"])) == len(fetch.CATALOGUE)
     assert [f.group for f in fetch.select(["azure", "AzureLLMInferenceTrace_code.csv"])] == ["azure-2023"] * 2 + [
-        "azure-2024"] * 2
+        "azure-2024"
+    ] * 2
     assert all(u.startswith("https://") for f in fetch.CATALOGUE for u in f.urls)
     assert os.access(SCRIPT, os.X_OK)

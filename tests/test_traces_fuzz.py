@@ -26,21 +26,76 @@ from testbed.traces.types import TraceError, TraceRequest
 
 pytestmark = pytest.mark.pure
 
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                         HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 BOM = b"\xef\xbb\xbf"
 EOLS = (b"\n", b"\n", b"\n", b"\r\n", b"\r\n", b"\r")
 
-HUGE = [2**63 - 1, 2**63, 2**64, -(2**63), -(2**64), 10**30, 10**300, MAX_INPUT_TOKENS, MAX_INPUT_TOKENS + 1,
-        MAX_OUTPUT_TOKENS + 1, 0, -1, 1, 2**53, 2**53 + 1]
+HUGE = [
+    2**63 - 1,
+    2**63,
+    2**64,
+    -(2**63),
+    -(2**64),
+    10**30,
+    10**300,
+    MAX_INPUT_TOKENS,
+    MAX_INPUT_TOKENS + 1,
+    MAX_OUTPUT_TOKENS + 1,
+    0,
+    -1,
+    1,
+    2**53,
+    2**53 + 1,
+]
 json_values = st.one_of(
-    st.integers(), st.sampled_from(HUGE), st.floats(), st.booleans(), st.none(), st.text(max_size=30),
-    st.lists(st.integers(), max_size=4), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.integers(),
+    st.sampled_from(HUGE),
+    st.floats(),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=30),
+    st.lists(st.integers(), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
 # Text a CSV field may hold instead of a number.
-NUMBERISH = ["", " ", "-1", "+5", "1e5", "1E5", "0x10", "nan", "NaN", "inf", "-inf", "Infinity", "1.5", ".5", "5.",
-             "1.0.0", "٣", "²", "５", "1_000", " 7", "7 ", "0" * 40 + "7", "9" * 20, "9" * 5000, "1" + "0" * 400,
-             str(2**63), str(2**64), str(MAX_INPUT_TOKENS + 1), "\x00", "\ufeff5", "５.0", "7\r", "\u00a07"]
+NUMBERISH = [
+    "",
+    " ",
+    "-1",
+    "+5",
+    "1e5",
+    "1E5",
+    "0x10",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "Infinity",
+    "1.5",
+    ".5",
+    "5.",
+    "1.0.0",
+    "٣",
+    "²",
+    "５",
+    "1_000",
+    " 7",
+    "7 ",
+    "0" * 40 + "7",
+    "9" * 20,
+    "9" * 5000,
+    "1" + "0" * 400,
+    str(2**63),
+    str(2**64),
+    str(MAX_INPUT_TOKENS + 1),
+    "\x00",
+    "\ufeff5",
+    "５.0",
+    "7\r",
+    "\u00a07",
+]
 fields = st.one_of(st.sampled_from(NUMBERISH), st.text(max_size=40))
 
 
@@ -108,15 +163,20 @@ def _join(lines: list[bytes], rnd: random.Random) -> bytes:
 # --- Mooncake ------------------------------------------------------------------------------
 
 
-def _mooncake_lines(rnd: random.Random, n: int, values: list[Any], blobs: list[bytes],
-                    texts: list[str]) -> Iterator[bytes]:
+def _mooncake_lines(
+    rnd: random.Random, n: int, values: list[Any], blobs: list[bytes], texts: list[str]
+) -> Iterator[bytes]:
     ts = rnd.choice([0, 5, 10**6, 1.5])
     for _ in range(n):
         ts += rnd.choice([0, 0, 1, 7, 250, 0.25])
         k = rnd.randrange(6)
         ids: list[Any] = [rnd.randrange(1000) for _ in range(rnd.randrange(8))]
-        rec: dict[str, Any] = {"timestamp": ts, "input_length": rnd.randint(1, MAX_INPUT_TOKENS),
-                               "output_length": rnd.choice([1, 2, 300, MAX_OUTPUT_TOKENS]), "hash_ids": ids}
+        rec: dict[str, Any] = {
+            "timestamp": ts,
+            "input_length": rnd.randint(1, MAX_INPUT_TOKENS),
+            "output_length": rnd.choice([1, 2, 300, MAX_OUTPUT_TOKENS]),
+            "hash_ids": ids,
+        }
         kind = rnd.randrange(16)
         if kind == 0:
             rec[rnd.choice(list(rec))] = rnd.choice(values)
@@ -135,7 +195,7 @@ def _mooncake_lines(rnd: random.Random, n: int, values: list[Any], blobs: list[b
             yield rnd.choice(texts).encode(rnd.choice(["utf-8", "utf-8", "utf-16", "latin-1"]), "replace")
             continue
         elif kind == 7:
-            yield rnd.choice([b"[", b"{\"a\":"]) * rnd.randrange(1000, 60_000)
+            yield rnd.choice([b"[", b'{"a":']) * rnd.randrange(1000, 60_000)
             continue
         elif kind == 8:
             yield b'{"timestamp": 1' + b"0" * rnd.randrange(4000, 6000) + b', "input_length": 1}'
@@ -162,9 +222,12 @@ def test_mooncake_hostile_lines() -> None:
         path = Path(d) / "fuzz.jsonl"
 
         @FUZZ
-        @given(rnd=st.randoms(use_true_random=True), values=st.lists(json_values, min_size=1, max_size=12),
-               blobs=st.lists(st.binary(max_size=300), min_size=1, max_size=4),
-               texts=st.lists(st.text(max_size=80), min_size=1, max_size=4))
+        @given(
+            rnd=st.randoms(use_true_random=True),
+            values=st.lists(json_values, min_size=1, max_size=12),
+            blobs=st.lists(st.binary(max_size=300), min_size=1, max_size=4),
+            texts=st.lists(st.text(max_size=80), min_size=1, max_size=4),
+        )
         def run(rnd: random.Random, values: list[Any], blobs: list[bytes], texts: list[str]) -> None:
             nonlocal total
             lines = list(_mooncake_lines(rnd, lines_per_example, values, blobs, texts))
@@ -189,8 +252,15 @@ def _azure_stamp(rnd: random.Random, t: float, style: str) -> str:
     return f"{stamp}.{us:06d}{rnd.choice(['+00:00', '+00:00', '+00:00', 'Z', '+0000'])}"
 
 
-def _csv_rows(rnd: random.Random, n: int, ncols: int, good: Callable[[float], list[str]], time_col: int,
-              texts: list[str], blobs: list[bytes]) -> Iterator[bytes]:
+def _csv_rows(
+    rnd: random.Random,
+    n: int,
+    ncols: int,
+    good: Callable[[float], list[str]],
+    time_col: int,
+    texts: list[str],
+    blobs: list[bytes],
+) -> Iterator[bytes]:
     t = rnd.uniform(0, 1000)
     for _ in range(n):
         t += rnd.choice([0.0, 0.0, 0.5, 3.0, 61.0])
@@ -227,8 +297,16 @@ def _csv_rows(rnd: random.Random, n: int, ncols: int, good: Callable[[float], li
 def _csv_file(rnd: random.Random, header: list[str], rows: Iterator[bytes], blobs: list[bytes], mode: int) -> bytes:
     """The file with its header as is (mode 0-5), after a BOM (6) or made hostile (7-)."""
     head = ",".join(header).encode()
-    hostile = [rnd.choice(blobs), b'"' + b"x" * 140_000 + b'",a', b'"unterminated,' + head, b"", BOM,
-               head.replace(b",", b"\r", 1), head + b"\xff", head.replace(b",", b",,", 1)]
+    hostile = [
+        rnd.choice(blobs),
+        b'"' + b"x" * 140_000 + b'",a',
+        b'"unterminated,' + head,
+        b"",
+        BOM,
+        head.replace(b",", b"\r", 1),
+        head + b"\xff",
+        head.replace(b",", b",,", 1),
+    ]
     head = head if mode < 6 else BOM + head if mode == 6 else hostile[mode - 7]
     return _join([head, *rows], rnd)
 
@@ -243,9 +321,13 @@ def test_azure_hostile_rows() -> None:
         path = Path(d) / "fuzz.csv"
 
         @FUZZ
-        @given(rnd=st.randoms(use_true_random=True), texts=st.lists(fields, min_size=1, max_size=6),
-               blobs=st.lists(st.binary(max_size=200), min_size=1, max_size=3),
-               style=st.sampled_from(["2023", "2024"]), mode=HEADER_MODES)
+        @given(
+            rnd=st.randoms(use_true_random=True),
+            texts=st.lists(fields, min_size=1, max_size=6),
+            blobs=st.lists(st.binary(max_size=200), min_size=1, max_size=3),
+            style=st.sampled_from(["2023", "2024"]),
+            mode=HEADER_MODES,
+        )
         def run(rnd: random.Random, texts: list[str], blobs: list[bytes], style: str, mode: int) -> None:
             nonlocal total
             header = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
@@ -255,8 +337,11 @@ def test_azure_hostile_rows() -> None:
                 header = [h.lower() for h in header]
 
             def good(t: float) -> list[str]:
-                row = [_azure_stamp(rnd, t, style), str(rnd.choice([0, 1, 7, 4000, MAX_INPUT_TOKENS])),
-                       str(rnd.choice([0, 1, 250, MAX_OUTPUT_TOKENS])) + rnd.choice(["", "", ".0"])]
+                row = [
+                    _azure_stamp(rnd, t, style),
+                    str(rnd.choice([0, 1, 7, 4000, MAX_INPUT_TOKENS])),
+                    str(rnd.choice([0, 1, 250, MAX_OUTPUT_TOKENS])) + rnd.choice(["", "", ".0"]),
+                ]
                 return row + ["0"] * (len(header) - 3)
 
             rows = list(_csv_rows(rnd, CSV_ROWS, len(header), good, 0, texts, blobs))
@@ -274,12 +359,25 @@ def test_burstgpt_hostile_rows() -> None:
         path = Path(d) / "fuzz.csv"
 
         @FUZZ
-        @given(rnd=st.randoms(use_true_random=True), texts=st.lists(fields, min_size=1, max_size=6),
-               blobs=st.lists(st.binary(max_size=200), min_size=1, max_size=3), v2=st.booleans(), mode=HEADER_MODES)
+        @given(
+            rnd=st.randoms(use_true_random=True),
+            texts=st.lists(fields, min_size=1, max_size=6),
+            blobs=st.lists(st.binary(max_size=200), min_size=1, max_size=3),
+            v2=st.booleans(),
+            mode=HEADER_MODES,
+        )
         def run(rnd: random.Random, texts: list[str], blobs: list[bytes], v2: bool, mode: int) -> None:
             nonlocal total
-            header = ["Timestamp", "Session ID", "Elapsed time", "Model", "Request tokens", "Response tokens",
-                      "Total tokens", "Log Type"]
+            header = [
+                "Timestamp",
+                "Session ID",
+                "Elapsed time",
+                "Model",
+                "Request tokens",
+                "Response tokens",
+                "Total tokens",
+                "Log Type",
+            ]
             if not v2:
                 header = [h for h in header if h not in ("Session ID", "Elapsed time")]
             if rnd.random() < 0.2:
@@ -287,12 +385,16 @@ def test_burstgpt_hostile_rows() -> None:
             ti = header.index("Timestamp")
 
             def good(t: float) -> list[str]:
-                values = {"Timestamp": f"{19_440_110 + t:.1f}" if v2 else str(19_440_110 + int(t)),
-                          "Session ID": rnd.choice(["", "1722ac82-0a46-4bf0-aa08-89794e7a2b3f"]),
-                          "Elapsed time": "43", "Model": rnd.choice(["ChatGPT", "GPT-4", "ChatGPT"]),
-                          "Request tokens": str(rnd.choice([0, 1, 906, MAX_INPUT_TOKENS])),
-                          "Response tokens": str(rnd.choice([0, 1, 446, MAX_OUTPUT_TOKENS])),
-                          "Total tokens": "1352", "Log Type": "Conversation log"}
+                values = {
+                    "Timestamp": f"{19_440_110 + t:.1f}" if v2 else str(19_440_110 + int(t)),
+                    "Session ID": rnd.choice(["", "1722ac82-0a46-4bf0-aa08-89794e7a2b3f"]),
+                    "Elapsed time": "43",
+                    "Model": rnd.choice(["ChatGPT", "GPT-4", "ChatGPT"]),
+                    "Request tokens": str(rnd.choice([0, 1, 906, MAX_INPUT_TOKENS])),
+                    "Response tokens": str(rnd.choice([0, 1, 446, MAX_OUTPUT_TOKENS])),
+                    "Total tokens": "1352",
+                    "Log Type": "Conversation log",
+                }
                 return [values[h] for h in header]
 
             rows = list(_csv_rows(rnd, CSV_ROWS, len(header), good, ti, texts, blobs))
@@ -312,18 +414,33 @@ def test_burstgpt_hostile_rows() -> None:
 
 
 @FUZZ
-@given(recs=st.lists(st.tuples(st.integers(0, 10**4), st.integers(1, MAX_INPUT_TOKENS),
-                               st.integers(1, MAX_OUTPUT_TOKENS), st.lists(st.integers(0, MAX_HASH_ID), max_size=6),
-                               st.dictionaries(st.text(max_size=8), json_values, max_size=2)), min_size=1, max_size=60),
-       rnd=st.randoms(use_true_random=True))
-def test_valid_mooncake_lines_load_exactly(recs: list[tuple[int, int, int, list[int], dict[str, Any]]],
-                                          rnd: random.Random) -> None:
+@given(
+    recs=st.lists(
+        st.tuples(
+            st.integers(0, 10**4),
+            st.integers(1, MAX_INPUT_TOKENS),
+            st.integers(1, MAX_OUTPUT_TOKENS),
+            st.lists(st.integers(0, MAX_HASH_ID), max_size=6),
+            st.dictionaries(st.text(max_size=8), json_values, max_size=2),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    rnd=st.randoms(use_true_random=True),
+)
+def test_valid_mooncake_lines_load_exactly(
+    recs: list[tuple[int, int, int, list[int], dict[str, Any]]], rnd: random.Random
+) -> None:
     lines, want, ts = [], [], 0
     for gap, inp, out, ids, extra in recs:
         ts += gap
-        rec = {**{k: v for k, v in extra.items() if k not in ("timestamp", "input_length", "output_length",
-                                                               "hash_ids")},
-               "timestamp": ts, "input_length": inp, "output_length": out, "hash_ids": ids}
+        rec = {
+            **{k: v for k, v in extra.items() if k not in ("timestamp", "input_length", "output_length", "hash_ids")},
+            "timestamp": ts,
+            "input_length": inp,
+            "output_length": out,
+            "hash_ids": ids,
+        }
         lines.append(json.dumps(rec, ensure_ascii=rnd.random() < 0.5).encode())
         want.append(((ts - recs[0][0]) / 1000, inp, out, tuple(ids)))
         if rnd.random() < 0.1:
@@ -337,9 +454,15 @@ def test_valid_mooncake_lines_load_exactly(recs: list[tuple[int, int, int, list[
 
 
 @FUZZ
-@given(recs=st.lists(st.tuples(st.integers(0, 10**7), st.integers(0, MAX_INPUT_TOKENS),
-                               st.integers(0, MAX_OUTPUT_TOKENS)), min_size=1, max_size=60),
-       rnd=st.randoms(use_true_random=True), style=st.sampled_from(["2023", "2024"]))
+@given(
+    recs=st.lists(
+        st.tuples(st.integers(0, 10**7), st.integers(0, MAX_INPUT_TOKENS), st.integers(0, MAX_OUTPUT_TOKENS)),
+        min_size=1,
+        max_size=60,
+    ),
+    rnd=st.randoms(use_true_random=True),
+    style=st.sampled_from(["2023", "2024"]),
+)
 def test_valid_azure_rows_load_exactly(recs: list[tuple[int, int, int]], rnd: random.Random, style: str) -> None:
     rows, want, t = [], [], 0.0
     for gap, inp, out in recs:

@@ -81,8 +81,11 @@ def test_mooncake_huge_integers(tmp_path: Path, line: str, field: str, fragment:
 
 
 def test_mooncake_largest_representable_values_load(tmp_path: Path) -> None:
-    p = _file(tmp_path, "edge.jsonl", [_moon(ts=0), _moon(ts=MAX_TIMESTAMP_MS, inp=MAX_INPUT_TOKENS,
-                                                          out=MAX_OUTPUT_TOKENS, ids=(0, MAX_HASH_ID))])
+    p = _file(
+        tmp_path,
+        "edge.jsonl",
+        [_moon(ts=0), _moon(ts=MAX_TIMESTAMP_MS, inp=MAX_INPUT_TOKENS, out=MAX_OUTPUT_TOKENS, ids=(0, MAX_HASH_ID))],
+    )
     r = load_trace(p).requests[1]
     assert (r.input_tokens, r.output_tokens, r.hash_ids) == (MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, (0, MAX_HASH_ID))
     assert r.timestamp == MAX_TIMESTAMP_MS / 1000
@@ -134,15 +137,19 @@ def test_csv_header_the_reader_refuses(tmp_path: Path, header: str, fragment: st
 
 def test_csv_with_cr_line_ends_loads(tmp_path: Path) -> None:
     p = tmp_path / "mac.csv"
-    p.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\r2024-05-10 00:00:00+00:00,5,6\r"
-                  b"2024-05-10 00:00:01+00:00,7,8\r")
+    p.write_bytes(
+        b"TIMESTAMP,ContextTokens,GeneratedTokens\r2024-05-10 00:00:00+00:00,5,6\r2024-05-10 00:00:01+00:00,7,8\r"
+    )
     t = load_trace(p)
     assert [(r.request_id, r.input_tokens, r.output_tokens) for r in t] == [("mac-2", 5, 6), ("mac-3", 7, 8)]
 
 
 def test_csv_reader_error_names_its_own_line(tmp_path: Path) -> None:
-    p = _file(tmp_path, "f.csv", [BURST_HEADER, "1,ChatGPT,3,3,6,API log", "2,ChatGPT," + "9" * 200_000 + ",3,3,x",
-                                  "3,ChatGPT,3,3,6,API log"])
+    p = _file(
+        tmp_path,
+        "f.csv",
+        [BURST_HEADER, "1,ChatGPT,3,3,6,API log", "2,ChatGPT," + "9" * 200_000 + ",3,3,x", "3,ChatGPT,3,3,6,API log"],
+    )
     _rejects(p, 3, None, "field larger than field limit")
 
 
@@ -187,13 +194,28 @@ def test_csv_counts_above_the_router_limit(tmp_path: Path, header: str, row: str
 
 def test_csv_limits_are_per_column(tmp_path: Path) -> None:
     # A count accepted (and cached) in one column is still checked against the other's limit.
-    p = _file(tmp_path, "a.csv", [AZURE_HEADER, f"2024-05-10 00:00:00+00:00,{MAX_INPUT_TOKENS},{MAX_OUTPUT_TOKENS}",
-                                  f"2024-05-10 00:00:01+00:00,{MAX_OUTPUT_TOKENS},{MAX_INPUT_TOKENS}"])
+    p = _file(
+        tmp_path,
+        "a.csv",
+        [
+            AZURE_HEADER,
+            f"2024-05-10 00:00:00+00:00,{MAX_INPUT_TOKENS},{MAX_OUTPUT_TOKENS}",
+            f"2024-05-10 00:00:01+00:00,{MAX_OUTPUT_TOKENS},{MAX_INPUT_TOKENS}",
+        ],
+    )
     assert [(r.input_tokens, r.output_tokens) for r in load_trace(p)] == [(MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS)] * 2
 
 
-@pytest.mark.parametrize(("inp", "out", "ok"), [(1, 1, True), (MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, True),
-                                                (0, 1, False), (1, 0, False), (1, MAX_OUTPUT_TOKENS + 1, False)])
+@pytest.mark.parametrize(
+    ("inp", "out", "ok"),
+    [
+        (1, 1, True),
+        (MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, True),
+        (0, 1, False),
+        (1, 0, False),
+        (1, MAX_OUTPUT_TOKENS + 1, False),
+    ],
+)
 def test_validation_matches_what_the_router_parses(tmp_path: Path, inp: int, out: int, ok: bool) -> None:
     p = _file(tmp_path, "r.jsonl", [_moon(inp=inp, out=out)])
     loaded = _cli(["trace", "validate", str(p)])[0] == 0
@@ -245,11 +267,18 @@ def test_validate_keeps_order_against_the_last_good_line(tmp_path: Path) -> None
 
 
 def test_validate_csv_lists_every_bad_row(tmp_path: Path) -> None:
-    rows = [AZURE_HEADER, "2024-05-10 00:00:02+00:00,5,5", "2024-05-10 00:00:02+00:00,x,5",
-            "2024-05-10 00:00:02+00:00,5", "2024-05-10 00:00:01+00:00,5,5", "2024-05-10 00:00:03+00:00,5,5"]
+    rows = [
+        AZURE_HEADER,
+        "2024-05-10 00:00:02+00:00,5,5",
+        "2024-05-10 00:00:02+00:00,x,5",
+        "2024-05-10 00:00:02+00:00,5",
+        "2024-05-10 00:00:01+00:00,5,5",
+        "2024-05-10 00:00:03+00:00,5,5",
+    ]
     p = tmp_path / "a.csv"
-    p.write_bytes(("\n".join(rows) + "\n").encode() + b"2024-05-10 00:00:04+00:00,\xff,5\n"
-                  b"2024-05-10 00:00:05+00:00,5,5\n")
+    p.write_bytes(
+        ("\n".join(rows) + "\n").encode() + b"2024-05-10 00:00:04+00:00,\xff,5\n2024-05-10 00:00:05+00:00,5,5\n"
+    )
     rc, out, err = _cli(["trace", "validate", str(p)])
     assert rc == 2 and out == ""
     assert f"{p}:3: field 'ContextTokens'" in err

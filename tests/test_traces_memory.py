@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.traces.trace_command import ESTIMATE_NOTE, _Summary, prefix_reuse_share
 from testbed.traces.distinct import DistinctCounter
 from testbed.traces.synthetic import synth_with_prefixes
+from testbed.traces.trace_command import ESTIMATE_NOTE, _Summary, prefix_reuse_share
 from testbed.traces.types import TraceRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,8 +40,10 @@ def write_mooncake_file(path: Path, n: int, seed: int = 0) -> int:
                 s, nxt = nxt, nxt + k
             starts[i] = s
             total += k
-            f.write(f'{{"timestamp": {ts[i]}, "input_length": {k * 512 - 100}, "output_length": {out[i]}, '
-                    f'"hash_ids": [{", ".join(map(str, range(s, s + k)))}]}}\n')
+            f.write(
+                f'{{"timestamp": {ts[i]}, "input_length": {k * 512 - 100}, "output_length": {out[i]}, '
+                f'"hash_ids": [{", ".join(map(str, range(s, s + k)))}]}}\n'
+            )
     return total
 
 
@@ -51,9 +53,13 @@ def peak_rss_mb(argv: list[str], tmp_path: Path) -> tuple[float, str]:
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     pid = os.posix_spawn(
-        sys.executable, [sys.executable, "-m", "testbed", *argv], dict(os.environ, PYTHONPATH=str(ROOT)),
-        file_actions=[(os.POSIX_SPAWN_OPEN, 1, str(out), flags, 0o644),
-                      (os.POSIX_SPAWN_OPEN, 2, str(err), flags, 0o644)],
+        sys.executable,
+        [sys.executable, "-m", "testbed", *argv],
+        dict(os.environ, PYTHONPATH=str(ROOT)),
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 1, str(out), flags, 0o644),
+            (os.POSIX_SPAWN_OPEN, 2, str(err), flags, 0o644),
+        ],
     )
     _, status, usage = os.wait4(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, err.read_text()
@@ -132,8 +138,10 @@ def test_validate_and_info_memory_grows_little_with_the_file(tmp_path: Path) -> 
     assert "ok, 100,000 requests" in v_out
     info = json.loads(i_out)
     assert info["blocks"] == blocks and 0.3 < info["prefix_reuse_share"] < 0.7
-    print(f"peak RSS, 100K-line Mooncake file: validate {v:.0f} MB, info {i:.0f} MB "
-          f"(10 lines: {base_v:.0f} MB, {base_i:.0f} MB)")
+    print(
+        f"peak RSS, 100K-line Mooncake file: validate {v:.0f} MB, info {i:.0f} MB "
+        f"(10 lines: {base_v:.0f} MB, {base_i:.0f} MB)"
+    )
     assert v - base_v < 40 and i - base_i < 40
 
 
@@ -143,8 +151,10 @@ def test_validate_and_info_on_a_million_lines_stay_under_500_mb(tmp_path: Path) 
     path = tmp_path / "million.jsonl"
     blocks = write_mooncake_file(path, 1_000_000)
     v, i, v_out, i_out = _rss_pair(path, tmp_path)
-    print(f"peak RSS, 1M-line Mooncake file ({blocks:,} blocks, {path.stat().st_size / 1e6:.0f} MB): "
-          f"validate {v:.0f} MB, info {i:.0f} MB")
+    print(
+        f"peak RSS, 1M-line Mooncake file ({blocks:,} blocks, {path.stat().st_size / 1e6:.0f} MB): "
+        f"validate {v:.0f} MB, info {i:.0f} MB"
+    )
     assert "ok, 1,000,000 requests" in v_out
     info = json.loads(i_out)
     assert info["requests"] == 1_000_000 and info["blocks"] == blocks

@@ -9,31 +9,80 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import creds
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import creds
 from testbed.config.scenarios import load_scenario
-from testbed.core.router.health import HealthBook
 from testbed.core.record import RequestRecord
+from testbed.core.router.health import HealthBook
 from testbed.core.router.request_ids import RequestIds
 from testbed.core.schema.scaling import Scale
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.plan import loopback_deployment
 from testbed.live.router.vllm_metrics import (
-    add_state_gauges, make_metrics, note_arrival, note_departure, note_prefix, note_tokens, observe_finished,
+    add_state_gauges,
+    make_metrics,
+    note_arrival,
+    note_departure,
+    note_prefix,
+    note_tokens,
+    observe_finished,
 )
 from testbed.run.load import resolve
 
 # vLLM v0.12's buckets, copied from its source rather than from the module under test.
-TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-        80.0, 160.0, 640.0, 2560.0]
+TTFT = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
 PER_TOKEN = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-REQUEST = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-           960.0, 1920.0, 7680.0]
+REQUEST = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 MAX_MODEL_LEN = 1000
-TOKENS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]     # build_1_2_5_buckets(max_model_len)
+TOKENS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]  # build_1_2_5_buckets(max_model_len)
 LABELS = {"model_name", "engine"}
 
 # name: (type, extra label names, buckets or None)
@@ -60,28 +109,49 @@ VLLM_ROUTER: dict[str, tuple[str, set[str], list[float] | None]] = {
     "vllm:request_decode_time_seconds": ("histogram", set(), REQUEST),
 }
 VLLM_PREFILL = {k: VLLM_ROUTER[k] for k in ("vllm:num_requests_running", "vllm:num_requests_waiting")}
-VLLM_DECODE = {k: VLLM_ROUTER[k] for k in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                                           "vllm:kv_cache_usage_perc")}
+VLLM_DECODE = {
+    k: VLLM_ROUTER[k] for k in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+}
 # Monotonic counts are counters; the testbed's gauges stay gauges.
-TESTBED_ROUTER = {"testbed_requests_routed": "counter", "testbed_requests_failed": "counter",
-                  "testbed_cache_moves": "counter", "testbed_requests_retried": "counter",
-                  "testbed_request_ids_renamed": "counter", "testbed_routing_threshold_tokens": "gauge",
-                  "testbed_instances_down": "gauge", "testbed_wan_link_capacity_bits_per_second": "gauge",
-                  "testbed_ttft_stage_seconds": "histogram"}
-TESTBED_PREFILL = {"testbed_kv_bytes_sent": "counter", "testbed_prefills_completed": "counter",
-                   "testbed_prefills_failed": "counter", "testbed_kv_backlog_bytes": "gauge",
-                   "testbed_slowdown_factor": "gauge"}
-TESTBED_DECODE = {"testbed_kv_bytes_received": "counter", "testbed_decode_steps": "counter",
-                  "testbed_decode_completed": "counter", "testbed_slowdown_factor": "gauge"}
+TESTBED_ROUTER = {
+    "testbed_requests_routed": "counter",
+    "testbed_requests_failed": "counter",
+    "testbed_cache_moves": "counter",
+    "testbed_requests_retried": "counter",
+    "testbed_request_ids_renamed": "counter",
+    "testbed_routing_threshold_tokens": "gauge",
+    "testbed_instances_down": "gauge",
+    "testbed_wan_link_capacity_bits_per_second": "gauge",
+    "testbed_ttft_stage_seconds": "histogram",
+}
+TESTBED_PREFILL = {
+    "testbed_kv_bytes_sent": "counter",
+    "testbed_prefills_completed": "counter",
+    "testbed_prefills_failed": "counter",
+    "testbed_kv_backlog_bytes": "gauge",
+    "testbed_slowdown_factor": "gauge",
+}
+TESTBED_DECODE = {
+    "testbed_kv_bytes_received": "counter",
+    "testbed_decode_steps": "counter",
+    "testbed_decode_completed": "counter",
+    "testbed_slowdown_factor": "gauge",
+}
 
 
 def _families(text: str) -> dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]:
-    return {f.name: (f.type, [(s.name, s.labels, s.value) for s in f.samples])
-            for f in text_string_to_metric_families(text)}
+    return {
+        f.name: (f.type, [(s.name, s.labels, s.value) for s in f.samples]) for f in text_string_to_metric_families(text)
+    }
 
 
-def check_exposition(text: str, vllm: dict[str, tuple[str, set[str], list[float] | None]],
-                     testbed: dict[str, str], model: str, engines: set[str]) -> None:
+def check_exposition(
+    text: str,
+    vllm: dict[str, tuple[str, set[str], list[float] | None]],
+    testbed: dict[str, str],
+    model: str,
+    engines: set[str],
+) -> None:
     fams = _families(text)
     for name, (kind, extra, buckets) in vllm.items():
         assert name in fams, f"{name} missing"
@@ -131,7 +201,12 @@ def test_router_exposition_matches_vllm() -> None:
     m.routed.labels(cluster="pd").inc()
     m.failed.labels(reason="x").inc()
     rec = RequestRecord("r", 0, 100, 5)
-    rec.times.router_arrival, rec.times.prefill_start, rec.times.prefill_end, rec.times.transfer_end = 0, .05, .1, .15
+    rec.times.router_arrival, rec.times.prefill_start, rec.times.prefill_end, rec.times.transfer_end = (
+        0,
+        0.05,
+        0.1,
+        0.15,
+    )
     observe_finished(m, rec, 0.0, 0.2, 4, 0.5)
     text = generate_latest(reg).decode()
     check_exposition(text, VLLM_ROUTER, TESTBED_ROUTER, "m1", {"router", "d0"})
@@ -140,21 +215,24 @@ def test_router_exposition_matches_vllm() -> None:
 
     def val(name: str, sample: str | None = None, **labels: str) -> float:
         return next(v for s, lab, v in fams[name][1] if s == (sample or name) and labels.items() <= lab.items())
+
     assert val("vllm:num_requests_waiting") == 1 and val("vllm:num_requests_running") == 1
     assert val("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total") == 200
     assert val("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total") == 120
     assert val("vllm:prompt_tokens", "vllm:prompt_tokens_total") == 100
     assert val("vllm:generation_tokens", "vllm:generation_tokens_total") == 4
     assert val("vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_count") == 3
-    assert val("vllm:request_time_per_output_token_seconds",
-               "vllm:request_time_per_output_token_seconds_sum") == pytest.approx(0.1)
+    assert val(
+        "vllm:request_time_per_output_token_seconds", "vllm:request_time_per_output_token_seconds_sum"
+    ) == pytest.approx(0.1)
     assert val("vllm:request_success", "vllm:request_success_total", finished_reason="length") == 1
     assert val("vllm:kv_cache_usage_perc", engine="d0") == 0.25
     assert val("testbed_cache_moves", "testbed_cache_moves_total") == 2
-    assert val("testbed_wan_link_capacity_bits_per_second") == 4e9      # 8 Gbit/s / byte_scale 4 x speedup 2
+    assert val("testbed_wan_link_capacity_bits_per_second") == 4e9  # 8 Gbit/s / byte_scale 4 x speedup 2
     # TTFT's stages add up to it.
-    stages = {lab["stage"]: v for s, lab, v in fams["testbed_ttft_stage_seconds"][1]
-              if s == "testbed_ttft_stage_seconds_sum"}
+    stages = {
+        lab["stage"]: v for s, lab, v in fams["testbed_ttft_stage_seconds"][1] if s == "testbed_ttft_stage_seconds_sum"
+    }
     assert stages == pytest.approx({"queue": 0.05, "prefill": 0.05, "kv_transfer": 0.05, "decode": 0.05})
     note_departure(m, had_first_token=False)
     st.inflight -= 1

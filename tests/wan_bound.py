@@ -23,7 +23,7 @@ from typing import Any
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import load_timeseries
 
-HEADER_BYTES = 14 + 20 + 32   # Ethernet, IPv4, TCP with the timestamp option
+HEADER_BYTES = 14 + 20 + 32  # Ethernet, IPv4, TCP with the timestamp option
 
 
 def _last_per_series(points: list[SeriesPoint], metrics: tuple[str, ...], sources: set[str]) -> dict[str, float]:
@@ -64,6 +64,7 @@ def counters_bound(run_dir: Path, summary: dict[str, Any]) -> float:
     sent = _last_per_series(points, ("tcp_bytes_sent", "kv_bytes_resent"), wan_senders(run_dir))
     packets = _link_growth(points, "link_packets")
     control = sum(v["bytes_wire"] for k, v in w["links"].items() if k != w["link"])
-    on_wire = (max(sent["tcp_bytes_sent"], kv) + sent["kv_bytes_resent"]
-               + HEADER_BYTES * packets.get(w["link"], 0.0) + control)
+    on_wire = (
+        max(sent["tcp_bytes_sent"], kv) + sent["kv_bytes_resent"] + HEADER_BYTES * packets.get(w["link"], 0.0) + control
+    )
     return on_wire / kv

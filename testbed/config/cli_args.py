@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from testbed.core.errors import UserError
 
@@ -16,8 +16,13 @@ class StoreOnce(argparse.Action):
     """A single-valued flag given twice is an error (exit 2), not the last one silently winning:
     `replay --scenario a --scenario b` used to run only b."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
         seen = f"_{self.dest}_given"
         if getattr(namespace, seen, False):
             parser.error(f"{option_string or self.dest} given more than once (this command takes one)")
@@ -25,8 +30,9 @@ class StoreOnce(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def check_out_dir(path: Path, flag: str = "--out", *, writes: Collection[str] = (),
-                  ours: Callable[[Path], bool] | None = None) -> Path:
+def check_out_dir(
+    path: Path, flag: str = "--out", *, writes: Collection[str] = (), ours: Callable[[Path], bool] | None = None
+) -> Path:
     """`path` as a directory a command may create and write into: not the filesystem root (a run
     would write and clear its artefacts there) and not an existing file. UserError otherwise.
 
@@ -38,14 +44,18 @@ def check_out_dir(path: Path, flag: str = "--out", *, writes: Collection[str] = 
         raise UserError(f"{flag}: an empty path is not a directory")
     resolved = path.resolve()
     if resolved == Path(resolved.anchor):
-        raise UserError(f"{flag} {str(path)!r}: the filesystem root is not an output directory; give a directory for it")
+        raise UserError(
+            f"{flag} {str(path)!r}: the filesystem root is not an output directory; give a directory for it"
+        )
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag} {str(path)!r}: an existing file, not a directory")
     if writes and path.is_dir():
         clash = [name for name in writes if os.path.lexists(path / name)]
         if clash and not (ours is not None and ours(path)):
-            raise UserError(f"{flag} {str(path)!r} holds no previous run but has {', '.join(clash)}, which "
-                            "it would overwrite; give a new or empty directory, or move them")
+            raise UserError(
+                f"{flag} {str(path)!r} holds no previous run but has {', '.join(clash)}, which "
+                "it would overwrite; give a new or empty directory, or move them"
+            )
     return path
 
 
@@ -67,7 +77,7 @@ def probe_writable(path: Path, flag: str = "--out") -> None:
     while not base.exists() and base != base.parent:
         base = base.parent
     if not base.is_dir():
-        return              # a file on the way: the writer words that
+        return  # a file on the way: the writer words that
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".testbed-probe-", dir=base))
     except OSError as e:
@@ -90,9 +100,14 @@ def add_overwrite(p: argparse.ArgumentParser, what: str = "its output directory"
     directory holding a previous command's output (a finished or stopped run) is refused."""
     from testbed.config.run_lock import OVERWRITE_FLAG
 
-    p.add_argument(OVERWRITE_FLAG, action="store_true",
-                   help=f"replace what a previous command left in {what} (refused without it); a directory "
-                        "a live command holds is refused regardless")
+    p.add_argument(
+        OVERWRITE_FLAG,
+        action="store_true",
+        help=f"replace what a previous command left in {what} (refused without it); a directory "
+        "a live command holds is refused regardless",
+    )
+
+
 @contextlib.contextmanager
 def unwritable_out(path: Path, flag: str = "--out") -> Iterator[None]:
     """An OSError while making or writing output directory `path` as one UserError line: its
@@ -101,5 +116,4 @@ def unwritable_out(path: Path, flag: str = "--out") -> Iterator[None]:
         yield
     except OSError as e:
         where = f" ({e.filename})" if e.filename and Path(e.filename) != path else ""
-        raise UserError(f"{flag} {str(path)!r}: cannot write the output there{where}: "
-                        f"{e.strerror or e}") from None
+        raise UserError(f"{flag} {str(path)!r}: cannot write the output there{where}: {e.strerror or e}") from None

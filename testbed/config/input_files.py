@@ -54,7 +54,7 @@ def refuse_special(path: str | Path) -> None:
     try:
         kind = _kind(os.stat(path).st_mode)
     except OSError:
-        return                      # missing or unreadable: the reader words that
+        return  # missing or unreadable: the reader words that
     if kind is not None:
         raise InputFileError(Path(path), f"not a regular file ({kind})")
 
@@ -123,13 +123,21 @@ def quotable_header(columns: Sequence[str], expected: Sequence[str]) -> str:
     if not columns or list(columns) == [""]:
         return "empty"
     norm = {" ".join(c.split()).casefold() for c in columns}
-    if any(" ".join(n.split()).casefold() in norm for n in expected) and all(_COLUMN_NAME.fullmatch(c) for c in columns):
+    if any(" ".join(n.split()).casefold() in norm for n in expected) and all(
+        _COLUMN_NAME.fullmatch(c) for c in columns
+    ):
         return ", ".join(columns)
     return f"{len(columns)} field{'s' if len(columns) != 1 else ''}, none of them a column it names"
 
 
 def json_kind(value: object) -> str:
     """What a JSON value is ("a string"), for an error that must not quote it."""
-    kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"), (list, "an array"),
-             (dict, "an object"))
+    kinds = (
+        (bool, "a boolean"),
+        (int, "a number"),
+        (float, "a number"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "an object"),
+    )
     return next((name for t, name in kinds if isinstance(value, t)), "null")

@@ -42,7 +42,7 @@ def live_path_costs(spec: Scenario, source: str = "") -> LivePathCosts:
     where = f"{source or spec.name}: field 'sim.live_path'"
     if isinstance(lp, LivePathSpec):
         d = lp.model_dump()
-        if "relay_last_s" not in lp.model_fields_set:     # one relay given: both tokens pay it
+        if "relay_last_s" not in lp.model_fields_set:  # one relay given: both tokens pay it
             d["relay_last_s"] = d["relay_s"]
         return LivePathCosts(**d, source="scenario")
     if lp == "none":

@@ -47,8 +47,7 @@ def _first_key_line(text: str) -> str:
     return ""
 
 
-def read_mapping(path: Path, error: type[Exception], what: str = "",
-                 fields: Collection[str] = ()) -> dict[str, Any]:
+def read_mapping(path: Path, error: type[Exception], what: str = "", fields: Collection[str] = ()) -> dict[str, Any]:
     """A YAML file whose top level is a mapping (an empty file is an empty mapping): a regular
     UTF-8 file of at most MAX_CONFIG_BYTES. With `fields` (the kind's top-level fields, `what`
     its name), a non-empty mapping holding none of them is refused as not that kind, its keys
@@ -67,8 +66,10 @@ def read_mapping(path: Path, error: type[Exception], what: str = "",
     if not isinstance(data, dict):
         raise error(f"{path}: top level must be a mapping, got {type(data).__name__}")
     if fields and data and not any(k in fields for k in data):
-        raise error(f"{path}: not a {what or 'valid file'}: none of its {len(data)} top-level keys is one of its "
-                    f"fields ({', '.join(fields)}){_first_key_line(text)}")
+        raise error(
+            f"{path}: not a {what or 'valid file'}: none of its {len(data)} top-level keys is one of its "
+            f"fields ({', '.join(fields)}){_first_key_line(text)}"
+        )
     return data
 
 
@@ -78,8 +79,9 @@ def loc_text(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
-def format_validation_error(source: str, what: str, err: ValidationError,
-                            label: Callable[[tuple[int | str, ...]], str | None] | None = None) -> str:
+def format_validation_error(
+    source: str, what: str, err: ValidationError, label: Callable[[tuple[int | str, ...]], str | None] | None = None
+) -> str:
     """One line naming `source`, then one per error; `label(loc)` may name where an error's
     value came from instead (a `--set` override)."""
     n = err.error_count()
@@ -108,8 +110,14 @@ def origin_of(origins: dict[str, str], loc: tuple[int | str, ...]) -> str | None
     return None
 
 
-def validate(model: type[M], data: dict[str, Any], source: str, what: str, error: type[Exception],
-             label: Callable[[tuple[int | str, ...]], str | None] | None = None) -> M:
+def validate(
+    model: type[M],
+    data: dict[str, Any],
+    source: str,
+    what: str,
+    error: type[Exception],
+    label: Callable[[tuple[int | str, ...]], str | None] | None = None,
+) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as e:

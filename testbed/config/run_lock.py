@@ -24,7 +24,7 @@ import shlex
 import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from testbed.core.errors import UserError
@@ -38,11 +38,11 @@ class Holder:
     """Who took a directory's lock (or last took it)."""
 
     pid: int
-    start: int | None        # the process's start time (/proc/PID/stat): a reused pid is not it
+    start: int | None  # the process's start time (/proc/PID/stat): a reused pid is not it
     host: str
     command: str
-    started: str             # ISO time, UTC
-    invocation: str          # one command invocation of that process
+    started: str  # ISO time, UTC
+    invocation: str  # one command invocation of that process
 
     def describe(self) -> str:
         return f"pid {self.pid} (`{self.command}`), started {self.started}"
@@ -62,7 +62,7 @@ class _Held:
     fd: int
     overwrite: bool
     count: int
-    created: bool            # the directory did not exist before: removed again if left empty
+    created: bool  # the directory did not exist before: removed again if left empty
 
 
 _held: dict[Path, _Held] = {}
@@ -103,7 +103,7 @@ def process_start(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
 
 
 def read_holder(directory: Path) -> Holder | None:
@@ -133,10 +133,11 @@ def _previous(directory: Path) -> str | None:
         if holder.invocation == _invocation:
             return None
         run = _legacy_run(directory)
-        return f"the output of `{holder.command}` (pid {holder.pid}, started {holder.started}" + \
-            (f"; {run})" if run else ")")
+        return f"the output of `{holder.command}` (pid {holder.pid}, started {holder.started}" + (
+            f"; {run})" if run else ")"
+        )
     with contextlib.suppress(OSError):
-        if (directory / LOCK_NAME).stat().st_size:      # empty: made just now, by this acquire
+        if (directory / LOCK_NAME).stat().st_size:  # empty: made just now, by this acquire
             return "the output of an earlier testbed command"
     run = _legacy_run(directory)
     return f"a previous run ({run})" if run else None
@@ -162,16 +163,23 @@ def acquire(directory: Path, overwrite: bool = False, flag: str = "--out") -> No
     try:
         prev = _previous(directory)
         if prev is not None and not overwrite:
-            raise DirTaken(f"{flag} {str(directory)!r} holds {prev}; give {OVERWRITE_FLAG} to replace it, "
-                           f"or another {flag}")
+            raise DirTaken(
+                f"{flag} {str(directory)!r} holds {prev}; give {OVERWRITE_FLAG} to replace it, or another {flag}"
+            )
         me = os.getpid()
-        record = Holder(me, process_start(me), socket.gethostname(), _command,
-                        datetime.now(timezone.utc).isoformat(timespec="seconds"), _invocation)
+        record = Holder(
+            me,
+            process_start(me),
+            socket.gethostname(),
+            _command,
+            datetime.now(UTC).isoformat(timespec="seconds"),
+            _invocation,
+        )
         data = (json.dumps(asdict(record)) + "\n").encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
     except BaseException:
-        os.close(fd)        # closing drops the lock
+        os.close(fd)  # closing drops the lock
         raise
     _held[key] = _Held(directory, fd, overwrite, 1, created)
 
@@ -185,23 +193,25 @@ def _lock(directory: Path, flag: str) -> int:
             directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            raise UserError(f"{flag} {str(directory)!r}: cannot take its lock file {LOCK_NAME} "
-                            f"({e.strerror or e})") from None
+            raise UserError(
+                f"{flag} {str(directory)!r}: cannot take its lock file {LOCK_NAME} ({e.strerror or e})"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             holder = read_holder(directory)
             who = holder.describe() if holder is not None else "another testbed command"
-            raise DirBusy(f"{flag} {str(directory)!r} is in use by a live run: {who}; wait for it to end "
-                          f"or give another {flag}") from None
+            raise DirBusy(
+                f"{flag} {str(directory)!r} is in use by a live run: {who}; wait for it to end or give another {flag}"
+            ) from None
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path))
         except FileNotFoundError:
             same = False
         if same:
             return fd
-        os.close(fd)        # locked a file its holder had just removed: take the new one
+        os.close(fd)  # locked a file its holder had just removed: take the new one
     raise DirBusy(f"{flag} {str(directory)!r}: its lock file keeps being replaced; another command is taking it")
 
 
@@ -219,11 +229,11 @@ def release(directory: Path) -> None:
     del _held[key]
     try:
         if [p.name for p in h.directory.iterdir()] == [LOCK_NAME]:
-            (h.directory / LOCK_NAME).unlink()      # still locked: a newcomer sees it gone, retakes
+            (h.directory / LOCK_NAME).unlink()  # still locked: a newcomer sees it gone, retakes
             if h.created:
                 h.directory.rmdir()
     except OSError:
-        pass        # left as a mark: harmless
+        pass  # left as a mark: harmless
     finally:
         os.close(h.fd)
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from testbed.config.loader import origin_of, read_mapping, validate as validate_model
+from testbed.config.loader import origin_of, read_mapping
+from testbed.config.loader import validate as validate_model
 from testbed.core.errors import UserError
 from testbed.core.schema.scenario import ModelProfile, Scenario
 
@@ -77,8 +78,9 @@ def validate(data: dict[str, Any], source: str = "<scenario>", origins: dict[str
     """`data` as a Scenario; `origins` (dotted path -> `--set a.b=v`) names the override an
     error is in instead of `source`."""
     found = origins or {}
-    return validate_model(Scenario, data, source, "scenario", ScenarioError,
-                          (lambda loc: origin_of(found, loc)) if found else None)
+    return validate_model(
+        Scenario, data, source, "scenario", ScenarioError, (lambda loc: origin_of(found, loc)) if found else None
+    )
 
 
 def override_origins(overrides: dict[str, Any] | None) -> dict[str, str]:
@@ -123,6 +125,8 @@ def load_model_profile(name_or_path: str | Path, source: str = "paper") -> Model
     if not p.exists():
         p = _source_dir(source) / f"{name_or_path}.yaml"
         if not p.exists():
-            raise ScenarioError(f"model profile {str(name_or_path)!r} not found (a path, or one of the {source} "
-                                f"profiles: {', '.join(model_profiles(source)) or 'none'})")
+            raise ScenarioError(
+                f"model profile {str(name_or_path)!r} not found (a path, or one of the {source} "
+                f"profiles: {', '.join(model_profiles(source)) or 'none'})"
+            )
     return validate_model(ModelProfile, _read_raw(p), str(p), "model profile", ScenarioError)

@@ -15,26 +15,28 @@ from enum import StrEnum
 class FailureKind(StrEnum):
     """Why an attempt or a request failed. The node kinds name the instance (`Failure.node`)."""
 
-    PREFILL_DOWN = "prefill_node_down"      # the prefill instance refused the call, broke it off or did not answer
-    PREFILL_ERROR = "prefill_node_error"    # it answered an error status or a malformed report, or its job raised
-    DECODE_DOWN = "decode_node_down"        # the decode instance refused the call, or its token stream broke
-    DECODE_ERROR = "decode_node_error"      # it answered an error status, or cannot hold the request's KV
-    KV_TRANSFER = "kv_transfer_failed"      # the KV transfer failed (not resumed in time) or did not complete in time
-    CACHE_MOVE = "cache_move_failed"        # a cached prefix moved between clusters failed or did not arrive in time
-    DEADLINE = "deadline_exceeded"          # the request's time limit passed (retries included)
-    NO_CAPACITY = "no_capacity"             # the router had no instance to route it to (503)
-    BAD_REQUEST = "bad_request"             # the router refused the request itself (4xx)
-    ROUTER_ERROR = "router_error"           # the router failed it otherwise (a testbed fault, an unexpected error)
-    CLIENT_TIMEOUT = "client_timeout"       # the client gave up waiting
-    CLIENT_ERROR = "client_error"           # the client's connection failed, or the answer it got was incomplete
-    CLIENT_GONE = "client_disconnected"     # the client went away before the end (a held deployment's record)
-    INTERRUPTED = "interrupted"             # the run stopped before the request finished
+    PREFILL_DOWN = "prefill_node_down"  # the prefill instance refused the call, broke it off or did not answer
+    PREFILL_ERROR = "prefill_node_error"  # it answered an error status or a malformed report, or its job raised
+    DECODE_DOWN = "decode_node_down"  # the decode instance refused the call, or its token stream broke
+    DECODE_ERROR = "decode_node_error"  # it answered an error status, or cannot hold the request's KV
+    KV_TRANSFER = "kv_transfer_failed"  # the KV transfer failed (not resumed in time) or did not complete in time
+    CACHE_MOVE = "cache_move_failed"  # a cached prefix moved between clusters failed or did not arrive in time
+    DEADLINE = "deadline_exceeded"  # the request's time limit passed (retries included)
+    NO_CAPACITY = "no_capacity"  # the router had no instance to route it to (503)
+    BAD_REQUEST = "bad_request"  # the router refused the request itself (4xx)
+    ROUTER_ERROR = "router_error"  # the router failed it otherwise (a testbed fault, an unexpected error)
+    CLIENT_TIMEOUT = "client_timeout"  # the client gave up waiting
+    CLIENT_ERROR = "client_error"  # the client's connection failed, or the answer it got was incomplete
+    CLIENT_GONE = "client_disconnected"  # the client went away before the end (a held deployment's record)
+    INTERRUPTED = "interrupted"  # the run stopped before the request finished
 
 
 # The kinds a node's failure has, by the node's role and whether it answered at all.
 NODE_KINDS: dict[tuple[str, bool], FailureKind] = {
-    ("prefill", False): FailureKind.PREFILL_DOWN, ("prefill", True): FailureKind.PREFILL_ERROR,
-    ("decode", False): FailureKind.DECODE_DOWN, ("decode", True): FailureKind.DECODE_ERROR,
+    ("prefill", False): FailureKind.PREFILL_DOWN,
+    ("prefill", True): FailureKind.PREFILL_ERROR,
+    ("decode", False): FailureKind.DECODE_DOWN,
+    ("decode", True): FailureKind.DECODE_ERROR,
 }
 
 

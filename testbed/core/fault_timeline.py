@@ -16,11 +16,20 @@ from typing import Literal, get_args
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.linkprofile import LinkParams
 from testbed.core.schema.scenario import (
-    FaultKind, FaultSpec, KillFault, OutageFault, PartitionFault, PauseFault, RateDropFault, RestartFault, Scenario,
-    SlowFault, TcpResetFault,
+    FaultKind,
+    FaultSpec,
+    KillFault,
+    OutageFault,
+    PartitionFault,
+    PauseFault,
+    RateDropFault,
+    RestartFault,
+    Scenario,
+    SlowFault,
+    TcpResetFault,
 )
 
-Link = tuple[str, str]          # (source datacenter, destination datacenter): one direction
+Link = tuple[str, str]  # (source datacenter, destination datacenter): one direction
 Phase = Literal["start", "end"]
 # What a fault acts on: one node instance, link parameters, or the connections crossing the WAN.
 Scope = Literal["node", "link", "connection"]
@@ -47,12 +56,12 @@ NODE_KINDS: tuple[FaultKind, ...] = tuple(k for k in get_args(FaultKind) if kind
 
 @dataclass(frozen=True)
 class FaultEvent:
-    index: int                  # position in the scenario's `faults` list
+    index: int  # position in the scenario's `faults` list
     spec: FaultSpec
-    start_s: float              # paper seconds after t0
-    end_s: float | None         # None: lasts to the end of the run (a kill)
-    node: str | None            # the instance, for node faults
-    links: tuple[Link, ...]     # the directions, for link faults (tcp_reset: every inter-DC one)
+    start_s: float  # paper seconds after t0
+    end_s: float | None  # None: lasts to the end of the run (a kill)
+    node: str | None  # the instance, for node faults
+    links: tuple[Link, ...]  # the directions, for link faults (tcp_reset: every inter-DC one)
 
     @property
     def kind(self) -> FaultKind:
@@ -119,7 +128,7 @@ def _end(spec: FaultSpec) -> float | None:
         case KillFault():
             return None
         case RestartFault():
-            return spec.at_s + spec.down_s     # up again (starting) from then on
+            return spec.at_s + spec.down_s  # up again (starting) from then on
         case PauseFault() | SlowFault() | OutageFault() | RateDropFault() | PartitionFault() | TcpResetFault():
             return spec.at_s + spec.duration_s
         case _:
@@ -166,7 +175,7 @@ def faulted_links(base: Mapping[Link, LinkParams], active: Iterable[FaultEvent])
                 case OutageFault() | PartitionFault():
                     out[link] = replace(p, loss=1.0, loss_correlation=0.0)
                 case KillFault() | PauseFault() | RestartFault() | SlowFault() | TcpResetFault():
-                    pass    # shapes no link
+                    pass  # shapes no link
                 case _:
                     unknown_kind("fault kind", e.spec)
     return out
@@ -182,10 +191,10 @@ class SlowDown:
     """A node's service-time factor: `factor` until `until` (the driver's clock), else 1."""
 
     factor: float = 1.0
-    until: float | None = None     # None with factor != 1: until cleared
+    until: float | None = None  # None with factor != 1: until cleared
 
     def set(self, factor: float, until: float | None) -> None:
-        if not MIN_SLOW_FACTOR <= factor <= MAX_SLOW_FACTOR:    # also refuses NaN
+        if not MIN_SLOW_FACTOR <= factor <= MAX_SLOW_FACTOR:  # also refuses NaN
             raise ValueError(f"slow factor must be in [{MIN_SLOW_FACTOR:g}, {MAX_SLOW_FACTOR:g}], got {factor}")
         self.factor, self.until = factor, until
 
@@ -193,4 +202,3 @@ class SlowDown:
         if self.factor == 1.0 or (self.until is not None and now >= self.until):
             return 1.0
         return self.factor
-

@@ -50,7 +50,7 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (S.DECODING, E.FINISH): S.COMPLETED,
 }
 TERMINAL = frozenset({S.COMPLETED, S.FAILED})
-_NEXT = TRANSITIONS.get      # bound once: a request applies about ten events
+_NEXT = TRANSITIONS.get  # bound once: a request applies about ten events
 _FAIL = Event.FAIL
 
 

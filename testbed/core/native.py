@@ -13,8 +13,8 @@ import os
 from functools import cache
 from types import ModuleType
 
-ABI = 6                     # native/src/lib.rs's: the twins' behaviour and interface this code expects
-ENV = "TESTBED_NATIVE"      # "0": the pure-Python modules, even where the extension is built
+ABI = 6  # native/src/lib.rs's: the twins' behaviour and interface this code expects
+ENV = "TESTBED_NATIVE"  # "0": the pure-Python modules, even where the extension is built
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,12 @@ def module() -> ModuleType | None:
     except ImportError:
         return None
     if getattr(testbed_native, "ABI", None) != ABI:
-        log.warning("testbed_native is built from other sources (ABI %s, expected %s): using the pure-Python "
-                    "modules; `make install` rebuilds it", getattr(testbed_native, "ABI", None), ABI)
+        log.warning(
+            "testbed_native is built from other sources (ABI %s, expected %s): using the pure-Python "
+            "modules; `make install` rebuilds it",
+            getattr(testbed_native, "ABI", None),
+            ABI,
+        )
         return None
     return testbed_native
 

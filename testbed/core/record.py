@@ -36,25 +36,25 @@ class StageTimes:
     """When each stage of one request happened (NaN: it never did), in the order a request
     lives through them."""
 
-    arrival: float = NAN                  # the client sent the request
-    router_arrival: float = NAN           # the router received it
-    routed: float = NAN                   # the router decided
-    cache_move_start: float = NAN         # the router asked the source cluster for the cached prefix
-    prefill_sent: float = NAN             # the router sent the prefill to its node
-    prefill_queued: float = NAN           # the prefill node queued it
-    cache_wait_start: float = NAN         # the prefill node began waiting for the moved prefix
-    cache_move_end: float = NAN           # the moved prefix is at the prefill node
+    arrival: float = NAN  # the client sent the request
+    router_arrival: float = NAN  # the router received it
+    routed: float = NAN  # the router decided
+    cache_move_start: float = NAN  # the router asked the source cluster for the cached prefix
+    prefill_sent: float = NAN  # the router sent the prefill to its node
+    prefill_queued: float = NAN  # the prefill node queued it
+    cache_wait_start: float = NAN  # the prefill node began waiting for the moved prefix
+    cache_move_end: float = NAN  # the moved prefix is at the prefill node
     prefill_start: float = NAN
-    transfer_start: float = NAN           # the first layer's KV handed to the sender (before prefill_end)
-    transfer_first_sent: float = NAN      # the sender wrote the first KV byte
+    transfer_start: float = NAN  # the first layer's KV handed to the sender (before prefill_end)
+    transfer_first_sent: float = NAN  # the sender wrote the first KV byte
     prefill_end: float = NAN
-    transfer_sent: float = NAN            # every KV byte handed to TCP
+    transfer_sent: float = NAN  # every KV byte handed to TCP
     transfer_first_received: float = NAN  # the decode node received the first KV byte
-    transfer_end: float = NAN             # the decode node holds every KV byte
+    transfer_end: float = NAN  # the decode node holds every KV byte
     decode_admitted: float = NAN
-    decode_first_token: float = NAN       # the decode node produced the first token
+    decode_first_token: float = NAN  # the decode node produced the first token
     decode_last_token: float = NAN
-    first_token: float = NAN              # the client saw the first token
+    first_token: float = NAN  # the client saw the first token
     last_token: float = NAN
 
     def since(self, t0: float) -> StageTimes:
@@ -72,10 +72,14 @@ class StageTimes:
         """The lifecycle events these stamps mean, in time order; ties keep the order the
         lifecycle expects them in."""
         order = (
-            (self.routed, Event.ROUTE), (self.prefill_sent, Event.ENQUEUE_PREFILL),
-            (self.prefill_start, Event.START_PREFILL), (self.transfer_start, Event.TRANSFER_START),
-            (self.prefill_end, Event.END_PREFILL), (self.transfer_end, Event.KV_COMPLETE),
-            (self.decode_admitted, Event.ADMIT), (self.decode_first_token, Event.FIRST_TOKEN),
+            (self.routed, Event.ROUTE),
+            (self.prefill_sent, Event.ENQUEUE_PREFILL),
+            (self.prefill_start, Event.START_PREFILL),
+            (self.transfer_start, Event.TRANSFER_START),
+            (self.prefill_end, Event.END_PREFILL),
+            (self.transfer_end, Event.KV_COMPLETE),
+            (self.decode_admitted, Event.ADMIT),
+            (self.decode_first_token, Event.FIRST_TOKEN),
             (self.decode_last_token, Event.FINISH),
         )
         stamps = sorted((t, i, ev) for i, (t, ev) in enumerate(order) if not math.isnan(t))
@@ -95,31 +99,31 @@ class RequestRecord:
     trace_index: int
     input_tokens: int
     output_tokens: int
-    cached_tokens: int = 0          # prefix the prefill cluster already held
+    cached_tokens: int = 0  # prefix the prefill cluster already held
     prefill_cluster: str = ""
     prefill_node: str = ""
     decode_cluster: str = ""
     decode_node: str = ""
-    crossed_wan: bool = False       # KV crossed datacenters
-    threshold: float = NAN          # routing threshold in force (tokens), NaN if none
-    route_reason: str = ""          # the policy's reason for its decision
-    prefill_modelled: float = NAN   # modelled prefill duration, wire seconds
+    crossed_wan: bool = False  # KV crossed datacenters
+    threshold: float = NAN  # routing threshold in force (tokens), NaN if none
+    route_reason: str = ""  # the policy's reason for its decision
+    prefill_modelled: float = NAN  # modelled prefill duration, wire seconds
     tokens_received: int = 0
-    kv_bytes_paper: int = 0         # KV the request shipped to its decode node (what that side lacked)
-    kv_bytes_wire: int = 0          # KV bytes the decode node received
-    outcome: str = "pending"        # completed | failed
+    kv_bytes_paper: int = 0  # KV the request shipped to its decode node (what that side lacked)
+    kv_bytes_wire: int = 0  # KV bytes the decode node received
+    outcome: str = "pending"  # completed | failed
     reason: str = ""
-    decode_cached_tokens: int = 0   # prefix the decode cluster already held (its KV did not ship)
-    cache_move_tokens: int = 0      # cached prefix tokens moved between clusters before the prefill
-    cache_move_src: str = ""        # prefill node that sent them
+    decode_cached_tokens: int = 0  # prefix the decode cluster already held (its KV did not ship)
+    cache_move_tokens: int = 0  # cached prefix tokens moved between clusters before the prefill
+    cache_move_src: str = ""  # prefill node that sent them
     cache_move_bytes_paper: int = 0
     cache_move_bytes_wire: int = 0  # what arrived at the prefill node
-    retries: int = 0                # times the router routed it again (a failure before any token)
-    retry_reason: str = ""          # what failed the attempt before
-    failure_kind: str = ""          # what failed it (`testbed.core.failures.FailureKind`; empty when it completed)
-    failure_node: str = ""          # the instance it failed at (empty: none, e.g. a KV transfer, a deadline)
-    retry_kind: str = ""            # what failed the attempt before (a `FailureKind`; empty without a retry)
-    retry_node: str = ""            # the instance the attempt before failed at (empty: none)
+    retries: int = 0  # times the router routed it again (a failure before any token)
+    retry_reason: str = ""  # what failed the attempt before
+    failure_kind: str = ""  # what failed it (`testbed.core.failures.FailureKind`; empty when it completed)
+    failure_node: str = ""  # the instance it failed at (empty: none, e.g. a KV transfer, a deadline)
+    retry_kind: str = ""  # what failed the attempt before (a `FailureKind`; empty without a retry)
+    retry_node: str = ""  # the instance the attempt before failed at (empty: none)
     times: StageTimes = field(default_factory=StageTimes)
 
     @property
@@ -221,16 +225,23 @@ def record_to_wire(rec: RequestRecord, t0: float = 0.0) -> dict[str, Any]:
 def record_from_wire(obj: Any, trace_index: int = NO_TRACE_INDEX, t0: float = 0.0) -> RequestRecord:
     """The record a `testbed` object describes, times relative to `t0`."""
     _check_keys(obj, _RECORD_WIRE, "request record")
-    kw: dict[str, Any] = {n: _kind_value(n, obj[n]) if n in _KIND_FIELDS else _wire_value(n, FIELD_TYPES[n], obj[n])
-                          for n in _WIRE_FIELDS}
+    kw: dict[str, Any] = {
+        n: _kind_value(n, obj[n]) if n in _KIND_FIELDS else _wire_value(n, FIELD_TYPES[n], obj[n]) for n in _WIRE_FIELDS
+    }
     times = StageTimes(*(_wire_value(n, "float", obj[n]) - t0 for n in TIME_NAMES))
     return RequestRecord(trace_index=trace_index, times=times, **kw)
 
 
 # The stages a prefill node sees.
 PREFILL_TIMES: tuple[str, ...] = (
-    "prefill_queued", "cache_wait_start", "cache_move_end", "prefill_start", "transfer_start",
-    "transfer_first_sent", "prefill_end", "transfer_sent",
+    "prefill_queued",
+    "cache_wait_start",
+    "cache_move_end",
+    "prefill_start",
+    "transfer_start",
+    "transfer_first_sent",
+    "prefill_end",
+    "transfer_sent",
 )
 
 
@@ -242,20 +253,27 @@ class PrefillReport:
     times: StageTimes = field(default_factory=StageTimes)
     prefill_modelled: float = NAN
     cache_move_bytes_wire: int = 0
-    error: str = ""                 # empty: the prefill ran and every KV byte went to TCP
-    error_kind: str = ""            # the error's `FailureKind`
+    error: str = ""  # empty: the prefill ran and every KV byte went to TCP
+    error_kind: str = ""  # the error's `FailureKind`
 
 
 _REPORT_WIRE: dict[str, str] = {
-    **{n: "float" for n in PREFILL_TIMES}, "prefill_modelled": "float", "cache_move_bytes_wire": "int", "error": "str",
+    **{n: "float" for n in PREFILL_TIMES},
+    "prefill_modelled": "float",
+    "cache_move_bytes_wire": "int",
+    "error": "str",
     "error_kind": "str",
 }
 
 
 def report_to_wire(rep: PrefillReport) -> dict[str, Any]:
     out: dict[str, Any] = {n: _stamp(getattr(rep.times, n), 0.0) for n in PREFILL_TIMES}
-    out.update(prefill_modelled=None if math.isnan(rep.prefill_modelled) else rep.prefill_modelled,
-               cache_move_bytes_wire=rep.cache_move_bytes_wire, error=rep.error, error_kind=rep.error_kind)
+    out.update(
+        prefill_modelled=None if math.isnan(rep.prefill_modelled) else rep.prefill_modelled,
+        cache_move_bytes_wire=rep.cache_move_bytes_wire,
+        error=rep.error,
+        error_kind=rep.error_kind,
+    )
     return out
 
 
@@ -264,6 +282,10 @@ def report_from_wire(obj: Any) -> PrefillReport:
     times = StageTimes()
     for n in PREFILL_TIMES:
         setattr(times, n, _wire_value(n, "float", obj[n]))
-    return PrefillReport(times, _wire_value("prefill_modelled", "float", obj["prefill_modelled"]),
-                         _wire_value("cache_move_bytes_wire", "int", obj["cache_move_bytes_wire"]),
-                         _wire_value("error", "str", obj["error"]), _kind_value("error_kind", obj["error_kind"]))
+    return PrefillReport(
+        times,
+        _wire_value("prefill_modelled", "float", obj["prefill_modelled"]),
+        _wire_value("cache_move_bytes_wire", "int", obj["cache_move_bytes_wire"]),
+        _wire_value("error", "str", obj["error"]),
+        _kind_value("error_kind", obj["error_kind"]),
+    )

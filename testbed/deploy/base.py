@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Awaitable, Callable, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from testbed.core.errors import UserError
 from testbed.live.deployment import Deployment
@@ -61,7 +62,7 @@ async def every_step(*steps: Callable[[], object]) -> None:
             r = step()
             if inspect.isawaitable(r):
                 await r
-        except Exception as e:     # noqa: BLE001 - kept, raised after the other steps
+        except Exception as e:  # noqa: BLE001 - kept, raised after the other steps
             first = first or e
     if first is not None:
         raise first

@@ -66,8 +66,9 @@ def project_label(project: str) -> str:
     return PROJECT_LABEL if project == PREFIX else f"{PROJECT_LABEL}={project}"
 
 
-def _sweep(engine: Engine, kind: str, label: str, warn: Warn, driver: str | None = None,
-           spare: Collection[str] = ()) -> Sweep:
+def _sweep(
+    engine: Engine, kind: str, label: str, warn: Warn, driver: str | None = None, spare: Collection[str] = ()
+) -> Sweep:
     try:
         return engine.sweep(kind, label, driver, spare) if spare else engine.sweep(kind, label, driver)
     except BackendError as e:
@@ -80,8 +81,9 @@ def _warn_failed(kind: str, sweep: Sweep, warn: Warn) -> None:
         warn(f"could not remove {kind[:-1]} {key}: {why}")
 
 
-def remove_compose_project(engine: Engine, project: str, warn: Warn = _stderr,
-                           spare: Collection[str] = ()) -> dict[str, list[str]]:
+def remove_compose_project(
+    engine: Engine, project: str, warn: Warn = _stderr, spare: Collection[str] = ()
+) -> dict[str, list[str]]:
     """Every container, network and volume labelled with the project: what `compose down` would
     remove, also when the compose file is gone. Those of the projects in `spare` stay."""
     label = project_label(project)
@@ -93,9 +95,15 @@ def remove_compose_project(engine: Engine, project: str, warn: Warn = _stderr,
     return out
 
 
-def remove_swarm_project(engine: Engine, project: str, timeout: float = SWARM_SWEEP_S, warn: Warn = _stderr,
-                         stack_rm: Callable[[str], None] = dockercli.stack_rm,
-                         pause: float = SWEEP_PAUSE_S, spare: Collection[str] = ()) -> dict[str, list[str]]:
+def remove_swarm_project(
+    engine: Engine,
+    project: str,
+    timeout: float = SWARM_SWEEP_S,
+    warn: Warn = _stderr,
+    stack_rm: Callable[[str], None] = dockercli.stack_rm,
+    pause: float = SWEEP_PAUSE_S,
+    spare: Collection[str] = (),
+) -> dict[str, list[str]]:
     """`docker stack rm` (on a manager), then remove whatever is still labelled with the project:
     services, containers, volumes, overlay networks, configs, until none is left. Networks go only
     once their containers have, which the swarm does asynchronously: an object that will not go
@@ -126,8 +134,9 @@ def remove_swarm_project(engine: Engine, project: str, timeout: float = SWARM_SW
         time.sleep(pause)
 
 
-def remove_docker_leftovers(project: str, engine: Engine | None = None,
-                            warn: Warn = _stderr, spare: Collection[str] = ()) -> dict[str, list[str]]:
+def remove_docker_leftovers(
+    project: str, engine: Engine | None = None, warn: Warn = _stderr, spare: Collection[str] = ()
+) -> dict[str, list[str]]:
     """Swarm and compose objects of the project, per kind (every kind listed, found or not);
     nothing where no engine can be reached, nor of the projects in `spare`."""
     if project in spare:
@@ -149,7 +158,7 @@ class Leftovers(Protocol):
     def errors(self) -> tuple[str, ...]: ...
     def to_dict(self) -> dict[str, object]: ...
     def summary(self) -> str:
-        """"" when there is nothing to say."""
+        """ "" when there is nothing to say."""
         ...
 
 
@@ -159,8 +168,9 @@ class Leftovers(Protocol):
 Sweeper = Callable[[str, Engine | None, Warn, LiveRuns], Leftovers]
 
 
-def sweep_namespaces(prefix: str, engine: Engine | None = None, warn: Warn = _stderr,
-                     live: LiveRuns = NO_LIVE_RUNS) -> TeardownReport:
+def sweep_namespaces(
+    prefix: str, engine: Engine | None = None, warn: Warn = _stderr, live: LiveRuns = NO_LIVE_RUNS
+) -> TeardownReport:
     """Every namespace whose name starts with `prefix` (and what runs inside), but a live run's."""
     return remove_namespaces([n for n in namespaces(prefix) if live.spared(n) is None], label=prefix)
 
@@ -169,20 +179,31 @@ def sweep_namespaces(prefix: str, engine: Engine | None = None, warn: Warn = _st
 class ProcessLeftovers:
     stopped: dict[str, list[str]]
     errors: tuple[str, ...] = ()
-    spared: dict[str, str] = field(default_factory=dict)      # live local runs: name -> its runner
+    spared: dict[str, str] = field(default_factory=dict)  # live local runs: name -> its runner
 
     def to_dict(self) -> dict[str, object]:
         return {"local_runs": self.stopped, "local_runs_spared": self.spared}
 
     def summary(self) -> str:
-        return "\n".join([f"stopped the services of {group}, whose run was gone: {', '.join(keys)}"
-                          for group, keys in self.stopped.items()]
-                         + [f"left live local run {group} alone ({who}); `testbed down --force {group}` stops it"
-                            for group, who in self.spared.items()])
+        return "\n".join(
+            [
+                f"stopped the services of {group}, whose run was gone: {', '.join(keys)}"
+                for group, keys in self.stopped.items()
+            ]
+            + [
+                f"left live local run {group} alone ({who}); `testbed down --force {group}` stops it"
+                for group, who in self.spared.items()
+            ]
+        )
 
 
-def sweep_processes(prefix: str, engine: Engine | None = None, warn: Warn = _stderr,
-                    live: LiveRuns = NO_LIVE_RUNS, journal_dir: Path = JOURNAL_DIR) -> ProcessLeftovers:
+def sweep_processes(
+    prefix: str,
+    engine: Engine | None = None,
+    warn: Warn = _stderr,
+    live: LiveRuns = NO_LIVE_RUNS,
+    journal_dir: Path = JOURNAL_DIR,
+) -> ProcessLeftovers:
     """The services of local runs whose runner died (kill -9): the run named `prefix`'s (its
     journal is `<prefix>.json`), or every such run's with the bare prefix. A live runner's
     services are left alone (it stops its own) unless `live.force` names its run."""
@@ -240,19 +261,21 @@ def remove_lab_dirs(prefix: str, lab_dir: Path = LAB_DIR) -> list[str]:
     return _remove_dirs(found)
 
 
-def sweep_docker(prefix: str, engine: Engine | None = None, warn: Warn = _stderr,
-                 live: LiveRuns = NO_LIVE_RUNS) -> DockerLeftovers:
+def sweep_docker(
+    prefix: str, engine: Engine | None = None, warn: Warn = _stderr, live: LiveRuns = NO_LIVE_RUNS
+) -> DockerLeftovers:
     spare = live.spared_keys()
     removed = remove_docker_leftovers(prefix, engine, warn, spare)
-    return DockerLeftovers({**removed, "control_dirs": remove_ctl_dirs(prefix, spare),
-                            "lab_dirs": remove_lab_dirs(prefix)})
+    return DockerLeftovers(
+        {**removed, "control_dirs": remove_ctl_dirs(prefix, spare), "lab_dirs": remove_lab_dirs(prefix)}
+    )
 
 
 @dataclass(frozen=True)
 class SparedRuns:
     """The live runs whose resources (namespaces, Docker objects) a sweep left alone."""
 
-    runs: dict[str, str]       # prefix -> who owns it
+    runs: dict[str, str]  # prefix -> who owns it
 
     @property
     def errors(self) -> tuple[str, ...]:
@@ -262,8 +285,9 @@ class SparedRuns:
         return {"live_runs_spared": self.runs}
 
     def summary(self) -> str:
-        return "\n".join(f"left live run {k} alone ({who}); `testbed down --force {k}` removes it"
-                         for k, who in self.runs.items())
+        return "\n".join(
+            f"left live run {k} alone ({who}); `testbed down --force {k}` removes it" for k, who in self.runs.items()
+        )
 
 
 @dataclass(frozen=True)
@@ -288,9 +312,14 @@ class DownReport:
         return "\n".join(found or texts)
 
 
-def down(sweepers: Sequence[Sweeper], prefix: str = PREFIX, engine: Engine | None = None,
-         warn: Warn = _stderr, force: Collection[str] = (),
-         owner_dirs: list[Path] | None = None) -> DownReport:
+def down(
+    sweepers: Sequence[Sweeper],
+    prefix: str = PREFIX,
+    engine: Engine | None = None,
+    warn: Warn = _stderr,
+    force: Collection[str] = (),
+    owner_dirs: list[Path] | None = None,
+) -> DownReport:
     """Everything every kind of run left whose name starts with (namespaces) or whose project is
     (Docker objects) `prefix`, one sweeper per kind (`testbed.deploy.registry.sweepers`), except
     what a live run owns, unless `force` names that run. ValueError for a prefix that is not a
@@ -302,7 +331,10 @@ def down(sweepers: Sequence[Sweeper], prefix: str = PREFIX, engine: Engine | Non
     parts = [sweep(prefix, engine, warn, live) for sweep in sweepers]
     for k, o in recorded.items():
         if k.startswith(prefix) and k not in live.owners:
-            owners.forget(k, owner_dirs)        # its run is gone, and now what it left too
-    spared = {k: o.describe().split(": ", 1)[1] for k, o in live.owners.items()
-              if k not in live.force and (k.startswith(prefix) or prefix.startswith(k))}
+            owners.forget(k, owner_dirs)  # its run is gone, and now what it left too
+    spared = {
+        k: o.describe().split(": ", 1)[1]
+        for k, o in live.owners.items()
+        if k not in live.force and (k.startswith(prefix) or prefix.startswith(k))
+    }
     return DownReport((*parts, SparedRuns(spared)))

@@ -17,28 +17,35 @@ import json
 import shutil
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
+from testbed.config.resolved import ResolvedScenario
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile
 from testbed.core.schema.scaling import Scale
-from testbed.config.resolved import ResolvedScenario
 from testbed.core.schema.scenario import Scenario
-from testbed.core.schema.topology import node_specs
+from testbed.core.schema.topology import local_dc, node_specs
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError, every_step, in_thread_halting
-from testbed.deploy.host_capacity import CONTAINER_HEALTH_TIMEOUT_S
-from testbed.net import owners
 from testbed.deploy.cleanup import ctl_dir, remove_compose_project
-from testbed.deploy.engine import (COMPOSE_PROJECT, COMPOSE_SERVICE, PROJECT_LABEL, ContainerState, Engine, connect,
-                                   try_connect)
-from testbed.core.schema.topology import local_dc
+from testbed.deploy.engine import (
+    COMPOSE_PROJECT,
+    COMPOSE_SERVICE,
+    PROJECT_LABEL,
+    ContainerState,
+    Engine,
+    connect,
+    try_connect,
+)
+from testbed.deploy.host_capacity import CONTAINER_HEALTH_TIMEOUT_S
 from testbed.deploy.netns import wan_links
 from testbed.deploy.subnets import COMPOSE_BASES, POOL_OVERLAP, dc_subnet, host_routes, pick_base, subnets_of
 from testbed.live.credentials import API_KEY_ENV, RUN_SECRET_ENV
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
+from testbed.net import owners
 from testbed.net.container_wan import wan_config
 
 if TYPE_CHECKING:
@@ -48,15 +55,18 @@ T = TypeVar("T")
 CREDENTIAL_ENV = (API_KEY_ENV, RUN_SECRET_ENV)
 HTTP_PORT = 8000
 KV_PORT = 9000
-WAN_HOST = 254          # the WAN router's host number on every datacenter network
+WAN_HOST = 254  # the WAN router's host number on every datacenter network
 FIRST_HOST = 10
-IN_CONTAINER = "/run/testbed"      # the run directory, bind-mounted
-CTL_DIR = "/ctl"                   # short path for the delay line's UNIX socket
+IN_CONTAINER = "/run/testbed"  # the run directory, bind-mounted
+CTL_DIR = "/ctl"  # short path for the delay line's UNIX socket
 # bash's /dev/tcp, not Python: a Python health check every second in each of a dozen containers
 # costs more than a core of interpreter start-ups and skews the very timings the run measures.
-HEALTH_CMD = ["CMD", "bash", "-c",
-              "exec 3<>/dev/tcp/127.0.0.1/8000 && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 "
-              "&& head -1 <&3 | grep -q ' 200 '"]
+HEALTH_CMD = [
+    "CMD",
+    "bash",
+    "-c",
+    "exec 3<>/dev/tcp/127.0.0.1/8000 && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 && head -1 <&3 | grep -q ' 200 '",
+]
 
 
 def _ip(net: ipaddress.IPv4Network | ipaddress.IPv6Network | str, host: int) -> str:
@@ -85,18 +95,26 @@ def deployment_for(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
     nodes = {}
     for n in node_specs(rs.spec):
         dc, ip = lay["hosts"][n.id]
-        nodes[n.id] = NodeEndpoint(n.id, n.role, n.cluster, n.datacenter, Endpoint(ip, HTTP_PORT),
-                                   Endpoint(ip, KV_PORT))
+        nodes[n.id] = NodeEndpoint(
+            n.id, n.role, n.cluster, n.datacenter, Endpoint(ip, HTTP_PORT), Endpoint(ip, KV_PORT)
+        )
     _, rip = lay["hosts"]["router"]
     # Each service listens on its container's address on its DC network (static here; learned by
     # discovery on swarm before the service binds), HTTP also on loopback for HEALTH_CMD.
-    return Deployment(rs, Endpoint(rip, HTTP_PORT), nodes, run_dir=IN_CONTAINER, bind_host=None,
-                      bind_loopback=True)
+    return Deployment(rs, Endpoint(rip, HTTP_PORT), nodes, run_dir=IN_CONTAINER, bind_host=None, bind_loopback=True)
 
 
-def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, run_dir: Path,
-                 ctl_dir: Path, mtu: int = 65000, router_port: int | None = None,
-                 base: str = COMPOSE_BASES[0]) -> dict[str, Any]:
+def compose_spec(
+    sc: Scenario,
+    profile: LinkProfile,
+    project: str,
+    image: str,
+    run_dir: Path,
+    ctl_dir: Path,
+    mtu: int = 65000,
+    router_port: int | None = None,
+    base: str = COMPOSE_BASES[0],
+) -> dict[str, Any]:
     """The compose document (pure: no I/O). `router_port`: publish the router's API on the host's
     loopback at that port (a held deployment, for outside clients); `base`: the block of the
     datacenter networks (deploy/subnets.py)."""
@@ -147,14 +165,20 @@ def compose_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, r
         "networks": {f"dc-{dc}": {"ipv4_address": wan_ip[dc]} for dc in lay["dcs"]},
         "cap_add": ["NET_ADMIN"],
         "devices": ["/dev/net/tun:/dev/net/tun"],
-        "sysctls": {"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0",
-                    "net.ipv4.conf.default.rp_filter": "0"},
+        "sysctls": {
+            "net.ipv4.ip_forward": "1",
+            "net.ipv4.conf.all.rp_filter": "0",
+            "net.ipv4.conf.default.rp_filter": "0",
+        },
         "volumes": [*volumes, f"{ctl_dir}:{CTL_DIR}"],
         # A shell test, not Python: interpreter start-up in a busy container can outlast the timeout.
         # ($$ is compose's escape for a literal $.)
-        "healthcheck": {"test": ["CMD-SHELL", f"r=$$(cat {IN_CONTAINER}/wan-ready) && "
-                                              '{ [ "$$r" = netem ] || test -S "$$r"; }'],
-                        "interval": "2s", "timeout": "10s", "retries": 150},
+        "healthcheck": {
+            "test": ["CMD-SHELL", f'r=$$(cat {IN_CONTAINER}/wan-ready) && {{ [ "$$r" = netem ] || test -S "$$r"; }}'],
+            "interval": "2s",
+            "timeout": "10s",
+            "retries": 150,
+        },
         "labels": dict(labels),
     }
     return {"services": services, "networks": networks}
@@ -171,17 +195,31 @@ def _log(line: str) -> None:
 
 def link_facts(links: dict[tuple[str, str], LinkParams], scale: Scale) -> dict[str, dict[str, float]]:
     """Parameters of every shaped direction, wire and paper units, for run.json."""
-    return {f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "rate_bps_paper": scale.paper_rate_bps(p.rate_bps),
-                          "delay_s_wire": p.delay_s, "jitter_s_wire": p.jitter_s, "loss": p.loss,
-                          "loss_correlation": p.loss_correlation, "queue_bytes": p.queue_bytes}
-            for (a, b), p in links.items()}
+    return {
+        f"{a}->{b}": {
+            "rate_bps_wire": p.rate_bps,
+            "rate_bps_paper": scale.paper_rate_bps(p.rate_bps),
+            "delay_s_wire": p.delay_s,
+            "jitter_s_wire": p.jitter_s,
+            "loss": p.loss,
+            "loss_correlation": p.loss_correlation,
+            "queue_bytes": p.queue_bytes,
+        }
+        for (a, b), p in links.items()
+    }
 
 
 class ComposeBackend:
     name = "compose"
 
-    def __init__(self, rs: ResolvedScenario, run_dir: Path, rebuild_image: bool = False,
-                 extra: dict[str, Any] | None = None, host_port: int | None = None) -> None:
+    def __init__(
+        self,
+        rs: ResolvedScenario,
+        run_dir: Path,
+        rebuild_image: bool = False,
+        extra: dict[str, Any] | None = None,
+        host_port: int | None = None,
+    ) -> None:
         from testbed.deploy.ports import free_ports
         from testbed.net.topology import new_prefix
 
@@ -193,7 +231,7 @@ class ComposeBackend:
         self.profile = rs.inter_dc
         self.scale = rs.scale
         self._extra = dict(extra or {})
-        self._lay_out(COMPOSE_BASES[0])     # until _up finds the first free block
+        self._lay_out(COMPOSE_BASES[0])  # until _up finds the first free block
         # None: not published; 0: a free port picked now (the compose file needs a number).
         self.host_port = free_ports(1)[0] if host_port == 0 else host_port
         self.rebuild_image = rebuild_image
@@ -209,10 +247,23 @@ class ComposeBackend:
         # Set when the start-up is interrupted: `compose up` is stopped, the health wait ends.
         self._halt = threading.Event()
 
-    def _compose(self, *args: str, timeout: float = dockercli.CLI_TIMEOUT_S, check: bool = True,
-                 halt: threading.Event | None = None) -> None:
-        dockercli.compose(self._cli, self.project, self.run_dir / "compose.yaml", *args, timeout=timeout, check=check,
-                          env=self.deployment.credentials.env(), halt=halt)
+    def _compose(
+        self,
+        *args: str,
+        timeout: float = dockercli.CLI_TIMEOUT_S,
+        check: bool = True,
+        halt: threading.Event | None = None,
+    ) -> None:
+        dockercli.compose(
+            self._cli,
+            self.project,
+            self.run_dir / "compose.yaml",
+            *args,
+            timeout=timeout,
+            check=check,
+            env=self.deployment.credentials.env(),
+            halt=halt,
+        )
 
     @property
     def engine(self) -> Engine:
@@ -222,11 +273,15 @@ class ComposeBackend:
 
     def shaping(self) -> dict[str, Any]:
         return {
-            "method": self.method, "backend": "compose", "project": self.project, "profile": self.profile.name,
-            "mtu": 65000, "subnets": dc_subnets(self.lay),
+            "method": self.method,
+            "backend": "compose",
+            "project": self.project,
+            "profile": self.profile.name,
+            "mtu": 65000,
+            "subnets": dc_subnets(self.lay),
             "links": link_facts(self.links, self.scale),
             "detail": "WAN router container: HTB rate class + bfifo (or netem) on its interface into each DC network; "
-                      "delay, jitter and loss by the userspace delay line on tun0 where the kernel lacks netem",
+            "delay, jitter and loss by the userspace delay line on tun0 where the kernel lacks netem",
         }
 
     async def start(self) -> None:
@@ -276,33 +331,59 @@ class ComposeBackend:
 
         self.deployment.write(self.run_dir / "deployment.json")
         dcs = [(dc, subnet, _ip(subnet, WAN_HOST)) for dc, (_, subnet) in self.lay["dcs"].items()]
-        (self.run_dir / "wan.json").write_text(json.dumps(wan_config(
-            self.project, dcs, self.links, self.method, 65000, f"{CTL_DIR}/dl.sock",
-            f"{IN_CONTAINER}/timeseries/delayline.jsonl", f"{IN_CONTAINER}/wan-ready"), indent=1))
-        spec = compose_spec(self.sc, self.profile, self.project, IMAGE, self.run_dir, self.ctl_dir,
-                            router_port=self.host_port, base=self.base)
+        (self.run_dir / "wan.json").write_text(
+            json.dumps(
+                wan_config(
+                    self.project,
+                    dcs,
+                    self.links,
+                    self.method,
+                    65000,
+                    f"{CTL_DIR}/dl.sock",
+                    f"{IN_CONTAINER}/timeseries/delayline.jsonl",
+                    f"{IN_CONTAINER}/wan-ready",
+                ),
+                indent=1,
+            )
+        )
+        spec = compose_spec(
+            self.sc,
+            self.profile,
+            self.project,
+            IMAGE,
+            self.run_dir,
+            self.ctl_dir,
+            router_port=self.host_port,
+            base=self.base,
+        )
         (self.run_dir / "compose.yaml").write_text(
             f"# prfaas-testbed: scenario {self.sc.name}. Rerun by hand:\n"
             f"#   docker compose -p {self.project} -f compose.yaml up -d   (or docker-compose)\n"
             f"# with {' and '.join(CREDENTIAL_ENV)} exported (any values: the router's API key and the run secret)\n"
-            + yaml.safe_dump(spec, sort_keys=False))
+            + yaml.safe_dump(spec, sort_keys=False)
+        )
 
     def _failed_starts(self) -> str:
         """Containers of the project that did not start or have ended, each with its last log lines."""
         try:
             failed = [c for c in self.containers().items() if c[1].status in ("created", "exited", "dead")]
-            return "".join(f"\ncontainer {svc} {c.describe()}; last log lines:\n{self.engine.logs(c.id)}"
-                           for svc, c in sorted(failed))
+            return "".join(
+                f"\ncontainer {svc} {c.describe()}; last log lines:\n{self.engine.logs(c.id)}"
+                for svc, c in sorted(failed)
+            )
         except BackendError as e:
             return f"\n({e})"
 
     def containers(self) -> dict[str, ContainerState]:
         """service name -> its container's state."""
-        return {c.labels.get(COMPOSE_SERVICE, c.name): c
-                for c in self.engine.containers(f"{COMPOSE_PROJECT}={self.project}")}
+        return {
+            c.labels.get(COMPOSE_SERVICE, c.name): c
+            for c in self.engine.containers(f"{COMPOSE_PROJECT}={self.project}")
+        }
 
     def _wait_healthy(self, timeout: float = CONTAINER_HEALTH_TIMEOUT_S) -> None:
         import time
+
         want = set(self.lay["hosts"]) | {"wan"}
         deadline = time.monotonic() + timeout
         while True:
@@ -324,7 +405,9 @@ class ComposeBackend:
         pid = (await asyncio.to_thread(self.containers))["wan"].pid
         w = SeriesWriter(self.run_dir / "timeseries" / "wan.jsonl", "wan")
         self._series = w
-        w.write([Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in self.links.items()], ts=t0)
+        w.write(
+            [Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in self.links.items()], ts=t0
+        )
         watched = [WatchedLink(f"dc{self.lay['dcs'][b][0]}", f"{a}->{b}") for (a, b) in self.links]
         self._monitor = LinkMonitor(f"/proc/{pid}/ns/net", watched, w, 0.05)
         await asyncio.to_thread(self._monitor.start)
@@ -333,8 +416,15 @@ class ComposeBackend:
             from testbed.deploy.fault_injection import start_faults
 
             ctl = self.ctl_dir / "dl.sock" if self.method == "fallback" else None
-            target = container_fault_target(self.deployment, SdkEngine(self.engine, self.containers), self.run_dir / "wan.json",
-                                            int(pid), ctl, KV_PORT, self.run_dir / "logs")
+            target = container_fault_target(
+                self.deployment,
+                SdkEngine(self.engine, self.containers),
+                self.run_dir / "wan.json",
+                int(pid),
+                ctl,
+                KV_PORT,
+                self.run_dir / "logs",
+            )
             self._faults = start_faults(self.sc, target, t0, self.run_dir)
 
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
@@ -360,17 +450,19 @@ class ComposeBackend:
         async def down() -> None:
             if self._cli and (self.run_dir / "compose.yaml").exists():
                 try:
-                    await asyncio.to_thread(self._compose, "down", "-v", "--remove-orphans", "--timeout", "5",
-                                            timeout=120, check=False)
-                except BackendError as e:       # it hung: the label sweep below removes the same objects
+                    await asyncio.to_thread(
+                        self._compose, "down", "-v", "--remove-orphans", "--timeout", "5", timeout=120, check=False
+                    )
+                except BackendError as e:  # it hung: the label sweep below removes the same objects
                     _log(str(e))
 
         await every_step(
             # first: a paused container must be unpaused to stop
             lambda: faults.stop() if faults is not None else None,
             lambda: asyncio.to_thread(monitor.stop) if monitor is not None else None,
-            lambda: series.close() if series is not None else None,      # writes: may fail on a full disk
+            lambda: series.close() if series is not None else None,  # writes: may fail on a full disk
             down,
             lambda: asyncio.to_thread(self._remove),
             lambda: shutil.rmtree(self.ctl_dir, ignore_errors=True),
-            lambda: owners.release(self.project))
+            lambda: owners.release(self.project),
+        )

@@ -75,11 +75,16 @@ class SdkEngine:
 class ContainerNodes:
     """`NodeControl` for one container per node instance (the service is named like the node)."""
 
-    def __init__(self, engine: ContainerEngine, urls: dict[str, str], health_timeout: float = HEALTH_TIMEOUT_S,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        engine: ContainerEngine,
+        urls: dict[str, str],
+        health_timeout: float = HEALTH_TIMEOUT_S,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.engine = engine
         self.urls = urls
-        self.headers = headers or {}      # the run secret the nodes' fault route asks for
+        self.headers = headers or {}  # the run secret the nodes' fault route asks for
         self.health_timeout = health_timeout
 
     async def kill(self, node: str) -> dict[str, Any]:
@@ -107,8 +112,9 @@ class ContainerNodes:
             await asyncio.sleep(0.1)
 
     async def slow(self, node: str, factor: float, until: float | None) -> dict[str, Any]:
-        reply = await asyncio.to_thread(http_json, f"{self.urls[node]}/testbed/fault",
-                                        {"slow": factor, "until_s": until}, 5.0, self.headers)
+        reply = await asyncio.to_thread(
+            http_json, f"{self.urls[node]}/testbed/fault", {"slow": factor, "until_s": until}, 5.0, self.headers
+        )
         return {"slow": reply.get("slow"), "until_s": reply.get("until_s")}
 
 
@@ -127,12 +133,21 @@ class ContainerWanLinks:
         want = faulted_links(self.base, active)
         changes = {k: p for k, p in want.items() if self.topo.links.get(k) != p}
         await asyncio.to_thread(change_links, self.topo, changes, self.control, self.netns)
-        return {"links": {f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "loss": p.loss} for (a, b), p in want.items()},
-                "changed": [f"{a}->{b}" for (a, b) in changes]}
+        return {
+            "links": {f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "loss": p.loss} for (a, b), p in want.items()},
+            "changed": [f"{a}->{b}" for (a, b) in changes],
+        }
 
 
-def container_fault_target(dep: Deployment, engine: ContainerEngine, wan_config: Path, wan_pid: int,
-                           control: Path | None, kv_port: int, log_dir: Path) -> FaultTarget:
+def container_fault_target(
+    dep: Deployment,
+    engine: ContainerEngine,
+    wan_config: Path,
+    wan_pid: int,
+    control: Path | None,
+    kv_port: int,
+    log_dir: Path,
+) -> FaultTarget:
     """Everything the compose backend can fault: nodes by the engine, the WAN router's links and
     connections through its namespace. `wan_config` is the WAN router's JSON (wan.json)."""
     from testbed.net.container_wan import topology_from_config
@@ -144,4 +159,3 @@ def container_fault_target(dep: Deployment, engine: ContainerEngine, wan_config:
     resets = InjectorProcess([d.wan_ifname for d in topo.dcs], kv_port, log_dir, netns=netns)
     nodes = ContainerNodes(engine, urls, headers=dep.credentials.runner_headers())
     return FaultTarget("compose", nodes, ContainerWanLinks(topo, netns, control), resets)
-

@@ -29,9 +29,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -49,9 +50,9 @@ POLL_S = 0.5
 class Registry:
     """Who is expected where, and who has registered which address (the WAN router's state)."""
 
-    members: dict[str, str]          # service id -> datacenter
-    subnets: dict[str, str]          # datacenter -> CIDR
-    gateways: dict[str, str]         # datacenter -> the WAN router's address on it
+    members: dict[str, str]  # service id -> datacenter
+    subnets: dict[str, str]  # datacenter -> CIDR
+    gateways: dict[str, str]  # datacenter -> the WAN router's address on it
     hosts: dict[str, str] = field(default_factory=dict)
 
     def register(self, sid: str, address: str) -> None:
@@ -95,7 +96,7 @@ def add_registry_routes(app: web.Application, reg: Registry) -> None:
 
 def _complete_lines(data: bytes) -> bytes:
     # Series are appended line by line while the service runs: never hand out half a line.
-    return data[:data.rfind(b"\n") + 1] if data and not data.endswith(b"\n") else data
+    return data[: data.rfind(b"\n") + 1] if data and not data.endswith(b"\n") else data
 
 
 def add_file_routes(app: web.Application, root: Path) -> None:
@@ -119,13 +120,17 @@ def add_file_routes(app: web.Application, root: Path) -> None:
 
 # -- the service side ---------------------------------------------------------------------------
 
+
 def with_hosts(dep: Deployment, hosts: dict[str, str]) -> Deployment:
     """The deployment with every listed service's endpoints moved to its host (ports kept)."""
+
     def moved(ep: Endpoint, sid: str) -> Endpoint:
         return Endpoint(hosts.get(sid, ep.host), ep.port)
 
-    nodes = {k: dataclasses.replace(n, http=moved(n.http, k), kv=None if n.kv is None else moved(n.kv, k))
-             for k, n in dep.nodes.items()}
+    nodes = {
+        k: dataclasses.replace(n, http=moved(n.http, k), kv=None if n.kv is None else moved(n.kv, k))
+        for k, n in dep.nodes.items()
+    }
     return dataclasses.replace(dep, router=moved(dep.router, "router"), nodes=nodes)
 
 
@@ -155,8 +160,9 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def discover(dep: Deployment, sid: str, url: str, timeout: float = 600.0,
-             log: Callable[[str], None] = _stderr) -> tuple[Deployment, list[str]]:
+def discover(
+    dep: Deployment, sid: str, url: str, timeout: float = 600.0, log: Callable[[str], None] = _stderr
+) -> tuple[Deployment, list[str]]:
     """Register sid with the registry at url, wait for every other service; returns the resolved
     deployment and the routes to add. Retries while the registry is unreachable (its name
     resolves only once it is healthy)."""

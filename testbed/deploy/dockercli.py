@@ -21,8 +21,13 @@ from testbed.deploy.base import BackendError
 CLI_TIMEOUT_S = 300.0
 
 
-def run(cmd: list[str], timeout: float = CLI_TIMEOUT_S, check: bool = True,
-        env: dict[str, str] | None = None, halt: threading.Event | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    cmd: list[str],
+    timeout: float = CLI_TIMEOUT_S,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    halt: threading.Event | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run a CLI command; BackendError with its output when it cannot run, times out or (check) fails.
     `env`: added to this process's environment (what a compose or stack file passes on by name).
     Once `halt` is set, the command is stopped (SIGTERM, which `compose up` answers by creating
@@ -43,8 +48,9 @@ def run(cmd: list[str], timeout: float = CLI_TIMEOUT_S, check: bool = True,
     return r
 
 
-def _run_halting(cmd: list[str], timeout: float, halt: threading.Event, what: str,
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run_halting(
+    cmd: list[str], timeout: float, halt: threading.Event, what: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     deadline = time.monotonic() + timeout
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as p:
         while True:
@@ -71,22 +77,33 @@ def compose_cli() -> list[str]:
         return ["docker", "compose"]
     if shutil.which("docker-compose"):
         return ["docker-compose"]
-    raise BackendError("neither `docker compose` nor `docker-compose` is installed: install the Docker Compose "
-                       "plugin (or Debian's docker-compose)")
+    raise BackendError(
+        "neither `docker compose` nor `docker-compose` is installed: install the Docker Compose "
+        "plugin (or Debian's docker-compose)"
+    )
 
 
-def compose(cli: list[str], project: str, file: Path, *args: str, timeout: float = CLI_TIMEOUT_S,
-            check: bool = True, env: dict[str, str] | None = None,
-            halt: threading.Event | None = None) -> subprocess.CompletedProcess[str]:
+def compose(
+    cli: list[str],
+    project: str,
+    file: Path,
+    *args: str,
+    timeout: float = CLI_TIMEOUT_S,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    halt: threading.Event | None = None,
+) -> subprocess.CompletedProcess[str]:
     """`COMPOSE -p PROJECT -f FILE ARGS...` (up, down)."""
     return run([*cli, "-p", project, "-f", str(file), *args], timeout=timeout, check=check, env=env, halt=halt)
 
 
-def stack_deploy(file: Path, project: str, timeout: float = CLI_TIMEOUT_S,
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def stack_deploy(
+    file: Path, project: str, timeout: float = CLI_TIMEOUT_S, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`docker stack deploy` of a stack file, with the image as it is on each node (no registry)."""
-    return run(["docker", "stack", "deploy", "--resolve-image", "never", "-c", str(file), project], timeout=timeout,
-               env=env)
+    return run(
+        ["docker", "stack", "deploy", "--resolve-image", "never", "-c", str(file), project], timeout=timeout, env=env
+    )
 
 
 def stack_rm(project: str) -> None:

@@ -22,12 +22,12 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from testbed.core.schema.kinds import unknown_kind
 from testbed.deploy.base import BackendError
 
-PROJECT_LABEL = "prfaas-testbed.project"         # on every object a run creates
-COMPOSE_PROJECT = "com.docker.compose.project"   # set by compose on its containers
+PROJECT_LABEL = "prfaas-testbed.project"  # on every object a run creates
+COMPOSE_PROJECT = "com.docker.compose.project"  # set by compose on its containers
 COMPOSE_SERVICE = "com.docker.compose.service"
-STACK_NAMESPACE = "com.docker.stack.namespace"   # set by `docker stack deploy` on its objects
+STACK_NAMESPACE = "com.docker.stack.namespace"  # set by `docker stack deploy` on its objects
 API_TIMEOUT_S = 120
-BUILD_TIMEOUT_S = 3600      # a build's output may pause for minutes (a step with no output)
+BUILD_TIMEOUT_S = 3600  # a build's output may pause for minutes (a step with no output)
 LOG_TAIL = 15
 # What a label sweep removes, in the order that frees what the next kind needs: services own
 # containers, containers hold volumes and networks.
@@ -65,10 +65,14 @@ def connect(timeout: int = API_TIMEOUT_S) -> Engine:
         where = os.environ.get("DOCKER_HOST") or "the local socket (/var/run/docker.sock)"
         if _denied(e):
             # The engine runs; this user may not talk to it (not root, not in the socket's group).
-            raise BackendError(f"this user may not use the Docker engine at {where} (permission denied): run as "
-                               "root or as a member of the group that owns the socket (usually docker)") from e
-        raise BackendError(f"no Docker engine answers at {where}: start the Docker daemon or point DOCKER_HOST at "
-                           f"one that runs ({reason(e)})") from e
+            raise BackendError(
+                f"this user may not use the Docker engine at {where} (permission denied): run as "
+                "root or as a member of the group that owns the socket (usually docker)"
+            ) from e
+        raise BackendError(
+            f"no Docker engine answers at {where}: start the Docker daemon or point DOCKER_HOST at "
+            f"one that runs ({reason(e)})"
+        ) from e
 
 
 def _denied(e: BaseException) -> bool:
@@ -99,21 +103,27 @@ def try_connect(timeout: int = API_TIMEOUT_S) -> Engine | None:
 class ContainerState:
     id: str
     name: str
-    status: str                  # created, running, exited, dead, ...
-    health: str                  # starting, healthy, unhealthy; "" without a health check
+    status: str  # created, running, exited, dead, ...
+    health: str  # starting, healthy, unhealthy; "" without a health check
     pid: int
     exit_code: int
-    error: str                   # the engine's reason a start failed ("" if none)
+    error: str  # the engine's reason a start failed ("" if none)
     labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> ContainerState:
         """From the engine's container inspect document."""
         st = attrs.get("State") or {}
-        return cls(str(attrs.get("Id", "")), str(attrs.get("Name", "")).lstrip("/"), str(st.get("Status", "")),
-                   str((st.get("Health") or {}).get("Status", "")), int(st.get("Pid") or 0),
-                   int(st.get("ExitCode") or 0), str(st.get("Error") or ""),
-                   dict((attrs.get("Config") or {}).get("Labels") or {}))
+        return cls(
+            str(attrs.get("Id", "")),
+            str(attrs.get("Name", "")).lstrip("/"),
+            str(st.get("Status", "")),
+            str((st.get("Health") or {}).get("Status", "")),
+            int(st.get("Pid") or 0),
+            int(st.get("ExitCode") or 0),
+            str(st.get("Error") or ""),
+            dict((attrs.get("Config") or {}).get("Labels") or {}),
+        )
 
     @property
     def ended(self) -> bool:
@@ -129,24 +139,33 @@ class ContainerState:
 @dataclass(frozen=True)
 class Task:
     """A swarm task, as `docker stack ps` shows it."""
-    service: str      # the stack's service name (without the stack prefix)
-    state: str        # current state, lower case: new, pending, ..., starting, running, failed, ...
+
+    service: str  # the stack's service name (without the stack prefix)
+    state: str  # current state, lower case: new, pending, ..., starting, running, failed, ...
     desired: str
     error: str
-    node: str         # the node's hostname ("" before the task is assigned)
+    node: str  # the node's hostname ("" before the task is assigned)
     id: str = ""
 
 
-def parse_tasks(tasks: list[dict[str, Any]], service_names: dict[str, str], node_names: dict[str, str],
-                namespace: str) -> list[Task]:
+def parse_tasks(
+    tasks: list[dict[str, Any]], service_names: dict[str, str], node_names: dict[str, str], namespace: str
+) -> list[Task]:
     """The engine's task documents (GET /tasks) -> tasks; services and nodes named by their ids."""
     out = []
     for t in tasks:
         name = service_names.get(str(t.get("ServiceID", "")), "").removeprefix(namespace + "_")
         status = t.get("Status") or {}
-        out.append(Task(name, str(status.get("State", "")).lower(), str(t.get("DesiredState", "")).lower(),
-                        str(status.get("Err") or ""), node_names.get(str(t.get("NodeID", "")), ""),
-                        str(t.get("ID", ""))))
+        out.append(
+            Task(
+                name,
+                str(status.get("State", "")).lower(),
+                str(t.get("DesiredState", "")).lower(),
+                str(status.get("Err") or ""),
+                node_names.get(str(t.get("NodeID", "")), ""),
+                str(t.get("ID", "")),
+            )
+        )
     return out
 
 
@@ -166,6 +185,7 @@ def _labels(obj: Any) -> dict[str, str]:
 @dataclass
 class Sweep:
     """What a label sweep found (ids; names for volumes), and why any of them could not go."""
+
     found: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
 
@@ -188,16 +208,23 @@ class Engine:
                 return None
             return {str(k): str(v) for k, v in image.labels.items()}
 
-    def build(self, path: Path, dockerfile: str, tag: str, buildargs: dict[str, str],
-              nocache: bool) -> Iterator[str]:
+    def build(self, path: Path, dockerfile: str, tag: str, buildargs: dict[str, str], nocache: bool) -> Iterator[str]:
         """Build as `docker build` does (the context filtered by its .dockerignore, intermediate
         containers removed), yielding each line of output as it comes; BackendError with the
         engine's message when a step fails. (The low-level call: `images.build` returns only once
         the build has ended.)"""
         what = f"building image {tag}"
         with engine_errors(what):
-            stream = self.client.api.build(path=str(path), dockerfile=dockerfile, tag=tag, buildargs=buildargs,
-                                           nocache=nocache, rm=True, decode=True, timeout=BUILD_TIMEOUT_S)
+            stream = self.client.api.build(
+                path=str(path),
+                dockerfile=dockerfile,
+                tag=tag,
+                buildargs=buildargs,
+                nocache=nocache,
+                rm=True,
+                decode=True,
+                timeout=BUILD_TIMEOUT_S,
+            )
             pending = ""
             for chunk in stream:
                 if "error" in chunk:
@@ -205,7 +232,7 @@ class Engine:
                         yield pending
                     raise BackendError(f"{what}: {str(chunk['error']).strip()}")
                 text = chunk.get("stream")
-                if text is None and "status" in chunk:      # pulling a base image
+                if text is None and "status" in chunk:  # pulling a base image
                     text = f"{chunk['status']} {chunk.get('progress') or chunk.get('id') or ''}".rstrip() + "\n"
                 if text:
                     # Output arrives in chunks that need not end at a line's end.
@@ -223,8 +250,10 @@ class Engine:
     def containers(self, label: str) -> list[ContainerState]:
         """Every container (running or not) carrying label, as inspected now."""
         with engine_errors(f"listing containers labelled {label}"):
-            return [ContainerState.from_attrs(c.attrs)
-                    for c in self.client.containers.list(all=True, filters={"label": label}, ignore_removed=True)]
+            return [
+                ContainerState.from_attrs(c.attrs)
+                for c in self.client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
+            ]
 
     def container(self, name: str) -> ContainerState | None:
         """The container's state by id or name, None when there is none."""
@@ -255,13 +284,15 @@ class Engine:
                 return "(no container)"
         return data.decode(errors="replace")
 
-    def run(self, image: str, name: str, command: list[str], *, entrypoint: list[str], labels: dict[str, str],
-            network: str) -> ContainerState:
+    def run(
+        self, image: str, name: str, command: list[str], *, entrypoint: list[str], labels: dict[str, str], network: str
+    ) -> ContainerState:
         """Create and start a detached container; BackendError naming it (with its last log lines
         if it was created but would not start)."""
         with engine_errors(f"creating container {name}"):
-            c = self.client.containers.create(image, command, name=name, entrypoint=entrypoint, labels=labels,
-                                              network=network, detach=True)
+            c = self.client.containers.create(
+                image, command, name=name, entrypoint=entrypoint, labels=labels, network=network, detach=True
+            )
         try:
             with engine_errors(f"starting container {name}"):
                 c.start()
@@ -330,7 +361,7 @@ class Engine:
                 else:
                     obj.remove()
             except NotFound:
-                pass                        # gone meanwhile
+                pass  # gone meanwhile
             except (DockerException, requests.exceptions.RequestException) as e:
                 out.failed[key] = reason(e)
         return out
@@ -346,10 +377,16 @@ class Engine:
         """Every swarm node: {"id", "hostname", "labels", "state" (ready, down, ...), "address"}."""
         with engine_errors("listing the swarm's nodes"):
             raw = self.client.api.nodes()
-        return [{"id": str(n["ID"]), "hostname": str((n.get("Description") or {}).get("Hostname", "")),
-                 "labels": dict((n.get("Spec") or {}).get("Labels") or {}),
-                 "state": str((n.get("Status") or {}).get("State", "")),
-                 "address": str((n.get("Status") or {}).get("Addr", ""))} for n in raw]
+        return [
+            {
+                "id": str(n["ID"]),
+                "hostname": str((n.get("Description") or {}).get("Hostname", "")),
+                "labels": dict((n.get("Spec") or {}).get("Labels") or {}),
+                "state": str((n.get("Status") or {}).get("State", "")),
+                "address": str((n.get("Status") or {}).get("Addr", "")),
+            }
+            for n in raw
+        ]
 
     def force_update(self, service: str) -> None:
         """Replace the service's task by a new one (`docker service update --force`)."""

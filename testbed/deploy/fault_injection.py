@@ -30,7 +30,15 @@ from typing import Any, Protocol
 from testbed.core.fault_timeline import FaultEvent, Phase, fault_scope, fault_timeline
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.scenario import (
-    KillFault, OutageFault, PartitionFault, PauseFault, RateDropFault, RestartFault, Scenario, SlowFault, TcpResetFault,
+    KillFault,
+    OutageFault,
+    PartitionFault,
+    PauseFault,
+    RateDropFault,
+    RestartFault,
+    Scenario,
+    SlowFault,
+    TcpResetFault,
 )
 from testbed.live.clock import now, sleep_until
 from testbed.metrics.fault_effects import FaultLogFile
@@ -55,6 +63,7 @@ class NodeControl(Protocol):
     async def start(self, node: str) -> dict[str, Any]:
         """Start a killed instance again; returns once it answers /health."""
         ...
+
     async def slow(self, node: str, factor: float, until: float | None) -> dict[str, Any]: ...
 
 
@@ -65,8 +74,9 @@ class LinkFaults(Protocol):
 
 
 class ResetInjection(Protocol):
-    async def inject(self, spec: TcpResetFault, start: float, end: float,
-                     on_open: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    async def inject(
+        self, spec: TcpResetFault, start: float, end: float, on_open: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
         """Reset KV connections crossing the WAN between unix times `start` and `end`; calls
         `on_open` when sniffing begins; returns the injector's summary at the end."""
         ...
@@ -95,29 +105,32 @@ class FaultLog:
         self.speedup = speedup
         self._file = FaultLogFile(path, speedup)
 
-    def write(self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any] | None = None,
-              t: float | None = None) -> None:
+    def write(
+        self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any] | None = None, t: float | None = None
+    ) -> None:
         line = self._file.write(ev, phase, outcome, detail, (now() if t is None else t) - self.t0)
         level = logging.INFO if outcome == "ok" else logging.WARNING
-        log.log(level, "fault %d %s %s %s at %.2f s (paper): %s", ev.index, ev.kind, phase, ev.target, line["t"],
-                outcome)
+        log.log(
+            level, "fault %d %s %s %s at %.2f s (paper): %s", ev.index, ev.kind, phase, ev.target, line["t"], outcome
+        )
 
     def close(self) -> None:
         self._file.close()
 
 
 class FaultScheduler:
-    def __init__(self, timeline: Sequence[FaultEvent], target: FaultTarget, t0: float, speedup: float,
-                 log_path: Path) -> None:
+    def __init__(
+        self, timeline: Sequence[FaultEvent], target: FaultTarget, t0: float, speedup: float, log_path: Path
+    ) -> None:
         for ev in timeline:
-            fault_scope(ev.spec)    # refuses a kind no step handles before any fault runs
+            fault_scope(ev.spec)  # refuses a kind no step handles before any fault runs
         self.timeline = list(timeline)
         self.target = target
         self.t0 = t0
         self.speedup = speedup
         self.log = FaultLog(log_path, t0, speedup)
         self._tasks: list[asyncio.Task[None]] = []
-        self._phase: dict[int, Phase] = {}           # the last phase each fault reached
+        self._phase: dict[int, Phase] = {}  # the last phase each fault reached
         self._active_links: list[FaultEvent] = []
         self._links_lock = asyncio.Lock()
 
@@ -196,8 +209,9 @@ class FaultScheduler:
                 self._active_links = [e for e in self._active_links if e is not ev]
             return await self.target.links.set_link_faults(list(self._active_links))
 
-    async def _node(self, node: str, spec: KillFault | PauseFault | RestartFault | SlowFault,
-                    phase: Phase) -> dict[str, Any]:
+    async def _node(
+        self, node: str, spec: KillFault | PauseFault | RestartFault | SlowFault, phase: Phase
+    ) -> dict[str, Any]:
         nodes = self.target.nodes
         if nodes is None:
             raise FaultUnsupported(f"the {self.target.backend} backend cannot act on node processes")
@@ -227,8 +241,13 @@ class FaultScheduler:
         def opened(info: dict[str, Any]) -> None:
             self._phase[ev.index] = "start"
             t = info.get("t")
-            self.log.write(ev, "start", "ok", {k: v for k, v in info.items() if k not in ("event", "t")},
-                           t if isinstance(t, (int, float)) else None)
+            self.log.write(
+                ev,
+                "start",
+                "ok",
+                {k: v for k, v in info.items() if k not in ("event", "t")},
+                t if isinstance(t, (int, float)) else None,
+            )
 
         # Started now, not at the window: the injector needs a moment (scapy's import) to be ready.
         try:
@@ -242,8 +261,13 @@ class FaultScheduler:
             self.log.write(ev, "start", outcome)
         self._phase[ev.index] = "end"
         t = result.get("t")
-        self.log.write(ev, "end", outcome, {k: v for k, v in result.items() if k not in ("event", "t")},
-                       t if isinstance(t, (int, float)) else None)
+        self.log.write(
+            ev,
+            "end",
+            outcome,
+            {k: v for k, v in result.items() if k not in ("event", "t")},
+            t if isinstance(t, (int, float)) else None,
+        )
 
 
 def start_faults(sc: Scenario, target: FaultTarget, t0: float, run_dir: Path) -> FaultScheduler | None:
@@ -260,13 +284,18 @@ def start_faults(sc: Scenario, target: FaultTarget, t0: float, run_dir: Path) ->
 Request = Callable[[str, str, dict[str, Any] | None], Awaitable[dict[str, Any]]]
 
 
-def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0,
-              headers: dict[str, str] | None = None) -> dict[str, Any]:
+def http_json(
+    url: str, body: dict[str, Any] | None = None, timeout: float = 5.0, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """GET (no body) or POST JSON; the reply's JSON object (blocking: run it in a thread).
     `headers`: e.g. the run secret a node's control routes ask for."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})},
-                                 method="GET" if body is None else "POST")
+    req = urllib.request.Request(
+        url,
+        data=data,
+        headers={"Content-Type": "application/json", **(headers or {})},
+        method="GET" if body is None else "POST",
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         out = json.loads(r.read() or b"{}")
     if not isinstance(out, dict):
@@ -279,8 +308,13 @@ class ProcessNodes:
     restart with the same command line, HTTP to the node's /testbed/fault endpoint.
     `request(node, path, body)` reaches the node's HTTP port wherever it lives."""
 
-    def __init__(self, procs: ProcessGroup, argv: Callable[[str], list[str]], request: Request,
-                 health_timeout: float = HEALTH_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        procs: ProcessGroup,
+        argv: Callable[[str], list[str]],
+        request: Request,
+        health_timeout: float = HEALTH_TIMEOUT_S,
+    ) -> None:
         self.procs = procs
         self.argv = argv
         self.request = request
@@ -313,8 +347,10 @@ class ProcessNodes:
         p = self.procs.procs[node]
         while True:
             if p.poll() is not None:
-                raise RuntimeError(f"node {node} exited with code {p.returncode} on restart:\n"
-                                   + log_tail(self.procs.log_dir / f"{node}.log"))
+                raise RuntimeError(
+                    f"node {node} exited with code {p.returncode} on restart:\n"
+                    + log_tail(self.procs.log_dir / f"{node}.log")
+                )
             try:
                 await self.request(node, "/health", None)
                 return {"pid": p.pid, "healthy_after_s_wire": round(now() - t, 4)}
@@ -331,12 +367,19 @@ class ProcessNodes:
 
 # -- TCP resets by the injector process (netns backend; compose through the WAN container's netns) ---
 
+
 class InjectorProcess:
     """Runs `python -m testbed.net.rst` for each tcp_reset fault and relays its progress.
     `wrap(argv)` makes the command run where it must (e.g. nsexec into the WAN namespace)."""
 
-    def __init__(self, ifaces: Sequence[str], port: int, log_dir: Path,
-                 wrap: Callable[[list[str]], list[str]] = lambda a: a, netns: str | None = None) -> None:
+    def __init__(
+        self,
+        ifaces: Sequence[str],
+        port: int,
+        log_dir: Path,
+        wrap: Callable[[list[str]], list[str]] = lambda a: a,
+        netns: str | None = None,
+    ) -> None:
         self.ifaces = list(ifaces)
         self.port = port
         self.log_dir = log_dir
@@ -344,11 +387,15 @@ class InjectorProcess:
         self.netns = netns
         self._n = 0
 
-    async def inject(self, spec: TcpResetFault, start: float, end: float,
-                     on_open: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    async def inject(
+        self, spec: TcpResetFault, start: float, end: float, on_open: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
         self._n += 1
-        argv = self.wrap(injector_argv(self.ifaces, self.port, start, end,
-                                       None if spec.count == "all" else spec.count, spec.ends, self.netns))
+        argv = self.wrap(
+            injector_argv(
+                self.ifaces, self.port, start, end, None if spec.count == "all" else spec.count, spec.ends, self.netns
+            )
+        )
         log_path = self.log_dir / f"rst-{self._n}.log"
         proc = await start_reporting_child(argv, log_path)
         result: dict[str, Any] = {}
@@ -369,10 +416,9 @@ class InjectorProcess:
                 proc.terminate()
                 try:
                     await asyncio.wait_for(proc.wait(), 5)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     proc.kill()
             raise
         if rc != 0 or not result:
             raise RuntimeError(f"reset injector exited with code {rc}: {log_tail(log_path, 5)}")
         return result
-

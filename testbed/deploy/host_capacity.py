@@ -50,27 +50,26 @@ BASE_FDS = 64
 @dataclass(frozen=True)
 class Need:
     services: int
-    startup_budget_s: float       # the backend's health timeout: every service must start within it
-    fds_per_service: int          # the most descriptors one service may hold (the busiest service)
+    startup_budget_s: float  # the backend's health timeout: every service must start within it
+    fds_per_service: int  # the most descriptors one service may hold (the busiest service)
     backend: str
 
 
 @dataclass(frozen=True)
 class Limit:
     value: int
-    source: str                   # what grants it, as the refusal names it
+    source: str  # what grants it, as the refusal names it
 
 
 @dataclass(frozen=True)
 class Host:
-    memory: Limit                 # bytes this host can still give (MemAvailable or a cgroup's headroom)
-    cpus: int                     # CPUs this process may run on (sched_getaffinity)
-    tasks: Limit | None           # task slots left (RLIMIT_NPROC, pids.max); None: no limit applies
-    nofile: int                   # RLIMIT_NOFILE soft limit, inherited by every service
+    memory: Limit  # bytes this host can still give (MemAvailable or a cgroup's headroom)
+    cpus: int  # CPUs this process may run on (sched_getaffinity)
+    tasks: Limit | None  # task slots left (RLIMIT_NPROC, pids.max); None: no limit applies
+    nofile: int  # RLIMIT_NOFILE soft limit, inherited by every service
 
 
-def need_of(services: int, decode: int, prefill: int, connections: int, startup_budget_s: float,
-            backend: str) -> Need:
+def need_of(services: int, decode: int, prefill: int, connections: int, startup_budget_s: float, backend: str) -> Need:
     """A deployment of `services` processes: a prefill node keeps `connections` KV sockets to
     each decode node (a decode node as many from each prefill node); the router one to each."""
     busiest = max(decode * connections, prefill * connections, services)
@@ -84,21 +83,29 @@ def shortfalls(need: Need, host: Host) -> list[str]:
     mem = n * SERVICE_BYTES + RESERVE_BYTES
     if mem > host.memory.value:
         fit = max(0, (host.memory.value - RESERVE_BYTES) // SERVICE_BYTES)
-        out.append(f"memory: {n} services x {SERVICE_BYTES // MB} MB + {RESERVE_BYTES // MB} MB reserve = "
-                   f"{mem // MB} MB needed, {host.memory.value // MB} MB available ({host.memory.source}); "
-                   f"{fit} services fit")
+        out.append(
+            f"memory: {n} services x {SERVICE_BYTES // MB} MB + {RESERVE_BYTES // MB} MB reserve = "
+            f"{mem // MB} MB needed, {host.memory.value // MB} MB available ({host.memory.source}); "
+            f"{fit} services fit"
+        )
     cpu_s = n * STARTUP_CPU_S / max(1, host.cpus)
     if cpu_s > need.startup_budget_s:
         fit = int(need.startup_budget_s * max(1, host.cpus) / STARTUP_CPU_S)
-        out.append(f"CPUs: {n} services x {STARTUP_CPU_S:g} CPU-s to start over {host.cpus} CPU(s) = {cpu_s:.0f} s, "
-                   f"past the {need.startup_budget_s:g} s the {need.backend} backend waits for them to answer; "
-                   f"{fit} services fit")
+        out.append(
+            f"CPUs: {n} services x {STARTUP_CPU_S:g} CPU-s to start over {host.cpus} CPU(s) = {cpu_s:.0f} s, "
+            f"past the {need.startup_budget_s:g} s the {need.backend} backend waits for them to answer; "
+            f"{fit} services fit"
+        )
     if host.tasks is not None and n * TASKS_PER_SERVICE > host.tasks.value:
-        out.append(f"processes: {n} services x {TASKS_PER_SERVICE} tasks = {n * TASKS_PER_SERVICE} needed, "
-                   f"{host.tasks.value} left under {host.tasks.source}")
+        out.append(
+            f"processes: {n} services x {TASKS_PER_SERVICE} tasks = {n * TASKS_PER_SERVICE} needed, "
+            f"{host.tasks.value} left under {host.tasks.source}"
+        )
     if need.fds_per_service > host.nofile:
-        out.append(f"open files: the busiest service may hold {need.fds_per_service} descriptors, "
-                   f"RLIMIT_NOFILE is {host.nofile} (raise it with `ulimit -n`)")
+        out.append(
+            f"open files: the busiest service may hold {need.fds_per_service} descriptors, "
+            f"RLIMIT_NOFILE is {host.nofile} (raise it with `ulimit -n`)"
+        )
     return out
 
 
@@ -107,8 +114,11 @@ def refusal(need: Need, host: Host) -> str | None:
     short = shortfalls(need, host)
     if not short:
         return None
-    return (f"this host cannot hold {need.services} services on the {need.backend} backend: " + "; ".join(short)
-            + f"; nothing was started (reduce the instance counts, or give {FORCE_FLAG} to start them anyway)")
+    return (
+        f"this host cannot hold {need.services} services on the {need.backend} backend: "
+        + "; ".join(short)
+        + f"; nothing was started (reduce the instance counts, or give {FORCE_FLAG} to start them anyway)"
+    )
 
 
 # -- reading the host ----------------------------------------------------------------------
@@ -177,7 +187,7 @@ def memory_headroom(d: Path) -> tuple[int, str] | None:
         used = _read_int(d / "memory.current") or 0
         return limit - used, f"cgroup {d}: memory.max {limit // MB} MB, memory.current {used // MB} MB"
     limit = _read_int(d / "memory.limit_in_bytes")
-    if limit is None or limit >= 1 << 60:          # v1 says "no limit" with a huge number
+    if limit is None or limit >= 1 << 60:  # v1 says "no limit" with a huge number
         return None
     used = _read_int(d / "memory.usage_in_bytes") or 0
     try:
@@ -274,10 +284,12 @@ def start_shortfall(started: int, total: int, available: Limit, growing: int, ne
     need = growing + next_batch * SERVICE_BYTES + RESERVE_BYTES
     if need <= available.value:
         return None
-    return (f"memory ran short while starting services: {started} of {total} started, {available.value // MB} MB "
-            f"available ({available.source}), {growing // MB} MB still to be taken by those starting, "
-            f"{next_batch} more x {SERVICE_BYTES // MB} MB and {RESERVE_BYTES // MB} MB reserve needed; "
-            "the services started were stopped")
+    return (
+        f"memory ran short while starting services: {started} of {total} started, {available.value // MB} MB "
+        f"available ({available.source}), {growing // MB} MB still to be taken by those starting, "
+        f"{next_batch} more x {SERVICE_BYTES // MB} MB and {RESERVE_BYTES // MB} MB reserve needed; "
+        "the services started were stopped"
+    )
 
 
 class StartGuard:

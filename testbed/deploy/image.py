@@ -30,7 +30,7 @@ from testbed.net.procs import run_streamed
 IMAGE = "prfaas-testbed:latest"
 BASE = "prfaas-testbed-base:bookworm"
 SOURCE_LABEL = "io.prfaas-testbed.source-hash"
-STAGE_LABEL = "io.prfaas-testbed.stage"           # on the Dockerfile's intermediate (install) stage
+STAGE_LABEL = "io.prfaas-testbed.stage"  # on the Dockerfile's intermediate (install) stage
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = "compose/Dockerfile"
 # Everything that goes into the image (or decides how): a change to any of these rebuilds it.
@@ -102,8 +102,9 @@ def image_labels(image: str, engine: Engine | None = None) -> dict[str, str] | N
         return _engine(engine).image_labels(image)
 
 
-def _stream(argv: Sequence[str], what: str, log: Callable[[str], None], cwd: Path,
-            env: dict[str, str] | None = None) -> None:
+def _stream(
+    argv: Sequence[str], what: str, log: Callable[[str], None], cwd: Path, env: dict[str, str] | None = None
+) -> None:
     """Run argv, passing each output line to log; ImageError with the last lines on failure."""
     try:
         rc, tail = run_streamed(argv, cwd, log, env, TAIL_LINES)
@@ -113,8 +114,9 @@ def _stream(argv: Sequence[str], what: str, log: Callable[[str], None], cwd: Pat
         raise ImageError(f"{what} failed (exit {rc}); last lines:\n" + "\n".join(tail))
 
 
-def _timed(what: str, log: Callable[[str], None], argv: Sequence[str], cwd: Path,
-           env: dict[str, str] | None = None) -> None:
+def _timed(
+    what: str, log: Callable[[str], None], argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None
+) -> None:
     t0 = time.monotonic()
     log(f"image: {what} ...")
     _stream(argv, what, log, cwd, env)
@@ -129,8 +131,9 @@ def _build(engine: Engine, base: str, source: str, rebuild: bool, log: Callable[
     t0 = time.monotonic()
     log(f"image: {what} ...")
     try:
-        for line in engine.build(REPO_ROOT, DOCKERFILE, IMAGE, {"BASE_IMAGE": base, "SOURCE_HASH": source},
-                                 nocache=rebuild):
+        for line in engine.build(
+            REPO_ROOT, DOCKERFILE, IMAGE, {"BASE_IMAGE": base, "SOURCE_HASH": source}, nocache=rebuild
+        ):
             tail.append(line)
             log(line)
     except BackendError as e:
@@ -154,13 +157,16 @@ def ensure_image(rebuild: bool = False, log: Callable[[str], None] = print, engi
         return IMAGE
     if not (REPO_ROOT / DOCKERFILE).is_file():
         raise ImageError(f"building {IMAGE} needs the project's source checkout ({REPO_ROOT / DOCKERFILE} is missing)")
-    log(f"image: building {IMAGE}: " + ("rebuild requested" if rebuild else "not built yet" if labels is None
-                                        else "sources changed"))
+    log(
+        f"image: building {IMAGE}: "
+        + ("rebuild requested" if rebuild else "not built yet" if labels is None else "sources changed")
+    )
     t0 = time.monotonic()
     base = os.environ.get("BASE_IMAGE") or BASE
     if base == BASE and image_labels(BASE, engine) is None:
-        _timed(f"bootstrap base image {BASE}", log, ["bash", "compose/bootstrap-base.sh"], REPO_ROOT,
-               {"BASE_TAG": BASE})
+        _timed(
+            f"bootstrap base image {BASE}", log, ["bash", "compose/bootstrap-base.sh"], REPO_ROOT, {"BASE_TAG": BASE}
+        )
     _timed("wheelhouse", log, ["bash", "compose/build-wheelhouse.sh"], REPO_ROOT)
     _build(engine, base, want, rebuild, log)
     got = (image_labels(IMAGE, engine) or {}).get(SOURCE_LABEL)
@@ -181,18 +187,25 @@ def _prune(engine: Engine, log: Callable[[str], None]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m testbed.deploy.image", description="Build the testbed's container image if it is missing or stale.")
+    p = argparse.ArgumentParser(
+        prog="python -m testbed.deploy.image",
+        description="Build the testbed's container image if it is missing or stale.",
+    )
     p.add_argument("--rebuild", action="store_true", help="rebuild even if up to date, without the build cache")
     p.add_argument("--hash", action="store_true", help="print the hash of the sources and exit")
-    p.add_argument("--if-possible", action="store_true",
-                   help="say so and exit 0 where no Docker engine answers or not root (`make test` builds "
-                        "the image ahead of the docker tier this way, which skips there too)")
+    p.add_argument(
+        "--if-possible",
+        action="store_true",
+        help="say so and exit 0 where no Docker engine answers or not root (`make test` builds "
+        "the image ahead of the docker tier this way, which skips there too)",
+    )
     args = p.parse_args(argv)
     if args.hash:
         print(source_hash())
         return 0
     if args.if_possible:
         from testbed.deploy.engine import try_connect
+
         if not is_root() or try_connect() is None:
             print("no Docker engine answers (or not root): the image is not built", flush=True)
             return 0

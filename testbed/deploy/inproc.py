@@ -23,7 +23,7 @@ def make_service_app(dep: Deployment, node_id: str) -> web.Application:
 class InProcessBackend:
     def __init__(self, dep: Deployment, skip: frozenset[str] = frozenset()) -> None:
         self.dep = dep
-        self.skip = skip        # services left down on purpose (failure tests)
+        self.skip = skip  # services left down on purpose (failure tests)
         self._runners: list[web.AppRunner] = []
         self._by_id: dict[str, web.AppRunner] = {}
 
@@ -35,8 +35,12 @@ class InProcessBackend:
                 if nid in self.skip:
                     continue
                 ep = self.dep.router if nid == "router" else self.dep.nodes[nid].http
-                runner = web.AppRunner(make_service_app(self.dep, nid), access_log=None, handler_cancellation=True,
-                                       **http_server_args(self.dep.scenario.serving.idle_timeout_s))
+                runner = web.AppRunner(
+                    make_service_app(self.dep, nid),
+                    access_log=None,
+                    handler_cancellation=True,
+                    **http_server_args(self.dep.scenario.serving.idle_timeout_s),
+                )
                 await runner.setup()
                 self._runners.append(runner)
                 self._by_id[nid] = runner
@@ -62,6 +66,7 @@ class InProcessBackend:
         while self._runners:
             await self._runners.pop().cleanup()
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()

@@ -16,11 +16,11 @@ import aiohttp
 # BackendError lives with the other backends' base; re-exported for importers of this module.
 from testbed.deploy.base import BackendError as BackendError
 from testbed.deploy.host_capacity import PROCESS_HEALTH_TIMEOUT_S, StartGuard
+from testbed.live.deployment import Deployment
 from testbed.net.procs import JOURNAL_DIR, ProcessGroup
 from testbed.net.topology import new_prefix
-from testbed.live.deployment import Deployment
 
-HEALTH_TIMEOUT_S = PROCESS_HEALTH_TIMEOUT_S     # what the capacity check budgets start-up against
+HEALTH_TIMEOUT_S = PROCESS_HEALTH_TIMEOUT_S  # what the capacity check budgets start-up against
 
 
 def serve_argv(role: str, dep_file: Path, node_id: str) -> list[str]:
@@ -35,19 +35,19 @@ async def wait_healthy(urls: dict[str, str], procs: ProcessGroup, timeout: float
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
         while pending:
             if (dead := procs.dead()) is not None:
-                raise BackendError(f"service {dead[0]} exited with code {dead[1]}; last log lines:\n"
-                                   + procs.log(dead[0]))
+                raise BackendError(
+                    f"service {dead[0]} exited with code {dead[1]}; last log lines:\n" + procs.log(dead[0])
+                )
             for nid, url in list(pending.items()):
                 try:
                     async with s.get(f"{url}/health") as r:
                         if r.status == 200:
                             del pending[nid]
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     pass
             if pending and loop.time() > deadline:
                 nid = sorted(pending)[0]
-                raise BackendError(f"service {nid} not healthy after {timeout:g} s; last log lines:\n"
-                                   + procs.log(nid))
+                raise BackendError(f"service {nid} not healthy after {timeout:g} s; last log lines:\n" + procs.log(nid))
             if pending:
                 await asyncio.sleep(0.1)
 
@@ -84,6 +84,7 @@ class LocalBackend:
     def stop(self) -> None:
         self.procs.stop()
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

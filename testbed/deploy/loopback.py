@@ -5,8 +5,9 @@ has a WAN to fault (`testbed.deploy.registry` refuses such a scenario before it 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy.fault_injection import FaultScheduler, FaultTarget, ProcessNodes, http_json, start_faults
@@ -23,16 +24,24 @@ NO_SHAPING = {
 
 
 class LoopbackBackend:
-    def __init__(self, name: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
-                 host_port: int = 0, processes: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        rs: ResolvedScenario,
+        run_dir: Path,
+        extra: dict[str, Any] | None = None,
+        host_port: int = 0,
+        processes: bool = True,
+    ) -> None:
         self.name = name
         self.run_dir = run_dir
         self.deployment = loopback_deployment(rs, str(run_dir.resolve()))
         self.deployment.extra.update(extra or {})
-        if host_port:       # the router is on the host already: it listens on the port asked for
+        if host_port:  # the router is on the host already: it listens on the port asked for
             self.deployment.router = Endpoint(self.deployment.router.host, host_port)
         self._impl: LocalBackend | InProcessBackend = (
-            LocalBackend(self.deployment, run_dir) if processes else InProcessBackend(self.deployment))
+            LocalBackend(self.deployment, run_dir) if processes else InProcessBackend(self.deployment)
+        )
         self._faults: FaultScheduler | None = None
 
     @property
@@ -59,11 +68,13 @@ class LoopbackBackend:
         dep, dep_file = self.deployment, self.run_dir / "deployment.json"
 
         async def request(node: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
-            return await asyncio.to_thread(http_json, dep.nodes[node].http.url + path, body, 5.0,
-                                           dep.credentials.runner_headers())
+            return await asyncio.to_thread(
+                http_json, dep.nodes[node].http.url + path, body, 5.0, dep.credentials.runner_headers()
+            )
 
-        return FaultTarget(self.name, ProcessNodes(
-            impl.procs, lambda n: serve_argv(dep.nodes[n].role, dep_file, n), request))
+        return FaultTarget(
+            self.name, ProcessNodes(impl.procs, lambda n: serve_argv(dep.nodes[n].role, dep_file, n), request)
+        )
 
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         return await make()

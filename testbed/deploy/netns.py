@@ -10,27 +10,32 @@ import asyncio
 import json
 import logging
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from testbed.config.privilege import need_root
+from testbed.config.resolved import ResolvedScenario
 from testbed.core.fault_timeline import FaultEvent, Link, faulted_links
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile, schedule_wire
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import local_dc, node_specs
 from testbed.deploy.base import every_step, in_thread_halting
-from testbed.net import owners
 from testbed.deploy.fault_injection import (
-    FaultScheduler, FaultTarget, InjectorProcess, ProcessNodes, http_json, start_faults,
+    FaultScheduler,
+    FaultTarget,
+    InjectorProcess,
+    ProcessNodes,
+    http_json,
+    start_faults,
 )
 from testbed.deploy.host_capacity import StartGuard
 from testbed.deploy.local import serve_argv, wait_healthy
-from testbed.net.procs import ProcessGroup
 from testbed.live.clock import sleep_until
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
-from testbed.config.resolved import ResolvedScenario
 from testbed.metrics.series_format import Sample, SeriesWriter
+from testbed.net import owners
 from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.executor import Executor
 from testbed.net.forward import NetnsForwarder
@@ -38,15 +43,16 @@ from testbed.net.monitor import LinkMonitor, WatchedLink
 from testbed.net.nsexec import nsexec_argv
 from testbed.net.nsthread import NetnsLoop, run_in_netns
 from testbed.net.plan import plan_up
+from testbed.net.procs import ProcessGroup
 from testbed.net.teardown import teardown
-from testbed.net.wanrouter import change_links, start_delayline
 from testbed.net.topology import Topology, build_topology, new_prefix
+from testbed.net.wanrouter import change_links, start_delayline
 
 T = TypeVar("T")
 log = logging.getLogger("testbed.netns")
 HTTP_PORT = 8000
 KV_PORT = 9000
-MONITOR_INTERVAL_S = 0.05     # wire seconds: twice the 10 Hz the reports need, for rate-change tracking
+MONITOR_INTERVAL_S = 0.05  # wire seconds: twice the 10 Hz the reports need, for rate-change tracking
 ROUTER_HOST = "router"
 CLIENT_HOST = "client"
 
@@ -66,8 +72,14 @@ def build_netns_topology(rs: ResolvedScenario, prefix: str, method: str) -> tupl
     sc, profile, scale = rs.spec, rs.inter_dc, rs.scale
     home = local_dc(sc)
     hosts = [(n.id, n.datacenter) for n in node_specs(sc)] + [(ROUTER_HOST, home), (CLIENT_HOST, home)]
-    topo = build_topology(prefix, hosts, wan_links(sc, profile, scale), method,  # type: ignore[arg-type]
-                          mtu=profile.mtu, tcp=profile.tcp)
+    topo = build_topology(
+        prefix,
+        hosts,
+        wan_links(sc, profile, scale),
+        method,  # type: ignore[arg-type]
+        mtu=profile.mtu,
+        tcp=profile.tcp,
+    )
     return topo, profile
 
 
@@ -90,8 +102,14 @@ def netns_deployment(rs: ResolvedScenario, topo: Topology, run_dir: str) -> Depl
 class NetnsBackend:
     name = "netns"
 
-    def __init__(self, rs: ResolvedScenario, run_dir: Path, method: str = "auto", extra: dict[str, Any] | None = None,
-                 host_port: int = 0) -> None:
+    def __init__(
+        self,
+        rs: ResolvedScenario,
+        run_dir: Path,
+        method: str = "auto",
+        extra: dict[str, Any] | None = None,
+        host_port: int = 0,
+    ) -> None:
         self.rs = rs
         self.sc = rs.spec
         self.run_dir = run_dir.resolve()
@@ -130,21 +148,29 @@ class NetnsBackend:
             out["profile"] = self.profile.name
             out["mtu"] = self.topo.mtu
             out["links"] = {
-                f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "rate_bps_paper": self.scale.paper_rate_bps(p.rate_bps),
-                              "delay_s_wire": p.delay_s, "jitter_s_wire": p.jitter_s, "loss": p.loss,
-                              "loss_correlation": p.loss_correlation, "queue_bytes": p.queue_bytes,
-                              "ifname": f"dc{self.topo.dc(b).index}"}
+                f"{a}->{b}": {
+                    "rate_bps_wire": p.rate_bps,
+                    "rate_bps_paper": self.scale.paper_rate_bps(p.rate_bps),
+                    "delay_s_wire": p.delay_s,
+                    "jitter_s_wire": p.jitter_s,
+                    "loss": p.loss,
+                    "loss_correlation": p.loss_correlation,
+                    "queue_bytes": p.queue_bytes,
+                    "ifname": f"dc{self.topo.dc(b).index}",
+                }
                 for (a, b), p in self.topo.links.items()
             }
             out["tcp"] = self.profile.tcp.model_dump()
             out["detail"] = {
                 "netem": "netem qdisc (delay, jitter, loss) under an HTB rate class on the WAN router's egress",
                 "fallback": "HTB rate class + bfifo queue on the WAN router's egress; delay, jitter and loss by "
-                            "the userspace delay line on tun0 in the WAN router namespace (no sch_netem here)",
+                "the userspace delay line on tun0 in the WAN router namespace (no sch_netem here)",
                 "none": "no shaping",
             }.get(self.method, "")
-            out["schedule"] = [{"at_s_wire": t, "rate_bps_wire": p.rate_bps, "loss": p.loss, "delay_s_wire": p.delay_s}
-                               for t, p in schedule_wire(self.profile, self.scale)]
+            out["schedule"] = [
+                {"at_s_wire": t, "rate_bps_wire": p.rate_bps, "loss": p.loss, "delay_s_wire": p.delay_s}
+                for t, p in schedule_wire(self.profile, self.scale)
+            ]
         return out
 
     # -- start ----------------------------------------------------------------------------
@@ -170,11 +196,21 @@ class NetnsBackend:
         self.deployment = netns_deployment(self.rs, self.topo, str(self.run_dir))
         self.deployment.extra.update(self._extra)
         self.deployment.write(self.run_dir / "deployment.json")
-        (self.run_dir / "topology.json").write_text(json.dumps(
-            {"prefix": self.prefix, "method": self.method, "wan_ns": self.topo.wan_ns, "mtu": self.topo.mtu,
-             "hosts": {h.name: {"netns": h.netns, "ip": h.ip, "dc": h.dc} for h in self.topo.hosts},
-             "dcs": {d.name: {"subnet": d.subnet, "gateway": d.gateway, "index": d.index} for d in self.topo.dcs}},
-            indent=1))
+        (self.run_dir / "topology.json").write_text(
+            json.dumps(
+                {
+                    "prefix": self.prefix,
+                    "method": self.method,
+                    "wan_ns": self.topo.wan_ns,
+                    "mtu": self.topo.mtu,
+                    "hosts": {h.name: {"netns": h.netns, "ip": h.ip, "dc": h.dc} for h in self.topo.hosts},
+                    "dcs": {
+                        d.name: {"subnet": d.subnet, "gateway": d.gateway, "index": d.index} for d in self.topo.dcs
+                    },
+                },
+                indent=1,
+            )
+        )
         with Executor() as ex:
             ex.apply(plan_up(self.topo), self._halt)
 
@@ -186,8 +222,9 @@ class NetnsBackend:
         dep_file = self.run_dir / "deployment.json"
         self._procs.env = self.deployment.credentials.env()
         if self.method == "fallback":
-            self._control = start_delayline(self._procs, self.topo, self.run_dir,
-                                            self.run_dir / "timeseries" / "delayline.jsonl")
+            self._control = start_delayline(
+                self._procs, self.topo, self.run_dir, self.run_dir / "timeseries" / "delayline.jsonl"
+            )
         guard = StartGuard(len(self.deployment.nodes) + 1)
         for nid, n in [*self.deployment.nodes.items(), ("router", None)]:
             if self._halt.is_set():
@@ -211,8 +248,10 @@ class NetnsBackend:
             self._series.append(w)
             self._wan_series = w
             # Configured rate in force, so plots can draw it under the measured curve.
-            w.write([Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in topo.links.items()],
-                    ts=t0)
+            w.write(
+                [Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in topo.links.items()],
+                ts=t0,
+            )
             self._monitor = LinkMonitor(topo.wan_ns, watched, w, MONITOR_INTERVAL_S)
             await asyncio.to_thread(self._monitor.start)
             if self.profile.schedule:
@@ -249,10 +288,16 @@ class NetnsBackend:
             rates = [k for k, p in changes.items() if self.topo.links[k].rate_bps != p.rate_bps]
             change_links(self.topo, changes, self._control)
         if self._wan_series is not None and (rates or base is not None):
-            self._wan_series.write([Sample("link_rate_bps_wire", want[k].rate_bps, {"link": f"{k[0]}->{k[1]}"})
-                                    for k in (want if base is not None else rates)])
-        return {"links": {f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "loss": p.loss}
-                          for (a, b), p in want.items()}, "changed": [f"{a}->{b}" for (a, b) in changes]}
+            self._wan_series.write(
+                [
+                    Sample("link_rate_bps_wire", want[k].rate_bps, {"link": f"{k[0]}->{k[1]}"})
+                    for k in (want if base is not None else rates)
+                ]
+            )
+        return {
+            "links": {f"{a}->{b}": {"rate_bps_wire": p.rate_bps, "loss": p.loss} for (a, b), p in want.items()},
+            "changed": [f"{a}->{b}" for (a, b) in changes],
+        }
 
     def _fault_target(self) -> FaultTarget:
         topo = self.topo
@@ -262,14 +307,22 @@ class NetnsBackend:
         async def request(node: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
             # From the node's own namespace: a remote node stays reachable during a WAN outage.
             url = f"http://127.0.0.1:{HTTP_PORT}{path}"
-            return await asyncio.to_thread(run_in_netns, topo.host(node).netns, http_json, url, body, 5.0,
-                                           self.deployment.credentials.runner_headers())
+            return await asyncio.to_thread(
+                run_in_netns,
+                topo.host(node).netns,
+                http_json,
+                url,
+                body,
+                5.0,
+                self.deployment.credentials.runner_headers(),
+            )
 
         def argv(node: str) -> list[str]:
             return nsexec_argv(topo.host(node).netns, serve_argv(self.deployment.nodes[node].role, dep_file, node))
 
-        resets = InjectorProcess([d.wan_ifname for d in topo.dcs], KV_PORT, self.run_dir / "logs",
-                                 wrap=lambda a: nsexec_argv(topo.wan_ns, a))
+        resets = InjectorProcess(
+            [d.wan_ifname for d in topo.dcs], KV_PORT, self.run_dir / "logs", wrap=lambda a: nsexec_argv(topo.wan_ns, a)
+        )
         return FaultTarget("netns", ProcessNodes(self._procs, argv, request), self, resets)
 
     def exit_code(self, service: str) -> int | None:
@@ -300,17 +353,23 @@ class NetnsBackend:
         self._stopped = True
         for t in self._tasks:
             t.cancel()
-        faults, forwarder, monitor, client, control = (self._faults, self._forwarder, self._monitor, self._client,
-                                                        self._control)
+        faults, forwarder, monitor, client, control = (
+            self._faults,
+            self._forwarder,
+            self._monitor,
+            self._client,
+            self._control,
+        )
         await every_step(
             # first: a paused node must be resumed to stop
             lambda: faults.stop() if faults is not None else None,
             lambda: forwarder.close() if forwarder is not None else None,
             lambda: asyncio.gather(*self._tasks, return_exceptions=True),
             lambda: asyncio.to_thread(monitor.stop) if monitor is not None else None,
-            *[w.close for w in self._series],          # writes: may fail on a full disk
+            *[w.close for w in self._series],  # writes: may fail on a full disk
             lambda: client.__exit__(None, None, None) if client is not None else None,
             lambda: asyncio.to_thread(self._procs.stop, ("router",), ("delayline",)),
             lambda: asyncio.to_thread(teardown, self.prefix),
             lambda: control.unlink(missing_ok=True) if control is not None else None,
-            lambda: owners.release(self.prefix))
+            lambda: owners.release(self.prefix),
+        )

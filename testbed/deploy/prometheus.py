@@ -21,13 +21,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:      # the CLI imports this module for its defaults: keep that cheap (asyncio too)
+if TYPE_CHECKING:  # the CLI imports this module for its defaults: keep that cheap (asyncio too)
     import asyncio
 
     from testbed.live.deployment import Deployment
 
 JOB = "testbed"
-SCRAPE_INTERVAL = "1s"        # holds are watched live; the rate() windows of the dashboards are a few of these
+SCRAPE_INTERVAL = "1s"  # holds are watched live; the rate() windows of the dashboards are a few of these
 HOST_BACKENDS = ("local", "inproc")
 DEFAULT_LISTEN = "127.0.0.1:9090"
 READY_TIMEOUT_S = 30.0
@@ -40,9 +40,17 @@ def scrape_targets(dep: Deployment) -> list[dict[str, Any]]:
     groups: list[dict[str, Any]] = [{"targets": [f"{dep.router.host}:{dep.router.port}"], "labels": {"role": "router"}}]
     for nid in sorted(dep.nodes):
         n = dep.nodes[nid]
-        groups.append({"targets": [f"{n.http.host}:{n.http.port}"],
-                       "labels": {"role": n.role, "cluster": n.cluster, "cluster_kind": kinds[n.cluster],
-                                  "datacenter": n.datacenter}})
+        groups.append(
+            {
+                "targets": [f"{n.http.host}:{n.http.port}"],
+                "labels": {
+                    "role": n.role,
+                    "cluster": n.cluster,
+                    "cluster_kind": kinds[n.cluster],
+                    "datacenter": n.datacenter,
+                },
+            }
+        )
     return groups
 
 
@@ -50,8 +58,13 @@ def prometheus_config(targets_file: str, interval: str = SCRAPE_INTERVAL) -> dic
     """prometheus.yml: one job reading `targets_file` (file_sd, reread when it changes)."""
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "scrape_configs": [{"job_name": JOB, "metrics_path": "/metrics",
-                            "file_sd_configs": [{"files": [targets_file], "refresh_interval": "5s"}]}],
+        "scrape_configs": [
+            {
+                "job_name": JOB,
+                "metrics_path": "/metrics",
+                "file_sd_configs": [{"files": [targets_file], "refresh_interval": "5s"}],
+            }
+        ],
     }
 
 
@@ -73,9 +86,11 @@ def write_scrape_config(dep: Deployment, out: Path) -> Path:
 def unavailable(backend: str, binary: str | None) -> str | None:
     """Why `--prometheus` cannot run here, in one line; None if it can."""
     if backend not in HOST_BACKENDS:
-        return (f"--prometheus: only on the {' and '.join(HOST_BACKENDS)} backends for now (on {backend} the "
-                "services are not on this host's loopback; generate the config with "
-                "examples/observability/scrape_config.py and run Prometheus where it reaches them)")
+        return (
+            f"--prometheus: only on the {' and '.join(HOST_BACKENDS)} backends for now (on {backend} the "
+            "services are not on this host's loopback; generate the config with "
+            "examples/observability/scrape_config.py and run Prometheus where it reaches them)"
+        )
     if binary is None:
         return "--prometheus: no `prometheus` binary on PATH (Debian: apt-get install prometheus)"
     return None
@@ -103,8 +118,14 @@ class PrometheusProcess:
         log = (self.workdir / "prometheus.log").open("ab")
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                self.binary, f"--config.file={cfg}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address={self.listen}", stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+                self.binary,
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address={self.listen}",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
         finally:
             log.close()
         await self._until_ready()
@@ -120,8 +141,10 @@ class PrometheusProcess:
             while True:
                 assert self._proc is not None
                 if self._proc.returncode is not None:
-                    raise RuntimeError(f"prometheus exited with {self._proc.returncode} before it was ready "
-                                       f"(see {self.workdir / 'prometheus.log'})")
+                    raise RuntimeError(
+                        f"prometheus exited with {self._proc.returncode} before it was ready "
+                        f"(see {self.workdir / 'prometheus.log'})"
+                    )
                 try:
                     if await self._scraping(s):
                         return
@@ -129,9 +152,11 @@ class PrometheusProcess:
                     pass
                 if loop.time() > deadline:
                     await self.stop()
-                    raise RuntimeError(f"prometheus not scraping every service from {self.listen} within "
-                                       f"{READY_TIMEOUT_S:g} s "
-                                       f"(see {self.workdir / 'prometheus.log'})")
+                    raise RuntimeError(
+                        f"prometheus not scraping every service from {self.listen} within "
+                        f"{READY_TIMEOUT_S:g} s "
+                        f"(see {self.workdir / 'prometheus.log'})"
+                    )
                 await asyncio.sleep(0.2)
 
     async def _scraping(self, s: Any) -> bool:

@@ -33,15 +33,15 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class Capabilities:
-    wan_shaping: bool = False        # real delay and rate on the inter-DC links (the simulator: modelled)
-    link_schedules: bool = False     # the inter-DC profile's changes over time are applied
-    node_faults: bool = False        # kill, pause, restart, slow
-    link_faults: bool = False        # outage, rate_drop, partition, tcp_reset (on the WAN)
-    deadlines: bool = True           # a request past serving.deadline_s fails
+    wan_shaping: bool = False  # real delay and rate on the inter-DC links (the simulator: modelled)
+    link_schedules: bool = False  # the inter-DC profile's changes over time are applied
+    node_faults: bool = False  # kill, pause, restart, slow
+    link_faults: bool = False  # outage, rate_drop, partition, tcp_reset (on the WAN)
+    deadlines: bool = True  # a request past serving.deadline_s fails
     needs_root: bool = False
     needs_docker: bool = False
-    can_hold: bool = False           # `testbed up --hold`: open for outside clients
-    simulator: bool = False          # virtual time, no services (run by `run_sim`)
+    can_hold: bool = False  # `testbed up --hold`: open for outside clients
+    simulator: bool = False  # virtual time, no services (run by `run_sim`)
 
 
 # (scenario, run directory, what goes into every service's deployment, the router's port on this
@@ -55,7 +55,7 @@ class BackendEntry:
     name: str
     description: str
     caps: Capabilities
-    factory: Factory | None = None   # None for the simulator
+    factory: Factory | None = None  # None for the simulator
     # For `auto`: candidates in ascending rank; `unavailable()` says why this one cannot run on
     # this machine now (None: it can). The last candidate is the fallback, taken regardless.
     auto_rank: int | None = None
@@ -74,8 +74,9 @@ class BackendEntry:
     # why it cannot run `rs`, or None. A hard limit, checked with the capabilities.
     size_limit: Callable[[ResolvedScenario], str | None] = lambda rs: None
 
-    def create(self, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
-               host_port: int | None = None) -> Backend:
+    def create(
+        self, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None, host_port: int | None = None
+    ) -> Backend:
         if self.factory is None:
             raise ValueError(f"the {self.name} backend runs without a Backend object")
         return self.factory(rs, run_dir, extra, host_port)
@@ -154,6 +155,7 @@ def is_simulated(name: object) -> bool:
 
 # -- what commands need (filters of `entries`) ----------------------------------------------
 
+
 def any_backend(c: Capabilities) -> bool:
     return True
 
@@ -168,6 +170,7 @@ def holds_open(c: Capabilities) -> bool:
 
 
 # -- `auto` --------------------------------------------------------------------------------
+
 
 def _auto_candidates() -> list[BackendEntry]:
     return sorted((e for e in _ENTRIES.values() if e.auto_rank is not None), key=lambda e: e.auto_rank or 0)
@@ -187,7 +190,9 @@ def pick_backend(requested: str, flag: str = "--backend") -> tuple[str, str | No
         e = get(requested)
         if e.caps.needs_root and not is_root():
             others = names(lambda c: not c.needs_root and not c.simulator)
-            raise UserError(f"{flag} {requested}: the {requested} backend needs root: run as root, or give {flag} {'|'.join(others)}")
+            raise UserError(
+                f"{flag} {requested}: the {requested} backend needs root: run as root, or give {flag} {'|'.join(others)}"
+            )
         return requested, None
     cands = _auto_candidates()
     if not cands:
@@ -205,10 +210,14 @@ def pick_backend(requested: str, flag: str = "--backend") -> tuple[str, str | No
     if not why:
         return chosen.name, None
     lost = "" if chosen.caps.wan_shaping else ". WAN delay, rate limits, loss and link schedules are NOT emulated"
-    return chosen.name, f"{'; '.join(why)}: using the {chosen.name} backend ({chosen.description}){lost}{''.join(hints)}"
+    return (
+        chosen.name,
+        f"{'; '.join(why)}: using the {chosen.name} backend ({chosen.description}){lost}{''.join(hints)}",
+    )
 
 
 # -- argparse ------------------------------------------------------------------------------
+
 
 def backend_option(need: Need = any_backend, default: str = AUTO, lead: str = "") -> dict[str, Any]:
     """`choices`, `default` and `help` of a `--backend` flag offering the backends `need` keeps
@@ -217,16 +226,20 @@ def backend_option(need: Need = any_backend, default: str = AUTO, lead: str = ""
     with_auto = any(e.auto_rank is not None for e in offered)
     parts = [f"{e.name}: {e.description}" for e in offered] + ([auto_help()] if with_auto else [])
     text = (f"{lead}; " if lead else "") + "; ".join(parts) + f" (default: {default})"
-    return {"choices": [AUTO] * with_auto + [e.name for e in offered], "default": default,
-            "help": text.replace("%", "%%")}
+    return {
+        "choices": [AUTO] * with_auto + [e.name for e in offered],
+        "default": default,
+        "help": text.replace("%", "%%"),
+    }
 
 
 # -- what a scenario asks for --------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Request:
-    field: str            # the scenario field asking, with its value: faults[0].kind='kill'
-    what: str             # what it asks for, in words
+    field: str  # the scenario field asking, with its value: faults[0].kind='kill'
+    what: str  # what it asks for, in words
     need: Need
 
 
@@ -242,12 +255,17 @@ def requests(rs: ResolvedScenario) -> list[Request]:
     # A profile's schedule is the experiment (the link changes under load); its static delay and
     # rate are not: a run on unshaped loopback still tests the services, and says so (warning).
     if rs.inter_dc.schedule and len(datacenters(sc)) > 1:
-        out.append(Request(f"links.inter_dc={sc.links.inter_dc!r}",
-                           f"a WAN link that changes over time ({len(rs.inter_dc.schedule)} step(s) in its schedule)",
-                           lambda c: c.link_schedules))
+        out.append(
+            Request(
+                f"links.inter_dc={sc.links.inter_dc!r}",
+                f"a WAN link that changes over time ({len(rs.inter_dc.schedule)} step(s) in its schedule)",
+                lambda c: c.link_schedules,
+            )
+        )
     if sc.serving.deadline_s is not None:
-        out.append(Request(f"serving.deadline_s={sc.serving.deadline_s:g}", "a per-request deadline",
-                           lambda c: c.deadlines))
+        out.append(
+            Request(f"serving.deadline_s={sc.serving.deadline_s:g}", "a per-request deadline", lambda c: c.deadlines)
+        )
     return out
 
 
@@ -259,8 +277,10 @@ def refusal(backend: str, rs: ResolvedScenario) -> str | None:
     for r in requests(rs):
         if not r.need(e.caps):
             able = names(r.need) or ["none"]
-            return (f"scenario {rs.name!r}: {r.field} asks for {r.what}, which the {e.name} backend cannot honour; "
-                    f"backends that can: {', '.join(able)}")
+            return (
+                f"scenario {rs.name!r}: {r.field} asks for {r.what}, which the {e.name} backend cannot honour; "
+                f"backends that can: {', '.join(able)}"
+            )
     return None
 
 
@@ -274,6 +294,7 @@ def refuse_unhonoured(backend: str, scenarios: Iterable[ResolvedScenario]) -> No
 
 
 # -- the backends --------------------------------------------------------------------------
+
 
 def _no_namespaces() -> str | None:
     if not is_root():
@@ -290,7 +311,7 @@ def _netns_size(rs: ResolvedScenario) -> str | None:
     from testbed.net.topology import HOST_FIRST
 
     per_dc = Counter(s.datacenter for s in node_specs(rs.spec))
-    per_dc[local_dc(rs.spec)] += 2          # the router and the client beside the decode cluster
+    per_dc[local_dc(rs.spec)] += 2  # the router and the client beside the decode cluster
     most = 255 - HOST_FIRST
     dc, n = per_dc.most_common(1)[0]
     if n > most:
@@ -300,65 +321,110 @@ def _netns_size(rs: ResolvedScenario) -> str | None:
 
 def _netns(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, host_port: int | None) -> Backend:
     from testbed.deploy.netns import NetnsBackend
+
     return NetnsBackend(rs, run_dir, extra=extra, host_port=host_port or 0)
 
 
 def _compose(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, host_port: int | None) -> Backend:
     from testbed.deploy.compose import ComposeBackend
+
     return ComposeBackend(rs, run_dir, extra=extra, host_port=host_port)
 
 
 def _swarm(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, host_port: int | None) -> Backend:
     from testbed.deploy.swarm import SwarmBackend
+
     return SwarmBackend(rs, run_dir, extra=extra, host_port=host_port or 0)
 
 
 # Imported when `testbed down` runs, not with the registry (the Docker SDK is slow to import).
 def _sweep_namespaces(prefix: str, engine: Engine | None, warn: Warn, live: LiveRuns) -> Leftovers:
     from testbed.deploy.cleanup import sweep_namespaces
+
     return sweep_namespaces(prefix, engine, warn, live)
 
 
 def _sweep_processes(prefix: str, engine: Engine | None, warn: Warn, live: LiveRuns) -> Leftovers:
     from testbed.deploy.cleanup import sweep_processes
+
     return sweep_processes(prefix, engine, warn, live)
 
 
 def _sweep_docker(prefix: str, engine: Engine | None, warn: Warn, live: LiveRuns) -> Leftovers:
     from testbed.deploy.cleanup import sweep_docker
+
     return sweep_docker(prefix, engine, warn, live)
 
 
 def loopback_factory(name: str, processes: bool) -> Factory:
     """Every service on 127.0.0.1: one process each (`processes`) or all in this event loop."""
+
     def make(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, host_port: int | None) -> Backend:
         from testbed.deploy.loopback import LoopbackBackend
+
         return LoopbackBackend(name, rs, run_dir, extra, host_port or 0, processes=processes)
+
     return make
 
 
-register(BackendEntry(
-    "netns", "a namespace per service and shaped WAN links (root)",
-    Capabilities(wan_shaping=True, link_schedules=True, node_faults=True, link_faults=True, needs_root=True,
-                 can_hold=True),
-    _netns, auto_rank=0, unavailable=_no_namespaces, leftovers=_sweep_namespaces, preflight=netns_host,
-    host_services=(1, PROCESS_HEALTH_TIMEOUT_S), size_limit=_netns_size))
-register(BackendEntry(
-    "compose", "one container per service, a WAN router container (Docker)",
-    Capabilities(wan_shaping=True, node_faults=True, link_faults=True, needs_docker=True, can_hold=True),
-    _compose, leftovers=_sweep_docker, preflight=compose_host, host_services=(1, CONTAINER_HEALTH_TIMEOUT_S)))
-register(BackendEntry(
-    "swarm", "the compose deployment as a Docker Swarm stack, each datacenter on the nodes labelled for it "
-             "(root, a swarm manager)",
-    Capabilities(wan_shaping=True, needs_root=True, needs_docker=True, can_hold=True),
-    _swarm, leftovers=_sweep_docker, preflight=swarm_host))
-register(BackendEntry(
-    "local", "one process per service on loopback",
-    Capabilities(node_faults=True, can_hold=True), loopback_factory("local", processes=True), auto_rank=1,
-    leftovers=_sweep_processes, host_services=(0, PROCESS_HEALTH_TIMEOUT_S)))
-register(BackendEntry(
-    "inproc", "all in this process",
-    Capabilities(can_hold=True), loopback_factory("inproc", processes=False)))
-register(BackendEntry(
-    "sim", "the discrete-event simulator in virtual time (no services, a flow-level link model)",
-    Capabilities(wan_shaping=True, link_schedules=True, node_faults=True, link_faults=True, simulator=True)))
+register(
+    BackendEntry(
+        "netns",
+        "a namespace per service and shaped WAN links (root)",
+        Capabilities(
+            wan_shaping=True, link_schedules=True, node_faults=True, link_faults=True, needs_root=True, can_hold=True
+        ),
+        _netns,
+        auto_rank=0,
+        unavailable=_no_namespaces,
+        leftovers=_sweep_namespaces,
+        preflight=netns_host,
+        host_services=(1, PROCESS_HEALTH_TIMEOUT_S),
+        size_limit=_netns_size,
+    )
+)
+register(
+    BackendEntry(
+        "compose",
+        "one container per service, a WAN router container (Docker)",
+        Capabilities(wan_shaping=True, node_faults=True, link_faults=True, needs_docker=True, can_hold=True),
+        _compose,
+        leftovers=_sweep_docker,
+        preflight=compose_host,
+        host_services=(1, CONTAINER_HEALTH_TIMEOUT_S),
+    )
+)
+register(
+    BackendEntry(
+        "swarm",
+        "the compose deployment as a Docker Swarm stack, each datacenter on the nodes labelled for it "
+        "(root, a swarm manager)",
+        Capabilities(wan_shaping=True, needs_root=True, needs_docker=True, can_hold=True),
+        _swarm,
+        leftovers=_sweep_docker,
+        preflight=swarm_host,
+    )
+)
+register(
+    BackendEntry(
+        "local",
+        "one process per service on loopback",
+        Capabilities(node_faults=True, can_hold=True),
+        loopback_factory("local", processes=True),
+        auto_rank=1,
+        leftovers=_sweep_processes,
+        host_services=(0, PROCESS_HEALTH_TIMEOUT_S),
+    )
+)
+register(
+    BackendEntry(
+        "inproc", "all in this process", Capabilities(can_hold=True), loopback_factory("inproc", processes=False)
+    )
+)
+register(
+    BackendEntry(
+        "sim",
+        "the discrete-event simulator in virtual time (no services, a flow-level link model)",
+        Capabilities(wan_shaping=True, link_schedules=True, node_faults=True, link_faults=True, simulator=True),
+    )
+)

@@ -11,8 +11,8 @@ are told apart by the engine; the backend then tries the next block (`tried`).
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from testbed.deploy.base import BackendError
 
@@ -21,7 +21,7 @@ Net = ipaddress.IPv4Network
 # Blocks of their own for each backend (netns uses 10.231) so a compose and a swarm run coexist.
 COMPOSE_BASES: tuple[str, ...] = ("10.232", *(f"10.{b}" for b in range(240, 248)))
 SWARM_BASES: tuple[str, ...] = ("10.234", *(f"10.{b}" for b in range(248, 256)))
-POOL_OVERLAP = "Pool overlaps"      # the engine's words for a taken subnet
+POOL_OVERLAP = "Pool overlaps"  # the engine's words for a taken subnet
 
 
 def dc_subnet(base: str, i: int) -> Net:
@@ -38,8 +38,10 @@ def pick_base(candidates: Sequence[str], n_dcs: int, taken: Iterable[Net], tried
         if not any(dc_subnet(base, i).overlaps(t) for i in range(n_dcs) for t in taken):
             return base
     used = ", ".join(sorted({str(t) for t in taken if t.overlaps(Net("10.0.0.0/8"))})) or "none"
-    raise BackendError(f"no free block for {n_dcs} datacenter networks among {', '.join(f'{b}.0.0/16' for b in candidates)}"
-                       f" (taken in 10/8: {used}); remove stale networks (`testbed down`) or free one of the blocks")
+    raise BackendError(
+        f"no free block for {n_dcs} datacenter networks among {', '.join(f'{b}.0.0/16' for b in candidates)}"
+        f" (taken in 10/8: {used}); remove stale networks (`testbed down`) or free one of the blocks"
+    )
 
 
 def parse_proc_routes(text: str) -> list[Net]:

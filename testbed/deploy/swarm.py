@@ -28,50 +28,59 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import yaml
 
-from testbed.core.schema.linkprofile import LinkProfile
 from testbed.config.privilege import is_root
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import node_specs
 from testbed.deploy import dockercli
 from testbed.deploy.base import BackendError
-from testbed.net import owners
 from testbed.deploy.cleanup import remove_swarm_project
-from testbed.deploy.subnets import SWARM_BASES, pick_base, subnets_of
-from testbed.deploy.compose import (CREDENTIAL_ENV, HEALTH_CMD, HTTP_PORT, IN_CONTAINER, dc_subnets, deployment_for, layout,
-                                    link_facts)
+from testbed.deploy.compose import (
+    CREDENTIAL_ENV,
+    HEALTH_CMD,
+    HTTP_PORT,
+    IN_CONTAINER,
+    dc_subnets,
+    deployment_for,
+    layout,
+    link_facts,
+)
 from testbed.deploy.discovery import ADDRESSES, EXTRA_KEY, FILES, with_hosts
 from testbed.deploy.engine import PROJECT_LABEL, Engine, Task, connect, try_connect
 from testbed.deploy.netns import wan_links
+from testbed.deploy.subnets import SWARM_BASES, pick_base, subnets_of
 from testbed.live.deployment import Deployment
+from testbed.net import owners
 from testbed.net.container_wan import wan_config
 from testbed.net.forward import NetnsForwarder
 from testbed.net.nsthread import NetnsLoop
 
 T = TypeVar("T")
-SUBNET_BASE = SWARM_BASES[0]      # the first choice; apart from compose's and netns's 10.231
+SUBNET_BASE = SWARM_BASES[0]  # the first choice; apart from compose's and netns's 10.231
 OVERLAY_MTU = 65000
-VXLAN_OVERHEAD = 50              # Docker gives containers the overlay's MTU minus this
-CONFIG_DIR = "/etc/testbed"      # swarm configs (read-only files)
-WAN_RUN = "/run/wan"             # the WAN router's own state: delay line config (beside "ready") and socket
-DC_LABEL = "prfaas.dc."          # node label prfaas.dc.<dc>=true: the node may run that DC's services
-WAN_LABEL = "prfaas.wan"         # node label prfaas.wan=true: the node may run the WAN router
+VXLAN_OVERHEAD = 50  # Docker gives containers the overlay's MTU minus this
+CONFIG_DIR = "/etc/testbed"  # swarm configs (read-only files)
+WAN_RUN = "/run/wan"  # the WAN router's own state: delay line config (beside "ready") and socket
+DC_LABEL = "prfaas.dc."  # node label prfaas.dc.<dc>=true: the node may run that DC's services
+WAN_LABEL = "prfaas.wan"  # node label prfaas.wan=true: the node may run the WAN router
 DISCOVER_URL = f"http://wan:{HTTP_PORT}"
 MONITOR_INTERVAL_S = 0.05
-START_RETRIES = 2                 # of a container the engine failed to start (engine_start_failure)
+START_RETRIES = 2  # of a container the engine failed to start (engine_start_failure)
 BAD_STATES = {"failed", "rejected", "orphaned", "complete", "shutdown", "remove"}
 HEALTH_TIMEOUT_S = 300.0
 COLLECT_TIMEOUT_S = 120.0
-TASKS_GONE_S = 60.0               # for the nodes to stop the stack's containers after its removal
-PROBE_TIMEOUT_S = 5.0             # a service that does not answer /health in this at the end is lost
+TASKS_GONE_S = 60.0  # for the nodes to stop the stack's containers after its removal
+PROBE_TIMEOUT_S = 5.0  # a service that does not answer /health in this at the end is lost
 
 
 def dc_label(dc: str) -> str:
@@ -91,22 +100,28 @@ def swarm_deployment(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
     """The deployment every service reads: service names as hosts until discovery fills in
     addresses, and what discovery needs (who is in which DC, the DC subnets)."""
     dep = with_hosts(deployment_for(rs, lay), {sid: sid for sid in lay["hosts"]})
-    info = {"members": {sid: dc for sid, (dc, _) in lay["hosts"].items()},
-            "subnets": dc_subnets(lay)}
+    info = {"members": {sid: dc for sid, (dc, _) in lay["hosts"].items()}, "subnets": dc_subnets(lay)}
     return replace(dep, extra={**dep.extra, EXTRA_KEY: info})
 
 
 def wan_stack_config(project: str, lay: dict[str, Any], links: dict[Any, Any], mtu: int) -> dict[str, Any]:
     """wan.json for `testbed.deploy.swarm_wan`: addresses blank (found by subnet), method probed there."""
-    cfg = wan_config(project, [(dc, subnet, "") for dc, (_, subnet) in lay["dcs"].items()], links, "auto", mtu,
-                     f"{WAN_RUN}/dl.sock", f"{IN_CONTAINER}/timeseries/delayline.jsonl", f"{WAN_RUN}/ready")
+    cfg = wan_config(
+        project,
+        [(dc, subnet, "") for dc, (_, subnet) in lay["dcs"].items()],
+        links,
+        "auto",
+        mtu,
+        f"{WAN_RUN}/dl.sock",
+        f"{IN_CONTAINER}/timeseries/delayline.jsonl",
+        f"{WAN_RUN}/ready",
+    )
     cfg["members"] = {sid: dc for sid, (dc, _) in lay["hosts"].items()}
     cfg["run_dir"] = IN_CONTAINER
     return cfg
 
 
-def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str,
-               base: str = SUBNET_BASE) -> dict[str, Any]:
+def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, base: str = SUBNET_BASE) -> dict[str, Any]:
     """The stack document (pure: no I/O). Config files are named relative to it; `base`: the
     block of the datacenter networks (deploy/subnets.py)."""
     lay = layout(sc, base)
@@ -118,29 +133,52 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str,
     if tcp.wmem_max:
         sysctls["net.ipv4.tcp_wmem"] = f"4096 16384 {tcp.wmem_max}"
     networks = {
-        f"dc-{dc}": {"driver": "overlay", "attachable": True,
-                     "driver_opts": {"com.docker.network.driver.mtu": str(container_mtu(profile) + VXLAN_OVERHEAD)},
-                     "ipam": {"config": [{"subnet": subnet}]}, "labels": dict(labels)}
+        f"dc-{dc}": {
+            "driver": "overlay",
+            "attachable": True,
+            "driver_opts": {"com.docker.network.driver.mtu": str(container_mtu(profile) + VXLAN_OVERHEAD)},
+            "ipam": {"config": [{"subnet": subnet}]},
+            "labels": dict(labels),
+        }
         for dc, (_, subnet) in lay["dcs"].items()
     }
+
     def common(label: str) -> dict[str, Any]:
         # restart none: a task that fails stays failed, and the run reports it (as compose does).
-        return {"image": image, "cap_add": ["NET_ADMIN"], "labels": dict(labels),
-                "healthcheck": {"test": list(HEALTH_CMD), "interval": "2s", "timeout": "10s", "retries": 150},
-                "stop_grace_period": "5s",
-                "deploy": {"endpoint_mode": "dnsrr", "replicas": 1, "restart_policy": {"condition": "none"},
-                           "labels": dict(labels), "placement": {"constraints": [_constraint(label)]}}}
+        return {
+            "image": image,
+            "cap_add": ["NET_ADMIN"],
+            "labels": dict(labels),
+            "healthcheck": {"test": list(HEALTH_CMD), "interval": "2s", "timeout": "10s", "retries": 150},
+            "stop_grace_period": "5s",
+            "deploy": {
+                "endpoint_mode": "dnsrr",
+                "replicas": 1,
+                "restart_policy": {"condition": "none"},
+                "labels": dict(labels),
+                "placement": {"constraints": [_constraint(label)]},
+            },
+        }
 
     roles = {n.id: n.role for n in node_specs(sc)}
     services: dict[str, Any] = {}
     for sid, (dc, _) in lay["hosts"].items():
         services[sid] = {
             **common(dc_label(dc)),
-            "command": ["serve", roles.get(sid, "router"), "--deployment", f"{CONFIG_DIR}/deployment.json",
-                        "--id", sid, "--discover", DISCOVER_URL, "--serve-files"],
+            "command": [
+                "serve",
+                roles.get(sid, "router"),
+                "--deployment",
+                f"{CONFIG_DIR}/deployment.json",
+                "--id",
+                sid,
+                "--discover",
+                DISCOVER_URL,
+                "--serve-files",
+            ],
             "networks": [f"dc-{dc}"],
             "sysctls": dict(sysctls),
-            "environment": list(CREDENTIAL_ENV),     # values from the deploying CLI's environment
+            "environment": list(CREDENTIAL_ENV),  # values from the deploying CLI's environment
             "configs": [{"source": "deployment", "target": f"{CONFIG_DIR}/deployment.json"}],
         }
     services["wan"] = {
@@ -148,16 +186,22 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str,
         "entrypoint": ["python3", "-m", "testbed.deploy.swarm_wan", f"{CONFIG_DIR}/wan.json"],
         "init": True,
         "networks": list(networks),
-        "sysctls": {"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0",
-                    "net.ipv4.conf.default.rp_filter": "0"},
+        "sysctls": {
+            "net.ipv4.ip_forward": "1",
+            "net.ipv4.conf.all.rp_filter": "0",
+            "net.ipv4.conf.default.rp_filter": "0",
+        },
         "configs": [{"source": "wan", "target": f"{CONFIG_DIR}/wan.json"}],
     }
-    configs = {"deployment": {"file": "./deployment.json", "labels": dict(labels)},
-               "wan": {"file": "./wan.json", "labels": dict(labels)}}
+    configs = {
+        "deployment": {"file": "./deployment.json", "labels": dict(labels)},
+        "wan": {"file": "./wan.json", "labels": dict(labels)},
+    }
     return {"version": "3.8", "services": services, "networks": networks, "configs": configs}
 
 
 # -- reading the swarm's state (pure) ------------------------------------------------------------
+
 
 def task_problem(tasks: list[Task], superseded: Iterable[str] = ()) -> Task | None:
     """The first task that will not come up: ended, rejected, or unschedulable (tasks replaced by
@@ -191,8 +235,11 @@ def lost_services(placement: dict[str, str], nodes: list[dict[str, Any]]) -> dic
     """Service -> why it cannot be reached, for services whose node the manager no longer sees as
     ready (its engine or host gone): nothing would answer there, and asking would wait out timeouts."""
     state = {n["hostname"]: n.get("state", "") for n in nodes}
-    return {svc: f"node {node} is {state.get(node) or 'gone from the swarm'}"
-            for svc, node in sorted(placement.items()) if state.get(node) != "ready"}
+    return {
+        svc: f"node {node} is {state.get(node) or 'gone from the swarm'}"
+        for svc, node in sorted(placement.items())
+        if state.get(node) != "ready"
+    }
 
 
 def host_pid(container_id: str, pid: int, proc: Path = Path("/proc")) -> int:
@@ -200,18 +247,22 @@ def host_pid(container_id: str, pid: int, proc: Path = Path("/proc")) -> int:
     as it is; one in a container of its own (a Docker-in-Docker node) reports its own namespace's
     number, which here may be another process's: the container's processes are the ones whose
     cgroup path names its id, as seen from here, whatever engine made them."""
+
     def belongs(p: Path) -> bool:
         try:
             return container_id in (p / "cgroup").read_text()
         except OSError:
             return False
+
     if pid > 0 and belongs(proc / str(pid)):
         return pid
     for p in sorted((p for p in proc.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         if belongs(p):
             return int(p.name)
-    raise BackendError(f"no process of container {container_id[:12]} is visible on this host (its engine reports "
-                       f"pid {pid}): the replayer must run on the machine of the manager's engine")
+    raise BackendError(
+        f"no process of container {container_id[:12]} is visible on this host (its engine reports "
+        f"pid {pid}): the replayer must run on the machine of the manager's engine"
+    )
 
 
 def _log(line: str) -> None:
@@ -224,6 +275,7 @@ async def _on(loop: NetnsLoop, aw: Awaitable[T]) -> T:
 
 async def _get_json(url: str, timeout: float = 10.0) -> tuple[int, Any]:
     import aiohttp
+
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
         async with s.get(url) as r:
             return r.status, await r.json(content_type=None)
@@ -232,6 +284,7 @@ async def _get_json(url: str, timeout: float = 10.0) -> tuple[int, Any]:
 async def _answers(url: str, timeout: float) -> None:
     """Return once the URL answers with any status; raise when it cannot be reached in time."""
     import aiohttp
+
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
         async with s.get(url) as r:
             await r.read()
@@ -239,17 +292,20 @@ async def _answers(url: str, timeout: float) -> None:
 
 async def _post_json(url: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
     import aiohttp
+
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
         async with s.post(url, json=body) as r:
             r.raise_for_status()
             return await r.json(content_type=None)
 
 
-async def pull_files(base_url: str, dest: Path, timeout: float = 60.0,
-                     headers: dict[str, str] | None = None) -> list[str]:
+async def pull_files(
+    base_url: str, dest: Path, timeout: float = 60.0, headers: dict[str, str] | None = None
+) -> list[str]:
     """Copy every file a service exports (GET /testbed/files) into dest under the same relative path.
     `headers`: the run secret, which the services ask for."""
     import aiohttp
+
     got = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers) as s:
         async with s.get(base_url + FILES) as r:
@@ -271,8 +327,14 @@ async def pull_files(base_url: str, dest: Path, timeout: float = 60.0,
 class SwarmBackend:
     name = "swarm"
 
-    def __init__(self, rs: ResolvedScenario, run_dir: Path, rebuild_image: bool = False,
-                 extra: dict[str, Any] | None = None, host_port: int = 0) -> None:
+    def __init__(
+        self,
+        rs: ResolvedScenario,
+        run_dir: Path,
+        rebuild_image: bool = False,
+        extra: dict[str, Any] | None = None,
+        host_port: int = 0,
+    ) -> None:
         from testbed.net.topology import new_prefix
 
         sc = self.sc = rs.spec
@@ -286,11 +348,11 @@ class SwarmBackend:
         self.mtu = container_mtu(self.profile)
         self._lay_out(SUBNET_BASE)
         self.rebuild_image = rebuild_image
-        self.method = "unknown"          # the WAN router probes its own kernel and says
+        self.method = "unknown"  # the WAN router probes its own kernel and says
         self.placement: dict[str, str] = {}
-        self.nodes: dict[str, dict[str, Any]] = {}      # hostname -> id, address, labels, state at start
-        self.lost: dict[str, str] = {}                  # service -> why it was unreachable at the end
-        self.nodes_at_end: dict[str, str] = {}          # hostname -> state when the run stopped
+        self.nodes: dict[str, dict[str, Any]] = {}  # hostname -> id, address, labels, state at start
+        self.lost: dict[str, str] = {}  # service -> why it was unreachable at the end
+        self.nodes_at_end: dict[str, str] = {}  # hostname -> state when the run stopped
         self.labelled: list[str] = []
         self._client_name = f"{self.project}-client"
         self._engine: Engine | None = None
@@ -314,16 +376,21 @@ class SwarmBackend:
 
     def shaping(self) -> dict[str, Any]:
         return {
-            "method": self.method, "backend": "swarm", "project": self.project, "profile": self.profile.name,
-            "mtu": self.mtu, "subnets": dc_subnets(self.lay), "links": link_facts(self.links, self.scale),
+            "method": self.method,
+            "backend": "swarm",
+            "project": self.project,
+            "profile": self.profile.name,
+            "mtu": self.mtu,
+            "subnets": dc_subnets(self.lay),
+            "links": link_facts(self.links, self.scale),
             "placement": dict(self.placement),
             "nodes": {h: dict(n) for h, n in self.nodes.items()},
             **({"nodes_at_end": dict(self.nodes_at_end)} if self.nodes_at_end else {}),
             **({"unreachable_at_end": dict(self.lost)} if self.lost else {}),
             "nodes_labelled": list(self.labelled),
             "detail": "WAN router service: HTB rate class + bfifo (or netem) on its interface into each DC overlay "
-                      "network; delay, jitter and loss by the userspace delay line on tun0 where its kernel lacks "
-                      "netem; link usage from its own interface counters",
+            "network; delay, jitter and loss by the userspace delay line on tun0 where its kernel lacks "
+            "netem; link usage from its own interface counters",
         }
 
     @property
@@ -347,12 +414,16 @@ class SwarmBackend:
 
     def _check_swarm(self) -> None:
         if not is_root():
-            raise BackendError("the swarm backend needs root: the replayer runs in the network namespace of a "
-                               "container on the home datacenter's overlay network")
+            raise BackendError(
+                "the swarm backend needs root: the replayer runs in the network namespace of a "
+                "container on the home datacenter's overlay network"
+            )
         state, manager = self.engine.swarm_state()
         if state != "active":
-            raise BackendError(f"this Docker engine is not in a swarm (state {state!r}): run `docker swarm init` "
-                               "(or join one), then label the nodes; see compose/README.md, Multi-host")
+            raise BackendError(
+                f"this Docker engine is not in a swarm (state {state!r}): run `docker swarm init` "
+                "(or join one), then label the nodes; see compose/README.md, Multi-host"
+            )
         if not manager:
             raise BackendError("this node is a swarm worker: run `testbed up --backend swarm` on a manager")
         nodes = self.engine.nodes()
@@ -371,14 +442,16 @@ class SwarmBackend:
     def _deploy(self) -> None:
         from testbed.deploy.image import IMAGE, ensure_image
 
-        self._check_swarm()        # before a build of a minute or more
-        ensure_image(rebuild=self.rebuild_image, log=lambda line: print(line, file=sys.stderr, flush=True),
-                     engine=self.engine)
+        self._check_swarm()  # before a build of a minute or more
+        ensure_image(
+            rebuild=self.rebuild_image, log=lambda line: print(line, file=sys.stderr, flush=True), engine=self.engine
+        )
         # Overlay networks are the swarm's: only the engine's own list can say what is taken.
         self._lay_out(pick_base(SWARM_BASES, len(self.lay["dcs"]), subnets_of(self.engine.network_ipam())))
         self.template.write(self.run_dir / "deployment.json")
-        (self.run_dir / "wan.json").write_text(json.dumps(
-            wan_stack_config(self.project, self.lay, self.links, self.mtu), indent=1))
+        (self.run_dir / "wan.json").write_text(
+            json.dumps(wan_stack_config(self.project, self.lay, self.links, self.mtu), indent=1)
+        )
         spec = stack_spec(self.sc, self.profile, self.project, IMAGE, self.base)
         (self.run_dir / "stack.yaml").write_text(
             f"# prfaas-testbed: scenario {self.sc.name}, for Docker Swarm. Deploy by hand from this directory:\n"
@@ -386,9 +459,10 @@ class SwarmBackend:
             f"# with {' and '.join(CREDENTIAL_ENV)} exported (any values: the router's API key and the run secret)\n"
             f"# (nodes labelled {', '.join(dc_label(d) + '=true' for d in self.lay['dcs'])} and {WAN_LABEL}=true;\n"
             f"#  the image {IMAGE} loaded on each). Remove: docker stack rm {self.project}\n"
-            + yaml.safe_dump(spec, sort_keys=False))
-        with self._deploying:       # stop() waits for it: a sweep racing the deploy could miss a service
-            if self._cancel.is_set():   # stopped while the image was being built
+            + yaml.safe_dump(spec, sort_keys=False)
+        )
+        with self._deploying:  # stop() waits for it: a sweep racing the deploy could miss a service
+            if self._cancel.is_set():  # stopped while the image was being built
                 return
             self._deployed = True
             r = dockercli.stack_deploy(self.run_dir / "stack.yaml", self.project, env=self.template.credentials.env())
@@ -402,7 +476,7 @@ class SwarmBackend:
     def service_logs(self, service: str, tail: int | None = None) -> str:
         try:
             return self.engine.service_logs(f"{self.project}_{service}", tail)
-        except BackendError as e:      # the log is wanted for a report: say why it is missing instead
+        except BackendError as e:  # the log is wanted for a report: say why it is missing instead
             return f"({e})"
 
     def _wait_running(self, timeout: float = HEALTH_TIMEOUT_S) -> None:
@@ -426,19 +500,30 @@ class SwarmBackend:
                     up = {t.service for t in tasks if t.state == "running"}
                     svc = sorted(want - up)[0]
                     bad = next((t for t in tasks if t.service == svc), Task(svc, "missing", "", "", ""))
-                how = f"{bad.state}" + (f" ({bad.error})" if bad.error else "") + (f" on {bad.node}" if bad.node else "")
+                how = (
+                    f"{bad.state}" + (f" ({bad.error})" if bad.error else "") + (f" on {bad.node}" if bad.node else "")
+                )
                 hint = ""
                 if "no suitable node" in bad.error:
                     hint = f"\n(no node satisfies its placement: label the nodes with {DC_LABEL}<dc>=true, {WAN_LABEL}=true)"
                 elif "No such image" in bad.error:
                     hint = "\n(the image is missing on that node: docker save IMAGE | ssh NODE docker load)"
-                raise BackendError(f"service {bad.service} {how}; last log lines:\n"
-                                   f"{self.service_logs(bad.service, 15) or '(none)'}{hint}")
+                raise BackendError(
+                    f"service {bad.service} {how}; last log lines:\n"
+                    f"{self.service_logs(bad.service, 15) or '(none)'}{hint}"
+                )
             if all_running(tasks, want):
                 self.placement = {t.service: t.node for t in tasks if t.state == "running"}
-                self.nodes = {n["hostname"]: {"id": n["id"], "address": n.get("address", ""), "state": n.get("state", ""),
-                                              "labels": {k: v for k, v in n["labels"].items() if k.startswith("prfaas.")}}
-                              for n in self.engine.nodes() if n["hostname"] in set(self.placement.values())}
+                self.nodes = {
+                    n["hostname"]: {
+                        "id": n["id"],
+                        "address": n.get("address", ""),
+                        "state": n.get("state", ""),
+                        "labels": {k: v for k, v in n["labels"].items() if k.startswith("prfaas.")},
+                    }
+                    for n in self.engine.nodes()
+                    if n["hostname"] in set(self.placement.values())
+                }
                 return
             time.sleep(1.0)
 
@@ -451,15 +536,23 @@ class SwarmBackend:
         from testbed.net.routes import add_routes
 
         home = self.lay["home"]
-        c = self.engine.run(IMAGE, self._client_name, ["infinity"], entrypoint=["sleep"],
-                            labels={PROJECT_LABEL: self.project}, network=f"{self.project}_dc-{home}")
+        c = self.engine.run(
+            IMAGE,
+            self._client_name,
+            ["infinity"],
+            entrypoint=["sleep"],
+            labels={PROJECT_LABEL: self.project},
+            network=f"{self.project}_dc-{home}",
+        )
         pid = host_pid(c.id, c.pid)
         # Its DNS answers for the home network: the WAN router's address there.
         code, out = self.engine.exec(self._client_name, ["getent", "hosts", "wan"])
         got = out.split() if code == 0 else []
         if not got:
-            raise BackendError(f"the client container cannot resolve the WAN router (`wan`): getent exit {code}"
-                               + (f", {out.strip()}" if out.strip() else ""))
+            raise BackendError(
+                f"the client container cannot resolve the WAN router (`wan`): getent exit {code}"
+                + (f", {out.strip()}" if out.strip() else "")
+            )
         self._wan_ip = got[0]
         netns.attach(self._client_name, pid)
         self._netns_attached = True
@@ -477,14 +570,20 @@ class SwarmBackend:
         self._hosts = dict(view["hosts"])
         self.deployment = with_hosts(self.template, self._hosts)
         self.method = str(info["method"])
-        _log(f"{self.project}: {len(self.placement)} services running on "
-             f"{', '.join(sorted(set(self.placement.values())))}; shaping {self.method}, MTU {info['mtu']}")
+        _log(
+            f"{self.project}: {len(self.placement)} services running on "
+            f"{', '.join(sorted(set(self.placement.values())))}; shaping {self.method}, MTU {info['mtu']}"
+        )
 
     # -- during the run ---------------------------------------------------------------------
     async def on_t0(self, t0: float) -> None:
         assert self._client is not None
-        await _on(self._client, _post_json(f"http://{self._wan_ip}:{HTTP_PORT}/testbed/monitor",
-                                           {"t0": t0, "interval": MONITOR_INTERVAL_S}))
+        await _on(
+            self._client,
+            _post_json(
+                f"http://{self._wan_ip}:{HTTP_PORT}/testbed/monitor", {"t0": t0, "interval": MONITOR_INTERVAL_S}
+            ),
+        )
 
     async def run_client(self, make: Callable[[], Awaitable[T]]) -> T:
         if self._client is None:
@@ -507,13 +606,16 @@ class SwarmBackend:
     async def _collect(self) -> None:
         """The WAN router's counters stop; every service's files come here, from those that answer."""
         wan = f"http://{self._wan_ip}:{HTTP_PORT}"
-        targets = {sid: url for sid, url in
-                   {"wan": wan, **{sid: f"http://{ip}:{HTTP_PORT}" for sid, ip in self._hosts.items()}}.items()
-                   if sid not in self.lost}
+        targets = {
+            sid: url
+            for sid, url in {"wan": wan, **{sid: f"http://{ip}:{HTTP_PORT}" for sid, ip in self._hosts.items()}}.items()
+            if sid not in self.lost
+        }
         # A node lost a moment ago may still be "ready" to the manager: a service that does not
         # answer now would only hold the collection up to its timeout.
-        probes = await asyncio.gather(*(_answers(url + "/health", PROBE_TIMEOUT_S) for url in targets.values()),
-                                      return_exceptions=True)
+        probes = await asyncio.gather(
+            *(_answers(url + "/health", PROBE_TIMEOUT_S) for url in targets.values()), return_exceptions=True
+        )
         for sid, probe in zip(list(targets), probes):
             if isinstance(probe, BaseException):
                 why = f"{type(probe).__name__}: {probe}" if str(probe) else type(probe).__name__
@@ -526,8 +628,9 @@ class SwarmBackend:
         except Exception as e:
             _log(f"stopping the WAN router's monitor failed: {e}")
         secret = self.deployment.credentials.runner_headers()
-        results = await asyncio.gather(*(pull_files(url, self.run_dir, headers=secret) for url in targets.values()),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(pull_files(url, self.run_dir, headers=secret) for url in targets.values()), return_exceptions=True
+        )
         for sid, res in zip(targets, results):
             if isinstance(res, BaseException):
                 _log(f"could not collect the files of {sid}: {res!r}")
@@ -540,7 +643,7 @@ class SwarmBackend:
             for svc, text in zip(reachable, pool.map(self.service_logs, reachable)):
                 (self.run_dir / "logs" / f"{svc}.log").write_text(text)
         for svc in services:
-            if svc in self.lost:     # the manager would wait for a log the node cannot send
+            if svc in self.lost:  # the manager would wait for a log the node cannot send
                 (self.run_dir / "logs" / f"{svc}.log").write_text(f"(no log: {self.lost[svc]})\n")
 
     def _check_nodes(self) -> None:
@@ -570,7 +673,7 @@ class SwarmBackend:
         if engine is not None:
             try:
                 engine.remove_container(self._client_name)
-            except BackendError as e:      # the label sweep that follows tries again
+            except BackendError as e:  # the label sweep that follows tries again
                 _log(str(e))
 
     def _remove_stack(self) -> dict[str, list[str]]:

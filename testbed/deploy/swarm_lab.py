@@ -68,18 +68,18 @@ def _stderr(line: str) -> None:
 
 @dataclass(frozen=True)
 class NodePlan:
-    role: str                  # a datacenter's name, or "wan"
+    role: str  # a datacenter's name, or "wan"
     labels: dict[str, str]
 
 
 @dataclass(frozen=True)
 class LabNode:
-    name: str                  # container name, hostname and swarm node hostname
+    name: str  # container name, hostname and swarm node hostname
     role: str
     labels: dict[str, str]
-    socket: str                # this host's path of the node engine's socket
-    address: str = ""          # on the lab's network
-    node_id: str = ""          # in the swarm
+    socket: str  # this host's path of the node engine's socket
+    address: str = ""  # on the lab's network
+    node_id: str = ""  # in the swarm
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def ensure_node_image(engine: Engine, log: Log = _stderr) -> str:
         return tag
     t0 = time.monotonic()
     log(f"building {tag} (Debian's docker.io on {BASE}) ...")
-    with tempfile.TemporaryDirectory(prefix="prfaas-node-") as ctx:    # only the two files, not compose/wheels
+    with tempfile.TemporaryDirectory(prefix="prfaas-node-") as ctx:  # only the two files, not compose/wheels
         for rel in NODE_FILES:
             shutil.copy2(REPO_ROOT / rel, Path(ctx) / Path(rel).name)
         for line in engine.build(Path(ctx), "node.Dockerfile", tag, {"BASE_IMAGE": BASE, "NODE_HASH": h}, False):
@@ -136,7 +136,7 @@ def ensure_node_image(engine: Engine, log: Log = _stderr) -> str:
     log(f"built {tag} in {time.monotonic() - t0:.1f} s")
     with engine_errors(f"listing the {NODE_REPO} images"):
         stale = [t for i in engine.client.images.list(NODE_REPO) for t in i.tags if t != tag]
-    for old in stale:          # the one before this build; a node still running it keeps it
+    for old in stale:  # the one before this build; a node still running it keeps it
         try:
             with engine_errors(f"removing {old}"):
                 engine.client.images.remove(old)
@@ -157,13 +157,14 @@ def _wait_engine(socket: str, container: Any, timeout: float = READY_TIMEOUT_S) 
                 client = _node_client(socket)
                 client.ping()
                 return client
-            except Exception:      # noqa: BLE001 - not answering yet
+            except Exception:  # noqa: BLE001 - not answering yet
                 pass
         container.reload()
         if container.status != "running" or time.monotonic() > deadline:
             tail = container.logs(tail=15).decode(errors="replace")
-            raise BackendError(f"the engine of node {container.name} did not come up ({container.status}); "
-                               f"last log lines:\n{tail}")
+            raise BackendError(
+                f"the engine of node {container.name} did not come up ({container.status}); last log lines:\n{tail}"
+            )
         time.sleep(0.5)
 
 
@@ -175,14 +176,31 @@ def _start_node(host: Engine, lab: str, image: str, plan: NodePlan) -> tuple[Lab
     with engine_errors(f"starting lab node {name}"):
         host.client.volumes.create(f"{name}-docker", labels=labels)
         c = host.client.containers.run(
-            image, ["--host", f"unix://{SOCKET_IN_NODE}/docker.sock", "--host", "unix:///var/run/docker.sock",
-                    "--storage-driver", "overlay2"],
-            name=name, hostname=name, labels=labels, network=f"{lab}-net", detach=True, init=True,
-            cap_add=["ALL"], cap_drop=["SYS_RESOURCE"], cgroupns="private",
+            image,
+            [
+                "--host",
+                f"unix://{SOCKET_IN_NODE}/docker.sock",
+                "--host",
+                "unix:///var/run/docker.sock",
+                "--storage-driver",
+                "overlay2",
+            ],
+            name=name,
+            hostname=name,
+            labels=labels,
+            network=f"{lab}-net",
+            detach=True,
+            init=True,
+            cap_add=["ALL"],
+            cap_drop=["SYS_RESOURCE"],
+            cgroupns="private",
             security_opt=["seccomp=unconfined", "apparmor=unconfined"],
             device_cgroup_rules=["c *:* rmw", "b *:* rmw"],
-            volumes={f"{name}-docker": {"bind": "/var/lib/docker", "mode": "rw"},
-                     str(sock_dir): {"bind": SOCKET_IN_NODE, "mode": "rw"}})
+            volumes={
+                f"{name}-docker": {"bind": "/var/lib/docker", "mode": "rw"},
+                str(sock_dir): {"bind": SOCKET_IN_NODE, "mode": "rw"},
+            },
+        )
         client = _wait_engine(str(sock_dir / "docker.sock"), c)
         c.reload()
         addr = str(c.attrs["NetworkSettings"]["Networks"][f"{lab}-net"]["IPAddress"])
@@ -209,8 +227,12 @@ def up(sc: Scenario, log: Log = _stderr, host: Engine | None = None) -> Lab:
     plans = plan_nodes(sc)
     try:
         with engine_errors(f"creating network {name}-net"):
-            host.client.networks.create(f"{name}-net", driver="bridge", labels={PROJECT_LABEL: name},
-                                        options={"com.docker.network.driver.mtu": str(LAB_MTU)})
+            host.client.networks.create(
+                f"{name}-net",
+                driver="bridge",
+                labels={PROJECT_LABEL: name},
+                options={"com.docker.network.driver.mtu": str(LAB_MTU)},
+            )
         with ThreadPoolExecutor(len(plans)) as pool:
             started = list(pool.map(lambda p: _start_node(host, name, image, p), plans))
         log(f"{name}: {len(started)} engines up in {time.monotonic() - t0:.1f} s")
@@ -226,13 +248,17 @@ def up(sc: Scenario, log: Log = _stderr, host: Engine | None = None) -> Lab:
         nodes = _form_swarm(started)
         lab = Lab(name, tuple(nodes))
         (LAB_DIR / name / "lab.json").write_text(json.dumps(lab.to_dict(), indent=1))
-        log(f"{name}: swarm of {len(nodes)} ready in {time.monotonic() - t0:.1f} s: "
-            + ", ".join(f"{n.name} ({', '.join(n.labels)})" for n in nodes))
+        log(
+            f"{name}: swarm of {len(nodes)} ready in {time.monotonic() - t0:.1f} s: "
+            + ", ".join(f"{n.name} ({', '.join(n.labels)})" for n in nodes)
+        )
         return lab
     except BaseException as e:
         removed = down(name, host, log)
-        log(f"{name}: {'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}; removed "
-            + ", ".join(f"{len(v)} {k}" for k, v in removed.items() if v))
+        log(
+            f"{name}: {'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}; removed "
+            + ", ".join(f"{len(v)} {k}" for k, v in removed.items() if v)
+        )
         raise
 
 
@@ -244,8 +270,12 @@ def _form_swarm(started: list[tuple[LabNode, docker.DockerClient]]) -> list[LabN
         token = str(mgr.swarm.attrs["JoinTokens"]["Worker"])
     for node, client in workers:
         with engine_errors(f"swarm join of {node.name}"):
-            client.swarm.join(remote_addrs=[f"{first.address}:2377"], join_token=token,
-                              advertise_addr=node.address, listen_addr=f"{node.address}:2377")
+            client.swarm.join(
+                remote_addrs=[f"{first.address}:2377"],
+                join_token=token,
+                advertise_addr=node.address,
+                listen_addr=f"{node.address}:2377",
+            )
     manager = Engine(mgr)
     out = []
     for node, client in started:
@@ -259,8 +289,10 @@ def _form_swarm(started: list[tuple[LabNode, docker.DockerClient]]) -> list[LabN
         if {n.node_id for n in out} <= ready:
             return out
         if time.monotonic() > deadline:
-            raise BackendError(f"swarm nodes not ready after {READY_TIMEOUT_S:g} s: "
-                               + ", ".join(n.name for n in out if n.node_id not in ready))
+            raise BackendError(
+                f"swarm nodes not ready after {READY_TIMEOUT_S:g} s: "
+                + ", ".join(n.name for n in out if n.node_id not in ready)
+            )
         time.sleep(0.5)
 
 
@@ -278,6 +310,7 @@ def labs() -> list[str]:
 
 
 # -- command line ---------------------------------------------------------------------------------
+
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
@@ -299,9 +332,11 @@ def _run(lab: Lab, up_args: Sequence[str], scenario: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from testbed.config.scenarios import load_scenario
 
-    p = argparse.ArgumentParser(prog="python -m testbed.deploy.swarm_lab",
-                                description="A swarm of Docker-in-Docker engines on this machine, one per "
-                                            "datacenter of the scenario plus one for the WAN router.")
+    p = argparse.ArgumentParser(
+        prog="python -m testbed.deploy.swarm_lab",
+        description="A swarm of Docker-in-Docker engines on this machine, one per "
+        "datacenter of the scenario plus one for the WAN router.",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="start a lab and print its DOCKER_HOST (the manager's socket)")
     u.add_argument("--scenario", default="paper-prfaas")
@@ -313,8 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("up_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if os.geteuid() != 0:
-        print("error: the lab runs Docker engines in containers and binds their sockets under "
-              f"{LAB_DIR} (root)", file=sys.stderr)
+        print(
+            f"error: the lab runs Docker engines in containers and binds their sockets under {LAB_DIR} (root)",
+            file=sys.stderr,
+        )
         return 2
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

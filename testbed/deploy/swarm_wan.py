@@ -35,8 +35,7 @@ from pyroute2 import IPRoute  # type: ignore[import-untyped]
 from testbed.deploy.discovery import Registry, add_file_routes, add_registry_routes
 from testbed.live.common import http_server_args
 from testbed.metrics.series_format import Sample, SeriesWriter
-from testbed.net.container_wan import (addresses_by_subnet, apply_shaping, delayline_argv, ensure_tun_device,
-                                       probe_netem)
+from testbed.net.container_wan import addresses_by_subnet, apply_shaping, delayline_argv, ensure_tun_device, probe_netem
 from testbed.net.monitor import WatchedLink, read_counters
 from testbed.net.procs import Child, start_child
 from testbed.net.topology import Topology, dc_ifname
@@ -64,7 +63,7 @@ class CounterSampler:
         with IPRoute() as ipr:
             due = time.monotonic()
             while not self._stop.wait(max(due - time.monotonic(), 0.0)):
-                stamp = time.time()     # at the read: a late write must not shift the window
+                stamp = time.time()  # at the read: a late write must not shift the window
                 try:
                     self.writer.write(read_counters(ipr, self.links), ts=stamp)
                 except Exception:
@@ -84,8 +83,11 @@ class Agent:
         self.method = method
         self.child = child
         self.run_dir = Path(cfg["run_dir"])
-        self.registry = Registry(dict(cfg["members"]), {d["name"]: d["subnet"] for d in cfg["dcs"]},
-                                 {d["name"]: d["address"] for d in cfg["dcs"]})
+        self.registry = Registry(
+            dict(cfg["members"]),
+            {d["name"]: d["subnet"] for d in cfg["dcs"]},
+            {d["name"]: d["address"] for d in cfg["dcs"]},
+        )
         self.monitor: CounterSampler | None = None
         self.series: SeriesWriter | None = None
 
@@ -96,8 +98,14 @@ class Agent:
         return web.json_response({"status": "ok" if self.ready() else "starting"}, status=200 if self.ready() else 503)
 
     async def info(self, request: web.Request) -> web.Response:
-        return web.json_response({"method": self.method, "mtu": self.topo.mtu,
-                                  "addresses": self.registry.gateways, "hostname": os.uname().nodename})
+        return web.json_response(
+            {
+                "method": self.method,
+                "mtu": self.topo.mtu,
+                "addresses": self.registry.gateways,
+                "hostname": os.uname().nodename,
+            }
+        )
 
     async def start_monitor(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -105,8 +113,13 @@ class Agent:
         if self.monitor is None:
             w = SeriesWriter(self.run_dir / "timeseries" / "wan.jsonl", "wan")
             # Configured rate in force from t0, as the host-side monitors write it.
-            w.write([Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"}) for (a, b), p in self.topo.links.items()],
-                    ts=t0)
+            w.write(
+                [
+                    Sample("link_rate_bps_wire", p.rate_bps, {"link": f"{a}->{b}"})
+                    for (a, b), p in self.topo.links.items()
+                ],
+                ts=t0,
+            )
             watched = [WatchedLink(dc_ifname(self.topo.dc(b).index), f"{a}->{b}") for (a, b) in self.topo.links]
             self.series, self.monitor = w, CounterSampler(watched, w, interval)
             self.monitor.start()
@@ -153,7 +166,7 @@ async def serve(agent: Agent) -> int:
             break
         try:
             await asyncio.wait_for(stop.wait(), 0.5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     await agent.stop_monitor()
     await runner.cleanup()
@@ -175,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     method = cfg.get("method", "auto")
     if method not in ("netem", "fallback"):
         method = "netem" if probe_netem() else "fallback"
-    Path(cfg["ready"]).parent.mkdir(parents=True, exist_ok=True)     # the delay line's config goes there
+    Path(cfg["ready"]).parent.mkdir(parents=True, exist_ok=True)  # the delay line's config goes there
     (Path(cfg["run_dir"]) / "timeseries").mkdir(parents=True, exist_ok=True)
     topo = apply_shaping(cfg, method)
     child = start_child(delayline_argv(cfg, topo)) if method == "fallback" else None

@@ -17,20 +17,20 @@ from testbed.docsite.markdown import table
 ROUTE_NOTES: dict[tuple[str, str, str], str] = {
     ("router", "POST", "/v1/completions"): "OpenAI completions; `stream: true` answers with server-sent events.",
     ("router", "POST", "/v1/chat/completions"): "OpenAI chat completions; `stream: true` answers with server-sent "
-                                                "events.",
+    "events.",
     ("router", "POST", "/v1/responses"): "OpenAI Responses API; streaming sends its own events "
-                                         "(`response.created` ... `response.completed`).",
+    "(`response.created` ... `response.completed`).",
     ("router", "GET", "/v1/models"): "The served model (the scenario's `model.name`).",
-    ("*", "GET", "/health"): "`{\"status\": \"ok\"}` while the service runs: what the router's probes and the "
-                            "backends' health checks ask.",
+    ("*", "GET", "/health"): '`{"status": "ok"}` while the service runs: what the router\'s probes and the '
+    "backends' health checks ask.",
     ("*", "GET", "/metrics"): "Prometheus exposition, vLLM v0.12's names, types, labels and buckets, plus "
-                             "`testbed_*` series.",
+    "`testbed_*` series.",
     ("prefill", "POST", "/prefill"): "Queue a prefill (the router's call): modelled compute, then the KV streamed "
-                                     "layer by layer to the decode node.",
+    "layer by layer to the decode node.",
     ("prefill", "GET", "/status"): "Queue depth, running prefill, cache pool use.",
     ("decode", "POST", "/decode"): "Admit a request whose KV has arrived (or will) and stream its tokens back.",
     ("decode", "GET", "/status"): "Sequences running and waiting, BS_max, KV memory used and capacity (the "
-                                  "long-term loop reads it).",
+    "long-term loop reads it).",
 }
 
 
@@ -64,9 +64,11 @@ def _apps() -> list[tuple[str, web.Application]]:
     from testbed.run.load import resolve
 
     dep = loopback_deployment(resolve(load_scenario("paper-prfaas")), None)
-    return [("router", make_app(ServiceConfig(dep, "router"))),
-            ("prefill", prefill_node.make_app(ServiceConfig(dep, "pd-p0"))),
-            ("decode", decode_node.make_app(ServiceConfig(dep, "pd-d0")))]
+    return [
+        ("router", make_app(ServiceConfig(dep, "router"))),
+        ("prefill", prefill_node.make_app(ServiceConfig(dep, "pd-p0"))),
+        ("decode", decode_node.make_app(ServiceConfig(dep, "pd-d0"))),
+    ]
 
 
 def routes() -> list[Route]:
@@ -82,25 +84,44 @@ def routes() -> list[Route]:
             h = r.handler
             out.append(Route(service, r.method, path, f"{h.__module__}.{h.__name__}", _doc(service, r.method, path, h)))
     # Only a held deployment's router has it (`testbed up --hold`).
-    out.append(Route("router (held)", "POST", HOLD_PATH, f"{post_hold.__module__}.{post_hold.__name__}",
-                     _doc("router", "POST", HOLD_PATH, post_hold)))
+    out.append(
+        Route(
+            "router (held)",
+            "POST",
+            HOLD_PATH,
+            f"{post_hold.__module__}.{post_hold.__name__}",
+            _doc("router", "POST", HOLD_PATH, post_hold),
+        )
+    )
     return out
 
 
 def page() -> str:
     rs = routes()
-    out = ["# HTTP API", "",
-           "Every route of the testbed's services, read from the aiohttp applications their factories build, "
-           "so this list is complete for this version. Clients talk to the router; the nodes' routes are the "
-           "router's own calls (and the fault injector's). What the OpenAI-style routes accept and answer, and "
-           "how failures, limits and deadlines work: [The router's OpenAI API](../guides/openai-api.md). "
-           "Who may call what: the router's `/v1/` routes need the deployment's API key "
-           "(`Authorization: Bearer KEY`, else 401); every node route but `/health` and `/metrics`, and the "
-           "router's `/testbed/hold`, need the run secret (header `X-Testbed-Secret`, else 403), which only "
-           "the router and the runner hold ([API key](../guides/openai-api.md#api-key)).", ""]
-    for title, keep in (("Router", lambda r: r.service.startswith("router")),
-                        ("Prefill and decode nodes", lambda r: not r.service.startswith("router"))):
-        out += [f"## {title}", "",
-                table(("service", "method", "path", "what it does", "handler"),
-                      [(r.service, r.method, f"`{r.path}`", r.doc, f"`{r.handler}`") for r in rs if keep(r)]), ""]
+    out = [
+        "# HTTP API",
+        "",
+        "Every route of the testbed's services, read from the aiohttp applications their factories build, "
+        "so this list is complete for this version. Clients talk to the router; the nodes' routes are the "
+        "router's own calls (and the fault injector's). What the OpenAI-style routes accept and answer, and "
+        "how failures, limits and deadlines work: [The router's OpenAI API](../guides/openai-api.md). "
+        "Who may call what: the router's `/v1/` routes need the deployment's API key "
+        "(`Authorization: Bearer KEY`, else 401); every node route but `/health` and `/metrics`, and the "
+        "router's `/testbed/hold`, need the run secret (header `X-Testbed-Secret`, else 403), which only "
+        "the router and the runner hold ([API key](../guides/openai-api.md#api-key)).",
+        "",
+    ]
+    for title, keep in (
+        ("Router", lambda r: r.service.startswith("router")),
+        ("Prefill and decode nodes", lambda r: not r.service.startswith("router")),
+    ):
+        out += [
+            f"## {title}",
+            "",
+            table(
+                ("service", "method", "path", "what it does", "handler"),
+                [(r.service, r.method, f"`{r.path}`", r.doc, f"`{r.handler}`") for r in rs if keep(r)],
+            ),
+            "",
+        ]
     return "\n".join(out) + "\n"

@@ -21,13 +21,19 @@ def matrix() -> str:
     header = ("backend", "what it runs", *[f"`{c}`" for c, _ in caps])
     rows = []
     for e in registry.entries():
-        rows.append((f"`{e.name}`", e.description,
-                     *["yes" if getattr(e.caps, c) else "-" for c, _ in caps]))
+        rows.append((f"`{e.name}`", e.description, *["yes" if getattr(e.caps, c) else "-" for c, _ in caps]))
     legend = table(("capability", "meaning"), [(f"`{c}`", d) for c, d in caps])
     auto = registry.auto_help()
-    return "\n".join([table(header, rows), "", legend, "",
-                      f"`--backend auto` picks {auto.removeprefix('auto: ')}; without root that is the fallback, with a "
-                      "warning that says what is not emulated."])
+    return "\n".join(
+        [
+            table(header, rows),
+            "",
+            legend,
+            "",
+            f"`--backend auto` picks {auto.removeprefix('auto: ')}; without root that is the fallback, with a "
+            "warning that says what is not emulated.",
+        ]
+    )
 
 
 def offers(cmds: list[Command] | None = None) -> str:
@@ -36,6 +42,12 @@ def offers(cmds: list[Command] | None = None) -> str:
     for c in cmds if cmds is not None else commands():
         for f in c.flags:
             if f.choices and any(n.endswith("backend") for n in f.names):
-                rows.append((f"`{c.name}`", ", ".join(f"`{n}`" for n in f.names),
-                             ", ".join(f"`{x}`" for x in f.choices), f"`{f.default}`" if f.default else ""))
+                rows.append(
+                    (
+                        f"`{c.name}`",
+                        ", ".join(f"`{n}`" for n in f.names),
+                        ", ".join(f"`{x}`" for x in f.choices),
+                        f"`{f.default}`" if f.default else "",
+                    )
+                )
     return table(("command", "flag", "backends offered", "default"), rows)

@@ -14,7 +14,7 @@ from testbed.docsite.markdown import code, escape_cell, escape_text, table
 
 @dataclass(frozen=True)
 class Flag:
-    names: tuple[str, ...]       # option strings, or the positional's name
+    names: tuple[str, ...]  # option strings, or the positional's name
     metavar: str
     help: str
     default: str
@@ -25,8 +25,8 @@ class Flag:
 
 @dataclass(frozen=True)
 class Command:
-    path: tuple[str, ...]        # ("testbed", "trace", "synth")
-    summary: str                 # the help its parent lists it with
+    path: tuple[str, ...]  # ("testbed", "trace", "synth")
+    summary: str  # the help its parent lists it with
     description: str
     usage: str
     flags: tuple[Flag, ...]
@@ -57,8 +57,13 @@ def _help(p: argparse.ArgumentParser, a: argparse.Action) -> str:
 
 def _default(a: argparse.Action) -> str:
     d = a.default
-    if d is None or d is argparse.SUPPRESS or isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction,
-                                                               argparse._HelpAction, argparse._CountAction)):
+    if (
+        d is None
+        or d is argparse.SUPPRESS
+        or isinstance(
+            a, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._HelpAction, argparse._CountAction)
+        )
+    ):
         return ""
     if isinstance(d, (list, tuple)):
         return " ".join(str(x) for x in d) if d else ""
@@ -81,8 +86,17 @@ def _flags(p: argparse.ArgumentParser) -> tuple[Flag, ...]:
         if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) or a.help == argparse.SUPPRESS:
             continue
         choices = tuple(str(c) for c in a.choices) if a.choices is not None else ()
-        out.append(Flag(tuple(a.option_strings) or (a.dest,), _metavar(a), _help(p, a), _default(a), choices,
-                        bool(a.required), not a.option_strings))
+        out.append(
+            Flag(
+                tuple(a.option_strings) or (a.dest,),
+                _metavar(a),
+                _help(p, a),
+                _default(a),
+                choices,
+                bool(a.required),
+                not a.option_strings,
+            )
+        )
     return tuple(out)
 
 
@@ -99,23 +113,33 @@ def _walk(p: argparse.ArgumentParser, path: tuple[str, ...], summary: str) -> It
         helps = {c.dest: (c.help or "") for c in sub._choices_actions}
         seen: set[int] = set()
         for name, child in sub.choices.items():
-            if id(child) in seen:        # an alias
+            if id(child) in seen:  # an alias
                 continue
             seen.add(id(child))
             names.append((name, child, helps.get(name, "")))
     usage = " ".join(p.format_usage().removeprefix("usage: ").split())
-    yield Command(path, " ".join(summary.split()), " ".join((p.description or "").split()), usage, _flags(p),
-                  tuple(n for n, _, _ in names))
+    yield Command(
+        path,
+        " ".join(summary.split()),
+        " ".join((p.description or "").split()),
+        usage,
+        _flags(p),
+        tuple(n for n, _, _ in names),
+    )
     for name, child, text in names:
         yield from _walk(child, (*path, name), text)
 
 
 def render(cmds: list[Command] | None = None) -> str:
     cmds = cmds if cmds is not None else commands()
-    out = ["# Command line", "",
-           "Generated from the argparse parsers of `testbed` (`testbed/cli.py` and the modules that register "
-           "their subcommands), so it lists every subcommand and flag of this version. "
-           "`testbed COMMAND --help` prints the same.", ""]
+    out = [
+        "# Command line",
+        "",
+        "Generated from the argparse parsers of `testbed` (`testbed/cli.py` and the modules that register "
+        "their subcommands), so it lists every subcommand and flag of this version. "
+        "`testbed COMMAND --help` prints the same.",
+        "",
+    ]
     top = cmds[0]
     out += ["| command | what it does |", "|---|---|"]
     for c in cmds[1:]:

@@ -20,10 +20,10 @@ PACKAGE = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Site:
-    family: str       # "policy", "fault kind", ...
-    path: str         # testbed/core/routing/policy.py
+    family: str  # "policy", "fault kind", ...
+    path: str  # testbed/core/routing/policy.py
     line: int
-    function: str     # the enclosing function or method
+    function: str  # the enclosing function or method
 
 
 def dispatch_sites() -> dict[str, list[Site]]:
@@ -39,10 +39,22 @@ def dispatch_sites() -> dict[str, list[Site]]:
             named = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 stack.append(node.name)
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "unknown_kind"
-                    and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-                out[node.args[0].value].append(Site(node.args[0].value, str(f.relative_to(PACKAGE.parent)),
-                                                    node.lineno, ".".join(stack) or "<module>"))
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "unknown_kind"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                out[node.args[0].value].append(
+                    Site(
+                        node.args[0].value,
+                        str(f.relative_to(PACKAGE.parent)),
+                        node.lineno,
+                        ".".join(stack) or "<module>",
+                    )
+                )
             for child in ast.iter_child_nodes(node):
                 visit(child)
             if named:
@@ -55,10 +67,15 @@ def dispatch_sites() -> dict[str, list[Site]]:
 def members() -> dict[str, tuple[str, ...]]:
     """The members each family has now."""
     from testbed.core.schema.scenario import PrefillSpec
+
     prefill = tuple(str(get_args(m.model_fields["kind"].annotation)[0]) for m in get_args(get_args(PrefillSpec)[0]))
-    return {"policy": tuple(get_args(PolicyName)), "fault kind": tuple(get_args(FaultKind)),
-            "trace format": tuple(SUPPORTED_FORMATS), "prefill model": prefill,
-            "backend": tuple(registry.names())}
+    return {
+        "policy": tuple(get_args(PolicyName)),
+        "fault kind": tuple(get_args(FaultKind)),
+        "trace format": tuple(SUPPORTED_FORMATS),
+        "prefill model": prefill,
+        "backend": tuple(registry.names()),
+    }
 
 
 def sites_list(family: str) -> str:

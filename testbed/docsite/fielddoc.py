@@ -118,6 +118,7 @@ def _field_doc(cls: type, name: str, info: FieldInfo | None = None) -> str:
 
 # -- types, defaults, constraints ---------------------------------------------------------
 
+
 def type_name(tp: Any) -> str:
     """A short, readable name of an annotation."""
     if tp is type(None):
@@ -190,15 +191,16 @@ def constraints(info: FieldInfo) -> str:
 
 # -- walking models ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class FieldRow:
-    path: str          # dotted, `[]` for list items, `<name>` for map keys
+    path: str  # dotted, `[]` for list items, `<name>` for map keys
     typename: str
     default: str
     constraints: str
     doc: str
-    owner: str         # the model class that declares it
-    model: type[BaseModel] | None   # the nested model (a section), if any
+    owner: str  # the model class that declares it
+    model: type[BaseModel] | None  # the nested model (a section), if any
     variant: str = ""  # for a member of a union of models: its `kind` (else its class name)
 
 
@@ -250,9 +252,17 @@ def model_rows(model: type[BaseModel], prefix: str = "", variant: str = "") -> I
         if not doc and len(nested) == 1:
             doc = class_doc(nested[0][1])
         if not doc and name == "kind" and variant:
-            doc = class_doc(model)      # a union member's discriminator: what the member is
-        yield FieldRow(path, type_name(info.annotation), default_text(info), constraints(info),
-                       doc, model.__name__, nested[0][1] if len(nested) == 1 else None, variant)
+            doc = class_doc(model)  # a union member's discriminator: what the member is
+        yield FieldRow(
+            path,
+            type_name(info.annotation),
+            default_text(info),
+            constraints(info),
+            doc,
+            model.__name__,
+            nested[0][1] if len(nested) == 1 else None,
+            variant,
+        )
         for suffix, sub in nested:
             yield from model_rows(sub, f"{path}{suffix}.", variant_name(sub) if len(nested) > 1 else variant)
 

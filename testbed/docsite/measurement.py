@@ -34,16 +34,16 @@ Render = Callable[[Done], str]
 
 @dataclass(frozen=True)
 class Measurement:
-    name: str                 # file stem under docs/results/data/
+    name: str  # file stem under docs/results/data/
     title: str
-    what: str                 # one sentence: what it measures and how
-    backend: str              # what does the measuring: model, sim, netns, compose, uml
-    steps: tuple[str, ...]    # commands run in order from the repository root; {work} is its work directory
+    what: str  # one sentence: what it measures and how
+    backend: str  # what does the measuring: model, sim, netns, compose, uml
+    steps: tuple[str, ...]  # commands run in order from the repository root; {work} is its work directory
     render: Render
-    figures: tuple[tuple[str, str], ...] = ()     # (file under {work}, name under docs/results/data/)
+    figures: tuple[tuple[str, str], ...] = ()  # (file under {work}, name under docs/results/data/)
     needs_root: bool = False
-    reads: tuple[str, ...] = ()                   # measurements whose work directory a step reads
-    extra: str = ""                               # an optional extra it needs: "name:module" (pip extra, import)
+    reads: tuple[str, ...] = ()  # measurements whose work directory a step reads
+    extra: str = ""  # an optional extra it needs: "name:module" (pip extra, import)
 
     @property
     def emulated(self) -> bool:
@@ -62,14 +62,17 @@ MAKE_NOISE = re.compile(r"^make\[\d+\]: (Entering|Leaving) directory .*\n?", re.
 
 def stdout_of(step: int = -1) -> Render:
     """A step's standard output, verbatim (less make's directory lines)."""
+
     def render(d: Done) -> str:
         return code(MAKE_NOISE.sub("", d.stdout[step]), "text")
+
     return render
 
 
 def transcript(*steps: int) -> Render:
     """Steps as a terminal shows them: `$ command`, then what it printed (standard error too, for
     a step expected to fail)."""
+
     def render(d: Done) -> str:
         parts = []
         for i in steps:
@@ -77,6 +80,7 @@ def transcript(*steps: int) -> Render:
             err = d.stderr[i] if i < len(d.stderr) and d.commands[i].startswith("! ") else ""
             parts.append(f"$ {cmd}\n{MAKE_NOISE.sub('', d.stdout[i])}{err}".rstrip())
         return code("\n".join(parts), "text")
+
     return render
 
 
@@ -84,6 +88,7 @@ def include(rel: str, drop: Sequence[str] = (), only: Sequence[str] = ()) -> Ren
     """A Markdown file the command wrote, its title dropped, its headings one level deeper, image
     links and the sections named in `drop` left out (with `only`, only the sections named, their
     subsections included)."""
+
     def render(d: Done) -> str:
         text = (d.work / rel).read_text()
         lines = text.splitlines()
@@ -107,6 +112,7 @@ def include(rel: str, drop: Sequence[str] = (), only: Sequence[str] = ()) -> Ren
                 continue
             out.append(line)
         return demote("\n".join(out).strip(), 1)
+
     return render
 
 
@@ -116,15 +122,18 @@ SummaryCell = Callable[[Summary], str]
 def runs_table(runs: Sequence[tuple[str, str]], rows: Sequence[tuple[str, SummaryCell]]) -> Render:
     """A table with a column per run (label, run directory under {work}) and a row per figure,
     read from each run's `summary.json`."""
+
     def render(d: Done) -> str:
         sums = [read_artefact(d.work / rel / "summary.json", Summary) for _, rel in runs]
         return table(("", *[label for label, _ in runs]), [(label, *[f(s) for s in sums]) for label, f in rows])
+
     return render
 
 
 def both(*parts: Render) -> Render:
     def render(d: Done) -> str:
         return "\n\n".join(p(d) for p in parts)
+
     return render
 
 

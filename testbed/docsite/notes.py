@@ -15,9 +15,9 @@ NOTES: dict[str, str] = {
     _S + "Scenario.description": "One line on what the scenario is, shown in listings and reports.",
     _S + "Scenario.model": "The served model's KV footprint.",
     _S + "Scenario.hardware": "Named hardware profiles: each a prefill time curve and a decode step model; "
-                              "clusters name one.",
+    "clusters name one.",
     _S + "Scenario.clusters": "The clusters: which datacenter, which kind (PrfaaS or PD), which hardware, "
-                              "how many prefill and decode instances.",
+    "how many prefill and decode instances.",
     _S + "Scenario.links": "The link profiles (`netem_profiles/NAME.yaml`) inside and between datacenters.",
     _S + "Scenario.policy": "How the router picks the prefill cluster and instance.",
     _S + "Scenario.scale": "Time and byte scaling between paper units and the wire.",
@@ -28,14 +28,14 @@ NOTES: dict[str, str] = {
     _S + "ModelSpec.name": "The served model's name (what `GET /v1/models` answers; clients may send any).",
     _S + "ModelSpec.layers": "Number of layers; the layer pattern repeats to this many.",
     _S + "ModelSpec.layer_pattern": "Layer kinds, repeated to `layers`: `linear` (linear attention or a sliding "
-                                    "window: request-level state) or `full` (per-token KV).",
+    "window: request-level state) or `full` (per-token KV).",
     _S + "ModelSpec.linear_state_bytes": "Fixed KV bytes of a request's linear-attention state, over all layers.",
     _S + "ModelSpec.full_attention_bytes_per_token": "KV bytes per token of the full-attention layers, over all "
-                                                     "layers.",
+    "layers.",
     _S + "ModelSpec.block_tokens": "Prefix-cache block size, tokens.",
     _S + "ModelSpec.window_tokens": "Sliding window length, tokens (0: no sliding-window layers).",
     _S + "ModelSpec.window_bytes_per_token": "KV bytes per token held by the sliding-window layers, up to "
-                                             "`window_tokens`.",
+    "`window_tokens`.",
     _S + "HardwareSpec.prefill": "Prefill time as a function of uncached tokens: a `table` or a `polynomial`.",
     _S + "HardwareSpec.decode": "Decode step model; `null` for hardware that only prefills.",
     _S + "TablePrefill.points": "`[tokens, seconds]` pairs with strictly increasing tokens.",
@@ -44,10 +44,10 @@ NOTES: dict[str, str] = {
     _S + "PolynomialPrefill.cached_token_s": "Seconds per cached prefix token (reading it back).",
     _S + "TablePrefill.overhead_s": "Fixed seconds per prefill whatever its length (scheduling, launches).",
     _S + "TablePrefill.cached_attention_s": "Seconds per cached token per uncached token: the new tokens' "
-                                            "attention over the cached prefix.",
+    "attention over the cached prefix.",
     _S + "PolynomialPrefill.overhead_s": "Fixed seconds per prefill whatever its length (scheduling, launches).",
     _S + "PolynomialPrefill.cached_attention_s": "Seconds per cached token per uncached token: the new tokens' "
-                                                 "attention over the cached prefix.",
+    "attention over the cached prefix.",
     _S + "HardwareSpec.provenance": "Where the profile's figures come from (source, tool, system, parallelism).",
     _S + "DecodeSpec.base_s": "Fixed part of a decode step, seconds.",
     _S + "DecodeSpec.per_seq_s": "Seconds per sequence in the batch.",
@@ -56,33 +56,33 @@ NOTES: dict[str, str] = {
     _S + "DecodeSpec.kv_capacity_bytes": "KV memory of a decode instance, paper bytes: admission waits for room.",
     _S + "ClusterSpec.name": "The cluster's name; instance ids are `{name}-p{i}` and `{name}-d{i}`.",
     _S + "ClusterSpec.datacenter": "The datacenter it sits in; clusters in different datacenters talk over the "
-                                   "inter-DC link.",
+    "inter-DC link.",
     _S + "ClusterSpec.kind": "`prfaas` (prefill only, reached over the WAN) or `pd` (prefill and decode).",
     _S + "ClusterSpec.hardware": "A key of `hardware`.",
     _S + "ClusterSpec.decode": "Decode instances.",
     _S + "LinksSpec.intra_dc": "Link profile inside a datacenter.",
     _S + "LinksSpec.inter_dc": "Link profile between datacenters (the WAN).",
     _S + "PolicySpec.name": "`homogeneous` (PD only), `naive` (every prefill in PrfaaS) or `prfaas` (by length "
-                            "threshold).",
+    "threshold).",
     _S + "PolicySpec.threshold": "Length threshold t in tokens (requests with more incremental tokens go to "
-                                 "PrfaaS), or `auto` from the analytical optimiser; policy `prfaas` needs one.",
+    "PrfaaS), or `auto` from the analytical optimiser; policy `prfaas` needs one.",
     _S + "PolicySpec.bandwidth_aware": "Run the short-term control loop that moves t with the measured WAN "
-                                       "(policy `prfaas`).",
+    "(policy `prfaas`).",
     _S + "PolicySpec.cache_aware": "Route by the prefix each cluster has cached (the paper's cache rules).",
     _S + "PolicySpec.load_aware": "Load-aware cache routing's parameters.",
     _S + "PolicySpec.control": "The control loops' parameters.",
     _S + "LoadAwareSpec.min_gain_s": "Paper seconds another candidate must be predicted faster by to beat the "
-                                     "rule's pick.",
+    "rule's pick.",
     _S + "ControlSpec.interval_s": "Paper seconds between the short-term loop's samples.",
     _S + "ControlSpec.abundant_utilisation": "Link utilisation under which bandwidth counts as abundant (the "
-                                             "cache rules).",
+    "cache rules).",
     _S + "LongTermSpec.enabled": "Run the long-term loop (role conversion, threshold re-optimisation).",
     _S + "LongTermSpec.sample_s": "Paper seconds between samples of the stage loads.",
     _S + "LongTermSpec.interval_s": "Paper seconds between judgements.",
     _S + "LongTermSpec.min_prefill": "Fewest PD prefill instances a conversion may leave.",
     _S + "LongTermSpec.min_decode": "Fewest PD decode instances a conversion may leave.",
     _S + "ScaleSpec.speedup": "s: every duration (arrival gaps, service times, link delays) is divided by s on "
-                              "the wire.",
+    "the wire.",
     _S + "ScaleSpec.byte_scale": "b: KV bytes on the wire are divided by b (link rates by b and multiplied by s).",
     _S + "SLOSpec.ttft_s": "TTFT target, paper seconds.",
     _S + "SLOSpec.tpot_s": "TPOT target, paper seconds.",
@@ -102,13 +102,13 @@ NOTES: dict[str, str] = {
     _S + "TransferSpec.sndbuf_bytes": "SO_SNDBUF of KV sockets (default: the kernel's).",
     _S + "TransferSpec.rcvbuf_bytes": "SO_RCVBUF of KV sockets (default: the kernel's).",
     _S + "TransferSpec.congestion": "TCP congestion control of KV sockets (default: the link profile's on "
-                                    "netns, else the kernel's).",
+    "netns, else the kernel's).",
     _S + "TransferSpec.checksum": "Add a CRC per chunk and a byte pattern the receiver checks (for tests).",
     _S + "ServingSpec.stream_interval": "Tokens per streamed chunk (SSE event).",
     _S + "ServingSpec.max_output_tokens": "Largest `max_tokens` a request may ask for (larger: a 400).",
     _S + "ServingSpec.max_body_bytes": "Largest request body the router reads, bytes (larger: refused).",
     _S + "ServingSpec.deadline_factor": "The default deadline: this x (TTFT SLO + TPOT SLO x the request's "
-                                        "max_tokens).",
+    "max_tokens).",
     _S + "_FaultBase.note": "Free text, carried into `faults.jsonl`.",
     _S + "_NodeFault.node": "The instance's id, e.g. `pd-d0` (or give `cluster`, `role` and `index`).",
     _S + "_NodeFault.cluster": "The instance's cluster (with `role` and `index`).",
@@ -151,11 +151,10 @@ NOTES: dict[str, str] = {
     _R + "RunInfo.scale": "speedup and byte_scale in force.",
     _R + "RunInfo.shaping": "How the WAN was shaped: method, profile, MTU, per-direction parameters.",
     _R + "RunInfo.offered_rate": "Offered rate, paper req/s (1 / mean inter-arrival gap); null when it has none: "
-                                 "fewer than two requests, or all at one instant (a burst).",
+    "fewer than two requests, or all at one instant (a burst).",
     _R + "RunInfo.trace": "Where the workload came from, and how many requests it holds.",
     _R + "RunInfo.threshold": "Routing threshold at the start (tokens).",
-    _R + "RunInfo.versions": "Versions of Python, the platform, the testbed and its main libraries "
-                             "(free-form).",
+    _R + "RunInfo.versions": "Versions of Python, the platform, the testbed and its main libraries (free-form).",
     _R + "RunInfo.interrupted": "The run was stopped early (Ctrl-C, SIGTERM).",
     _R + "RunInfo.hold": "`testbed up --hold`: the URLs clients were given and how the hold ended.",
     _R + "RunInfo.sim": "The simulator's own figures (events, wall time).",
@@ -177,8 +176,10 @@ NOTES: dict[str, str] = {
     _R + "HoldInfo.ended": "Why the hold ended (stopped, or the deployment went away).",
     _R + "SimInfo.events": "Events the simulator processed.",
     _R + "SimInfo.rebalances": "Times the link model recomputed its fair shares.",
-    _R + "SimInfo.wall_s": "Wall seconds the simulation took: its event loop, not the writing of the run directory that follows.",
-    _R + "SimInfo.write_s": "Of `wall_s`, the seconds spent writing records and time series in batches while the loop ran; `wall_s` less this is the engine's own time.",
+    _R
+    + "SimInfo.wall_s": "Wall seconds the simulation took: its event loop, not the writing of the run directory that follows.",
+    _R
+    + "SimInfo.write_s": "Of `wall_s`, the seconds spent writing records and time series in batches while the loop ran; `wall_s` less this is the engine's own time.",
     _R + "SimInfo.simulated_s_paper": "Paper seconds simulated.",
     # -- records.csv ---------------------------------------------------------------------------
     _REC + "RequestRecord.request_id": "The client's id (`X-Request-Id`, `testbed.request_id`) or the router's.",

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from testbed.docsite.markdown import table
@@ -37,6 +37,7 @@ __all__ = ["DATA", "MEASUREMENTS", "ROOT", "WORK", "Measurement", "by_name", "ma
 
 # -- running ---------------------------------------------------------------------------------
 
+
 def by_name(names: Sequence[str] | None = None) -> list[Measurement]:
     known = {m.name: m for m in MEASUREMENTS}
     if not names:
@@ -44,6 +45,7 @@ def by_name(names: Sequence[str] | None = None) -> list[Measurement]:
     unknown = [n for n in names if n not in known]
     if unknown:
         from testbed.core.errors import UserError
+
         raise UserError(f"unknown measurement(s) {', '.join(unknown)} (known: {', '.join(known)})")
     return [known[n] for n in names]
 
@@ -60,19 +62,43 @@ def source_state() -> tuple[str, bool]:
     decide what a measurement does; the docs, their results and this package, which only renders
     them, do not count)."""
     commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", "testbed", ":(exclude)testbed/docsite",
-                      "scenarios", "netem_profiles", "traces", "Makefile", "pyproject.toml"))
+    dirty = bool(
+        _git(
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            "testbed",
+            ":(exclude)testbed/docsite",
+            "scenarios",
+            "netem_profiles",
+            "traces",
+            "Makefile",
+            "pyproject.toml",
+        )
+    )
     return commit, dirty
 
 
-def stamp(m: Measurement, started: datetime, source: tuple[str, bool], wall_s: float,
-          load: float | None = None) -> dict[str, object]:
+def stamp(
+    m: Measurement, started: datetime, source: tuple[str, bool], wall_s: float, load: float | None = None
+) -> dict[str, object]:
     """`load` is the host's one-minute load average when the measurement began: a timing taken
     beside other work says so."""
-    return {"name": m.name, "title": m.title, "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": source[0], "local_changes": source[1], "host": socket.gethostname(), "cores": os.cpu_count(),
-            "kernel": platform.release(), "load_avg": None if load is None else round(load, 2),
-            "backend": m.backend, "commands": m.commands(), "wall_s": round(wall_s, 1)}
+    return {
+        "name": m.name,
+        "title": m.title,
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": source[0],
+        "local_changes": source[1],
+        "host": socket.gethostname(),
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "load_avg": None if load is None else round(load, 2),
+        "backend": m.backend,
+        "commands": m.commands(),
+        "wall_s": round(wall_s, 1),
+    }
 
 
 def stamp_line(st: dict[str, object]) -> str:
@@ -80,9 +106,10 @@ def stamp_line(st: dict[str, object]) -> str:
     assert isinstance(cmds, list)
     changes = " (with local changes)" if st.get("local_changes") else ""
     load = f", load average {st['load_avg']} at the start" if st.get("load_avg") is not None else ""
-    return (f"*Measured {st['date']} at commit `{st['commit']}`{changes} on {st['host']} ({st['cores']} cores, "
-            f"Linux {st['kernel']}{load}), {st['backend']}, in {st['wall_s']} s, by* "
-            + "; ".join(f"`{c}`" for c in cmds))
+    return (
+        f"*Measured {st['date']} at commit `{st['commit']}`{changes} on {st['host']} ({st['cores']} cores, "
+        f"Linux {st['kernel']}{load}), {st['backend']}, in {st['wall_s']} s, by* " + "; ".join(f"`{c}`" for c in cmds)
+    )
 
 
 def run(m: Measurement, env: dict[str, str]) -> None:
@@ -92,13 +119,19 @@ def run(m: Measurement, env: dict[str, str]) -> None:
     work.mkdir(parents=True)
     outs: list[str] = []
     errs: list[str] = []
-    started, source, load = datetime.now(timezone.utc), source_state(), os.getloadavg()[0]
+    started, source, load = datetime.now(UTC), source_state(), os.getloadavg()[0]
     t0 = time.monotonic()
     for cmd in m.commands():
         print(f"[{m.name}] {cmd}", file=sys.stderr, flush=True)
         expect_failure = cmd.startswith("! ")
-        p = subprocess.run(shlex.split(cmd.removeprefix("! ")), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+        p = subprocess.run(
+            shlex.split(cmd.removeprefix("! ")),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         sys.stderr.write(p.stderr[-4000:])
         outs.append(p.stdout)
         errs.append(p.stderr)
@@ -122,7 +155,8 @@ def write(m: Measurement, st: dict[str, object], done: Done) -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     (DATA / f"{m.name}.md").write_text(
         f"<!-- written by `make docs-results ONLY={m.name}`; edits are overwritten -->\n\n"
-        f"{stamp_line(st)}\n\n{m.render(done).strip()}\n")
+        f"{stamp_line(st)}\n\n{m.render(done).strip()}\n"
+    )
     if update_readme(m.name):
         print(f"[{m.name}] README.md's headline table rewritten", file=sys.stderr)
 
@@ -135,10 +169,14 @@ def render_again(m: Measurement) -> None:
     stamp_file = DATA / f"{m.name}.json"
     if not steps or not stamp_file.exists():
         from testbed.core.errors import UserError
+
         raise UserError(f"{m.name}: no earlier run to render again ({work} or {stamp_file} is missing)")
     errs = tuple(p.with_suffix(".err").read_text() if p.with_suffix(".err").exists() else "" for p in steps)
-    write(m, json.loads(stamp_file.read_text()),
-          Done(work, tuple(p.read_text() for p in steps), errs, tuple(m.commands())))
+    write(
+        m,
+        json.loads(stamp_file.read_text()),
+        Done(work, tuple(p.read_text() for p in steps), errs, tuple(m.commands())),
+    )
 
 
 README = ROOT / "README.md"
@@ -154,8 +192,9 @@ def update_readme(name: str) -> bool:
     """Rewrite README.md's `<!-- results:NAME -->` block from the results file; False if it has none."""
     text = README.read_text()
     data = (DATA / f"{name}.md").read_text()
-    new = README_BLOCK.sub(lambda m: f"{m.group(1)}\n{readme_block(data)}\n{m.group(4)}" if m.group(2) == name
-                           else m.group(0), text)
+    new = README_BLOCK.sub(
+        lambda m: f"{m.group(1)}\n{readme_block(data)}\n{m.group(4)}" if m.group(2) == name else m.group(0), text
+    )
     if new != text:
         README.write_text(new)
     return any(m.group(2) == name for m in README_BLOCK.finditer(text))
@@ -166,14 +205,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated measurement names (default: all)")
     ap.add_argument("--skip-emulation", action="store_true", help="run only the model and simulation ones")
     ap.add_argument("--list", action="store_true", help="list the measurements and exit")
-    ap.add_argument("--render-only", action="store_true",
-                    help="rewrite the results files from the last run's outputs (build/results/NAME) and stamp, "
-                         "measuring nothing")
+    ap.add_argument(
+        "--render-only",
+        action="store_true",
+        help="rewrite the results files from the last run's outputs (build/results/NAME) and stamp, measuring nothing",
+    )
     args = ap.parse_args(argv)
     chosen = by_name([n for n in args.only.split(",") if n])
     if args.list:
-        print(table(("name", "backend", "root", "commands"),
-                    [(m.name, m.backend, "yes" if m.needs_root else "", "; ".join(m.commands())) for m in chosen]))
+        print(
+            table(
+                ("name", "backend", "root", "commands"),
+                [(m.name, m.backend, "yes" if m.needs_root else "", "; ".join(m.commands())) for m in chosen],
+            )
+        )
         return 0
     if args.skip_emulation:
         chosen = [m for m in chosen if not m.emulated]

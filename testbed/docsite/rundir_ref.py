@@ -9,7 +9,7 @@ from types import ModuleType
 
 from pydantic import BaseModel
 
-from testbed.core.record import RequestRecord, StageTimes, TIME_NAMES
+from testbed.core.record import TIME_NAMES, RequestRecord, StageTimes
 from testbed.docsite.fielddoc import FieldRow, field_doc, model_rows
 from testbed.docsite.markdown import table
 from testbed.metrics import records
@@ -18,37 +18,60 @@ from testbed.metrics.artefacts import RunInfo, Summary, run_file, summary_file
 # The files a run directory may hold. The code has no list of them (each writer names its own),
 # so this one is the reference's own.
 FILES: tuple[tuple[str, str], ...] = (
-    ("run.json", "What the run was: scenario, policy, threshold, scale, shaping method, SLOs, offered rate, "
-                 "versions, t0, and its state (keys below)."),
+    (
+        "run.json",
+        "What the run was: scenario, policy, threshold, scale, shaping method, SLOs, offered rate, "
+        "versions, t0, and its state (keys below).",
+    ),
     ("scenario.yaml", "The resolved scenario, as run."),
     ("deployment.json", "Every service's address."),
     ("records.csv", "One row per request (columns below), written as requests finish."),
-    ("decisions.jsonl", "Every routing decision (cached prefix, bandwidth state, threshold in force, reason), every "
-                        "threshold change the control loops made, every long-term decision (`role_decision`: "
-                        "drain, activate, retune, hold) and every health change, each with its reason."),
-    ("timeseries/*.jsonl", "Samples per service at 10 Hz of wire time: queue depth, running batch, KV memory, KV "
-                           "bytes sent and received, per-connection TCP_INFO (rtt, retransmits, delivery rate, "
-                           "cwnd), threshold, prefix-cache pool use; the control loop's samples."),
+    (
+        "decisions.jsonl",
+        "Every routing decision (cached prefix, bandwidth state, threshold in force, reason), every "
+        "threshold change the control loops made, every long-term decision (`role_decision`: "
+        "drain, activate, retune, hold) and every health change, each with its reason.",
+    ),
+    (
+        "timeseries/*.jsonl",
+        "Samples per service at 10 Hz of wire time: queue depth, running batch, KV memory, KV "
+        "bytes sent and received, per-connection TCP_INFO (rtt, retransmits, delivery rate, "
+        "cwnd), threshold, prefix-cache pool use; the control loop's samples.",
+    ),
     ("summary.json", "The figures (keys below)."),
     ("report.md", "The report: summary tables, TTFT breakdown, fidelity and validity, plots."),
     ("ttft_cdf.png, queues.png, links.png", "The report's plots."),
     ("wan.png", "WAN link usage against the configured rate (backends with shaped links)."),
-    ("control.png", "With the short-term loop: threshold over time, delivered WAN rate against the loop's "
-                    "estimate, predicted loads."),
-    ("roles.png", "With the long-term loop: PD instances per role over time, its decisions, the stage loads it "
-                  "judged, the threshold."),
+    (
+        "control.png",
+        "With the short-term loop: threshold over time, delivered WAN rate against the loop's "
+        "estimate, predicted loads.",
+    ),
+    (
+        "roles.png",
+        "With the long-term loop: PD instances per role over time, its decisions, the stage loads it "
+        "judged, the threshold.",
+    ),
     ("logs/*.log", "Each service's log (`rst-N.log`: a reset injector's)."),
-    ("faults.jsonl", "With `faults:`, every fault step executed: `t` (paper s after t0), `fault`, `kind`, "
-                     "`phase`, `target`, `detail`, `outcome`."),
+    (
+        "faults.jsonl",
+        "With `faults:`, every fault step executed: `t` (paper s after t0), `fault`, `kind`, "
+        "`phase`, `target`, `detail`, `outcome`.",
+    ),
     ("topology.json, delayline.json", "netns backend: namespaces, addresses, the delay line's configuration."),
-    ("timeseries/wan.jsonl, timeseries/delayline.jsonl", "Backends with shaped links: WAN interface counters and "
-                                                          "the configured rate in force; delay-line counters."),
+    (
+        "timeseries/wan.jsonl, timeseries/delayline.jsonl",
+        "Backends with shaped links: WAN interface counters and the configured rate in force; delay-line counters.",
+    ),
     ("compose.yaml, stack.yaml", "compose and swarm backends: the generated file, with the command to rerun it."),
     ("prometheus/", "With `--prometheus`: the generated scrape configuration and Prometheus's data."),
     ("speedup-probes/", "With `--speedup auto`: the probe runs."),
-    (".testbed.lock", "The command that wrote the directory (pid, start, command line): locked while it runs, so "
-                      "another command is refused; afterwards it marks a previous output, replaced only with "
-                      "`--overwrite`."),
+    (
+        ".testbed.lock",
+        "The command that wrote the directory (pid, start, command line): locked while it runs, so "
+        "another command is refused; afterwards it marks a previous output, replaced only with "
+        "`--overwrite`.",
+    ),
 )
 
 
@@ -76,40 +99,68 @@ def _versions(mod: ModuleType) -> str:
 
 
 def page() -> str:
-    out = ["# Run directory", "",
-           "Every run (`testbed replay`, `up`, the probes of `capacity` and `sweep`, on every backend including "
-           "the simulator) writes one directory. `summary.json` and `run.json` are typed "
-           "(`testbed.metrics.artefacts`): this page lists their keys from those models, and `records.csv`'s "
-           "columns from `testbed.metrics.records`, so it names every key this version writes.", "",
-           "## Files", "", table(("file", "what it holds"), [(f"`{f}`" if "," not in f else
-                                                             ", ".join(f"`{x.strip()}`" for x in f.split(",")), d)
-                                                            for f, d in FILES]), "",
-           "## `records.csv`", "",
-           "One row per request of the trace (a hold: per request the router answered). Times are wire seconds "
-           "since the run's t0, empty where a stage never happened; paper figures are derived in the summary "
-           "(times x speedup, bytes x byte_scale). The columns are the file's external format and keep their "
-           "names and order; a file written before a column was added reads as its default.",
-           "", table(("column", "type", "what it holds"), [(f"`{c}`", t, d) for c, t, d in record_columns()]), "",
-           "## `summary.json`", "",
-           "Paper units unless a key ends in `_wire` or sits under `wire`; figures over an empty set are `null`. "
-           "`<name>` stands for a key that is a name (a series, a link direction, a reason, an action); `[]` for "
-           "an item of a list.", "",
-           table(("key", "type", "what it holds"), [(f"`{r.path}`", r.typename, r.doc) for r in _key_rows(Summary)]), "",
-           "## `run.json`", "",
-           "Written when the run starts (state `running`), again when the services are up (`shaping`, `t0`) and "
-           "when it ends (`t_end`, state `finished`, `interrupted` or `failed`: a live run fails when its router "
-           "stopped answering before the replay ended, and the command then exits non-zero naming it). Backends "
-           "add facts of their own under `shaping` and `versions`. Every JSON file of a run holds finite numbers "
-           "or null, never `Infinity` or `NaN`.", "",
-           table(("key", "type", "what it holds"), [(f"`{r.path}`", r.typename, r.doc) for r in _key_rows(RunInfo)]), "",
-           "## Schema versions", "",
-           f"`summary.json` is at version {summary_file.SUMMARY_VERSION}, `run.json` at {run_file.RUN_VERSION}, "
-           f"`records.csv`'s columns at {records.RECORDS_VERSION} (its header names them). "
-           "A file newer than the testbed knows is refused with one line naming the file and the version; a "
-           "malformed one (a missing section, a wrong type, a key the model does not know) with one line naming "
-           "the file and the field, e.g. `run/summary.json: ttft_s.mean: Input should be a valid number`. "
-           "Unknown keys are errors everywhere except where the keys are names.", "",
-           "### `summary.json`", "", _versions(summary_file), "",
-           "### `run.json`", "", _versions(run_file), "",
-           "### `records.csv`", "", _versions(records), ""]
+    out = [
+        "# Run directory",
+        "",
+        "Every run (`testbed replay`, `up`, the probes of `capacity` and `sweep`, on every backend including "
+        "the simulator) writes one directory. `summary.json` and `run.json` are typed "
+        "(`testbed.metrics.artefacts`): this page lists their keys from those models, and `records.csv`'s "
+        "columns from `testbed.metrics.records`, so it names every key this version writes.",
+        "",
+        "## Files",
+        "",
+        table(
+            ("file", "what it holds"),
+            [(f"`{f}`" if "," not in f else ", ".join(f"`{x.strip()}`" for x in f.split(",")), d) for f, d in FILES],
+        ),
+        "",
+        "## `records.csv`",
+        "",
+        "One row per request of the trace (a hold: per request the router answered). Times are wire seconds "
+        "since the run's t0, empty where a stage never happened; paper figures are derived in the summary "
+        "(times x speedup, bytes x byte_scale). The columns are the file's external format and keep their "
+        "names and order; a file written before a column was added reads as its default.",
+        "",
+        table(("column", "type", "what it holds"), [(f"`{c}`", t, d) for c, t, d in record_columns()]),
+        "",
+        "## `summary.json`",
+        "",
+        "Paper units unless a key ends in `_wire` or sits under `wire`; figures over an empty set are `null`. "
+        "`<name>` stands for a key that is a name (a series, a link direction, a reason, an action); `[]` for "
+        "an item of a list.",
+        "",
+        table(("key", "type", "what it holds"), [(f"`{r.path}`", r.typename, r.doc) for r in _key_rows(Summary)]),
+        "",
+        "## `run.json`",
+        "",
+        "Written when the run starts (state `running`), again when the services are up (`shaping`, `t0`) and "
+        "when it ends (`t_end`, state `finished`, `interrupted` or `failed`: a live run fails when its router "
+        "stopped answering before the replay ended, and the command then exits non-zero naming it). Backends "
+        "add facts of their own under `shaping` and `versions`. Every JSON file of a run holds finite numbers "
+        "or null, never `Infinity` or `NaN`.",
+        "",
+        table(("key", "type", "what it holds"), [(f"`{r.path}`", r.typename, r.doc) for r in _key_rows(RunInfo)]),
+        "",
+        "## Schema versions",
+        "",
+        f"`summary.json` is at version {summary_file.SUMMARY_VERSION}, `run.json` at {run_file.RUN_VERSION}, "
+        f"`records.csv`'s columns at {records.RECORDS_VERSION} (its header names them). "
+        "A file newer than the testbed knows is refused with one line naming the file and the version; a "
+        "malformed one (a missing section, a wrong type, a key the model does not know) with one line naming "
+        "the file and the field, e.g. `run/summary.json: ttft_s.mean: Input should be a valid number`. "
+        "Unknown keys are errors everywhere except where the keys are names.",
+        "",
+        "### `summary.json`",
+        "",
+        _versions(summary_file),
+        "",
+        "### `run.json`",
+        "",
+        _versions(run_file),
+        "",
+        "### `records.csv`",
+        "",
+        _versions(records),
+        "",
+    ]
     return "\n".join(out) + "\n"

@@ -21,8 +21,13 @@ HEADER = ("field", "type", "default", "constraints", "what it is")
 
 
 def _row(r: FieldRow) -> tuple[str, str, str, str, str]:
-    return (f"`{r.path}`", r.typename, f"`{r.default}`" if r.default not in ("required", "(its fields' defaults)")
-            else r.default, r.constraints, r.doc)
+    return (
+        f"`{r.path}`",
+        r.typename,
+        f"`{r.default}`" if r.default not in ("required", "(its fields' defaults)") else r.default,
+        r.constraints,
+        r.doc,
+    )
 
 
 def _tables(rows: Sequence[FieldRow], level: int) -> list[str]:
@@ -46,8 +51,12 @@ def model_page(model: type[BaseModel], title: str, intro: str) -> str:
     rows = list(model_rows(model))
     out = [f"# {title}", "", intro, ""]
     top = [r for r in rows if "." not in r.path.replace("[]", "") and not r.variant]
-    simple = [r for r in top if r.model is None and not any(x.path.startswith(r.path + ".") or
-                                                            x.path.startswith(r.path + "[]") for x in rows)]
+    simple = [
+        r
+        for r in top
+        if r.model is None
+        and not any(x.path.startswith(r.path + ".") or x.path.startswith(r.path + "[]") for x in rows)
+    ]
     if simple:
         out += [table(HEADER, [_row(r) for r in simple]), ""]
     for t in top:
@@ -77,21 +86,23 @@ def file_description(path: Path) -> str:
 def _shipped(pattern: str, check: Callable[[Path], object]) -> list[tuple[str, str]]:
     out = []
     for p in sorted(ROOT.glob(pattern)):
-        check(p)        # every shipped file loads: a broken one fails the docs build
+        check(p)  # every shipped file loads: a broken one fails the docs build
         out.append((f"`{p.relative_to(ROOT)}`", file_description(p)))
     return out
 
 
 def scenario_page() -> str:
-    intro = ("A scenario file (`scenarios/*.yaml`) describes a deployment: the model, hardware, clusters, links, "
-             "policy, scale, SLOs, workload, transfer and serving settings and any faults. This page is generated "
-             "from the pydantic models in `testbed/core/schema/scenario.py`: every field with its type, default and "
-             "constraints. A file may `extends:` another file, or a list of files merged left to right, and "
-             "override parts of it; a mapping of another `kind` replaces the one it overrides. `--set FIELD=VALUE` "
-             "overrides any field from the command line (list items by index: `--set clusters.0.prefill=2`). "
-             "An invalid file is refused with one line naming the file and the field. Sizes such as `4TiB` are "
-             "accepted where a field counts bytes of cache. Paths: `[]` is an item of a list, `<name>` a key of "
-             "a map.")
+    intro = (
+        "A scenario file (`scenarios/*.yaml`) describes a deployment: the model, hardware, clusters, links, "
+        "policy, scale, SLOs, workload, transfer and serving settings and any faults. This page is generated "
+        "from the pydantic models in `testbed/core/schema/scenario.py`: every field with its type, default and "
+        "constraints. A file may `extends:` another file, or a list of files merged left to right, and "
+        "override parts of it; a mapping of another `kind` replaces the one it overrides. `--set FIELD=VALUE` "
+        "overrides any field from the command line (list items by index: `--set clusters.0.prefill=2`). "
+        "An invalid file is refused with one line naming the file and the field. Sizes such as `4TiB` are "
+        "accepted where a field counts bytes of cache. Paths: `[]` is an item of a list, `<name>` a key of "
+        "a map."
+    )
     page = model_page(Scenario, "Scenario schema", intro)
     shipped = _shipped("scenarios/*.yaml", load_scenario) + _shipped("scenarios/faults/*.yaml", load_scenario)
     page += "\n## Shipped scenarios\n\n" + table(("file", "what it is"), shipped) + "\n"
@@ -99,9 +110,11 @@ def scenario_page() -> str:
 
 
 def link_profile_page() -> str:
-    intro = ("A link profile (`netem_profiles/*.yaml`, paper units) sets a link's rate, delay, jitter, loss, "
-             "queue and TCP settings, and an optional schedule of changes over time. Generated from "
-             "`testbed/core/schema/linkprofile.py`. " + escape_text(class_doc(LinkProfile)))
+    intro = (
+        "A link profile (`netem_profiles/*.yaml`, paper units) sets a link's rate, delay, jitter, loss, "
+        "queue and TCP settings, and an optional schedule of changes over time. Generated from "
+        "`testbed/core/schema/linkprofile.py`. " + escape_text(class_doc(LinkProfile))
+    )
     page = model_page(LinkProfile, "Link profile schema", intro)
     shipped = _shipped("netem_profiles/*.yaml", load_profile)
     page += "\n## Shipped profiles\n\n" + table(("file", "what it is"), shipped) + "\n"

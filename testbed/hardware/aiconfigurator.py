@@ -61,8 +61,9 @@ def require(importer: Callable[[str], ModuleType] = importlib.import_module) -> 
     try:
         return importer("aiconfigurator_core")
     except ImportError:
-        raise AiconfiguratorError(f"measured-kernel profiles need {PACKAGE}, which is not installed: "
-                                  f"{INSTALL_HINT}") from None
+        raise AiconfiguratorError(
+            f"measured-kernel profiles need {PACKAGE}, which is not installed: {INSTALL_HINT}"
+        ) from None
 
 
 def _root(mod: ModuleType) -> Path:
@@ -94,20 +95,28 @@ class EngineRequest:
     moe_ep: int = 8
     attention_dp: int = 1
     database_mode: str = "SILICON"
-    quant: dict[str, str] = field(default_factory=dict)     # keys of QUANT_KEYS
+    quant: dict[str, str] = field(default_factory=dict)  # keys of QUANT_KEYS
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.attention_dp
 
     def parallel(self) -> dict[str, int]:
-        return {"tp": self.tp, "pp": self.pp, "moe_tp": self.moe_tp, "moe_ep": self.moe_ep,
-                "attention_dp": self.attention_dp}
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "moe_tp": self.moe_tp,
+            "moe_ep": self.moe_ep,
+            "attention_dp": self.attention_dp,
+        }
 
     def describe(self) -> str:
         p = self.parallel()
-        return (f"{self.model} on {self.system} with {self.backend} {self.backend_version} ("
-                + ", ".join(f"{k} {v}" for k, v in p.items() if v != 1 or k == "tp") + ")")
+        return (
+            f"{self.model} on {self.system} with {self.backend} {self.backend_version} ("
+            + ", ".join(f"{k} {v}" for k, v in p.items() if v != 1 or k == "tp")
+            + ")"
+        )
 
 
 def model_id(name: str) -> str:
@@ -132,21 +141,32 @@ def explain(exc: BaseException, req: EngineRequest) -> str:
     name = type(exc).__name__
     if "Invalid quantized MoE configuration" in msg:
         m = re.search(r"moe_intermediate_size=(\d+) / moe_tp_size=(\d+)\) % weight_block_size=(\d+)", msg)
-        detail = (f"each expert's {m.group(1)}-wide intermediate split {m.group(2)} ways is not a whole number of "
-                  f"{m.group(3)}-wide quantization blocks" if m else _first_line(msg))
-        return (f"aiconfigurator refuses {what}: MoE tensor parallelism {req.moe_tp} breaks the FP8 block "
-                f"quantization ({detail}); use expert parallelism instead (--ep {req.gpus} --moe-tp 1)")
+        detail = (
+            f"each expert's {m.group(1)}-wide intermediate split {m.group(2)} ways is not a whole number of "
+            f"{m.group(3)}-wide quantization blocks"
+            if m
+            else _first_line(msg)
+        )
+        return (
+            f"aiconfigurator refuses {what}: MoE tensor parallelism {req.moe_tp} breaks the FP8 block "
+            f"quantization ({detail}); use expert parallelism instead (--ep {req.gpus} --moe-tp 1)"
+        )
     if name == "PerfDataNotAvailableError" or "perf database error" in msg or "data missing" in msg:
         detail = _first_line(msg).removeprefix("perf database error: ")
-        return (f"aiconfigurator has no measured data for {what}: {detail} (try another --backend, "
-                "--backend-version or quantization)")
+        return (
+            f"aiconfigurator has no measured data for {what}: {detail} (try another --backend, "
+            "--backend-version or quantization)"
+        )
     if "HuggingFaceDownload" in name or "Failed to download" in msg:
-        return (f"aiconfigurator has no config for model {req.model!r} offline (it ships configs for the ids "
-                "`testbed profile --list-models` prints)")
+        return (
+            f"aiconfigurator has no config for model {req.model!r} offline (it ships configs for the ids "
+            "`testbed profile --list-models` prints)"
+        )
     if "old-style raw version query" in msg or "has no 'current' version" in msg or "slot" in msg:
         slots = re.search(r"(\{[^}]*\})", msg)
-        return (f"aiconfigurator has no {req.backend} version {req.backend_version!r} for {req.system}"
-                + (f" (its versions: {slots.group(1)}; or current / previous / next)" if slots else ""))
+        return f"aiconfigurator has no {req.backend} version {req.backend_version!r} for {req.system}" + (
+            f" (its versions: {slots.group(1)}; or current / previous / next)" if slots else ""
+        )
     if "unknown backend" in msg:
         return f"aiconfigurator knows no backend {req.backend!r} (trtllm, sglang or vllm)"
     return f"aiconfigurator refuses {what}: {_first_line(msg) or name}"
@@ -160,17 +180,21 @@ def check_request(req: EngineRequest, systems: list[str], models: list[str]) -> 
         raise AiconfiguratorError(f"aiconfigurator has no system {req.system!r}{hint}; it has: {', '.join(systems)}")
     if req.model not in models:
         near = [m for m in models if req.model.split("/")[-1].lower()[:6] in m.lower()]
-        raise AiconfiguratorError(f"aiconfigurator ships no config for model {req.model!r}"
-                                  + (f" (did you mean: {', '.join(near[:4])}?)" if near else "")
-                                  + f"; a testbed profile name also works: {', '.join(MODEL_IDS)}")
+        raise AiconfiguratorError(
+            f"aiconfigurator ships no config for model {req.model!r}"
+            + (f" (did you mean: {', '.join(near[:4])}?)" if near else "")
+            + f"; a testbed profile name also works: {', '.join(MODEL_IDS)}"
+        )
     if req.database_mode not in DATABASE_MODES:
         raise AiconfiguratorError(f"database mode {req.database_mode!r} is not one of {', '.join(DATABASE_MODES)}")
     bad = [f"{k} {v}" for k, v in req.parallel().items() if v < 1]
     if bad:
         raise AiconfiguratorError(f"parallelism must be >= 1: {', '.join(bad)}")
     if req.moe_tp * req.moe_ep != req.tp * req.attention_dp:
-        raise AiconfiguratorError(f"MoE TP {req.moe_tp} x EP {req.moe_ep} must equal the attention's TP {req.tp} x "
-                                  f"DP {req.attention_dp}: the experts are spread over the same GPUs")
+        raise AiconfiguratorError(
+            f"MoE TP {req.moe_tp} x EP {req.moe_ep} must equal the attention's TP {req.tp} x "
+            f"DP {req.attention_dp}: the experts are spread over the same GPUs"
+        )
     unknown = sorted(set(req.quant) - set(QUANT_KEYS))
     if unknown:
         raise AiconfiguratorError(f"unknown quantization key(s) {unknown}: one of {', '.join(QUANT_KEYS)}")
@@ -186,9 +210,9 @@ class AicPredictor:
     handle: Any
     request: EngineRequest
     engine_config: dict[str, Any]
-    log: list[str] = field(default_factory=list)        # what the package warned of while loading
+    log: list[str] = field(default_factory=list)  # what the package warned of while loading
     queries: int = 0
-    non_silicon: int = 0        # answers the package marks as not from measured data alone
+    non_silicon: int = 0  # answers the package marks as not from measured data alone
 
     def _count(self) -> None:
         self.queries += 1
@@ -208,8 +232,12 @@ class AicPredictor:
 
     def quantization(self) -> dict[str, str]:
         e = self.engine_config
-        keys = (("weights", "weight_dtype"), ("moe", "moe_dtype"), ("attention", "activation_dtype"),
-                ("kv_cache", "kv_cache_dtype"))
+        keys = (
+            ("weights", "weight_dtype"),
+            ("moe", "moe_dtype"),
+            ("attention", "activation_dtype"),
+            ("kv_cache", "kv_cache_dtype"),
+        )
         return {k: str(e[src]) for k, src in keys if e.get(src) is not None}
 
     def provenance(self) -> dict[str, Any]:
@@ -266,26 +294,41 @@ def _compile(mod: ModuleType, req: EngineRequest) -> AicPredictor:
         from aiconfigurator_core.sdk.engine import EngineHandle, build_engine_spec_json
         from aiconfigurator_core.sdk.models import get_model
 
-        cfg = build_model_config(tp_size=req.tp, pp_size=req.pp, attention_dp_size=req.attention_dp,
-                                 moe_tp_size=req.moe_tp, moe_ep_size=req.moe_ep, gemm_quant_mode=q.get("gemm_quant_mode"),
-                                 kvcache_quant_mode=q.get("kvcache_quant_mode"),
-                                 fmha_quant_mode=q.get("fmha_quant_mode"), moe_quant_mode=q.get("moe_quant_mode"),
-                                 comm_quant_mode=None)
+        cfg = build_model_config(
+            tp_size=req.tp,
+            pp_size=req.pp,
+            attention_dp_size=req.attention_dp,
+            moe_tp_size=req.moe_tp,
+            moe_ep_size=req.moe_ep,
+            gemm_quant_mode=q.get("gemm_quant_mode"),
+            kvcache_quant_mode=q.get("kvcache_quant_mode"),
+            fmha_quant_mode=q.get("fmha_quant_mode"),
+            moe_quant_mode=q.get("moe_quant_mode"),
+            comm_quant_mode=None,
+        )
         apply_nextn(cfg, 0)
         model = get_model(req.model, cfg, req.backend)
         literal = perf_database.resolve_query_version(req.system, req.backend, req.backend_version)
         database = perf_database.get_database_view(req.system, req.backend, literal, database_mode=req.database_mode)
         if database is None:
             raise AiconfiguratorError(f"aiconfigurator has no {req.backend} {literal} database for {req.system}")
-        spec_json = build_engine_spec_json(model, model_path=req.model, system=req.system, backend=req.backend,
-                                           backend_version=literal, kv_block_size=None, systems_path=None,
-                                           nextn=cfg.nextn, database=database)
+        spec_json = build_engine_spec_json(
+            model,
+            model_path=req.model,
+            system=req.system,
+            backend=req.backend,
+            backend_version=literal,
+            kv_block_size=None,
+            systems_path=None,
+            nextn=cfg.nextn,
+            database=database,
+        )
         handle = EngineHandle(bytes(mod.engine_spec_bincode_from_json(spec_json)))
         pred = AicPredictor(handle, req, json.loads(spec_json)["engine"])
-        pred.prefill_s(1024, 0)        # the first query loads the tables: refusals surface here
+        pred.prefill_s(1024, 0)  # the first query loads the tables: refusals surface here
         pred.decode_step_s(1, 1024)
     except AiconfiguratorError:
         raise
-    except Exception as e:     # the package raises ValueError, RuntimeError and its own errors alike
+    except Exception as e:  # the package raises ValueError, RuntimeError and its own errors alike
         raise AiconfiguratorError(explain(e, req)) from None
     return pred

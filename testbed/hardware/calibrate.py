@@ -33,9 +33,9 @@ from itertools import combinations
 import numpy as np
 from numpy.typing import NDArray
 
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.errors import UserError
 from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
-from testbed.core.engine.servicetime import PrefillTime
 
 Array = NDArray[np.float64]
 # Request-overlap matrices are built a block of rows at a time, at most this many cells a block
@@ -74,7 +74,7 @@ class DecodePoint:
 @dataclass(frozen=True)
 class PointError:
     label: str
-    inputs: tuple[float, float]    # (uncached, cached) or (batch, context tokens)
+    inputs: tuple[float, float]  # (uncached, cached) or (batch, context tokens)
     measured: float
     fitted: float
     held_out: bool
@@ -218,13 +218,13 @@ def _with_cached(a: Array, u: Array, c: Array, y: Array, notes: list[str]) -> tu
         best: tuple[float, tuple[int, ...], Array] | None = None
         for support in ((0, 1), (0,), (1,)):
             x, res = _relative_lstsq(np.column_stack([a, *(extra[k] for k in support)]), y)
-            if np.all(x[a.shape[1]:] >= 0) and (best is None or res < best[0]):
+            if np.all(x[a.shape[1] :] >= 0) and (best is None or res < best[0]):
                 best = (res, support, x)
         if best is not None:
             terms = [0.0, 0.0]
-            for k, v in zip(best[1], best[2][a.shape[1]:]):
+            for k, v in zip(best[1], best[2][a.shape[1] :]):
                 terms[k] = float(v) / (cs, ps)[k]
-            return best[2][:a.shape[1]], terms[0], terms[1]
+            return best[2][: a.shape[1]], terms[0], terms[1]
         notes.append("the cached-token terms came out negative; fitted without them")
     elif np.any(c > 0):
         notes.append("every point has the same cached tokens: no cached-token term can be told apart")
@@ -241,30 +241,37 @@ def split_overhead(spec: TablePrefill | PolynomialPrefill) -> tuple[TablePrefill
         c0 = spec.coefficients[0]
         if c0 <= 0:
             return spec, f"the fitted curve's time at 0 tokens is {c0:.3g} s: no fixed overhead to name"
-        return spec.model_copy(update={"overhead_s": spec.overhead_s + c0,
-                                       "coefficients": [0.0, *spec.coefficients[1:]]}), None
+        return spec.model_copy(
+            update={"overhead_s": spec.overhead_s + c0, "coefficients": [0.0, *spec.coefficients[1:]]}
+        ), None
     (x0, y0), (x1, y1) = spec.points[0], spec.points[1]
     b = y0 - (y1 - y0) * x0 / (x1 - x0)
     if b <= 0:
         return spec, f"the fitted curve's time at 0 tokens is {b:.3g} s: no fixed overhead to name"
     if any(y <= b for _, y in spec.points):
-        return spec, (f"the fitted curve extrapolates to {b:.3g} s at 0 tokens, above one of its points: "
-                      "no fixed overhead can be told apart")
-    return spec.model_copy(update={"overhead_s": spec.overhead_s + b,
-                                   "points": [(x, y - b) for x, y in spec.points]}), None
+        return spec, (
+            f"the fitted curve extrapolates to {b:.3g} s at 0 tokens, above one of its points: "
+            "no fixed overhead can be told apart"
+        )
+    return spec.model_copy(
+        update={"overhead_s": spec.overhead_s + b, "points": [(x, y - b) for x, y in spec.points]}
+    ), None
 
 
 def _less_overhead(y: Array, overhead: float, what: str) -> Array:
     if overhead < 0:
         raise CalibrationError(f"{what}: the fixed overhead must be >= 0 s, not {overhead:g}")
     if overhead and np.any(y <= overhead):
-        raise CalibrationError(f"{what}: a measured prefill of {float(y.min()):.4g} s is not above the fixed overhead "
-                               f"of {overhead:g} s (a smaller --overhead, or fit it)")
+        raise CalibrationError(
+            f"{what}: a measured prefill of {float(y.min()):.4g} s is not above the fixed overhead "
+            f"of {overhead:g} s (a smaller --overhead, or fit it)"
+        )
     return y - overhead
 
 
-def _named_overhead(spec: TablePrefill | PolynomialPrefill, overhead: float | None,
-                    notes: list[str]) -> TablePrefill | PolynomialPrefill:
+def _named_overhead(
+    spec: TablePrefill | PolynomialPrefill, overhead: float | None, notes: list[str]
+) -> TablePrefill | PolynomialPrefill:
     if overhead is not None:
         return spec.model_copy(update={"overhead_s": overhead})
     spec, note = split_overhead(spec)
@@ -274,12 +281,15 @@ def _named_overhead(spec: TablePrefill | PolynomialPrefill, overhead: float | No
 
 
 def _prefill_errors(points: Sequence[PrefillPoint], held: NDArray[np.bool_], t: PrefillTime) -> list[PointError]:
-    return [PointError(p.label, (p.uncached, p.cached), p.seconds, t(p.uncached, p.cached), bool(h))
-            for p, h in zip(points, held)]
+    return [
+        PointError(p.label, (p.uncached, p.cached), p.seconds, t(p.uncached, p.cached), bool(h))
+        for p, h in zip(points, held)
+    ]
 
 
-def fit_prefill_table(points: Sequence[PrefillPoint], max_points: int = 16, holdout_every: int = 5,
-                      overhead: float | None = None) -> PrefillFit:
+def fit_prefill_table(
+    points: Sequence[PrefillPoint], max_points: int = 16, holdout_every: int = 5, overhead: float | None = None
+) -> PrefillFit:
     """`overhead`: None moves the fitted curve's own fixed part into overhead_s (see
     `split_overhead`); a number of seconds is taken as known, the table fitted to the rest."""
     u, c, y = _check_prefill(points)
@@ -290,23 +300,35 @@ def fit_prefill_table(points: Sequence[PrefillPoint], max_points: int = 16, hold
     tu, tc, ty = u[~held], c[~held], y[~held]
     xs = table_knots(tu, max_points)
     if len(xs) < 2:
-        raise CalibrationError(f"prefill table: every training point has {xs[0]:g} uncached tokens; "
-                               "a curve needs at least two lengths")
+        raise CalibrationError(
+            f"prefill table: every training point has {xs[0]:g} uncached tokens; a curve needs at least two lengths"
+        )
     notes: list[str] = []
     ys, cached_s, attention_s = _with_cached(hat_basis(xs, tu), tu, tc, ty, notes)
     bad = [f"{x:g}" for x, v in zip(xs, ys) if v <= 0]
     if bad:
-        raise CalibrationError(f"prefill table: the fitted time at {', '.join(bad)} uncached tokens is not positive; "
-                               "too few or too noisy measurements there (fewer --points, or a polynomial)")
-    spec = _named_overhead(TablePrefill(kind="table", points=[(float(x), float(v)) for x, v in zip(xs, ys)],
-                                        cached_token_s=cached_s, cached_attention_s=attention_s), overhead, notes)
+        raise CalibrationError(
+            f"prefill table: the fitted time at {', '.join(bad)} uncached tokens is not positive; "
+            "too few or too noisy measurements there (fewer --points, or a polynomial)"
+        )
+    spec = _named_overhead(
+        TablePrefill(
+            kind="table",
+            points=[(float(x), float(v)) for x, v in zip(xs, ys)],
+            cached_token_s=cached_s,
+            cached_attention_s=attention_s,
+        ),
+        overhead,
+        notes,
+    )
     errors = _prefill_errors(points, held, PrefillTime.from_spec(spec))
     train, held_out = _summaries(errors)
     return PrefillFit(spec, tuple(errors), train, held_out, tuple(notes))
 
 
-def fit_prefill_polynomial(points: Sequence[PrefillPoint], degree: int = 2, holdout_every: int = 5,
-                           overhead: float | None = None) -> PrefillFit:
+def fit_prefill_polynomial(
+    points: Sequence[PrefillPoint], degree: int = 2, holdout_every: int = 5, overhead: float | None = None
+) -> PrefillFit:
     """`overhead` as for `fit_prefill_table` (None: the constant coefficient becomes overhead_s)."""
     u, c, y = _check_prefill(points)
     y = _less_overhead(y, overhead or 0.0, f"prefill polynomial of degree {degree}")
@@ -315,15 +337,22 @@ def fit_prefill_polynomial(points: Sequence[PrefillPoint], degree: int = 2, hold
     held = _split(len(points), holdout_every, degree + 1, f"prefill polynomial of degree {degree}", _range_ends(u))
     tu, tc, ty = u[~held], c[~held], y[~held]
     if len(np.unique(tu)) < degree + 1:
-        raise CalibrationError(f"prefill polynomial: {len(np.unique(tu))} distinct lengths cannot fix "
-                               f"{degree + 1} coefficients (lower --degree)")
+        raise CalibrationError(
+            f"prefill polynomial: {len(np.unique(tu))} distinct lengths cannot fix "
+            f"{degree + 1} coefficients (lower --degree)"
+        )
     # Powers of u / max(u) keep the columns comparable; the coefficients are rescaled after.
     scale = float(tu.max()) or 1.0
     notes: list[str] = []
     a, cached_s, attention_s = _with_cached(np.vander(tu / scale, degree + 1, increasing=True), tu, tc, ty, notes)
     coefficients = [float(v / scale**i) for i, v in enumerate(a)]
-    spec = _named_overhead(PolynomialPrefill(kind="polynomial", coefficients=coefficients, cached_token_s=cached_s,
-                                             cached_attention_s=attention_s), overhead, notes)
+    spec = _named_overhead(
+        PolynomialPrefill(
+            kind="polynomial", coefficients=coefficients, cached_token_s=cached_s, cached_attention_s=attention_s
+        ),
+        overhead,
+        notes,
+    )
     errors = _prefill_errors(points, held, PrefillTime.from_spec(spec))
     train, held_out = _summaries(errors)
     return PrefillFit(spec, tuple(errors), train, held_out, tuple(notes))
@@ -359,8 +388,10 @@ def fit_decode(points: Sequence[DecodePoint], holdout_every: int = 5) -> DecodeF
         notes.append(f"context never varies ({tctx[0]:g} tokens): per_context_token_s fixed at 0")
     if len(free) == 2 and np.linalg.matrix_rank(cols) < 3:
         free.remove(2)
-        notes.append("context grows in step with the batch size: per_context_token_s fixed at 0, "
-                     "per_seq_s absorbs it (vary the prompt lengths to separate them)")
+        notes.append(
+            "context grows in step with the batch size: per_context_token_s fixed at 0, "
+            "per_seq_s absorbs it (vary the prompt lengths to separate them)"
+        )
     best: tuple[float, list[int], Array] | None = None
     for k in range(len(free) + 1):
         for sub in combinations(free, k):
@@ -377,8 +408,10 @@ def fit_decode(points: Sequence[DecodePoint], holdout_every: int = 5) -> DecodeF
     if dropped:
         notes.append(f"{', '.join(dropped)} would come out negative; fixed at 0")
     fit = DecodeFit(coef[0], coef[1], coef[2], (), ErrorSummary(0, 0, 0, 0), None, tuple(notes))
-    errors = [PointError(p.label, (p.batch, p.context_tokens), p.seconds, fit.step(p.batch, p.context_tokens), bool(h))
-              for p, h in zip(points, held)]
+    errors = [
+        PointError(p.label, (p.batch, p.context_tokens), p.seconds, fit.step(p.batch, p.context_tokens), bool(h))
+        for p, h in zip(points, held)
+    ]
     train, held_out = _summaries(errors)
     return DecodeFit(coef[0], coef[1], coef[2], tuple(errors), train, held_out, tuple(notes))
 
@@ -390,15 +423,15 @@ def fit_decode(points: Sequence[DecodePoint], holdout_every: int = 5) -> DecodeF
 class RequestRecord:
     """One successful request as a benchmark client saw it (seconds, tokens)."""
 
-    source: str                  # "file:line" (or "file:line:index"), for labels and messages
-    run: str                     # requests of one run shared a server and a clock
+    source: str  # "file:line" (or "file:line:index"), for labels and messages
+    run: str  # requests of one run shared a server and a clock
     prompt_tokens: int
-    cached_tokens: int | None    # None: the export does not say (taken as 0)
+    cached_tokens: int | None  # None: the export does not say (taken as 0)
     output_tokens: int
     ttft_s: float
-    latency_s: float             # send to last token
-    start_s: float | None        # send time on the run's clock; None: the export has none
-    concurrency: int | None = None   # the run's fixed number of requests in flight, if stated
+    latency_s: float  # send to last token
+    start_s: float | None  # send time on the run's clock; None: the export has none
+    concurrency: int | None = None  # the run's fixed number of requests in flight, if stated
 
 
 @dataclass(frozen=True)
@@ -451,8 +484,14 @@ def _analyse_timed(recs: list[RequestRecord]) -> tuple[list[DecodePoint], list[F
             r = recs[i]
             window = e[i] - d[i]
             if r.output_tokens >= 2 and window > 0:
-                decode.append(DecodePoint(float(ov[k].sum() / window), float(held[k].sum() / window),
-                                          float(window / (r.output_tokens - 1)), r.source))
+                decode.append(
+                    DecodePoint(
+                        float(ov[k].sum() / window),
+                        float(held[k].sum() / window),
+                        float(window / (r.output_tokens - 1)),
+                        r.source,
+                    )
+                )
             if not np.any(busy[k] > _OVERLAP_TOLERANCE_S):
                 first.append(FirstStep(r, 1.0, float(p[i])))
     return decode, first
@@ -462,9 +501,16 @@ def _analyse_fixed(recs: list[RequestRecord], n: int) -> tuple[list[DecodePoint]
     """No timestamps (or a stated concurrency): every request decoded beside n - 1 others holding
     the run's mean context; only at n = 1 is TTFT free of queueing."""
     mean_ctx = float(np.mean([r.prompt_tokens + (r.output_tokens + 1) / 2 for r in recs]))
-    decode = [DecodePoint(float(n), r.prompt_tokens + (r.output_tokens + 1) / 2 + (n - 1) * mean_ctx,
-                          (r.latency_s - r.ttft_s) / (r.output_tokens - 1), r.source)
-              for r in recs if r.output_tokens >= 2 and r.latency_s > r.ttft_s]
+    decode = [
+        DecodePoint(
+            float(n),
+            r.prompt_tokens + (r.output_tokens + 1) / 2 + (n - 1) * mean_ctx,
+            (r.latency_s - r.ttft_s) / (r.output_tokens - 1),
+            r.source,
+        )
+        for r in recs
+        if r.output_tokens >= 2 and r.latency_s > r.ttft_s
+    ]
     first = [FirstStep(r, 1.0, float(r.prompt_tokens)) for r in recs] if n == 1 else []
     return decode, first
 
@@ -482,18 +528,23 @@ def analyse_requests(records: Sequence[RequestRecord], concurrency: int | None =
     for run, recs in runs.items():
         n = concurrency or (None if all(r.start_s is not None for r in recs) else recs[0].concurrency)
         if n is None and any(r.start_s is None for r in recs):
-            raise CalibrationError(f"{run}: the records have no send times and the run states no fixed concurrency, so "
-                                   "the batch size in force is unknown: pass --concurrency N")
+            raise CalibrationError(
+                f"{run}: the records have no send times and the run states no fixed concurrency, so "
+                "the batch size in force is unknown: pass --concurrency N"
+            )
         dp, fs = _analyse_fixed(recs, n) if n is not None else _analyse_timed(recs)
         decode += dp
         first += fs
         how = f"concurrency {n} as stated" if n is not None else "batch sizes from the timestamps"
-        notes.append(f"{run}: {len(recs)} requests, {len(dp)} decode points, {len(fs)} with a queue-free prefill ({how})")
+        notes.append(
+            f"{run}: {len(recs)} requests, {len(dp)} decode points, {len(fs)} with a queue-free prefill ({how})"
+        )
     return RequestAnalysis(tuple(decode), tuple(first), tuple(notes))
 
 
-def prefill_points(first_steps: Sequence[FirstStep],
-                   step: Callable[[float, float], float] | None) -> tuple[list[PrefillPoint], list[str]]:
+def prefill_points(
+    first_steps: Sequence[FirstStep], step: Callable[[float, float], float] | None
+) -> tuple[list[PrefillPoint], list[str]]:
     """Prefill = TTFT - the first decode step (`step`, e.g. the decode fit; None: nothing taken
     off); the requests of equal (uncached, cached) lengths become one point, their median."""
     groups: dict[tuple[int, int], list[tuple[float, str]]] = defaultdict(list)

@@ -59,44 +59,94 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "calibrate",
         help="fit a hardware profile (prefill curve, decode step model) to measurements of a real server",
         description="Fit a scenario's hardware profile to measurements: CSV files of prefill and decode-step "
-                    "times, aiperf per-request exports, or `vllm bench serve --save-result --save-detailed` "
-                    "results. Prints the fit error per point and on held-out points; --out writes a scenario "
-                    "that extends --scenario with hardware.NAME replaced (or, with --block-only, the block).",
+        "times, aiperf per-request exports, or `vllm bench serve --save-result --save-detailed` "
+        "results. Prints the fit error per point and on held-out points; --out writes a scenario "
+        "that extends --scenario with hardware.NAME replaced (or, with --block-only, the block).",
     )
     src = p.add_argument_group("measurements (repeatable, any mix)")
-    src.add_argument("--prefill-csv", action="append", default=[], type=Path, metavar="FILE",
-                     help=f"prefill times: columns {','.join(PREFILL_COLUMNS)} (cached_tokens optional)")
-    src.add_argument("--decode-csv", action="append", default=[], type=Path, metavar="FILE",
-                     help=f"decode step times: columns {','.join(DECODE_COLUMNS)} (context = tokens held by the "
-                          "whole batch)")
-    src.add_argument("--aiperf", action="append", default=[], type=Path, metavar="FILE",
-                     help="aiperf profile_export.jsonl (or its artifacts directory) of one streaming run")
-    src.add_argument("--vllm", action="append", default=[], type=Path, metavar="FILE",
-                     help="`vllm bench serve --save-result --save-detailed` result JSON (one or more runs)")
-    src.add_argument("--concurrency", type=int, metavar="N",
-                     help="requests in flight throughout each aiperf/vllm run; default: the batch in force "
-                          "from the records' timestamps (or vllm's max_concurrency where the file has none)")
+    src.add_argument(
+        "--prefill-csv",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help=f"prefill times: columns {','.join(PREFILL_COLUMNS)} (cached_tokens optional)",
+    )
+    src.add_argument(
+        "--decode-csv",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help=f"decode step times: columns {','.join(DECODE_COLUMNS)} (context = tokens held by the whole batch)",
+    )
+    src.add_argument(
+        "--aiperf",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="aiperf profile_export.jsonl (or its artifacts directory) of one streaming run",
+    )
+    src.add_argument(
+        "--vllm",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="`vllm bench serve --save-result --save-detailed` result JSON (one or more runs)",
+    )
+    src.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="requests in flight throughout each aiperf/vllm run; default: the batch in force "
+        "from the records' timestamps (or vllm's max_concurrency where the file has none)",
+    )
     fit = p.add_argument_group("fit")
-    fit.add_argument("--prefill", choices=["table", "polynomial"], default="table",
-                     help="prefill curve kind (default table: piecewise linear over uncached tokens)")
+    fit.add_argument(
+        "--prefill",
+        choices=["table", "polynomial"],
+        default="table",
+        help="prefill curve kind (default table: piecewise linear over uncached tokens)",
+    )
     fit.add_argument("--points", type=int, default=16, help="table: at most this many points (default 16)")
     fit.add_argument("--degree", type=int, default=2, help="polynomial degree (default 2)")
-    fit.add_argument("--holdout-every", type=int, default=5, metavar="K",
-                     help="score every K-th point held out of the fit (default 5; 0 = none)")
-    fit.add_argument("--overhead", type=overhead_arg, default=None, metavar="fit|SECONDS",
-                     help="the fixed time per prefill (overhead_s): fit = the fitted curve's own time at zero "
-                          "uncached tokens, named (default); SECONDS = known, the curve fitted to what remains")
+    fit.add_argument(
+        "--holdout-every",
+        type=int,
+        default=5,
+        metavar="K",
+        help="score every K-th point held out of the fit (default 5; 0 = none)",
+    )
+    fit.add_argument(
+        "--overhead",
+        type=overhead_arg,
+        default=None,
+        metavar="fit|SECONDS",
+        help="the fixed time per prefill (overhead_s): fit = the fitted curve's own time at zero "
+        "uncached tokens, named (default); SECONDS = known, the curve fitted to what remains",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--name", help="hardware profile name to write (hardware.NAME)")
-    out.add_argument("--scenario", action=StoreOnce, metavar="S", help="base scenario the written one extends (name or path)")
-    out.add_argument("--out", action=StoreOnce, type=out_file, metavar="FILE", help="write the scenario (or the block) here")
-    out.add_argument("--block-only", action="store_true",
-                     help="write only `hardware: {NAME: ...}` (a fragment for a list `extends`)")
+    out.add_argument(
+        "--scenario", action=StoreOnce, metavar="S", help="base scenario the written one extends (name or path)"
+    )
+    out.add_argument(
+        "--out", action=StoreOnce, type=out_file, metavar="FILE", help="write the scenario (or the block) here"
+    )
+    out.add_argument(
+        "--block-only", action="store_true", help="write only `hardware: {NAME: ...}` (a fragment for a list `extends`)"
+    )
     out.add_argument("--bs-max", type=int, help="decode BS_max (default: the base's hardware.NAME)")
-    out.add_argument("--kv-capacity", metavar="SIZE",
-                     help="decode KV memory, e.g. 200GiB (default: the base's hardware.NAME)")
-    out.add_argument("--all-points", action="store_true",
-                     help=f"print every point (default: the {SHOWN_POINTS} with the largest errors)")
+    out.add_argument(
+        "--kv-capacity", metavar="SIZE", help="decode KV memory, e.g. 200GiB (default: the base's hardware.NAME)"
+    )
+    out.add_argument(
+        "--all-points",
+        action="store_true",
+        help=f"print every point (default: the {SHOWN_POINTS} with the largest errors)",
+    )
     out.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=cmd_calibrate)
 
@@ -160,22 +210,29 @@ def calibrate(args: argparse.Namespace) -> Calibration:
     decode = fit_decode(dec, args.holdout_every) if dec else None
     if records:
         if not first_steps:
-            notes.append("no request ran with nothing else in flight, so the records give no prefill points "
-                         "(measure prefill at concurrency 1)")
+            notes.append(
+                "no request ran with nothing else in flight, so the records give no prefill points "
+                "(measure prefill at concurrency 1)"
+            )
         else:
             if decode is None:
                 notes.append("no decode measurements: each TTFT is taken as the prefill time alone")
             else:
-                notes.append("prefill from the records: TTFT less the fitted decode step of batch 1 over the prompt "
-                             "(median over requests of equal lengths)")
+                notes.append(
+                    "prefill from the records: TTFT less the fitted decode step of batch 1 over the prompt "
+                    "(median over requests of equal lengths)"
+                )
             pts, more = prefill_points(first_steps, decode.step if decode is not None else None)
             pre += pts
             notes += more
     prefill: PrefillFit | None = None
     if pre:
         overhead = getattr(args, "overhead", None)
-        prefill = (fit_prefill_table(pre, args.points, args.holdout_every, overhead) if args.prefill == "table"
-                   else fit_prefill_polynomial(pre, args.degree, args.holdout_every, overhead))
+        prefill = (
+            fit_prefill_table(pre, args.points, args.holdout_every, overhead)
+            if args.prefill == "table"
+            else fit_prefill_polynomial(pre, args.degree, args.holdout_every, overhead)
+        )
     if prefill is None and decode is None:
         raise CalibrationError("the measurements gave neither prefill nor decode points")
     return Calibration(sources, notes, prefill, decode)
@@ -205,16 +262,21 @@ def block_of(cal: Calibration, bs_max: int | None, kv_capacity: int | None) -> d
         block["prefill"] = d
     if cal.decode is not None:
         f = cal.decode
-        dd: dict[str, Any] = {"base_s": _g(f.base_s), "per_seq_s": _g(f.per_seq_s),
-                              "per_context_token_s": _g(f.per_context_token_s)}
+        dd: dict[str, Any] = {
+            "base_s": _g(f.base_s),
+            "per_seq_s": _g(f.per_seq_s),
+            "per_context_token_s": _g(f.per_context_token_s),
+        }
         if bs_max is not None:
             dd["bs_max"] = bs_max
         if kv_capacity is not None:
             dd["kv_capacity_bytes"] = kv_capacity
         block["decode"] = dd
     fit: dict[str, Any] = {}
-    scores = (("prefill", cal.prefill.train, cal.prefill.held_out) if cal.prefill is not None else None,
-              ("decode", cal.decode.train, cal.decode.held_out) if cal.decode is not None else None)
+    scores = (
+        ("prefill", cal.prefill.train, cal.prefill.held_out) if cal.prefill is not None else None,
+        ("decode", cal.decode.train, cal.decode.held_out) if cal.decode is not None else None,
+    )
     for part, train, held in (s for s in scores if s is not None):
         fit[f"{part}_points"] = train.n
         fit[f"{part}_max_abs_rel_error"] = _g(train.max_abs)
@@ -227,16 +289,23 @@ def block_of(cal: Calibration, bs_max: int | None, kv_capacity: int | None) -> d
 def _summary_text(s: ErrorSummary | None) -> str:
     if s is None:
         return "none held out"
-    return (f"{s.n} point{'s' if s.n != 1 else ''}, mean |err| {100 * s.mean_abs:.2f}%, "
-            f"max {100 * s.max_abs:.2f}%, rms {100 * s.rms:.2f}%")
+    return (
+        f"{s.n} point{'s' if s.n != 1 else ''}, mean |err| {100 * s.mean_abs:.2f}%, "
+        f"max {100 * s.max_abs:.2f}%, rms {100 * s.rms:.2f}%"
+    )
 
 
 def _prefill_title(f: PrefillFit) -> str:
     spec = f.spec
-    shape = (f"table of {len(spec.points)} points over uncached tokens" if spec.kind == "table"
-             else f"polynomial of degree {len(spec.coefficients) - 1} in uncached tokens")
-    return (f"{shape}, fixed overhead_s {spec.overhead_s:.4g} s per prefill, cached_token_s "
-            f"{spec.cached_token_s:.3g}, cached_attention_s {spec.cached_attention_s:.3g}")
+    shape = (
+        f"table of {len(spec.points)} points over uncached tokens"
+        if spec.kind == "table"
+        else f"polynomial of degree {len(spec.coefficients) - 1} in uncached tokens"
+    )
+    return (
+        f"{shape}, fixed overhead_s {spec.overhead_s:.4g} s per prefill, cached_token_s "
+        f"{spec.cached_token_s:.3g}, cached_attention_s {spec.cached_attention_s:.3g}"
+    )
 
 
 def _held(every: int) -> str:
@@ -318,8 +387,10 @@ def write_output(cal: Calibration, args: argparse.Namespace) -> tuple[dict[str, 
         try:
             base = load_scenario(base_path)
         except ScenarioError as e:
-            raise CalibrationError(f"{e}\n(--scenario must be a runnable scenario; for a fragment, write "
-                                   "--block-only and list it in an `extends`)") from None
+            raise CalibrationError(
+                f"{e}\n(--scenario must be a runnable scenario; for a fragment, write "
+                "--block-only and list it in an `extends`)"
+            ) from None
     full = args.out is not None and not args.block_only
     if args.out is not None and args.name is None:
         raise CalibrationError("--out needs --name: the hardware profile to write")
@@ -336,15 +407,22 @@ def write_output(cal: Calibration, args: argparse.Namespace) -> tuple[dict[str, 
         dec.setdefault("kv_capacity_bytes", below.kv_capacity_bytes)
     if dec is not None and below is None and not {"bs_max", "kv_capacity_bytes"} <= dec.keys():
         if full:
-            raise CalibrationError(f"hardware {name!r} of {args.scenario} has no decode profile to keep BS_max and "
-                                   "KV capacity from: pass --bs-max and --kv-capacity")
-        notes.append("the decode block has no bs_max / kv_capacity_bytes (not measured): merge it over a profile "
-                     "that has them, or pass --bs-max and --kv-capacity")
+            raise CalibrationError(
+                f"hardware {name!r} of {args.scenario} has no decode profile to keep BS_max and "
+                "KV capacity from: pass --bs-max and --kv-capacity"
+            )
+        notes.append(
+            "the decode block has no bs_max / kv_capacity_bytes (not measured): merge it over a profile "
+            "that has them, or pass --bs-max and --kv-capacity"
+        )
     if full and base is not None and "prefill" not in block and name not in base.hardware:
         raise CalibrationError(f"hardware {name!r} is new to {args.scenario}: it needs prefill measurements too")
     if base is not None and not any(c.hardware == name for c in base.clusters):
-        print(f"warning: no cluster of {base.name} uses hardware {name!r} "
-              f"(they use: {', '.join(sorted({c.hardware for c in base.clusters}))})", file=sys.stderr)
+        print(
+            f"warning: no cluster of {base.name} uses hardware {name!r} "
+            f"(they use: {', '.join(sorted({c.hardware for c in base.clusters}))})",
+            file=sys.stderr,
+        )
     head = _comment(header_lines(cal, name, args.holdout_every) + [f"note: {n}" for n in notes])
     if not full:
         text = head + yaml.safe_dump({"hardware": {name: block}}, sort_keys=False, default_flow_style=None)
@@ -357,9 +435,12 @@ def write_output(cal: Calibration, args: argparse.Namespace) -> tuple[dict[str, 
     # absolute: sharing only "/" or a top-level directory such as /tmp is no shared tree.
     target, here = base_path.resolve(), out.resolve().parent
     shared = len(Path(os.path.commonpath([target, here])).parts) > 2
-    doc = {"extends": os.path.relpath(target, here) if shared else str(target), "name": out.stem if _NAME_RE.match(out.stem) else f"{base.name}-calibrated",
-           "description": f"{base.name} with hardware {name!r} calibrated from measurements (see the header)",
-           "hardware": {name: block}}
+    doc = {
+        "extends": os.path.relpath(target, here) if shared else str(target),
+        "name": out.stem if _NAME_RE.match(out.stem) else f"{base.name}-calibrated",
+        "description": f"{base.name} with hardware {name!r} calibrated from measurements (see the header)",
+        "hardware": {name: block},
+    }
     text = head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
     _write_atomic(out, text, _validate_scenario)
     return block, text
@@ -373,8 +454,10 @@ def _rows(points: tuple[PointError, ...], all_points: bool) -> tuple[list[PointE
         return list(points), ""
     worst = sorted(points, key=lambda e: -abs(e.rel_error))[:SHOWN_POINTS]
     order = {id(e): i for i, e in enumerate(points)}
-    return (sorted(worst, key=lambda e: order[id(e)]),
-            f"  ({SHOWN_POINTS} of {len(points)} points, those with the largest errors; --all-points for every one)")
+    return (
+        sorted(worst, key=lambda e: order[id(e)]),
+        f"  ({SHOWN_POINTS} of {len(points)} points, those with the largest errors; --all-points for every one)",
+    )
 
 
 def _table(title: str, cols: tuple[str, str], points: tuple[PointError, ...], all_points: bool) -> list[str]:
@@ -383,8 +466,10 @@ def _table(title: str, cols: tuple[str, str], points: tuple[PointError, ...], al
     lines = [f"  {title:<{w}}  {cols[0]:>12} {cols[1]:>12} {'measured s':>11} {'fitted s':>11} {'error':>8}"]
     for e in shown:
         mark = "  held out" if e.held_out else ""
-        lines.append(f"  {e.label:<{w}}  {e.inputs[0]:>12,.6g} {e.inputs[1]:>12,.6g} {e.measured:>11.5f} "
-                     f"{e.fitted:>11.5f} {100 * e.rel_error:>+7.2f}%{mark}")
+        lines.append(
+            f"  {e.label:<{w}}  {e.inputs[0]:>12,.6g} {e.inputs[1]:>12,.6g} {e.measured:>11.5f} "
+            f"{e.fitted:>11.5f} {100 * e.rel_error:>+7.2f}%{mark}"
+        )
     return lines + ([more] if more else [])
 
 
@@ -403,8 +488,11 @@ def report_lines(cal: Calibration, args: argparse.Namespace) -> list[str]:
         lines += [f"  note: {n}" for n in f.notes]
     if cal.decode is not None:
         d = cal.decode
-        lines += ["", f"decode: step = {d.base_s:.6g} + {d.per_seq_s:.6g} * batch + "
-                      f"{d.per_context_token_s:.6g} * context tokens (s)"]
+        lines += [
+            "",
+            f"decode: step = {d.base_s:.6g} + {d.per_seq_s:.6g} * batch + "
+            f"{d.per_context_token_s:.6g} * context tokens (s)",
+        ]
         lines += _table("point", ("batch", "context"), d.points, args.all_points)
         lines += [f"  fit: {_summary_text(d.train)}", f"  {held}: {_summary_text(d.held_out)}"]
         lines += [f"  note: {n}" for n in d.notes]
@@ -414,25 +502,47 @@ def report_lines(cal: Calibration, args: argparse.Namespace) -> list[str]:
 
 
 def _point_json(e: PointError, keys: tuple[str, str]) -> dict[str, Any]:
-    return {"label": e.label, keys[0]: e.inputs[0], keys[1]: e.inputs[1], "measured_s": e.measured,
-            "fitted_s": e.fitted, "rel_error": e.rel_error, "held_out": e.held_out}
+    return {
+        "label": e.label,
+        keys[0]: e.inputs[0],
+        keys[1]: e.inputs[1],
+        "measured_s": e.measured,
+        "fitted_s": e.fitted,
+        "rel_error": e.rel_error,
+        "held_out": e.held_out,
+    }
 
 
 def figures(cal: Calibration, block: dict[str, Any], out: Path | None) -> dict[str, Any]:
     def summ(s: ErrorSummary | None) -> dict[str, Any] | None:
         return asdict(s) if s is not None else None
-    doc: dict[str, Any] = {"sources": cal.sources, "notes": cal.notes, "block": block,
-                           "out": str(out) if out is not None else None}
+
+    doc: dict[str, Any] = {
+        "sources": cal.sources,
+        "notes": cal.notes,
+        "block": block,
+        "out": str(out) if out is not None else None,
+    }
     if cal.prefill is not None:
         f = cal.prefill
-        doc["prefill"] = {"spec": f.spec.model_dump(mode="json"), "train": summ(f.train),
-                          "held_out": summ(f.held_out), "notes": list(f.notes),
-                          "points": [_point_json(e, ("uncached", "cached")) for e in f.points]}
+        doc["prefill"] = {
+            "spec": f.spec.model_dump(mode="json"),
+            "train": summ(f.train),
+            "held_out": summ(f.held_out),
+            "notes": list(f.notes),
+            "points": [_point_json(e, ("uncached", "cached")) for e in f.points],
+        }
     if cal.decode is not None:
         d = cal.decode
-        doc["decode"] = {"base_s": d.base_s, "per_seq_s": d.per_seq_s, "per_context_token_s": d.per_context_token_s,
-                         "train": summ(d.train), "held_out": summ(d.held_out), "notes": list(d.notes),
-                         "points": [_point_json(e, ("batch", "context_tokens")) for e in d.points]}
+        doc["decode"] = {
+            "base_s": d.base_s,
+            "per_seq_s": d.per_seq_s,
+            "per_context_token_s": d.per_context_token_s,
+            "train": summ(d.train),
+            "held_out": summ(d.held_out),
+            "notes": list(d.notes),
+            "points": [_point_json(e, ("batch", "context_tokens")) for e in d.points],
+        }
     return doc
 
 

@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from testbed.config.input_files import (
-    MAX_CONFIG_BYTES, InputFileError, decode_utf8, json_kind, open_regular, quotable_header, read_text_capped,
+    MAX_CONFIG_BYTES,
+    InputFileError,
+    decode_utf8,
+    json_kind,
+    open_regular,
+    quotable_header,
+    read_text_capped,
 )
 from testbed.core.errors import UserError
 from testbed.hardware.calibrate import DecodePoint, PrefillPoint, RequestRecord
@@ -144,15 +150,24 @@ def _csv_rows(path: Path, columns: tuple[str, ...], optional: tuple[str, ...]) -
                     names = [c.casefold() for c in cells]
                     for c in columns:
                         if c not in names and c not in optional:
-                            raise MeasurementError(f"missing column (header: {quotable_header(cells, columns)}; expected "
-                                                   f"{', '.join(columns)})", path=path, line=line, field=c)
+                            raise MeasurementError(
+                                f"missing column (header: {quotable_header(cells, columns)}; expected "
+                                f"{', '.join(columns)})",
+                                path=path,
+                                line=line,
+                                field=c,
+                            )
                     positions = {c: names.index(c) for c in columns if c in names}
                     continue
                 # No header: all the columns, or those without the optional ones, in order.
                 use = list(columns) if len(cells) == len(columns) else positional
                 if len(cells) != len(use):
-                    raise MeasurementError(f"expected {len(columns)} or {len(positional)} numbers "
-                                           f"({', '.join(columns)}), got {len(cells)} fields", path=path, line=line)
+                    raise MeasurementError(
+                        f"expected {len(columns)} or {len(positional)} numbers "
+                        f"({', '.join(columns)}), got {len(cells)} fields",
+                        path=path,
+                        line=line,
+                    )
                 positions = {c: i for i, c in enumerate(use)}
             width = max(positions.values()) + 1
             if len(cells) < width:
@@ -223,12 +238,18 @@ def _metric(metrics: dict[str, Any], name: str, required: bool = True) -> tuple[
     m = metrics.get(name)
     if m is None:
         if required:
-            raise _Bad(f"metrics.{name}", "missing" + (
-                " (TTFT is measured only on streaming runs: aiperf profile --streaming)"
-                if name == "time_to_first_token" else ""))
+            raise _Bad(
+                f"metrics.{name}",
+                "missing"
+                + (
+                    " (TTFT is measured only on streaming runs: aiperf profile --streaming)"
+                    if name == "time_to_first_token"
+                    else ""
+                ),
+            )
         return None
     if not isinstance(m, dict) or "value" not in m:
-        raise _Bad(f"metrics.{name}", f"expected {{\"value\": ..., \"unit\": ...}}, got {_show(m)}")
+        raise _Bad(f"metrics.{name}", f'expected {{"value": ..., "unit": ...}}, got {_show(m)}')
     return m["value"], str(m.get("unit", ""))
 
 
@@ -288,8 +309,10 @@ def read_aiperf(path: str | Path, stats: ReadStats | None = None) -> list[Reques
             latency = _seconds(metrics, "request_latency")
             start = _number(meta.get("request_start_ns"), "metadata.request_start_ns") * 1e-9
             if cached is not None and cached > prompt:
-                raise _Bad("metrics.usage_prompt_cache_read_tokens",
-                           f"{cached} cached tokens is more than the {prompt} input tokens")
+                raise _Bad(
+                    "metrics.usage_prompt_cache_read_tokens",
+                    f"{cached} cached tokens is more than the {prompt} input tokens",
+                )
             if latency < ttft:
                 raise _Bad("metrics.request_latency", f"{latency:g} s is less than the TTFT {ttft:g} s")
         except _Bad as e:
@@ -311,7 +334,9 @@ def _json_lines(path: Path) -> Iterator[tuple[int, object]]:
                     try:
                         yield n, json.loads(text)
                     except json.JSONDecodeError as e:
-                        raise MeasurementError(f"not valid JSON ({e.msg} at column {e.colno})", path=path, line=n) from None
+                        raise MeasurementError(
+                            f"not valid JSON ({e.msg} at column {e.colno})", path=path, line=n
+                        ) from None
         except UnicodeDecodeError as e:
             raise MeasurementError(f"not UTF-8 text ({e.reason})", path=path) from None
 
@@ -373,8 +398,10 @@ def _vllm_run(p: Path, line: int, run_no: int, doc: object, st: ReadStats) -> li
         raise _Bad("(document)", f"expected a JSON object, got {json_kind(doc)}")
     missing = [k for k in _VLLM_LISTS if k not in doc]
     if missing:
-        raise _Bad(missing[0], "missing: the per-request lists are saved only by "
-                               "`vllm bench serve --save-result --save-detailed`")
+        raise _Bad(
+            missing[0],
+            "missing: the per-request lists are saved only by `vllm bench serve --save-result --save-detailed`",
+        )
     n = len(_list(doc, "input_lens", None))
     lens, outs, ttfts = (_list(doc, k, n) for k in _VLLM_LISTS)
     lat = _list(doc, "latencies", n) if "latencies" in doc else None
@@ -411,5 +438,3 @@ def _vllm_run(p: Path, line: int, run_no: int, doc: object, st: ReadStats) -> li
         st.used += 1
         out.append(RequestRecord(f"{p.name}:{line}:{i}", run, prompt, None, output, ttft, latency, start, conc))
     return out
-
-

@@ -21,15 +21,15 @@ import yaml
 
 from testbed.config.cli_args import StoreOnce, out_file
 from testbed.config.scenarios import MODEL_DIR, ScenarioError, load_model_profile
-from testbed.core.errors import UserError
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.scenario import ModelProfile, ModelSpec, size_bytes
 from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
+from testbed.core.errors import UserError
+from testbed.core.schema.scenario import ModelProfile, ModelSpec, size_bytes
 from testbed.hardware import aiconfigurator as aic
+from testbed.hardware.calibrate_command import _g, _write_atomic
+from testbed.hardware.profile_sample import ProfileSample, SampleError, SampleSettings, sample_profile
 from testbed.model.bandwidth_command import parse_tokens
 from testbed.model.errors import ModelError
-from testbed.hardware.profile_sample import ProfileSample, SampleError, SampleSettings, sample_profile
-from testbed.hardware.calibrate_command import _g, _write_atomic
 
 # Lengths the summary prints the prefill time at (the paper's Table 3).
 SUMMARY_TOKENS = (1024, 8192, 32768, 131072)
@@ -71,22 +71,34 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "profile",
         help="write a model profile whose prefill and decode curves come from measured GPU kernels (aiconfigurator)",
         description="Query a measured-kernel source for one serving instance of a model and write a model profile "
-                    "(the scenarios/models format: the model's KV block and hardware.NAME with a prefill table over "
-                    "uncached tokens, cached-prefix terms, a decode step model, and the source's provenance). "
-                    "The source: NVIDIA's aiconfigurator (pip install 'prfaas-testbed[profiles]'). Its times are "
-                    "kernel times: --overhead adds a fixed time per prefill. See docs/guides/profiles.md.",
+        "(the scenarios/models format: the model's KV block and hardware.NAME with a prefill table over "
+        "uncached tokens, cached-prefix terms, a decode step model, and the source's provenance). "
+        "The source: NVIDIA's aiconfigurator (pip install 'prfaas-testbed[profiles]'). Its times are "
+        "kernel times: --overhead adds a fixed time per prefill. See docs/guides/profiles.md.",
     )
     src = p.add_argument_group("source")
-    src.add_argument("--aiconfigurator", action=StoreOnce, metavar="MODEL",
-                     help="the model: a testbed profile name (" + ", ".join(aic.MODEL_IDS) + ") or aiconfigurator's "
-                          "id (e.g. MiniMaxAI/MiniMax-M2.5; --list prints them)")
+    src.add_argument(
+        "--aiconfigurator",
+        action=StoreOnce,
+        metavar="MODEL",
+        help="the model: a testbed profile name (" + ", ".join(aic.MODEL_IDS) + ") or aiconfigurator's "
+        "id (e.g. MiniMaxAI/MiniMax-M2.5; --list prints them)",
+    )
     src.add_argument("--system", default="h200_sxm", help="aiconfigurator's GPU system (default h200_sxm)")
     src.add_argument("--backend", default="sglang", help="serving backend: sglang, trtllm or vllm (default sglang)")
-    src.add_argument("--backend-version", default="current",
-                     help="a version of the backend's database, or current / previous / next (default current)")
-    src.add_argument("--database-mode", default="SILICON", type=str.upper, choices=aic.DATABASE_MODES,
-                     help="SILICON: measured data only (default); HYBRID: measured, else speed-of-light x an "
-                          "empirical factor; EMPIRICAL; SOL")
+    src.add_argument(
+        "--backend-version",
+        default="current",
+        help="a version of the backend's database, or current / previous / next (default current)",
+    )
+    src.add_argument(
+        "--database-mode",
+        default="SILICON",
+        type=str.upper,
+        choices=aic.DATABASE_MODES,
+        help="SILICON: measured data only (default); HYBRID: measured, else speed-of-light x an "
+        "empirical factor; EMPIRICAL; SOL",
+    )
     par = p.add_argument_group("parallelism of one instance")
     par.add_argument("--tp", type=_positive_int, default=8, help="attention tensor parallelism (default 8)")
     par.add_argument("--pp", type=_positive_int, default=1, help="pipeline parallelism (default 1)")
@@ -94,31 +106,60 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     par.add_argument("--moe-tp", type=_positive_int, default=1, help="MoE tensor parallelism (default 1)")
     par.add_argument("--ep", type=_positive_int, help="MoE expert parallelism (default: tp x attention-dp / moe-tp)")
     q = p.add_argument_group("quantization (default: the model's own, except the KV cache)")
-    q.add_argument("--kv-cache-quant", default="bfloat16", choices=sorted(aic.KV_DTYPE_BYTES),
-                   help="KV cache dtype (default bfloat16, what the model profiles count; fp8/int8 halve the "
-                        "profile's per-token KV bytes)")
+    q.add_argument(
+        "--kv-cache-quant",
+        default="bfloat16",
+        choices=sorted(aic.KV_DTYPE_BYTES),
+        help="KV cache dtype (default bfloat16, what the model profiles count; fp8/int8 halve the "
+        "profile's per-token KV bytes)",
+    )
     q.add_argument("--attention-quant", help="attention (FMHA) dtype (default: the KV cache's)")
     q.add_argument("--weights-quant", help="GEMM weights dtype, e.g. bfloat16, fp8_block")
     q.add_argument("--moe-quant", help="MoE weights dtype")
     out = p.add_argument_group("profile")
-    out.add_argument("--kv-from", metavar="PROFILE",
-                     help="model profile whose model block (KV bytes, layers) to use (default: the shipped "
-                          "profile of the same model)")
+    out.add_argument(
+        "--kv-from",
+        metavar="PROFILE",
+        help="model profile whose model block (KV bytes, layers) to use (default: the shipped "
+        "profile of the same model)",
+    )
     out.add_argument("--hardware", help="hardware name to write (default: the system's first word, e.g. h200)")
-    out.add_argument("--overhead", type=_seconds, default=0.0, metavar="SECONDS",
-                     help="fixed time per prefill added to the kernels' (overhead_s; default 0)")
+    out.add_argument(
+        "--overhead",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="fixed time per prefill added to the kernels' (overhead_s; default 0)",
+    )
     out.add_argument("--min-tokens", type=_tokens, default=1, help="shortest prompt in the table (default 1)")
-    out.add_argument("--max-tokens", type=_tokens, default=131072,
-                     help="longest prompt in the table (default 128K, Table 3's longest; longer extrapolates)")
-    out.add_argument("--tolerance", type=float, default=0.005,
-                     help="the table's largest relative error against the source between points (default 0.005)")
-    out.add_argument("--tpot", type=float, default=0.025,
-                     help="TPOT target that sets BS_max, s (default 0.025, the paper's 40 tokens/s)")
-    out.add_argument("--decode-context", type=_tokens, default=28672,
-                     help="tokens a sequence holds when BS_max is chosen (default 28K)")
+    out.add_argument(
+        "--max-tokens",
+        type=_tokens,
+        default=131072,
+        help="longest prompt in the table (default 128K, Table 3's longest; longer extrapolates)",
+    )
+    out.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.005,
+        help="the table's largest relative error against the source between points (default 0.005)",
+    )
+    out.add_argument(
+        "--tpot",
+        type=float,
+        default=0.025,
+        help="TPOT target that sets BS_max, s (default 0.025, the paper's 40 tokens/s)",
+    )
+    out.add_argument(
+        "--decode-context",
+        type=_tokens,
+        default=28672,
+        help="tokens a sequence holds when BS_max is chosen (default 28K)",
+    )
     out.add_argument("--bs-max", type=_positive_int, help="decode BS_max (default: the largest batch meeting --tpot)")
-    out.add_argument("--kv-capacity", metavar="SIZE",
-                     help="decode KV memory, e.g. 600GiB (default: enough that BS_max binds)")
+    out.add_argument(
+        "--kv-capacity", metavar="SIZE", help="decode KV memory, e.g. 600GiB (default: enough that BS_max binds)"
+    )
     p.add_argument("--out", action=StoreOnce, type=out_file, metavar="FILE", help="write the profile here")
     p.add_argument("--list", action="store_true", help="print the systems and models aiconfigurator knows, and exit")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -134,9 +175,19 @@ def request_of(args: argparse.Namespace) -> aic.EngineRequest:
         quant["gemm"] = args.weights_quant
     if args.moe_quant:
         quant["moe"] = args.moe_quant
-    return aic.EngineRequest(aic.model_id(args.aiconfigurator), args.system, args.backend, args.backend_version,
-                             tp=args.tp, pp=args.pp, moe_tp=args.moe_tp, moe_ep=ep, attention_dp=args.attention_dp,
-                             database_mode=args.database_mode, quant=quant)
+    return aic.EngineRequest(
+        aic.model_id(args.aiconfigurator),
+        args.system,
+        args.backend,
+        args.backend_version,
+        tp=args.tp,
+        pp=args.pp,
+        moe_tp=args.moe_tp,
+        moe_ep=ep,
+        attention_dp=args.attention_dp,
+        database_mode=args.database_mode,
+        quant=quant,
+    )
 
 
 def _kv_source(args: argparse.Namespace) -> str:
@@ -146,8 +197,10 @@ def _kv_source(args: argparse.Namespace) -> str:
     by_id = {v: k for k, v in aic.MODEL_IDS.items()}
     name = by_id.get(name, name)
     if name not in aic.MODEL_IDS:
-        raise ProfileCommandError(f"no shipped profile of {args.aiconfigurator!r} to take the model's KV block from: "
-                                  "give --kv-from PROFILE (a model profile of the same model)")
+        raise ProfileCommandError(
+            f"no shipped profile of {args.aiconfigurator!r} to take the model's KV block from: "
+            "give --kv-from PROFILE (a model profile of the same model)"
+        )
     return name
 
 
@@ -164,18 +217,42 @@ def model_block(spec: ModelSpec, kv_dtype: str) -> tuple[dict[str, Any], str | N
 
 
 def _command(args: argparse.Namespace, req: aic.EngineRequest) -> str:
-    parts = ["testbed", "profile", "--aiconfigurator", args.aiconfigurator, "--system", req.system,
-             "--backend", req.backend, "--backend-version", req.backend_version, "--tp", str(req.tp),
-             "--ep", str(req.moe_ep), "--moe-tp", str(req.moe_tp)]
-    for flag, v, default in (("--pp", req.pp, 1), ("--attention-dp", req.attention_dp, 1),
-                             ("--database-mode", req.database_mode, "SILICON"),
-                             ("--kv-cache-quant", args.kv_cache_quant, "bfloat16"),
-                             ("--attention-quant", args.attention_quant, None), ("--weights-quant", args.weights_quant, None),
-                             ("--moe-quant", args.moe_quant, None), ("--kv-from", args.kv_from, None),
-                             ("--overhead", args.overhead, 0.0), ("--min-tokens", args.min_tokens, 1),
-                             ("--max-tokens", args.max_tokens, 131072), ("--tolerance", args.tolerance, 0.005),
-                             ("--tpot", args.tpot, 0.025), ("--decode-context", args.decode_context, 28672),
-                             ("--bs-max", args.bs_max, None), ("--kv-capacity", args.kv_capacity, None)):
+    parts = [
+        "testbed",
+        "profile",
+        "--aiconfigurator",
+        args.aiconfigurator,
+        "--system",
+        req.system,
+        "--backend",
+        req.backend,
+        "--backend-version",
+        req.backend_version,
+        "--tp",
+        str(req.tp),
+        "--ep",
+        str(req.moe_ep),
+        "--moe-tp",
+        str(req.moe_tp),
+    ]
+    for flag, v, default in (
+        ("--pp", req.pp, 1),
+        ("--attention-dp", req.attention_dp, 1),
+        ("--database-mode", req.database_mode, "SILICON"),
+        ("--kv-cache-quant", args.kv_cache_quant, "bfloat16"),
+        ("--attention-quant", args.attention_quant, None),
+        ("--weights-quant", args.weights_quant, None),
+        ("--moe-quant", args.moe_quant, None),
+        ("--kv-from", args.kv_from, None),
+        ("--overhead", args.overhead, 0.0),
+        ("--min-tokens", args.min_tokens, 1),
+        ("--max-tokens", args.max_tokens, 131072),
+        ("--tolerance", args.tolerance, 0.005),
+        ("--tpot", args.tpot, 0.025),
+        ("--decode-context", args.decode_context, 28672),
+        ("--bs-max", args.bs_max, None),
+        ("--kv-capacity", args.kv_capacity, None),
+    ):
         if v is not None and v != default:
             parts += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
     return shlex.join(parts)
@@ -188,22 +265,39 @@ def settings_of(args: argparse.Namespace) -> SampleSettings:
         if not isinstance(v, int) or v <= 0:
             raise ProfileCommandError(f"--kv-capacity {args.kv_capacity!r} is not a size like 600GiB")
         kv = v
-    s = SampleSettings(min_tokens=args.min_tokens, max_tokens=args.max_tokens, tolerance=args.tolerance,
-                       overhead_s=args.overhead, decode_context=args.decode_context, tpot_s=args.tpot,
-                       bs_max=args.bs_max, kv_capacity_bytes=kv)
+    s = SampleSettings(
+        min_tokens=args.min_tokens,
+        max_tokens=args.max_tokens,
+        tolerance=args.tolerance,
+        overhead_s=args.overhead,
+        decode_context=args.decode_context,
+        tpot_s=args.tpot,
+        bs_max=args.bs_max,
+        kv_capacity_bytes=kv,
+    )
     s.check()
     return s
 
 
-def profile_document(sample: ProfileSample, model: dict[str, Any], hardware: str,
-                     provenance: dict[str, Any]) -> dict[str, Any]:
+def profile_document(
+    sample: ProfileSample, model: dict[str, Any], hardware: str, provenance: dict[str, Any]
+) -> dict[str, Any]:
     pre = sample.prefill
-    prefill = {"kind": "table", "overhead_s": _g(pre.overhead_s), "cached_token_s": _g(pre.cached_token_s),
-               "cached_attention_s": _g(pre.cached_attention_s),
-               "points": [[_g(x), _g(y)] for x, y in pre.points]}
+    prefill = {
+        "kind": "table",
+        "overhead_s": _g(pre.overhead_s),
+        "cached_token_s": _g(pre.cached_token_s),
+        "cached_attention_s": _g(pre.cached_attention_s),
+        "points": [[_g(x), _g(y)] for x, y in pre.points],
+    }
     d = sample.decode
-    decode = {"base_s": _g(d.base_s), "per_seq_s": _g(d.per_seq_s), "per_context_token_s": _g(d.per_context_token_s),
-              "bs_max": d.bs_max, "kv_capacity_bytes": d.kv_capacity_bytes}
+    decode = {
+        "base_s": _g(d.base_s),
+        "per_seq_s": _g(d.per_seq_s),
+        "per_context_token_s": _g(d.per_context_token_s),
+        "bs_max": d.bs_max,
+        "kv_capacity_bytes": d.kv_capacity_bytes,
+    }
     return {"model": model, "hardware": {hardware: {"prefill": prefill, "decode": decode, "provenance": provenance}}}
 
 
@@ -234,11 +328,15 @@ def header(sample: ProfileSample, prov: dict[str, Any], kv_from: str) -> list[st
 def _summary(sample: ProfileSample, predictor: aic.AicPredictor) -> list[str]:
     t = PrefillTime.from_spec(sample.prefill)
     step = DecodeStepTime.from_spec(sample.decode)
-    lines = ["prefill s (profile / source): " + ", ".join(
-        f"{n // 1024}K {t(n):.4g} / {predictor.prefill_s(n, 0):.4g}" for n in SUMMARY_TOKENS)]
+    lines = [
+        "prefill s (profile / source): "
+        + ", ".join(f"{n // 1024}K {t(n):.4g} / {predictor.prefill_s(n, 0):.4g}" for n in SUMMARY_TOKENS)
+    ]
     b, c = 20, 28672
-    lines.append(f"decode step at batch {b}, {c // 1024}K tokens each: {step(b, b * c) * 1e3:.2f} ms (source "
-                 f"{predictor.decode_step_s(b, c) * 1e3:.2f} ms); BS_max {sample.decode.bs_max}")
+    lines.append(
+        f"decode step at batch {b}, {c // 1024}K tokens each: {step(b, b * c) * 1e3:.2f} ms (source "
+        f"{predictor.decode_step_s(b, c) * 1e3:.2f} ms); BS_max {sample.decode.bs_max}"
+    )
     return lines
 
 
@@ -266,12 +364,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
     prov = predictor.provenance()
     prov["command"] = _command(args, req)
     # Queries the package answered from more than measured data (HYBRID, EMPIRICAL or SOL rows).
-    prov["fit"] = {**sample.fit_record(), "source_queries": predictor.queries,
-                   "non_silicon_answers": predictor.non_silicon}
+    prov["fit"] = {
+        **sample.fit_record(),
+        "source_queries": predictor.queries,
+        "non_silicon_answers": predictor.non_silicon,
+    }
     prov["notes"] = [*([kv_note] if kv_note else []), *sample.notes, *(f"{aic.PACKAGE}: {ln}" for ln in predictor.log)]
     doc = profile_document(sample, model, hardware, prov)
-    ModelProfile(**doc)       # what the loader will read back
-    kv_label = kv_from if Path(kv_from).exists() else str((MODEL_DIR / f"{kv_from}.yaml").relative_to(MODEL_DIR.parent.parent))
+    ModelProfile(**doc)  # what the loader will read back
+    kv_label = (
+        kv_from if Path(kv_from).exists() else str((MODEL_DIR / f"{kv_from}.yaml").relative_to(MODEL_DIR.parent.parent))
+    )
     text = "".join(f"# {ln}\n" for ln in header(sample, prov, kv_label))
     text += yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
     if args.json:

@@ -28,10 +28,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from testbed.core.errors import UserError
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.scenario import DecodeSpec, TablePrefill
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.errors import UserError
+from testbed.core.schema.scenario import DecodeSpec, TablePrefill
 from testbed.hardware.calibrate import DecodeFit, DecodePoint, fit_decode
 
 # The batch sizes tried for BS_max, at most.
@@ -56,14 +56,14 @@ class Predictor(Protocol):
 class SampleSettings:
     min_tokens: int = 1
     max_tokens: int = 131072
-    tolerance: float = 0.005           # table vs source at every segment's middle
+    tolerance: float = 0.005  # table vs source at every segment's middle
     max_points: int = 160
-    overhead_s: float = 0.0            # fixed time per prefill the user adds to kernel time
+    overhead_s: float = 0.0  # fixed time per prefill the user adds to kernel time
     cached_uncached: tuple[int, ...] = (256, 1024, 4096, 16384, 65536)
     cached_prefix: tuple[int, ...] = (512, 2048, 8192, 32768, 131072)
-    decode_context: int = 28672        # per sequence, for BS_max
+    decode_context: int = 28672  # per sequence, for BS_max
     tpot_s: float = 0.025
-    bs_max: int | None = None          # None: the largest batch meeting tpot_s (and the KV capacity)
+    bs_max: int | None = None  # None: the largest batch meeting tpot_s (and the KV capacity)
     kv_capacity_bytes: int | None = None
     decode_contexts: tuple[int, ...] = (1024, 4096, 16384, 32768, 65536, 131072)
 
@@ -89,7 +89,7 @@ class Scores:
     max_abs: float
 
     @classmethod
-    def of(cls, errors: Sequence[float]) -> "Scores":
+    def of(cls, errors: Sequence[float]) -> Scores:
         a = np.abs(np.asarray(errors, dtype=float))
         return cls(len(a), float(a.mean()) if len(a) else 0.0, float(a.max()) if len(a) else 0.0)
 
@@ -98,16 +98,18 @@ class Scores:
 class ProfileSample:
     prefill: TablePrefill
     decode: DecodeSpec
-    interpolation: Scores              # prefill table vs source at quarter points of every segment
-    cached: Scores                     # whole prefill after a cached prefix vs source
-    decode_fit: Scores                 # decode step model vs source over the fitted grid
-    decode_at_bs_max: float            # the source's step at BS_max and decode_context, s
+    interpolation: Scores  # prefill table vs source at quarter points of every segment
+    cached: Scores  # whole prefill after a cached prefix vs source
+    decode_fit: Scores  # decode step model vs source over the fitted grid
+    decode_at_bs_max: float  # the source's step at BS_max and decode_context, s
     notes: tuple[str, ...] = field(default=())
 
     def fit_record(self) -> dict[str, Any]:
         """For the profile's provenance: how closely each term follows the source."""
+
         def r(v: float) -> float:
             return float(f"{v:.4g}")
+
         return {
             "prefill_points": len(self.prefill.points),
             "prefill_interpolation_max_rel_error": r(self.interpolation.max_abs),
@@ -144,8 +146,9 @@ def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return PrefillTime(tuple(xs), tuple(ys), (), 0.0).length_time(x)
 
 
-def prefill_table(t: Callable[[int], float], lo: int, hi: int, tolerance: float,
-                  max_points: int) -> tuple[list[tuple[int, float]], Scores]:
+def prefill_table(
+    t: Callable[[int], float], lo: int, hi: int, tolerance: float, max_points: int
+) -> tuple[list[tuple[int, float]], Scores]:
     """Points (tokens, seconds) of `t` from lo to hi, a segment split at its middle while the
     line strays more than `tolerance` (relative) from `t` there; and the table's errors at the
     quarter points of every final segment (where it was not refined on)."""
@@ -167,8 +170,9 @@ def prefill_table(t: Callable[[int], float], lo: int, hi: int, tolerance: float,
         for a, b in zip(xs, xs[1:]):
             # The source is itself interpolated from tables, with kinks anywhere: judge the line at
             # the segment's quarter points, not only its middle.
-            if b - a < 2 or all(abs(at(a) + (at(b) - at(a)) * (q - a) / (b - a) - at(q)) <= tolerance * at(q)
-                                for q in inner(a, b, 4)):
+            if b - a < 2 or all(
+                abs(at(a) + (at(b) - at(a)) * (q - a) / (b - a) - at(q)) <= tolerance * at(q) for q in inner(a, b, 4)
+            ):
                 continue
             if b - a > max(4, a // 32):
                 new.append((a + b) // 2)
@@ -182,8 +186,10 @@ def prefill_table(t: Callable[[int], float], lo: int, hi: int, tolerance: float,
             changed = True
         xs = sorted(set(new))
         if len(xs) > max_points:
-            raise SampleError(f"the prefill table needs more than {max_points} points to stay within "
-                              f"{tolerance:.2%} of the source (a larger --tolerance)")
+            raise SampleError(
+                f"the prefill table needs more than {max_points} points to stay within "
+                f"{tolerance:.2%} of the source (a larger --tolerance)"
+            )
     ys = [at(x) for x in xs]
     # Scored where the refinement never looked: the odd eighths of every segment.
     errors = []
@@ -194,8 +200,9 @@ def prefill_table(t: Callable[[int], float], lo: int, hi: int, tolerance: float,
     return [(x, at(x)) for x in xs], Scores.of(errors)
 
 
-def fit_cached_terms(base: Callable[[float], float], probes: Sequence[tuple[int, int, float]]
-                     ) -> tuple[float, float, Scores]:
+def fit_cached_terms(
+    base: Callable[[float], float], probes: Sequence[tuple[int, int, float]]
+) -> tuple[float, float, Scores]:
     """cached_token_s and cached_attention_s of T(u, c) = base(u) + c * (a + b * u) fitted to
     probes (u, c, seconds): least squares on the relative error of the whole time, a and b
     non-negative (the closest fit among the supports whose terms are). (a, b, errors)."""
@@ -215,10 +222,10 @@ def fit_cached_terms(base: Callable[[float], float], probes: Sequence[tuple[int,
             x, *_ = np.linalg.lstsq(a, rhs, rcond=None)
             res = float(np.sum((a @ x - rhs) ** 2))
         else:
-            x, res = np.zeros(0), float(np.sum(rhs ** 2))
+            x, res = np.zeros(0), float(np.sum(rhs**2))
         if np.all(x >= 0) and (best is None or res < best[0]):
             best = (res, support, x)
-    assert best is not None      # the empty support always qualifies
+    assert best is not None  # the empty support always qualifies
     terms = [0.0, 0.0]
     for k, v in zip(best[1], best[2]):
         terms[k] = float(v) / (cs, ps)[k]
@@ -230,8 +237,10 @@ def choose_bs_max(step: Callable[[int], float], tpot_s: float, fits: Callable[[i
     """The largest batch (up to MAX_BATCH) whose step meets tpot_s and whose KV fits, taking
     both as monotone in the batch."""
     if step(1) > tpot_s:
-        raise SampleError(f"one sequence alone takes {step(1) * 1e3:.1f} ms a step, over the TPOT target of "
-                          f"{tpot_s * 1e3:.1f} ms: give BS_max (--bs-max) or a longer --tpot")
+        raise SampleError(
+            f"one sequence alone takes {step(1) * 1e3:.1f} ms a step, over the TPOT target of "
+            f"{tpot_s * 1e3:.1f} ms: give BS_max (--bs-max) or a longer --tpot"
+        )
     if not fits(1):
         raise SampleError("one sequence's KV does not fit the KV capacity: give a larger --kv-capacity")
     lo, hi = 1, MAX_BATCH
@@ -247,22 +256,39 @@ def choose_bs_max(step: Callable[[int], float], tpot_s: float, fits: Callable[[i
 
 
 def _decode_batches(bs_max: int) -> list[int]:
-    return sorted({1, bs_max, *(b for b in (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-                                if b < bs_max), max(1, bs_max // 2), max(1, (3 * bs_max) // 4)})
+    return sorted(
+        {
+            1,
+            bs_max,
+            *(b for b in (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b < bs_max),
+            max(1, bs_max // 2),
+            max(1, (3 * bs_max) // 4),
+        }
+    )
 
 
 def sample_profile(pred: Predictor, kv: KVModel, settings: SampleSettings) -> ProfileSample:
     settings.check()
     s = settings
     notes: list[str] = []
-    points, interp = prefill_table(lambda x: pred.prefill_s(x, 0), s.min_tokens, s.max_tokens, s.tolerance,
-                                   s.max_points)
+    points, interp = prefill_table(
+        lambda x: pred.prefill_s(x, 0), s.min_tokens, s.max_tokens, s.tolerance, s.max_points
+    )
     table = PrefillTime(tuple(float(x) for x, _ in points), tuple(y for _, y in points), (), 0.0)
-    probes = [(u, c, _checked(f"a prefill of {u} tokens after {c} cached", pred.prefill_s(u, c)))
-              for u in s.cached_uncached for c in s.cached_prefix if u + c <= s.max_tokens]
+    probes = [
+        (u, c, _checked(f"a prefill of {u} tokens after {c} cached", pred.prefill_s(u, c)))
+        for u in s.cached_uncached
+        for c in s.cached_prefix
+        if u + c <= s.max_tokens
+    ]
     cached_s, attention_s, cached_scores = fit_cached_terms(table.length_time, probes)
-    prefill = TablePrefill(kind="table", points=[(float(x), float(y)) for x, y in points], overhead_s=s.overhead_s,
-                           cached_token_s=cached_s, cached_attention_s=attention_s)
+    prefill = TablePrefill(
+        kind="table",
+        points=[(float(x), float(y)) for x, y in points],
+        overhead_s=s.overhead_s,
+        cached_token_s=cached_s,
+        cached_attention_s=attention_s,
+    )
 
     ctx = s.decode_context
 
@@ -274,12 +300,21 @@ def sample_profile(pred: Predictor, kv: KVModel, settings: SampleSettings) -> Pr
 
     bs_max = s.bs_max if s.bs_max is not None else choose_bs_max(step, s.tpot_s, fits)
     if s.bs_max is None:
-        notes.append(f"BS_max {bs_max}: the largest batch whose step at {ctx:,} tokens a sequence meets "
-                     f"{s.tpot_s * 1e3:g} ms" + (" and whose KV fits" if s.kv_capacity_bytes is not None else ""))
+        notes.append(
+            f"BS_max {bs_max}: the largest batch whose step at {ctx:,} tokens a sequence meets "
+            f"{s.tpot_s * 1e3:g} ms" + (" and whose KV fits" if s.kv_capacity_bytes is not None else "")
+        )
     contexts = sorted({c for c in s.decode_contexts if c <= s.max_tokens} | {ctx})
-    dpoints = [DecodePoint(float(b), float(b * c), _checked(f"a decode step of batch {b} at {c} tokens",
-                                                             pred.decode_step_s(b, c)), f"batch {b} x {c}")
-               for b in _decode_batches(bs_max) for c in contexts]
+    dpoints = [
+        DecodePoint(
+            float(b),
+            float(b * c),
+            _checked(f"a decode step of batch {b} at {c} tokens", pred.decode_step_s(b, c)),
+            f"batch {b} x {c}",
+        )
+        for b in _decode_batches(bs_max)
+        for c in contexts
+    ]
     fit: DecodeFit = fit_decode(dpoints, 0)
     notes += [f"decode: {n}" for n in fit.notes]
     capacity = s.kv_capacity_bytes
@@ -287,7 +322,13 @@ def sample_profile(pred: Predictor, kv: KVModel, settings: SampleSettings) -> Pr
         # Unknown: enough that BS_max binds, as the paper's own decode profile is set.
         capacity = bs_max * kv.total(s.max_tokens)
         notes.append(f"KV capacity not known: set to BS_max sequences of {s.max_tokens:,} tokens, so BS_max binds")
-    decode = DecodeSpec(base_s=fit.base_s, per_seq_s=fit.per_seq_s, per_context_token_s=fit.per_context_token_s,
-                        bs_max=bs_max, kv_capacity_bytes=int(capacity))
-    return ProfileSample(prefill, decode, interp, cached_scores, Scores.of([e.rel_error for e in fit.points]),
-                         step(bs_max), tuple(notes))
+    decode = DecodeSpec(
+        base_s=fit.base_s,
+        per_seq_s=fit.per_seq_s,
+        per_context_token_s=fit.per_context_token_s,
+        bs_max=bs_max,
+        kv_capacity_bytes=int(capacity),
+    )
+    return ProfileSample(
+        prefill, decode, interp, cached_scores, Scores.of([e.rel_error for e in fit.points]), step(bs_max), tuple(notes)
+    )

@@ -42,11 +42,17 @@ def has_run_secret(request: web.Request, secret: str) -> bool:
 
 
 def forbidden(request: web.Request) -> web.Response:
-    return _error(403, f"{request.method} {request.path} is for the deployment's own runner and router "
-                       f"(header {SECRET_HEADER}: the run's secret)", "forbidden")
+    return _error(
+        403,
+        f"{request.method} {request.path} is for the deployment's own runner and router "
+        f"(header {SECRET_HEADER}: the run's secret)",
+        "forbidden",
+    )
 
 
-def api_key_middleware(api_key: str, prefixes: Iterable[str] = ("/v1/",)) -> Callable[..., Awaitable[web.StreamResponse]]:
+def api_key_middleware(
+    api_key: str, prefixes: Iterable[str] = ("/v1/",)
+) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Routes under `prefixes` answer 401 unless the request carries `api_key` as a Bearer token."""
     prefixes = tuple(prefixes)
 
@@ -55,17 +61,23 @@ def api_key_middleware(api_key: str, prefixes: Iterable[str] = ("/v1/",)) -> Cal
         if request.path.startswith(prefixes):
             token = bearer(request)
             if token is None or not _same(token, api_key):
-                why = ("You didn't provide an API key" if token is None else "Incorrect API key provided")
-                return _error(401, f"{why}: send it as `Authorization: Bearer KEY` (the `openai` package's "
-                                   f"api_key). A held deployment prints its key and writes it to {API_KEY_FILE} "
-                                   "in its run directory.", None if token is None else "invalid_api_key",
-                              {"WWW-Authenticate": 'Bearer realm="testbed"'})
+                why = "You didn't provide an API key" if token is None else "Incorrect API key provided"
+                return _error(
+                    401,
+                    f"{why}: send it as `Authorization: Bearer KEY` (the `openai` package's "
+                    f"api_key). A held deployment prints its key and writes it to {API_KEY_FILE} "
+                    "in its run directory.",
+                    None if token is None else "invalid_api_key",
+                    {"WWW-Authenticate": 'Bearer realm="testbed"'},
+                )
         return await handler(request)
+
     return check
 
 
-def run_secret_middleware(secret: str, open_paths: Iterable[str] = OPEN_PATHS,
-                          guarded: Callable[[str], bool] | None = None) -> Callable[..., Awaitable[web.StreamResponse]]:
+def run_secret_middleware(
+    secret: str, open_paths: Iterable[str] = OPEN_PATHS, guarded: Callable[[str], bool] | None = None
+) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Every route but `open_paths` (or, with `guarded`, those it names) answers 403 without the
     run secret."""
     open_ = frozenset(open_paths)
@@ -76,4 +88,5 @@ def run_secret_middleware(secret: str, open_paths: Iterable[str] = OPEN_PATHS,
         if needs and not has_run_secret(request, secret):
             return forbidden(request)
         return await handler(request)
+
     return check

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -29,8 +29,8 @@ SCRAPE_KEY: web.AppKey[ScrapeHook] = web.AppKey("before_scrape")
 @dataclass(frozen=True)
 class ServiceConfig:
     deployment: Deployment
-    node_id: str               # "router" for the router
-    sample_interval: float = 0.1   # wire seconds between time-series samples
+    node_id: str  # "router" for the router
+    sample_interval: float = 0.1  # wire seconds between time-series samples
 
     @property
     def scale(self) -> Scale:
@@ -69,8 +69,12 @@ def http_server_args(idle_timeout_s: float = IDLE_TIMEOUT_S) -> dict[str, Any]:
     held the router's RSS 54 MB up); its keep-alive timer starts when a connection is accepted
     and again after each response, and is not reset by bytes that do not finish a request, so
     `idle_timeout_s` also bounds how long a request's line and headers may take (slowloris)."""
-    return {"keepalive_timeout": idle_timeout_s, "max_line_size": MAX_LINE_BYTES,
-            "max_field_size": MAX_FIELD_BYTES, "max_headers": MAX_HEADERS}
+    return {
+        "keepalive_timeout": idle_timeout_s,
+        "max_line_size": MAX_LINE_BYTES,
+        "max_field_size": MAX_FIELD_BYTES,
+        "max_headers": MAX_HEADERS,
+    }
 
 
 def add_common_routes(app: web.Application) -> None:
@@ -87,7 +91,7 @@ async def fetch_status(session: aiohttp.ClientSession, url: str, timeout_s: floa
                 return None
             body: dict[str, Any] = await r.json()
             return body
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return None
 
 
@@ -128,13 +132,18 @@ async def handle_fault(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise bad_request("body must be a JSON object")
     k, until = body.get("slow"), body.get("until_s")
-        # JSON parsers take Infinity and NaN: `slow: Infinity` hung every request of the node, and a
+    # JSON parsers take Infinity and NaN: `slow: Infinity` hung every request of the node, and a
     # finite 1e308 does the same: the factor is bounded as the scenario's slow fault is.
-    if not isinstance(k, (int, float)) or isinstance(k, bool) or not math.isfinite(k) \
-            or not MIN_SLOW_FACTOR <= k <= MAX_SLOW_FACTOR:
+    if (
+        not isinstance(k, (int, float))
+        or isinstance(k, bool)
+        or not math.isfinite(k)
+        or not MIN_SLOW_FACTOR <= k <= MAX_SLOW_FACTOR
+    ):
         raise bad_request(f"field 'slow' must be a number in [{MIN_SLOW_FACTOR:g}, {MAX_SLOW_FACTOR:g}]")
-    if until is not None and (not isinstance(until, (int, float)) or isinstance(until, bool)
-                              or not math.isfinite(until) or until < 0):
+    if until is not None and (
+        not isinstance(until, (int, float)) or isinstance(until, bool) or not math.isfinite(until) or until < 0
+    ):
         raise bad_request("field 'until_s' must be finite unix seconds >= 0 or null")
     slow = request.app[SLOW_KEY]
     slow.set(float(k), None if until is None else float(until))

@@ -19,7 +19,7 @@ from testbed.core.errors import UserError
 API_KEY_ENV = "TESTBED_API_KEY"
 RUN_SECRET_ENV = "TESTBED_RUN_SECRET"
 SECRET_HEADER = "X-Testbed-Secret"
-API_KEY_FILE = "api-key"       # a held deployment's key, in its run directory (mode 0600)
+API_KEY_FILE = "api-key"  # a held deployment's key, in its run directory (mode 0600)
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Credentials:
     api_key: str
     run_secret: str
 
-    def __repr__(self) -> str:      # never in a log or a traceback
+    def __repr__(self) -> str:  # never in a log or a traceback
         return "Credentials(...)"
 
     @classmethod
@@ -42,9 +42,11 @@ class Credentials:
         """What a deploy backend gave a service (`testbed serve`)."""
         missing = [v for v in (API_KEY_ENV, RUN_SECRET_ENV) if not env.get(v)]
         if missing:
-            raise UserError(f"{' and '.join(missing)} not set: a service takes its deployment's API key and run "
-                            "secret from the environment its deploy backend gives it (export both to start one "
-                            "by hand)")
+            raise UserError(
+                f"{' and '.join(missing)} not set: a service takes its deployment's API key and run "
+                "secret from the environment its deploy backend gives it (export both to start one "
+                "by hand)"
+            )
         check_api_key(env[API_KEY_ENV])
         return cls(env[API_KEY_ENV], env[RUN_SECRET_ENV])
 
@@ -64,5 +66,6 @@ class Credentials:
 def check_api_key(key: str) -> None:
     """An API key must fit in an HTTP header as a Bearer token: printable ASCII, no spaces."""
     if not key or len(key) > 256 or not all(33 <= ord(c) < 127 for c in key):
-        raise UserError("API key: give 1-256 printable ASCII characters without spaces "
-                        f"(from --api-key or {API_KEY_ENV})")
+        raise UserError(
+            f"API key: give 1-256 printable ASCII characters without spaces (from --api-key or {API_KEY_ENV})"
+        )

@@ -15,21 +15,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from testbed.core.engine.decode_batch import AdmissionError, Batch, DecodeBatch
 from testbed.core.engine.decode_loop import KV_TIMEOUT_S, DecodeLoop, decode_seq
-from testbed.core.failures import FailureKind as K
-from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import DecodeStepTime
+from testbed.core.failures import FailureKind as K
+from testbed.core.fault_timeline import SlowDown
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
-    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_middlewares,
+    REGISTRY_KEY,
+    ServiceConfig,
+    add_common_routes,
+    add_fault_route,
+    bad_request,
+    int_field,
+    node_middlewares,
     node_request,
 )
 from testbed.live.kv_transport import KVReceiver, receiver_idle_timeout
@@ -103,9 +110,15 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
     body, rid = await node_request(request)
     sc = st.cfg.deployment.scenario
     top = (1 << 63) - 1
-    vals = {name: int_field(body, name, lo, hi)
-            for name, lo, hi in (("transfer_id", 0, top), ("input_tokens", 1, sc.model.max_context_tokens),
-                                 ("output_tokens", 1, sc.serving.max_output_tokens), ("kv_bytes_paper", 0, top))}
+    vals = {
+        name: int_field(body, name, lo, hi)
+        for name, lo, hi in (
+            ("transfer_id", 0, top),
+            ("input_tokens", 1, sc.model.max_context_tokens),
+            ("output_tokens", 1, sc.serving.max_output_tokens),
+            ("kv_bytes_paper", 0, top),
+        )
+    }
     if rid in st.streams:
         raise bad_request(f"request {rid!r} is already decoding here")
 
@@ -122,8 +135,7 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
         if not result.ok:
             await emit({"event": "error", "kind": K.KV_TRANSFER, "reason": f"kv transfer failed: {result.reason}"})
             return resp
-        await emit({"event": "kv", "first_byte": result.first_byte, "complete": result.complete,
-                    "bytes": result.bytes})
+        await emit({"event": "kv", "first_byte": result.first_byte, "complete": result.complete, "bytes": result.bytes})
         seq = decode_seq(st.kv, rid, vals["input_tokens"], vals["output_tokens"], vals["kv_bytes_paper"])
         try:
             st.loop.submit(seq)
@@ -138,9 +150,14 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
                 break
         await resp.write_eof()
         return resp
-    except asyncio.TimeoutError:
-        await emit({"event": "error", "kind": K.KV_TRANSFER,
-                    "reason": f"kv transfer did not complete within {KV_TIMEOUT_S:g} s"})
+    except TimeoutError:
+        await emit(
+            {
+                "event": "error",
+                "kind": K.KV_TRANSFER,
+                "reason": f"kv transfer did not complete within {KV_TIMEOUT_S:g} s",
+            }
+        )
         return resp
     finally:
         st.streams.pop(rid, None)
@@ -150,8 +167,15 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
 
 async def handle_status(request: web.Request) -> web.Response:
     b = request.app[STATE].batch
-    return web.json_response({"running": len(b.running), "waiting": len(b.waiting), "bs_max": b.bs_max,
-                              "kv_used_bytes": b.kv_used, "kv_capacity_bytes": b.kv_capacity})
+    return web.json_response(
+        {
+            "running": len(b.running),
+            "waiting": len(b.waiting),
+            "bs_max": b.bs_max,
+            "kv_used_bytes": b.kv_used,
+            "kv_capacity_bytes": b.kv_capacity,
+        }
+    )
 
 
 def _collect(st: DecodeState) -> list[Sample]:
@@ -162,18 +186,21 @@ def _metrics(reg: CollectorRegistry, st: DecodeState) -> None:
     """vLLM's scheduler and KV gauges and the testbed's counters, labelled as vLLM labels
     (`model_name`, `engine`: the node). The counters were gauges without the `_total` suffix before."""
     b = st.batch
-    ScrapeTimeMetrics({"model_name": st.cfg.deployment.scenario.model.name, "engine": st.cfg.node_id}) \
-        .gauge("vllm:num_requests_running", "Sequences in the decode batch", lambda: len(b.running)) \
-        .gauge("vllm:num_requests_waiting", "Sequences with KV waiting for admission", lambda: len(b.waiting)) \
-        .gauge("vllm:kv_cache_usage_perc", "KV memory in use, fraction", lambda: b.kv_used / b.kv_capacity) \
-        .gauge("vllm:gpu_cache_usage_perc", "KV memory in use, fraction (vLLM's older name, removed in vLLM 0.10)",
-               lambda: b.kv_used / b.kv_capacity) \
-        .gauge("testbed_slowdown_factor", "Step-time factor of an injected slowdown in force (1: none)",
-               lambda: st.slow.at(now())) \
-        .counter("testbed_kv_bytes_received", "KV bytes received (wire)", lambda: st.receiver.bytes_received) \
-        .counter("testbed_decode_steps", "Decode steps run", lambda: st.loop.steps) \
-        .counter("testbed_decode_completed", "Sequences finished", lambda: st.completed) \
-        .register(reg)
+    ScrapeTimeMetrics({"model_name": st.cfg.deployment.scenario.model.name, "engine": st.cfg.node_id}).gauge(
+        "vllm:num_requests_running", "Sequences in the decode batch", lambda: len(b.running)
+    ).gauge("vllm:num_requests_waiting", "Sequences with KV waiting for admission", lambda: len(b.waiting)).gauge(
+        "vllm:kv_cache_usage_perc", "KV memory in use, fraction", lambda: b.kv_used / b.kv_capacity
+    ).gauge(
+        "vllm:gpu_cache_usage_perc",
+        "KV memory in use, fraction (vLLM's older name, removed in vLLM 0.10)",
+        lambda: b.kv_used / b.kv_capacity,
+    ).gauge(
+        "testbed_slowdown_factor",
+        "Step-time factor of an injected slowdown in force (1: none)",
+        lambda: st.slow.at(now()),
+    ).counter("testbed_kv_bytes_received", "KV bytes received (wire)", lambda: st.receiver.bytes_received).counter(
+        "testbed_decode_steps", "Decode steps run", lambda: st.loop.steps
+    ).counter("testbed_decode_completed", "Sequences finished", lambda: st.completed).register(reg)
 
 
 def make_app(cfg: ServiceConfig) -> web.Application:
@@ -189,19 +216,27 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     slow = SlowDown()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        receiver = KVReceiver(verify=sc.transfer.checksum, rcvbuf=sc.transfer.rcvbuf_bytes,
-                              idle_timeout=receiver_idle_timeout(sc.transfer.resume_timeout_s),
-                              allowed_hosts=cfg.deployment.node_hosts())
+        receiver = KVReceiver(
+            verify=sc.transfer.checksum,
+            rcvbuf=sc.transfer.rcvbuf_bytes,
+            idle_timeout=receiver_idle_timeout(sc.transfer.resume_timeout_s),
+            allowed_hosts=cfg.deployment.node_hosts(),
+        )
         assert node.kv is not None
         await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
-        batch = DecodeBatch(DecodeStepTime.from_spec(dspec), dspec.bs_max, dspec.kv_capacity_bytes,
-                            time_scale=sc.scale.speedup)
-        st = DecodeState(cfg, DecodeLoop(batch, slow), receiver, KVModel.from_spec(sc.model), sc.serving.stream_interval)
+        batch = DecodeBatch(
+            DecodeStepTime.from_spec(dspec), dspec.bs_max, dspec.kv_capacity_bytes, time_scale=sc.scale.speedup
+        )
+        st = DecodeState(
+            cfg, DecodeLoop(batch, slow), receiver, KVModel.from_spec(sc.model), sc.serving.stream_interval
+        )
         app[STATE] = st
         _metrics(reg, st)
         series = SeriesWriter(cfg.series_path(), cfg.node_id)
-        tasks = [asyncio.create_task(_batch_loop(st)),
-                 asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval))]
+        tasks = [
+            asyncio.create_task(_batch_loop(st)),
+            asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval)),
+        ]
         yield
         for task in tasks:
             task.cancel()

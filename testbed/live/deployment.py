@@ -27,11 +27,11 @@ class Endpoint:
 @dataclass(frozen=True)
 class NodeEndpoint:
     id: str
-    role: str            # prefill | decode
+    role: str  # prefill | decode
     cluster: str
     datacenter: str
     http: Endpoint
-    kv: Endpoint | None = None    # KV receiver address as seen by senders (decode: prefill KV; prefill: cache moves)
+    kv: Endpoint | None = None  # KV receiver address as seen by senders (decode: prefill KV; prefill: cache moves)
 
 
 @dataclass
@@ -104,7 +104,7 @@ class Deployment:
         )
 
     @classmethod
-    def from_json(cls, text: str, credentials: Credentials | None = None) -> "Deployment":
+    def from_json(cls, text: str, credentials: Credentials | None = None) -> Deployment:
         """The deployment `to_json` wrote, with `credentials` (None: fresh ones)."""
         d = json.loads(text)
         nodes = {}
@@ -126,6 +126,6 @@ class Deployment:
         path.write_text(self.to_json())
 
     @classmethod
-    def read(cls, path: Path) -> "Deployment":
+    def read(cls, path: Path) -> Deployment:
         """A service's deployment: the file, and the credentials its backend put in the environment."""
         return cls.from_json(path.read_text(), Credentials.from_env())

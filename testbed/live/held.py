@@ -26,7 +26,7 @@ log = logging.getLogger("testbed.held")
 # Deployment.extra[HOLD_KEY] = {"records": "records.csv"} (relative to the run directory)
 HOLD_KEY = "hold"
 HOLD_PATH = "/testbed/hold"
-MAX_PENDING = 10_000       # records kept while the t0 has not come (a client racing the hold's start)
+MAX_PENDING = 10_000  # records kept while the t0 has not come (a client racing the hold's start)
 
 
 def hold_records_path(extra: dict[str, Any], run_dir: str | None) -> Path | None:
@@ -84,8 +84,9 @@ class HeldRecords:
             if self.t0 is None:
                 self.t0 = self.started
                 if self._pending:
-                    log.warning("the hold never sent its t0: %d records relative to the router's start",
-                                len(self._pending))
+                    log.warning(
+                        "the hold never sent its t0: %d records relative to the router's start", len(self._pending)
+                    )
             self._open()
         assert self._writer is not None
         self._writer.close()
@@ -104,5 +105,5 @@ async def post_hold(request: web.Request) -> web.Response:
             raise TypeError
         held.set_t0(float(t0))
     except (ValueError, KeyError, TypeError) as e:
-        raise web.HTTPBadRequest(text=f"expected {{\"t0\": unix seconds}}: {e}") from None
+        raise web.HTTPBadRequest(text=f'expected {{"t0": unix seconds}}: {e}') from None
     return web.json_response({"records": str(held.path), "written": held.count})

@@ -17,7 +17,7 @@ def cpu_times(text: str) -> tuple[int, int] | None:
         parts = line.split()
         if parts and parts[0] == "cpu":
             vals = [int(x) for x in parts[1:]]
-            idle = vals[3] + (vals[4] if len(vals) > 4 else 0)     # idle + iowait
+            idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
             return sum(vals) - idle, sum(vals)
     return None
 
@@ -32,7 +32,7 @@ async def sample_host(writer: SeriesWriter, interval_s: float = 0.5, stat: Path 
     try:
         prev = cpu_times(stat.read_text())
     except OSError:
-        return                      # no /proc here: nothing to say about the host
+        return  # no /proc here: nothing to say about the host
     while prev is not None:
         await asyncio.sleep(interval_s)
         cur = cpu_times(stat.read_text())

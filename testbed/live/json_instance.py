@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-MAX_DEPTH = 32       # $ref cycles and deep schemas end here
+MAX_DEPTH = 32  # $ref cycles and deep schemas end here
 MAX_VALUES = 10_000  # values in one instance (minItems nest multiplicatively)
 MAX_STRING = 65_536  # characters of one string
 
@@ -23,8 +23,14 @@ class SchemaError(ValueError):
     """The schema cannot be instantiated (an unknown type, a broken $ref, a cycle)."""
 
 
-_FORMATS = {"date-time": "2025-01-01T00:00:00Z", "date": "2025-01-01", "time": "00:00:00Z",
-            "email": "the@example.com", "uri": "https://example.com/the", "uuid": "00000000-0000-4000-8000-000000000000"}
+_FORMATS = {
+    "date-time": "2025-01-01T00:00:00Z",
+    "date": "2025-01-01",
+    "time": "00:00:00Z",
+    "email": "the@example.com",
+    "uri": "https://example.com/the",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+}
 
 
 def instance(schema: Any) -> Any:
@@ -81,8 +87,7 @@ def _instance(b: _Builder, s: Any, depth: int) -> Any:
     if not isinstance(s, dict):
         raise SchemaError("a schema must be an object or true")
     if "$ref" in s:
-        return b.build({**_resolve(str(s["$ref"]), root), **{k: v for k, v in s.items() if k != "$ref"}},
-                       depth + 1)
+        return b.build({**_resolve(str(s["$ref"]), root), **{k: v for k, v in s.items() if k != "$ref"}}, depth + 1)
     if "const" in s:
         return s["const"]
     if isinstance(s.get("enum"), list) and s["enum"]:
@@ -101,8 +106,15 @@ def _instance(b: _Builder, s: Any, depth: int) -> Any:
     if isinstance(t, list):
         t = next((x for x in t if x != "null"), "null") if t else None
     if t is None:
-        t = ("object" if "properties" in s or "required" in s else "array" if "items" in s else
-             "string" if "minLength" in s or "maxLength" in s else None)
+        t = (
+            "object"
+            if "properties" in s or "required" in s
+            else "array"
+            if "items" in s
+            else "string"
+            if "minLength" in s or "maxLength" in s
+            else None
+        )
     if t is None:
         return None
     if t == "object":
@@ -118,7 +130,7 @@ def _instance(b: _Builder, s: Any, depth: int) -> Any:
         n = _count(s, "minItems", MAX_VALUES)
         enum = items.get("enum") if isinstance(items, dict) else None
         if s.get("uniqueItems") and isinstance(enum, list) and len(enum) >= n and not prefix:
-            return enum[:n]          # distinct items; other item schemas repeat one instance
+            return enum[:n]  # distinct items; other item schemas repeat one instance
         return [b.build(prefix[i] if i < len(prefix) else items, depth + 1) for i in range(n)]
     if t == "string":
         return _string(s)

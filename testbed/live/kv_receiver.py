@@ -39,8 +39,11 @@ log = logging.getLogger("testbed.kv")
 
 SWEEP_INTERVAL = 1.0
 # Keepalive on accepted sockets: probe after 60 s idle, every 10 s, give up after 6 misses.
-KEEPALIVE = ((getattr(socket, "TCP_KEEPIDLE", None), 60), (getattr(socket, "TCP_KEEPINTVL", None), 10),
-             (getattr(socket, "TCP_KEEPCNT", None), 6))
+KEEPALIVE = (
+    (getattr(socket, "TCP_KEEPIDLE", None), 60),
+    (getattr(socket, "TCP_KEEPINTVL", None), 10),
+    (getattr(socket, "TCP_KEEPCNT", None), 6),
+)
 
 
 def _keepalive(sock: socket.socket) -> None:
@@ -79,16 +82,22 @@ class _Protocol(asyncio.Protocol):
             self.receiver.peers_refused += 1
             n = self.receiver.peers_refused
             if n == 1 or n % 1000 == 0:
-                log.warning("refusing KV connection from %s: not a node of this deployment (%d refused so far)",
-                            label, n)
+                log.warning(
+                    "refusing KV connection from %s: not a node of this deployment (%d refused so far)", label, n
+                )
             transport.abort()
             return
         self.conn = self.rx.connection_made(label)
         if self.conn is None:
             n = self.rx.connections_refused
             if n == 1 or n % 1000 == 0:  # a flood of them must not flood the log too
-                log.warning("refusing KV connection from %s: %d connections open (limit %d; %d refused so far)",
-                            label, len(self.transports), self.rx.max_connections, n)
+                log.warning(
+                    "refusing KV connection from %s: %d connections open (limit %d; %d refused so far)",
+                    label,
+                    len(self.transports),
+                    self.rx.max_connections,
+                    n,
+                )
             transport.abort()
             return
         self.transports[self.conn] = transport
@@ -143,10 +152,17 @@ class KVReceiver:
         # once (a container's KV port is reachable from the host and its bridge). None: any.
         self.allowed_hosts = allowed_hosts
         self.peers_refused = 0
-        self._rx = Reassembler(verify, idle_timeout, result_ttl, frame_timeout=frame_timeout,
-                               max_connections=max_connections, max_transfers=max_transfers,
-                               max_transfers_per_connection=max_transfers_per_connection,
-                               max_fragments=max_fragments, max_transfers_per_peer=max_transfers_per_peer)
+        self._rx = Reassembler(
+            verify,
+            idle_timeout,
+            result_ttl,
+            frame_timeout=frame_timeout,
+            max_connections=max_connections,
+            max_transfers=max_transfers,
+            max_transfers_per_connection=max_transfers_per_connection,
+            max_fragments=max_fragments,
+            max_transfers_per_peer=max_transfers_per_peer,
+        )
         self._server: asyncio.Server | None = None
         self._transports: dict[ConnId, asyncio.Transport] = {}
         self._waiters: dict[int, asyncio.Future[TransferResult]] = {}

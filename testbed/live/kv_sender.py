@@ -40,7 +40,7 @@ TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
 
 Dest = tuple[str, int]
 
-BACKOFF_MIN_S = 0.05   # between attempts to open a connection that would not open
+BACKOFF_MIN_S = 0.05  # between attempts to open a connection that would not open
 BACKOFF_MAX_S = 1.0
 
 
@@ -61,9 +61,9 @@ class ConnectionStats:
     delivery_rate_Bps: int
     bytes_sent: int
     bytes_acked: int
-    snd_wnd: int = 0          # the peer's advertised receive window, bytes
-    notsent_bytes: int = 0    # in the socket, not yet sent
-    unacked: int = 0          # segments in flight
+    snd_wnd: int = 0  # the peer's advertised receive window, bytes
+    notsent_bytes: int = 0  # in the socket, not yet sent
+    unacked: int = 0  # segments in flight
     snd_mss: int = 0
 
 
@@ -72,10 +72,10 @@ class SenderLinkState:
     """Cumulative counters over every connection a sender has had (for rates by difference),
     and what it holds now that the network has not delivered."""
 
-    acked_bytes: int          # TCP-acknowledged bytes (frame headers included)
+    acked_bytes: int  # TCP-acknowledged bytes (frame headers included)
     retrans_segments: int
-    acked_segments: int       # acked_bytes / MSS, summed per connection
-    undelivered_bytes: int    # queued in the sender + in transport buffers + unsent in sockets + in flight
+    acked_segments: int  # acked_bytes / MSS, summed per connection
+    undelivered_bytes: int  # queued in the sender + in transport buffers + unsent in sockets + in flight
 
 
 def _fmt(addr: Dest) -> str:
@@ -126,8 +126,9 @@ class _Dialer:
             except OSError as e:
                 if not self.congestion_warned:
                     self.congestion_warned = True
-                    log.warning("TCP congestion control %r refused by the kernel (%s); using the default",
-                                self.congestion, e)
+                    log.warning(
+                        "TCP congestion control %r refused by the kernel (%s); using the default", self.congestion, e
+                    )
 
 
 class _Conn:
@@ -141,7 +142,7 @@ class _Conn:
         self.reader = reader
         self.writer = writer
         self.watcher: asyncio.Task[None] | None = None
-        self.seen_acked = 0       # TCP_INFO counters at the last link_state()
+        self.seen_acked = 0  # TCP_INFO counters at the last link_state()
         self.seen_retrans = 0
 
 
@@ -157,12 +158,11 @@ class _Link:
         self.conns: list[_Conn | None] = [None] * n
         self._by_id: dict[int, _Conn] = {}
         self._locks = [asyncio.Lock() for _ in range(n)]
-        self._backoff = [0.0] * n       # per slot, after connections that got nothing through
+        self._backoff = [0.0] * n  # per slot, after connections that got nothing through
         self._retry_at = [0.0] * n
         self._work = asyncio.Event()  # set when chunks are queued
         self._changed: dict[OutgoingTransfer, asyncio.Event] = {}  # finish() waiters
-        self._tasks = [asyncio.create_task(self._writer(i), name=f"kv-writer-{_fmt(addr)}-{i}")
-                       for i in range(n)]
+        self._tasks = [asyncio.create_task(self._writer(i), name=f"kv-writer-{_fmt(addr)}-{i}") for i in range(n)]
         self._tasks.append(asyncio.create_task(self._sweeper(), name=f"kv-sweep-{_fmt(addr)}"))
 
     def live(self) -> list[_Conn]:
@@ -233,7 +233,7 @@ class _Link:
                     if not self.closing:
                         log.warning("KV connection %d to %s closed: %s", c.index, _fmt(self.addr), ev.reason)
                     c.writer.transport.abort()
-                self._work.set()   # its chunks were requeued: the other writers take them
+                self._work.set()  # its chunks were requeued: the other writers take them
                 continue
             if isinstance(ev, SendFailed) and ev.abort:
                 self._write_abort(ev.abort)
@@ -256,8 +256,10 @@ class _Link:
         try:
             live = self.live()
             # The emptiest transport buffer gets END out soonest.
-            conn = min(live, key=lambda c: c.writer.transport.get_write_buffer_size()) if live else await self._connect(0)
-            if t.phase is not Phase.ENDING:   # a loss requeued chunks of it while we connected
+            conn = (
+                min(live, key=lambda c: c.writer.transport.get_write_buffer_size()) if live else await self._connect(0)
+            )
+            if t.phase is not Phase.ENDING:  # a loss requeued chunks of it while we connected
                 return True
             end = self.path.begin_end(t, conn.id, time.time())
             if end is not None:
@@ -266,7 +268,7 @@ class _Link:
         except OSError as e:
             reason = f"sending END to {_fmt(self.addr)} failed: {e!r}"
             if conn is not None:
-                self._lost(conn, reason)   # the END is owed again
+                self._lost(conn, reason)  # the END is owed again
             else:
                 self.path.stalled(t, reason, time.time())
                 return False
@@ -359,7 +361,7 @@ class _Link:
             log.warning("KV connection lost: %s", reason)
         conn.writer.transport.abort()
         self._apply(events)
-        self._work.set()   # requeued chunks: the writers take them on the other connections
+        self._work.set()  # requeued chunks: the writers take them on the other connections
 
 
 class Transfer:
@@ -433,8 +435,9 @@ class KVSender:
         self._dialer = _Dialer(sndbuf, congestion, connect_timeout)
         self._encoder = DataEncoder(chunk_bytes, checksum)
         self._budget = (resume_timeout, ack_timeout, max_resumes)
-        SendPath(chunk_bytes, resume_timeout=resume_timeout, ack_timeout=ack_timeout,
-                 max_resumes=max_resumes)  # validates the budget now rather than at first use
+        SendPath(
+            chunk_bytes, resume_timeout=resume_timeout, ack_timeout=ack_timeout, max_resumes=max_resumes
+        )  # validates the budget now rather than at first use
         self._stats = SendStats()
         self._acked_total = 0
         self._retrans_total = 0
@@ -496,11 +499,23 @@ class KVSender:
             for c in link.live():
                 info = read_tcp_info(c.writer.get_extra_info("socket"))
                 if info is not None:
-                    out.append(ConnectionStats(
-                        link.addr, c.index, info.rtt, info.rttvar, info.snd_cwnd, info.total_retrans,
-                        info.delivery_rate, info.bytes_sent, info.bytes_acked, info.snd_wnd,
-                        info.notsent_bytes, info.unacked, info.snd_mss,
-                    ))
+                    out.append(
+                        ConnectionStats(
+                            link.addr,
+                            c.index,
+                            info.rtt,
+                            info.rttvar,
+                            info.snd_cwnd,
+                            info.total_retrans,
+                            info.delivery_rate,
+                            info.bytes_sent,
+                            info.bytes_acked,
+                            info.snd_wnd,
+                            info.notsent_bytes,
+                            info.unacked,
+                            info.snd_mss,
+                        )
+                    )
         return out
 
     def link_state(self) -> SenderLinkState:

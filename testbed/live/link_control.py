@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -29,11 +30,19 @@ log = logging.getLogger("testbed.router.control")
 
 
 class LinkControl:
-    def __init__(self, dep: Deployment, controller: BandwidthController, session: aiohttp.ClientSession,
-                 recent: Recent, series: SeriesWriter, decisions: SeriesWriter, adjust: bool,
-                 on_sample: Callable[[ControlSample, ThresholdChange | None], None],
-                 tails: Callable[[], list[float]] = list,
-                 unroutable: Callable[[], frozenset[str]] = frozenset) -> None:
+    def __init__(
+        self,
+        dep: Deployment,
+        controller: BandwidthController,
+        session: aiohttp.ClientSession,
+        recent: Recent,
+        series: SeriesWriter,
+        decisions: SeriesWriter,
+        adjust: bool,
+        on_sample: Callable[[ControlSample, ThresholdChange | None], None],
+        tails: Callable[[], list[float]] = list,
+        unroutable: Callable[[], frozenset[str]] = frozenset,
+    ) -> None:
         sc = dep.scenario
         self.scale = Scale.from_spec(sc.scale)
         self.ctl = controller
@@ -43,7 +52,7 @@ class LinkControl:
         self.decisions = decisions
         self.adjust = adjust
         self.on_sample = on_sample
-        self.tails = tails          # KV transfer tails (wire s) since the last call
+        self.tails = tails  # KV transfer tails (wire s) since the last call
         self.unroutable = unroutable  # role slots not serving as prefill (the long-term loop)
         self.interval_wire = self.scale.wire_seconds(sc.policy.control.interval_s)
         kinds = {c.name: c.kind for c in sc.clusters}
@@ -57,10 +66,18 @@ class LinkControl:
         ids = list(self.nodes)
         got = await asyncio.gather(*(self._status(self.nodes[i][1]) for i in ids))
         t = now()
-        status = {nid: None if st is None else SenderStatus(
-                      float(st["acked_bytes"]), float(st["retrans_segments"]), float(st["acked_segments"]),
-                      float(st["undelivered_bytes"]), float(st.get("queued_s", 0.0)))
-                  for nid, st in zip(ids, got)}
+        status = {
+            nid: None
+            if st is None
+            else SenderStatus(
+                float(st["acked_bytes"]),
+                float(st["retrans_segments"]),
+                float(st["acked_segments"]),
+                float(st["undelivered_bytes"]),
+                float(st.get("queued_s", 0.0)),
+            )
+            for nid, st in zip(ids, got)
+        }
         sig = self.meter.signals(t, status, self.recent, self.tails, self.unroutable())
         if sig is None:
             return None
@@ -78,6 +95,6 @@ class LinkControl:
                 await self.step()
             except asyncio.CancelledError:
                 raise
-            except Exception:     # a bad poll must not end the loop for the rest of the run
+            except Exception:  # a bad poll must not end the loop for the rest of the run
                 log.exception("control step failed")
             await asyncio.sleep(self.interval_wire)

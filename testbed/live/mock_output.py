@@ -33,8 +33,29 @@ BYTES_PER_TOKEN = 4
 MAX_TOP_LOGPROBS = 20
 # What the top lists offer besides the generated token (one more than MAX_TOP_LOGPROBS, so that
 # 20 remain when the generated token is among them).
-ALTERNATIVES = (" a", " this", " that", " of", " and", " to", " in", " is", ",", ".", " it", " for",
-                " on", " with", " as", " was", " be", " at", " by", "\n", " an")
+ALTERNATIVES = (
+    " a",
+    " this",
+    " that",
+    " of",
+    " and",
+    " to",
+    " in",
+    " is",
+    ",",
+    ".",
+    " it",
+    " for",
+    " on",
+    " with",
+    " as",
+    " was",
+    " be",
+    " at",
+    " by",
+    "\n",
+    " an",
+)
 
 
 @dataclass(frozen=True)
@@ -43,11 +64,11 @@ class Output:
     the client sees the first `visible` characters of their joined text."""
 
     n: int
-    finish: str                        # length | stop | tool_calls
+    finish: str  # length | stop | tool_calls
     visible: int
     pieces: tuple[str, ...] = ()
-    offsets: tuple[int, ...] = ()      # where each piece starts in the joined text, and the end
-    tool: str | None = None            # the text is the arguments of a call of this function
+    offsets: tuple[int, ...] = ()  # where each piece starts in the joined text, and the end
+    tool: str | None = None  # the text is the arguments of a call of this function
 
     def offset(self, i: int) -> int:
         return self.offsets[i] if self.pieces else i * len(TOKEN_TEXT)
@@ -59,8 +80,8 @@ class Output:
         if lo >= hi:
             return ""
         if not self.pieces:
-            return (TOKEN_TEXT * (b - a))[:hi - lo]
-        return "".join(self.pieces[a:b])[:hi - lo]
+            return (TOKEN_TEXT * (b - a))[: hi - lo]
+        return "".join(self.pieces[a:b])[: hi - lo]
 
     def tokens(self, a: int = 0, b: int | None = None) -> list[tuple[int, str]]:
         """(position, visible text) of each of tokens [a, b) the client sees any of."""
@@ -71,7 +92,7 @@ class Output:
             if lo >= hi:
                 break
             full = self.pieces[i] if self.pieces else TOKEN_TEXT
-            out.append((i, full[:hi - lo]))
+            out.append((i, full[: hi - lo]))
         return out
 
 
@@ -108,8 +129,15 @@ def find_stop(text: str, stops: tuple[str, ...], after: int = 0) -> tuple[int, i
     return best
 
 
-def plan(max_tokens: int, *, structured: str | None = None, tool: str | None = None,
-         stops: tuple[str, ...] = (), min_tokens: int = 0, ignore_eos: bool = False) -> Output:
+def plan(
+    max_tokens: int,
+    *,
+    structured: str | None = None,
+    tool: str | None = None,
+    stops: tuple[str, ...] = (),
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
+) -> Output:
     """The output of a request allowed `max_tokens` tokens: plain text, or `structured` JSON text
     (a call of `tool` if given); cut at the first of `stops` to complete at or after token
     `min_tokens` (before it, vLLM does not look for stop sequences)."""
@@ -128,11 +156,14 @@ def plan(max_tokens: int, *, structured: str | None = None, tool: str | None = N
             finish = "tool_calls" if tool is not None else "stop"
         n, offsets = len(pieces), _offsets(pieces)
     end = offsets[-1] if pieces else n * len(TOKEN_TEXT)
-    found = _first_stop(pieces, stops, offsets[min_tokens - 1] if pieces and min_tokens else
-                        (min_tokens - 1) * len(TOKEN_TEXT) if min_tokens else 0)
+    found = _first_stop(
+        pieces,
+        stops,
+        offsets[min_tokens - 1] if pieces and min_tokens else (min_tokens - 1) * len(TOKEN_TEXT) if min_tokens else 0,
+    )
     if found is not None and found[1] <= end:
         cut = next(i for i in range(1, n + 1) if (offsets[i] if pieces else i * len(TOKEN_TEXT)) >= found[1])
-        return Output(cut, "stop", found[0], pieces[:cut], offsets[:cut + 1], tool)
+        return Output(cut, "stop", found[0], pieces[:cut], offsets[: cut + 1], tool)
     return Output(n, finish, end, pieces, offsets, tool)
 
 
@@ -159,9 +190,9 @@ def token_logprobs(token: str, position: int, k: int) -> tuple[float, list[tuple
         return chosen, []
     rest = 1.0 - math.exp(chosen)
     decay = rng.uniform(0.3, 0.7)
-    weights = [decay ** j for j in range(1, MAX_TOP_LOGPROBS)]
+    weights = [decay**j for j in range(1, MAX_TOP_LOGPROBS)]
     total = sum(weights)
-    others = [t for t in ALTERNATIVES if t != token][:k - 1]
+    others = [t for t in ALTERNATIVES if t != token][: k - 1]
     top = [(token, chosen)]
     top += [(t, math.log(0.9 * rest * w / total)) for t, w in zip(others, weights)]
     return chosen, top

@@ -26,14 +26,28 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 from testbed.core.record import RequestRecord, record_to_wire
 from testbed.core.router.request_ids import client_id
+from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 from testbed.live.mock_output import BYTES_PER_TOKEN, TOKEN_TEXT, Output, plan, token_logprobs
 from testbed.live.openai_options import RequestError, generation
 
-__all__ = ["BYTES_PER_TOKEN", "EXTENSION", "TOKEN_TEXT", "Limits", "ParsedRequest", "RequestError", "block_hashes",
-           "chunk", "full_response", "load_body", "parse", "record_extension", "usage", "usage_chunk"]
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "EXTENSION",
+    "TOKEN_TEXT",
+    "Limits",
+    "ParsedRequest",
+    "RequestError",
+    "block_hashes",
+    "chunk",
+    "full_response",
+    "load_body",
+    "parse",
+    "record_extension",
+    "usage",
+    "usage_chunk",
+]
 
 EXTENSION = "testbed"
 DEFAULT_MAX_TOKENS = 16
@@ -42,7 +56,7 @@ MAX_TOKENS_LIMIT = MAX_OUTPUT_TOKENS
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    kind: str                   # completions | chat
+    kind: str  # completions | chat
     model: str
     input_tokens: int
     output_tokens: int
@@ -51,9 +65,9 @@ class ParsedRequest:
     hash_ids: tuple[int, ...] = ()
     client_request_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    content: bytes | tuple[int, ...] = b""     # what the prompt is made of, for block hashes
-    logprobs: int | None = None     # top alternatives per token; None: no logprobs asked
-    planned: Output | None = None   # what is generated; None: `output_tokens` of plain text
+    content: bytes | tuple[int, ...] = b""  # what the prompt is made of, for block hashes
+    logprobs: int | None = None  # top alternatives per token; None: no logprobs asked
+    planned: Output | None = None  # what is generated; None: `output_tokens` of plain text
 
     @property
     def output(self) -> Output:
@@ -71,7 +85,7 @@ def block_hashes(content: bytes | tuple[int, ...], block_tokens: int) -> tuple[i
     out: list[int] = []
     prev = b""
     for off in range(0, len(data), step):
-        prev = hashlib.blake2b(prev + data[off:off + step], digest_size=8).digest()
+        prev = hashlib.blake2b(prev + data[off : off + step], digest_size=8).digest()
         out.append(int.from_bytes(prev, "little") >> 1)
     return tuple(out)
 
@@ -93,8 +107,12 @@ def _prompt_tokens(prompt: Any) -> tuple[int, bytes | tuple[int, ...]]:
 
 
 def _last_is_tool_result(messages: Any) -> bool:
-    return isinstance(messages, list) and bool(messages) and isinstance(messages[-1], dict) \
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and isinstance(messages[-1], dict)
         and messages[-1].get("role") in ("tool", "function")
+    )
 
 
 def _chat_tokens(messages: Any) -> tuple[int, bytes]:
@@ -105,12 +123,12 @@ def _chat_tokens(messages: Any) -> tuple[int, bytes]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise RequestError(f"field 'messages[{i}]' must be an object")
-        content = m.get("content") or ""     # null content (e.g. an assistant turn with tool calls) is empty
-        if isinstance(content, list):   # content parts
+        content = m.get("content") or ""  # null content (e.g. an assistant turn with tool calls) is empty
+        if isinstance(content, list):  # content parts
             content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         if not isinstance(content, str):
             raise RequestError(f"field 'messages[{i}].content' must be a string or a list of parts")
-        total += estimate_tokens(content) + 4    # role and separators, as chat templates add
+        total += estimate_tokens(content) + 4  # role and separators, as chat templates add
         parts.append(f"<{m.get('role', '')}>{content}\n".encode())
     return total, b"".join(parts)
 
@@ -160,10 +178,11 @@ def load_body(text: str) -> Any:
         raise RequestError(f"body is nested more than {MAX_BODY_DEPTH} deep")
     if _SURROGATE_ESCAPE.search(text):
         try:
-            json.dumps(body, ensure_ascii=False).encode("utf-8")     # keys and strings alike
+            json.dumps(body, ensure_ascii=False).encode("utf-8")  # keys and strings alike
         except UnicodeEncodeError:
-            raise RequestError("body holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
-                               "not valid Unicode") from None
+            raise RequestError(
+                "body holds a lone surrogate (an unpaired \\ud800-\\udfff escape): not valid Unicode"
+            ) from None
     return body
 
 
@@ -203,19 +222,22 @@ def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
             raise RequestError("field 'prompt' is required (or 'testbed.input_tokens')")
         tokens, content = _prompt_tokens(body["prompt"])
     hash_ids = ext.get("hash_ids", [])
-    if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool)
-                                                 and -(1 << 63) <= h < 1 << 63 for h in hash_ids):
+    if not isinstance(hash_ids, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and -(1 << 63) <= h < 1 << 63 for h in hash_ids
+    ):
         raise RequestError("field 'testbed.hash_ids' must be a list of 64-bit integers")
     gen = generation(body, kind, kind == "chat" and _last_is_tool_result(body.get("messages")))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     top = limits.max_output_tokens
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                   or not 1 <= max_tokens <= top):
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= top
+    ):
         raise RequestError(f"field 'max_tokens' must be an integer in [1, {top}]", "max_tokens")
     if max_tokens is None:
         # Structured output ends where its JSON does (a model's EOS), within what the model allows.
-        max_tokens = DEFAULT_MAX_TOKENS if gen.structured is None else \
-            max(min(top, limits.max_context_tokens - tokens), 1)
+        max_tokens = (
+            DEFAULT_MAX_TOKENS if gen.structured is None else max(min(top, limits.max_context_tokens - tokens), 1)
+        )
     min_tokens = body.get("min_tokens", 0)
     if min_tokens is None:
         min_tokens = 0
@@ -225,18 +247,36 @@ def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
     # structured output (padded to max_tokens, as a model kept from ending would pad it).
     ignore_eos = _flag(body, "ignore_eos")
     if tokens + max_tokens > limits.max_context_tokens:
-        raise RequestError(f"this model's maximum context length is {limits.max_context_tokens} tokens; the "
-                           f"request asks for {tokens + max_tokens} ({tokens} in the prompt, {max_tokens} in the "
-                           "completion)")
-    out = plan(max_tokens, structured=gen.structured, tool=gen.tool, stops=gen.stops, min_tokens=min_tokens,
-               ignore_eos=ignore_eos)
+        raise RequestError(
+            f"this model's maximum context length is {limits.max_context_tokens} tokens; the "
+            f"request asks for {tokens + max_tokens} ({tokens} in the prompt, {max_tokens} in the "
+            "completion)"
+        )
+    out = plan(
+        max_tokens,
+        structured=gen.structured,
+        tool=gen.tool,
+        stops=gen.stops,
+        min_tokens=min_tokens,
+        ignore_eos=ignore_eos,
+    )
     stream = _flag(body, "stream")
     so = body.get("stream_options") or {}
     include_usage = bool(so.get("include_usage", False)) if isinstance(so, dict) else False
     rid = ext.get("request_id")
-    return ParsedRequest(kind, model, tokens, out.n, stream, include_usage, tuple(hash_ids),
-                         client_id(rid) if isinstance(rid, str) and rid else None, content=content,
-                         logprobs=gen.logprobs, planned=out if (gen.stops or gen.structured is not None) else None)
+    return ParsedRequest(
+        kind,
+        model,
+        tokens,
+        out.n,
+        stream,
+        include_usage,
+        tuple(hash_ids),
+        client_id(rid) if isinstance(rid, str) and rid else None,
+        content=content,
+        logprobs=gen.logprobs,
+        planned=out if (gen.stops or gen.structured is not None) else None,
+    )
 
 
 def record_extension(rec: RequestRecord) -> dict[str, Any]:
@@ -256,8 +296,14 @@ def chat_logprobs(req: ParsedRequest, start: int, end: int) -> dict[str, Any] | 
     content = []
     for i, tok in req.output.tokens(start, end):
         lp, top = token_logprobs(tok, i, req.logprobs)
-        content.append({"token": tok, "bytes": list(tok.encode()), "logprob": lp,
-                        "top_logprobs": [{"token": t, "bytes": list(t.encode()), "logprob": v} for t, v in top]})
+        content.append(
+            {
+                "token": tok,
+                "bytes": list(tok.encode()),
+                "logprob": lp,
+                "top_logprobs": [{"token": t, "bytes": list(t.encode()), "logprob": v} for t, v in top],
+            }
+        )
     return {"content": content, "refusal": None}
 
 
@@ -279,12 +325,23 @@ def completion_logprobs(req: ParsedRequest, start: int, end: int) -> dict[str, A
 def _tool_call(req: ParsedRequest, cid: str, arguments: str, first: bool) -> dict[str, Any]:
     if not first:
         return {"index": 0, "function": {"arguments": arguments}}
-    return {"index": 0, "id": call_id(cid), "type": "function",
-            "function": {"name": req.output.tool, "arguments": arguments}}
+    return {
+        "index": 0,
+        "id": call_id(cid),
+        "type": "function",
+        "function": {"name": req.output.tool, "arguments": arguments},
+    }
 
 
-def chunk(req: ParsedRequest, cid: str, model: str, start: int, new_tokens: int,
-          finish: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def chunk(
+    req: ParsedRequest,
+    cid: str,
+    model: str,
+    start: int,
+    new_tokens: int,
+    finish: str | None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The streamed chunk of tokens [start, start + new_tokens) (the first when start is 0)."""
     created = int(time.time())
     first, end = start == 0, start + new_tokens
@@ -301,11 +358,20 @@ def chunk(req: ParsedRequest, cid: str, model: str, start: int, new_tokens: int,
                 delta = {"role": "assistant", "content": text}
         logprobs = chat_logprobs(req, start, end) if new_tokens and out_.tool is None else None
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        out: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                               "choices": [choice]}
+        out: dict[str, Any] = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
     else:
-        choice = {"index": 0, "text": text, "logprobs": completion_logprobs(req, start, end) if new_tokens else None,
-                  "finish_reason": finish}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": completion_logprobs(req, start, end) if new_tokens else None,
+            "finish_reason": finish,
+        }
         out = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
     if extra:
         out.update(extra)
@@ -314,20 +380,31 @@ def chunk(req: ParsedRequest, cid: str, model: str, start: int, new_tokens: int,
 
 def usage(req: ParsedRequest, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     """OpenAI usage as vLLM reports it; `cached_tokens`: the prompt's prefix served from cache."""
-    return {"prompt_tokens": req.input_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": req.input_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": req.input_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": req.input_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
-def usage_chunk(req: ParsedRequest, cid: str, model: str, completion_tokens: int,
-                cached_tokens: int = 0) -> dict[str, Any]:
+def usage_chunk(
+    req: ParsedRequest, cid: str, model: str, completion_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
     obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
-    return {"id": cid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
-            "usage": usage(req, completion_tokens, cached_tokens)}
+    return {
+        "id": cid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage(req, completion_tokens, cached_tokens),
+    }
 
 
-def full_response(req: ParsedRequest, cid: str, model: str, tokens: int,
-                  extra: dict[str, Any], cached_tokens: int = 0) -> dict[str, Any]:
+def full_response(
+    req: ParsedRequest, cid: str, model: str, tokens: int, extra: dict[str, Any], cached_tokens: int = 0
+) -> dict[str, Any]:
     """The whole response to a request whose `tokens` tokens were generated."""
     created = int(time.time())
     out_ = req.output
@@ -336,16 +413,31 @@ def full_response(req: ParsedRequest, cid: str, model: str, tokens: int,
         message: dict[str, Any] = {"role": "assistant", "content": text}
         logprobs = chat_logprobs(req, 0, tokens)
         if out_.tool is not None:
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": call_id(cid), "type": "function", "function": {"name": out_.tool, "arguments": text}}]}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": call_id(cid), "type": "function", "function": {"name": out_.tool, "arguments": text}}
+                ],
+            }
             logprobs = None
         choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": out_.finish}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": completion_logprobs(req, 0, tokens),
-                  "finish_reason": out_.finish}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": completion_logprobs(req, 0, tokens),
+            "finish_reason": out_.finish,
+        }
         obj = "text_completion"
-    out = {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice],
-           "usage": usage(req, tokens, cached_tokens)}
+    out = {
+        "id": cid,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(req, tokens, cached_tokens),
+    }
     out.update(extra)
     return out

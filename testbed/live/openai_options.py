@@ -35,9 +35,9 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 @dataclass(frozen=True)
 class Generation:
     stops: tuple[str, ...] = ()
-    logprobs: int | None = None       # top alternatives per token; None: no logprobs asked
-    tool: str | None = None           # the function called
-    structured: str | None = None     # the JSON text generated (a call's arguments or the content)
+    logprobs: int | None = None  # top alternatives per token; None: no logprobs asked
+    tool: str | None = None  # the function called
+    structured: str | None = None  # the JSON text generated (a call's arguments or the content)
 
 
 def _stops(body: dict[str, Any]) -> tuple[str, ...]:
@@ -46,8 +46,7 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
         return ()
     items = [v] if isinstance(v, str) else v
     if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items) or len(items) > MAX_STOPS:
-        raise RequestError(f"field 'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them",
-                           "stop")
+        raise RequestError(f"field 'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them", "stop")
     return tuple(items)
 
 
@@ -91,8 +90,9 @@ def _response_format(body: dict[str, Any]) -> str | None:
     if t == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), (dict, bool)):
-            raise RequestError("field 'response_format.json_schema' must be an object with a 'schema'",
-                               "response_format")
+            raise RequestError(
+                "field 'response_format.json_schema' must be an object with a 'schema'", "response_format"
+            )
         return _schema_text(js.get("schema", {}), "response_format.json_schema.schema")
     raise RequestError("field 'response_format.type' must be text, json_object or json_schema", "response_format")
 
@@ -109,13 +109,17 @@ def _tools(body: dict[str, Any]) -> list[tuple[str, Any]]:
         fn = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not _TOOL_NAME.match(name):
-            raise RequestError(f"field 'tools[{i}]' must be a function tool with a name of 1-64 letters, digits, "
-                               "'_' or '-'", f"tools[{i}]")
+            raise RequestError(
+                f"field 'tools[{i}]' must be a function tool with a name of 1-64 letters, digits, '_' or '-'",
+                f"tools[{i}]",
+            )
         assert isinstance(fn, dict)
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise RequestError(f"field 'tools[{i}].function.parameters' must be a JSON schema object",
-                               f"tools[{i}].function.parameters")
+            raise RequestError(
+                f"field 'tools[{i}].function.parameters' must be a JSON schema object",
+                f"tools[{i}].function.parameters",
+            )
         out.append((name, params))
     return out
 
@@ -136,8 +140,10 @@ def _called(body: dict[str, Any], tools: list[tuple[str, Any]], last_is_tool_res
     fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
-        raise RequestError("field 'tool_choice' must be none, auto, required or "
-                           "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+        raise RequestError(
+            'field \'tool_choice\' must be none, auto, required or {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
     for i, (n, _) in enumerate(tools):
         if n == name:
             return i
@@ -149,8 +155,9 @@ def generation(body: dict[str, Any], kind: str, last_is_tool_result: bool = Fals
     stops = _stops(body)
     logprobs = _logprobs(body, kind)
     if kind == "completions" and (body.get("tools") is not None or body.get("tool_choice") is not None):
-        raise RequestError("fields 'tools' and 'tool_choice' are for /v1/chat/completions, not /v1/completions",
-                           "tools")
+        raise RequestError(
+            "fields 'tools' and 'tool_choice' are for /v1/chat/completions, not /v1/completions", "tools"
+        )
     tools = _tools(body)
     called = _called(body, tools, last_is_tool_result)
     if called is not None:

@@ -20,22 +20,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from testbed.core.failures import FailureKind as K
-from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.prefill_loop import CACHE_IN_TIMEOUT_S, PrefillLoop, layer_ready
 from testbed.core.engine.prefill_queue import PrefillJob
-from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.failures import FailureKind as K
+from testbed.core.fault_timeline import SlowDown
+from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
-    REGISTRY_KEY, ServiceConfig, add_common_routes, add_fault_route, bad_request, int_field, node_middlewares,
+    REGISTRY_KEY,
+    ServiceConfig,
+    add_common_routes,
+    add_fault_route,
+    bad_request,
+    int_field,
+    node_middlewares,
     node_request,
 )
 from testbed.live.kv_sender import ConnectionStats, Dest
@@ -53,8 +60,8 @@ class _Pending:
     transfer_id: int
     dest: tuple[str, int]
     tokens: int
-    ship_from: int                # leading tokens whose KV the decode side already holds
-    cache_in: int | None          # transfer id of a cached prefix moved here first
+    ship_from: int  # leading tokens whose KV the decode side already holds
+    cache_in: int | None  # transfer id of a cached prefix moved here first
     done: asyncio.Future[PrefillReport]
 
 
@@ -89,7 +96,7 @@ async def _compute_and_send(st: PrefillState, p: _Pending) -> None:
         rep.times.cache_wait_start = now()
         try:
             res = await asyncio.wait_for(st.receiver.expect(p.cache_in), CACHE_IN_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TransferFailed(f"moved cached prefix did not arrive within {CACHE_IN_TIMEOUT_S:g} s") from None
         if not res.ok:
             raise TransferFailed(f"cache move failed: {res.reason}")
@@ -136,7 +143,7 @@ async def _compute_and_send(st: PrefillState, p: _Pending) -> None:
 async def _worker(st: PrefillState) -> None:
     while True:
         job = st.loop.start_next(now())
-        if not isinstance(job, PrefillJob):    # None: nothing waits (a live call is queued on arrival)
+        if not isinstance(job, PrefillJob):  # None: nothing waits (a live call is queued on arrival)
             st.wakeup.clear()
             await st.wakeup.wait()
             continue
@@ -147,10 +154,10 @@ async def _worker(st: PrefillState) -> None:
             await task
         except asyncio.CancelledError:
             me = asyncio.current_task()
-            if me is not None and me.cancelling():      # the worker itself is stopping
+            if me is not None and me.cancelling():  # the worker itself is stopping
                 raise
             _abandon(st, p, "cancelled: the router gave up on the request", K.ROUTER_ERROR)
-        except TransferFailed as e:     # only the wait for a moved-in prefix raises it in a job
+        except TransferFailed as e:  # only the wait for a moved-in prefix raises it in a job
             log.warning("prefill %s failed: %s", job.request_id, e.reason)
             _abandon(st, p, e.reason, K.CACHE_MOVE)
         except Exception as e:  # keep serving the queue whatever one job did
@@ -232,16 +239,23 @@ def _status(st: PrefillState) -> dict[str, Any]:
     """Wire units: queued modelled work (s) and the KV sender's counters (bytes, segments)."""
     ls = st.sender.link_state()
     q = st.loop.queue
-    return {"t": now(), "queue_depth": q.depth, "running": len(st.running),
-            "backlog_s": q.backlog(now()),
-            "queued_s": q.waiting_work(),
-            "acked_bytes": ls.acked_bytes, "retrans_segments": ls.retrans_segments,
-            "acked_segments": ls.acked_segments, "undelivered_bytes": ls.undelivered_bytes,
-            "kv_bytes_sent": st.sender.bytes_sent}
+    return {
+        "t": now(),
+        "queue_depth": q.depth,
+        "running": len(st.running),
+        "backlog_s": q.backlog(now()),
+        "queued_s": q.waiting_work(),
+        "acked_bytes": ls.acked_bytes,
+        "retrans_segments": ls.retrans_segments,
+        "acked_segments": ls.acked_segments,
+        "undelivered_bytes": ls.undelivered_bytes,
+        "kv_bytes_sent": st.sender.bytes_sent,
+    }
 
 
-def sending_connections(stats: Iterable[ConnectionStats],
-                        seen: dict[tuple[Dest, int], tuple[int, int]]) -> list[ConnectionStats]:
+def sending_connections(
+    stats: Iterable[ConnectionStats], seen: dict[tuple[Dest, int], tuple[int, int]]
+) -> list[ConnectionStats]:
     """The connections that sent or retransmitted since their last sample (`seen`, updated). TCP
     updates RTT and cwnd on ACKs, so an idle connection would repeat itself, and a sender holds a
     pool to every decode instance: 48 instances wrote 1.3 GB of such repeats in 3 minutes."""
@@ -279,16 +293,17 @@ def _collect(st: PrefillState) -> list[Sample]:
 def _metrics(reg: CollectorRegistry, st: PrefillState) -> None:
     """vLLM's scheduler gauges and the testbed's KV counters, labelled as vLLM labels (`model_name`,
     `engine`: the node). The counters were gauges without the `_total` suffix before."""
-    ScrapeTimeMetrics({"model_name": st.cfg.deployment.scenario.model.name, "engine": st.cfg.node_id}) \
-        .gauge("vllm:num_requests_waiting", "Prefill requests waiting", lambda: st.loop.queue.depth) \
-        .gauge("vllm:num_requests_running", "Prefill requests computing", lambda: 1 if st.loop.busy else 0) \
-        .gauge("testbed_kv_backlog_bytes", "KV bytes queued, not yet written", lambda: st.sender.backlog_bytes) \
-        .gauge("testbed_slowdown_factor", "Service-time factor of an injected slowdown in force (1: none)",
-               lambda: st.loop.slow.at(now())) \
-        .counter("testbed_kv_bytes_sent", "KV bytes written to TCP (wire)", lambda: st.sender.bytes_sent) \
-        .counter("testbed_prefills_completed", "Prefills whose KV was sent", lambda: st.completed) \
-        .counter("testbed_prefills_failed", "Prefills whose KV transfer failed", lambda: st.failed) \
-        .register(reg)
+    ScrapeTimeMetrics({"model_name": st.cfg.deployment.scenario.model.name, "engine": st.cfg.node_id}).gauge(
+        "vllm:num_requests_waiting", "Prefill requests waiting", lambda: st.loop.queue.depth
+    ).gauge("vllm:num_requests_running", "Prefill requests computing", lambda: 1 if st.loop.busy else 0).gauge(
+        "testbed_kv_backlog_bytes", "KV bytes queued, not yet written", lambda: st.sender.backlog_bytes
+    ).gauge(
+        "testbed_slowdown_factor",
+        "Service-time factor of an injected slowdown in force (1: none)",
+        lambda: st.loop.slow.at(now()),
+    ).counter("testbed_kv_bytes_sent", "KV bytes written to TCP (wire)", lambda: st.sender.bytes_sent).counter(
+        "testbed_prefills_completed", "Prefills whose KV was sent", lambda: st.completed
+    ).counter("testbed_prefills_failed", "Prefills whose KV transfer failed", lambda: st.failed).register(reg)
 
 
 def make_app(cfg: ServiceConfig) -> web.Application:
@@ -302,20 +317,27 @@ def make_app(cfg: ServiceConfig) -> web.Application:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         t = sc.transfer
-        sender = KVSender(t.connections, t.chunk_bytes, t.sndbuf_bytes, t.congestion, t.checksum,
-                          resume_timeout=t.resume_timeout_s)
-        receiver = KVReceiver(verify=t.checksum, rcvbuf=t.rcvbuf_bytes,
-                              idle_timeout=receiver_idle_timeout(t.resume_timeout_s),
-                              allowed_hosts=cfg.deployment.node_hosts())
+        sender = KVSender(
+            t.connections, t.chunk_bytes, t.sndbuf_bytes, t.congestion, t.checksum, resume_timeout=t.resume_timeout_s
+        )
+        receiver = KVReceiver(
+            verify=t.checksum,
+            rcvbuf=t.rcvbuf_bytes,
+            idle_timeout=receiver_idle_timeout(t.resume_timeout_s),
+            allowed_hosts=cfg.deployment.node_hosts(),
+        )
         if node.kv is not None:
             await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
-        st = PrefillState(cfg, PrefillLoop(slow), sender, receiver, PrefillTime.from_spec(hw.prefill),
-                          KVModel.from_spec(sc.model))
+        st = PrefillState(
+            cfg, PrefillLoop(slow), sender, receiver, PrefillTime.from_spec(hw.prefill), KVModel.from_spec(sc.model)
+        )
         app[STATE] = st
         _metrics(reg, st)
         series = SeriesWriter(cfg.series_path(), cfg.node_id)
-        tasks = [asyncio.create_task(_worker(st)),
-                 asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval))]
+        tasks = [
+            asyncio.create_task(_worker(st)),
+            asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval)),
+        ]
         yield
         for task in tasks + list(st.finishing):
             task.cancel()

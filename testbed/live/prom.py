@@ -5,7 +5,7 @@ state where the I/O-free core keeps them)."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,11 +25,11 @@ class ScrapeTimeMetrics(Collector):
         self._counters: list[tuple[str, str, Callable[[], float]]] = []
         self._gauges: list[tuple[str, str, Callable[[], float | None]]] = []
 
-    def counter(self, name: str, doc: str, fn: Callable[[], float]) -> "ScrapeTimeMetrics":
+    def counter(self, name: str, doc: str, fn: Callable[[], float]) -> ScrapeTimeMetrics:
         self._counters.append((name, doc, fn))
         return self
 
-    def gauge(self, name: str, doc: str, fn: Callable[[], float | None]) -> "ScrapeTimeMetrics":
+    def gauge(self, name: str, doc: str, fn: Callable[[], float | None]) -> ScrapeTimeMetrics:
         """A gauge; `fn` returning None leaves the series out of that scrape (nothing known yet)."""
         self._gauges.append((name, doc, fn))
         return self

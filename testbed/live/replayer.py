@@ -10,33 +10,38 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
-from testbed.core.failures import Failure, FailureKind as K
+from testbed.core.failures import Failure
+from testbed.core.failures import FailureKind as K
 from testbed.core.record import RequestRecord, record_from_wire
 from testbed.live.clock import now, sleep_until
 from testbed.live.openai_api import EXTENSION
-from testbed.live.replay_stats import ReplayStats as ReplayStats   # re-exported
+from testbed.live.replay_stats import ReplayStats as ReplayStats  # re-exported
 from testbed.metrics.records import RecordWriter
 from testbed.traces.types import Trace, TraceRequest
 
-START_LEAD_S = 0.5      # first request leaves this long after t0, so t0 is never in the past
+START_LEAD_S = 0.5  # first request leaves this long after t0, so t0 is never in the past
 
 
 def request_body(tr: TraceRequest, model: str) -> dict[str, Any]:
     """The completions request that replays `tr`: its exact lengths and hashes in the `testbed` field."""
     return {
-        "model": model, "prompt": "", "max_tokens": tr.output_tokens, "stream": True,
+        "model": model,
+        "prompt": "",
+        "max_tokens": tr.output_tokens,
+        "stream": True,
         "stream_options": {"include_usage": True},
         EXTENSION: {"input_tokens": tr.input_tokens, "hash_ids": list(tr.hash_ids), "request_id": tr.request_id},
     }
 
 
-async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord,
-                   t0: float, model: str) -> None:
+async def send_one(
+    session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord, t0: float, model: str
+) -> None:
     body = request_body(tr, model)
     times = rec.times
     times.arrival = now() - t0
@@ -75,8 +80,11 @@ async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, r
     rec.tokens_received = tokens
     if error is not None:
         # The router's verdict: its record names what failed and where.
-        f = Failure(K(served.failure_kind), served.failure_node) if served is not None and served.failure_kind \
+        f = (
+            Failure(K(served.failure_kind), served.failure_node)
+            if served is not None and served.failure_kind
             else Failure(K.ROUTER_ERROR)
+        )
         rec.fail(f, error)
     elif served is None or served.outcome != "completed":
         rec.fail(Failure(K.CLIENT_ERROR), "stream ended without a completed record")
@@ -86,10 +94,17 @@ async def send_one(session: aiohttp.ClientSession, url: str, tr: TraceRequest, r
         rec.outcome = "completed"
 
 
-async def replay(trace: Trace, url: str, writer: RecordWriter, speedup: float, model: str = "",
-                 on_progress: Callable[[ReplayStats], None] | None = None,
-                 request_timeout: float | Callable[[TraceRequest], float] | None = None,
-                 t0: float | None = None, api_key: str | None = None) -> ReplayStats:
+async def replay(
+    trace: Trace,
+    url: str,
+    writer: RecordWriter,
+    speedup: float,
+    model: str = "",
+    on_progress: Callable[[ReplayStats], None] | None = None,
+    request_timeout: float | Callable[[TraceRequest], float] | None = None,
+    t0: float | None = None,
+    api_key: str | None = None,
+) -> ReplayStats:
     """Replay `trace` (paper-time timestamps divided by `speedup`); record times are relative
     to `t0` (default: now). `api_key`: sent as `Authorization: Bearer KEY`, as OpenAI clients do."""
     stats = ReplayStats(total=len(trace))
@@ -118,7 +133,7 @@ async def replay(trace: Trace, url: str, writer: RecordWriter, speedup: float, m
             rec.fail(Failure(K.INTERRUPTED), "interrupted: run stopped before the request finished")
             finish(i)
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             rec.fail(Failure(K.CLIENT_TIMEOUT), f"no answer within {limit:g} s (wire): the client gave up")
         except (aiohttp.ClientError, ValueError, KeyError) as e:
             rec.fail(Failure(K.CLIENT_ERROR), f"client error: {type(e).__name__}: {e}")

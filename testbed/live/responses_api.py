@@ -19,8 +19,18 @@ from testbed.live.mock_output import Output, token_logprobs
 from testbed.live.openai_api import EXTENSION, Limits, ParsedRequest, RequestError, parse
 
 # What a response echoes of its request, as OpenAI's does.
-ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "temperature", "tool_choice",
-          "tools", "top_p", "top_logprobs", "text")
+ECHOED = (
+    "instructions",
+    "max_output_tokens",
+    "metadata",
+    "parallel_tool_calls",
+    "temperature",
+    "tool_choice",
+    "tools",
+    "top_p",
+    "top_logprobs",
+    "text",
+)
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
@@ -55,7 +65,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         elif t == "function_call_output":
             out.append({"role": "tool", "content": _text_of(item.get("output"))})
         else:
-            out.append({"role": "user", "content": ""})     # images, files, reasoning: no text to count
+            out.append({"role": "user", "content": ""})  # images, files, reasoning: no text to count
     return out
 
 
@@ -70,8 +80,7 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
             raise RequestError(f"field 'tools[{i}]': only function tools are emulated, not {kind!r}", f"tools[{i}]")
-        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
-                                                     if k in t}})
+        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}})
     return out
 
 
@@ -100,11 +109,16 @@ def to_chat(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError("body must be a JSON object")
     if body.get("previous_response_id") is not None:
-        raise RequestError("field 'previous_response_id': this server keeps no responses; send the whole "
-                           "conversation in 'input'", "previous_response_id")
+        raise RequestError(
+            "field 'previous_response_id': this server keeps no responses; send the whole conversation in 'input'",
+            "previous_response_id",
+        )
     include = body.get("include") or []
-    chat: dict[str, Any] = {"model": body.get("model", ""), "messages": _messages(body),
-                            "stream": body.get("stream", False)}
+    chat: dict[str, Any] = {
+        "model": body.get("model", ""),
+        "messages": _messages(body),
+        "stream": body.get("stream", False),
+    }
     for src, dst in (("max_output_tokens", "max_tokens"), (EXTENSION, EXTENSION)):
         if body.get(src) is not None:
             chat[dst] = body[src]
@@ -135,8 +149,14 @@ def _logprobs(req: ParsedRequest, start: int, end: int) -> list[dict[str, Any]]:
     out = []
     for i, tok in req.output.tokens(start, end):
         lp, top = token_logprobs(tok, i, req.logprobs)
-        out.append({"token": tok, "bytes": list(tok.encode()), "logprob": lp,
-                    "top_logprobs": [{"token": t, "bytes": list(t.encode()), "logprob": v} for t, v in top]})
+        out.append(
+            {
+                "token": tok,
+                "bytes": list(tok.encode()),
+                "logprob": lp,
+                "top_logprobs": [{"token": t, "bytes": list(t.encode()), "logprob": v} for t, v in top],
+            }
+        )
     return out
 
 
@@ -161,36 +181,58 @@ class ResponseEvents:
         text = out.text(0, tokens)
         status = "in_progress" if not done else "incomplete" if out.finish == "length" else "completed"
         if out.tool is not None:
-            return {"type": "function_call", "id": self.item_id, "call_id": self.call_id, "name": out.tool,
-                    "arguments": text, "status": status}
+            return {
+                "type": "function_call",
+                "id": self.item_id,
+                "call_id": self.call_id,
+                "name": out.tool,
+                "arguments": text,
+                "status": status,
+            }
         content = [self.part(tokens)] if done else []
         return {"type": "message", "id": self.item_id, "status": status, "role": "assistant", "content": content}
 
     def part(self, tokens: int) -> dict[str, Any]:
-        return {"type": "output_text", "text": self.req.output.text(0, tokens), "annotations": [],
-                "logprobs": _logprobs(self.req, 0, tokens)}
+        return {
+            "type": "output_text",
+            "text": self.req.output.text(0, tokens),
+            "annotations": [],
+            "logprobs": _logprobs(self.req, 0, tokens),
+        }
 
     def response(self, tokens: int | None, cached: int = 0) -> dict[str, Any]:
         """The response object: in progress (`tokens` None) or done with that many tokens."""
         out: Output = self.req.output
         resp: dict[str, Any] = {
-            "id": self.id, "object": "response", "created_at": self.created, "model": self.model,
-            "status": "in_progress", "error": None, "incomplete_details": None, "output": [], "usage": None,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "model": self.model,
+            "status": "in_progress",
+            "error": None,
+            "incomplete_details": None,
+            "output": [],
+            "usage": None,
             **{k: v for k, v in self.req.extra.items()},
         }
         resp["tools"] = resp.get("tools") or []
         resp["tool_choice"] = resp.get("tool_choice") or "auto"
-        resp["parallel_tool_calls"] = resp["parallel_tool_calls"] if resp.get("parallel_tool_calls") is not None \
-            else True
+        resp["parallel_tool_calls"] = (
+            resp["parallel_tool_calls"] if resp.get("parallel_tool_calls") is not None else True
+        )
         resp["text"] = resp.get("text") or {"format": {"type": "text"}}
         if tokens is not None:
             truncated = out.finish == "length"
             resp["status"] = "incomplete" if truncated else "completed"
             resp["incomplete_details"] = {"reason": "max_output_tokens"} if truncated else None
             resp["output"] = [self.item(tokens, True)]
-            resp["usage"] = {"input_tokens": self.req.input_tokens, "input_tokens_details": {"cached_tokens": cached},
-                             "output_tokens": tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                             "total_tokens": self.req.input_tokens + tokens}
+            resp["usage"] = {
+                "input_tokens": self.req.input_tokens,
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": self.req.input_tokens + tokens,
+            }
         return resp
 
     def opening(self) -> list[dict[str, Any]]:
@@ -211,8 +253,15 @@ class ResponseEvents:
         if self.req.output.tool is not None:
             evs.append(self._ev("response.function_call_arguments.delta", **where, delta=delta))
         else:
-            evs.append(self._ev("response.output_text.delta", **where, content_index=0, delta=delta,
-                                logprobs=_logprobs(self.req, start, start + new)))
+            evs.append(
+                self._ev(
+                    "response.output_text.delta",
+                    **where,
+                    content_index=0,
+                    delta=delta,
+                    logprobs=_logprobs(self.req, start, start + new),
+                )
+            )
         return evs
 
     def closing(self, tokens: int, cached: int, ext: dict[str, Any]) -> list[dict[str, Any]]:
@@ -221,11 +270,19 @@ class ResponseEvents:
         where = {"item_id": self.item_id, "output_index": 0}
         out = self.req.output
         if out.tool is not None:
-            evs.append(self._ev("response.function_call_arguments.done", **where, name=out.tool,
-                                arguments=out.text(0, tokens)))
+            evs.append(
+                self._ev("response.function_call_arguments.done", **where, name=out.tool, arguments=out.text(0, tokens))
+            )
         else:
-            evs.append(self._ev("response.output_text.done", **where, content_index=0, text=out.text(0, tokens),
-                                logprobs=_logprobs(self.req, 0, tokens)))
+            evs.append(
+                self._ev(
+                    "response.output_text.done",
+                    **where,
+                    content_index=0,
+                    text=out.text(0, tokens),
+                    logprobs=_logprobs(self.req, 0, tokens),
+                )
+            )
             evs.append(self._ev("response.content_part.done", **where, content_index=0, part=self.part(tokens)))
         evs.append(self._ev("response.output_item.done", output_index=0, item=self.item(tokens, True)))
         final = self.response(tokens, cached)

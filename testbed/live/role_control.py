@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
 from testbed.core.control.bandwidth import BandwidthController
-from testbed.core.control.short_term import Recent
 from testbed.core.control.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
+from testbed.core.control.short_term import Recent
 from testbed.core.schema.scaling import Scale
 from testbed.live.clock import now
 from testbed.live.common import fetch_status
@@ -33,10 +34,19 @@ log = logging.getLogger("testbed.router.longterm")
 
 
 class RoleControl:
-    def __init__(self, dep: Deployment, ctl: LongTermController, meter: RoleMeter, session: aiohttp.ClientSession,
-                 recent: Recent, series: SeriesWriter, decisions: SeriesWriter,
-                 down: Callable[[], frozenset[str]], applied: Callable[[frozenset[str], float | None], None],
-                 bandwidth: BandwidthController | None = None) -> None:
+    def __init__(
+        self,
+        dep: Deployment,
+        ctl: LongTermController,
+        meter: RoleMeter,
+        session: aiohttp.ClientSession,
+        recent: Recent,
+        series: SeriesWriter,
+        decisions: SeriesWriter,
+        down: Callable[[], frozenset[str]],
+        applied: Callable[[frozenset[str], float | None], None],
+        bandwidth: BandwidthController | None = None,
+    ) -> None:
         self.scale = Scale.from_spec(dep.scenario.scale)
         self.dep = dep
         self.ctl = ctl
@@ -45,8 +55,8 @@ class RoleControl:
         self.recent = recent
         self.series = series
         self.decisions = decisions
-        self.down = down              # instances the health book took out
-        self.applied = applied        # (nodes not to route to, new threshold or None)
+        self.down = down  # instances the health book took out
+        self.applied = applied  # (nodes not to route to, new threshold or None)
         self.bandwidth = bandwidth
         self.interval_wire = self.scale.wire_seconds(ctl.cfg.sample_s)
         self._prev: float | None = None
@@ -61,8 +71,12 @@ class RoleControl:
         nodes = [n for n in self.ctl.roles.routable("decode") if n not in down]
         got = [g for g in await asyncio.gather(*(self._status(n) for n in nodes)) if g is not None]
         # An instance that did not answer counts as no capacity: it is not serving either.
-        return DecodeSignals(len(got), float(sum(int(g["running"]) for g in got)),
-                             float(sum(int(g["waiting"]) for g in got)), self.bs_max)
+        return DecodeSignals(
+            len(got),
+            float(sum(int(g["running"]) for g in got)),
+            float(sum(int(g["waiting"]) for g in got)),
+            self.bs_max,
+        )
 
     async def step(self) -> None:
         down = self.down()
@@ -90,6 +104,6 @@ class RoleControl:
                 await self.step()
             except asyncio.CancelledError:
                 raise
-            except Exception:     # a bad poll must not end the loop for the rest of the run
+            except Exception:  # a bad poll must not end the loop for the rest of the run
                 log.exception("long-term step failed")
             await asyncio.sleep(self.interval_wire)

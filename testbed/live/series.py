@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from testbed.metrics.series_format import Sample, SeriesWriter
 
@@ -14,7 +14,7 @@ log = logging.getLogger("testbed.series")
 
 async def sample_forever(writer: SeriesWriter, collect: Callable[[], Iterable[Sample]], interval: float) -> None:
     """Sample `collect` every `interval` wire seconds until cancelled."""
-    unwritten: str | None = None      # the write error last reported (a full disk: once)
+    unwritten: str | None = None  # the write error last reported (a full disk: once)
     while True:
         try:
             samples = list(collect())

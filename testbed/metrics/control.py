@@ -21,8 +21,9 @@ Summary keys (paper units):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +62,9 @@ def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[s
     """Threshold changes from `decisions.jsonl`, in paper seconds since t0."""
     out = []
     for p in decision_points(run_dir, t0, speedup, "threshold_change"):
-        out.append({"t_s": p.t, "old": float(p.labels.get("old", "nan")), "new": p.value,
-                    "reason": p.labels.get("reason", "")})
+        out.append(
+            {"t_s": p.t, "old": float(p.labels.get("old", "nan")), "new": p.value, "reason": p.labels.get("reason", "")}
+        )
     return out
 
 
@@ -96,8 +98,7 @@ def cache_rows(s: Summary) -> list[tuple[str, str]]:
         ("Requests reusing a cached prefix", f"{c.requests_with_hit:,} of {s.requests.completed:,}"),
         ("Prompt tokens served from cache (prefill)", _f(None if share is None else share * 100, "{:.1f}%")),
         ("Prompt KV the decode side already held", _f(None if dshare is None else dshare * 100, "{:.1f}%")),
-        ("Cross-cluster cache moves", f"{c.moves:,} ({c.move_tokens:,} tokens, "
-                                      f"{c.move_bytes_paper / 1e9:.3g} GB)"),
+        ("Cross-cluster cache moves", f"{c.moves:,} ({c.move_tokens:,} tokens, {c.move_bytes_paper / 1e9:.3g} GB)"),
     ]
     if c.move_wait_s is not None:
         rows.append(("Mean prefill wait for a moved prefix", f"{c.move_wait_s:.3f} s"))
@@ -114,8 +115,10 @@ def control_rows(s: Summary) -> list[tuple[str, str]]:
     ab = c.abundant_share
     return [
         ("Threshold changes", f"{c.threshold_changes:,}"),
-        ("Threshold min / time-weighted mean / max (tokens)",
-         f"{_f(c.threshold_min)} / {_f(c.threshold_mean)} / {_f(c.threshold_max)}"),
+        (
+            "Threshold min / time-weighted mean / max (tokens)",
+            f"{_f(c.threshold_min)} / {_f(c.threshold_mean)} / {_f(c.threshold_max)}",
+        ),
         ("Lowest WAN bandwidth estimate", _f(None if est is None else est / 1e9, "{:.3g} Gbit/s")),
         ("Control samples judging bandwidth abundant", _f(None if ab is None else ab * 100, "{:.0f}%")),
     ]
@@ -123,12 +126,15 @@ def control_rows(s: Summary) -> list[tuple[str, str]]:
 
 def change_rows(s: Summary, limit: int = 20) -> list[tuple[str, str, str, str]]:
     # `old` is null where the decision did not say (NaN before JSON), printed as before.
-    return [(f"{c.t_s:.1f}", f"{math.nan if c.old is None else c.old:,.0f}", f"{c.new:,.0f}", c.reason)
-            for c in (s.control.changes if s.control else [])[:limit]]
+    return [
+        (f"{c.t_s:.1f}", f"{math.nan if c.old is None else c.old:,.0f}", f"{c.new:,.0f}", c.reason)
+        for c in (s.control.changes if s.control else [])[:limit]
+    ]
 
 
-def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path,
-                 bands: Sequence[FaultWindow] = (), title: str = "") -> Path | None:
+def plot_control(
+    samples: Sequence[SeriesPoint], scale: Scale, path: Path, bands: Sequence[FaultWindow] = (), title: str = ""
+) -> Path | None:
     """Threshold over time; WAN delivered rate and the loop's bandwidth estimate; predicted loads."""
     thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
     est = sorted(select(samples, metric="wan_bandwidth_estimate_bps_paper"), key=lambda p: p.t)
@@ -136,7 +142,7 @@ def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path,
         return None
     dlv = sorted(select(samples, metric="wan_delivered_bps_paper"), key=lambda p: p.t)
     loads = select(samples, metric="planned_load")
-    from matplotlib.figure import Figure      # here: the summary needs no plotting library
+    from matplotlib.figure import Figure  # here: the summary needs no plotting library
 
     fig = Figure(figsize=(8, 7.2), layout="constrained")
     ax = fig.subplots(3, 1, sharex=True)
@@ -145,14 +151,25 @@ def plot_control(samples: Sequence[SeriesPoint], scale: Scale, path: Path,
         ax[0].plot([p.t * s for p in thr], [p.value for p in thr], drawstyle="steps-post", linewidth=1.2)
     ax[0].set_ylabel("threshold t (tokens)")
     ax[1].plot([p.t * s for p in dlv], [p.value / 1e9 for p in dlv], linewidth=0.8, label="delivered (PrfaaS egress)")
-    ax[1].plot([p.t * s for p in est], [p.value / 1e9 for p in est], drawstyle="steps-post", linewidth=1.2,
-               label="bandwidth estimate")
+    ax[1].plot(
+        [p.t * s for p in est],
+        [p.value / 1e9 for p in est],
+        drawstyle="steps-post",
+        linewidth=1.2,
+        label="bandwidth estimate",
+    )
     cfg = _kv_link_rates(samples)
     if cfg:
         end = max(p.t for p in est)
-        ax[1].plot([p.t * s for p in cfg] + [end * s], [scale.paper_rate_bps(p.value) / 1e9 for p in cfg]
-                   + [scale.paper_rate_bps(cfg[-1].value) / 1e9], drawstyle="steps-post", linewidth=0.9,
-                   linestyle="--", color="gray", label="configured rate (the emulator's, unseen by the router)")
+        ax[1].plot(
+            [p.t * s for p in cfg] + [end * s],
+            [scale.paper_rate_bps(p.value) / 1e9 for p in cfg] + [scale.paper_rate_bps(cfg[-1].value) / 1e9],
+            drawstyle="steps-post",
+            linewidth=0.9,
+            linestyle="--",
+            color="gray",
+            label="configured rate (the emulator's, unseen by the router)",
+        )
     ax[1].set_ylabel("WAN (paper Gbit/s)")
     ax[1].legend(fontsize="x-small")
     for stage in ("link", "prfaas", "pdp"):
@@ -193,16 +210,23 @@ def link_phases(done: Sequence[RequestRecord], samples: Sequence[SeriesPoint], s
         start = p.t if p is not changes[0] else -math.inf
         rs = [r for r in done if start <= r.times.arrival < end and math.isfinite(r.ttft)]
         ttft = np.array([r.ttft * s for r in rs])
-        tails = [(r.times.transfer_end - r.times.prefill_end) * s for r in rs if r.crossed_wan
-                 and math.isfinite(r.times.transfer_end - r.times.prefill_end)]
-        out.append({
-            "start_s": max(p.t, 0.0) * s, "end_s": None if math.isinf(end) else end * s,
-            "rate_bps_paper": scale.paper_rate_bps(p.value), "requests": len(rs),
-            "ttft_mean_s": float(ttft.mean()) if rs else None,
-            "ttft_p90_s": percentile(ttft, 90),
-            "tail_mean_s": float(np.mean(tails)) if tails else None,
-            "offload_ratio": sum(r.crossed_wan for r in rs) / len(rs) if rs else None,
-        })
+        tails = [
+            (r.times.transfer_end - r.times.prefill_end) * s
+            for r in rs
+            if r.crossed_wan and math.isfinite(r.times.transfer_end - r.times.prefill_end)
+        ]
+        out.append(
+            {
+                "start_s": max(p.t, 0.0) * s,
+                "end_s": None if math.isinf(end) else end * s,
+                "rate_bps_paper": scale.paper_rate_bps(p.value),
+                "requests": len(rs),
+                "ttft_mean_s": float(ttft.mean()) if rs else None,
+                "ttft_p90_s": percentile(ttft, 90),
+                "tail_mean_s": float(np.mean(tails)) if tails else None,
+                "offload_ratio": sum(r.crossed_wan for r in rs) / len(rs) if rs else None,
+            }
+        )
     return out
 
 
@@ -212,7 +236,13 @@ def phase_label(ph: LinkPhase) -> str:
 
 
 def phase_rows(s: Summary) -> list[tuple[str, str, str, str, str]]:
-    return [(phase_label(ph), f"{ph.requests:,}", _f(ph.ttft_mean_s, "{:.2f}") + " / " + _f(ph.ttft_p90_s, "{:.2f}"),
-             _f(None if ph.tail_mean_s is None else ph.tail_mean_s * 1e3, "{:,.0f}"),
-             _f(None if ph.offload_ratio is None else ph.offload_ratio * 100, "{:.1f}%"))
-            for ph in s.link_phases]
+    return [
+        (
+            phase_label(ph),
+            f"{ph.requests:,}",
+            _f(ph.ttft_mean_s, "{:.2f}") + " / " + _f(ph.ttft_p90_s, "{:.2f}"),
+            _f(None if ph.tail_mean_s is None else ph.tail_mean_s * 1e3, "{:,.0f}"),
+            _f(None if ph.offload_ratio is None else ph.offload_ratio * 100, "{:.1f}%"),
+        )
+        for ph in s.link_phases
+    ]

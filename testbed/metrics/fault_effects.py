@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.fault_timeline import NODE_KINDS, FaultEvent, Phase
+from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.record import RequestRecord
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series, select
@@ -31,8 +31,16 @@ from testbed.metrics.timeseries import counter_total, group_series, select
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-BAND_COLOURS = {"kill": "black", "pause": "tab:orange", "restart": "tab:purple", "slow": "tab:olive",
-                "outage": "tab:red", "rate_drop": "tab:brown", "partition": "tab:pink", "tcp_reset": "tab:cyan"}
+BAND_COLOURS = {
+    "kill": "black",
+    "pause": "tab:orange",
+    "restart": "tab:purple",
+    "slow": "tab:olive",
+    "outage": "tab:red",
+    "rate_drop": "tab:brown",
+    "partition": "tab:pink",
+    "tcp_reset": "tab:cyan",
+}
 
 
 class FaultLogFile:
@@ -45,12 +53,21 @@ class FaultLogFile:
         self.speedup = speedup
         self._fh: IO[str] = path.open("a")
 
-    def write(self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any] | None,
-              t_wire: float) -> dict[str, Any]:
+    def write(
+        self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any] | None, t_wire: float
+    ) -> dict[str, Any]:
         """One step, `t_wire` wire seconds after t0; returns the line written."""
-        line = {"t": round(t_wire * self.speedup, 4), "t_wire": round(t_wire, 6), "fault": ev.index,
-                "kind": ev.kind, "phase": phase, "target": ev.target,
-                "at_s": ev.start_s if phase == "start" else ev.end_s, "detail": detail or {}, "outcome": outcome}
+        line = {
+            "t": round(t_wire * self.speedup, 4),
+            "t_wire": round(t_wire, 6),
+            "fault": ev.index,
+            "kind": ev.kind,
+            "phase": phase,
+            "target": ev.target,
+            "at_s": ev.start_s if phase == "start" else ev.end_s,
+            "detail": detail or {},
+            "outcome": outcome,
+        }
         if not self._fh.closed:
             self._fh.write(finite_dumps(line) + "\n")
             self._fh.flush()
@@ -67,9 +84,9 @@ class FaultWindow:
     index: int
     kind: str
     target: str
-    start_s: float | None           # None: never started (skipped, unsupported before it acted)
-    end_s: float | None             # None: lasted to the end of the run
-    outcome: str                    # "ok", or what went otherwise
+    start_s: float | None  # None: never started (skipped, unsupported before it acted)
+    end_s: float | None  # None: lasted to the end of the run
+    outcome: str  # "ok", or what went otherwise
     detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -97,10 +114,17 @@ def load_faults(run_dir: Path) -> list[FaultWindow]:
             outcome = "ok (cut short by the end of the run)" if cut else f"end {en.get('outcome')}"
         end_t = en.get("t") if en is not None and en.get("outcome") == "ok" else None
         detail = {**(st or {}).get("detail", {}), **(en or {}).get("detail", {})}
-        out.append(FaultWindow(i, str(first.get("kind", "?")), str(first.get("target", "?")),
-                               float(st["t"]) if ok_start and st is not None else None,
-                               float(end_t) if isinstance(end_t, (int, float)) else None,
-                               outcome, detail))
+        out.append(
+            FaultWindow(
+                i,
+                str(first.get("kind", "?")),
+                str(first.get("target", "?")),
+                float(st["t"]) if ok_start and st is not None else None,
+                float(end_t) if isinstance(end_t, (int, float)) else None,
+                outcome,
+                detail,
+            )
+        )
     return out
 
 
@@ -148,23 +172,38 @@ def _busy_until(r: RequestRecord, w: FaultWindow) -> float:
     return r.times.last_token
 
 
-def fault_effects(run_dir: Path, records: Sequence[RequestRecord], speedup: float,
-                  faults: Sequence[FaultWindow] | None = None) -> list[dict[str, Any]]:
+def fault_effects(
+    run_dir: Path, records: Sequence[RequestRecord], speedup: float, faults: Sequence[FaultWindow] | None = None
+) -> list[dict[str, Any]]:
     """Per fault: {fault, kind, target, start_s, end_s, outcome, affected, failed, retried,
     recover_s} (paper seconds; recover_s None if never)."""
     faults = load_faults(run_dir) if faults is None else faults
     nodes = _node_dcs(run_dir)
     out = []
     for w in faults:
-        row: dict[str, Any] = {"fault": w.index, "kind": w.kind, "target": w.target, "start_s": w.start_s,
-                               "end_s": w.end_s, "outcome": w.outcome, "affected": 0, "failed": 0,
-                               "retried": 0, "recover_s": None}
+        row: dict[str, Any] = {
+            "fault": w.index,
+            "kind": w.kind,
+            "target": w.target,
+            "start_s": w.start_s,
+            "end_s": w.end_s,
+            "outcome": w.outcome,
+            "affected": 0,
+            "failed": 0,
+            "retried": 0,
+            "recover_s": None,
+        }
         out.append(row)
         if w.start_s is None:
             continue
         start, end = w.start_s / speedup, (w.end_s / speedup if w.end_s is not None else math.inf)
-        affected = [r for r in records if _touches(r, w, nodes) and r.times.arrival <= end
-                    and (r.outcome != "completed" or _busy_until(r, w) >= start)]
+        affected = [
+            r
+            for r in records
+            if _touches(r, w, nodes)
+            and r.times.arrival <= end
+            and (r.outcome != "completed" or _busy_until(r, w) >= start)
+        ]
         row["affected"] = len(affected)
         row["failed"] = sum(r.outcome != "completed" for r in affected)
         row["retried"] = sum(1 for r in affected if r.retries)
@@ -173,8 +212,13 @@ def fault_effects(run_dir: Path, records: Sequence[RequestRecord], speedup: floa
             continue
         if w.kind == "kill":
             role = _role(w.target, nodes)
-            after = [r for r in records if r.times.routed >= ref and r.outcome == "completed"
-                     and (r.decode_node if role == "decode" else r.prefill_node) not in ("", w.target)]
+            after = [
+                r
+                for r in records
+                if r.times.routed >= ref
+                and r.outcome == "completed"
+                and (r.decode_node if role == "decode" else r.prefill_node) not in ("", w.target)
+            ]
         else:
             after = [r for r in records if r.times.routed >= ref and r.outcome == "completed" and _touches(r, w, nodes)]
         done = [r.times.first_token for r in after if math.isfinite(r.times.first_token)]
@@ -190,65 +234,99 @@ def _fmt_s(x: float | None) -> str:
 def _kv_losses(samples: Sequence[SeriesPoint]) -> tuple[float, float, float] | None:
     """(resumes, bytes resent (wire), transfers failed) over every KV sender of the run; None when
     the run recorded none of these counters (the simulator, older runs)."""
-    totals = [sum(counter_total(g) for g in group_series(select(samples, m)).values()) if select(samples, m)
-              else None for m in ("kv_resumes", "kv_bytes_resent", "kv_transfers_failed")]
+    totals = [
+        sum(counter_total(g) for g in group_series(select(samples, m)).values()) if select(samples, m) else None
+        for m in ("kv_resumes", "kv_bytes_resent", "kv_transfers_failed")
+    ]
     if any(t is None for t in totals):
         return None
     return float(totals[0] or 0), float(totals[1] or 0), float(totals[2] or 0)
 
 
-def faults_section(run_dir: Path, records: Sequence[RequestRecord], speedup: float,
-                   samples: Sequence[SeriesPoint] = ()) -> list[str]:
+def faults_section(
+    run_dir: Path, records: Sequence[RequestRecord], speedup: float, samples: Sequence[SeriesPoint] = ()
+) -> list[str]:
     """The report's Faults section (Markdown lines); empty when the run had no faults."""
     faults = load_faults(run_dir)
     if not faults:
         return []
-    header = ["Fault", "Target", "Start / end (paper s)", "Affected", "Failed", "Retried",
-              "Time to recover (paper s)", "Outcome"]
+    header = [
+        "Fault",
+        "Target",
+        "Start / end (paper s)",
+        "Affected",
+        "Failed",
+        "Retried",
+        "Time to recover (paper s)",
+        "Outcome",
+    ]
     rows = []
     for e in fault_effects(run_dir, records, speedup, faults):
         end = "end of run" if e["end_s"] is None else _fmt_s(e["end_s"])
         span = "not reached" if e["start_s"] is None else f"{_fmt_s(e['start_s'])} / {end}"
-        rows.append([f"#{e['fault']} {e['kind']}", e["target"], span, str(e["affected"]), str(e["failed"]),
-                     str(e["retried"]),
-                     "not recovered" if e["recover_s"] is None and e["start_s"] is not None else _fmt_s(e["recover_s"]),
-                     e["outcome"]])
+        rows.append(
+            [
+                f"#{e['fault']} {e['kind']}",
+                e["target"],
+                span,
+                str(e["affected"]),
+                str(e["failed"]),
+                str(e["retried"]),
+                "not recovered" if e["recover_s"] is None and e["start_s"] is not None else _fmt_s(e["recover_s"]),
+                e["outcome"],
+            ]
+        )
 
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
-    out = ["## Faults", "",
-           "Each fault executed (`faults.jsonl`). Affected: requests on the faulted instance, or whose KV crossed the "
-           "faulted link, in flight during the fault; failed and retried count those. Time to recover: from the "
-           "fault's end (a kill: the kill) to the first token of the first request routed after it to the target "
-           "(after a kill: to another instance of its role) that completed. Bands on the time-series plots mark "
-           "each fault.", "",
-           line(header), "|" + "---|" * len(header), *(line(r) for r in rows)]
+    out = [
+        "## Faults",
+        "",
+        "Each fault executed (`faults.jsonl`). Affected: requests on the faulted instance, or whose KV crossed the "
+        "faulted link, in flight during the fault; failed and retried count those. Time to recover: from the "
+        "fault's end (a kill: the kill) to the first token of the first request routed after it to the target "
+        "(after a kill: to another instance of its role) that completed. Bands on the time-series plots mark "
+        "each fault.",
+        "",
+        line(header),
+        "|" + "---|" * len(header),
+        *(line(r) for r in rows),
+    ]
     for w in faults:
         if w.kind == "tcp_reset" and w.detail.get("modelled") and w.detail.get("connections_targeted") is not None:
             d = w.detail
-            out += ["", f"Fault #{w.index} (tcp_reset, simulated): {d['connections_targeted']} KV connections of "
-                        f"{d.get('pairs_seen', 0)} sender-receiver pairs reset ({d.get('connection_losses', 0)} "
-                        "losses: a pair re-established inside the window is reset again)."]
+            out += [
+                "",
+                f"Fault #{w.index} (tcp_reset, simulated): {d['connections_targeted']} KV connections of "
+                f"{d.get('pairs_seen', 0)} sender-receiver pairs reset ({d.get('connection_losses', 0)} "
+                "losses: a pair re-established inside the window is reset again).",
+            ]
     resets = [w for w in faults if w.kind == "tcp_reset" and w.detail.get("rsts_sent") is not None]
     for w in resets:
         d = w.detail
-        out += ["", f"Fault #{w.index} (tcp_reset): {d.get('connections_targeted', 0)} of "
-                    f"{d.get('connections_seen', 0)} KV connections seen were reset with {d.get('rsts_sent', 0)} RSTs "
-                    f"({d.get('rsts_exact', 0)} at the end's own acknowledged sequence number; "
-                    f"{d.get('ends_answered', 0)} ends later answered with an RST of their own)."]
+        out += [
+            "",
+            f"Fault #{w.index} (tcp_reset): {d.get('connections_targeted', 0)} of "
+            f"{d.get('connections_seen', 0)} KV connections seen were reset with {d.get('rsts_sent', 0)} RSTs "
+            f"({d.get('rsts_exact', 0)} at the end's own acknowledged sequence number; "
+            f"{d.get('ends_answered', 0)} ends later answered with an RST of their own).",
+        ]
     losses = _kv_losses(samples)
     if losses is not None and any(w.kind not in NODE_KINDS for w in faults):
         crossed = [r for r in records if r.crossed_wan]
         done = sum(r.outcome == "completed" for r in crossed)
-        out += ["", f"KV transfers over the run: {losses[0]:.0f} connection losses resumed from the last "
-                    f"acknowledged chunk ({losses[1]:,.0f} wire bytes sent again), {losses[2]:.0f} transfers failed "
-                    f"(each with its reason in `records.csv`); {done} of {len(crossed)} requests whose KV crossed "
-                    f"the WAN completed."]
+        out += [
+            "",
+            f"KV transfers over the run: {losses[0]:.0f} connection losses resumed from the last "
+            f"acknowledged chunk ({losses[1]:,.0f} wire bytes sent again), {losses[2]:.0f} transfers failed "
+            f"(each with its reason in `records.csv`); {done} of {len(crossed)} requests whose KV crossed "
+            f"the WAN completed.",
+        ]
     return out + [""]
 
 
-def draw_fault_bands(axes: Iterable["Axes"], faults: Sequence[FaultWindow]) -> None:
+def draw_fault_bands(axes: Iterable[Axes], faults: Sequence[FaultWindow]) -> None:
     """A shaded band over each fault's duration (paper seconds, the plots' x axis) and a line at
     each kill; labels on the first axes only."""
     for k, ax in enumerate(axes):
@@ -262,5 +340,13 @@ def draw_fault_bands(axes: Iterable["Axes"], faults: Sequence[FaultWindow]) -> N
                 ax.axvspan(w.start_s, w.end_s, color=colour, alpha=0.15, linewidth=0)
             if k == 0:
                 # Staggered, so faults that start together stay legible.
-                ax.text(w.start_s, 0.98 - 0.05 * (j % 4), f" #{w.index} {w.kind} {w.target}",
-                        transform=ax.get_xaxis_transform(), fontsize=6, va="top", ha="left", color=colour)
+                ax.text(
+                    w.start_s,
+                    0.98 - 0.05 * (j % 4),
+                    f" #{w.index} {w.kind} {w.target}",
+                    transform=ax.get_xaxis_transform(),
+                    fontsize=6,
+                    va="top",
+                    ha="left",
+                    color=colour,
+                )

@@ -20,7 +20,8 @@ likely cause, not judged on its own (a busy host that keeps time is fine).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,9 +32,9 @@ from testbed.metrics.timeseries import counter_total, group_series, select
 
 PREFILL_REL_BOUND = 0.03
 DECODE_LATE_BOUND = 0.03
-TOKEN_LAG_SHARE_OF_TPOT_SLO = 1.0          # P90 lag bound: one decode step at the TPOT SLO
-ROUTER_OVERHEAD_SHARE_OF_TTFT_SLO = 0.01   # P90 bound: 1% of the TTFT SLO (100 ms of 10 s)
-CPU_SATURATED = 0.95                       # busy share counted as saturated
+TOKEN_LAG_SHARE_OF_TPOT_SLO = 1.0  # P90 lag bound: one decode step at the TPOT SLO
+ROUTER_OVERHEAD_SHARE_OF_TTFT_SLO = 0.01  # P90 bound: 1% of the TTFT SLO (100 ms of 10 s)
+CPU_SATURATED = 0.95  # busy share counted as saturated
 
 
 # The C function itself, not a wrapper: called once or twice per record.
@@ -44,8 +45,13 @@ def _counter_sum(samples: Sequence[SeriesPoint], metric: str) -> float:
     return sum(counter_total(g) for g in group_series(select(samples, metric)).values())
 
 
-def fidelity(records: Sequence[RequestRecord], samples: Sequence[SeriesPoint], speedup: float,
-             slo_ttft_s: float | None, slo_tpot_s: float | None) -> dict[str, Any]:
+def fidelity(
+    records: Sequence[RequestRecord],
+    samples: Sequence[SeriesPoint],
+    speedup: float,
+    slo_ttft_s: float | None,
+    slo_tpot_s: float | None,
+) -> dict[str, Any]:
     abs_err: list[float] = []
     rel_err: list[float] = []
     for r in records:
@@ -59,10 +65,16 @@ def fidelity(records: Sequence[RequestRecord], samples: Sequence[SeriesPoint], s
     modelled = _counter_sum(samples, "decode_step_modelled_s")
     late = _counter_sum(samples, "decode_step_late_s")
     done = [r for r in records if r.outcome == "completed"]
-    lag = [(r.times.last_token - r.times.decode_last_token) * speedup for r in done
-           if _finite(r.times.last_token - r.times.decode_last_token)]
-    overhead = [(r.times.routed - r.times.router_arrival) * speedup for r in records
-                if _finite(r.times.routed - r.times.router_arrival)]
+    lag = [
+        (r.times.last_token - r.times.decode_last_token) * speedup
+        for r in done
+        if _finite(r.times.last_token - r.times.decode_last_token)
+    ]
+    overhead = [
+        (r.times.routed - r.times.router_arrival) * speedup
+        for r in records
+        if _finite(r.times.routed - r.times.router_arrival)
+    ]
     cpu = [s.value for s in select(samples, "cpu_busy")]
     out: dict[str, Any] = {
         "n": len(abs_err),
@@ -98,6 +110,8 @@ def validity(fid: dict[str, Any]) -> dict[str, Any]:
             reasons.append(text.format(v=v, b=b))
     sat = fid.get("cpu_saturated_share")
     if reasons and sat is not None and sat > 0.2:
-        reasons.append(f"the host's CPUs were saturated {sat:.0%} of the run: emulate fewer instances or at a "
-                       "lower speedup (--speedup auto finds one)")
+        reasons.append(
+            f"the host's CPUs were saturated {sat:.0%} of the run: emulate fewer instances or at a "
+            "lower speedup (--speedup auto finds one)"
+        )
     return {"valid": not reasons, "reasons": reasons}

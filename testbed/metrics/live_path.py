@@ -21,8 +21,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from testbed.core.schema.live_path import quantiles
 from testbed.core.record import RequestRecord
+from testbed.core.schema.live_path import quantiles
 from testbed.metrics.records import read_records
 from testbed.metrics.timeseries import group_series, load_timeseries, select
 
@@ -64,11 +64,21 @@ def live_path_figures(run_dir: Path, records: list[RequestRecord] | None = None)
     }
     n, lost, decoding = _stalls(run_dir)
     out: dict[str, Any] = {k: statistics.fmean(v) if v else 0.0 for k, v in costs.items()}
-    out.update({
-        "stall_rate_per_s": n / decoding if decoding > 0 else 0.0,
-        "stall_s": lost / n if n else 0.0,
-        "quantiles": {k: list(quantiles(v)) for k, v in costs.items() if len(v) > 1},   # one run's
-        "runs": [{"run": str(run_dir), "requests": len(done), "stalls": n, "lost_s": lost, "decoding_s": decoding,
-                  "samples": {k: v for k, v in costs.items()}}],
-    })
+    out.update(
+        {
+            "stall_rate_per_s": n / decoding if decoding > 0 else 0.0,
+            "stall_s": lost / n if n else 0.0,
+            "quantiles": {k: list(quantiles(v)) for k, v in costs.items() if len(v) > 1},  # one run's
+            "runs": [
+                {
+                    "run": str(run_dir),
+                    "requests": len(done),
+                    "stalls": n,
+                    "lost_s": lost,
+                    "decoding_s": decoding,
+                    "samples": {k: v for k, v in costs.items()},
+                }
+            ],
+        }
+    )
     return out

@@ -29,5 +29,5 @@ def line_styles(n: int) -> list[tuple[tuple[float, float, float, float], str]]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab20"]
-    order = [*range(0, 20, 2), *range(1, 20, 2)]      # the dark shades first, then the light ones
+    order = [*range(0, 20, 2), *range(1, 20, 2)]  # the dark shades first, then the light ones
     return [(cmap(order[i % 20]), _DASHES[(i // 20) % len(_DASHES)]) for i in range(n)]

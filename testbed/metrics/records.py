@@ -21,10 +21,10 @@ import csv
 import io
 import math
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import cache
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, Protocol
 
 from testbed.core import native
@@ -32,19 +32,61 @@ from testbed.core.failures import failure_kind
 from testbed.core.record import FIELD_TYPES, NAN, TIME_NAMES, RecordFormatError, RequestRecord, StageTimes
 
 COLUMNS: tuple[str, ...] = (
-    "request_id", "trace_index", "input_tokens", "output_tokens", "cached_tokens", "arrival", "routed",
-    "prefill_cluster", "prefill_node", "decode_node", "crossed_wan", "threshold", "prefill_queued",
-    "prefill_start", "prefill_end", "prefill_modelled", "transfer_start", "transfer_end", "decode_admitted",
-    "first_token", "last_token", "tokens_received", "kv_bytes_paper", "kv_bytes_wire", "outcome", "reason",
-    "decode_cached_tokens", "cache_move_tokens", "cache_move_start", "cache_move_end",
-    "cache_move_bytes_paper", "cache_move_bytes_wire", "retries", "retry_reason", "router_arrival",
-    "decode_first_token", "decode_last_token", "failure_kind", "failure_node", "retry_kind", "retry_node",
+    "request_id",
+    "trace_index",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "arrival",
+    "routed",
+    "prefill_cluster",
+    "prefill_node",
+    "decode_node",
+    "crossed_wan",
+    "threshold",
+    "prefill_queued",
+    "prefill_start",
+    "prefill_end",
+    "prefill_modelled",
+    "transfer_start",
+    "transfer_end",
+    "decode_admitted",
+    "first_token",
+    "last_token",
+    "tokens_received",
+    "kv_bytes_paper",
+    "kv_bytes_wire",
+    "outcome",
+    "reason",
+    "decode_cached_tokens",
+    "cache_move_tokens",
+    "cache_move_start",
+    "cache_move_end",
+    "cache_move_bytes_paper",
+    "cache_move_bytes_wire",
+    "retries",
+    "retry_reason",
+    "router_arrival",
+    "decode_first_token",
+    "decode_last_token",
+    "failure_kind",
+    "failure_node",
+    "retry_kind",
+    "retry_node",
 )
 RECORDS_VERSION = 2
 # Columns added after the first release: a file without them reads as their default.
-OPTIONAL: dict[str, str] = {"retries": "0", "retry_reason": "", "router_arrival": "", "decode_first_token": "",
-                            "decode_last_token": "", "failure_kind": "", "failure_node": "", "retry_kind": "",
-                            "retry_node": ""}
+OPTIONAL: dict[str, str] = {
+    "retries": "0",
+    "retry_reason": "",
+    "router_arrival": "",
+    "decode_first_token": "",
+    "decode_last_token": "",
+    "failure_kind": "",
+    "failure_node": "",
+    "retry_kind": "",
+    "retry_node": "",
+}
 _KIND_COLUMNS = frozenset({"failure_kind", "retry_kind"})
 # The longest value a records.csv field holds, in characters, for the writer and the reader alike:
 # the writer cuts a longer text (a failure's reason quoting a huge body, say) to this many, and the
@@ -62,7 +104,7 @@ def _value(rec: RequestRecord, col: str) -> Any:
 
 
 def _fmt_float(v: float) -> str:
-    return "" if v != v else f"{v:.6f}"     # NaN: empty
+    return "" if v != v else f"{v:.6f}"  # NaN: empty
 
 
 def _fmt_bool(v: bool) -> str:
@@ -94,24 +136,32 @@ def _attr(timed: bool, c: str) -> str:
 # unless a text needs quoting or cutting: `format_line` hands such a row to it instead.
 _FIRST_ATTRS = [_attr(timed, c) for timed, c, fmt in _ROW_FIELDS if fmt is _fmt_float or fmt is _fmt_bool]
 _FIRST = attrgetter(*_FIRST_ATTRS)
-_SECOND = attrgetter(*[_attr(timed, c) for timed, c, fmt in _ROW_FIELDS if fmt is not _fmt_float and fmt is not _fmt_bool])
-_LINE = ",".join("%.6f" if fmt is _fmt_float else "%d" if fmt is _fmt_bool else "%%s"
-                 for _, _, fmt in _ROW_FIELDS) + "\r\n"
+_SECOND = attrgetter(
+    *[_attr(timed, c) for timed, c, fmt in _ROW_FIELDS if fmt is not _fmt_float and fmt is not _fmt_bool]
+)
+_LINE = (
+    ",".join("%.6f" if fmt is _fmt_float else "%d" if fmt is _fmt_bool else "%%s" for _, _, fmt in _ROW_FIELDS) + "\r\n"
+)
 _COMMAS = len(COLUMNS) - 1
 _BOOL_COLUMNS = tuple(c for _, c, fmt in _ROW_FIELDS if fmt is _fmt_bool)
-assert _BOOL_COLUMNS == ("crossed_wan",)     # `format_line` checks this one's type
+assert _BOOL_COLUMNS == ("crossed_wan",)  # `format_line` checks this one's type
 
 
 def _plain(line: str) -> bool:
     """No field of the line holds a comma, quote or line break (the csv module would quote it),
     nor is any longer than the cut."""
-    return (line.count(",") == _COMMAS and line.count("\n") == 1 and line.count("\r") == 1 and '"' not in line
-            and len(line) <= MAX_FIELD_CHARS)
+    return (
+        line.count(",") == _COMMAS
+        and line.count("\n") == 1
+        and line.count("\r") == 1
+        and '"' not in line
+        and len(line) <= MAX_FIELD_CHARS
+    )
 
 
 def format_line(rec: RequestRecord) -> str:
     """The row's line as the csv module writes `format_row(rec)`."""
-    if rec.crossed_wan.__class__ is bool:    # "%d" writes a bool as _fmt_bool does, not any value
+    if rec.crossed_wan.__class__ is bool:  # "%d" writes a bool as _fmt_bool does, not any value
         line = (_LINE % _FIRST(rec)).replace("nan", "") % _SECOND(rec)
         if _plain(line):
             return line
@@ -123,14 +173,14 @@ def format_line(rec: RequestRecord) -> str:
 def parse_row(row: Mapping[Any, Any], where: str = "row") -> RequestRecord:
     """The record a row (column -> text) holds; a missing or unknown column or a value that does
     not parse raises `RecordFormatError` naming it."""
-    if None in row:          # csv.DictReader: more values than columns
+    if None in row:  # csv.DictReader: more values than columns
         raise RecordFormatError(f"{where}: more values than columns")
     check_columns(row, where)
     kw: dict[str, Any] = {}
     times = StageTimes()
     for c in COLUMNS:
         raw = row[c] if c in row or c not in OPTIONAL else OPTIONAL[c]
-        if raw is None:      # csv.DictReader: the row ended early
+        if raw is None:  # csv.DictReader: the row ended early
             raise RecordFormatError(f"{where}: column {c!r} is missing its value")
         v = _parse(c, _KINDS[c], raw, where)
         if c in _KIND_COLUMNS:
@@ -196,7 +246,7 @@ def as_written(rec: RequestRecord) -> RequestRecord:
     texts cut to `MAX_FIELD_CHARS`. A writer that summarises the records it holds gets the figures
     a later reader of the file gets. (A stamp that is not a column is rounded too: no reader of
     the file has it.)"""
-    rec.times = StageTimes(*[round(v, 6) for v in _ALL_TIMES(rec.times)])   # round(nan) is nan
+    rec.times = StageTimes(*[round(v, 6) for v in _ALL_TIMES(rec.times)])  # round(nan) is nan
     for c in _OTHER_FLOATS:
         setattr(rec, c, round(getattr(rec, c), 6))
     for c in _STR_FIELDS:
@@ -222,7 +272,7 @@ def written_line(rec: RequestRecord) -> str:
     are floats (an int would become a float here, where `round` keeps it an int)."""
     if rec.crossed_wan.__class__ is bool:
         text = _HELD_LINE % _HELD_FIRST(rec)
-        line = text[:text.index("\n") + 1].replace("nan", "") % _SECOND(rec)
+        line = text[: text.index("\n") + 1].replace("nan", "") % _SECOND(rec)
         if _plain(line):
             # No text was cut; the last column's "\r\n" is whitespace to float().
             fields = text.split(",")
@@ -242,8 +292,9 @@ def native_rows() -> RecordRows | None:
     ext = native.module()
     if ext is None:
         return None
-    rows: RecordRows = ext.RecordRows([(c, _KINDS[c], c in _TIMES) for c in COLUMNS], list(TIME_NAMES), StageTimes,
-                                      MAX_FIELD_CHARS)
+    rows: RecordRows = ext.RecordRows(
+        [(c, _KINDS[c], c in _TIMES) for c in COLUMNS], list(TIME_NAMES), StageTimes, MAX_FIELD_CHARS
+    )
     return rows
 
 
@@ -267,11 +318,11 @@ class RecordWriter:
         csv.writer(self._fh).writerow(COLUMNS)
         self._fh.flush()
         self._settle = settle
-        self._compiled = compiled      # deferred batches by the compiled writer, where built
+        self._compiled = compiled  # deferred batches by the compiled writer, where built
         self._line = written_line if settle else format_line
         self._later: list[RequestRecord] | None = [] if deferred else None
         self.count = 0
-        self.write_s = 0.0      # seconds spent writing deferred batches
+        self.write_s = 0.0  # seconds spent writing deferred batches
 
     def write(self, rec: RequestRecord) -> None:
         self.count += 1
@@ -303,7 +354,7 @@ class RecordWriter:
         self._later = []
         self.write_s += time.perf_counter() - t
 
-    def __enter__(self) -> "RecordWriter":
+    def __enter__(self) -> RecordWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

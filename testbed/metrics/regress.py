@@ -25,7 +25,7 @@ import math
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -162,9 +162,11 @@ def load_baseline(path: Path) -> Baseline:
     if not isinstance(raw, dict):
         raise RegressError(f"{path}: a baseline is a mapping with 'metrics:', got {type(raw).__name__}")
     known = {f.alias or n for n, f in Baseline.model_fields.items()}
-    if raw and not any(k in known for k in raw):      # not ours: quote none of its keys
-        raise RegressError(f"{path}: not a baseline: none of its {len(raw)} top-level keys is one of its fields "
-                           f"({', '.join(sorted(known))})")
+    if raw and not any(k in known for k in raw):  # not ours: quote none of its keys
+        raise RegressError(
+            f"{path}: not a baseline: none of its {len(raw)} top-level keys is one of its fields "
+            f"({', '.join(sorted(known))})"
+        )
     try:
         b = Baseline.model_validate(raw)
     except ValidationError as e:
@@ -291,8 +293,17 @@ def check_metric(key: str, spec: MetricSpec, figures: Mapping[str, Any]) -> Metr
 def mismatches(base: TakenFrom, run: TakenFrom) -> list[str]:
     """Setup facts where the run differs from the baseline's reference run."""
     out: list[str] = []
-    for name in ("scenario", "policy", "threshold", "speedup", "byte_scale", "shaping", "backend", "requests",
-                 "offered_rate_rps"):
+    for name in (
+        "scenario",
+        "policy",
+        "threshold",
+        "speedup",
+        "byte_scale",
+        "shaping",
+        "backend",
+        "requests",
+        "offered_rate_rps",
+    ):
         a, b = getattr(base, name), getattr(run, name)
         if a is None or b is None:
             continue
@@ -317,8 +328,11 @@ def check(baseline: Baseline, summary: Summary, facts: TakenFrom) -> Verdict:
         v.warnings.append(f"summary schema {summary.layout!r}; this testbed writes {SCHEMA_VERSION}")
     if summary.validity is not None and not summary.validity.valid:
         # A run the testbed could not time faithfully measures nothing; it cannot pass a gate.
-        v.results.append(MetricResult("validity.valid", "higher_is_better", 1.0, 0.0, None, None, 1.0, None, False,
-                                      "the run is invalid"))
+        v.results.append(
+            MetricResult(
+                "validity.valid", "higher_is_better", 1.0, 0.0, None, None, 1.0, None, False, "the run is invalid"
+            )
+        )
         v.warnings.append("the run is marked invalid: " + "; ".join(summary.validity.reasons))
     return v
 
@@ -332,8 +346,13 @@ def apply_overrides(metrics: dict[str, MetricSpec], rel: dict[str, float], abs_:
             metrics[key] = metrics[key].model_copy(update={"abs": a})
 
 
-def make_baseline(summary: Summary, facts: TakenFrom, previous: Baseline | None = None,
-                  extra: tuple[str, ...] = (), note: str | None = None) -> tuple[Baseline, list[str]]:
+def make_baseline(
+    summary: Summary,
+    facts: TakenFrom,
+    previous: Baseline | None = None,
+    extra: tuple[str, ...] = (),
+    note: str | None = None,
+) -> tuple[Baseline, list[str]]:
     """A baseline holding the run's values; (baseline, keys skipped because the run has no value).
 
     With a `previous` baseline its metric list, directions and tolerances are kept (they may have
@@ -356,10 +375,12 @@ def make_baseline(summary: Summary, facts: TakenFrom, previous: Baseline | None 
         value = float(f"{value:.6g}")
         old = previous.metrics.get(key) if previous is not None else None
         metrics[key] = old.model_copy(update={"baseline": value}) if old is not None else default_spec(key, value)
-    taken = facts.model_copy(update={
-        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "note": note if note is not None else (previous.taken_from.note if previous is not None else None),
-    })
+    taken = facts.model_copy(
+        update={
+            "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "note": note if note is not None else (previous.taken_from.note if previous is not None else None),
+        }
+    )
     if not metrics:
         raise RegressError(f"the run has no value for any of {', '.join(keys)}")
     return Baseline(schema=BASELINE_SCHEMA, taken_from=taken, metrics=metrics), skipped
@@ -403,8 +424,7 @@ def band_text(r: MetricResult) -> str:
 
 
 def tolerance_text(r: MetricResult) -> str:
-    parts = ([f"rel {r.rel:.0%}" if r.rel * 100 == round(r.rel * 100) else f"rel {r.rel:g}"] if r.rel is not None
-             else [])
+    parts = [f"rel {r.rel:.0%}" if r.rel * 100 == round(r.rel * 100) else f"rel {r.rel:g}"] if r.rel is not None else []
     parts += [f"abs {r.abs:g}"] if r.abs is not None else []
     return " or ".join(parts) if parts else "exact"
 
@@ -413,8 +433,10 @@ def failure_line(r: MetricResult) -> str:
     measured = "missing" if r.measured is None else _format_or_dash(r.measured)
     change = "" if r.change is None else f" ({r.change:+.1%})"
     why = f"; {r.note}" if r.note else ""
-    return (f"FAIL {r.key}: measured {measured} vs baseline {_format_or_dash(r.baseline)}{change}, allowed {band_text(r)} "
-            f"({r.direction.replace('_', ' ')}; tolerance {tolerance_text(r)}){why}")
+    return (
+        f"FAIL {r.key}: measured {measured} vs baseline {_format_or_dash(r.baseline)}{change}, allowed {band_text(r)} "
+        f"({r.direction.replace('_', ' ')}; tolerance {tolerance_text(r)}){why}"
+    )
 
 
 def _console(stderr: bool = False) -> Any:
@@ -477,20 +499,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "regress",
         help="check a run against a stored baseline; exit 1 when a metric is outside its tolerance",
         description="Compare a run's summary.json with a baseline file (YAML). Exit 0: all metrics within "
-                    "tolerance; 1: at least one outside (each is named); 2: unreadable input.",
+        "tolerance; 1: at least one outside (each is named); 2: unreadable input.",
     )
     p.add_argument("run", type=Path, metavar="RUN", help="run directory (or its summary.json)")
     p.add_argument("--baseline", type=Path, required=True, metavar="FILE", help="baseline YAML file")
-    p.add_argument("--update", action="store_true",
-                   help="write FILE from this run instead of checking (keeps FILE's metrics and tolerances if it "
-                        "exists; defaults otherwise)")
-    p.add_argument("--tolerance", action="append", default=[], metavar="KEY=REL",
-                   help="relative tolerance for a metric, e.g. ttft_s.p99=0.3 or =30%% (repeatable; with --update "
-                        "it is written to FILE, otherwise it applies to this check only)")
-    p.add_argument("--abs-tolerance", action="append", default=[], metavar="KEY=ABS",
-                   help="absolute tolerance for a metric, in its own unit (repeatable)")
-    p.add_argument("--metric", action="append", default=[], metavar="KEY",
-                   help="with --update: also record this summary key (repeatable)")
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="write FILE from this run instead of checking (keeps FILE's metrics and tolerances if it "
+        "exists; defaults otherwise)",
+    )
+    p.add_argument(
+        "--tolerance",
+        action="append",
+        default=[],
+        metavar="KEY=REL",
+        help="relative tolerance for a metric, e.g. ttft_s.p99=0.3 or =30%% (repeatable; with --update "
+        "it is written to FILE, otherwise it applies to this check only)",
+    )
+    p.add_argument(
+        "--abs-tolerance",
+        action="append",
+        default=[],
+        metavar="KEY=ABS",
+        help="absolute tolerance for a metric, in its own unit (repeatable)",
+    )
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="with --update: also record this summary key (repeatable)",
+    )
     p.add_argument("--note", help="with --update: a note on what the baseline was taken from")
     p.add_argument("--json", action="store_true", help="print the verdict (or the new baseline) as JSON")
     p.set_defaults(func=cmd_regress)
@@ -528,13 +568,19 @@ def cmd_regress(args: argparse.Namespace) -> int:
         if verdict.passed:
             out.print(Text(f"regress: PASS, {n} metric{'s' if n != 1 else ''} within tolerance"))
         else:
-            out.print(Text(f"regress: FAIL, {len(verdict.failed)} of {n} metrics outside tolerance: "
-                           + ", ".join(r.key for r in verdict.failed)), soft_wrap=True)
+            out.print(
+                Text(
+                    f"regress: FAIL, {len(verdict.failed)} of {n} metrics outside tolerance: "
+                    + ", ".join(r.key for r in verdict.failed)
+                ),
+                soft_wrap=True,
+            )
     return 0 if verdict.passed else 1
 
 
-def _update(args: argparse.Namespace, summary: Summary, facts: TakenFrom,
-            rel: dict[str, float], abs_: dict[str, float]) -> int:
+def _update(
+    args: argparse.Namespace, summary: Summary, facts: TakenFrom, rel: dict[str, float], abs_: dict[str, float]
+) -> int:
     path: Path = args.baseline
     previous: Baseline | None = None
     notes: list[str] = []
@@ -554,9 +600,12 @@ def _update(args: argparse.Namespace, summary: Summary, facts: TakenFrom,
         notes.append("the run was interrupted; a baseline from it covers only what finished")
     validity = summary.validity
     if validity is not None and not validity.valid:
-        notes.append("the run is marked invalid (" + "; ".join(validity.reasons) +
-                     "): its timing is not the model's, so this baseline holds figures the testbed does not vouch "
-                     "for; take one from a valid run")
+        notes.append(
+            "the run is marked invalid ("
+            + "; ".join(validity.reasons)
+            + "): its timing is not the model's, so this baseline holds figures the testbed does not vouch "
+            "for; take one from a valid run"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dump_baseline(baseline))
@@ -564,8 +613,12 @@ def _update(args: argparse.Namespace, summary: Summary, facts: TakenFrom,
         print(f"regress: {path}: cannot write: {e.strerror or e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"baseline": str(path), "written": baseline.model_dump(mode="json", by_alias=True),
-                          "notes": notes}, indent=2))
+        print(
+            json.dumps(
+                {"baseline": str(path), "written": baseline.model_dump(mode="json", by_alias=True), "notes": notes},
+                indent=2,
+            )
+        )
         return 0
     from rich.text import Text
 

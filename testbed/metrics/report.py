@@ -7,15 +7,20 @@ Plots use matplotlib's object API on Agg canvases, so no display and no global p
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import RunInfo, Summary
 from testbed.metrics.artefacts.summary_file import Control, Fidelity, WanLink
+from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
+from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands, faults_section, load_faults
+from testbed.metrics.plot_style import line_styles, run_title, stamp
+from testbed.metrics.roles import decision_rows, long_term_rows, plot_roles, read_role_decisions, roles_cell
+from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.summary import (
     BREAKDOWN_STAGES,
     BYTE_COUNTERS,
@@ -27,13 +32,8 @@ from testbed.metrics.summary import (
     summarize,
     write_summary,
 )
-from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
-from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands, faults_section, load_faults
-from testbed.metrics.roles import decision_rows, long_term_rows, plot_roles, read_role_decisions, roles_cell
-from testbed.metrics.wanlink import plot_wan, wan_rows
-from testbed.metrics.plot_style import line_styles, run_title, stamp
-from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_rate, group_series, select
+from testbed.metrics.wanlink import plot_wan, wan_rows
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -176,16 +176,24 @@ def summary_rows(s: Summary) -> list[tuple[str, str, str]]:
     if halves:
         f, la = halves.first.mean, halves.last.mean
         sp = s.run.speedup
-        rows.append(("TTFT mean, first / last half of arrivals", f"{fmt(f)} / {fmt(la)} s",
-                     f"{fmt(None if f is None else f / sp)} / {fmt(None if la is None else la / sp)} s"))
+        rows.append(
+            (
+                "TTFT mean, first / last half of arrivals",
+                f"{fmt(f)} / {fmt(la)} s",
+                f"{fmt(None if f is None else f / sp)} / {fmt(None if la is None else la / sp)} s",
+            )
+        )
     for k, lab in STAT_LABELS:
         rows.append((f"TPOT {lab}", fmt_ms(getattr(tp, k)), fmt_ms(getattr(wp, k))))
     off = fmt_pct(s.offload.ratio)
     rows += [
         ("Offload ratio (KV over WAN)", off, off),
         ("KV bytes per request", fmt_bytes(by.kv_per_request_paper), fmt_bytes(by.kv_per_request_wire)),
-        ("WAN KV per offloaded request", fmt_bytes(by.wan_per_offloaded_request_paper),
-         fmt_bytes(by.wan_per_offloaded_request_wire)),
+        (
+            "WAN KV per offloaded request",
+            fmt_bytes(by.wan_per_offloaded_request_paper),
+            fmt_bytes(by.wan_per_offloaded_request_wire),
+        ),
         ("KV bytes total", fmt_bytes(by.kv_total_paper), fmt_bytes(by.kv_total_wire)),
         ("WAN egress mean", fmt_rate(eg.mean_Bps_paper), fmt_rate(eg.mean_Bps_wire)),
         ("WAN egress peak", fmt_rate(eg.peak_Bps_paper), fmt_rate(eg.peak_Bps_wire)),
@@ -199,8 +207,14 @@ def breakdown_rows(s: Summary) -> list[tuple[str, str, str, str]]:
     rows = []
     for k in BREAKDOWN_STAGES:
         p = paper.stage(k)
-        rows.append((STAGE_LABELS[k], fmt(p, " s"), fmt(wire.stage(k), " s"),
-                     fmt_pct(p / mean) if p is not None and mean else NA))
+        rows.append(
+            (
+                STAGE_LABELS[k],
+                fmt(p, " s"),
+                fmt(wire.stage(k), " s"),
+                fmt_pct(p / mean) if p is not None and mean else NA,
+            )
+        )
     return rows
 
 
@@ -314,8 +328,9 @@ def _no_data(ax: Axes, msg: str) -> None:
     ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def plot_ttft_cdf(curves: Sequence[tuple[str, Sequence[float]]], path: Path, slo_s: float | None = None,
-                  title: str = "") -> Path:
+def plot_ttft_cdf(
+    curves: Sequence[tuple[str, Sequence[float]]], path: Path, slo_s: float | None = None, title: str = ""
+) -> Path:
     """Empirical CDFs of TTFT (paper seconds), one line per (label, values)."""
     fig = _figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
@@ -344,16 +359,24 @@ def plot_ttft_cdf(curves: Sequence[tuple[str, Sequence[float]]], path: Path, slo
 def _series_panel(ax: Axes, samples: Sequence[SeriesPoint], speedup: float, ylabel: str) -> None:
     groups = group_series(samples)
     for (key, series), (colour, dash) in zip(groups.items(), line_styles(len(groups))):
-        ax.plot([p.t * speedup for p in series], [p.value for p in series], drawstyle="steps-post",
-                label=key, linewidth=1, color=colour, linestyle=dash)
+        ax.plot(
+            [p.t * speedup for p in series],
+            [p.value for p in series],
+            drawstyle="steps-post",
+            label=key,
+            linewidth=1,
+            color=colour,
+            linestyle=dash,
+        )
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if 0 < len(groups) <= 12:  # beyond a dozen lines a legend hides the plot
         ax.legend(fontsize="x-small", loc="best")
 
 
-def plot_queues(samples: Sequence[SeriesPoint], speedup: float, path: Path,
-                bands: Sequence[FaultWindow] = (), title: str = "") -> Path | None:
+def plot_queues(
+    samples: Sequence[SeriesPoint], speedup: float, path: Path, bands: Sequence[FaultWindow] = (), title: str = ""
+) -> Path | None:
     """Queue depth and running batch over time per node; None when no such series exist."""
     present = [m for m in QUEUE_METRICS if select(samples, metric=m)]
     if not present:
@@ -368,8 +391,12 @@ def plot_queues(samples: Sequence[SeriesPoint], speedup: float, path: Path,
 
 
 def plot_links(
-    samples: Sequence[SeriesPoint], scale: Scale, path: Path, wan_series: frozenset[str] = frozenset(),
-    bands: Sequence[FaultWindow] = (), title: str = "",
+    samples: Sequence[SeriesPoint],
+    scale: Scale,
+    path: Path,
+    wan_series: frozenset[str] = frozenset(),
+    bands: Sequence[FaultWindow] = (),
+    title: str = "",
 ) -> Path | None:
     """KV egress rate of each byte counter (paper Gbit/s), and the routing threshold if recorded.
 
@@ -391,8 +418,15 @@ def plot_links(
         x = np.concatenate([[series[0].t], t]) * scale.speedup
         y = np.concatenate([r[:1], r]) * scale.byte_scale / scale.speedup * 8 / 1e9
         wan = key in wan_series
-        axes[0].plot(x, y, drawstyle="steps-pre", label=f"{key} (WAN)" if wan else key, linewidth=1,
-                     linestyle="-" if wan else "--", color=colour)
+        axes[0].plot(
+            x,
+            y,
+            drawstyle="steps-pre",
+            label=f"{key} (WAN)" if wan else key,
+            linewidth=1,
+            linestyle="-" if wan else "--",
+            color=colour,
+        )
     axes[0].set_ylabel("egress (paper Gbit/s)")
     axes[0].grid(alpha=0.3)
     if len(groups) <= 12:
@@ -420,12 +454,20 @@ def cut_short_note(s: Summary, prefix: str | None = None) -> str:
     `prefix`: the run's name for `testbed down` (`leftover_prefix`)."""
     planned = s.run.trace_requests
     recorded = s.requests.total
-    lost = "" if planned is None else (
-        f" of {fmt(planned)} requests, {fmt(recorded)} have a record and {fmt(max(planned - recorded, 0))} none "
-        "(never sent, or lost in flight with the process);")
-    return ("> **CUT SHORT:** the run's process ended without closing the run (killed, or crashed);" + lost +
-            " figures cover the recorded requests only. "
-            f"`testbed down{f' --prefix {prefix}' if prefix else ''}` removes what the run left running.")
+    lost = (
+        ""
+        if planned is None
+        else (
+            f" of {fmt(planned)} requests, {fmt(recorded)} have a record and {fmt(max(planned - recorded, 0))} none "
+            "(never sent, or lost in flight with the process);"
+        )
+    )
+    return (
+        "> **CUT SHORT:** the run's process ended without closing the run (killed, or crashed);"
+        + lost
+        + " figures cover the recorded requests only. "
+        f"`testbed down{f' --prefix {prefix}' if prefix else ''}` removes what the run left running."
+    )
 
 
 def write_report(run_dir: Path, summary: Summary | None = None) -> Path:
@@ -448,17 +490,27 @@ def write_report(run_dir: Path, summary: Summary | None = None) -> Path:
         out += ["> **Note:** the run was interrupted; figures cover the requests that finished.", ""]
     fid = s.fidelity
     if s.validity is not None and not s.validity.valid:
-        out += ["> **INVALID RUN:** the testbed could not keep the scenario's time, so its figures are not "
-                "measurements of the scenario: " + "; ".join(s.validity.reasons) + ".", ""]
+        out += [
+            "> **INVALID RUN:** the testbed could not keep the scenario's time, so its figures are not "
+            "measurements of the scenario: " + "; ".join(s.validity.reasons) + ".",
+            "",
+        ]
     out += ["## Summary", "", md_table(["Metric", "Paper units", "Wire units"], summary_rows(s)), ""]
     wrows = wan_rows(s.wan_link)
     if wrows:
         out += ["## WAN link", "", _shaping_line(run_dir), "", md_table(["WAN", "Paper units"], wrows), ""]
     prow = phase_rows(s)
     if prow:
-        out += ["### By link phase", "", "Requests by the configured rate in force when they arrived (the link schedule).", "",
-                md_table(["phase (paper)", "requests", "TTFT mean / P90 (s)", "KV tail, offloaded (ms)", "offloaded"],
-                         prow), ""]
+        out += [
+            "### By link phase",
+            "",
+            "Requests by the configured rate in force when they arrived (the link schedule).",
+            "",
+            md_table(
+                ["phase (paper)", "requests", "TTFT mean / P90 (s)", "KV tail, offloaded (ms)", "offloaded"], prow
+            ),
+            "",
+        ]
     crows = cache_rows(s)
     if crows:
         out += ["## Prefix caches", "", md_table(["Cache", "Value"], crows), ""]
@@ -467,15 +519,23 @@ def write_report(run_dir: Path, summary: Summary | None = None) -> Path:
         out += ["## Control loop", "", md_table(["Control", "Value"], krows), ""]
         changes = change_rows(s)
         if changes:
-            out += ["Threshold changes (the first 20; all in `summary.json` and `decisions.jsonl`):", "",
-                    md_table(["t (paper s)", "from", "to", "reason"], changes), ""]
+            out += [
+                "Threshold changes (the first 20; all in `summary.json` and `decisions.jsonl`):",
+                "",
+                md_table(["t (paper s)", "from", "to", "reason"], changes),
+                "",
+            ]
     lrows = long_term_rows(s)
     if lrows:
         out += ["## Long-term loop", "", md_table(["Long-term loop", "Value"], lrows), ""]
         drows = decision_rows(s)
         if drows:
-            out += ["Decisions (the first 20; all in `decisions.jsonl`, the first 50 in `summary.json`):", "",
-                    md_table(["t (paper s)", "action", "P/D after", "t after", "reason"], drows), ""]
+            out += [
+                "Decisions (the first 20; all in `decisions.jsonl`, the first 50 in `summary.json`):",
+                "",
+                md_table(["t (paper s)", "action", "P/D after", "t after", "reason"], drows),
+                "",
+            ]
     out += [
         "## TTFT breakdown",
         "",
@@ -508,12 +568,14 @@ def write_plots(run_dir: Path, summary: Summary | None = None) -> list[tuple[str
     run_dir = Path(run_dir)
     if summary is None:
         from testbed.metrics.summary import read_summary
+
         summary = read_summary(run_dir) if (run_dir / "summary.json").exists() else summarize(run_dir)
     return _write_plots(run_dir, summary, load_records(run_dir), load_run_timeseries(run_dir, load_run_meta(run_dir)))
 
 
-def _write_plots(run_dir: Path, s: Summary, records: Sequence[Any], samples: Sequence[SeriesPoint]
-                 ) -> list[tuple[str, Path]]:
+def _write_plots(
+    run_dir: Path, s: Summary, records: Sequence[Any], samples: Sequence[SeriesPoint]
+) -> list[tuple[str, Path]]:
     """Every plot the run's data makes, each titled with the run's name (and INVALID when so)."""
     scale = Scale(s.run.speedup, s.run.byte_scale)
     ttfts = [t * scale.speedup for t in completed_ttfts_wire(records)]
@@ -523,17 +585,31 @@ def _write_plots(run_dir: Path, s: Summary, records: Sequence[Any], samples: Seq
     def title(what: str) -> str:
         return run_title(s.run.name, s.valid, what)
 
-    plots = [("TTFT CDF", plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", s.run.slo_ttft_s,
-                                        title("TTFT CDF")))]
+    plots = [
+        (
+            "TTFT CDF",
+            plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", s.run.slo_ttft_s, title("TTFT CDF")),
+        )
+    ]
     for name, p in (
         ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png", faults, title("queues"))),
         ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series, faults, title("KV egress"))),
         ("WAN link", plot_wan(samples, scale, run_dir / "wan.png", faults, title("WAN link"))),
-        ("Threshold and WAN bandwidth (control loop)",
-         plot_control(samples, scale, run_dir / "control.png", faults, title("control loop"))),
-        ("PD roles, stage loads and threshold (long-term loop)",
-         plot_roles(samples, read_role_decisions(run_dir, load_run_meta(run_dir).t0, scale.speedup), scale,
-                    run_dir / "roles.png", faults, title("long-term loop"))),
+        (
+            "Threshold and WAN bandwidth (control loop)",
+            plot_control(samples, scale, run_dir / "control.png", faults, title("control loop")),
+        ),
+        (
+            "PD roles, stage loads and threshold (long-term loop)",
+            plot_roles(
+                samples,
+                read_role_decisions(run_dir, load_run_meta(run_dir).t0, scale.speedup),
+                scale,
+                run_dir / "roles.png",
+                faults,
+                title("long-term loop"),
+            ),
+        ),
     ):
         if p is not None:
             plots.append((name, p))
@@ -554,7 +630,7 @@ def _shaping_line(run_dir: Path) -> str:
         parts.append(f"MTU {sh.mtu}")
     if sh.links:
         k, v = next(iter(sh.links.items()))
-        queue = f", queue {v.queue_bytes} B" if v.queue_bytes is not None else ""   # a flow model has none
+        queue = f", queue {v.queue_bytes} B" if v.queue_bytes is not None else ""  # a flow model has none
         rate = NA if v.rate_bps_wire is None else f"{v.rate_bps_wire / 1e6:.4g}"
         delay = NA if v.delay_s_wire is None else f"{v.delay_s_wire * 1e3:.3g}"
         parts.append(f"{k}: {rate} Mbit/s wire, one-way delay {delay} ms wire, loss {v.loss:.2%}{queue}")
@@ -586,29 +662,37 @@ def _fidelity_line(fid: Fidelity) -> str:
     b = fid.bounds
     parts = []
     if fid.n:
-        parts.append(f"Median prefill timing error {fmt_ms(fid.prefill_abs_err_median_s)} wire "
-                     f"({fmt_pct(fid.prefill_rel_err_median)} of the modelled time, bound "
-                     f"{fmt_pct(b.prefill_rel_err_median)}) over {fmt(fid.n)} requests.")
+        parts.append(
+            f"Median prefill timing error {fmt_ms(fid.prefill_abs_err_median_s)} wire "
+            f"({fmt_pct(fid.prefill_rel_err_median)} of the modelled time, bound "
+            f"{fmt_pct(b.prefill_rel_err_median)}) over {fmt(fid.n)} requests."
+        )
     else:
         parts.append("No records with both measured and modelled prefill times.")
     if fid.decode_step_late_share is not None:
-        parts.append(f"Decode steps ended {fmt_pct(fid.decode_step_late_share)} late against the model "
-                     f"(bound {fmt_pct(b.decode_step_late_share)}).")
+        parts.append(
+            f"Decode steps ended {fmt_pct(fid.decode_step_late_share)} late against the model "
+            f"(bound {fmt_pct(b.decode_step_late_share)})."
+        )
     if fid.token_lag_p90_s_paper is not None:
-        parts.append(f"Token delivery lag P90 {fmt_ms(fid.token_lag_p90_s_paper)} paper "
-                     f"(bound {fmt_ms(b.token_lag_p90_s_paper)}).")
+        parts.append(
+            f"Token delivery lag P90 {fmt_ms(fid.token_lag_p90_s_paper)} paper "
+            f"(bound {fmt_ms(b.token_lag_p90_s_paper)})."
+        )
     if fid.router_overhead_p90_s_paper is not None:
-        parts.append(f"Router overhead P90 {fmt_ms(fid.router_overhead_p90_s_paper)} paper "
-                     f"(bound {fmt_ms(b.router_overhead_p90_s_paper)}).")
+        parts.append(
+            f"Router overhead P90 {fmt_ms(fid.router_overhead_p90_s_paper)} paper "
+            f"(bound {fmt_ms(b.router_overhead_p90_s_paper)})."
+        )
     if fid.cpu_busy_mean is not None:
-        parts.append(f"Host CPUs {fmt_pct(fid.cpu_busy_mean)} busy on average, saturated "
-                     f"{fmt_pct(fid.cpu_saturated_share)} of the run.")
+        parts.append(
+            f"Host CPUs {fmt_pct(fid.cpu_busy_mean)} busy on average, saturated "
+            f"{fmt_pct(fid.cpu_saturated_share)} of the run."
+        )
     return " ".join(parts)
 
 
-def write_comparison(
-    run_dirs: Sequence[Path], out_dir: Path, summaries: Sequence[Summary] | None = None
-) -> Path:
+def write_comparison(run_dirs: Sequence[Path], out_dir: Path, summaries: Sequence[Summary] | None = None) -> Path:
     """Write `comparison.md` and `ttft_cdf.png` (all runs on one plot) into `out_dir`.
 
     The first run is the baseline of the verdicts. Run directories are only read; `summaries`
@@ -631,30 +715,50 @@ def write_comparison(
     ]
     slos = {s.run.slo_ttft_s for s in summaries}
     bad = [lab for lab, s in zip(labels, summaries) if not s.valid]
-    plot_ttft_cdf(curves, out_dir / "ttft_cdf.png", slos.pop() if len(slos) == 1 else None,
-                  f"TTFT CDF: {' vs '.join(labels)}" + (f" (INVALID: {', '.join(bad)})" if bad else ""))
+    plot_ttft_cdf(
+        curves,
+        out_dir / "ttft_cdf.png",
+        slos.pop() if len(slos) == 1 else None,
+        f"TTFT CDF: {' vs '.join(labels)}" + (f" (INVALID: {', '.join(bad)})" if bad else ""),
+    )
 
     out = [f"# Comparison: {' vs '.join(labels)}", ""]
     for lab, s in zip(labels, summaries):
         if not s.valid and s.validity is not None:
-            out += [f"> **INVALID RUN {lab}:** the testbed could not keep the scenario's time, so its figures are not "
-                    "measurements of the scenario: " + "; ".join(s.validity.reasons) + ".", ""]
+            out += [
+                f"> **INVALID RUN {lab}:** the testbed could not keep the scenario's time, so its figures are not "
+                "measurements of the scenario: " + "; ".join(s.validity.reasons) + ".",
+                "",
+            ]
     out.append(f"All figures in paper units. Baseline for the verdicts: **{labels[0]}**.")
     setups = {(s.run.speedup, s.run.byte_scale, s.run.shaping_method) for s in summaries}
     if len(setups) > 1:
-        out.append("Note: the runs differ in scale or shaping method (see the table); paper units stay comparable, "
-                   "testbed artefacts may not.")
+        out.append(
+            "Note: the runs differ in scale or shaping method (see the table); paper units stay comparable, "
+            "testbed artefacts may not."
+        )
     out += ["", "## Verdict", ""]
     out += [f"- {v}" for v in verdicts(summaries, labels)] or ["- Only one run: nothing to compare."]
     out += ["", "## Side by side", ""]
     out.append(md_table(["Metric", *labels], [(m, *cells) for m, cells in comparison_rows(summaries)]))
     phases = [s.link_phases for s in summaries]
     if phases[0] and all(len(p) == len(phases[0]) for p in phases):
-        out += ["", "## By link phase", "", "Mean / P90 TTFT (s) of the requests that arrived while each configured "
-                "rate was in force; then the mean KV transfer tail of the offloaded ones.", ""]
+        out += [
+            "",
+            "## By link phase",
+            "",
+            "Mean / P90 TTFT (s) of the requests that arrived while each configured "
+            "rate was in force; then the mean KV transfer tail of the offloaded ones.",
+            "",
+        ]
         rows = []
         for k, ph in enumerate(phases[0]):
-            rows.append((phase_label(ph), *[f"{_format_or_na(p[k].ttft_mean_s)} / {_format_or_na(p[k].ttft_p90_s)}" for p in phases]))
+            rows.append(
+                (
+                    phase_label(ph),
+                    *[f"{_format_or_na(p[k].ttft_mean_s)} / {_format_or_na(p[k].ttft_p90_s)}" for p in phases],
+                )
+            )
             tails = [p[k].tail_mean_s for p in phases]
             rows.append(("  KV tail (ms)", *[_format_or_na(None if t is None else t * 1e3, "{:,.0f}") for t in tails]))
         out.append(md_table(["phase", *labels], rows))
@@ -669,7 +773,7 @@ def write_comparison(
 SHAPING_NOTES = {
     "netem": "the kernel's netem shapes delay, jitter, loss and rate",
     "fallback": "this kernel has no netem: HTB limits the rate, the testbed's userspace delay line adds delay, "
-                "jitter and loss",
+    "jitter and loss",
     "none": "no WAN emulated: services talk over loopback",
     "sim": "modelled by the simulator, nothing on a wire",
 }

@@ -30,23 +30,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Compare runs side by side in paper units; the first run is the baseline of the verdicts.",
     )
     c.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="run directories to set side by side")
-    c.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png")
+    c.add_argument(
+        "--out", action=StoreOnce, type=out_dir, metavar="DIR", help="also write DIR/comparison.md and DIR/ttft_cdf.png"
+    )
     c.add_argument("--json", action="store_true", help="print the summaries and verdicts as JSON")
-    c.add_argument("--csv", action=StoreOnce, type=Path, metavar="FILE",
-                   help="also write FILE: one row per run, its directory, validity and every figure of its "
-                        "summary.json as a dotted column (ttft_s.p90, throughput.goodput_rps_paper, ...)")
-    c.add_argument("--accept-invalid", action="store_true",
-                   help="exit 0 even when a run is marked invalid (without it: exit 3)")
+    c.add_argument(
+        "--csv",
+        action=StoreOnce,
+        type=Path,
+        metavar="FILE",
+        help="also write FILE: one row per run, its directory, validity and every figure of its "
+        "summary.json as a dotted column (ttft_s.p90, throughput.goodput_rps_paper, ...)",
+    )
+    c.add_argument(
+        "--accept-invalid", action="store_true", help="exit 0 even when a run is marked invalid (without it: exit 3)"
+    )
     c.set_defaults(func=cmd_compare)
 
     pl = sub.add_parser(
         "plot",
         help="write the plots of runs (simulated ones included) without a report",
         description="Write each RUN_DIR's plots (ttft_cdf.png, queues.png, and links.png, wan.png, control.png, "
-                    "roles.png where the run has their data) from its records and time series; each plot names "
-                    "its run and says INVALID when the testbed marked the run so.",
+        "roles.png where the run has their data) from its records and time series; each plot names "
+        "its run and says INVALID when the testbed marked the run so.",
     )
-    pl.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    pl.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="run directories whose plots to write")
     pl.set_defaults(func=cmd_plot)
 
 
@@ -65,13 +73,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     console = Console()
     from testbed.metrics.report import leftover_prefix
+
     print_summary_table(summary, console=console, prefix=leftover_prefix(run_dir))
     console.print(Text(f"wrote {run_dir / 'summary.json'} and {report}"))
     return 0
 
 
-def print_summary_table(summary: Summary, title: str | None = None, console: Console | None = None,
-                        prefix: str | None = None, validity: bool = True) -> None:
+def print_summary_table(
+    summary: Summary,
+    title: str | None = None,
+    console: Console | None = None,
+    prefix: str | None = None,
+    validity: bool = True,
+) -> None:
     """One run's summary as a terminal table (paper and wire units), plus its warnings (`prefix`:
     the run's name for `testbed down`, named in a cut-short run's; `validity` False leaves out the
     INVALID line, for a caller that says it around the table)."""
@@ -84,8 +98,12 @@ def print_summary_table(summary: Summary, title: str | None = None, console: Con
         title=Text(
             f"{head}: {run.scenario}, speedup {run.speedup:g}, "
             f"byte_scale {run.byte_scale:g}, shaping {run.shaping_method}"
-            + ("\n(fallback shaping: no netem in this kernel; HTB limits the rate, a userspace delay line adds "
-               "delay, jitter and loss)" if run.shaping_method == "fallback" else "")
+            + (
+                "\n(fallback shaping: no netem in this kernel; HTB limits the rate, a userspace delay line adds "
+                "delay, jitter and loss)"
+                if run.shaping_method == "fallback"
+                else ""
+            )
         )
     )
     table.add_column("Metric", no_wrap=True)
@@ -101,7 +119,10 @@ def print_summary_table(summary: Summary, title: str | None = None, console: Con
         console.print(Text("INVALID RUN: " + "; ".join(summary.validity.reasons), style="bold red"))
     if run.cut_short:
         from testbed.metrics.report import cut_short_note
-        console.print(Text("warning: " + cut_short_note(summary, prefix).removeprefix("> **CUT SHORT:** "), style="yellow"))
+
+        console.print(
+            Text("warning: " + cut_short_note(summary, prefix).removeprefix("> **CUT SHORT:** "), style="yellow")
+        )
     elif run.interrupted:
         console.print(Text("warning: the run was interrupted; figures cover what finished", style="yellow"))
 
@@ -119,11 +140,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     outcomes = [RunOutcome(lab, d, s) for lab, d, s in zip(labels, dirs, summaries)]
     if args.csv is not None:
         from testbed.metrics.summary_csv import write_summary_csv
+
         write_summary_csv(args.csv, outcomes)
     rc = exit_code(outcomes, args.accept_invalid)
     if args.json:
-        runs = [{"label": lab, "run_dir": str(d), "valid": s.valid, "summary": s.to_json_dict()}
-                for lab, d, s in zip(labels, dirs, summaries)]
+        runs = [
+            {"label": lab, "run_dir": str(d), "valid": s.valid, "summary": s.to_json_dict()}
+            for lab, d, s in zip(labels, dirs, summaries)
+        ]
         print(json.dumps({"baseline": labels[0], "runs": runs, "verdicts": lines}, indent=2))
         return rc
     console = Console(highlight=False, soft_wrap=True)

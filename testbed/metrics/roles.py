@@ -15,21 +15,25 @@ Summary keys (`long_term`, paper units; absent when the loop did not run):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
-
+from typing import Any
 
 from testbed.core.schema.scaling import Scale
-from testbed.metrics.plot_style import stamp
 from testbed.metrics.artefacts import Summary
 from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands
+from testbed.metrics.plot_style import stamp
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import decision_points, select, time_weighted_mean
 
 MAX_CHANGES = 50
 ACTIONS = ("drain", "activate", "retune", "hold")
-MARKS = {"drain": ("v", "tab:red"), "activate": ("^", "tab:green"), "retune": ("D", "tab:purple"),
-         "hold": ("x", "gray")}
+MARKS = {
+    "drain": ("v", "tab:red"),
+    "activate": ("^", "tab:green"),
+    "retune": ("D", "tab:purple"),
+    "hold": ("x", "gray"),
+}
 
 
 def read_role_decisions(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, Any]]:
@@ -38,10 +42,18 @@ def read_role_decisions(run_dir: Path, t0: float | None, speedup: float) -> list
     for p in decision_points(run_dir, t0, speedup, "role_decision"):
         lab = p.labels
         thr = lab.get("threshold")
-        out.append({"t_s": p.t, "action": str(lab.get("action", "")),
-                    "node": str(lab.get("node", "")), "role": str(lab.get("role", "")),
-                    "prefill": int(lab.get("prefill", 0)), "decode": int(lab.get("decode", 0)),
-                    "threshold": None if thr is None else float(thr), "reason": str(lab.get("reason", ""))})
+        out.append(
+            {
+                "t_s": p.t,
+                "action": str(lab.get("action", "")),
+                "node": str(lab.get("node", "")),
+                "role": str(lab.get("role", "")),
+                "prefill": int(lab.get("prefill", 0)),
+                "decode": int(lab.get("decode", 0)),
+                "threshold": None if thr is None else float(thr),
+                "reason": str(lab.get("reason", "")),
+            }
+        )
     return out
 
 
@@ -49,8 +61,9 @@ def _counts(samples: Sequence[SeriesPoint], role: str) -> list[SeriesPoint]:
     return sorted(select(samples, metric="role_instances", labels={"role": role}), key=lambda p: p.t)
 
 
-def long_term_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesPoint],
-                      scale: Scale) -> dict[str, Any] | None:
+def long_term_summary(
+    run_dir: Path, t0: float | None, samples: Sequence[SeriesPoint], scale: Scale
+) -> dict[str, Any] | None:
     pre, dec = _counts(samples, "prefill"), _counts(samples, "decode")
     ds = read_role_decisions(run_dir, t0, scale.speedup)
     if not pre and not ds:
@@ -88,34 +101,54 @@ def decision_rows(s: Summary, limit: int = 20) -> list[tuple[str, str, str, str,
     rows = []
     for d in (s.long_term.changes if s.long_term else [])[:limit]:
         thr = d.threshold
-        rows.append((f"{d.t_s:.1f}", d.action + (f" {d.node}" if d.node else ""),
-                     f"{d.prefill}/{d.decode}", "n/a" if thr is None else f"{thr:,.0f}", d.reason))
+        rows.append(
+            (
+                f"{d.t_s:.1f}",
+                d.action + (f" {d.node}" if d.node else ""),
+                f"{d.prefill}/{d.decode}",
+                "n/a" if thr is None else f"{thr:,.0f}",
+                d.reason,
+            )
+        )
     return rows
 
 
-def plot_roles(samples: Sequence[SeriesPoint], decisions: Sequence[dict[str, Any]], scale: Scale, path: Path,
-               bands: Sequence[FaultWindow] = (), title: str = "") -> Path | None:
+def plot_roles(
+    samples: Sequence[SeriesPoint],
+    decisions: Sequence[dict[str, Any]],
+    scale: Scale,
+    path: Path,
+    bands: Sequence[FaultWindow] = (),
+    title: str = "",
+) -> Path | None:
     """PD instances per role over time with the loop's decisions marked; the stage loads it
     judged; the threshold in force and the one the loop holds."""
     pre = _counts(samples, "prefill")
     if not pre:
         return None
     s = scale.speedup
-    from matplotlib.figure import Figure      # here: the summary needs no plotting library
+    from matplotlib.figure import Figure  # here: the summary needs no plotting library
 
     fig = Figure(figsize=(8, 7.2), layout="constrained")
     ax = fig.subplots(3, 1, sharex=True)
     for role, style in (("prefill", "-"), ("decode", "-"), ("draining", ":")):
         pts = _counts(samples, role)
-        ax[0].plot([p.t * s for p in pts], [p.value for p in pts], drawstyle="steps-post", linestyle=style,
-                   linewidth=1.3, label=role)
+        ax[0].plot(
+            [p.t * s for p in pts],
+            [p.value for p in pts],
+            drawstyle="steps-post",
+            linestyle=style,
+            linewidth=1.3,
+            label=role,
+        )
     top = max((p.value for p in select(samples, metric="role_instances")), default=1.0)
     for action in ACTIONS:
         ds = [d for d in decisions if d["action"] == action]
         if ds:
             m, c = MARKS[action]
-            ax[0].scatter([d["t_s"] for d in ds], [top + 0.5] * len(ds), marker=m, color=c, s=28, label=action,
-                          zorder=3)
+            ax[0].scatter(
+                [d["t_s"] for d in ds], [top + 0.5] * len(ds), marker=m, color=c, s=28, label=action, zorder=3
+            )
     ax[0].set_ylabel("PD instances")
     ax[0].set_ylim(-0.2, top + 1.2)
     ax[0].legend(fontsize="x-small", ncol=4, loc="lower left")
@@ -123,19 +156,31 @@ def plot_roles(samples: Sequence[SeriesPoint], decisions: Sequence[dict[str, Any
     for stage in ("prfaas", "pdp", "pdd"):
         pts = sorted((p for p in loads if p.labels.get("stage") == stage and p.value >= 0), key=lambda p: p.t)
         if pts:
-            ax[1].plot([p.t * s for p in pts], [p.value for p in pts], marker=".", linewidth=0.9,
-                       label={"prfaas": "PrfaaS", "pdp": "PD-P", "pdd": "PD-D (slots)"}[stage])
+            ax[1].plot(
+                [p.t * s for p in pts],
+                [p.value for p in pts],
+                marker=".",
+                linewidth=0.9,
+                label={"prfaas": "PrfaaS", "pdp": "PD-P", "pdd": "PD-D (slots)"}[stage],
+            )
     ax[1].set_ylabel("stage load (judged)")
     ax[1].set_ylim(0, max(1.5, min(3.0, max((p.value for p in loads), default=1.0) * 1.05)))
     ax[1].legend(fontsize="x-small")
     thr = sorted(select(samples, metric="threshold", source="router"), key=lambda p: p.t)
     base = sorted(select(samples, metric="longterm_threshold"), key=lambda p: p.t)
     if thr:
-        ax[2].plot([p.t * s for p in thr], [p.value for p in thr], drawstyle="steps-post", linewidth=1.0,
-                   label="in force")
+        ax[2].plot(
+            [p.t * s for p in thr], [p.value for p in thr], drawstyle="steps-post", linewidth=1.0, label="in force"
+        )
     if base:
-        ax[2].plot([p.t * s for p in base], [p.value for p in base], drawstyle="steps-post", linewidth=1.2,
-                   linestyle="--", label="long-term loop's")
+        ax[2].plot(
+            [p.t * s for p in base],
+            [p.value for p in base],
+            drawstyle="steps-post",
+            linewidth=1.2,
+            linestyle="--",
+            label="long-term loop's",
+        )
     for d in decisions:
         if d["action"] in ("drain", "activate", "retune"):
             for a in ax[1:]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-from json.encoder import encode_basestring_ascii as _text   # what json.dumps quotes text with
 import math
 import threading
 import time
 from collections.abc import Iterable
-from operator import attrgetter
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _text  # what json.dumps quotes text with
+from operator import attrgetter
 from pathlib import Path
 from typing import IO, Any, NamedTuple, TextIO
 
@@ -57,7 +57,9 @@ class TimeseriesError(UserError, ValueError):
 
 def encode_line(ts: float, source: str, s: Sample) -> str:
     """One line, without its newline; `ts` in unix seconds (kept to the microsecond)."""
-    return finite_dumps({"ts": round(ts, 6), "source": source, "metric": s.metric, "value": s.value, "labels": s.labels})
+    return finite_dumps(
+        {"ts": round(ts, 6), "source": source, "metric": s.metric, "value": s.value, "labels": s.labels}
+    )
 
 
 def parse_line(line: str, t0: float = 0.0) -> SeriesPoint:
@@ -162,7 +164,9 @@ def encode_labels(labels: dict[str, str]) -> str:
             return json.dumps(labels)
         parts.append(_text(k) + ": " + _text(v))
     return "{" + ", ".join(parts) + "}"
-RawSample = tuple[str, float, dict[str, str]]   # a Sample as a plain tuple, as hot loops build them
+
+
+RawSample = tuple[str, float, dict[str, str]]  # a Sample as a plain tuple, as hot loops build them
 
 
 class BatchSeriesFile:
@@ -178,8 +182,15 @@ class BatchSeriesFile:
 
     __slots__ = ("source", "_fh", "_head", "speedup", "lines", "_labels", "points", "_sources", "_later", "write_s")
 
-    def __init__(self, path: Path, source: str, speedup: float, repeated_labels: bool = True,
-                 keep: bool = False, deferred: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        source: str,
+        speedup: float,
+        repeated_labels: bool = True,
+        keep: bool = False,
+        deferred: bool = False,
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.source = source
         self._fh: IO[str] = path.open("w")
@@ -188,11 +199,12 @@ class BatchSeriesFile:
         self.lines = 0
         # Samples repeat the same few label sets: encode each once (not for one-off labels).
         self._labels: dict[tuple[tuple[str, str], ...], tuple[str, dict[str, str]]] | None = (
-            {} if repeated_labels else None)
+            {} if repeated_labels else None
+        )
         self.points: list[SeriesPoint] | None = [] if keep else None
-        self._sources: dict[str, str] = {}       # each source's name, JSON-encoded once
+        self._sources: dict[str, str] = {}  # each source's name, JSON-encoded once
         self._later: list[tuple[float, str | None, Iterable[RawSample]]] | None = [] if deferred else None
-        self.write_s = 0.0      # seconds spent writing held batches (the simulator tells its engine's time apart)
+        self.write_s = 0.0  # seconds spent writing held batches (the simulator tells its engine's time apart)
 
     def write(self, t_paper: float, samples: Iterable[RawSample]) -> None:
         self._take(t_paper, None, samples)
@@ -228,10 +240,10 @@ class BatchSeriesFile:
         cache = self._labels
         keep = self.points
         point = keep.append if keep is not None else None
-        t6 = round(t, 6)        # what the line's "ts" reads back as
+        t6 = round(t, 6)  # what the line's "ts" reads back as
         for metric, value, labels in samples:
             v = float(value)
-            vs = repr(v) if -_INF < v < _INF else "null"     # JSON has no inf/nan: null reads back as nan
+            vs = repr(v) if -_INF < v < _INF else "null"  # JSON has no inf/nan: null reads back as nan
             if not labels:
                 line(f'{ts}"{metric}", "value": {vs}, "labels": {{}}}}\n')
                 if point is not None:

@@ -25,15 +25,15 @@ import numpy as np
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import LAYOUT, SUMMARY_VERSION, RunInfo, read_artefact, write_artefact
-from testbed.metrics.artefacts import RunDirError as RunDirError, Summary as Summary   # re-exported
+from testbed.metrics.artefacts import RunDirError as RunDirError  # re-exported
+from testbed.metrics.artefacts import Summary as Summary
 from testbed.metrics.artefacts.run_file import Slo, was_cut_short
 from testbed.metrics.control import cache_summary, control_summary, link_phases
-from testbed.metrics.roles import long_term_summary
 from testbed.metrics.fidelity import fidelity, validity
 from testbed.metrics.records import read_records
+from testbed.metrics.roles import long_term_summary
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.stats import percentile
-from testbed.metrics.wanlink import link_usage
 from testbed.metrics.timeseries import (
     counter_rate,
     counter_total,
@@ -42,6 +42,7 @@ from testbed.metrics.timeseries import (
     metrics_of,
     resample,
 )
+from testbed.metrics.wanlink import link_usage
 
 log = logging.getLogger("testbed.metrics")
 
@@ -57,8 +58,16 @@ BREAKDOWN_STAGES: tuple[str, ...] = (
 )
 BYTE_COUNTERS: frozenset[str] = frozenset({"bytes_sent", "kv_bytes_sent"})
 _TIME_FIELDS: tuple[str, ...] = (
-    "arrival", "routed", "prefill_queued", "prefill_start", "prefill_end", "transfer_start",
-    "transfer_end", "decode_admitted", "first_token", "last_token",
+    "arrival",
+    "routed",
+    "prefill_queued",
+    "prefill_start",
+    "prefill_end",
+    "transfer_start",
+    "transfer_end",
+    "decode_admitted",
+    "first_token",
+    "last_token",
 )
 
 
@@ -69,7 +78,7 @@ class RunMeta:
     name: str
     scenario: str
     policy: str
-    t0: float | None   # None: the run died before it started sending (no time base for series)
+    t0: float | None  # None: the run died before it started sending (no time base for series)
     t_end: float | None
     scale: Scale
     shaping_method: str
@@ -78,7 +87,7 @@ class RunMeta:
     offered_rate_rps: float | None
     threshold: float | None
     interrupted: bool = False
-    cut_short: bool = False        # run.json says `running` and its process is gone
+    cut_short: bool = False  # run.json says `running` and its process is gone
     trace_requests: int | None = None
     pid: int | None = None
 
@@ -156,24 +165,34 @@ def ttft_halves(records: Sequence[RequestRecord], mult: float) -> dict[str, Any]
         return {"split_s": None, "first": _stats([], mult), "last": _stats([], mult)}
     mid = (min(arr) + max(arr)) / 2
     ok = [r for r in records if r.outcome == "completed" and _finite(r.ttft) and _finite(r.times.arrival)]
-    return {"split_s": (mid - min(arr)) * mult,
-            "first": _stats([r.ttft for r in ok if r.times.arrival < mid], mult),
-            "last": _stats([r.ttft for r in ok if r.times.arrival >= mid], mult)}
+    return {
+        "split_s": (mid - min(arr)) * mult,
+        "first": _stats([r.ttft for r in ok if r.times.arrival < mid], mult),
+        "last": _stats([r.ttft for r in ok if r.times.arrival >= mid], mult),
+    }
 
 
 def _stats(values: Sequence[float], mult: float) -> dict[str, Any]:
     if not values:
         return {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
     a = np.asarray(values, dtype=np.float64) * mult
-    return {"n": int(a.size), "mean": float(a.mean()), "p50": percentile(a, 50), "p90": percentile(a, 90),
-            "p99": percentile(a, 99)}
+    return {
+        "n": int(a.size),
+        "mean": float(a.mean()),
+        "p50": percentile(a, 50),
+        "p90": percentile(a, 90),
+        "p99": percentile(a, 99),
+    }
 
 
 # breakdown_wire's stages as (end, start) stamps, in its order.
 _BREAKDOWN_SPANS: dict[str, tuple[str, str]] = {
-    "routing": ("routed", "arrival"), "prefill_queue": ("prefill_start", "prefill_queued"),
-    "prefill_compute": ("prefill_end", "prefill_start"), "transfer_tail": ("transfer_end", "prefill_end"),
-    "decode_queue": ("decode_admitted", "transfer_end"), "first_step": ("first_token", "decode_admitted"),
+    "routing": ("routed", "arrival"),
+    "prefill_queue": ("prefill_start", "prefill_queued"),
+    "prefill_compute": ("prefill_end", "prefill_start"),
+    "transfer_tail": ("transfer_end", "prefill_end"),
+    "decode_queue": ("decode_admitted", "transfer_end"),
+    "first_step": ("first_token", "decode_admitted"),
 }
 _BREAKDOWN_TIMES = sorted({n for pair in _BREAKDOWN_SPANS.values() for n in pair})
 
@@ -207,7 +226,7 @@ def _breakdown_means(done: Sequence[RequestRecord], mult: float) -> dict[str, fl
         d = col[end] - col[start]
         parts[k] = np.where(np.isfinite(d), d, 0.0)
     total: Any = 0.0
-    for v in parts.values():     # summed in breakdown_wire's order, so `other` is the same
+    for v in parts.values():  # summed in breakdown_wire's order, so `other` is the same
         total = total + v
     parts["other"] = (col["first_token"] - col["arrival"]) - total
     return {k: float(np.mean(parts[k])) * mult for k in BREAKDOWN_STAGES}
@@ -254,7 +273,9 @@ def _rates(t: Sequence[SeriesPoint]) -> tuple[float, float | None, float | None]
     return total, (total / span if span > 0 else None), (float(rates.max()) if rates.size else None)
 
 
-def _egress(samples: Sequence[SeriesPoint], wan_sources: set[str], scale: Scale) -> tuple[dict[str, Any], dict[str, Any]]:
+def _egress(
+    samples: Sequence[SeriesPoint], wan_sources: set[str], scale: Scale
+) -> tuple[dict[str, Any], dict[str, Any]]:
     def both(total: float, mean: float | None, peak: float | None) -> dict[str, Any]:
         return {
             "bytes_paper": scale.paper_bytes(total),
@@ -292,8 +313,9 @@ def _egress(samples: Sequence[SeriesPoint], wan_sources: set[str], scale: Scale)
     return links, both(total, total / (hi - lo) if hi > lo else None, peak)
 
 
-def summarize(run_dir: Path, records: Sequence[RequestRecord] | None = None,
-              samples: Sequence[SeriesPoint] | None = None) -> Summary:
+def summarize(
+    run_dir: Path, records: Sequence[RequestRecord] | None = None, samples: Sequence[SeriesPoint] | None = None
+) -> Summary:
     """The summary of one run directory (see the module docstring for every key). A writer that
     still holds what it wrote may pass it: `records` as `records.csv` reads back, `samples` as
     `timeseries/` reads back (`load_run_timeseries`: times since t0, sorted by time); the run's
@@ -431,8 +453,9 @@ def _json_safe(v: Any) -> Any:
     return v
 
 
-def write_summary(run_dir: Path, records: Sequence[RequestRecord] | None = None,
-                  samples: Sequence[SeriesPoint] | None = None) -> Summary:
+def write_summary(
+    run_dir: Path, records: Sequence[RequestRecord] | None = None, samples: Sequence[SeriesPoint] | None = None
+) -> Summary:
     """Recompute the summary and write `summary.json` into the run directory (`records` and
     `samples` as `summarize` takes them)."""
     summary = summarize(run_dir, records, samples)

@@ -14,8 +14,19 @@ from testbed.core.errors import UserError
 from testbed.metrics.verdict import RunOutcome
 
 # Sections keyed by names (their columns would differ from run to run) or holding lists.
-SKIPPED = frozenset({"links", "link_phases", "requests.failure_reasons", "control.changes", "long_term.changes",
-                     "long_term.decisions", "wan_link.links", "timeseries.metrics", "validity.reasons"})
+SKIPPED = frozenset(
+    {
+        "links",
+        "link_phases",
+        "requests.failure_reasons",
+        "control.changes",
+        "long_term.changes",
+        "long_term.decisions",
+        "wan_link.links",
+        "timeseries.metrics",
+        "validity.reasons",
+    }
+)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -33,8 +44,12 @@ def write_summary_csv(path: Path, runs: Sequence[RunOutcome]) -> Path:
     """One row per run; columns in the order of first appearance, blank where a run lacks one."""
     rows: list[dict[str, Any]] = []
     for r in runs:
-        row: dict[str, Any] = {"label": r.label, "run_dir": str(r.run_dir), "valid": r.summary.valid,
-                               "invalid_reasons": "; ".join(r.reasons)}
+        row: dict[str, Any] = {
+            "label": r.label,
+            "run_dir": str(r.run_dir),
+            "valid": r.summary.valid,
+            "invalid_reasons": "; ".join(r.reasons),
+        }
         row.update(flatten(r.summary.to_json_dict()))
         rows.append(row)
     columns: dict[str, None] = {}

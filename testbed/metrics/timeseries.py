@@ -148,7 +148,9 @@ def counter_rate(samples: Sequence[SeriesPoint]) -> tuple[FloatArray, FloatArray
 def counter_total(samples: Sequence[SeriesPoint]) -> float:
     """Amount a cumulative counter grew over the samples (restarts skipped, like `counter_rate`)."""
     ordered = sorted(samples, key=by_time)
-    return float(sum(max(b.value - a.value, 0.0) for a, b in zip(ordered, ordered[1:]) if not math.isnan(b.value - a.value)))
+    return float(
+        sum(max(b.value - a.value, 0.0) for a, b in zip(ordered, ordered[1:]) if not math.isnan(b.value - a.value))
+    )
 
 
 def time_weighted_mean(series: Sequence[SeriesPoint]) -> float | None:
@@ -166,5 +168,4 @@ def decision_points(run_dir: Path, t0: float | None, speedup: float, metric: str
     p = Path(run_dir) / "decisions.jsonl"
     if not p.is_file() or t0 is None:
         return []
-    return [SeriesPoint(pt.t * speedup, pt.source, pt.metric, pt.value, pt.labels)
-            for pt in read_series(p, t0, metric)]
+    return [SeriesPoint(pt.t * speedup, pt.source, pt.metric, pt.value, pt.labels) for pt in read_series(p, t0, metric)]

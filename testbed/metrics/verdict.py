@@ -22,8 +22,10 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INVALID = 3
 
-FIX = ("rerun at a lower speedup (--speedup auto finds the highest this host keeps), with fewer instances, "
-       "on a quieter host, or simulate it (--backend sim)")
+FIX = (
+    "rerun at a lower speedup (--speedup auto finds the highest this host keeps), with fewer instances, "
+    "on a quieter host, or simulate it (--backend sim)"
+)
 PLOTS = ("ttft_cdf.png", "queues.png", "links.png", "wan.png", "control.png", "roles.png")
 
 
@@ -48,8 +50,11 @@ def exit_code(runs: Sequence[RunOutcome], accept_invalid: bool = False) -> int:
 
 def invalid_headline(runs: Sequence[RunOutcome]) -> list[str]:
     """What an invalid run prints before its figures: one line per invalid run."""
-    return [f"INVALID RUN {r.label}: the testbed could not keep the scenario's time, its figures are not "
-            f"measurements: {'; '.join(r.reasons) or 'no reason recorded'}" for r in invalid(runs)]
+    return [
+        f"INVALID RUN {r.label}: the testbed could not keep the scenario's time, its figures are not "
+        f"measurements: {'; '.join(r.reasons) or 'no reason recorded'}"
+        for r in invalid(runs)
+    ]
 
 
 def verdict_line(runs: Sequence[RunOutcome], accept_invalid: bool = False) -> str:
@@ -62,8 +67,11 @@ def verdict_line(runs: Sequence[RunOutcome], accept_invalid: bool = False) -> st
         return f"verdict: VALID: {what} kept the scenario's time (exit {EXIT_OK})"
     who = "the run" if n == 1 else f"{len(bad)} of {n} runs"
     why = "; ".join(f"{r.label}: {'; '.join(r.reasons) or 'no reason recorded'}" for r in bad)
-    code = (f"exit {EXIT_OK} (--accept-invalid)" if accept_invalid
-            else f"exit {EXIT_INVALID}; --accept-invalid exits {EXIT_OK} for exploration")
+    code = (
+        f"exit {EXIT_OK} (--accept-invalid)"
+        if accept_invalid
+        else f"exit {EXIT_INVALID}; --accept-invalid exits {EXIT_OK} for exploration"
+    )
     return f"verdict: INVALID: {who} could not keep the scenario's time ({why}). Fix: {FIX}. {code}"
 
 
@@ -71,8 +79,12 @@ def _files(d: Path, names: Sequence[str]) -> list[str]:
     return [n for n in names if (d / n).exists()]
 
 
-def closing_block(runs: Sequence[RunOutcome], comparison: Path | None, comparison_lines: Sequence[str] = (),
-                  accept_invalid: bool = False) -> list[str]:
+def closing_block(
+    runs: Sequence[RunOutcome],
+    comparison: Path | None,
+    comparison_lines: Sequence[str] = (),
+    accept_invalid: bool = False,
+) -> list[str]:
     """After every run and comparison: each run's validity and where its files are, the
     comparison's verdict, and last the verdict line."""
     out = ["", "── summary " + "─" * 60]
@@ -89,11 +101,15 @@ def closing_block(runs: Sequence[RunOutcome], comparison: Path | None, compariso
         elif plots:
             out.append(f"{'':<{width}}  plots {', '.join(plots)}; no report.md: `testbed report {d}` writes it")
         else:
-            out.append(f"{'':<{width}}  no report: `testbed report {d}` writes report.md and its plots, "
-                       f"`testbed plot {d}` the plots alone")
+            out.append(
+                f"{'':<{width}}  no report: `testbed report {d}` writes report.md and its plots, "
+                f"`testbed plot {d}` the plots alone"
+            )
     if comparison is not None:
-        out.append(f"comparison: {comparison}" + (f" (ttft_cdf.png beside it)" if (comparison.parent / "ttft_cdf.png").exists()
-                                                  else ""))
+        out.append(
+            f"comparison: {comparison}"
+            + (" (ttft_cdf.png beside it)" if (comparison.parent / "ttft_cdf.png").exists() else "")
+        )
     elif len(runs) > 1:
         out.append(f"comparison: testbed compare {' '.join(str(r.run_dir) for r in runs)} --out DIR")
     out += [f"  {line}" for line in comparison_lines]

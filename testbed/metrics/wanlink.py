@@ -8,8 +8,9 @@ beside the counters as a check of both.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +33,9 @@ def _rate_in_force(changes: Sequence[SeriesPoint], t: np.ndarray[Any, Any]) -> n
     return vs[idx]
 
 
-def window_rates(series: Sequence[SeriesPoint], window: float = WINDOW_S) -> tuple[np.ndarray[Any, Any],
-                                                                             np.ndarray[Any, Any]]:
+def window_rates(
+    series: Sequence[SeriesPoint], window: float = WINDOW_S
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """Rates (bit/s) of a cumulative byte counter over consecutive windows of at least `window`
     seconds, each from the samples' own timestamps (a late sample widens its window instead of
     folding two windows' bytes into one). Returns (window end times, rates)."""
@@ -58,8 +60,9 @@ def _counter_at(series: Sequence[SeriesPoint], t: float) -> float:
     return series[max(i, 0)].value
 
 
-def link_usage(samples: Sequence[SeriesPoint], records: Sequence[RequestRecord], scale: Scale,
-               duration_wire: float | None) -> dict[str, Any]:
+def link_usage(
+    samples: Sequence[SeriesPoint], records: Sequence[RequestRecord], scale: Scale, duration_wire: float | None
+) -> dict[str, Any]:
     """Per-link usage. `mean_*` is over the arrival window (first to last request sent): the
     run's steady state, which is what a deployment sizing compares with; `run_mean_*` also
     counts the ramp-up and the drain after the last arrival."""
@@ -84,8 +87,9 @@ def link_usage(samples: Sequence[SeriesPoint], records: Sequence[RequestRecord],
         if len(series) > 1:
             t_end, win_bps = window_rates(series)
             entry["peak_bps_wire"] = float(win_bps.max()) if win_bps.size else None
-            entry["peak_bps_paper"] = (None if entry["peak_bps_wire"] is None
-                                       else scale.paper_rate_bps(entry["peak_bps_wire"]))
+            entry["peak_bps_paper"] = (
+                None if entry["peak_bps_wire"] is None else scale.paper_rate_bps(entry["peak_bps_wire"])
+            )
             if changes and win_bps.size:
                 cfg = _rate_in_force(changes, t_end)
                 util = win_bps / cfg
@@ -127,8 +131,9 @@ def link_usage(samples: Sequence[SeriesPoint], records: Sequence[RequestRecord],
     }
 
 
-def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path, bands: Sequence[FaultWindow] = (),
-             title: str = "") -> Path | None:
+def plot_wan(
+    samples: Sequence[SeriesPoint], scale: Scale, path: Path, bands: Sequence[FaultWindow] = (), title: str = ""
+) -> Path | None:
     """Each WAN link's measured rate (100 ms windows, paper Gbit/s) with the configured rate in
     force drawn under it."""
     from matplotlib.figure import Figure
@@ -147,14 +152,18 @@ def plot_wan(samples: Sequence[SeriesPoint], scale: Scale, path: Path, bands: Se
         t_end, bps = window_rates(series)
         if not t_end.size:
             continue
-        line = ax.plot(t_end * scale.speedup, [scale.paper_rate_bps(b) / 1e9 for b in bps],
-                       drawstyle="steps-pre", linewidth=0.9, label=f"{link} measured")[0]
+        line = ax.plot(
+            t_end * scale.speedup,
+            [scale.paper_rate_bps(b) / 1e9 for b in bps],
+            drawstyle="steps-pre",
+            linewidth=0.9,
+            label=f"{link} measured",
+        )[0]
         changes = next((v for v in rates.values() if v and v[0].labels.get("link") == link), [])
         if changes:
             xs = [c.t * scale.speedup for c in changes] + [t_end[-1] * scale.speedup]
             ys = [scale.paper_rate_bps(c.value) / 1e9 for c in changes]
-            ax.step(xs, ys + ys[-1:], where="post", linestyle="--", color=line.get_color(),
-                    label=f"{link} configured")
+            ax.step(xs, ys + ys[-1:], where="post", linestyle="--", color=line.get_color(), label=f"{link} configured")
     ax.set_xlabel("time since run start (paper seconds)")
     ax.set_ylabel("WAN rate (paper Gbit/s)")
     ax.grid(alpha=0.3)

@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.schema.kinds import unknown_kind
+from testbed.core.schema.scenario import LengthDist, Scenario
 from testbed.model.arrivals import GapLaw, Windows
 from testbed.model.errors import ModelError
-from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.scenario import LengthDist, Scenario
-from testbed.core.engine.servicetime import PrefillTime
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -153,7 +154,7 @@ class LengthDistribution(DiscreteDistribution):
         self._init_cum()
 
     @classmethod
-    def from_spec(cls, spec: LengthDist) -> "LengthDistribution":
+    def from_spec(cls, spec: LengthDist) -> LengthDistribution:
         return _cached_dist(spec.mu, spec.sigma, float(spec.min), float(spec.max))
 
     def _split(self, ts: FloatArray) -> tuple[npt.NDArray[np.intp], FloatArray]:
@@ -204,11 +205,11 @@ class Workload:
     # their own rates and gap SCV (None: one stationary stream).
     arrival_scv: float = 1.0
     windows: Windows | None = None
-    gap_law: GapLaw | None = None          # the gaps' whole law (None: Poisson; SCV alone is read)
-    arrival_times: FloatArray | None = field(default=None, compare=False)   # from the first arrival
+    gap_law: GapLaw | None = None  # the gaps' whole law (None: Poisson; SCV alone is read)
+    arrival_times: FloatArray | None = field(default=None, compare=False)  # from the first arrival
 
     @classmethod
-    def from_scenario(cls, scenario: Scenario) -> "Workload":
+    def from_scenario(cls, scenario: Scenario) -> Workload:
         w = scenario.workload
         return cls(LengthDistribution.from_spec(w.input), float(w.output_tokens), w.rate)
 
@@ -291,7 +292,7 @@ class StagePools:
     @classmethod
     def from_scenario(
         cls, scenario: Scenario, split: tuple[int, int] | None = None, output_tokens: float | None = None
-    ) -> "StagePools":
+    ) -> StagePools:
         """`split` = (N_p, N_d) overrides the PD cluster's roles (needs exactly one PD cluster);
         `output_tokens` the mean output length L_out (default: the scenario workload's)."""
         pds = [c for c in scenario.clusters if c.kind == "pd"]

@@ -41,8 +41,8 @@ LOAD_WINDOW_S = 300.0
 
 # GapLaw's grid: s times the mean gap, log-spaced; outside it 1 - A*(s) follows its limits.
 _U = np.logspace(-4.0, 4.0, 241)
-_SIGMA_STEPS = 60          # bisection steps for sigma (2^-60: far below any figure's precision)
-MIN_GAPS = 8               # fewer gaps than this say nothing of a law: use the stream's whole one
+_SIGMA_STEPS = 60  # bisection steps for sigma (2^-60: far below any figure's precision)
+MIN_GAPS = 8  # fewer gaps than this say nothing of a law: use the stream's whole one
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,10 +53,10 @@ class GapLaw:
 
     mean: float
     scv: float
-    log_b: FloatArray          # log B at _U
+    log_b: FloatArray  # log B at _U
 
     @classmethod
-    def from_gaps(cls, gaps: npt.ArrayLike) -> "GapLaw | None":
+    def from_gaps(cls, gaps: npt.ArrayLike) -> GapLaw | None:
         """None with fewer than MIN_GAPS gaps or no time between them."""
         g = np.asarray(gaps, dtype=np.float64).ravel()
         if g.size < MIN_GAPS or not g.mean() > 0:
@@ -64,8 +64,8 @@ class GapLaw:
         m = float(g.mean())
         x = g / m
         b = np.empty(_U.size)
-        for i in range(0, _U.size, 32):         # -expm1 keeps 1 - A* exact where it is tiny
-            b[i:i + 32] = -np.expm1(-_U[i:i + 32, None] * x[None, :]).mean(axis=1)
+        for i in range(0, _U.size, 32):  # -expm1 keeps 1 - A* exact where it is tiny
+            b[i : i + 32] = -np.expm1(-_U[i : i + 32, None] * x[None, :]).mean(axis=1)
         return cls(m, float(g.var() / (m * m)), np.log(np.maximum(b, 1e-300)))
 
     def one_minus(self, s: npt.ArrayLike, share: npt.ArrayLike = 1.0, mean: float | None = None) -> FloatArray:
@@ -87,7 +87,7 @@ class GapLaw:
         m = self.mean if mean is None else mean
         with np.errstate(divide="ignore", invalid="ignore"):
             stable = (q > 0) & (c * m / np.where(q > 0, q, 1.0) > 1.0)
-        lo, hi = np.zeros(c.shape), np.ones(c.shape)      # y = 1 - sigma: B_q(cmu y) = y
+        lo, hi = np.zeros(c.shape), np.ones(c.shape)  # y = 1 - sigma: B_q(cmu y) = y
         for _ in range(_SIGMA_STEPS):
             y = 0.5 * (lo + hi)
             above = self.one_minus(c * y, q, m) > y
@@ -183,7 +183,7 @@ class Arrivals:
         if k < MIN_WINDOWS:
             return None
         idx = (self.times // window_s).astype(np.int64)
-        counts = np.bincount(idx[idx < k], minlength=k)      # whole windows only
+        counts = np.bincount(idx[idx < k], minlength=k)  # whole windows only
         m = float(counts.mean())
         return float(counts.var(ddof=1) / m) if m > 0 else None
 

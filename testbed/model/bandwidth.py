@@ -7,13 +7,14 @@ busy prefilling requests of mean uncached length L_avg emits B_out = (N/P) * Phi
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from testbed.model.errors import ModelError
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.scenario import ModelProfile
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.schema.scenario import ModelProfile
+from testbed.model.errors import ModelError
 from testbed.model.paper_bandwidth import (
     CLAIMS,
     DATACENTER_ASSUMPTIONS,
@@ -25,7 +26,7 @@ from testbed.model.paper_bandwidth import (
     table3_bps,
 )
 
-PROFILE_HARDWARE = "h200"      # Table 3's hardware; the profiles' curve is named for it
+PROFILE_HARDWARE = "h200"  # Table 3's hardware; the profiles' curve is named for it
 
 
 def rel_diff(ours: float, paper: float) -> float:
@@ -41,7 +42,7 @@ class ModelCurve:
     prefill: PrefillTime
 
     @classmethod
-    def from_profile(cls, name: str, profile: ModelProfile, hardware: str = PROFILE_HARDWARE) -> "ModelCurve":
+    def from_profile(cls, name: str, profile: ModelProfile, hardware: str = PROFILE_HARDWARE) -> ModelCurve:
         if hardware not in profile.hardware:
             raise ModelError(f"model profile {name!r} has no {hardware!r} hardware, only {sorted(profile.hardware)}")
         return cls(name, KVModel.from_spec(profile.model), PrefillTime.from_spec(profile.hardware[hardware].prefill))
@@ -73,7 +74,7 @@ class PhiRow:
     prefill_s: float
     phi_bps: float
     paper_bps: float | None
-    cluster_bps: float          # egress of the report's N GPUs at this length
+    cluster_bps: float  # egress of the report's N GPUs at this length
 
     @property
     def diff(self) -> float | None:
@@ -87,7 +88,7 @@ class KVRow:
     full_layers: int
     state_layers: int
     bytes_per_token: float
-    state_bytes: int            # request-level state once the prompt fills every window
+    state_bytes: int  # request-level state once the prompt fills every window
     paper_bytes_per_token: int | None
 
     @property
@@ -114,14 +115,22 @@ class ClaimRow:
 def phi_rows(curves: Sequence[ModelCurve], lengths: Sequence[int], gpus: float) -> list[PhiRow]:
     return [
         PhiRow(c.name, n, c.kv_bytes(n), c.prefill_s(n), c.phi_bps(n), table3_bps(c.name, n), egress_bps(c, n, gpus))
-        for c in curves for n in lengths
+        for c in curves
+        for n in lengths
     ]
 
 
 def kv_rows(curves: Sequence[ModelCurve]) -> list[KVRow]:
     return [
-        KVRow(c.name, c.kv.layers, c.kv.kinds.count("full"), c.kv.kinds.count("linear"),
-              c.kv.full_bytes_per_token, c.kv.max_state_bytes, KV_BYTES_PER_TOKEN.get(c.name))
+        KVRow(
+            c.name,
+            c.kv.layers,
+            c.kv.kinds.count("full"),
+            c.kv.kinds.count("linear"),
+            c.kv.full_bytes_per_token,
+            c.kv.max_state_bytes,
+            KV_BYTES_PER_TOKEN.get(c.name),
+        )
         for c in curves
     ]
 
@@ -152,12 +161,14 @@ class FixedRow:
     model: str
     fixed_s: float
     overhead_s: float
-    length_s: dict[int, float]      # tokens -> T(tokens) - fixed_s
+    length_s: dict[int, float]  # tokens -> T(tokens) - fixed_s
 
 
 def fixed_rows(curves: Sequence[ModelCurve], lengths: Sequence[int]) -> list[FixedRow]:
-    return [FixedRow(c.name, c.fixed_s(), c.prefill.overhead_s, {n: c.prefill_s(n) - c.fixed_s() for n in lengths})
-            for c in curves]
+    return [
+        FixedRow(c.name, c.fixed_s(), c.prefill.overhead_s, {n: c.prefill_s(n) - c.fixed_s() for n in lengths})
+        for c in curves
+    ]
 
 
 @dataclass(frozen=True)
@@ -199,5 +210,11 @@ def report(curves: Sequence[ModelCurve], lengths: Sequence[int] = TABLE3_TOKENS,
     if any(n <= 0 for n in lengths):
         raise ModelError("lengths must be > 0 tokens")
     by_name = {c.name: c for c in curves}
-    return BandwidthReport(gpus, phi_rows(curves, lengths, gpus), kv_rows(curves), claim_rows(by_name),
-                           datacenter_candidates(), fixed_rows(curves, lengths))
+    return BandwidthReport(
+        gpus,
+        phi_rows(curves, lengths, gpus),
+        kv_rows(curves),
+        claim_rows(by_name),
+        datacenter_candidates(),
+        fixed_rows(curves, lengths),
+    )

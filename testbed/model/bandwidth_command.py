@@ -11,15 +11,17 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from testbed.model.errors import ModelError
-from testbed.model.bandwidth import BandwidthReport, ModelCurve, report
-from testbed.model.paper_bandwidth import DATACENTER_ASSUMPTIONS, MODEL_NAMES, TABLE3_GBPS, TABLE3_TOKENS
 from testbed.config.scenarios import PROFILE_SOURCES, load_model_profile, model_profiles, profile_sources
+from testbed.model.bandwidth import BandwidthReport, ModelCurve, report
+from testbed.model.errors import ModelError
+from testbed.model.paper_bandwidth import DATACENTER_ASSUMPTIONS, MODEL_NAMES, TABLE3_GBPS, TABLE3_TOKENS
 
 # Column tags of the profile sources (config.PROFILE_SOURCES), short enough for a table header.
 SOURCE_TAGS = {"paper": "paper", "aiconfigurator": "aic"}
-SOURCE_NOTE = ("paper = back-solved from Table 3 (scenarios/models); aic = aiconfigurator's measured kernels "
-               "(scenarios/models/aiconfigurator, `testbed profile`)")
+SOURCE_NOTE = (
+    "paper = back-solved from Table 3 (scenarios/models); aic = aiconfigurator's measured kernels "
+    "(scenarios/models/aiconfigurator, `testbed profile`)"
+)
 
 DEFAULT_GPUS = 512
 MIB = 1024 * 1024
@@ -61,7 +63,7 @@ def load_sourced(names: list[str], sources: list[str]) -> dict[str, list[ModelCu
             continue
         have = profile_sources(name)
         if not have:
-            load_model_profile(name)        # raises, naming the shipped profiles
+            load_model_profile(name)  # raises, naming the shipped profiles
         for src in sources:
             if src in have:
                 out[src].append(ModelCurve.from_profile(name, load_model_profile(name, src)))
@@ -112,9 +114,12 @@ def _phi_table(reps: dict[str, BandwidthReport]) -> Table:
     cols += ["Phi Gbps"] if one else [f"Phi Gbps\n{tag(s)}" for s in srcs]
     cols += ["paper", "diff"] if one else ["Table 3\nGbps"]
     cols += ["B_out Gbps"] if one else [f"B_out Gbps\n{tag(s)}" for s in srcs]
-    tab = _table(f"Phi_kv = S_kv / T_prefill of one 8xH200 instance (paper Table 3); "
-                 f"B_out of {first.gpus:g} GPUs ({first.instances:g} instances) all prefilling"
-                 + ("" if one else f"\n{SOURCE_NOTE}"), tuple(cols))
+    tab = _table(
+        f"Phi_kv = S_kv / T_prefill of one 8xH200 instance (paper Table 3); "
+        f"B_out of {first.gpus:g} GPUs ({first.instances:g} instances) all prefilling"
+        + ("" if one else f"\n{SOURCE_NOTE}"),
+        tuple(cols),
+    )
     by = {s: {(r.model, r.tokens): r for r in rep.phi} for s, rep in reps.items()}
     keys = list(dict.fromkeys((r.model, r.tokens) for rep in reps.values() for r in rep.phi))
     for i, k in enumerate(keys):
@@ -138,14 +143,20 @@ def _fixed_table(reps: dict[str, BandwidthReport], lengths: list[int]) -> Table:
     base = srcs[0]
     cols = ["model", *(f"fixed s\n{tag(s)}" for s in srcs), *(f"overhead_s\n{tag(s)}" for s in srcs)]
     cols += [f"{_tok(n)}\n{tag(s)}/{tag(base)}" for n in lengths for s in srcs[1:]]
-    tab = _table("Fixed time per prefill (T at 0 tokens: overhead_s + the curve's intercept), and the rest "
-                 "T(l) - fixed of each source over the first's", tuple(cols))
+    tab = _table(
+        "Fixed time per prefill (T at 0 tokens: overhead_s + the curve's intercept), and the rest "
+        "T(l) - fixed of each source over the first's",
+        tuple(cols),
+    )
     by = {s: {r.model: r for r in rep.fixed} for s, rep in reps.items()}
     for model in dict.fromkeys(r.model for rep in reps.values() for r in rep.fixed):
         rows = [by[s].get(model) for s in srcs]
         b = rows[0]
-        cells = [_label(model), *("-" if r is None else f"{r.fixed_s:.3f}" for r in rows),
-                 *("-" if r is None else f"{r.overhead_s:.3f}" for r in rows)]
+        cells = [
+            _label(model),
+            *("-" if r is None else f"{r.fixed_s:.3f}" for r in rows),
+            *("-" if r is None else f"{r.overhead_s:.3f}" for r in rows),
+        ]
         for n in lengths:
             for r in rows[1:]:
                 ok = r is not None and b is not None and b.length_s[n] > 0
@@ -155,20 +166,36 @@ def _fixed_table(reps: dict[str, BandwidthReport], lengths: list[int]) -> Table:
 
 
 def _kv_table(rep: BandwidthReport) -> Table:
-    tab = _table("KV derived from each architecture (scenarios/models/*.yaml); layers = full + state-holding",
-                 ("model", "layers", "bytes/token", "state MiB", "paper", "diff"))
+    tab = _table(
+        "KV derived from each architecture (scenarios/models/*.yaml); layers = full + state-holding",
+        ("model", "layers", "bytes/token", "state MiB", "paper", "diff"),
+    )
     for r in rep.kv:
         paper = "-" if r.paper_bytes_per_token is None else f"{r.paper_bytes_per_token:,}"
-        tab.add_row(_label(r.model), f"{r.full_layers} + {r.state_layers}", f"{r.bytes_per_token:,.0f}",
-                    _mib(r.state_bytes), paper, _pct(r.diff))
+        tab.add_row(
+            _label(r.model),
+            f"{r.full_layers} + {r.state_layers}",
+            f"{r.bytes_per_token:,.0f}",
+            _mib(r.state_bytes),
+            paper,
+            _pct(r.diff),
+        )
     return tab
 
 
 def _claims_table(reps: dict[str, BandwidthReport]) -> Table:
     srcs = list(reps)
     first = reps[srcs[0]]
-    cols = ["claim", "model", "L_avg", "GPUs", "paper Gbps", "ours" if len(srcs) == 1 else f"ours\n{tag(srcs[0])}",
-            "diff", "holds"]
+    cols = [
+        "claim",
+        "model",
+        "L_avg",
+        "GPUs",
+        "paper Gbps",
+        "ours" if len(srcs) == 1 else f"ours\n{tag(srcs[0])}",
+        "diff",
+        "holds",
+    ]
     for s in srcs[1:]:
         cols += [f"ours\n{tag(s)}", "diff"]
     tab = _table("Section 2.3 claims at the paper's cluster sizes: B_out = (N/8) * Phi_kv(L_avg)", tuple(cols))
@@ -176,8 +203,16 @@ def _claims_table(reps: dict[str, BandwidthReport]) -> Table:
     for r in first.claims:
         c = r.claim
         paper = ("<" if c.bound == "below" else "~") + f"{c.paper_bps / 1e9:,.4g}"
-        cells = [c.label, _label(c.model), _tok(c.tokens), f"{c.gpus:,}", paper, _gbps(r.ours_bps), _pct(r.diff),
-                 "yes" if r.holds() else "NO"]
+        cells = [
+            c.label,
+            _label(c.model),
+            _tok(c.tokens),
+            f"{c.gpus:,}",
+            paper,
+            _gbps(r.ours_bps),
+            _pct(r.diff),
+            "yes" if r.holds() else "NO",
+        ]
         for o in others:
             x = o.get(c.key)
             cells += ["-", "-"] if x is None else [_gbps(x.ours_bps), _pct(x.diff)]
@@ -187,14 +222,20 @@ def _claims_table(reps: dict[str, BandwidthReport]) -> Table:
 
 def _notes(rep: BandwidthReport) -> str:
     fits = ", ".join(f"{_label(m)} at {_tok(n)} ({_gbps(b)} Gbps)" for m, n, b in rep.datacenter_candidates) or "none"
-    items = [*DATACENTER_ASSUMPTIONS, f"of all Table 3 entries only {fits} lands within 10% of 1.8 Tbps "
-             "on 10,000 all-prefill GPUs"]
+    items = [
+        *DATACENTER_ASSUMPTIONS,
+        f"of all Table 3 entries only {fits} lands within 10% of 1.8 Tbps on 10,000 all-prefill GPUs",
+    ]
     lines = ["The 10,000-GPU figure assumes:"]
     lines += [textwrap.fill(a, 78, initial_indent="  - ", subsequent_indent="    ") for a in items]
-    lines.append(textwrap.fill(
-        "Phi_kv ours = S_kv(l) / T(l): S_kv derived from the architecture, T fitted to Table 3 at "
-        "1K/8K/32K/128K and interpolated linearly between them (extrapolated outside). "
-        "'holds': within 10% of '~X', or below 'under X'.", 78))
+    lines.append(
+        textwrap.fill(
+            "Phi_kv ours = S_kv(l) / T(l): S_kv derived from the architecture, T fitted to Table 3 at "
+            "1K/8K/32K/128K and interpolated linearly between them (extrapolated outside). "
+            "'holds': within 10% of '~X', or below 'under X'.",
+            78,
+        )
+    )
     return "\n".join(lines)
 
 
@@ -204,13 +245,16 @@ def run_bandwidth(args: argparse.Namespace) -> int:
     sources = list(dict.fromkeys(args.source or PROFILE_SOURCES))
     curves = load_sourced(args.model or default_models(), sources)
     if not curves:
-        raise ModelError(f"no profile of {', '.join(args.model or default_models())} from "
-                         f"{', '.join(sources)}")
+        raise ModelError(f"no profile of {', '.join(args.model or default_models())} from {', '.join(sources)}")
     reps = {s: report(c, lengths, gpus) for s, c in curves.items()}
     if args.json:
         first = next(iter(reps.values()))
-        print(json.dumps({**first.to_dict(), "source": next(iter(reps)),
-                          "sources": {s: r.to_dict() for s, r in reps.items()}}, indent=2))
+        print(
+            json.dumps(
+                {**first.to_dict(), "source": next(iter(reps)), "sources": {s: r.to_dict() for s, r in reps.items()}},
+                indent=2,
+            )
+        )
         return 0
     con = Console()
     if not con.is_terminal:

@@ -24,17 +24,17 @@ offloaded requests wait for their KV's one-way delay and the last layer's transf
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Literal, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
-from testbed.model.errors import ModelError
 from testbed.config.scenarios import ScenarioError, load_model_profile, load_scenario, model_profiles, profile_sources
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.scenario import Scenario, TablePrefill
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.schema.scenario import Scenario, TablePrefill
 from testbed.model.analytical import (
     LengthDistribution,
     ModelResult,
@@ -44,6 +44,7 @@ from testbed.model.analytical import (
     prefill_seconds,
     weighted_quantile,
 )
+from testbed.model.errors import ModelError
 from testbed.model.optimise import optimise, optimise_threshold
 from testbed.model.paper_bandwidth import MODEL_NAMES, TABLE3_GBPS
 
@@ -53,8 +54,8 @@ Kind = Literal["hybrid", "dense"]
 
 PRFAAS_BASE = "paper-prfaas"
 HOMOGENEOUS_BASE = "paper-homogeneous"
-PROFILE_HARDWARE = "h200"     # the hardware a profile's curve is for (Table 3)
-PD_HARDWARE = "h20"           # the local PD cluster's (Table 6)
+PROFILE_HARDWARE = "h200"  # the hardware a profile's curve is for (Table 3)
+PD_HARDWARE = "h20"  # the local PD cluster's (Table 6)
 DEFAULT_RATES_GBPS: tuple[float, ...] = (1, 3, 10, 25, 50, 100, 200, 400)
 DEFAULT_RTTS_MS: tuple[float, ...] = (30, 150)
 # Break-even search range and resolution (bit/s; relative).
@@ -79,12 +80,15 @@ def kind_of(kv: KVModel) -> Kind:
     return "hybrid" if "linear" in kv.kinds else "dense"
 
 
-def scaled_pd_prefill(model_h200: PrefillTime, parent_h200: PrefillTime, parent_pd: PrefillTime,
-                      lengths: Sequence[float]) -> TablePrefill:
+def scaled_pd_prefill(
+    model_h200: PrefillTime, parent_h200: PrefillTime, parent_pd: PrefillTime, lengths: Sequence[float]
+) -> TablePrefill:
     """The model's PD-hardware curve: its H200 time at each length times the parent's PD/H200
     time ratio there, interpolated linearly between those lengths (as the profiles are)."""
-    pts = [(float(x), model_h200.uncached_time(x) * parent_pd.uncached_time(x) / parent_h200.uncached_time(x))
-           for x in lengths]
+    pts = [
+        (float(x), model_h200.uncached_time(x) * parent_pd.uncached_time(x) / parent_h200.uncached_time(x))
+        for x in lengths
+    ]
     return TablePrefill(kind="table", points=pts)
 
 
@@ -93,8 +97,9 @@ def _curve_lengths(pt: PrefillTime) -> list[float]:
     return list(pt.xs) if pt.xs else [1024.0, 8192.0, 32768.0, 131072.0]
 
 
-def model_overrides(model: str, pd_curve: PdCurve = "scaled", base: str = PRFAAS_BASE,
-                    source: str = "paper") -> dict[str, Any]:
+def model_overrides(
+    model: str, pd_curve: PdCurve = "scaled", base: str = PRFAAS_BASE, source: str = "paper"
+) -> dict[str, Any]:
     """Scenario overrides that swap profile `model` (name or path; a name from `source`) into the
     paper deployments."""
     prof = load_model_profile(model, source)
@@ -104,8 +109,12 @@ def model_overrides(model: str, pd_curve: PdCurve = "scaled", base: str = PRFAAS
     if pd_curve == "scaled":
         parent = load_scenario(base)
         m200 = PrefillTime.from_spec(prof.hardware[PROFILE_HARDWARE].prefill)
-        curve = scaled_pd_prefill(m200, PrefillTime.from_spec(parent.hardware[PROFILE_HARDWARE].prefill),
-                                  PrefillTime.from_spec(parent.hardware[PD_HARDWARE].prefill), _curve_lengths(m200))
+        curve = scaled_pd_prefill(
+            m200,
+            PrefillTime.from_spec(parent.hardware[PROFILE_HARDWARE].prefill),
+            PrefillTime.from_spec(parent.hardware[PD_HARDWARE].prefill),
+            _curve_lengths(m200),
+        )
         hw[PD_HARDWARE] = {"prefill": curve.model_dump(mode="json")}
     return {"model": prof.model.model_dump(mode="json"), "hardware": hw}
 
@@ -114,19 +123,24 @@ def model_overrides(model: str, pd_curve: PdCurve = "scaled", base: str = PRFAAS
 class Deployments:
     """One model in both paper deployments."""
 
-    model: str               # profile name (or a path's stem)
+    model: str  # profile name (or a path's stem)
     kind: Kind
     prfaas: Scenario
     homogeneous: Scenario
-    overrides: dict[str, Any]   # what was swapped into the base scenarios
+    overrides: dict[str, Any]  # what was swapped into the base scenarios
 
 
 def model_key(model: str) -> str:
     return model if model in model_profiles() else Path(model).stem
 
 
-def load_deployments(model: str, pd_curve: PdCurve = "scaled", prfaas_base: str = PRFAAS_BASE,
-                     homogeneous_base: str = HOMOGENEOUS_BASE, source: str = "paper") -> Deployments:
+def load_deployments(
+    model: str,
+    pd_curve: PdCurve = "scaled",
+    prfaas_base: str = PRFAAS_BASE,
+    homogeneous_base: str = HOMOGENEOUS_BASE,
+    source: str = "paper",
+) -> Deployments:
     key = model_key(model)
     ov = model_overrides(model, pd_curve, prfaas_base, source)
     pf = load_scenario(prfaas_base, {**ov, "name": f"prfaas-{key}"})
@@ -165,8 +179,11 @@ def best_homogeneous(sc: Scenario, split: SplitMode = "optimise") -> Homogeneous
     for s in splits:
         r = evaluate(sc, split=s)
         gap = abs((r.theta_pdp or 0.0) - r.theta_pdd) / r.theta_pdd
-        if best is None or r.lambda_max > best[0] * (1 + 1e-9) or (
-                r.lambda_max >= best[0] * (1 - 1e-9) and gap < best[1]):
+        if (
+            best is None
+            or r.lambda_max > best[0] * (1 + 1e-9)
+            or (r.lambda_max >= best[0] * (1 - 1e-9) and gap < best[1])
+        ):
             best = (r.lambda_max, gap, r)
     assert best is not None
     r = best[2]
@@ -198,8 +215,7 @@ def wan_ttft_p90(sc: Scenario, res: ModelResult, one_way_s: float) -> float:
         raise ScenarioError(f"scenario {sc.name!r}: the map needs one PrfaaS and one PD prefill pool")
     v = dist.values
     kv = KVModel.from_spec(sc.model)
-    remote = (prefill_seconds(dep.prfaas[0].prefill, v) + one_way_s
-              + last_layer_bytes(kv, v) * 8.0 / res.link_bps)
+    remote = prefill_seconds(dep.prfaas[0].prefill, v) + one_way_s + last_layer_bytes(kv, v) * 8.0 / res.link_bps
     local = prefill_seconds(dep.pd_prefill[0].prefill, v)
     return weighted_quantile(np.where(v > res.threshold, remote, local), dist.mass, 0.9)
 
@@ -220,15 +236,15 @@ class MapPoint:
     lambda_max: float
     bottleneck: str
     prfaas_bound: str | None
-    egress_gbps: float            # PrfaaS egress at Lambda_max
-    link_utilisation: float       # of the link's rate
-    ttft_p90_s: float             # queue-free, with the WAN's one-way delay and KV tail
-    ttft_p90_prefill_s: float     # queue-free prefill only (Table 6's reading)
+    egress_gbps: float  # PrfaaS egress at Lambda_max
+    link_utilisation: float  # of the link's rate
+    ttft_p90_s: float  # queue-free, with the WAN's one-way delay and KV tail
+    ttft_p90_prefill_s: float  # queue-free prefill only (Table 6's reading)
     homogeneous_lambda_max: float
     homogeneous_n_p: int
     homogeneous_n_d: int
     homogeneous_ttft_p90_s: float
-    gain: float                   # Lambda_max(PrfaaS-PD) / Lambda_max(homogeneous PD)
+    gain: float  # Lambda_max(PrfaaS-PD) / Lambda_max(homogeneous PD)
 
     @property
     def key(self) -> str:
@@ -260,8 +276,14 @@ class BreakEven:
         return asdict(self)
 
 
-def smallest_rate(f: Callable[[float], float], target: float, lo: float, hi: float,
-                  rtol: float = BREAK_EVEN_RTOL, known: Mapping[float, float] | None = None) -> BreakEven:
+def smallest_rate(
+    f: Callable[[float], float],
+    target: float,
+    lo: float,
+    hi: float,
+    rtol: float = BREAK_EVEN_RTOL,
+    known: Mapping[float, float] | None = None,
+) -> BreakEven:
     """Smallest x in [lo, hi] with f(x) >= target, for f non-decreasing, by bisection in log x;
     the answer is an x known to reach the target, at most `rtol` above the true one. `known`
     values of f (x -> f(x), e.g. the map's grid) narrow the bracket before any new evaluation."""
@@ -292,17 +314,27 @@ def smallest_rate(f: Callable[[float], float], target: float, lo: float, hi: flo
     return BreakEven(b, "exact", lo, hi, f_hi)
 
 
-def gain_curve(dep: Deployments, homogeneous: HomogeneousPoint, split: SplitMode = "optimise") -> Callable[[float], float]:
+def gain_curve(
+    dep: Deployments, homogeneous: HomogeneousPoint, split: SplitMode = "optimise"
+) -> Callable[[float], float]:
     """Gain as a function of the link rate (bit/s); non-decreasing, as more bandwidth only
     loosens the link bound at every t."""
+
     def gain(rate_bps: float) -> float:
         return best_prfaas(dep.prfaas, rate_bps, split).lambda_max / homogeneous.lambda_max
+
     return gain
 
 
-def break_even(dep: Deployments, homogeneous: HomogeneousPoint, split: SplitMode = "optimise",
-               lo: float = BREAK_EVEN_LO, hi: float = BREAK_EVEN_HI, rtol: float = BREAK_EVEN_RTOL,
-               known: Mapping[float, float] | None = None) -> BreakEven:
+def break_even(
+    dep: Deployments,
+    homogeneous: HomogeneousPoint,
+    split: SplitMode = "optimise",
+    lo: float = BREAK_EVEN_LO,
+    hi: float = BREAK_EVEN_HI,
+    rtol: float = BREAK_EVEN_RTOL,
+    known: Mapping[float, float] | None = None,
+) -> BreakEven:
     """The smallest link rate (bit/s) at which PrfaaS-PD's Lambda_max reaches homogeneous PD's;
     `known` gains (bit/s -> gain) bracket the search."""
     return smallest_rate(gain_curve(dep, homogeneous, split), 1.0, lo, hi, rtol, known)
@@ -313,11 +345,15 @@ class ModelSummary:
     model: str
     kind: Kind
     homogeneous: HomogeneousPoint
-    break_even: BreakEven | None      # None: not searched
+    break_even: BreakEven | None  # None: not searched
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "kind": self.kind, "homogeneous": asdict(self.homogeneous),
-                "break_even": None if self.break_even is None else self.break_even.to_dict()}
+        return {
+            "model": self.model,
+            "kind": self.kind,
+            "homogeneous": asdict(self.homogeneous),
+            "break_even": None if self.break_even is None else self.break_even.to_dict(),
+        }
 
 
 @dataclass(frozen=True)
@@ -336,23 +372,43 @@ class ModelMap:
         raise KeyError(point_key(model, rate_gbps, rtt_ms))
 
 
-def map_point(dep: Deployments, homogeneous: HomogeneousPoint, res: ModelResult, rate_gbps: float,
-              rtt_ms: float) -> MapPoint:
+def map_point(
+    dep: Deployments, homogeneous: HomogeneousPoint, res: ModelResult, rate_gbps: float, rtt_ms: float
+) -> MapPoint:
     assert res.threshold is not None
     return MapPoint(
-        model=dep.model, kind=dep.kind, rate_gbps=rate_gbps, rtt_ms=rtt_ms, threshold=res.threshold,
-        n_prfaas=res.n_prfaas, n_p=res.n_p, n_d=res.n_d, offload_share=res.p, lambda_max=res.lambda_max,
-        bottleneck=res.bottleneck, prfaas_bound=res.prfaas_bound, egress_gbps=res.egress_bps / 1e9,
+        model=dep.model,
+        kind=dep.kind,
+        rate_gbps=rate_gbps,
+        rtt_ms=rtt_ms,
+        threshold=res.threshold,
+        n_prfaas=res.n_prfaas,
+        n_p=res.n_p,
+        n_d=res.n_d,
+        offload_share=res.p,
+        lambda_max=res.lambda_max,
+        bottleneck=res.bottleneck,
+        prfaas_bound=res.prfaas_bound,
+        egress_gbps=res.egress_bps / 1e9,
         link_utilisation=res.egress_fraction,
-        ttft_p90_s=wan_ttft_p90(dep.prfaas, res, rtt_ms / 2e3), ttft_p90_prefill_s=res.ttft_p90_s,
-        homogeneous_lambda_max=homogeneous.lambda_max, homogeneous_n_p=homogeneous.n_p,
-        homogeneous_n_d=homogeneous.n_d, homogeneous_ttft_p90_s=homogeneous.ttft_p90_s,
-        gain=res.lambda_max / homogeneous.lambda_max)
+        ttft_p90_s=wan_ttft_p90(dep.prfaas, res, rtt_ms / 2e3),
+        ttft_p90_prefill_s=res.ttft_p90_s,
+        homogeneous_lambda_max=homogeneous.lambda_max,
+        homogeneous_n_p=homogeneous.n_p,
+        homogeneous_n_d=homogeneous.n_d,
+        homogeneous_ttft_p90_s=homogeneous.ttft_p90_s,
+        gain=res.lambda_max / homogeneous.lambda_max,
+    )
 
 
-def compute_map(deployments: Sequence[Deployments], rates_gbps: Sequence[float] = DEFAULT_RATES_GBPS,
-                rtts_ms: Sequence[float] = DEFAULT_RTTS_MS, split: SplitMode = "optimise",
-                pd_curve: PdCurve = "scaled", with_break_even: bool = True) -> ModelMap:
+def compute_map(
+    deployments: Sequence[Deployments],
+    rates_gbps: Sequence[float] = DEFAULT_RATES_GBPS,
+    rtts_ms: Sequence[float] = DEFAULT_RTTS_MS,
+    split: SplitMode = "optimise",
+    pd_curve: PdCurve = "scaled",
+    with_break_even: bool = True,
+) -> ModelMap:
     if not deployments or not rates_gbps or not rtts_ms:
         raise ModelError("the map needs at least one model, one link rate and one RTT")
     if any(r <= 0 for r in rates_gbps) or any(r < 0 for r in rtts_ms):
@@ -363,7 +419,7 @@ def compute_map(deployments: Sequence[Deployments], rates_gbps: Sequence[float] 
         hom = best_homogeneous(dep.homogeneous, split)
         gains: dict[float, float] = {}
         for rate in rates_gbps:
-            res = best_prfaas(dep.prfaas, rate * 1e9, split)     # the RTT does not enter the fluid model
+            res = best_prfaas(dep.prfaas, rate * 1e9, split)  # the RTT does not enter the fluid model
             points += [map_point(dep, hom, res, rate, rtt) for rtt in rtts_ms]
             gains[rate * 1e9] = res.lambda_max / hom.lambda_max
         be = break_even(dep, hom, split, known=gains) if with_break_even else None
@@ -395,8 +451,9 @@ class SourceMaps:
         return list(dict.fromkeys(m.model for mm in self.maps.values() for m in mm.models))
 
 
-def compare_sources(primary: str, mm: ModelMap, models: Sequence[str], sources: Sequence[str],
-                    with_break_even: bool = True) -> SourceMaps:
+def compare_sources(
+    primary: str, mm: ModelMap, models: Sequence[str], sources: Sequence[str], with_break_even: bool = True
+) -> SourceMaps:
     """`mm` (computed from `primary`'s profiles) beside the map of every other source in
     `sources` over the same grid, for the models of `models` that source ships."""
     maps = {primary: mm}

@@ -11,16 +11,16 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.config.cli_args import StoreOnce
+from testbed.config.scenarios import PROFILE_SOURCES, load_scenario
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import ModelResult, Workload, evaluate
 from testbed.model.bandwidth_command import DEFAULT_GPUS, run_bandwidth
 from testbed.model.optimise import OptimiseResult, optimise, optimise_threshold, resolve_threshold
-from testbed.config.scenarios import PROFILE_SOURCES, load_scenario
 from testbed.model.workload import TraceWorkload
-from testbed.traces.trace_command import WINDOW_HELP, window_arg
 from testbed.traces.formats import SUPPORTED_FORMATS
 from testbed.traces.loader import load_trace
+from testbed.traces.trace_command import WINDOW_HELP, window_arg
 from testbed.traces.types import Trace
 
 __all__ = ["register", "run", "resolve_threshold"]
@@ -38,29 +38,50 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--link-gbps", type=float, default=100.0, help="PrfaaS egress link B_out in Gbit/s (default 100)")
     p.add_argument("--optimise", action="store_true", help="also run the 2-D grid search over t and the N_p/N_d split")
     t = p.add_argument_group("trace workload (--trace)")
-    t.add_argument("--trace", action=StoreOnce, metavar="FILE",
-                   help="use a trace's workload instead of the scenario's synthetic one: its empirical incremental "
-                        "(uncached) input lengths after prefix-cache hits, mean output length and rate")
+    t.add_argument(
+        "--trace",
+        action=StoreOnce,
+        metavar="FILE",
+        help="use a trace's workload instead of the scenario's synthetic one: its empirical incremental "
+        "(uncached) input lengths after prefix-cache hits, mean output length and rate",
+    )
     t.add_argument("--window", type=window_arg, metavar="START:END", help=f"only this part of the trace: {WINDOW_HELP}")
     t.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format")
     b = p.add_argument_group("bandwidth (--bandwidth)")
-    b.add_argument("--bandwidth", action="store_true",
-                   help="Phi_kv of the model profiles (scenarios/models) and the section 2.3 claims")
-    b.add_argument("--gpus", type=float,
-                   help=f"PrfaaS cluster size in H200 GPUs, 8 per instance (default {DEFAULT_GPUS})")
-    b.add_argument("--length", action="append", metavar="TOKENS",
-                   help="input length, e.g. 32K or 30000 (repeatable; default Table 3's 1K 8K 32K 128K)")
-    b.add_argument("--model", action="append", metavar="NAME",
-                   help="model profile name or path (repeatable; default all of scenarios/models)")
-    b.add_argument("--source", action="append", choices=list(PROFILE_SOURCES),
-                   help="profile source, side by side in this order (repeatable; default all: the paper-derived "
-                        "profiles and the measured-kernel ones of scenarios/models/aiconfigurator)")
+    b.add_argument(
+        "--bandwidth",
+        action="store_true",
+        help="Phi_kv of the model profiles (scenarios/models) and the section 2.3 claims",
+    )
+    b.add_argument(
+        "--gpus", type=float, help=f"PrfaaS cluster size in H200 GPUs, 8 per instance (default {DEFAULT_GPUS})"
+    )
+    b.add_argument(
+        "--length",
+        action="append",
+        metavar="TOKENS",
+        help="input length, e.g. 32K or 30000 (repeatable; default Table 3's 1K 8K 32K 128K)",
+    )
+    b.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME",
+        help="model profile name or path (repeatable; default all of scenarios/models)",
+    )
+    b.add_argument(
+        "--source",
+        action="append",
+        choices=list(PROFILE_SOURCES),
+        help="profile source, side by side in this order (repeatable; default all: the paper-derived "
+        "profiles and the measured-kernel ones of scenarios/models/aiconfigurator)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
 
-def _analyse(sc: Scenario, link_bps: float, want_opt: bool,
-             workload: Workload | None = None) -> tuple[ModelResult, OptimiseResult | None]:
+def _analyse(
+    sc: Scenario, link_bps: float, want_opt: bool, workload: Workload | None = None
+) -> tuple[ModelResult, OptimiseResult | None]:
     # "auto" is resolved exactly as the router resolves it (on the scenario's own workload).
     threshold = resolve_threshold(sc, link_bps) if sc.policy.name == "prfaas" else None
     res = evaluate(sc, link_bps, threshold=threshold, workload=workload)
@@ -92,10 +113,12 @@ class _TraceWorkloads:
 
 def _workload_line(tw: TraceWorkload) -> str:
     s = tw.summary()
-    return (f"workload: {s['source']}: {s['requests']:,} requests at {s['rate_rps']:.3f} req/s; input mean "
-            f"{s['input_tokens']['mean']:,.0f} (P90 {s['input_tokens']['p90']:,.0f}), incremental mean "
-            f"{s['uncached_tokens']['mean']:,.0f} (P90 {s['uncached_tokens']['p90']:,.0f}) after "
-            f"{s['cached_share']:.1%} cached ({s['cache_rule']}); output mean {s['output_tokens']['mean']:,.0f}")
+    return (
+        f"workload: {s['source']}: {s['requests']:,} requests at {s['rate_rps']:.3f} req/s; input mean "
+        f"{s['input_tokens']['mean']:,.0f} (P90 {s['input_tokens']['p90']:,.0f}), incremental mean "
+        f"{s['uncached_tokens']['mean']:,.0f} (P90 {s['uncached_tokens']['p90']:,.0f}) after "
+        f"{s['cached_share']:.1%} cached ({s['cache_rule']}); output mean {s['output_tokens']['mean']:,.0f}"
+    )
 
 
 def _baseline(results: list[ModelResult]) -> ModelResult:
@@ -141,8 +164,9 @@ def _table(rows: list[tuple[ModelResult, OptimiseResult | None]], workload: str 
     return tab
 
 
-def _json(rows: list[tuple[ModelResult, OptimiseResult | None]],
-          workloads: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _json(
+    rows: list[tuple[ModelResult, OptimiseResult | None]], workloads: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     results = [r for r, _ in rows]
     base = _baseline(results)
     out: list[dict[str, Any]] = []
@@ -163,8 +187,16 @@ def run(args: argparse.Namespace) -> int:
             print("model: --bandwidth reads model profiles; give it without --scenario/--optimise", file=sys.stderr)
             return 2
         return run_bandwidth(args)
-    stray = [f for f, v in (("--gpus", args.gpus), ("--length", args.length), ("--model", args.model),
-                            ("--source", args.source)) if v is not None]
+    stray = [
+        f
+        for f, v in (
+            ("--gpus", args.gpus),
+            ("--length", args.length),
+            ("--model", args.model),
+            ("--source", args.source),
+        )
+        if v is not None
+    ]
     if args.trace is None:
         stray += [f for f, v in (("--window", args.window), ("--format", args.format != "auto")) if v]
     if stray:

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from testbed.model.errors import ModelError
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import (
@@ -26,6 +25,7 @@ from testbed.model.analytical import (
     Workload,
     threshold_curves,
 )
+from testbed.model.errors import ModelError
 
 # Relative tolerance for "the same Lambda_max" on a flat top.
 _TIE_RTOL = 1e-9

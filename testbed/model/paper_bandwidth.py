@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-GPUS_PER_INSTANCE = 8      # every instance of Tables 3 and 5 is 8 GPUs
+GPUS_PER_INSTANCE = 8  # every instance of Tables 3 and 5 is 8 GPUs
 
 # Table 1: the models' names as the paper writes them.
 MODEL_NAMES: dict[str, str] = {
@@ -53,30 +53,65 @@ class Claim:
     """One figure of section 2.3: PrfaaS egress B_out = (N/P) * Phi_kv(L_avg) of a cluster."""
 
     key: str
-    label: str                     # a few words for a table row
+    label: str  # a few words for a table row
     text: str
     model: str
-    tokens: int                    # L_avg of the offloaded requests
-    gpus: int                      # N; P = GPUS_PER_INSTANCE
+    tokens: int  # L_avg of the offloaded requests
+    gpus: int  # N; P = GPUS_PER_INSTANCE
     paper_bps: float
-    bound: Literal["about", "below"] = "about"     # "~X" or "under X"
+    bound: Literal["about", "below"] = "about"  # "~X" or "under X"
 
 
 # Section 2.3. The 10,000-GPU figure is stated after the Ring-2.5-1T 128K one without its own
 # model or length; DATACENTER_ASSUMPTIONS gives the reading that reproduces it.
 CLAIMS: tuple[Claim, ...] = (
-    Claim("minimax-512", "PrfaaS cluster", "512xH200 PrfaaS cluster, MiniMax-M2.5 at L_avg 32K: ~3.8 Tbps",
-          "minimax-m2.5", 32768, 512, 3.8e12),
-    Claim("qwen3-512", "PrfaaS cluster", "512xH200 PrfaaS cluster, Qwen3-235B at L_avg 32K: ~2.1 Tbps",
-          "qwen3-235b", 32768, 512, 2.1e12),
-    Claim("ring-512", "PrfaaS cluster", "512xH200 PrfaaS cluster, Ring-2.5-1T at L_avg 32K: ~170 Gbps",
-          "ring-2.5-1t", 32768, 512, 170e9),
-    Claim("ring-512-128k", "128K only", "the same, only 128K requests routed to PrfaaS: under 100 Gbps",
-          "ring-2.5-1t", 131072, 512, 100e9, "below"),
-    Claim("datacenter-10k", "datacenter", "a 10,000-GPU datacenter: ~1.8 Tbps",
-          "ring-2.5-1t", 131072, 10000, 1.8e12),
-    Claim("dense-instance", "one instance", "a dense model at 32K: ~60 Gbps per 8-GPU instance (RDMA-class)",
-          "minimax-m2.5", 32768, GPUS_PER_INSTANCE, 60e9),
+    Claim(
+        "minimax-512",
+        "PrfaaS cluster",
+        "512xH200 PrfaaS cluster, MiniMax-M2.5 at L_avg 32K: ~3.8 Tbps",
+        "minimax-m2.5",
+        32768,
+        512,
+        3.8e12,
+    ),
+    Claim(
+        "qwen3-512",
+        "PrfaaS cluster",
+        "512xH200 PrfaaS cluster, Qwen3-235B at L_avg 32K: ~2.1 Tbps",
+        "qwen3-235b",
+        32768,
+        512,
+        2.1e12,
+    ),
+    Claim(
+        "ring-512",
+        "PrfaaS cluster",
+        "512xH200 PrfaaS cluster, Ring-2.5-1T at L_avg 32K: ~170 Gbps",
+        "ring-2.5-1t",
+        32768,
+        512,
+        170e9,
+    ),
+    Claim(
+        "ring-512-128k",
+        "128K only",
+        "the same, only 128K requests routed to PrfaaS: under 100 Gbps",
+        "ring-2.5-1t",
+        131072,
+        512,
+        100e9,
+        "below",
+    ),
+    Claim("datacenter-10k", "datacenter", "a 10,000-GPU datacenter: ~1.8 Tbps", "ring-2.5-1t", 131072, 10000, 1.8e12),
+    Claim(
+        "dense-instance",
+        "one instance",
+        "a dense model at 32K: ~60 Gbps per 8-GPU instance (RDMA-class)",
+        "minimax-m2.5",
+        32768,
+        GPUS_PER_INSTANCE,
+        60e9,
+    ),
 )
 
 DATACENTER_ASSUMPTIONS: tuple[str, ...] = (

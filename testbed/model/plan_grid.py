@@ -27,8 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.scenario import DecodeSpec
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.schema.scenario import DecodeSpec
 from testbed.model.analytical import (
     DiscreteDistribution,
     FloatArray,
@@ -38,14 +38,14 @@ from testbed.model.analytical import (
     last_layer_bytes,
     prefill_seconds,
 )
-from testbed.model.plan_types import Candidate, Family, PlanError, PlanSettings, kind_pools
 from testbed.model.arrivals import GapLaw, Windows
+from testbed.model.plan_types import Candidate, Family, PlanError, PlanSettings, kind_pools
 from testbed.model.queueing import Branch, Wait, gim_wait, mgc_wait, mixture_quantile, split_scv, windowed_wait
 
-MAX_THRESHOLDS = 20000     # thresholds tried per (counts, split) grid
-_P90_TRIES = 8             # per split: next-best thresholds tried when the best misses the P90 SLO
-_P90_SHORTLIST = 48        # objective ttft-p90: thresholds (best by mean TTFT) whose P90 is computed
-_MAX_ROLE = 64             # ClusterSpec: at most 64 prefill and 64 decode instances per cluster
+MAX_THRESHOLDS = 20000  # thresholds tried per (counts, split) grid
+_P90_TRIES = 8  # per split: next-best thresholds tried when the best misses the P90 SLO
+_P90_SHORTLIST = 48  # objective ttft-p90: thresholds (best by mean TTFT) whose P90 is computed
+_MAX_ROLE = 64  # ClusterSpec: at most 64 prefill and 64 decode instances per cluster
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class _Atoms:
     t_prf: FloatArray | None
     t_pd: FloatArray
     kv: FloatArray
-    tail: FloatArray        # last layer's KV over the link (s)
+    tail: FloatArray  # last layer's KV over the link (s)
 
 
 @dataclass(frozen=True)
@@ -66,15 +66,15 @@ class _Sides:
 
     ts: FloatArray
     p: FloatArray
-    unit_prf: FloatArray      # 1 / T_prfaas(l_long): Theta_prfaas per instance (plain form)
-    link_cap: FloatArray      # B_out / S_kv(l_long)
-    unit_pd: FloatArray       # 1 / T_pd(l_short)
+    unit_prf: FloatArray  # 1 / T_prfaas(l_long): Theta_prfaas per instance (plain form)
+    link_cap: FloatArray  # B_out / S_kv(l_long)
+    unit_pd: FloatArray  # 1 / T_pd(l_short)
     es_prf: FloatArray
     es2_prf: FloatArray
     es_pd: FloatArray
     es2_pd: FloatArray
-    tail_long: FloatArray     # mean KV tail of offloaded requests
-    kv_long: FloatArray       # E[S_kv | offloaded]
+    tail_long: FloatArray  # mean KV tail of offloaded requests
+    kv_long: FloatArray  # E[S_kv | offloaded]
 
 
 def _atoms(fam: Family, dist: DiscreteDistribution, kv: KVModel, link_bps: float) -> _Atoms:
@@ -85,8 +85,7 @@ def _atoms(fam: Family, dist: DiscreteDistribution, kv: KVModel, link_bps: float
     return _Atoms(v, dist.mass, t_prf, t_pd, kv_bytes(kv, v), last_layer_bytes(kv, v) * 8.0 / link_bps)
 
 
-def _sides(dist: DiscreteDistribution, a: _Atoms, kv: KVModel, link_bps: float, fam: Family,
-           ts: FloatArray) -> _Sides:
+def _sides(dist: DiscreteDistribution, a: _Atoms, kv: KVModel, link_bps: float, fam: Family, ts: FloatArray) -> _Sides:
     pb = dist.cdf(ts)
     p = 1.0 - pb
 
@@ -127,19 +126,27 @@ def _sides(dist: DiscreteDistribution, a: _Atoms, kv: KVModel, link_bps: float, 
         return out
 
     return _Sides(
-        ts=ts, p=p, unit_prf=unit_prf, link_cap=link_bps / (8.0 * kv_bytes(kv, l_long_eval)), unit_pd=unit_pd,
-        es_prf=clean(es_prf), es2_prf=clean(es2_prf), es_pd=clean(per(sd_pd, pb)), es2_pd=clean(per(sq_pd, pb)),
-        tail_long=clean(per(tail_up, p)), kv_long=clean(per(kv_up, p)),
+        ts=ts,
+        p=p,
+        unit_prf=unit_prf,
+        link_cap=link_bps / (8.0 * kv_bytes(kv, l_long_eval)),
+        unit_pd=unit_pd,
+        es_prf=clean(es_prf),
+        es2_prf=clean(es2_prf),
+        es_pd=clean(per(sd_pd, pb)),
+        es2_pd=clean(per(sq_pd, pb)),
+        tail_long=clean(per(tail_up, p)),
+        kv_long=clean(per(kv_up, p)),
     )
 
 
 @dataclass(frozen=True)
 class _Decode:
-    per_instance: float    # Theta_pdd per decode instance
-    slots: int             # BS_max under the TPOT SLO
-    step_s: float          # T_decode
-    service_s: float       # E[slot time] = T_decode * E[L_out]
-    service_sq: float      # E[slot time^2]
+    per_instance: float  # Theta_pdd per decode instance
+    slots: int  # BS_max under the TPOT SLO
+    step_s: float  # T_decode
+    service_s: float  # E[slot time] = T_decode * E[L_out]
+    service_sq: float  # E[slot time^2]
     note: str | None
 
 
@@ -159,7 +166,7 @@ def _decode(spec: DecodeSpec, wl: Workload, tpot_slo: float) -> _Decode:
         bs = spec.bs_max
     out = wl.output_tokens
     sq = wl.output_sq_tokens if wl.output_sq_tokens is not None else out * out
-    return _Decode(bs / (spec.base_s * out), bs, spec.base_s, spec.base_s * out, spec.base_s ** 2 * sq, note)
+    return _Decode(bs / (spec.base_s * out), bs, spec.base_s, spec.base_s * out, spec.base_s**2 * sq, note)
 
 
 def _thresholds(dist: DiscreteDistribution, s: PlanSettings) -> FloatArray:
@@ -209,7 +216,7 @@ class Evaluator:
         uses = kind_pools(fam.kind)
         if uses.threshold:
             ts = _thresholds(wl.dist, s)
-        else:       # a threshold above every length (all on PD-P) or below (all to PrfaaS)
+        else:  # a threshold above every length (all on PD-P) or below (all to PrfaaS)
             ts = np.array([-1.0 if uses.prfaas else math.inf])
         self.sides = _sides(wl.dist, self.atoms, kv, s.link_bps, fam, ts)
 
@@ -222,8 +229,9 @@ class Evaluator:
         ok = (n_p <= _MAX_ROLE) & (n_d <= _MAX_ROLE) & (n_d >= 1)
         return n_p[ok].astype(np.int64), n_d[ok].astype(np.int64)
 
-    def grid(self, n_prf: int, n_p: npt.NDArray[np.int64], n_d: npt.NDArray[np.int64],
-             sides: _Sides | None = None) -> dict[str, Any]:
+    def grid(
+        self, n_prf: int, n_p: npt.NDArray[np.int64], n_d: npt.NDArray[np.int64], sides: _Sides | None = None
+    ) -> dict[str, Any]:
         """Arrays over (split j, threshold k)."""
         sd = sides or self.sides
         p, pb = sd.p[None, :], 1.0 - sd.p[None, :]
@@ -238,10 +246,11 @@ class Evaluator:
         lim_prf, lim_pdp = np.broadcast_to(lim_prf, shape), np.broadcast_to(lim_pdp, shape)
         lam = np.minimum(np.minimum(lim_prf, lim_pdp), np.broadcast_to(th_pdd, shape))
         r = self.rate
-        w_prf = self._wait(sd.p, sd.es_prf, sd.es2_prf, np.asarray(n_prf))                                # [K]
+        w_prf = self._wait(sd.p, sd.es_prf, sd.es2_prf, np.asarray(n_prf))  # [K]
         w_pdp = self._wait((1.0 - sd.p)[None, :], sd.es_pd[None, :], sd.es2_pd[None, :], n_p[:, None])  # [J, K]
-        w_dec = self._wait(np.ones(1), np.asarray(self.dec.service_s), np.asarray(self.dec.service_sq),
-                           n_d * self.dec.slots)                                                         # [J]
+        w_dec = self._wait(
+            np.ones(1), np.asarray(self.dec.service_s), np.asarray(self.dec.service_sq), n_d * self.dec.slots
+        )  # [J]
         dec_extra = self.dec_extra(w_dec.mean, n_d)[:, None]
         with np.errstate(invalid="ignore"):
             prf_term = np.where(p > 0, p * (sd.es_prf + w_prf.mean + sd.tail_long + self.s.link_delay_s)[None, :], 0.0)
@@ -251,9 +260,18 @@ class Evaluator:
         feasible = np.isfinite(mean) & (r < lam) & (self.dec.slots > 0)
         return {
             "n_d": n_d,
-            "lam": lam, "th_prf": np.broadcast_to(th_prf, shape), "th_pdp": np.broadcast_to(th_pdp, shape),
-            "th_pdd": th_pdd[:, 0], "lim_prf": lim_prf, "lim_pdp": lim_pdp, "mean": mean, "free": free,
-            "feasible": feasible, "w_prf": w_prf, "w_pdp": w_pdp, "w_dec": w_dec,
+            "lam": lam,
+            "th_prf": np.broadcast_to(th_prf, shape),
+            "th_pdp": np.broadcast_to(th_pdp, shape),
+            "th_pdd": th_pdd[:, 0],
+            "lim_prf": lim_prf,
+            "lim_pdp": lim_pdp,
+            "mean": mean,
+            "free": free,
+            "feasible": feasible,
+            "w_prf": w_prf,
+            "w_pdp": w_pdp,
+            "w_dec": w_dec,
         }
 
     @property
@@ -295,22 +313,28 @@ class Evaluator:
         branches = []
         if up.any() and a.t_prf is not None:
             w = g["w_prf"]
-            branches.append(Branch(a.m[up], a.t_prf[up] + a.tail[up] + self.s.link_delay_s + extra,
-                                   float(w.p_wait[k]), float(w.tail_mean[k])))
+            branches.append(
+                Branch(
+                    a.m[up],
+                    a.t_prf[up] + a.tail[up] + self.s.link_delay_s + extra,
+                    float(w.p_wait[k]),
+                    float(w.tail_mean[k]),
+                )
+            )
         if (~up).any():
             w = g["w_pdp"]
             branches.append(Branch(a.m[~up], a.t_pd[~up] + extra, float(w.p_wait[j, k]), float(w.tail_mean[j, k])))
         return mixture_quantile(branches, self.s.quantile)
 
-    def candidate(self, g: dict[str, Any], n_prf: int, n_p: int, n_d: int, j: int, k: int,
-                  p90: float, threshold: int | None) -> Candidate:
+    def candidate(
+        self, g: dict[str, Any], n_prf: int, n_p: int, n_d: int, j: int, k: int, p90: float, threshold: int | None
+    ) -> Candidate:
         sd = self.sides if g.get("sides") is None else g["sides"]
         kind = self.fam.kind
         uses = kind_pools(kind)
         p = float(sd.p[k])
         lam = float(g["lam"][j, k])
-        limits = {"prfaas": float(g["lim_prf"][j, k]), "pdp": float(g["lim_pdp"][j, k]),
-                  "pdd": float(g["th_pdd"][j])}
+        limits = {"prfaas": float(g["lim_prf"][j, k]), "pdp": float(g["lim_pdp"][j, k]), "pdd": float(g["th_pdd"][j])}
         bottleneck = min(limits, key=lambda x: limits[x])
         if bottleneck == "prfaas":
             bottleneck += " (link)" if float(sd.link_cap[k]) < n_prf * float(sd.unit_prf[k]) else " (compute)"
@@ -328,16 +352,29 @@ class Evaluator:
             notes.append(f"P{self.s.quantile * 100:.0f} TTFT {p90:.2f} s over the SLO {self.s.ttft_slo_s:g} s")
         meets = bool(g["feasible"][j, k]) and p90 <= self.s.ttft_slo_s
         return Candidate(
-            kind=kind, base=self.fam.base.name, n_prfaas=n_prf, n_p=n_p, n_d=n_d, threshold=threshold,
-            p=p, lambda_max=lam,
+            kind=kind,
+            base=self.fam.base.name,
+            n_prfaas=n_prf,
+            n_p=n_p,
+            n_d=n_d,
+            threshold=threshold,
+            p=p,
+            lambda_max=lam,
             theta_prfaas=float(g["th_prf"][j, k]) if uses.prfaas else None,
             theta_pdp=float(g["th_pdp"][j, k]) if uses.pd_prefill else None,
-            theta_pdd=float(g["th_pdd"][j]), bottleneck=bottleneck, rate=r,
-            ttft_free_s=float(g["free"][j, k]), ttft_mean_s=mean, ttft_p90_s=p90,
+            theta_pdd=float(g["th_pdd"][j]),
+            bottleneck=bottleneck,
+            rate=r,
+            ttft_free_s=float(g["free"][j, k]),
+            ttft_mean_s=mean,
+            ttft_p90_s=p90,
             util_prfaas=float(g["w_prf"].utilisation[k]) if uses.prfaas else None,
             util_pdp=float(g["w_pdp"].utilisation[j, k]) if uses.pd_prefill else None,
             util_pdd=float(g["w_dec"].utilisation[j]),
-            egress_bps=egress, egress_share=egress / self.s.link_bps, meets_slo=meets, notes=tuple(notes),
+            egress_bps=egress,
+            egress_share=egress / self.s.link_bps,
+            meets_slo=meets,
+            notes=tuple(notes),
             meets_slo_model=meets,
         )
 
@@ -378,7 +415,11 @@ class Evaluator:
                         if q <= self.s.ttft_slo_s:
                             k, p90 = int(kk), q
                             break
-            t = None if not kind_pools(self.fam.kind).threshold else _round_threshold(self.wl.dist, float(self.sides.ts[k]))
+            t = (
+                None
+                if not kind_pools(self.fam.kind).threshold
+                else _round_threshold(self.wl.dist, float(self.sides.ts[k]))
+            )
             out.append(self.candidate(g, n_prf, int(n_p[j]), int(n_d[j]), j, k, p90, t))
         return out
 
@@ -397,9 +438,17 @@ class Evaluator:
         t = None if not kind_pools(self.fam.kind).threshold else int(round(float(ts[0])))
         return self.candidate(g, n_prf, n_p, n_d, 0, 0, p90, t)
 
-    def score_split(self, n_prf: int, n_p: int, n_d: int, threshold: int | None, up: npt.NDArray[np.bool_],
-                    computed: npt.ArrayLike, cached: npt.ArrayLike, shipped: npt.ArrayLike
-                    ) -> tuple[Candidate, dict[str, Any]]:
+    def score_split(
+        self,
+        n_prf: int,
+        n_p: int,
+        n_d: int,
+        threshold: int | None,
+        up: npt.NDArray[np.bool_],
+        computed: npt.ArrayLike,
+        cached: npt.ArrayLike,
+        shipped: npt.ArrayLike,
+    ) -> tuple[Candidate, dict[str, Any]]:
         """The figures of one configuration from its routing request by request (a
         `workload.CacheReplay`): whether each goes to PrfaaS, the tokens its prefill computes and
         reuses (the cached-token term of the prefill time counts here), and those whose KV
@@ -431,13 +480,17 @@ class Evaluator:
             return np.array([x], dtype=np.float64)
 
         sides = _Sides(
-            ts=one(-1.0 if threshold is None else threshold), p=one(float(up.mean())),
+            ts=one(-1.0 if threshold is None else threshold),
+            p=one(float(up.mean())),
             unit_prf=one(1.0 / prefill_seconds(prf_pt, one(l_long))[0] if prf_pt is not None else 0.0),
             link_cap=one(link / (8.0 * kv_bytes(kv, one(cond(ship, up, a.v[-1])))[0])),
             unit_pd=one(1.0 / prefill_seconds(pd_pt, one(l_short))[0]),
-            es_prf=one(cond(t_prf, up)), es2_prf=one(cond(t_prf * t_prf, up)),
-            es_pd=one(cond(t_pd, down)), es2_pd=one(cond(t_pd * t_pd, down)),
-            tail_long=one(cond(tail, up)), kv_long=one(cond(kvb, up)),
+            es_prf=one(cond(t_prf, up)),
+            es2_prf=one(cond(t_prf * t_prf, up)),
+            es_pd=one(cond(t_pd, down)),
+            es2_pd=one(cond(t_pd * t_pd, down)),
+            tail_long=one(cond(tail, up)),
+            kv_long=one(cond(kvb, up)),
         )
         g = self.grid(n_prf, np.array([n_p]), np.array([n_d]), sides)
         g["sides"] = sides
@@ -453,17 +506,34 @@ class Evaluator:
                 branches = []
                 if up.any():
                     wp = g["w_prf"]
-                    branches.append(Branch(w[up], t_prf[up] + tail[up] + self.s.link_delay_s + extra,
-                                           float(wp.p_wait[0]), float(wp.tail_mean[0])))
+                    branches.append(
+                        Branch(
+                            w[up],
+                            t_prf[up] + tail[up] + self.s.link_delay_s + extra,
+                            float(wp.p_wait[0]),
+                            float(wp.tail_mean[0]),
+                        )
+                    )
                 if down.any():
                     wd = g["w_pdp"]
-                    branches.append(Branch(w[down], t_pd[down] + extra, float(wd.p_wait[0, 0]),
-                                           float(wd.tail_mean[0, 0])))
+                    branches.append(
+                        Branch(w[down], t_pd[down] + extra, float(wd.p_wait[0, 0]), float(wd.tail_mean[0, 0]))
+                    )
                 p90 = mixture_quantile(branches, self.s.quantile)
         return self.candidate(g, n_prf, n_p, n_d, 0, 0, p90, threshold), g
 
-    def _windowed(self, g: dict[str, Any], win: Windows, times: FloatArray, n_prf: int, n_p: int, n_d: int,
-                  up: npt.NDArray[np.bool_], off_up: FloatArray, off_down: FloatArray) -> float:
+    def _windowed(
+        self,
+        g: dict[str, Any],
+        win: Windows,
+        times: FloatArray,
+        n_prf: int,
+        n_p: int,
+        n_d: int,
+        up: npt.NDArray[np.bool_],
+        off_up: FloatArray,
+        off_down: FloatArray,
+    ) -> float:
         """Mean and quantile of TTFT span by span (`queueing.windowed_wait`): each stage in each
         span at the rate and with the gaps of the requests routed to it there (`times`: each
         request's arrival), so routing that follows bursts (as cache misses in a burst do)
@@ -489,7 +559,7 @@ class Evaluator:
             for i, x in enumerate(parts):
                 law = GapLaw.from_gaps(np.diff(x)) or whole
                 if law is None:
-                    sig[i], scv[i] = min(rates[i] * es / c, 1.0), 1.0     # too few to say: Poisson
+                    sig[i], scv[i] = min(rates[i] * es / c, 1.0), 1.0  # too few to say: Poisson
                     continue
                 sig[i] = float(law.sigma(cmu, 1.0, law.mean * stretch))
                 scv[i] = law.scv
@@ -497,8 +567,9 @@ class Evaluator:
 
         w_prf, f_prf = stage(up, float(sd.es_prf[0]), float(sd.es2_prf[0]), n_prf)
         w_pdp, f_pdp = stage(down, float(sd.es_pd[0]), float(sd.es2_pd[0]), n_p)
-        w_dec, f_dec = stage(np.ones(up.size, dtype=np.bool_), self.dec.service_s, self.dec.service_sq,
-                             n_d * self.dec.slots)
+        w_dec, f_dec = stage(
+            np.ones(up.size, dtype=np.bool_), self.dec.service_s, self.dec.service_sq, n_d * self.dec.slots
+        )
         extra = self.dec_extra(w_dec.mean + f_dec, n_d)
         prf_wait, pdp_wait = w_prf.mean + f_prf, w_pdp.mean + f_pdp
         n = up.size
@@ -507,9 +578,13 @@ class Evaluator:
         n_down = np.bincount(span_of[down], minlength=share.size) / n
         n_all = n_up + n_down
         with np.errstate(invalid="ignore"):
-            mean = float(p * (float(sd.es_prf[0]) + float(sd.tail_long[0]) + self.s.link_delay_s)
-                         + (1.0 - p) * float(sd.es_pd[0]) + np.dot(n_up, np.where(n_up > 0, prf_wait, 0.0))
-                         + np.dot(n_down, np.where(n_down > 0, pdp_wait, 0.0)) + np.dot(n_all, extra))
+            mean = float(
+                p * (float(sd.es_prf[0]) + float(sd.tail_long[0]) + self.s.link_delay_s)
+                + (1.0 - p) * float(sd.es_pd[0])
+                + np.dot(n_up, np.where(n_up > 0, prf_wait, 0.0))
+                + np.dot(n_down, np.where(n_down > 0, pdp_wait, 0.0))
+                + np.dot(n_all, extra)
+            )
         g["mean"] = np.array([[mean]])
         g["span_waits"] = (win.edges, pdp_wait, prf_wait)
         g["wait_prfaas"] = float(np.dot(n_up, prf_wait) / n_up.sum()) if n_up.sum() > 0 else 0.0
@@ -521,8 +596,11 @@ class Evaluator:
             here = span_of == i
             for m, off, w, f in ((up & here, off_up, w_prf, f_prf), (down & here, off_down, w_pdp, f_pdp)):
                 if m.any():
-                    branches.append(Branch(np.full(int(m.sum()), 1.0 / n), off[m] + extra[i] + f[i],
-                                           float(w.p_wait[i]), _tail(w, i)))
+                    branches.append(
+                        Branch(
+                            np.full(int(m.sum()), 1.0 / n), off[m] + extra[i] + f[i], float(w.p_wait[i]), _tail(w, i)
+                        )
+                    )
         return mixture_quantile(branches, self.s.quantile)
 
     def rounder(self, c: Candidate) -> Candidate:
@@ -535,8 +613,10 @@ class Evaluator:
         for step in _ROUND_STEPS:
             if c.threshold % step == 0:
                 return c
-            near = sorted({math.floor(c.threshold / step) * step, math.ceil(c.threshold / step) * step},
-                          key=lambda r: abs(r - c.threshold))     # type: ignore[operator]
+            near = sorted(
+                {math.floor(c.threshold / step) * step, math.ceil(c.threshold / step) * step},
+                key=lambda r: abs(r - c.threshold),  # type: ignore[operator]
+            )
             for r in near:
                 if r <= 0:
                     continue

@@ -6,8 +6,9 @@ with its predicted figures (`Candidate`) and how candidates rank (`objective_key
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from testbed.core.errors import UserError
 from testbed.core.schema.kinds import unknown_kind
@@ -38,8 +39,9 @@ def kind_pools(kind: Kind) -> KindPools:
             return KindPools(prfaas=True, pd_prefill=True, threshold=True)
         case _:
             unknown_kind("policy", kind)
-OBJECTIVES: tuple[Objective, ...] = ("lambda", "ttft", "ttft-p90")
 
+
+OBJECTIVES: tuple[Objective, ...] = ("lambda", "ttft", "ttft-p90")
 
 
 def kilo(tokens: int) -> str:
@@ -59,7 +61,7 @@ class PlanError(UserError, ValueError):
 class Family:
     kind: Kind
     base: Scenario
-    prfaas_cluster: str | None         # None for homogeneous
+    prfaas_cluster: str | None  # None for homogeneous
     pd_cluster: str
     counts: tuple[tuple[int, int], ...]  # (N_prfaas, PD cluster instances) pairs to try
 
@@ -79,8 +81,9 @@ def _one(base: Scenario, kind: str) -> ClusterSpec | None:
     return cs[0] if cs else None
 
 
-def family_for(kind: Kind, base: Scenario, budget: Mapping[str, int] | None = None,
-               vary_counts: bool = False) -> Family:
+def family_for(
+    kind: Kind, base: Scenario, budget: Mapping[str, int] | None = None, vary_counts: bool = False
+) -> Family:
     """The kind on `base`'s hardware. `budget`: instances per hardware name (default: the base's
     own counts). Without `vary_counts` the whole budget is deployed; with it, every count from 1
     (2 for a PD cluster that prefills and decodes) up to the budget is tried."""
@@ -103,17 +106,23 @@ def family_for(kind: Kind, base: Scenario, budget: Mapping[str, int] | None = No
             raise PlanError(f"kind {kind!r} needs a 'prfaas' cluster; scenario {base.name!r} has none")
         if pf.hardware == pd.hardware:
             total = budget.get(pd.hardware, pf.prefill + n_pd0)
-            pairs = [(f, n) for f in range(1, total) for n in range(min_pd, total - f + 1)
-                     if vary_counts or f + n == total]
+            pairs = [
+                (f, n) for f in range(1, total) for n in range(min_pd, total - f + 1) if vary_counts or f + n == total
+            ]
         else:
             f_top = budget.get(pf.hardware, pf.prefill)
             n_top = budget.get(pd.hardware, n_pd0)
-            pairs = [(f, n) for f in (range(1, f_top + 1) if vary_counts else [f_top])
-                     for n in (range(min_pd, n_top + 1) if vary_counts else [n_top])]
+            pairs = [
+                (f, n)
+                for f in (range(1, f_top + 1) if vary_counts else [f_top])
+                for n in (range(min_pd, n_top + 1) if vary_counts else [n_top])
+            ]
         fam = Family(kind, base, pf.name, pd.name, tuple((f, n) for f, n in pairs if f >= 1 and n >= min_pd))
     if not fam.counts:
-        raise PlanError(f"kind {kind!r} on {base.name!r}: the budget leaves no deployment "
-                        f"(needs >= 1 PrfaaS instance where used and >= {min_pd} PD instances)")
+        raise PlanError(
+            f"kind {kind!r} on {base.name!r}: the budget leaves no deployment "
+            f"(needs >= 1 PrfaaS instance where used and >= {min_pd} PD instances)"
+        )
     return fam
 
 
@@ -127,10 +136,10 @@ class PlanSettings:
     tpot_slo_s: float
     objective: Objective = "lambda"
     link_bps: float = DEFAULT_LINK_BPS
-    link_delay_s: float = 0.0          # one-way; offloaded requests' KV crosses it once
-    rate: float | None = None          # offered rate for TTFT; None: the workload's
+    link_delay_s: float = 0.0  # one-way; offloaded requests' KV crosses it once
+    rate: float | None = None  # offered rate for TTFT; None: the workload's
     quantile: float = 0.9
-    t_min: float | None = None         # threshold range; default [max(min length, 1024), max length)
+    t_min: float | None = None  # threshold range; default [max(min length, 1024), max length)
     t_max: float | None = None
 
     def __post_init__(self) -> None:
@@ -150,25 +159,25 @@ class Candidate:
     n_p: int
     n_d: int
     threshold: int | None
-    p: float                      # share of requests prefilled in PrfaaS
-    lambda_max: float             # the paper's Lambda_max
+    p: float  # share of requests prefilled in PrfaaS
+    lambda_max: float  # the paper's Lambda_max
     theta_prfaas: float | None
     theta_pdp: float | None
     theta_pdd: float
     bottleneck: str
-    rate: float                   # the offered rate the TTFT figures are at
-    ttft_free_s: float            # queue-free mean TTFT (prefill alone, as the paper's Table 6)
-    ttft_mean_s: float            # queueing estimate at `rate` (inf: a stage saturates)
+    rate: float  # the offered rate the TTFT figures are at
+    ttft_free_s: float  # queue-free mean TTFT (prefill alone, as the paper's Table 6)
+    ttft_mean_s: float  # queueing estimate at `rate` (inf: a stage saturates)
     ttft_p90_s: float
-    util_prfaas: float | None     # utilisation of each stage at `rate` (queueing form)
+    util_prfaas: float | None  # utilisation of each stage at `rate` (queueing form)
     util_pdp: float | None
     util_pdd: float
-    egress_bps: float             # PrfaaS -> PD KV at `rate`
-    egress_share: float           # of the link
-    meets_slo: bool               # the verdict in force: the simulator's once simulated
+    egress_bps: float  # PrfaaS -> PD KV at `rate`
+    egress_share: float  # of the link
+    meets_slo: bool  # the verdict in force: the simulator's once simulated
     notes: tuple[str, ...] = ()
     simulated: dict[str, Any] | None = field(default=None, compare=False)
-    meets_slo_model: bool | None = None   # the model's verdict (what `meets_slo` is until simulated)
+    meets_slo_model: bool | None = None  # the model's verdict (what `meets_slo` is until simulated)
 
     @property
     def instances(self) -> int:

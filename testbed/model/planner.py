@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.scenario import Scenario
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import Workload
 from testbed.model.plan_grid import MAX_THRESHOLDS, ROUND_RTOL, Evaluator
 from testbed.model.plan_types import (
@@ -48,9 +49,30 @@ from testbed.model.workload import ReadyAfter, Routing, TraceWorkload, replay_ca
 from testbed.traces.types import Trace
 
 __all__ = [
-    "KINDS", "MAX_THRESHOLDS", "OBJECTIVES", "ROUND_RTOL", "Candidate", "Evaluator", "Family", "FamilyPlan", "Kind",
-    "KindPools", "Objective", "PlanError", "PlanSettings", "candidate_scenario", "family_for", "family_workload",
-    "kilo", "kind_pools", "objective_key", "plan_family", "rank_all", "ready_after", "routing_for", "scenario_patch",
+    "KINDS",
+    "MAX_THRESHOLDS",
+    "OBJECTIVES",
+    "ROUND_RTOL",
+    "Candidate",
+    "Evaluator",
+    "Family",
+    "FamilyPlan",
+    "Kind",
+    "KindPools",
+    "Objective",
+    "PlanError",
+    "PlanSettings",
+    "candidate_scenario",
+    "family_for",
+    "family_workload",
+    "kilo",
+    "kind_pools",
+    "objective_key",
+    "plan_family",
+    "rank_all",
+    "ready_after",
+    "routing_for",
+    "scenario_patch",
     "score_config",
 ]
 
@@ -58,12 +80,13 @@ __all__ = [
 @dataclass(frozen=True)
 class FamilyPlan:
     family: Family
-    candidates: tuple[Candidate, ...]   # ranked, best first
-    reference: Candidate | None         # the base scenario as it stands (None: not this kind)
+    candidates: tuple[Candidate, ...]  # ranked, best first
+    reference: Candidate | None  # the base scenario as it stands (None: not this kind)
 
 
-def plan_family(fam: Family, wl: Workload, settings: PlanSettings, reference_threshold: float | None = None,
-                round_top: int = 10) -> FamilyPlan:
+def plan_family(
+    fam: Family, wl: Workload, settings: PlanSettings, reference_threshold: float | None = None, round_top: int = 10
+) -> FamilyPlan:
     """Every (counts, split) of the family with its best threshold, ranked; the first
     `round_top` moved to a rounder threshold where that costs (almost) nothing."""
     kv = KVModel.from_spec(fam.base.model)
@@ -89,8 +112,11 @@ def routing_for(kind: Kind, threshold: float | None, cache_aware: bool) -> Routi
     uses = kind_pools(kind)
     if uses.threshold and threshold is None:
         raise PlanError("a prfaas configuration needs a threshold")
-    return Routing(threshold=float(threshold) if uses.threshold and threshold is not None else None,
-                   offload_all=uses.prfaas and not uses.pd_prefill, cache_aware=cache_aware)
+    return Routing(
+        threshold=float(threshold) if uses.threshold and threshold is not None else None,
+        offload_all=uses.prfaas and not uses.pd_prefill,
+        cache_aware=cache_aware,
+    )
 
 
 @dataclass(frozen=True)
@@ -102,8 +128,9 @@ class SpanWaits:
     prfaas: npt.NDArray[np.float64]
 
 
-def ready_after(fam: Family, wait_pd: float = 0.0, wait_prfaas: float = 0.0, spans: SpanWaits | None = None
-                ) -> ReadyAfter:
+def ready_after(
+    fam: Family, wait_pd: float = 0.0, wait_prfaas: float = 0.0, spans: SpanWaits | None = None
+) -> ReadyAfter:
     """When a prompt enters the pools after its arrival on the family's hardware: its prefill
     time (on PrfaaS's hardware when offloaded) plus the stage's wait, the mean of the span it
     arrived in when `spans` are given (a burst's requests wait longer, so their follow-ups miss
@@ -154,8 +181,18 @@ SCORE_ROUNDS = 5
 SCORE_RTOL = 0.05
 
 
-def score_config(fam: Family, wl: Workload, trace: Trace, settings: PlanSettings, n_prf: int, n_p: int, n_d: int,
-                 threshold: int | None, cache_aware: bool, rounds: int = SCORE_ROUNDS) -> Candidate:
+def score_config(
+    fam: Family,
+    wl: Workload,
+    trace: Trace,
+    settings: PlanSettings,
+    n_prf: int,
+    n_p: int,
+    n_d: int,
+    threshold: int | None,
+    cache_aware: bool,
+    rounds: int = SCORE_ROUNDS,
+) -> Candidate:
     """One configuration's figures with the trace replayed under its own routing
     (`workload.replay_cache`): where each request goes, the prefix it then reuses (its own
     cluster's pool when routing is length-only) and the KV it ships follow the configuration, and
@@ -205,7 +242,7 @@ def scenario_patch(fam: Family, c: Candidate, name: str, cache_aware: bool, full
             d.update(prefill=c.n_prfaas if cl.name == fam.prfaas_cluster else 0)
         clusters.append(d)
     policy: dict[str, Any] = {"name": c.kind, "threshold": c.threshold, "cache_aware": cache_aware}
-    if not kind_pools(c.kind).threshold:     # only a threshold can move with the bandwidth
+    if not kind_pools(c.kind).threshold:  # only a threshold can move with the bandwidth
         policy["bandwidth_aware"] = False
     if not full:
         return {"name": name, "policy": policy, "clusters": clusters}

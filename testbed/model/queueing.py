@@ -22,8 +22,8 @@ little below the paper's plain-form Theta = c / T(E[L]) when T is convex. All ve
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +40,7 @@ def erlang_c(servers: npt.ArrayLike, load: npt.ArrayLike) -> FloatArray:
     if c.size and int(c.min()) < 1:
         raise ValueError("erlang_c needs at least one server")
     out = np.ones(a.shape, dtype=np.float64)
-    b = np.ones(a.shape, dtype=np.float64)       # Erlang B at k servers, by the stable recursion
+    b = np.ones(a.shape, dtype=np.float64)  # Erlang B at k servers, by the stable recursion
     cmax = int(c.max()) if c.size else 0
     for k in range(1, cmax + 1):
         b = a * b / (k + a * b)
@@ -58,7 +58,7 @@ class Wait:
 
     p_wait: FloatArray
     mean: FloatArray
-    utilisation: FloatArray   # lambda E[S] / c
+    utilisation: FloatArray  # lambda E[S] / c
 
     @property
     def tail_mean(self) -> FloatArray:
@@ -76,14 +76,17 @@ def split_scv(scv: npt.ArrayLike, share: npt.ArrayLike) -> FloatArray:
     return out
 
 
-def mgc_wait(rate: npt.ArrayLike, es: npt.ArrayLike, es2: npt.ArrayLike, servers: npt.ArrayLike,
-             arrival_scv: npt.ArrayLike = 1.0) -> Wait:
+def mgc_wait(
+    rate: npt.ArrayLike, es: npt.ArrayLike, es2: npt.ArrayLike, servers: npt.ArrayLike, arrival_scv: npt.ArrayLike = 1.0
+) -> Wait:
     """Allen-Cunneen waiting time at arrival `rate` with service moments E[S], E[S^2] on
     `servers` instances, arrivals of gap SCV `arrival_scv` (1: Poisson; all broadcast). A zero
     rate waits 0; servers < 1 with traffic is saturated."""
     lam, s1, s2, c, ca2 = np.broadcast_arrays(
-        np.asarray(rate, dtype=np.float64), np.asarray(es, dtype=np.float64),
-        np.asarray(es2, dtype=np.float64), np.asarray(servers, dtype=np.int64),
+        np.asarray(rate, dtype=np.float64),
+        np.asarray(es, dtype=np.float64),
+        np.asarray(es2, dtype=np.float64),
+        np.asarray(servers, dtype=np.int64),
         np.asarray(arrival_scv, dtype=np.float64),
     )
     has = (lam > 0) & (s1 > 0)
@@ -100,8 +103,14 @@ def mgc_wait(rate: npt.ArrayLike, es: npt.ArrayLike, es2: npt.ArrayLike, servers
     return Wait(np.where(saturated, 1.0, pw), mean, util)
 
 
-def gim_wait(rate: npt.ArrayLike, es: npt.ArrayLike, es2: npt.ArrayLike, servers: npt.ArrayLike,
-             sigma: npt.ArrayLike, arrival_scv: npt.ArrayLike) -> Wait:
+def gim_wait(
+    rate: npt.ArrayLike,
+    es: npt.ArrayLike,
+    es2: npt.ArrayLike,
+    servers: npt.ArrayLike,
+    sigma: npt.ArrayLike,
+    arrival_scv: npt.ArrayLike,
+) -> Wait:
     """The wait of a G/G/c stage by its GI/M/c skeleton, for arrivals whose bursts two moments
     describe badly. `sigma` is the root of sigma = A*(c mu (1 - sigma)), A* the Laplace transform
     of the stage's inter-arrival gaps (`arrivals.GapLaw.sigma`): the chance an arrival finds a
@@ -112,9 +121,12 @@ def gim_wait(rate: npt.ArrayLike, es: npt.ArrayLike, es2: npt.ArrayLike, servers
     - P(W > 0) = Erlang C at load c sigma: exact for one server (sigma) and for Poisson arrivals.
     So Poisson arrivals give `mgc_wait`'s M/G/c exactly. Broadcasts; saturated as `mgc_wait`."""
     lam, s1, s2, c, sig, ca2 = np.broadcast_arrays(
-        np.asarray(rate, dtype=np.float64), np.asarray(es, dtype=np.float64),
-        np.asarray(es2, dtype=np.float64), np.asarray(servers, dtype=np.int64),
-        np.asarray(sigma, dtype=np.float64), np.asarray(arrival_scv, dtype=np.float64),
+        np.asarray(rate, dtype=np.float64),
+        np.asarray(es, dtype=np.float64),
+        np.asarray(es2, dtype=np.float64),
+        np.asarray(servers, dtype=np.int64),
+        np.asarray(sigma, dtype=np.float64),
+        np.asarray(arrival_scv, dtype=np.float64),
     )
     has = (lam > 0) & (s1 > 0)
     c_safe = np.maximum(c, 1)
@@ -130,8 +142,15 @@ def gim_wait(rate: npt.ArrayLike, es: npt.ArrayLike, es2: npt.ArrayLike, servers
     return Wait(np.where(saturated, 1.0, pw), mean, util)
 
 
-def windowed_wait(rates: npt.ArrayLike, spans: npt.ArrayLike, es: float, es2: float, servers: int,
-                  arrival_scv: npt.ArrayLike, sigma: npt.ArrayLike | None = None) -> tuple[Wait, FloatArray]:
+def windowed_wait(
+    rates: npt.ArrayLike,
+    spans: npt.ArrayLike,
+    es: float,
+    es2: float,
+    servers: int,
+    arrival_scv: npt.ArrayLike,
+    sigma: npt.ArrayLike | None = None,
+) -> tuple[Wait, FloatArray]:
     """The wait of a stage over consecutive spans of a trace (arrays over spans, in order): per
     span the G/G/c wait at the span's own rate and gap SCV (`gim_wait` with the spans' `sigma`
     when given, else `mgc_wait`), and the backlog earlier spans left.
@@ -164,7 +183,7 @@ def windowed_wait(rates: npt.ArrayLike, spans: npt.ArrayLike, es: float, es2: fl
         slope, d = lam[i] - mu, span[i]
         if slope >= 0 or backlog + slope * d >= 0:
             area, end = backlog * d + 0.5 * slope * d * d, backlog + slope * d
-        else:       # drained within the span, at backlog / -slope
+        else:  # drained within the span, at backlog / -slope
             t = backlog / -slope
             area, end = 0.5 * backlog * t, 0.0
         fluid[i] = area / d / mu
@@ -180,7 +199,7 @@ class Branch:
     mass: FloatArray
     offset: FloatArray
     p_wait: float
-    wait_tail_mean: float   # E[W | W > 0]
+    wait_tail_mean: float  # E[W | W > 0]
 
 
 # `mixture_quantile` merges a branch's atoms within this relative width of each other (at most

@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 
-from testbed.core.schema.kinds import unknown_kind
-from testbed.core.engine.kvsize import KVModel
 from testbed.core.control.longterm import Planner, ThresholdPlan, WorkloadSample
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import StagePools, Workload, stage_capacity, threshold_curves
 from testbed.model.optimise import optimise_threshold
@@ -30,13 +30,13 @@ def _load(rate: float, limit: float) -> float:
 def role_planner(sc: Scenario, link_bps: float) -> Planner:
     kv = KVModel.from_spec(sc.model)
     ctl = sc.policy.control
-    offload: bool | None    # None: no re-planning
+    offload: bool | None  # None: no re-planning
     match sc.policy.name:
         case "prfaas":
             offload = True
         case "homogeneous":
             offload = False
-        case "naive":   # built for every scenario, but control.long_term is refused under naive
+        case "naive":  # built for every scenario, but control.long_term is refused under naive
             offload = None
         case _:
             unknown_kind("policy", sc.policy.name)
@@ -53,10 +53,19 @@ def role_planner(sc: Scenario, link_bps: float) -> Planner:
             return ThresholdPlan(math.inf, {"pdp": _load(smp.rate, theta), "pdd": pdd})
         if threshold is None:
             wl = Workload(dist, max(out, 1.0), smp.rate, "recent requests")
-            threshold = float(optimise_threshold(sc, link_bps, (n_p, n_d), ctl.min_threshold, ctl.max_threshold,
-                                                 workload=wl).threshold)
+            threshold = float(
+                optimise_threshold(
+                    sc, link_bps, (n_p, n_d), ctl.min_threshold, ctl.max_threshold, workload=wl
+                ).threshold
+            )
         cur = threshold_curves(dep, dist, kv, np.array([float(threshold)]), link_bps)
-        return ThresholdPlan(threshold, {"prfaas": _load(smp.rate, float(cur.prfaas_limit[0])),
-                                         "pdp": _load(smp.rate, float(cur.pdp_limit[0])), "pdd": pdd})
+        return ThresholdPlan(
+            threshold,
+            {
+                "prfaas": _load(smp.rate, float(cur.prfaas_limit[0])),
+                "pdp": _load(smp.rate, float(cur.pdp_limit[0])),
+                "pdd": pdd,
+            },
+        )
 
     return plan

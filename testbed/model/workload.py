@@ -29,17 +29,18 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from testbed.model.arrivals import Arrivals
-from testbed.model.errors import ModelError
 from testbed.core.engine.kvsize import KVModel
 from testbed.model.analytical import DiscreteDistribution, FloatArray, Workload
+from testbed.model.arrivals import Arrivals
+from testbed.model.errors import ModelError
 from testbed.traces.csvutil import Window
 from testbed.traces.loader import load_trace
 from testbed.traces.types import Trace, TraceRequest
@@ -158,15 +159,20 @@ class CacheReplay:
     shipped: IntArray
 
 
-def replay_cache(requests: Sequence[TraceRequest], block_tokens: int, linear_state: bool,
-                 routing: Routing = Routing(), ready_after: ReadyAfter | None = None) -> CacheReplay:
+def replay_cache(
+    requests: Sequence[TraceRequest],
+    block_tokens: int,
+    linear_state: bool,
+    routing: Routing = Routing(),
+    ready_after: ReadyAfter | None = None,
+) -> CacheReplay:
     """The trace through unbounded pools in arrival order, each prompt entering its pools
     `ready_after` its arrival (None: at once), as the testbed's pools fill when a prefill ends.
     A follow-up that arrives before the turn it extends has been prefilled finds less."""
     if block_tokens <= 0:
         raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
     union, remote = _Pool(block_tokens, linear_state), _Pool(block_tokens, linear_state)
-    pending: list[tuple[float, int, bool]] = []        # (ready at, request index, into PrfaaS's pool)
+    pending: list[tuple[float, int, bool]] = []  # (ready at, request index, into PrfaaS's pool)
     n = len(requests)
     offloaded = np.zeros(n, dtype=np.bool_)
     cached = np.zeros(n, dtype=np.int64)
@@ -214,14 +220,14 @@ class TraceWorkload:
 
     source: str
     block_tokens: int
-    linear_state: bool      # the cache rule used: a state snapshot needed at the matched length
+    linear_state: bool  # the cache rule used: a state snapshot needed at the matched length
     duration_s: float
-    rate: float             # requests/s, 1 / mean inter-arrival gap (`Trace.rate`)
+    rate: float  # requests/s, 1 / mean inter-arrival gap (`Trace.rate`)
     input_tokens: IntArray
     cached_tokens: IntArray
     output_tokens: IntArray
-    reuse_share: float      # blocks seen earlier anywhere in the trace
-    arrivals: Arrivals | None = None        # the arrival times (None: Poisson assumed)
+    reuse_share: float  # blocks seen earlier anywhere in the trace
+    arrivals: Arrivals | None = None  # the arrival times (None: Poisson assumed)
     # The routing the cached prefixes were replayed under (`replay_cache`); None: one pool filled
     # by every earlier request at once, whatever the routing.
     replay: CacheReplay | None = None
@@ -236,8 +242,9 @@ class TraceWorkload:
         object.__setattr__(self, "dist", EmpiricalDistribution(self.uncached_tokens))
 
     @classmethod
-    def from_trace(cls, trace: Trace, kv: KVModel, routing: Routing | None = None,
-                   ready_after: ReadyAfter | None = None) -> "TraceWorkload":
+    def from_trace(
+        cls, trace: Trace, kv: KVModel, routing: Routing | None = None, ready_after: ReadyAfter | None = None
+    ) -> TraceWorkload:
         """The cache rule follows the model: linear or sliding-window layers need a state snapshot.
         With `routing`, the cached prefixes are those `replay_cache` finds under it."""
         if len(trace) == 0:
@@ -283,7 +290,10 @@ class TraceWorkload:
     def model_workload(self) -> Workload:
         o = np.maximum(self.output_tokens.astype(np.float64), 1.0)
         return Workload(
-            self.dist, self.mean_output, self.rate, self.source,
+            self.dist,
+            self.mean_output,
+            self.rate,
+            self.source,
             output_sq_tokens=float(np.mean(o * o)),
             context_tokens=float(self.input_tokens.mean()) + 0.5 * self.mean_output,
             arrival_scv=self.arrivals.gap_scv if self.arrivals is not None else 1.0,

@@ -24,8 +24,8 @@ from testbed.net.plan import (
     NetemLeaf,
     Operation,
 )
-from testbed.net.topology import Method
 from testbed.net.teardown import remove_namespaces
+from testbed.net.topology import Method
 
 
 class ShapingUnavailable(NetError):
@@ -76,10 +76,26 @@ def probe_shaping() -> ShapingCaps:
             except NetError as e:
                 return ShapingCaps(False, False, False, f"cannot create a probe namespace: {e}")
             cls = HTB_ROOT | 0x10
-            htb = _try(ex, [HtbRoot(ns, "p0"), HtbClass(ns, "p0", cls, 100_000_000, 200_000, 65536),
-                            BfifoLeaf(ns, "p0", cls, 1 << 20)], "htb", notes)
-            netem = htb and _try(ex, [HtbRoot(ns, "p1"), HtbClass(ns, "p1", cls, 100_000_000, 200_000, 65536),
-                                      NetemLeaf(ns, "p1", cls, 0.001, 0.0, 0.0, 0.0, 1000)], "netem", notes)
+            htb = _try(
+                ex,
+                [
+                    HtbRoot(ns, "p0"),
+                    HtbClass(ns, "p0", cls, 100_000_000, 200_000, 65536),
+                    BfifoLeaf(ns, "p0", cls, 1 << 20),
+                ],
+                "htb",
+                notes,
+            )
+            netem = htb and _try(
+                ex,
+                [
+                    HtbRoot(ns, "p1"),
+                    HtbClass(ns, "p1", cls, 100_000_000, 200_000, 65536),
+                    NetemLeaf(ns, "p1", cls, 0.001, 0.0, 0.0, 0.0, 1000),
+                ],
+                "netem",
+                notes,
+            )
             if not htb:
                 notes.append("netem: not probed (needs htb for the rate)")
             tun = _open_tun(notes) and _try(ex, [AddTun(ns, "tun0"), LinkUp(ns, "tun0")], "tun", notes)
@@ -90,14 +106,16 @@ def probe_shaping() -> ShapingCaps:
 
 
 def choose_method(caps: ShapingCaps, want: str = "auto") -> Method:
-    """"auto": netem when the kernel has it, else HTB + the userspace delay line ("fallback")."""
+    """ "auto": netem when the kernel has it, else HTB + the userspace delay line ("fallback")."""
     fallback_ok = caps.htb and caps.tun
     if want == "none":
         return "none"
     if want == "netem":
         if not caps.netem:
-            raise ShapingUnavailable(f"shaping method 'netem' requested but this kernel lacks it; "
-                                     f"use 'fallback' (HTB + userspace delay line) or 'auto' [{caps.detail}]")
+            raise ShapingUnavailable(
+                f"shaping method 'netem' requested but this kernel lacks it; "
+                f"use 'fallback' (HTB + userspace delay line) or 'auto' [{caps.detail}]"
+            )
         return "netem"
     if want == "fallback":
         if not fallback_ok:

@@ -14,8 +14,8 @@ import errno
 import ipaddress
 import json
 import os
-import stat
 import signal
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,20 +25,32 @@ from pyroute2 import IPRoute  # type: ignore[import-untyped]
 from testbed.core.schema.linkprofile import LinkParams, TcpSettings
 from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.executor import Executor, NetError
-from testbed.net.plan import (HTB_ROOT, AddTun, HtbClass, HtbRoot, NetemLeaf, Sysctl, plan_delay_line,
-                              plan_shaping)
-from testbed.net.tun import TUN_DEVICE
+from testbed.net.plan import HTB_ROOT, AddTun, HtbClass, HtbRoot, NetemLeaf, Sysctl, plan_delay_line, plan_shaping
 from testbed.net.topology import DCNet, Topology, dc_ifname
+from testbed.net.tun import TUN_DEVICE
 
-HERE = ""   # the executor's name for the current namespace
+HERE = ""  # the executor's name for the current namespace
 TUN_DEV = os.makedev(10, 200)
 
 
-def wan_config(prefix: str, dcs: list[tuple[str, str, str]], links: dict[tuple[str, str], LinkParams],
-               method: str, mtu: int, control: str, stats: str | None, ready: str) -> dict[str, Any]:
+def wan_config(
+    prefix: str,
+    dcs: list[tuple[str, str, str]],
+    links: dict[tuple[str, str], LinkParams],
+    method: str,
+    mtu: int,
+    control: str,
+    stats: str | None,
+    ready: str,
+) -> dict[str, Any]:
     """JSON the compose backend writes for the WAN router container. dcs: (name, subnet, address)."""
     return {
-        "prefix": prefix, "method": method, "mtu": mtu, "control": control, "stats": stats, "ready": ready,
+        "prefix": prefix,
+        "method": method,
+        "mtu": mtu,
+        "control": control,
+        "stats": stats,
+        "ready": ready,
         "dcs": [{"name": n, "index": i, "subnet": s, "address": a} for i, (n, s, a) in enumerate(dcs)],
         "links": {f"{a}->{b}": dataclasses.asdict(p) for (a, b), p in links.items()},
     }
@@ -63,8 +75,10 @@ def addresses_by_subnet(dcs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             found.update({n: str(ip) for n, net in subnets.items() if ip in net})
     missing = [n for n in subnets if n not in found]
     if missing:
-        raise RuntimeError(f"no interface in the subnet of {', '.join(missing)} "
-                           f"({', '.join(str(subnets[n]) for n in missing)}): is the service attached to every DC network?")
+        raise RuntimeError(
+            f"no interface in the subnet of {', '.join(missing)} "
+            f"({', '.join(str(subnets[n]) for n in missing)}): is the service attached to every DC network?"
+        )
     return [{**d, "address": found[d["name"]]} for d in dcs]
 
 
@@ -79,8 +93,10 @@ def ensure_tun_device(path: str = TUN_DEVICE) -> None:
         os.mknod(path, 0o600 | stat.S_IFCHR, TUN_DEV)
         os.close(os.open(path, os.O_RDWR))
     except OSError as e:
-        raise RuntimeError(f"cannot create {path} (c 10:200): {e.strerror}; the container needs CAP_MKNOD and a "
-                           "device cgroup that allows c 10:200 rwm") from e
+        raise RuntimeError(
+            f"cannot create {path} (c 10:200): {e.strerror}; the container needs CAP_MKNOD and a "
+            "device cgroup that allows c 10:200 rwm"
+        ) from e
 
 
 def probe_netem() -> bool:
@@ -90,11 +106,17 @@ def probe_netem() -> bool:
     cls = HTB_ROOT | 0x10
     try:
         with Executor() as ex:
-            ex.apply([AddTun(HERE, dev), HtbRoot(HERE, dev), HtbClass(HERE, dev, cls, 100_000_000, 200_000, 65536),
-                      NetemLeaf(HERE, dev, cls, 0.001, 0.0, 0.0, 0.0, 1000)])
+            ex.apply(
+                [
+                    AddTun(HERE, dev),
+                    HtbRoot(HERE, dev),
+                    HtbClass(HERE, dev, cls, 100_000_000, 200_000, 65536),
+                    NetemLeaf(HERE, dev, cls, 0.001, 0.0, 0.0, 0.0, 1000),
+                ]
+            )
         return True
     except NetError as e:
-        if e.errno == errno.ENOENT:       # "Specified qdisc kind is unknown"
+        if e.errno == errno.ENOENT:  # "Specified qdisc kind is unknown"
             return False
         raise
     finally:
@@ -148,8 +170,17 @@ def delayline_argv(cfg: dict[str, Any], topo: Topology) -> list[str]:
 
     dl_cfg = Path(cfg["ready"]).with_name("delayline.json")
     write_config(dl_cfg, delayline_directions(topo))
-    argv = [sys.executable, "-m", "testbed.net.delayline", "--tun", "tun0", "--config", str(dl_cfg),
-            "--control", cfg["control"]]
+    argv = [
+        sys.executable,
+        "-m",
+        "testbed.net.delayline",
+        "--tun",
+        "tun0",
+        "--config",
+        str(dl_cfg),
+        "--control",
+        cfg["control"],
+    ]
     if cfg.get("stats"):
         argv += ["--stats", cfg["stats"]]
     return argv

@@ -52,9 +52,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from testbed.net.delayline_model import DelayLineModel
 from testbed.core.schema.linkprofile import LinkParams
 from testbed.metrics.series_format import Sample, encode_line
+from testbed.net.delayline_model import DelayLineModel
 from testbed.net.tun import open_tun
 
 log = logging.getLogger("testbed.delayline")
@@ -91,12 +91,12 @@ class DirectionSpec:
     seed: int = 0
 
     @classmethod
-    def from_link(cls, name: str, dst_subnet: str, link: LinkParams, seed: int = 0) -> "DirectionSpec":
+    def from_link(cls, name: str, dst_subnet: str, link: LinkParams, seed: int = 0) -> DirectionSpec:
         """The delay-line part of a shaped link direction (its rate and queue live in the kernel)."""
         return cls(name, dst_subnet, link.delay_s, link.jitter_s, link.loss, link.loss_correlation, seed)
 
     @classmethod
-    def from_json(cls, obj: object, where: str = "direction") -> "DirectionSpec":
+    def from_json(cls, obj: object, where: str = "direction") -> DirectionSpec:
         if not isinstance(obj, dict):
             raise ConfigError(f"{where}: expected an object, got {type(obj).__name__}")
         known = {f.name for f in fields(cls)}
@@ -159,8 +159,20 @@ def write_config(path: Path | str, directions: Sequence[DirectionSpec]) -> None:
 class _Direction:
     """A direction's model and queue. Two parallel deques, so queueing allocates no tuple."""
 
-    __slots__ = ("name", "net", "mask", "model", "rel", "pkts", "queue_bytes", "packets_out",
-                 "bytes_out", "write_errors", "late_s", "late_packets")
+    __slots__ = (
+        "name",
+        "net",
+        "mask",
+        "model",
+        "rel",
+        "pkts",
+        "queue_bytes",
+        "packets_out",
+        "bytes_out",
+        "write_errors",
+        "late_s",
+        "late_packets",
+    )
 
     def __init__(self, name: str, subnet: str | None, model: DelayLineModel) -> None:
         self.name = name
@@ -175,7 +187,7 @@ class _Direction:
         self.queue_bytes = 0
         self.packets_out = 0
         self.bytes_out = 0
-        self.write_errors = 0   # packets the kernel refused (device down, malformed): dropped
+        self.write_errors = 0  # packets the kernel refused (device down, malformed): dropped
         # How far behind their due times packets went out (a loaded host wakes the loop late):
         # the lateness summed, and the packets more than LATE_S late. What is late is the host's,
         # not the model's, and a measurement over the line can tell the two apart.
@@ -184,18 +196,32 @@ class _Direction:
 
     def counters(self) -> dict[str, float]:
         m = self.model
-        return {"packets_in": m.packets_in, "bytes_in": m.bytes_in,
-                "packets_dropped": m.packets_dropped, "bytes_dropped": m.bytes_dropped,
-                "packets_out": self.packets_out, "bytes_out": self.bytes_out,
-                "queue_packets": len(self.rel), "queue_bytes": self.queue_bytes,
-                "write_errors": self.write_errors, "late_s": self.late_s, "late_packets": self.late_packets}
+        return {
+            "packets_in": m.packets_in,
+            "bytes_in": m.bytes_in,
+            "packets_dropped": m.packets_dropped,
+            "bytes_dropped": m.bytes_dropped,
+            "packets_out": self.packets_out,
+            "bytes_out": self.bytes_out,
+            "queue_packets": len(self.rel),
+            "queue_bytes": self.queue_bytes,
+            "write_errors": self.write_errors,
+            "late_s": self.late_s,
+            "late_packets": self.late_packets,
+        }
 
 
 class DelayLine:
     """The delay-line loop on an attached TUN fd (which it owns and closes)."""
 
-    def __init__(self, tun_fd: int, directions: Sequence[DirectionSpec], control_path: Path | str | None = None,
-                 stats_path: Path | str | None = None, stats_interval: float = 0.1) -> None:
+    def __init__(
+        self,
+        tun_fd: int,
+        directions: Sequence[DirectionSpec],
+        control_path: Path | str | None = None,
+        stats_path: Path | str | None = None,
+        stats_interval: float = 0.1,
+    ) -> None:
         # Owns tun_fd from here on: any failure below closes it with everything else.
         self._fd = tun_fd
         self._stop_r = self._stop_w = -1
@@ -210,8 +236,8 @@ class DelayLine:
         self._stats_interval = stats_interval
         self._stopping = False
         self._blocked = False
-        self.write_blocked = 0   # writes that would have blocked: the packet stayed queued
-        self._wake_late = 0.0    # running estimate of how late select() wakes up
+        self.write_blocked = 0  # writes that would have blocked: the packet stayed queued
+        self._wake_late = 0.0  # running estimate of how late select() wakes up
         try:
             if stats_interval <= 0:
                 raise ValueError(f"stats_interval must be > 0, got {stats_interval}")
@@ -226,7 +252,7 @@ class DelayLine:
                 Path(stats_path).parent.mkdir(parents=True, exist_ok=True)
                 self._stats_fh = open(stats_path, "a", encoding="utf-8")
             if self._ctl_path is not None:
-                self._ctl = _bind_control(self._ctl_path)   # last: the socket file means "ready"
+                self._ctl = _bind_control(self._ctl_path)  # last: the socket file means "ready"
                 self._ep.register(self._ctl.fileno(), select.EPOLLIN)
         except BaseException:
             self.close()
@@ -258,7 +284,7 @@ class DelayLine:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._fd = self._stop_r = self._stop_w = -1
-        self._ep.close()   # idempotent
+        self._ep.close()  # idempotent
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -286,7 +312,7 @@ class DelayLine:
 
     def _timeout(self, now: float, next_stats: float) -> float | None:
         t = next_stats
-        if not self._blocked:   # while blocked, EPOLLOUT (not the clock) resumes writing
+        if not self._blocked:  # while blocked, EPOLLOUT (not the clock) resumes writing
             for d in self._all:
                 if d.rel and d.rel[0] < t:
                     t = d.rel[0]
@@ -318,7 +344,7 @@ class DelayLine:
     def _drain(self, now: float) -> None:
         read, fd, unpack = os.read, self._fd, _DST.unpack_from
         dirs, unmatched = self._dirs, self._unmatched
-        for _ in range(DRAIN_BATCH):   # level-triggered: the rest is read on the next wake-up
+        for _ in range(DRAIN_BATCH):  # level-triggered: the rest is read on the next wake-up
             try:
                 pkt = read(fd, READ_SIZE)
             except BlockingIOError:
@@ -352,8 +378,9 @@ class DelayLine:
                     return
                 except OSError as e:
                     if d.write_errors == 0:
-                        log.warning("writing to the TUN failed (%s); such packets are dropped and "
-                                    "counted as write_errors", e)
+                        log.warning(
+                            "writing to the TUN failed (%s); such packets are dropped and counted as write_errors", e
+                        )
                     d.write_errors += 1
                 else:
                     d.packets_out += 1
@@ -388,7 +415,7 @@ class DelayLine:
             if addr:
                 try:
                     self._ctl.sendto(json.dumps(reply).encode(), addr)
-                except OSError as e:   # the client gave up and removed its socket
+                except OSError as e:  # the client gave up and removed its socket
                     log.warning("control reply to %r failed: %s", addr, e)
 
     def handle(self, msg: object) -> dict[str, Any]:
@@ -427,16 +454,24 @@ class DelayLine:
         out: dict[str, Any] = {}
         for d in self._all:
             m = d.model
-            out[d.name] = {**d.counters(), "delay_s": m.delay_s, "jitter_s": m.jitter_s,
-                           "loss": m.loss, "loss_correlation": m.loss_correlation}
+            out[d.name] = {
+                **d.counters(),
+                "delay_s": m.delay_s,
+                "jitter_s": m.jitter_s,
+                "loss": m.loss,
+                "loss_correlation": m.loss_correlation,
+            }
         return {"ok": True, "ts": time.time(), "write_blocked": self.write_blocked, "directions": out}
 
     def _write_stats(self) -> None:
         if self._stats_fh is None:
             return
         ts = time.time()
-        lines = [encode_line(ts, "delayline", Sample(metric, value, {"direction": d.name}))
-                 for d in self._all for metric, value in d.counters().items()]
+        lines = [
+            encode_line(ts, "delayline", Sample(metric, value, {"direction": d.name}))
+            for d in self._all
+            for metric, value in d.counters().items()
+        ]
         self._stats_fh.write("\n".join(lines) + "\n")
         self._stats_fh.flush()
 
@@ -459,6 +494,7 @@ def _bind_control(path: Path) -> socket.socket:
 
 
 # -- control client ----------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _client_socket() -> Iterator[socket.socket]:
@@ -493,20 +529,24 @@ def control(path: Path | str, msg: dict[str, Any], timeout: float = 2.0) -> dict
 class Lateness:
     """How late a running delay line has written packets so far, over all its directions."""
 
-    late_s: float       # lateness summed
-    packets: int        # packets written
-    late_packets: int   # of them, more than LATE_S late
+    late_s: float  # lateness summed
+    packets: int  # packets written
+    late_packets: int  # of them, more than LATE_S late
 
-    def __sub__(self, before: "Lateness") -> "Lateness":
-        return Lateness(self.late_s - before.late_s, self.packets - before.packets,
-                        self.late_packets - before.late_packets)
+    def __sub__(self, before: Lateness) -> Lateness:
+        return Lateness(
+            self.late_s - before.late_s, self.packets - before.packets, self.late_packets - before.late_packets
+        )
 
 
 def lateness(path: Path | str) -> Lateness:
     """The lateness counters of the delay line behind control socket `path`."""
     dirs = control(path, {"op": "stats"})["directions"].values()
-    return Lateness(sum(float(d["late_s"]) for d in dirs), sum(int(d["packets_out"]) for d in dirs),
-                    sum(int(d["late_packets"]) for d in dirs))
+    return Lateness(
+        sum(float(d["late_s"]) for d in dirs),
+        sum(int(d["packets_out"]) for d in dirs),
+        sum(int(d["late_packets"]) for d in dirs),
+    )
 
 
 async def send_control(path: Path | str, msg: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
@@ -520,9 +560,12 @@ async def send_control(path: Path | str, msg: dict[str, Any], timeout: float = 2
 
 # -- entry point -------------------------------------------------------------------------------
 
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m testbed.net.delayline",
-                                 description="Userspace delay line (delay, jitter, loss) on a TUN device.")
+    ap = argparse.ArgumentParser(
+        prog="python -m testbed.net.delayline",
+        description="Userspace delay line (delay, jitter, loss) on a TUN device.",
+    )
     ap.add_argument("--tun", required=True, help="existing persistent TUN device in this namespace")
     ap.add_argument("--config", required=True, type=Path, help='JSON: {"directions": [...]}')
     ap.add_argument("--control", type=Path, help="UNIX datagram control socket path to create")
@@ -551,17 +594,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         line = DelayLine(fd, directions, args.control, args.stats, args.stats_interval)
-    except (OSError, ValueError) as e:   # DelayLine closed the fd
+    except (OSError, ValueError) as e:  # DelayLine closed the fd
         log.error("%s", e)
         return 1
-    log.info("on %s: %s", args.tun, "; ".join(
-        f"{d.name} dst {d.dst_subnet} delay {d.delay_s * 1e3:g} ms jitter {d.jitter_s * 1e3:g} ms "
-        f"loss {d.loss:g} corr {d.loss_correlation:g}" for d in directions) or "no directions")
+    log.info(
+        "on %s: %s",
+        args.tun,
+        "; ".join(
+            f"{d.name} dst {d.dst_subnet} delay {d.delay_s * 1e3:g} ms jitter {d.jitter_s * 1e3:g} ms "
+            f"loss {d.loss:g} corr {d.loss_correlation:g}"
+            for d in directions
+        )
+        or "no directions",
+    )
     try:
         if stop_requested:
             line.stop()
         line.run()
-    except OSError as e:   # e.g. the TUN device was deleted under us
+    except OSError as e:  # e.g. the TUN device was deleted under us
         log.error("stopped: %s", e)
         return 1
     finally:

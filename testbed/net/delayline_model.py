@@ -23,7 +23,11 @@ import random
 JITTER_TRUNCATION_SD = 2.0
 # sd of a standard normal truncated at +-2: sqrt(1 - 2 * 2 * phi(2) / (2 * Phi(2) - 1)).
 JITTER_SD_FACTOR = math.sqrt(
-    1.0 - 2 * JITTER_TRUNCATION_SD * math.exp(-JITTER_TRUNCATION_SD**2 / 2) / math.sqrt(2 * math.pi)
+    1.0
+    - 2
+    * JITTER_TRUNCATION_SD
+    * math.exp(-(JITTER_TRUNCATION_SD**2) / 2)
+    / math.sqrt(2 * math.pi)
     / math.erf(JITTER_TRUNCATION_SD / math.sqrt(2))
 )
 
@@ -43,12 +47,25 @@ def _check(delay_s: float, jitter_s: float, loss: float, loss_correlation: float
 class DelayLineModel:
     """Delay, jitter and Gilbert loss of one link direction, with per-direction counters."""
 
-    __slots__ = ("delay_s", "jitter_s", "loss", "loss_correlation", "_rng", "_p_after_drop",
-                 "_p_after_keep", "_prev_dropped", "_last_release",
-                 "packets_in", "bytes_in", "packets_dropped", "bytes_dropped")
+    __slots__ = (
+        "delay_s",
+        "jitter_s",
+        "loss",
+        "loss_correlation",
+        "_rng",
+        "_p_after_drop",
+        "_p_after_keep",
+        "_prev_dropped",
+        "_last_release",
+        "packets_in",
+        "bytes_in",
+        "packets_dropped",
+        "bytes_dropped",
+    )
 
-    def __init__(self, delay_s: float, jitter_s: float = 0.0, loss: float = 0.0,
-                 loss_correlation: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self, delay_s: float, jitter_s: float = 0.0, loss: float = 0.0, loss_correlation: float = 0.0, seed: int = 0
+    ) -> None:
         _check(delay_s, jitter_s, loss, loss_correlation)
         self.delay_s = float(delay_s)
         self.jitter_s = float(jitter_s)
@@ -60,9 +77,9 @@ class DelayLineModel:
         self._p_after_drop = 0.0
         self._p_after_keep = 0.0
         self._set_chain()
-        self.packets_in = 0        # every packet offered to admit()
+        self.packets_in = 0  # every packet offered to admit()
         self.bytes_in = 0
-        self.packets_dropped = 0   # the lost subset of those
+        self.packets_dropped = 0  # the lost subset of those
         self.bytes_dropped = 0
 
     def _set_chain(self) -> None:
@@ -70,14 +87,21 @@ class DelayLineModel:
         self._p_after_drop = c + (1.0 - c) * p
         self._p_after_keep = (1.0 - c) * p
 
-    def update(self, delay_s: float | None = None, jitter_s: float | None = None,
-               loss: float | None = None, loss_correlation: float | None = None) -> None:
+    def update(
+        self,
+        delay_s: float | None = None,
+        jitter_s: float | None = None,
+        loss: float | None = None,
+        loss_correlation: float | None = None,
+    ) -> None:
         """Change parameters for packets admitted from now on (queued ones keep their release).
         Validates everything before changing anything."""
-        new = (self.delay_s if delay_s is None else float(delay_s),
-               self.jitter_s if jitter_s is None else float(jitter_s),
-               self.loss if loss is None else float(loss),
-               self.loss_correlation if loss_correlation is None else float(loss_correlation))
+        new = (
+            self.delay_s if delay_s is None else float(delay_s),
+            self.jitter_s if jitter_s is None else float(jitter_s),
+            self.loss if loss is None else float(loss),
+            self.loss_correlation if loss_correlation is None else float(loss_correlation),
+        )
         _check(*new)
         self.delay_s, self.jitter_s, self.loss, self.loss_correlation = new
         self._set_chain()

@@ -51,19 +51,28 @@ class PathLayout:
     src_ns: str
     src_switch_ns: str
     wan_ns: str
-    wan_in: str          # the WAN router's interface towards the source DC
-    wan_out: str         # the shaped interface, towards the destination DC
+    wan_in: str  # the WAN router's interface towards the source DC
+    wan_out: str  # the shaped interface, towards the destination DC
     dst_switch_ns: str
     dst_ns: str
     method: Method
-    direction: str       # the delay line's name of the direction, "SRC->DST"
+    direction: str  # the delay line's name of the direction, "SRC->DST"
 
 
 def layout_for(topo: Topology, src_host: str, dst_host: str) -> PathLayout:
     a, b = topo.host(src_host), topo.host(dst_host)
     da, db = topo.dc(a.dc), topo.dc(b.dc)
-    return PathLayout(a.netns, da.switch_ns, topo.wan_ns, da.wan_ifname, db.wan_ifname, db.switch_ns, b.netns,
-                      topo.method, f"{a.dc}->{b.dc}")
+    return PathLayout(
+        a.netns,
+        da.switch_ns,
+        topo.wan_ns,
+        da.wan_ifname,
+        db.wan_ifname,
+        db.switch_ns,
+        b.netns,
+        topo.method,
+        f"{a.dc}->{b.dc}",
+    )
 
 
 def read_path(r: CounterReader, p: PathLayout) -> Snapshot:
@@ -73,8 +82,12 @@ def read_path(r: CounterReader, p: PathLayout) -> Snapshot:
     def put(stage: Stage, place: str, value: int) -> None:
         out[place] = Counter(stage, place, int(value))
 
-    sides: tuple[tuple[str, Stage], ...] = ((p.src_ns, "before"), (p.src_switch_ns, "before"),
-                                            (p.dst_switch_ns, "after"), (p.dst_ns, "after"))
+    sides: tuple[tuple[str, Stage], ...] = (
+        (p.src_ns, "before"),
+        (p.src_switch_ns, "before"),
+        (p.dst_switch_ns, "after"),
+        (p.dst_ns, "after"),
+    )
     for ns, stage in sides:
         for i in r.interfaces(ns):
             put(stage, f"{ns} {i.ifname} rx_dropped", i.rx_dropped)
@@ -91,7 +104,7 @@ def read_path(r: CounterReader, p: PathLayout) -> Snapshot:
     for q in r.qdiscs(p.wan_ns, p.wan_out):
         if q.kind == "netem":
             put("model", f"netem {fmt_handle(q.handle)} on {q.ifname} drops", q.drops)
-        elif q.kind != "htb":   # HTB counts its leaves' drops again
+        elif q.kind != "htb":  # HTB counts its leaves' drops again
             put("after", f"{q.kind} {fmt_handle(q.handle)} on {q.ifname} drops", q.drops)
     put("before", f"{p.src_ns} Udp SndbufErrors", r.udp(p.src_ns).get("SndbufErrors", 0))
     put("after", f"{p.dst_ns} Udp InErrors", r.udp(p.dst_ns).get("InErrors", 0))
@@ -122,8 +135,9 @@ class NetlinkReader:
     """The kernel's counters through netlink handles (`handle(ns)`, e.g. Executor.handle) and
     /proc read from a thread inside each namespace; the delay line through `delay_line_stats`."""
 
-    def __init__(self, handle: Callable[[str], Any],
-                 delay_line_stats: Callable[[], Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, handle: Callable[[str], Any], delay_line_stats: Callable[[], Mapping[str, Any]] | None = None
+    ) -> None:
         self._handle = handle
         self._delay_line = delay_line_stats
 

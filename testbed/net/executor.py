@@ -21,9 +21,11 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
-from pyroute2 import IPRoute, config as _pyroute2_config, netns  # type: ignore[import-untyped]
+from pyroute2 import IPRoute, netns  # type: ignore[import-untyped]
+from pyroute2 import config as _pyroute2_config
 from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
-from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins, sched_pfifo  # type: ignore[import-untyped]
+from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins  # type: ignore[import-untyped]
+from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
 
 from testbed.net import netem_codec, nsthread
 from testbed.net.plan import (
@@ -182,7 +184,7 @@ class Executor:
         self._handles: dict[tuple[int, str], Any] = {}
         self.applied: list[Operation] = []
 
-    def __enter__(self) -> "Executor":
+    def __enter__(self) -> Executor:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
@@ -229,8 +231,10 @@ class Executor:
             if halt is not None and halt.is_set():
                 raise Halted(f"stopped waiting for {len(pending)} link(s) to come up: interrupted")
             if time.monotonic() > deadline:
-                raise NetError(f"{pending[0].describe()}: not operational after {LINK_UP_TIMEOUT_S:.0f} s "
-                               f"({len(pending)} link(s) still down)")
+                raise NetError(
+                    f"{pending[0].describe()}: not operational after {LINK_UP_TIMEOUT_S:.0f} s "
+                    f"({len(pending)} link(s) still down)"
+                )
             time.sleep(0.02)
 
     def _operational(self, op: LinkUp) -> bool:
@@ -286,8 +290,9 @@ class Executor:
 
     def _add_veth(self, op: AddVeth) -> None:
         self._ipr(op.peer_ns)  # fail early, naming the operation, if the peer namespace is missing
-        self._ipr(op.ns).link("add", ifname=op.ifname, kind="veth",
-                              peer={"ifname": op.peer_ifname, "net_ns_fd": op.peer_ns})
+        self._ipr(op.ns).link(
+            "add", ifname=op.ifname, kind="veth", peer={"ifname": op.peer_ifname, "net_ns_fd": op.peer_ns}
+        )
 
     def _add_tun(self, op: AddTun) -> None:
         # TUNSETIFF makes the device in the namespace of the thread that calls it: a thread inside
@@ -308,8 +313,9 @@ class Executor:
     def _add_address(self, op: AddAddress) -> None:
         iface = ipaddress.ip_interface(op.cidr)
         try:
-            self._ipr(op.ns).addr("add", index=self._index(op.ns, op.ifname), address=str(iface.ip),
-                                  prefixlen=iface.network.prefixlen)
+            self._ipr(op.ns).addr(
+                "add", index=self._index(op.ns, op.ifname), address=str(iface.ip), prefixlen=iface.network.prefixlen
+            )
         except NetlinkError as e:
             # The kernel answers EEXIST only for this very address and prefix: already done.
             if e.code != errno.EEXIST:
@@ -346,9 +352,18 @@ class Executor:
 
     def _htb_class(self, op: HtbClass, command: str = "add-class") -> None:
         rate = op.rate_bps // 8  # kernel rates are bytes/s; pyroute2 switches to rate64 above 2^32-1
-        self._ipr(op.ns).tc(command, "htb", self._index(op.ns, op.ifname), op.classid, parent=HTB_ROOT,
-                            rate=rate, ceil=rate, burst=op.burst_bytes, cburst=op.burst_bytes,
-                            quantum=op.quantum)
+        self._ipr(op.ns).tc(
+            command,
+            "htb",
+            self._index(op.ns, op.ifname),
+            op.classid,
+            parent=HTB_ROOT,
+            rate=rate,
+            ceil=rate,
+            burst=op.burst_bytes,
+            cburst=op.burst_bytes,
+            quantum=op.quantum,
+        )
 
     def _change_htb_class(self, op: ChangeHtbClass) -> None:
         self._htb_class(op, "change-class")
@@ -358,18 +373,36 @@ class Executor:
         if net.version != 4:
             raise ValueError(f"{op.src_cidr}: only IPv4 subnets are shaped")
         key = f"0x{int(net.network_address):08x}/0x{int(net.netmask):08x}+12"  # IPv4 source at byte 12
-        self._ipr(op.ns).tc("add-filter", "u32", self._index(op.ns, op.ifname), parent=HTB_ROOT, prio=op.prio,
-                            protocol=ETH_P_IP, target=op.classid, keys=[key])
+        self._ipr(op.ns).tc(
+            "add-filter",
+            "u32",
+            self._index(op.ns, op.ifname),
+            parent=HTB_ROOT,
+            prio=op.prio,
+            protocol=ETH_P_IP,
+            target=op.classid,
+            keys=[key],
+        )
 
     def _bfifo(self, op: BfifoLeaf) -> None:
-        self._ipr(op.ns).tc("add", "bfifo", self._index(op.ns, op.ifname), op.handle, parent=op.parent,
-                            limit=op.limit_bytes)
+        self._ipr(op.ns).tc(
+            "add", "bfifo", self._index(op.ns, op.ifname), op.handle, parent=op.parent, limit=op.limit_bytes
+        )
 
     def _netem(self, op: NetemLeaf, command: str = "add") -> None:
-        self._ipr(op.ns).tc(command, "netem", self._index(op.ns, op.ifname), op.handle, parent=op.parent,
-                            delay_us=round(op.delay_s * 1e6), jitter_us=round(op.jitter_s * 1e6), loss=op.loss,
-                            loss_corr=op.loss_correlation, limit=op.limit_packets,
-                            rate_bytes=None if op.rate_bps is None else op.rate_bps // 8)
+        self._ipr(op.ns).tc(
+            command,
+            "netem",
+            self._index(op.ns, op.ifname),
+            op.handle,
+            parent=op.parent,
+            delay_us=round(op.delay_s * 1e6),
+            jitter_us=round(op.jitter_s * 1e6),
+            loss=op.loss,
+            loss_corr=op.loss_correlation,
+            limit=op.limit_packets,
+            rate_bytes=None if op.rate_bps is None else op.rate_bps // 8,
+        )
 
     def _change_netem(self, op: ChangeNetem) -> None:
         self._netem(op, "change")

@@ -69,8 +69,9 @@ class NetnsForwarder:
             if netns:
                 enter_netns(netns)
 
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"fwd-{netns or 'here'}",
-                                                           initializer=enter)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"fwd-{netns or 'here'}", initializer=enter
+        )
         # Fail here, not on the first client, if the namespace is not there.
         await asyncio.wrap_future(self._pool.submit(lambda: None))
         self._server = await asyncio.start_server(self._accepted, *self.listen)

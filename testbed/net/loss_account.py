@@ -39,11 +39,11 @@ class Counter:
     """One cumulative drop counter on the probes' path."""
 
     stage: Stage
-    place: str          # e.g. "dc-b host eth0 rx_dropped", "netem 1:10 on dc1"
+    place: str  # e.g. "dc-b host eth0 rx_dropped", "netem 1:10 on dc1"
     value: int
 
 
-Snapshot = Mapping[str, Counter]   # place -> counter
+Snapshot = Mapping[str, Counter]  # place -> counter
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,15 @@ class QueueBound:
 class LossAccount:
     sent: int
     received: int
-    measured: float | None          # what the probes alone say: (sent - received) / sent
-    link: float | None              # the loss model's drops over the probes it saw
+    measured: float | None  # what the probes alone say: (sent - received) / sent
+    link: float | None  # the loss model's drops over the probes it saw
     valid: bool
     reasons: list[str]
-    drops: dict[str, int]           # place -> drops during the stream (non-zero ones)
-    by_stage: dict[str, int]        # stage -> drops
-    unexplained: int | None         # lost probes no counter accounts for (negative: counters saw more)
-    send_retries: int = 0           # sends the kernel refused at first (full buffer) and took on retry
-    socket_overflow: int | None = None   # the receiving socket's own count (SO_RXQ_OVFL)
+    drops: dict[str, int]  # place -> drops during the stream (non-zero ones)
+    by_stage: dict[str, int]  # stage -> drops
+    unexplained: int | None  # lost probes no counter accounts for (negative: counters saw more)
+    send_retries: int = 0  # sends the kernel refused at first (full buffer) and took on retry
+    socket_overflow: int | None = None  # the receiving socket's own count (SO_RXQ_OVFL)
     extra: dict[str, int | float | str] = field(default_factory=dict)
 
     @property
@@ -93,9 +93,17 @@ def deltas(before: Snapshot, after: Snapshot) -> tuple[dict[str, Counter], list[
     return out, problems
 
 
-def account_loss(sent: int, received: int, before: Snapshot | None, after: Snapshot | None, *,
-                 queue: QueueBound | None = None, send_retries: int = 0,
-                 socket_overflow: int | None = None, read_error: str | None = None) -> LossAccount:
+def account_loss(
+    sent: int,
+    received: int,
+    before: Snapshot | None,
+    after: Snapshot | None,
+    *,
+    queue: QueueBound | None = None,
+    send_retries: int = 0,
+    socket_overflow: int | None = None,
+    read_error: str | None = None,
+) -> LossAccount:
     """The account of one probe stream. `before`/`after`: the path's counters around it (None:
     they could not be read, `read_error` says why). `queue`: where the model is netem, its
     limit and the bound on what it held."""
@@ -105,10 +113,12 @@ def account_loss(sent: int, received: int, before: Snapshot | None, after: Snaps
     if sent <= 0:
         reasons.append("no probe was sent")
     if before is None or after is None:
-        reasons.append("the host's drop counters could not be read"
-                       + (f" ({read_error})" if read_error else "") + ": its drops cannot be told from the link's")
-        return LossAccount(sent, received, measured, None, False, reasons, {}, {}, None, send_retries,
-                           socket_overflow)
+        reasons.append(
+            "the host's drop counters could not be read"
+            + (f" ({read_error})" if read_error else "")
+            + ": its drops cannot be told from the link's"
+        )
+        return LossAccount(sent, received, measured, None, False, reasons, {}, {}, None, send_retries, socket_overflow)
     d, problems = deltas(before, after)
     reasons += problems
     by_stage: dict[str, int] = {s: sum(c.value for c in d.values() if c.stage == s) for s in STAGES}
@@ -125,28 +135,42 @@ def account_loss(sent: int, received: int, before: Snapshot | None, after: Snaps
         reasons.append(f"the counters saw {-unexplained} more drops than probes were lost: not all were probes")
     seen = sent - up
     if sent > 0 and up > MAX_BEFORE_SHARE * sent:
-        reasons.append(f"the host dropped {up} of {sent} probes before the link "
-                       f"(more than {MAX_BEFORE_SHARE:.0%}): too few reached it")
+        reasons.append(
+            f"the host dropped {up} of {sent} probes before the link "
+            f"(more than {MAX_BEFORE_SHARE:.0%}): too few reached it"
+        )
     extra: dict[str, int | float | str] = {}
     if queue is not None:
         extra = {"netem_limit_packets": queue.limit_packets, "peak_in_flight": queue.peak_in_flight}
         # Probes dropped after netem left it at an unknown moment: each may have been in it.
         held = queue.peak_in_flight + down
         if model > 0 and held >= queue.limit_packets:
-            reasons.append(f"netem's queue may have overflowed (up to {held} probes held against its limit "
-                           f"of {queue.limit_packets}): its {model} drops cannot be told from the profile's loss")
+            reasons.append(
+                f"netem's queue may have overflowed (up to {held} probes held against its limit "
+                f"of {queue.limit_packets}): its {model} drops cannot be told from the profile's loss"
+            )
     link = model / seen if seen > 0 else None
     valid = not reasons and link is not None
-    return LossAccount(sent, received, measured, link if valid else None, valid, reasons,
-                       {p: c.value for p, c in d.items() if c.value}, by_stage,
-                       unexplained, send_retries, socket_overflow, extra)
+    return LossAccount(
+        sent,
+        received,
+        measured,
+        link if valid else None,
+        valid,
+        reasons,
+        {p: c.value for p, c in d.items() if c.value},
+        by_stage,
+        unexplained,
+        send_retries,
+        socket_overflow,
+        extra,
+    )
 
 
 def peak_in_flight(intervals: Sequence[tuple[float, float]]) -> int:
     """Most (sent, received) intervals open at one moment: an upper bound on the probes any
     queue on the path held at once (a probe a queue holds has been sent and not yet received)."""
-    events = sorted([(s, 1) for s, _ in intervals] + [(r, -1) for _, r in intervals],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted([(s, 1) for s, _ in intervals] + [(r, -1) for _, r in intervals], key=lambda e: (e[0], e[1]))
     peak = cur = 0
     for _, step in events:
         cur += step

@@ -24,8 +24,8 @@ log = logging.getLogger("testbed.monitor")
 
 @dataclass(frozen=True)
 class WatchedLink:
-    ifname: str            # interface in the monitored namespace
-    link: str              # label, e.g. "dc-remote->dc-local"
+    ifname: str  # interface in the monitored namespace
+    link: str  # label, e.g. "dc-remote->dc-local"
     direction: str = "tx"  # count what leaves through the interface
 
 
@@ -77,7 +77,7 @@ class LinkMonitor:
         self._ready.set()
         try:
             nxt = time.monotonic()
-            unwritten: str | None = None     # the write error last reported (a full disk: once)
+            unwritten: str | None = None  # the write error last reported (a full disk: once)
             while not self._stop.is_set():
                 try:
                     # Stamp at the read, not at the write: a thread descheduled in between would

@@ -35,6 +35,8 @@ def cmd_netcaps(args: argparse.Namespace) -> int:
         print(json.dumps({**caps.to_dict(), "method": method}, indent=2))
     else:
         yes = {True: "yes", False: "no"}
-        print(f"netem: {yes[caps.netem]}\nhtb:   {yes[caps.htb]}\ntun:   {yes[caps.tun]}\n"
-              f"method (auto): {method}\ndetail: {caps.detail}")
+        print(
+            f"netem: {yes[caps.netem]}\nhtb:   {yes[caps.htb]}\ntun:   {yes[caps.tun]}\n"
+            f"method (auto): {method}\ndetail: {caps.detail}"
+        )
     return 0

@@ -42,8 +42,12 @@ def fraction_to_u32(f: float) -> int:
 def gilbert(loss: float, correlation: float) -> dict[str, int]:
     """NETEM_LOSS_GE for the chain above: p good->bad, r bad->good, every packet in the bad state
     lost (h = 0: no chance to pass), none in the good state (k1 = 0)."""
-    return {"p": fraction_to_u32((1.0 - correlation) * loss),
-            "r": fraction_to_u32((1.0 - correlation) * (1.0 - loss)), "h": 0, "k1": 0}
+    return {
+        "p": fraction_to_u32((1.0 - correlation) * loss),
+        "r": fraction_to_u32((1.0 - correlation) * (1.0 - loss)),
+        "h": 0,
+        "k1": 0,
+    }
 
 
 def get_parameters(kwarg: dict[str, Any]) -> dict[str, Any]:
@@ -60,8 +64,9 @@ def get_parameters(kwarg: dict[str, Any]) -> dict[str, Any]:
     rate = kwarg.get("rate_bytes")
     if rate is not None:
         rate = int(rate)
-        attrs.append(["TCA_NETEM_RATE", {"rate": min(rate, U32_MAX), "packet_overhead": 0,
-                                         "cell_size": 0, "cell_overhead": 0}])
+        attrs.append(
+            ["TCA_NETEM_RATE", {"rate": min(rate, U32_MAX), "packet_overhead": 0, "cell_size": 0, "cell_overhead": 0}]
+        )
         if rate > U32_MAX:
             attrs.append(["TCA_NETEM_RATE64", rate])
     return {

@@ -21,8 +21,9 @@ EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
 
 
-def nsexec_argv(netns: str, argv: Sequence[str],
-                sysctls: Iterable[tuple[str, str]] | Mapping[str, str] = ()) -> list[str]:
+def nsexec_argv(
+    netns: str, argv: Sequence[str], sysctls: Iterable[tuple[str, str]] | Mapping[str, str] = ()
+) -> list[str]:
     """Command line for subprocess.Popen that runs `argv` inside `netns`."""
     if not argv:
         raise ValueError("nsexec needs a command to run")
@@ -42,17 +43,24 @@ def _parse_sysctl(text: str) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m testbed.net.nsexec",
-                                     description="run a command inside a network namespace")
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.net.nsexec", description="run a command inside a network namespace"
+    )
     parser.add_argument("netns")
-    parser.add_argument("--sysctl", action="append", default=[], type=_parse_sysctl, metavar="KEY=VALUE",
-                        help="net.* sysctl to set inside the namespace before the command starts (repeatable)")
+    parser.add_argument(
+        "--sysctl",
+        action="append",
+        default=[],
+        type=_parse_sysctl,
+        metavar="KEY=VALUE",
+        help="net.* sysctl to set inside the namespace before the command starts (repeatable)",
+    )
     if "--" not in args_in:
         parser.print_usage(sys.stderr)
         print("nsexec: missing '-- CMD ARGS...'", file=sys.stderr)
         return EXIT_FAILED
     cut = args_in.index("--")
-    cmd = args_in[cut + 1:]
+    cmd = args_in[cut + 1 :]
     try:
         opts = parser.parse_args(args_in[:cut])
     except SystemExit as e:

@@ -122,7 +122,7 @@ class NetnsLoop:
             raise RuntimeError(f"NetnsLoop({self.netns}) is not running")
         return self._loop
 
-    def start(self) -> "NetnsLoop":
+    def start(self) -> NetnsLoop:
         if self._thread is not None:
             raise RuntimeError(f"NetnsLoop({self.netns}) already started")
         self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
@@ -197,7 +197,7 @@ class NetnsLoop:
         self._thread = None
         self._loop = None
 
-    def __enter__(self) -> "NetnsLoop":
+    def __enter__(self) -> NetnsLoop:
         return self.start()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:

@@ -42,7 +42,7 @@ def owner_dirs() -> list[Path]:
 
 @dataclass(frozen=True)
 class Owner:
-    key: str                 # the run's prefix (namespaces) or Docker project
+    key: str  # the run's prefix (namespaces) or Docker project
     backend: str
     pid: int
     start: int | None
@@ -88,7 +88,7 @@ def forget(key: str, dirs: list[Path] | None = None) -> None:
         try:
             (d / f"{key}.json").unlink(missing_ok=True)
         except OSError:
-            pass        # another user's record: its owner's `down` (or root's) removes it
+            pass  # another user's record: its owner's `down` (or root's) removes it
 
 
 def _read(path: Path) -> Owner | None:

@@ -32,11 +32,11 @@ from testbed.net.topology import (
 )
 
 TUN_IF = "tun0"
-DELAY_TABLE = 100           # routing table that sends inter-DC packets up to the delay line
-RULE_PRIORITY_BASE = 100    # rule `iif dc{i} lookup 100` gets priority 100 + i
-HTB_ROOT = 0x10000          # 1:
-CLASS_MINOR_BASE = 0x10     # class of source DC i is 1:{0x10 + i}
-GSO_MAX = 65536             # veth/bridge hand HTB GSO skbs up to 64 KiB whatever the MTU
+DELAY_TABLE = 100  # routing table that sends inter-DC packets up to the delay line
+RULE_PRIORITY_BASE = 100  # rule `iif dc{i} lookup 100` gets priority 100 + i
+HTB_ROOT = 0x10000  # 1:
+CLASS_MINOR_BASE = 0x10  # class of source DC i is 1:{0x10 + i}
+GSO_MAX = 65536  # veth/bridge hand HTB GSO skbs up to 64 KiB whatever the MTU
 MIN_QUEUE_PACKETS = 8
 MIN_TUN_QLEN = 1000
 
@@ -145,7 +145,7 @@ class LinkUp(Operation):
 
 @dataclass(frozen=True)
 class AddRoute(Operation):
-    dst: str                    # "default" or a CIDR
+    dst: str  # "default" or a CIDR
     gateway: str | None = None
     dev: str | None = None
     table: int | None = None
@@ -169,7 +169,7 @@ class AddRule(Operation):
 
 @dataclass(frozen=True)
 class Sysctl(Operation):
-    key: str                    # net.* only: the per-namespace part of /proc/sys
+    key: str  # net.* only: the per-namespace part of /proc/sys
     value: str
 
     def describe(self) -> str:
@@ -195,9 +195,11 @@ class HtbClass(Operation):
     verb = "add"
 
     def describe(self) -> str:
-        return (f"{self.ns}: tc class {self.verb} dev {self.ifname} parent {fmt_handle(HTB_ROOT)} "
-                f"classid {fmt_handle(self.classid)} htb rate {fmt_rate(self.rate_bps)} "
-                f"burst {self.burst_bytes} cburst {self.burst_bytes} quantum {self.quantum}")
+        return (
+            f"{self.ns}: tc class {self.verb} dev {self.ifname} parent {fmt_handle(HTB_ROOT)} "
+            f"classid {fmt_handle(self.classid)} htb rate {fmt_rate(self.rate_bps)} "
+            f"burst {self.burst_bytes} cburst {self.burst_bytes} quantum {self.quantum}"
+        )
 
 
 @dataclass(frozen=True)
@@ -215,8 +217,10 @@ class AddSrcFilter(Operation):
     classid: int
 
     def describe(self) -> str:
-        return (f"{self.ns}: tc filter add dev {self.ifname} parent {fmt_handle(HTB_ROOT)} protocol ip "
-                f"prio {self.prio} u32 match ip src {self.src_cidr} flowid {fmt_handle(self.classid)}")
+        return (
+            f"{self.ns}: tc filter add dev {self.ifname} parent {fmt_handle(HTB_ROOT)} protocol ip "
+            f"prio {self.prio} u32 match ip src {self.src_cidr} flowid {fmt_handle(self.classid)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -230,8 +234,10 @@ class BfifoLeaf(Operation):
         return leaf_handle(self.parent)
 
     def describe(self) -> str:
-        return (f"{self.ns}: tc qdisc add dev {self.ifname} parent {fmt_handle(self.parent)} "
-                f"handle {fmt_handle(self.handle)} bfifo limit {self.limit_bytes}")
+        return (
+            f"{self.ns}: tc qdisc add dev {self.ifname} parent {fmt_handle(self.parent)} "
+            f"handle {fmt_handle(self.handle)} bfifo limit {self.limit_bytes}"
+        )
 
 
 @dataclass(frozen=True)
@@ -240,8 +246,8 @@ class NetemLeaf(Operation):
     parent: int
     delay_s: float
     jitter_s: float
-    loss: float                 # fraction
-    loss_correlation: float     # fraction
+    loss: float  # fraction
+    loss_correlation: float  # fraction
     limit_packets: int
     # netem's own rate: with one, netem releases packets in arrival order (each one no earlier than
     # the one before it plus its serialisation time), as the delay line and a real path do; without,
@@ -262,9 +268,11 @@ class NetemLeaf(Operation):
         else:
             loss = f"loss {self.loss * 100:g}%"
         rate = f" rate {fmt_rate(self.rate_bps)}" if self.rate_bps is not None else ""
-        return (f"{self.ns}: tc qdisc {self.verb} dev {self.ifname} parent {fmt_handle(self.parent)} "
-                f"handle {fmt_handle(self.handle)} netem delay {self.delay_s * 1e3:g}ms {self.jitter_s * 1e3:g}ms "
-                f"{loss} limit {self.limit_packets}{rate}")
+        return (
+            f"{self.ns}: tc qdisc {self.verb} dev {self.ifname} parent {fmt_handle(self.parent)} "
+            f"handle {fmt_handle(self.handle)} netem delay {self.delay_s * 1e3:g}ms {self.jitter_s * 1e3:g}ms "
+            f"{loss} limit {self.limit_packets}{rate}"
+        )
 
 
 @dataclass(frozen=True)
@@ -381,13 +389,30 @@ def plan_link(topo: Topology, src: str, dst: str, params: LinkParams, leaf: Leaf
     s, d = topo.dc(src), topo.dc(dst)
     cid = class_id(s)
     ops: list[Operation] = [
-        HtbClass(topo.wan_ns, d.wan_ifname, cid, round(params.rate_bps), htb_burst_bytes(params.rate_bps, topo.mtu),
-                 htb_quantum(topo.mtu)),
+        HtbClass(
+            topo.wan_ns,
+            d.wan_ifname,
+            cid,
+            round(params.rate_bps),
+            htb_burst_bytes(params.rate_bps, topo.mtu),
+            htb_quantum(topo.mtu),
+        ),
         AddSrcFilter(topo.wan_ns, d.wan_ifname, 1 + s.index, s.subnet, cid),
     ]
     if leaf == "netem":
-        ops.append(NetemLeaf(topo.wan_ns, d.wan_ifname, cid, params.delay_s, params.jitter_s, params.loss,
-                             params.loss_correlation, netem_limit_packets(params, topo.mtu), round(params.rate_bps)))
+        ops.append(
+            NetemLeaf(
+                topo.wan_ns,
+                d.wan_ifname,
+                cid,
+                params.delay_s,
+                params.jitter_s,
+                params.loss,
+                params.loss_correlation,
+                netem_limit_packets(params, topo.mtu),
+                round(params.rate_bps),
+            )
+        )
     else:
         ops.append(BfifoLeaf(topo.wan_ns, d.wan_ifname, cid, params.queue_bytes))
     return ops
@@ -432,7 +457,9 @@ def plan_up(topo: Topology) -> list[Operation]:
     return ops
 
 
-def plan_change(topo: Topology, src: str, dst: str, params: LinkParams, method: Method | None = None) -> list[Operation]:
+def plan_change(
+    topo: Topology, src: str, dst: str, params: LinkParams, method: Method | None = None
+) -> list[Operation]:
     """Runtime change of one direction: rate always (HTB class), delay/jitter/loss for netem.
     With "fallback" the delay line owns delay/jitter/loss; with "none" nothing is shaped."""
     method = method or topo.method
@@ -443,10 +470,27 @@ def plan_change(topo: Topology, src: str, dst: str, params: LinkParams, method: 
     s, d = topo.dc(src), topo.dc(dst)
     cid = class_id(s)
     ops: list[Operation] = [
-        ChangeHtbClass(topo.wan_ns, d.wan_ifname, cid, round(params.rate_bps),
-                       htb_burst_bytes(params.rate_bps, topo.mtu), htb_quantum(topo.mtu)),
+        ChangeHtbClass(
+            topo.wan_ns,
+            d.wan_ifname,
+            cid,
+            round(params.rate_bps),
+            htb_burst_bytes(params.rate_bps, topo.mtu),
+            htb_quantum(topo.mtu),
+        ),
     ]
     if method == "netem":
-        ops.append(ChangeNetem(topo.wan_ns, d.wan_ifname, cid, params.delay_s, params.jitter_s, params.loss,
-                               params.loss_correlation, netem_limit_packets(params, topo.mtu), round(params.rate_bps)))
+        ops.append(
+            ChangeNetem(
+                topo.wan_ns,
+                d.wan_ifname,
+                cid,
+                params.delay_s,
+                params.jitter_s,
+                params.loss,
+                params.loss_correlation,
+                netem_limit_packets(params, topo.mtu),
+                round(params.rate_bps),
+            )
+        )
     return ops

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ProbeStats:
     sent: int
-    received: int                 # distinct sequence numbers that arrived
-    loss: float | None            # fraction of `sent` that never arrived
+    received: int  # distinct sequence numbers that arrived
+    loss: float | None  # fraction of `sent` that never arrived
     loss_correlation: float | None  # lag-1, Gilbert-style: (P(lost | previous lost) - p) / (1 - p)
-    reordered: float | None       # fraction of arrivals below the highest sequence seen before
+    reordered: float | None  # fraction of arrivals below the highest sequence seen before
     delay_median_s: float | None  # one-way
-    delay_sd_s: float | None      # one-way jitter
+    delay_sd_s: float | None  # one-way jitter
 
 
 def loss_correlation(lost: Sequence[bool]) -> float | None:
@@ -62,7 +62,8 @@ def probe_stats(sent: int, arrivals: Sequence[tuple[int, float]]) -> ProbeStats:
             delays.append(d)
     lost = [i not in seen for i in range(sent)]
     return ProbeStats(
-        sent=sent, received=len(seen),
+        sent=sent,
+        received=len(seen),
         loss=sum(lost) / sent if sent else None,
         loss_correlation=loss_correlation(lost),
         reordered=reordered_fraction(order),

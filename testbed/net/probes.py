@@ -14,8 +14,7 @@ import termios
 import time
 from dataclasses import dataclass
 
-
-_PROBE = struct.Struct("!4sQd")     # magic, sequence, send time
+_PROBE = struct.Struct("!4sQd")  # magic, sequence, send time
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
@@ -25,7 +24,7 @@ ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_U32.size)
 _MAGIC = b"PTBP"
 
 
-_RESIDENCE = struct.Struct("!d")   # after the probe header: how long the echo held it
+_RESIDENCE = struct.Struct("!d")  # after the probe header: how long the echo held it
 
 
 def rx_stamp(anc: list[tuple[int, int, bytes]]) -> float | None:
@@ -58,13 +57,13 @@ def _echo(sock: socket.socket) -> None:
             data, anc, _, addr = sock.recvmsg(2048, ANCBUF)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:     # an ICMP error for an earlier reply: nothing to read
+        except OSError:  # an ICMP error for an earlier reply: nothing to read
             continue
         if len(data) >= _PROBE.size + _RESIDENCE.size and data[:4] == _MAGIC:
             at = rx_stamp(anc)
             held = time.time() - at if at is not None else 0.0
-            data = data[:_PROBE.size] + _RESIDENCE.pack(held) + data[_PROBE.size + _RESIDENCE.size:]
-        with contextlib.suppress(OSError):   # a full buffer drops the reply: the probe times out
+            data = data[: _PROBE.size] + _RESIDENCE.pack(held) + data[_PROBE.size + _RESIDENCE.size :]
+        with contextlib.suppress(OSError):  # a full buffer drops the reply: the probe times out
             sock.sendto(data, addr)
 
 
@@ -86,6 +85,7 @@ class RttResult:
     """Round trips as the kernels saw them: each probe's is from its send to the kernel's receive
     stamp of the reply, less the time the echo host held it. What the two hosts' scheduling added
     on top (a loaded machine wakes its readers late) is `host_median_s`, kept out of the figure."""
+
     sent: int
     received: int
     median_s: float
@@ -98,7 +98,7 @@ class RttResult:
 async def measure_rtt(host: str, port: int, count: int = 200, gap: float = 0.01, timeout: float = 2.0) -> RttResult:
     """Sequential probes, one in flight at a time, so queueing never inflates the figure."""
     loop = asyncio.get_running_loop()
-    replies: asyncio.Queue[tuple[bytes, float, float]] = asyncio.Queue()   # data, kernel stamp, read at
+    replies: asyncio.Queue[tuple[bytes, float, float]] = asyncio.Queue()  # data, kernel stamp, read at
     sock = _stamped_socket(host, port, bind=False)
 
     def on_readable() -> None:
@@ -107,7 +107,7 @@ async def measure_rtt(host: str, port: int, count: int = 200, gap: float = 0.01,
                 data, anc, _, _ = sock.recvmsg(2048, ANCBUF)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:     # ICMP port unreachable for an earlier probe: read on
+            except OSError:  # ICMP port unreachable for an earlier probe: read on
                 continue
             read_at = time.time()
             at = rx_stamp(anc)
@@ -132,7 +132,7 @@ async def measure_rtt(host: str, port: int, count: int = 200, gap: float = 0.01,
                         rtts.append(at - t - held)
                         host_s.append(read_at - at + held)
                         break
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             await asyncio.sleep(gap)
     finally:
@@ -143,8 +143,9 @@ async def measure_rtt(host: str, port: int, count: int = 200, gap: float = 0.01,
         nan = float("nan")
         return RttResult(count, 0, nan, nan, nan)
     q = statistics.quantiles(rtts, n=10) if len(rtts) > 1 else [rtts[0]] * 9
-    return RttResult(count, len(rtts), statistics.median(rtts), q[0], q[-1], statistics.pstdev(rtts),
-                     statistics.median(host_s))
+    return RttResult(
+        count, len(rtts), statistics.median(rtts), q[0], q[-1], statistics.pstdev(rtts), statistics.median(host_s)
+    )
 
 
 class LossSink:
@@ -158,7 +159,7 @@ class LossSink:
         self.seen: set[int] = set()
         self._arrivals: list[tuple[int, float]] = []
         self._intervals: list[tuple[float, float]] = []
-        self.overflow: int | None = None    # None: the kernel gave no SO_RXQ_OVFL count
+        self.overflow: int | None = None  # None: the kernel gave no SO_RXQ_OVFL count
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -241,14 +242,14 @@ def wait_drained(sink: LossSink, quiet_s: float, limit_s: float = 120.0) -> None
 # schedule from now instead of sending the backlog back to back: a burst of that backlog would
 # fill the shaping queue, and its overflow is not the link's loss.
 MAX_LAG_S = 0.002
-MAX_RETRIES = 1000      # a millisecond apart: a buffer still full after a second is not a stall
+MAX_RETRIES = 1000  # a millisecond apart: a buffer still full after a second is not a stall
 
 
 @dataclass(frozen=True)
 class SendResult:
     sent: int
-    retries: int = 0      # sends the kernel refused (buffer full, EAGAIN/ENOBUFS) and took on a retry
-    stalls: int = 0       # times the sender fell MAX_LAG_S behind and resumed from there
+    retries: int = 0  # sends the kernel refused (buffer full, EAGAIN/ENOBUFS) and took on a retry
+    stalls: int = 0  # times the sender fell MAX_LAG_S behind and resumed from there
     stalled_s: float = 0.0
 
 

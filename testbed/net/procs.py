@@ -11,9 +11,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Sequence
 
 # Where a ProcessGroup that outlives its owner can be found again: one file per group, naming
 # the owner and every service (pid and start time, so a reused pid is never taken for one).
@@ -36,7 +36,7 @@ class ProcessGroup:
     def __init__(self, log_dir: Path, journal: Path | None = None) -> None:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.journal = journal        # None: not findable after a kill -9 of this process
+        self.journal = journal  # None: not findable after a kill -9 of this process
         # Added to every service's environment (a deployment's credentials: not on the command line)
         self.env: dict[str, str] = {}
         # Start times by pid, read once: the journal is rewritten at every spawn, and reading
@@ -52,8 +52,11 @@ class ProcessGroup:
         if self.journal is None:
             return
         me = os.getpid()
-        entry = {"owner": {"pid": me, "start": start_time(me)}, "log_dir": str(self.log_dir),
-                 "procs": {k: {"pid": p.pid, "start": self._start_of(p.pid)} for k, p in self.procs.items()}}
+        entry = {
+            "owner": {"pid": me, "start": start_time(me)},
+            "log_dir": str(self.log_dir),
+            "procs": {k: {"pid": p.pid, "start": self._start_of(p.pid)} for k, p in self.procs.items()},
+        }
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.journal.with_suffix(".tmp")
         tmp.write_text(json.dumps(entry))
@@ -63,8 +66,13 @@ class ProcessGroup:
         """Start `key` (again, after it died, with `append_log`: its earlier log stays)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with (self.log_dir / f"{key}.log").open("ab" if append_log else "wb") as fh:
-            self.procs[key] = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                               env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
+            self.procs[key] = subprocess.Popen(
+                argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+            )
         self._write_journal()
 
     def log(self, key: str) -> str:
@@ -110,7 +118,7 @@ def start_time(pid: int) -> int | None:
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: count from its closing one.
-    return int(stat[stat.rindex(")") + 2:].split()[19])
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
 
 
 def _alive(entry: object) -> int | None:
@@ -126,13 +134,15 @@ def _alive(entry: object) -> int | None:
 class Orphans:
     """What `sweep_orphans` stopped: service keys with their pids, per group file; and the groups
     it left to their live owners."""
+
     stopped: dict[str, list[str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    spared: dict[str, str] = field(default_factory=dict)     # group -> its owner ("pid N")
+    spared: dict[str, str] = field(default_factory=dict)  # group -> its owner ("pid N")
 
 
-def sweep_orphans(journal_dir: Path = JOURNAL_DIR, name: str | None = None, grace: float = 5.0,
-                  force: Collection[str] = ()) -> Orphans:
+def sweep_orphans(
+    journal_dir: Path = JOURNAL_DIR, name: str | None = None, grace: float = 5.0, force: Collection[str] = ()
+) -> Orphans:
     """Stop the services of every group (the one called `name`, when given) whose owner is gone
     (SIGTERM to each session, SIGKILL after `grace`), then forget the group. A live owner's group
     is left alone (it stops its own) unless `force` names it."""
@@ -185,14 +195,27 @@ def start_child(argv: Sequence[str]) -> Child:
     return subprocess.Popen(list(argv))
 
 
-def run_streamed(argv: Sequence[str], cwd: Path, on_line: Callable[[str], None],
-                 env: dict[str, str] | None = None, tail_lines: int = 20) -> tuple[int, list[str]]:
+def run_streamed(
+    argv: Sequence[str],
+    cwd: Path,
+    on_line: Callable[[str], None],
+    env: dict[str, str] | None = None,
+    tail_lines: int = 20,
+) -> tuple[int, list[str]]:
     """Run a script to the end, passing each output line to `on_line`; (exit code, last lines).
     OSError if it cannot start; killed if this process is interrupted meanwhile."""
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-    proc = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        env={**os.environ, **(env or {})},
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -207,10 +230,11 @@ def run_streamed(argv: Sequence[str], cwd: Path, on_line: Callable[[str], None],
     return rc, list(tail)
 
 
-async def start_reporting_child(argv: Sequence[str], stderr: Path) -> "asyncio.subprocess.Process":
+async def start_reporting_child(argv: Sequence[str], stderr: Path) -> asyncio.subprocess.Process:
     """A helper process (its own session) whose stdout the caller reads line by line as it goes
     (the TCP reset injector reports each connection it touched); stderr to a log file."""
     stderr.parent.mkdir(parents=True, exist_ok=True)
     with stderr.open("wb") as err:
-        return await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=err,
-                                                    start_new_session=True)
+        return await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True
+        )

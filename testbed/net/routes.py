@@ -21,5 +21,5 @@ def add_routes(specs: list[str]) -> None:
             try:
                 ipr.route("add", dst=dst, gateway=gw)
             except NetlinkError as e:
-                if e.code != 17:        # EEXIST: already there (a restarted container)
+                if e.code != 17:  # EEXIST: already there (a restarted container)
                     raise RuntimeError(f"route {dst} via {gw}: {e}") from e

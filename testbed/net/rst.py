@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     from scapy.packet import Packet
 
 log = logging.getLogger("testbed.rst")
-SNAPLEN = 160                 # Ethernet + the largest IPv4 and TCP headers
-PACKET_QDISC_BYPASS = 20      # linux/if_packet.h
+SNAPLEN = 160  # Ethernet + the largest IPv4 and TCP headers
+PACKET_QDISC_BYPASS = 20  # linux/if_packet.h
 SOL_PACKET = 263
-TICK_S = 0.05                 # how often the planner may send probes
+TICK_S = 0.05  # how often the planner may send probes
 SO_ATTACH_FILTER = 26
 ETH_P_IP = 0x0800
 
@@ -55,19 +55,19 @@ def kv_filter(port: int, snaplen: int = SNAPLEN) -> list[tuple[int, int, int, in
     """Classic BPF (code, jt, jf, k) for `ip and tcp and (src port P or dst port P)` on Ethernet,
     unfragmented, accepting `snaplen` bytes (what `tcpdump -dd` prints for that expression)."""
     return [
-        (0x28, 0, 0, 12),            # ldh [12]             ethertype
-        (0x15, 0, 10, ETH_P_IP),     # jeq #0x800           else drop
-        (0x30, 0, 0, 23),            # ldb [23]             IP protocol
-        (0x15, 0, 8, 6),             # jeq #6 (TCP)         else drop
-        (0x28, 0, 0, 20),            # ldh [20]             flags + fragment offset
-        (0x45, 6, 0, 0x1FFF),        # jset #0x1fff         a fragment: drop
-        (0xB1, 0, 0, 14),            # ldxb 4*([14]&0xf)    IP header length
-        (0x48, 0, 0, 14),            # ldh [x + 14]         source port
-        (0x15, 2, 0, port),          # jeq #port            accept
-        (0x48, 0, 0, 16),            # ldh [x + 16]         destination port
-        (0x15, 0, 1, port),          # jeq #port            else drop
-        (0x06, 0, 0, snaplen),       # ret #snaplen         accept the headers
-        (0x06, 0, 0, 0),             # ret #0               drop
+        (0x28, 0, 0, 12),  # ldh [12]             ethertype
+        (0x15, 0, 10, ETH_P_IP),  # jeq #0x800           else drop
+        (0x30, 0, 0, 23),  # ldb [23]             IP protocol
+        (0x15, 0, 8, 6),  # jeq #6 (TCP)         else drop
+        (0x28, 0, 0, 20),  # ldh [20]             flags + fragment offset
+        (0x45, 6, 0, 0x1FFF),  # jset #0x1fff         a fragment: drop
+        (0xB1, 0, 0, 14),  # ldxb 4*([14]&0xf)    IP header length
+        (0x48, 0, 0, 14),  # ldh [x + 14]         source port
+        (0x15, 2, 0, port),  # jeq #port            accept
+        (0x48, 0, 0, 16),  # ldh [x + 16]         destination port
+        (0x15, 0, 1, port),  # jeq #port            else drop
+        (0x06, 0, 0, snaplen),  # ret #snaplen         accept the headers
+        (0x06, 0, 0, 0),  # ret #0               drop
     ]
 
 
@@ -79,7 +79,7 @@ def attach_filter(sock: socket.socket, program: list[tuple[int, int, int, int]])
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
-def segment_of(pkt: "Packet", router_mac: str) -> tuple[Segment, str] | None:
+def segment_of(pkt: Packet, router_mac: str) -> tuple[Segment, str] | None:
     """The TCP header of a frame sniffed on an interface whose MAC is `router_mac`, and the MAC of
     the host on the far side (truncated payloads are fine: lengths come from the IP header)."""
     from scapy.layers.inet import IP, TCP
@@ -90,8 +90,15 @@ def segment_of(pkt: "Packet", router_mac: str) -> tuple[Segment, str] | None:
     eth, ip, tcp = pkt[Ether], pkt[IP], pkt[TCP]
     outgoing = str(eth.src).lower() == router_mac
     payload = int(ip.len) - int(ip.ihl) * 4 - int(tcp.dataofs) * 4
-    seg = Segment(outgoing, (str(ip.src), int(tcp.sport)), (str(ip.dst), int(tcp.dport)), int(tcp.seq),
-                  int(tcp.ack), int(tcp.flags), max(payload, 0))
+    seg = Segment(
+        outgoing,
+        (str(ip.src), int(tcp.sport)),
+        (str(ip.dst), int(tcp.dport)),
+        int(tcp.seq),
+        int(tcp.ack),
+        int(tcp.flags),
+        max(payload, 0),
+    )
     return seg, str(eth.dst if outgoing else eth.src).lower()
 
 
@@ -117,11 +124,11 @@ def kernel_path(ip: str) -> tuple[str, str] | None:
     with IPRoute() as ipr:
         try:
             routes = ipr.route("get", dst=ip)
-        except Exception:   # pyroute2's NetlinkError: no route
+        except Exception:  # pyroute2's NetlinkError: no route
             return None
         oif = routes[0].get_attr("RTA_OIF") if routes else None
         if oif is None or routes[0].get_attr("RTA_GATEWAY") is not None:
-            return None     # not on a directly attached network: not one of ours
+            return None  # not on a directly attached network: not one of ours
         for n in ipr.get_neighbours(ifindex=oif):
             if n.get_attr("NDA_DST") == ip and n.get_attr("NDA_LLADDR"):
                 name = ipr.link("get", index=oif)[0].get_attr("IFLA_IFNAME")
@@ -156,7 +163,7 @@ class Injector:
                 s = conf.L2listen(iface=i, promisc=False)
                 attach_filter(s.ins, kv_filter(planner.port))
                 self.listen[s] = i
-                o = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)   # protocol 0: sends, never receives
+                o = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)  # protocol 0: sends, never receives
                 self.out[i] = o
                 o.bind((i, 0))
                 try:
@@ -167,7 +174,7 @@ class Injector:
             self.close()
             raise
 
-    def on_packet(self, pkt: "Packet") -> None:
+    def on_packet(self, pkt: Packet) -> None:
         # Never raise: scapy closes the socket of a packet whose callback fails.
         try:
             iface = str(pkt.sniffed_on)
@@ -220,10 +227,31 @@ class Injector:
         self.listen, self.out = {}, {}
 
 
-def injector_argv(ifaces: Sequence[str], port: int, start: float, end: float, count: int | None,
-                  ends: str, netns: str | None = None, trace: Path | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "testbed.net.rst", "--port", str(port), "--start", f"{start:.6f}",
-            "--end", f"{end:.6f}", "--count", "all" if count is None else str(count), "--ends", ends]
+def injector_argv(
+    ifaces: Sequence[str],
+    port: int,
+    start: float,
+    end: float,
+    count: int | None,
+    ends: str,
+    netns: str | None = None,
+    trace: Path | None = None,
+) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "testbed.net.rst",
+        "--port",
+        str(port),
+        "--start",
+        f"{start:.6f}",
+        "--end",
+        f"{end:.6f}",
+        "--count",
+        "all" if count is None else str(count),
+        "--ends",
+        ends,
+    ]
     for i in ifaces:
         argv += ["--iface", i]
     return argv + (["--netns", netns] if netns else []) + (["--trace", str(trace)] if trace else [])
@@ -258,12 +286,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.netns:
             from testbed.net.nsthread import enter_netns
+
             enter_netns(args.netns)
         # Namespace first: scapy reads the interface list when it is imported. The layers
         # register the link types its sockets dissect with (else frames come back as Raw).
         import scapy.layers.inet  # noqa: F401
         import scapy.layers.l2  # noqa: F401
         import scapy.sendrecv  # noqa: F401
+
         _say("armed", pid=os.getpid())
         time.sleep(max(args.start - time.time(), 0.0))
         inj = Injector(args.iface, planner, trace)
@@ -279,8 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             inj.close()
         if trace is not None:
             trace.close()
-    _say("done", send_errors=inj.send_errors if inj else 0, unroutable=inj.unroutable if inj else 0,
-         **planner.summary())
+    _say(
+        "done", send_errors=inj.send_errors if inj else 0, unroutable=inj.unroutable if inj else 0, **planner.summary()
+    )
     return 0
 
 

@@ -32,7 +32,7 @@ from typing import Literal
 
 FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10
 SEQ_MOD = 1 << 32
-FAR = 1 << 30          # how far behind a window a probe sits (windows here are far smaller)
+FAR = 1 << 30  # how far behind a window a probe sits (windows here are far smaller)
 Ends = Literal["both", "receiver", "sender"]
 EndName = Literal["receiver", "sender"]
 
@@ -54,7 +54,7 @@ def seq_newest(a: int | None, b: int | None) -> int | None:
 class Segment:
     """The header of one TCP segment as seen on a router interface."""
 
-    outgoing: bool          # leaving the router (past its shapers), else arriving at it
+    outgoing: bool  # leaving the router (past its shapers), else arriving at it
     src: tuple[str, int]
     dst: tuple[str, int]
     seq: int
@@ -72,7 +72,7 @@ class Reset:
     dst: tuple[str, int]
     seq: int
     to: EndName
-    exact: bool             # seq is the end's own acknowledged number, not a guess from the peer
+    exact: bool  # seq is the end's own acknowledged number, not a guess from the peer
     conn: str
     probe: bool = False
     ack: int = 0
@@ -89,7 +89,7 @@ class _End:
     last_probe: float = float("-inf")
     sent: int = 0
     probes: int = 0
-    answered: bool = False                       # an RST came from this end after ours: its socket is gone
+    answered: bool = False  # an RST came from this end after ours: its socket is gone
 
     def guess(self) -> tuple[int | None, bool]:
         best = seq_newest(self.rcv_nxt, self.delivered)
@@ -100,7 +100,7 @@ class _End:
 
 @dataclass
 class _Conn:
-    receiver: _End          # the end listening on the KV port
+    receiver: _End  # the end listening on the KV port
     sender: _End
     established: bool = False
     targeted: bool = False
@@ -125,10 +125,10 @@ class ResetPlanner:
     port: int
     count: int | None = None
     ends: Ends = "both"
-    min_gap_s: float = 0.002       # between two RSTs to one end, however the guess moves
-    repeat_s: float = 0.05         # the same guess again after this long, if the end still talks
-    probe_s: float = 0.05          # between two probes to one end
-    max_per_end: int = 64          # RSTs; probes likewise
+    min_gap_s: float = 0.002  # between two RSTs to one end, however the guess moves
+    repeat_s: float = 0.05  # the same guess again after this long, if the end still talks
+    probe_s: float = 0.05  # between two probes to one end
+    max_per_end: int = 64  # RSTs; probes likewise
     conns: dict[tuple[tuple[str, int], tuple[str, int]], _Conn] = field(default_factory=dict)
     targeted: int = 0
     rsts_sent: int = 0
@@ -213,7 +213,14 @@ class ResetPlanner:
             "rsts_exact": self.rsts_exact,
             "probes_sent": self.probes_sent,
             "ends_answered": sum(c.receiver.answered + c.sender.answered for c in targeted),
-            "connections": [{"conn": c.name, "rsts_to_receiver": c.receiver.sent, "rsts_to_sender": c.sender.sent,
-                             "receiver_gone": c.receiver.answered, "sender_gone": c.sender.answered}
-                            for c in targeted[:64]],
+            "connections": [
+                {
+                    "conn": c.name,
+                    "rsts_to_receiver": c.receiver.sent,
+                    "rsts_to_sender": c.sender.sent,
+                    "receiver_gone": c.receiver.answered,
+                    "sender_gone": c.sender.answered,
+                }
+                for c in targeted[:64]
+            ],
         }

@@ -29,7 +29,7 @@ class NsProcess:
     pid: int
     netns: str
     comm: str
-    signal: str = ""   # the last signal teardown sent ("SIGTERM"/"SIGKILL"); "" when only listed
+    signal: str = ""  # the last signal teardown sent ("SIGTERM"/"SIGKILL"); "" when only listed
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,20 @@ class TeardownReport:
         return not self.namespaces and not self.processes
 
     def to_dict(self) -> dict[str, object]:
-        return {"prefix": self.prefix, "namespaces": list(self.namespaces),
-                "processes": [asdict(p) for p in self.processes], "errors": list(self.errors)}
+        return {
+            "prefix": self.prefix,
+            "namespaces": list(self.namespaces),
+            "processes": [asdict(p) for p in self.processes],
+            "errors": list(self.errors),
+        }
 
     def summary(self) -> str:
         if self.empty and not self.errors:
             return f"nothing to remove for prefix {self.prefix!r}"
-        lines = [f"removed {len(self.namespaces)} namespace(s), stopped {len(self.processes)} process(es) "
-                 f"for prefix {self.prefix!r}"]
+        lines = [
+            f"removed {len(self.namespaces)} namespace(s), stopped {len(self.processes)} process(es) "
+            f"for prefix {self.prefix!r}"
+        ]
         lines += [f"  netns {n}" for n in self.namespaces]
         lines += [f"  pid {p.pid} ({p.comm}) in {p.netns}: {p.signal}" for p in self.processes]
         lines += [f"  error: {e}" for e in self.errors]
@@ -65,8 +71,9 @@ class PrefixError(UserError, ValueError):
 def _check_prefix(prefix: str) -> None:
     # A bare or foreign prefix could match namespaces this project never created.
     if not prefix.startswith("ptb"):
-        raise PrefixError(f"--prefix {prefix!r}: must start with 'ptb' (every testbed name does; the default "
-                          "ptb removes every run's)")
+        raise PrefixError(
+            f"--prefix {prefix!r}: must start with 'ptb' (every testbed name does; the default ptb removes every run's)"
+        )
 
 
 def namespaces(prefix: str = "ptb") -> list[str]:
@@ -93,8 +100,8 @@ def _proc_identity(pid: int) -> tuple[str, str, int] | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     # comm is parenthesised and may contain spaces or ')': split at the last ')'.
-    comm = stat[stat.index("(") + 1:stat.rindex(")")]
-    rest = stat[stat.rindex(")") + 2:].split()
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    rest = stat[stat.rindex(")") + 2 :].split()
     return comm, rest[0], int(rest[19])
 
 

@@ -51,7 +51,7 @@ class Host:
     name: str
     dc: str
     netns: str
-    ip: str        # bare address; the prefix length is the DC subnet's
+    ip: str  # bare address; the prefix length is the DC subnet's
     gateway: str
     index: int = 0  # position inside its DC: switch port h{index}
 
@@ -64,9 +64,9 @@ class Host:
 class DCNet:
     name: str
     index: int
-    subnet: str     # e.g. 10.231.0.0/24
+    subnet: str  # e.g. 10.231.0.0/24
     switch_ns: str
-    gateway: str    # the WAN router's address on dc{index}
+    gateway: str  # the WAN router's address on dc{index}
 
     @property
     def prefixlen(self) -> int:
@@ -166,21 +166,33 @@ def build_topology(
         if HOST_FIRST + k > 254:
             raise ValueError(f"datacenter {dc!r}: more than {255 - HOST_FIRST} hosts do not fit in a /24")
         d = by_name[dc]
-        out_hosts.append(Host(name=name, dc=dc, netns=f"{prefix}-{name}", ip=f"{base}.{d.index}.{HOST_FIRST + k}",
-                              gateway=d.gateway, index=k))
+        out_hosts.append(
+            Host(
+                name=name,
+                dc=dc,
+                netns=f"{prefix}-{name}",
+                ip=f"{base}.{d.index}.{HOST_FIRST + k}",
+                gateway=d.gateway,
+                index=k,
+            )
+        )
 
     wan_ns = f"{prefix}-wan"
     names = [wan_ns, *(d.switch_ns for d in dcs), *(h.netns for h in out_hosts)]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ValueError(f"namespace names collide: {', '.join(dup)} (host names must be unique and not 'wan' or 'sw-<dc>')")
+        raise ValueError(
+            f"namespace names collide: {', '.join(dup)} (host names must be unique and not 'wan' or 'sw-<dc>')"
+        )
 
-    for (src, dst) in links:
+    for src, dst in links:
         for end in (src, dst):
             if end not in by_name:
                 raise ValueError(f"link ({src}, {dst}): unknown datacenter {end!r} (DCs: {', '.join(dc_names)})")
         if src == dst:
-            raise ValueError(f"link ({src}, {dst}): intra-DC traffic never crosses the WAN router, so it cannot be shaped here")
+            raise ValueError(
+                f"link ({src}, {dst}): intra-DC traffic never crosses the WAN router, so it cannot be shaped here"
+            )
 
     if mtu is None:
         profile_mtus = [p.mtu for p in links.values() if p.mtu is not None]
@@ -188,5 +200,13 @@ def build_topology(
     if not 576 <= mtu <= MAX_MTU:
         raise ValueError(f"mtu {mtu}: must be within 576..{MAX_MTU}")
 
-    return Topology(prefix=prefix, dcs=dcs, hosts=tuple(out_hosts), wan_ns=wan_ns, links=dict(links),
-                    method=method, mtu=mtu, tcp=tcp if tcp is not None else TcpSettings())
+    return Topology(
+        prefix=prefix,
+        dcs=dcs,
+        hosts=tuple(out_hosts),
+        wan_ns=wan_ns,
+        links=dict(links),
+        method=method,
+        mtu=mtu,
+        tcp=tcp if tcp is not None else TcpSettings(),
+    )

@@ -19,7 +19,7 @@ TUNSETPERSIST = 0x400454CB
 IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
 IFNAMSIZ = 16
-_IFREQ = struct.Struct("16sH22x")    # struct ifreq: name, ifr_flags, padding to 40 bytes
+_IFREQ = struct.Struct("16sH22x")  # struct ifreq: name, ifr_flags, padding to 40 bytes
 
 
 def _set_iff(fd: int, name: str) -> None:
@@ -49,8 +49,6 @@ def open_tun(name: str) -> int:
         os.close(fd)
         raise
     return fd
-
-
 
 
 def ipv4_dst(packet: bytes) -> bytes:

@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from testbed.core.schema.linkprofile import LinkParams
-from testbed.net.procs import ProcessGroup
 from testbed.net.delayline import DirectionSpec, control, write_config
 from testbed.net.executor import Executor
 from testbed.net.nsexec import nsexec_argv
 from testbed.net.plan import plan_change
+from testbed.net.procs import ProcessGroup
 from testbed.net.topology import Topology
 
 # A process start: about a second on a host, tens of seconds in a slow guest (user-mode-linux).
@@ -23,8 +23,10 @@ READY_TIMEOUT_S = 60.0
 def delayline_directions(topo: Topology) -> list[DirectionSpec]:
     """One direction per ordered DC pair, chosen by destination subnet (with more than two DCs,
     traffic into one DC shares its delay parameters; the kernel still rates each pair)."""
-    return [DirectionSpec.from_link(f"{a}->{b}", topo.dc(b).subnet, p, seed=i + 1)
-            for i, ((a, b), p) in enumerate(topo.links.items())]
+    return [
+        DirectionSpec.from_link(f"{a}->{b}", topo.dc(b).subnet, p, seed=i + 1)
+        for i, ((a, b), p) in enumerate(topo.links.items())
+    ]
 
 
 def control_path(prefix: str) -> Path:
@@ -38,8 +40,7 @@ def start_delayline(procs: ProcessGroup, topo: Topology, workdir: Path, stats: P
     cfg = workdir / "delayline.json"
     write_config(cfg, delayline_directions(topo))
     ctl = control_path(topo.prefix)
-    argv = [sys.executable, "-m", "testbed.net.delayline", "--tun", "tun0", "--config", str(cfg),
-            "--control", str(ctl)]
+    argv = [sys.executable, "-m", "testbed.net.delayline", "--tun", "tun0", "--config", str(cfg), "--control", str(ctl)]
     if stats is not None:
         argv += ["--stats", str(stats)]
     procs.spawn("delayline", nsexec_argv(topo.wan_ns, argv))
@@ -57,8 +58,12 @@ class LinkChangeError(RuntimeError):
     pass
 
 
-def change_links(topo: Topology, changes: Mapping[tuple[str, str], LinkParams], control_path: Path | str | None,
-                 netns: str | None = None) -> None:
+def change_links(
+    topo: Topology,
+    changes: Mapping[tuple[str, str], LinkParams],
+    control_path: Path | str | None,
+    netns: str | None = None,
+) -> None:
     """Apply new parameters to some directions at runtime: delay, jitter and loss by the delay
     line when there is one (first: it acts at once, e.g. an outage), then the kernel's rate class
     (and netem) by netlink in the WAN router's namespace (`netns` overrides the topology's, e.g. a
@@ -67,15 +72,23 @@ def change_links(topo: Topology, changes: Mapping[tuple[str, str], LinkParams], 
     delay_line = topo.method == "fallback" and control_path is not None
     if delay_line:
         if set(changes) == set(topo.links) and len(set(changes.values())) == 1:
-            sets = [("*", next(iter(changes.values())))]      # one message: every direction at once
+            sets = [("*", next(iter(changes.values())))]  # one message: every direction at once
         else:
             # The delay line picks a packet's direction by destination subnet, first match: with more
             # than two DCs one entry serves all traffic into `b`, so every entry into `b` is set.
             sets = [(f"{x}->{y}", p) for (a, b), p in changes.items() for (x, y) in topo.links if y == b]
         for name, p in sets:
-            reply = control(str(control_path), {"op": "set", "direction": name, "delay_s": p.delay_s,
-                                                "jitter_s": p.jitter_s, "loss": p.loss,
-                                                "loss_correlation": p.loss_correlation})
+            reply = control(
+                str(control_path),
+                {
+                    "op": "set",
+                    "direction": name,
+                    "delay_s": p.delay_s,
+                    "jitter_s": p.jitter_s,
+                    "loss": p.loss,
+                    "loss_correlation": p.loss_correlation,
+                },
+            )
             if not reply.get("ok"):
                 raise LinkChangeError(f"delay line refused a change of {name}: {reply}")
     # With the delay line the kernel holds only the rate.

@@ -27,10 +27,11 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 
@@ -42,28 +43,29 @@ from testbed.live.clock import now
 from testbed.live.credentials import API_KEY_FILE
 from testbed.live.held import HOLD_KEY, HOLD_PATH
 from testbed.metrics.artefacts import Summary, run_info
-from testbed.metrics.artefacts.run_file import HoldInfo as HoldFacts, RunState, Shaping, this_process
+from testbed.metrics.artefacts.run_file import HoldInfo as HoldFacts
+from testbed.metrics.artefacts.run_file import RunState, Shaping, this_process
 from testbed.run.runner import _versions, clear_previous_run, make_backend, owning_run_dir, write_run_json
 from testbed.run.stoppable import default_in_forked_child
 
 HOLD_SPEEDUP = 1.0
-HOLD_STREAM_INTERVAL = 1   # tokens per streamed chunk, unless the user sets serving.stream_interval
-POLL_S = 1.0              # between health checks of the router
+HOLD_STREAM_INTERVAL = 1  # tokens per streamed chunk, unless the user sets serving.stream_interval
+POLL_S = 1.0  # between health checks of the router
 POLL_TIMEOUT_S = 5.0
-GONE_AFTER = 3            # consecutive failed checks: the deployment is gone
+GONE_AFTER = 3  # consecutive failed checks: the deployment is gone
 
 
 @dataclass(frozen=True)
 class HoldInfo:
     """What a client needs, once the deployment is ready."""
 
-    url: str              # server root: aiperf --url, vllm bench serve --base-url, guidellm --target
+    url: str  # server root: aiperf --url, vllm bench serve --base-url, guidellm --target
     run_dir: Path
     backend: str
-    prefix: str           # what `testbed down --prefix` takes ("" where it does not apply)
+    prefix: str  # what `testbed down --prefix` takes ("" where it does not apply)
     speedup: float
     prometheus: str = ""  # Prometheus scraping the deployment (--prometheus), else ""
-    api_key: str = ""     # what clients send as `Authorization: Bearer KEY` (also in run_dir/api-key)
+    api_key: str = ""  # what clients send as `Authorization: Bearer KEY` (also in run_dir/api-key)
 
     @property
     def base_url(self) -> str:
@@ -71,10 +73,17 @@ class HoldInfo:
         return f"{self.url}/v1"
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"base_url": self.base_url, "url": self.url, "run_dir": str(self.run_dir),
-                               "backend": self.backend, "prefix": self.prefix, "speedup": self.speedup,
-                               "records": str(self.run_dir / "records.csv"), "api_key": self.api_key,
-                               "api_key_file": str(self.run_dir / API_KEY_FILE)}
+        out: dict[str, Any] = {
+            "base_url": self.base_url,
+            "url": self.url,
+            "run_dir": str(self.run_dir),
+            "backend": self.backend,
+            "prefix": self.prefix,
+            "speedup": self.speedup,
+            "records": str(self.run_dir / "records.csv"),
+            "api_key": self.api_key,
+            "api_key_file": str(self.run_dir / API_KEY_FILE),
+        }
         if self.prometheus:
             out["prometheus"] = self.prometheus
         return out
@@ -83,7 +92,7 @@ class HoldInfo:
 @dataclass(frozen=True)
 class HoldResult:
     run_dir: Path
-    ended: str            # why: stopped, or the deployment went away
+    ended: str  # why: stopped, or the deployment went away
     summary: Summary
 
 
@@ -103,7 +112,7 @@ async def _post_t0(router: str, t0: float, headers: dict[str, str]) -> None:
 
 
 async def _router_up(router: str) -> str:
-    """"" if the router answers /health, else why not."""
+    """ "" if the router answers /health, else why not."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT_S)) as s:
             async with s.get(router + "/health") as r:
@@ -124,9 +133,15 @@ async def _until_gone(be: Backend) -> str:
             return f"the deployment went away (router unreachable: {why})"
 
 
-async def hold_async(rs: ResolvedScenario, run_dir: Path, backend: str, stop: asyncio.Event,
-                     on_ready: Callable[[HoldInfo], None], host_port: int = 0,
-                     prometheus: str | None = None) -> HoldResult:
+async def hold_async(
+    rs: ResolvedScenario,
+    run_dir: Path,
+    backend: str,
+    stop: asyncio.Event,
+    on_ready: Callable[[HoldInfo], None],
+    host_port: int = 0,
+    prometheus: str | None = None,
+) -> HoldResult:
     """Bring the deployment up, call `on_ready`, keep it until `stop` is set or it disappears,
     then tear it down and write the run directory. `prometheus`: the listen address of a
     Prometheus to run against the deployment (`testbed.deploy.prometheus`)."""
@@ -134,8 +149,15 @@ async def hold_async(rs: ResolvedScenario, run_dir: Path, backend: str, stop: as
         return await _hold(rs, run_dir, backend, stop, on_ready, host_port, prometheus)
 
 
-async def _hold(rs: ResolvedScenario, run_dir: Path, backend: str, stop: asyncio.Event,
-                on_ready: Callable[[HoldInfo], None], host_port: int, prometheus: str | None) -> HoldResult:
+async def _hold(
+    rs: ResolvedScenario,
+    run_dir: Path,
+    backend: str,
+    stop: asyncio.Event,
+    on_ready: Callable[[HoldInfo], None],
+    host_port: int,
+    prometheus: str | None,
+) -> HoldResult:
     from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
 
@@ -146,18 +168,28 @@ async def _hold(rs: ResolvedScenario, run_dir: Path, backend: str, stop: asyncio
     (run_dir / "scenario.yaml").write_text(dump_scenario(sc))
     be = make_backend(backend, rs, run_dir, extra={HOLD_KEY: {"records": "records.csv"}}, host_port=host_port)
     meta = run_info(
-        name=sc.name, scenario=sc.name, policy=sc.policy.name, backend=backend,
-        t0=None, t_end=None,
+        name=sc.name,
+        scenario=sc.name,
+        policy=sc.policy.name,
+        backend=backend,
+        t0=None,
+        t_end=None,
         scale={"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
-        shaping=be.shaping(), slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
-        offered_rate=None, trace={"source": "outside clients (testbed up --hold)", "requests": None},
-        threshold=rs.threshold, versions=_versions(), interrupted=False, hold={"url": None},
-        state="running", **this_process(),
+        shaping=be.shaping(),
+        slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
+        offered_rate=None,
+        trace={"source": "outside clients (testbed up --hold)", "requests": None},
+        threshold=rs.threshold,
+        versions=_versions(),
+        interrupted=False,
+        hold={"url": None},
+        state="running",
+        **this_process(),
     )
     meta_path = run_dir / "run.json"
     write_run_json(meta_path, meta)
     ended = "stopped before the deployment was up"
-    state: RunState = "failed"       # until the hold ends as told, or is interrupted
+    state: RunState = "failed"  # until the hold ends as told, or is interrupted
     prom: PrometheusProcess | None = None
     try:
         await be.start()
@@ -173,8 +205,9 @@ async def _hold(rs: ResolvedScenario, run_dir: Path, backend: str, stop: asyncio
         meta.hold = HoldFacts(url=url, base_url=f"{url}/v1", prefix=_prefix(be))
         write_run_json(meta_path, meta)
         await be.on_t0(t0)
-        on_ready(HoldInfo(url, run_dir, backend, _prefix(be), sc.scale.speedup, prom.url if prom else "",
-                          creds.api_key))
+        on_ready(
+            HoldInfo(url, run_dir, backend, _prefix(be), sc.scale.speedup, prom.url if prom else "", creds.api_key)
+        )
         ended = "stopped"
         stopped = asyncio.ensure_future(stop.wait())
         gone = asyncio.ensure_future(_until_gone(be))
@@ -183,7 +216,7 @@ async def _hold(rs: ResolvedScenario, run_dir: Path, backend: str, stop: asyncio
             if gone in done:
                 ended = gone.result()
             else:
-                state = "finished"   # a hold ends when it is told to: its normal end
+                state = "finished"  # a hold ends when it is told to: its normal end
         finally:
             for t in (stopped, gone):
                 t.cancel()
@@ -209,6 +242,7 @@ async def _hold(rs: ResolvedScenario, run_dir: Path, backend: str, stop: asyncio
             if not (run_dir / "records.csv").exists():
                 # The router never wrote (it did not come up): an empty file keeps the directory readable.
                 from testbed.metrics.records import RecordWriter
+
                 RecordWriter(run_dir / "records.csv").close()
             summary = write_summary(run_dir)
             write_report(run_dir, summary)
@@ -240,6 +274,7 @@ def stop_on_sigint(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> Call
 
     def restore() -> None:
         signal.signal(signal.SIGINT, previous)
+
     return restore
 
 
@@ -247,8 +282,10 @@ def with_hold_speedup(sets: list[str]) -> list[str]:
     """The `--set` list with scale.speedup=1 first, unless the user set the speedup."""
     from testbed.config.overrides import parse_assignments
 
-    given = any(k == "scale.speedup" or (k == "scale" and isinstance(v, dict) and "speedup" in v)
-                for k, v in parse_assignments(sets))
+    given = any(
+        k == "scale.speedup" or (k == "scale" and isinstance(v, dict) and "speedup" in v)
+        for k, v in parse_assignments(sets)
+    )
     return list(sets) if given else [f"scale.speedup={HOLD_SPEEDUP:g}", *sets]
 
 
@@ -256,8 +293,10 @@ def with_hold_streaming(sets: list[str]) -> list[str]:
     """The `--set` list with serving.stream_interval=1 first, unless the user set it."""
     from testbed.config.overrides import parse_assignments
 
-    given = any(k == "serving.stream_interval" or (k == "serving" and isinstance(v, dict) and "stream_interval" in v)
-                for k, v in parse_assignments(sets))
+    given = any(
+        k == "serving.stream_interval" or (k == "serving" and isinstance(v, dict) and "stream_interval" in v)
+        for k, v in parse_assignments(sets)
+    )
     return list(sets) if given else [f"serving.stream_interval={HOLD_STREAM_INTERVAL}", *sets]
 
 
@@ -265,23 +304,27 @@ def chunking_note(tokens_per_chunk: int) -> str:
     """What the banner says of the streaming granularity."""
     if tokens_per_chunk == 1:
         return "streaming: 1 token per SSE chunk (per-chunk client figures are per-token)"
-    return (f"streaming: {tokens_per_chunk} tokens per SSE chunk: per-chunk client figures (inter-chunk latency) "
-            f"cover {tokens_per_chunk} tokens; --set serving.stream_interval=1 streams per token")
+    return (
+        f"streaming: {tokens_per_chunk} tokens per SSE chunk: per-chunk client figures (inter-chunk latency) "
+        f"cover {tokens_per_chunk} tokens; --set serving.stream_interval=1 streams per token"
+    )
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from testbed.config.overrides import overrides_for
-    from testbed.run.load import load
     from testbed.deploy.registry import check_capacity, check_host, pick_backend, refuse_unhonoured
+    from testbed.run.load import load
 
     if not args.scenario:
         print("up --hold: give --scenario NAME", file=sys.stderr)
         return 2
     if args.compare or args.trace or args.rate is not None or args.requests is not None or args.seed is not None:
-        print("up --hold: the clients bring the load; --compare, --trace, --rate, --requests and --seed do not apply",
-              file=sys.stderr)
+        print(
+            "up --hold: the clients bring the load; --compare, --trace, --rate, --requests and --seed do not apply",
+            file=sys.stderr,
+        )
         return 2
     if args.speedup == "auto":
         print("up --hold: --speedup auto probes a workload, and the clients bring it: give a number", file=sys.stderr)
@@ -306,19 +349,29 @@ def cmd_hold(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(info.to_json()), flush=True)
         down = f", or `testbed down --force {info.prefix}`" if info.prefix else ""
-        paper = ("clients measure paper time" if sc.scale.speedup == 1 else
-                 f"clients measure wire time: multiply their latencies by {sc.scale.speedup:g} for paper time")
-        print(f"held: {sc.name} on {backend}, speedup {sc.scale.speedup:g} ({paper}), "
-              f"byte_scale {sc.scale.byte_scale:g}\n"
-              f"{chunking_note(sc.serving.stream_interval)} (also at {info.url}/testbed/info)\n"
-              f"OpenAI base URL: {info.base_url}\n"
-              f"API key: {info.api_key} (also in {info.run_dir / API_KEY_FILE}; send `Authorization: Bearer KEY`)\n"
-              f"  export OPENAI_API_KEY=$(cat {info.run_dir / API_KEY_FILE})\n"
-              f"  aiperf --url {info.url} --api-key $OPENAI_API_KEY | vllm bench serve --base-url {info.url} "
-              f"| guidellm --target {info.url}\n"
-              + (f"Prometheus: {info.prometheus} (examples/observability/ has the dashboards)\n" if info.prometheus else "")
-              + f"every request is recorded in {info.run_dir / 'records.csv'}; Ctrl-C or SIGTERM{down} ends the hold",
-              file=sys.stderr, flush=True)
+        paper = (
+            "clients measure paper time"
+            if sc.scale.speedup == 1
+            else f"clients measure wire time: multiply their latencies by {sc.scale.speedup:g} for paper time"
+        )
+        print(
+            f"held: {sc.name} on {backend}, speedup {sc.scale.speedup:g} ({paper}), "
+            f"byte_scale {sc.scale.byte_scale:g}\n"
+            f"{chunking_note(sc.serving.stream_interval)} (also at {info.url}/testbed/info)\n"
+            f"OpenAI base URL: {info.base_url}\n"
+            f"API key: {info.api_key} (also in {info.run_dir / API_KEY_FILE}; send `Authorization: Bearer KEY`)\n"
+            f"  export OPENAI_API_KEY=$(cat {info.run_dir / API_KEY_FILE})\n"
+            f"  aiperf --url {info.url} --api-key $OPENAI_API_KEY | vllm bench serve --base-url {info.url} "
+            f"| guidellm --target {info.url}\n"
+            + (
+                f"Prometheus: {info.prometheus} (examples/observability/ has the dashboards)\n"
+                if info.prometheus
+                else ""
+            )
+            + f"every request is recorded in {info.run_dir / 'records.csv'}; Ctrl-C or SIGTERM{down} ends the hold",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async def main() -> HoldResult:
         stop = asyncio.Event()
@@ -329,17 +382,27 @@ def cmd_hold(args: argparse.Namespace) -> int:
             restore()
 
     from testbed.config import run_lock
+
     with run_lock.holding(out, args.overwrite):
         res = asyncio.run(main())
     n = res.summary.requests.total
     if args.json:
-        print(json.dumps({"ended": res.ended, "run_dir": str(res.run_dir), "requests": n,
-                          "report": str(res.run_dir / "report.md")}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "ended": res.ended,
+                    "run_dir": str(res.run_dir),
+                    "requests": n,
+                    "report": str(res.run_dir / "report.md"),
+                }
+            ),
+            flush=True,
+        )
     else:
         from testbed.metrics.report_command import print_summary_table
+
         print(f"hold ended: {res.ended}; {n} requests recorded", file=sys.stderr)
         if n:
             print_summary_table(res.summary, title=res.run_dir.name)
         print(f"report: {res.run_dir / 'report.md'}")
     return 0
-

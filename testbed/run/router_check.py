@@ -41,7 +41,7 @@ async def _answers(url: str) -> bool:
                 async with s.get(f"{url}/health") as r:
                     if r.status < 500:
                         return True
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
             await asyncio.sleep(0.2 * (i + 1))
     return False

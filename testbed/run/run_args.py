@@ -14,43 +14,95 @@ from testbed.core.schema.scenario import Scenario
 from testbed.traces.types import Trace, TraceError
 
 
-def add_run_args(p: argparse.ArgumentParser, *, speedup_auto: bool = False, rate: bool = True,
-                 requests_default: int | None = None,
-                 requests_help: str = "replay only the first N requests (after --window and --sample)") -> None:
+def add_run_args(
+    p: argparse.ArgumentParser,
+    *,
+    speedup_auto: bool = False,
+    rate: bool = True,
+    requests_default: int | None = None,
+    requests_help: str = "replay only the first N requests (after --window and --sample)",
+) -> None:
     """The workload flags, each single-valued one refused when given twice (StoreOnce).
     `speedup_auto`: --speedup also takes `auto` (a probe picks it; only where one run follows).
     `rate=False` where the command chooses the offered rates itself."""
-    from testbed.traces.trace_command import WINDOW_HELP, window_arg
     from testbed.traces.loader import SUPPORTED_FORMATS
+    from testbed.traces.trace_command import WINDOW_HELP, window_arg
 
-    p.add_argument("--trace", action=StoreOnce, help="trace file to replay instead of the scenario's synthetic workload")
-    p.add_argument("--format", action=StoreOnce, default="auto", choices=("auto", *SUPPORTED_FORMATS),
-                   help="trace format (default: from the suffix, and a .csv's header)")
-    p.add_argument("--window", action=StoreOnce, type=window_arg, metavar="START:END",
-                   help=f"replay only the trace's arrivals in this window, read from the file alone: {WINDOW_HELP}")
-    p.add_argument("--sample", action=StoreOnce, type=int, metavar="N", help="keep N requests of the trace drawn at random (after --window)")
-    p.add_argument("--seed", action=StoreOnce, type=int, metavar="S",
-                   help="seed of --sample (default 1); without --trace, the synthetic workload's seed")
-    p.add_argument("--keep-failed", action="store_true",
-                   help="BurstGPT: replay failed requests (0 response tokens) with 1 output token instead of skipping")
-    p.add_argument("--trace-model", dest="trace_models", action="append", metavar="NAME",
-                   help="BurstGPT: replay only this model's requests, e.g. GPT-4 (repeatable)")
+    p.add_argument(
+        "--trace", action=StoreOnce, help="trace file to replay instead of the scenario's synthetic workload"
+    )
+    p.add_argument(
+        "--format",
+        action=StoreOnce,
+        default="auto",
+        choices=("auto", *SUPPORTED_FORMATS),
+        help="trace format (default: from the suffix, and a .csv's header)",
+    )
+    p.add_argument(
+        "--window",
+        action=StoreOnce,
+        type=window_arg,
+        metavar="START:END",
+        help=f"replay only the trace's arrivals in this window, read from the file alone: {WINDOW_HELP}",
+    )
+    p.add_argument(
+        "--sample",
+        action=StoreOnce,
+        type=int,
+        metavar="N",
+        help="keep N requests of the trace drawn at random (after --window)",
+    )
+    p.add_argument(
+        "--seed",
+        action=StoreOnce,
+        type=int,
+        metavar="S",
+        help="seed of --sample (default 1); without --trace, the synthetic workload's seed",
+    )
+    p.add_argument(
+        "--keep-failed",
+        action="store_true",
+        help="BurstGPT: replay failed requests (0 response tokens) with 1 output token instead of skipping",
+    )
+    p.add_argument(
+        "--trace-model",
+        dest="trace_models",
+        action="append",
+        metavar="NAME",
+        help="BurstGPT: replay only this model's requests, e.g. GPT-4 (repeatable)",
+    )
     if rate:
-        p.add_argument("--rate", action=StoreOnce, type=float, help="offered rate in paper req/s (rescales the trace's arrivals)")
+        p.add_argument(
+            "--rate", action=StoreOnce, type=float, help="offered rate in paper req/s (rescales the trace's arrivals)"
+        )
     else:
         p.set_defaults(rate=None)
     if speedup_auto:
-        p.add_argument("--speedup", action=StoreOnce, type=speedup_arg, metavar="S|auto",
-                       help="time scale (as --set scale.speedup=S); auto: the largest of 8, 4, 2, 1, 0.5, 0.25 at "
-                            "which a short probe of this workload on this backend keeps time faithfully (probes "
-                            "kept under the run directory's speedup-probes/)")
+        p.add_argument(
+            "--speedup",
+            action=StoreOnce,
+            type=speedup_arg,
+            metavar="S|auto",
+            help="time scale (as --set scale.speedup=S); auto: the largest of 8, 4, 2, 1, 0.5, 0.25 at "
+            "which a short probe of this workload on this backend keeps time faithfully (probes "
+            "kept under the run directory's speedup-probes/)",
+        )
     else:
-        p.add_argument("--speedup", action=StoreOnce, type=positive_speedup, metavar="S", help="time scale (as --set scale.speedup=S)")
+        p.add_argument(
+            "--speedup",
+            action=StoreOnce,
+            type=positive_speedup,
+            metavar="S",
+            help="time scale (as --set scale.speedup=S)",
+        )
     p.add_argument("--requests", action=StoreOnce, type=int, default=requests_default, help=requests_help)
-    p.add_argument("--force-capacity", action="store_true",
-                   help="start the deployment even where the host check finds it too large for this host's free "
-                        "memory, CPUs, process or open-file limits (by default refused, with the figures, before "
-                        "anything starts)")
+    p.add_argument(
+        "--force-capacity",
+        action="store_true",
+        help="start the deployment even where the host check finds it too large for this host's free "
+        "memory, CPUs, process or open-file limits (by default refused, with the figures, before "
+        "anything starts)",
+    )
 
 
 def speedup_arg(v: str) -> str:
@@ -67,15 +119,17 @@ def positive_speedup(v: str) -> str:
     if v == "auto":
         # auto probes one workload on one backend for the speedup one run keeps time at; a search or
         # a sweep runs many workloads and rates, which one probe cannot answer for.
-        raise argparse.ArgumentTypeError("--speedup auto picks the speedup of one run (replay, up); here every probe "
-                                         "or point runs at the number given: pass one (e.g. 4)")
+        raise argparse.ArgumentTypeError(
+            "--speedup auto picks the speedup of one run (replay, up); here every probe "
+            "or point runs at the number given: pass one (e.g. 4)"
+        )
     raise argparse.ArgumentTypeError(f"--speedup must be a positive number, got {v!r}")
 
 
 def _positive(v: str) -> bool:
     try:
         return float(v) > 0
-    except ValueError:      # not a number: the caller names the flag
+    except ValueError:  # not a number: the caller names the flag
         return False
 
 
@@ -87,12 +141,24 @@ def run_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
     if getattr(args, "speedup", None) not in (None, "auto"):
         out.append(("scale.speedup", float(args.speedup)))
     if args.trace is None:
-        only = [f for f, v in (("--window", args.window), ("--sample", args.sample), ("--format", args.format != "auto"),
-                               ("--keep-failed", args.keep_failed), ("--trace-model", args.trace_models)) if v]
+        only = [
+            f
+            for f, v in (
+                ("--window", args.window),
+                ("--sample", args.sample),
+                ("--format", args.format != "auto"),
+                ("--keep-failed", args.keep_failed),
+                ("--trace-model", args.trace_models),
+            )
+            if v
+        ]
         if only:
             raise TraceError(f"{', '.join(only)}: only with --trace FILE")
-        out += [(f"workload.{k}", v) for k, v in (("rate", args.rate), ("requests", args.requests),
-                                                    ("seed", args.seed)) if v is not None]
+        out += [
+            (f"workload.{k}", v)
+            for k, v in (("rate", args.rate), ("requests", args.requests), ("seed", args.seed))
+            if v is not None
+        ]
     else:
         for flag, n in (("--requests", args.requests), ("--sample", args.sample)):
             if n is not None and n <= 0:
@@ -113,8 +179,11 @@ def run_overrides(args: argparse.Namespace, name: str | None = None) -> dict[str
 def warn_if_planned(sc: Scenario) -> None:
     """A plan file run without --trace replays the base's synthetic workload, not what it was sized for: say so."""
     if sc.workload.planned_for:
-        print(f"warning: {sc.name} was planned for {sc.workload.planned_for}; without --trace this run replays "
-              f"the scenario's synthetic workload instead", file=sys.stderr)
+        print(
+            f"warning: {sc.name} was planned for {sc.workload.planned_for}; without --trace this run replays "
+            f"the scenario's synthetic workload instead",
+            file=sys.stderr,
+        )
 
 
 def trace_for(sc: Scenario | None, args: argparse.Namespace) -> Trace:
@@ -128,24 +197,35 @@ def trace_for(sc: Scenario | None, args: argparse.Namespace) -> Trace:
         warn_if_planned(sc)
         return trace_from_workload(sc.workload)
     head_in_loader = args.sample is None
-    tr = load_trace(args.trace, args.format, window=args.window,
-                    limit=args.requests if head_in_loader else None,
-                    keep_failed=args.keep_failed, models=args.trace_models)
+    tr = load_trace(
+        args.trace,
+        args.format,
+        window=args.window,
+        limit=args.requests if head_in_loader else None,
+        keep_failed=args.keep_failed,
+        models=args.trace_models,
+    )
     for note in tr.notes:
         print(f"note: {args.trace}: {note}", file=sys.stderr)
     if args.sample is not None:
         if args.sample > len(tr):
-            raise TraceError(f"--sample {args.sample}: the trace has {len(tr)} requests"
-                             + (" in the window" if args.window is not None else ""))
+            raise TraceError(
+                f"--sample {args.sample}: the trace has {len(tr)} requests"
+                + (" in the window" if args.window is not None else "")
+            )
         tr = transforms.sample(tr, args.sample, 1 if args.seed is None else args.seed)
     if args.requests is not None and not head_in_loader:
         tr = transforms.head(tr, args.requests)
     if len(tr) == 0:
-        raise TraceError("no requests to replay" + (" in the window" if args.window is not None else ""),
-                         path=args.trace)
+        raise TraceError(
+            "no requests to replay" + (" in the window" if args.window is not None else ""), path=args.trace
+        )
     if tr.is_burst and args.rate is None:
-        print(f"note: {args.trace}: the {len(tr)} requests selected all arrive at one instant: they are "
-              "sent as one burst, and run.json's offered_rate is null (a burst has no rate)", file=sys.stderr)
+        print(
+            f"note: {args.trace}: the {len(tr)} requests selected all arrive at one instant: they are "
+            "sent as one burst, and run.json's offered_rate is null (a burst has no rate)",
+            file=sys.stderr,
+        )
     if args.rate is not None:
         tr = at_rate(tr, args.rate, "--rate")
     return tr

@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from testbed.live.replay_stats import ReplayStats
 
-LINE_EVERY_S = 5.0     # plain lines: one every this many seconds, whether or not anything changed
+LINE_EVERY_S = 5.0  # plain lines: one every this many seconds, whether or not anything changed
 
 
 def is_terminal(stream: IO[str] | None = None) -> bool:
@@ -53,8 +53,9 @@ def eta_s(done: int, total: int, elapsed: float, expected_s: float | None) -> fl
     return max(known) if known else None
 
 
-def progress_line(label: str, st: ReplayStats, elapsed: float, expected_s: float | None,
-                  finishing_s: float | None = None) -> str:
+def progress_line(
+    label: str, st: ReplayStats, elapsed: float, expected_s: float | None, finishing_s: float | None = None
+) -> str:
     """One plain progress line: done/total, sent, failed, rate, elapsed, ETA; once every request
     is done (`finishing_s` since then), the replay's own figures and how long the finish has taken."""
     done = st.completed + st.failed
@@ -64,8 +65,10 @@ def progress_line(label: str, st: ReplayStats, elapsed: float, expected_s: float
     rate = done / elapsed if elapsed > 0 else 0.0
     head = f"{label}: {done}/{st.total} done{pct}, sent {st.sent}, failed {st.failed}, {rate:.2f} req/s"
     if finishing_s is not None:
-        return (f"{head} in {fmt_duration(elapsed)}; stopping services and writing the summary and report "
-                f"({fmt_duration(finishing_s)})")
+        return (
+            f"{head} in {fmt_duration(elapsed)}; stopping services and writing the summary and report "
+            f"({fmt_duration(finishing_s)})"
+        )
     return f"{head}, elapsed {fmt_duration(elapsed)}, ETA {fmt_duration(eta_s(done, st.total, elapsed, expected_s))}"
 
 
@@ -74,8 +77,14 @@ class PlainProgress:
     may be busy or waiting on a slow start; the lines come regardless), and never a redraw.
     Elapsed time counts from the first request sent: the deployment's start-up is its own phase."""
 
-    def __init__(self, label: str, total: int, expected_s: float | None, stream: IO[str] | None = None,
-                 every_s: float = LINE_EVERY_S) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        expected_s: float | None,
+        stream: IO[str] | None = None,
+        every_s: float = LINE_EVERY_S,
+    ) -> None:
         self.label, self.expected_s, self.every_s = label, expected_s, every_s
         self.stream = stream if stream is not None else sys.stderr
         self.stats = ReplayStats(total=total)
@@ -121,12 +130,25 @@ class BarProgress:
     """rich's live bar on a terminal: done/total, sent, failed, elapsed and ETA."""
 
     def __init__(self, label: str, total: int, expected_s: float | None) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        self._prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                              TextColumn("sent {task.fields[sent]}  failed {task.fields[failed]}"),
-                              TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False)
+        self._prog = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("sent {task.fields[sent]}  failed {task.fields[failed]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
         self._task = self._prog.add_task(label, total=total, sent=0, failed=0)
 
     def update(self, st: ReplayStats) -> None:
@@ -151,8 +173,9 @@ class NoProgress:
         pass
 
 
-def run_progress(label: str, total: int, expected_s: float | None, enabled: bool = True
-                 ) -> BarProgress | PlainProgress | NoProgress:
+def run_progress(
+    label: str, total: int, expected_s: float | None, enabled: bool = True
+) -> BarProgress | PlainProgress | NoProgress:
     """The progress display that suits stderr: a bar on a terminal, plain lines elsewhere, none
     when `enabled` is false (--json: the output is for a program)."""
     if not enabled:
@@ -177,8 +200,11 @@ class StepTicker:
     def _loop(self) -> None:
         due = time.monotonic() + self.every_s
         while not self._stop.wait(max(due - time.monotonic(), 0.0)):
-            print(f"{self.what}: still running ({fmt_duration(time.monotonic() - self._start)})",
-                  file=self.stream, flush=True)
+            print(
+                f"{self.what}: still running ({fmt_duration(time.monotonic() - self._start)})",
+                file=self.stream,
+                flush=True,
+            )
             due = max(due + self.every_s, time.monotonic() + self.every_s / 2)
 
     def __enter__(self) -> StepTicker:

@@ -13,24 +13,25 @@ import platform
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from testbed.config import run_lock
 from testbed.config.cli_args import check_out_dir, unwritable_out
-from testbed.run.router_check import RouterLost, router_lost
 from testbed.config.resolved import ResolvedScenario
+from testbed.config.scenarios import dump_scenario
+from testbed.core import native
+from testbed.core.errors import UserError
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy import registry
 from testbed.live.replay_stats import ReplayStats
 from testbed.metrics.artefacts import RunInfo, Summary, run_info, write_artefact
 from testbed.metrics.artefacts.run_file import Shaping, SimInfo, this_process
-from testbed.config.scenarios import dump_scenario
-from testbed.core import native
-from testbed.core.schema.scenario import Scenario
+from testbed.run.router_check import RouterLost, router_lost
 from testbed.traces.types import Trace, TraceRequest
-from testbed.core.errors import UserError
 
 # The emulating backends' machinery (aiohttp, asyncio, the replayer, Prometheus) is imported
 # where a live run starts: a simulated run does without it, and its process starts faster.
@@ -62,10 +63,31 @@ def _versions() -> dict[str, str]:
 
 # What a run writes into its directory. Series and decisions are appended as they come, so a
 # rerun into the same directory must start from none of the previous run's, or the two mix.
-RUN_ARTEFACTS = ("timeseries", "logs", "decisions.jsonl", "faults.jsonl", "records.csv", "summary.json", "report.md", "run.json",
-                 "deployment.json", "topology.json", "delayline.json", "wan.json", "wan-ready", "compose.yaml",
-                 "stack.yaml", "fidelity.json", "ttft_cdf.png", "queues.png", "links.png", "wan.png", "control.png",
-                 "roles.png", "api-key")
+RUN_ARTEFACTS = (
+    "timeseries",
+    "logs",
+    "decisions.jsonl",
+    "faults.jsonl",
+    "records.csv",
+    "summary.json",
+    "report.md",
+    "run.json",
+    "deployment.json",
+    "topology.json",
+    "delayline.json",
+    "wan.json",
+    "wan-ready",
+    "compose.yaml",
+    "stack.yaml",
+    "fidelity.json",
+    "ttft_cdf.png",
+    "queues.png",
+    "links.png",
+    "wan.png",
+    "control.png",
+    "roles.png",
+    "api-key",
+)
 
 
 # ...and the run's own copy of its scenario, overwritten rather than cleared.
@@ -109,8 +131,10 @@ def clear_previous_run(run_dir: Path) -> list[str]:
 def client_timeout(sc: Scenario) -> Callable[[TraceRequest], float]:
     """The replayer's own limit per request (wire seconds): past the router's deadline, so the
     router's verdict is what the records keep unless the router itself is gone."""
+
     def limit(tr: TraceRequest) -> float:
         return 1.25 * max(sc.deadline_s(tr.output_tokens) / sc.scale.speedup, sc.serving.deadline_floor_wire_s) + 5.0
+
     return limit
 
 
@@ -133,18 +157,25 @@ def _start_run_dir(rs: ResolvedScenario, run_dir: Path) -> None:
         (run_dir / "scenario.yaml").write_text(dump_scenario(rs.spec))
 
 
-def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str,
-              shaping: dict[str, Any]) -> RunInfo:
+def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str, shaping: dict[str, Any]) -> RunInfo:
     sc = rs.spec
     return run_info(
-        name=name or sc.name, scenario=sc.name, policy=sc.policy.name, backend=backend,
-        t0=None, t_end=None,
+        name=name or sc.name,
+        scenario=sc.name,
+        policy=sc.policy.name,
+        backend=backend,
+        t0=None,
+        t_end=None,
         scale={"speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale},
-        shaping=shaping, slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
+        shaping=shaping,
+        slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
         offered_rate=trace.offered_rate,
         trace={"source": trace.source, "requests": len(trace)},
-        threshold=rs.threshold, versions=_versions(), interrupted=False,
-        state="running", **this_process(),
+        threshold=rs.threshold,
+        versions=_versions(),
+        interrupted=False,
+        state="running",
+        **this_process(),
     )
 
 
@@ -167,8 +198,14 @@ def teardown_shielded() -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
 
 
-def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None = None,
-            on_progress: Callable[[ReplayStats], None] | None = None, report: bool = True) -> RunResult:
+def run_sim(
+    rs: ResolvedScenario,
+    trace: Trace,
+    run_dir: Path,
+    name: str | None = None,
+    on_progress: Callable[[ReplayStats], None] | None = None,
+    report: bool = True,
+) -> RunResult:
     """The same run directory as a live replay, from the discrete-event simulator (`testbed.sim`):
     virtual time starts at t0 = 0, so records and series are wire seconds since the start."""
     from testbed.core.gc_pause import keep_heap_to_exit, paused_gc
@@ -179,8 +216,14 @@ def run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None 
         return _run_sim(rs, trace, run_dir, name, on_progress, report)
 
 
-def _run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None,
-             on_progress: Callable[[ReplayStats], None] | None, report: bool) -> RunResult:
+def _run_sim(
+    rs: ResolvedScenario,
+    trace: Trace,
+    run_dir: Path,
+    name: str | None,
+    on_progress: Callable[[ReplayStats], None] | None,
+    report: bool,
+) -> RunResult:
     from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
     from testbed.sim import SimOptions, shaping, simulate
@@ -202,9 +245,16 @@ def _run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None
         write_run_json(meta_path, meta)
         raise
     meta.t_end = rs.scale.wire_seconds(st.t_end)
-    meta.sim = SimInfo(events=st.events, rebalances=st.rebalances, wall_s=st.wall_s, write_s=st.write_s,
-                       simulated_s_paper=st.t_end,
-                       retries=st.retries, live_path=rs.live_path.to_dict(), mechanisms=native.implementation())
+    meta.sim = SimInfo(
+        events=st.events,
+        rebalances=st.rebalances,
+        wall_s=st.wall_s,
+        write_s=st.write_s,
+        simulated_s_paper=st.t_end,
+        retries=st.retries,
+        live_path=rs.live_path.to_dict(),
+        mechanisms=native.implementation(),
+    )
     meta.state = "finished"
     write_run_json(meta_path, meta)
     stats = ReplayStats(sent=len(trace), completed=st.completed, failed=st.failed, total=len(trace))
@@ -218,31 +268,45 @@ def _run_sim(rs: ResolvedScenario, trace: Trace, run_dir: Path, name: str | None
     return RunResult(run_dir, stats, False, summary)
 
 
-def make_backend(kind: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None,
-                 host_port: int | None = None) -> Backend:
+def make_backend(
+    kind: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None, host_port: int | None = None
+) -> Backend:
     """`extra` goes into the deployment every service reads; `host_port` (0: any) is where
     `host_url()` will lead to the router from this host."""
     return registry.get(kind).create(rs, run_dir, extra, host_port)
 
 
-async def run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, backend: str = "local",
-                           name: str | None = None,
-                           on_progress: Callable[[ReplayStats], None] | None = None,
-                           report: bool = True, prometheus: str | None = None) -> RunResult:
+async def run_replay_async(
+    rs: ResolvedScenario,
+    trace: Trace,
+    run_dir: Path,
+    backend: str = "local",
+    name: str | None = None,
+    on_progress: Callable[[ReplayStats], None] | None = None,
+    report: bool = True,
+    prometheus: str | None = None,
+) -> RunResult:
     """Replay `trace` on `backend` into `run_dir`; `report` False leaves out report.md and its
     plots (summary.json is always written; `testbed report RUN` renders them later).
     `prometheus`: the listen address of a Prometheus scraping the run (`testbed.deploy.prometheus`;
     its data stays in `run_dir/prometheus/data`)."""
     if registry.get(backend).caps.simulator:
         return run_sim(rs, trace, run_dir, name, on_progress, report)
-    registry.refuse_unhonoured(backend, [rs])        # before any service starts
+    registry.refuse_unhonoured(backend, [rs])  # before any service starts
     with owning_run_dir(run_dir):
         return await _run_replay_async(rs, trace, run_dir, backend, name, on_progress, report, prometheus)
 
 
-async def _run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, backend: str, name: str | None,
-                            on_progress: Callable[[ReplayStats], None] | None, report: bool,
-                            prometheus: str | None) -> RunResult:
+async def _run_replay_async(
+    rs: ResolvedScenario,
+    trace: Trace,
+    run_dir: Path,
+    backend: str,
+    name: str | None,
+    on_progress: Callable[[ReplayStats], None] | None,
+    report: bool,
+    prometheus: str | None,
+) -> RunResult:
     import asyncio
 
     from testbed.deploy.prometheus import PrometheusProcess, find_binary
@@ -266,20 +330,31 @@ async def _run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, b
     host = SeriesWriter(run_dir / "timeseries" / "host.jsonl", "host")
     host_task = asyncio.create_task(sample_host(host))
     prom: PrometheusProcess | None = None
-    replayed = False        # the replay ran to its end (not stopped, nothing raised)
+    replayed = False  # the replay ran to its end (not stopped, nothing raised)
     try:
         await be.start()
         if prometheus is not None:
             prom = PrometheusProcess(find_binary() or "prometheus", be.deployment, run_dir / "prometheus", prometheus)
             await prom.start()
-        meta.shaping = Shaping.model_validate(be.shaping())   # backends learn some facts (e.g. method) only at start
+        meta.shaping = Shaping.model_validate(be.shaping())  # backends learn some facts (e.g. method) only at start
         meta.t0 = t0 = now()
         write_run_json(meta_path, meta)
         await be.on_t0(t0)
         url, key = be.deployment.router.url, be.deployment.credentials.api_key
         try:
-            stats = await be.run_client(lambda: replay(trace, url, writer, sc.scale.speedup, sc.model.name,
-                                                       on_progress, client_timeout(sc), t0=t0, api_key=key))
+            stats = await be.run_client(
+                lambda: replay(
+                    trace,
+                    url,
+                    writer,
+                    sc.scale.speedup,
+                    sc.model.name,
+                    on_progress,
+                    client_timeout(sc),
+                    t0=t0,
+                    api_key=key,
+                )
+            )
         except asyncio.CancelledError:
             interrupted = True
             raise
@@ -288,12 +363,14 @@ async def _run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, b
             meta.t_end = now()
         exit_code = getattr(be, "exit_code", None)
         lost = await be.run_client(lambda: router_lost(url, exit_code("router") if exit_code else None))
-        if lost is not None:     # the run failed, its records kept: run.json says "failed"
+        if lost is not None:  # the run failed, its records kept: run.json says "failed"
             logs = run_dir / "logs"
-            raise RouterLost(f"{run_dir}: {lost} ({stats.completed}/{stats.total} completed)"
-                             + (f"; logs in {logs}" if logs.is_dir() else ""))
+            raise RouterLost(
+                f"{run_dir}: {lost} ({stats.completed}/{stats.total} completed)"
+                + (f"; logs in {logs}" if logs.is_dir() else "")
+            )
         replayed = True
-    except asyncio.CancelledError:     # Ctrl-C or SIGTERM, during the start-up too
+    except asyncio.CancelledError:  # Ctrl-C or SIGTERM, during the start-up too
         interrupted = True
         raise
     finally:
@@ -307,7 +384,7 @@ async def _run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, b
                     r = fn()
                     if asyncio.iscoroutine(r):
                         await asyncio.shield(r)
-                except Exception as e:     # noqa: BLE001 - kept, re-raised after the other steps
+                except Exception as e:  # noqa: BLE001 - kept, re-raised after the other steps
                     failures.append(e)
 
             host_task.cancel()
@@ -319,22 +396,22 @@ async def _run_replay_async(rs: ResolvedScenario, trace: Trace, run_dir: Path, b
             await step(lambda: setattr(meta, "shaping", Shaping.model_validate(be.shaping())))
             await step(host.close)
             await step(writer.close)
-            if meta.t0 is None:     # stopped before the services came up: nothing was sent
+            if meta.t0 is None:  # stopped before the services came up: nothing was sent
                 meta.t0 = now()
             meta.t_end, meta.interrupted = meta.t_end or now(), interrupted
-            meta.state = ("interrupted" if interrupted else
-                          "finished" if replayed and not failures else "failed")
+            meta.state = "interrupted" if interrupted else "finished" if replayed and not failures else "failed"
             await step(lambda: write_run_json(meta_path, meta))
             if not failures:
                 try:
                     summary = write_summary(run_dir)
                     if report:
                         write_report(run_dir, summary)
-                except OSError as e:     # a full disk: the services are down, say so in one line
+                except OSError as e:  # a full disk: the services are down, say so in one line
                     failures.append(e)
             if failures and all(isinstance(e, OSError) for e in failures):
-                raise UserError(f"{run_dir}: the run's files could not be written ({failures[0]}); "
-                                "the services were stopped") from failures[0]
+                raise UserError(
+                    f"{run_dir}: the run's files could not be written ({failures[0]}); the services were stopped"
+                ) from failures[0]
             if failures:
                 raise failures[0]
     return RunResult(run_dir, stats, interrupted, summary)

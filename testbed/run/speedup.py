@@ -12,8 +12,9 @@ second, and every measure is still read in paper time.
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.run.runner import RunResult, run_replay_async
@@ -21,13 +22,15 @@ from testbed.traces import transforms
 from testbed.traces.types import Trace
 
 CANDIDATES = (8.0, 4.0, 2.0, 1.0, 0.5, 0.25)
-PROBE_PAPER_S = 90.0        # of arrivals: long enough for the decode batches to fill as in the run
+PROBE_PAPER_S = 90.0  # of arrivals: long enough for the decode batches to fill as in the run
 MIN_PROBE_REQUESTS = 60
 
 
 def with_speedup(rs: ResolvedScenario, speedup: float) -> ResolvedScenario:
     sc = rs.spec
-    return rs.model_copy(update={"spec": sc.model_copy(update={"scale": sc.scale.model_copy(update={"speedup": speedup})})})
+    return rs.model_copy(
+        update={"spec": sc.model_copy(update={"scale": sc.scale.model_copy(update={"speedup": speedup})})}
+    )
 
 
 def probe_trace(trace: Trace) -> Trace:
@@ -38,9 +41,14 @@ def probe_trace(trace: Trace) -> Trace:
 Runner = Callable[..., Awaitable[RunResult]]
 
 
-async def pick_speedup(rs: ResolvedScenario, trace: Trace, backend: str, probe_dir: Path,
-                       candidates: tuple[float, ...] = CANDIDATES,
-                       run: Runner = run_replay_async) -> tuple[float, list[dict[str, Any]]]:
+async def pick_speedup(
+    rs: ResolvedScenario,
+    trace: Trace,
+    backend: str,
+    probe_dir: Path,
+    candidates: tuple[float, ...] = CANDIDATES,
+    run: Runner = run_replay_async,
+) -> tuple[float, list[dict[str, Any]]]:
     """(speedup, what each probe found). Falls back to the lowest candidate if none is valid."""
     probe = probe_trace(trace)
     tried: list[dict[str, Any]] = []
@@ -49,8 +57,11 @@ async def pick_speedup(rs: ResolvedScenario, trace: Trace, backend: str, probe_d
         print(f"--speedup auto: probing {len(probe)} requests at speedup {s:g} -> {out}", file=sys.stderr, flush=True)
         res = await run(with_speedup(rs, s), probe, out, backend, name=f"{rs.name} probe @ {s:g}x")
         # A summary without `validity` (it is always written now) cannot vouch for the speedup.
-        valid, reasons = ((res.summary.validity.valid, res.summary.validity.reasons) if res.summary.validity
-                          else (False, ["no validity in the summary"]))
+        valid, reasons = (
+            (res.summary.validity.valid, res.summary.validity.reasons)
+            if res.summary.validity
+            else (False, ["no validity in the summary"])
+        )
         tried.append({"speedup": s, "valid": valid, "reasons": list(reasons), "tpot_mean_s": res.summary.tpot_s.mean})
         if valid:
             return s, tried

@@ -20,8 +20,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-ALREADY_STOPPING = (b"stopping: the teardown is under way and runs to its end "
-                    b"(kill -9 forces an exit; `testbed down` then removes what is left)\n")
+ALREADY_STOPPING = (
+    b"stopping: the teardown is under way and runs to its end "
+    b"(kill -9 forces an exit; `testbed down` then removes what is left)\n"
+)
 
 
 def default_in_forked_child(owner_pid: int, signum: int) -> bool:
@@ -36,8 +38,7 @@ def default_in_forked_child(owner_pid: int, signum: int) -> bool:
 
 def run_stoppable(main: Coroutine[Any, Any, T]) -> T:
     """Run `main` to its end; Ctrl-C cancels it (once) and then raises KeyboardInterrupt here."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         return asyncio.run(main)
     pid = os.getpid()
     stopping = False
@@ -50,7 +51,7 @@ def run_stoppable(main: Coroutine[Any, Any, T]) -> T:
         if default_in_forked_child(pid, signum):
             return
         if stopping:
-            os.write(2, ALREADY_STOPPING)   # not print: a handler may interrupt a write to stderr
+            os.write(2, ALREADY_STOPPING)  # not print: a handler may interrupt a write to stderr
             return
         stopping = True
         if not loop.is_closed():

@@ -41,8 +41,11 @@ def aiperf_corpus() -> list[str]:
 def project_corpus() -> list[str]:
     """The project's own prose (README, trace formats, the hand-written docs) where the checkout has it:
     English with numbers and code words."""
-    files = [ROOT / "README.md", ROOT / "traces/FORMATS.md",
-             *sorted(p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts)]
+    files = [
+        ROOT / "README.md",
+        ROOT / "traces/FORMATS.md",
+        *sorted(p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts),
+    ]
     text = "\n".join(p.read_text() for p in files if p.is_file())
     return [line for line in text.splitlines() if line.strip()]
 
@@ -56,8 +59,12 @@ def byte_level_bpe(lines: Iterable[str], vocab_size: int = VOCAB) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(lines, trainer)
     return tok
 
@@ -66,10 +73,18 @@ def save_hf(tok: Any, out: Path) -> Path:
     """Write `tok` as a Hugging Face tokenizer directory (what `AutoTokenizer.from_pretrained` loads)."""
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 30,
-        "bos_token": EOS, "eos_token": EOS, "unk_token": EOS, "clean_up_tokenization_spaces": False,
-    }))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "model_max_length": 1 << 30,
+                "bos_token": EOS,
+                "eos_token": EOS,
+                "unk_token": EOS,
+                "clean_up_tokenization_spaces": False,
+            }
+        )
+    )
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": EOS, "eos_token": EOS, "unk_token": EOS}))
     # AutoTokenizer (vllm bench serve, transformers 5) reads a model config before the tokenizer's;
     # any known model type will do, tokenizer_class above decides the class.
@@ -87,10 +102,17 @@ def save_hf_cache(tok: Any, hf_home: Path, repo: str = REPO) -> Path:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    c = sub.add_parser("tokenizer", help="write a local Hugging Face tokenizer for aiperf and other clients (offline)",
-                       description=__doc__.split("\n\n")[0])
-    c.add_argument("--out", default="build/hf", help="the Hugging Face home to write into (default build/hf); "
-                   "clients then run with HF_HOME=OUT HF_HUB_OFFLINE=1")
+    c = sub.add_parser(
+        "tokenizer",
+        help="write a local Hugging Face tokenizer for aiperf and other clients (offline)",
+        description=__doc__.split("\n\n")[0],
+    )
+    c.add_argument(
+        "--out",
+        default="build/hf",
+        help="the Hugging Face home to write into (default build/hf); "
+        "clients then run with HF_HOME=OUT HF_HUB_OFFLINE=1",
+    )
     c.add_argument("--repo", default=REPO, help=f"the name clients pass as --tokenizer (default {REPO})")
     c.add_argument("--vocab", type=int, default=VOCAB, help=f"vocabulary size (default {VOCAB}: ~4 bytes a token)")
     c.set_defaults(func=cmd_tokenizer)

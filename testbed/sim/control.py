@@ -16,7 +16,8 @@ An instance that is down or paused does not answer (no status).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from testbed.core.control.bandwidth import BandwidthController
 from testbed.core.control.short_term import SenderStatus, SignalMeter, change_line, control_series
@@ -31,9 +32,21 @@ Write = Callable[[float, list[Sample]], None]
 
 
 class ControlLoop:
-    def __init__(self, loop: Loop, net: Net, router: RouterBooks, prefill: dict[str, PrefillSim],
-                 controller: BandwidthController, interval_s: float, adjust: bool, follow_state: bool,
-                 busy: Callable[[], bool], answers: Callable[[str], bool], series: Write, decisions: Write) -> None:
+    def __init__(
+        self,
+        loop: Loop,
+        net: Net,
+        router: RouterBooks,
+        prefill: dict[str, PrefillSim],
+        controller: BandwidthController,
+        interval_s: float,
+        adjust: bool,
+        follow_state: bool,
+        busy: Callable[[], bool],
+        answers: Callable[[str], bool],
+        series: Write,
+        decisions: Write,
+    ) -> None:
         self.loop = loop
         self.net = net
         self.router = router
@@ -43,7 +56,7 @@ class ControlLoop:
         self.adjust = adjust
         self.follow_state = follow_state
         self.busy = busy
-        self.answers = answers          # the instance answers a poll (up, not paused)
+        self.answers = answers  # the instance answers a poll (up, not paused)
         self.series = series
         self.decisions = decisions
         self.meter = SignalMeter({nid: p.node.kind for nid, p in prefill.items()}, Scale())
@@ -89,8 +102,7 @@ class ControlLoop:
             out, r.tails = r.tails, []
             return out
 
-        sig = self.meter.signals(t, {nid: self._status(nid, t) for nid in self.prefill}, r.recent, tails,
-                                 r.unroutable)
+        sig = self.meter.signals(t, {nid: self._status(nid, t) for nid in self.prefill}, r.recent, tails, r.unroutable)
         if sig is None:
             return
         sample, change = self.ctl.update(sig, self.adjust)

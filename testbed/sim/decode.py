@@ -18,24 +18,41 @@ import random
 
 from testbed.core.engine.decode_batch import AdmissionError, Batch, new_batch
 from testbed.core.engine.decode_loop import DecodeLoop, decode_seq
-from testbed.core.failures import Failure, FailureKind as K
-from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.servicetime import DecodeStepTime
+from testbed.core.failures import Failure
+from testbed.core.failures import FailureKind as K
+from testbed.core.fault_timeline import SlowDown
 from testbed.core.lifecycle import Event
 from testbed.core.schema.scenario import DecodeSpec
-from testbed.core.engine.servicetime import DecodeStepTime
 from testbed.core.schema.topology import NodeSpec
-from testbed.sim.host import Host
 from testbed.sim.events import DECODE
+from testbed.sim.host import Host
 from testbed.sim.request import SimRequest
 
 
 class DecodeSim:
-    __slots__ = ("node", "sim", "loop", "spec", "kv", "reqs", "version", "due", "due_steps", "fresh", "completed",
-                 "paused", "stall_rate", "stall_s", "rng")
+    __slots__ = (
+        "node",
+        "sim",
+        "loop",
+        "spec",
+        "kv",
+        "reqs",
+        "version",
+        "due",
+        "due_steps",
+        "fresh",
+        "completed",
+        "paused",
+        "stall_rate",
+        "stall_s",
+        "rng",
+    )
 
-    def __init__(self, node: NodeSpec, spec: DecodeSpec, kv: KVModel, sim: Host,
-                 stalls: tuple[float, float] = (0.0, 0.0)) -> None:
+    def __init__(
+        self, node: NodeSpec, spec: DecodeSpec, kv: KVModel, sim: Host, stalls: tuple[float, float] = (0.0, 0.0)
+    ) -> None:
         self.node = node
         self.sim = sim
         self.spec = spec
@@ -43,9 +60,9 @@ class DecodeSim:
         self.loop = DecodeLoop(new_batch(DecodeStepTime.from_spec(spec), spec.bs_max, spec.kv_capacity_bytes))
         self.reqs: dict[str, SimRequest] = {}
         self.version = 0
-        self.due = 0.0             # the next boundary where membership changes
-        self.due_steps = 0         # steps from the present step's start to it
-        self.fresh: list[SimRequest] = []   # admitted at the present step's start: their first step is this one
+        self.due = 0.0  # the next boundary where membership changes
+        self.due_steps = 0  # steps from the present step's start to it
+        self.fresh: list[SimRequest] = []  # admitted at the present step's start: their first step is this one
         self.completed = 0
         self.paused = False
         # Stalls of the live batch loop (`testbed.core.schema.live_path`): per paper second of decoding,
@@ -81,7 +98,7 @@ class DecodeSim:
             self._boundary(t)
             return
         if b.n_running >= b.bs_max or b.head_id != req.rid:
-            return          # a finish frees the slot (or the FCFS head goes first)
+            return  # a finish frees the slot (or the FCFS head goes first)
         self._change_at(t)
 
     def _change_at(self, t: float) -> None:
@@ -203,7 +220,7 @@ class DecodeSim:
         self.paused = False
         if self.batch.n_running and self.loop.step_start is not None:
             if t < self.loop.step_start + self.loop.span(1):
-                self._set_due(1 if self.batch.n_waiting else self.due_steps)   # paused within a step: the plan stands
+                self._set_due(1 if self.batch.n_waiting else self.due_steps)  # paused within a step: the plan stands
                 return
             self._steps(1, t)
             for req in self.fresh:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from testbed.core import native
 

@@ -33,7 +33,14 @@ from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import (
-    KillFault, OutageFault, PartitionFault, PauseFault, RateDropFault, RestartFault, Scenario, SlowFault,
+    KillFault,
+    OutageFault,
+    PartitionFault,
+    PauseFault,
+    RateDropFault,
+    RestartFault,
+    Scenario,
+    SlowFault,
     TcpResetFault,
 )
 from testbed.metrics.fault_effects import FaultLogFile
@@ -93,8 +100,17 @@ class FaultRunner:
         if self.log is not None:
             self.lines.append(self.log.write(ev, phase, outcome, detail, t_wire))
         else:
-            self.lines.append({"t": round(t, 4), "fault": ev.index, "kind": ev.kind, "phase": phase,
-                               "target": ev.target, "detail": detail, "outcome": outcome})
+            self.lines.append(
+                {
+                    "t": round(t, 4),
+                    "fault": ev.index,
+                    "kind": ev.kind,
+                    "phase": phase,
+                    "target": ev.target,
+                    "detail": detail,
+                    "outcome": outcome,
+                }
+            )
         if phase == "start" or outcome == "ok":
             self.phase[ev.index] = phase
 
@@ -102,7 +118,7 @@ class FaultRunner:
         ev, phase = arg
         sim = self.sim
         if not sim.busy or (phase == "end" and ev.index not in self.phase):
-            return                  # the run ended first (`finish` says so)
+            return  # the run ended first (`finish` says so)
         t = sim.loop.now
         spec = ev.spec
         node = ev.node or ""
@@ -135,7 +151,8 @@ class FaultRunner:
                 if phase == "start":
                     assert ev.end_s is not None
                     self.windows[ev.index] = self._net().faults.open_window(
-                        ev.index, t, ev.end_s, None if spec.count == "all" else spec.count)
+                        ev.index, t, ev.end_s, None if spec.count == "all" else spec.count
+                    )
                     detail = {"modelled": True, "ends": spec.ends}
                 else:
                     detail.update(self._net().faults.close_window(self.windows.pop(ev.index)))
@@ -187,13 +204,14 @@ class Prober:
         router = sim.router
         for n in router.books.health.due_probes(t):
             match sim.life[n]:
-                case "up" if not sim.reachable(n):      # across a dark WAN: no answer in time
+                case "up" if not sim.reachable(n):  # across a dark WAN: no answer in time
                     sim.loop.at(t + self.timeout, SAMPLE, self._unanswered, n)
                 case "up":
                     router.note_health(n, "ok", t, "health probe answered 200", probe=True)
                 case "down":
-                    router.note_health(n, "refused", t, "health probe: connection refused (the instance is down)",
-                                       probe=True)
+                    router.note_health(
+                        n, "refused", t, "health probe: connection refused (the instance is down)", probe=True
+                    )
                 case _:
                     sim.loop.at(t + self.timeout, SAMPLE, self._unanswered, n)
         if sim.busy:
@@ -201,8 +219,9 @@ class Prober:
 
     def _unanswered(self, node: str) -> None:
         sim = self.sim
-        if sim.life[node] == "up" and sim.reachable(node):       # it resumed (or the link came back) in time
+        if sim.life[node] == "up" and sim.reachable(node):  # it resumed (or the link came back) in time
             sim.router.note_health(node, "ok", sim.loop.now, "health probe answered 200", probe=True)
             return
-        sim.router.note_health(node, "failed", sim.loop.now, f"health probe: no answer within {PROBE_TIMEOUT_S:g} s",
-                               probe=True)
+        sim.router.note_health(
+            node, "failed", sim.loop.now, f"health probe: no answer within {PROBE_TIMEOUT_S:g} s", probe=True
+        )

@@ -8,7 +8,8 @@ instance counts and stage loads to the router's time series.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from testbed.core.control.bandwidth import BandwidthController
 from testbed.core.control.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
@@ -21,9 +22,19 @@ Write = Callable[[float, list[Sample]], None]
 
 
 class RoleLoop:
-    def __init__(self, loop: Loop, router: RouterBooks, decode: dict[str, DecodeSim], ctl: LongTermController,
-                 meter: RoleMeter, bandwidth: Callable[[], BandwidthController | None], busy: Callable[[], bool],
-                 answers: Callable[[str], bool], series: Write, decisions: Write) -> None:
+    def __init__(
+        self,
+        loop: Loop,
+        router: RouterBooks,
+        decode: dict[str, DecodeSim],
+        ctl: LongTermController,
+        meter: RoleMeter,
+        bandwidth: Callable[[], BandwidthController | None],
+        busy: Callable[[], bool],
+        answers: Callable[[str], bool],
+        series: Write,
+        decisions: Write,
+    ) -> None:
         self.loop = loop
         self.router = router
         self.decode = decode
@@ -31,7 +42,7 @@ class RoleLoop:
         self.meter = meter
         self.bandwidth = bandwidth
         self.busy = busy
-        self.answers = answers          # the instance answers a poll (up, not paused)
+        self.answers = answers  # the instance answers a poll (up, not paused)
         self.series = series
         self.decisions = decisions
         self.interval = ctl.cfg.sample_s
@@ -46,8 +57,9 @@ class RoleLoop:
         nodes = [n for n in self.ctl.roles.routable("decode") if n not in down and self.answers(n)]
         batches = [self.decode[n].batch for n in nodes]
         bs_max = next(iter(self.decode.values())).batch.bs_max if self.decode else 1
-        return DecodeSignals(len(nodes), float(sum(b.n_running for b in batches)),
-                             float(sum(b.n_waiting for b in batches)), bs_max)
+        return DecodeSignals(
+            len(nodes), float(sum(b.n_running for b in batches)), float(sum(b.n_waiting for b in batches)), bs_max
+        )
 
     def _step(self, _: Any) -> None:
         t = self.loop.now

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.sim.tcp import TcpModel
@@ -39,12 +40,25 @@ class Counter:
 
 
 class Link:
-    __slots__ = ("name", "kind", "tcp", "rate_bps", "delay", "loss", "loss_correlation", "capacity", "counter",
-                 "lim_sum", "limited", "_heap", "greedy")
+    __slots__ = (
+        "name",
+        "kind",
+        "tcp",
+        "rate_bps",
+        "delay",
+        "loss",
+        "loss_correlation",
+        "capacity",
+        "counter",
+        "lim_sum",
+        "limited",
+        "_heap",
+        "greedy",
+    )
 
     def __init__(self, name: str, kind: str, profile: LinkProfile, tcp: TcpModel, delay_share: float = 1.0) -> None:
         self.name = name
-        self.kind = kind                  # "wan" or "nic"
+        self.kind = kind  # "wan" or "nic"
         self.tcp = tcp
         self.rate_bps = profile.rate
         self.delay = profile.delay * delay_share
@@ -52,12 +66,12 @@ class Link:
         self.loss_correlation = profile.loss_correlation
         self.capacity = tcp.link_payload(self.rate_bps, self.loss)
         self.counter = Counter()
-        self.lim_sum = 0.0                # streams of the limited paths on it
+        self.lim_sum = 0.0  # streams of the limited paths on it
         self.limited = 0
-        self._heap: list[tuple[float, int, Path]] = []   # (-stream rate, token, path) of limited paths
+        self._heap: list[tuple[float, int, Path]] = []  # (-stream rate, token, path) of limited paths
         self.greedy = 0
 
-    def add_limited(self, p: "Path") -> None:
+    def add_limited(self, p: Path) -> None:
         self.lim_sum += p.inflow
         self.limited += 1
         heapq.heappush(self._heap, (-p.inflow, p.token, p))
@@ -65,14 +79,14 @@ class Link:
             self._heap = [e for e in self._heap if e[2].state == LIMITED and e[2].token == e[1]]
             heapq.heapify(self._heap)
 
-    def remove_limited(self, p: "Path") -> None:
+    def remove_limited(self, p: Path) -> None:
         self.lim_sum -= p.inflow
         self.limited -= 1
         if self.limited == 0:
             self.lim_sum = 0.0
             self._heap.clear()
 
-    def top_limited(self) -> "Path | None":
+    def top_limited(self) -> Path | None:
         """The limited path with the fastest stream."""
         h = self._heap
         while h:
@@ -90,17 +104,49 @@ class Mark:
     fn: MarkFn
     arg: Any
 
-    def __lt__(self, other: "Mark") -> bool:
+    def __lt__(self, other: Mark) -> bool:
         return (self.pos, self.seq) < (other.pos, other.seq)
 
 
 class Path:
-    __slots__ = ("src", "dst", "links", "counters", "conns", "chunk", "tcp", "delay", "conn_rate", "released",
-                 "sent", "t", "inflow", "rate", "state", "k", "marks", "version", "token", "crosses", "due", "gate",
-                 "parked")
+    __slots__ = (
+        "src",
+        "dst",
+        "links",
+        "counters",
+        "conns",
+        "chunk",
+        "tcp",
+        "delay",
+        "conn_rate",
+        "released",
+        "sent",
+        "t",
+        "inflow",
+        "rate",
+        "state",
+        "k",
+        "marks",
+        "version",
+        "token",
+        "crosses",
+        "due",
+        "gate",
+        "parked",
+    )
 
-    def __init__(self, src: str, dst: str, links: tuple[Link, ...], counters: tuple[Counter, ...], conns: int,
-                 chunk: float, tcp: TcpModel, crosses: bool, known: tuple[float, float] | None = None) -> None:
+    def __init__(
+        self,
+        src: str,
+        dst: str,
+        links: tuple[Link, ...],
+        counters: tuple[Counter, ...],
+        conns: int,
+        chunk: float,
+        tcp: TcpModel,
+        crosses: bool,
+        known: tuple[float, float] | None = None,
+    ) -> None:
         self.src, self.dst = src, dst
         self.links = links
         self.counters = counters
@@ -110,8 +156,8 @@ class Path:
         self.crosses = crosses
         self.delay = 0.0
         self.conn_rate = math.inf
-        self.released = 0.0           # bytes that entered the path so far
-        self.sent = 0.0               # bytes that left the sender so far
+        self.released = 0.0  # bytes that entered the path so far
+        self.sent = 0.0  # bytes that left the sender so far
         self.t = 0.0
         self.inflow = 0.0
         self.rate = 0.0
@@ -120,9 +166,9 @@ class Path:
         self.marks: list[Mark] = []
         self.version = 0
         self.token = 0
-        self.due = math.inf           # when its scheduled event (if greedy) is
-        self.gate = 0.0               # its connections carry nothing before (testbed.sim.wan)
-        self.parked = False           # greedy but carrying nothing (a dark link, a gate): left out of the fill
+        self.due = math.inf  # when its scheduled event (if greedy) is
+        self.gate = 0.0  # its connections carry nothing before (testbed.sim.wan)
+        self.parked = False  # greedy but carrying nothing (a dark link, a gate): left out of the fill
         if known is None:
             self.refresh()
         else:
@@ -157,4 +203,3 @@ class Path:
             self.t = t
         elif dt < 0:
             raise RuntimeError(f"path {self.src}->{self.dst}: time went back ({t} < {self.t})")
-

@@ -4,9 +4,10 @@ where it is built and the run's links never change."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from testbed.core import native
 from testbed.core.schema.linkprofile import LinkProfile
@@ -31,7 +32,7 @@ class WanView(Protocol):
     @property
     def tcp(self) -> TcpModel: ...
     @property
-    def counter(self) -> "CounterView": ...
+    def counter(self) -> CounterView: ...
 
 
 class CounterView(Protocol):
@@ -90,8 +91,16 @@ class _WanLink:
     counter: _LinkCounter
 
 
-def new_network(loop: Loop, node_dc: dict[str, str], intra: LinkProfile, inter: LinkProfile,
-                transfer: TransferSpec, byte_scale: float, speedup: float, faults: bool) -> Net:
+def new_network(
+    loop: Loop,
+    node_dc: dict[str, str],
+    intra: LinkProfile,
+    inter: LinkProfile,
+    transfer: TransferSpec,
+    byte_scale: float,
+    speedup: float,
+    faults: bool,
+) -> Net:
     """The simulator's network: the compiled twin where it is built (`testbed.core.native`) and
     the links never change in the run (no faults, no schedule of link changes, none dark, every
     path able to carry), else `Network`. Both give the same rates, events and counts."""
@@ -111,21 +120,34 @@ def new_network(loop: Loop, node_dc: dict[str, str], intra: LinkProfile, inter: 
         for j, b in enumerate(dcs):
             src, dst = first[a], first[b]
             through = (py.nic_out[src], py.wan[(a, b)], py.nic_in[dst]) if a != b else (py.nic_out[src], py.nic_in[dst])
-            p = Path(src, dst, through, (), transfer.connections, py.chunk, py.inter_tcp if a != b else py.intra_tcp,
-                     a != b)
+            p = Path(
+                src, dst, through, (), transfer.connections, py.chunk, py.inter_tcp if a != b else py.intra_tcp, a != b
+            )
             if p.conn_rate <= 0.0:
                 return py
             route[(i, j)] = (p.delay, p.conn_rate)
     n = len(nodes)
     flow = _compiled_class(ext)(
-        loop, NET, nodes, [dcs.index(node_dc[x]) for x in nodes], [(lk.capacity, i) for i, lk in enumerate(links)],
-        list(range(n)), list(range(n, 2 * n)),
+        loop,
+        NET,
+        nodes,
+        [dcs.index(node_dc[x]) for x in nodes],
+        [(lk.capacity, i) for i, lk in enumerate(links)],
+        list(range(n)),
+        list(range(n, 2 * n)),
         {(dcs.index(a), dcs.index(b)): index[id(lk)] for (a, b), lk in py.wan.items()},
-        len(links) + 2 * n, list(range(len(links), len(links) + n)), list(range(len(links) + n, len(links) + 2 * n)),
-        route, transfer.connections, py.chunk)
+        len(links) + 2 * n,
+        list(range(len(links), len(links) + n)),
+        list(range(len(links) + n, len(links) + 2 * n)),
+        route,
+        transfer.connections,
+        py.chunk,
+    )
     flow.bind()
-    flow.wan = {pair: _WanLink(lk.name, lk.rate_bps, lk.delay, lk.loss, lk.tcp, _LinkCounter(flow, index[id(lk)]))
-                for pair, lk in py.wan.items()}
+    flow.wan = {
+        pair: _WanLink(lk.name, lk.rate_bps, lk.delay, lk.loss, lk.tcp, _LinkCounter(flow, index[id(lk)]))
+        for pair, lk in py.wan.items()
+    }
     compiled: Net = flow
     return compiled
 

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from testbed.core.fault_timeline import FaultEvent, faulted_links
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile
@@ -46,13 +47,21 @@ from testbed.sim.net_links import GREEDY, IDLE, LIMITED, Counter, Link, Mark, Ma
 from testbed.sim.tcp import TcpModel
 from testbed.sim.wan import WanFaults
 
-EPS_BYTES = 1.0          # a byte position within this is reached (float error on cumulative counts)
-PAPER = Scale()          # link parameters in paper units (`LinkParams` are built for a scale)
+EPS_BYTES = 1.0  # a byte position within this is reached (float error on cumulative counts)
+PAPER = Scale()  # link parameters in paper units (`LinkParams` are built for a scale)
 
 
 class Network:
-    def __init__(self, loop: Loop, node_dc: dict[str, str], intra: LinkProfile, inter: LinkProfile,
-                 transfer: TransferSpec, byte_scale: float, speedup: float = 1.0) -> None:
+    def __init__(
+        self,
+        loop: Loop,
+        node_dc: dict[str, str],
+        intra: LinkProfile,
+        inter: LinkProfile,
+        transfer: TransferSpec,
+        byte_scale: float,
+        speedup: float = 1.0,
+    ) -> None:
         self.loop = loop
         self.node_dc = node_dc
         self.transfer = transfer
@@ -65,13 +74,13 @@ class Network:
         self.nic_in = {n: Link(f"nic-in:{n}", "nic", intra, self.intra_tcp, 0.5) for n in node_dc}
         dcs = list(dict.fromkeys(node_dc.values()))
         self.wan = {(a, b): Link(f"{a}->{b}", "wan", inter, self.inter_tcp) for a in dcs for b in dcs if a != b}
-        self.sent = {n: Counter() for n in node_dc}        # bytes each node's sender put on the wire
+        self.sent = {n: Counter() for n in node_dc}  # bytes each node's sender put on the wire
         self.received = {n: Counter() for n in node_dc}
         self.paths: dict[tuple[str, str], Path] = {}
         # Paths come and go with their transfers; every NIC has the same parameters, so a path's
         # delay and per-connection rate depend only on its datacenters (until a link changes).
         self._route: dict[tuple[str, str], tuple[float, float]] = {}
-        self.greedy: dict[Path, None] = {}                  # insertion-ordered: a deterministic fill
+        self.greedy: dict[Path, None] = {}  # insertion-ordered: a deterministic fill
         self.greedy_of: dict[str, dict[Path, None]] = {n: {} for n in node_dc}
         self._tokens = 0
         self._seq = 0
@@ -82,8 +91,8 @@ class Network:
         self.wan_base = {pair: LinkParams.from_profile(inter, PAPER) for pair in self.wan}
         self.link_faults: list[FaultEvent] = []
         self.faults = WanFaults(self, speedup, transfer.resume_timeout_s, list(node_dc))
-        self.faulted = False          # a fault has acted: the paths' hooks are on
-        self.on_back: Callable[[float], None] = lambda t: None     # a dark WAN link is back
+        self.faulted = False  # a fault has acted: the paths' hooks are on
+        self.on_back: Callable[[float], None] = lambda t: None  # a dark WAN link is back
 
     # -- what the simulator samples ------------------------------------------------------------
 
@@ -112,11 +121,23 @@ class Network:
         if p is None:
             a, b = self.node_dc[src], self.node_dc[dst]
             crosses = a != b
-            links = (self.nic_out[src], self.wan[(a, b)], self.nic_in[dst]) if crosses else \
-                (self.nic_out[src], self.nic_in[dst])
+            links = (
+                (self.nic_out[src], self.wan[(a, b)], self.nic_in[dst])
+                if crosses
+                else (self.nic_out[src], self.nic_in[dst])
+            )
             counters = tuple(lk.counter for lk in links) + (self.sent[src], self.received[dst])
-            p = Path(src, dst, links, counters, self.transfer.connections, self.chunk,
-                     self.inter_tcp if crosses else self.intra_tcp, crosses, self._route.get((a, b)))
+            p = Path(
+                src,
+                dst,
+                links,
+                counters,
+                self.transfer.connections,
+                self.chunk,
+                self.inter_tcp if crosses else self.intra_tcp,
+                crosses,
+                self._route.get((a, b)),
+            )
             self._route[(a, b)] = (p.delay, p.conn_rate)
             p.t = self.loop.now
             self.paths[(src, dst)] = p
@@ -180,7 +201,12 @@ class Network:
         for pair, lk in self.wan.items():
             par = eff[pair]
             was = lk.loss >= 1.0
-            lk.rate_bps, lk.delay, lk.loss, lk.loss_correlation = par.rate_bps, par.delay_s, par.loss, par.loss_correlation
+            lk.rate_bps, lk.delay, lk.loss, lk.loss_correlation = (
+                par.rate_bps,
+                par.delay_s,
+                par.loss,
+                par.loss_correlation,
+            )
             lk.capacity = lk.tcp.link_payload(lk.rate_bps, lk.loss)
             if lk.loss >= 1.0 and not was:
                 dark.append(lk)
@@ -189,7 +215,7 @@ class Network:
         if dark or back:
             self.faulted = True
         for lk in dark:
-            self.faults.went_dark(lk, t)     # before the rates drop: what was in flight
+            self.faults.went_dark(lk, t)  # before the rates drop: what was in flight
         self._route.clear()
         links = list(self.wan.values())
         for p in list(self.paths.values()):

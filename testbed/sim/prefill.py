@@ -18,22 +18,37 @@ the caller's to fail (`kill` returns them).
 
 from __future__ import annotations
 
-from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.lifecycle import Event
 from testbed.core.engine.prefill_loop import Dropped, PrefillLoop, layer_ready
 from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.fault_timeline import SlowDown
+from testbed.core.lifecycle import Event
 from testbed.core.schema.topology import NodeSpec
-from testbed.sim.host import Host
 from testbed.sim.events import PREFILL
+from testbed.sim.host import Host
 from testbed.sim.net_view import PathHandle
 from testbed.sim.request import SimRequest
 
 
 class PrefillSim:
-    __slots__ = ("node", "sim", "loop", "time", "kv", "byte_scale", "pending", "blocked", "current", "path",
-                 "version", "paused_at", "rate", "ends_at", "late_end")
+    __slots__ = (
+        "node",
+        "sim",
+        "loop",
+        "time",
+        "kv",
+        "byte_scale",
+        "pending",
+        "blocked",
+        "current",
+        "path",
+        "version",
+        "paused_at",
+        "rate",
+        "ends_at",
+        "late_end",
+    )
 
     def __init__(self, node: NodeSpec, time: PrefillTime, kv: KVModel, byte_scale: float, sim: Host) -> None:
         self.node = node
@@ -43,14 +58,14 @@ class PrefillSim:
         self.kv = kv
         self.byte_scale = byte_scale
         self.pending: dict[str, SimRequest] = {}
-        self.blocked: SimRequest | None = None     # the loop's blocked job's request
-        self.current: SimRequest | None = None     # the loop's computing job's request
-        self.path: PathHandle | None = None              # where the computing job's KV streams
-        self.version = 0                           # of the computing job's end event
+        self.blocked: SimRequest | None = None  # the loop's blocked job's request
+        self.current: SimRequest | None = None  # the loop's computing job's request
+        self.path: PathHandle | None = None  # where the computing job's KV streams
+        self.version = 0  # of the computing job's end event
         self.paused_at = 0.0
-        self.rate = 0.0                            # the computing job's KV stream (paper bytes/s)
-        self.ends_at = 0.0                         # its planned end
-        self.late_end = False                      # its end came while paused
+        self.rate = 0.0  # the computing job's KV stream (paper bytes/s)
+        self.ends_at = 0.0  # its planned end
+        self.late_end = False  # its end came while paused
 
     @property
     def queue(self) -> PrefillQueue:
@@ -72,8 +87,13 @@ class PrefillSim:
         """The router's call for `req` reaches the instance at `t` (now, or later: across the WAN)."""
         assert req.plan is not None
         d = req.plan.d
-        job = PrefillJob(req.rid, d.incremental_tokens, d.cached_tokens,
-                         self.time(d.incremental_tokens, d.cached_tokens), awaits_prefix=d.cache_move is not None)
+        job = PrefillJob(
+            req.rid,
+            d.incremental_tokens,
+            d.cached_tokens,
+            self.time(d.incremental_tokens, d.cached_tokens),
+            awaits_prefix=d.cache_move is not None,
+        )
         req.queued = t
         req.life.apply(Event.ENQUEUE_PREFILL, t)
         self.pending[req.rid] = req

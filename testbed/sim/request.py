@@ -8,29 +8,69 @@ from __future__ import annotations
 
 import math
 
+from testbed.core.engine.prefill_queue import PrefillJob
 from testbed.core.failures import Failure
 from testbed.core.lifecycle import Lifecycle
-from testbed.core.engine.prefill_queue import PrefillJob
+from testbed.core.record import RequestRecord, StageTimes
 from testbed.core.router.retries import retry_id
 from testbed.core.router.route_step import RoutePlan, note_route
 from testbed.core.schema.scaling import Scale
-from testbed.core.record import RequestRecord, StageTimes
 from testbed.traces.types import TraceRequest
 
 NAN = math.nan
 
 
 class SimRequest:
-    __slots__ = ("index", "tr", "rid", "life", "plan", "job", "arrival", "routed", "queued", "start", "end",
-                 "modelled", "transfer_start", "transfer_end", "admitted", "first", "last", "kv_paper", "kv_wire",
-                 "tail_bytes", "move_start", "move_end", "move_wire", "moved", "prefill_seen", "outcome", "reason",
-                 "failure", "retries", "retried", "gone", "relay", "relay_last", "kv_range", "move_range")
+    __slots__ = (
+        "index",
+        "tr",
+        "rid",
+        "life",
+        "plan",
+        "job",
+        "arrival",
+        "routed",
+        "queued",
+        "start",
+        "end",
+        "modelled",
+        "transfer_start",
+        "transfer_end",
+        "admitted",
+        "first",
+        "last",
+        "kv_paper",
+        "kv_wire",
+        "tail_bytes",
+        "move_start",
+        "move_end",
+        "move_wire",
+        "moved",
+        "prefill_seen",
+        "outcome",
+        "reason",
+        "failure",
+        "retries",
+        "retried",
+        "gone",
+        "relay",
+        "relay_last",
+        "kv_range",
+        "move_range",
+    )
 
-    def __init__(self, index: int, tr: TraceRequest, arrival: float, retries: int = 0, retried: Failure | None = None,
-                 relay: tuple[float, float] = (0.0, 0.0)) -> None:
+    def __init__(
+        self,
+        index: int,
+        tr: TraceRequest,
+        arrival: float,
+        retries: int = 0,
+        retried: Failure | None = None,
+        relay: tuple[float, float] = (0.0, 0.0),
+    ) -> None:
         self.index = index
         self.tr = tr
-        self.rid = retry_id(tr.request_id, retries)    # what the nodes know this attempt by
+        self.rid = retry_id(tr.request_id, retries)  # what the nodes know this attempt by
         self.life = Lifecycle(tr.request_id)
         self.plan: RoutePlan | None = None
         self.job: PrefillJob | None = None
@@ -43,27 +83,27 @@ class SimRequest:
         self.transfer_start = NAN
         self.transfer_end = NAN
         self.admitted = NAN
-        self.first = NAN              # the decode node's first and last token
+        self.first = NAN  # the decode node's first and last token
         self.last = NAN
         self.kv_paper = 0
         self.kv_wire = 0
-        self.tail_bytes = 0.0         # paper bytes the prefill releases when its compute ends
+        self.tail_bytes = 0.0  # paper bytes the prefill releases when its compute ends
         self.move_start = NAN
         self.move_end = NAN
         self.move_wire = 0
-        self.moved = False            # the moved cached prefix has reached the prefill node
-        self.prefill_seen = False     # the router has the prefill's answer (its KV is delivered)
+        self.moved = False  # the moved cached prefix has reached the prefill node
+        self.prefill_seen = False  # the router has the prefill's answer (its KV is delivered)
         self.outcome = "pending"
         self.reason = ""
-        self.failure: Failure | None = None     # what failed the request for good
+        self.failure: Failure | None = None  # what failed the request for good
         self.retries = retries
-        self.retried = retried                  # what failed the attempt before
-        self.gone = False             # this attempt failed or was given up: late events ignore it
-        self.relay, self.relay_last = relay   # paper seconds from the decode node's first, last token to the client
-        self.kv_range: tuple[float, float] | None = None     # its KV's byte positions in its path
-        self.move_range: tuple[float, float] | None = None   # its moved prefix's, in the move's path
+        self.retried = retried  # what failed the attempt before
+        self.gone = False  # this attempt failed or was given up: late events ignore it
+        self.relay, self.relay_last = relay  # paper seconds from the decode node's first, last token to the client
+        self.kv_range: tuple[float, float] | None = None  # its KV's byte positions in its path
+        self.move_range: tuple[float, float] | None = None  # its moved prefix's, in the move's path
 
-    def retry(self, f: Failure) -> "SimRequest":
+    def retry(self, f: Failure) -> SimRequest:
         """The next attempt of the same request, after `f` failed this one."""
         return SimRequest(self.index, self.tr, self.arrival, self.retries + 1, f, (self.relay, self.relay_last))
 
@@ -75,14 +115,24 @@ class SimRequest:
         """The request's row of records.csv: wire seconds, wire and paper bytes."""
         s = scale.speedup
         tr = self.tr
-        times = StageTimes(arrival=self.arrival / s, router_arrival=self.arrival / s, routed=self.routed / s,
-                           prefill_queued=self.queued / s, prefill_start=self.start / s, prefill_end=self.end / s,
-                           transfer_start=self.transfer_start / s, transfer_end=self.transfer_end / s,
-                           decode_admitted=self.admitted / s, first_token=(self.first + self.relay) / s,
-                           last_token=(self.last + self.relay_last) / s,
-                           decode_first_token=self.first / s, decode_last_token=self.last / s)
-        rec = RequestRecord(tr.request_id, self.index, tr.input_tokens, tr.output_tokens, times=times,
-                            retries=self.retries)
+        times = StageTimes(
+            arrival=self.arrival / s,
+            router_arrival=self.arrival / s,
+            routed=self.routed / s,
+            prefill_queued=self.queued / s,
+            prefill_start=self.start / s,
+            prefill_end=self.end / s,
+            transfer_start=self.transfer_start / s,
+            transfer_end=self.transfer_end / s,
+            decode_admitted=self.admitted / s,
+            first_token=(self.first + self.relay) / s,
+            last_token=(self.last + self.relay_last) / s,
+            decode_first_token=self.first / s,
+            decode_last_token=self.last / s,
+        )
+        rec = RequestRecord(
+            tr.request_id, self.index, tr.input_tokens, tr.output_tokens, times=times, retries=self.retries
+        )
         if self.retried is not None:
             f = self.retried
             rec.retry_reason, rec.retry_kind, rec.retry_node = f.detail, f.kind.value, f.node

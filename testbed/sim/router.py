@@ -32,25 +32,27 @@ from typing import Any, Protocol
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.engine.decode_loop import KV_TIMEOUT_S
-from testbed.core.failures import NODE_KINDS, Failure, FailureKind as K
-from testbed.core.router.health import Outcome
-from testbed.core.schema.live_path import LivePathCosts
-from testbed.core.lifecycle import Event
-from testbed.core.routing.policy import NoCapacity
 from testbed.core.engine.prefill_loop import CACHE_IN_TIMEOUT_S
+from testbed.core.failures import NODE_KINDS, Failure
+from testbed.core.failures import FailureKind as K
+from testbed.core.lifecycle import Event
+from testbed.core.router.health import Outcome
 from testbed.core.router.retries import avoid_after, deadline_paper_s, deadline_reason, may_retry
-from testbed.core.router.router_books import RouterBooks, decision_line, health_line
 from testbed.core.router.route_step import route
+from testbed.core.router.router_books import RouterBooks, decision_line, health_line
+from testbed.core.routing.policy import NoCapacity
+from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.scaling import Scale
 from testbed.metrics.series_format import RawSample
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, KV_ARRIVAL, PREFILL, Loop
-from testbed.sim.net_view import Net, PathHandle as NetPath
+from testbed.sim.net_view import Net
+from testbed.sim.net_view import PathHandle as NetPath
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.traces.types import TraceRequest
 
-PAPER_TIME = Scale()        # the simulator's clock is paper time: routing books paper seconds
+PAPER_TIME = Scale()  # the simulator's clock is paper time: routing books paper seconds
 
 
 class RouterHost(Protocol):
@@ -96,18 +98,18 @@ class SimRouter:
         self.dispatch = c.dispatch_s * s
         self.relay = c.relay_s * s
         self.relay_last = c.relay_last_s * s
-        self.hop = c.relay_s * s / 2          # one HTTP hop back to the router
-        self.hops = c.any         # the router's calls pay their network delay too (across the WAN: its delay)
+        self.hop = c.relay_s * s / 2  # one HTTP hop back to the router
+        self.hops = c.any  # the router's calls pay their network delay too (across the WAN: its delay)
         # With their distributions, each request draws its own costs (a seeded stream, in event order).
         self.rng = random.Random(20260518) if c.quantiles else None
-        self.decisions = sim.keeps_decisions          # per-request decisions go to decisions.jsonl
+        self.decisions = sim.keeps_decisions  # per-request decisions go to decisions.jsonl
         # Instances can be down, paused or out of reach only with faults, or a link that goes dark.
         self.watch = bool(sc.faults) or any(c.loss is not None and c.loss >= 1.0 for c in rs.inter_dc.schedule)
-        self.active: dict[str, SimRequest] = {}         # attempts in flight, by the id the nodes know
-        self._deadlines: list[tuple[float, int]] = []   # (deadline, request index), a heap
+        self.active: dict[str, SimRequest] = {}  # attempts in flight, by the id the nodes know
+        self._deadlines: list[tuple[float, int]] = []  # (deadline, request index), a heap
         self._sweep_at = math.inf
         self._sweeps = 0
-        self.current: dict[int, SimRequest] = {}        # each open request's present attempt
+        self.current: dict[int, SimRequest] = {}  # each open request's present attempt
 
     # -- arrival and routing ---------------------------------------------------------------------
 
@@ -140,8 +142,18 @@ class SimRouter:
     def _route(self, req: SimRequest, t: float, avoid: frozenset[str] = frozenset()) -> None:
         b = self.books
         tr = req.tr
-        plan = route(b, self.sc, tr.request_id, tr.input_tokens, tr.hash_ids, t, PAPER_TIME, b.down(), avoid,
-                     output_tokens=tr.output_tokens)
+        plan = route(
+            b,
+            self.sc,
+            tr.request_id,
+            tr.input_tokens,
+            tr.hash_ids,
+            t,
+            PAPER_TIME,
+            b.down(),
+            avoid,
+            output_tokens=tr.output_tokens,
+        )
         req.plan = plan
         d = plan.d
         req.routed = t
@@ -170,8 +182,11 @@ class SimRouter:
             role = "decode" if node == d.decode_node else "prefill"
             match sim.life[node]:
                 case "down":
-                    f = Failure(NODE_KINDS[role, False], node, f"{role} node {node} unreachable: the instance is "
-                                                               "down (connection refused)")
+                    f = Failure(
+                        NODE_KINDS[role, False],
+                        node,
+                        f"{role} node {node} unreachable: the instance is down (connection refused)",
+                    )
                     self.attempt_failed(req, f, t, node, "refused")
                     return
                 case "paused":
@@ -211,8 +226,11 @@ class SimRouter:
 
     def _move_lost(self, req: SimRequest) -> None:
         if not req.gone and not req.moved:
-            self.attempt_failed(req, Failure(K.CACHE_MOVE, "", f"moved cached prefix did not arrive within "
-                                                               f"{CACHE_IN_TIMEOUT_S:g} s"), self.sim.loop.now)
+            self.attempt_failed(
+                req,
+                Failure(K.CACHE_MOVE, "", f"moved cached prefix did not arrive within {CACHE_IN_TIMEOUT_S:g} s"),
+                self.sim.loop.now,
+            )
 
     def _move_sent(self, arg: tuple[SimRequest, NetPath], t: float) -> None:
         req, path = arg
@@ -309,8 +327,9 @@ class SimRouter:
         self.active.pop(req.rid, None)
         self._close(req, max(t + req.relay_last, self.sim.loop.now))
 
-    def attempt_failed(self, req: SimRequest, f: Failure, t: float, node: str = "", outcome: Outcome = "failed",
-                       retryable: bool = True) -> None:
+    def attempt_failed(
+        self, req: SimRequest, f: Failure, t: float, node: str = "", outcome: Outcome = "failed", retryable: bool = True
+    ) -> None:
         """One attempt failed with `f` (`node`: the instance to blame): clean up after it, tell the
         health book, then retry elsewhere or give the request up."""
         if req.gone or req.outcome != "pending":
@@ -360,7 +379,7 @@ class SimRouter:
         if not req.life.done:
             req.life.apply(Event.FAIL, t, f.detail)
         req.outcome, req.reason, req.failure = "failed", f.detail, f
-        if req.plan is not None or req.retries:      # it was routed once
+        if req.plan is not None or req.retries:  # it was routed once
             self.books.inflight -= 1
         self._close(req, t)
 
@@ -397,7 +416,7 @@ class SimRouter:
             t, index = h[0]
             req = self.current.get(index)
             if req is None or req.outcome != "pending":
-                heapq.heappop(h)            # done before its deadline
+                heapq.heappop(h)  # done before its deadline
             elif t <= now:
                 heapq.heappop(h)
                 self._fail(req, Failure(K.DEADLINE, "", deadline_reason(self.sc, req.tr.output_tokens)), now)
@@ -437,16 +456,19 @@ class SimRouter:
             if plan is None or req.gone:
                 continue
             d = plan.d
-            kv = d.prefill_node == src and d.decode_node == dst and math.isnan(req.transfer_end) \
+            kv = (
+                d.prefill_node == src
+                and d.decode_node == dst
+                and math.isnan(req.transfer_end)
                 and req.kv_range is not None
+            )
             move = plan.move_src == src and d.prefill_node == dst and not req.moved and req.move_range is not None
             if kv or move:
                 self.attempt_failed(req, Failure(K.KV_TRANSFER, "", f"kv transfer failed: {reason}"), t)
 
     def note_health(self, node: str, outcome: Outcome, t: float, reason: str = "", probe: bool = False) -> None:
         if outcome == "ok" and not self.watch:
-            return          # nothing is ever out: an answer changes nothing
+            return  # nothing is ever out: an answer changes nothing
         ch = self.books.note_health(node, outcome, t, reason, probe)
         if ch is not None:
             self.sim.write_decision(t, [health_line(ch)], always=True)
-

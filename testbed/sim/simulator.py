@@ -22,40 +22,44 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.control.longterm import RoleMeter
+from testbed.core.control.longterm import controller_for as longterm_for
 from testbed.core.control.short_term import controller_for
-from testbed.core.control.longterm import RoleMeter, controller_for as longterm_for
-from testbed.model.retune import role_planner
-from testbed.core.schema.topology import local_dc, node_specs
-from testbed.core.record import RequestRecord
-from testbed.core.gc_pause import paused_gc
-from testbed.metrics.records import RecordWriter
-from testbed.core.schema.live_path import LivePathCosts
+from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.failures import Failure
-from testbed.core.fault_timeline import SlowDown
+from testbed.core.gc_pause import paused_gc
+from testbed.core.record import RequestRecord
+from testbed.core.schema.live_path import LivePathCosts
+from testbed.core.schema.topology import local_dc, node_specs
+from testbed.metrics.records import RecordWriter
+from testbed.metrics.series_format import BatchSeriesFile as SeriesFile
+from testbed.metrics.series_format import RawSample as Sample
+from testbed.metrics.series_format import SeriesPoint, by_time
+from testbed.model.retune import role_planner
 from testbed.sim.control import ControlLoop
-from testbed.sim.fault_runner import FaultRunner, Prober
-from testbed.sim.longterm import RoleLoop
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, FAULT, SAMPLE, new_loop
-from testbed.sim.net_view import PathHandle as NetPath, new_network
+from testbed.sim.fault_runner import FaultRunner, Prober
+from testbed.sim.longterm import RoleLoop
+from testbed.sim.net_view import PathHandle as NetPath
+from testbed.sim.net_view import new_network
 from testbed.sim.network import Network
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter
 from testbed.sim.wan import rto_instant
-from testbed.metrics.series_format import BatchSeriesFile as SeriesFile, RawSample as Sample, SeriesPoint, by_time
 from testbed.traces.types import Trace, TraceRequest
-from testbed.core.engine.kvsize import KVModel
-from testbed.core.engine.servicetime import PrefillTime
 
-START_LEAD_S = 0.5          # wire seconds before the first request, as the live replayer waits
-NODE_SAMPLE_S = 0.1         # wire seconds between node samples, as live services sample
-WAN_SAMPLE_S = 0.05         # wire seconds between link-counter samples, as the netns link monitor
+START_LEAD_S = 0.5  # wire seconds before the first request, as the live replayer waits
+NODE_SAMPLE_S = 0.1  # wire seconds between node samples, as live services sample
+WAN_SAMPLE_S = 0.05  # wire seconds between link-counter samples, as the netns link monitor
 
 
 @contextlib.contextmanager
@@ -102,16 +106,22 @@ class SimStats:
     events: int = 0
     rebalances: int = 0
     retries: int = 0
-    t_end: float = 0.0              # paper seconds, the last request's end
+    t_end: float = 0.0  # paper seconds, the last request's end
     wall_s: float = 0.0
-    write_s: float = 0.0            # of wall_s, writing records and series in batches while the loop ran
+    write_s: float = 0.0  # of wall_s, writing records and series in batches while the loop ran
     records: list[RequestRecord] = field(default_factory=list)
-    series: list[SeriesPoint] = field(default_factory=list)      # timeseries/ as read back, by time
+    series: list[SeriesPoint] = field(default_factory=list)  # timeseries/ as read back, by time
 
 
 class Simulation:
-    def __init__(self, rs: ResolvedScenario, trace: Trace, run_dir: Path | None = None,
-                 options: SimOptions = SimOptions(), costs: LivePathCosts | None = None) -> None:
+    def __init__(
+        self,
+        rs: ResolvedScenario,
+        trace: Trace,
+        run_dir: Path | None = None,
+        options: SimOptions = SimOptions(),
+        costs: LivePathCosts | None = None,
+    ) -> None:
         sc = rs.spec
         self.rs = rs
         self.sc = sc
@@ -132,8 +142,16 @@ class Simulation:
         self.router_dc = local_dc(sc)
         self.node_dc = {n.id: n.datacenter for n in nodes}
         self._unreachable: dict[str, list[tuple[float, Callable[[Any], None]]]] = {}
-        self.net = new_network(self.loop, {n.id: n.datacenter for n in nodes}, rs.intra_dc, rs.inter_dc,
-                               sc.transfer, self.scale.byte_scale, self.scale.speedup, bool(sc.faults))
+        self.net = new_network(
+            self.loop,
+            {n.id: n.datacenter for n in nodes},
+            rs.intra_dc,
+            rs.inter_dc,
+            sc.transfer,
+            self.scale.byte_scale,
+            self.scale.speedup,
+            bool(sc.faults),
+        )
         kv = KVModel.from_spec(sc.model)
         self.kv = kv
         c, s = self.costs, self.scale.speedup
@@ -149,24 +167,50 @@ class Simulation:
                 self.decode[n.id] = DecodeSim(n, hw.decode, kv, self, stalls)
         self.router = SimRouter(self)
         books = self.router.books
-        if isinstance(self.net, Network):     # what a fault does to the transport and the links
+        if isinstance(self.net, Network):  # what a fault does to the transport and the links
             self.net.faults.on_fail = self.router.transfers_failed
             self.net.faults.busy = lambda: self.busy
             self.net.on_back = self._links_back
         ctl = controller_for(sc, rs.threshold, rs.inter_dc.rate)
-        self.control = None if ctl is None else ControlLoop(
-            self.loop, self.net, books, self.prefill, ctl, sc.policy.control.interval_s,
-            sc.policy.bandwidth_aware, sc.policy.bandwidth_state == "auto", lambda: self.busy, self.answers,
-            lambda t, samples: self._write("router", t, samples), self._write_decisions)
+        self.control = (
+            None
+            if ctl is None
+            else ControlLoop(
+                self.loop,
+                self.net,
+                books,
+                self.prefill,
+                ctl,
+                sc.policy.control.interval_s,
+                sc.policy.bandwidth_aware,
+                sc.policy.bandwidth_state == "auto",
+                lambda: self.busy,
+                self.answers,
+                lambda t, samples: self._write("router", t, samples),
+                self._write_decisions,
+            )
+        )
         lt = longterm_for(sc, rs.threshold, role_planner(sc, rs.inter_dc.rate))
-        self.role_loop = None if lt is None else RoleLoop(
-            self.loop, books, self.decode, lt, RoleMeter(sc, books.tracker, lt.roles),
-            lambda: None if self.control is None else self.control.ctl, lambda: self.busy, self.answers,
-            lambda t, samples: self._write("router", t, samples), self._write_decisions)
+        self.role_loop = (
+            None
+            if lt is None
+            else RoleLoop(
+                self.loop,
+                books,
+                self.decode,
+                lt,
+                RoleMeter(sc, books.tracker, lt.roles),
+                lambda: None if self.control is None else self.control.ctl,
+                lambda: self.busy,
+                self.answers,
+                lambda t, samples: self._write("router", t, samples),
+                self._write_decisions,
+            )
+        )
         self.faults = FaultRunner(self, run_dir) if sc.faults else None
         self.prober = Prober(self) if sc.faults else None
         self.stats = SimStats(requests=len(trace))
-        self.open = len(trace)        # requests not finished yet
+        self.open = len(trace)  # requests not finished yet
         self.run_dir = run_dir
         self.writer: RecordWriter | None = None
         self.series: dict[str, SeriesFile] = {}
@@ -182,7 +226,7 @@ class Simulation:
     # -- running -------------------------------------------------------------------------------
 
     def run(self) -> SimStats:
-        with paused_gc():        # through the writing of the run directory too
+        with paused_gc():  # through the writing of the run directory too
             return self._run()
 
     def _run(self) -> SimStats:
@@ -191,14 +235,15 @@ class Simulation:
             ts = self.run_dir / "timeseries"
             # Records and samples are held while the run goes and written when it ends (however it
             # ends: the files are closed below); formatted one by one they cost a quarter of it.
-            self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True,
-                                       settle=self.options.settle_records)
+            self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True, settle=self.options.settle_records)
             s = self.scale.speedup
-            self.series = {name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True)
-                           for name in ("router", "wan")}
+            self.series = {
+                name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True) for name in ("router", "wan")
+            }
             self.series["nodes"] = SeriesFile(ts / "nodes.jsonl", "nodes", s, keep=True, deferred=True)
-            self.decisions = SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False,
-                                        deferred=True)
+            self.decisions = SeriesFile(
+                self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True
+            )
             self._write_link_rates(0.0)
         try:
             self.net.schedule_changes()
@@ -229,8 +274,9 @@ class Simulation:
             # The simulation's own time, as a peer simulator reports its own: writing what it
             # held into the run directory follows (a whole `replay` process is timed as such).
             self.stats.wall_s = time.perf_counter() - wall
-            self.stats.write_s = sum(f.write_s for f in (self.writer, *self.series.values(), self.decisions)
-                                     if f is not None)
+            self.stats.write_s = sum(
+                f.write_s for f in (self.writer, *self.series.values(), self.decisions) if f is not None
+            )
         finally:
             if self.faults is not None:
                 self.faults.finish(self.stats.t_end or self.loop.now)
@@ -241,8 +287,9 @@ class Simulation:
             if self.decisions is not None:
                 self.decisions.close()
         # As `load_timeseries` reads them back: the files in name order, then by time.
-        self.stats.series = sorted((p for name in sorted(self.series) for p in self.series[name].points or ()),
-                                   key=by_time)
+        self.stats.series = sorted(
+            (p for name in sorted(self.series) for p in self.series[name].points or ()), key=by_time
+        )
         self.stats.events = self.loop.processed
         self.stats.rebalances = self.net.rebalances
         self.stats.retries = self.router.books.retries
@@ -284,7 +331,7 @@ class Simulation:
         rec = req.record(self.scale)
         if self.writer is not None:
             self.writer.write(rec)
-        self.stats.records.append(rec)       # the summary's, without reading records.csv again
+        self.stats.records.append(rec)  # the summary's, without reading records.csv again
         self.open -= 1
         if self.open == 0:
             self.stats.t_end = t
@@ -336,7 +383,7 @@ class Simulation:
         self.life[node] = "down"
         self._resumed.pop(node, None)
         net = self.net
-        assert isinstance(net, Network)     # a run with faults has the Python network
+        assert isinstance(net, Network)  # a run with faults has the Python network
         if self.roles[node] == "prefill":
             self.prefill[node].kill(t)
             self.router.node_lost(node, "prefill", t)
@@ -391,8 +438,13 @@ class Simulation:
         f = self.series.get("wan")
         if f is None:
             return
-        f.write(t, [("link_rate_bps_wire", self.scale.wire_rate_bps(lk.rate_bps), {"link": lk.name})
-                    for lk in self.net.wan.values()])
+        f.write(
+            t,
+            [
+                ("link_rate_bps_wire", self.scale.wire_rate_bps(lk.rate_bps), {"link": lk.name})
+                for lk in self.net.wan.values()
+            ],
+        )
 
     def _sample_wan(self, _: Any) -> None:
         t = self.loop.now
@@ -403,9 +455,13 @@ class Simulation:
     def _sample_wan_now(self, t: float) -> None:
         b = self.scale.byte_scale
         # Interface counters count TCP/IP headers too.
-        self.series["wan"].write(t, [("link_bytes", lk.counter.at(t) / lk.tcp.payload_share / b,
-                                      {"link": lk.name, "ifname": lk.name})
-                                     for lk in self.net.wan.values()])
+        self.series["wan"].write(
+            t,
+            [
+                ("link_bytes", lk.counter.at(t) / lk.tcp.payload_share / b, {"link": lk.name, "ifname": lk.name})
+                for lk in self.net.wan.values()
+            ],
+        )
 
     def _sample_nodes(self, _: Any) -> None:
         t = self.loop.now
@@ -423,9 +479,11 @@ class Simulation:
                 assert isinstance(net, Network)
                 wan = net.faults
                 # What connection losses cost, as the live senders count it (the report's Faults section).
-                samples += [("kv_resumes", float(wan.resumes[nid]), {}),
-                            ("kv_bytes_resent", wan.resent[nid] / b, {}),
-                            ("kv_transfers_failed", float(wan.failed[nid]), {})]
+                samples += [
+                    ("kv_resumes", float(wan.resumes[nid]), {}),
+                    ("kv_bytes_resent", wan.resent[nid] / b, {}),
+                    ("kv_transfers_failed", float(wan.failed[nid]), {}),
+                ]
             out.source_write(t, nid, samples)
         for nid, dn in self.decode.items():
             out.source_write(t, nid, dn.loop.samples(net.received_at(nid, t) / b))
@@ -440,8 +498,13 @@ class Simulation:
         self.write_decision(t, samples, always=True)
 
 
-def simulate(rs: ResolvedScenario, trace: Trace, run_dir: Path | None = None,
-             options: SimOptions = SimOptions(), costs: LivePathCosts | None = None) -> SimStats:
+def simulate(
+    rs: ResolvedScenario,
+    trace: Trace,
+    run_dir: Path | None = None,
+    options: SimOptions = SimOptions(),
+    costs: LivePathCosts | None = None,
+) -> SimStats:
     """Simulate `trace` on the scenario; with `run_dir`, write records.csv, timeseries/,
     decisions.jsonl and (with faults) faults.jsonl into it (run.json, summary and report are the
     caller's). `costs`: the live path's, default the scenario's (`sim.live_path`)."""
@@ -454,15 +517,30 @@ def shaping(rs: ResolvedScenario) -> dict[str, Any]:
     scale = rs.scale
     inter, intra = rs.inter_dc, rs.intra_dc
     dcs = list(dict.fromkeys(c.datacenter for c in sc.clusters))
-    links = {f"{a}->{b}": {"rate_bps_wire": scale.wire_rate_bps(inter.rate), "rate_bps_paper": inter.rate,
-                           "delay_s_wire": scale.wire_seconds(inter.delay), "jitter_s_wire": 0.0,
-                           "loss": inter.loss, "loss_correlation": inter.loss_correlation}
-             for a in dcs for b in dcs if a != b}
+    links = {
+        f"{a}->{b}": {
+            "rate_bps_wire": scale.wire_rate_bps(inter.rate),
+            "rate_bps_paper": inter.rate,
+            "delay_s_wire": scale.wire_seconds(inter.delay),
+            "jitter_s_wire": 0.0,
+            "loss": inter.loss,
+            "loss_correlation": inter.loss_correlation,
+        }
+        for a in dcs
+        for b in dcs
+        if a != b
+    }
     return {
-        "method": "sim", "backend": "sim", "profile": inter.name, "intra_profile": intra.name,
-        "links": links, "tcp": json.loads(inter.tcp.model_dump_json()),
+        "method": "sim",
+        "backend": "sim",
+        "profile": inter.name,
+        "intra_profile": intra.name,
+        "links": links,
+        "tcp": json.loads(inter.tcp.model_dump_json()),
         "schedule": [json.loads(c.model_dump_json()) for c in inter.schedule],
-        "detail": ("flow-level model (testbed.sim.network): rate in force with its schedule, one-way delay, loss "
-                   "as TCP goodput (Mathis for loss-based congestion control), max-min fair sharing per "
-                   "connection, window/RTT per connection, layer-wise KV streaming; no jitter"),
+        "detail": (
+            "flow-level model (testbed.sim.network): rate in force with its schedule, one-way delay, loss "
+            "as TCP goodput (Mathis for loss-based congestion control), max-min fair sharing per "
+            "connection, window/RTT per connection, layer-wise KV streaming; no jitter"
+        ),
     }

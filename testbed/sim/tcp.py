@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import TransferSpec
 
-LINUX_RMEM_MAX = 6 * 1024 * 1024      # net.ipv4.tcp_rmem default maximum
-LINUX_WMEM_MAX = 4 * 1024 * 1024      # net.ipv4.tcp_wmem default maximum
+LINUX_RMEM_MAX = 6 * 1024 * 1024  # net.ipv4.tcp_rmem default maximum
+LINUX_WMEM_MAX = 4 * 1024 * 1024  # net.ipv4.tcp_wmem default maximum
 DEFAULT_MTU = 1500
 TCP_IP_HEADERS = 40
 MATHIS_C = math.sqrt(1.5)
@@ -34,21 +34,26 @@ LOSS_FREE_CC = frozenset({"bbr", "bbr2", "bbr3"})
 
 @dataclass(frozen=True)
 class TcpModel:
-    window_bytes: float      # paper bytes per connection per round trip
-    mss_bytes: float         # paper bytes
-    payload_share: float     # MSS / MTU: payload on the wire
+    window_bytes: float  # paper bytes per connection per round trip
+    mss_bytes: float  # paper bytes
+    payload_share: float  # MSS / MTU: payload on the wire
     loss_based: bool
-    send_buffer: float       # paper bytes a connection's socket accepts ahead of the wire
+    send_buffer: float  # paper bytes a connection's socket accepts ahead of the wire
 
     @classmethod
-    def of(cls, profile: LinkProfile, transfer: TransferSpec, byte_scale: float) -> "TcpModel":
+    def of(cls, profile: LinkProfile, transfer: TransferSpec, byte_scale: float) -> TcpModel:
         tcp = profile.tcp
         rmem = transfer.rcvbuf_bytes or tcp.rmem_max or LINUX_RMEM_MAX
         wmem = transfer.sndbuf_bytes or tcp.wmem_max or LINUX_WMEM_MAX
         mtu = profile.mtu or DEFAULT_MTU
         cc = (transfer.congestion or tcp.congestion or "cubic").lower()
-        return cls(min(rmem, wmem) * byte_scale, (mtu - TCP_IP_HEADERS) * byte_scale,
-                   (mtu - TCP_IP_HEADERS) / mtu, cc not in LOSS_FREE_CC, wmem * byte_scale)
+        return cls(
+            min(rmem, wmem) * byte_scale,
+            (mtu - TCP_IP_HEADERS) * byte_scale,
+            (mtu - TCP_IP_HEADERS) / mtu,
+            cc not in LOSS_FREE_CC,
+            wmem * byte_scale,
+        )
 
     def connection_rate(self, rtt: float, loss: float, loss_correlation: float) -> float:
         """Bytes/s one connection can carry on its own (before sharing the link)."""

@@ -34,7 +34,7 @@ from typing import Protocol
 from testbed.core.kv.kv_send import ACK_TIMEOUT_S, MAX_RESUMES
 from testbed.sim.events import LINK_CHANGE, Loop
 
-IDLE = 0          # a path state (testbed.sim.network)
+IDLE = 0  # a path state (testbed.sim.network)
 
 
 class Link(Protocol):
@@ -82,10 +82,10 @@ class Network(Protocol):
     def route_delay(self, src: str, dst: str) -> float: ...
 
 
-RTO_MIN_S = 0.2              # Linux's minimum retransmission timeout (wire s)
+RTO_MIN_S = 0.2  # Linux's minimum retransmission timeout (wire s)
 RTO_MAX_S = 120.0
-SYN_AT_S = (0.0, 1.0, 3.0, 7.0)     # SYNs of one dial, wire s after it began (initial SYN RTO 1 s)
-CONNECT_TIMEOUT_S = 10.0     # the KV sender's dial gives up (testbed.live.kv_sender.KVSender)
+SYN_AT_S = (0.0, 1.0, 3.0, 7.0)  # SYNs of one dial, wire s after it began (initial SYN RTO 1 s)
+CONNECT_TIMEOUT_S = 10.0  # the KV sender's dial gives up (testbed.live.kv_sender.KVSender)
 DIAL_BACKOFF_S = (0.05, 1.0)  # between dials that got nothing through: from, doubling up to
 
 
@@ -93,17 +93,17 @@ DIAL_BACKOFF_S = (0.05, 1.0)  # between dials that got nothing through: from, do
 class Conns:
     """The KV connections of one sender -> receiver pair across the WAN."""
 
-    stall: float | None = None      # its data has waited on a dark link since
-    lost: float | None = None       # its connections were lost then: it is dialing
-    gate: float = 0.0               # nothing gets through before this
-    inflight: float = 0.0           # paper bytes in flight when it stalled (resent after a loss)
-    interrupted: int = 0            # losses that interrupted its progress (since it last went idle)
-    version: int = 0                # of its timers
+    stall: float | None = None  # its data has waited on a dark link since
+    lost: float | None = None  # its connections were lost then: it is dialing
+    gate: float = 0.0  # nothing gets through before this
+    inflight: float = 0.0  # paper bytes in flight when it stalled (resent after a loss)
+    interrupted: int = 0  # losses that interrupted its progress (since it last went idle)
+    version: int = 0  # of its timers
 
 
 def rto_instant(stall: float, up: float, rtt: float, wire_s: float) -> float:
     """When a connection whose data stalled at `stall` retransmits after its link is back at `up`."""
-    rto = (RTO_MIN_S * wire_s + rtt)
+    rto = RTO_MIN_S * wire_s + rtt
     t, k = stall + rto, 1
     while t < up:
         k += 1
@@ -131,17 +131,22 @@ class ResetWindow:
     def __init__(self, index: int, start: float, end: float, count: int | None) -> None:
         self.index = index
         self.start, self.end = start, end
-        self.left = count               # connections still to reset (None: all)
+        self.left = count  # connections still to reset (None: all)
         self.seen: set[tuple[str, str]] = set()
-        self.connections = 0            # connections reset
-        self.resets = 0                 # losses caused (a pair re-established in the window is reset again)
+        self.connections = 0  # connections reset
+        self.resets = 0  # losses caused (a pair re-established in the window is reset again)
 
     def open(self, t: float) -> bool:
         return self.start <= t < self.end
 
     def summary(self) -> dict[str, object]:
-        return {"pairs_seen": len(self.seen), "connections_targeted": self.connections,
-                "connections_seen": self.connections, "connection_losses": self.resets, "modelled": True}
+        return {
+            "pairs_seen": len(self.seen),
+            "connections_targeted": self.connections,
+            "connections_seen": self.connections,
+            "connection_losses": self.resets,
+            "modelled": True,
+        }
 
 
 FailFn = Callable[[str, str, str, float], None]
@@ -158,10 +163,10 @@ class WanFaults:
         self.conns: dict[tuple[str, str], Conns] = {}
         self.windows: list[ResetWindow] = []
         self.resumes = dict.fromkeys(nodes, 0)
-        self.resent = dict.fromkeys(nodes, 0.0)          # paper bytes
+        self.resent = dict.fromkeys(nodes, 0.0)  # paper bytes
         self.failed = dict.fromkeys(nodes, 0)
         self.on_fail: FailFn = lambda src, dst, reason, t: None
-        self.busy: Callable[[], bool] = lambda: True      # requests still open: timers keep running
+        self.busy: Callable[[], bool] = lambda: True  # requests still open: timers keep running
 
     # -- what the network asks -------------------------------------------------------------------
 
@@ -222,8 +227,7 @@ class WanFaults:
         c.stall = t
         c.inflight = p.rate * 2.0 * p.delay
         c.version += 1
-        self.net.loop.at(t + ACK_TIMEOUT_S * self.wire_s, LINK_CHANGE, self._ack_timeout,
-                         ((p.src, p.dst), c.version))
+        self.net.loop.at(t + ACK_TIMEOUT_S * self.wire_s, LINK_CHANGE, self._ack_timeout, ((p.src, p.dst), c.version))
 
     def _ack_timeout(self, arg: tuple[tuple[str, str], int]) -> None:
         pair, version = arg
@@ -235,7 +239,7 @@ class WanFaults:
     def _reset(self, p: Path, t: float, w: ResetWindow) -> None:
         if w.left is not None and w.left <= 0:
             return
-        k = p.conns          # a pair's chunks stripe over all its connections: each one carries
+        k = p.conns  # a pair's chunks stripe over all its connections: each one carries
         if w.left is not None:
             w.left -= k
         w.seen.add((p.src, p.dst))
@@ -270,7 +274,7 @@ class WanFaults:
         if lk is not None and lk.loss < 1.0:
             c.gate = dial_instant(t, t, 2.0 * self.net.route_delay(src, dst), self.wire_s)
         else:
-            c.gate = float("inf")      # until the link is back (`came_back`)
+            c.gate = float("inf")  # until the link is back (`came_back`)
         self._arm_gate(src, dst, c)
 
     def _resume_timeout(self, arg: tuple[tuple[str, str], int, str]) -> None:

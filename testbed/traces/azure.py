@@ -17,7 +17,7 @@ from __future__ import annotations
 import calendar
 import re
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
@@ -158,15 +158,24 @@ def iter_azure(
             st.raised_output += 1
         return inp, out
 
-    return csvutil.scan(header, parse, admit, time_index=ti, time_field=TIMESTAMP, window=window, limit=limit,
-                        stats=st, on_error=on_error)
+    return csvutil.scan(
+        header,
+        parse,
+        admit,
+        time_index=ti,
+        time_field=TIMESTAMP,
+        window=window,
+        limit=limit,
+        stats=st,
+        on_error=on_error,
+    )
 
 
 def _stamp(ticks: int, style: str, start: datetime) -> str:
     """`start` + ticks of 100 ns, in the 2023 (7 digits, no zone) or 2024 (6 digits, +00:00) form."""
     sec, frac = divmod(ticks, 10_000_000)
     base = calendar.timegm(start.timetuple()) + sec
-    day = datetime.fromtimestamp(base, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    day = datetime.fromtimestamp(base, UTC).strftime("%Y-%m-%d %H:%M:%S")
     if style == "2023":
         return f"{day}.{frac:07d}"
     return f"{day}.{frac // 10:06d}+00:00"
@@ -193,5 +202,3 @@ def write_azure(path: str | Path, trace: Trace, style: str = "2024") -> None:
 
 def is_azure_header(columns: list[str]) -> bool:
     return csvutil.has_columns(columns, COLUMNS)
-
-

@@ -89,16 +89,25 @@ def iter_burstgpt(
         return inp, out
 
     return csvutil.scan(
-        header, parse, admit, admit_all=wanted is not None, time_index=ti, time_field=TIMESTAMP, window=window,
-        limit=limit, stats=st, on_error=on_error,
+        header,
+        parse,
+        admit,
+        admit_all=wanted is not None,
+        time_index=ti,
+        time_field=TIMESTAMP,
+        window=window,
+        limit=limit,
+        stats=st,
+        on_error=on_error,
     )
 
 
 BURSTGPT_VARIANTS = ("v1", "v2")
 
 
-def write_burstgpt(path: str | Path, trace: Trace, variant: str = "v2", *, seed: int = 1,
-                   failed_share: float = 0.0) -> None:
+def write_burstgpt(
+    path: str | Path, trace: Trace, variant: str = "v2", *, seed: int = 1, failed_share: float = 0.0
+) -> None:
     """Write `trace` as BurstGPT CSV: "v1" (six columns, whole-second timestamps, as in
     BurstGPT_1) or "v2" (eight, with Session ID and Elapsed time, as in BurstGPT_3).
 
@@ -136,4 +145,3 @@ def write_burstgpt(path: str | Path, trace: Trace, variant: str = "v2", *, seed:
 
 def is_burstgpt_header(columns: list[str]) -> bool:
     return csvutil.has_columns(columns, REQUIRED)
-

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from testbed.core.schema.limits import MAX_TIMESTAMP_S
 from testbed.config.input_files import quotable_header
+from testbed.core.schema.limits import MAX_TIMESTAMP_S
 from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import TraceError, TraceRequest
 
@@ -152,7 +152,9 @@ class CsvHeader:
             elif name in required:
                 raise TraceError(
                     f"missing column (header: {describe_header(self.columns, required)})",
-                    path=self.path, line=1, field=name,
+                    path=self.path,
+                    line=1,
+                    field=name,
                 )
         return out
 
@@ -448,7 +450,9 @@ def scan(
                         error = TraceError(
                             f"goes backwards: {show(row[time_index])} is earlier than the row before "
                             f"({show(prev_row[time_index])}); rows must be in arrival order",
-                            path=path, line=line_base + reader.line_num, field=time_field,
+                            path=path,
+                            line=line_base + reader.line_num,
+                            field=time_field,
                         )
                         if on_error is None:
                             raise error
@@ -488,8 +492,9 @@ def scan(
                 on_error(error)
             except UnicodeDecodeError as e:
                 if checked:  # cannot happen: every line it passes on decodes
-                    raise TraceError(f"not UTF-8 text ({e.reason})", path=path,
-                                     line=line_base + reader.line_num + 1) from None
+                    raise TraceError(
+                        f"not UTF-8 text ({e.reason})", path=path, line=line_base + reader.line_num + 1
+                    ) from None
                 checked = True
                 offset = skip_lines(path, offset, reader.line_num)
                 line_base += reader.line_num
@@ -504,5 +509,5 @@ def scan(
 
 def _shape_error(row: list[str], ncols: int, path: Path, line: int) -> TraceError:
     if len(row) == 1 and row[0].startswith(NOT_UTF8):
-        return TraceError(row[0][len(NOT_UTF8):], path=path, line=line)
+        return TraceError(row[0][len(NOT_UTF8) :], path=path, line=line)
     return TraceError(f"expected {ncols} fields (as in the header), got {len(row)}", path=path, line=line)

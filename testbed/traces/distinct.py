@@ -68,7 +68,7 @@ class DistinctCounter:
             return
         self._registers = np.zeros(1 << self._hll_bits, dtype=np.uint8)
         for lo in range(0, seen.size, _SLICE):
-            self._add_sketch(np.flatnonzero(seen[lo:lo + _SLICE]).astype(np.int64) + lo)
+            self._add_sketch(np.flatnonzero(seen[lo : lo + _SLICE]).astype(np.int64) + lo)
 
     def _add_sorted(self, unique: Ids) -> None:
         assert self._sorted is not None

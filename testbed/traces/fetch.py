@@ -44,32 +44,71 @@ class TraceFile:
 
 
 CATALOGUE: tuple[TraceFile, ...] = (
-    TraceFile("mooncake", "conversation_trace.jsonl", (_MOONCAKE + "conversation_trace.jsonl",),
-              "12,031 requests, ~1 h, 3 MB"),
+    TraceFile(
+        "mooncake", "conversation_trace.jsonl", (_MOONCAKE + "conversation_trace.jsonl",), "12,031 requests, ~1 h, 3 MB"
+    ),
     TraceFile("mooncake", "toolagent_trace.jsonl", (_MOONCAKE + "toolagent_trace.jsonl",), "23,608 requests, 4 MB"),
     TraceFile("mooncake", "synthetic_trace.jsonl", (_MOONCAKE + "synthetic_trace.jsonl",), "3,993 requests, 1 MB"),
-    TraceFile("azure-2023", "AzureLLMInferenceTrace_code.csv", (_AZURE_2023 + "AzureLLMInferenceTrace_code.csv",),
-              "code, 1 h of 2023-11-16, <1 MB"),
-    TraceFile("azure-2023", "AzureLLMInferenceTrace_conv.csv", (_AZURE_2023 + "AzureLLMInferenceTrace_conv.csv",),
-              "conversation, 1 h of 2023-11-16, 1 MB"),
-    TraceFile("azure-2024", "AzureLLMInferenceTrace_code_1week.csv",
-              (_AZURE_2024 + "AzureLLMInferenceTrace_code_1week.csv",
-               _AZURE_2024_BLOB + "AzureLLMInferenceTrace_code_1week.csv"),
-              "code, a week of May 2024, 16.8M rows, ~0.7 GB"),
-    TraceFile("azure-2024", "AzureLLMInferenceTrace_conv_1week.csv",
-              (_AZURE_2024 + "AzureLLMInferenceTrace_conv_1week.csv",
-               _AZURE_2024_BLOB + "AzureLLMInferenceTrace_conv_1week.csv"),
-              "conversation, a week of May 2024, 27.3M rows, 1.1 GB"),
-    TraceFile("burstgpt", "BurstGPT_1.csv", (_BURSTGPT + "BurstGPT_1.csv",), "months 1-2 with failures, 1.43M rows, 52 MB"),
-    TraceFile("burstgpt", "BurstGPT_2.csv", (_BURSTGPT + "BurstGPT_2.csv",), "months 3-4 with failures, 3.86M rows, 145 MB"),
-    TraceFile("burstgpt", "BurstGPT_3.csv", (_BURSTGPT + "BurstGPT_3.csv",),
-              "with Session ID and Elapsed time, with failures, 5.34M rows, 232 MB"),
-    TraceFile("burstgpt", "BurstGPT_without_fails_1.csv", (_BURSTGPT + "BurstGPT_without_fails_1.csv",),
-              "months 1-2, 1.40M rows, 51 MB"),
-    TraceFile("burstgpt", "BurstGPT_without_fails_2.csv", (_BURSTGPT + "BurstGPT_without_fails_2.csv",),
-              "months 3-4, 3.78M rows, 142 MB"),
-    TraceFile("burstgpt", "BurstGPT_without_fails_3.csv", (_BURSTGPT + "BurstGPT_without_fails_3.csv",),
-              "with Session ID and Elapsed time, 217 MB"),
+    TraceFile(
+        "azure-2023",
+        "AzureLLMInferenceTrace_code.csv",
+        (_AZURE_2023 + "AzureLLMInferenceTrace_code.csv",),
+        "code, 1 h of 2023-11-16, <1 MB",
+    ),
+    TraceFile(
+        "azure-2023",
+        "AzureLLMInferenceTrace_conv.csv",
+        (_AZURE_2023 + "AzureLLMInferenceTrace_conv.csv",),
+        "conversation, 1 h of 2023-11-16, 1 MB",
+    ),
+    TraceFile(
+        "azure-2024",
+        "AzureLLMInferenceTrace_code_1week.csv",
+        (
+            _AZURE_2024 + "AzureLLMInferenceTrace_code_1week.csv",
+            _AZURE_2024_BLOB + "AzureLLMInferenceTrace_code_1week.csv",
+        ),
+        "code, a week of May 2024, 16.8M rows, ~0.7 GB",
+    ),
+    TraceFile(
+        "azure-2024",
+        "AzureLLMInferenceTrace_conv_1week.csv",
+        (
+            _AZURE_2024 + "AzureLLMInferenceTrace_conv_1week.csv",
+            _AZURE_2024_BLOB + "AzureLLMInferenceTrace_conv_1week.csv",
+        ),
+        "conversation, a week of May 2024, 27.3M rows, 1.1 GB",
+    ),
+    TraceFile(
+        "burstgpt", "BurstGPT_1.csv", (_BURSTGPT + "BurstGPT_1.csv",), "months 1-2 with failures, 1.43M rows, 52 MB"
+    ),
+    TraceFile(
+        "burstgpt", "BurstGPT_2.csv", (_BURSTGPT + "BurstGPT_2.csv",), "months 3-4 with failures, 3.86M rows, 145 MB"
+    ),
+    TraceFile(
+        "burstgpt",
+        "BurstGPT_3.csv",
+        (_BURSTGPT + "BurstGPT_3.csv",),
+        "with Session ID and Elapsed time, with failures, 5.34M rows, 232 MB",
+    ),
+    TraceFile(
+        "burstgpt",
+        "BurstGPT_without_fails_1.csv",
+        (_BURSTGPT + "BurstGPT_without_fails_1.csv",),
+        "months 1-2, 1.40M rows, 51 MB",
+    ),
+    TraceFile(
+        "burstgpt",
+        "BurstGPT_without_fails_2.csv",
+        (_BURSTGPT + "BurstGPT_without_fails_2.csv",),
+        "months 3-4, 3.78M rows, 142 MB",
+    ),
+    TraceFile(
+        "burstgpt",
+        "BurstGPT_without_fails_3.csv",
+        (_BURSTGPT + "BurstGPT_without_fails_3.csv",),
+        "with Session ID and Elapsed time, 217 MB",
+    ),
 )
 GROUPS = tuple(dict.fromkeys(f.group for f in CATALOGUE))
 ALIASES = {"all": GROUPS, "azure": ("azure-2023", "azure-2024")}
@@ -197,12 +236,20 @@ def main(argv: list[str] | None = None, default_dest: Path | None = None) -> int
         prog="traces/fetch",
         description="Download public LLM serving traces and check each with the project's loader.",
     )
-    p.add_argument("names", nargs="*", metavar="NAME",
-                   help=f"all, a group ({', '.join([*GROUPS, 'azure'])}) or a file name")
-    p.add_argument("--dest", type=Path, default=default_dest or Path("traces/public"),
-                   help="directory for GROUP/NAME (default: traces/public, git-ignored)")
-    p.add_argument("--base-url", default=os.environ.get(MIRROR_ENV),
-                   help=f"fetch GROUP/NAME from this mirror instead of the upstream URLs (env {MIRROR_ENV})")
+    p.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"all, a group ({', '.join([*GROUPS, 'azure'])}) or a file name"
+    )
+    p.add_argument(
+        "--dest",
+        type=Path,
+        default=default_dest or Path("traces/public"),
+        help="directory for GROUP/NAME (default: traces/public, git-ignored)",
+    )
+    p.add_argument(
+        "--base-url",
+        default=os.environ.get(MIRROR_ENV),
+        help=f"fetch GROUP/NAME from this mirror instead of the upstream URLs (env {MIRROR_ENV})",
+    )
     p.add_argument("--list", action="store_true", help="list the known files and exit")
     p.add_argument("--no-validate", action="store_true", help="skip loading each file after download")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="network timeout per read (s)")

@@ -40,8 +40,10 @@ def _zstd_reader(f: IO[bytes]) -> IO[bytes]:
     try:
         import zstandard
     except ImportError:
-        raise TraceError("zstd-compressed: reading it needs the 'zstandard' package "
-                         "(or decompress it first: zstd -d FILE)", path=getattr(f, "name", None)) from None
+        raise TraceError(
+            "zstd-compressed: reading it needs the 'zstandard' package (or decompress it first: zstd -d FILE)",
+            path=getattr(f, "name", None),
+        ) from None
     return zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
 
 
@@ -83,7 +85,7 @@ def _decompressed(path: str | Path, f: io.BufferedReader) -> io.BufferedReader:
 
 
 def compression(path: str | Path) -> str | None:
-    """"gzip" or "zstd" when the file's first bytes say it is compressed, else None (also when it
+    """ "gzip" or "zstd" when the file's first bytes say it is compressed, else None (also when it
     cannot be read: the reader words that)."""
     try:
         with open_regular(path) as f:

@@ -57,7 +57,7 @@ class FileLook:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.suffix = plain_name(self.path).suffix.lower()   # `x.csv.gz` is a CSV (read decompressed)
+        self.suffix = plain_name(self.path).suffix.lower()  # `x.csv.gz` is a CSV (read decompressed)
 
     @cached_property
     def columns(self) -> list[str]:
@@ -76,36 +76,43 @@ class TraceFormat(Protocol):
     def label(self) -> str:
         """The format's name in messages ("Azure")."""
         ...
+
     @property
     def suffix(self) -> str: ...
     @property
     def header(self) -> tuple[str, ...] | None:
         """The CSV columns detection looks for (None: not a CSV format)."""
         ...
+
     @property
     def block_tokens(self) -> int:
         """Tokens per prefix block, what its hash ids (if any) count in."""
         ...
+
     @property
     def token_columns(self) -> tuple[str, str] | None:
         """The (input, output) column names its load notes refer to (None: no notes)."""
         ...
+
     @property
     def variants(self) -> tuple[str, ...]:
         """The layouts `write` can produce (empty: one layout)."""
         ...
+
     @property
     def default_variant(self) -> str | None: ...
     @property
     def variant_noun(self) -> str:
         """What a variant changes, for help texts ("layout", "header")."""
         ...
+
     @property
     def carries_hashes(self) -> bool: ...
     @property
     def writes_failed(self) -> bool:
         """Whether `write` can mark rows as failed (`WriteOptions.failed_share`)."""
         ...
+
     @property
     def filters_models(self) -> bool:
         """Whether it has a Model column to filter on (`ReadOptions.models`)."""
@@ -131,8 +138,11 @@ def windowed(reqs: Iterator[TraceRequest], window: Window | None, limit: int | N
             break
         if t0 is None:
             t0 = r.timestamp
-        yield r if t0 == 0.0 else TraceRequest(r.request_id, r.timestamp - t0, r.input_tokens, r.output_tokens,
-                                               r.hash_ids)
+        yield (
+            r
+            if t0 == 0.0
+            else TraceRequest(r.request_id, r.timestamp - t0, r.input_tokens, r.output_tokens, r.hash_ids)
+        )
         kept += 1
         if kept == limit:
             break
@@ -184,8 +194,7 @@ class Azure:
         return look.suffix == self.suffix and azure.is_azure_header(look.columns)
 
     def read(self, path: str | Path, opts: ReadOptions) -> Iterator[TraceRequest]:
-        return azure.iter_azure(path, window=opts.window, limit=opts.limit, stats=opts.stats,
-                                on_error=opts.on_error)
+        return azure.iter_azure(path, window=opts.window, limit=opts.limit, stats=opts.stats, on_error=opts.on_error)
 
     def write(self, path: str | Path, trace: Trace, opts: WriteOptions) -> None:
         azure.write_azure(path, trace, opts.variant or self.default_variant)
@@ -211,12 +220,20 @@ class BurstGPT:
         return look.suffix == self.suffix and burstgpt.is_burstgpt_header(look.columns)
 
     def read(self, path: str | Path, opts: ReadOptions) -> Iterator[TraceRequest]:
-        return burstgpt.iter_burstgpt(path, window=opts.window, limit=opts.limit, keep_failed=opts.keep_failed,
-                                      models=opts.models, stats=opts.stats, on_error=opts.on_error)
+        return burstgpt.iter_burstgpt(
+            path,
+            window=opts.window,
+            limit=opts.limit,
+            keep_failed=opts.keep_failed,
+            models=opts.models,
+            stats=opts.stats,
+            on_error=opts.on_error,
+        )
 
     def write(self, path: str | Path, trace: Trace, opts: WriteOptions) -> None:
-        burstgpt.write_burstgpt(path, trace, opts.variant or self.default_variant, seed=opts.seed,
-                                failed_share=opts.failed_share)
+        burstgpt.write_burstgpt(
+            path, trace, opts.variant or self.default_variant, seed=opts.seed, failed_share=opts.failed_share
+        )
 
 
 def _format(name: FormatName) -> TraceFormat:
@@ -257,12 +274,16 @@ def detect_format(path: str | Path) -> FormatName:
             return fmt.name
     by_header = [f for f in FORMATS.values() if f.header is not None and f.suffix == look.suffix]
     if by_header:
-        wanted = [f"{f.label}'s {'columns ' if i == 0 else ''}({', '.join(f.header or ())})"
-                  for i, f in enumerate(by_header)]
+        wanted = [
+            f"{f.label}'s {'columns ' if i == 0 else ''}({', '.join(f.header or ())})" for i, f in enumerate(by_header)
+        ]
         has = ("neither " + " nor ".join(wanted)) if len(wanted) > 1 else f"not {wanted[0]}"
         expected = [c for f in by_header for c in (f.header or ())]
-        raise TraceError(f"unsupported format: the header ({describe_header(look.raw_columns, expected)}) has {has}",
-                         path=path, line=1)
+        raise TraceError(
+            f"unsupported format: the header ({describe_header(look.raw_columns, expected)}) has {has}",
+            path=path,
+            line=1,
+        )
     packed = compression(path)
     raise TraceError(
         (f"{packed}-compressed; " if packed else "")

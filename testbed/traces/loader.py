@@ -11,13 +11,27 @@ from testbed.core.gc_pause import paused_gc
 from testbed.core.schema.scenario import WorkloadSpec
 from testbed.traces.csvutil import LoadStats, Window
 from testbed.traces.formats import (
-    FORMATS, SUPPORTED_FORMATS, FormatName, ReadOptions, TraceFormat, detect_format, trace_format,
+    FORMATS,
+    SUPPORTED_FORMATS,
+    FormatName,
+    ReadOptions,
+    TraceFormat,
+    detect_format,
+    trace_format,
 )
 from testbed.traces.synthetic import synthetic_trace
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
-__all__ = ["SUPPORTED_FORMATS", "block_tokens_of", "check_window", "detect_format", "iter_trace", "load_trace",
-           "notes_for", "trace_from_workload"]
+__all__ = [
+    "SUPPORTED_FORMATS",
+    "block_tokens_of",
+    "check_window",
+    "detect_format",
+    "iter_trace",
+    "load_trace",
+    "notes_for",
+    "trace_from_workload",
+]
 
 
 def check_window(window: Window) -> Window:
@@ -53,10 +67,13 @@ def iter_trace(
         raise ValueError(f"limit must be >= 0, got {limit}")
     if models is not None and not fmt.filters_models:
         with_models = ", ".join(f.name for f in FORMATS.values() if f.filters_models)
-        raise TraceError(f"a model filter needs a format with a Model column ({with_models}), not {fmt.name}",
-                         path=path)
-    return fmt.read(path, ReadOptions(window=window, limit=limit, keep_failed=keep_failed, models=models,
-                                      stats=stats, on_error=on_error))
+        raise TraceError(
+            f"a model filter needs a format with a Model column ({with_models}), not {fmt.name}", path=path
+        )
+    return fmt.read(
+        path,
+        ReadOptions(window=window, limit=limit, keep_failed=keep_failed, models=models, stats=stats, on_error=on_error),
+    )
 
 
 def load_trace(

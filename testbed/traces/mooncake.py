@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from testbed.core.schema.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS, MIN_TOKENS
 from testbed.config.input_files import json_kind
+from testbed.core.schema.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS, MIN_TOKENS
 from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
@@ -31,7 +31,7 @@ def _show(value: Any) -> str:
 
 
 _BOM = b"\xef\xbb\xbf"
-_loads_text = json.JSONDecoder().decode     # json.loads of text with default options
+_loads_text = json.JSONDecoder().decode  # json.loads of text with default options
 
 
 def _json_error(e: ValueError | RecursionError) -> str:

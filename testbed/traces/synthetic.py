@@ -77,8 +77,9 @@ def poisson_arrivals(rng: np.random.Generator, n: int, rate: float) -> npt.NDArr
 DEFAULT_BURST_PEAK = 4.0
 
 
-def arrival_times(rng: np.random.Generator, n: int, rate: float, cv: float = 1.0,
-                  peak: float = DEFAULT_BURST_PEAK) -> npt.NDArray[np.float64]:
+def arrival_times(
+    rng: np.random.Generator, n: int, rate: float, cv: float = 1.0, peak: float = DEFAULT_BURST_PEAK
+) -> npt.NDArray[np.float64]:
     """`n` arrival times (s, the first at 0) at mean `rate` whose gaps have coefficient of
     variation `cv`:
 
@@ -133,8 +134,13 @@ def _blocks(tokens: int, block_tokens: int) -> int:
     return -(-tokens // block_tokens)
 
 
-def synthetic_trace(spec: WorkloadSpec, block_tokens: int = DEFAULT_BLOCK_TOKENS, *, arrival_cv: float = 1.0,
-                    burst_peak: float = DEFAULT_BURST_PEAK) -> Trace:
+def synthetic_trace(
+    spec: WorkloadSpec,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    *,
+    arrival_cv: float = 1.0,
+    burst_peak: float = DEFAULT_BURST_PEAK,
+) -> Trace:
     """The paper's synthetic workload for `spec` (arrivals Poisson unless `arrival_cv` says
     otherwise: `arrival_times`).
 
@@ -178,7 +184,10 @@ OUTPUT = LengthDist(mu=5.9, sigma=0.6, min=50, max=1000)
 REUSE_PROFILES: dict[str, dict[str, object]] = {
     "chat": {},
     "agent": {
-        "turns_per_session": 10, "concurrency": 12, "system_prompts": 4, "system_prompt_tokens": 6144,
+        "turns_per_session": 10,
+        "concurrency": 12,
+        "system_prompts": 4,
+        "system_prompt_tokens": 6144,
         "first_turn": LengthDist(mu=8.8, sigma=0.8, min=512, max=40000),
         "follow_up": LengthDist(mu=7.6, sigma=0.9, min=64, max=16384),
         "output": LengthDist(mu=5.5, sigma=0.6, min=32, max=1024),
@@ -192,8 +201,9 @@ def _arrivals_note(cv: float, peak: float) -> str:
     return f", arrival_cv={cv:g}" + (f", burst_peak={peak:g}" if cv > 1.0 else "")
 
 
-def synth_profile(name: str, n: int, rate: float, seed: int, arrival_cv: float = 1.0,
-                  burst_peak: float = DEFAULT_BURST_PEAK) -> Trace:
+def synth_profile(
+    name: str, n: int, rate: float, seed: int, arrival_cv: float = 1.0, burst_peak: float = DEFAULT_BURST_PEAK
+) -> Trace:
     """`synth_with_prefixes` with one of REUSE_PROFILES."""
     try:
         kw = dict(REUSE_PROFILES[name])
@@ -202,8 +212,7 @@ def synth_profile(name: str, n: int, rate: float, seed: int, arrival_cv: float =
     per = kw.pop("turns_per_session", None)
     if isinstance(per, int):
         kw["sessions"] = max(1, n // per)
-    return synth_with_prefixes(n, rate, seed, arrival_cv=arrival_cv, burst_peak=burst_peak,
-                               **kw)  # type: ignore[arg-type]
+    return synth_with_prefixes(n, rate, seed, arrival_cv=arrival_cv, burst_peak=burst_peak, **kw)  # type: ignore[arg-type]
 
 
 def synth_with_prefixes(
@@ -301,6 +310,8 @@ def synth_with_prefixes(
             # Swap-remove: O(1), and deterministic since the pick is by index.
             open_[k] = open_[-1]
             open_.pop()
-    source = (f"synth_with_prefixes(n={n}, rate={rate}, seed={seed}, sessions={n_sessions}"
-              f"{_arrivals_note(arrival_cv, burst_peak)})")
+    source = (
+        f"synth_with_prefixes(n={n}, rate={rate}, seed={seed}, sessions={n_sessions}"
+        f"{_arrivals_note(arrival_cv, burst_peak)})"
+    )
     return Trace(reqs, source=source, block_tokens=block_tokens)

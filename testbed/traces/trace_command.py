@@ -60,8 +60,13 @@ def window_arg(text: str) -> Window:
 
 
 def _models_arg(p: argparse.ArgumentParser, flag: str) -> None:
-    p.add_argument(flag, dest="models", action="append", metavar="NAME",
-                   help=f"BurstGPT: keep only this model ({', '.join(MODELS)}; repeatable)")
+    p.add_argument(
+        flag,
+        dest="models",
+        action="append",
+        metavar="NAME",
+        help=f"BurstGPT: keep only this model ({', '.join(MODELS)}; repeatable)",
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,31 +74,67 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tsub = p.add_subparsers(dest="trace_command", required=True, metavar="{synth,info,validate}")
 
     s = tsub.add_parser("synth", help="write a generated trace")
-    s.add_argument("--format", choices=SUPPORTED_FORMATS, default="mooncake", help="file format to write (default mooncake)")
-    s.add_argument("--variant", metavar="V", help="; ".join(
-        f"{f.name}: {' or '.join(f.variants)} {f.variant_noun} (default {f.default_variant})"
-        for f in FORMATS.values() if f.variants))
+    s.add_argument(
+        "--format", choices=SUPPORTED_FORMATS, default="mooncake", help="file format to write (default mooncake)"
+    )
+    s.add_argument(
+        "--variant",
+        metavar="V",
+        help="; ".join(
+            f"{f.name}: {' or '.join(f.variants)} {f.variant_noun} (default {f.default_variant})"
+            for f in FORMATS.values()
+            if f.variants
+        ),
+    )
     s.add_argument("--requests", type=int, required=True, metavar="N", help="how many requests to write")
     s.add_argument("--rate", type=float, required=True, metavar="R", help="mean arrivals per second")
-    s.add_argument("--seed", type=int, default=1, metavar="S", help="random seed (default 1): the same seed writes the same file")
-    s.add_argument("--arrival-cv", type=float, default=1.0, metavar="C",
-                   help="coefficient of variation of the inter-arrival gaps: 1 Poisson (default), "
-                        "below 1 smoother (gamma), above 1 bursts (interrupted Poisson)")
-    s.add_argument("--burst-peak", type=float, default=DEFAULT_BURST_PEAK, metavar="P",
-                   help=f"with --arrival-cv above 1: the rate during a burst over the mean (default {DEFAULT_BURST_PEAK:g})")
-    s.add_argument("--out", action=StoreOnce, type=out_file, required=True, metavar="FILE", help="the trace file to write")
     s.add_argument(
-        "--prefix-reuse", nargs="?", const="chat", choices=tuple(REUSE_PROFILES), metavar="PROFILE",
-        help="multi-turn sessions sharing prefix blocks, shaped as PROFILE: chat (default) or agent "
-             "(long-context agent sessions); mooncake only; without it: the paper's workload",
+        "--seed", type=int, default=1, metavar="S", help="random seed (default 1): the same seed writes the same file"
     )
-    s.add_argument("--failed-share", type=float, default=0.0, metavar="F",
-                   help="burstgpt: share of rows written as failed (0 response tokens)")
+    s.add_argument(
+        "--arrival-cv",
+        type=float,
+        default=1.0,
+        metavar="C",
+        help="coefficient of variation of the inter-arrival gaps: 1 Poisson (default), "
+        "below 1 smoother (gamma), above 1 bursts (interrupted Poisson)",
+    )
+    s.add_argument(
+        "--burst-peak",
+        type=float,
+        default=DEFAULT_BURST_PEAK,
+        metavar="P",
+        help=f"with --arrival-cv above 1: the rate during a burst over the mean (default {DEFAULT_BURST_PEAK:g})",
+    )
+    s.add_argument(
+        "--out", action=StoreOnce, type=out_file, required=True, metavar="FILE", help="the trace file to write"
+    )
+    s.add_argument(
+        "--prefix-reuse",
+        nargs="?",
+        const="chat",
+        choices=tuple(REUSE_PROFILES),
+        metavar="PROFILE",
+        help="multi-turn sessions sharing prefix blocks, shaped as PROFILE: chat (default) or agent "
+        "(long-context agent sessions); mooncake only; without it: the paper's workload",
+    )
+    s.add_argument(
+        "--failed-share",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="burstgpt: share of rows written as failed (0 response tokens)",
+    )
     s.set_defaults(func=cmd_synth)
 
     i = tsub.add_parser("info", help="summarise a trace")
     i.add_argument("path", metavar="PATH", help="the trace file")
-    i.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)")
+    i.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", *SUPPORTED_FORMATS),
+        help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)",
+    )
     i.add_argument("--window", type=window_arg, metavar="START:END", help=WINDOW_HELP)
     i.add_argument("--keep-failed", action="store_true", help="BurstGPT: count failed requests in (1 output token)")
     _models_arg(i, "--model")
@@ -102,7 +143,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     v = tsub.add_parser("validate", help="check a whole trace file; exit 0 if valid, 2 if not")
     v.add_argument("path", metavar="PATH", help="the trace file")
-    v.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)")
+    v.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", *SUPPORTED_FORMATS),
+        help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)",
+    )
     v.set_defaults(func=cmd_validate)
 
 
@@ -219,20 +265,31 @@ def _dist(values: array[int]) -> dict[str, float]:
     return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "max": float(a.max())}
 
 
-
-
 def _fmt_dist(d: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:,.0f}" for k, v in d.items())
 
 
-def _stream_summary(args: argparse.Namespace, window: Window | None, acc: _Summary | None = None,
-                    on_error: Callable[[TraceError], None] | None = None) -> dict[str, Any]:
+def _stream_summary(
+    args: argparse.Namespace,
+    window: Window | None,
+    acc: _Summary | None = None,
+    on_error: Callable[[TraceError], None] | None = None,
+) -> dict[str, Any]:
     """Summarise a file without holding its requests (the 2024 Azure files have millions)."""
     fmt = detect_format(args.path) if args.format == "auto" else args.format
     stats = LoadStats()
     acc = acc if acc is not None else _Summary()
-    acc.add(iter_trace(args.path, fmt, window=window, keep_failed=getattr(args, "keep_failed", False),
-                       models=getattr(args, "models", None), stats=stats, on_error=on_error))
+    acc.add(
+        iter_trace(
+            args.path,
+            fmt,
+            window=window,
+            keep_failed=getattr(args, "keep_failed", False),
+            models=getattr(args, "models", None),
+            stats=stats,
+            on_error=on_error,
+        )
+    )
     source = str(args.path) + (f" | window({window[0]:g}, {window[1]:g})" if window is not None else "")
     return acc.result(source, block_tokens_of(fmt), notes_for(fmt, stats))
 
@@ -297,8 +354,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for err in bad.first:
             print(err, file=sys.stderr)
         shown = f" (the first {len(bad.first)} shown)" if bad.count > len(bad.first) else ""
-        print(f"{args.path}: {bad.count:,} bad line{'' if bad.count == 1 else 's'}{shown}; "
-              f"{acc.n:,} good requests", file=sys.stderr)
+        print(
+            f"{args.path}: {bad.count:,} bad line{'' if bad.count == 1 else 's'}{shown}; {acc.n:,} good requests",
+            file=sys.stderr,
+        )
         return 2
     if not s["requests"]:
         # Nothing to replay: a replay of it would end at once with an empty report.

@@ -83,7 +83,8 @@ def cap_output(trace: Trace, max_output: int) -> Trace:
     if max_output < 0:
         raise ValueError(f"max_output must be >= 0, got {max_output}")
     reqs = (
-        r if r.output_tokens <= max_output
+        r
+        if r.output_tokens <= max_output
         else TraceRequest(r.request_id, r.timestamp, r.input_tokens, max_output, r.hash_ids)
         for r in trace.requests
     )

@@ -66,9 +66,7 @@ class Trace:
             t = r.timestamp
             # `not t >= prev` also catches NaN.
             if not t >= prev or t == inf:
-                raise ValueError(
-                    f"{self.source}: request {r.request_id!r} at {t} s is out of order or not finite"
-                )
+                raise ValueError(f"{self.source}: request {r.request_id!r} at {t} s is out of order or not finite")
             prev = t
 
     def __len__(self) -> int:

@@ -22,9 +22,18 @@ from pathlib import Path
 
 from testbed.config.profiles import PROFILE_DIR, load_profile
 from testbed.core.schema.linkprofile import parse_rate
-from testbed.studies.linkcheck.linkcheck import (LinkCheckConfig, loss_cell, multi_goodput_bps, print_report,
-                                                 rtt_invalid_cell, rtt_valid, run_linkcheck, scale_for, shaped_rtt,
-                                                 verdicts)
+from testbed.studies.linkcheck.linkcheck import (
+    LinkCheckConfig,
+    loss_cell,
+    multi_goodput_bps,
+    print_report,
+    rtt_invalid_cell,
+    rtt_valid,
+    run_linkcheck,
+    scale_for,
+    shaped_rtt,
+    verdicts,
+)
 
 GATES = ("loss",)
 
@@ -38,17 +47,28 @@ def summary_line(r: dict[str, object]) -> str:
     multi = r["goodput"][0]  # type: ignore[index]
     lo = r["loss"]
     assert isinstance(lo, dict)
-    loss = (f"loss {mark[v['loss']]} ({lo['link']:.2%} of {c['loss']:.2%})" if lo["valid"]
-            else f"loss not measured ({loss_cell(lo)})")
-    parts = [(f"RTT {mark[v['rtt']]} ({rtt * 1e3:.2f} of {c['rtt_s_wire'] * 1e3:.2f} ms over the unshaped path)"
-              if rtt_valid(r) else f"RTT not measured ({rtt_invalid_cell(r)})"),
-             f"goodput {mark[v['goodput_multi']]} ({(multi_goodput_bps(multi) or 0) / c['rate_bps_wire']:.0%} of the "
-             f"rate past TCP's ramp, {(multi['bps'] or 0) / c['rate_bps_wire']:.0%} over the whole transfer)",
-             loss]
+    loss = (
+        f"loss {mark[v['loss']]} ({lo['link']:.2%} of {c['loss']:.2%})"
+        if lo["valid"]
+        else f"loss not measured ({loss_cell(lo)})"
+    )
+    parts = [
+        (
+            f"RTT {mark[v['rtt']]} ({rtt * 1e3:.2f} of {c['rtt_s_wire'] * 1e3:.2f} ms over the unshaped path)"
+            if rtt_valid(r)
+            else f"RTT not measured ({rtt_invalid_cell(r)})"
+        ),
+        f"goodput {mark[v['goodput_multi']]} ({(multi_goodput_bps(multi) or 0) / c['rate_bps_wire']:.0%} of the "
+        f"rate past TCP's ramp, {(multi['bps'] or 0) / c['rate_bps_wire']:.0%} over the whole transfer)",
+        loss,
+    ]
     if "rate_change" in v:
         f = r["rate_change"]["follow_s"]  # type: ignore[index]
-        parts.append(f"rate change {mark[v['rate_change']]} ("
-                     + (f"{f * 1e3:.0f} ms" if f is not None else "did not follow") + ")")
+        parts.append(
+            f"rate change {mark[v['rate_change']]} ("
+            + (f"{f * 1e3:.0f} ms" if f is not None else "did not follow")
+            + ")"
+        )
     return f"{r['profile']} [{r['method']}]: " + ", ".join(parts)
 
 
@@ -74,9 +94,17 @@ def main() -> int:
         # The tier's bars are RTT, loss and goodput on 4 connections: the transfers on one
         # connection (to an ordinary receiver, and to one whose small buffer is the limit) are
         # left to `linkcheck --compare-methods`, which puts them beside the delay line's.
-        cfg = LinkCheckConfig(p, scale_for(p, 1.0, None, parse_rate(args.wire_rate)), 4, args.duration,
-                              loss_probes=None, rtt_probes=args.rtt_probes, method="netem", one_connection=False,
-                              window_limited=False)
+        cfg = LinkCheckConfig(
+            p,
+            scale_for(p, 1.0, None, parse_rate(args.wire_rate)),
+            4,
+            args.duration,
+            loss_probes=None,
+            rtt_probes=args.rtt_probes,
+            method="netem",
+            one_connection=False,
+            window_limited=False,
+        )
         # No second run of a failing profile: the host's own drops no longer reach the loss
         # figure (linkcheck counts them, and measures a stream they disturbed once more itself),
         # so a valid figure outside the bar is the link's, and measuring until one passes would
@@ -91,18 +119,22 @@ def main() -> int:
         args.json_out.write_text(json.dumps(results, indent=1) + "\n")
     gates = None if args.strict else GATES
     bad = []
-    print("\nlinkcheck under netem, bars: RTT 1 ms or 3%, goodput on 4 connections past TCP's ramp >= 90% of the rate, "
-          "loss within 0.3 points, rate change followed within 200 ms"
-          + ("" if args.strict else f" (gating: method netem, {', '.join(GATES)})"))
+    print(
+        "\nlinkcheck under netem, bars: RTT 1 ms or 3%, goodput on 4 connections past TCP's ramp >= 90% of the rate, "
+        "loss within 0.3 points, rate change followed within 200 ms"
+        + ("" if args.strict else f" (gating: method netem, {', '.join(GATES)})")
+    )
     for r in results:
         print("  " + summary_line(r))
         failed = [k for k, ok in r["verdicts"].items() if ok is False and (gates is None or k in gates)]
         if r["method"] != "netem" or failed:
             bad.append(f"{r['profile']} ({', '.join(failed) or 'method ' + str(r['method'])})")
     unmeasured = [str(r["profile"]) for r in results if not r["loss"]["valid"]]  # type: ignore[index]
-    print(f"linkcheck: {len(results) - len(bad)} of {len(results)} profiles pass"
-          + (f"; failing: {'; '.join(bad)}" if bad else "")
-          + (f"; loss not measured (INVALID, not gated): {', '.join(unmeasured)}" if unmeasured else ""))
+    print(
+        f"linkcheck: {len(results) - len(bad)} of {len(results)} profiles pass"
+        + (f"; failing: {'; '.join(bad)}" if bad else "")
+        + (f"; loss not measured (INVALID, not gated): {', '.join(unmeasured)}" if unmeasured else "")
+    )
     return 1 if bad else 0
 
 

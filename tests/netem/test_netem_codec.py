@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from testbed.net import executor  # executor: registers the codec
+from testbed.net import netem_codec as C
 from testbed.net.delayline_model import DelayLineModel
-from testbed.net import executor, netem_codec as C  # executor: registers the codec
 from testbed.net.plan import NetemLeaf
 
 pytestmark = pytest.mark.pure
@@ -34,8 +35,18 @@ def test_the_executor_registers_this_codec_for_netem() -> None:
 def test_rate_is_an_option_and_never_a_top_level_attribute() -> None:
     # The request pyroute2's TC filter builds: our keywords must all leave it, `rate` above all
     # (sent as TCA_RATE, a rate estimator, the kernel answers ERANGE).
-    req = {"kind": "netem", "index": 3, "handle": 0x100000, "parent": 0x10010, "delay_us": 15000,
-           "jitter_us": 200, "loss": 0.01, "loss_corr": 0.0, "limit": 1000, "rate_bytes": 125_000_000}
+    req = {
+        "kind": "netem",
+        "index": 3,
+        "handle": 0x100000,
+        "parent": 0x10010,
+        "delay_us": 15000,
+        "jitter_us": 200,
+        "loss": 0.01,
+        "loss_corr": 0.0,
+        "limit": 1000,
+        "rate_bytes": 125_000_000,
+    }
     req["options"] = C.get_parameters(dict(req))
     C.fix_request(req)
     assert set(req) == {"kind", "index", "handle", "parent", "options"}
@@ -63,8 +74,7 @@ def test_correlation_is_sent_even_when_zero_so_a_change_resets_it() -> None:
 
 def test_correlated_loss_is_the_delay_lines_gilbert_chain() -> None:
     p, c = 0.01, 0.25
-    ge = roundtrip(C.get_parameters({"loss": p, "loss_corr": c})).get_attr("TCA_NETEM_LOSS") \
-        .get_attr("NETEM_LOSS_GE")
+    ge = roundtrip(C.get_parameters({"loss": p, "loss_corr": c})).get_attr("TCA_NETEM_LOSS").get_attr("NETEM_LOSS_GE")
     u32 = 2**32 - 1
     good_to_bad, bad_to_good = ge["p"] / u32, ge["r"] / u32
     assert (ge["h"], ge["k1"]) == (0, 0)  # every packet lost in the bad state, none in the good
@@ -83,6 +93,8 @@ def test_probabilities_outside_0_1_are_refused() -> None:
 
 def test_the_leaf_describes_what_is_sent() -> None:
     leaf = NetemLeaf("w", "dc1", 0x10010, 0.015, 0.0002, 0.01, 0.25, 2923, 100_000_000)
-    assert leaf.describe() == ("w: tc qdisc add dev dc1 parent 1:10 handle 10: netem delay 15ms 0.2ms "
-                               "loss gemodel 0.75% 74.25% 100% 0% limit 2923 rate 100Mbit")
+    assert leaf.describe() == (
+        "w: tc qdisc add dev dc1 parent 1:10 handle 10: netem delay 15ms 0.2ms "
+        "loss gemodel 0.75% 74.25% 100% 0% limit 2923 rate 100Mbit"
+    )
     assert "loss 1% limit 10 " in NetemLeaf("w", "dc1", 0x10010, 0.0, 0.0, 0.01, 0.0, 10, 10**9).describe()

@@ -83,8 +83,9 @@ def test_netem_leaf_needs_its_class(scratch: str) -> None:
 
 
 DELAY, JITTER, LOSS, CORR = 0.010, 0.001, 0.05, 0.5
-LINK = LinkParams(rate_bps=50e6, delay_s=DELAY, jitter_s=JITTER, loss=LOSS, loss_correlation=CORR,
-                  queue_bytes=1 << 20, mtu=None)
+LINK = LinkParams(
+    rate_bps=50e6, delay_s=DELAY, jitter_s=JITTER, loss=LOSS, loss_correlation=CORR, queue_bytes=1 << 20, mtu=None
+)
 
 
 @pytest.fixture(scope="module")

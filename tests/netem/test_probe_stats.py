@@ -12,8 +12,17 @@ pytestmark = pytest.mark.pure
 
 def test_loss_and_order_of_a_small_stream() -> None:
     # 0..9 sent; 3 and 4 lost; 7 overtaken by 8.
-    arrivals = [(0, 0.010), (1, 0.011), (2, 0.010), (5, 0.012), (6, 0.010), (8, 0.009), (7, 0.013),
-                (9, 0.010), (9, 0.010)]   # a duplicate counts once
+    arrivals = [
+        (0, 0.010),
+        (1, 0.011),
+        (2, 0.010),
+        (5, 0.012),
+        (6, 0.010),
+        (8, 0.009),
+        (7, 0.013),
+        (9, 0.010),
+        (9, 0.010),
+    ]  # a duplicate counts once
     st = probe_stats(10, arrivals)
     assert (st.sent, st.received, st.loss) == (10, 8, 0.2)
     assert st.reordered == pytest.approx(1 / 8)
@@ -24,16 +33,16 @@ def test_loss_and_order_of_a_small_stream() -> None:
 def test_reordering_counts_arrivals_below_the_highest_seen() -> None:
     assert reordered_fraction([0, 1, 2, 3]) == 0.0
     assert reordered_fraction([1, 0, 3, 2]) == 0.5
-    assert reordered_fraction([3, 0, 1, 2]) == 0.75   # one early packet makes three late ones
+    assert reordered_fraction([3, 0, 1, 2]) == 0.75  # one early packet makes three late ones
     assert reordered_fraction([]) is None
 
 
 def test_loss_correlation_of_independent_and_bursty_loss() -> None:
-    assert loss_correlation([False] * 100) is None       # no loss: nothing to condition on
-    alternating = [i % 2 == 0 for i in range(1000)]      # never two in a row
+    assert loss_correlation([False] * 100) is None  # no loss: nothing to condition on
+    alternating = [i % 2 == 0 for i in range(1000)]  # never two in a row
     c = loss_correlation(alternating)
     assert c is not None and c == pytest.approx(-1.0)
-    bursts = ([True] * 5 + [False] * 95) * 20            # 5% loss in runs of 5
+    bursts = ([True] * 5 + [False] * 95) * 20  # 5% loss in runs of 5
     c = loss_correlation(bursts)
     assert c is not None and c == pytest.approx((0.8 - 0.05) / 0.95, abs=0.01)
 

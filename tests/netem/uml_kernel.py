@@ -76,11 +76,30 @@ def modules_of(root: Path) -> tuple[str, Path]:
 def probe(uml: Path) -> tuple[bool, str]:
     """Boot `uml` with the probe init; (it came up, why not: the console's telling line)."""
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as work:
-        cmd = [str(uml), "mem=64M", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "ro", "quiet",
-               f"uml_dir={work}", f"init={PROBE_INIT}", "con0=fd:0,fd:1", "con=null"]
+        cmd = [
+            str(uml),
+            "mem=64M",
+            "root=/dev/root",
+            "rootfstype=hostfs",
+            "rootflags=/",
+            "ro",
+            "quiet",
+            f"uml_dir={work}",
+            f"init={PROBE_INIT}",
+            "con0=fd:0,fd:1",
+            "con=null",
+        ]
         # A process group of its own: the guest's host threads are killed together on a timeout.
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             env={**os.environ, "TMPDIR": work}, start_new_session=True, text=True, errors="replace")
+        p = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": work},
+            start_new_session=True,
+            text=True,
+            errors="replace",
+        )
         try:
             out, _ = p.communicate(timeout=90)
         except subprocess.TimeoutExpired:
@@ -90,8 +109,11 @@ def probe(uml: Path) -> tuple[bool, str]:
     if "netem-probe: up" in out:
         return True, ""
     lines = [ln.strip() for ln in out.splitlines()]
-    telling = next((ln for ln in lines if FP_PANIC in ln), None) or next(
-        (ln for ln in lines if "Kernel panic" in ln), None) or (lines[-1] if lines else "no console output")
+    telling = (
+        next((ln for ln in lines if FP_PANIC in ln), None)
+        or next((ln for ln in lines if "Kernel panic" in ln), None)
+        or (lines[-1] if lines else "no console output")
+    )
     return False, telling
 
 
@@ -145,8 +167,10 @@ def extract(deb: Path, dest: Path) -> None:
 
 def glibc_needed(binary: Path) -> tuple[int, ...]:
     # The versions a binary needs are named in its dynamic string table.
-    found = {tuple(int(x) for x in m.split(b".")) for m in re.findall(rb"GLIBC_(2\.[0-9]+(?:\.[0-9]+)?)\x00",
-                                                                          binary.read_bytes())}
+    found = {
+        tuple(int(x) for x in m.split(b"."))
+        for m in re.findall(rb"GLIBC_(2\.[0-9]+(?:\.[0-9]+)?)\x00", binary.read_bytes())
+    }
     return max(found, default=(0,))
 
 
@@ -183,8 +207,10 @@ def newer_kernel(build: Path) -> tuple[Kernel, str]:
     if not binary.is_file():
         entry = next((e for s in UML_SUITES if (e := stanza(s, "user-mode-linux", UML_VERSION, home))), None)
         if entry is None:
-            raise RuntimeError(f"user-mode-linux {UML_VERSION} is no longer in Debian's {'/'.join(UML_SUITES)} "
-                               "index: pin a listed version in tests/netem/uml_kernel.py")
+            raise RuntimeError(
+                f"user-mode-linux {UML_VERSION} is no longer in Debian's {'/'.join(UML_SUITES)} "
+                "index: pin a listed version in tests/netem/uml_kernel.py"
+            )
         deb = fetch_deb(entry, home)
         extract(deb, root)
         deb.unlink()
@@ -216,9 +242,11 @@ def newer_kernel(build: Path) -> tuple[Kernel, str]:
         tmp.chmod(0o755)
         subprocess.run([tool, "--set-interpreter", str(loader), "--set-rpath", str(lib), str(tmp)], check=True)
         tmp.replace(patched)
-    return Kernel(patched, kver, mods), (f"user-mode-linux {UML_VERSION} from Debian's mirror ({home}), "
-                                         f"with {LIBC_SUITE}'s libc6 {libc_version} (it needs glibc {dotted(need)}, "
-                                         f"this host has {dotted(have)})")
+    return Kernel(patched, kver, mods), (
+        f"user-mode-linux {UML_VERSION} from Debian's mirror ({home}), "
+        f"with {LIBC_SUITE}'s libc6 {libc_version} (it needs glibc {dotted(need)}, "
+        f"this host has {dotted(have)})"
+    )
 
 
 def choose(build: Path) -> Kernel:
@@ -228,10 +256,12 @@ def choose(build: Path) -> Kernel:
     t0 = time.monotonic()
     up, why = probe(DEBIAN_UML)
     if up:
-        say(f"kernel {kver}: Debian's user-mode-linux ({DEBIAN_UML}), it boots on this host "
-            f"(probe {time.monotonic() - t0:.1f} s)")
+        say(
+            f"kernel {kver}: Debian's user-mode-linux ({DEBIAN_UML}), it boots on this host "
+            f"(probe {time.monotonic() - t0:.1f} s)"
+        )
         return Kernel(DEBIAN_UML, kver, mods)
-    cause = ("cannot run on this CPU" if FP_PANIC in why else "does not boot here")
+    cause = "cannot run on this CPU" if FP_PANIC in why else "does not boot here"
     try:
         k, what = newer_kernel(build)
     except Skip as e:

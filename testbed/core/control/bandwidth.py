@@ -29,15 +29,15 @@ All figures are in paper units (seconds, bytes, bits/s).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
 
 import numpy as np
 
 from testbed.core.routing.policy import BandwidthState
 from testbed.core.schema.scenario import ControlSpec
 
-_COSTS_KEPT = 1 << 16       # distinct lengths whose costs a stage model keeps
+_COSTS_KEPT = 1 << 16  # distinct lengths whose costs a stage model keeps
 
 
 @dataclass(frozen=True)
@@ -46,13 +46,12 @@ class StageModel:
 
     prfaas_instances: int
     pdp_instances: int
-    prfaas_time: Callable[[float], float]   # prefill seconds of l uncached tokens, PrfaaS hardware
-    pdp_time: Callable[[float], float]      # the same on PD-P hardware
-    wan_bytes: Callable[[float], float]     # KV bytes an offloaded request of l tokens sends
+    prfaas_time: Callable[[float], float]  # prefill seconds of l uncached tokens, PrfaaS hardware
+    pdp_time: Callable[[float], float]  # the same on PD-P hardware
+    wan_bytes: Callable[[float], float]  # KV bytes an offloaded request of l tokens sends
     # Each length's three costs once: every update re-plans over much the same recent lengths,
     # and interpolating them again took a third to a half of a bandwidth-aware simulation.
-    _costs: dict[float, tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False,
-                                                            compare=False)
+    _costs: dict[float, tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def costs(self, length: float) -> tuple[float, float, float]:
         """(WAN bytes, PrfaaS time, PD-P time) of a request of `length` incremental tokens."""
@@ -67,14 +66,14 @@ class StageModel:
 @dataclass(frozen=True)
 class LinkSignals:
     now: float
-    interval_s: float          # since the previous signals
-    delivered_bytes: float     # PrfaaS KV bytes the WAN delivered in the interval
-    undelivered_bytes: float   # PrfaaS KV queued, unsent or in flight now
-    retrans_share: float       # retransmitted share of the segments sent in the interval
-    prfaas_backlog_s: float    # modelled prefill work queued per PrfaaS instance
-    pdp_backlog_s: float       # the same per PD-P instance
-    arrival_rate: float        # recent arrivals, req/s
-    lengths: Sequence[float]   # recent requests' incremental lengths (tokens)
+    interval_s: float  # since the previous signals
+    delivered_bytes: float  # PrfaaS KV bytes the WAN delivered in the interval
+    undelivered_bytes: float  # PrfaaS KV queued, unsent or in flight now
+    retrans_share: float  # retransmitted share of the segments sent in the interval
+    prfaas_backlog_s: float  # modelled prefill work queued per PrfaaS instance
+    pdp_backlog_s: float  # the same per PD-P instance
+    arrival_rate: float  # recent arrivals, req/s
+    lengths: Sequence[float]  # recent requests' incremental lengths (tokens)
     tail_s: float | None = None  # mean KV transfer tail of the offloaded requests whose KV arrived in the interval
 
 
@@ -109,16 +108,23 @@ class ControlSample:
 
     at: float
     delivered_bps: float
-    bandwidth_bps: float       # the estimate after this update
+    bandwidth_bps: float  # the estimate after this update
     saturated: bool
     state: BandwidthState
     threshold: float
-    loads: Loads               # predicted at the threshold in force after the update
+    loads: Loads  # predicted at the threshold in force after the update
 
 
 class BandwidthController:
-    def __init__(self, base_threshold: float, nominal_bps: float, model: StageModel, cfg: ControlSpec,
-                 max_length: float, candidates: int = 48) -> None:
+    def __init__(
+        self,
+        base_threshold: float,
+        nominal_bps: float,
+        model: StageModel,
+        cfg: ControlSpec,
+        max_length: float,
+        candidates: int = 48,
+    ) -> None:
         if base_threshold <= 0 or nominal_bps <= 0:
             raise ValueError("base threshold and nominal bandwidth must be > 0")
         self.nominal_bps = nominal_bps
@@ -153,7 +159,7 @@ class BandwidthController:
         if pdp_instances is not None:
             self.model = replace(self.model, pdp_instances=pdp_instances)
 
-    def loads(self, t: float, s: LinkSignals, sample: "_Sample | None" = None) -> Loads:
+    def loads(self, t: float, s: LinkSignals, sample: _Sample | None = None) -> Loads:
         """Predicted utilisation of the link and both prefill stages with threshold t."""
         m = self.model
         smp = sample or _Sample.of(s.lengths, m)
@@ -164,23 +170,28 @@ class BandwidthController:
         p = n_long / n if n else 0.0
         bw = max(self.bandwidth_bps, 1.0)
         link = (lam * p * wan * 8.0 + s.undelivered_bytes * 8.0 / horizon) / bw
-        prfaas = (lam * p * t_pf / m.prfaas_instances if m.prfaas_instances else (math.inf if p else 0.0)) \
-            + s.prfaas_backlog_s / horizon
-        pdp = (lam * (1 - p) * t_pd / m.pdp_instances if m.pdp_instances else (math.inf if p < 1 else 0.0)) \
-            + s.pdp_backlog_s / horizon
+        prfaas = (
+            lam * p * t_pf / m.prfaas_instances if m.prfaas_instances else (math.inf if p else 0.0)
+        ) + s.prfaas_backlog_s / horizon
+        pdp = (
+            lam * (1 - p) * t_pd / m.pdp_instances if m.pdp_instances else (math.inf if p < 1 else 0.0)
+        ) + s.pdp_backlog_s / horizon
         return Loads(link, prfaas, pdp, self.cfg.link_target_utilisation / self.cfg.target_utilisation)
 
     def _estimate(self, s: LinkSignals) -> tuple[float, bool]:
         delivered_bps = s.delivered_bytes * 8.0 / s.interval_s if s.interval_s > 0 else 0.0
         self._delivered.append(delivered_bps)
-        del self._delivered[:-self.cfg.rate_window]
+        del self._delivered[: -self.cfg.rate_window]
         # Undelivered KV worth seconds of link time, retransmissions, or the tails TTFT paid: the
         # link is the limit. The drain time is taken at no less than a quarter of the estimate: in a
         # quiet interval a single layer's KV in flight is no sign of a full link.
         drain_rate = max(delivered_bps, 0.25 * self.bandwidth_bps)
         drain_s = s.undelivered_bytes * 8.0 / drain_rate if drain_rate > 0 else 0.0
-        saturated = (drain_s > self.cfg.saturated_s or s.retrans_share > self.cfg.retrans_limit
-                     or (s.tail_s is not None and s.tail_s > self.cfg.tail_limit_s))
+        saturated = (
+            drain_s > self.cfg.saturated_s
+            or s.retrans_share > self.cfg.retrans_limit
+            or (s.tail_s is not None and s.tail_s > self.cfg.tail_limit_s)
+        )
         if saturated:
             self._last_saturated = s.now
             # TCP's delivery dips after losses: the best of the last few intervals is what the link
@@ -214,8 +225,9 @@ class BandwidthController:
                 # Fine where it is: only go back toward the base threshold, to one that is fine too,
                 # and a step at a time: the bandwidth estimate only grows by assumption, so offload
                 # creeps back until the link shows where its limit is now.
-                worth = (planned.peak <= cfg.target_utilisation
-                         and abs(math.log(new / self.base)) < abs(math.log(self.threshold / self.base)))
+                worth = planned.peak <= cfg.target_utilisation and abs(math.log(new / self.base)) < abs(
+                    math.log(self.threshold / self.base)
+                )
                 step = cfg.recovery_step
                 new = min(max(new, self.threshold / step), self.threshold * step)
                 planned = self.loads(new, s)
@@ -227,22 +239,27 @@ class BandwidthController:
                     planned = self.loads(new, s)
                     worth = planned.peak < now_loads.peak
             if abs(new - self.base) <= cfg.min_change * self.base:
-                new = self.base            # close enough: land on the base, not a hair beside it
-            if worth and (abs(new - self.threshold) > cfg.min_change * self.threshold
-                          or (new == self.base and self.threshold != self.base)):
+                new = self.base  # close enough: land on the base, not a hair beside it
+            if worth and (
+                abs(new - self.threshold) > cfg.min_change * self.threshold
+                or (new == self.base and self.threshold != self.base)
+            ):
                 tail = "" if s.tail_s is None else f", KV tail {s.tail_s:.2f} s"
-                why = (f"bandwidth {self.bandwidth_bps / 1e9:.1f} of {self.nominal_bps / 1e9:.0f} Gbit/s"
-                       f"{' (saturated: ' if saturated else ' ('}{s.undelivered_bytes / 1e9:.2f} GB undelivered, "
-                       f"{s.retrans_share:.2%} retransmitted{tail}); backlog prfaas {s.prfaas_backlog_s:.1f} s, "
-                       f"pd-p {s.pdp_backlog_s:.1f} s per instance; predicted load at t={self.threshold:.0f}: "
-                       f"{now_loads.text()} -> at t={new:.0f}: {planned.text()}")
+                why = (
+                    f"bandwidth {self.bandwidth_bps / 1e9:.1f} of {self.nominal_bps / 1e9:.0f} Gbit/s"
+                    f"{' (saturated: ' if saturated else ' ('}{s.undelivered_bytes / 1e9:.2f} GB undelivered, "
+                    f"{s.retrans_share:.2%} retransmitted{tail}); backlog prfaas {s.prfaas_backlog_s:.1f} s, "
+                    f"pd-p {s.pdp_backlog_s:.1f} s per instance; predicted load at t={self.threshold:.0f}: "
+                    f"{now_loads.text()} -> at t={new:.0f}: {planned.text()}"
+                )
                 change = ThresholdChange(s.now, self.threshold, new, why)
                 self.changes.append(change)
                 self.threshold = new
         loads = self.loads(self.threshold, s)
         self.state = "abundant" if not saturated and loads.link < cfg.abundant_utilisation else "scarce"
-        return ControlSample(s.now, delivered_bps, self.bandwidth_bps, saturated, self.state,
-                             self.threshold, loads), change
+        return ControlSample(
+            s.now, delivered_bps, self.bandwidth_bps, saturated, self.state, self.threshold, loads
+        ), change
 
 
 @dataclass(frozen=True)
@@ -251,12 +268,12 @@ class _Sample:
     candidate threshold costs a binary search."""
 
     lengths: np.ndarray
-    wan: np.ndarray         # cumulative sums, with a leading 0
+    wan: np.ndarray  # cumulative sums, with a leading 0
     prfaas: np.ndarray
     pdp: np.ndarray
 
     @classmethod
-    def of(cls, lengths: Sequence[float], m: StageModel) -> "_Sample":
+    def of(cls, lengths: Sequence[float], m: StageModel) -> _Sample:
         xs = np.sort(np.asarray(lengths, dtype=np.float64))
         costs = list(map(m.costs, xs.tolist()))
 
@@ -268,7 +285,7 @@ class _Sample:
     def split(self, t: float) -> tuple[int, float, float, float]:
         """(requests above t, their mean WAN bytes, their mean PrfaaS time, mean PD-P time of the rest)."""
         n = len(self.lengths)
-        k = int(np.searchsorted(self.lengths, t, side="right"))   # lengths <= t
+        k = int(np.searchsorted(self.lengths, t, side="right"))  # lengths <= t
         n_long = n - k
         wan = float(self.wan[-1] - self.wan[k]) / n_long if n_long else 0.0
         t_pf = float(self.prfaas[-1] - self.prfaas[k]) / n_long if n_long else 0.0

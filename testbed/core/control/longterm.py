@@ -36,13 +36,14 @@ relieve (hold) comes back as a `RoleDecision` with its reason and the signals it
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Literal
 
 from testbed.core.control.bandwidth import BandwidthController, ThresholdChange
+from testbed.core.control.roles import Role, RoleBook, other
 from testbed.core.control.short_term import Recent, change_line
 from testbed.core.routing.load_tracker import LoadTracker
-from testbed.core.control.roles import Role, RoleBook, other
 from testbed.core.schema.scenario import LongTermSpec, Scenario
 
 Stage = Literal["prfaas", "pdp", "pdd"]
@@ -56,30 +57,30 @@ SeriesSample = tuple[str, float, dict[str, str]]
 
 @dataclass(frozen=True)
 class PrefillSignals:
-    instances: int        # routed to now
-    routed_s: float       # modelled prefill work routed to the stage since the last signals (paper s)
-    backlog_s: float      # work assigned and unfinished, per instance, now (paper s)
+    instances: int  # routed to now
+    routed_s: float  # modelled prefill work routed to the stage since the last signals (paper s)
+    backlog_s: float  # work assigned and unfinished, per instance, now (paper s)
 
 
 @dataclass(frozen=True)
 class DecodeSignals:
-    instances: int        # routed to now
-    running: float        # sequences in their batches now
-    waiting: float        # sequences with their KV in, waiting for a slot, now
+    instances: int  # routed to now
+    running: float  # sequences in their batches now
+    waiting: float  # sequences with their KV in, waiting for a slot, now
     bs_max: int
 
 
 @dataclass(frozen=True)
 class RoleSignals:
     now: float
-    interval_s: float                           # since the previous signals
+    interval_s: float  # since the previous signals
     pdp: PrefillSignals
     pdd: DecodeSignals
     prfaas: PrefillSignals | None = None
-    active: Mapping[str, int] = field(default_factory=dict)   # requests each PD node still holds
-    rate: float = 0.0                           # recent arrivals, req/s
-    lengths: Sequence[float] = ()               # recent requests' incremental lengths (tokens)
-    outputs: Sequence[float] = ()               # their output lengths (tokens)
+    active: Mapping[str, int] = field(default_factory=dict)  # requests each PD node still holds
+    rate: float = 0.0  # recent arrivals, req/s
+    lengths: Sequence[float] = ()  # recent requests' incremental lengths (tokens)
+    outputs: Sequence[float] = ()  # their output lengths (tokens)
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,10 @@ class Assessment:
 
     def text(self, stage: str) -> str:
         unit = " waiting" if stage == "pdd" else " s"
-        return (f"{_NAMES[stage]} load {self.loads[stage]:.2f}, queue {self.queues[stage]:.1f}{unit} "
-                f"(was {self.queues_before[stage]:.1f})")
+        return (
+            f"{_NAMES[stage]} load {self.loads[stage]:.2f}, queue {self.queues[stage]:.1f}{unit} "
+            f"(was {self.queues_before[stage]:.1f})"
+        )
 
     def signals(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -146,11 +149,11 @@ class RoleDecision:
     at: float
     action: Action
     reason: str
-    prefill: int                  # PD slots routed as prefill after the decision
-    decode: int                   # ... as decode
-    draining: int                 # ... changing role
-    node: str = ""                # drain: the node leaving routing; activate: the node joining
-    role: str = ""                # drain / activate: the role the slot goes to
+    prefill: int  # PD slots routed as prefill after the decision
+    decode: int  # ... as decode
+    draining: int  # ... changing role
+    node: str = ""  # drain: the node leaving routing; activate: the node joining
+    role: str = ""  # drain / activate: the role the slot goes to
     threshold_old: float | None = None
     threshold: float | None = None
     signals: Mapping[str, float] = field(default_factory=dict)
@@ -177,8 +180,9 @@ def _queues(s: RoleSignals) -> dict[str, float]:
 
 
 class LongTermController:
-    def __init__(self, cfg: LongTermSpec, roles: RoleBook, threshold: float | None = None,
-                 planner: Planner | None = None) -> None:
+    def __init__(
+        self, cfg: LongTermSpec, roles: RoleBook, threshold: float | None = None, planner: Planner | None = None
+    ) -> None:
         self.cfg = cfg
         self.roles = roles
         self.threshold = threshold
@@ -188,7 +192,7 @@ class LongTermController:
         self.assessments: list[Assessment] = []
         self._w = _Window()
         self._judged: float | None = None
-        self._last_conversion = -math.inf     # a drain began or ended
+        self._last_conversion = -math.inf  # a drain began or ended
         self._last_retune = -math.inf
         self._want: Role | None = None
         self._streak = 0
@@ -204,8 +208,15 @@ class LongTermController:
             if s.active.get(node, 0) == 0:
                 self.roles.apply(slot, "drained")
                 self._last_conversion = s.now
-                out.append(self._decision(s.now, "activate", f"{node} drained: slot {slot} now serves as {to} "
-                                          f"({self.roles.node(slot, to)})", node=self.roles.node(slot, to), role=to))
+                out.append(
+                    self._decision(
+                        s.now,
+                        "activate",
+                        f"{node} drained: slot {slot} now serves as {to} ({self.roles.node(slot, to)})",
+                        node=self.roles.node(slot, to),
+                        role=to,
+                    )
+                )
                 r = self._retune(s, f"split now {self._split_text()}")
                 if r is not None:
                     out.append(r)
@@ -277,8 +288,13 @@ class LongTermController:
         return f"{n_p} P / {n_d} D"
 
     def _retune(self, s: RoleSignals, why: str, a: Assessment | None = None) -> RoleDecision | None:
-        if (not self.retunes or self.planner is None or self.threshold is None or s.rate <= 0
-                or len(s.lengths) < self.cfg.min_requests):
+        if (
+            not self.retunes
+            or self.planner is None
+            or self.threshold is None
+            or s.rate <= 0
+            or len(s.lengths) < self.cfg.min_requests
+        ):
             return None
         n_p, n_d = self._split()
         smp = self._sample(s)
@@ -291,9 +307,11 @@ class LongTermController:
             return None
         self.threshold = plan.threshold
         self._last_retune = s.now
-        reason = (f"{why}: best t for {n_p} P / {n_d} D on the last {len(smp.lengths)} requests "
-                  f"({smp.rate:.2f} req/s); predicted load at t={old:.0f}: {now_plan.text()} -> at "
-                  f"t={plan.threshold:.0f}: {plan.text()}")
+        reason = (
+            f"{why}: best t for {n_p} P / {n_d} D on the last {len(smp.lengths)} requests "
+            f"({smp.rate:.2f} req/s); predicted load at t={old:.0f}: {now_plan.text()} -> at "
+            f"t={plan.threshold:.0f}: {plan.text()}"
+        )
         return self._decision(s.now, "retune", reason, threshold_old=old, a=a)
 
     def _judge(self, s: RoleSignals, a: Assessment, retuned: bool) -> RoleDecision | None:
@@ -309,8 +327,13 @@ class LongTermController:
         self._want = want
         if want is None:
             if hot_p and hot_d:
-                return self._hold(s, a, "both", f"PD-P and PD-D are both bottlenecks ({a.text('pdp')}; "
-                                  f"{a.text('pdd')}): neither role has an instance to give")
+                return self._hold(
+                    s,
+                    a,
+                    "both",
+                    f"PD-P and PD-D are both bottlenecks ({a.text('pdp')}; "
+                    f"{a.text('pdd')}): neither role has an instance to give",
+                )
             self._last_hold = ""
             return None
         if self._streak < cfg.confirm:
@@ -320,16 +343,25 @@ class LongTermController:
         seen = f"{a.text(stage)}; {a.text(dstage)}"
         last = max(self._last_conversion, self._last_retune if want == "prefill" else -math.inf)
         if s.now - last < cfg.min_interval_s:
-            return None           # quiet: the last action's effect is still settling
+            return None  # quiet: the last action's effect is still settling
         n = self.roles.counts()[donor]
         floor = cfg.min_prefill if donor == "prefill" else cfg.min_decode
         if n - 1 < floor:
-            return self._hold(s, a, "floor", f"{_NAMES[stage]} is the bottleneck ({seen}), but {donor} is at its "
-                              f"minimum of {floor} instance(s)")
+            return self._hold(
+                s,
+                a,
+                "floor",
+                f"{_NAMES[stage]} is the bottleneck ({seen}), but {donor} is at its minimum of {floor} instance(s)",
+            )
         after = a.loads[dstage] * n / (n - 1)
         if a.hot[dstage] or after > cfg.donor_utilisation:
-            return self._hold(s, a, "donor", f"{_NAMES[stage]} is the bottleneck ({seen}), but {_NAMES[dstage]} with "
-                              f"{n - 1} instance(s) would run at load {after:.2f} (> {cfg.donor_utilisation:g})")
+            return self._hold(
+                s,
+                a,
+                "donor",
+                f"{_NAMES[stage]} is the bottleneck ({seen}), but {_NAMES[dstage]} with "
+                f"{n - 1} instance(s) would run at load {after:.2f} (> {cfg.donor_utilisation:g})",
+            )
         model = ""
         if self.planner is not None and s.rate > 0:
             n_p, n_d = self._split()
@@ -338,18 +370,25 @@ class LongTermController:
             cur = self.planner(smp, n_p, n_d, None)
             nxt = self.planner(smp, new[0], new[1], None)
             if nxt.peak >= cur.peak:
-                return self._hold(s, a, "model", f"{_NAMES[stage]} is the bottleneck ({seen}), but the model predicts "
-                                  f"no gain at {new[0]} P / {new[1]} D: peak load {nxt.peak:.2f} ({nxt.text()}) vs "
-                                  f"{cur.peak:.2f} ({cur.text()}) now")
+                return self._hold(
+                    s,
+                    a,
+                    "model",
+                    f"{_NAMES[stage]} is the bottleneck ({seen}), but the model predicts "
+                    f"no gain at {new[0]} P / {new[1]} D: peak load {nxt.peak:.2f} ({nxt.text()}) vs "
+                    f"{cur.peak:.2f} ({cur.text()}) now",
+                )
             model = f"; model: peak load {cur.peak:.2f} now, {nxt.peak:.2f} at {new[0]} P / {new[1]} D"
         slot = min(self.roles.holding(donor), key=lambda i: (s.active.get(self.roles.node(i, donor), 0), -i))
         node = self.roles.node(slot, donor)
         self.roles.apply(slot, "convert")
         self._last_conversion = s.now
         self._want, self._streak, self._last_hold = None, 0, ""
-        reason = (f"{_NAMES[stage]} is the bottleneck {cfg.confirm} judgement(s) in a row ({seen}); "
-                  f"{_NAMES[dstage]} one short would run at load {after:.2f}{model}; draining {node} "
-                  f"({s.active.get(node, 0)} request(s) on it) to serve as {want}")
+        reason = (
+            f"{_NAMES[stage]} is the bottleneck {cfg.confirm} judgement(s) in a row ({seen}); "
+            f"{_NAMES[dstage]} one short would run at load {after:.2f}{model}; draining {node} "
+            f"({s.active.get(node, 0)} request(s) on it) to serve as {want}"
+        )
         return self._decision(s.now, "drain", reason, node=node, role=want, a=a)
 
     def _hold(self, s: RoleSignals, a: Assessment, kind: str, reason: str) -> RoleDecision | None:
@@ -359,12 +398,21 @@ class LongTermController:
         self._last_hold = kind
         return self._decision(s.now, "hold", reason, a=a)
 
-    def _decision(self, at: float, action: Action, reason: str, node: str = "", role: str = "",
-                  threshold_old: float | None = None, a: Assessment | None = None) -> RoleDecision:
+    def _decision(
+        self,
+        at: float,
+        action: Action,
+        reason: str,
+        node: str = "",
+        role: str = "",
+        threshold_old: float | None = None,
+        a: Assessment | None = None,
+    ) -> RoleDecision:
         c = self.roles.counts()
         sig = a.signals() if a is not None else (self.assessments[-1].signals() if self.assessments else {})
-        return RoleDecision(at, action, reason, c["prefill"], c["decode"], c["draining"], node, role,
-                            threshold_old, self.threshold, sig)
+        return RoleDecision(
+            at, action, reason, c["prefill"], c["decode"], c["draining"], node, role, threshold_old, self.threshold, sig
+        )
 
 
 def role_series(ctl: LongTermController, judged: bool) -> list[SeriesSample]:
@@ -372,7 +420,9 @@ def role_series(ctl: LongTermController, judged: bool) -> list[SeriesSample]:
     the threshold the loop holds and, after a judgement, the stage loads and queues it saw."""
     c = ctl.roles.counts()
     lab = {"cluster": ctl.roles.cluster}
-    out: list[SeriesSample] = [("role_instances", float(c[r]), {**lab, "role": r}) for r in ("prefill", "decode", "draining")]
+    out: list[SeriesSample] = [
+        ("role_instances", float(c[r]), {**lab, "role": r}) for r in ("prefill", "decode", "draining")
+    ]
     if ctl.threshold is not None:
         out.append(("longterm_threshold", ctl.threshold, {}))
     if judged and ctl.assessments:
@@ -386,8 +436,16 @@ def role_series(ctl: LongTermController, judged: bool) -> list[SeriesSample]:
 def decision_line(d: RoleDecision, cluster: str) -> SeriesSample:
     """The `decisions.jsonl` sample of a long-term decision: its value is the PD slots routed as
     prefill after it; labels carry the action, reason, counts, threshold and signals."""
-    labels = {"action": d.action, "cluster": cluster, "node": d.node, "role": d.role, "reason": d.reason,
-              "prefill": str(d.prefill), "decode": str(d.decode), "draining": str(d.draining)}
+    labels = {
+        "action": d.action,
+        "cluster": cluster,
+        "node": d.node,
+        "role": d.role,
+        "reason": d.reason,
+        "prefill": str(d.prefill),
+        "decode": str(d.decode),
+        "draining": str(d.draining),
+    }
     if d.threshold is not None:
         labels["threshold"] = f"{d.threshold:.0f}"
     if d.threshold_old is not None:
@@ -428,8 +486,14 @@ class RoleMeter:
         backlog = sum(tr.prefill_backlog[n] for n in routed)
         return PrefillSignals(len(routed), done * self.k, backlog * self.k / len(routed) if routed else 0.0)
 
-    def signals(self, now: float, interval_s: float, decode: DecodeSignals, down: frozenset[str] = frozenset(),
-                recent: Recent | None = None) -> RoleSignals:
+    def signals(
+        self,
+        now: float,
+        interval_s: float,
+        decode: DecodeSignals,
+        down: frozenset[str] = frozenset(),
+        recent: Recent | None = None,
+    ) -> RoleSignals:
         """This sample's signals at paper time `now`; `down`: instances out of routing for their
         health (they count as no capacity)."""
         work = dict(self.tracker.assigned_work)
@@ -439,8 +503,9 @@ class RoleMeter:
         active = {n: self.tracker.active[n] for n in self.pd_nodes}
         if recent is None:
             return RoleSignals(now, interval_s, pdp, decode, pf, active)
-        return RoleSignals(now, interval_s, pdp, decode, pf, active, recent.rate(now), tuple(recent.lengths),
-                           tuple(recent.outputs))
+        return RoleSignals(
+            now, interval_s, pdp, decode, pf, active, recent.rate(now), tuple(recent.lengths), tuple(recent.outputs)
+        )
 
 
 @dataclass(frozen=True)

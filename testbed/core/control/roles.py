@@ -104,5 +104,8 @@ class RoleBook:
 
     def counts(self) -> dict[str, int]:
         """Slots routed as prefill, as decode, and changing role."""
-        return {"prefill": len(self.holding("prefill")), "decode": len(self.holding("decode")),
-                "draining": len(self.draining())}
+        return {
+            "prefill": len(self.holding("prefill")),
+            "decode": len(self.holding("decode")),
+            "draining": len(self.draining()),
+        }

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from testbed.core.control.bandwidth import BandwidthController, ControlSample, LinkSignals, StageModel, ThresholdChange
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import Scenario
-from testbed.core.engine.servicetime import PrefillTime
 
 # metric, value, labels: one time-series sample
 SeriesSample = tuple[str, float, dict[str, str]]
@@ -102,11 +102,11 @@ class SenderStatus:
     """What the short-term loop reads of one prefill instance, in its driver's units (the live
     node's `/status`: wire seconds and bytes; the simulator's model: paper)."""
 
-    acked_bytes: float          # cumulative: KV bytes the network delivered (TCP-acknowledged)
-    retrans_segments: float     # cumulative
-    acked_segments: float       # cumulative
-    undelivered_bytes: float    # now: queued in the sender, unsent in sockets or in flight
-    queued_s: float             # now: modelled prefill work waiting
+    acked_bytes: float  # cumulative: KV bytes the network delivered (TCP-acknowledged)
+    retrans_segments: float  # cumulative
+    acked_segments: float  # cumulative
+    undelivered_bytes: float  # now: queued in the sender, unsent in sockets or in flight
+    queued_s: float  # now: modelled prefill work waiting
 
 
 class SignalMeter:
@@ -119,10 +119,16 @@ class SignalMeter:
     def __init__(self, kinds: Mapping[str, str], scale: Scale) -> None:
         self.kinds = dict(kinds)
         self.scale = scale
-        self._prev: tuple[float, float, float, float] | None = None     # t, acked, retrans, segments
+        self._prev: tuple[float, float, float, float] | None = None  # t, acked, retrans, segments
 
-    def signals(self, t: float, status: Mapping[str, SenderStatus | None], recent: Recent,
-                take_tails: Callable[[], list[float]], unroutable: frozenset[str] = frozenset()) -> LinkSignals | None:
+    def signals(
+        self,
+        t: float,
+        status: Mapping[str, SenderStatus | None],
+        recent: Recent,
+        take_tails: Callable[[], list[float]],
+        unroutable: frozenset[str] = frozenset(),
+    ) -> LinkSignals | None:
         """The signals of the interval since the previous poll (None at the first); `take_tails`
         hands over the KV transfer tails noted since the last call (driver's seconds)."""
         acked = retrans = segments = undelivered = 0.0

@@ -22,7 +22,7 @@ class DecodeSeq:
     request_id: str
     context_tokens: int
     output_tokens: int
-    kv_bytes: int            # memory reserved for the whole sequence (prompt KV + generated)
+    kv_bytes: int  # memory reserved for the whole sequence (prompt KV + generated)
     generated: int = 0
     admitted_at: float | None = None
 
@@ -43,11 +43,11 @@ class DecodeBatch:
         self.step_time = step_time
         self.bs_max = bs_max
         self.kv_capacity = kv_capacity
-        self.time_scale = time_scale        # modelled seconds are divided by this (speedup)
+        self.time_scale = time_scale  # modelled seconds are divided by this (speedup)
         self.waiting: deque[DecodeSeq] = deque()
         self.running: list[DecodeSeq] = []
         self.kv_used = 0
-        self.context = 0                    # tokens the running sequences hold (prompt + generated)
+        self.context = 0  # tokens the running sequences hold (prompt + generated)
 
     def submit(self, seq: DecodeSeq) -> None:
         if seq.kv_bytes > self.kv_capacity:
@@ -62,7 +62,7 @@ class DecodeBatch:
         while self.waiting and len(self.running) < self.bs_max:
             head = self.waiting[0]
             if self.kv_used + head.kv_bytes > self.kv_capacity:
-                break   # FCFS: do not let smaller requests overtake the head
+                break  # FCFS: do not let smaller requests overtake the head
             self.waiting.popleft()
             head.admitted_at = now
             self.kv_used += head.kv_bytes

@@ -22,8 +22,8 @@ and `span` to find the boundaries.
 from __future__ import annotations
 
 from testbed.core.engine.decode_batch import Batch, DecodeSeq, StepResult
-from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.fault_timeline import SlowDown
 
 # Wire seconds a decode request waits for its KV before failing (the live node and the simulator alike).
 KV_TIMEOUT_S = 120.0
@@ -35,8 +35,9 @@ def reservation(kv: KVModel, prompt_kv_bytes: int, output_tokens: int) -> int:
     return prompt_kv_bytes + round(kv.full_bytes_per_token * output_tokens)
 
 
-def decode_seq(kv: KVModel, request_id: str, input_tokens: int, output_tokens: int,
-               prompt_kv_bytes: int | None = None) -> DecodeSeq:
+def decode_seq(
+    kv: KVModel, request_id: str, input_tokens: int, output_tokens: int, prompt_kv_bytes: int | None = None
+) -> DecodeSeq:
     """The sequence a decode instance admits for a request (its prompt's KV: `kv.total` unless given)."""
     prompt = kv.total(input_tokens) if prompt_kv_bytes is None else prompt_kv_bytes
     return DecodeSeq(request_id, input_tokens, output_tokens, reservation(kv, prompt, output_tokens))
@@ -46,12 +47,12 @@ class DecodeLoop:
     def __init__(self, batch: Batch, slow: SlowDown | None = None) -> None:
         self.batch = batch
         self.slow = slow if slow is not None else SlowDown()
-        self.step_start: float | None = None    # the present step's start (None: not running)
-        self.step_end = 0.0                      # when the present step is due to end
-        self.step_factor = 1.0                   # the slowdown fixed when the present step began
+        self.step_start: float | None = None  # the present step's start (None: not running)
+        self.step_end = 0.0  # when the present step is due to end
+        self.step_factor = 1.0  # the slowdown fixed when the present step began
         self.steps = 0
-        self.modelled_s = 0.0       # the steps' modelled time (slowdowns included)
-        self.late_s = 0.0           # time the driver fell behind the cadence and never caught up
+        self.modelled_s = 0.0  # the steps' modelled time (slowdowns included)
+        self.late_s = 0.0  # time the driver fell behind the cadence and never caught up
 
     @property
     def idle(self) -> bool:

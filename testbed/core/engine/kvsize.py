@@ -17,9 +17,14 @@ class KVModel:
     window_bytes_per_token: float = 0.0
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec) -> "KVModel":
-        return cls(spec.linear_state_bytes, spec.full_attention_bytes_per_token, tuple(spec.layer_kinds()),
-                   spec.window_tokens, spec.window_bytes_per_token)
+    def from_spec(cls, spec: ModelSpec) -> KVModel:
+        return cls(
+            spec.linear_state_bytes,
+            spec.full_attention_bytes_per_token,
+            tuple(spec.layer_kinds()),
+            spec.window_tokens,
+            spec.window_bytes_per_token,
+        )
 
     @property
     def layers(self) -> int:
@@ -64,7 +69,9 @@ class KVModel:
     def layer_bytes(self, tokens: int, cached: int = 0, byte_scale: float = 1.0) -> list[int]:
         """Per-layer bytes to ship for a prefill, divided by byte_scale (wire bytes when > 1)."""
         lin = round(self.state(tokens) / byte_scale) if self.kinds.count("linear") else 0
-        full = round(self.full_bytes_per_token * max(tokens - cached, 0) / byte_scale) if self.kinds.count("full") else 0
+        full = (
+            round(self.full_bytes_per_token * max(tokens - cached, 0) / byte_scale) if self.kinds.count("full") else 0
+        )
         return self.per_layer(lin, full)
 
     def shipped(self, tokens: int, cached: int = 0, byte_scale: float = 1.0) -> tuple[int, int]:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-from testbed.core.fault_timeline import SlowDown
 from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.fault_timeline import SlowDown
 
 # Wire seconds a blocked job waits for its moved-in prefix before failing (the live node and the
 # simulator alike).
@@ -33,9 +33,9 @@ CACHE_IN_TIMEOUT_S = 120.0
 class Dropped(Enum):
     """Where a request given up on was (`PrefillLoop.abort`)."""
 
-    QUEUED = "queued"          # removed from the queue; nothing ran
-    BLOCKED = "blocked"        # held the instance waiting for its moved-in prefix
-    COMPUTING = "computing"    # its compute stopped; its driver stops its KV stream
+    QUEUED = "queued"  # removed from the queue; nothing ran
+    BLOCKED = "blocked"  # held the instance waiting for its moved-in prefix
+    COMPUTING = "computing"  # its compute stopped; its driver stops its KV stream
 
 
 def layer_ready(job: PrefillJob, layer: int, layers: int) -> float:
@@ -48,11 +48,11 @@ class PrefillLoop:
     def __init__(self, slow: SlowDown | None = None) -> None:
         self.queue = PrefillQueue()
         self.slow = slow if slow is not None else SlowDown()
-        self.blocked: PrefillJob | None = None      # started, waiting for its moved-in prefix
+        self.blocked: PrefillJob | None = None  # started, waiting for its moved-in prefix
         self.computing: PrefillJob | None = None
         self.paused = False
         self.completed = 0
-        self._arrived: set[str] = set()             # requests whose moved-in prefix is here
+        self._arrived: set[str] = set()  # requests whose moved-in prefix is here
 
     @property
     def busy(self) -> bool:

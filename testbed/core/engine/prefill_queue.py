@@ -13,10 +13,10 @@ class PrefillJob:
     request_id: str
     uncached_tokens: int
     cached_tokens: int
-    duration: float          # modelled, in the driver's time unit
+    duration: float  # modelled, in the driver's time unit
     queued_at: float = 0.0
     started_at: float | None = None
-    awaits_prefix: bool = False   # a cached prefix moved in from another cluster must arrive first
+    awaits_prefix: bool = False  # a cached prefix moved in from another cluster must arrive first
 
 
 class PrefillQueue:

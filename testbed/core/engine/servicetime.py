@@ -22,7 +22,7 @@ class PrefillTime:
     cached_attention_s: float = 0.0
 
     @classmethod
-    def from_spec(cls, spec: PrefillSpec) -> "PrefillTime":
+    def from_spec(cls, spec: PrefillSpec) -> PrefillTime:
         xs: tuple[float, ...]
         ys: tuple[float, ...]
         coefficients: tuple[float, ...]
@@ -33,8 +33,14 @@ class PrefillTime:
                 xs, ys, coefficients = (), (), tuple(spec.coefficients)
             case _:
                 unknown_kind("prefill model", spec)
-        return cls(xs=xs, ys=ys, coefficients=coefficients, cached_token_s=spec.cached_token_s,
-                   overhead_s=spec.overhead_s, cached_attention_s=spec.cached_attention_s)
+        return cls(
+            xs=xs,
+            ys=ys,
+            coefficients=coefficients,
+            cached_token_s=spec.cached_token_s,
+            overhead_s=spec.overhead_s,
+            cached_attention_s=spec.cached_attention_s,
+        )
 
     def __call__(self, uncached: float, cached: float = 0.0) -> float:
         t = self.uncached_time(uncached)
@@ -78,7 +84,7 @@ class DecodeStepTime:
     per_context_token_s: float
 
     @classmethod
-    def from_spec(cls, spec: DecodeSpec) -> "DecodeStepTime":
+    def from_spec(cls, spec: DecodeSpec) -> DecodeStepTime:
         return cls(spec.base_s, spec.per_seq_s, spec.per_context_token_s)
 
     def __call__(self, batch: int, context_tokens: int) -> float:

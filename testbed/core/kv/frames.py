@@ -98,8 +98,18 @@ class Frame:
 
 def encode_header(h: FrameHeader) -> bytes:
     return HEADER.pack(
-        h.magic, h.version, h.type, h.flags, h.transfer_id, h.layer, h.reserved,
-        h.length, h.offset, h.total, h.crc32, h.pad,
+        h.magic,
+        h.version,
+        h.type,
+        h.flags,
+        h.transfer_id,
+        h.layer,
+        h.reserved,
+        h.length,
+        h.offset,
+        h.total,
+        h.crc32,
+        h.pad,
     )
 
 
@@ -115,8 +125,18 @@ def encode_data(
         raise ValueError(f"offset {offset} + length {n} outside total {total}")
     crc = zlib.crc32(view) if checksum else 0
     head = HEADER.pack(
-        MAGIC, VERSION, FrameType.DATA, FLAG_CHECKSUM if checksum else 0, transfer_id, layer, 0,
-        n, offset, total, crc, 0,
+        MAGIC,
+        VERSION,
+        FrameType.DATA,
+        FLAG_CHECKSUM if checksum else 0,
+        transfer_id,
+        layer,
+        0,
+        n,
+        offset,
+        total,
+        crc,
+        0,
     )
     return head, view
 
@@ -184,7 +204,9 @@ def _check(fields: tuple[int, ...]) -> FrameHeader:
         if length != 0 or total != 0 or layer != 0 or tid != 0:
             raise FrameError(
                 f"ACK must have no payload, total, layer or transfer (length {length}, total {total},"
-                f" layer {layer}, transfer_id {tid})", tid)
+                f" layer {layer}, transfer_id {tid})",
+                tid,
+            )
     elif offset != 0:
         raise FrameError(f"offset {offset} must be 0 in a {FrameType(ftype).name} frame", tid)
     if ftype == FrameType.END and length != 0:
@@ -214,13 +236,13 @@ class FrameDecoder:
     __slots__ = ("_buf", "_pos", "_header", "_error", "last_transfer_id", "_keep", "_left", "_crc", "_reason")
 
     def __init__(self, keep_data: bool = True) -> None:
-        self._buf = bytearray()    # keep_data: the stream from _pos; else a partial header
+        self._buf = bytearray()  # keep_data: the stream from _pos; else a partial header
         self._pos = 0
         self._header: FrameHeader | None = None  # validated header awaiting its payload
         self._error: FrameError | None = None
         self.last_transfer_id: int | None = None
         self._keep = keep_data
-        self._left = 0             # without keep_data: payload bytes of _header still to come
+        self._left = 0  # without keep_data: payload bytes of _header still to come
         self._crc = 0
         self._reason = bytearray()  # without keep_data: the ABORT reason so far
 

@@ -55,10 +55,10 @@ from itertools import count
 
 from testbed.core.kv.frames import (
     FLAG_CHECKSUM,
+    MAX_LAYERS,
     Frame,
     FrameDecoder,
     FrameError,
-    MAX_LAYERS,
     FrameType,
     encode_abort,
     encode_ack,
@@ -71,7 +71,7 @@ ConnId = int
 # Defaults: far above what a deployment needs (tens of senders x a few connections, a few
 # transfers in flight per sender), low enough that a hostile peer's cost stays bounded.
 MAX_CONNECTIONS = 1024
-FRAME_TIMEOUT_S = 30.0        # a 256 KiB chunk at 70 kbit/s; a 16 MiB one needs >= 4.5 Mbit/s
+FRAME_TIMEOUT_S = 30.0  # a 256 KiB chunk at 70 kbit/s; a 16 MiB one needs >= 4.5 Mbit/s
 MAX_TRANSFERS = 4096
 MAX_TRANSFERS_PER_PEER = 1024
 MAX_TRANSFERS_PER_CONNECTION = 256
@@ -113,7 +113,7 @@ class TransferResult:
 @dataclass(frozen=True, slots=True)
 class TransferCompleted:
     result: TransferResult
-    claimed: bool   # an expect() waits for it; else the result is kept for a later expect()
+    claimed: bool  # an expect() waits for it; else the result is kept for a later expect()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,18 +158,18 @@ class IncomingTransfer:
     total: int
     first_byte: float
     last_activity: float
-    received: int = 0                # distinct bytes
-    duplicate_bytes: int = 0         # resent bytes that had already arrived
+    received: int = 0  # distinct bytes
+    duplicate_bytes: int = 0  # resent bytes that had already arrived
     end_seen: bool = False
-    layers: int = 0                  # announced by END
+    layers: int = 0  # announced by END
     # Received byte ranges, merged and sorted: duplicates and overlaps are caught exactly.
     starts: list[int] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
-    conns: set[ConnId] = field(default_factory=set)       # carried any frame
+    conns: set[ConnId] = field(default_factory=set)  # carried any frame
     data_conns: set[ConnId] = field(default_factory=set)  # carried accepted DATA
     layers_seen: set[int] = field(default_factory=set)
-    owner: _Conn | None = None     # the connection it counts against; None: gone (an orphan of `host`)
-    host: str = ""                   # the peer it counts against
+    owner: _Conn | None = None  # the connection it counts against; None: gone (an orphan of `host`)
+    host: str = ""  # the peer it counts against
 
     @property
     def complete(self) -> bool:
@@ -207,8 +207,14 @@ class IncomingTransfer:
 
     def result(self, ok: bool, reason: str, now: float) -> TransferResult:
         return TransferResult(
-            self.transfer_id, ok, self.received, self.first_byte, now, reason,
-            self.layers if ok else len(self.layers_seen), len(self.data_conns),
+            self.transfer_id,
+            ok,
+            self.received,
+            self.first_byte,
+            now,
+            reason,
+            self.layers if ok else len(self.layers_seen),
+            len(self.data_conns),
         )
 
 
@@ -222,14 +228,14 @@ def peer_host(peer: str) -> str:
 class _Conn:
     peer: str
     decoder: FrameDecoder
-    full: str                         # the reason a transfer beyond its cap fails
+    full: str  # the reason a transfer beyond its cap fails
     host: str = ""
-    peer_full: str = ""               # the reason a transfer beyond its peer's cap fails
+    peer_full: str = ""  # the reason a transfer beyond its peer's cap fails
     # Open transfers that count against this connection, least recently active first.
     owned: OrderedDict[int, IncomingTransfer] = field(default_factory=OrderedDict)
     carried: set[IncomingTransfer] = field(default_factory=set)  # unfinished, with a frame from here
     broken: bool = False
-    fed: int = 0                      # bytes of the stream so far
+    fed: int = 0  # bytes of the stream so far
     frame_since: float | None = None  # when the partial frame being received began
     replies: list[bytes] = field(default_factory=list)  # to go out with this read's ACK
 
@@ -250,11 +256,15 @@ class Reassembler:
         max_fragments: int = MAX_FRAGMENTS,
         max_transfers_per_peer: int = MAX_TRANSFERS_PER_PEER,
     ) -> None:
-        for name, v in (("max_connections", max_connections), ("max_transfers", max_transfers),
-                        ("max_transfers_per_peer", max_transfers_per_peer),
-                        ("max_transfers_per_connection", max_transfers_per_connection),
-                        ("max_results", max_results), ("max_tombstones", max_tombstones),
-                        ("max_fragments", max_fragments)):
+        for name, v in (
+            ("max_connections", max_connections),
+            ("max_transfers", max_transfers),
+            ("max_transfers_per_peer", max_transfers_per_peer),
+            ("max_transfers_per_connection", max_transfers_per_connection),
+            ("max_results", max_results),
+            ("max_tombstones", max_tombstones),
+            ("max_fragments", max_fragments),
+        ):
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         if frame_timeout <= 0:
@@ -270,14 +280,14 @@ class Reassembler:
         self.max_results = max_results
         self.max_tombstones = max_tombstones
         self.max_fragments = max_fragments
-        self.stream_bytes = 0            # every byte read from every connection
-        self.bytes_received = 0          # DATA payload bytes, resent ones included
+        self.stream_bytes = 0  # every byte read from every connection
+        self.bytes_received = 0  # DATA payload bytes, resent ones included
         self.duplicate_bytes = 0
         self.transfers_completed = 0
         self.transfers_failed = 0
-        self.transfers_refused = 0       # failed at once by a limit (counted in transfers_failed too)
+        self.transfers_refused = 0  # failed at once by a limit (counted in transfers_failed too)
         self.connections_refused = 0
-        self.transfers_evicted = 0       # places taken back for a fairer holder (counted in transfers_failed too)
+        self.transfers_evicted = 0  # places taken back for a fairer holder (counted in transfers_failed too)
         self._conns: dict[ConnId, _Conn] = {}
         # Per peer: open transfers counted against it, its connections, its transfers whose
         # connection is gone (least recently active first).
@@ -305,9 +315,13 @@ class Reassembler:
             return None
         cid = next(self._ids)
         cap, host, pcap = self.max_transfers_per_connection, peer_host(peer), self.max_transfers_per_peer
-        c = self._conns[cid] = _Conn(peer, FrameDecoder(keep_data=self.verify),
-                                     f"connection from {peer} carries {cap} open transfers (limit {cap})",
-                                     host, f"peer {host} has {pcap} transfers open (limit {pcap})")
+        c = self._conns[cid] = _Conn(
+            peer,
+            FrameDecoder(keep_data=self.verify),
+            f"connection from {peer} carries {cap} open transfers (limit {cap})",
+            host,
+            f"peer {host} has {pcap} transfers open (limit {pcap})",
+        )
         self._peer_conns.setdefault(c.host, set()).add(c)
         return cid
 
@@ -345,7 +359,7 @@ class Reassembler:
         if frames:
             for f in frames:
                 self._on_frame(conn, c, f, now, out)
-            if c.broken:   # a frame only a sender may send
+            if c.broken:  # a frame only a sender may send
                 return out
             c.frame_since = now if dec.buffered else None
             replies = c.replies
@@ -420,10 +434,17 @@ class Reassembler:
             if c.broken or c.frame_since is None or now - c.frame_since <= self.frame_timeout:
                 continue
             c.broken = True
-            out.append(CloseConnection(cid, c.peer, f"frame not completed within {self.frame_timeout:g} s"
-                                                    f" ({c.decoder.buffered} bytes of it received)"))
-            c.decoder = FrameDecoder(keep_data=False)   # what it held is freed now, not when the driver gets round to closing
-            c.carried.clear()   # left to resume elsewhere, as after a reset
+            out.append(
+                CloseConnection(
+                    cid,
+                    c.peer,
+                    f"frame not completed within {self.frame_timeout:g} s ({c.decoder.buffered} bytes of it received)",
+                )
+            )
+            c.decoder = FrameDecoder(
+                keep_data=False
+            )  # what it held is freed now, not when the driver gets round to closing
+            c.carried.clear()  # left to resume elsewhere, as after a reset
         for t in [t for t in self._transfers.values() if now - t.last_activity > self.idle_timeout]:
             self._finish(t, False, f"no frames for {self.idle_timeout:g} s", now, out)
         # Both maps are insertion-ordered by finish time: stop at the first young entry.
@@ -488,13 +509,20 @@ class Reassembler:
             t.conns.add(conn)
             c.carried.add(t)
             if h.total != t.total:
-                self._finish(t, False, f"DATA at offset {h.offset} says total {h.total}, expected {t.total}",
-                             now, out, c)
+                self._finish(
+                    t, False, f"DATA at offset {h.offset} says total {h.total}, expected {t.total}", now, out, c
+                )
                 return
             fresh = t.add_range(h.offset, n)
             if not fresh and not t.covered(h.offset, n):
-                self._finish(t, False, f"overlapping DATA at offset {h.offset} length {n} (part of it received already)",
-                             now, out, c)
+                self._finish(
+                    t,
+                    False,
+                    f"overlapping DATA at offset {h.offset} length {n} (part of it received already)",
+                    now,
+                    out,
+                    c,
+                )
                 return
             if self.verify:
                 if not h.flags & FLAG_CHECKSUM:
@@ -511,9 +539,17 @@ class Reassembler:
                 return
             # Only past MAX_LAYERS ranges can a cap be passed: one comparison per frame until then.
             if len(t.starts) > MAX_LAYERS and len(t.starts) > (cap := fragment_cap(t.total, self.max_fragments)):
-                self._frame_error(conn, c, FrameError(
-                    f"transfer {tid} arrived in more than {cap} separate byte ranges (limit {cap} for "
-                    f"{t.total} bytes)", tid), now, out)
+                self._frame_error(
+                    conn,
+                    c,
+                    FrameError(
+                        f"transfer {tid} arrived in more than {cap} separate byte ranges (limit {cap} for "
+                        f"{t.total} bytes)",
+                        tid,
+                    ),
+                    now,
+                    out,
+                )
                 return
             t.received += n
             t.data_conns.add(conn)
@@ -620,8 +656,14 @@ class Reassembler:
 
     def _evict(self, t: IncomingTransfer, why: str, now: float, out: list[ReceiveEvent]) -> None:
         self.transfers_evicted += 1
-        self._finish(t, False, f"evicted for a fair share ({why}): the longest silent ({now - t.last_activity:.3g} s) "
-                               f"of the largest holder, at {t.host}", now, out)
+        self._finish(
+            t,
+            False,
+            f"evicted for a fair share ({why}): the longest silent ({now - t.last_activity:.3g} s) "
+            f"of the largest holder, at {t.host}",
+            now,
+            out,
+        )
 
     def _refuse(self, tid: int, c: _Conn, answer: bool, reason: str, now: float, out: list[ReceiveEvent]) -> None:
         """Fail a transfer beyond a limit before it costs anything but its result."""
@@ -631,8 +673,16 @@ class Reassembler:
         if answer:
             c.replies.append(encode_abort(tid, reason))
 
-    def _finish(self, t: IncomingTransfer, ok: bool, reason: str, now: float, out: list[ReceiveEvent],
-                via: _Conn | None = None, notify: bool = True) -> None:
+    def _finish(
+        self,
+        t: IncomingTransfer,
+        ok: bool,
+        reason: str,
+        now: float,
+        out: list[ReceiveEvent],
+        via: _Conn | None = None,
+        notify: bool = True,
+    ) -> None:
         """Settle a transfer. The sender hears of it (unless `notify` is off): on `via`, the
         connection whose frame settled it, with that read's ACK; else on a live connection that
         carried it."""
@@ -691,4 +741,3 @@ class Reassembler:
             # waiter learns now rather than at its timeout. One carried elsewhere is left alone.
             self.transfers_failed += 1
             self._record(TransferResult(tid, False, 0, now, now, reason, 0, 0), now, out)
-

@@ -53,10 +53,10 @@ MAX_RESUMES = 8
 
 
 class Phase(str, Enum):
-    OPEN = "open"            # accepting layers
-    DRAINING = "draining"    # finish() called; chunks still queued or being written
-    ENDING = "ending"        # every chunk written: END may go out
-    SENT = "sent"            # END written; waiting for the receiver's answer
+    OPEN = "open"  # accepting layers
+    DRAINING = "draining"  # finish() called; chunks still queued or being written
+    ENDING = "ending"  # every chunk written: END may go out
+    SENT = "sent"  # END written; waiting for the receiver's answer
     DELIVERED = "delivered"  # the receiver answered END: complete
     FAILED = "failed"
 
@@ -65,8 +65,8 @@ class Step(str, Enum):
     FINISH = "finish"
     DRAINED = "drained"
     END_WRITTEN = "end_written"
-    RESUME = "resume"        # chunks requeued after a loss
-    END_LOST = "end_lost"    # the connection that carried END is gone before the answer
+    RESUME = "resume"  # chunks requeued after a loss
+    END_LOST = "end_lost"  # the connection that carried END is gone before the answer
     CONFIRMED = "confirmed"
     FAIL = "fail"
 
@@ -100,21 +100,21 @@ class OutgoingTransfer:
     total: int
     layers: int
     phase: Phase = Phase.OPEN
-    queued: int = 0              # bytes handed to send_layer so far (= next offset)
-    written: int = 0             # bytes of its chunks written to a connection, resent ones included
-    acked: int = 0               # bytes of its chunks the receiver acknowledged
-    outstanding: int = 0         # chunks queued, taken, or being written
-    inflight: int = 0            # its chunks and ENDs written and not yet acknowledged
+    queued: int = 0  # bytes handed to send_layer so far (= next offset)
+    written: int = 0  # bytes of its chunks written to a connection, resent ones included
+    acked: int = 0  # bytes of its chunks the receiver acknowledged
+    outstanding: int = 0  # chunks queued, taken, or being written
+    inflight: int = 0  # its chunks and ENDs written and not yet acknowledged
     conns: set[ConnId] = field(default_factory=set)  # connections that carried its frames
     finish_requested: bool = False
     first_send: float | None = None
-    end_conn: ConnId | None = None   # where its latest END went, until that connection is lost
-    ends: int = 0                # END frames written
+    end_conn: ConnId | None = None  # where its latest END went, until that connection is lost
+    ends: int = 0  # END frames written
     end_at: float | None = None  # when the latest END was written
-    resumes: int = 0             # losses that interrupted its progress (see SendPath.connection_lost)
+    resumes: int = 0  # losses that interrupted its progress (see SendPath.connection_lost)
     stalled_since: float | None = None  # without progress since a loss or failed connect
     last_error: str = ""
-    failed: str | None = None    # the reason, once failed
+    failed: str | None = None  # the reason, once failed
 
     @property
     def done(self) -> bool:
@@ -172,23 +172,23 @@ SendEvent = ReadyForEnd | SendFailed | TransferDelivered | CloseConnection
 class SendStats:
     """Counters of a sender, shared by all of its paths."""
 
-    bytes_sent: int = 0          # payload bytes of chunks written, resent ones included
-    backlog_bytes: int = 0       # queued or taken, not yet handed to a connection
-    transfers_sent: int = 0      # confirmed complete by the receiver
+    bytes_sent: int = 0  # payload bytes of chunks written, resent ones included
+    backlog_bytes: int = 0  # queued or taken, not yet handed to a connection
+    transfers_sent: int = 0  # confirmed complete by the receiver
     transfers_failed: int = 0
-    bytes_resent: int = 0        # payload bytes requeued after a loss
-    resumes: int = 0             # connection losses that requeued something
+    bytes_resent: int = 0  # payload bytes requeued after a loss
+    resumes: int = 0  # connection losses that requeued something
 
 
 @dataclass(eq=False)
 class _Conn:
     carried: set[OutgoingTransfer] = field(default_factory=set)  # unfinished, with frames written here
     writing: Chunk | None = None
-    sent: int = 0                # stream bytes written
-    acked: int = 0               # stream bytes the receiver acknowledged
+    sent: int = 0  # stream bytes written
+    acked: int = 0  # stream bytes the receiver acknowledged
     # Frames written and not yet acknowledged, by the stream offset just past them.
     unacked: deque[tuple[int, Chunk | OutgoingTransfer]] = field(default_factory=deque)
-    ack_at: float = 0.0          # last ACK progress, or when unacked last became non-empty
+    ack_at: float = 0.0  # last ACK progress, or when unacked last became non-empty
     decoder: FrameDecoder = field(default_factory=FrameDecoder)  # the receiver's frames
 
 
@@ -205,8 +205,10 @@ class SendPath:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
         if resume_timeout <= 0 or ack_timeout <= 0 or max_resumes < 0:
-            raise ValueError(f"resume_timeout and ack_timeout must be > 0 and max_resumes >= 0, got "
-                             f"{resume_timeout}, {ack_timeout}, {max_resumes}")
+            raise ValueError(
+                f"resume_timeout and ack_timeout must be > 0 and max_resumes >= 0, got "
+                f"{resume_timeout}, {ack_timeout}, {max_resumes}"
+            )
         self.chunk_bytes = chunk_bytes
         self.stats = stats if stats is not None else SendStats()
         self.resume_timeout = resume_timeout
@@ -262,7 +264,7 @@ class SendPath:
         if c is None:
             return []
         out: list[SendEvent] = []
-        hit: dict[OutgoingTransfer, None] = {}   # ordered: events come in a stable order
+        hit: dict[OutgoingTransfer, None] = {}  # ordered: events come in a stable order
         requeue: list[Chunk] = []
         writing = c.writing
         for _, item in c.unacked:
@@ -273,7 +275,7 @@ class SendPath:
                     continue
                 requeue.append(item)
                 if item is not writing:
-                    t.outstanding += 1   # settled when written; owed again
+                    t.outstanding += 1  # settled when written; owed again
                 hit[t] = None
             else:
                 item.inflight -= 1
@@ -281,7 +283,7 @@ class SendPath:
                     item.end_conn = None
                     hit[item] = None
         if writing is not None and writing not in requeue:
-            self._settle(writing, out)   # acknowledged before it finished draining, or moot
+            self._settle(writing, out)  # acknowledged before it finished draining, or moot
         if requeue:
             self._queue.extendleft(reversed(requeue))
             n = sum(ch.length for ch in requeue)
@@ -389,8 +391,7 @@ class SendPath:
             raise ValueError(f"transfer {tid}: layer {layer} outside 0..{t.layers - 1}")
         if nbytes < 0 or t.queued + nbytes > t.total:
             raise ValueError(
-                f"transfer {tid}: layer {layer} of {nbytes} bytes overruns total {t.total}"
-                f" ({t.queued} already queued)"
+                f"transfer {tid}: layer {layer} of {nbytes} bytes overruns total {t.total} ({t.queued} already queued)"
             )
         start, end = t.queued, t.queued + nbytes
         t.queued = end

@@ -16,15 +16,16 @@ for the router's decision log.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 State = Literal["up", "down"]
 
 # Wire seconds: what the router's probes do on any host (the simulator scales them to paper time).
-PROBE_INTERVAL_S = 0.5      # between two probes of one instance
-PROBE_TIMEOUT_S = 2.0       # a probe not answered by then counts a failure
-STARTUP_GRACE_S = 30.0      # see the module's docstring
+PROBE_INTERVAL_S = 0.5  # between two probes of one instance
+PROBE_TIMEOUT_S = 2.0  # a probe not answered by then counts a failure
+STARTUP_GRACE_S = 30.0  # see the module's docstring
 MAX_FAILURES = 3
 Outcome = Literal["ok", "refused", "failed"]
 
@@ -32,7 +33,7 @@ Outcome = Literal["ok", "refused", "failed"]
 _NEXT: dict[tuple[State, Outcome], State] = {
     ("up", "ok"): "up",
     ("up", "refused"): "down",
-    ("up", "failed"): "up",       # down only after max_failures in a row
+    ("up", "failed"): "up",  # down only after max_failures in a row
     ("down", "ok"): "up",
     ("down", "refused"): "down",
     ("down", "failed"): "down",
@@ -51,15 +52,20 @@ class HealthChange:
 @dataclass
 class _Instance:
     state: State = "up"
-    failures: int = 0            # consecutive
+    failures: int = 0  # consecutive
     next_probe: float = 0.0
     last_reason: str = ""
-    answered: bool = False       # has answered a call or a probe at least once
+    answered: bool = False  # has answered a call or a probe at least once
 
 
 class HealthBook:
-    def __init__(self, nodes: Iterable[str], max_failures: int = MAX_FAILURES,
-                 probe_interval_s: float = PROBE_INTERVAL_S, startup_grace_s: float = STARTUP_GRACE_S) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[str],
+        max_failures: int = MAX_FAILURES,
+        probe_interval_s: float = PROBE_INTERVAL_S,
+        startup_grace_s: float = STARTUP_GRACE_S,
+    ) -> None:
         if max_failures < 1:
             raise ValueError("max_failures must be >= 1")
         self.max_failures = max_failures
@@ -67,7 +73,7 @@ class HealthBook:
         self.startup_grace_s = startup_grace_s
         self._first_probe: float | None = None
         self._nodes = {n: _Instance() for n in nodes}
-        self._down: frozenset[str] = frozenset()     # kept as states change: routing asks for it per request
+        self._down: frozenset[str] = frozenset()  # kept as states change: routing asks for it per request
 
     def state(self, node: str) -> State:
         return self._nodes[node].state
@@ -75,8 +81,9 @@ class HealthBook:
     def down(self) -> frozenset[str]:
         return self._down
 
-    def report(self, node: str, outcome: Outcome, now: float, reason: str = "",
-               probe: bool = False) -> HealthChange | None:
+    def report(
+        self, node: str, outcome: Outcome, now: float, reason: str = "", probe: bool = False
+    ) -> HealthChange | None:
         """One call's (or probe's) outcome; returns the change of state it caused, if any."""
         inst = self._nodes.get(node)
         if inst is None:
@@ -98,8 +105,7 @@ class HealthBook:
         if new == old:
             return None
         self._down = self._down | {node} if new == "down" else self._down - {node}
-        why = ("answered again" if new == "up" else
-               f"{inst.failures} failure(s) in a row, last: {inst.last_reason}")
+        why = "answered again" if new == "up" else f"{inst.failures} failure(s) in a row, last: {inst.last_reason}"
         return HealthChange(node, old, new, now, why)
 
     def _starting(self, now: float) -> bool:

@@ -30,9 +30,9 @@ class RequestIds:
         if remember < 0:
             raise ValueError(f"remember must be >= 0, got {remember}")
         self.remember = remember
-        self.renamed = 0                     # requests whose own id was taken
+        self.renamed = 0  # requests whose own id was taken
         self._live: set[str] = set()
-        self._done: dict[str, None] = {}     # insertion order: the oldest is forgotten first
+        self._done: dict[str, None] = {}  # insertion order: the oldest is forgotten first
         self._last_dup: dict[str, int] = {}  # id -> the last suffix a duplicate of it got
 
     def taken(self, rid: str) -> bool:

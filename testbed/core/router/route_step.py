@@ -7,15 +7,25 @@ with their own books (`testbed.core.router_books.RouterBooks`) and clock.
 from __future__ import annotations
 
 from testbed.core.record import NAN, RequestRecord
+from testbed.core.router.router_books import RoutePlan as RoutePlan
+from testbed.core.router.router_books import RouterBooks
 from testbed.core.routing.policy import NoCapacity, RoutingRequest, least_loaded_prefill
-from testbed.core.router.router_books import RoutePlan as RoutePlan, RouterBooks
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import Scenario
 
 
-def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tuple[int, ...], now: float,
-          scale: Scale, down: frozenset[str] = frozenset(), avoid: frozenset[str] = frozenset(),
-          output_tokens: int = 0) -> RoutePlan:
+def route(
+    st: RouterBooks,
+    sc: Scenario,
+    rid: str,
+    input_tokens: int,
+    hashes: tuple[int, ...],
+    now: float,
+    scale: Scale,
+    down: frozenset[str] = frozenset(),
+    avoid: frozenset[str] = frozenset(),
+    output_tokens: int = 0,
+) -> RoutePlan:
     """Route one request at `now` (the driver's clock; `scale` turns paper seconds into it) to
     instances not `down`; `avoid` (a retry's failed instances) too, unless nothing else is left
     of the role needed. The arrival goes to the short-term loop's `recent` window and, with the
@@ -23,14 +33,26 @@ def route(st: RouterBooks, sc: Scenario, rid: str, input_tokens: int, hashes: tu
     cached = st.book.index.usable(hashes, input_tokens) if st.book is not None else {}
     rreq = RoutingRequest(rid, input_tokens, cached)
     try:
-        view = st.tracker.view(st.threshold, now, down=down | avoid, bandwidth=st.bandwidth,
-                               bandwidth_bps=st.bandwidth_bps, backlog_scale=scale.speedup)
+        view = st.tracker.view(
+            st.threshold,
+            now,
+            down=down | avoid,
+            bandwidth=st.bandwidth,
+            bandwidth_bps=st.bandwidth_bps,
+            backlog_scale=scale.speedup,
+        )
         d = st.policy(view, rreq)
     except NoCapacity:
         if not avoid:
             raise
-        view = st.tracker.view(st.threshold, now, down=down, bandwidth=st.bandwidth,
-                               bandwidth_bps=st.bandwidth_bps, backlog_scale=scale.speedup)
+        view = st.tracker.view(
+            st.threshold,
+            now,
+            down=down,
+            bandwidth=st.bandwidth,
+            bandwidth_bps=st.bandwidth_bps,
+            backlog_scale=scale.speedup,
+        )
         d = st.policy(view, rreq)
     hw = sc.cluster(d.prefill_cluster).hardware
     work = scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))

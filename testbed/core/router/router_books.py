@@ -16,16 +16,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from testbed.core.routing.cache_book import CacheBook, cache_book_for
 from testbed.core.control.short_term import Recent, SeriesSample
-from testbed.core.router.health import PROBE_INTERVAL_S, STARTUP_GRACE_S, HealthBook, HealthChange, Outcome
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.router.health import PROBE_INTERVAL_S, STARTUP_GRACE_S, HealthBook, HealthChange, Outcome
+from testbed.core.routing.cache_book import CacheBook, cache_book_for
 from testbed.core.routing.load_aware import router_policy
 from testbed.core.routing.load_tracker import LoadTracker
 from testbed.core.routing.policy import BandwidthState, Decision, Policy
+from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import Scenario
-from testbed.core.engine.servicetime import PrefillTime
 
 
 @dataclass
@@ -33,9 +33,9 @@ class RoutePlan:
     """A routed request: the decision and what carrying it out needs."""
 
     d: Decision
-    work: float                      # modelled prefill in the driver's time unit (the tracker's backlog)
+    work: float  # modelled prefill in the driver's time unit (the tracker's backlog)
     hashes: tuple[int, ...]
-    move_src: str | None = None      # prefill node that sends the moved cached prefix
+    move_src: str | None = None  # prefill node that sends the moved cached prefix
     move_bytes_paper: int = 0
 
 
@@ -51,9 +51,9 @@ class RouterBooks:
     recent: Recent = field(default_factory=lambda: Recent(200))
     cache_aware: bool = False
     bandwidth: BandwidthState = "scarce"
-    bandwidth_bps: float | None = None     # the control loop's estimate of the inter-DC link (paper bit/s)
-    history: Recent | None = None          # the long-term loop's window of arrivals
-    unroutable: frozenset[str] = frozenset()   # role slots' nodes not in service (the long-term loop)
+    bandwidth_bps: float | None = None  # the control loop's estimate of the inter-DC link (paper bit/s)
+    history: Recent | None = None  # the long-term loop's window of arrivals
+    unroutable: frozenset[str] = frozenset()  # role slots' nodes not in service (the long-term loop)
     inflight: int = 0
     cache_moves: int = 0
     retries: int = 0
@@ -61,20 +61,33 @@ class RouterBooks:
     tails: list[float] = field(default_factory=list)
 
     @classmethod
-    def for_scenario(cls, sc: Scenario, threshold: float | None, intra: LinkProfile, inter: LinkProfile,
-                     nodes: Iterable[str], per_wire_s: float = 1.0, **extra: Any) -> Self:
+    def for_scenario(
+        cls,
+        sc: Scenario,
+        threshold: float | None,
+        intra: LinkProfile,
+        inter: LinkProfile,
+        nodes: Iterable[str],
+        per_wire_s: float = 1.0,
+        **extra: Any,
+    ) -> Self:
         """The books a router starts with for `sc`'s deployment of `nodes`; `extra`: the fields
         of a subclass."""
         pol = sc.policy
         kv = KVModel.from_spec(sc.model)
         return cls(
-            policy=router_policy(sc, intra, inter), tracker=LoadTracker(sc), kv=kv,
+            policy=router_policy(sc, intra, inter),
+            tracker=LoadTracker(sc),
+            kv=kv,
             prefill_time={name: PrefillTime.from_spec(hw.prefill) for name, hw in sc.hardware.items()},
-            threshold=threshold, book=cache_book_for(sc, kv), recent=Recent(pol.control.window),
+            threshold=threshold,
+            book=cache_book_for(sc, kv),
+            recent=Recent(pol.control.window),
             cache_aware=pol.cache_aware,
             bandwidth="scarce" if pol.bandwidth_state == "auto" else pol.bandwidth_state,
-            health=HealthBook(nodes, probe_interval_s=PROBE_INTERVAL_S * per_wire_s,
-                              startup_grace_s=STARTUP_GRACE_S * per_wire_s),
+            health=HealthBook(
+                nodes, probe_interval_s=PROBE_INTERVAL_S * per_wire_s, startup_grace_s=STARTUP_GRACE_S * per_wire_s
+            ),
             history=Recent(pol.control.long_term.window) if pol.control.long_term.enabled else None,
             **extra,
         )
@@ -84,8 +97,9 @@ class RouterBooks:
         down = self.health.down()
         return down | self.unroutable if self.unroutable else down
 
-    def note_health(self, node: str, outcome: Outcome, now: float, reason: str = "",
-                    probe: bool = False) -> HealthChange | None:
+    def note_health(
+        self, node: str, outcome: Outcome, now: float, reason: str = "", probe: bool = False
+    ) -> HealthChange | None:
         return self.health.report(node, outcome, now, reason, probe=probe)
 
     # -- what each step of a request does to the books (both drivers, in the request's order) --
@@ -120,19 +134,30 @@ class RouterBooks:
         if self.book is not None:
             for name, pool in self.book.index.pools.items():
                 lab = {"cluster": name}
-                out += [("cache_used_bytes_paper", float(pool.used_bytes), lab),
-                        ("cache_pinned_bytes_paper", float(pool.pinned_bytes), lab),
-                        ("cache_hit_tokens", float(pool.stats.hit_tokens), lab),
-                        ("cache_evicted_bytes_paper", float(pool.stats.evicted_bytes), lab)]
+                out += [
+                    ("cache_used_bytes_paper", float(pool.used_bytes), lab),
+                    ("cache_pinned_bytes_paper", float(pool.pinned_bytes), lab),
+                    ("cache_hit_tokens", float(pool.stats.hit_tokens), lab),
+                    ("cache_evicted_bytes_paper", float(pool.stats.evicted_bytes), lab),
+                ]
         return out
 
 
 def decision_line(rid: str, d: Decision, bandwidth: BandwidthState) -> SeriesSample:
     """The `decisions.jsonl` sample of a routing decision."""
-    return ("decision", float(d.incremental_tokens),
-            {"request_id": rid, "prefill": d.prefill_node, "decode": d.decode_node, "cached": str(d.cached_tokens),
-             "bandwidth": bandwidth, "threshold": "" if d.threshold is None else f"{d.threshold:g}",
-             "reason": d.reason})
+    return (
+        "decision",
+        float(d.incremental_tokens),
+        {
+            "request_id": rid,
+            "prefill": d.prefill_node,
+            "decode": d.decode_node,
+            "cached": str(d.cached_tokens),
+            "bandwidth": bandwidth,
+            "threshold": "" if d.threshold is None else f"{d.threshold:g}",
+            "reason": d.reason,
+        },
+    )
 
 
 def health_line(ch: HealthChange) -> SeriesSample:

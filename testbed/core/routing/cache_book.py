@@ -14,11 +14,11 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.routing.policy import Decision
-from testbed.core.routing.prefix_cache import CacheIndex, PrefixPool, new_pool
+from testbed.core.routing.prefix_cache import CacheIndex, new_pool
 from testbed.core.schema.scenario import Scenario
 
 
@@ -65,8 +65,7 @@ class CacheBook:
 
     def finished(self, rid: str, d: Decision) -> None:
         owners = (f"{rid}:read", f"{rid}:move", f"{rid}:xfer")
-        for cluster in {d.prefill_cluster, d.decode_cluster} | (
-                {d.cache_move.src_cluster} if d.cache_move else set()):
+        for cluster in {d.prefill_cluster, d.decode_cluster} | ({d.cache_move.src_cluster} if d.cache_move else set()):
             if pool := self._pool(cluster):
                 for owner in owners:
                     pool.release(owner)
@@ -74,6 +73,5 @@ class CacheBook:
 
 def cache_book_for(sc: Scenario, kv: KVModel) -> CacheBook | None:
     """The book over the pools of every cluster that keeps a prefix cache; None when none does."""
-    pools = {c.name: new_pool(kv, sc.model.block_tokens, c.cache_bytes)
-             for c in sc.clusters if c.cache_bytes > 0}
+    pools = {c.name: new_pool(kv, sc.model.block_tokens, c.cache_bytes) for c in sc.clusters if c.cache_bytes > 0}
     return CacheBook(CacheIndex(pools)) if pools else None

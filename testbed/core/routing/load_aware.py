@@ -34,24 +34,34 @@ then to no move: the same view always gives the same decision.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
-from testbed.core.schema.kinds import unknown_kind
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.schema.linkprofile import LinkProfile
-from testbed.core.routing.policy import (
-    CacheMove, ClusterView, Decision, NoCapacity, Policy, RoutingRequest, View, build_decision,
-    decode_cluster_for, get_policy, least_loaded_prefill, prfaas,
-)
-from testbed.core.schema.scenario import Scenario
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.routing.policy import (
+    CacheMove,
+    ClusterView,
+    Decision,
+    NoCapacity,
+    Policy,
+    RoutingRequest,
+    View,
+    build_decision,
+    decode_cluster_for,
+    get_policy,
+    least_loaded_prefill,
+    prfaas,
+)
+from testbed.core.schema.kinds import unknown_kind
+from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.schema.scenario import Scenario
 
 
 @dataclass(frozen=True)
 class LinkCost:
-    rate_bps: float      # paper bit/s
-    delay_s: float       # one way
+    rate_bps: float  # paper bit/s
+    delay_s: float  # one way
 
     def time(self, nbytes: float, rate_bps: float | None = None) -> float:
         return nbytes * 8.0 / (rate_bps or self.rate_bps) + self.delay_s
@@ -62,17 +72,21 @@ class RouteCosts:
     """What the predictions need of a deployment, in paper units."""
 
     kv: KVModel
-    prefill: Mapping[str, PrefillTime]      # cluster -> its hardware's prefill time
+    prefill: Mapping[str, PrefillTime]  # cluster -> its hardware's prefill time
     intra: LinkCost
     inter: LinkCost
-    min_gain_s: float = 0.0      # the rule's pick stands unless another is predicted faster by more
+    min_gain_s: float = 0.0  # the rule's pick stands unless another is predicted faster by more
 
     @classmethod
-    def for_scenario(cls, sc: Scenario, intra: LinkProfile, inter: LinkProfile) -> "RouteCosts":
+    def for_scenario(cls, sc: Scenario, intra: LinkProfile, inter: LinkProfile) -> RouteCosts:
         la = sc.policy.load_aware
-        return cls(KVModel.from_spec(sc.model),
-                   {c.name: PrefillTime.from_spec(sc.hardware[c.hardware].prefill) for c in sc.clusters},
-                   LinkCost(intra.rate, intra.delay), LinkCost(inter.rate, inter.delay), la.min_gain_s)
+        return cls(
+            KVModel.from_spec(sc.model),
+            {c.name: PrefillTime.from_spec(sc.hardware[c.hardware].prefill) for c in sc.clusters},
+            LinkCost(intra.rate, intra.delay),
+            LinkCost(inter.rate, inter.delay),
+            la.min_gain_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -80,13 +94,13 @@ class Candidate:
     """One way to serve a request, with its predicted TTFT parts (paper seconds)."""
 
     cluster: str
-    cached: int                  # prefix the prefill reuses
+    cached: int  # prefix the prefill reuses
     move: CacheMove | None
     wait_s: float
     move_s: float
     prefill_s: float
     kv_s: float
-    wan_bytes: int               # cache move and KV that cross datacenters
+    wan_bytes: int  # cache move and KV that cross datacenters
 
     @property
     def ttft_s(self) -> float:
@@ -94,8 +108,10 @@ class Candidate:
 
     def text(self) -> str:
         mv = f"+move {self.move.tokens - self.move.from_tokens} from {self.move.src_cluster}" if self.move else ""
-        return (f"{self.cluster}{mv} {self.ttft_s:.2f} s (wait {self.wait_s:.2f}, move {self.move_s:.2f}, "
-                f"prefill {self.prefill_s:.2f}, kv {self.kv_s:.2f}; {self.wan_bytes / 1e6:.0f} MB WAN)")
+        return (
+            f"{self.cluster}{mv} {self.ttft_s:.2f} s (wait {self.wait_s:.2f}, move {self.move_s:.2f}, "
+            f"prefill {self.prefill_s:.2f}, kv {self.kv_s:.2f}; {self.wan_bytes / 1e6:.0f} MB WAN)"
+        )
 
 
 def _link(costs: RouteCosts, view: View, a: ClusterView, b: ClusterView) -> tuple[LinkCost, float | None]:
@@ -105,8 +121,9 @@ def _link(costs: RouteCosts, view: View, a: ClusterView, b: ClusterView) -> tupl
     return costs.inter, view.bandwidth_bps
 
 
-def _candidate(view: View, req: RoutingRequest, costs: RouteCosts, c: ClusterView,
-               src: ClusterView | None) -> Candidate:
+def _candidate(
+    view: View, req: RoutingRequest, costs: RouteCosts, c: ClusterView, src: ClusterView | None
+) -> Candidate:
     own = req.cached.get(c.name, 0)
     move = None
     move_s = 0.0
@@ -157,8 +174,14 @@ def load_aware(view: View, req: RoutingRequest, costs: RouteCosts) -> Decision:
 
     def order(c: Candidate) -> tuple[float, bool, int, str, bool, str]:
         # Rounded so that equal predictions reached by different float paths tie.
-        return (round(c.ttft_s, 9), c.cluster != rule_cluster, c.wan_bytes, c.cluster, c.move is not None,
-                c.move.src_cluster if c.move else "")
+        return (
+            round(c.ttft_s, 9),
+            c.cluster != rule_cluster,
+            c.wan_bytes,
+            c.cluster,
+            c.move is not None,
+            c.move.src_cluster if c.move else "",
+        )
 
     best = min(cands, key=order)
     by_name = {c.name: c for c in view.clusters}
@@ -171,11 +194,18 @@ def load_aware(view: View, req: RoutingRequest, costs: RouteCosts) -> Decision:
         if best is rule:
             pick, why = rule, f"load-aware: rule ({rule_why}) and fastest: {rule.text()}"
         elif gain <= margin:
-            pick, why = rule, (f"load-aware: rule ({rule_why}): {rule.text()}; {best.text()} gains "
-                               f"{gain:.2f} s <= {margin:.2f} s")
+            pick, why = (
+                rule,
+                (f"load-aware: rule ({rule_why}): {rule.text()}; {best.text()} gains {gain:.2f} s <= {margin:.2f} s"),
+            )
         else:
-            pick, why = best, (f"load-aware: {best.text()} beats the rule ({rule_why}): {rule.text()} "
-                               f"by {gain:.2f} s > {margin:.2f} s")
+            pick, why = (
+                best,
+                (
+                    f"load-aware: {best.text()} beats the rule ({rule_why}): {rule.text()} "
+                    f"by {gain:.2f} s > {margin:.2f} s"
+                ),
+            )
     return build_decision(view, req, by_name[pick.cluster], why, True, cached=pick.cached, move=pick.move)
 
 

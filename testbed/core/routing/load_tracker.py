@@ -80,19 +80,33 @@ class LoadTracker:
 
     # -- views ---------------------------------------------------------------------------------
 
-    def view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset(),
-             bandwidth: BandwidthState = "scarce", bandwidth_bps: float | None = None,
-             backlog_scale: float = 1.0) -> View:
+    def view(
+        self,
+        threshold: float | None,
+        now: float = 0.0,
+        down: frozenset[str] = frozenset(),
+        bandwidth: BandwidthState = "scarce",
+        bandwidth_bps: float | None = None,
+        backlog_scale: float = 1.0,
+    ) -> View:
         """What routing reads: the least-loaded instances of each cluster not `down`."""
         if down != self._down:
             self._rebuild(down)
-        cvs = tuple(ClusterView(c.name, c.kind, c.datacenter, self._best_prefill(c.name), self._best_decode(c.name))
-                    for c in self._clusters)
+        cvs = tuple(
+            ClusterView(c.name, c.kind, c.datacenter, self._best_prefill(c.name), self._best_decode(c.name))
+            for c in self._clusters
+        )
         return View(cvs, threshold, now, bandwidth, bandwidth_bps, backlog_scale)
 
-    def full_view(self, threshold: float | None, now: float = 0.0, down: frozenset[str] = frozenset(),
-                  bandwidth: BandwidthState = "scarce", bandwidth_bps: float | None = None,
-                  backlog_scale: float = 1.0) -> View:
+    def full_view(
+        self,
+        threshold: float | None,
+        now: float = 0.0,
+        down: frozenset[str] = frozenset(),
+        bandwidth: BandwidthState = "scarce",
+        bandwidth_bps: float | None = None,
+        backlog_scale: float = 1.0,
+    ) -> View:
         """Every instance not `down` (what `view` stands for)."""
         cvs = []
         for c in self._clusters:
@@ -147,7 +161,7 @@ class LoadTracker:
         backlog, active = self.prefill_backlog, self.active
         while h:
             b, a, node = h[0]
-            if b == backlog[node] and a == active[node]:       # the entry is the node's present key
+            if b == backlog[node] and a == active[node]:  # the entry is the node's present key
                 return (InstanceLoad(node, b, a),)
             heapq.heappop(h)
         return ()

@@ -9,11 +9,12 @@ cluster-wide pools, so every instance of a cluster reaches the same cached prefi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Callable, Literal, Mapping, NamedTuple, get_args
+from typing import Literal, NamedTuple, get_args
 
 from testbed.core.schema.kinds import unknown_kind
-from testbed.core.schema.scenario import PolicyName, Scenario
+from testbed.core.schema.scenario import PolicyName
 
 # What routing builds per request is immutable: named tuples rather than frozen dataclasses,
 # whose constructor sets each field through object.__setattr__ (a request's view and decision
@@ -22,13 +23,13 @@ from testbed.core.schema.scenario import PolicyName, Scenario
 
 class InstanceLoad(NamedTuple):
     node_id: str
-    backlog: float = 0.0     # prefill: modelled work queued (s); decode: unused
-    active: int = 0          # requests assigned and not finished
+    backlog: float = 0.0  # prefill: modelled work queued (s); decode: unused
+    active: int = 0  # requests assigned and not finished
 
 
 class ClusterView(NamedTuple):
     name: str
-    kind: str                # prfaas | pd
+    kind: str  # prfaas | pd
     datacenter: str
     prefill: tuple[InstanceLoad, ...] = ()
     decode: tuple[InstanceLoad, ...] = ()
@@ -61,7 +62,7 @@ _NOTHING_CACHED: Mapping[str, int] = MappingProxyType({})
 class RoutingRequest(NamedTuple):
     request_id: str
     input_tokens: int
-    cached: Mapping[str, int] = _NOTHING_CACHED   # cluster -> usable cached prefix tokens
+    cached: Mapping[str, int] = _NOTHING_CACHED  # cluster -> usable cached prefix tokens
 
 
 class CacheMove(NamedTuple):
@@ -80,12 +81,12 @@ class Decision(NamedTuple):
     prefill_node: str
     decode_cluster: str
     decode_node: str
-    cached_tokens: int          # prefix the prefill reuses (after any cache move)
-    incremental_tokens: int     # what the prefill computes
+    cached_tokens: int  # prefix the prefill reuses (after any cache move)
+    incremental_tokens: int  # what the prefill computes
     crossed_wan: bool
     threshold: float | None
     reason: str
-    decode_cached_tokens: int = 0      # prefix the decode cluster holds: KV below it is not shipped
+    decode_cached_tokens: int = 0  # prefix the decode cluster holds: KV below it is not shipped
     cache_move: CacheMove | None = None
 
 
@@ -97,6 +98,7 @@ Policy = Callable[[View, RoutingRequest], Decision]
 
 
 # A router's view lists one instance per role (`LoadTracker.view`): that one is the least loaded.
+
 
 def least_loaded_prefill(c: ClusterView) -> InstanceLoad:
     if len(c.prefill) == 1:
@@ -122,8 +124,15 @@ def decode_cluster_for(view: View, prefill: ClusterView) -> ClusterView:
     return min(among, key=lambda c: min(i.active for i in c.decode))
 
 
-def build_decision(view: View, req: RoutingRequest, prefill: ClusterView, reason: str, cache_aware: bool = False,
-              cached: int | None = None, move: CacheMove | None = None) -> Decision:
+def build_decision(
+    view: View,
+    req: RoutingRequest,
+    prefill: ClusterView,
+    reason: str,
+    cache_aware: bool = False,
+    cached: int | None = None,
+    move: CacheMove | None = None,
+) -> Decision:
     dc = decode_cluster_for(view, prefill)
     dnode = least_loaded_decode(dc)
     pnode = least_loaded_prefill(prefill)
@@ -163,8 +172,9 @@ def naive(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decisio
     """Baseline: every prefill in the PrfaaS cluster, whatever its length."""
     pfs = view.by_kind("prfaas", "prefill")
     if not pfs and view.by_kind("pd", "prefill"):
-        return build_decision(view, req, _pick(view.by_kind("pd", "prefill")), "naive: no prfaas prefill is up",
-                         cache_aware)
+        return build_decision(
+            view, req, _pick(view.by_kind("pd", "prefill")), "naive: no prfaas prefill is up", cache_aware
+        )
     return build_decision(view, req, _pick(pfs), "naive: all to prfaas", cache_aware)
 
 
@@ -208,7 +218,8 @@ def prfaas(view: View, req: RoutingRequest, cache_aware: bool = False) -> Decisi
     op = "<=" if to_pd else ">"
     move = CacheMove(src.name, dst.name, l_src, l_dst) if l_src > l_dst else None
     why = f"abundant: l-l_prefix={total - prefix} {op} t={t:g}" + (
-        f", move {l_src - l_dst} cached tokens {src.name}->{dst.name}" if move else "")
+        f", move {l_src - l_dst} cached tokens {src.name}->{dst.name}" if move else ""
+    )
     return build_decision(view, req, dst, why, True, cached=prefix, move=move)
 
 

@@ -24,8 +24,9 @@ Everything is in paper bytes and tokens; nothing here does I/O or reads a clock.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Protocol
+from typing import Protocol
 
 from testbed.core import native
 from testbed.core.engine.kvsize import KVModel
@@ -39,9 +40,8 @@ Key = tuple[str, int, int]
 class Match:
     """What a cluster's pool holds of a prompt."""
 
-    tokens: int          # usable prefix (tokens), block-aligned; 0 when nothing is usable
-    full_tokens: int     # leading full-attention blocks present, in tokens (>= tokens)
-
+    tokens: int  # usable prefix (tokens), block-aligned; 0 when nothing is usable
+    full_tokens: int  # leading full-attention blocks present, in tokens (>= tokens)
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ class PoolStats:
     inserted_bytes: int = 0
     evicted_bytes: int = 0
     evictions: int = 0
-    refused_bytes: int = 0      # inserts or holds that could not fit (everything else pinned)
+    refused_bytes: int = 0  # inserts or holds that could not fit (everything else pinned)
 
 
 @dataclass
@@ -66,8 +66,8 @@ class HybridPrefixCache:
 
     capacity_bytes: int
     block_tokens: int
-    block_bytes: int             # full-attention bytes of one block (0: a model with no full layers)
-    state_bytes: int             # one linear-state snapshot (0: a model with no linear layers)
+    block_bytes: int  # full-attention bytes of one block (0: a model with no full layers)
+    state_bytes: int  # one linear-state snapshot (0: a model with no linear layers)
     used_bytes: int = 0
     stats: PoolStats = field(default_factory=PoolStats)
     _entries: OrderedDict[Key, _Entry] = field(default_factory=OrderedDict)
@@ -80,10 +80,14 @@ class HybridPrefixCache:
     _held_bytes: int = 0
 
     @classmethod
-    def for_model(cls, kv: KVModel, block_tokens: int, capacity_bytes: int) -> "HybridPrefixCache":
+    def for_model(cls, kv: KVModel, block_tokens: int, capacity_bytes: int) -> HybridPrefixCache:
         has_linear = "linear" in kv.kinds
-        return cls(capacity_bytes, block_tokens, round(kv.full_bytes_per_token * block_tokens),
-                   kv.max_state_bytes if has_linear else 0)
+        return cls(
+            capacity_bytes,
+            block_tokens,
+            round(kv.full_bytes_per_token * block_tokens),
+            kv.max_state_bytes if has_linear else 0,
+        )
 
     # -- queries (no LRU change) ---------------------------------------------------------------
 
@@ -150,7 +154,7 @@ class HybridPrefixCache:
         if nbytes > free + evictable:
             return False
         victims: list[Key] = []
-        for key, e in self._entries.items():     # oldest first
+        for key, e in self._entries.items():  # oldest first
             if free >= nbytes:
                 break
             if e.pins:
@@ -211,7 +215,7 @@ class HybridPrefixCache:
             # is left is then `_insert_fitting`'s. Otherwise block by block below, as far as it
             # goes (it may then evict this prompt's own entries).
             missing = 0
-            own = 0             # this prompt's evictable bytes: the newest, not to be reached
+            own = 0  # this prompt's evictable bytes: the newest, not to be reached
             for i in range(blocks):
                 e = entries.get(("b", i, ids[i]))
                 if e is None:

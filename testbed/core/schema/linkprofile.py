@@ -55,9 +55,9 @@ class _Strict(BaseModel):
 
 
 class TcpSettings(_Strict):
-    congestion: str | None = None       # e.g. cubic, bbr, reno
-    rmem_max: int | None = None         # bytes: top of net.ipv4.tcp_rmem in the link's namespaces
-    wmem_max: int | None = None         # bytes: top of net.ipv4.tcp_wmem
+    congestion: str | None = None  # e.g. cubic, bbr, reno
+    rmem_max: int | None = None  # bytes: top of net.ipv4.tcp_rmem in the link's namespaces
+    wmem_max: int | None = None  # bytes: top of net.ipv4.tcp_wmem
 
     @field_validator("rmem_max", "wmem_max", mode="before")
     @classmethod
@@ -89,12 +89,12 @@ class LinkChange(_Strict):
 class LinkProfile(_Strict):
     name: str
     description: str = ""
-    rate: float = Field(gt=0)                 # bit/s, paper units
-    delay: float = Field(default=0.0, ge=0)   # one-way, seconds
+    rate: float = Field(gt=0)  # bit/s, paper units
+    delay: float = Field(default=0.0, ge=0)  # one-way, seconds
     jitter: float = Field(default=0.0, ge=0)
     loss: float = Field(default=0.0, ge=0, le=1)
     loss_correlation: float = Field(default=0.0, ge=0, lt=1)
-    queue_limit: int | None = Field(default=None, ge=1500)   # bytes at the bottleneck; default: BDP
+    queue_limit: int | None = Field(default=None, ge=1500)  # bytes at the bottleneck; default: BDP
     mtu: int | None = Field(default=None, ge=576, le=65535)
     tcp: TcpSettings = TcpSettings()
     schedule: list[LinkChange] = []
@@ -115,13 +115,13 @@ class LinkProfile(_Strict):
         return None if v is None else parse_size(v)
 
     @model_validator(mode="after")
-    def _sorted(self) -> "LinkProfile":
+    def _sorted(self) -> LinkProfile:
         ats = [c.at for c in self.schedule]
         if ats != sorted(ats):
             raise ValueError("schedule entries must be in time order")
         return self
 
-    def wire(self, scale: Scale, min_queue: int = 2 * 65536) -> "LinkParams":
+    def wire(self, scale: Scale, min_queue: int = 2 * 65536) -> LinkParams:
         return LinkParams.from_profile(self, scale, min_queue)
 
 
@@ -138,14 +138,21 @@ class LinkParams:
     mtu: int | None
 
     @classmethod
-    def from_profile(cls, p: LinkProfile, scale: Scale, min_queue: int = 2 * 65536) -> "LinkParams":
+    def from_profile(cls, p: LinkProfile, scale: Scale, min_queue: int = 2 * 65536) -> LinkParams:
         rate = scale.wire_rate_bps(p.rate)
         delay = scale.wire_seconds(p.delay)
         jitter = scale.wire_seconds(p.jitter)
-        return cls(rate, delay, jitter, p.loss, p.loss_correlation,
-                   queue_bytes(rate, delay, p.queue_limit, scale, min_queue), p.mtu)
+        return cls(
+            rate,
+            delay,
+            jitter,
+            p.loss,
+            p.loss_correlation,
+            queue_bytes(rate, delay, p.queue_limit, scale, min_queue),
+            p.mtu,
+        )
 
-    def with_change(self, c: LinkChange, p: LinkProfile, scale: Scale) -> "LinkParams":
+    def with_change(self, c: LinkChange, p: LinkProfile, scale: Scale) -> LinkParams:
         out = self
         if c.rate is not None:
             out = replace(out, rate_bps=scale.wire_rate_bps(c.rate))

@@ -48,7 +48,7 @@ class LivePathCosts:
     stall_s: float = 0.0
     restart_s: float = 0.0
     quantiles: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    source: str = "none"        # where they came from: "none", a file, "scenario"
+    source: str = "none"  # where they came from: "none", a file, "scenario"
 
     @property
     def any(self) -> bool:
@@ -69,10 +69,10 @@ class LivePathCosts:
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str) -> "LivePathCosts":
+    def from_dict(cls, d: dict[str, Any], source: str) -> LivePathCosts:
         """Strict: every figure a finite number >= 0, each distribution increasing (`ValueError`
         naming the field)."""
-        known = [f.name for f in fields(cls) if f.name not in ("source", "quantiles")]   # checked in this order
+        known = [f.name for f in fields(cls) if f.name not in ("source", "quantiles")]  # checked in this order
         extra = sorted(set(d) - set(known) - {"source", "quantiles", "host", "measured", "runs", "backend", "scenario"})
         if extra:
             raise ValueError(f"unknown field {extra[0]!r} (known: {', '.join(sorted(known))})")
@@ -94,9 +94,12 @@ class LivePathCosts:
         for k, q in qs.items():
             if k not in DRAWN:
                 raise ValueError(f"field 'quantiles.{k}': only {', '.join(DRAWN)} have distributions")
-            if (not isinstance(q, list) or len(q) < 2
-                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf for x in q)
-                    or any(b < a for a, b in zip(q, q[1:]))):
+            if (
+                not isinstance(q, list)
+                or len(q) < 2
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf for x in q)
+                or any(b < a for a, b in zip(q, q[1:]))
+            ):
                 raise ValueError(f"field 'quantiles.{k}': not an increasing list of at least 2 numbers >= 0")
             out[k] = tuple(float(x) for x in q)
         return cls(**vals, quantiles=out, source=source)

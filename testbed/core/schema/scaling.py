@@ -16,7 +16,7 @@ class Scale:
     byte_scale: float = 1.0
 
     @classmethod
-    def from_spec(cls, spec: ScaleSpec) -> "Scale":
+    def from_spec(cls, spec: ScaleSpec) -> Scale:
         return cls(spec.speedup, spec.byte_scale)
 
     def wire_seconds(self, paper_s: float) -> float:

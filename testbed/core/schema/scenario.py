@@ -45,7 +45,7 @@ class ModelSpec(_Strict):
     window_bytes_per_token: float = Field(default=0.0, ge=0)
 
     @model_validator(mode="after")
-    def _kinds_present(self) -> "ModelSpec":
+    def _kinds_present(self) -> ModelSpec:
         kinds = self.layer_kinds()
         if self.linear_state_bytes > 0 and "linear" not in kinds:
             raise ValueError("linear_state_bytes > 0 but layer_pattern has no 'linear' layer")
@@ -104,7 +104,7 @@ class PolynomialPrefill(_Strict):
     cached_attention_s: float = Field(default=0.0, ge=0)
 
 
-PrefillSpec = Annotated[Union[TablePrefill, PolynomialPrefill], Field(discriminator="kind")]
+PrefillSpec = Annotated[TablePrefill | PolynomialPrefill, Field(discriminator="kind")]
 
 
 class DecodeSpec(_Strict):
@@ -126,18 +126,18 @@ class Provenance(_Strict):
     paper's tables), `aiconfigurator` (NVIDIA's measured-kernel database), `calibrate` (fitted
     to a real server's measurements)."""
 
-    source: str = Field(min_length=1)     # paper | aiconfigurator | calibrate | ...
-    tool: str | None = None                 # the program and version that wrote the figures
-    model: str | None = None                # the model as the source names it
-    system: str | None = None               # the GPU system as the source names it
-    backend: str | None = None              # the serving framework the source timed (sglang, vllm, trtllm)
-    backend_version: str | None = None      # that framework's version as the source names it
-    database_mode: str | None = None        # aiconfigurator's database mode (e.g. SILICON: measured kernels)
-    parallel: dict[str, int] = {}           # tp, pp, moe_tp, moe_ep, attention_dp ...
-    quantization: dict[str, str] = {}       # weights, moe, kv_cache, attention ...
-    fit: dict[str, Scalar] = {}             # how well the profile's terms follow the source
-    command: str | None = None              # the command that wrote the profile
-    notes: list[str] = []                   # caveats in words (fit errors, choices made)
+    source: str = Field(min_length=1)  # paper | aiconfigurator | calibrate | ...
+    tool: str | None = None  # the program and version that wrote the figures
+    model: str | None = None  # the model as the source names it
+    system: str | None = None  # the GPU system as the source names it
+    backend: str | None = None  # the serving framework the source timed (sglang, vllm, trtllm)
+    backend_version: str | None = None  # that framework's version as the source names it
+    database_mode: str | None = None  # aiconfigurator's database mode (e.g. SILICON: measured kernels)
+    parallel: dict[str, int] = {}  # tp, pp, moe_tp, moe_ep, attention_dp ...
+    quantization: dict[str, str] = {}  # weights, moe, kv_cache, attention ...
+    fit: dict[str, Scalar] = {}  # how well the profile's terms follow the source
+    command: str | None = None  # the command that wrote the profile
+    notes: list[str] = []  # caveats in words (fit errors, choices made)
 
 
 class HardwareSpec(_Strict):
@@ -193,25 +193,27 @@ class LongTermSpec(_Strict):
     enabled: bool = False
     sample_s: float = Field(default=2.0, gt=0)
     interval_s: float = Field(default=30.0, gt=0)
-    window: int = Field(default=1000, ge=10, le=100000)       # recent requests the re-optimiser samples
-    min_requests: int = Field(default=100, ge=1)              # recent requests needed before judging
-    hot_utilisation: float = Field(default=0.9, gt=0)         # stage load that makes it the bottleneck
-    hot_queue_s: float = Field(default=5.0, gt=0)             # prefill work queued per instance (not shrinking)
-    hot_waiting: float = Field(default=1.0, gt=0)             # decode sequences waiting for a slot per instance
-    donor_utilisation: float = Field(default=0.7, gt=0)       # the giving role's load after a conversion, at most
-    confirm: int = Field(default=2, ge=1)                     # judgements in a row that see the same bottleneck
-    min_interval_s: float = Field(default=60.0, ge=0)         # after a conversion (or retune), before the next
-    retune: bool = True                                       # re-optimise t (policy prfaas)
-    min_change: float = Field(default=0.1, ge=0)              # relative threshold change worth making
-    min_gain: float = Field(default=0.1, ge=0, lt=1)          # relative drop of the higher prefill load worth a retune
+    window: int = Field(default=1000, ge=10, le=100000)  # recent requests the re-optimiser samples
+    min_requests: int = Field(default=100, ge=1)  # recent requests needed before judging
+    hot_utilisation: float = Field(default=0.9, gt=0)  # stage load that makes it the bottleneck
+    hot_queue_s: float = Field(default=5.0, gt=0)  # prefill work queued per instance (not shrinking)
+    hot_waiting: float = Field(default=1.0, gt=0)  # decode sequences waiting for a slot per instance
+    donor_utilisation: float = Field(default=0.7, gt=0)  # the giving role's load after a conversion, at most
+    confirm: int = Field(default=2, ge=1)  # judgements in a row that see the same bottleneck
+    min_interval_s: float = Field(default=60.0, ge=0)  # after a conversion (or retune), before the next
+    retune: bool = True  # re-optimise t (policy prfaas)
+    min_change: float = Field(default=0.1, ge=0)  # relative threshold change worth making
+    min_gain: float = Field(default=0.1, ge=0, lt=1)  # relative drop of the higher prefill load worth a retune
     min_prefill: int = Field(default=1, ge=1)
     min_decode: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
-    def _hysteresis(self) -> "LongTermSpec":
+    def _hysteresis(self) -> LongTermSpec:
         if self.donor_utilisation >= self.hot_utilisation:
-            raise ValueError("donor_utilisation must be below hot_utilisation, or a conversion can make the "
-                             "giving role the next bottleneck and the loop flaps")
+            raise ValueError(
+                "donor_utilisation must be below hot_utilisation, or a conversion can make the "
+                "giving role the next bottleneck and the loop flaps"
+            )
         return self
 
 
@@ -223,25 +225,25 @@ class ControlSpec(_Strict):
     of both prefill stages is lowest (see `testbed.core.control.bandwidth`)."""
 
     interval_s: float = Field(default=2.0, gt=0)
-    window: int = Field(default=200, ge=10, le=100000)        # recent requests the planner samples
-    target_utilisation: float = Field(default=0.85, gt=0, le=1)   # prefill stages
+    window: int = Field(default=200, ge=10, le=100000)  # recent requests the planner samples
+    target_utilisation: float = Field(default=0.85, gt=0, le=1)  # prefill stages
     # The link's is lower: busy PrfaaS instances each stream KV at Phi_kv while they compute, so the
     # link sees N x Phi_kv whenever the cluster is fully busy, well above the mean it is planned on.
     link_target_utilisation: float = Field(default=0.7, gt=0, le=1)
-    tail_limit_s: float = Field(default=0.5, gt=0)            # mean KV transfer tail that counts as saturation
+    tail_limit_s: float = Field(default=0.5, gt=0)  # mean KV transfer tail that counts as saturation
     abundant_utilisation: float = Field(default=0.5, gt=0, le=1)
-    horizon_s: float = Field(default=20.0, gt=0)              # drain existing backlogs within this
-    saturated_s: float = Field(default=0.3, gt=0)             # undelivered KV worth this much link time = saturated
-    retrans_limit: float = Field(default=0.01, ge=0, le=1)    # retransmitted share that counts as congestion
-    probe_growth: float = Field(default=1.25, ge=1)           # bandwidth estimate growth per unsaturated interval
-    hold_s: float = Field(default=6.0, ge=0)                  # no growth this long after the link last saturated
-    min_change: float = Field(default=0.05, ge=0)             # relative threshold change worth making
-    min_gain: float = Field(default=0.1, ge=0, lt=1)          # relative drop of the peak load worth a change
-    recovery_step: float = Field(default=1.1, gt=1)           # most t moves back toward the base per update
-    min_requests: int = Field(default=20, ge=1)               # recent requests needed before planning
-    rate_window: int = Field(default=3, ge=1, le=100)         # intervals whose best delivered rate bounds the link
-    min_threshold: int | None = Field(default=None, ge=0)     # default: base threshold / 4
-    max_threshold: int | None = Field(default=None, ge=1)     # default: the workload's longest input
+    horizon_s: float = Field(default=20.0, gt=0)  # drain existing backlogs within this
+    saturated_s: float = Field(default=0.3, gt=0)  # undelivered KV worth this much link time = saturated
+    retrans_limit: float = Field(default=0.01, ge=0, le=1)  # retransmitted share that counts as congestion
+    probe_growth: float = Field(default=1.25, ge=1)  # bandwidth estimate growth per unsaturated interval
+    hold_s: float = Field(default=6.0, ge=0)  # no growth this long after the link last saturated
+    min_change: float = Field(default=0.05, ge=0)  # relative threshold change worth making
+    min_gain: float = Field(default=0.1, ge=0, lt=1)  # relative drop of the peak load worth a change
+    recovery_step: float = Field(default=1.1, gt=1)  # most t moves back toward the base per update
+    min_requests: int = Field(default=20, ge=1)  # recent requests needed before planning
+    rate_window: int = Field(default=3, ge=1, le=100)  # intervals whose best delivered rate bounds the link
+    min_threshold: int | None = Field(default=None, ge=0)  # default: base threshold / 4
+    max_threshold: int | None = Field(default=None, ge=1)  # default: the workload's longest input
     long_term: LongTermSpec = LongTermSpec()
 
 
@@ -272,7 +274,7 @@ class PolicySpec(_Strict):
     control: ControlSpec = ControlSpec()
 
     @model_validator(mode="after")
-    def _threshold(self) -> "PolicySpec":
+    def _threshold(self) -> PolicySpec:
         if self.name == "prfaas" and self.threshold is None:
             raise ValueError("policy 'prfaas' needs a threshold (tokens or 'auto')")
         if isinstance(self.threshold, int) and self.threshold < 0:
@@ -285,8 +287,10 @@ class PolicySpec(_Strict):
         if c.min_threshold is not None and c.max_threshold is not None and c.min_threshold > c.max_threshold:
             raise ValueError("control.min_threshold must be <= control.max_threshold")
         if c.long_term.enabled and self.name == "naive":
-            raise ValueError("control.long_term needs policy 'prfaas' or 'homogeneous' (under 'naive' the PD "
-                             "cluster prefills nothing, so no role is worth converting)")
+            raise ValueError(
+                "control.long_term needs policy 'prfaas' or 'homogeneous' (under 'naive' the PD "
+                "cluster prefills nothing, so no role is worth converting)"
+            )
         return self
 
 
@@ -310,7 +314,7 @@ class LengthDist(_Strict):
     max: int = Field(default=131072, ge=1)
 
     @model_validator(mode="after")
-    def _bounds(self) -> "LengthDist":
+    def _bounds(self) -> LengthDist:
         if self.max < self.min:
             raise ValueError("max must be >= min")
         return self
@@ -365,13 +369,13 @@ class ServingSpec(_Strict):
 class LivePathSpec(_Strict):
     """What the live path costs a request, wire seconds (`testbed.core.schema.live_path`)."""
 
-    routing_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)   # client sent -> router decided
+    routing_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # client sent -> router decided
     dispatch_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # router decided -> prefill queued
-    relay_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)     # decode produced the first token -> client has it
+    relay_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # decode produced the first token -> client has it
     relay_last_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # the same for the last token
     stall_rate_per_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # decode loop stalls per decoding second
-    stall_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)     # mean time one stall loses
-    restart_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)   # a restarted service answers its health check
+    stall_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # mean time one stall loses
+    restart_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # a restarted service answers its health check
 
 
 class SimSpec(_Strict):
@@ -393,7 +397,7 @@ class _FaultBase(_Strict):
     # YAML reads .inf and .nan as floats: `duration_s: .inf` passed gt=0 and made a fault without end.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    at_s: float = Field(ge=0)     # paper seconds after the replay's t0
+    at_s: float = Field(ge=0)  # paper seconds after the replay's t0
     note: str = ""
 
 
@@ -407,7 +411,7 @@ class _NodeFault(_FaultBase):
     index: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
-    def _one_target(self) -> "_NodeFault":
+    def _one_target(self) -> _NodeFault:
         parts = (self.cluster, self.role, self.index)
         if self.node is not None and any(p is not None for p in parts):
             raise ValueError("name the instance by 'node' or by 'cluster', 'role' and 'index', not both")
@@ -497,7 +501,7 @@ class TcpResetFault(_FaultBase):
 
 FaultKind = Literal["kill", "pause", "restart", "slow", "outage", "rate_drop", "partition", "tcp_reset"]
 FaultSpec = Annotated[
-    Union[KillFault, PauseFault, RestartFault, SlowFault, OutageFault, RateDropFault, PartitionFault, TcpResetFault],
+    KillFault | PauseFault | RestartFault | SlowFault | OutageFault | RateDropFault | PartitionFault | TcpResetFault,
     Field(discriminator="kind"),
 ]
 NODE_FAULTS = (KillFault, PauseFault, RestartFault, SlowFault)
@@ -530,7 +534,7 @@ class Scenario(_Strict):
     sim: SimSpec = SimSpec()
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Scenario":
+    def _consistent(self) -> Scenario:
         names = [c.name for c in self.clusters]
         if len(set(names)) != len(names):
             raise ValueError(f"cluster names must be unique, got {names}")
@@ -540,7 +544,9 @@ class Scenario(_Strict):
                     f"cluster {c.name!r} names hardware {c.hardware!r}, not one of {sorted(self.hardware)}"
                 )
             if c.decode > 0 and self.hardware[c.hardware].decode is None:
-                raise ValueError(f"cluster {c.name!r} has decode instances but hardware {c.hardware!r} has no decode profile")
+                raise ValueError(
+                    f"cluster {c.name!r} has decode instances but hardware {c.hardware!r} has no decode profile"
+                )
             if c.kind == "prfaas" and c.decode > 0:
                 raise ValueError(f"cluster {c.name!r} is a PrfaaS cluster and cannot hold decode instances")
         if not any(c.kind == "pd" and c.decode > 0 for c in self.clusters):
@@ -566,9 +572,11 @@ class Scenario(_Strict):
             raise ValueError(f"control.long_term converts the roles of one PD cluster; this scenario has {len(pds)}")
         c = pds[0]
         if c.prefill < lt.min_prefill or c.decode < lt.min_decode:
-            raise ValueError(f"control.long_term: PD cluster {c.name!r} starts with {c.prefill} prefill / "
-                             f"{c.decode} decode instances, below min_prefill {lt.min_prefill} / "
-                             f"min_decode {lt.min_decode}")
+            raise ValueError(
+                f"control.long_term: PD cluster {c.name!r} starts with {c.prefill} prefill / "
+                f"{c.decode} decode instances, below min_prefill {lt.min_prefill} / "
+                f"min_decode {lt.min_decode}"
+            )
 
     def deadline_s(self, output_tokens: int) -> float:
         """A request's deadline in paper seconds (see ServingSpec)."""
@@ -577,7 +585,7 @@ class Scenario(_Strict):
             return sv.deadline_s
         return sv.deadline_factor * (self.slo.ttft_s + self.slo.tpot_s * output_tokens)
 
-    def _fault_field(self, f: "_NodeFault") -> str:
+    def _fault_field(self, f: _NodeFault) -> str:
         """The field that names a missing instance wrongly."""
         if f.node is not None:
             return "node"
@@ -588,22 +596,30 @@ class Scenario(_Strict):
 
     def _check_faults(self) -> None:
         """Every fault names an instance or datacenters of this scenario; errors carry the field."""
-        nodes = [node_id(c.name, r, i) for c in self.clusters for r, n in (("prefill", c.prefill), ("decode", c.decode))
-                 for i in range(n)]
+        nodes = [
+            node_id(c.name, r, i)
+            for c in self.clusters
+            for r, n in (("prefill", c.prefill), ("decode", c.decode))
+            for i in range(n)
+        ]
         dcs = list(dict.fromkeys(c.datacenter for c in self.clusters))
         errors: list[InitErrorDetails] = []
 
         def bad(loc: tuple[str | int, ...], value: Any, msg: str) -> None:
-            errors.append(InitErrorDetails(type=PydanticCustomError("fault_target", msg), loc=("faults", *loc),
-                                           input=value))
+            errors.append(
+                InitErrorDetails(type=PydanticCustomError("fault_target", msg), loc=("faults", *loc), input=value)
+            )
 
         for i, f in enumerate(self.faults):
             if isinstance(f, NODE_FAULTS):
                 nid = f.node_id()
                 if nid not in nodes:
                     field = self._fault_field(f)
-                    bad((i, field), getattr(f, field), f"no instance {nid!r} in this scenario "
-                        f"(instances: {', '.join(nodes)})")
+                    bad(
+                        (i, field),
+                        getattr(f, field),
+                        f"no instance {nid!r} in this scenario (instances: {', '.join(nodes)})",
+                    )
                 continue
             if len(dcs) < 2:
                 bad((i, "kind"), f.kind, f"a {f.kind!r} fault needs two datacenters; this scenario has {dcs}")
@@ -617,8 +633,11 @@ class Scenario(_Strict):
             if isinstance(f, PartitionFault):
                 for field in ("src", "dst"):
                     if getattr(f, field) not in dcs:
-                        bad((i, field), getattr(f, field), f"unknown datacenter {getattr(f, field)!r} "
-                            f"(datacenters: {', '.join(dcs)})")
+                        bad(
+                            (i, field),
+                            getattr(f, field),
+                            f"unknown datacenter {getattr(f, field)!r} (datacenters: {', '.join(dcs)})",
+                        )
                 if f.src == f.dst:
                     bad((i, "dst"), f.dst, "a partition cuts the direction between two different datacenters")
         if errors:

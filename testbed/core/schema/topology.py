@@ -20,7 +20,7 @@ class NodeSpec:
     id: str
     cluster: str
     datacenter: str
-    kind: str          # cluster kind: prfaas | pd
+    kind: str  # cluster kind: prfaas | pd
     role: Role
     index: int
     hardware: str

@@ -4,8 +4,8 @@ to the nodes, builds the state, registers the scrape-time gauges and runs the lo
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import aiohttp
 from aiohttp import web
@@ -15,7 +15,14 @@ from testbed.live.auth import api_key_middleware, run_secret_middleware
 from testbed.live.common import REGISTRY_KEY, SCRAPE_KEY, ServiceConfig, add_common_routes
 from testbed.live.held import HELD_KEY, HOLD_PATH, HeldRecords, hold_records_path, post_hold
 from testbed.live.router.handler import (
-    chat_completions, completions, info, model, models, openai_errors, responses, version,
+    chat_completions,
+    completions,
+    info,
+    model,
+    models,
+    openai_errors,
+    responses,
+    version,
 )
 from testbed.live.router.loops import start_loops
 from testbed.live.router.probes import refresh_kv_usage
@@ -45,13 +52,13 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         # One pooled session to every node; no per-host cap (open-loop load is unbounded).
         # The run secret on every call: the nodes serve their deployment's router only.
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0), headers=creds.runner_headers(),
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+            headers=creds.runner_headers(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         )
         rd = cfg.deployment.run_dir
         decisions = SeriesWriter(Path(rd) / "decisions.jsonl" if rd else None, "router")
-        st = new_state(cfg, session, metrics, decisions,
-                       HeldRecords(held_path) if held_path is not None else None)
+        st = new_state(cfg, session, metrics, decisions, HeldRecords(held_path) if held_path is not None else None)
         app[STATE] = st
         if st.held is not None:
             app[HELD_KEY] = st.held

@@ -6,13 +6,14 @@ a fake in tests."""
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from testbed.core.failures import FailureKind as K
-from testbed.core.routing.policy import NoCapacity
 from testbed.core.record import NAN
-from testbed.core.router.retries import avoid_after as _avoid, deadline_paper_s, deadline_reason, may_retry, retry_id
+from testbed.core.router.retries import avoid_after as _avoid
+from testbed.core.router.retries import deadline_paper_s, deadline_reason, may_retry, retry_id
 from testbed.core.router.route_step import RoutePlan
+from testbed.core.routing.policy import NoCapacity
 from testbed.live.clock import now
 from testbed.live.openai_api import ParsedRequest
 from testbed.live.router.drive import drive, note_decision, route
@@ -36,8 +37,17 @@ class Attempts:
     and `prog` (the last attempt's route and record), `holding` (that plan still holds a decode
     slot in the tracker), `sent` (tokens relayed) and `first_t` (when the first came, wire clock)."""
 
-    def __init__(self, st: RouterState, req: ParsedRequest, rid: str, plan: RoutePlan, prog: Progress, seen: Seen,
-                 relay: Relay, drive: Drive = drive) -> None:
+    def __init__(
+        self,
+        st: RouterState,
+        req: ParsedRequest,
+        rid: str,
+        plan: RoutePlan,
+        prog: Progress,
+        seen: Seen,
+        relay: Relay,
+        drive: Drive = drive,
+    ) -> None:
         self.st, self.req, self.rid, self.seen = st, req, rid, seen
         self._relay, self._drive = relay, drive
         self.plan, self.prog = plan, prog
@@ -57,8 +67,9 @@ class Attempts:
             async with asyncio.timeout(self.deadline_wire_s()):
                 await self._attempts()
         except TimeoutError:
-            raise RequestFailed(deadline_reason(self.st.cfg.deployment.scenario, self.req.output_tokens),
-                                K.DEADLINE, retryable=False) from None
+            raise RequestFailed(
+                deadline_reason(self.st.cfg.deployment.scenario, self.req.output_tokens), K.DEADLINE, retryable=False
+            ) from None
 
     def may_retry(self, e: RequestFailed) -> bool:
         """Once, and only while the client has seen nothing (`testbed.core.router.retries`)."""

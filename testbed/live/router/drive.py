@@ -7,15 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 
-from testbed.core.failures import FailureKind as K, failure_kind
+from testbed.core.failures import FailureKind as K
+from testbed.core.failures import failure_kind
+from testbed.core.record import PrefillReport, RecordFormatError, report_from_wire
 from testbed.core.router.health import Outcome
-from testbed.core.record import NAN, PrefillReport, RecordFormatError, RequestRecord, report_from_wire
+from testbed.core.router.route_step import RoutePlan, note_route
+from testbed.core.router.route_step import route as route_books
 from testbed.core.router.router_books import decision_line
-from testbed.core.router.route_step import RoutePlan, note_route, route as route_books
 from testbed.live.clock import now
 from testbed.live.openai_api import ParsedRequest, block_hashes
 from testbed.live.router.state import Progress, RequestFailed, RouterState, log, outcome_of
@@ -28,8 +31,18 @@ def route(st: RouterState, req: ParsedRequest, rid: str, avoid: frozenset[str] =
     else is left of the role needed."""
     sc = st.cfg.deployment.scenario
     hashes = req.hash_ids or block_hashes(req.content, sc.model.block_tokens)
-    return route_books(st, sc, rid, req.input_tokens, hashes, now(), st.cfg.scale, st.health.down() | st.unroutable,
-                       avoid, output_tokens=req.output_tokens)
+    return route_books(
+        st,
+        sc,
+        rid,
+        req.input_tokens,
+        hashes,
+        now(),
+        st.cfg.scale,
+        st.health.down() | st.unroutable,
+        avoid,
+        output_tokens=req.output_tokens,
+    )
 
 
 def note_decision(st: RouterState, rid: str, req: ParsedRequest, plan: RoutePlan, prog: Progress) -> None:
@@ -49,8 +62,12 @@ async def _move_cache(st: RouterState, rid: str, plan: RoutePlan, tid: int, prog
     assert plan.move_src is not None
     st.cache_moves += 1
     src = st.cfg.deployment.nodes[plan.move_src]
-    body = {"request_id": rid, "transfer_id": tid, "bytes": max(st.cfg.scale.wire_bytes(plan.move_bytes_paper), 1),
-            "dest_node": plan.d.prefill_node}
+    body = {
+        "request_id": rid,
+        "transfer_id": tid,
+        "bytes": max(st.cfg.scale.wire_bytes(plan.move_bytes_paper), 1),
+        "dest_node": plan.d.prefill_node,
+    }
     prog.rec.times.cache_move_start = now()
     try:
         async with st.session.post(f"{src.http.url}/cache/send", json=body) as r:
@@ -68,12 +85,14 @@ def _decode_error(ev: dict[str, Any], node: str) -> RequestFailed:
         kind = failure_kind(str(ev.get("kind", "")), f"decode node {node}'s error event") or K.DECODE_ERROR
     except ValueError as e:
         return RequestFailed(str(e), K.DECODE_ERROR, node)
-    return RequestFailed(str(ev.get("reason", "decode failed")), kind,
-                         at=node if kind in (K.DECODE_DOWN, K.DECODE_ERROR) else "")
+    return RequestFailed(
+        str(ev.get("reason", "decode failed")), kind, at=node if kind in (K.DECODE_DOWN, K.DECODE_ERROR) else ""
+    )
 
 
-async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, plan: RoutePlan, prog: Progress
-                ) -> AsyncIterator[int]:
+async def drive(
+    st: RouterState, req: ParsedRequest, rid: str, node_rid: str, plan: RoutePlan, prog: Progress
+) -> AsyncIterator[int]:
     """Run one attempt of a request through prefill, transfer and decode (the nodes know the
     attempt as `node_rid`); yields cumulative token counts."""
     dep = st.cfg.deployment
@@ -82,18 +101,29 @@ async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, pl
     move_tid = next(st.transfer_ids) if d.cache_move is not None else None
     pnode, dnode = dep.nodes[d.prefill_node], dep.nodes[d.decode_node]
     kv_paper = st.kv.total(req.input_tokens)
-    decode_body = {"request_id": node_rid, "transfer_id": tid, "input_tokens": req.input_tokens,
-                   "output_tokens": req.output_tokens, "kv_bytes_paper": kv_paper}
-    prefill_body = {"request_id": node_rid, "transfer_id": tid, "input_tokens": req.input_tokens,
-                    "cached_tokens": d.cached_tokens, "decode_cached_tokens": d.decode_cached_tokens,
-                    "cache_in_transfer": move_tid, "decode_node": d.decode_node}
+    decode_body = {
+        "request_id": node_rid,
+        "transfer_id": tid,
+        "input_tokens": req.input_tokens,
+        "output_tokens": req.output_tokens,
+        "kv_bytes_paper": kv_paper,
+    }
+    prefill_body = {
+        "request_id": node_rid,
+        "transfer_id": tid,
+        "input_tokens": req.input_tokens,
+        "cached_tokens": d.cached_tokens,
+        "decode_cached_tokens": d.decode_cached_tokens,
+        "cache_in_transfer": move_tid,
+        "decode_node": d.decode_node,
+    }
     rec, times = prog.rec, prog.rec.times
 
     def note_tail() -> None:
         if d.crossed_wan and math.isfinite(times.prefill_end) and math.isfinite(times.transfer_end):
             st.tails.append(max(times.transfer_end - times.prefill_end, 0.0))
 
-    prefill_blame: list[tuple[str, Outcome]] = []      # set when the prefill node itself failed
+    prefill_blame: list[tuple[str, Outcome]] = []  # set when the prefill node itself failed
 
     def prefill_finished(rep: PrefillReport) -> None:
         st.tracker.prefill_done(d, plan.work)
@@ -114,30 +144,37 @@ async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, pl
     try:
         dresp = await st.session.post(f"{dnode.http.url}/decode", json=decode_body)
     except aiohttp.ClientError as e:
-        raise RequestFailed(f"decode node {d.decode_node} unreachable: {e}", K.DECODE_DOWN, d.decode_node,
-                            outcome_of(e)) from None
+        raise RequestFailed(
+            f"decode node {d.decode_node} unreachable: {e}", K.DECODE_DOWN, d.decode_node, outcome_of(e)
+        ) from None
     if dresp.status != 200:
         text = await dresp.text()
         dresp.release()
-        raise RequestFailed(f"decode node {d.decode_node} answered {dresp.status}: {text[:200]}", K.DECODE_ERROR,
-                            d.decode_node if dresp.status >= 500 else "", retryable=dresp.status >= 500,
-                            at=d.decode_node)
+        raise RequestFailed(
+            f"decode node {d.decode_node} answered {dresp.status}: {text[:200]}",
+            K.DECODE_ERROR,
+            d.decode_node if dresp.status >= 500 else "",
+            retryable=dresp.status >= 500,
+            at=d.decode_node,
+        )
 
     async def prefill() -> PrefillReport:
         try:
             async with st.session.post(f"{pnode.http.url}/prefill", json=prefill_body) as r:
                 res: Any = await r.json()
-                if r.status in (200, 502):     # the node's own report, failed or not
+                if r.status in (200, 502):  # the node's own report, failed or not
                     return report_from_wire(res)
                 err = res.get("error") if isinstance(res, dict) else None
                 if r.status >= 500:
                     prefill_blame.append((d.prefill_node, "failed"))
-                return PrefillReport(error=str(err) if err else f"prefill node answered {r.status}",
-                                     error_kind=K.PREFILL_ERROR)
+                return PrefillReport(
+                    error=str(err) if err else f"prefill node answered {r.status}", error_kind=K.PREFILL_ERROR
+                )
         except RecordFormatError as e:
             prefill_blame.append((d.prefill_node, "failed"))
-            return PrefillReport(error=f"prefill node {d.prefill_node} answered a malformed report: {e}",
-                                 error_kind=K.PREFILL_ERROR)
+            return PrefillReport(
+                error=f"prefill node {d.prefill_node} answered a malformed report: {e}", error_kind=K.PREFILL_ERROR
+            )
         except (aiohttp.ClientError, ValueError) as e:
             prefill_blame.append((d.prefill_node, outcome_of(e)))
             return PrefillReport(error=f"prefill node {d.prefill_node} unreachable: {e}", error_kind=K.PREFILL_DOWN)
@@ -163,11 +200,13 @@ async def drive(st: RouterState, req: ParsedRequest, rid: str, node_rid: str, pl
                 line = line_task.result()
                 ev = json.loads(line) if line else None
             except (aiohttp.ClientError, ConnectionError, ValueError) as e:
-                raise RequestFailed(f"decode node {d.decode_node} stream broke: {type(e).__name__}: {e}",
-                                    K.DECODE_DOWN, d.decode_node) from None
+                raise RequestFailed(
+                    f"decode node {d.decode_node} stream broke: {type(e).__name__}: {e}", K.DECODE_DOWN, d.decode_node
+                ) from None
             if not isinstance(ev, dict):
-                raise RequestFailed(f"decode node {d.decode_node} closed the stream early", K.DECODE_DOWN,
-                                    d.decode_node)
+                raise RequestFailed(
+                    f"decode node {d.decode_node} closed the stream early", K.DECODE_DOWN, d.decode_node
+                )
             kind = ev.get("event")
             if kind == "kv":
                 times.transfer_end = float(ev["complete"])

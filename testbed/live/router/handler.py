@@ -16,9 +16,9 @@ from aiohttp import web
 
 from testbed.core.failures import FailureKind as K
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
-from testbed.core.routing.policy import NoCapacity
 from testbed.core.record import NO_TRACE_INDEX, RequestRecord
 from testbed.core.router.request_ids import client_id
+from testbed.core.routing.policy import NoCapacity
 from testbed.live.clock import now
 from testbed.live.openai_api import Limits, ParsedRequest, RequestError, load_body, parse
 from testbed.live.responses_api import parse_responses
@@ -84,8 +84,9 @@ async def _serve(request: web.Request, kind: str, st: RouterState, seen: Seen) -
         plan = route(st, req, rid)
     except NoCapacity as e:
         seen.error, seen.error_kind = f"no capacity: {e}", K.NO_CAPACITY
-        raise web.HTTPServiceUnavailable(text=json.dumps(openai_error(str(e), "server_error")),
-                                         content_type="application/json") from None
+        raise web.HTTPServiceUnavailable(
+            text=json.dumps(openai_error(str(e), "server_error")), content_type="application/json"
+        ) from None
     note_decision(st, rid, req, plan, prog)
     st.inflight += 1
     reply = make_reply(req, cid, model)
@@ -144,8 +145,16 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 def _model_object(request: web.Request) -> dict[str, Any]:
     spec = request.app[STATE].cfg.deployment.scenario.model
-    return {"id": spec.name, "object": "model", "created": 0, "owned_by": "prfaas-testbed", "root": spec.name,
-            "parent": None, "max_model_len": spec.max_context_tokens, "permission": []}
+    return {
+        "id": spec.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "prfaas-testbed",
+        "root": spec.name,
+        "parent": None,
+        "max_model_len": spec.max_context_tokens,
+        "permission": [],
+    }
 
 
 async def models(request: web.Request) -> web.Response:
@@ -157,8 +166,12 @@ async def model(request: web.Request) -> web.Response:
     obj = _model_object(request)
     asked = request.match_info["id"]
     if asked != obj["id"]:
-        return error_response(404, f"The model {asked!r} does not exist (this deployment serves {obj['id']!r})",
-                              param="model", code="model_not_found")
+        return error_response(
+            404,
+            f"The model {asked!r} does not exist (this deployment serves {obj['id']!r})",
+            param="model",
+            code="model_not_found",
+        )
     return web.json_response(obj)
 
 
@@ -166,19 +179,42 @@ async def info(request: web.Request) -> web.Response:
     """GET /testbed/info: what a client should know to read its own figures."""
     sc = request.app[STATE].cfg.deployment.scenario
     k = sc.serving.stream_interval
-    return web.json_response({
-        "scenario": sc.name, "model": sc.model.name, "max_model_len": sc.model.max_context_tokens,
-        "speedup": sc.scale.speedup, "byte_scale": sc.scale.byte_scale,
-        "stream_interval": k, "tokens_per_chunk": k,
-        "note": "each streamed chunk carries up to tokens_per_chunk tokens: per-chunk client figures (inter-"
-                "chunk latency) cover that many tokens" if k > 1 else "one token per streamed chunk"})
+    return web.json_response(
+        {
+            "scenario": sc.name,
+            "model": sc.model.name,
+            "max_model_len": sc.model.max_context_tokens,
+            "speedup": sc.scale.speedup,
+            "byte_scale": sc.scale.byte_scale,
+            "stream_interval": k,
+            "tokens_per_chunk": k,
+            "note": "each streamed chunk carries up to tokens_per_chunk tokens: per-chunk client figures (inter-"
+            "chunk latency) cover that many tokens"
+            if k > 1
+            else "one token per streamed chunk",
+        }
+    )
 
 
 # What the OpenAI API has and this server does not emulate: named in the 404, so a client knows
 # it reached a server, just not one with that endpoint.
-NOT_EMULATED = ("/v1/embeddings", "/v1/images", "/v1/audio", "/v1/moderations", "/v1/files", "/v1/uploads",
-                "/v1/batches", "/v1/fine_tuning", "/v1/assistants", "/v1/threads", "/v1/vector_stores",
-                "/v1/realtime", "/v1/evals", "/v1/containers", "/v1/conversations")
+NOT_EMULATED = (
+    "/v1/embeddings",
+    "/v1/images",
+    "/v1/audio",
+    "/v1/moderations",
+    "/v1/files",
+    "/v1/uploads",
+    "/v1/batches",
+    "/v1/fine_tuning",
+    "/v1/assistants",
+    "/v1/threads",
+    "/v1/vector_stores",
+    "/v1/realtime",
+    "/v1/evals",
+    "/v1/containers",
+    "/v1/conversations",
+)
 SERVED = "/v1/completions, /v1/chat/completions, /v1/responses, /v1/models"
 
 
@@ -195,16 +231,24 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
         where = f"{request.method} {request.path}"
         if e.status == 404:
             emulated = not any(request.path.startswith(p) for p in NOT_EMULATED)
-            msg = (f"Invalid URL ({where}); this server answers {SERVED}" if emulated else
-                   f"{where} is not emulated by this testbed; it answers {SERVED}")
+            msg = (
+                f"Invalid URL ({where}); this server answers {SERVED}"
+                if emulated
+                else f"{where} is not emulated by this testbed; it answers {SERVED}"
+            )
             return error_response(404, msg, code="unknown_url" if emulated else "not_emulated")
         if e.status == 405:
             allow = e.headers.get("Allow", "")
-            return error_response(405, f"Method not allowed ({where}); allowed: {allow}",
-                                  code="method_not_allowed", headers={"Allow": allow})
-        return error_response(e.status, f"{where}: {e.reason}", "server_error" if e.status >= 500 else
-                              "invalid_request_error")
-    except Exception as e:      # a bug: still an error body the client can read
+            return error_response(
+                405,
+                f"Method not allowed ({where}); allowed: {allow}",
+                code="method_not_allowed",
+                headers={"Allow": allow},
+            )
+        return error_response(
+            e.status, f"{where}: {e.reason}", "server_error" if e.status >= 500 else "invalid_request_error"
+        )
+    except Exception as e:  # a bug: still an error body the client can read
         log.exception("%s %s failed", request.method, request.path)
         return error_response(500, f"internal error: {type(e).__name__}: {e}", "server_error")
 
@@ -212,6 +256,7 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
 async def version(request: web.Request) -> web.Response:
     """vLLM's /version; the testbed's own version (clients only check that it answers)."""
     from importlib import metadata
+
     try:
         v = metadata.version("prfaas-testbed")
     except metadata.PackageNotFoundError:

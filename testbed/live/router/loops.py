@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 
 from testbed.core.control.bandwidth import ControlSample, ThresholdChange
+from testbed.core.control.longterm import RoleMeter
+from testbed.core.control.longterm import controller_for as longterm_for
 from testbed.core.control.short_term import controller_for
-from testbed.core.control.longterm import RoleMeter, controller_for as longterm_for
 from testbed.live.link_control import LinkControl
 from testbed.live.role_control import RoleControl
 from testbed.live.router.probes import probe_forever
@@ -29,10 +30,13 @@ def start_loops(st: RouterState, series: SeriesWriter, decisions: SeriesWriter) 
     cfg = st.cfg
     sc = cfg.deployment.scenario
     pol = sc.policy
-    tasks = [asyncio.create_task(sample_forever(series, lambda: collect(st), cfg.sample_interval)),
-             asyncio.create_task(probe_forever(st))]
+    tasks = [
+        asyncio.create_task(sample_forever(series, lambda: collect(st), cfg.sample_interval)),
+        asyncio.create_task(probe_forever(st)),
+    ]
     ctl = controller_for(sc, st.threshold, cfg.deployment.inter_dc.rate)
     if ctl is not None:
+
         def applied(sample: ControlSample, change: ThresholdChange | None) -> None:
             st.bandwidth_bps = sample.bandwidth_bps
             if pol.bandwidth_state == "auto":
@@ -44,12 +48,22 @@ def start_loops(st: RouterState, series: SeriesWriter, decisions: SeriesWriter) 
             out, st.tails = st.tails, []
             return out
 
-        loop = LinkControl(cfg.deployment, ctl, st.session, st.recent, series, decisions, pol.bandwidth_aware,
-                           applied, tails, lambda: st.unroutable)
+        loop = LinkControl(
+            cfg.deployment,
+            ctl,
+            st.session,
+            st.recent,
+            series,
+            decisions,
+            pol.bandwidth_aware,
+            applied,
+            tails,
+            lambda: st.unroutable,
+        )
         tasks.append(asyncio.create_task(loop.run()))
     lt = longterm_for(sc, st.threshold, role_planner(sc, cfg.deployment.inter_dc.rate))
     if lt is not None:
-        assert st.history is not None      # the books keep it when the long-term loop is on
+        assert st.history is not None  # the books keep it when the long-term loop is on
         st.unroutable = lt.roles.unroutable()
 
         def roles_applied(unroutable: frozenset[str], threshold: float | None) -> None:
@@ -57,7 +71,17 @@ def start_loops(st: RouterState, series: SeriesWriter, decisions: SeriesWriter) 
             if threshold is not None:
                 st.threshold = threshold
 
-        roles = RoleControl(cfg.deployment, lt, RoleMeter(sc, st.tracker, lt.roles, cfg.scale.speedup), st.session,
-                            st.history, series, decisions, st.health.down, roles_applied, ctl)
+        roles = RoleControl(
+            cfg.deployment,
+            lt,
+            RoleMeter(sc, st.tracker, lt.roles, cfg.scale.speedup),
+            st.session,
+            st.history,
+            series,
+            decisions,
+            st.health.down,
+            roles_applied,
+            ctl,
+        )
         tasks.append(asyncio.create_task(roles.run()))
     return tasks

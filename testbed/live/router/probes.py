@@ -9,13 +9,12 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from testbed.core.router.health import Outcome
+from testbed.core.router.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, Outcome
 from testbed.live.clock import now
-from testbed.core.router.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
 from testbed.live.router.state import STATE, RouterState, outcome_of
 from testbed.live.router.vllm_metrics import KV_GAUGE
 
-SCRAPE_TIMEOUT_S = 1.0     # a decode node's /metrics, read when the router's is scraped
+SCRAPE_TIMEOUT_S = 1.0  # a decode node's /metrics, read when the router's is scraped
 
 
 async def _node_kv_usage(st: RouterState, node: str) -> float | None:

@@ -9,7 +9,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.core.failures import Failure, FailureKind as K
+from testbed.core.failures import Failure
+from testbed.core.failures import FailureKind as K
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import NAN, NO_TRACE_INDEX, RequestRecord
 from testbed.live.openai_api import record_extension
@@ -36,8 +37,16 @@ def record_ext(prog: Progress, tokens: int) -> dict[str, Any]:
 def retry_progress(old: Progress, e: RequestFailed) -> Progress:
     """A fresh attempt's progress after `e`: the client's arrival kept, the failed attempt's
     stages not."""
-    rec = RequestRecord(old.rec.request_id, old.rec.trace_index, old.rec.input_tokens, old.rec.output_tokens,
-                        retries=old.rec.retries + 1, retry_reason=str(e), retry_kind=e.kind.value, retry_node=e.at)
+    rec = RequestRecord(
+        old.rec.request_id,
+        old.rec.trace_index,
+        old.rec.input_tokens,
+        old.rec.output_tokens,
+        retries=old.rec.retries + 1,
+        retry_reason=str(e),
+        retry_kind=e.kind.value,
+        retry_node=e.at,
+    )
     rec.times.router_arrival = old.rec.times.router_arrival
     return Progress(Lifecycle(old.rec.request_id), rec)
 
@@ -48,12 +57,12 @@ class Seen:
 
     arrival: float
     prog: Progress | None = None
-    first: float = NAN          # the first token chunk went out (non-streaming: the response)
+    first: float = NAN  # the first token chunk went out (non-streaming: the response)
     last: float = NAN
     sent: int = 0
-    error: str = ""             # why it ended without a lifecycle verdict (bad request, no capacity)
-    error_kind: K = K.CLIENT_GONE    # its kind
-    rid: str = ""               # the id claimed for it (`RouterState.ids`), released at the end
+    error: str = ""  # why it ended without a lifecycle verdict (bad request, no capacity)
+    error_kind: K = K.CLIENT_GONE  # its kind
+    rid: str = ""  # the id claimed for it (`RouterState.ids`), released at the end
 
 
 def held_record(seen: Seen) -> RequestRecord:

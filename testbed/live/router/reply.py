@@ -22,13 +22,20 @@ def sse_frame(obj: dict[str, Any] | str, event: str | None = None) -> bytes:
     return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
 
 
-def openai_error(message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | int | None = None) -> dict[str, Any]:
+def openai_error(
+    message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                   code: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
+def error_response(
+    status: int,
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     return web.json_response(openai_error(message, type_, param, code), status=status, headers=headers)
 
 
@@ -41,7 +48,7 @@ class Reply:
 
     def __init__(self, req: ParsedRequest, cid: str, model: str) -> None:
         self.req, self.cid, self.model = req, cid, model
-        self.stream: web.StreamResponse | None = None     # open while streaming
+        self.stream: web.StreamResponse | None = None  # open while streaming
 
     async def open(self, request: web.Request) -> None:
         """Start the event stream if the client asked for one (the headers go out now)."""
@@ -90,7 +97,7 @@ class Reply:
             await self._stream_error(error_body(message, ext))
             await self.stream.write_eof()
         except ConnectionError:
-            pass                   # the client has gone; its request is over everywhere already
+            pass  # the client has gone; its request is over everywhere already
         return self.stream
 
 

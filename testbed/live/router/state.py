@@ -12,9 +12,9 @@ import aiohttp
 from aiohttp import web
 
 from testbed.core.failures import Failure, FailureKind
-from testbed.core.router.health import HealthChange, Outcome
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import RequestRecord
+from testbed.core.router.health import HealthChange, Outcome
 from testbed.core.router.request_ids import RequestIds
 from testbed.core.router.router_books import RouterBooks, health_line
 from testbed.live.common import ServiceConfig
@@ -33,13 +33,13 @@ class RouterState(RouterBooks):
     session: aiohttp.ClientSession
     metrics: RouterMetrics
     decisions: SeriesWriter
-    transfer_ids: itertools.count[int] = field(
-        default_factory=lambda: itertools.count(random.getrandbits(24) << 32))
-    held: HeldRecords | None = None       # the deployment is held: the router writes the records
+    transfer_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(random.getrandbits(24) << 32))
+    held: HeldRecords | None = None  # the deployment is held: the router writes the records
     ids: RequestIds = field(default_factory=RequestIds)
 
-    def note_health(self, node: str, outcome: Outcome, now: float, reason: str = "",
-                    probe: bool = False) -> HealthChange | None:
+    def note_health(
+        self, node: str, outcome: Outcome, now: float, reason: str = "", probe: bool = False
+    ) -> HealthChange | None:
         change = super().note_health(node, outcome, now, reason, probe)
         if change is not None:
             log.warning("instance %s is %s: %s", change.node, change.new, change.reason)
@@ -47,12 +47,27 @@ class RouterState(RouterBooks):
         return change
 
 
-def new_state(cfg: ServiceConfig, session: aiohttp.ClientSession, metrics: RouterMetrics,
-              decisions: SeriesWriter, held: HeldRecords | None = None) -> RouterState:
+def new_state(
+    cfg: ServiceConfig,
+    session: aiohttp.ClientSession,
+    metrics: RouterMetrics,
+    decisions: SeriesWriter,
+    held: HeldRecords | None = None,
+) -> RouterState:
     """The state a router starts with for `cfg`'s deployment and scenario."""
     dep = cfg.deployment
-    return RouterState.for_scenario(dep.scenario, dep.threshold, dep.resolved.intra_dc, dep.inter_dc, dep.nodes,
-                                    cfg=cfg, session=session, metrics=metrics, decisions=decisions, held=held)
+    return RouterState.for_scenario(
+        dep.scenario,
+        dep.threshold,
+        dep.resolved.intra_dc,
+        dep.inter_dc,
+        dep.nodes,
+        cfg=cfg,
+        session=session,
+        metrics=metrics,
+        decisions=decisions,
+        held=held,
+    )
 
 
 STATE = web.AppKey("router_state", RouterState)
@@ -64,8 +79,15 @@ class RequestFailed(Exception):
     it answered badly or broke off). `at` is the instance it happened at, for the record: the one
     to blame unless told (a node that refused the request itself is not to blame)."""
 
-    def __init__(self, reason: str, kind: FailureKind, node: str = "", outcome: Outcome = "failed",
-                 retryable: bool = True, at: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        kind: FailureKind,
+        node: str = "",
+        outcome: Outcome = "failed",
+        retryable: bool = True,
+        at: str | None = None,
+    ) -> None:
         super().__init__(reason)
         self.kind, self.node, self.outcome, self.retryable = kind, node, outcome, retryable
         self.at = node if at is None else at

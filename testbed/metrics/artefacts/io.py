@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from testbed.core.errors import UserError
 from testbed.core.finite_json import dumps as finite_dumps
 
-LEGACY_VERSION = 1   # what a file without `schema_version` is
+LEGACY_VERSION = 1  # what a file without `schema_version` is
 
 
 class RunDirError(UserError, ValueError):
@@ -65,8 +65,10 @@ def parse_artefact(raw: Any, model: type[A], where: str) -> A:
     if isinstance(version, bool) or not isinstance(version, int):
         raise RunDirError(f"{where}: schema_version: expected an integer, got {version!r}")
     if version > model.VERSION:
-        raise RunDirError(f"{where}: schema_version {version} is newer than this testbed reads "
-                          f"(up to {model.VERSION}); update the testbed to read it")
+        raise RunDirError(
+            f"{where}: schema_version {version} is newer than this testbed reads "
+            f"(up to {model.VERSION}); update the testbed to read it"
+        )
     data = {**raw, "schema_version": version}
     try:
         # Version 1 differs from 2 only by the missing key: one model reads both.

@@ -29,8 +29,8 @@ RunState = Literal["running", "finished", "interrupted", "failed"]
 
 class ScaleInfo(Section):
     # Required and finite: guessing 1/1 would print wire figures as paper figures.
-    speedup: float = Field(gt=0, allow_inf_nan=False)      # wire time = paper time / speedup
-    byte_scale: float = Field(gt=0, allow_inf_nan=False)   # wire KV bytes = paper bytes / byte_scale
+    speedup: float = Field(gt=0, allow_inf_nan=False)  # wire time = paper time / speedup
+    byte_scale: float = Field(gt=0, allow_inf_nan=False)  # wire KV bytes = paper bytes / byte_scale
 
 
 class ShapedLink(Section):
@@ -65,7 +65,7 @@ class Slo(Section):
 
 class TraceInfo(Section):
     source: str
-    requests: int | None = None   # None: outside clients (`testbed up --hold`)
+    requests: int | None = None  # None: outside clients (`testbed up --hold`)
 
 
 class HoldInfo(Section):
@@ -80,10 +80,10 @@ class SimInfo(Section):
     rebalances: int
     wall_s: float
     simulated_s_paper: float
-    write_s: float | None = None                # of wall_s, writing records and series as the loop ran
-    retries: int | None = None                  # attempts routed again after a failed one
-    live_path: dict[str, Any] | None = None     # what the simulator added for the live path (wire s)
-    mechanisms: str | None = None               # "native" (compiled twins) or "python" (testbed.core.native)
+    write_s: float | None = None  # of wall_s, writing records and series as the loop ran
+    retries: int | None = None  # attempts routed again after a failed one
+    live_path: dict[str, Any] | None = None  # what the simulator added for the live path (wire s)
+    mechanisms: str | None = None  # "native" (compiled twins) or "python" (testbed.core.native)
 
 
 class RunInfo(Artefact):
@@ -97,19 +97,19 @@ class RunInfo(Artefact):
     scenario: str = ""
     policy: str = ""
     backend: str | None = None
-    t0: float | None = None       # None: stopped before anything was sent (no time base)
+    t0: float | None = None  # None: stopped before anything was sent (no time base)
     t_end: float | None = None
     scale: ScaleInfo
     shaping: Shaping = Field(default_factory=Shaping)
-    slo: Slo | None = Field(default_factory=Slo)   # null: no SLOs (goodput is not judged)
+    slo: Slo | None = Field(default_factory=Slo)  # null: no SLOs (goodput is not judged)
     offered_rate: float | None = None
     trace: TraceInfo | None = None
     threshold: float | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     interrupted: bool = False
     state: RunState | None = None  # None: written before version 3
-    pid: int | None = None         # the process that ran it, and where: a `running` file whose
-    host: str | None = None        # process is gone was cut short
+    pid: int | None = None  # the process that ran it, and where: a `running` file whose
+    host: str | None = None  # process is gone was cut short
     hold: HoldInfo | None = None
     sim: SimInfo | None = None
 
@@ -138,6 +138,6 @@ def was_cut_short(info: RunInfo) -> bool:
         os.kill(info.pid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:      # alive, someone else's
+    except PermissionError:  # alive, someone else's
         return False
     return False

@@ -27,7 +27,7 @@ from pydantic import Field
 from testbed.metrics.artefacts.io import Artefact, Section
 
 SUMMARY_VERSION = 4
-LAYOUT = 2   # `schema`: 2 added `validity` and the fidelity section's decode, lag, router and CPU measures
+LAYOUT = 2  # `schema`: 2 added `validity` and the fidelity section's decode, lag, router and CPU measures
 
 
 class RunFacts(Section):
@@ -71,12 +71,12 @@ class Requests(Section):
     """Records with outcome `failed`."""
     pending: int = 0
     """Records with any other outcome (the run stopped before they finished)."""
-    failure_reasons: dict[str, int] = Field(default_factory=dict)   # keyed by reason
+    failure_reasons: dict[str, int] = Field(default_factory=dict)  # keyed by reason
     """`{reason: count}` over failed records (`unknown` when a record gives none)."""
-    failure_kinds: dict[str, int] = Field(default_factory=dict)   # keyed by failure kind
+    failure_kinds: dict[str, int] = Field(default_factory=dict)  # keyed by failure kind
     """`{kind: count}` over failed records, by their `failure_kind` (`unknown` when a record gives none:
     written before records.csv had the column)."""
-    failure_nodes: dict[str, int] = Field(default_factory=dict)   # keyed by instance
+    failure_nodes: dict[str, int] = Field(default_factory=dict)  # keyed by instance
     """`{instance: count}` over failed records that name the instance they failed at (`failure_node`)."""
 
 
@@ -191,7 +191,7 @@ class Cache(Section):
 class ThresholdChange(Section):
     t_s: float
     """When, paper seconds after t0."""
-    old: float | None    # None: the decision did not say (NaN is not JSON)
+    old: float | None  # None: the decision did not say (NaN is not JSON)
     """Threshold before (tokens); `null` when the decision did not say."""
     new: float
     """Threshold after (tokens)."""
@@ -236,7 +236,7 @@ class RoleDecision(Section):
 
 
 class LongTerm(Section):
-    decisions: dict[str, int]   # keyed by action (drain, activate, retune, hold)
+    decisions: dict[str, int]  # keyed by action (drain, activate, retune, hold)
     """Decisions by action (`drain`, `activate`, `retune`, `hold`): count."""
     conversions: int
     """Role conversions completed."""
@@ -361,7 +361,7 @@ class WanLink(Section):
     counters_over_records: float | None = None
     """Interface-counter bytes / KV bytes the records say crossed: a check of both (headers make it slightly
     above 1)."""
-    links: dict[str, WanLinkUsage] = Field(default_factory=dict)   # keyed by `src->dst`
+    links: dict[str, WanLinkUsage] = Field(default_factory=dict)  # keyed by `src->dst`
     """The same figures for every shaped direction, keyed `src->dst`."""
 
 
@@ -467,7 +467,7 @@ class Summary(Artefact):
     """KV egress of the senders whose KV crossed the WAN, from their byte counters."""
     wan_link: WanLink = Field(default_factory=WanLink)
     """WAN link usage from the shaped interfaces' byte counters, against the configured rate."""
-    links: dict[str, LinkCounter] = Field(default_factory=dict)   # keyed by series (`source{label=value}`)
+    links: dict[str, LinkCounter] = Field(default_factory=dict)  # keyed by series (`source{label=value}`)
     """Per byte-counter series (`source` or `source{label=value}`): the same figures as `wan_egress`."""
     fidelity: Fidelity
     """The run's own timing against the service model."""

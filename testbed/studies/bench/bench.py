@@ -21,7 +21,7 @@ from testbed.metrics.records import read_records
 from testbed.run.load import load
 from testbed.run.stoppable import run_stoppable
 
-FIDELITY_RATE = 0.3    # paper req/s: low enough that queues stay empty on the paper deployments
+FIDELITY_RATE = 0.3  # paper req/s: low enough that queues stay empty on the paper deployments
 
 
 def _median(xs: list[float]) -> float:
@@ -46,15 +46,21 @@ def fidelity_figures(sc: Scenario, records: list[RequestRecord]) -> dict[str, An
     med_pre = _median([r.prefill_modelled for r in free])
     bar_pre = 0.02 * med_pre + 0.002
     return {
-        "requests": len(records), "completed": len(done), "queue_free": len(free),
+        "requests": len(records),
+        "completed": len(done),
+        "queue_free": len(free),
         "wire_step_s": step,
-        "prefill_abs_err_median_s": _median(pre_err), "prefill_rel_err_median": _median(pre_rel),
-        "prefill_modelled_median_s": med_pre, "prefill_bar_s": bar_pre,
+        "prefill_abs_err_median_s": _median(pre_err),
+        "prefill_rel_err_median": _median(pre_rel),
+        "prefill_modelled_median_s": med_pre,
+        "prefill_bar_s": bar_pre,
         "prefill_pass": _median(pre_err) < bar_pre,
-        "ttft_ratio_median": _median(ratio), "ttft_ratio_mean": statistics.fmean(ratio) if ratio else math.nan,
+        "ttft_ratio_median": _median(ratio),
+        "ttft_ratio_mean": statistics.fmean(ratio) if ratio else math.nan,
         "ttft_ratio_p90_abs_dev": sorted(abs(x - 1) for x in ratio)[int(0.9 * (len(ratio) - 1))] if ratio else math.nan,
         "ttft_pass": bool(ratio) and abs(_median(ratio) - 1) < 0.05,
-        "transfer_tail_median_s": _median(tails), "ttft_overhead_median_s": _median(overhead),
+        "transfer_tail_median_s": _median(tails),
+        "ttft_overhead_median_s": _median(overhead),
     }
 
 
@@ -72,15 +78,23 @@ def fidelity(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(fig, indent=1))
     else:
-        print(f"timing fidelity on {sc.name}, {fig['queue_free']} queue-free of {fig['completed']} completed "
-              f"requests (wire units, speedup {sc.scale.speedup:g}):")
-        print(f"  prefill |measured - modelled| median {fig['prefill_abs_err_median_s'] * 1e3:.2f} ms "
-              f"({fig['prefill_rel_err_median'] * 100:.2f}%), bar 2% + 2 ms = {fig['prefill_bar_s'] * 1e3:.2f} ms "
-              f"-> {'PASS' if fig['prefill_pass'] else 'FAIL'}")
-        print(f"  TTFT measured / (modelled prefill + tail + first step) median {fig['ttft_ratio_median']:.4f}, "
-              f"mean {fig['ttft_ratio_mean']:.4f}, bar within 5% -> {'PASS' if fig['ttft_pass'] else 'FAIL'}")
-        print(f"  transfer tail median {fig['transfer_tail_median_s'] * 1e3:.2f} ms; TTFT overhead over the model "
-              f"median {fig['ttft_overhead_median_s'] * 1e3:.2f} ms")
+        print(
+            f"timing fidelity on {sc.name}, {fig['queue_free']} queue-free of {fig['completed']} completed "
+            f"requests (wire units, speedup {sc.scale.speedup:g}):"
+        )
+        print(
+            f"  prefill |measured - modelled| median {fig['prefill_abs_err_median_s'] * 1e3:.2f} ms "
+            f"({fig['prefill_rel_err_median'] * 100:.2f}%), bar 2% + 2 ms = {fig['prefill_bar_s'] * 1e3:.2f} ms "
+            f"-> {'PASS' if fig['prefill_pass'] else 'FAIL'}"
+        )
+        print(
+            f"  TTFT measured / (modelled prefill + tail + first step) median {fig['ttft_ratio_median']:.4f}, "
+            f"mean {fig['ttft_ratio_mean']:.4f}, bar within 5% -> {'PASS' if fig['ttft_pass'] else 'FAIL'}"
+        )
+        print(
+            f"  transfer tail median {fig['transfer_tail_median_s'] * 1e3:.2f} ms; TTFT overhead over the model "
+            f"median {fig['ttft_overhead_median_s'] * 1e3:.2f} ms"
+        )
         print(f"  run: {res.run_dir}")
     return 0 if fig["prefill_pass"] and fig["ttft_pass"] else 1
 
@@ -118,15 +132,22 @@ async def kv_loopback_once(nbytes: int, connections: int, chunk_bytes: int, laye
 def kv(args: argparse.Namespace) -> int:
     runs = [asyncio.run(kv_loopback_once(args.bytes, args.connections, args.chunk_bytes)) for _ in range(args.runs)]
     rate, cpu = _median([r for r, _ in runs]), _median([c for _, c in runs])
-    fig = {"bytes": args.bytes, "connections": args.connections, "chunk_bytes": args.chunk_bytes,
-           "runs": [{"GBps": r / 1e9, "cpu_s_per_GB": c} for r, c in runs],
-           "GBps_median": rate / 1e9, "cpu_s_per_GB_median": cpu}
+    fig = {
+        "bytes": args.bytes,
+        "connections": args.connections,
+        "chunk_bytes": args.chunk_bytes,
+        "runs": [{"GBps": r / 1e9, "cpu_s_per_GB": c} for r, c in runs],
+        "GBps_median": rate / 1e9,
+        "cpu_s_per_GB_median": cpu,
+    }
     if args.json:
         print(json.dumps(fig, indent=1))
     else:
-        print(f"KV loopback: {args.bytes / 1e9:g} GB over {args.connections} connections in "
-              f"{args.chunk_bytes // 1024} KiB chunks, {args.runs} runs: median {rate / 1e9:.3f} GB/s, "
-              f"{cpu:.3f} CPU s per GB (sender and receiver together)")
+        print(
+            f"KV loopback: {args.bytes / 1e9:g} GB over {args.connections} connections in "
+            f"{args.chunk_bytes // 1024} KiB chunks, {args.runs} runs: median {rate / 1e9:.3f} GB/s, "
+            f"{cpu:.3f} CPU s per GB (sender and receiver together)"
+        )
     return 0
 
 
@@ -142,10 +163,10 @@ def live_path(args: argparse.Namespace) -> int:
     from datetime import datetime as dt
 
     from testbed.config.live_path import save_host_costs
+    from testbed.config.overrides import overrides_for, set_path
     from testbed.core.schema.live_path import DRAWN, quantiles
     from testbed.deploy import registry
     from testbed.metrics.live_path import live_path_figures
-    from testbed.config.overrides import overrides_for, set_path
     from testbed.run.runner import run_replay_async
     from testbed.traces.loader import load_trace, trace_from_workload
 
@@ -153,13 +174,15 @@ def live_path(args: argparse.Namespace) -> int:
         dirs = [Path(r) for r in args.from_runs]
         backend = "recorded"
         parts = [live_path_figures(d) for d in dirs]
-        out = Path(args.out) if args.out else dirs[0]     # written beside the first run unless told
+        out = Path(args.out) if args.out else dirs[0]  # written beside the first run unless told
         out.mkdir(parents=True, exist_ok=True)
     else:
         backend, warning = registry.pick_backend(args.backend)
         if registry.get(backend).caps.simulator:
-            print("bench live-path: the simulator has no live path to measure; give an emulating --backend",
-                  file=sys.stderr)
+            print(
+                "bench live-path: the simulator has no live path to measure; give an emulating --backend",
+                file=sys.stderr,
+            )
             return 2
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
@@ -167,8 +190,11 @@ def live_path(args: argparse.Namespace) -> int:
         if args.trace is None:
             set_path(over, {}, "workload", {**LIVE_PATH_PROBE["workload"], "requests": args.requests or 120})
         rs = load(args.scenario, over)
-        trace = (trace_from_workload(rs.spec.workload) if args.trace is None else
-                 load_trace(args.trace, window=args.window, limit=args.requests))
+        trace = (
+            trace_from_workload(rs.spec.workload)
+            if args.trace is None
+            else load_trace(args.trace, window=args.window, limit=args.requests)
+        )
         out = Path(args.out or f"runs/bench-live-path-{dt.now():%Y%m%d-%H%M%S}")
         res = run_stoppable(run_replay_async(rs, trace, out, backend, report=False))
         parts = [live_path_figures(res.run_dir)]
@@ -176,7 +202,7 @@ def live_path(args: argparse.Namespace) -> int:
     stalls = sum(r["stalls"] for r in runs)
     decoding = sum(r["decoding_s"] for r in runs)
     fig: dict[str, Any] = {}
-    for k in DRAWN:         # every run's requests together
+    for k in DRAWN:  # every run's requests together
         xs = [x for r in runs for x in r["samples"][k]]
         fig[k] = statistics.fmean(xs) if xs else 0.0
     qs = {k: list(quantiles([x for r in runs for x in r["samples"][k]])) for k in DRAWN}
@@ -185,8 +211,15 @@ def live_path(args: argparse.Namespace) -> int:
         r.pop("samples")
     fig["stall_rate_per_s"] = stalls / decoding if decoding > 0 else 0.0
     fig["stall_s"] = sum(r["lost_s"] for r in runs) / stalls if stalls else 0.0
-    fig.update({"host": socket.gethostname(), "measured": dt.now().isoformat(timespec="seconds"),
-                "backend": backend, "scenario": args.scenario, "runs": runs})
+    fig.update(
+        {
+            "host": socket.gethostname(),
+            "measured": dt.now().isoformat(timespec="seconds"),
+            "backend": backend,
+            "scenario": args.scenario,
+            "runs": runs,
+        }
+    )
     (out / "live-path.json").write_text(json.dumps(fig, indent=1) + "\n")
     saved = None if args.no_save else save_host_costs(fig)
     if args.json:
@@ -194,27 +227,41 @@ def live_path(args: argparse.Namespace) -> int:
     else:
         print(f"live path on {fig['host']} ({backend}, {sum(r['requests'] for r in runs)} requests; wire units):")
         q = fig["quantiles"]
-        print("  " + ", ".join(f"{k[:-2]} mean {fig[k] * 1e3:.2f} ms (P50 {q[k][10] * 1e3:.2f}, P90 {q[k][18] * 1e3:.2f})"
-                               for k in DRAWN if q.get(k)))
-        print(f"  decode loop stalls {fig['stall_rate_per_s']:.3f} per decoding second, {fig['stall_s'] * 1e3:.2f} ms "
-              f"lost each ({stalls} over {decoding:.1f} s)")
-        print(f"  figures: {out / 'live-path.json'}" + (f"; this host's, for sim.live_path: host: {saved}" if saved else ""))
+        print(
+            "  "
+            + ", ".join(
+                f"{k[:-2]} mean {fig[k] * 1e3:.2f} ms (P50 {q[k][10] * 1e3:.2f}, P90 {q[k][18] * 1e3:.2f})"
+                for k in DRAWN
+                if q.get(k)
+            )
+        )
+        print(
+            f"  decode loop stalls {fig['stall_rate_per_s']:.3f} per decoding second, {fig['stall_s'] * 1e3:.2f} ms "
+            f"lost each ({stalls} over {decoding:.1f} s)"
+        )
+        print(
+            f"  figures: {out / 'live-path.json'}"
+            + (f"; this host's, for sim.live_path: host: {saved}" if saved else "")
+        )
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
     if args.out is not None and not (args.which == "live-path" and args.from_runs):
-        run_lock.acquire(args.out, args.overwrite)      # this command's until it returns
+        run_lock.acquire(args.out, args.overwrite)  # this command's until it returns
     if args.which == "live-path":
         return live_path(args)
     if args.which == "sim":
         from testbed.studies.bench.sim_bench import bench_sim
+
         return bench_sim(args)
     if args.which == "sim-faults":
         from testbed.studies.bench.sim_bench import bench_sim_faults
+
         return bench_sim_faults(args)
     if args.which == "peers":
         from testbed.studies.crosscheck.peer_bench import bench_peers
+
         return bench_peers(args)
     if args.which == "kv":
         return kv(args)
@@ -222,23 +269,36 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    b = sub.add_parser("bench", help="benchmarks that print figures (fidelity: the emulator's timing; kv: loopback "
-                                     "KV transport throughput; sim: the simulator's speed and scale; live-path: what "
-                                     "the emulator's live path costs on this host, for the simulator; sim-faults: faults at 10,000 GPUs, "
-                                     "with and without the control loop; peers: replay --backend sim against Dynamo's mocker, whole job)")
-    b.add_argument("which", choices=["fidelity", "kv", "sim", "sim-faults", "live-path", "peers"], help="which benchmark")
+    b = sub.add_parser(
+        "bench",
+        help="benchmarks that print figures (fidelity: the emulator's timing; kv: loopback "
+        "KV transport throughput; sim: the simulator's speed and scale; live-path: what "
+        "the emulator's live path costs on this host, for the simulator; sim-faults: faults at 10,000 GPUs, "
+        "with and without the control loop; peers: replay --backend sim against Dynamo's mocker, whole job)",
+    )
+    b.add_argument(
+        "which", choices=["fidelity", "kv", "sim", "sim-faults", "live-path", "peers"], help="which benchmark"
+    )
     b.add_argument("--scenario", action=StoreOnce, default="paper-prfaas", help="fidelity, live-path: the scenario")
-    b.add_argument("--requests", type=int, help="fidelity: requests to replay (default 40); live-path: of the "
-                                                  "probe workload (default 120) or the first of --trace; peers: only "
-                                                  "the trace's first N (default: all; the surrogate has 12,000)")
+    b.add_argument(
+        "--requests",
+        type=int,
+        help="fidelity: requests to replay (default 40); live-path: of the "
+        "probe workload (default 120) or the first of --trace; peers: only "
+        "the trace's first N (default: all; the surrogate has 12,000)",
+    )
     b.add_argument("--seed", type=int, default=1, help="sim, peers: seed of the generated traces")
     b.add_argument("--repeats", type=int, default=3, help="peers: interleaved runs of each (medians)")
     b.add_argument("--cpu", type=int, help="peers: the CPU every run is pinned to (default: the last one)")
-    b.add_argument("--peer-config", choices=("native", "matched", "defaults"), default="native",
-                   help="peers: what the mocker is given. native (default): the testbed's timing tables, its own "
-                        "vLLM scheduler defaults (as crosscheck --peer-scheduler native); matched: the same tables, "
-                        "prefill workers one whole prompt at a time (crosscheck's default); defaults: nothing but the "
-                        "worker roles (its own timing model, as `run_mocker_trace_replay` runs by default)")
+    b.add_argument(
+        "--peer-config",
+        choices=("native", "matched", "defaults"),
+        default="native",
+        help="peers: what the mocker is given. native (default): the testbed's timing tables, its own "
+        "vLLM scheduler defaults (as crosscheck --peer-scheduler native); matched: the same tables, "
+        "prefill workers one whole prompt at a time (crosscheck's default); defaults: nothing but the "
+        "worker roles (its own timing model, as `run_mocker_trace_replay` runs by default)",
+    )
     b.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory")
     add_overwrite(b)
     b.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -247,17 +307,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b.add_argument("--chunk-bytes", type=int, default=256 * 1024, help="kv: chunk size")
     b.add_argument("--runs", type=int, default=5, help="kv: transfers to take the median of")
     from testbed.deploy import registry
-    b.add_argument("--backend", action=StoreOnce, **registry.backend_option(registry.emulates, lead="live-path: the backend"))
-    b.add_argument("--from", dest="from_runs", action="append", metavar="RUN",
-                   help="live-path: take the figures from these emulated runs instead of a new one (repeatable)")
+
+    b.add_argument(
+        "--backend", action=StoreOnce, **registry.backend_option(registry.emulates, lead="live-path: the backend")
+    )
+    b.add_argument(
+        "--from",
+        dest="from_runs",
+        action="append",
+        metavar="RUN",
+        help="live-path: take the figures from these emulated runs instead of a new one (repeatable)",
+    )
     b.add_argument("--no-save", action="store_true", help="live-path: do not keep the figures as this host's")
     from testbed.traces.trace_command import WINDOW_HELP, window_arg
-    b.add_argument("--trace", action=StoreOnce, help="live-path: replay this trace (best: a part of the one the "
-                                                     "simulator is to predict, at its load) instead of the probe workload; "
-                                                     "peers: a Mooncake trace to replay instead of the one-hour "
-                                                     "conversation surrogate")
-    b.add_argument("--window", action=StoreOnce, type=window_arg, metavar="START:END",
-                   help=f"live-path: the part of --trace to replay: {WINDOW_HELP}")
-    b.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="live-path: override a scenario field (repeatable)")
+
+    b.add_argument(
+        "--trace",
+        action=StoreOnce,
+        help="live-path: replay this trace (best: a part of the one the "
+        "simulator is to predict, at its load) instead of the probe workload; "
+        "peers: a Mooncake trace to replay instead of the one-hour "
+        "conversation surrogate",
+    )
+    b.add_argument(
+        "--window",
+        action=StoreOnce,
+        type=window_arg,
+        metavar="START:END",
+        help=f"live-path: the part of --trace to replay: {WINDOW_HELP}",
+    )
+    b.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="live-path: override a scenario field (repeatable)",
+    )
     b.set_defaults(func=_bench)

@@ -33,7 +33,7 @@ from testbed.traces.types import Trace
 if TYPE_CHECKING:
     from testbed.model.analytical import Workload
 
-SLO_SLACK = 1.01        # the testbed's own timing error (see metrics.summary.SLO_TIMING_TOLERANCE)
+SLO_SLACK = 1.01  # the testbed's own timing error (see metrics.summary.SLO_TIMING_TOLERANCE)
 # The mock decode step does not slow with load, so TPOT moves only with timer lateness (a few
 # percent on a busy 2-core machine); decode saturation shows up as growing waits instead.
 TPOT_SLACK = 1.05
@@ -58,7 +58,7 @@ class Probe:
 @dataclass
 class CapacityResult:
     scenario: str
-    lambda_max: float | None           # largest stable rate probed (paper req/s)
+    lambda_max: float | None  # largest stable rate probed (paper req/s)
     lowest_unstable: float | None
     model_lambda_max: float | None
     ttft_slo_s: float
@@ -66,8 +66,14 @@ class CapacityResult:
     probes: list[Probe] = field(default_factory=list)
 
 
-def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_slo: float,
-          growth_limit: float, growth_s: float | None = None) -> tuple[bool, list[str], dict[str, float | None]]:
+def judge(
+    records: list[RequestRecord],
+    speedup: float,
+    ttft_slo: float,
+    tpot_slo: float,
+    growth_limit: float,
+    growth_s: float | None = None,
+) -> tuple[bool, list[str], dict[str, float | None]]:
     """Stable and within SLOs? Figures in paper seconds. Waiting may grow by `growth_s` paper
     seconds (default `growth_limit` x the TTFT SLO) from the first to the last third."""
     done = [r for r in records if r.outcome == "completed"]
@@ -85,14 +91,21 @@ def judge(records: list[RequestRecord], speedup: float, ttft_slo: float, tpot_sl
     third = len(by_arrival) // 3
     first = last = None
     if third >= 5:
+
         def wait(r: RequestRecord) -> float:
             return (r.ttft - r.prefill_modelled) * speedup
+
         first = statistics.fmean(wait(r) for r in by_arrival[:third])
         last = statistics.fmean(wait(r) for r in by_arrival[-third:])
         if last - first > (growth_s if growth_s is not None else growth_limit * ttft_slo):
             reasons.append(f"waiting grows: {first:.2f} s -> {last:.2f} s from the first to the last third")
-    figures = {"ttft_mean_s": statistics.fmean(ttft) if ttft else None, "ttft_p90_s": p90_ttft,
-               "tpot_p90_s": p90_tpot, "wait_first_s": first, "wait_last_s": last}
+    figures = {
+        "ttft_mean_s": statistics.fmean(ttft) if ttft else None,
+        "ttft_p90_s": p90_ttft,
+        "tpot_p90_s": p90_tpot,
+        "wait_first_s": first,
+        "wait_last_s": last,
+    }
     return not reasons, reasons, figures
 
 
@@ -109,8 +122,16 @@ def workload_at(rs: ResolvedScenario, rate: float, trace: Trace | None = None) -
 INVALID_RERUNS = 2
 
 
-async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, growth_limit: float,
-                 ttft_slo: float, growth_s: float | None = None, trace: Trace | None = None) -> Probe:
+async def _probe(
+    rs: ResolvedScenario,
+    rate: float,
+    out: Path,
+    backend: str,
+    growth_limit: float,
+    ttft_slo: float,
+    growth_s: float | None = None,
+    trace: Trace | None = None,
+) -> Probe:
     from testbed.run.runner import run_replay_async
 
     sc = rs.spec
@@ -122,8 +143,9 @@ async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, gro
         run_dir = out / (f"rate-{rate:.3f}" + (f"-rerun{attempt}" if attempt else ""))
         # A simulated probe takes a fraction of a second; its report's plots would take seconds
         # more (its summary.json is written, and `testbed report` renders the rest on demand).
-        res = await run_replay_async(rs_r, tr, run_dir, backend,
-                                     name=f"{sc.name} @ {rate:.3f} req/s", report=not is_simulated(backend))
+        res = await run_replay_async(
+            rs_r, tr, run_dir, backend, name=f"{sc.name} @ {rate:.3f} req/s", report=not is_simulated(backend)
+        )
         if res.interrupted or res.summary.valid:
             break
     recs = read_records(run_dir / "records.csv")
@@ -133,12 +155,23 @@ async def _probe(rs: ResolvedScenario, rate: float, out: Path, backend: str, gro
     if res.interrupted:
         ok, reasons = False, reasons + ["interrupted"]
     thr = res.summary.throughput.completed_rps_paper
-    return Probe(rate, str(run_dir), ok, reasons, sum(r.outcome == "completed" for r in recs), len(recs),
-                 fig["ttft_mean_s"], fig["ttft_p90_s"], fig["tpot_p90_s"], fig["wait_first_s"],
-                 fig["wait_last_s"], thr)
+    return Probe(
+        rate,
+        str(run_dir),
+        ok,
+        reasons,
+        sum(r.outcome == "completed" for r in recs),
+        len(recs),
+        fig["ttft_mean_s"],
+        fig["ttft_p90_s"],
+        fig["tpot_p90_s"],
+        fig["wait_first_s"],
+        fig["wait_last_s"],
+        thr,
+    )
 
 
-def trace_workload(sc: Scenario, trace: Trace | None) -> "Workload | None":
+def trace_workload(sc: Scenario, trace: Trace | None) -> Workload | None:
     """The analytical model's workload for `trace` (its lengths and reuse, as `testbed model --trace`
     and `testbed plan` read it), or None for the scenario's own synthetic one."""
     if trace is None:
@@ -161,9 +194,19 @@ def model_lambda(sc: Scenario, link_bps: float = 100e9, trace: Trace | None = No
         return None
 
 
-async def search(rs: ResolvedScenario, out: Path, backend: str, lo: float, hi: float, probes: int,
-                 growth_limit: float, ttft_slo: float, verbose: bool = True,
-                 growth_s: float | None = None, trace: Trace | None = None) -> CapacityResult:
+async def search(
+    rs: ResolvedScenario,
+    out: Path,
+    backend: str,
+    lo: float,
+    hi: float,
+    probes: int,
+    growth_limit: float,
+    ttft_slo: float,
+    verbose: bool = True,
+    growth_s: float | None = None,
+    trace: Trace | None = None,
+) -> CapacityResult:
     """Bisection: `lo` should be stable and `hi` unstable; each is checked, and widened (halved or
     doubled) if it is not, before the interval is halved `probes` times in all. Each probe
     replays the scenario's workload, or `trace`, at its rate."""
@@ -173,14 +216,19 @@ async def search(rs: ResolvedScenario, out: Path, backend: str, lo: float, hi: f
     async def run(rate: float) -> bool:
         if verbose:
             from testbed.run.run_progress import StepTicker
+
             with StepTicker(f"  probe {len(res.probes) + 1} of {probes}: {sc.name} at {rate:.3f} req/s"):
                 p = await _probe(rs, rate, out, backend, growth_limit, ttft_slo, growth_s, trace)
         else:
             p = await _probe(rs, rate, out, backend, growth_limit, ttft_slo, growth_s, trace)
         res.probes.append(p)
         if verbose:
-            print(f"  {rate:.3f} req/s: {'stable' if p.stable else 'UNSTABLE'}"
-                  + (f" ({'; '.join(p.reasons)})" if p.reasons else ""), file=sys.stderr, flush=True)
+            print(
+                f"  {rate:.3f} req/s: {'stable' if p.stable else 'UNSTABLE'}"
+                + (f" ({'; '.join(p.reasons)})" if p.reasons else ""),
+                file=sys.stderr,
+                flush=True,
+            )
         return p.stable
 
     used = 1
@@ -213,17 +261,24 @@ async def search(rs: ResolvedScenario, out: Path, backend: str, lo: float, hi: f
 
 def write_outputs(res: CapacityResult, out: Path) -> None:
     (out / "capacity.json").write_text(json.dumps(asdict(res), indent=1))
-    lines = [f"# Capacity of {res.scenario}", "",
-             f"Measured Lambda_max: **{_f(res.lambda_max)} req/s** (largest stable probe; lowest unstable "
-             f"{_f(res.lowest_unstable)}). Analytical model: {_f(res.model_lambda_max)} req/s.", "",
-             f"Stable means: every request completed, P90 TPOT <= {res.tpot_slo_s * 1e3:.1f} ms, P90 TTFT <= "
-             f"{res.ttft_slo_s:g} s, and waiting did not grow from the first to the last third of arrivals.", "",
-             "| rate (req/s) | verdict | completed | TTFT mean / P90 (s) | TPOT P90 (ms) | wait first -> last third (s) | why |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Capacity of {res.scenario}",
+        "",
+        f"Measured Lambda_max: **{_f(res.lambda_max)} req/s** (largest stable probe; lowest unstable "
+        f"{_f(res.lowest_unstable)}). Analytical model: {_f(res.model_lambda_max)} req/s.",
+        "",
+        f"Stable means: every request completed, P90 TPOT <= {res.tpot_slo_s * 1e3:.1f} ms, P90 TTFT <= "
+        f"{res.ttft_slo_s:g} s, and waiting did not grow from the first to the last third of arrivals.",
+        "",
+        "| rate (req/s) | verdict | completed | TTFT mean / P90 (s) | TPOT P90 (ms) | wait first -> last third (s) | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for p in sorted(res.probes, key=lambda p: p.rate):
-        lines.append(f"| {p.rate:.3f} | {'stable' if p.stable else 'unstable'} | {p.completed}/{p.total} | "
-                     f"{_f(p.ttft_mean_s)} / {_f(p.ttft_p90_s)} | {_f(None if p.tpot_p90_s is None else p.tpot_p90_s * 1e3)} | "
-                     f"{_f(p.wait_first_s)} -> {_f(p.wait_last_s)} | {'; '.join(p.reasons)} |")
+        lines.append(
+            f"| {p.rate:.3f} | {'stable' if p.stable else 'unstable'} | {p.completed}/{p.total} | "
+            f"{_f(p.ttft_mean_s)} / {_f(p.ttft_p90_s)} | {_f(None if p.tpot_p90_s is None else p.tpot_p90_s * 1e3)} | "
+            f"{_f(p.wait_first_s)} -> {_f(p.wait_last_s)} | {'; '.join(p.reasons)} |"
+        )
     (out / "capacity.md").write_text("\n".join(lines) + "\n")
 
 

@@ -14,44 +14,85 @@ from testbed.config import run_lock
 from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
-from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
 from testbed.run.load import load
-from testbed.studies.capacity.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
 from testbed.run.run_args import add_run_args, run_overrides, trace_for, warn_if_planned
 from testbed.run.stoppable import run_stoppable
+from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
+from testbed.studies.capacity.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
 from testbed.traces.types import Trace
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("capacity", help="measure Lambda_max by emulation, or simulation with --backend sim "
-                                        "(bisection over offered rates); with several scenarios, the paper's "
-                                        "Table 6")
-    p.add_argument("--scenario", action="append", required=True,
-                   help="scenario (repeatable: several give table6.md with the model beside the measurements)")
-    p.add_argument("--backend", action=StoreOnce,
-                   **registry.backend_option(lead="where every probe runs (sim: seconds instead of minutes)"))
-    add_run_args(p, rate=False, requests_default=240,
-                 requests_help="requests per probe (default 240; with --trace, its first N after --window and --sample)")
+    p = sub.add_parser(
+        "capacity",
+        help="measure Lambda_max by emulation, or simulation with --backend sim "
+        "(bisection over offered rates); with several scenarios, the paper's "
+        "Table 6",
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        required=True,
+        help="scenario (repeatable: several give table6.md with the model beside the measurements)",
+    )
+    p.add_argument(
+        "--backend",
+        action=StoreOnce,
+        **registry.backend_option(lead="where every probe runs (sim: seconds instead of minutes)"),
+    )
+    add_run_args(
+        p,
+        rate=False,
+        requests_default=240,
+        requests_help="requests per probe (default 240; with --trace, its first N after --window and --sample)",
+    )
     p.add_argument("--lo", type=float, help="a rate expected to be stable (default 0.6 x the model's Lambda_max)")
     p.add_argument("--hi", type=float, help="a rate expected to be unstable (default 1.3 x the model's Lambda_max)")
     p.add_argument("--probes", type=int, default=6, help="replays in all (default 6)")
     p.add_argument("--ttft-slo", type=float, help="P90 TTFT SLO in paper seconds (default: the scenario's slo.ttft_s)")
-    p.add_argument("--growth-limit", type=float, default=0.25,
-                   help="unstable when mean wait grows by more than this fraction of the TTFT SLO (default 0.25)")
-    p.add_argument("--wait-growth", type=float, metavar="S",
-                   help="unstable when mean wait grows by more than S paper seconds (overrides --growth-limit; "
-                        f"default with several scenarios: {2.5:g})")
-    p.add_argument("--common-rate", type=float, metavar="R",
-                   help="several scenarios: offered load of the TTFT comparison (default 0.75 x the lowest measured "
-                        "Lambda_max)")
-    p.add_argument("--table-only", action="store_true",
-                   help="several scenarios: rewrite table6.md from the run directories already under --out")
-    p.add_argument("--spread", type=float, default=0.25,
-                   help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a scenario field, e.g. --set scale.speedup=2 (repeatable)")
-    p.add_argument("--out", action=StoreOnce, type=out_dir,
-                   help="output directory (default runs/<time>-capacity-<scenario>, or runs/<time>-table6)")
+    p.add_argument(
+        "--growth-limit",
+        type=float,
+        default=0.25,
+        help="unstable when mean wait grows by more than this fraction of the TTFT SLO (default 0.25)",
+    )
+    p.add_argument(
+        "--wait-growth",
+        type=float,
+        metavar="S",
+        help="unstable when mean wait grows by more than S paper seconds (overrides --growth-limit; "
+        f"default with several scenarios: {2.5:g})",
+    )
+    p.add_argument(
+        "--common-rate",
+        type=float,
+        metavar="R",
+        help="several scenarios: offered load of the TTFT comparison (default 0.75 x the lowest measured Lambda_max)",
+    )
+    p.add_argument(
+        "--table-only",
+        action="store_true",
+        help="several scenarios: rewrite table6.md from the run directories already under --out",
+    )
+    p.add_argument(
+        "--spread",
+        type=float,
+        default=0.25,
+        help="several scenarios: bisection between (1 - spread) and (1 + spread) x the model's Lambda_max",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a scenario field, e.g. --set scale.speedup=2 (repeatable)",
+    )
+    p.add_argument(
+        "--out",
+        action=StoreOnce,
+        type=out_dir,
+        help="output directory (default runs/<time>-capacity-<scenario>, or runs/<time>-table6)",
+    )
     add_overwrite(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of Markdown")
     p.set_defaults(func=cmd_capacity)
@@ -80,13 +121,28 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     lo = args.lo or (0.6 * model if model else 1.0)
     hi = args.hi or (1.3 * model if model else 4.0)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-capacity-{sc.name}"
-    run_lock.acquire(out, args.overwrite)       # this command's until it returns
+    run_lock.acquire(out, args.overwrite)  # this command's until it returns
     ttft_slo = args.ttft_slo or sc.slo.ttft_s
-    print(f"capacity of {sc.name}: bisection in [{lo:.3f}, {hi:.3f}] req/s, {args.probes} probes of "
-          f"{n} requests{'' if trace is None else ' of ' + trace.source}, backend {backend} -> {out}", file=sys.stderr)
+    print(
+        f"capacity of {sc.name}: bisection in [{lo:.3f}, {hi:.3f}] req/s, {args.probes} probes of "
+        f"{n} requests{'' if trace is None else ' of ' + trace.source}, backend {backend} -> {out}",
+        file=sys.stderr,
+    )
     try:
-        res = run_stoppable(search(rs, out, backend, lo, hi, args.probes, args.growth_limit, ttft_slo,
-                                 growth_s=args.wait_growth, trace=trace))
+        res = run_stoppable(
+            search(
+                rs,
+                out,
+                backend,
+                lo,
+                hi,
+                args.probes,
+                args.growth_limit,
+                ttft_slo,
+                growth_s=args.wait_growth,
+                trace=trace,
+            )
+        )
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -98,15 +154,17 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], backend: str,
-               trace: Trace | None) -> int:
+def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], backend: str, trace: Trace | None) -> int:
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-table6"
     run_lock.acquire(out, args.overwrite)
     ttft_slo = args.ttft_slo or max(rs.spec.slo.ttft_s for rs in scenarios)
     growth = args.wait_growth if args.wait_growth is not None else DEFAULT_GROWTH_S
-    print(f"Table 6 by {'simulation' if registry.is_simulated(backend) else 'emulation'}: {', '.join(rs.name for rs in scenarios)}; "
-          f"{args.probes} probes of {args.requests if trace is None else len(trace)} "
-          f"requests each, backend {backend} -> {out}", file=sys.stderr)
+    print(
+        f"Table 6 by {'simulation' if registry.is_simulated(backend) else 'emulation'}: {', '.join(rs.name for rs in scenarios)}; "
+        f"{args.probes} probes of {args.requests if trace is None else len(trace)} "
+        f"requests each, backend {backend} -> {out}",
+        file=sys.stderr,
+    )
     if args.table_only:
         try:
             deps = rebuild_table(scenarios, out, ttft_slo, growth)
@@ -116,8 +174,9 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], back
         _show(out / "table6.md")
         return 0
     try:
-        deps = run_stoppable(run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate,
-                                     args.spread, trace))
+        deps = run_stoppable(
+            run_table(scenarios, out, backend, args.probes, ttft_slo, growth, args.common_rate, args.spread, trace)
+        )
     except KeyboardInterrupt:
         print(f"interrupted: probes so far kept under {out}", file=sys.stderr)
         return 130

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
@@ -32,11 +33,17 @@ from testbed.metrics.artefacts import Summary
 from testbed.metrics.records import read_records
 from testbed.metrics.stats import percentile
 from testbed.studies.capacity.capacity import (
-    CapacityResult, Probe, model_lambda, search, trace_workload, workload_at, write_outputs,
+    CapacityResult,
+    Probe,
+    model_lambda,
+    search,
+    trace_workload,
+    workload_at,
+    write_outputs,
 )
 from testbed.traces.types import Trace
 
-DEFAULT_GROWTH_S = 2.5        # paper seconds of growth in mean wait that marks a probe unstable
+DEFAULT_GROWTH_S = 2.5  # paper seconds of growth in mean wait that marks a probe unstable
 
 
 @dataclass
@@ -53,17 +60,17 @@ class TableRow:
     scenario: str
     policy: str
     threshold: float | None
-    instances: str                         # N_prfaas / N_p / N_d
+    instances: str  # N_prfaas / N_p / N_d
     capacity: CapacityResult
-    model: dict[str, Any]                  # the analytical ModelResult as a dict
+    model: dict[str, Any]  # the analytical ModelResult as a dict
     theta_prfaas: float | None = None
     theta_prfaas_compute: float | None = None
     theta_prfaas_link: float | None = None
     theta_pdp: float | None = None
     theta_pdd: float | None = None
-    offload_share: float | None = None     # share prefilled in PrfaaS over every probe's requests
-    stage_lambda: float | None = None      # min(Theta/p, Theta/(1-p), Theta_pdd) with the measured Thetas
-    wan_mean_bps: float | None = None      # counters, arrival window, at the highest stable probe
+    offload_share: float | None = None  # share prefilled in PrfaaS over every probe's requests
+    stage_lambda: float | None = None  # min(Theta/p, Theta/(1-p), Theta_pdd) with the measured Thetas
+    wan_mean_bps: float | None = None  # counters, arrival window, at the highest stable probe
     wan_records_bps: float | None = None
     common_rate: float | None = None
     ttft_mean_s: float | None = None
@@ -74,7 +81,7 @@ class TableRow:
     batch_mean: float | None = None
     bs_max: int | None = None
     waits_unstable: list[StageWaits] = field(default_factory=list)
-    theta_modelled: dict[str, float | None] = field(default_factory=dict)   # N / mean modelled prefill time
+    theta_modelled: dict[str, float | None] = field(default_factory=dict)  # N / mean modelled prefill time
     mean_input: float | None = None
     explanation: str = ""
 
@@ -133,8 +140,12 @@ def stage_waits(records: Sequence[RequestRecord], speedup: float, kinds: dict[st
         return []
     parts = {"first": done[:third], "last": done[-third:]}
     stages: dict[str, Any] = {
-        "PrfaaS prefill queue": lambda r: r.times.prefill_start - r.times.prefill_queued if kinds.get(r.prefill_cluster) == "prfaas" else math.nan,
-        "PD-P prefill queue": lambda r: r.times.prefill_start - r.times.prefill_queued if kinds.get(r.prefill_cluster) == "pd" else math.nan,
+        "PrfaaS prefill queue": lambda r: (
+            r.times.prefill_start - r.times.prefill_queued if kinds.get(r.prefill_cluster) == "prfaas" else math.nan
+        ),
+        "PD-P prefill queue": lambda r: (
+            r.times.prefill_start - r.times.prefill_queued if kinds.get(r.prefill_cluster) == "pd" else math.nan
+        ),
         "KV transfer tail": lambda r: r.times.transfer_end - r.times.prefill_end,
         "decode admission": lambda r: r.times.decode_admitted - r.times.transfer_end,
     }
@@ -171,14 +182,15 @@ def _summary(run_dir: Path) -> Summary | None:
 
     try:
         return read_summary(run_dir / "summary.json")
-    except ValueError:      # missing or malformed: the table leaves its cells empty
+    except ValueError:  # missing or malformed: the table leaves its cells empty
         return None
 
 
 def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: float) -> TableRow:
     n_pf, n_p, n_d = _counts(sc)
-    dep = TableRow(sc.name, sc.policy.name, model.get("threshold"), f"{n_pf or '-'} / {n_p or '-'} / {n_d or '-'}",
-                     cap, model)
+    dep = TableRow(
+        sc.name, sc.policy.name, model.get("threshold"), f"{n_pf or '-'} / {n_p or '-'} / {n_d or '-'}", cap, model
+    )
     kinds: dict[str, str] = {c.name: c.kind for c in sc.clusters}
     records = [r for p in cap.probes for r in read_records(Path(p.run_dir) / "records.csv")]
     th = measured_thetas(sc, records, link_bps)
@@ -209,7 +221,9 @@ def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: 
         if s is not None:
             dep.wan_mean_bps, dep.wan_records_bps = s.wan_link.mean_bps_paper, s.wan_link.records_bps_paper
         recs = read_records(run_dir / "records.csv")
-        tails = [(r.times.transfer_end - r.times.prefill_end) * sc.scale.speedup for r in recs if r.outcome == "completed"]
+        tails = [
+            (r.times.transfer_end - r.times.prefill_end) * sc.scale.speedup for r in recs if r.outcome == "completed"
+        ]
         dep.tail_mean_s, dep.tail_p90_s = _mean(tails), percentile([x for x in tails if math.isfinite(x)], 90)
         dep.batch_mean = _batch_mean(run_dir, recs)
     hw = [sc.hardware[c.hardware].decode for c in sc.clusters if c.kind == "pd" and c.decode]
@@ -240,7 +254,8 @@ def explain(dep: TableRow, best: Probe | None, low: Probe | None) -> str:
             f"The model's bottleneck is {bn}; with the service times these runs measured (Θ_{bn} {meas:.2f} vs "
             f"{model_theta:.2f} req/s) and this sample's offload share ({(dep.offload_share or 0):.1%} vs the "
             f"distribution's {m['p']:.1%}), the stage bound is {dep.stage_lambda:.2f} req/s "
-            f"({_pct(dep.stage_lambda, m['lambda_max'])}).")
+            f"({_pct(dep.stage_lambda, m['lambda_max'])})."
+        )
         modelled = dep.theta_modelled.get(bn)
         if modelled:
             out.append(
@@ -248,49 +263,82 @@ def explain(dep: TableRow, best: Probe | None, low: Probe | None) -> str:
                 f"N / mean modelled prefill time, {modelled:.2f}); the rest is the service model: the paper's "
                 f"formula evaluates T at the stage's mean length, while requests take T(l) each and T grows faster "
                 f"than linearly in l, so N / E[T(L)] < N / T(E[L])"
-                + (f", on this sample's lengths (mean input {dep.mean_input / 1000:.1f}K)." if dep.mean_input else "."))
+                + (f", on this sample's lengths (mean input {dep.mean_input / 1000:.1f}K)." if dep.mean_input else ".")
+            )
         if lam < dep.stage_lambda:
-            out.append(f"The remaining {_pct(lam, dep.stage_lambda)} is what queueing costs: bursty Poisson arrivals "
-                       f"and skewed lengths make waits grow before a stage reaches its fluid limit.")
+            out.append(
+                f"The remaining {_pct(lam, dep.stage_lambda)} is what queueing costs: bursty Poisson arrivals "
+                f"and skewed lengths make waits grow before a stage reaches its fluid limit."
+            )
         else:
-            out.append("No queueing loss shows at the bisection's resolution: the lowest unstable probe was "
-                       f"{_f(dep.capacity.lowest_unstable)} req/s.")
+            out.append(
+                "No queueing loss shows at the bisection's resolution: the lowest unstable probe was "
+                f"{_f(dep.capacity.lowest_unstable)} req/s."
+            )
     if low is not None:
         grown = sorted(dep.waits_unstable, key=lambda w: w.last - w.first, reverse=True)
         if grown and grown[0].last - grown[0].first > 0.05:
             g = grown[0]
             rest = ", ".join(f"{w.stage} {w.first:.2f} -> {w.last:.2f} s" for w in grown[1:])
-            out.append(f"At {low.rate:.2f} req/s (unstable: {'; '.join(low.reasons)}) the {g.stage} wait grew from "
-                       f"{g.first:.2f} to {g.last:.2f} s between the first and last third of arrivals ({rest}).")
+            out.append(
+                f"At {low.rate:.2f} req/s (unstable: {'; '.join(low.reasons)}) the {g.stage} wait grew from "
+                f"{g.first:.2f} to {g.last:.2f} s between the first and last third of arrivals ({rest})."
+            )
         else:
             out.append(f"At {low.rate:.2f} req/s the probe was unstable: {'; '.join(low.reasons)}.")
     if dep.tail_mean_s is not None and best is not None:
-        out.append(f"KV transfer tail at {best.rate:.2f} req/s: mean {dep.tail_mean_s * 1e3:.0f} ms, P90 "
-                   f"{(dep.tail_p90_s or 0) * 1e3:.0f} ms (the model's mean tail: {m['kv_tail_mean_s'] * 1e3:.0f} ms).")
+        out.append(
+            f"KV transfer tail at {best.rate:.2f} req/s: mean {dep.tail_mean_s * 1e3:.0f} ms, P90 "
+            f"{(dep.tail_p90_s or 0) * 1e3:.0f} ms (the model's mean tail: {m['kv_tail_mean_s'] * 1e3:.0f} ms)."
+        )
     if dep.batch_mean is not None and dep.bs_max:
-        out.append(f"Decode batches held {dep.batch_mean:.1f} of BS_max {dep.bs_max} sequences on average "
-                   f"({dep.batch_mean / dep.bs_max:.0%}).")
+        out.append(
+            f"Decode batches held {dep.batch_mean:.1f} of BS_max {dep.bs_max} sequences on average "
+            f"({dep.batch_mean / dep.bs_max:.0%})."
+        )
     return " ".join(out)
 
 
-async def run_table(scenarios: Sequence[ResolvedScenario], out: Path, backend: str, probes: int, ttft_slo: float,
-                    growth_s: float, common_rate: float | None, spread: float = 0.25,
-                    trace: Trace | None = None) -> list[TableRow]:
+async def run_table(
+    scenarios: Sequence[ResolvedScenario],
+    out: Path,
+    backend: str,
+    probes: int,
+    ttft_slo: float,
+    growth_s: float,
+    common_rate: float | None,
+    spread: float = 0.25,
+    trace: Trace | None = None,
+) -> list[TableRow]:
     from testbed.model.analytical import evaluate
     from testbed.run.runner import run_replay_async
 
     deps: list[TableRow] = []
     for rs in scenarios:
         sc, link_bps = rs.spec, rs.inter_dc.rate
-        model = evaluate(sc, link_bps=link_bps, threshold=_model_threshold(rs),
-                         workload=trace_workload(sc, trace)).to_dict()
+        model = evaluate(
+            sc, link_bps=link_bps, threshold=_model_threshold(rs), workload=trace_workload(sc, trace)
+        ).to_dict()
         lam = model_lambda(sc, link_bps, trace) or 1.0
         d = out / sc.name
         d.mkdir(parents=True, exist_ok=True)
-        print(f"{sc.name}: model Λ_max {lam:.2f} req/s; bisection in [{(1 - spread) * lam:.2f}, "
-              f"{(1 + spread) * lam:.2f}]", flush=True)
-        cap = await search(rs, d, backend, (1 - spread) * lam, (1 + spread) * lam, probes, 0.25, ttft_slo,
-                           growth_s=growth_s, trace=trace)
+        print(
+            f"{sc.name}: model Λ_max {lam:.2f} req/s; bisection in [{(1 - spread) * lam:.2f}, "
+            f"{(1 + spread) * lam:.2f}]",
+            flush=True,
+        )
+        cap = await search(
+            rs,
+            d,
+            backend,
+            (1 - spread) * lam,
+            (1 + spread) * lam,
+            probes,
+            0.25,
+            ttft_slo,
+            growth_s=growth_s,
+            trace=trace,
+        )
         write_outputs(cap, d)
         deps.append(analyse(sc, cap, model, link_bps))
     lams = [x.capacity.lambda_max for x in deps if x.capacity.lambda_max]
@@ -300,8 +348,7 @@ async def run_table(scenarios: Sequence[ResolvedScenario], out: Path, backend: s
             rs_r, tr = workload_at(rs, rate, trace)
             run_dir = out / rs.name / f"common-{rate:.3f}"
             print(f"{rs.name}: common load {rate:.3f} req/s", flush=True)
-            res = await run_replay_async(rs_r, tr, run_dir, backend,
-                                         name=f"{rs.name} @ {rate:.3f} req/s")
+            res = await run_replay_async(rs_r, tr, run_dir, backend, name=f"{rs.name} @ {rate:.3f} req/s")
             dep.common_rate, dep.common_run = rate, str(run_dir)
             dep.ttft_mean_s, dep.ttft_p90_s = res.summary.ttft_s.mean, res.summary.ttft_s.p90
     write_table(deps, out, ttft_slo, growth_s)
@@ -318,8 +365,7 @@ def load_capacity(path: Path) -> CapacityResult:
     return CapacityResult(**d, probes=probes)
 
 
-def rebuild_table(scenarios: Sequence[ResolvedScenario], out: Path, ttft_slo: float,
-                  growth_s: float) -> list[TableRow]:
+def rebuild_table(scenarios: Sequence[ResolvedScenario], out: Path, ttft_slo: float, growth_s: float) -> list[TableRow]:
     """table6.md again from the run directories a previous `run_table` left (no replays)."""
     from testbed.model.analytical import evaluate
 
@@ -375,9 +421,14 @@ def write_table(deps: Sequence[TableRow], out: Path, ttft_slo: float, growth_s: 
     rows: list[tuple[str, list[str]]] = [
         ("threshold t", [_f(None if d.threshold is None else d.threshold / 1000, "{:.1f}K") for d in deps]),
         ("N_prfaas / N_p / N_d", [d.instances for d in deps]),
-        ("mean / P90 TTFT at the common load, measured (s)", [f"{_f(d.ttft_mean_s)} / {_f(d.ttft_p90_s)}" for d in deps]),
-        ("mean / P90 TTFT, model (queue-free, s)", [f"{d.model['ttft_mean_s']:.2f} / {d.model['ttft_p90_s']:.2f}"
-                                                    for d in deps]),
+        (
+            "mean / P90 TTFT at the common load, measured (s)",
+            [f"{_f(d.ttft_mean_s)} / {_f(d.ttft_p90_s)}" for d in deps],
+        ),
+        (
+            "mean / P90 TTFT, model (queue-free, s)",
+            [f"{d.model['ttft_mean_s']:.2f} / {d.model['ttft_p90_s']:.2f}" for d in deps],
+        ),
         ("Θ_prfaas / Θ_pdp / Θ_pdd, measured (req/s)", [thetas(d) for d in deps]),
         ("Θ_prfaas / Θ_pdp / Θ_pdd, model (req/s)", [model_thetas(d) for d in deps]),
         ("Λ_max, measured (req/s)", [_f(d.capacity.lambda_max) for d in deps]),
@@ -386,20 +437,27 @@ def write_table(deps: Sequence[TableRow], out: Path, ttft_slo: float, growth_s: 
         ("stage bound from measured Θ and sample (req/s)", [_f(d.stage_lambda) for d in deps]),
         (f"relative to {base.scenario}, measured (model)", [rel(d) for d in deps]),
         ("offload share, measured (model)", [f"{_f(d.offload_share, '{:.1%}')} ({d.model['p']:.1%})" for d in deps]),
-        ("WAN usage at measured Λ_max, counters (Gbit/s)", [_f(None if d.wan_mean_bps is None else d.wan_mean_bps / 1e9,
-                                                              "{:.1f}") for d in deps]),
+        (
+            "WAN usage at measured Λ_max, counters (Gbit/s)",
+            [_f(None if d.wan_mean_bps is None else d.wan_mean_bps / 1e9, "{:.1f}") for d in deps],
+        ),
         ("PrfaaS egress at Λ_max, model (Gbit/s)", [f"{d.model['egress_bps'] / 1e9:.1f}" for d in deps]),
     ]
     common = {d.common_rate for d in deps}
     simulated = is_simulated(_backend(deps))
-    lines = [f"# Table 6 by {'simulation' if simulated else 'emulation'}", "",
-             "Measured by `testbed capacity` (bisection over offered rates; each probe a full "
-             f"{'simulated replay, `--backend sim`' if simulated else 'replay'}) on the "
-             "paper's synthetic workload; model figures from `testbed model` beside them.", "",
-             f"Stable means: every request completed, P90 TPOT within the decode SLO (40 tokens/s, 5% timer "
-             f"allowance), P90 TTFT <= {ttft_slo:g} s (stated SLO; the model's queue-free P90 of homogeneous PD "
-             f"is already {base.model['ttft_p90_s']:.1f} s), and the mean wait grew by at most {growth_s:g} s from "
-             f"the first to the last third of arrivals.", ""]
+    lines = [
+        f"# Table 6 by {'simulation' if simulated else 'emulation'}",
+        "",
+        "Measured by `testbed capacity` (bisection over offered rates; each probe a full "
+        f"{'simulated replay, `--backend sim`' if simulated else 'replay'}) on the "
+        "paper's synthetic workload; model figures from `testbed model` beside them.",
+        "",
+        f"Stable means: every request completed, P90 TPOT within the decode SLO (40 tokens/s, 5% timer "
+        f"allowance), P90 TTFT <= {ttft_slo:g} s (stated SLO; the model's queue-free P90 of homogeneous PD "
+        f"is already {base.model['ttft_p90_s']:.1f} s), and the mean wait grew by at most {growth_s:g} s from "
+        f"the first to the last third of arrivals.",
+        "",
+    ]
     if len(common) == 1 and None not in common:
         lines += [f"Common load for TTFT: {common.pop():.3f} req/s.", ""]
     lines.append("| metric | " + " | ".join(d.scenario for d in deps) + " |")
@@ -409,9 +467,14 @@ def write_table(deps: Sequence[TableRow], out: Path, ttft_slo: float, growth_s: 
     lines += [f"- **{d.scenario}**: {d.explanation}" for d in deps]
     lines += ["", "## Probes", ""]
     for d in deps:
-        lines.append(f"- {d.scenario}: " + ", ".join(f"{p.rate:.3f} {'stable' if p.stable else 'unstable'}"
-                                                     for p in sorted(d.capacity.probes, key=lambda p: p.rate))
-                     + f" (`{d.scenario}/capacity.md`)")
+        lines.append(
+            f"- {d.scenario}: "
+            + ", ".join(
+                f"{p.rate:.3f} {'stable' if p.stable else 'unstable'}"
+                for p in sorted(d.capacity.probes, key=lambda p: p.rate)
+            )
+            + f" (`{d.scenario}/capacity.md`)"
+        )
     path = out / "table6.md"
     path.write_text("\n".join(lines) + "\n")
     (out / "table6.json").write_text(json.dumps([asdict(d) for d in deps], indent=1, default=str))

@@ -20,47 +20,83 @@ from pathlib import Path
 from testbed.config import run_lock
 from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.resolved import ResolvedScenario
-from testbed.model.errors import ModelError
 from testbed.core.errors import UserError
 from testbed.deploy import registry
 from testbed.metrics.artefacts import Summary
-from testbed.studies.crosscheck.crosscheck_explain import Side
-from testbed.studies.crosscheck.crosscheck_table import Crosscheck, compare
+from testbed.model.errors import ModelError
 from testbed.run.run_args import add_run_args, run_overrides, trace_for
 from testbed.run.stoppable import run_stoppable
+from testbed.studies.crosscheck.crosscheck_explain import Side
+from testbed.studies.crosscheck.crosscheck_table import Crosscheck, compare
 from testbed.traces.types import Trace
+
 
 class CrosscheckError(UserError, ValueError):
     """Unusable input: the message names the run directory or file."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("crosscheck", help="model, simulation and emulation of one workload side by side, each "
-                                          "difference against a tolerance and explained from the records")
-    p.add_argument("--scenario", action="append", required=True, metavar="NAME",
-                   help="scenario name or path (repeatable: one crosscheck each, DIR/<scenario>/)")
+    p = sub.add_parser(
+        "crosscheck",
+        help="model, simulation and emulation of one workload side by side, each "
+        "difference against a tolerance and explained from the records",
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        required=True,
+        metavar="NAME",
+        help="scenario name or path (repeatable: one crosscheck each, DIR/<scenario>/)",
+    )
     add_run_args(p)
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)")
-    p.add_argument("--backend", action=StoreOnce, **registry.backend_option(registry.emulates, lead="the emulation's backend"))
-    p.add_argument("--out", action=StoreOnce, type=out_dir, help="output directory (default runs/crosscheck-<scenario>)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a scenario field, e.g. --set scale.speedup=8 (repeatable)",
+    )
+    p.add_argument(
+        "--backend", action=StoreOnce, **registry.backend_option(registry.emulates, lead="the emulation's backend")
+    )
+    p.add_argument(
+        "--out", action=StoreOnce, type=out_dir, help="output directory (default runs/crosscheck-<scenario>)"
+    )
     add_overwrite(p)
     p.add_argument("--skip-emulation", action="store_true", help="compare model and simulation only")
-    p.add_argument("--emulated", type=Path, metavar="RUN",
-                   help="reuse a recorded emulation instead of running one: its run directory, or with several "
-                        "scenarios the directory holding RUN/<scenario>/ (as `replay --compare` writes)")
+    p.add_argument(
+        "--emulated",
+        type=Path,
+        metavar="RUN",
+        help="reuse a recorded emulation instead of running one: its run directory, or with several "
+        "scenarios the directory holding RUN/<scenario>/ (as `replay --compare` writes)",
+    )
     p.add_argument("--check", action="store_true", help="exit 1 when a judged metric is outside its tolerance")
-    p.add_argument("--peer", action=StoreOnce, choices=("dynamo",),
-                   help="instead of an emulation, replay the same trace in a peer simulator with the same worker "
-                        "counts and timing tables and set both side by side (dynamo: NVIDIA Dynamo's mocker, the "
-                        "optional `peer` extra); writes DIR/sim/, DIR/dynamo/ and peer-crosscheck.md")
-    p.add_argument("--peer-scheduler", action=StoreOnce, choices=("matched", "native"), default="matched",
-                   help="with --peer dynamo: matched (default) makes its prefill workers compute one whole prompt "
-                        "at a time as the testbed's do; native keeps its vLLM scheduler defaults (chunked prefill, "
-                        "batched prompts)")
-    p.add_argument("--peer-router", action=StoreOnce, choices=("kv", "load"), default="kv",
-                   help="with --peer dynamo: kv (default) is its KV router as shipped, which sends a request where its "
-                        "prefix is cached; load gives cached blocks no credit, placing by load alone")
+    p.add_argument(
+        "--peer",
+        action=StoreOnce,
+        choices=("dynamo",),
+        help="instead of an emulation, replay the same trace in a peer simulator with the same worker "
+        "counts and timing tables and set both side by side (dynamo: NVIDIA Dynamo's mocker, the "
+        "optional `peer` extra); writes DIR/sim/, DIR/dynamo/ and peer-crosscheck.md",
+    )
+    p.add_argument(
+        "--peer-scheduler",
+        action=StoreOnce,
+        choices=("matched", "native"),
+        default="matched",
+        help="with --peer dynamo: matched (default) makes its prefill workers compute one whole prompt "
+        "at a time as the testbed's do; native keeps its vLLM scheduler defaults (chunked prefill, "
+        "batched prompts)",
+    )
+    p.add_argument(
+        "--peer-router",
+        action=StoreOnce,
+        choices=("kv", "load"),
+        default="kv",
+        help="with --peer dynamo: kv (default) is its KV router as shipped, which sends a request where its "
+        "prefix is cached; load gives cached blocks no credit, placing by load alone",
+    )
     p.add_argument("--json", action="store_true", help="print crosscheck.json instead of tables")
     p.set_defaults(func=cmd_crosscheck)
 
@@ -81,14 +117,19 @@ def model_figures(rs: ResolvedScenario, trace: Trace, from_trace: bool) -> tuple
     per_request = r.p * r.kv_long_bytes
     figures: dict[str, float | None] = {
         "throughput": min(rate, r.lambda_max) if 0 < rate < math.inf else None,
-        "ttft_mean": r.ttft_mean_s, "ttft_p90": r.ttft_p90_s, "offload_ratio": r.p,
-        "wan_bytes_total": per_request * len(trace), "wan_bytes_per_request": per_request,
+        "ttft_mean": r.ttft_mean_s,
+        "ttft_p90": r.ttft_p90_s,
+        "offload_ratio": r.p,
+        "wan_bytes_total": per_request * len(trace),
+        "wan_bytes_per_request": per_request,
         "transfer_tail": r.kv_tail_mean_s,
     }
-    note = (f"Model: the analytical model (`testbed model`) on {'the trace' if from_trace else 'the scenario'}'s length "
-            f"distribution, not this sample: queue-free, so its TTFT is the prefill time alone and its throughput "
-            f"min(offered rate, Λ_max = {r.lambda_max:.2f} req/s); it predicts no TPOT, queue wait or transfer "
-            "duration.")
+    note = (
+        f"Model: the analytical model (`testbed model`) on {'the trace' if from_trace else 'the scenario'}'s length "
+        f"distribution, not this sample: queue-free, so its TTFT is the prefill time alone and its throughput "
+        f"min(offered rate, Λ_max = {r.lambda_max:.2f} req/s); it predicts no TPOT, queue wait or transfer "
+        "duration."
+    )
     return figures, note
 
 
@@ -97,8 +138,11 @@ def emulated_dir(given: Path, scenario: str, several: bool) -> Path:
         return given
     d = given / scenario
     if not (d / "run.json").is_file():
-        raise CrosscheckError(f"--emulated {given}: no run directory " + (f"{given} or " if not several else "")
-                              + f"{d} (run.json missing)")
+        raise CrosscheckError(
+            f"--emulated {given}: no run directory "
+            + (f"{given} or " if not several else "")
+            + f"{d} (run.json missing)"
+        )
     return d
 
 
@@ -115,19 +159,25 @@ def check_same_workload(run_dir: Path, rs: ResolvedScenario, trace: Trace, side:
     for k in ("speedup", "byte_scale"):
         want, got = getattr(rs.scale, k), getattr(meta.scale, k)
         if got != want:
-            raise CrosscheckError(f"{where}: field 'scale.{k}': {got!r}, the simulation's is {want:g}; give "
-                                  f"--set scale.{k}={got:g} to simulate the same")
+            raise CrosscheckError(
+                f"{where}: field 'scale.{k}': {got!r}, the simulation's is {want:g}; give "
+                f"--set scale.{k}={got:g} to simulate the same"
+            )
     recs = {r.trace_index: r for r in side.records}
     if len(side.records) != len(trace):
-        raise CrosscheckError(f"{run_dir / 'records.csv'}: {len(side.records)} requests, this workload has "
-                              f"{len(trace)}: give the options the emulated run was made with (--requests, --rate, "
-                              "--trace, --set workload.*)")
+        raise CrosscheckError(
+            f"{run_dir / 'records.csv'}: {len(side.records)} requests, this workload has "
+            f"{len(trace)}: give the options the emulated run was made with (--requests, --rate, "
+            "--trace, --set workload.*)"
+        )
     for i, tr in enumerate(trace):
         r = recs.get(i)
         if r is None or (r.input_tokens, r.output_tokens) != (tr.input_tokens, tr.output_tokens):
             got = "none" if r is None else f"{r.input_tokens}/{r.output_tokens}"
-            raise CrosscheckError(f"{run_dir / 'records.csv'}: request {i} ({tr.request_id}) has input/output tokens "
-                                  f"{got}, this workload's {tr.input_tokens}/{tr.output_tokens}: not the same workload")
+            raise CrosscheckError(
+                f"{run_dir / 'records.csv'}: request {i} ({tr.request_id}) has input/output tokens "
+                f"{got}, this workload's {tr.input_tokens}/{tr.output_tokens}: not the same workload"
+            )
     offered = meta.offered_rate
     if offered is not None and trace.rate < math.inf and not math.isclose(offered, trace.rate, rel_tol=1e-6):
         raise CrosscheckError(f"{where}: field 'offered_rate': {offered:g} req/s, this workload's {trace.rate:g}")
@@ -139,12 +189,14 @@ def _side(label: str, run_dir: Path, summary: Summary | None = None) -> Side:
     return Side(label, str(run_dir), summary if summary is not None else summarize(run_dir), load_records(run_dir))
 
 
-def crosscheck_one(rs: ResolvedScenario, trace: Trace, out: Path, args: argparse.Namespace, several: bool) -> Crosscheck:
-    from testbed.studies.crosscheck.crosscheck_report import write
+def crosscheck_one(
+    rs: ResolvedScenario, trace: Trace, out: Path, args: argparse.Namespace, several: bool
+) -> Crosscheck:
     from testbed.run.replay_command import _run_one
     from testbed.run.runner import run_sim
+    from testbed.studies.crosscheck.crosscheck_report import write
 
-    show = not args.json          # a bar on a terminal, plain lines in a log (testbed.run.run_progress)
+    show = not args.json  # a bar on a terminal, plain lines in a log (testbed.run.run_progress)
     emu: Side | None = None
     if args.emulated is not None:
         d = emulated_dir(args.emulated, rs.name, several)
@@ -155,8 +207,11 @@ def crosscheck_one(rs: ResolvedScenario, trace: Trace, out: Path, args: argparse
     res = run_sim(rs, trace, out / "sim")
     sim = _side("sim", out / "sim", res.summary)
     if emu is None and not args.skip_emulation:
-        print(f"emulating the same on the {args.backend} backend (speedup {sc.scale.speedup:g}, byte_scale "
-              f"{sc.scale.byte_scale:g}) -> {out / 'emulation'}", file=sys.stderr)
+        print(
+            f"emulating the same on the {args.backend} backend (speedup {sc.scale.speedup:g}, byte_scale "
+            f"{sc.scale.byte_scale:g}) -> {out / 'emulation'}",
+            file=sys.stderr,
+        )
         r = run_stoppable(_run_one(rs, trace, out / "emulation", args.backend, show))
         emu = _side("emulation", out / "emulation", r.summary)
     model, note = model_figures(rs, trace, args.trace is not None)
@@ -166,15 +221,17 @@ def crosscheck_one(rs: ResolvedScenario, trace: Trace, out: Path, args: argparse
 
 
 def cmd_crosscheck(args: argparse.Namespace) -> int:
-    from testbed.studies.crosscheck.crosscheck_report import print_table, write
     from testbed.run.load import load
+    from testbed.studies.crosscheck.crosscheck_report import print_table, write
 
     if args.peer is not None:
         return cmd_peer(args)
 
     if args.skip_emulation and (args.emulated is not None or args.check):
-        print("crosscheck: --skip-emulation compares model and simulation only; it takes neither --emulated nor "
-              "--check", file=sys.stderr)
+        print(
+            "crosscheck: --skip-emulation compares model and simulation only; it takes neither --emulated nor --check",
+            file=sys.stderr,
+        )
         return 2
     emulate = args.emulated is None and not args.skip_emulation
     warning = None
@@ -183,7 +240,7 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     names: list[str] = list(dict.fromkeys(args.scenario))
     several = len(names) > 1
     scenarios = [load(n, run_overrides(args, n)) for n in names]
-    for backend in ("sim", args.backend) if emulate else ("sim",):      # crosscheck always simulates
+    for backend in ("sim", args.backend) if emulate else ("sim",):  # crosscheck always simulates
         registry.refuse_unhonoured(backend, scenarios)
     if emulate:
         registry.check_host(args.backend)
@@ -191,7 +248,7 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     base: Path = args.out or Path("runs") / f"crosscheck-{'-'.join(rs.name for rs in scenarios)}"
-    run_lock.acquire(base, args.overwrite)      # this command's until it returns
+    run_lock.acquire(base, args.overwrite)  # this command's until it returns
     checks: list[Crosscheck] = []
     try:
         for rs in scenarios:
@@ -220,8 +277,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
     from testbed.studies.crosscheck.peer_check import check_peer, print_table, run_peer_check
 
     if args.emulated is not None or args.skip_emulation or args.backend not in (None, registry.AUTO):
-        print("crosscheck: --peer runs no emulation; it takes none of --emulated, --skip-emulation, --backend",
-              file=sys.stderr)
+        print(
+            "crosscheck: --peer runs no emulation; it takes none of --emulated, --skip-emulation, --backend",
+            file=sys.stderr,
+        )
         return 2
     names: list[str] = list(dict.fromkeys(args.scenario))
     if len(names) > 1:
@@ -243,7 +302,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
         print_table(c)
         print(f"report: {out / 'peer-crosscheck.md'}")
     if args.check and c.outside:
-        print(f"crosscheck --check: outside ±10%: " + "; ".join(f"{r.label} {r.cells['diff']}" for r in c.outside),
-              file=sys.stderr)
+        print(
+            "crosscheck --check: outside ±10%: " + "; ".join(f"{r.label} {r.cells['diff']}" for r in c.outside),
+            file=sys.stderr,
+        )
         return 1
     return 0

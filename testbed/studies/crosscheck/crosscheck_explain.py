@@ -6,8 +6,9 @@ against the emulation's decode timing, and so on."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from testbed.core.record import RequestRecord
 from testbed.metrics.artefacts import Summary
@@ -91,12 +92,14 @@ def _gb(x: float) -> str:
 
 def fidelity_text(side: Side) -> str:
     f = side.summary.fidelity
-    return (f"prefill timing error {_opt(f.prefill_rel_err_median, '{:.1%}')} (median), decode steps late "
-            f"{_opt(f.decode_step_late_share, '{:.1%}')}, token delivery lag P90 "
-            f"{_opt(f.token_lag_p90_s_paper, '{:.3f} s')}, router overhead P90 "
-            f"{_opt(f.router_overhead_p90_s_paper, '{:.3f} s')}, host CPU busy "
-            f"{_opt(f.cpu_busy_mean, '{:.0%}')} (saturated {_opt(f.cpu_saturated_share, '{:.0%}')} "
-            "of the run)")
+    return (
+        f"prefill timing error {_opt(f.prefill_rel_err_median, '{:.1%}')} (median), decode steps late "
+        f"{_opt(f.decode_step_late_share, '{:.1%}')}, token delivery lag P90 "
+        f"{_opt(f.token_lag_p90_s_paper, '{:.3f} s')}, router overhead P90 "
+        f"{_opt(f.router_overhead_p90_s_paper, '{:.3f} s')}, host CPU busy "
+        f"{_opt(f.cpu_busy_mean, '{:.0%}')} (saturated {_opt(f.cpu_saturated_share, '{:.0%}')} "
+        "of the run)"
+    )
 
 
 def ttft_text(d: st.Decomposition | None, over: str) -> str:
@@ -104,10 +107,14 @@ def ttft_text(d: st.Decomposition | None, over: str) -> str:
         return f"No request completed in both runs to decompose {over}."
     ranked = sorted(d.stages, key=lambda s: -abs(s.diff))
     parts = ", ".join(f"{st.STAGE_NAMES[s.stage]} {_dt(s.diff)}" for s in ranked if abs(s.diff) >= 5e-4)
-    lead = "; ".join(f"{st.STAGE_NAMES[s.stage]} ({d.share(s):.0%}: {s.a:.3f} s simulated, {s.b:.3f} s emulated)"
-                     for s in d.leading())
-    return (f"Over {over} ({d.n} requests), simulated minus emulated TTFT is {_dt(d.total)} per request; by stage "
-            f"{parts or 'none above 0.5 ms'}. Most of it: {lead}.")
+    lead = "; ".join(
+        f"{st.STAGE_NAMES[s.stage]} ({d.share(s):.0%}: {s.a:.3f} s simulated, {s.b:.3f} s emulated)"
+        for s in d.leading()
+    )
+    return (
+        f"Over {over} ({d.n} requests), simulated minus emulated TTFT is {_dt(d.total)} per request; by stage "
+        f"{parts or 'none above 0.5 ms'}. Most of it: {lead}."
+    )
 
 
 def _ttft(band: tuple[float, float] | None, over: str) -> Callable[[Context], str]:
@@ -117,10 +124,12 @@ def _ttft(band: tuple[float, float] | None, over: str) -> Callable[[Context], st
 def _tpot(c: Context) -> str:
     med = st.median_paired(c.pairing.pairs, lambda r: r.tpot, c.a.speedup, c.b.speedup)
     f = c.emu.summary.fidelity
-    return (f"Per request, simulated minus emulated TPOT has median {_opt(None if med is None else med * 1e3, '{:+.2f} ms')}"
-            f"; the simulator's TPOT is the modelled decode step, while the emulation's decode steps fell "
-            f"{_opt(f.decode_step_late_share, '{:.1%}')} behind the model and its token delivery lag P90 "
-            f"was {_opt(f.token_lag_p90_s_paper, '{:.3f} s')}.")
+    return (
+        f"Per request, simulated minus emulated TPOT has median {_opt(None if med is None else med * 1e3, '{:+.2f} ms')}"
+        f"; the simulator's TPOT is the modelled decode step, while the emulation's decode steps fell "
+        f"{_opt(f.decode_step_late_share, '{:.1%}')} behind the model and its token delivery lag P90 "
+        f"was {_opt(f.token_lag_p90_s_paper, '{:.3f} s')}."
+    )
 
 
 def _lengths(recs: Sequence[RequestRecord]) -> str:
@@ -139,41 +148,53 @@ def _thresholds(run: st.RunRecords) -> str:
 
 def _offload(c: Context) -> str:
     ch = st.routing_changes(c.pairing.pairs)
-    return (f"Of {len(c.pairing.pairs)} requests both completed, {len(ch.crossed_only_a)} crossed the WAN only in "
-            f"the simulation{_lengths(ch.crossed_only_a)} and {len(ch.crossed_only_b)} only in the emulation"
-            f"{_lengths(ch.crossed_only_b)}; {c.pairing.only_a} completed only in the simulation, {c.pairing.only_b} "
-            f"only in the emulation. Thresholds in force: {_thresholds(c.a)} simulated, {_thresholds(c.b)} emulated.")
+    return (
+        f"Of {len(c.pairing.pairs)} requests both completed, {len(ch.crossed_only_a)} crossed the WAN only in "
+        f"the simulation{_lengths(ch.crossed_only_a)} and {len(ch.crossed_only_b)} only in the emulation"
+        f"{_lengths(ch.crossed_only_b)}; {c.pairing.only_a} completed only in the simulation, {c.pairing.only_b} "
+        f"only in the emulation. Thresholds in force: {_thresholds(c.a)} simulated, {_thresholds(c.b)} emulated."
+    )
 
 
 def _wan_bytes(c: Context) -> str:
     w = st.wan_bytes(c.a, c.b)
-    return (f"Simulated minus emulated WAN bytes {_gb(w.total)}: {_gb(w.crossed_only_a)} from requests offloaded "
-            f"only in the simulation, {_gb(-w.crossed_only_b)} only in the emulation, {_gb(w.both_kv_diff)} in the "
-            f"KV size of requests offloaded in both, {_gb(w.completed_only_a - w.completed_only_b)} from requests "
-            f"completed in one run only, {_gb(w.cache_move_diff)} in cached-prefix moves; completed requests "
-            f"{len(c.a.completed())} simulated, {len(c.b.completed())} emulated.")
+    return (
+        f"Simulated minus emulated WAN bytes {_gb(w.total)}: {_gb(w.crossed_only_a)} from requests offloaded "
+        f"only in the simulation, {_gb(-w.crossed_only_b)} only in the emulation, {_gb(w.both_kv_diff)} in the "
+        f"KV size of requests offloaded in both, {_gb(w.completed_only_a - w.completed_only_b)} from requests "
+        f"completed in one run only, {_gb(w.cache_move_diff)} in cached-prefix moves; completed requests "
+        f"{len(c.a.completed())} simulated, {len(c.b.completed())} emulated."
+    )
 
 
 def _link(c: Context) -> str:
     ra, rb = finite(c.sim.summary.wan_link.counters_over_records), finite(c.emu.summary.wan_link.counters_over_records)
-    return (f"Interface counters over the KV bytes the records say crossed: {_opt(ra, '{:.4f}')} simulated (headers "
-            f"at the link profile's MTU), {_opt(rb, '{:.4f}')} emulated (headers of the emulator's own links); the "
-            f"records' WAN bytes differ by {_pct(rel(c.sim.wan_total(), c.emu.wan_total()))}.")
+    return (
+        f"Interface counters over the KV bytes the records say crossed: {_opt(ra, '{:.4f}')} simulated (headers "
+        f"at the link profile's MTU), {_opt(rb, '{:.4f}')} emulated (headers of the emulator's own links); the "
+        f"records' WAN bytes differ by {_pct(rel(c.sim.wan_total(), c.emu.wan_total()))}."
+    )
 
 
 def _throughput(c: Context) -> str:
     da, db = finite(c.sim.summary.run.duration_s_paper), finite(c.emu.summary.run.duration_s_paper)
-    return (f"Completed {len(c.a.completed())} simulated and {len(c.b.completed())} emulated requests over "
-            f"{_opt(da, '{:.1f}')} and {_opt(db, '{:.1f}')} paper s: the run's duration (to its last completion) "
-            f"differs by {_pct(rel(da, db))}.")
+    return (
+        f"Completed {len(c.a.completed())} simulated and {len(c.b.completed())} emulated requests over "
+        f"{_opt(da, '{:.1f}')} and {_opt(db, '{:.1f}')} paper s: the run's duration (to its last completion) "
+        f"differs by {_pct(rel(da, db))}."
+    )
 
 
 def _queue(c: Context) -> str:
     qa = st.mean_by(c.a, st.queue_wait, lambda r: r.prefill_cluster)
     qb = st.mean_by(c.b, st.queue_wait, lambda r: r.prefill_cluster)
-    out = ("Mean prefill queue wait by cluster, simulated vs emulated: "
-           + ", ".join(f"{k} {_opt(qa.get(k), '{:.3f}')} vs {_opt(qb.get(k), '{:.3f}')} s"
-                       for k in sorted(qa.keys() | qb.keys())) + ".")
+    out = (
+        "Mean prefill queue wait by cluster, simulated vs emulated: "
+        + ", ".join(
+            f"{k} {_opt(qa.get(k), '{:.3f}')} vs {_opt(qb.get(k), '{:.3f}')} s" for k in sorted(qa.keys() | qb.keys())
+        )
+        + "."
+    )
     d = st.decompose_ttft(c.a, c.b, c.pairing.pairs)
     if d is not None:
         q = next(s for s in d.stages if s.stage == "prefill_queue")
@@ -183,14 +204,22 @@ def _queue(c: Context) -> str:
 
 def _by_path(value: Callable[[RequestRecord], float]) -> Callable[[Context], str]:
     def text(c: Context) -> str:
-        ta, tb = (st.mean_by(x, value, lambda r: "across the WAN" if r.crossed_wan else "within a datacenter")
-                  for x in (c.a, c.b))
-        out = ("By path, simulated vs emulated: " + ", ".join(
-            f"{k} {_opt(ta.get(k), '{:.3f}')} vs {_opt(tb.get(k), '{:.3f}')} s" for k in sorted(ta.keys() | tb.keys()))
-            + ". The simulator's links are fluid flows (no slow start, queueing delay or jitter)")
+        ta, tb = (
+            st.mean_by(x, value, lambda r: "across the WAN" if r.crossed_wan else "within a datacenter")
+            for x in (c.a, c.b)
+        )
+        out = (
+            "By path, simulated vs emulated: "
+            + ", ".join(
+                f"{k} {_opt(ta.get(k), '{:.3f}')} vs {_opt(tb.get(k), '{:.3f}')} s"
+                for k in sorted(ta.keys() | tb.keys())
+            )
+            + ". The simulator's links are fluid flows (no slow start, queueing delay or jitter)"
+        )
         if _unshaped(c.emu):
             return out + "; the emulation's links were not shaped (shaping none): its WAN is loopback."
         return out + "."
+
     return text
 
 
@@ -228,19 +257,31 @@ def notes(c: Context) -> list[str]:
     if c.emu.invalid():
         val = c.emu.summary.validity
         reasons = (val.reasons if val else None) or ["no reason recorded"]
-        out.append("The emulation was marked invalid, its timing not faithful to the scenario: " + "; ".join(reasons)
-                   + ". Its fidelity figures: " + fidelity_text(c.emu) + ".")
+        out.append(
+            "The emulation was marked invalid, its timing not faithful to the scenario: "
+            + "; ".join(reasons)
+            + ". Its fidelity figures: "
+            + fidelity_text(c.emu)
+            + "."
+        )
     if _unshaped(c.emu):
-        out.append("The emulation's links were not shaped (shaping none, a loopback backend): WAN delay and rate "
-                   "are not emulated there, so transfer times and the TTFT they feed are not the scenario's.")
+        out.append(
+            "The emulation's links were not shaped (shaping none, a loopback backend): WAN delay and rate "
+            "are not emulated there, so transfer times and the TTFT they feed are not the scenario's."
+        )
     if c.pairing.only_a or c.pairing.only_b:
         # By kind; a summary written before records had kinds: by reason.
         failed = c.emu.summary.requests.failure_kinds or c.emu.summary.requests.failure_reasons
-        out.append(f"Completed in one run only: {c.pairing.only_a} in the simulation, {c.pairing.only_b} in the "
-                   "emulation (the emulation's failures: "
-                   + (", ".join(f"{k} x{v}" for k, v in failed.items()) or "none") + ").")
+        out.append(
+            f"Completed in one run only: {c.pairing.only_a} in the simulation, {c.pairing.only_b} in the "
+            "emulation (the emulation's failures: "
+            + (", ".join(f"{k} x{v}" for k, v in failed.items()) or "none")
+            + ")."
+        )
     moved = st.routing_changes(c.pairing.pairs).other_cluster
     if moved:
-        out.append(f"{moved} of {len(c.pairing.pairs)} requests were prefilled in another cluster in the simulation "
-                   "than in the emulation.")
+        out.append(
+            f"{moved} of {len(c.pairing.pairs)} requests were prefilled in another cluster in the simulation "
+            "than in the emulation."
+        )
     return out

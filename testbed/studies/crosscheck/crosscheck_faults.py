@@ -29,8 +29,8 @@ from testbed.metrics.summary import read_run_info
 from testbed.metrics.timeseries import decision_points
 from testbed.studies.crosscheck.crosscheck_explain import Side
 
-COUNT_TOL = (2, 0.20)          # requests: within 2 or 20%, whichever is larger
-RECOVER_TOL_S = 1.0            # paper seconds
+COUNT_TOL = (2, 0.20)  # requests: within 2 or 20%, whichever is larger
+RECOVER_TOL_S = 1.0  # paper seconds
 TTFT_AFTER_TOL = 0.05
 
 
@@ -39,11 +39,11 @@ class FaultRow:
     fault: int
     kind: str
     target: str
-    metric: str                # affected | failed | retried | recover_s | ttft_after
+    metric: str  # affected | failed | retried | recover_s | ttft_after
     sim: float | None
     emulation: float | None
     tolerance: str
-    verdict: str               # ok | FAIL | n/a
+    verdict: str  # ok | FAIL | n/a
     explanation: str = ""
 
     def cells(self) -> list[str]:
@@ -52,12 +52,23 @@ class FaultRow:
         def fmt(v: float | None) -> str:
             return "n/a" if v is None else f"{v:.{digits}f}"
 
-        return [f"#{self.fault} {self.kind} {self.target}", LABELS[self.metric], fmt(self.sim), fmt(self.emulation),
-                self.tolerance, self.verdict]
+        return [
+            f"#{self.fault} {self.kind} {self.target}",
+            LABELS[self.metric],
+            fmt(self.sim),
+            fmt(self.emulation),
+            self.tolerance,
+            self.verdict,
+        ]
 
 
-LABELS = {"affected": "requests affected", "failed": "affected, failed", "retried": "affected, retried",
-          "recover_s": "time to recover (s)", "ttft_after": "TTFT mean after recovery (s)"}
+LABELS = {
+    "affected": "requests affected",
+    "failed": "affected, failed",
+    "retried": "affected, retried",
+    "recover_s": "time to recover (s)",
+    "ttft_after": "TTFT mean after recovery (s)",
+}
 
 
 def _count_ok(a: float, b: float) -> bool:
@@ -68,12 +79,18 @@ def _ttft_after(sim: Side, emu: Side, cut: float) -> tuple[float | None, float |
     """Mean TTFT (paper s) of the requests arriving at or after `cut` (paper s) completed in both runs."""
     a = {r.trace_index: r for r in sim.records if r.outcome == "completed"}
     b = {r.trace_index: r for r in emu.records if r.outcome == "completed"}
-    both = [i for i in a.keys() & b.keys()
-            if a[i].times.arrival * sim.speedup >= cut and math.isfinite(a[i].ttft) and math.isfinite(b[i].ttft)]
+    both = [
+        i
+        for i in a.keys() & b.keys()
+        if a[i].times.arrival * sim.speedup >= cut and math.isfinite(a[i].ttft) and math.isfinite(b[i].ttft)
+    ]
     if not both:
         return None, None, 0
-    return (statistics.fmean(a[i].ttft * sim.speedup for i in both),
-            statistics.fmean(b[i].ttft * emu.speedup for i in both), len(both))
+    return (
+        statistics.fmean(a[i].ttft * sim.speedup for i in both),
+        statistics.fmean(b[i].ttft * emu.speedup for i in both),
+        len(both),
+    )
 
 
 def fault_rows(sim: Side, emu: Side) -> list[FaultRow]:
@@ -95,8 +112,11 @@ def fault_rows(sim: Side, emu: Side) -> list[FaultRow]:
         ref = a["start_s"] if a["kind"] == "kill" else a["end_s"]
         if ref is not None and ra is not None and rb is not None:
             ta, tb, n = _ttft_after(sim, emu, ref + max(ra, rb))
-            v = "n/a" if ta is None or tb is None or tb == 0 else (
-                "ok" if abs(ta - tb) / tb <= TTFT_AFTER_TOL else "FAIL")
+            v = (
+                "n/a"
+                if ta is None or tb is None or tb == 0
+                else ("ok" if abs(ta - tb) / tb <= TTFT_AFTER_TOL else "FAIL")
+            )
             rows.append(FaultRow(*head, "ttft_after", ta, tb, f"±{TTFT_AFTER_TOL:.0%} ({n} requests)", v))
     by_fault: dict[int, list[FaultRow]] = {}
     for r in rows:
@@ -111,6 +131,7 @@ def fault_rows(sim: Side, emu: Side) -> list[FaultRow]:
 
 
 # -- explanation -------------------------------------------------------------------------------
+
 
 def _counts(kinds: list[str]) -> str:
     """Failure kinds counted (a record written before records.csv had them: `unknown`)."""
@@ -134,25 +155,34 @@ def _side_text(side: Side, e: dict[str, Any]) -> str:
     recs: list[RequestRecord] = list(side.records)
     failed = [r for r in recs if r.outcome != "completed" and start is not None and r.times.arrival * s <= end]
     retried = [r for r in recs if r.retries and start is not None and r.times.arrival * s <= end]
-    parts = [f"failed: {_counts([r.failure_kind for r in failed])}",
-             f"retried after: {_counts([r.retry_kind for r in retried])}"]
+    parts = [
+        f"failed: {_counts([r.failure_kind for r in failed])}",
+        f"retried after: {_counts([r.retry_kind for r in retried])}",
+    ]
     if e["kind"] in NODE_KINDS and start is not None:
         out = _taken_out(side, e["target"], start)
         if out is None:
             parts.append(f"the router never took {e['target']} out")
         else:
-            routed = [r for r in recs if (r.prefill_node == e["target"] or r.decode_node == e["target"]
-                                          or r.retry_node == e["target"])
-                      and start <= r.times.routed * s < out]
-            parts.append(f"the router took {e['target']} out {out - start:.2f} s after the fault began, "
-                         f"{len(routed)} request(s) routed there in between")
+            routed = [
+                r
+                for r in recs
+                if (r.prefill_node == e["target"] or r.decode_node == e["target"] or r.retry_node == e["target"])
+                and start <= r.times.routed * s < out
+            ]
+            parts.append(
+                f"the router took {e['target']} out {out - start:.2f} s after the fault began, "
+                f"{len(routed)} request(s) routed there in between"
+            )
     return "; ".join(parts)
 
 
 def explain_fault(sim: Side, emu: Side, e: dict[str, Any]) -> str:
     """Why the runs failed and retried different requests for fault `e` (the simulation's effects)."""
-    return (f"Simulation: {_side_text(sim, e)}. Emulation: {_side_text(emu, e)}. Requests that failed in one run "
-            f"only: {_only(sim, emu, 'failed')}; retried in one run only: {_only(sim, emu, 'retried')}.")
+    return (
+        f"Simulation: {_side_text(sim, e)}. Emulation: {_side_text(emu, e)}. Requests that failed in one run "
+        f"only: {_only(sim, emu, 'failed')}; retried in one run only: {_only(sim, emu, 'retried')}."
+    )
 
 
 def _only(sim: Side, emu: Side, what: str) -> str:
@@ -169,9 +199,15 @@ def markdown(rows: list[FaultRow], h: str) -> list[str]:
     if not rows:
         return []
     cols = ("fault", "metric", "sim", "emulation", "tolerance", "verdict")
-    out = ["", f"{h}# Faults", "",
-           "What each fault did (`faults.jsonl` against the records, the report's Faults section) in both runs.", "",
-           "| " + " | ".join(cols) + " |", "|---|---|---:|---:|---|---|"]
+    out = [
+        "",
+        f"{h}# Faults",
+        "",
+        "What each fault did (`faults.jsonl` against the records, the report's Faults section) in both runs.",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|---|---|---:|---:|---|---|",
+    ]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in r.cells()) + " |" for r in rows]
     seen: set[str] = set()
     for r in rows:

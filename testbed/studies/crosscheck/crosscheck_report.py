@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -17,16 +17,23 @@ COLUMNS = ("metric", "model", "sim", "emulation", "sim vs emulation", "tolerance
 
 
 def _cells(c: Crosscheck) -> list[list[str]]:
-    return [[r.label, r.cells["model"], r.cells["sim"], r.cells["emulation"], r.cells["diff"], r.tolerance,
-             r.verdict] for r in c.rows]
+    return [
+        [r.label, r.cells["model"], r.cells["sim"], r.cells["emulation"], r.cells["diff"], r.tolerance, r.verdict]
+        for r in c.rows
+    ]
 
 
 def markdown(c: Crosscheck, level: int = 1) -> list[str]:
     h = "#" * level
-    lines = [f"{h} Crosscheck of {c.scenario}: model, simulation, emulation", "",
-             f"Simulation `{c.sim_dir}`; emulation " + (f"`{c.emulation_dir}`" if c.emulation_dir else "not run")
-             + ". Paper units; the difference is the simulation's against the emulation's (relative, or in "
-             "percentage points for the offload ratio). A metric without a tolerance is shown, not judged.", ""]
+    lines = [
+        f"{h} Crosscheck of {c.scenario}: model, simulation, emulation",
+        "",
+        f"Simulation `{c.sim_dir}`; emulation "
+        + (f"`{c.emulation_dir}`" if c.emulation_dir else "not run")
+        + ". Paper units; the difference is the simulation's against the emulation's (relative, or in "
+        "percentage points for the offload ratio). A metric without a tolerance is shown, not judged.",
+        "",
+    ]
     if c.model_note:
         lines += [c.model_note, ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 2) + "---|"]
@@ -42,8 +49,12 @@ def markdown(c: Crosscheck, level: int = 1) -> list[str]:
         lines += ["", "Verdict: none (no emulation to judge the simulation against)."]
     else:
         judged = sum(r.tolerance != "" for r in c.rows) + len(c.faults)
-        lines += ["", f"Verdict: {len(failed)} of {judged} judged metrics outside tolerance"
-                      + (": " + ", ".join(failed) if failed else "") + "."]
+        lines += [
+            "",
+            f"Verdict: {len(failed)} of {judged} judged metrics outside tolerance"
+            + (": " + ", ".join(failed) if failed else "")
+            + ".",
+        ]
     return lines
 
 
@@ -68,7 +79,7 @@ def print_table(c: Crosscheck, console: Console | None = None) -> None:
     if console is None:
         console = Console()
         if not console.is_terminal:
-            console = Console(width=max(console.width, 120))     # a log or a pipe: room for every column
+            console = Console(width=max(console.width, 120))  # a log or a pipe: room for every column
     table = Table(title=Text(f"{c.scenario}: model, simulation and emulation (paper units)"))
     for i, col in enumerate(COLUMNS):
         table.add_column(col, justify="left" if i == 0 or i == len(COLUMNS) - 1 else "right", no_wrap=i == 0)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from testbed.core.record import RequestRecord
 from testbed.metrics.summary import BREAKDOWN_STAGES, breakdown_wire
@@ -59,7 +59,7 @@ def pair(a: RunRecords, b: RunRecords) -> Pairing:
 @dataclass(frozen=True)
 class StageDiff:
     stage: str
-    a: float          # mean over the pairs, paper s
+    a: float  # mean over the pairs, paper s
     b: float
 
     @property
@@ -96,21 +96,27 @@ class Decomposition:
         return abs(s.diff) / whole if whole > 0 else 0.0
 
 
-def decompose_ttft(a: RunRecords, b: RunRecords, pairs: Sequence[tuple[RequestRecord, RequestRecord]],
-                   band: tuple[float, float] | None = None) -> Decomposition | None:
+def decompose_ttft(
+    a: RunRecords,
+    b: RunRecords,
+    pairs: Sequence[tuple[RequestRecord, RequestRecord]],
+    band: tuple[float, float] | None = None,
+) -> Decomposition | None:
     """Stage means over `pairs`, or over those whose TTFT in run b ranks within `band` (fractions
     of the pairs, e.g. (0.8, 1.0) for the slowest fifth, which decides the P90)."""
     ok = [(x, y) for x, y in pairs if math.isfinite(x.ttft) and math.isfinite(y.ttft)]
     if band is not None:
         ok.sort(key=lambda p: p[1].ttft)
         lo = min(int(band[0] * len(ok)), max(len(ok) - 1, 0))
-        ok = ok[lo:max(math.ceil(band[1] * len(ok)), lo + 1)]
+        ok = ok[lo : max(math.ceil(band[1] * len(ok)), lo + 1)]
     if not ok:
         return None
     ba = [breakdown_wire(x) for x, _ in ok]
     bb = [breakdown_wire(y) for _, y in ok]
-    stages = [StageDiff(k, statistics.fmean(r[k] for r in ba) * a.speedup,
-                        statistics.fmean(r[k] for r in bb) * b.speedup) for k in BREAKDOWN_STAGES]
+    stages = [
+        StageDiff(k, statistics.fmean(r[k] for r in ba) * a.speedup, statistics.fmean(r[k] for r in bb) * b.speedup)
+        for k in BREAKDOWN_STAGES
+    ]
     return Decomposition(len(ok), stages)
 
 
@@ -118,32 +124,40 @@ def decompose_ttft(a: RunRecords, b: RunRecords, pairs: Sequence[tuple[RequestRe
 class RoutingChanges:
     """Paired requests the two runs routed differently."""
 
-    crossed_only_a: list[RequestRecord]     # run a's records
+    crossed_only_a: list[RequestRecord]  # run a's records
     crossed_only_b: list[RequestRecord]
-    other_cluster: int                      # prefill cluster differs (any reason)
+    other_cluster: int  # prefill cluster differs (any reason)
 
 
 def routing_changes(pairs: Sequence[tuple[RequestRecord, RequestRecord]]) -> RoutingChanges:
-    return RoutingChanges([x for x, y in pairs if x.crossed_wan and not y.crossed_wan],
-                          [y for x, y in pairs if y.crossed_wan and not x.crossed_wan],
-                          sum(x.prefill_cluster != y.prefill_cluster for x, y in pairs))
+    return RoutingChanges(
+        [x for x, y in pairs if x.crossed_wan and not y.crossed_wan],
+        [y for x, y in pairs if y.crossed_wan and not x.crossed_wan],
+        sum(x.prefill_cluster != y.prefill_cluster for x, y in pairs),
+    )
 
 
 @dataclass(frozen=True)
 class WanBytes:
     """Run a's WAN bytes minus run b's (paper bytes), split by where the difference comes from."""
 
-    crossed_only_a: float        # requests completed in both, offloaded in a only
-    crossed_only_b: float        # ... in b only (counted as b's bytes, positive)
-    both_kv_diff: float          # offloaded in both: a's KV bytes minus b's
-    completed_only_a: float      # offloaded requests a completed and b did not
+    crossed_only_a: float  # requests completed in both, offloaded in a only
+    crossed_only_b: float  # ... in b only (counted as b's bytes, positive)
+    both_kv_diff: float  # offloaded in both: a's KV bytes minus b's
+    completed_only_a: float  # offloaded requests a completed and b did not
     completed_only_b: float
-    cache_move_diff: float       # cached-prefix moves, a minus b
+    cache_move_diff: float  # cached-prefix moves, a minus b
 
     @property
     def total(self) -> float:
-        return (self.crossed_only_a - self.crossed_only_b + self.both_kv_diff + self.completed_only_a
-                - self.completed_only_b + self.cache_move_diff)
+        return (
+            self.crossed_only_a
+            - self.crossed_only_b
+            + self.both_kv_diff
+            + self.completed_only_a
+            - self.completed_only_b
+            + self.cache_move_diff
+        )
 
 
 def wan_bytes(a: RunRecords, b: RunRecords) -> WanBytes:
@@ -159,13 +173,15 @@ def wan_bytes(a: RunRecords, b: RunRecords) -> WanBytes:
         both_kv_diff=sum(kv(da[i]) - kv(db[i]) for i in both if da[i].crossed_wan and db[i].crossed_wan),
         completed_only_a=sum(kv(da[i]) for i in da.keys() - both),
         completed_only_b=sum(kv(db[i]) for i in db.keys() - both),
-        cache_move_diff=float(sum(r.cache_move_bytes_paper for r in da.values())
-                              - sum(r.cache_move_bytes_paper for r in db.values())),
+        cache_move_diff=float(
+            sum(r.cache_move_bytes_paper for r in da.values()) - sum(r.cache_move_bytes_paper for r in db.values())
+        ),
     )
 
 
-def mean_by(run: RunRecords, value: Callable[[RequestRecord], float], key: Callable[[RequestRecord], str]
-            ) -> dict[str, float]:
+def mean_by(
+    run: RunRecords, value: Callable[[RequestRecord], float], key: Callable[[RequestRecord], str]
+) -> dict[str, float]:
     """Mean of `value` (wire s, returned in paper s) over completed records grouped by `key`;
     non-finite values are left out."""
     groups: dict[str, list[float]] = {}
@@ -191,8 +207,12 @@ def mean_paper(run: RunRecords, value: Callable[[RequestRecord], float]) -> floa
     return statistics.fmean(vals) * run.speedup if vals else None
 
 
-def median_paired(pairs: Sequence[tuple[RequestRecord, RequestRecord]], value: Callable[[RequestRecord], float],
-                  speedup_a: float, speedup_b: float) -> float | None:
+def median_paired(
+    pairs: Sequence[tuple[RequestRecord, RequestRecord]],
+    value: Callable[[RequestRecord], float],
+    speedup_a: float,
+    speedup_b: float,
+) -> float | None:
     """Median over the pairs of value(a) - value(b), paper units."""
     d = [value(x) * speedup_a - value(y) * speedup_b for x, y in pairs]
     d = [v for v in d if math.isfinite(v)]

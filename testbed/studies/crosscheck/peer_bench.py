@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -39,7 +38,7 @@ from testbed.core.errors import UserError
 from testbed.studies.crosscheck import peer_dynamo
 from testbed.traces.types import Trace, TraceRequest
 
-HOUR_REQUESTS = 12000       # `make replay-load-aware`'s one-hour conversation surrogate
+HOUR_REQUESTS = 12000  # `make replay-load-aware`'s one-hour conversation surrogate
 HOUR_RATE = 3.3333
 SCENARIO = "paper-homogeneous"
 
@@ -48,8 +47,8 @@ SCENARIO = "paper-homogeneous"
 class Scale:
     prefill: int
     decode: int
-    speed: float              # arrivals this many times faster than the trace's
-    whole_bar: float          # mocker whole-process time / testbed's at least this
+    speed: float  # arrivals this many times faster than the trace's
+    whole_bar: float  # mocker whole-process time / testbed's at least this
     sim_bar: float = 3.0
 
     @property
@@ -58,9 +57,11 @@ class Scale:
 
 
 SCALES = (Scale(8, 4, 1.0, 2.0), Scale(80, 40, 10.0, 3.0))
-_CONFIGS = {"native": "the mocker with the testbed's timing tables and its own scheduler",
-            "matched": "the mocker with the testbed's timing tables, one whole prompt per prefill pass",
-            "defaults": "the mocker with its own defaults (timing model included)"}
+_CONFIGS = {
+    "native": "the mocker with the testbed's timing tables and its own scheduler",
+    "matched": "the mocker with the testbed's timing tables, one whole prompt per prefill pass",
+    "defaults": "the mocker with its own defaults (timing model included)",
+}
 
 # The mocker's side: a bare process that imports it and replays (the project's own few lines).
 MOCKER_RUN = """
@@ -105,8 +106,9 @@ def _run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, floa
     with tempfile.TemporaryDirectory() as d:
         fig, so, se = Path(d) / "fig.json", Path(d) / "out", Path(d) / "err"
         with so.open("wb") as fo, se.open("wb") as fe, open(os.devnull, "rb") as nul:
-            rc = subprocess.run([sys.executable, "-I", "-S", "-c", LAUNCH, str(fig), *cmd], stdin=nul, stdout=fo,
-                                stderr=fe, env=env).returncode
+            rc = subprocess.run(
+                [sys.executable, "-I", "-S", "-c", LAUNCH, str(fig), *cmd], stdin=nul, stdout=fo, stderr=fe, env=env
+            ).returncode
         out, err = so.read_text(errors="replace"), se.read_text(errors="replace")
         got = json.loads(fig.read_text()) if fig.is_file() else {"rc": rc}
     if rc != 0 or got["rc"] != 0:
@@ -130,8 +132,10 @@ def compressed(trace: Trace, speed: float, path: Path) -> Path:
     """The trace with its arrivals `speed` times closer together, written where both read it."""
     from testbed.traces.mooncake import write_mooncake
 
-    reqs = [TraceRequest(r.request_id, r.timestamp / speed, r.input_tokens, r.output_tokens, r.hash_ids)
-            for r in trace.requests]
+    reqs = [
+        TraceRequest(r.request_id, r.timestamp / speed, r.input_tokens, r.output_tokens, r.hash_ids)
+        for r in trace.requests
+    ]
     write_mooncake(path, Trace(reqs, f"{trace.source} at {speed:g}x", trace.block_tokens))
     return path
 
@@ -142,8 +146,21 @@ def _sets(sc: Scale) -> list[str]:
 
 def _testbed_cmd(trace: Path, sc: Scale, out: Path) -> list[str]:
     sets = [x for s in _sets(sc) for x in ("--set", s)]
-    return [sys.executable, "-m", "testbed", "replay", "--scenario", SCENARIO, *sets, "--backend", "sim",
-            "--trace", str(trace), "--out", str(out)]
+    return [
+        sys.executable,
+        "-m",
+        "testbed",
+        "replay",
+        "--scenario",
+        SCENARIO,
+        *sets,
+        "--backend",
+        "sim",
+        "--trace",
+        str(trace),
+        "--out",
+        str(out),
+    ]
 
 
 def run_testbed(trace: Path, sc: Scale, out: Path, cpu: int) -> Sample:
@@ -152,10 +169,19 @@ def run_testbed(trace: Path, sc: Scale, out: Path, cpu: int) -> Sample:
     summary = json.loads((out / "summary.json").read_text())
     sim = info["sim"]
     writes = float(sim.get("write_s") or 0.0)
-    return Sample(wall, float(sim["wall_s"]) - writes, rss,
-                  {"mean_ttft_s": summary["ttft_s"]["mean"], "mean_itl_s": summary["tpot_s"]["mean"],
-                   "completed": summary["requests"]["completed"], "sim_wall_s": sim["wall_s"], "write_s": writes,
-                   "mechanisms": sim.get("mechanisms") or "python"})
+    return Sample(
+        wall,
+        float(sim["wall_s"]) - writes,
+        rss,
+        {
+            "mean_ttft_s": summary["ttft_s"]["mean"],
+            "mean_itl_s": summary["tpot_s"]["mean"],
+            "completed": summary["requests"]["completed"],
+            "sim_wall_s": sim["wall_s"],
+            "write_s": writes,
+            "mechanisms": sim.get("mechanisms") or "python",
+        },
+    )
 
 
 def run_mocker(kwargs: dict[str, Any], cpu: int) -> Sample:
@@ -186,26 +212,44 @@ def bench_peers(args: Any) -> int:
         trace = load_trace(args.trace, limit=args.requests)
         base = out / "trace.jsonl"
         from testbed.traces.mooncake import write_mooncake
+
         write_mooncake(base, trace)
     else:
         base = out / "mooncake-chat-1h.jsonl"
         trace = surrogate(base, args.requests or HOUR_REQUESTS, args.seed)
-    print(f"bench peers: {len(trace):,} requests over {trace.duration / 60:.0f} min ({trace.source}), {SCENARIO} "
-          f"{_CONFIGS[args.peer_config]}, {args.repeats} interleaved "
-          f"runs each pinned to CPU {cpu}; medians", flush=True)
-    results: dict[str, Any] = {"trace": str(base), "requests": len(trace), "cpu": cpu, "repeats": args.repeats,
-                               "peer_config": args.peer_config, "mocker": peer_dynamo.version(),
-                               "date": datetime.now().isoformat(timespec="seconds"), "scales": {}}
+    print(
+        f"bench peers: {len(trace):,} requests over {trace.duration / 60:.0f} min ({trace.source}), {SCENARIO} "
+        f"{_CONFIGS[args.peer_config]}, {args.repeats} interleaved "
+        f"runs each pinned to CPU {cpu}; medians",
+        flush=True,
+    )
+    results: dict[str, Any] = {
+        "trace": str(base),
+        "requests": len(trace),
+        "cpu": cpu,
+        "repeats": args.repeats,
+        "peer_config": args.peer_config,
+        "mocker": peer_dynamo.version(),
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "scales": {},
+    }
     plans = []
     for sc in SCALES:
         path = base if sc.speed == 1 else compressed(trace, sc.speed, out / f"trace-{sc.speed:g}x.jsonl")
         t = load_trace(path)
         rs = load(SCENARIO, overrides_for(SCENARIO, _sets(sc)))
         if args.peer_config == "defaults":
-            kwargs = {"trace_files": [str(path)], "prefill_engine_args": {"engine": {"worker_type": "prefill"}},
-                      "decode_engine_args": {"engine": {"worker_type": "decode"}}, "num_prefill_workers": sc.prefill,
-                      "num_decode_workers": sc.decode, "replay_mode": "offline", "router_mode": "kv_router",
-                      "trace_block_size": t.block_tokens, "trace_format": "mooncake"}
+            kwargs = {
+                "trace_files": [str(path)],
+                "prefill_engine_args": {"engine": {"worker_type": "prefill"}},
+                "decode_engine_args": {"engine": {"worker_type": "decode"}},
+                "num_prefill_workers": sc.prefill,
+                "num_decode_workers": sc.decode,
+                "replay_mode": "offline",
+                "router_mode": "kv_router",
+                "trace_block_size": t.block_tokens,
+                "trace_format": "mooncake",
+            }
         else:
             s = peer_dynamo.setup(rs, t, out / f"mocker-{sc.prefill}x{sc.decode}", args.peer_config)
             kwargs = s.kwargs(path, capture=False)
@@ -217,34 +261,53 @@ def bench_peers(args: Any) -> int:
             mk = run_mocker(kwargs, cpu)
             samples[sc.label]["testbed"].append(tb)
             samples[sc.label]["mocker"].append(mk)
-            print(f"  run {i + 1} {sc.label}: testbed ({tb.extra['mechanisms']} mechanisms) {tb.whole_s:.2f} s whole, "
-                  f"{tb.sim_s:.2f} s sim "
-                  f"(+{tb.extra['write_s']:.2f} s writing), "
-                  f"{tb.rss_mib:.0f} MiB; mocker {mk.whole_s:.2f} s whole, {mk.sim_s:.2f} s sim, {mk.rss_mib:.0f} MiB",
-                  flush=True)
+            print(
+                f"  run {i + 1} {sc.label}: testbed ({tb.extra['mechanisms']} mechanisms) {tb.whole_s:.2f} s whole, "
+                f"{tb.sim_s:.2f} s sim "
+                f"(+{tb.extra['write_s']:.2f} s writing), "
+                f"{tb.rss_mib:.0f} MiB; mocker {mk.whole_s:.2f} s whole, {mk.sim_s:.2f} s sim, {mk.rss_mib:.0f} MiB",
+                flush=True,
+            )
     met = True
     print(f"{'':24}{'testbed':>10}{'mocker':>10}{'ratio':>9}  bar")
     for sc, _, _ in plans:
         tbs, mks = samples[sc.label]["testbed"], samples[sc.label]["mocker"]
-        fig = {k: {"testbed": _med([getattr(x, k) for x in tbs]), "mocker": _med([getattr(x, k) for x in mks])}
-               for k in ("whole_s", "sim_s", "rss_mib")}
+        fig = {
+            k: {"testbed": _med([getattr(x, k) for x in tbs]), "mocker": _med([getattr(x, k) for x in mks])}
+            for k in ("whole_s", "sim_s", "rss_mib")
+        }
         whole = fig["whole_s"]["mocker"] / fig["whole_s"]["testbed"]
         sim = fig["sim_s"]["mocker"] / fig["sim_s"]["testbed"]
         mem = fig["rss_mib"]["testbed"] / fig["rss_mib"]["mocker"]
         ok = {"whole": whole >= sc.whole_bar, "sim": sim >= sc.sim_bar, "memory": mem <= 1.0}
         met = met and all(ok.values())
         print(sc.label)
-        print(f"  {'whole process (s)':22}{fig['whole_s']['testbed']:>10.2f}{fig['whole_s']['mocker']:>10.2f}"
-              f"{whole:>8.2f}x  >= {sc.whole_bar:g}x faster: {'met' if ok['whole'] else 'NOT met'}")
-        print(f"  {'simulation engine (s)':22}{fig['sim_s']['testbed']:>10.2f}{fig['sim_s']['mocker']:>10.2f}"
-              f"{sim:>8.2f}x  >= {sc.sim_bar:g}x faster: {'met' if ok['sim'] else 'NOT met'}")
-        print(f"  {'peak RSS (MiB)':22}{fig['rss_mib']['testbed']:>10.0f}{fig['rss_mib']['mocker']:>10.0f}"
-              f"{mem:>8.2f}x  testbed/mocker <= 1: {'met' if ok['memory'] else 'NOT met'}")
+        print(
+            f"  {'whole process (s)':22}{fig['whole_s']['testbed']:>10.2f}{fig['whole_s']['mocker']:>10.2f}"
+            f"{whole:>8.2f}x  >= {sc.whole_bar:g}x faster: {'met' if ok['whole'] else 'NOT met'}"
+        )
+        print(
+            f"  {'simulation engine (s)':22}{fig['sim_s']['testbed']:>10.2f}{fig['sim_s']['mocker']:>10.2f}"
+            f"{sim:>8.2f}x  >= {sc.sim_bar:g}x faster: {'met' if ok['sim'] else 'NOT met'}"
+        )
+        print(
+            f"  {'peak RSS (MiB)':22}{fig['rss_mib']['testbed']:>10.0f}{fig['rss_mib']['mocker']:>10.0f}"
+            f"{mem:>8.2f}x  testbed/mocker <= 1: {'met' if ok['memory'] else 'NOT met'}"
+        )
         results["scales"][sc.label] = {
-            "prefill": sc.prefill, "decode": sc.decode, "speed": sc.speed, "medians": fig,
-            "ratios": {"whole_mocker_over_testbed": whole, "sim_mocker_over_testbed": sim,
-                       "rss_testbed_over_mocker": mem}, "bars": {"whole": sc.whole_bar, "sim": sc.sim_bar},
-            "met": ok, "runs": {k: [vars(x) for x in v] for k, v in samples[sc.label].items()}}
+            "prefill": sc.prefill,
+            "decode": sc.decode,
+            "speed": sc.speed,
+            "medians": fig,
+            "ratios": {
+                "whole_mocker_over_testbed": whole,
+                "sim_mocker_over_testbed": sim,
+                "rss_testbed_over_mocker": mem,
+            },
+            "bars": {"whole": sc.whole_bar, "sim": sc.sim_bar},
+            "met": ok,
+            "runs": {k: [vars(x) for x in v] for k, v in samples[sc.label].items()},
+        }
     (out / "bench-peers.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     print(f"every bar {'met' if met else 'NOT met'}; figures: {out / 'bench-peers.json'}")
     return 0

@@ -46,8 +46,10 @@ def run_peer_check(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str
     peer_dir = out / "dynamo"
     s = peer_dynamo.setup(rs, trace, peer_dir, scheduler, router)
     path = peer_dynamo.write_trace(peer_dir / "trace.jsonl", trace)
-    print(f"replaying the same in {name} {peer_dynamo.version()} (scheduler {scheduler}, router {router}) -> {peer_dir}",
-          file=sys.stderr)
+    print(
+        f"replaying the same in {name} {peer_dynamo.version()} (scheduler {scheduler}, router {router}) -> {peer_dir}",
+        file=sys.stderr,
+    )
     pr = peer_dynamo.run(s, path)
     peer_dynamo.write_run(peer_dir, rs, trace, s, pr)
     from testbed.metrics.summary import read_summary
@@ -55,11 +57,13 @@ def run_peer_check(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str
     tb = Side("testbed", str(out / "sim"), res.summary, load_records(out / "sim"))
     peer = Side("dynamo", str(peer_dir), read_summary(peer_dir), load_records(peer_dir))
     hw = rs.spec.hardware[s.cluster.hardware]
-    notes = [f"trace: {len(trace)} requests of {trace.source} ({peer_dir / 'trace.jsonl'} as the mocker read it), "
-             f"{s.cluster.prefill} prefill and {s.cluster.decode} decode instances of {s.cluster.hardware}",
-             *s.notes,
-             f"routing: the testbed's {rs.spec.policy.name} policy; the mocker's KV router (kv_router"
-             + (", its defaults)" if router == "kv" else ", no credit for cached overlap)")]
+    notes = [
+        f"trace: {len(trace)} requests of {trace.source} ({peer_dir / 'trace.jsonl'} as the mocker read it), "
+        f"{s.cluster.prefill} prefill and {s.cluster.decode} decode instances of {s.cluster.hardware}",
+        *s.notes,
+        f"routing: the testbed's {rs.spec.policy.name} policy; the mocker's KV router (kv_router"
+        + (", its defaults)" if router == "kv" else ", no credit for cached overlap)"),
+    ]
     c = compare(rs.name, name, tb, peer, hw, notes)
     c.speed = {"testbed simulation + run directory": tb_s, "mocker replay call": pr.wall_s}
     write(c, out)

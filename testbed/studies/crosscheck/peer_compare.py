@@ -13,12 +13,13 @@ import bisect
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
+from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import HardwareSpec
-from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.studies.crosscheck import crosscheck_stages as st
 from testbed.studies.crosscheck.crosscheck_explain import Side, finite, rel
 
@@ -44,14 +45,21 @@ class PeerMetric:
     scale: float
     fmt: str
     measure: Callable[[Side], float | None]
-    judged: bool = False       # held to the bar
-    floor: float = 0.0         # below this absolute difference (own units): noise, not explained
+    judged: bool = False  # held to the bar
+    floor: float = 0.0  # below this absolute difference (own units): noise, not explained
 
 
 METRICS: tuple[PeerMetric, ...] = (
-    PeerMetric("throughput", "throughput, completed (req/s)", 1, "{:.3f}",
-               lambda s: finite(s.summary.throughput.completed_rps_paper)),
-    PeerMetric("output_tps", "output tokens/s", 1, "{:,.0f}", lambda s: finite(s.summary.throughput.output_tokens_per_s_paper)),
+    PeerMetric(
+        "throughput",
+        "throughput, completed (req/s)",
+        1,
+        "{:.3f}",
+        lambda s: finite(s.summary.throughput.completed_rps_paper),
+    ),
+    PeerMetric(
+        "output_tps", "output tokens/s", 1, "{:,.0f}", lambda s: finite(s.summary.throughput.output_tokens_per_s_paper)
+    ),
     PeerMetric("ttft_mean", "TTFT mean (s)", 1, "{:.3f}", lambda s: finite(s.summary.ttft_s.mean), True, 0.005),
     PeerMetric("ttft_p50", "TTFT P50 (s)", 1, "{:.3f}", lambda s: finite(s.summary.ttft_s.p50), floor=0.005),
     PeerMetric("ttft_p90", "TTFT P90 (s)", 1, "{:.3f}", lambda s: finite(s.summary.ttft_s.p90), floor=0.005),
@@ -72,7 +80,7 @@ class PeerRow:
     testbed: float | None
     peer: float | None
     rel: float | None
-    verdict: str               # within | explained | n/a | - (not held to the bar)
+    verdict: str  # within | explained | n/a | - (not held to the bar)
     explanation: str = ""
     cells: dict[str, str] = field(default_factory=dict)
 
@@ -121,8 +129,10 @@ def _prefill_effect(c: Ctx) -> tuple[float, int, int]:
     """Mean over the pairs of the modelled prefill time the two runs' different cached prefixes
     make (testbed minus peer, paper s), and how many requests found more cached on each side."""
     t = PrefillTime.from_spec(c.hw.prefill)
-    d = [t(x.input_tokens - x.cached_tokens, x.cached_tokens) - t(y.input_tokens - y.cached_tokens, y.cached_tokens)
-         for x, y in c.pairs]
+    d = [
+        t(x.input_tokens - x.cached_tokens, x.cached_tokens) - t(y.input_tokens - y.cached_tokens, y.cached_tokens)
+        for x, y in c.pairs
+    ]
     more_tb = sum(x.cached_tokens > y.cached_tokens for x, y in c.pairs)
     more_peer = sum(x.cached_tokens < y.cached_tokens for x, y in c.pairs)
     return (statistics.fmean(d) if d else 0.0), more_tb, more_peer
@@ -151,10 +161,10 @@ class Queueing:
     """Who waited for a prefill instance, and whether another one was idle meanwhile."""
 
     instances: int
-    waited: int               # completed requests that queued more than `WAITED_S`
-    idle_elsewhere: int       # ... while another instance computed nothing when they were queued
-    wait_idle_s: float        # their mean wait, paper s
-    wait_all_s: float         # mean wait over every completed request
+    waited: int  # completed requests that queued more than `WAITED_S`
+    idle_elsewhere: int  # ... while another instance computed nothing when they were queued
+    wait_idle_s: float  # their mean wait, paper s
+    wait_all_s: float  # mean wait over every completed request
 
 
 WAITED_S = 1e-3
@@ -184,8 +194,13 @@ def queueing(side: Side) -> Queueing:
     waits = [(r, w) for r, w in waits if math.isfinite(w)]
     waited = [(r, w) for r, w in waits if w > WAITED_S]
     idle = [w for r, w in waited if any(n != r.prefill_node and not busy(n, r.times.prefill_queued) for n in spans)]
-    return Queueing(len(spans), len(waited), len(idle), statistics.fmean(idle) if idle else 0.0,
-                    statistics.fmean(w for _, w in waits) if waits else 0.0)
+    return Queueing(
+        len(spans),
+        len(waited),
+        len(idle),
+        statistics.fmean(idle) if idle else 0.0,
+        statistics.fmean(w for _, w in waits) if waits else 0.0,
+    )
 
 
 def mean_batch(side: Side) -> float:
@@ -215,25 +230,36 @@ def _ttft(band: tuple[float, float] | None, over: str) -> Callable[[Ctx], str]:
         if d is None:
             return f"No request completed on both sides to decompose {over}."
         ranked = sorted(d.stages, key=lambda s: -abs(s.diff))
-        parts = ", ".join(f"{st.STAGE_NAMES[s.stage]} {_dt(s.diff)} ({s.a:.3f} vs {s.b:.3f} s)"
-                          for s in ranked if abs(s.diff) >= 5e-4)
-        out = (f"Over {over} ({d.n} requests), the testbed minus {c.peer_name} is {_dt(d.total)} per request; by "
-               f"stage: {parts or 'none above 0.5 ms'}.")
+        parts = ", ".join(
+            f"{st.STAGE_NAMES[s.stage]} {_dt(s.diff)} ({s.a:.3f} vs {s.b:.3f} s)" for s in ranked if abs(s.diff) >= 5e-4
+        )
+        out = (
+            f"Over {over} ({d.n} requests), the testbed minus {c.peer_name} is {_dt(d.total)} per request; by "
+            f"stage: {parts or 'none above 0.5 ms'}."
+        )
         return out + " " + _why_prefill(c) + " " + _why_queue(c)
+
     return text
 
 
 def _why_prefill(c: Ctx) -> str:
     eff, more_tb, more_peer = _prefill_effect(c)
     ratio, off = _compute_vs_table(c.peer, c.hw)
-    out = (f"Cache: the two found different cached prefixes for {more_tb + more_peer} requests (more in the testbed's "
-           f"cluster pool for {more_tb}, more in {c.peer_name}'s per-worker caches for {more_peer}); by the timing "
-           f"table that alone makes the testbed's prefill compute {_dt(eff)} per request.")
+    out = (
+        f"Cache: the two found different cached prefixes for {more_tb + more_peer} requests (more in the testbed's "
+        f"cluster pool for {more_tb}, more in {c.peer_name}'s per-worker caches for {more_peer}); by the timing "
+        f"table that alone makes the testbed's prefill compute {_dt(eff)} per request."
+    )
     if math.isfinite(ratio):
-        out += (f" Scheduler: {c.peer_name}'s prefill compute is {ratio:.3f}x the table's time for the tokens it "
-                f"computed ({off:.0%} of requests off by more than 1%"
-                + (": chunked prefill pays a forward pass per chunk, batching shares one among prompts)." if off > 0.01
-                   else ": one whole prompt per forward pass, as the testbed).") )
+        out += (
+            f" Scheduler: {c.peer_name}'s prefill compute is {ratio:.3f}x the table's time for the tokens it "
+            f"computed ({off:.0%} of requests off by more than 1%"
+            + (
+                ": chunked prefill pays a forward pass per chunk, batching shares one among prompts)."
+                if off > 0.01
+                else ": one whole prompt per forward pass, as the testbed)."
+            )
+        )
     return out
 
 
@@ -241,13 +267,17 @@ def _why_queue(c: Ctx) -> str:
     qa, qb = queueing(c.tb), queueing(c.peer)
 
     def one(q: Queueing, who: str) -> str:
-        return (f"{who}: {q.waited} requests waited for a prefill instance, {q.idle_elsewhere} of them while another "
-                f"was idle (mean wait {q.wait_idle_s:.3f} s)")
+        return (
+            f"{who}: {q.waited} requests waited for a prefill instance, {q.idle_elsewhere} of them while another "
+            f"was idle (mean wait {q.wait_idle_s:.3f} s)"
+        )
 
-    return (f"Router: {one(qa, 'testbed')}; {one(qb, c.peer_name)}. A request that waits while another instance is "
-            "idle was placed there: the testbed routes to the least-loaded instance (any of them reads the cluster's "
-            f"prefix pool), {c.peer_name}'s KV router credits a worker for the prefix blocks it holds and may queue a "
-            "request behind it.")
+    return (
+        f"Router: {one(qa, 'testbed')}; {one(qb, c.peer_name)}. A request that waits while another instance is "
+        "idle was placed there: the testbed routes to the least-loaded instance (any of them reads the cluster's "
+        f"prefix pool), {c.peer_name}'s KV router credits a worker for the prefix blocks it holds and may queue a "
+        "request behind it."
+    )
 
 
 def _itl(c: Ctx) -> str:
@@ -256,49 +286,61 @@ def _itl(c: Ctx) -> str:
     model = ""
     if dec is not None:
         step = DecodeStepTime.from_spec(dec)
-        model = (f" The profile's step is {dec.base_s * 1e3:g} ms + {dec.per_seq_s * 1e3:g} ms a sequence + "
-                 f"{dec.per_context_token_s * 1e9:g} ns a context token (one sequence of 10K tokens: "
-                 f"{step(1, 10_000) * 1e3:.2f} ms; BS_max {dec.bs_max}); {c.peer_name} reads it from the exported "
-                 "table by the batch's KV tokens (rounded to its blocks) and mean context.")
-    return (f"Mean decode batch while busy, from the records: {ba:.2f} sequences in the testbed, {bb:.2f} in "
-            f"{c.peer_name}.{model}")
+        model = (
+            f" The profile's step is {dec.base_s * 1e3:g} ms + {dec.per_seq_s * 1e3:g} ms a sequence + "
+            f"{dec.per_context_token_s * 1e9:g} ns a context token (one sequence of 10K tokens: "
+            f"{step(1, 10_000) * 1e3:.2f} ms; BS_max {dec.bs_max}); {c.peer_name} reads it from the exported "
+            "table by the batch's KV tokens (rounded to its blocks) and mean context."
+        )
+    return (
+        f"Mean decode batch while busy, from the records: {ba:.2f} sequences in the testbed, {bb:.2f} in "
+        f"{c.peer_name}.{model}"
+    )
 
 
 def _cache(c: Ctx) -> str:
     _, more_tb, more_peer = _prefill_effect(c)
     tok_tb = sum(max(x.cached_tokens - y.cached_tokens, 0) for x, y in c.pairs)
     tok_peer = sum(max(y.cached_tokens - x.cached_tokens, 0) for x, y in c.pairs)
-    return (f"Of {len(c.pairs)} requests completed on both sides, {more_tb} found more cached in the testbed "
-            f"({tok_tb:,} tokens more in all) and {more_peer} in {c.peer_name} ({tok_peer:,}). The testbed's cluster "
-            f"holds one prefix pool every prefill instance reads; {c.peer_name} keeps a block cache per worker and its "
-            "router sends a request where its prefix is cached unless that worker is loaded, so a prefix cached on "
-            "another worker is computed again.")
+    return (
+        f"Of {len(c.pairs)} requests completed on both sides, {more_tb} found more cached in the testbed "
+        f"({tok_tb:,} tokens more in all) and {more_peer} in {c.peer_name} ({tok_peer:,}). The testbed's cluster "
+        f"holds one prefix pool every prefill instance reads; {c.peer_name} keeps a block cache per worker and its "
+        "router sends a request where its prefix is cached unless that worker is loaded, so a prefix cached on "
+        "another worker is computed again."
+    )
 
 
 def _throughput(c: Ctx) -> str:
     da, db = finite(c.tb.summary.run.duration_s_paper), finite(c.peer.summary.run.duration_s_paper)
-    return (f"Completed {len(c.a.completed())} in the testbed and {len(c.b.completed())} in {c.peer_name}, over "
-            f"{da or float('nan'):.1f} and {db or float('nan'):.1f} paper s to the last token (the testbed starts its "
-            "arrivals after the live replayer's 0.5 s lead): the duration differs by "
-            f"{(rel(da, db) or 0) * 100:+.2f}%.")
+    return (
+        f"Completed {len(c.a.completed())} in the testbed and {len(c.b.completed())} in {c.peer_name}, over "
+        f"{da or float('nan'):.1f} and {db or float('nan'):.1f} paper s to the last token (the testbed starts its "
+        "arrivals after the live replayer's 0.5 s lead): the duration differs by "
+        f"{(rel(da, db) or 0) * 100:+.2f}%."
+    )
 
 
 def _decode_queue(c: Ctx) -> str:
-    return (_itl(c) + " A request joins the decode batch at the next step boundary once a slot (BS_max) and its KV "
-            "memory are free; the testbed reserves the prompt's and the output's KV, including the model's linear "
-            f"state, {c.peer_name} counts blocks of full-attention tokens.")
+    return (
+        _itl(c) + " A request joins the decode batch at the next step boundary once a slot (BS_max) and its KV "
+        "memory are free; the testbed reserves the prompt's and the output's KV, including the model's linear "
+        f"state, {c.peer_name} counts blocks of full-attention tokens."
+    )
 
 
 def _transfer(c: Ctx) -> str:
-    return (f"{c.peer_name} moves KV from prefill to decode instantly (no bandwidth set); the testbed streams it "
-            "layer by layer over the scenario's intra-datacenter link and pays the tail after the prefill ends.")
+    return (
+        f"{c.peer_name} moves KV from prefill to decode instantly (no bandwidth set); the testbed streams it "
+        "layer by layer over the scenario's intra-datacenter link and pays the tail after the prefill ends."
+    )
 
 
 EXPLAINERS: dict[str, Callable[[Ctx], str]] = {
     "throughput": _throughput,
     "output_tps": _throughput,
     "ttft_mean": _ttft(None, "every request both completed"),
-    "ttft_p50": _ttft((0.4, 0.6), f"the requests ranked 40-60% by the peer's TTFT"),
+    "ttft_p50": _ttft((0.4, 0.6), "the requests ranked 40-60% by the peer's TTFT"),
     "ttft_p90": _ttft((0.8, 1.0), "the slowest fifth by the peer's TTFT, which sets the P90"),
     "itl_mean": _itl,
     "itl_p90": _itl,
@@ -314,7 +356,9 @@ def _cell(m: PeerMetric, v: float | None) -> str:
     return "" if v is None else m.fmt.format(v * m.scale)
 
 
-def compare(scenario: str, peer_name: str, tb: Side, peer: Side, hw: HardwareSpec, notes: Sequence[str] = ()) -> PeerCheck:
+def compare(
+    scenario: str, peer_name: str, tb: Side, peer: Side, hw: HardwareSpec, notes: Sequence[str] = ()
+) -> PeerCheck:
     pairing = st.pair(tb.runrecords(), peer.runrecords())
     c = Ctx(tb, peer, pairing.pairs, hw, peer_name)
     rows: list[PeerRow] = []
@@ -327,8 +371,15 @@ def compare(scenario: str, peer_name: str, tb: Side, peer: Side, hw: HardwareSpe
         if big:
             row.explanation = EXPLAINERS[m.key](c)
         if m.judged:
-            row.verdict = ("n/a" if r is None else "within" if abs(r) <= BAR or noise else
-                           "explained" if row.explanation else "n/a")
+            row.verdict = (
+                "n/a"
+                if r is None
+                else "within"
+                if abs(r) <= BAR or noise
+                else "explained"
+                if row.explanation
+                else "n/a"
+            )
         diff = "" if r is None else ("-" if noise and math.isinf(r) else "inf" if math.isinf(r) else f"{r * 100:+.1f}%")
         row.cells = {"testbed": _cell(m, a), "peer": _cell(m, b), "diff": diff}
         rows.append(row)
@@ -342,17 +393,29 @@ COLUMNS = ("metric", "testbed sim", "peer", "testbed vs peer", "bar")
 
 
 def _cells(c: PeerCheck) -> list[list[str]]:
-    return [[r.label, r.cells["testbed"], r.cells["peer"], r.cells["diff"],
-             {"-": "", "within": f"within ±{BAR:.0%}"}.get(r.verdict, f"outside ±{BAR:.0%}, {r.verdict}")]
-            for r in c.rows]
+    return [
+        [
+            r.label,
+            r.cells["testbed"],
+            r.cells["peer"],
+            r.cells["diff"],
+            {"-": "", "within": f"within ±{BAR:.0%}"}.get(r.verdict, f"outside ±{BAR:.0%}, {r.verdict}"),
+        ]
+        for r in c.rows
+    ]
 
 
 def markdown(c: PeerCheck) -> list[str]:
-    lines = [f"# {c.scenario}: the testbed's simulator beside {c.peer}", "",
-             f"Testbed simulation `{c.testbed_dir}`; {c.peer} `{c.peer_dir}`. Paper units; the difference is the "
-             f"testbed's against {c.peer}'s. Mean TTFT and ITL are held to ±{BAR:.0%} (or explained); every "
-             f"difference above {EXPLAIN_ABOVE:.0%} is explained from the records below.", "",
-             "| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 2) + "---|"]
+    lines = [
+        f"# {c.scenario}: the testbed's simulator beside {c.peer}",
+        "",
+        f"Testbed simulation `{c.testbed_dir}`; {c.peer} `{c.peer_dir}`. Paper units; the difference is the "
+        f"testbed's against {c.peer}'s. Mean TTFT and ITL are held to ±{BAR:.0%} (or explained); every "
+        f"difference above {EXPLAIN_ABOVE:.0%} is explained from the records below.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|---|" + "---:|" * (len(COLUMNS) - 2) + "---|",
+    ]
     lines += ["| " + " | ".join(cells) + " |" for cells in _cells(c)]
     if c.notes:
         lines += ["", "## What each side was given", ""] + [f"- {n}" for n in c.notes]
@@ -361,8 +424,20 @@ def markdown(c: PeerCheck) -> list[str]:
         lines += ["", "## Where they differ", ""]
         lines += [f"- **{r.label}** ({r.cells['diff']}): {r.explanation}" for r in explained]
     judged = [r for r in c.rows if r.verdict != "-"]
-    lines += ["", "Verdict: " + "; ".join(
-        f"{r.label} {r.cells['diff']}, " + ("within the bar" if r.verdict == "within" else
-                                            "outside the bar, explained above" if r.verdict == "explained" else
-                                            "not measured on both sides") for r in judged) + "."]
+    lines += [
+        "",
+        "Verdict: "
+        + "; ".join(
+            f"{r.label} {r.cells['diff']}, "
+            + (
+                "within the bar"
+                if r.verdict == "within"
+                else "outside the bar, explained above"
+                if r.verdict == "explained"
+                else "not measured on both sides"
+            )
+            for r in judged
+        )
+        + ".",
+    ]
     return lines

@@ -42,12 +42,12 @@ from testbed.studies.crosscheck.peer_timing import MockerTiming, mocker_timing
 from testbed.traces.types import Trace
 
 PACKAGE = "ai-dynamo-runtime"
-PIN = "1.6.1"                        # the release whose API and report fields this module reads
+PIN = "1.6.1"  # the release whose API and report fields this module reads
 INSTALL = f"pip install 'prfaas-testbed[peer]' (or {PACKAGE}=={PIN})"
 Scheduler = Literal["matched", "native"]
 SCHEDULERS: tuple[str, ...] = ("matched", "native")
 ROUTERS: tuple[str, ...] = ("kv", "load")
-NATIVE_CHUNK = 8192                  # the mocker's default max_num_batched_tokens (vLLM's)
+NATIVE_CHUNK = 8192  # the mocker's default max_num_batched_tokens (vLLM's)
 
 
 class PeerError(UserError, ValueError):
@@ -92,14 +92,22 @@ class PeerSetup:
     prefill_engine: dict[str, Any]
     decode_engine: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-    router: str = "kv"       # kv: the KV router's defaults; load: the same with no credit for cached overlap
+    router: str = "kv"  # kv: the KV router's defaults; load: the same with no credit for cached overlap
 
     def kwargs(self, trace_path: Path, capture: bool = True) -> dict[str, Any]:
         """`run_mocker_trace_replay`'s arguments."""
-        return {"trace_files": [str(trace_path)], "prefill_engine_args": self.prefill_engine,
-                "decode_engine_args": self.decode_engine, "num_prefill_workers": self.cluster.prefill,
-                "num_decode_workers": self.cluster.decode, "replay_mode": "offline", "router_mode": "kv_router",
-                "trace_block_size": self.block_tokens, "trace_format": "mooncake", "capture_per_request": capture}
+        return {
+            "trace_files": [str(trace_path)],
+            "prefill_engine_args": self.prefill_engine,
+            "decode_engine_args": self.decode_engine,
+            "num_prefill_workers": self.cluster.prefill,
+            "num_decode_workers": self.cluster.decode,
+            "replay_mode": "offline",
+            "router_mode": "kv_router",
+            "trace_block_size": self.block_tokens,
+            "trace_format": "mooncake",
+            "capture_per_request": capture,
+        }
 
 
 def peer_cluster(rs: ResolvedScenario) -> ClusterSpec:
@@ -108,13 +116,16 @@ def peer_cluster(rs: ResolvedScenario) -> ClusterSpec:
     live = [c for c in sc.clusters if c.prefill or c.decode]
     if len(live) != 1 or live[0].kind != "pd" or not live[0].prefill or not live[0].decode:
         shape = ", ".join(f"{c.name} ({c.kind}, {c.prefill}P/{c.decode}D)" for c in live)
-        raise PeerError(f"scenario {sc.name}: --peer dynamo compares one PD cluster with prefill and decode "
-                        f"instances (the mocker has one prefill pool, one decode pool and no WAN); this one has {shape}")
+        raise PeerError(
+            f"scenario {sc.name}: --peer dynamo compares one PD cluster with prefill and decode "
+            f"instances (the mocker has one prefill pool, one decode pool and no WAN); this one has {shape}"
+        )
     if sc.faults:
         raise PeerError(f"scenario {sc.name}: --peer dynamo replays no faults; the scenario has {len(sc.faults)}")
     if sc.policy.control.long_term.enabled:
-        raise PeerError(f"scenario {sc.name}: --peer dynamo keeps the P/D split fixed; the scenario's long-term "
-                        "loop converts roles")
+        raise PeerError(
+            f"scenario {sc.name}: --peer dynamo keeps the P/D split fixed; the scenario's long-term loop converts roles"
+        )
     return live[0]
 
 
@@ -127,7 +138,7 @@ def setup(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str = "match
     sc = rs.spec
     c = peer_cluster(rs)
     hw = sc.hardware[c.hardware]
-    assert hw.decode is not None      # a pd cluster with decode instances has a decode profile (validated)
+    assert hw.decode is not None  # a pd cluster with decode instances has a decode profile (validated)
     longest_in = max((r.input_tokens for r in trace), default=1)
     longest = max((r.input_tokens + r.output_tokens for r in trace), default=2)
     timing = mocker_timing(hw, longest_in, longest)
@@ -142,27 +153,42 @@ def setup(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str = "match
     decode: dict[str, Any] = {"worker_type": "decode", "timing_model": timing_model}
     if scheduler == "matched":
         # One prompt a pass, whole, FCFS: a testbed prefill instance.
-        prefill |= {"max_num_seqs": 1, "enable_chunked_prefill": False, "block_size": block,
-                    "max_num_batched_tokens": model_len, "max_model_len": model_len}
+        prefill |= {
+            "max_num_seqs": 1,
+            "enable_chunked_prefill": False,
+            "block_size": block,
+            "max_num_batched_tokens": model_len,
+            "max_model_len": model_len,
+        }
         cache_tokens = c.cache_bytes / max(per_token, 1) / c.prefill if c.cache_bytes and per_token else 0
         prefill["enable_prefix_caching"] = cache_tokens > 0
         # The blocks hold the prompt being computed and, beyond it, the cached prefixes.
         prefill["num_gpu_blocks"] = max(_blocks(cache_tokens, block), 2 * model_len // block)
         kv_tokens = hw.decode.kv_capacity_bytes / max(per_token, 1)
-        decode |= {"max_num_seqs": hw.decode.bs_max, "block_size": block, "max_model_len": model_len,
-                   "max_num_batched_tokens": model_len,
-                   "num_gpu_blocks": max(_blocks(kv_tokens, block), 2 * model_len // block)}
-        notes.append(f"scheduler matched: prefill workers compute one prompt at a time, whole (max_num_seqs 1, no "
-                     f"chunked prefill), {prefill['num_gpu_blocks']:,} blocks of {block} tokens each "
-                     f"(the cluster's {c.cache_bytes / 2**40:g} TiB prefix cache pool over {c.prefill} workers); "
-                     f"decode workers batch up to BS_max {hw.decode.bs_max} sequences in {decode['num_gpu_blocks']:,} "
-                     "blocks (the instance's KV memory at the model's full-attention bytes per token)")
+        decode |= {
+            "max_num_seqs": hw.decode.bs_max,
+            "block_size": block,
+            "max_model_len": model_len,
+            "max_num_batched_tokens": model_len,
+            "num_gpu_blocks": max(_blocks(kv_tokens, block), 2 * model_len // block),
+        }
+        notes.append(
+            f"scheduler matched: prefill workers compute one prompt at a time, whole (max_num_seqs 1, no "
+            f"chunked prefill), {prefill['num_gpu_blocks']:,} blocks of {block} tokens each "
+            f"(the cluster's {c.cache_bytes / 2**40:g} TiB prefix cache pool over {c.prefill} workers); "
+            f"decode workers batch up to BS_max {hw.decode.bs_max} sequences in {decode['num_gpu_blocks']:,} "
+            "blocks (the instance's KV memory at the model's full-attention bytes per token)"
+        )
     else:
-        notes.append(f"scheduler native: the mocker's vLLM defaults (chunked prefill of {NATIVE_CHUNK:,} tokens a "
-                     "forward pass, up to 256 sequences a batch, 16,384 blocks of 64 tokens a worker)")
+        notes.append(
+            f"scheduler native: the mocker's vLLM defaults (chunked prefill of {NATIVE_CHUNK:,} tokens a "
+            "forward pass, up to 256 sequences a batch, 16,384 blocks of 64 tokens a worker)"
+        )
     if router == "load":
-        notes.append("router load: the KV router with no credit for cached prefix blocks (overlap_score_credit 0): "
-                     "it places requests by load alone, as the testbed's least-loaded routing does")
+        notes.append(
+            "router load: the KV router with no credit for cached prefix blocks (overlap_score_credit 0): "
+            "it places requests by load alone, as the testbed's least-loaded routing does"
+        )
     return PeerSetup(c, scheduler, timing, path, block, {"engine": prefill}, {"engine": decode}, notes, router)
 
 
@@ -185,8 +211,16 @@ def write_trace(path: Path, trace: Trace) -> Path:
             n = -(-r.input_tokens // trace.block_tokens)
             ids = list(range(nxt, nxt + n))
             nxt += n
-        lines.append(json.dumps({"timestamp": round(r.timestamp * 1e3, 3), "input_length": r.input_tokens,
-                                 "output_length": r.output_tokens, "hash_ids": ids}))
+        lines.append(
+            json.dumps(
+                {
+                    "timestamp": round(r.timestamp * 1e3, 3),
+                    "input_length": r.input_tokens,
+                    "output_length": r.output_tokens,
+                    "hash_ids": ids,
+                }
+            )
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -196,8 +230,8 @@ def write_trace(path: Path, trace: Trace) -> Path:
 class PeerRun:
     summary: dict[str, Any]
     per_request: list[dict[str, Any]]
-    wall_s: float                    # the replay call
-    sim_wall_s: float | None         # the mocker's own measure of its simulation
+    wall_s: float  # the replay call
+    sim_wall_s: float | None  # the mocker's own measure of its simulation
 
 
 def run(s: PeerSetup, trace_path: Path) -> PeerRun:
@@ -244,17 +278,28 @@ def records(per_request: list[dict[str, Any]], trace: Trace, cluster: str) -> li
     for i, q in zip(keyed, ordered):
         tr = trace.requests[i]
         if q.get("input_length") != tr.input_tokens:
-            raise PeerError(f"the mocker's request at {q.get('arrival_time_ms')} ms has {q.get('input_length')} input "
-                            f"tokens, the trace's request {tr.request_id} {tr.input_tokens}: not the same trace")
+            raise PeerError(
+                f"the mocker's request at {q.get('arrival_time_ms')} ms has {q.get('input_length')} input "
+                f"tokens, the trace's request {tr.request_id} {tr.input_tokens}: not the same trace"
+            )
         done = q.get("terminal_status") == "completed"
         routed = _routed(q)
         held = _ms(q.get("source_held_ms"))
-        times = StageTimes(arrival=_ms(q.get("arrival_time_ms")), router_arrival=_ms(q.get("arrival_time_ms")),
-                           routed=routed, prefill_queued=routed, prefill_start=_ms(q.get("prefill_admit_ms")),
-                           prefill_end=held, transfer_start=held, transfer_end=held,
-                           decode_admitted=_ms(q.get("decode_admit_ms")), first_token=_ms(q.get("first_token_ms")),
-                           last_token=_ms(q.get("last_token_ms")), decode_first_token=_ms(q.get("first_token_ms")),
-                           decode_last_token=_ms(q.get("last_token_ms")))
+        times = StageTimes(
+            arrival=_ms(q.get("arrival_time_ms")),
+            router_arrival=_ms(q.get("arrival_time_ms")),
+            routed=routed,
+            prefill_queued=routed,
+            prefill_start=_ms(q.get("prefill_admit_ms")),
+            prefill_end=held,
+            transfer_start=held,
+            transfer_end=held,
+            decode_admitted=_ms(q.get("decode_admit_ms")),
+            first_token=_ms(q.get("first_token_ms")),
+            last_token=_ms(q.get("last_token_ms")),
+            decode_first_token=_ms(q.get("first_token_ms")),
+            decode_last_token=_ms(q.get("last_token_ms")),
+        )
         rec = RequestRecord(tr.request_id, i, tr.input_tokens, tr.output_tokens, times=times)
         rec.cached_tokens = int(q.get("reused_input_tokens") or 0)
         rec.decode_cached_tokens = int(q.get("decode_reused_input_tokens") or 0)
@@ -285,18 +330,42 @@ def write_run(out: Path, rs: ResolvedScenario, trace: Trace, s: PeerSetup, pr: P
     write_records(out / "records.csv", recs)
     sc = rs.spec
     ends = [r.times.last_token for r in recs if math.isfinite(r.times.last_token)]
-    meta = run_info(name="dynamo-mocker", scenario=sc.name, policy="kv_router", backend="dynamo-mocker", t0=0.0,
-                    t_end=max(ends, default=0.0), scale={"speedup": 1.0, "byte_scale": 1.0},
-                    shaping={"method": "none", "detail": "Dynamo's mocker: no network model (instant KV transfer)"},
-                    slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
-                    offered_rate=trace.offered_rate,
-                    trace={"source": trace.source, "requests": len(trace)}, threshold=None,
-                    versions={PACKAGE: version()}, interrupted=False, state="finished", **this_process())
+    meta = run_info(
+        name="dynamo-mocker",
+        scenario=sc.name,
+        policy="kv_router",
+        backend="dynamo-mocker",
+        t0=0.0,
+        t_end=max(ends, default=0.0),
+        scale={"speedup": 1.0, "byte_scale": 1.0},
+        shaping={"method": "none", "detail": "Dynamo's mocker: no network model (instant KV transfer)"},
+        slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
+        offered_rate=trace.offered_rate,
+        trace={"source": trace.source, "requests": len(trace)},
+        threshold=None,
+        versions={PACKAGE: version()},
+        interrupted=False,
+        state="finished",
+        **this_process(),
+    )
     write_artefact(out / "run.json", meta, indent=1)
     (out / "dynamo-summary.json").write_text(json.dumps(pr.summary, indent=1, default=str) + "\n")
-    (out / "dynamo-engine.json").write_text(json.dumps(
-        {"prefill": s.prefill_engine, "decode": s.decode_engine, "num_prefill_workers": s.cluster.prefill,
-         "num_decode_workers": s.cluster.decode, "router_mode": "kv_router", "trace_block_size": s.block_tokens,
-         "scheduler": s.scheduler, "router": s.router, "notes": s.notes}, indent=1) + "\n")
+    (out / "dynamo-engine.json").write_text(
+        json.dumps(
+            {
+                "prefill": s.prefill_engine,
+                "decode": s.decode_engine,
+                "num_prefill_workers": s.cluster.prefill,
+                "num_decode_workers": s.cluster.decode,
+                "router_mode": "kv_router",
+                "trace_block_size": s.block_tokens,
+                "scheduler": s.scheduler,
+                "router": s.router,
+                "notes": s.notes,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     write_summary(out)
     return out

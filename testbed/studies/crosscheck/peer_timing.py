@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.core.schema.scenario import DecodeSpec, HardwareSpec, TablePrefill
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.schema.scenario import DecodeSpec, HardwareSpec, TablePrefill
 
-PREFILL_TOL = 0.002      # relative error of the exported prefill curve at any point
-DECODE_TOL = 0.002       # relative error of the exported decode step at any grid midpoint
+PREFILL_TOL = 0.002  # relative error of the exported prefill curve at any point
+DECODE_TOL = 0.002  # relative error of the exported decode step at any grid midpoint
 MAX_POINTS = 4096
 
 
@@ -43,25 +43,35 @@ class MockerTiming:
     decode_active_kv_tokens: np.ndarray
     decode_context_length: np.ndarray
     decode_itl: np.ndarray
-    max_prefill_err: float       # relative, worst point checked between the exported ones
+    max_prefill_err: float  # relative, worst point checked between the exported ones
     max_decode_err: float
 
     def write(self, path: Path) -> Path:
-        np.savez(path, prefill_isl=self.prefill_isl, prefill_ttft_ms=self.prefill_ttft_ms,
-                 decode_active_kv_tokens=self.decode_active_kv_tokens,
-                 decode_context_length=self.decode_context_length, decode_itl=self.decode_itl)
+        np.savez(
+            path,
+            prefill_isl=self.prefill_isl,
+            prefill_ttft_ms=self.prefill_ttft_ms,
+            decode_active_kv_tokens=self.decode_active_kv_tokens,
+            decode_context_length=self.decode_context_length,
+            decode_itl=self.decode_itl,
+        )
         return path
 
     def describe(self) -> str:
-        return (f"prefill table of {self.prefill_isl.size} points from {self.prefill_isl[0]:,.0f} to "
-                f"{self.prefill_isl[-1]:,.0f} tokens (worst error {self.max_prefill_err:.2%}), decode table of "
-                f"{self.decode_active_kv_tokens.size} x {self.decode_context_length.size} points (worst error "
-                f"{self.max_decode_err:.2%})")
+        return (
+            f"prefill table of {self.prefill_isl.size} points from {self.prefill_isl[0]:,.0f} to "
+            f"{self.prefill_isl[-1]:,.0f} tokens (worst error {self.max_prefill_err:.2%}), decode table of "
+            f"{self.decode_active_kv_tokens.size} x {self.decode_context_length.size} points (worst error "
+            f"{self.max_decode_err:.2%})"
+        )
 
 
-def _refine(f: Callable[[float], float], lo: float, hi: float, tol: float, geometric: bool) -> tuple[list[float], float]:
+def _refine(
+    f: Callable[[float], float], lo: float, hi: float, tol: float, geometric: bool
+) -> tuple[list[float], float]:
     """Points from lo to hi where linear interpolation of f between neighbours stays within
     `tol` (relative) at each interval's midpoint; the worst error left."""
+
     def mid(a: float, b: float) -> float:
         return math.sqrt(a * b) if geometric and a > 0 else (a + b) / 2
 
@@ -79,7 +89,7 @@ def _refine(f: Callable[[float], float], lo: float, hi: float, tol: float, geome
         e = err(a, b)
         if e > tol and b - a > 1.0 and len(pts) < MAX_POINTS:
             pts.insert(i + 1, float(round(mid(a, b))))
-            if pts[i + 1] in (a, b):       # integer tokens: nothing left between
+            if pts[i + 1] in (a, b):  # integer tokens: nothing left between
                 pts.pop(i + 1)
                 worst = max(worst, e)
                 i += 1

@@ -19,9 +19,10 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import yaml
 
@@ -34,8 +35,8 @@ from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
 from testbed.metrics.records import read_records
 from testbed.model.feasibility import Deployments, HomogeneousPoint, MapPoint, ModelMap, point_key
-from testbed.studies.capacity.capacity import CapacityResult, model_lambda, search, write_outputs
 from testbed.run.load import load
+from testbed.studies.capacity.capacity import CapacityResult, model_lambda, search, write_outputs
 
 SimChoice = Literal["all", "none", "subset"]
 
@@ -55,12 +56,12 @@ class RunSettings:
     requests: int = 300
     probes: int = 6
     seed: int = 45
-    ttft_slo_s: float | None = None   # None: each scenario's slo.ttft_s
+    ttft_slo_s: float | None = None  # None: each scenario's slo.ttft_s
     wait_growth_s: float = 2.5
-    spread: float = 0.25          # bisection between (1 -/+ spread) x the model's Lambda_max
-    ttft_load: float = 0.5        # the TTFT replay's offered rate, x the model's Lambda_max
-    sets: tuple[str, ...] = ()    # --set FIELD=VALUE, applied to every run
-    keep_series: bool = False     # keep simulated probes' time series and decisions
+    spread: float = 0.25  # bisection between (1 -/+ spread) x the model's Lambda_max
+    ttft_load: float = 0.5  # the TTFT replay's offered rate, x the model's Lambda_max
+    sets: tuple[str, ...] = ()  # --set FIELD=VALUE, applied to every run
+    keep_series: bool = False  # keep simulated probes' time series and decisions
 
     def check(self) -> None:
         if self.requests < 1 or self.probes < 1:
@@ -78,15 +79,15 @@ class Measured:
     backend: str
     scenario: str
     out: str
-    lambda_max: float | None          # largest stable probe, req/s
+    lambda_max: float | None  # largest stable probe, req/s
     lowest_unstable: float | None
     model_lambda_max: float | None
-    offload_share: float | None       # at the largest stable probe
+    offload_share: float | None  # at the largest stable probe
     ttft_rate: float | None
     ttft_p90_s: float | None
     ttft_mean_s: float | None
     wall_s: float
-    cpu_s: float                      # this process only (live backends run services elsewhere)
+    cpu_s: float  # this process only (live backends run services elsewhere)
     probes: list[tuple[float, bool]] = field(default_factory=list)
 
 
@@ -102,10 +103,16 @@ def link_profile(rate_gbps: float, rtt_ms: float) -> LinkProfile:
     """A loss-free link of `rate_gbps` and `rtt_ms` with the TCP settings and jitter of the
     shipped cross-region or intercontinental profile (by RTT), no schedule."""
     base = load_profile(CROSS_REGION_BASE if rtt_ms <= CROSS_REGION_MAX_RTT_MS else INTERCONTINENTAL_BASE)
-    return base.model_copy(update={
-        "name": link_name(rate_gbps, rtt_ms), "rate": rate_gbps * 1e9, "delay": rtt_ms / 2e3,
-        "description": f"feasibility map: {rate_gbps:g} Gbit/s, {rtt_ms:g} ms RTT (TCP settings of {base.name})",
-        "schedule": [], "loss": 0.0})
+    return base.model_copy(
+        update={
+            "name": link_name(rate_gbps, rtt_ms),
+            "rate": rate_gbps * 1e9,
+            "delay": rtt_ms / 2e3,
+            "description": f"feasibility map: {rate_gbps:g} Gbit/s, {rtt_ms:g} ms RTT (TCP settings of {base.name})",
+            "schedule": [],
+            "loss": 0.0,
+        }
+    )
 
 
 def write_link(out: Path, rate_gbps: float, rtt_ms: float) -> Path:
@@ -138,17 +145,26 @@ def _write_scenario(out: Path, base: Scenario, update: dict[str, Any], s: RunSet
 def prfaas_scenario(out: Path, dep: Deployments, p: MapPoint, s: RunSettings) -> ResolvedScenario:
     """PrfaaS-PD at the point's threshold and split over the point's link."""
     link = write_link(out, p.rate_gbps, p.rtt_ms)
-    return _write_scenario(out, dep.prfaas, {
-        "name": f"prfaas-{dep.model}-{p.rate_gbps:g}g-{p.rtt_ms:g}ms",
-        "clusters": _with_split(dep.prfaas, p.n_p, p.n_d),
-        "policy": {**dep.prfaas.policy.model_dump(mode="json"), "threshold": p.threshold},
-        "links": {**dep.prfaas.links.model_dump(mode="json"), "inter_dc": str(link.resolve())},
-    }, s)
+    return _write_scenario(
+        out,
+        dep.prfaas,
+        {
+            "name": f"prfaas-{dep.model}-{p.rate_gbps:g}g-{p.rtt_ms:g}ms",
+            "clusters": _with_split(dep.prfaas, p.n_p, p.n_d),
+            "policy": {**dep.prfaas.policy.model_dump(mode="json"), "threshold": p.threshold},
+            "links": {**dep.prfaas.links.model_dump(mode="json"), "inter_dc": str(link.resolve())},
+        },
+        s,
+    )
 
 
 def homogeneous_scenario(out: Path, dep: Deployments, h: HomogeneousPoint, s: RunSettings) -> ResolvedScenario:
-    return _write_scenario(out, dep.homogeneous, {
-        "name": f"homogeneous-{dep.model}", "clusters": _with_split(dep.homogeneous, h.n_p, h.n_d)}, s)
+    return _write_scenario(
+        out,
+        dep.homogeneous,
+        {"name": f"homogeneous-{dep.model}", "clusters": _with_split(dep.homogeneous, h.n_p, h.n_d)},
+        s,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,31 +194,60 @@ async def measure(rs: ResolvedScenario, out: Path, backend: str, s: RunSettings,
     lam = model_lambda(sc, rs.inter_dc.rate)
     centre = lam or 1.0
     out.mkdir(parents=True, exist_ok=True)
-    cap: CapacityResult = await search(rs, out, backend, (1 - s.spread) * centre, (1 + s.spread) * centre,
-                                       s.probes, 0.25, s.ttft_slo_s if s.ttft_slo_s is not None else sc.slo.ttft_s, verbose=verbose, growth_s=s.wait_growth_s)
+    cap: CapacityResult = await search(
+        rs,
+        out,
+        backend,
+        (1 - s.spread) * centre,
+        (1 + s.spread) * centre,
+        s.probes,
+        0.25,
+        s.ttft_slo_s if s.ttft_slo_s is not None else sc.slo.ttft_s,
+        verbose=verbose,
+        growth_s=s.wait_growth_s,
+    )
     write_outputs(cap, out)
     stable = [p for p in cap.probes if p.stable]
     share = _share(sc, Path(max(stable, key=lambda p: p.rate).run_dir)) if stable else None
     rate = s.ttft_load * centre
     run_dir = out / f"ttft-{rate:.3f}"
     rs_r = rs.at_rate(rate)
-    res = await run_replay_async(rs_r, trace_from_workload(rs_r.spec.workload), run_dir, backend,
-                                 name=f"{sc.name} @ {rate:.3f} req/s (TTFT)", report=not is_simulated(backend))
+    res = await run_replay_async(
+        rs_r,
+        trace_from_workload(rs_r.spec.workload),
+        run_dir,
+        backend,
+        name=f"{sc.name} @ {rate:.3f} req/s (TTFT)",
+        report=not is_simulated(backend),
+    )
     ttft = res.summary.ttft_s
     if is_simulated(backend) and not s.keep_series:
         for p in cap.probes:
             _prune(Path(p.run_dir))
         _prune(run_dir)
-    return Measured(backend, sc.name, str(out), cap.lambda_max, cap.lowest_unstable, cap.model_lambda_max, share,
-                    rate, ttft.p90, ttft.mean, time.perf_counter() - t0, time.process_time() - c0,
-                    [(p.rate, p.stable) for p in sorted(cap.probes, key=lambda p: p.rate)])
+    return Measured(
+        backend,
+        sc.name,
+        str(out),
+        cap.lambda_max,
+        cap.lowest_unstable,
+        cap.model_lambda_max,
+        share,
+        rate,
+        ttft.p90,
+        ttft.mean,
+        time.perf_counter() - t0,
+        time.process_time() - c0,
+        [(p.rate, p.stable) for p in sorted(cap.probes, key=lambda p: p.rate)],
+    )
 
 
 def _cache_key(rs: ResolvedScenario, backend: str, s: RunSettings) -> str:
     """What a measurement depends on: the scenario, its link, the backend and the settings."""
     settings = {k: v for k, v in asdict(s).items() if k != "keep_series"}
-    blob = json.dumps([dump_scenario(rs.spec), rs.inter_dc.model_dump(mode="json"), backend, settings],
-                      sort_keys=True, default=str)
+    blob = json.dumps(
+        [dump_scenario(rs.spec), rs.inter_dc.model_dump(mode="json"), backend, settings], sort_keys=True, default=str
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -217,8 +262,9 @@ def _load_measured(path: Path, key: str) -> Measured | None:
         return None
 
 
-async def measure_cached(rs: ResolvedScenario, out: Path, backend: str, s: RunSettings,
-                         reuse: bool = True, verbose: bool = False) -> tuple[Measured, bool]:
+async def measure_cached(
+    rs: ResolvedScenario, out: Path, backend: str, s: RunSettings, reuse: bool = True, verbose: bool = False
+) -> tuple[Measured, bool]:
     """`measure`, or the measurement an earlier run left in `out` for the same scenario, link,
     backend and settings (measured.json); True when measured now."""
     key = _cache_key(rs, backend, s)
@@ -266,7 +312,7 @@ class Tally:
     reused: int = 0
     wall_s: float = 0.0
     cpu_s: float = 0.0
-    reused_wall_s: float = 0.0    # what the reused searches took when they ran
+    reused_wall_s: float = 0.0  # what the reused searches took when they ran
     reused_cpu_s: float = 0.0
 
     def add(self, m: Measured, fresh: bool) -> None:
@@ -282,8 +328,8 @@ class Tally:
 
 @dataclass
 class SimResults:
-    points: dict[str, Measured] = field(default_factory=dict)        # point key -> PrfaaS-PD
-    homogeneous: dict[str, Measured] = field(default_factory=dict)   # model -> homogeneous PD
+    points: dict[str, Measured] = field(default_factory=dict)  # point key -> PrfaaS-PD
+    homogeneous: dict[str, Measured] = field(default_factory=dict)  # model -> homogeneous PD
     tally: Tally = field(default_factory=Tally)
 
     def gain(self, p: MapPoint) -> float | None:
@@ -297,8 +343,15 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-async def simulate_points(mm: ModelMap, deps: dict[str, Deployments], keys: Sequence[str], out: Path,
-                          s: RunSettings, results: SimResults | None = None, reuse: bool = True) -> SimResults:
+async def simulate_points(
+    mm: ModelMap,
+    deps: dict[str, Deployments],
+    keys: Sequence[str],
+    out: Path,
+    s: RunSettings,
+    results: SimResults | None = None,
+    reuse: bool = True,
+) -> SimResults:
     """Simulate the points `keys` (and each of their models' homogeneous PD once)."""
     res = results or SimResults()
     by_key = {p.key: p for p in mm.points}
@@ -312,14 +365,18 @@ async def simulate_points(mm: ModelMap, deps: dict[str, Deployments], keys: Sequ
             m, fresh = await measure_cached(rs, out / "sim" / rs.name, "sim", s, reuse)
             res.homogeneous[p.model] = m
             res.tally.add(m, fresh)
-            _say(f"  {rs.name}: Λ_max {_f(m.lambda_max)} (model {_f(m.model_lambda_max)}) req/s "
-                 f"[{f'{m.wall_s:.1f} s' if fresh else 'reused'}]")
+            _say(
+                f"  {rs.name}: Λ_max {_f(m.lambda_max)} (model {_f(m.model_lambda_max)}) req/s "
+                f"[{f'{m.wall_s:.1f} s' if fresh else 'reused'}]"
+            )
         rs = prfaas_scenario(out, dep, p, s)
         m, fresh = await measure_cached(rs, out / "sim" / rs.name, "sim", s, reuse)
         res.points[k] = m
         res.tally.add(m, fresh)
-        _say(f"  [{i}/{len(todo)}] {k}: Λ_max {_f(m.lambda_max)} (model {_f(m.model_lambda_max)}) req/s "
-             f"[{f'{m.wall_s:.1f} s' if fresh else 'reused'}]")
+        _say(
+            f"  [{i}/{len(todo)}] {k}: Λ_max {_f(m.lambda_max)} (model {_f(m.model_lambda_max)}) req/s "
+            f"[{f'{m.wall_s:.1f} s' if fresh else 'reused'}]"
+        )
     return res
 
 
@@ -353,8 +410,11 @@ def confirm_candidates(mm: ModelMap) -> list[str]:
         out.append(min(dense, key=lambda p: p.gain).key)
     if hybrid:
         out.append(max(hybrid, key=lambda p: p.gain).key)
-    bound = [p for p in mm.points if p.rtt_ms == last and p.kind == "hybrid" and p.prfaas_bound == "link"
-             and p.bottleneck == "prfaas"]
+    bound = [
+        p
+        for p in mm.points
+        if p.rtt_ms == last and p.kind == "hybrid" and p.prfaas_bound == "link" and p.bottleneck == "prfaas"
+    ]
     if bound:
         out.append(max(bound, key=lambda p: (p.rate_gbps, p.gain)).key)
     out += [p.key for p in mm.points if p.rate_gbps == near]
@@ -369,9 +429,11 @@ def pick_confirm(mm: ModelMap, k: int, explicit: Sequence[str] = ()) -> list[str
         try:
             keys.append(mm.point(model, rate, rtt).key)
         except KeyError:
-            raise ScenarioError(f"--confirm-at {text!r}: not a point of the map (models "
-                                f"{', '.join(m.model for m in mm.models)}; rates {mm.rates_gbps}; RTTs "
-                                f"{mm.rtts_ms})") from None
+            raise ScenarioError(
+                f"--confirm-at {text!r}: not a point of the map (models "
+                f"{', '.join(m.model for m in mm.models)}; rates {mm.rates_gbps}; RTTs "
+                f"{mm.rtts_ms})"
+            ) from None
     for key in confirm_candidates(mm):
         if len(keys) >= max(k, len(explicit)):
             break
@@ -395,9 +457,17 @@ class Confirmation:
         return self.diff is not None and abs(self.diff) <= tolerance
 
 
-async def confirm(mm: ModelMap, deps: dict[str, Deployments], keys: Sequence[str], out: Path, s: RunSettings,
-                  sim: SimResults, backend: str = "netns", reuse: bool = True,
-                  tally: Tally | None = None) -> list[Confirmation]:
+async def confirm(
+    mm: ModelMap,
+    deps: dict[str, Deployments],
+    keys: Sequence[str],
+    out: Path,
+    s: RunSettings,
+    sim: SimResults,
+    backend: str = "netns",
+    reuse: bool = True,
+    tally: Tally | None = None,
+) -> list[Confirmation]:
     """Emulate each point's capacity search with the simulation's settings and compare."""
     await simulate_points(mm, deps, keys, out, s, sim, reuse)
     by_key = {p.key: p for p in mm.points}
@@ -411,30 +481,54 @@ async def confirm(mm: ModelMap, deps: dict[str, Deployments], keys: Sequence[str
             tally.add(em, fresh)
         c = Confirmation(k, sim.points[k], em)
         outc.append(c)
-        _say(f"  {k}: emulated Λ_max {_f(em.lambda_max)}, simulated {_f(c.simulated.lambda_max)} req/s "
-             f"({'n/a' if c.diff is None else f'{c.diff:+.1%}'})" + ("" if fresh else " [reused]"))
+        _say(
+            f"  {k}: emulated Λ_max {_f(em.lambda_max)}, simulated {_f(c.simulated.lambda_max)} req/s "
+            f"({'n/a' if c.diff is None else f'{c.diff:+.1%}'})" + ("" if fresh else " [reused]")
+        )
     return outc
 
 
 def confirm_table(conf: Sequence[Confirmation], tolerance: float = CONFIRM_TOLERANCE) -> list[str]:
-    lines = ["| point | backend | Λ_max emulated | Λ_max simulated | difference | within "
-             f"{tolerance:.0%} | Λ_max model | P90 TTFT emulated / simulated (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| point | backend | Λ_max emulated | Λ_max simulated | difference | within "
+        f"{tolerance:.0%} | Λ_max model | P90 TTFT emulated / simulated (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in conf:
         e, m = c.emulated, c.simulated
-        lines.append(f"| {c.key} | {e.backend} | {_f(e.lambda_max)} | {_f(m.lambda_max)} | "
-                     f"{'n/a' if c.diff is None else f'{c.diff:+.1%}'} | {'yes' if c.within(tolerance) else 'NO'} | "
-                     f"{_f(m.model_lambda_max)} | {_f(e.ttft_p90_s)} / {_f(m.ttft_p90_s)} |")
+        lines.append(
+            f"| {c.key} | {e.backend} | {_f(e.lambda_max)} | {_f(m.lambda_max)} | "
+            f"{'n/a' if c.diff is None else f'{c.diff:+.1%}'} | {'yes' if c.within(tolerance) else 'NO'} | "
+            f"{_f(m.model_lambda_max)} | {_f(e.ttft_p90_s)} / {_f(m.ttft_p90_s)} |"
+        )
     return lines
 
 
 def write_confirm(conf: Sequence[Confirmation], out: Path, tolerance: float = CONFIRM_TOLERANCE) -> None:
-    (out / "confirm.json").write_text(json.dumps(
-        [{"point": c.key, "diff": c.diff, "within": c.within(tolerance), "tolerance": tolerance,
-          "simulated": asdict(c.simulated), "emulated": asdict(c.emulated)} for c in conf], indent=1))
-    lines = ["# Feasibility map: points confirmed by emulation", "",
-             "Each point's capacity search ran twice with the same scenario, workload sample and criteria: "
-             "simulated and on the backend named.", "", *confirm_table(conf, tolerance)]
+    (out / "confirm.json").write_text(
+        json.dumps(
+            [
+                {
+                    "point": c.key,
+                    "diff": c.diff,
+                    "within": c.within(tolerance),
+                    "tolerance": tolerance,
+                    "simulated": asdict(c.simulated),
+                    "emulated": asdict(c.emulated),
+                }
+                for c in conf
+            ],
+            indent=1,
+        )
+    )
+    lines = [
+        "# Feasibility map: points confirmed by emulation",
+        "",
+        "Each point's capacity search ran twice with the same scenario, workload sample and criteria: "
+        "simulated and on the backend named.",
+        "",
+        *confirm_table(conf, tolerance),
+    ]
     (out / "confirm.md").write_text("\n".join(lines) + "\n")
 
 
@@ -444,9 +538,14 @@ def load_confirm(out: Path) -> list[Confirmation]:
         data = json.loads((out / "confirm.json").read_text())
     except (OSError, ValueError):
         return []
-    return [Confirmation(d["point"], Measured(**{**d["simulated"], "probes": [tuple(x) for x in d["simulated"]["probes"]]}),
-                         Measured(**{**d["emulated"], "probes": [tuple(x) for x in d["emulated"]["probes"]]}))
-            for d in data]
+    return [
+        Confirmation(
+            d["point"],
+            Measured(**{**d["simulated"], "probes": [tuple(x) for x in d["simulated"]["probes"]]}),
+            Measured(**{**d["emulated"], "probes": [tuple(x) for x in d["emulated"]["probes"]]}),
+        )
+        for d in data
+    ]
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:

@@ -7,18 +7,31 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from testbed.config.scenarios import load_model_profile
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.model.feasibility import PROFILE_HARDWARE, BreakEven, MapPoint, ModelMap, SourceMaps, label
-from testbed.studies.feasibility.feasibility import (CONFIRM_TOLERANCE, Confirmation, RunSettings, SimResults,
-                                                     confirm_table)
+from testbed.studies.feasibility.feasibility import (
+    CONFIRM_TOLERANCE,
+    Confirmation,
+    RunSettings,
+    SimResults,
+    confirm_table,
+)
 
-SIM_COLUMNS = ("lambda_max_sim", "homogeneous_lambda_max_sim", "gain_sim", "offload_share_sim", "ttft_p90_sim_s",
-               "ttft_rate_sim", "lowest_unstable_sim")
+SIM_COLUMNS = (
+    "lambda_max_sim",
+    "homogeneous_lambda_max_sim",
+    "gain_sim",
+    "offload_share_sim",
+    "ttft_p90_sim_s",
+    "ttft_rate_sim",
+    "lowest_unstable_sim",
+)
 
 
 @dataclass(frozen=True)
@@ -51,8 +64,14 @@ def rows(mm: ModelMap, sim: SimResults) -> list[dict[str, Any]]:
         m, h = sim.points.get(p.key), sim.homogeneous.get(p.model)
         r.update(dict.fromkeys(SIM_COLUMNS))
         if m is not None:
-            r.update(lambda_max_sim=m.lambda_max, offload_share_sim=m.offload_share, ttft_p90_sim_s=m.ttft_p90_s,
-                     ttft_rate_sim=m.ttft_rate, lowest_unstable_sim=m.lowest_unstable, gain_sim=sim.gain(p))
+            r.update(
+                lambda_max_sim=m.lambda_max,
+                offload_share_sim=m.offload_share,
+                ttft_p90_sim_s=m.ttft_p90_s,
+                ttft_rate_sim=m.ttft_rate,
+                lowest_unstable_sim=m.lowest_unstable,
+                gain_sim=sim.gain(p),
+            )
         if m is not None and h is not None:
             r["homogeneous_lambda_max_sim"] = h.lambda_max
         out.append(r)
@@ -67,17 +86,33 @@ def write_csv(table: Sequence[dict[str, Any]], path: Path) -> None:
             w.writerow({k: ("" if v is None else v) for k, v in r.items()})
 
 
-def write_json(mm: ModelMap, sim: SimResults, settings: RunSettings, conf: Sequence[Confirmation],
-               timing: Timing, path: Path) -> None:
+def write_json(
+    mm: ModelMap, sim: SimResults, settings: RunSettings, conf: Sequence[Confirmation], timing: Timing, path: Path
+) -> None:
     data = {
         "grid": {"rates_gbps": mm.rates_gbps, "rtts_ms": mm.rtts_ms, "split": mm.split, "pd_curve": mm.pd_curve},
         "settings": asdict(settings),
         "models": [m.to_dict() for m in mm.models],
-        "points": [{**p.to_dict(), "key": p.key, "gain_sim": sim.gain(p),
-                    "sim": asdict(sim.points[p.key]) if p.key in sim.points else None} for p in mm.points],
+        "points": [
+            {
+                **p.to_dict(),
+                "key": p.key,
+                "gain_sim": sim.gain(p),
+                "sim": asdict(sim.points[p.key]) if p.key in sim.points else None,
+            }
+            for p in mm.points
+        ],
         "homogeneous_sim": {k: asdict(v) for k, v in sim.homogeneous.items()},
-        "confirm": [{"point": c.key, "diff": c.diff, "within": c.within(), "emulated": asdict(c.emulated),
-                     "simulated_lambda_max": c.simulated.lambda_max} for c in conf],
+        "confirm": [
+            {
+                "point": c.key,
+                "diff": c.diff,
+                "within": c.within(),
+                "emulated": asdict(c.emulated),
+                "simulated_lambda_max": c.simulated.lambda_max,
+            }
+            for c in conf
+        ],
         "timing": asdict(timing),
     }
     path.write_text(json.dumps(data, indent=1))
@@ -99,6 +134,7 @@ def plot_heatmap(table: Sequence[dict[str, Any]], path: Path) -> str:
     else the model's (the other source, where present, is the cell's second line). Returns
     the colour's source."""
     import matplotlib
+
     matplotlib.use("Agg")
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.figure import Figure
@@ -116,8 +152,9 @@ def plot_heatmap(table: Sequence[dict[str, Any]], path: Path) -> str:
     im = None
     for n, (ax, rtt) in enumerate(zip(axes, rtts)):
         grid = [[_num(cell[(m, r, rtt)].get(key)) if (m, r, rtt) in cell else None for r in rates] for m in models]
-        im = ax.imshow([[math.nan if v is None else v for v in row] for row in grid], cmap="RdYlGn", norm=norm,
-                       aspect="auto")
+        im = ax.imshow(
+            [[math.nan if v is None else v for v in row] for row in grid], cmap="RdYlGn", norm=norm, aspect="auto"
+        )
         for i, m in enumerate(models):
             for j, r in enumerate(rates):
                 c = cell.get((m, r, rtt))
@@ -125,11 +162,24 @@ def plot_heatmap(table: Sequence[dict[str, Any]], path: Path) -> str:
                 if c is None or v is None:
                     continue
                 o = _num(c.get(other))
-                ax.text(j, i - (0.12 if o is not None else 0.0), f"{v:.2f}", ha="center", va="center", fontsize=8,
-                        fontweight="bold")
+                ax.text(
+                    j,
+                    i - (0.12 if o is not None else 0.0),
+                    f"{v:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    fontweight="bold",
+                )
                 if o is not None:
-                    ax.text(j, i + 0.22, f"{'sim' if other == 'gain_sim' else 'model'} {o:.2f}", ha="center",
-                            va="center", fontsize=5.5)
+                    ax.text(
+                        j,
+                        i + 0.22,
+                        f"{'sim' if other == 'gain_sim' else 'model'} {o:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=5.5,
+                    )
         ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
         ax.set_yticks(range(len(models)), [f"{label(m)} ({cell_kind(table, m)})" for m in models])
         ax.tick_params(axis="y", labelleft=n == 0)
@@ -185,31 +235,43 @@ def claim_lines(mm: ModelMap, sim: SimResults) -> list[str]:
             de_gain = [p for p in de if (gains[p.model] or 0) > 1]
             holds = len(hy_ok) == len(hy) and not de_gain
             parts = [f"{len(hy_ok)} of {len(hy)} hybrid models gain"]
-            parts.append(f"{len(de_gain)} of {len(de)} dense models gain"
-                         + (f" ({', '.join(f'{label(p.model)} {gains[p.model]:.2f}x' for p in de_gain)})"
-                            if de_gain else ""))
-            out.append(f"- {rate:g} Gbit/s, {rtt:g} ms RTT, by {source}: " + "; ".join(parts)
-                       + f" -> the claim {'holds' if holds else 'does NOT hold'} here.")
+            parts.append(
+                f"{len(de_gain)} of {len(de)} dense models gain"
+                + (f" ({', '.join(f'{label(p.model)} {gains[p.model]:.2f}x' for p in de_gain)})" if de_gain else "")
+            )
+            out.append(
+                f"- {rate:g} Gbit/s, {rtt:g} ms RTT, by {source}: "
+                + "; ".join(parts)
+                + f" -> the claim {'holds' if holds else 'does NOT hold'} here."
+            )
     return out
 
 
 def _gap_note(mm: ModelMap, sim: SimResults, settings: RunSettings) -> str:
     """Simulated against model Lambda_max of PrfaaS-PD, by what binds in the model."""
+
     def spread(sel: Callable[[MapPoint], bool]) -> str | None:
-        r = [m.lambda_max / p.lambda_max - 1 for p in mm.points
-             if sel(p) and (m := sim.points.get(p.key)) is not None and m.lambda_max is not None]
+        r = [
+            m.lambda_max / p.lambda_max - 1
+            for p in mm.points
+            if sel(p) and (m := sim.points.get(p.key)) is not None and m.lambda_max is not None
+        ]
         return None if not r else f"{min(r):+.0%} to {max(r):+.0%} ({len(r)} points)"
 
     parts = []
     if (g := spread(lambda p: p.bottleneck == "pdp")) is not None:
         parts.append(f"where PD-P binds, {g}: the same convexity as homogeneous PD's")
     if (g := spread(lambda p: p.link_utilisation >= 0.95)) is not None:
-        parts.append(f"where the model's link is saturated (>= 95% at Λ_max), {g}: a fluid link at its rate has no "
-                     "slack for bursts of long offloaded requests, whose KV then queues")
+        parts.append(
+            f"where the model's link is saturated (>= 95% at Λ_max), {g}: a fluid link at its rate has no "
+            "slack for bursts of long offloaded requests, whose KV then queues"
+        )
     if (g := spread(lambda p: p.bottleneck == "pdd" and p.link_utilisation < 0.9)) is not None:
-        parts.append(f"where decode binds with link headroom, {g}: these can read above the model, because a "
-                     f"request holds its decode slot for L_out x T_decode (25.6 s at 1024 tokens) and a "
-                     f"{settings.requests}-request probe fills the slots late, so waits grow little before it ends")
+        parts.append(
+            f"where decode binds with link headroom, {g}: these can read above the model, because a "
+            f"request holds its decode slot for L_out x T_decode (25.6 s at 1024 tokens) and a "
+            f"{settings.requests}-request probe fills the slots late, so waits grow little before it ends"
+        )
     if (g := spread(lambda p: p.bottleneck == "prfaas" and p.prfaas_bound == "compute")) is not None:
         parts.append(f"where PrfaaS compute binds, {g}")
     return (" PrfaaS-PD, simulated against the model: " + "; ".join(parts) + ".") if parts else ""
@@ -219,8 +281,10 @@ def _gap_note(mm: ModelMap, sim: SimResults, settings: RunSettings) -> str:
 # Profile sources side by side
 
 SOURCE_TAGS = {"paper": "paper", "aiconfigurator": "aic"}
-SOURCE_NOTE = ("paper: back-solved from the paper's Table 3 (scenarios/models, ~0.3-0.45 s fixed per prefill); "
-               "aic: aiconfigurator's measured kernels (scenarios/models/aiconfigurator, kernel time only)")
+SOURCE_NOTE = (
+    "paper: back-solved from the paper's Table 3 (scenarios/models, ~0.3-0.45 s fixed per prefill); "
+    "aic: aiconfigurator's measured kernels (scenarios/models/aiconfigurator, kernel time only)"
+)
 
 
 def _tag(source: str) -> str:
@@ -253,12 +317,24 @@ def source_rows(sm: SourceMaps) -> list[dict[str, Any]]:
             for rate in mm.rates_gbps:
                 p = mm.point(m.model, rate, rtt)
                 be = m.break_even
-                out.append({"model": m.model, "source": src, "rate_gbps": rate, "threshold": p.threshold,
-                            "n_p": p.n_p, "n_d": p.n_d, "offload_share": p.offload_share, "lambda_max": p.lambda_max,
-                            "homogeneous_lambda_max": p.homogeneous_lambda_max, "gain": p.gain,
-                            "egress_gbps": p.egress_gbps, "bottleneck": p.bottleneck,
-                            "break_even_gbps": None if be is None or be.rate_bps is None else be.rate_bps / 1e9,
-                            "break_even_bound": None if be is None else be.bound})
+                out.append(
+                    {
+                        "model": m.model,
+                        "source": src,
+                        "rate_gbps": rate,
+                        "threshold": p.threshold,
+                        "n_p": p.n_p,
+                        "n_d": p.n_d,
+                        "offload_share": p.offload_share,
+                        "lambda_max": p.lambda_max,
+                        "homogeneous_lambda_max": p.homogeneous_lambda_max,
+                        "gain": p.gain,
+                        "egress_gbps": p.egress_gbps,
+                        "bottleneck": p.bottleneck,
+                        "break_even_gbps": None if be is None or be.rate_bps is None else be.rate_bps / 1e9,
+                        "break_even_bound": None if be is None else be.bound,
+                    }
+                )
     return out
 
 
@@ -269,27 +345,40 @@ def source_lines(sm: SourceMaps, rate: float) -> list[str]:
         return []
     first = next(iter(sm.maps.values()))
     rtt = first.rtts_ms[0]
-    L = ["", "## Profile sources side by side", "",
-         f"The same map from each source's prefill curves, by the model only (not simulated). {SOURCE_NOTE}. "
-         "A fixed time per prefill weighs most on short requests: it moves the best threshold, the offload share "
-         "and the bandwidth a PrfaaS cluster needs.", "",
-         f"At {rate:g} Gbit/s (Λ_max and t do not depend on the RTT):", "",
-         "| model | source | fixed s / prefill | T(32K) s | t | split | offload share | Λ PrfaaS-PD | Λ homog. | gain "
-         "| egress Gbit/s | bottleneck | break-even |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    L = [
+        "",
+        "## Profile sources side by side",
+        "",
+        f"The same map from each source's prefill curves, by the model only (not simulated). {SOURCE_NOTE}. "
+        "A fixed time per prefill weighs most on short requests: it moves the best threshold, the offload share "
+        "and the bandwidth a PrfaaS cluster needs.",
+        "",
+        f"At {rate:g} Gbit/s (Λ_max and t do not depend on the RTT):",
+        "",
+        "| model | source | fixed s / prefill | T(32K) s | t | split | offload share | Λ PrfaaS-PD | Λ homog. | gain "
+        "| egress Gbit/s | bottleneck | break-even |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for model in sm.models():
         for src in srcs:
             p, ms = sm.point(src, model, rate, rtt), sm.summary(src, model)
             if p is None or ms is None:
                 continue
             c = _curve(model, src)
-            L.append(f"| {label(model)} | {_tag(src)} | {_f(None if c is None else c.fixed_time(), '{:.3f}')} | "
-                     f"{_f(None if c is None else c.uncached_time(32768), '{:.3f}')} | {p.threshold:,} | "
-                     f"{p.n_p}/{p.n_d} | {_pct(p.offload_share)} | {p.lambda_max:.2f} | "
-                     f"{p.homogeneous_lambda_max:.2f} | {p.gain:.2f} | {_gbps(p.egress_gbps)} | {p.bottleneck} | "
-                     f"{_be(ms.break_even)} |")
-    L += ["", "Gain by link rate and source:", "",
-          "| model | source | " + " | ".join(f"{r:g}G" for r in first.rates_gbps) + " |",
-          "|---|---|" + "---|" * len(first.rates_gbps)]
+            L.append(
+                f"| {label(model)} | {_tag(src)} | {_f(None if c is None else c.fixed_time(), '{:.3f}')} | "
+                f"{_f(None if c is None else c.uncached_time(32768), '{:.3f}')} | {p.threshold:,} | "
+                f"{p.n_p}/{p.n_d} | {_pct(p.offload_share)} | {p.lambda_max:.2f} | "
+                f"{p.homogeneous_lambda_max:.2f} | {p.gain:.2f} | {_gbps(p.egress_gbps)} | {p.bottleneck} | "
+                f"{_be(ms.break_even)} |"
+            )
+    L += [
+        "",
+        "Gain by link rate and source:",
+        "",
+        "| model | source | " + " | ".join(f"{r:g}G" for r in first.rates_gbps) + " |",
+        "|---|---|" + "---|" * len(first.rates_gbps),
+    ]
     for model in sm.models():
         for src in srcs:
             pts = [sm.point(src, model, r, rtt) for r in first.rates_gbps]
@@ -310,49 +399,83 @@ def source_summary(sm: SourceMaps, rate: float) -> list[str]:
         for src in srcs:
             p, ms = sm.point(src, model, rate, rtt), sm.summary(src, model)
             if p is not None and ms is not None:
-                cells.append(f"{_tag(src)} t {p.threshold / 1000:.1f}K, {p.gain:.2f}x, {_gbps(p.egress_gbps)} Gbit/s, "
-                             f"b/e {_be(ms.break_even)}")
+                cells.append(
+                    f"{_tag(src)} t {p.threshold / 1000:.1f}K, {p.gain:.2f}x, {_gbps(p.egress_gbps)} Gbit/s, "
+                    f"b/e {_be(ms.break_even)}"
+                )
         if len(cells) > 1:
             out.append(f"  {label(model):<14} " + " | ".join(cells))
     return out if len(out) > 1 else []
 
 
-def write_report(mm: ModelMap, sim: SimResults, settings: RunSettings, conf: Sequence[Confirmation],
-                 timing: Timing, out: Path, colour: str, sources: SourceMaps | None = None) -> Path:
+def write_report(
+    mm: ModelMap,
+    sim: SimResults,
+    settings: RunSettings,
+    conf: Sequence[Confirmation],
+    timing: Timing,
+    out: Path,
+    colour: str,
+    sources: SourceMaps | None = None,
+) -> Path:
     rate = headline_rate(mm)
     first = mm.rtts_ms[0]
     L = ["# Feasibility map: PrfaaS-PD against homogeneous PD by model and link", ""]
-    L += [f"Deployments: the paper's (Table 6) with each model profile of `scenarios/models` swapped in: "
-          f"PrfaaS-PD = 4 H200 PrfaaS instances + 8 H20 PD instances over the inter-DC link, homogeneous PD = 12 H20 "
-          f"instances. H20 prefill curve: **{mm.pd_curve}** "
-          + ("(the model's H200 time x the case-study model's H20/H200 ratio at each length)" if mm.pd_curve == "scaled"
-             else "(the base scenario's, measured for the case-study model)")
-          + f"; splits: **{mm.split}** "
-          + ("(PrfaaS-PD by the paper's 2-D search over t and N_p/N_d; homogeneous PD's best N_p/N_d)"
-             if mm.split == "optimise" else "(Table 6's 3/5 and 9/3; t optimised)") + ".", ""]
+    L += [
+        f"Deployments: the paper's (Table 6) with each model profile of `scenarios/models` swapped in: "
+        f"PrfaaS-PD = 4 H200 PrfaaS instances + 8 H20 PD instances over the inter-DC link, homogeneous PD = 12 H20 "
+        f"instances. H20 prefill curve: **{mm.pd_curve}** "
+        + (
+            "(the model's H200 time x the case-study model's H20/H200 ratio at each length)"
+            if mm.pd_curve == "scaled"
+            else "(the base scenario's, measured for the case-study model)"
+        )
+        + f"; splits: **{mm.split}** "
+        + (
+            "(PrfaaS-PD by the paper's 2-D search over t and N_p/N_d; homogeneous PD's best N_p/N_d)"
+            if mm.split == "optimise"
+            else "(Table 6's 3/5 and 9/3; t optimised)"
+        )
+        + ".",
+        "",
+    ]
     ttft_slo = "the scenario's TTFT SLO" if settings.ttft_slo_s is None else f"{settings.ttft_slo_s:g} s"
-    L += ["Gain = Λ_max(PrfaaS-PD) / Λ_max(homogeneous PD). The model is the paper's queue-free fluid model: its "
-          "Λ_max does not depend on RTT, its P90 TTFT adds the KV's one-way delay and last-layer tail for offloaded "
-          "requests. Simulated: capacity bisection on `--backend sim` at the model's threshold and split, "
-          f"{settings.probes} probes of {settings.requests} requests (seed {settings.seed}), stable = every request "
-          f"completed, P90 TPOT within the SLO, P90 TTFT <= {ttft_slo} and mean wait growth <= "
-          f"{settings.wait_growth_s:g} s; P90 TTFT simulated at {settings.ttft_load:g} x the model's Λ_max.", ""]
+    L += [
+        "Gain = Λ_max(PrfaaS-PD) / Λ_max(homogeneous PD). The model is the paper's queue-free fluid model: its "
+        "Λ_max does not depend on RTT, its P90 TTFT adds the KV's one-way delay and last-layer tail for offloaded "
+        "requests. Simulated: capacity bisection on `--backend sim` at the model's threshold and split, "
+        f"{settings.probes} probes of {settings.requests} requests (seed {settings.seed}), stable = every request "
+        f"completed, P90 TPOT within the SLO, P90 TTFT <= {ttft_slo} and mean wait growth <= "
+        f"{settings.wait_growth_s:g} s; P90 TTFT simulated at {settings.ttft_load:g} x the model's Λ_max.",
+        "",
+    ]
     L += ["![map](map.png)", "", f"Colour: the gain by {'simulation' if colour == 'sim' else 'the model'}.", ""]
     L += ["## Headline", ""]
-    L += [f"Gain at {rate:g} Gbit/s, {first:g} ms RTT, and the link rate at which each model breaks even (gain 1):", "",
-          "| model | kind | gain, model | gain, sim | bottleneck (model) | link utilisation | offload share model / sim "
-          "| break-even (model) |", "|---|---|---|---|---|---|---|---|"]
+    L += [
+        f"Gain at {rate:g} Gbit/s, {first:g} ms RTT, and the link rate at which each model breaks even (gain 1):",
+        "",
+        "| model | kind | gain, model | gain, sim | bottleneck (model) | link utilisation | offload share model / sim "
+        "| break-even (model) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for m in mm.models:
         p = mm.point(m.model, rate, first)
         be = m.break_even
-        bes = "-" if be is None else {"exact": f"{_gbps(be.rate_bps / 1e9 if be.rate_bps else None)} Gbit/s",
-                                       "below": f"<= {_gbps(be.lo_bps / 1e9)} Gbit/s",
-                                       "never": f"never (gain {be.gain_at_hi:.2f} at {_gbps(be.hi_bps / 1e9)} Gbit/s)"
-                                       }[be.bound]
+        bes = (
+            "-"
+            if be is None
+            else {
+                "exact": f"{_gbps(be.rate_bps / 1e9 if be.rate_bps else None)} Gbit/s",
+                "below": f"<= {_gbps(be.lo_bps / 1e9)} Gbit/s",
+                "never": f"never (gain {be.gain_at_hi:.2f} at {_gbps(be.hi_bps / 1e9)} Gbit/s)",
+            }[be.bound]
+        )
         s = sim.points.get(p.key)
-        L.append(f"| {label(m.model)} | {m.kind} | {p.gain:.2f} | {_f(sim.gain(p))} | {p.bottleneck}"
-                 f"{f' ({p.prfaas_bound})' if p.bottleneck == 'prfaas' else ''} | {_pct(p.link_utilisation)} | "
-                 f"{_pct(p.offload_share)} / {_pct(None if s is None else s.offload_share)} | {bes} |")
+        L.append(
+            f"| {label(m.model)} | {m.kind} | {p.gain:.2f} | {_f(sim.gain(p))} | {p.bottleneck}"
+            f"{f' ({p.prfaas_bound})' if p.bottleneck == 'prfaas' else ''} | {_pct(p.link_utilisation)} | "
+            f"{_pct(p.offload_share)} / {_pct(None if s is None else s.offload_share)} | {bes} |"
+        )
     L += ["", "The paper's claim (on a 100 Gbit/s cross-region link hybrid models gain, dense ones do not):", ""]
     L += claim_lines(mm, sim) or ["- (the map has no ~100 Gbit/s point)"]
     for rtt in mm.rtts_ms:
@@ -365,42 +488,68 @@ def write_report(mm: ModelMap, sim: SimResults, settings: RunSettings, conf: Seq
                 g = sim.gain(p)
                 cells.append(f"{p.gain:.2f}" + ("" if g is None else f" / {g:.2f}"))
             L.append(f"| {label(m.model)} | " + " | ".join(cells) + " |")
-    L += ["", "## Every point", "",
-          "t: best threshold (tokens); split N_p/N_d of the PD instances; Λ in req/s; TTFT P90 in s (model: queue-free "
-          "with the WAN; sim: at the light load).", "",
-          "| model | rate | RTT | t | split | share model/sim | Λ PrfaaS model/sim | Λ homog. model/sim | gain model/sim "
-          "| TTFT P90 model/sim | bound | link util. |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    L += [
+        "",
+        "## Every point",
+        "",
+        "t: best threshold (tokens); split N_p/N_d of the PD instances; Λ in req/s; TTFT P90 in s (model: queue-free "
+        "with the WAN; sim: at the light load).",
+        "",
+        "| model | rate | RTT | t | split | share model/sim | Λ PrfaaS model/sim | Λ homog. model/sim | gain model/sim "
+        "| TTFT P90 model/sim | bound | link util. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in mm.points:
         s, h = sim.points.get(p.key), sim.homogeneous.get(p.model)
-        L.append(f"| {label(p.model)} | {p.rate_gbps:g} | {p.rtt_ms:g} | {p.threshold:,} | {p.n_p}/{p.n_d} | "
-                 f"{_pct(p.offload_share)}/{_pct(None if s is None else s.offload_share)} | "
-                 f"{p.lambda_max:.2f}/{_f(None if s is None else s.lambda_max)} | "
-                 f"{p.homogeneous_lambda_max:.2f}/{_f(None if s is None or h is None else h.lambda_max)} | "
-                 f"{p.gain:.2f}/{_f(sim.gain(p))} | {p.ttft_p90_s:.2f}/{_f(None if s is None else s.ttft_p90_s)} | "
-                 f"{p.bottleneck}{f' ({p.prfaas_bound})' if p.bottleneck == 'prfaas' else ''} | "
-                 f"{_pct(p.link_utilisation)} |")
-    L += ["", "Homogeneous PD per model (N_p/N_d, Λ_max by the model, bottleneck; Λ_max with PD-P's capacity "
-          "N_p / E[T(L)] in place of the formula's N_p / T(E[L]); simulated): " + "; ".join(
-              f"{label(m.model)} {m.homogeneous.n_p}/{m.homogeneous.n_d}, {m.homogeneous.lambda_max:.2f} "
-              f"({m.homogeneous.bottleneck}), {m.homogeneous.lambda_mean_service:.2f}, "
-              f"{_f(None if m.model not in sim.homogeneous else sim.homogeneous[m.model].lambda_max)}"
-              for m in mm.models) + ".",
-          "", "Where simulation and model differ: the paper's formula evaluates T_prefill at a stage's mean length; "
-          "a replay pays T(l) per request, and with T convex in l a prefill-bound stage sustains N / E[T(L)], less "
-          "than N / T(E[L]). Homogeneous PD is prefill-bound for most models, so its simulated Λ_max sits near the "
-          "E[T(L)] figure and the simulated gains come out above the model's." + _gap_note(mm, sim, settings)]
+        L.append(
+            f"| {label(p.model)} | {p.rate_gbps:g} | {p.rtt_ms:g} | {p.threshold:,} | {p.n_p}/{p.n_d} | "
+            f"{_pct(p.offload_share)}/{_pct(None if s is None else s.offload_share)} | "
+            f"{p.lambda_max:.2f}/{_f(None if s is None else s.lambda_max)} | "
+            f"{p.homogeneous_lambda_max:.2f}/{_f(None if s is None or h is None else h.lambda_max)} | "
+            f"{p.gain:.2f}/{_f(sim.gain(p))} | {p.ttft_p90_s:.2f}/{_f(None if s is None else s.ttft_p90_s)} | "
+            f"{p.bottleneck}{f' ({p.prfaas_bound})' if p.bottleneck == 'prfaas' else ''} | "
+            f"{_pct(p.link_utilisation)} |"
+        )
+    L += [
+        "",
+        "Homogeneous PD per model (N_p/N_d, Λ_max by the model, bottleneck; Λ_max with PD-P's capacity "
+        "N_p / E[T(L)] in place of the formula's N_p / T(E[L]); simulated): "
+        + "; ".join(
+            f"{label(m.model)} {m.homogeneous.n_p}/{m.homogeneous.n_d}, {m.homogeneous.lambda_max:.2f} "
+            f"({m.homogeneous.bottleneck}), {m.homogeneous.lambda_mean_service:.2f}, "
+            f"{_f(None if m.model not in sim.homogeneous else sim.homogeneous[m.model].lambda_max)}"
+            for m in mm.models
+        )
+        + ".",
+        "",
+        "Where simulation and model differ: the paper's formula evaluates T_prefill at a stage's mean length; "
+        "a replay pays T(l) per request, and with T convex in l a prefill-bound stage sustains N / E[T(L)], less "
+        "than N / T(E[L]). Homogeneous PD is prefill-bound for most models, so its simulated Λ_max sits near the "
+        "E[T(L)] figure and the simulated gains come out above the model's." + _gap_note(mm, sim, settings),
+    ]
     if sources is not None:
         L += source_lines(sources, rate)
     if conf:
         L += ["", "## Confirmed by emulation", "", *confirm_table(conf, CONFIRM_TOLERANCE)]
-    L += ["", "## Time", "",
-          f"Model map: {timing.model_wall_s:.1f} s wall ({timing.model_cpu_s:.1f} s CPU). Simulation: "
-          f"{timing.sim_runs} capacity searches in {timing.sim_wall_s:.1f} s wall ({timing.sim_cpu_s:.1f} s CPU)"
-          + (f", {timing.sim_reused} reused from an earlier run (which took {timing.sim_reused_wall_s:.1f} s wall, "
-             f"{timing.sim_reused_cpu_s:.1f} s CPU)" if timing.sim_reused else "")
-          + (f". Emulation: {timing.emulation_runs} searches in {timing.emulation_wall_s:.0f} s"
-             if timing.emulation_runs else "")
-          + f". Total {timing.total_wall_s:.1f} s."]
+    L += [
+        "",
+        "## Time",
+        "",
+        f"Model map: {timing.model_wall_s:.1f} s wall ({timing.model_cpu_s:.1f} s CPU). Simulation: "
+        f"{timing.sim_runs} capacity searches in {timing.sim_wall_s:.1f} s wall ({timing.sim_cpu_s:.1f} s CPU)"
+        + (
+            f", {timing.sim_reused} reused from an earlier run (which took {timing.sim_reused_wall_s:.1f} s wall, "
+            f"{timing.sim_reused_cpu_s:.1f} s CPU)"
+            if timing.sim_reused
+            else ""
+        )
+        + (
+            f". Emulation: {timing.emulation_runs} searches in {timing.emulation_wall_s:.0f} s"
+            if timing.emulation_runs
+            else ""
+        )
+        + f". Total {timing.total_wall_s:.1f} s.",
+    ]
     path = out / "report.md"
     path.write_text("\n".join(L) + "\n")
     return path
@@ -409,19 +558,30 @@ def write_report(mm: ModelMap, sim: SimResults, settings: RunSettings, conf: Seq
 def summary_lines(mm: ModelMap, sim: SimResults, timing: Timing, sources: SourceMaps | None = None) -> list[str]:
     """What the command prints: the headline column and the break-even rates."""
     rate, first = headline_rate(mm), mm.rtts_ms[0]
-    out = [f"gain of PrfaaS-PD over homogeneous PD at {rate:g} Gbit/s, {first:g} ms RTT (model / sim), "
-           "and break-even link rate (model):"]
+    out = [
+        f"gain of PrfaaS-PD over homogeneous PD at {rate:g} Gbit/s, {first:g} ms RTT (model / sim), "
+        "and break-even link rate (model):"
+    ]
     for m in mm.models:
         p = mm.point(m.model, rate, first)
         be = m.break_even
-        bes = "-" if be is None else (f"{be.rate_bps / 1e9:.3g} Gbit/s" if be.bound == "exact" and be.rate_bps
-                                      else be.bound)
+        bes = (
+            "-"
+            if be is None
+            else (f"{be.rate_bps / 1e9:.3g} Gbit/s" if be.bound == "exact" and be.rate_bps else be.bound)
+        )
         out.append(f"  {label(m.model):<14} {m.kind:<6} {p.gain:5.2f} / {_f(sim.gain(p)):>5}   break-even {bes}")
     out += claim_lines(mm, sim)
     if sources is not None:
         out += source_summary(sources, rate)
-    out.append(f"time: model {timing.model_wall_s:.1f} s, simulation {timing.sim_wall_s:.1f} s wall "
-               f"({timing.sim_cpu_s:.1f} s CPU, {timing.sim_runs} searches run, {timing.sim_reused} reused)"
-               + (f", emulation {timing.emulation_wall_s:.0f} s ({timing.emulation_runs} searches)"
-                  if timing.emulation_runs else "") + f", total {timing.total_wall_s:.1f} s")
+    out.append(
+        f"time: model {timing.model_wall_s:.1f} s, simulation {timing.sim_wall_s:.1f} s wall "
+        f"({timing.sim_cpu_s:.1f} s CPU, {timing.sim_runs} searches run, {timing.sim_reused} reused)"
+        + (
+            f", emulation {timing.emulation_wall_s:.0f} s ({timing.emulation_runs} searches)"
+            if timing.emulation_runs
+            else ""
+        )
+        + f", total {timing.total_wall_s:.1f} s"
+    )
     return out

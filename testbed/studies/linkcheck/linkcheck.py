@@ -9,32 +9,31 @@ import itertools
 import math
 import shutil
 import subprocess
-import time
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.net.loss_account import LossAccount, QueueBound, Snapshot, account_loss, peak_in_flight
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile
 from testbed.core.schema.scaling import Scale
-from testbed.net import owners
-from testbed.net.procs import ProcessGroup
 from testbed.live.kv_transport import KVReceiver, KVSender
 from testbed.metrics.series_format import SeriesWriter, read_series
+from testbed.net import owners
 from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.delayline import LATE_S, Lateness, control, lateness
 from testbed.net.drop_counters import NetlinkReader, layout_for, read_path
 from testbed.net.executor import Executor
+from testbed.net.loss_account import LossAccount, QueueBound, Snapshot, account_loss, peak_in_flight
 from testbed.net.monitor import LinkMonitor, WatchedLink
 from testbed.net.nsexec import nsexec_argv
 from testbed.net.nsthread import NetnsLoop, read_sysctl, run_in_netns
 from testbed.net.plan import netem_limit_packets, plan_base, plan_change, plan_up
 from testbed.net.probe_stats import ProbeStats, probe_stats
-from testbed.net.probes import (LossSink, RttResult, SendResult, measure_rtt, send_probes, udp_echo_server,
-                                wait_drained)
+from testbed.net.probes import LossSink, RttResult, SendResult, measure_rtt, send_probes, udp_echo_server, wait_drained
+from testbed.net.procs import ProcessGroup
 from testbed.net.teardown import teardown
 from testbed.net.topology import Method, Topology, build_topology, new_prefix
 from testbed.net.wanrouter import start_delayline
@@ -49,23 +48,32 @@ class LinkCheckConfig:
     profile: LinkProfile
     scale: Scale
     connections: int = 4
-    duration_s: float = 4.0          # wire seconds per goodput measurement
+    duration_s: float = 4.0  # wire seconds per goodput measurement
     loss_probes: int | None = 20000  # None: loss_probes_for the profile
     rtt_probes: int = 200
     method: str = "auto"
-    one_connection: bool = True      # goodput on one connection too (beside `connections`)
-    window_limited: bool = True      # one connection to a receiver with a small buffer (window-limited goodput)
+    one_connection: bool = True  # goodput on one connection too (beside `connections`)
+    window_limited: bool = True  # one connection to a receiver with a small buffer (window-limited goodput)
     workdir: Path = field(default_factory=lambda: Path("/tmp"))
 
 
-def _goodput(la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver, dest: tuple[str, int], nbytes: int,
-             connections: int, tid: int, congestion: str | None, timeout: float) -> dict[str, Any]:
+def _goodput(
+    la: NetnsLoop,
+    lb: NetnsLoop,
+    receiver: KVReceiver,
+    dest: tuple[str, int],
+    nbytes: int,
+    connections: int,
+    tid: int,
+    congestion: str | None,
+    timeout: float,
+) -> dict[str, Any]:
     """One transfer of `nbytes`; goodput is bytes over first-byte-sent .. last-byte-received."""
     fut = lb.submit(receiver_wait(receiver, tid, timeout))
 
     windows: list[int] = []
     received: list[tuple[float, int]] = []
-    base = receiver.bytes_received          # the receiver serves one transfer after another
+    base = receiver.bytes_received  # the receiver serves one transfer after another
 
     async def send() -> float:
         sender = KVSender(connections=connections, chunk_bytes=256 * 1024, congestion=congestion)
@@ -93,15 +101,22 @@ def _goodput(la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver, dest: tuple[str
     start = la.run(send(), timeout)
     ok, complete, reason = fut.result(timeout)
     secs = complete - start
-    steady = sorted(windows[len(windows) // 4:])     # past slow start
-    return {"connections": connections, "bytes": nbytes, "seconds": secs, "ok": ok, "reason": reason,
-            "bps": nbytes * 8 / secs if ok and secs > 0 else None,
-            "steady_bps": steady_rate(received, nbytes) if ok else None, "congestion": congestion,
-            "received": [(round(t - start, 4), b) for t, b in received],
-            "peer_window_bytes": steady[len(steady) // 2] if steady else None}
+    steady = sorted(windows[len(windows) // 4 :])  # past slow start
+    return {
+        "connections": connections,
+        "bytes": nbytes,
+        "seconds": secs,
+        "ok": ok,
+        "reason": reason,
+        "bps": nbytes * 8 / secs if ok and secs > 0 else None,
+        "steady_bps": steady_rate(received, nbytes) if ok else None,
+        "congestion": congestion,
+        "received": [(round(t - start, 4), b) for t, b in received],
+        "peer_window_bytes": steady[len(steady) // 2] if steady else None,
+    }
 
 
-STEADY_FROM, STEADY_TO = 0.25, 0.95      # of the transfer's bytes received
+STEADY_FROM, STEADY_TO = 0.25, 0.95  # of the transfer's bytes received
 STEADY_MIN_S = 0.5
 
 
@@ -144,14 +159,24 @@ def _iperf3(topo: Topology, connections: int, seconds: float) -> dict[str, Any] 
     if exe is None:
         return None
     a, b = topo.host("a"), topo.host("b")
-    server = subprocess.Popen(nsexec_argv(b.netns, [exe, "-s", "-1", "-p", str(IPERF_PORT)]),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        nsexec_argv(b.netns, [exe, "-s", "-1", "-p", str(IPERF_PORT)]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(0.5)
-        out = subprocess.run(nsexec_argv(a.netns, [exe, "-c", b.ip, "-p", str(IPERF_PORT), "-P", str(connections),
-                                                   "-t", f"{max(seconds, 1):.0f}", "-J"]),
-                             capture_output=True, text=True, timeout=seconds + 30)
+        out = subprocess.run(
+            nsexec_argv(
+                a.netns,
+                [exe, "-c", b.ip, "-p", str(IPERF_PORT), "-P", str(connections), "-t", f"{max(seconds, 1):.0f}", "-J"],
+            ),
+            capture_output=True,
+            text=True,
+            timeout=seconds + 30,
+        )
         import json
+
         data = json.loads(out.stdout)
         return {"connections": connections, "bps": data["end"]["sum_received"]["bits_per_second"]}
     except (subprocess.SubprocessError, ValueError, KeyError) as e:
@@ -161,8 +186,16 @@ def _iperf3(topo: Topology, connections: int, seconds: float) -> dict[str, Any] 
         server.wait()
 
 
-def _track_rate_change(topo: Topology, la: NetnsLoop, lb: NetnsLoop, receiver: KVReceiver,
-                       cfg: LinkCheckConfig, new: LinkParams, tid: int, workdir: Path) -> dict[str, Any]:
+def _track_rate_change(
+    topo: Topology,
+    la: NetnsLoop,
+    lb: NetnsLoop,
+    receiver: KVReceiver,
+    cfg: LinkCheckConfig,
+    new: LinkParams,
+    tid: int,
+    workdir: Path,
+) -> dict[str, Any]:
     """Bulk transfer on N connections; after 1.5 s the rate changes; measure (10 ms counter
     samples, 50 ms windows) how long until throughput is within 10% of the new rate."""
     old = topo.links[(SRC, DST)]
@@ -209,23 +242,30 @@ def _track_rate_change(topo: Topology, la: NetnsLoop, lb: NetnsLoop, receiver: K
             break
         rate = (pts[j][1] - v) * 8 / (pts[j][0] - t)
         if abs(rate - new.rate_bps) <= 0.1 * new.rate_bps:
-            follow = t + win - t_change     # the window that first matched ends here
+            follow = t + win - t_change  # the window that first matched ends here
             break
-    before = [(pts[k + 1][1] - pts[k][1]) * 8 / (pts[k + 1][0] - pts[k][0])
-              for k in range(len(pts) - 1) if t_change - 1.0 <= pts[k][0] < t_change - 0.05]
-    return {"old_bps": old.rate_bps, "new_bps": new.rate_bps, "follow_s": follow,
-            "measured_before_bps": sum(before) / len(before) if before else None}
+    before = [
+        (pts[k + 1][1] - pts[k][1]) * 8 / (pts[k + 1][0] - pts[k][0])
+        for k in range(len(pts) - 1)
+        if t_change - 1.0 <= pts[k][0] < t_change - 0.05
+    ]
+    return {
+        "old_bps": old.rate_bps,
+        "new_bps": new.rate_bps,
+        "follow_s": follow,
+        "measured_before_bps": sum(before) / len(before) if before else None,
+    }
 
 
 @dataclass
 class ShapedLink:
     topo: Topology
     params: LinkParams
-    la: NetnsLoop           # the sending host's namespace
-    lb: NetnsLoop           # the receiving host's
-    base_rtt: RttResult     # over the routed path before the shaping went on
-    ex: Executor            # its netlink handles read the path's drop counters
-    delay_line: Path | None = None   # the delay line's control socket (method fallback)
+    la: NetnsLoop  # the sending host's namespace
+    lb: NetnsLoop  # the receiving host's
+    base_rtt: RttResult  # over the routed path before the shaping went on
+    ex: Executor  # its netlink handles read the path's drop counters
+    delay_line: Path | None = None  # the delay line's control socket (method fallback)
 
 
 @contextmanager
@@ -237,13 +277,14 @@ def shaped_link(cfg: LinkCheckConfig, method: Method) -> Iterator[ShapedLink]:
     params = p.wire(cfg.scale)
     prefix = new_prefix()
     owners.claim(prefix, "linkcheck", cfg.workdir)
-    topo = build_topology(prefix, [("a", SRC), ("b", DST)], {(SRC, DST): params, (DST, SRC): params},
-                          method, mtu=p.mtu, tcp=p.tcp)
+    topo = build_topology(
+        prefix, [("a", SRC), ("b", DST)], {(SRC, DST): params, (DST, SRC): params}, method, mtu=p.mtu, tcp=p.tcp
+    )
     workdir = cfg.workdir / f"{prefix}-linkcheck"
     workdir.mkdir(parents=True, exist_ok=True)
     procs = ProcessGroup(workdir / "logs")
     base, full = plan_base(topo), plan_up(topo)
-    assert full[:len(base)] == base, "plan_up starts with plan_base"
+    assert full[: len(base)] == base, "plan_up starts with plan_base"
     try:
         a, b = topo.host("a"), topo.host("b")
         # One executor throughout: each handle it opens in a namespace costs a fork.
@@ -251,7 +292,7 @@ def shaped_link(cfg: LinkCheckConfig, method: Method) -> Iterator[ShapedLink]:
             ex.apply(base)
             with NetnsLoop(a.netns) as la, NetnsLoop(b.netns) as lb:
                 base_rtt = _rtt(la, lb, b.ip, BASE_RTT_PROBES)
-                ex.apply(full[len(base):])
+                ex.apply(full[len(base) :])
                 ctl = start_delayline(procs, topo, workdir, None) if method == "fallback" else None
                 yield ShapedLink(topo, params, la, lb, base_rtt, ex, ctl)
     finally:
@@ -271,10 +312,19 @@ def _rtt(la: NetnsLoop, lb: NetnsLoop, ip: str, probes: int) -> RttResult:
 
 
 def _rtt_dict(rtt: RttResult, base: RttResult) -> dict[str, Any]:
-    return {"median_s": rtt.median_s, "p10_s": rtt.p10_s, "p90_s": rtt.p90_s, "sd_s": rtt.sd_s,
-            "replies": rtt.received, "probes": rtt.sent, "base_median_s": base.median_s, "base_sd_s": base.sd_s,
-            "host_median_s": rtt.host_median_s, "valid": rtt.received > 0,
-            "reasons": [] if rtt.received else ["no probe came back"]}
+    return {
+        "median_s": rtt.median_s,
+        "p10_s": rtt.p10_s,
+        "p90_s": rtt.p90_s,
+        "sd_s": rtt.sd_s,
+        "replies": rtt.received,
+        "probes": rtt.sent,
+        "base_median_s": base.median_s,
+        "base_sd_s": base.sd_s,
+        "host_median_s": rtt.host_median_s,
+        "valid": rtt.received > 0,
+        "reasons": [] if rtt.received else ["no probe came back"],
+    }
 
 
 def rtt_tolerance(rtt_s: float) -> float:
@@ -293,9 +343,11 @@ def judge_rtt(d: dict[str, Any], line: Lateness, tolerance: float) -> None:
     d["line_late_packets"] = line.late_packets
     if per_trip >= tolerance / 2:
         d["valid"] = False
-        d["reasons"].append(f"the delay line wrote the probes {per_trip * 1e3:.2f} ms late per round trip "
-                            f"({line.late_packets} of {line.packets} packets over {LATE_S * 1e3:g} ms late): "
-                            f"the host was too busy to time the link")
+        d["reasons"].append(
+            f"the delay line wrote the probes {per_trip * 1e3:.2f} ms late per round trip "
+            f"({line.late_packets} of {line.packets} packets over {LATE_S * 1e3:g} ms late): "
+            f"the host was too busy to time the link"
+        )
 
 
 def rtt_valid(r: dict[str, Any]) -> bool:
@@ -328,7 +380,7 @@ def measure_rtt_checked(link: ShapedLink, probes: int, tolerance: float) -> dict
     return out
 
 
-LOSS_BAR = 0.003           # loss within 0.3 percentage points
+LOSS_BAR = 0.003  # loss within 0.3 percentage points
 MIN_LOSS_PROBES = 2000
 
 
@@ -396,10 +448,21 @@ def _probe_stream(link: ShapedLink, count: int | None, rcvbuf: int = 32 << 20) -
     overflow = sink.overflow
     link.lb.loop.call_soon_threadsafe(sink.close)
     st = probe_stats(sent.sent, arrivals)
-    queue = (QueueBound(netem_limit_packets(link.params, link.topo.mtu), peak_in_flight(intervals))
-             if link.topo.method == "netem" else None)
-    acc = account_loss(sent.sent, st.received, before, after, queue=queue, send_retries=sent.retries,
-                       socket_overflow=overflow, read_error=error)
+    queue = (
+        QueueBound(netem_limit_packets(link.params, link.topo.mtu), peak_in_flight(intervals))
+        if link.topo.method == "netem"
+        else None
+    )
+    acc = account_loss(
+        sent.sent,
+        st.received,
+        before,
+        after,
+        queue=queue,
+        send_retries=sent.retries,
+        socket_overflow=overflow,
+        read_error=error,
+    )
     return ProbeRun(st, acc, sent, pps)
 
 
@@ -421,21 +484,42 @@ def measure_loss(link: ShapedLink, count: int | None) -> tuple[ProbeRun, dict[st
 
 def _loss_dict(run: ProbeRun) -> dict[str, Any]:
     a = run.account
-    return {"sent": a.sent, "received": a.received, "measured": a.measured, "link": a.link, "valid": a.valid,
-            "reasons": a.reasons, "host_drops": a.drops, "by_stage": a.by_stage, "unexplained": a.unexplained,
-            "send_retries": a.send_retries, "socket_overflow": a.socket_overflow, "pps": run.pps,
-            "sender_stalls": run.send.stalls, "sender_stalled_s": run.send.stalled_s, **a.extra}
+    return {
+        "sent": a.sent,
+        "received": a.received,
+        "measured": a.measured,
+        "link": a.link,
+        "valid": a.valid,
+        "reasons": a.reasons,
+        "host_drops": a.drops,
+        "by_stage": a.by_stage,
+        "unexplained": a.unexplained,
+        "send_retries": a.send_retries,
+        "socket_overflow": a.socket_overflow,
+        "pps": run.pps,
+        "sender_stalls": run.send.stalls,
+        "sender_stalled_s": run.send.stalled_s,
+        **a.extra,
+    }
 
 
 def _configured(cfg: LinkCheckConfig, method: Method, mtu: int) -> dict[str, Any]:
     p, params = cfg.profile, cfg.profile.wire(cfg.scale)
     return {
-        "profile": p.name, "method": method, "mtu": mtu,
+        "profile": p.name,
+        "method": method,
+        "mtu": mtu,
         "scale": {"speedup": cfg.scale.speedup, "byte_scale": cfg.scale.byte_scale},
-        "configured": {"rate_bps_wire": params.rate_bps, "rate_bps_paper": p.rate,
-                       "rtt_s_wire": 2 * params.delay_s, "rtt_s_paper": 2 * p.delay, "loss": params.loss,
-                       "loss_correlation": params.loss_correlation, "queue_bytes": params.queue_bytes,
-                       "jitter_s_wire": params.jitter_s},
+        "configured": {
+            "rate_bps_wire": params.rate_bps,
+            "rate_bps_paper": p.rate,
+            "rtt_s_wire": 2 * params.delay_s,
+            "rtt_s_paper": 2 * p.delay,
+            "loss": params.loss,
+            "loss_correlation": params.loss_correlation,
+            "queue_bytes": params.queue_bytes,
+            "jitter_s_wire": params.jitter_s,
+        },
     }
 
 
@@ -456,7 +540,7 @@ def run_linkcheck(cfg: LinkCheckConfig) -> dict[str, Any]:
         step("setup")
         topo, params, la, lb = link.topo, link.params, link.la, link.lb
         out = _configured(cfg, method, topo.mtu)
-        out["took_s"] = took          # wall seconds by step (setup, rtt, loss, goodput, ...)
+        out["took_s"] = took  # wall seconds by step (setup, rtt, loss, goodput, ...)
         workdir = cfg.workdir / f"{topo.prefix}-linkcheck"
         b = topo.host("b")
         out["rtt"] = measure_rtt_checked(link, cfg.rtt_probes, rtt_tolerance(2 * params.delay_s))
@@ -486,8 +570,9 @@ def run_linkcheck(cfg: LinkCheckConfig) -> dict[str, Any]:
             small = max(int(params.rate_bps / 8 * rtt_s / 4), 32 * 1024)
             limited_rx = KVReceiver(rcvbuf=small)
             lb.run(limited_rx.start(b.ip, KV_PORT + 1))
-            limited = _goodput(la, lb, limited_rx, (b.ip, KV_PORT + 1), max(nbytes // 2, 1 << 20), 1, next(ids),
-                               cc, timeout)
+            limited = _goodput(
+                la, lb, limited_rx, (b.ip, KV_PORT + 1), max(nbytes // 2, 1 << 20), 1, next(ids), cc, timeout
+            )
             lb.run(limited_rx.close())
             limited["rcvbuf"] = small
             out["goodput"].append(_predict(limited, params.rate_bps, rtt_s))
@@ -521,8 +606,9 @@ def loss_cell(lo: dict[str, Any]) -> str:
     st = lo["by_stage"]
     host = st.get("before", 0) + st.get("after", 0)
     seen = lo["sent"] - st.get("before", 0)
-    return (f"{lo['link']:.2%} ({st.get('model', 0)} of {seen})"
-            + (f"; the host dropped {host} more ({_places(lo['host_drops'])}), kept out of the figure" if host else ""))
+    return f"{lo['link']:.2%} ({st.get('model', 0)} of {seen})" + (
+        f"; the host dropped {host} more ({_places(lo['host_drops'])}), kept out of the figure" if host else ""
+    )
 
 
 def _places(drops: dict[str, int]) -> str:
@@ -536,8 +622,7 @@ def verdicts(r: dict[str, Any]) -> dict[str, bool | None]:
     loss = r["loss"]
     out: dict[str, bool | None] = {
         # An invalid figure (the host too busy to time the link) measured nothing of it: None.
-        "rtt": (None if not rtt_valid(r)
-                else abs(rtt - c["rtt_s_wire"]) <= rtt_tolerance(c["rtt_s_wire"])),
+        "rtt": (None if not rtt_valid(r) else abs(rtt - c["rtt_s_wire"]) <= rtt_tolerance(c["rtt_s_wire"])),
         "goodput_multi": (g := multi_goodput_bps(multi)) is not None and g >= 0.9 * c["rate_bps_wire"],
         # An invalid figure measured nothing of the link: None, neither pass nor fail.
         "loss": None if not loss["valid"] else abs(loss["link"] - c["loss"]) <= LOSS_BAR,
@@ -553,8 +638,10 @@ def print_report(r: dict[str, Any]) -> None:
     from rich.table import Table
 
     c, s = r["configured"], r["scale"]
-    t = Table(title=f"linkcheck {r['profile']}: method {r['method']}, MTU {r['mtu']}, "
-                    f"speedup {s['speedup']:g}, byte_scale {s['byte_scale']:g}")
+    t = Table(
+        title=f"linkcheck {r['profile']}: method {r['method']}, MTU {r['mtu']}, "
+        f"speedup {s['speedup']:g}, byte_scale {s['byte_scale']:g}"
+    )
     for col in ("measure", "configured / predicted (wire)", "achieved (wire)", "achieved (paper)", "bar"):
         t.add_column(col)
     v = verdicts(r)
@@ -563,49 +650,81 @@ def print_report(r: dict[str, Any]) -> None:
     sc = Scale(s["speedup"], s["byte_scale"])
     base = r["rtt"].get("base_median_s")
     over = f", over the unshaped {base * 1e3:.2f} ms" if base is not None and math.isfinite(base) else ""
-    t.add_row("RTT median", f"{c['rtt_s_wire'] * 1e3:.2f} ms",
-              f"{r['rtt']['median_s'] * 1e3:.2f} ms (p10 {r['rtt']['p10_s'] * 1e3:.2f}, p90 {r['rtt']['p90_s'] * 1e3:.2f})",
-              f"{sc.paper_seconds(r['rtt']['median_s']) * 1e3:.2f} ms",
-              (mark[v["rtt"]] if rtt_valid(r) else rtt_invalid_cell(r))
-              + f" (1 ms or 3%{over})")
+    t.add_row(
+        "RTT median",
+        f"{c['rtt_s_wire'] * 1e3:.2f} ms",
+        f"{r['rtt']['median_s'] * 1e3:.2f} ms (p10 {r['rtt']['p10_s'] * 1e3:.2f}, p90 {r['rtt']['p90_s'] * 1e3:.2f})",
+        f"{sc.paper_seconds(r['rtt']['median_s']) * 1e3:.2f} ms",
+        (mark[v["rtt"]] if rtt_valid(r) else rtt_invalid_cell(r)) + f" (1 ms or 3%{over})",
+    )
     for g in r["goodput"]:
         pred = g.get("predicted_bps") or c["rate_bps_wire"]
         label = f"goodput, {g['connections']} conn" + (
-            f", receiver SO_RCVBUF {g['rcvbuf'] / 1e6:.2f} MB" if g.get("rcvbuf") else "")
+            f", receiver SO_RCVBUF {g['rcvbuf'] / 1e6:.2f} MB" if g.get("rcvbuf") else ""
+        )
         ach = g["bps"]
-        bar = (mark[v["goodput_multi"]] + " (past the ramp >= 90% of rate)") if g is r["goodput"][0] else (
-            f"{ach / pred:.0%} of min(rate, window {g['peer_window_bytes'] / 1e6:.2f} MB / RTT)"
-            if ach and g.get("peer_window_bytes") else "-")
-        t.add_row(label, f"{pred / 1e6:.1f} Mbit/s",
-                  f"{ach / 1e6:.1f} Mbit/s{_past_ramp(g)}" if ach else f"failed: {g['reason']}",
-                  f"{sc.paper_rate_bps(ach) / 1e9:.2f} Gbit/s" if ach else "-", bar)
+        bar = (
+            (mark[v["goodput_multi"]] + " (past the ramp >= 90% of rate)")
+            if g is r["goodput"][0]
+            else (
+                f"{ach / pred:.0%} of min(rate, window {g['peer_window_bytes'] / 1e6:.2f} MB / RTT)"
+                if ach and g.get("peer_window_bytes")
+                else "-"
+            )
+        )
+        t.add_row(
+            label,
+            f"{pred / 1e6:.1f} Mbit/s",
+            f"{ach / 1e6:.1f} Mbit/s{_past_ramp(g)}" if ach else f"failed: {g['reason']}",
+            f"{sc.paper_rate_bps(ach) / 1e9:.2f} Gbit/s" if ach else "-",
+            bar,
+        )
     if r.get("iperf3"):
         ip = r["iperf3"]
-        t.add_row(f"iperf3, {ip['connections']} conn", f"{c['rate_bps_wire'] / 1e6:.1f} Mbit/s",
-                  f"{ip['bps'] / 1e6:.1f} Mbit/s" if "bps" in ip else ip.get("error", "?"), "-", "-")
+        t.add_row(
+            f"iperf3, {ip['connections']} conn",
+            f"{c['rate_bps_wire'] / 1e6:.1f} Mbit/s",
+            f"{ip['bps'] / 1e6:.1f} Mbit/s" if "bps" in ip else ip.get("error", "?"),
+            "-",
+            "-",
+        )
     else:
         t.add_row("iperf3", "-", "not installed", "-", "-")
     lo = r["loss"]
-    t.add_row("loss", f"{c['loss']:.2%} (corr {c['loss_correlation']:g})", loss_cell(lo), "-",
-              loss_mark + " (within 0.3 pp)")
+    t.add_row(
+        "loss", f"{c['loss']:.2%} (corr {c['loss_correlation']:g})", loss_cell(lo), "-", loss_mark + " (within 0.3 pp)"
+    )
     if "rate_change" in r:
         rc = r["rate_change"]
         f = rc["follow_s"]
-        t.add_row("rate change", f"{rc['old_bps'] / 1e6:.0f} -> {rc['new_bps'] / 1e6:.0f} Mbit/s",
-                  f"followed in {f * 1e3:.0f} ms" if f is not None else "did not follow", "-",
-                  mark[v["rate_change"]] + " (within 200 ms)")
+        t.add_row(
+            "rate change",
+            f"{rc['old_bps'] / 1e6:.0f} -> {rc['new_bps'] / 1e6:.0f} Mbit/s",
+            f"followed in {f * 1e3:.0f} ms" if f is not None else "did not follow",
+            "-",
+            mark[v["rate_change"]] + " (within 200 ms)",
+        )
     Console().print(t)
 
 
-def main_linkcheck(profiles: list[LinkProfile], scales: list[Scale], connections: int, duration: float, method: str,
-                   as_json: bool, rtt_probes: int = 200, loss_probes: int | None = 20000) -> int:
+def main_linkcheck(
+    profiles: list[LinkProfile],
+    scales: list[Scale],
+    connections: int,
+    duration: float,
+    method: str,
+    as_json: bool,
+    rtt_probes: int = 200,
+    loss_probes: int | None = 20000,
+) -> int:
     """Check each profile in turn (one process: a slow machine pays the start-up once)."""
     import json
 
     results = []
     for profile, scale in zip(profiles, scales):
-        r = run_linkcheck(LinkCheckConfig(profile, scale, connections, duration, loss_probes, rtt_probes,
-                                          method=method))
+        r = run_linkcheck(
+            LinkCheckConfig(profile, scale, connections, duration, loss_probes, rtt_probes, method=method)
+        )
         r["verdicts"] = verdicts(r)
         results.append(r)
         if not as_json:
@@ -617,10 +736,12 @@ def main_linkcheck(profiles: list[LinkProfile], scales: list[Scale], connections
     invalid = [r["profile"] for r in results if not r["loss"]["valid"]]
     untimed = [r["profile"] for r in results if not rtt_valid(r)]
     if len(results) > 1 and not as_json:
-        print(f"linkcheck: {len(results) - len(failed)} of {len(results)} profiles within their bars"
-              + (f"; outside: {', '.join(failed)}" if failed else "")
-              + (f"; loss not measured (INVALID): {', '.join(invalid)}" if invalid else "")
-              + (f"; RTT not measured (INVALID): {', '.join(untimed)}" if untimed else ""))
+        print(
+            f"linkcheck: {len(results) - len(failed)} of {len(results)} profiles within their bars"
+            + (f"; outside: {', '.join(failed)}" if failed else "")
+            + (f"; loss not measured (INVALID): {', '.join(invalid)}" if invalid else "")
+            + (f"; RTT not measured (INVALID): {', '.join(untimed)}" if untimed else "")
+        )
     return 1 if failed else 0
 
 

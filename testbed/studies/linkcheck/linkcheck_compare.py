@@ -16,10 +16,21 @@ from testbed.core.schema.scaling import Scale
 from testbed.live.kv_transport import KVReceiver
 from testbed.net.capabilities import probe_shaping
 from testbed.net.topology import Method
-from testbed.studies.linkcheck.linkcheck import (KV_PORT, LinkCheckConfig, _configured, _goodput, _past_ramp,
-                                                 measure_loss, measure_rtt_checked, rtt_invalid_cell, rtt_tolerance,
-                                                 rtt_valid, shaped_link, shaped_rtt, verdicts)
-
+from testbed.studies.linkcheck.linkcheck import (
+    KV_PORT,
+    LinkCheckConfig,
+    _configured,
+    _goodput,
+    _past_ramp,
+    measure_loss,
+    measure_rtt_checked,
+    rtt_invalid_cell,
+    rtt_tolerance,
+    rtt_valid,
+    shaped_link,
+    shaped_rtt,
+    verdicts,
+)
 
 COMPARED: tuple[Method, Method] = ("netem", "fallback")
 
@@ -38,9 +49,12 @@ def measure_method(cfg: LinkCheckConfig, method: Method) -> dict[str, Any]:
         nbytes = int(link.params.rate_bps / 8 * cfg.duration_s)
         timeout = cfg.duration_s * 20 + 30
         ids = itertools.count(1)
-        out["goodput"] = [_goodput(link.la, link.lb, receiver, (b.ip, KV_PORT), nbytes, n, next(ids),
-                                   cfg.profile.tcp.congestion, timeout)
-                          for n in (cfg.connections, 1)]
+        out["goodput"] = [
+            _goodput(
+                link.la, link.lb, receiver, (b.ip, KV_PORT), nbytes, n, next(ids), cfg.profile.tcp.congestion, timeout
+            )
+            for n in (cfg.connections, 1)
+        ]
         link.lb.run(receiver.close())
     out["verdicts"] = verdicts(out)
     return out
@@ -68,37 +82,79 @@ def compare_rows(c: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         return [f(r) for r in rs]
 
     rows = [
-        ("RTT median", _ms(cfg["rtt_s_wire"]),
-         cells(lambda r: f"{_ms(r['rtt']['median_s'])} (unshaped {_ms(r['rtt']['base_median_s'])})"
-                         + (fail[r["verdicts"]["rtt"]] if rtt_valid(r) else " " + rtt_invalid_cell(r)))),
-        ("RTT sd", f"jitter {_ms(cfg['jitter_s_wire'])} each way",
-         cells(lambda r: f"{_ms(r['rtt']['sd_s'])} (unshaped {_ms(r['rtt']['base_sd_s'])})")),
+        (
+            "RTT median",
+            _ms(cfg["rtt_s_wire"]),
+            cells(
+                lambda r: (
+                    f"{_ms(r['rtt']['median_s'])} (unshaped {_ms(r['rtt']['base_median_s'])})"
+                    + (fail[r["verdicts"]["rtt"]] if rtt_valid(r) else " " + rtt_invalid_cell(r))
+                )
+            ),
+        ),
+        (
+            "RTT sd",
+            f"jitter {_ms(cfg['jitter_s_wire'])} each way",
+            cells(lambda r: f"{_ms(r['rtt']['sd_s'])} (unshaped {_ms(r['rtt']['base_sd_s'])})"),
+        ),
         ("one-way delay sd", "-", cells(lambda r: _ms(r["probes"]["delay_sd_s"]))),
-        ("loss", _pct(cfg["loss"]),
-         cells(lambda r: (f"{_pct(r['loss']['link'])} of {r['probes']['sent']}" + fail[r["verdicts"]["loss"]])
-               if r["loss"]["valid"] else f"INVALID ({_pct(r['probes']['loss'])} of {r['probes']['sent']}: "
-                                          + "; ".join(r["loss"]["reasons"]) + ")")),
+        (
+            "loss",
+            _pct(cfg["loss"]),
+            cells(
+                lambda r: (
+                    (f"{_pct(r['loss']['link'])} of {r['probes']['sent']}" + fail[r["verdicts"]["loss"]])
+                    if r["loss"]["valid"]
+                    else f"INVALID ({_pct(r['probes']['loss'])} of {r['probes']['sent']}: "
+                    + "; ".join(r["loss"]["reasons"])
+                    + ")"
+                )
+            ),
+        ),
     ]
     if cfg["loss_correlation"]:
-        rows.append(("loss correlation (lag 1)", f"{cfg['loss_correlation']:g}",
-                     cells(lambda r: f"{r['probes']['loss_correlation']:.3f}"
-                           if r["probes"]["loss_correlation"] is not None else "-")))
+        rows.append(
+            (
+                "loss correlation (lag 1)",
+                f"{cfg['loss_correlation']:g}",
+                cells(
+                    lambda r: (
+                        f"{r['probes']['loss_correlation']:.3f}" if r["probes"]["loss_correlation"] is not None else "-"
+                    )
+                ),
+            )
+        )
     rows.append(("reordered probes", "0", cells(lambda r: _pct(r["probes"]["reordered"], 3))))
     for i, g in enumerate(rs[0]["goodput"]):
-        rows.append((f"goodput, {g['connections']} conn", f"{cfg['rate_bps_wire'] / 1e6:.1f} Mbit/s",
-                     cells(lambda r: (f"{r['goodput'][i]['bps'] / 1e6:.1f} Mbit/s" + _past_ramp(r["goodput"][i])
-                                      if r["goodput"][i]["bps"] else f"failed: {r['goodput'][i]['reason']}")
-                           + (fail[r["verdicts"]["goodput_multi"]] if i == 0 else ""))))
+        rows.append(
+            (
+                f"goodput, {g['connections']} conn",
+                f"{cfg['rate_bps_wire'] / 1e6:.1f} Mbit/s",
+                cells(
+                    lambda r: (
+                        (
+                            f"{r['goodput'][i]['bps'] / 1e6:.1f} Mbit/s" + _past_ramp(r["goodput"][i])
+                            if r["goodput"][i]["bps"]
+                            else f"failed: {r['goodput'][i]['reason']}"
+                        )
+                        + (fail[r["verdicts"]["goodput_multi"]] if i == 0 else "")
+                    )
+                ),
+            )
+        )
     return rows
 
 
 def compare_markdown(results: list[dict[str, Any]]) -> str:
     s = results[0]["methods"][COMPARED[0]]["scale"] if results else {"speedup": 1.0, "byte_scale": 1.0}
-    lines = [f"linkcheck --compare-methods (speedup {s['speedup']:g}; wire figures; FAIL: outside "
-             "linkcheck's bar: RTT 1 ms or 3% over the unshaped path, loss 0.3 points, goodput on "
-             "N connections past TCP's ramp 90% of the rate)", "",
-             "| profile | measure | configured | " + " | ".join(COMPARED) + " |",
-             "|---|---|---|" + "---|" * len(COMPARED)]
+    lines = [
+        f"linkcheck --compare-methods (speedup {s['speedup']:g}; wire figures; FAIL: outside "
+        "linkcheck's bar: RTT 1 ms or 3% over the unshaped path, loss 0.3 points, goodput on "
+        "N connections past TCP's ramp 90% of the rate)",
+        "",
+        "| profile | measure | configured | " + " | ".join(COMPARED) + " |",
+        "|---|---|---|" + "---|" * len(COMPARED),
+    ]
     for c in results:
         for k, (measure, conf, cells) in enumerate(compare_rows(c)):
             lines.append(f"| {c['profile'] if k == 0 else ''} | {measure} | {conf} | " + " | ".join(cells) + " |")
@@ -114,6 +170,7 @@ def _loss_with_corr(r: dict[str, Any]) -> str:
 
 def compare_summary(results: list[dict[str, Any]]) -> str:
     """One row per profile, netem / the delay line in each cell: the table the README quotes."""
+
     def pair(c: dict[str, Any], f: Callable[[dict[str, Any]], str]) -> str:
         return " / ".join(f(c["methods"][m]) for m in COMPARED)
 
@@ -123,20 +180,25 @@ def compare_summary(results: list[dict[str, Any]]) -> str:
     def ms(x: float) -> str:
         return f"{x * 1e3:.2f}"
 
-    lines = ["| profile | RTT (ms) | RTT added | RTT sd | one-way delay sd | loss (corr) | measured "
-             "| goodput, 4 conn (Mbit/s) | 1 conn |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| profile | RTT (ms) | RTT added | RTT sd | one-way delay sd | loss (corr) | measured "
+        "| goodput, 4 conn (Mbit/s) | 1 conn |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in results:
         cfg = c["methods"][COMPARED[0]]["configured"]
         corr = f" ({cfg['loss_correlation']:g})" if cfg["loss_correlation"] else ""
-        cells = [c["profile"], ms(cfg["rtt_s_wire"]),
-                 pair(c, lambda r: ms(shaped_rtt(r))),
-                 pair(c, lambda r: ms(r["rtt"]["sd_s"])),
-                 pair(c, lambda r: ms(r["probes"]["delay_sd_s"])),
-                 _pct(cfg["loss"]) + corr,
-                 pair(c, _loss_with_corr),
-                 f"{cfg['rate_bps_wire'] / 1e6:.0f}: " + pair(c, lambda r: mbit(r["goodput"][0])),
-                 pair(c, lambda r: mbit(r["goodput"][1]))]
+        cells = [
+            c["profile"],
+            ms(cfg["rtt_s_wire"]),
+            pair(c, lambda r: ms(shaped_rtt(r))),
+            pair(c, lambda r: ms(r["rtt"]["sd_s"])),
+            pair(c, lambda r: ms(r["probes"]["delay_sd_s"])),
+            _pct(cfg["loss"]) + corr,
+            pair(c, _loss_with_corr),
+            f"{cfg['rate_bps_wire'] / 1e6:.0f}: " + pair(c, lambda r: mbit(r["goodput"][0])),
+            pair(c, lambda r: mbit(r["goodput"][1])),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -146,8 +208,10 @@ def print_compare(c: dict[str, Any]) -> None:
     from rich.table import Table
 
     r0 = c["methods"][COMPARED[0]]
-    t = Table(title=f"linkcheck --compare-methods {c['profile']}: MTU {r0['mtu']}, "
-                    f"speedup {r0['scale']['speedup']:g}, byte_scale {r0['scale']['byte_scale']:g}")
+    t = Table(
+        title=f"linkcheck --compare-methods {c['profile']}: MTU {r0['mtu']}, "
+        f"speedup {r0['scale']['speedup']:g}, byte_scale {r0['scale']['byte_scale']:g}"
+    )
     for col in ("measure", "configured (wire)", *COMPARED):
         t.add_column(col)
     for measure, conf, cells in compare_rows(c):
@@ -155,16 +219,25 @@ def print_compare(c: dict[str, Any]) -> None:
     Console().print(t)
 
 
-def main_compare(profiles: list[LinkProfile], scales: list[Scale], connections: int, duration: float,
-                 as_json: bool, out: Path | None, rtt_probes: int = 200,
-                 loss_probes: int | None = 20000) -> int:
+def main_compare(
+    profiles: list[LinkProfile],
+    scales: list[Scale],
+    connections: int,
+    duration: float,
+    as_json: bool,
+    out: Path | None,
+    rtt_probes: int = 200,
+    loss_probes: int | None = 20000,
+) -> int:
     import json
 
     caps = probe_shaping()
     if not (caps.netem and caps.htb and caps.tun):
-        print(f"linkcheck --compare-methods needs both netem and the delay line (HTB + TUN); this kernel "
-              f"has netem={caps.netem} htb={caps.htb} tun={caps.tun} (tests/netem/run_uml.sh runs one that has)",
-              file=sys.stderr)
+        print(
+            f"linkcheck --compare-methods needs both netem and the delay line (HTB + TUN); this kernel "
+            f"has netem={caps.netem} htb={caps.htb} tun={caps.tun} (tests/netem/run_uml.sh runs one that has)",
+            file=sys.stderr,
+        )
         return 2
     results = []
     for profile, scale in zip(profiles, scales):

@@ -18,18 +18,18 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from testbed.config import run_lock
 from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.profiles import load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
+from testbed.core.engine.kvsize import KVModel
 from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.schema.kinds import unknown_kind
-from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import Workload
 from testbed.model.optimise import resolve_threshold
@@ -50,14 +50,14 @@ from testbed.model.planner import (
     score_config,
 )
 from testbed.model.workload import TraceWorkload
-from testbed.studies.plan.plan_progress import PlanProgress
 from testbed.studies.plan.plan_figure import write_plan_figure
+from testbed.studies.plan.plan_progress import PlanProgress
 from testbed.studies.plan.plan_report import Rows, key, report_md, scenario_file, slug, write_plan_file
 from testbed.studies.plan.plan_sim import (
     NOT_VERIFIED,
     SIM_FIGURES,
-    SimUnavailable,
     Simulate,
+    SimUnavailable,
     figures,
     refined_key,
     sim_simulator,
@@ -65,8 +65,18 @@ from testbed.studies.plan.plan_sim import (
 )
 from testbed.traces.types import Trace
 
-__all__ = ["SIM_FIGURES", "SimUnavailable", "figures", "sim_simulator", "run_plan", "register", "cmd_plan",
-           "parse_budget", "pick_bases", "Base"]
+__all__ = [
+    "SIM_FIGURES",
+    "SimUnavailable",
+    "figures",
+    "sim_simulator",
+    "run_plan",
+    "register",
+    "cmd_plan",
+    "parse_budget",
+    "pick_bases",
+    "Base",
+]
 
 DEFAULT_SCENARIOS = ("paper-prfaas", "paper-homogeneous", "paper-naive")
 # With --vary-counts: smallest deployments meeting the SLOs by the model tried per kind until
@@ -169,40 +179,77 @@ def _link(bases: dict[Kind, Base], gbps: float | None) -> tuple[float, float, st
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from testbed.traces.trace_command import WINDOW_HELP, window_arg
     from testbed.traces.formats import SUPPORTED_FORMATS
+    from testbed.traces.trace_command import WINDOW_HELP, window_arg
 
     p = sub.add_parser(
-        "plan", help="plan threshold, P/D split and instance counts for a trace, checked by simulation",
+        "plan",
+        help="plan threshold, P/D split and instance counts for a trace, checked by simulation",
         description="Searches, for each deployment kind on its own hardware, the threshold t, the PD cluster's "
-                    "N_p/N_d split and optionally the instance counts; ranks them by the model on the trace's "
-                    "empirical workload and burstiness; replays the best of each kind, the base scenarios as they "
-                    "stand and the smallest deployment meeting the SLOs on the simulator and ranks those by it; "
-                    "writes ready-to-run scenario files for the best few of each kind and a report "
-                    "(plan.md, plan.json).",
+        "N_p/N_d split and optionally the instance counts; ranks them by the model on the trace's "
+        "empirical workload and burstiness; replays the best of each kind, the base scenarios as they "
+        "stand and the smallest deployment meeting the SLOs on the simulator and ranks those by it; "
+        "writes ready-to-run scenario files for the best few of each kind and a report "
+        "(plan.md, plan.json).",
     )
-    p.add_argument("--trace", action=StoreOnce, required=True, help="trace file (Mooncake JSONL with hash_ids, Azure or BurstGPT CSV)")
-    p.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)")
-    p.add_argument("--window", type=window_arg, metavar="START:END", help=f"plan for this part of the trace: {WINDOW_HELP}")
-    p.add_argument("--scenario", action="append", metavar="NAME",
-                   help="a base scenario (repeatable); its policy says which kind it is the base of "
-                        f"(default: {', '.join(DEFAULT_SCENARIOS)})")
+    p.add_argument(
+        "--trace",
+        action=StoreOnce,
+        required=True,
+        help="trace file (Mooncake JSONL with hash_ids, Azure or BurstGPT CSV)",
+    )
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", *SUPPORTED_FORMATS),
+        help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)",
+    )
+    p.add_argument(
+        "--window", type=window_arg, metavar="START:END", help=f"plan for this part of the trace: {WINDOW_HELP}"
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help="a base scenario (repeatable); its policy says which kind it is the base of "
+        f"(default: {', '.join(DEFAULT_SCENARIOS)})",
+    )
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)} (default all)")
-    p.add_argument("--objective", choices=OBJECTIVES, default="lambda",
-                   help="lambda: highest Λ_max; ttft / ttft-p90: lowest mean / P90 TTFT at the trace's rate")
-    p.add_argument("--ttft-slo", type=float, metavar="S", help="P90 TTFT SLO, paper seconds (default: the base's slo.ttft_s)")
-    p.add_argument("--tpot-slo", type=float, metavar="S", help="TPOT SLO, paper seconds (default: the base's slo.tpot_s)")
-    p.add_argument("--budget", action="append", default=[], metavar="[KIND:]HW=N,...",
-                   help="instances per hardware: KIND:HW=N for one kind (e.g. prfaas:h200=4,h20=8 or "
-                        "homogeneous:h20=12); HW=N without a kind applies to every kind that uses HW, "
-                        "homogeneous PD included (default: each base's own counts)")
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="lambda",
+        help="lambda: highest Λ_max; ttft / ttft-p90: lowest mean / P90 TTFT at the trace's rate",
+    )
+    p.add_argument(
+        "--ttft-slo", type=float, metavar="S", help="P90 TTFT SLO, paper seconds (default: the base's slo.ttft_s)"
+    )
+    p.add_argument(
+        "--tpot-slo", type=float, metavar="S", help="TPOT SLO, paper seconds (default: the base's slo.tpot_s)"
+    )
+    p.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="[KIND:]HW=N,...",
+        help="instances per hardware: KIND:HW=N for one kind (e.g. prfaas:h200=4,h20=8 or "
+        "homogeneous:h20=12); HW=N without a kind applies to every kind that uses HW, "
+        "homogeneous PD included (default: each base's own counts)",
+    )
     p.add_argument("--vary-counts", action="store_true", help="also try every smaller instance count within the budget")
     p.add_argument("--link-gbps", type=float, help="PrfaaS egress link (default: the base's inter-DC link profile)")
     p.add_argument("--top", type=int, default=3, metavar="N", help="scenario files written per kind (default 3)")
-    p.add_argument("--refine", type=int, default=0, metavar="N",
-                   help="replay the best N of each kind by the model on the simulator and rank them by it "
-                        "(default: the --top written; every written or recommended row is simulated)")
-    p.add_argument("--no-sim", action="store_true", help="the model alone: nothing simulated, the SLO verdicts the model's")
+    p.add_argument(
+        "--refine",
+        type=int,
+        default=0,
+        metavar="N",
+        help="replay the best N of each kind by the model on the simulator and rank them by it "
+        "(default: the --top written; every written or recommended row is simulated)",
+    )
+    p.add_argument(
+        "--no-sim", action="store_true", help="the model alone: nothing simulated, the SLO verdicts the model's"
+    )
     p.add_argument("--out", action=StoreOnce, type=out_dir, help="output directory (default runs/plan-<trace name>)")
     add_overwrite(p)
     p.add_argument("--json", action="store_true", help="print plan.json instead of the summary")
@@ -239,11 +286,15 @@ def check_budget(budgets: dict[str | None, dict[str, int]], bases: Mapping[Kind,
         where = "the bases" if kind is None else f"{kind}'s base"
         for hw, n in budget.items():
             if hw not in known:
-                raise PlanError(f"--budget {kind + ':' if kind else ''}{hw}={n}: no hardware {hw!r} in {where} "
-                                f"(it deploys {', '.join(sorted(known)) or 'none'})")
+                raise PlanError(
+                    f"--budget {kind + ':' if kind else ''}{hw}={n}: no hardware {hw!r} in {where} "
+                    f"(it deploys {', '.join(sorted(known)) or 'none'})"
+                )
 
 
-def budget_for(kind: Kind, base: Scenario, budgets: dict[str | None, dict[str, int]]) -> tuple[dict[str, int], str, str | None]:
+def budget_for(
+    kind: Kind, base: Scenario, budgets: dict[str | None, dict[str, int]]
+) -> tuple[dict[str, int], str, str | None]:
     """The budget a kind plans within, how to read it, and a note when a budget given for every
     kind caps this one below its base's own instances of that hardware."""
     shared, own = budgets.get(None, {}), budgets.get(kind, {})
@@ -258,13 +309,16 @@ def budget_for(kind: Kind, base: Scenario, budgets: dict[str | None, dict[str, i
     capped = [hw for hw in have if hw in shared and hw not in own and shared[hw] < have[hw]]
     if capped:
         what = ",".join(f"{hw}={shared[hw]}" for hw in capped)
-        note = (f"{kind}: --budget {what} (given without a kind) caps it below its base's "
-                f"{', '.join(f'{have[hw]} {hw}' for hw in capped)}; prefix a kind (e.g. prfaas:{what}) to cap one kind")
+        note = (
+            f"{kind}: --budget {what} (given without a kind) caps it below its base's "
+            f"{', '.join(f'{have[hw]} {hw}' for hw in capped)}; prefix a kind (e.g. prfaas:{what}) to cap one kind"
+        )
     return budget, ", ".join(parts), note
 
 
-def search(fam: Family, trace: Trace, settings: PlanSettings,
-           step: Callable[[str], None] = lambda _: None) -> tuple[FamilyPlan, Workload]:
+def search(
+    fam: Family, trace: Trace, settings: PlanSettings, step: Callable[[str], None] = lambda _: None
+) -> tuple[FamilyPlan, Workload]:
     """The family's ranked candidates on its workload; a threshold kind searches twice, the second
     time with the prefix cache replayed under the first search's best threshold."""
     step(f"replaying the {fam.kind} prefix cache over the trace")
@@ -279,8 +333,15 @@ def search(fam: Family, trace: Trace, settings: PlanSettings,
     return fp, wl
 
 
-def rescored(fam: Family, wl: Workload, trace: Trace, settings: PlanSettings, cands: Sequence[Candidate],
-             cache_aware: bool, step: Callable[[str], None] = lambda _: None) -> list[Candidate]:
+def rescored(
+    fam: Family,
+    wl: Workload,
+    trace: Trace,
+    settings: PlanSettings,
+    cands: Sequence[Candidate],
+    cache_aware: bool,
+    step: Callable[[str], None] = lambda _: None,
+) -> list[Candidate]:
     """Candidates scored on their own routing (`planner.score_config`), ranked by the model."""
     out = []
     for i, c in enumerate(cands, 1):
@@ -289,8 +350,9 @@ def rescored(fam: Family, wl: Workload, trace: Trace, settings: PlanSettings, ca
     return sorted(out, key=lambda c: objective_key(c, settings.objective))
 
 
-def reference(fam: Family, base: Base, wl: Workload, trace: Trace, settings: PlanSettings,
-              link_bps: float) -> tuple[Candidate, str] | None:
+def reference(
+    fam: Family, base: Base, wl: Workload, trace: Trace, settings: PlanSettings, link_bps: float
+) -> tuple[Candidate, str] | None:
     """The base scenario as it stands, on its own routing; None when it is not of this kind."""
     sc = base.spec
     if sc.policy.name != fam.kind:
@@ -306,8 +368,9 @@ def reference(fam: Family, base: Base, wl: Workload, trace: Trace, settings: Pla
     return c, f"{base.name} ({how})"
 
 
-def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
-             progress: PlanProgress | None = None) -> dict[str, Any]:
+def run_plan(
+    args: argparse.Namespace, simulate: Simulate | None | str = "auto", progress: PlanProgress | None = None
+) -> dict[str, Any]:
     """The whole command; returns plan.json's content. `simulate`: "auto" uses the sim backend
     when it exists (unless --no-sim); None never simulates; a callable is used as is. `progress`
     hears each step (None: silent)."""
@@ -320,7 +383,7 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
         raise PlanError("--top must be >= 1 and --refine >= 0")
     given = [Base(n, resolve_path(n), load_scenario(n)) for n in (args.scenario or [])]
     for b in given:
-        if not (b.spec.policy.name in KINDS):
+        if b.spec.policy.name not in KINDS:
             raise PlanError(f"scenario {b.name!r}: policy {b.spec.policy.name!r} is not a kind")
     bases, notes = pick_bases(given, _kinds(args.kinds))
     if not bases:
@@ -331,20 +394,24 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
     step(f"loading the trace {trace_path}")
     trace: Trace = load_trace(trace_path, args.format, window=args.window)
     if len(trace) < 2:
-        raise PlanError(f"{trace_path}: {len(trace)} request(s){' in the window' if args.window else ''}; "
-                        "the rate needs at least two")
+        raise PlanError(
+            f"{trace_path}: {len(trace)} request(s){' in the window' if args.window else ''}; "
+            "the rate needs at least two"
+        )
     link_bps, delay, link_text = _link(bases, args.link_gbps)
     first = next(iter(bases.values())).spec
     settings = PlanSettings(
         ttft_slo_s=args.ttft_slo if args.ttft_slo is not None else first.slo.ttft_s,
         tpot_slo_s=args.tpot_slo if args.tpot_slo is not None else first.slo.tpot_s,
-        objective=args.objective, link_bps=link_bps, link_delay_s=delay,
+        objective=args.objective,
+        link_bps=link_bps,
+        link_delay_s=delay,
     )
     step(f"measuring the workload of {len(trace):,} requests (prefix reuse, lengths)")
     tw0 = TraceWorkload.from_trace(trace, KVModel.from_spec(first.model))
     cache_aware = tw0.cached_share > 0
     out_dir: Path = args.out or Path("runs") / f"plan-{trace_path.stem}"
-    run_lock.acquire(out_dir, args.overwrite)   # this command's until it returns
+    run_lock.acquire(out_dir, args.overwrite)  # this command's until it returns
     for old in (*out_dir.glob("plan-*-*.yaml"), *out_dir.glob("candidates/*.yaml")):
         old.unlink()
     sim: Simulate | None
@@ -366,8 +433,10 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
         fam = family_for(kind, base.spec, budget, args.vary_counts)
         fp, wl = search(fam, trace, settings, step)
         n = max(pool, args.top)
-        fp = replace(fp, candidates=(*rescored(fam, wl, trace, settings, fp.candidates[:n], cache_aware, step),
-                                     *fp.candidates[n:]))
+        fp = replace(
+            fp,
+            candidates=(*rescored(fam, wl, trace, settings, fp.candidates[:n], cache_aware, step), *fp.candidates[n:]),
+        )
         plans.append(fp)
         workloads[kind] = wl
         if base.spec.policy.name == fam.kind:
@@ -392,8 +461,18 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
     if args.vary_counts:
         step("finding the smallest deployments that meet the SLOs")
         for fp in plans:
-            c_few = _fewest(fp, workloads[fp.family.kind], trace, settings, cache_aware, sim if why is None else None,
-                            done, trace_path, cand_dir, bases[fp.family.kind])
+            c_few = _fewest(
+                fp,
+                workloads[fp.family.kind],
+                trace,
+                settings,
+                cache_aware,
+                sim if why is None else None,
+                done,
+                trace_path,
+                cand_dir,
+                bases[fp.family.kind],
+            )
             if c_few is not None:
                 fewest.append(c_few)
     if why is None and sim is None:
@@ -411,9 +490,15 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
     ranked = final([c for fp in plans for c in fp.candidates])
     references = [(done.get(bases[k].name, c), how) for k, (c, how) in refs.items()]
     for i, (r, how) in enumerate(references):
-        pos = 1 + sum(1 for c in ranked if (refined_key(c, settings.objective) < refined_key(r, settings.objective)
-                                             if c.simulated is not None and r.simulated is not None
-                                             else objective_key(c, settings.objective) < objective_key(r, settings.objective)))
+        pos = 1 + sum(
+            1
+            for c in ranked
+            if (
+                refined_key(c, settings.objective) < refined_key(r, settings.objective)
+                if c.simulated is not None and r.simulated is not None
+                else objective_key(c, settings.objective) < objective_key(r, settings.objective)
+            )
+        )
         references[i] = (r, f"{how}; would rank {pos} of {len(ranked) + 1}")
     fewest = [done.get(slug(c), c) for c in fewest]
 
@@ -423,58 +508,126 @@ def run_plan(args: argparse.Namespace, simulate: Simulate | None | str = "auto",
         kind = fp.family.kind
         for rank, c in enumerate(fp.candidates[: args.top], 1):
             path = out_dir / f"plan-{kind}-{rank}.yaml"
-            write_plan_file(path, fp.family, bases[kind].path, c, rank, len(fp.candidates), str(trace_path),
-                            settings.objective, cache_aware, args.window)
+            write_plan_file(
+                path,
+                fp.family,
+                bases[kind].path,
+                c,
+                rank,
+                len(fp.candidates),
+                str(trace_path),
+                settings.objective,
+                cache_aware,
+                args.window,
+            )
             files[key(c)] = path.name
     for c in fewest:
         if key(c) not in files:
             fam = next(fp.family for fp in plans if fp.family.kind == c.kind)
             path = out_dir / f"plan-{c.kind}-fewest.yaml"
-            write_plan_file(path, fam, bases[c.kind].path, c, ranked.index(c) + 1 if c in ranked else 0,
-                            len(ranked), str(trace_path), settings.objective, cache_aware, args.window)
+            write_plan_file(
+                path,
+                fam,
+                bases[c.kind].path,
+                c,
+                ranked.index(c) + 1 if c in ranked else 0,
+                len(ranked),
+                str(trace_path),
+                settings.objective,
+                cache_aware,
+                args.window,
+            )
             files[key(c)] = path.name
 
     best = sorted((fp.candidates[0] for fp in plans if fp.candidates), key=ranked.index)
-    report_rows = Rows(best=best, references=references, ranking=ranked, fewest=fewest, simulated=pool,
-                       refined={k: (done.get(slug(c), c), next(fp.candidates[0] for fp in plans if fp.family.kind == k))
-                                for k, c in model_first.items()} if done else {})
-    ctx = {"workload": tw0.summary(), "settings": settings, "link": link_text, "notes": notes,
-           "show": max(10, args.top * len(plans)), "vary_counts": args.vary_counts, "budgets": budget_text,
-           "simulated": done, "seconds": time.monotonic() - t0}
+    report_rows = Rows(
+        best=best,
+        references=references,
+        ranking=ranked,
+        fewest=fewest,
+        simulated=pool,
+        refined={
+            k: (done.get(slug(c), c), next(fp.candidates[0] for fp in plans if fp.family.kind == k))
+            for k, c in model_first.items()
+        }
+        if done
+        else {},
+    )
+    ctx = {
+        "workload": tw0.summary(),
+        "settings": settings,
+        "link": link_text,
+        "notes": notes,
+        "show": max(10, args.top * len(plans)),
+        "vary_counts": args.vary_counts,
+        "budgets": budget_text,
+        "simulated": done,
+        "seconds": time.monotonic() - t0,
+    }
     (out_dir / "plan.md").write_text(report_md(ctx, report_rows, files, why))
     ref_by_kind = {k: done.get(bases[k].name, c) for k, (c, _) in refs.items()}
     result = {
-        "trace": str(trace_path), "window": list(args.window) if args.window else None,
+        "trace": str(trace_path),
+        "window": list(args.window) if args.window else None,
         "workload": tw0.summary(),
-        "settings": {"objective": settings.objective, "ttft_slo_s": settings.ttft_slo_s,
-                     "tpot_slo_s": settings.tpot_slo_s, "link_bps": link_bps, "link_delay_s": delay,
-                     "vary_counts": args.vary_counts, "cache_aware": cache_aware, "simulated_per_kind": pool,
-                     "budgets": budget_text},
+        "settings": {
+            "objective": settings.objective,
+            "ttft_slo_s": settings.ttft_slo_s,
+            "tpot_slo_s": settings.tpot_slo_s,
+            "link_bps": link_bps,
+            "link_delay_s": delay,
+            "vary_counts": args.vary_counts,
+            "cache_aware": cache_aware,
+            "simulated_per_kind": pool,
+            "budgets": budget_text,
+        },
         "bases": {k: str(b.path) for k, b in bases.items()},
-        "notes": notes, "verified": why is None, "verification": why or "simulated",
-        "kinds": {fp.family.kind: {
-            "best": ({**fp.candidates[0].to_dict(), "file": files.get(key(fp.candidates[0]))} if fp.candidates else None),
-            "model_first": model_first[fp.family.kind].to_dict() if fp.family.kind in model_first else None,
-            "reference": ref_by_kind[fp.family.kind].to_dict() if fp.family.kind in ref_by_kind else None,
-            "fewest": next(({**c.to_dict(), "file": files.get(key(c))} for c in fewest if c.kind == fp.family.kind), None),
-            "candidates": len(fp.candidates)} for fp in plans},
+        "notes": notes,
+        "verified": why is None,
+        "verification": why or "simulated",
+        "kinds": {
+            fp.family.kind: {
+                "best": (
+                    {**fp.candidates[0].to_dict(), "file": files.get(key(fp.candidates[0]))} if fp.candidates else None
+                ),
+                "model_first": model_first[fp.family.kind].to_dict() if fp.family.kind in model_first else None,
+                "reference": ref_by_kind[fp.family.kind].to_dict() if fp.family.kind in ref_by_kind else None,
+                "fewest": next(
+                    ({**c.to_dict(), "file": files.get(key(c))} for c in fewest if c.kind == fp.family.kind), None
+                ),
+                "candidates": len(fp.candidates),
+            }
+            for fp in plans
+        },
         "ranking": [{**c.to_dict(), "file": files.get(key(c))} for c in ranked],
         "simulated": {name: c.to_dict() for name, c in done.items()},
-        "out": str(out_dir), "seconds": time.monotonic() - t0,
+        "out": str(out_dir),
+        "seconds": time.monotonic() - t0,
     }
     (out_dir / "plan.json").write_text(finite_dumps(result, indent=1))
     write_plan_figure(result, out_dir / "plan.png")
     return result
 
 
-def _fewest(fp: FamilyPlan, wl: Workload, trace: Trace, settings: PlanSettings, cache_aware: bool,
-            sim: Simulate | None, done: dict[str, Candidate], trace_path: Path, cand_dir: Path,
-            base: Base) -> Candidate | None:
+def _fewest(
+    fp: FamilyPlan,
+    wl: Workload,
+    trace: Trace,
+    settings: PlanSettings,
+    cache_aware: bool,
+    sim: Simulate | None,
+    done: dict[str, Candidate],
+    trace_path: Path,
+    cand_dir: Path,
+    base: Base,
+) -> Candidate | None:
     """The smallest deployment of the family meeting the SLOs: by the model, scored on its own
     routing, then by simulation (the next smallest tried when one misses them there, up to
     FEWEST_TRIES); None when none of those does."""
-    order = sorted((c for c in fp.candidates if c.meets_slo_model),
-                   key=lambda c: (c.instances, objective_key(c, settings.objective)))
+    order = sorted(
+        (c for c in fp.candidates if c.meets_slo_model),
+        key=lambda c: (c.instances, objective_key(c, settings.objective)),
+    )
     tried = 0
     for c in order[: 4 * FEWEST_TRIES]:
         if tried >= FEWEST_TRIES:
@@ -505,7 +658,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except (PlanError, ScenarioError) as e:
         print(f"plan: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:       # Ctrl-C, or the SIGTERM the CLI turns into one
+    except KeyboardInterrupt:  # Ctrl-C, or the SIGTERM the CLI turns into one
         print(progress.interrupted(), file=sys.stderr)
         return 130
     if args.json:
@@ -525,29 +678,48 @@ def _print_summary(res: dict[str, Any]) -> None:
     wl = res["workload"]
     arr = wl.get("arrivals") or {}
     con = Console()
-    if not con.is_terminal:     # a pipe or a file: no terminal width to fit, keep the table whole
+    if not con.is_terminal:  # a pipe or a file: no terminal width to fit, keep the table whole
         con = Console(width=120)
-    con.print(f"trace {res['trace']}: {wl['requests']:,} requests, {wl['rate_rps']:.3f} req/s "
-              f"(inter-arrival CV {arr.get('gap_cv', 1.0):.2f}, busiest 10 s at {arr.get('busiest_10s_over_mean', 1.0):.1f}x), "
-              f"input mean {wl['input_tokens']['mean']:,.0f} ({wl['cached_share']:.0%} seen before), "
-              f"output mean {wl['output_tokens']['mean']:,.0f}")
-    tab = Table(title=f"objective {res['settings']['objective']}; TTFT mean/P90 (s) at {wl['rate_rps']:.2f} req/s",
-                box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)     # fits 80 columns
+    con.print(
+        f"trace {res['trace']}: {wl['requests']:,} requests, {wl['rate_rps']:.3f} req/s "
+        f"(inter-arrival CV {arr.get('gap_cv', 1.0):.2f}, busiest 10 s at {arr.get('busiest_10s_over_mean', 1.0):.1f}x), "
+        f"input mean {wl['input_tokens']['mean']:,.0f} ({wl['cached_share']:.0%} seen before), "
+        f"output mean {wl['output_tokens']['mean']:,.0f}"
+    )
+    tab = Table(
+        title=f"objective {res['settings']['objective']}; TTFT mean/P90 (s) at {wl['rate_rps']:.2f} req/s",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )  # fits 80 columns
     for h in ("", "t", "PrfaaS/P/D", "Λmax", "TTFT model", "TTFT sim", "SLO"):
         tab.add_column(h, justify="left" if not h else "right", no_wrap=True)
     files: list[str] = []
 
     def ttft(x: float | None) -> str:
-        return "sat." if x is None else f"{x:.2f}"     # JSON keeps an infinite TTFT as null
+        return "sat." if x is None else f"{x:.2f}"  # JSON keeps an infinite TTFT as null
 
     def add(tag: str, c: dict[str, Any]) -> None:
         t = "-" if c["threshold"] is None else kilo(c["threshold"])
         counts = "/".join(str(n) if n else "-" for n in (c["n_prfaas"], c["n_p"], c["n_d"]))
         sim = c.get("simulated")
-        simt = "-" if not sim else "failed" if "error" in sim else f"{ttft(sim.get('ttft_mean_s'))}/{ttft(sim.get('ttft_p90_s'))}"
+        simt = (
+            "-"
+            if not sim
+            else "failed"
+            if "error" in sim
+            else f"{ttft(sim.get('ttft_mean_s'))}/{ttft(sim.get('ttft_p90_s'))}"
+        )
         by = "sim" if sim else "model"
-        tab.add_row(tag, t, counts, f"{c['lambda_max']:.2f}", f"{ttft(c['ttft_mean_s'])}/{ttft(c['ttft_p90_s'])}", simt,
-                    f"{'yes' if c['meets_slo'] else 'no'} ({by})")
+        tab.add_row(
+            tag,
+            t,
+            counts,
+            f"{c['lambda_max']:.2f}",
+            f"{ttft(c['ttft_mean_s'])}/{ttft(c['ttft_p90_s'])}",
+            simt,
+            f"{'yes' if c['meets_slo'] else 'no'} ({by})",
+        )
 
     for kind, k in res["kinds"].items():
         if k["best"]:
@@ -558,9 +730,11 @@ def _print_summary(res: dict[str, Any]) -> None:
         if k.get("fewest"):
             add("  fewest", k["fewest"])
     con.print(tab)
-    con.print("PrfaaS/P/D: instances of PrfaaS prefill / PD prefill / PD decode; t: the length threshold; "
-              "Λmax: the model's capacity (req/s); SLO: met by the simulator's figures (sim) or the model's",
-              highlight=False)
+    con.print(
+        "PrfaaS/P/D: instances of PrfaaS prefill / PD prefill / PD decode; t: the length threshold; "
+        "Λmax: the model's capacity (req/s); SLO: met by the simulator's figures (sim) or the model's",
+        highlight=False,
+    )
     for f in files:
         con.print(f"plan {f}")
     for n in res["notes"]:

@@ -12,11 +12,13 @@ KIND_LABEL = {"prfaas": "PrfaaS-PD", "homogeneous": "homogeneous PD", "naive": "
 
 
 def _label(c: dict[str, Any]) -> str:
-    counts = "/".join("-" if c.get(k) in (None, 0) and k != "n_d" else str(c.get(k))
-                      for k in ("n_prfaas", "n_p", "n_d"))
+    counts = "/".join(
+        "-" if c.get(k) in (None, 0) and k != "n_d" else str(c.get(k)) for k in ("n_prfaas", "n_p", "n_d")
+    )
     t = c.get("threshold")
     return f"{KIND_LABEL.get(c['kind'], c['kind'])}\nPrfaaS/prefill/decode {counts}" + (
-        f", t={t / 1000:.3g}K" if isinstance(t, (int, float)) and c["kind"] == "prfaas" else "")
+        f", t={t / 1000:.3g}K" if isinstance(t, (int, float)) and c["kind"] == "prfaas" else ""
+    )
 
 
 def write_plan_figure(result: dict[str, Any], path: Path) -> Path | None:
@@ -34,8 +36,9 @@ def write_plan_figure(result: dict[str, Any], path: Path) -> Path | None:
     slo = float(result["settings"]["ttft_slo_s"])
     labels = [_label(c) for c in best]
     y = list(range(len(best)))[::-1]
-    fig, (ax_l, ax_t) = plt.subplots(1, 2, figsize=(10, 1.1 + 0.9 * len(best)), sharey=True,
-                                     gridspec_kw={"width_ratios": [1, 1]})
+    fig, (ax_l, ax_t) = plt.subplots(
+        1, 2, figsize=(10, 1.1 + 0.9 * len(best)), sharey=True, gridspec_kw={"width_ratios": [1, 1]}
+    )
     ax_l.barh(y, [c["lambda_max"] for c in best], color="#3f51b5", height=0.55)
     ax_l.axvline(rate, color="#d32f2f", ls="--", lw=1.2)
     ax_l.text(rate, max(y) + 0.45, f" the trace: {rate:.2f} req/s", color="#d32f2f", fontsize=8, va="bottom")

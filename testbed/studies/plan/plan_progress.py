@@ -58,5 +58,6 @@ class PlanProgress:
             self._beat.join()
 
     def interrupted(self) -> str:
-        return (f"plan: interrupted while {self.step}, after {self.elapsed():.1f} s; "
-                "plan.md and plan.json were not written")
+        return (
+            f"plan: interrupted while {self.step}, after {self.elapsed():.1f} s; plan.md and plan.json were not written"
+        )

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
@@ -19,12 +20,12 @@ from testbed.traces.csvutil import Window
 class Rows:
     """What plan.md shows, each list best first."""
 
-    best: list[Candidate]                       # each kind's first choice, the overall first choice first
-    references: list[tuple[Candidate, str]]     # the bases as they stand, with their routing
-    ranking: list[Candidate]                    # every kind
+    best: list[Candidate]  # each kind's first choice, the overall first choice first
+    references: list[tuple[Candidate, str]]  # the bases as they stand, with their routing
+    ranking: list[Candidate]  # every kind
     fewest: list[Candidate] = field(default_factory=list)
     refined: dict[str, tuple[Candidate, Candidate]] = field(default_factory=dict)  # kind: model's first, final first
-    simulated: int = 0                          # candidates per kind simulated
+    simulated: int = 0  # candidates per kind simulated
 
 
 def key(c: Candidate) -> tuple[Any, ...]:
@@ -59,7 +60,7 @@ def label(c: Candidate) -> str:
 
 
 def verdict(c: Candidate) -> str:
-    """"yes (sim)", "no (model)": the verdict in force and what decided it."""
+    """ "yes (sim)", "no (model)": the verdict in force and what decided it."""
     by = "model" if c.simulated is None else "sim"
     return f"{'yes' if c.meets_slo else 'no'} ({by})"
 
@@ -71,13 +72,23 @@ def _window_flag(window: Window | None) -> str:
     return f" --window {a:g}:{'' if math.isinf(b) else f'{b:g}'}"
 
 
-def scenario_file(path: Path, fam: Family, base_path: Path, c: Candidate, cache_aware: bool,
-                  head: Sequence[str] = (), planned_for: str | None = None) -> None:
+def scenario_file(
+    path: Path,
+    fam: Family,
+    base_path: Path,
+    c: Candidate,
+    cache_aware: bool,
+    head: Sequence[str] = (),
+    planned_for: str | None = None,
+) -> None:
     """A scenario file for `c` extending its base (relative inside one tree, else absolute);
     `planned_for` (the `--trace F [--window W]` it was sized for) lets a run without it warn."""
     src, here = base_path.resolve(), path.parent.resolve()
-    rel = os.path.relpath(src, here) if os.path.commonpath([src, here]) != os.sep and \
-        len(Path(os.path.commonpath([src, here])).parts) > 2 else str(src)
+    rel = (
+        os.path.relpath(src, here)
+        if os.path.commonpath([src, here]) != os.sep and len(Path(os.path.commonpath([src, here])).parts) > 2
+        else str(src)
+    )
     body = {"extends": rel, **scenario_patch(fam, c, path.stem, cache_aware)}
     if planned_for is not None:
         body["workload"] = {"planned_for": planned_for}
@@ -85,8 +96,18 @@ def scenario_file(path: Path, fam: Family, base_path: Path, c: Candidate, cache_
     path.write_text(text + yaml.safe_dump(body, sort_keys=False, default_flow_style=None))
 
 
-def write_plan_file(path: Path, fam: Family, base_path: Path, c: Candidate, rank: int, of: int, trace: str,
-                    objective: str, cache_aware: bool, window: Window | None = None) -> None:
+def write_plan_file(
+    path: Path,
+    fam: Family,
+    base_path: Path,
+    c: Candidate,
+    rank: int,
+    of: int,
+    trace: str,
+    objective: str,
+    cache_aware: bool,
+    window: Window | None = None,
+) -> None:
     sim = c.simulated
     head = [
         f"testbed plan: {c.kind} rank {rank} of {of} for {trace} (objective {objective}).",
@@ -94,23 +115,43 @@ def write_plan_file(path: Path, fam: Family, base_path: Path, c: Candidate, rank
         f"{_g(c.ttft_mean_s)}/{_g(c.ttft_p90_s)} s; {c.p:.0%} offloaded; egress {c.egress_bps / 1e9:.1f} Gbit/s.",
     ]
     if sim is not None and "error" not in sim:
-        head.append(f"Simulated: mean/P90 TTFT {_g(sim.get('ttft_mean_s'))}/{_g(sim.get('ttft_p90_s'))} s; "
-                    f"SLOs {'met' if c.meets_slo else 'missed'}.")
+        head.append(
+            f"Simulated: mean/P90 TTFT {_g(sim.get('ttft_mean_s'))}/{_g(sim.get('ttft_p90_s'))} s; "
+            f"SLOs {'met' if c.meets_slo else 'missed'}."
+        )
     head.append(f"Replay: testbed replay --scenario {path} --trace {trace}{_window_flag(window)}")
     scenario_file(path, fam, base_path, c, cache_aware, head, planned_for=f"--trace {trace}{_window_flag(window)}")
 
 
-_HEAD = ["kind", "t", "instances PrfaaS / PD prefill / PD decode", "Λ_max (req/s)", "bottleneck", "TTFT mean / P90 model (s)",
-         "TTFT mean / P90 simulated (s)", "offloaded", "egress Gbit/s (link)", "meets SLO", "file"]
+_HEAD = [
+    "kind",
+    "t",
+    "instances PrfaaS / PD prefill / PD decode",
+    "Λ_max (req/s)",
+    "bottleneck",
+    "TTFT mean / P90 model (s)",
+    "TTFT mean / P90 simulated (s)",
+    "offloaded",
+    "egress Gbit/s (link)",
+    "meets SLO",
+    "file",
+]
 
 
 def _row(c: Candidate, file: str = "") -> list[str]:
     sim = c.simulated or {}
     return [
-        c.kind, _t(c), _counts(c), f"{c.lambda_max:.2f}", c.bottleneck,
+        c.kind,
+        _t(c),
+        _counts(c),
+        f"{c.lambda_max:.2f}",
+        c.bottleneck,
         f"{_g(c.ttft_mean_s)} / {_g(c.ttft_p90_s)}",
         f"{_g(sim.get('ttft_mean_s'))} / {_g(sim.get('ttft_p90_s'))}" if c.simulated else "-",
-        f"{c.p:.0%}", f"{c.egress_bps / 1e9:.1f} ({c.egress_share:.0%})", verdict(c), file,
+        f"{c.p:.0%}",
+        f"{c.egress_bps / 1e9:.1f} ({c.egress_share:.0%})",
+        verdict(c),
+        file,
     ]
 
 
@@ -127,8 +168,11 @@ def _err(model: float, sim: Any) -> str:
 
 
 def _objective_text(s: PlanSettings) -> str:
-    return {"lambda": "highest Λ_max, ties to lower mean TTFT", "ttft": "lowest mean TTFT at the trace's rate",
-            "ttft-p90": f"lowest P{s.quantile * 100:.0f} TTFT at the trace's rate"}[s.objective]
+    return {
+        "lambda": "highest Λ_max, ties to lower mean TTFT",
+        "ttft": "lowest mean TTFT at the trace's rate",
+        "ttft-p90": f"lowest P{s.quantile * 100:.0f} TTFT at the trace's rate",
+    }[s.objective]
 
 
 def _workload_lines(wl: dict[str, Any]) -> list[str]:
@@ -138,13 +182,16 @@ def _workload_lines(wl: dict[str, Any]) -> list[str]:
         f"the rate every TTFT below is estimated at",
     ]
     if arr:
-        disp = [f"{arr[f'dispersion_{w}s']:.1f} over {w} s" for w in ("10", "60") if arr.get(f"dispersion_{w}s") is not None]
+        disp = [
+            f"{arr[f'dispersion_{w}s']:.1f} over {w} s" for w in ("10", "60") if arr.get(f"dispersion_{w}s") is not None
+        ]
         lines.append(
             f"- burstiness: inter-arrival CV **{arr['gap_cv']:.2f}** (1 is Poisson); the busiest 10 s ran at "
             f"**{arr['busiest_10s_over_mean']:.1f}x** the mean rate, the busiest minute at "
             f"{arr['busiest_60s_over_mean']:.1f}x, the busiest of the {arr['load_windows']} spans of "
             f"{arr['load_window_s']:g} s the estimate reads at {arr['busiest_load_window_over_mean']:.2f}x"
-            + (f"; counts' variance over mean {', '.join(disp)}" if disp else ""))
+            + (f"; counts' variance over mean {', '.join(disp)}" if disp else "")
+        )
     lines += [
         f"- input tokens: mean {wl['input_tokens']['mean']:,.0f}, P90 {wl['input_tokens']['p90']:,.0f}; "
         f"incremental (uncached, all at once): mean {wl['uncached_tokens']['mean']:,.0f}, "
@@ -178,23 +225,34 @@ def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str]
     lines += _md_table([_row(c, files.get(key(c), "")) for c in rows.best])
     if rows.refined:
         lines += ["", "## Chosen by simulation", ""]
-        lines.append(f"The best {rows.simulated} of each kind by the model were replayed on the simulator and "
-                     "ranked by it (SLOs met by simulation first, then the objective with the simulated TTFT):")
+        lines.append(
+            f"The best {rows.simulated} of each kind by the model were replayed on the simulator and "
+            "ranked by it (SLOs met by simulation first, then the objective with the simulated TTFT):"
+        )
         lines.append("")
         for kind, (was, now) in rows.refined.items():
             if (key(was), was.simulated is not None) == (key(now), True):
-                lines.append(f"- {kind}: the model's first choice {label(was)} is also the simulator's "
-                             f"({_g((now.simulated or {}).get('ttft_mean_s'))} s mean TTFT)")
+                lines.append(
+                    f"- {kind}: the model's first choice {label(was)} is also the simulator's "
+                    f"({_g((now.simulated or {}).get('ttft_mean_s'))} s mean TTFT)"
+                )
             else:
-                lines.append(f"- {kind}: the model's first choice was {label(was)} "
-                             f"(simulated {_g((was.simulated or {}).get('ttft_mean_s'))} s mean TTFT, "
-                             f"SLOs {'met' if was.meets_slo else 'missed'}); the simulator's best is {label(now)} "
-                             f"({_g((now.simulated or {}).get('ttft_mean_s'))} s, "
-                             f"SLOs {'met' if now.meets_slo else 'missed'})")
+                lines.append(
+                    f"- {kind}: the model's first choice was {label(was)} "
+                    f"(simulated {_g((was.simulated or {}).get('ttft_mean_s'))} s mean TTFT, "
+                    f"SLOs {'met' if was.meets_slo else 'missed'}); the simulator's best is {label(now)} "
+                    f"({_g((now.simulated or {}).get('ttft_mean_s'))} s, "
+                    f"SLOs {'met' if now.meets_slo else 'missed'})"
+                )
     if rows.references:
-        lines += ["", "## The base scenarios as they stand", "",
-                  "Modelled with their own routing (a length-only PrfaaS scenario judges the whole prompt, each "
-                  "cluster reusing only its own cache, and ships the whole KV) and simulated as they are:", ""]
+        lines += [
+            "",
+            "## The base scenarios as they stand",
+            "",
+            "Modelled with their own routing (a length-only PrfaaS scenario judges the whole prompt, each "
+            "cluster reusing only its own cache, and ships the whole KV) and simulated as they are:",
+            "",
+        ]
         lines += _md_table([_row(r, how) for r, how in rows.references])
         for r, _ in rows.references:
             for n in r.notes:
@@ -203,26 +261,43 @@ def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str]
     shown = rows.ranking[: ctx["show"]]
     lines += _md_table([_row(c, files.get(key(c), "")) for c in shown])
     if any(c.simulated is None for c in shown) and any(c.simulated is not None for c in shown):
-        lines.append("\nRows without simulated figures were not simulated: their SLO verdict is the model's, and "
-                     "they rank after every simulated row.")
+        lines.append(
+            "\nRows without simulated figures were not simulated: their SLO verdict is the model's, and "
+            "they rank after every simulated row."
+        )
     if len(rows.ranking) > ctx["show"]:
         lines.append(f"\n({len(rows.ranking) - ctx['show']} more in plan.json)")
     if ctx.get("vary_counts"):
         lines += ["", "## Fewest instances meeting the SLOs at the trace's rate, per kind", ""]
-        lines += _md_table([_row(c, files.get(key(c), "")) for c in rows.fewest]) if rows.fewest else \
-            ["none meets the SLOs"]
+        lines += (
+            _md_table([_row(c, files.get(key(c), "")) for c in rows.fewest]) if rows.fewest else ["none meets the SLOs"]
+        )
     lines += ["", "## Simulation", ""]
     if verified_note:
         lines.append(f"The plans are **{verified_note}**: every figure above is the model's.")
     else:
-        lines.append("Each row above with simulated figures was replayed on the simulator (`--backend sim`) with the "
-                     "trace (run directories in `sim/`; `testbed report sim/NAME` draws a report); predicted "
-                     "against simulated:")
+        lines.append(
+            "Each row above with simulated figures was replayed on the simulator (`--backend sim`) with the "
+            "trace (run directories in `sim/`; `testbed report sim/NAME` draws a report); predicted "
+            "against simulated:"
+        )
         lines.append("")
-        lines += _md_table(_sim_rows(ctx["simulated"]), [
-            "run", "Λ_max model", "TTFT mean model / sim (s)", "error", "TTFT P90 model / sim (s)", "error",
-            "offloaded model / sim", "egress Gbit/s model / sim", "completed req/s sim", "SLO attainment sim",
-            "meets SLO model / sim"])
+        lines += _md_table(
+            _sim_rows(ctx["simulated"]),
+            [
+                "run",
+                "Λ_max model",
+                "TTFT mean model / sim (s)",
+                "error",
+                "TTFT P90 model / sim (s)",
+                "error",
+                "offloaded model / sim",
+                "egress Gbit/s model / sim",
+                "completed req/s sim",
+                "SLO attainment sim",
+                "meets SLO model / sim",
+            ],
+        )
     lines += ["", "## How the figures are made", ""]
     lines += [f"- {a}" for a in ASSUMPTIONS]
     lines += [f"- {n}" for n in ctx["notes"]]
@@ -237,15 +312,21 @@ def _sim_rows(simulated: dict[str, Candidate]) -> list[list[str]]:
         if "error" in sm:
             out.append([name, f"{c.lambda_max:.2f}", f"failed: {sm['error']}", *[""] * 8])
             continue
-        out.append([
-            name, f"{c.lambda_max:.2f}",
-            f"{_g(c.ttft_mean_s)} / {_g(sm.get('ttft_mean_s'))}", _err(c.ttft_mean_s, sm.get("ttft_mean_s")),
-            f"{_g(c.ttft_p90_s)} / {_g(sm.get('ttft_p90_s'))}", _err(c.ttft_p90_s, sm.get("ttft_p90_s")),
-            f"{c.p:.0%} / {_g(sm.get('offload_share'), '{:.0%}')}",
-            f"{c.egress_bps / 1e9:.1f} / {_g(sm.get('egress_gbps'), '{:.1f}')}", _g(sm.get("completed_rps")),
-            _g(sm.get("slo_attainment"), "{:.0%}"),
-            f"{'yes' if c.meets_slo_model else 'no'} / {'yes' if c.meets_slo else 'no'}",
-        ])
+        out.append(
+            [
+                name,
+                f"{c.lambda_max:.2f}",
+                f"{_g(c.ttft_mean_s)} / {_g(sm.get('ttft_mean_s'))}",
+                _err(c.ttft_mean_s, sm.get("ttft_mean_s")),
+                f"{_g(c.ttft_p90_s)} / {_g(sm.get('ttft_p90_s'))}",
+                _err(c.ttft_p90_s, sm.get("ttft_p90_s")),
+                f"{c.p:.0%} / {_g(sm.get('offload_share'), '{:.0%}')}",
+                f"{c.egress_bps / 1e9:.1f} / {_g(sm.get('egress_gbps'), '{:.1f}')}",
+                _g(sm.get("completed_rps")),
+                _g(sm.get("slo_attainment"), "{:.0%}"),
+                f"{'yes' if c.meets_slo_model else 'no'} / {'yes' if c.meets_slo else 'no'}",
+            ]
+        )
     return out
 
 

@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from testbed.metrics.artefacts.summary_file import Summary
 from testbed.model.planner import Candidate, Objective, PlanSettings
 from testbed.traces.csvutil import Window
 
 Simulate = Callable[[Path, Path, str], dict[str, Any]]
-SIM_FIGURES = ("ttft_mean_s", "ttft_p90_s", "tpot_p90_s", "offload_share", "egress_gbps", "completed_rps",
-               "slo_attainment", "requests", "failed")
+SIM_FIGURES = (
+    "ttft_mean_s",
+    "ttft_p90_s",
+    "tpot_p90_s",
+    "offload_share",
+    "egress_gbps",
+    "completed_rps",
+    "slo_attainment",
+    "requests",
+    "failed",
+)
 # As the run summary's SLO attainment (`testbed.metrics.summary.SLO_TIMING_TOLERANCE`): a decode
 # step sized to the TPOT SLO sits exactly on it.
 SLO_SLACK = 1.01
@@ -72,7 +82,7 @@ def sim_simulator(out_dir: Path, window: Window | None, fmt: str) -> Simulate:
         except ValueError as e:
             if "unknown backend" not in str(e):
                 raise
-            shutil.rmtree(run_dir, ignore_errors=True)     # it holds only the scenario it was given
+            shutil.rmtree(run_dir, ignore_errors=True)  # it holds only the scenario it was given
             if run_dir.parent.is_dir() and not any(run_dir.parent.iterdir()):
                 run_dir.parent.rmdir()
             raise SimUnavailable(str(e)) from None
@@ -108,8 +118,9 @@ def with_simulation(c: Candidate, figs: dict[str, Any], s: PlanSettings) -> Cand
     return replace(c, simulated=figs, meets_slo=ok, notes=notes)
 
 
-def simulate_rows(rows: Sequence[tuple[Candidate, Path, str]], trace: Path, simulate: Simulate | None,
-                  s: PlanSettings) -> tuple[dict[str, Candidate], str | None]:
+def simulate_rows(
+    rows: Sequence[tuple[Candidate, Path, str]], trace: Path, simulate: Simulate | None, s: PlanSettings
+) -> tuple[dict[str, Candidate], str | None]:
     """Simulate each (candidate, scenario file, run name); returns the candidates by run name with
     their figures (a failed simulation is {"error": ...}: reported, not fatal) and why nothing
     was simulated (None when it was): no simulator, or it raised SimUnavailable."""

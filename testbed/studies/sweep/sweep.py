@@ -23,23 +23,24 @@ import json
 import math
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import yaml
 
 from testbed.config import run_lock
 from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
-from testbed.core.schema.scenario import Scenario
-from testbed.metrics.artefacts import Summary
-from testbed.config.resolved import ResolvedScenario
-from testbed.model.errors import ModelError
 from testbed.config.overrides import build_overrides, parse_assignments
+from testbed.config.resolved import ResolvedScenario
 from testbed.config.scenarios import ScenarioError, load_scenario
+from testbed.core.schema.scenario import Scenario
 from testbed.deploy import registry
+from testbed.metrics.artefacts import Summary
+from testbed.model.errors import ModelError
 from testbed.run.load import load
 from testbed.run.run_args import add_run_args, run_assignments, trace_for, warn_if_planned
 from testbed.run.stoppable import run_stoppable
@@ -52,18 +53,52 @@ CURVE_POINTS = 240  # per spacing (log and linear); enough for a smooth Fig. 5b-
 TTFT_CURVE_POINTS = 50
 
 MEASURED_COLUMNS: tuple[str, ...] = (
-    "status", "offered_rate_rps", "requests", "completed", "failed", "throughput_rps", "goodput_rps",
-    "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "offload_ratio",
-    "wan_egress_mean_Bps", "threshold_used", "measured_lambda_max", "lowest_unstable_rate",
+    "status",
+    "offered_rate_rps",
+    "requests",
+    "completed",
+    "failed",
+    "throughput_rps",
+    "goodput_rps",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_mean_s",
+    "offload_ratio",
+    "wan_egress_mean_Bps",
+    "threshold_used",
+    "measured_lambda_max",
+    "lowest_unstable_rate",
 )
 MODEL_COLUMNS: tuple[str, ...] = (
-    "model_lambda_max", "model_theta_prfaas", "model_theta_pdp", "model_theta_pdd", "model_p",
-    "model_ttft_mean_s", "model_ttft_p90_s", "model_bottleneck", "model_load", "model_egress_Bps",
+    "model_lambda_max",
+    "model_theta_prfaas",
+    "model_theta_pdp",
+    "model_theta_pdd",
+    "model_p",
+    "model_ttft_mean_s",
+    "model_ttft_p90_s",
+    "model_bottleneck",
+    "model_load",
+    "model_egress_Bps",
     "model_error",
 )
 CURVE_COLUMNS: tuple[str, ...] = (
-    "t", "p", "l_long", "l_short", "theta_prfaas", "theta_prfaas_compute", "theta_prfaas_link", "theta_pdp",
-    "theta_pdd", "prfaas_limit", "pdp_limit", "lambda_max", "ttft_mean_s", "ttft_p90_s",
+    "t",
+    "p",
+    "l_long",
+    "l_short",
+    "theta_prfaas",
+    "theta_prfaas_compute",
+    "theta_prfaas_link",
+    "theta_pdp",
+    "theta_pdd",
+    "prfaas_limit",
+    "pdp_limit",
+    "lambda_max",
+    "ttft_mean_s",
+    "ttft_p90_s",
 )
 
 
@@ -142,7 +177,10 @@ def plan_points(scenario: str, base: Sequence[tuple[str, Any]], grid: Sequence[d
 def measured_figures(summary: Summary | None, status: str) -> dict[str, Any]:
     """A row's measured columns; all None when the point left no readable summary."""
     if summary is None:
-        return {"status": status, **{k: None for k in MEASURED_COLUMNS[1:-2]}}   # between status and the capacity columns
+        return {
+            "status": status,
+            **{k: None for k in MEASURED_COLUMNS[1:-2]},
+        }  # between status and the capacity columns
     s = summary
     return {
         "status": status,
@@ -180,19 +218,21 @@ def model_figures(sc: Scenario, link_bps: float) -> dict[str, Any]:
         out["model_error"] = str(e)
         return out
     rate = sc.workload.rate
-    out.update({
-        "model_lambda_max": r.lambda_max,
-        "model_theta_prfaas": r.theta_prfaas,
-        "model_theta_pdp": r.theta_pdp,
-        "model_theta_pdd": r.theta_pdd,
-        "model_p": r.p,
-        "model_ttft_mean_s": r.ttft_mean_s,
-        "model_ttft_p90_s": r.ttft_p90_s,
-        "model_bottleneck": r.bottleneck,
-        "model_load": rate / r.lambda_max if r.lambda_max > 0 else None,
-        # Bytes/s like the measured wan_egress column (the model works in bits/s).
-        "model_egress_Bps": r.egress_at(rate) / 8.0,
-    })
+    out.update(
+        {
+            "model_lambda_max": r.lambda_max,
+            "model_theta_prfaas": r.theta_prfaas,
+            "model_theta_pdp": r.theta_pdp,
+            "model_theta_pdd": r.theta_pdd,
+            "model_p": r.p,
+            "model_ttft_mean_s": r.ttft_mean_s,
+            "model_ttft_p90_s": r.ttft_p90_s,
+            "model_bottleneck": r.bottleneck,
+            "model_load": rate / r.lambda_max if r.lambda_max > 0 else None,
+            # Bytes/s like the measured wan_egress column (the model works in bits/s).
+            "model_egress_Bps": r.egress_at(rate) / 8.0,
+        }
+    )
     return out
 
 
@@ -201,8 +241,13 @@ def threshold_grid(sc: Scenario, extra: Sequence[float] = (), points: int | None
     short and long t), plus the swept values so the curve passes through the measured points."""
     lo, hi = float(sc.workload.input.min), float(sc.workload.input.max)
     n = CURVE_POINTS if points is None else points
-    ts = np.concatenate([np.geomspace(lo, hi, n), np.linspace(lo, hi, n),
-                         np.asarray([t for t in extra if lo <= t <= hi], dtype=np.float64)])
+    ts = np.concatenate(
+        [
+            np.geomspace(lo, hi, n),
+            np.linspace(lo, hi, n),
+            np.asarray([t for t in extra if lo <= t <= hi], dtype=np.float64),
+        ]
+    )
     return np.unique(np.round(ts))
 
 
@@ -210,7 +255,7 @@ def model_curve(sc: Scenario, link_bps: float, extra: Sequence[float] = ()) -> l
     """Analytical figures of the `prfaas` policy for each t of `threshold_grid` (paper units);
     queue-free TTFT only on the coarser TTFT grid (empty elsewhere)."""
     from testbed.core.engine.kvsize import KVModel
-    from testbed.model.analytical import StagePools, LengthDistribution, evaluate, threshold_curves
+    from testbed.model.analytical import LengthDistribution, StagePools, evaluate, threshold_curves
 
     dep = StagePools.from_scenario(sc)
     if not dep.prfaas or not dep.pd_prefill:
@@ -218,22 +263,35 @@ def model_curve(sc: Scenario, link_bps: float, extra: Sequence[float] = ()) -> l
     ttft_ts = threshold_grid(sc, extra, TTFT_CURVE_POINTS)
     ts = np.union1d(threshold_grid(sc, extra), ttft_ts)
     with_ttft = set(ttft_ts.tolist())
-    cur = threshold_curves(dep, LengthDistribution.from_spec(sc.workload.input), KVModel.from_spec(sc.model), ts,
-                           link_bps)
-    prfaas_sc = sc if sc.policy.name == "prfaas" else sc.model_copy(
-        update={"policy": sc.policy.model_copy(update={"name": "prfaas", "threshold": 0})})
+    cur = threshold_curves(
+        dep, LengthDistribution.from_spec(sc.workload.input), KVModel.from_spec(sc.model), ts, link_bps
+    )
+    prfaas_sc = (
+        sc
+        if sc.policy.name == "prfaas"
+        else sc.model_copy(update={"policy": sc.policy.model_copy(update={"name": "prfaas", "threshold": 0})})
+    )
     rows = []
     for i, t in enumerate(ts):
         ev = evaluate(prfaas_sc, link_bps, threshold=int(t)) if float(t) in with_ttft else None
-        rows.append({
-            "t": float(t), "p": float(cur.p[i]), "l_long": float(cur.l_long[i]), "l_short": float(cur.l_short[i]),
-            "theta_prfaas": float(cur.theta_prfaas[i]),
-            "theta_prfaas_compute": float(cur.theta_prfaas_compute[i]),
-            "theta_prfaas_link": float(cur.theta_prfaas_link[i]), "theta_pdp": float(cur.theta_pdp[i]),
-            "theta_pdd": float(cur.theta_pdd), "prfaas_limit": float(cur.prfaas_limit[i]),
-            "pdp_limit": float(cur.pdp_limit[i]), "lambda_max": float(cur.lambda_max[i]),
-            "ttft_mean_s": ev.ttft_mean_s if ev else None, "ttft_p90_s": ev.ttft_p90_s if ev else None,
-        })
+        rows.append(
+            {
+                "t": float(t),
+                "p": float(cur.p[i]),
+                "l_long": float(cur.l_long[i]),
+                "l_short": float(cur.l_short[i]),
+                "theta_prfaas": float(cur.theta_prfaas[i]),
+                "theta_prfaas_compute": float(cur.theta_prfaas_compute[i]),
+                "theta_prfaas_link": float(cur.theta_prfaas_link[i]),
+                "theta_pdp": float(cur.theta_pdp[i]),
+                "theta_pdd": float(cur.theta_pdd),
+                "prfaas_limit": float(cur.prfaas_limit[i]),
+                "pdp_limit": float(cur.pdp_limit[i]),
+                "lambda_max": float(cur.lambda_max[i]),
+                "ttft_mean_s": ev.ttft_mean_s if ev else None,
+                "ttft_p90_s": ev.ttft_p90_s if ev else None,
+            }
+        )
     return rows
 
 
@@ -264,29 +322,52 @@ def table_columns(fields: Sequence[str]) -> list[str]:
     return ["point", *fields, "run_dir", *MEASURED_COLUMNS, *MODEL_COLUMNS]
 
 
-def sweep_markdown(rows: Sequence[dict[str, Any]], fields: Sequence[str], facts: dict[str, Any],
-                   curve: Path | None) -> str:
+def sweep_markdown(
+    rows: Sequence[dict[str, Any]], fields: Sequence[str], facts: dict[str, Any], curve: Path | None
+) -> str:
     from testbed.metrics.report import fmt, fmt_ms, fmt_pct, fmt_rate, md_table
 
     def opt(v: Any, f: Any = fmt) -> str:
         return f(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
 
-    head = [*fields, "status", "done / total", "failed", "thr (req/s)", "TTFT mean / P90 / P99 (s)",
-            "TPOT mean", "offload", "WAN egress mean", "measured Λ_max",
-            "model Λ_max", "model Θ prfaas / pdp / pdd", "model p", "model TTFT mean / P90 (s)", "load ρ"]
+    head = [
+        *fields,
+        "status",
+        "done / total",
+        "failed",
+        "thr (req/s)",
+        "TTFT mean / P90 / P99 (s)",
+        "TPOT mean",
+        "offload",
+        "WAN egress mean",
+        "measured Λ_max",
+        "model Λ_max",
+        "model Θ prfaas / pdp / pdd",
+        "model p",
+        "model TTFT mean / P90 (s)",
+        "load ρ",
+    ]
     body = []
     for r in rows:
-        body.append([
-            *(_value_text(r[f]) for f in fields), r["status"],
-            f"{opt(r['completed'])} / {opt(r['requests'])}", opt(r["failed"]), opt(r["throughput_rps"]),
-            f"{opt(r['ttft_mean_s'])} / {opt(r['ttft_p90_s'])} / {opt(r['ttft_p99_s'])}",
-            opt(r["tpot_mean_s"], fmt_ms), opt(r["offload_ratio"], fmt_pct), opt(r["wan_egress_mean_Bps"], fmt_rate),
-            opt(r.get("measured_lambda_max")),
-            opt(r["model_lambda_max"]),
-            " / ".join(opt(r[k]) for k in ("model_theta_prfaas", "model_theta_pdp", "model_theta_pdd")),
-            opt(r["model_p"], fmt_pct), f"{opt(r['model_ttft_mean_s'])} / {opt(r['model_ttft_p90_s'])}",
-            opt(r["model_load"]),
-        ])
+        body.append(
+            [
+                *(_value_text(r[f]) for f in fields),
+                r["status"],
+                f"{opt(r['completed'])} / {opt(r['requests'])}",
+                opt(r["failed"]),
+                opt(r["throughput_rps"]),
+                f"{opt(r['ttft_mean_s'])} / {opt(r['ttft_p90_s'])} / {opt(r['ttft_p99_s'])}",
+                opt(r["tpot_mean_s"], fmt_ms),
+                opt(r["offload_ratio"], fmt_pct),
+                opt(r["wan_egress_mean_Bps"], fmt_rate),
+                opt(r.get("measured_lambda_max")),
+                opt(r["model_lambda_max"]),
+                " / ".join(opt(r[k]) for k in ("model_theta_prfaas", "model_theta_pdp", "model_theta_pdd")),
+                opt(r["model_p"], fmt_pct),
+                f"{opt(r['model_ttft_mean_s'])} / {opt(r['model_ttft_p90_s'])}",
+                opt(r["model_load"]),
+            ]
+        )
     lines = [
         f"# Sweep of {facts['scenario']} over {', '.join(fields)}",
         "",
@@ -311,24 +392,50 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "sweep",
         help="replay a scenario once per grid point of one or two fields; measured vs analytical table",
         description="Run a scenario once per value (or pair of values) of scenario fields and write "
-                    "DIR/sweep.csv, DIR/sweep.md and, when policy.threshold is swept, DIR/model_curve.csv.",
+        "DIR/sweep.csv, DIR/sweep.md and, when policy.threshold is swept, DIR/model_curve.csv.",
     )
     p.add_argument("--scenario", action=StoreOnce, required=True, help="scenario name (scenarios/NAME.yaml) or path")
-    p.add_argument("--param", action="append", required=True, metavar="FIELD=V1,V2,...",
-                   help="a scenario field and its values, e.g. policy.threshold=10000,19400,40000 or "
-                        "clusters.1.prefill=2,3,4 (list elements by index); at most twice")
-    add_run_args(p, requests_help="requests per point (workload.requests; with --trace, its first N after --window "
-                                  "and --sample)")
+    p.add_argument(
+        "--param",
+        action="append",
+        required=True,
+        metavar="FIELD=V1,V2,...",
+        help="a scenario field and its values, e.g. policy.threshold=10000,19400,40000 or "
+        "clusters.1.prefill=2,3,4 (list elements by index); at most twice",
+    )
+    add_run_args(
+        p, requests_help="requests per point (workload.requests; with --trace, its first N after --window and --sample)"
+    )
     p.add_argument("--backend", action=StoreOnce, **registry.backend_option(lead="where every point runs"))
-    p.add_argument("--out", action=StoreOnce, type=out_dir, metavar="DIR", help="sweep directory (default runs/<time>-sweep-<scenario>)")
+    p.add_argument(
+        "--out",
+        action=StoreOnce,
+        type=out_dir,
+        metavar="DIR",
+        help="sweep directory (default runs/<time>-sweep-<scenario>)",
+    )
     add_overwrite(p, "the sweep directory")
-    p.add_argument("--capacity-probes", type=int, default=0, metavar="N",
-                   help="measure Lambda_max at every point by a capacity search of N replays (testbed capacity) "
-                        "instead of one replay at the offered rate")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a scenario field for every point (repeatable; list indices allowed)")
-    p.add_argument("--link-gbps", type=float, default=100.0,
-                   help="PrfaaS egress link B_out of the analytical model, Gbit/s (default 100, as `testbed model`)")
+    p.add_argument(
+        "--capacity-probes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure Lambda_max at every point by a capacity search of N replays (testbed capacity) "
+        "instead of one replay at the offered rate",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a scenario field for every point (repeatable; list indices allowed)",
+    )
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        default=100.0,
+        help="PrfaaS egress link B_out of the analytical model, Gbit/s (default 100, as `testbed model`)",
+    )
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=cmd_sweep)
 
@@ -342,7 +449,7 @@ def _read_summary(run_dir: Path) -> Summary | None:
 
     try:
         return read_summary(run_dir / "summary.json")
-    except ValueError:     # the point failed before writing one, or left a broken one: its row says why
+    except ValueError:  # the point failed before writing one, or left a broken one: its row says why
         return None
 
 
@@ -369,11 +476,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-sweep-{first.name}"
-    run_lock.acquire(out, args.overwrite)       # this command's until it returns
-    facts = {"scenario": first.name, "backend": args.backend,
-             "requests": first.workload.requests if trace is None else len(trace),
-             "rate": first.workload.rate if trace is None else trace.rate, "speedup": first.scale.speedup, "byte_scale": first.scale.byte_scale,
-             "started": f"{datetime.now():%Y-%m-%d %H:%M:%S}"}
+    run_lock.acquire(out, args.overwrite)  # this command's until it returns
+    facts = {
+        "scenario": first.name,
+        "backend": args.backend,
+        "requests": first.workload.requests if trace is None else len(trace),
+        "rate": first.workload.rate if trace is None else trace.rate,
+        "speedup": first.scale.speedup,
+        "byte_scale": first.scale.byte_scale,
+        "started": f"{datetime.now():%Y-%m-%d %H:%M:%S}",
+    }
 
     curve_path = _write_curve(out, points, fields, link_bps)
     columns = table_columns(fields)
@@ -405,16 +517,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 130 if interrupted else (1 if errors else 0)
 
 
-def _run_and_record(pt: Point, out: Path, backend: str, link_bps: float, n: int, rows: list[dict[str, Any]],
-                    capacity_probes: int = 0, trace: Trace | None = None) -> bool:
+def _run_and_record(
+    pt: Point,
+    out: Path,
+    backend: str,
+    link_bps: float,
+    n: int,
+    rows: list[dict[str, Any]],
+    capacity_probes: int = 0,
+    trace: Trace | None = None,
+) -> bool:
     """Run one point and append its row; True when Ctrl-C stopped it. With `capacity_probes`,
     the point is a capacity search (testbed.studies.capacity.capacity) and its row carries the measured
     Lambda_max and the figures of the highest stable probe. Every point replays the scenario's
     workload, or `trace` (--trace) the same for all."""
     run_dir = out / pt.label
     where = ", ".join(f"{k}={_value_text(v)}" for k, v in pt.values.items())
-    _log(f"[{pt.index + 1}/{n}] {where}: {pt.scenario.workload.requests if trace is None else len(trace)} requests "
-         f"-> {run_dir}")
+    _log(
+        f"[{pt.index + 1}/{n}] {where}: {pt.scenario.workload.requests if trace is None else len(trace)} requests "
+        f"-> {run_dir}"
+    )
     status, interrupted = "ok", False
     extra: dict[str, Any] = {}
     summary_dir = run_dir
@@ -431,12 +553,20 @@ def _run_and_record(pt: Point, out: Path, backend: str, link_bps: float, n: int,
         status, interrupted = "interrupted", True
     except Exception as e:  # one broken point must not lose the others: record it and go on
         status = f"error: {type(e).__name__}: {e}"
-    row = {"point": pt.index, **pt.values, "run_dir": pt.label,
-           **measured_figures(_read_summary(summary_dir), status), **extra, **model_figures(pt.scenario, link_bps)}
+    row = {
+        "point": pt.index,
+        **pt.values,
+        "run_dir": pt.label,
+        **measured_figures(_read_summary(summary_dir), status),
+        **extra,
+        **model_figures(pt.scenario, link_bps),
+    }
     rows.append(row)
-    _log(f"    {status}: completed {row['completed']}/{row['requests']}, TTFT mean {_short(row['ttft_mean_s'])} s, "
-         f"P90 {_short(row['ttft_p90_s'])} s, throughput {_short(row['throughput_rps'])} req/s "
-         f"(model Λ_max {_short(row['model_lambda_max'])}, TTFT mean {_short(row['model_ttft_mean_s'])} s)")
+    _log(
+        f"    {status}: completed {row['completed']}/{row['requests']}, TTFT mean {_short(row['ttft_mean_s'])} s, "
+        f"P90 {_short(row['ttft_p90_s'])} s, throughput {_short(row['throughput_rps'])} req/s "
+        f"(model Λ_max {_short(row['model_lambda_max'])}, TTFT mean {_short(row['model_ttft_mean_s'])} s)"
+    )
     return interrupted
 
 
@@ -444,14 +574,16 @@ def _short(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
 
 
-async def _capacity_point(pt: Point, run_dir: Path, backend: str, probes: int, link_bps: float,
-                          trace: Trace | None = None) -> Any:
+async def _capacity_point(
+    pt: Point, run_dir: Path, backend: str, probes: int, link_bps: float, trace: Trace | None = None
+) -> Any:
     from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
 
     model = model_lambda(pt.scenario, link_bps, trace) or 1.0
     run_dir.mkdir(parents=True, exist_ok=True)
-    res = await search(pt.resolved, run_dir, backend, 0.75 * model, 1.25 * model, probes, 0.25,
-                       pt.scenario.slo.ttft_s, trace=trace)
+    res = await search(
+        pt.resolved, run_dir, backend, 0.75 * model, 1.25 * model, probes, 0.25, pt.scenario.slo.ttft_s, trace=trace
+    )
     write_outputs(res, run_dir)
     return res
 
@@ -477,9 +609,11 @@ def _write_curve(out: Path, points: Sequence[Point], fields: Sequence[str], link
         if key in seen:
             continue
         seen.add(key)
-        swept = [float(p.values[THRESHOLD_FIELD]) for p in points
-                 if isinstance(p.values[THRESHOLD_FIELD], (int, float)) and json.dumps(
-                     [p.values[f] for f in others]) == key]
+        swept = [
+            float(p.values[THRESHOLD_FIELD])
+            for p in points
+            if isinstance(p.values[THRESHOLD_FIELD], (int, float)) and json.dumps([p.values[f] for f in others]) == key
+        ]
         try:
             curve = model_curve(pt.scenario, link_bps, swept)
         except ModelError as e:
