@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             rc: int = args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_status
     except KeyboardInterrupt:
         rc = 130
     return 128 + signal.SIGTERM if _terminated and rc == 130 else rc

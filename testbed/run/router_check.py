@@ -18,7 +18,10 @@ PROBES = 3
 
 
 class RouterLost(UserError, RuntimeError):
-    """The router stopped answering during a live run; the run is recorded as failed."""
+    """The router stopped answering during a live run; the run is recorded as failed (exit 1, as
+    any failed run: not a usage error)."""
+
+    exit_status = 1
 
 
 def _ended(code: int | None) -> str:
