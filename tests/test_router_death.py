@@ -79,7 +79,7 @@ def test_a_sigkilled_router_fails_the_run_naming_it(tmp_path: Path) -> None:
     assert pid is not None and proc.poll() is None, "the run should be under way"
     os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err[-2000:]   # a failed run, not a usage error
+    assert proc.returncode == 1, err[-2000:]  # a failed run, not a usage error
     assert "the router was killed by SIGKILL during the run" in err, err[-2000:]
     meta = json.loads((out / "run.json").read_text())
     assert meta["state"] == "failed" and meta["interrupted"] is False
