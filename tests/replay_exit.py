@@ -15,10 +15,12 @@ RAN = (EXIT_OK, EXIT_INVALID)
 
 def replay_until_valid(argv: Sequence[str], tries: int = 3) -> int:
     """`testbed ARGV` (a replay), run again while the testbed marks it invalid, at most `tries`
-    times in all; the last exit code (assert it `in RAN`)."""
+    times in all; the last exit code (assert it `in RAN`). A rerun replaces the invalid run's output
+    (--overwrite): without it the run directory it left would refuse the rerun."""
     rc = main(list(argv))
+    again = [*argv, "--overwrite"] if "--overwrite" not in argv else list(argv)
     for _ in range(tries - 1):
         if rc != EXIT_INVALID:
             break
-        rc = main(list(argv))
+        rc = main(again)
     return rc

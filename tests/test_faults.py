@@ -487,7 +487,7 @@ async def test_nodes_take_a_slowdown_over_http(tmp_path: Path, aiohttp_client: A
         r = await client.post("/testbed/fault", json={"slow": 4, "until_s": until})
         assert r.status == 200 and (await r.json())["slow"] == 4
         assert app[SLOW_KEY].at(time.time()) == 4 and app[SLOW_KEY].at(until + 1) == 1
-        assert app[mod.STATE].slow is app[SLOW_KEY]  # the one the service loop reads
+        assert app[mod.STATE].loop.slow is app[SLOW_KEY]  # the one the service loop reads
         for bad in (
             {"slow": 0},
             {"slow": "x"},

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from deployment_sizes import ONE_PER_ROLE
+from replay_exit import RAN
 
 from testbed.config.privilege import AS_USER_ENV
 from testbed.deploy import cleanup
@@ -92,9 +93,10 @@ def _live_run(out: Path, backend: str, *extra: str) -> Iterator[tuple[subprocess
 
 
 def _complete(proc: subprocess.Popen[str], out: Path, backend: str) -> None:
-    """Run A ends as if nothing had happened: exit 0, every request completed, its own run.json."""
+    """Run A ends as if nothing had happened: it ran (exit 0, or 3 where this host could not keep
+    its time), every request completed, its own run.json."""
     _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode in RAN, err[-3000:]
     rows = _records(out)
     assert len(rows) == REQUESTS and all(r["outcome"] == "completed" for r in rows), err[-3000:]
     meta = json.loads((out / "run.json").read_text())

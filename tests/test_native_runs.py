@@ -44,9 +44,16 @@ def _replay(tmp: Path, name: str, scenario: str, compiled: bool) -> Path:
     return out
 
 
+# What differs between two runs of the same inputs by design: the process's own facts (run.json)
+# and its directory lock (its pid and start).
+PROCESS_FILES = {"run.json", ".testbed.lock"}
+
+
 def _files(run: Path) -> dict[str, bytes]:
     return {
-        str(f.relative_to(run)): f.read_bytes() for f in sorted(run.rglob("*")) if f.is_file() and f.name != "run.json"
+        str(f.relative_to(run)): f.read_bytes()
+        for f in sorted(run.rglob("*"))
+        if f.is_file() and f.name not in PROCESS_FILES
     }
 
 

@@ -441,6 +441,8 @@ def test_teardown_kills_processes_and_is_idempotent(capsys: pytest.CaptureFixtur
             "errors": [],
             "docker": out["docker"],
             "local_runs": {},
+            "live_runs_spared": {},
+            "local_runs_spared": {},
         }
         # Docker leftovers too (compose and swarm): each kind reported, none found.
         assert {"containers", "networks", "volumes", "services", "configs"} <= set(out["docker"])

@@ -165,7 +165,8 @@ async def test_vllm_and_testbed_dashboards_return_data(tmp_path: Path) -> None:
             hold.result()
         info = infos[0]
         assert info.prometheus == f"http://{listen}"
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        auth = {"Authorization": f"Bearer {info.api_key}"}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=auth) as s:
             start = time.time()
             await _drive(s, info.url)
             await asyncio.sleep(3)  # a few scrapes after the last request

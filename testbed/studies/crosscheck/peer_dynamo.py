@@ -58,7 +58,7 @@ def missing() -> str | None:
     """Why Dynamo's mocker cannot be imported here (None: it can)."""
     quiet_logs()
     try:
-        from dynamo import _core
+        from dynamo import _core  # type: ignore[attr-defined,unused-ignore]  # a compiled module, no stub
     except ImportError as e:
         return f"Dynamo's mocker is not installed ({e}): {INSTALL}"
     if not hasattr(_core, "run_mocker_trace_replay"):
@@ -239,7 +239,7 @@ def run(s: PeerSetup, trace_path: Path) -> PeerRun:
     why = missing()
     if why is not None:
         raise PeerError(why)
-    from dynamo import _core
+    from dynamo import _core  # type: ignore[attr-defined,unused-ignore]
 
     kw = s.kwargs(trace_path)
     if s.router == "load":

@@ -63,6 +63,7 @@ from testbed.studies.plan.plan_sim import (
     sim_simulator,
     simulate_rows,
 )
+from testbed.traces.files import open_trace
 from testbed.traces.types import Trace
 
 __all__ = [
@@ -391,6 +392,8 @@ def run_plan(
     budgets = parse_budget(args.budget)
     check_budget(budgets, {k: b.spec for k, b in bases.items()})
     trace_path = Path(args.trace)
+    # A trace that cannot be opened is one line, before any progress line.
+    open_trace(trace_path).close()
     step(f"loading the trace {trace_path}")
     trace: Trace = load_trace(trace_path, args.format, window=args.window)
     if len(trace) < 2:
