@@ -28,6 +28,7 @@ from testbed.metrics.regress import (
     load_baseline,
     lookup,
 )
+from testbed.metrics.verdict import EXIT_INVALID
 
 # Pure tests and one app test share this file, so tiers are marked per test.
 pure = pytest.mark.pure
@@ -390,10 +391,14 @@ def test_real_slow_decode_fails_on_tpot_and_rerun_passes(tmp_path: Path, capsys:
     and the testbed rightly marked every one invalid. Tolerances are widened for this test (TTFT 100%, TPOT 40%, throughput 25%)
     because a 12-request run on a shared 2-core machine swings that much when others load it."""
     normal, rerun, slow = tmp_path / "normal", tmp_path / "rerun", tmp_path / "slow"
-    assert replay_until_valid(["replay", *APP_FAST, "--out", str(normal)]) in RAN
-    assert (
-        replay_until_valid(["replay", *APP_FAST, "--out", str(slow), "--set", "hardware.h20.decode.base_s=0.05"]) in RAN
-    )
+    # The comparison means something only between runs the testbed timed faithfully: a baseline
+    # whose steps ran late already has the slowed TPOT. Three invalid runs in a row: this host cannot
+    # time the test now, which the testbed says; no verdict on the regression check is possible.
+    for out_dir, extra in ((normal, []), (slow, ["--set", "hardware.h20.decode.base_s=0.05"])):
+        rc = replay_until_valid(["replay", *APP_FAST, "--out", str(out_dir), *extra])
+        assert rc in RAN
+        if rc == EXIT_INVALID:
+            pytest.skip(f"the testbed marked {out_dir.name} invalid three times: this host cannot time it now")
     assert replay_until_valid(["replay", *APP_FAST, "--out", str(rerun)]) in RAN
     capsys.readouterr()
     path = tmp_path / "baseline.yaml"
