@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import Scenario
@@ -217,7 +218,7 @@ class ComposeBackend:
         rs: ResolvedScenario,
         run_dir: Path,
         rebuild_image: bool = False,
-        extra: dict[str, Any] | None = None,
+        extra: JSONObject | None = None,
         host_port: int | None = None,
     ) -> None:
         from testbed.deploy.ports import free_ports
@@ -271,7 +272,7 @@ class ComposeBackend:
             self._engine = connect()
         return self._engine
 
-    def shaping(self) -> dict[str, Any]:
+    def shaping(self) -> dict[str, object]:
         return {
             "method": self.method,
             "backend": "compose",

@@ -39,6 +39,7 @@ import yaml
 
 from testbed.config.privilege import is_root
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import node_specs
@@ -100,7 +101,7 @@ def swarm_deployment(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
     """The deployment every service reads: service names as hosts until discovery fills in
     addresses, and what discovery needs (who is in which DC, the DC subnets)."""
     dep = with_hosts(deployment_for(rs, lay), {sid: sid for sid in lay["hosts"]})
-    info = {"members": {sid: dc for sid, (dc, _) in lay["hosts"].items()}, "subnets": dc_subnets(lay)}
+    info: JSONObject = {"members": {sid: dc for sid, (dc, _) in lay["hosts"].items()}, "subnets": {**dc_subnets(lay)}}
     return replace(dep, extra={**dep.extra, EXTRA_KEY: info})
 
 
@@ -332,7 +333,7 @@ class SwarmBackend:
         rs: ResolvedScenario,
         run_dir: Path,
         rebuild_image: bool = False,
-        extra: dict[str, Any] | None = None,
+        extra: JSONObject | None = None,
         host_port: int = 0,
     ) -> None:
         from testbed.net.topology import new_prefix
@@ -374,7 +375,7 @@ class SwarmBackend:
         self.template.extra.update(self._extra)
         self.deployment = self.template
 
-    def shaping(self) -> dict[str, Any]:
+    def shaping(self) -> dict[str, object]:
         return {
             "method": self.method,
             "backend": "swarm",
