@@ -40,7 +40,7 @@ import yaml
 from testbed.config.privilege import is_root
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.json_types import JSONObject
-from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.schema.linkprofile import LinkParams, LinkProfile
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import node_specs
 from testbed.deploy import dockercli
@@ -51,6 +51,7 @@ from testbed.deploy.compose import (
     HEALTH_CMD,
     HTTP_PORT,
     IN_CONTAINER,
+    Layout,
     dc_subnets,
     deployment_for,
     layout,
@@ -97,7 +98,7 @@ def container_mtu(profile: LinkProfile) -> int:
     return profile.mtu if profile.mtu else OVERLAY_MTU - VXLAN_OVERHEAD
 
 
-def swarm_deployment(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
+def swarm_deployment(rs: ResolvedScenario, lay: Layout) -> Deployment:
     """The deployment every service reads: service names as hosts until discovery fills in
     addresses, and what discovery needs (who is in which DC, the DC subnets)."""
     dep = with_hosts(deployment_for(rs, lay), {sid: sid for sid in lay["hosts"]})
@@ -105,7 +106,7 @@ def swarm_deployment(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
     return replace(dep, extra={**dep.extra, EXTRA_KEY: info})
 
 
-def wan_stack_config(project: str, lay: dict[str, Any], links: dict[Any, Any], mtu: int) -> dict[str, Any]:
+def wan_stack_config(project: str, lay: Layout, links: dict[tuple[str, str], LinkParams], mtu: int) -> JSONObject:
     """wan.json for `testbed.deploy.swarm_wan`: addresses blank (found by subnet), method probed there."""
     cfg = wan_config(
         project,
@@ -122,7 +123,7 @@ def wan_stack_config(project: str, lay: dict[str, Any], links: dict[Any, Any], m
     return cfg
 
 
-def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, base: str = SUBNET_BASE) -> dict[str, Any]:
+def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, base: str = SUBNET_BASE) -> JSONObject:
     """The stack document (pure: no I/O). Config files are named relative to it; `base`: the
     block of the datacenter networks (deploy/subnets.py)."""
     lay = layout(sc, base)
@@ -133,36 +134,36 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, bas
         sysctls["net.ipv4.tcp_rmem"] = f"4096 131072 {tcp.rmem_max}"
     if tcp.wmem_max:
         sysctls["net.ipv4.tcp_wmem"] = f"4096 16384 {tcp.wmem_max}"
-    networks = {
+    networks: JSONObject = {
         f"dc-{dc}": {
             "driver": "overlay",
             "attachable": True,
             "driver_opts": {"com.docker.network.driver.mtu": str(container_mtu(profile) + VXLAN_OVERHEAD)},
             "ipam": {"config": [{"subnet": subnet}]},
-            "labels": dict(labels),
+            "labels": {**labels},
         }
         for dc, (_, subnet) in lay["dcs"].items()
     }
 
-    def common(label: str) -> dict[str, Any]:
+    def common(label: str) -> JSONObject:
         # restart none: a task that fails stays failed, and the run reports it (as compose does).
         return {
             "image": image,
             "cap_add": ["NET_ADMIN"],
-            "labels": dict(labels),
+            "labels": {**labels},
             "healthcheck": {"test": list(HEALTH_CMD), "interval": "2s", "timeout": "10s", "retries": 150},
             "stop_grace_period": "5s",
             "deploy": {
                 "endpoint_mode": "dnsrr",
                 "replicas": 1,
                 "restart_policy": {"condition": "none"},
-                "labels": dict(labels),
+                "labels": {**labels},
                 "placement": {"constraints": [_constraint(label)]},
             },
         }
 
     roles = {n.id: n.role for n in node_specs(sc)}
-    services: dict[str, Any] = {}
+    services: JSONObject = {}
     for sid, (dc, _) in lay["hosts"].items():
         services[sid] = {
             **common(dc_label(dc)),
@@ -178,15 +179,15 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, bas
                 "--serve-files",
             ],
             "networks": [f"dc-{dc}"],
-            "sysctls": dict(sysctls),
-            "environment": list(CREDENTIAL_ENV),  # values from the deploying CLI's environment
+            "sysctls": {**sysctls},
+            "environment": [*CREDENTIAL_ENV],  # values from the deploying CLI's environment
             "configs": [{"source": "deployment", "target": f"{CONFIG_DIR}/deployment.json"}],
         }
     services["wan"] = {
         **common(WAN_LABEL),
         "entrypoint": ["python3", "-m", "testbed.deploy.swarm_wan", f"{CONFIG_DIR}/wan.json"],
         "init": True,
-        "networks": list(networks),
+        "networks": [*networks],
         "sysctls": {
             "net.ipv4.ip_forward": "1",
             "net.ipv4.conf.all.rp_filter": "0",
@@ -194,9 +195,9 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, bas
         },
         "configs": [{"source": "wan", "target": f"{CONFIG_DIR}/wan.json"}],
     }
-    configs = {
-        "deployment": {"file": "./deployment.json", "labels": dict(labels)},
-        "wan": {"file": "./wan.json", "labels": dict(labels)},
+    configs: JSONObject = {
+        "deployment": {"file": "./deployment.json", "labels": {**labels}},
+        "wan": {"file": "./wan.json", "labels": {**labels}},
     }
     return {"version": "3.8", "services": services, "networks": networks, "configs": configs}
 
