@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 import docker
 import requests
@@ -134,6 +134,16 @@ class ContainerState:
         if not self.ended:
             return self.status
         return f"{self.status} (code {self.exit_code})" + (f": {self.error}" if self.error else "")
+
+
+class SwarmNode(TypedDict):
+    """A swarm node as `Engine.nodes` reads it."""
+
+    id: str
+    hostname: str
+    labels: dict[str, str]
+    state: str  # ready, down, ...
+    address: str
 
 
 @dataclass(frozen=True)
@@ -318,14 +328,14 @@ class Engine:
         return True
 
     # -- networks ------------------------------------------------------------------------------
-    def network_ipam(self) -> list[dict[str, Any]]:
+    def network_ipam(self) -> list[dict[str, object]]:
         """The IPAM config entries ({"Subnet": ..., ...}) of every network the engine has."""
         with engine_errors("listing the Docker engine's networks"):
             nets = self.client.networks.list()
         return [cfg for n in nets for cfg in ((n.attrs.get("IPAM") or {}).get("Config") or [])]
 
     # -- label sweeps -------------------------------------------------------------------------
-    def _labelled(self, kind: str, filters: dict[str, Any]) -> list[Any]:
+    def _labelled(self, kind: str, filters: dict[str, str | list[str] | bool]) -> list[Any]:
         c = self.client
         if kind == "containers":
             return list(c.containers.list(all=True, filters=filters, sparse=True))
@@ -344,7 +354,7 @@ class Engine:
         driver): containers forced, with their anonymous volumes. An object that will not go (a
         network whose containers are still stopping) is named in `failed`; the next sweep finds it
         again. Listing failures raise. Objects of the projects in `spare` (live runs) stay."""
-        filters: dict[str, Any] = {"label": label, **({"driver": driver} if driver else {})}
+        filters: dict[str, str | list[str] | bool] = {"label": label, **({"driver": driver} if driver else {})}
         with engine_errors(f"listing {kind} labelled {label}"):
             objs = self._labelled(kind, filters)
         out = Sweep()
@@ -373,8 +383,8 @@ class Engine:
             sw = self.client.info().get("Swarm") or {}
         return str(sw.get("LocalNodeState") or "unknown"), bool(sw.get("ControlAvailable"))
 
-    def nodes(self) -> list[dict[str, Any]]:
-        """Every swarm node: {"id", "hostname", "labels", "state" (ready, down, ...), "address"}."""
+    def nodes(self) -> list[SwarmNode]:
+        """Every swarm node."""
         with engine_errors("listing the swarm's nodes"):
             raw = self.client.api.nodes()
         return [

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 from urllib.parse import quote
 
 import yaml
@@ -58,7 +58,7 @@ from testbed.deploy.compose import (
     link_facts,
 )
 from testbed.deploy.discovery import ADDRESSES, EXTRA_KEY, FILES, with_hosts
-from testbed.deploy.engine import PROJECT_LABEL, Engine, Task, connect, try_connect
+from testbed.deploy.engine import PROJECT_LABEL, Engine, SwarmNode, Task, connect, try_connect
 from testbed.deploy.netns import wan_links
 from testbed.deploy.subnets import SWARM_BASES, pick_base, subnets_of
 from testbed.live.deployment import Deployment
@@ -202,6 +202,15 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, bas
     return {"version": "3.8", "services": services, "networks": networks, "configs": configs}
 
 
+class NodeFacts(TypedDict):
+    """A node that runs services, as run.json's shaping facts name it."""
+
+    id: str
+    address: str
+    state: str  # at start
+    labels: dict[str, str]  # the testbed's own (prfaas.*)
+
+
 # -- reading the swarm's state (pure) ------------------------------------------------------------
 
 
@@ -228,12 +237,12 @@ def all_running(tasks: list[Task], services: set[str]) -> bool:
     return services <= {t.service for t in tasks if t.state == "running"}
 
 
-def missing_labels(nodes: list[dict[str, Any]], wanted: list[str]) -> list[str]:
+def missing_labels(nodes: list[SwarmNode], wanted: list[str]) -> list[str]:
     """Labels of `wanted` that no node carries with the value "true"."""
     return [w for w in wanted if not any(n.get("labels", {}).get(w) == "true" for n in nodes)]
 
 
-def lost_services(placement: dict[str, str], nodes: list[dict[str, Any]]) -> dict[str, str]:
+def lost_services(placement: dict[str, str], nodes: list[SwarmNode]) -> dict[str, str]:
     """Service -> why it cannot be reached, for services whose node the manager no longer sees as
     ready (its engine or host gone): nothing would answer there, and asking would wait out timeouts."""
     state = {n["hostname"]: n.get("state", "") for n in nodes}
@@ -292,7 +301,7 @@ async def _answers(url: str, timeout: float) -> None:
             await r.read()
 
 
-async def _post_json(url: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
+async def _post_json(url: str, body: JSONObject, timeout: float = 10.0) -> Any:
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
@@ -352,7 +361,7 @@ class SwarmBackend:
         self.rebuild_image = rebuild_image
         self.method = "unknown"  # the WAN router probes its own kernel and says
         self.placement: dict[str, str] = {}
-        self.nodes: dict[str, dict[str, Any]] = {}  # hostname -> id, address, labels, state at start
+        self.nodes: dict[str, NodeFacts] = {}  # hostname -> its facts at start
         self.lost: dict[str, str] = {}  # service -> why it was unreachable at the end
         self.nodes_at_end: dict[str, str] = {}  # hostname -> state when the run stopped
         self.labelled: list[str] = []
