@@ -99,6 +99,22 @@ def try_connect(timeout: int = API_TIMEOUT_S) -> Engine | None:
         return None
 
 
+# What the code reads of the engine's task documents (untyped in the SDK); any may be missing.
+class _TaskStatusDoc(TypedDict, total=False):
+    State: str
+    Err: str | None
+
+
+class TaskDoc(TypedDict, total=False):
+    """A task document (GET /tasks)."""
+
+    ID: str
+    ServiceID: str
+    NodeID: str
+    DesiredState: str
+    Status: _TaskStatusDoc | None
+
+
 @dataclass(frozen=True)
 class ContainerState:
     id: str
@@ -159,13 +175,13 @@ class Task:
 
 
 def parse_tasks(
-    tasks: list[dict[str, Any]], service_names: dict[str, str], node_names: dict[str, str], namespace: str
+    tasks: list[TaskDoc], service_names: dict[str, str], node_names: dict[str, str], namespace: str
 ) -> list[Task]:
     """The engine's task documents (GET /tasks) -> tasks; services and nodes named by their ids."""
     out = []
     for t in tasks:
         name = service_names.get(str(t.get("ServiceID", "")), "").removeprefix(namespace + "_")
-        status = t.get("Status") or {}
+        status: _TaskStatusDoc = t.get("Status") or {}
         out.append(
             Task(
                 name,
