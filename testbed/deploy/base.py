@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from testbed.core.errors import UserError
 from testbed.live.deployment import Deployment
@@ -24,7 +24,7 @@ class Backend(Protocol):
     name: str
     deployment: Deployment
 
-    def shaping(self) -> dict[str, Any]:
+    def shaping(self) -> dict[str, object]:
         """Facts for run.json: method and parameters of every shaped link."""
         ...
 

@@ -19,11 +19,12 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import yaml
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.json_types import JSONObject, JSONValue
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import Scenario
@@ -61,7 +62,7 @@ IN_CONTAINER = "/run/testbed"  # the run directory, bind-mounted
 CTL_DIR = "/ctl"  # short path for the delay line's UNIX socket
 # bash's /dev/tcp, not Python: a Python health check every second in each of a dozen containers
 # costs more than a core of interpreter start-ups and skews the very timings the run measures.
-HEALTH_CMD = [
+HEALTH_CMD: list[JSONValue] = [
     "CMD",
     "bash",
     "-c",
@@ -73,8 +74,16 @@ def _ip(net: ipaddress.IPv4Network | ipaddress.IPv6Network | str, host: int) -> 
     return str(ipaddress.ip_network(net).network_address + host)
 
 
-def layout(sc: Scenario, base: str = COMPOSE_BASES[0]) -> dict[str, Any]:
-    """Addresses of every container: {dcs: {name: (index, subnet)}, hosts: {id: (dc, ip)}}."""
+class Layout(TypedDict):
+    """Addresses of every container."""
+
+    dcs: dict[str, tuple[int, str]]  # datacenter -> (its index, its network's CIDR)
+    hosts: dict[str, tuple[str, str]]  # service id -> (datacenter, address)
+    home: str  # the router's datacenter
+
+
+def layout(sc: Scenario, base: str = COMPOSE_BASES[0]) -> Layout:
+    """Addresses of every container (`Layout`)."""
     dcs = list(dict.fromkeys(c.datacenter for c in sc.clusters))
     home = local_dc(sc)
     counts = {d: 0 for d in dcs}
@@ -86,12 +95,12 @@ def layout(sc: Scenario, base: str = COMPOSE_BASES[0]) -> dict[str, Any]:
     return {"dcs": {d: (i, str(dc_subnet(base, i))) for i, d in enumerate(dcs)}, "hosts": hosts, "home": home}
 
 
-def dc_subnets(lay: dict[str, Any]) -> dict[str, str]:
+def dc_subnets(lay: Layout) -> dict[str, str]:
     """Datacenter -> its network's CIDR, from a layout."""
     return {dc: subnet for dc, (_, subnet) in lay["dcs"].items()}
 
 
-def deployment_for(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
+def deployment_for(rs: ResolvedScenario, lay: Layout) -> Deployment:
     nodes = {}
     for n in node_specs(rs.spec):
         dc, ip = lay["hosts"][n.id]
@@ -114,7 +123,7 @@ def compose_spec(
     mtu: int = 65000,
     router_port: int | None = None,
     base: str = COMPOSE_BASES[0],
-) -> dict[str, Any]:
+) -> JSONObject:
     """The compose document (pure: no I/O). `router_port`: publish the router's API on the host's
     loopback at that port (a held deployment, for outside clients); `base`: the block of the
     datacenter networks (deploy/subnets.py)."""
@@ -125,7 +134,7 @@ def compose_spec(
         sysctls["net.ipv4.tcp_rmem"] = f"4096 131072 {tcp.rmem_max}"
     if tcp.wmem_max:
         sysctls["net.ipv4.tcp_wmem"] = f"4096 16384 {tcp.wmem_max}"
-    networks: dict[str, Any] = {}
+    networks: JSONObject = {}
     for dc, (i, subnet) in lay["dcs"].items():
         # Not `internal`: Docker isolates internal networks with netfilter rules that (bridge
         # netfilter on) drop every frame whose destination lies outside the network's subnet, i.e.
@@ -138,27 +147,28 @@ def compose_spec(
         }
     volumes = [f"{run_dir.resolve()}:{IN_CONTAINER}"]
     labels = {PROJECT_LABEL: project}
-    services: dict[str, Any] = {}
+    services: JSONObject = {}
     wan_ip = {dc: _ip(subnet, WAN_HOST) for dc, (_, subnet) in lay["dcs"].items()}
     for sid, (dc, ip) in lay["hosts"].items():
         role = "router" if sid == "router" else next(n.role for n in node_specs(sc) if n.id == sid)
         routes = [f"--route={subnet}={wan_ip[dc]}" for other, (_, subnet) in lay["dcs"].items() if other != dc]
-        services[sid] = {
+        svc: JSONObject = {
             "image": image,
             "command": ["serve", role, "--deployment", f"{IN_CONTAINER}/deployment.json", "--id", sid, *routes],
             "networks": {f"dc-{dc}": {"ipv4_address": ip}},
             "cap_add": ["NET_ADMIN"],
-            "sysctls": dict(sysctls),
-            "volumes": list(volumes),
+            "sysctls": {**sysctls},
+            "volumes": [*volumes],
             # By name only: compose passes the values from its own environment, so the file holds
             # no secret (`testbed.live.credentials`).
-            "environment": list(CREDENTIAL_ENV),
+            "environment": [*CREDENTIAL_ENV],
             "healthcheck": {"test": HEALTH_CMD, "interval": "2s", "timeout": "10s", "retries": 150},
-            "labels": dict(labels),
+            "labels": {**labels},
             "depends_on": ["wan"],
         }
         if sid == "router" and router_port is not None:
-            services[sid]["ports"] = [f"127.0.0.1:{router_port}:{HTTP_PORT}"]
+            svc["ports"] = [f"127.0.0.1:{router_port}:{HTTP_PORT}"]
+        services[sid] = svc
     services["wan"] = {
         "image": image,
         "entrypoint": ["python3", "-m", "testbed.net.container_wan", f"{IN_CONTAINER}/wan.json"],
@@ -179,7 +189,7 @@ def compose_spec(
             "timeout": "10s",
             "retries": 150,
         },
-        "labels": dict(labels),
+        "labels": {**labels},
     }
     return {"services": services, "networks": networks}
 
@@ -217,7 +227,7 @@ class ComposeBackend:
         rs: ResolvedScenario,
         run_dir: Path,
         rebuild_image: bool = False,
-        extra: dict[str, Any] | None = None,
+        extra: JSONObject | None = None,
         host_port: int | None = None,
     ) -> None:
         from testbed.deploy.ports import free_ports
@@ -271,7 +281,7 @@ class ComposeBackend:
             self._engine = connect()
         return self._engine
 
-    def shaping(self) -> dict[str, Any]:
+    def shaping(self) -> dict[str, object]:
         return {
             "method": self.method,
             "backend": "compose",

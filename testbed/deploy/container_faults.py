@@ -14,9 +14,10 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from testbed.core.fault_timeline import FaultEvent, Link, faulted_links
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.linkprofile import LinkParams
 from testbed.deploy.engine import ContainerState, Engine
 from testbed.deploy.fault_injection import HEALTH_TIMEOUT_S, FaultTarget, InjectorProcess, http_json
@@ -87,19 +88,19 @@ class ContainerNodes:
         self.headers = headers or {}  # the run secret the nodes' fault route asks for
         self.health_timeout = health_timeout
 
-    async def kill(self, node: str) -> dict[str, Any]:
+    async def kill(self, node: str) -> JSONObject:
         await asyncio.to_thread(self.engine.kill, node)
         return {"container": node, "signal": "SIGKILL"}
 
-    async def pause(self, node: str) -> dict[str, Any]:
+    async def pause(self, node: str) -> JSONObject:
         await asyncio.to_thread(self.engine.pause, node)
         return {"container": node, "action": "pause"}
 
-    async def resume(self, node: str) -> dict[str, Any]:
+    async def resume(self, node: str) -> JSONObject:
         await asyncio.to_thread(self.engine.unpause, node)
         return {"container": node, "action": "unpause"}
 
-    async def start(self, node: str) -> dict[str, Any]:
+    async def start(self, node: str) -> JSONObject:
         t = now()
         await asyncio.to_thread(self.engine.start, node)
         while True:
@@ -111,7 +112,7 @@ class ContainerNodes:
                     raise RuntimeError(f"node {node} not healthy {self.health_timeout:g} s after its restart") from None
             await asyncio.sleep(0.1)
 
-    async def slow(self, node: str, factor: float, until: float | None) -> dict[str, Any]:
+    async def slow(self, node: str, factor: float, until: float | None) -> JSONObject:
         reply = await asyncio.to_thread(
             http_json, f"{self.urls[node]}/testbed/fault", {"slow": factor, "until_s": until}, 5.0, self.headers
         )
@@ -127,7 +128,7 @@ class ContainerWanLinks:
         self.control = control
         self.base: dict[Link, LinkParams] = dict(topo.links)
 
-    async def set_link_faults(self, active: list[FaultEvent]) -> dict[str, Any]:
+    async def set_link_faults(self, active: list[FaultEvent]) -> JSONObject:
         from testbed.net.wanrouter import change_links
 
         want = faulted_links(self.base, active)

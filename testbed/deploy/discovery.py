@@ -32,11 +32,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from testbed.core.json_types import JSONObject, JSONValue
 from testbed.live.deployment import Deployment, Endpoint
 
 REGISTER = "/testbed/register"
@@ -44,6 +45,14 @@ ADDRESSES = "/testbed/addresses"
 FILES = "/testbed/files"
 EXTRA_KEY = "discovery"
 POLL_S = 0.5
+
+
+class Addresses(TypedDict):
+    """GET /testbed/addresses once every service has registered."""
+
+    hosts: dict[str, str]  # service id -> its address
+    gateways: dict[str, str]  # datacenter -> the WAN router's address on it
+    subnets: dict[str, str]  # datacenter -> CIDR
 
 
 @dataclass
@@ -71,7 +80,7 @@ class Registry:
     def missing(self) -> list[str]:
         return sorted(s for s in self.members if s not in self.hosts)
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> Addresses:
         return {"hosts": dict(self.hosts), "gateways": dict(self.gateways), "subnets": dict(self.subnets)}
 
 
@@ -146,14 +155,27 @@ def source_address(host: str, port: int) -> str:
         return str(s.getsockname()[0])
 
 
-def _http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+def _http(method: str, url: str, body: JSONObject | None = None) -> tuple[int, JSONObject]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, json.loads(r.read() or b"{}")
+            return r.status, _object(json.loads(r.read() or b"{}"), url)
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+        return e.code, _object(json.loads(e.read() or b"{}"), url)
+
+
+def _object(value: JSONValue, url: str) -> JSONObject:
+    if not isinstance(value, dict):
+        raise ValueError(f"{url}: reply is not a JSON object")
+    return value
+
+
+def _names(value: JSONValue, what: str) -> dict[str, str]:
+    """`value` as a map of names to names (`what` says where it came from in an error)."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"{what} is not a map of names to names: {value!r}")
+    return {k: str(v) for k, v in value.items()}
 
 
 def _stderr(line: str) -> None:
@@ -169,9 +191,10 @@ def discover(
     info = dep.extra.get(EXTRA_KEY)
     if not info:
         raise ValueError(f"the deployment has no extra[{EXTRA_KEY!r}]: it was not written for discovery")
-    if sid not in info["members"]:
-        raise ValueError(f"service {sid!r} is not in the deployment (members: {', '.join(sorted(info['members']))})")
-    dc = info["members"][sid]
+    members = _names(info.get("members") if isinstance(info, dict) else None, f"extra[{EXTRA_KEY!r}]['members']")
+    if sid not in members:
+        raise ValueError(f"service {sid!r} is not in the deployment (members: {', '.join(sorted(members))})")
+    dc = members[sid]
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or 80
     deadline = time.monotonic() + timeout
@@ -189,7 +212,8 @@ def discover(
             status, reply = _http("GET", url + ADDRESSES)
             if status == 200:
                 break
-            note = f"waiting for {', '.join(reply.get('missing', []))}"
+            missing = reply.get("missing", [])
+            note = f"waiting for {', '.join(str(m) for m in (missing if isinstance(missing, list) else []))}"
         except (OSError, urllib.error.URLError) as e:
             note = f"registry {url} not reachable yet ({e})"
         if note != said:
@@ -198,5 +222,8 @@ def discover(
         if time.monotonic() > deadline:
             raise TimeoutError(f"discovery: gave up after {timeout:g} s: {note}")
         time.sleep(POLL_S)
-    routes = routes_via_wan(dc, reply["subnets"], reply["gateways"])
-    return with_hosts(dep, reply["hosts"]), routes
+    where = f"{url}{ADDRESSES}"
+    routes = routes_via_wan(
+        dc, _names(reply.get("subnets"), f"{where} subnets"), _names(reply.get("gateways"), f"{where} gateways")
+    )
+    return with_hosts(dep, _names(reply.get("hosts"), f"{where} hosts")), routes

@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 import docker
 import requests
@@ -99,6 +99,22 @@ def try_connect(timeout: int = API_TIMEOUT_S) -> Engine | None:
         return None
 
 
+# What the code reads of the engine's task documents (untyped in the SDK); any may be missing.
+class _TaskStatusDoc(TypedDict, total=False):
+    State: str
+    Err: str | None
+
+
+class TaskDoc(TypedDict, total=False):
+    """A task document (GET /tasks)."""
+
+    ID: str
+    ServiceID: str
+    NodeID: str
+    DesiredState: str
+    Status: _TaskStatusDoc | None
+
+
 @dataclass(frozen=True)
 class ContainerState:
     id: str
@@ -136,6 +152,16 @@ class ContainerState:
         return f"{self.status} (code {self.exit_code})" + (f": {self.error}" if self.error else "")
 
 
+class SwarmNode(TypedDict):
+    """A swarm node as `Engine.nodes` reads it."""
+
+    id: str
+    hostname: str
+    labels: dict[str, str]
+    state: str  # ready, down, ...
+    address: str
+
+
 @dataclass(frozen=True)
 class Task:
     """A swarm task, as `docker stack ps` shows it."""
@@ -149,13 +175,13 @@ class Task:
 
 
 def parse_tasks(
-    tasks: list[dict[str, Any]], service_names: dict[str, str], node_names: dict[str, str], namespace: str
+    tasks: list[TaskDoc], service_names: dict[str, str], node_names: dict[str, str], namespace: str
 ) -> list[Task]:
     """The engine's task documents (GET /tasks) -> tasks; services and nodes named by their ids."""
     out = []
     for t in tasks:
         name = service_names.get(str(t.get("ServiceID", "")), "").removeprefix(namespace + "_")
-        status = t.get("Status") or {}
+        status: _TaskStatusDoc = t.get("Status") or {}
         out.append(
             Task(
                 name,
@@ -318,14 +344,14 @@ class Engine:
         return True
 
     # -- networks ------------------------------------------------------------------------------
-    def network_ipam(self) -> list[dict[str, Any]]:
+    def network_ipam(self) -> list[dict[str, object]]:
         """The IPAM config entries ({"Subnet": ..., ...}) of every network the engine has."""
         with engine_errors("listing the Docker engine's networks"):
             nets = self.client.networks.list()
         return [cfg for n in nets for cfg in ((n.attrs.get("IPAM") or {}).get("Config") or [])]
 
     # -- label sweeps -------------------------------------------------------------------------
-    def _labelled(self, kind: str, filters: dict[str, Any]) -> list[Any]:
+    def _labelled(self, kind: str, filters: dict[str, str | list[str] | bool]) -> list[Any]:
         c = self.client
         if kind == "containers":
             return list(c.containers.list(all=True, filters=filters, sparse=True))
@@ -344,7 +370,7 @@ class Engine:
         driver): containers forced, with their anonymous volumes. An object that will not go (a
         network whose containers are still stopping) is named in `failed`; the next sweep finds it
         again. Listing failures raise. Objects of the projects in `spare` (live runs) stay."""
-        filters: dict[str, Any] = {"label": label, **({"driver": driver} if driver else {})}
+        filters: dict[str, str | list[str] | bool] = {"label": label, **({"driver": driver} if driver else {})}
         with engine_errors(f"listing {kind} labelled {label}"):
             objs = self._labelled(kind, filters)
         out = Sweep()
@@ -373,8 +399,8 @@ class Engine:
             sw = self.client.info().get("Swarm") or {}
         return str(sw.get("LocalNodeState") or "unknown"), bool(sw.get("ControlAvailable"))
 
-    def nodes(self) -> list[dict[str, Any]]:
-        """Every swarm node: {"id", "hostname", "labels", "state" (ready, down, ...), "address"}."""
+    def nodes(self) -> list[SwarmNode]:
+        """Every swarm node."""
         with engine_errors("listing the swarm's nodes"):
             raw = self.client.api.nodes()
         return [

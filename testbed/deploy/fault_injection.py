@@ -25,9 +25,10 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from testbed.core.fault_timeline import FaultEvent, Phase, fault_scope, fault_timeline
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.scenario import (
     KillFault,
@@ -57,26 +58,26 @@ class FaultUnsupported(Exception):
 class NodeControl(Protocol):
     """Faults of one node instance; each returns facts for the log's `detail`."""
 
-    async def kill(self, node: str) -> dict[str, Any]: ...
-    async def pause(self, node: str) -> dict[str, Any]: ...
-    async def resume(self, node: str) -> dict[str, Any]: ...
-    async def start(self, node: str) -> dict[str, Any]:
+    async def kill(self, node: str) -> JSONObject: ...
+    async def pause(self, node: str) -> JSONObject: ...
+    async def resume(self, node: str) -> JSONObject: ...
+    async def start(self, node: str) -> JSONObject:
         """Start a killed instance again; returns once it answers /health."""
         ...
 
-    async def slow(self, node: str, factor: float, until: float | None) -> dict[str, Any]: ...
+    async def slow(self, node: str, factor: float, until: float | None) -> JSONObject: ...
 
 
 class LinkFaults(Protocol):
-    async def set_link_faults(self, active: list[FaultEvent]) -> dict[str, Any]:
+    async def set_link_faults(self, active: list[FaultEvent]) -> JSONObject:
         """Shape every WAN direction with the link faults `active` in force (and no others)."""
         ...
 
 
 class ResetInjection(Protocol):
     async def inject(
-        self, spec: TcpResetFault, start: float, end: float, on_open: Callable[[dict[str, Any]], None]
-    ) -> dict[str, Any]:
+        self, spec: TcpResetFault, start: float, end: float, on_open: Callable[[JSONObject], None]
+    ) -> JSONObject:
         """Reset KV connections crossing the WAN between unix times `start` and `end`; calls
         `on_open` when sniffing begins; returns the injector's summary at the end."""
         ...
@@ -106,7 +107,7 @@ class FaultLog:
         self._file = FaultLogFile(path, speedup)
 
     def write(
-        self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any] | None = None, t: float | None = None
+        self, ev: FaultEvent, phase: Phase, outcome: str, detail: JSONObject | None = None, t: float | None = None
     ) -> None:
         line = self._file.write(ev, phase, outcome, detail, (now() if t is None else t) - self.t0)
         level = logging.INFO if outcome == "ok" else logging.WARNING
@@ -154,7 +155,7 @@ class FaultScheduler:
             if phase is None:
                 self.log.write(ev, "start", "skipped: the run ended first")
             elif phase == "start" and ev.end_s is not None:
-                detail: dict[str, Any] = {"cut_short": True}
+                detail: JSONObject = {"cut_short": True}
                 if isinstance(ev.spec, PauseFault) and self.target.nodes is not None:
                     try:
                         detail.update(await self.target.nodes.resume(ev.node or ""))
@@ -187,7 +188,7 @@ class FaultScheduler:
         up_again = isinstance(ev.spec, RestartFault) and phase == "end"
         self.log.write(ev, phase, outcome, detail, None if up_again else t)
 
-    async def _act(self, ev: FaultEvent, phase: Phase) -> dict[str, Any]:
+    async def _act(self, ev: FaultEvent, phase: Phase) -> JSONObject:
         spec = ev.spec
         match spec:
             case OutageFault() | RateDropFault() | PartitionFault():
@@ -199,7 +200,7 @@ class FaultScheduler:
             case _:
                 unknown_kind("fault kind", spec)
 
-    async def _links(self, ev: FaultEvent, phase: Phase) -> dict[str, Any]:
+    async def _links(self, ev: FaultEvent, phase: Phase) -> JSONObject:
         if self.target.links is None:
             raise FaultUnsupported(f"the {self.target.backend} backend shapes no WAN link")
         async with self._links_lock:
@@ -211,7 +212,7 @@ class FaultScheduler:
 
     async def _node(
         self, node: str, spec: KillFault | PauseFault | RestartFault | SlowFault, phase: Phase
-    ) -> dict[str, Any]:
+    ) -> JSONObject:
         nodes = self.target.nodes
         if nodes is None:
             raise FaultUnsupported(f"the {self.target.backend} backend cannot act on node processes")
@@ -238,7 +239,7 @@ class FaultScheduler:
             self.log.write(ev, "start", f"unsupported: the {self.target.backend} backend cannot inject TCP resets")
             return
 
-        def opened(info: dict[str, Any]) -> None:
+        def opened(info: JSONObject) -> None:
             self._phase[ev.index] = "start"
             t = info.get("t")
             self.log.write(
@@ -281,12 +282,12 @@ def start_faults(sc: Scenario, target: FaultTarget, t0: float, run_dir: Path) ->
 
 # -- node faults on service processes (local and netns backends) -------------------------------
 
-Request = Callable[[str, str, dict[str, Any] | None], Awaitable[dict[str, Any]]]
+Request = Callable[[str, str, JSONObject | None], Awaitable[JSONObject]]
 
 
 def http_json(
-    url: str, body: dict[str, Any] | None = None, timeout: float = 5.0, headers: dict[str, str] | None = None
-) -> dict[str, Any]:
+    url: str, body: JSONObject | None = None, timeout: float = 5.0, headers: dict[str, str] | None = None
+) -> JSONObject:
     """GET (no body) or POST JSON; the reply's JSON object (blocking: run it in a thread).
     `headers`: e.g. the run secret a node's control routes ask for."""
     data = None if body is None else json.dumps(body).encode()
@@ -324,21 +325,21 @@ class ProcessNodes:
         if node not in self.procs.procs:
             raise KeyError(f"no process for node {node!r}")
 
-    async def kill(self, node: str) -> dict[str, Any]:
+    async def kill(self, node: str) -> JSONObject:
         self._known(node)
         pid = self.procs.send_signal(node, signal.SIGKILL)
         rc = await asyncio.to_thread(self.procs.procs[node].wait, KILL_WAIT_S)
         return {"pid": pid, "signal": "SIGKILL", "returncode": rc}
 
-    async def pause(self, node: str) -> dict[str, Any]:
+    async def pause(self, node: str) -> JSONObject:
         self._known(node)
         return {"pid": self.procs.send_signal(node, signal.SIGSTOP), "signal": "SIGSTOP"}
 
-    async def resume(self, node: str) -> dict[str, Any]:
+    async def resume(self, node: str) -> JSONObject:
         self._known(node)
         return {"pid": self.procs.send_signal(node, signal.SIGCONT), "signal": "SIGCONT"}
 
-    async def start(self, node: str) -> dict[str, Any]:
+    async def start(self, node: str) -> JSONObject:
         self._known(node)
         if self.procs.procs[node].poll() is None:
             raise RuntimeError(f"node {node} is still running")
@@ -360,7 +361,7 @@ class ProcessNodes:
                 raise RuntimeError(f"node {node} not healthy {self.health_timeout:g} s after its restart")
             await asyncio.sleep(0.05)
 
-    async def slow(self, node: str, factor: float, until: float | None) -> dict[str, Any]:
+    async def slow(self, node: str, factor: float, until: float | None) -> JSONObject:
         reply = await self.request(node, "/testbed/fault", {"slow": factor, "until_s": until})
         return {"slow": reply.get("slow"), "until_s": reply.get("until_s")}
 
@@ -388,8 +389,8 @@ class InjectorProcess:
         self._n = 0
 
     async def inject(
-        self, spec: TcpResetFault, start: float, end: float, on_open: Callable[[dict[str, Any]], None]
-    ) -> dict[str, Any]:
+        self, spec: TcpResetFault, start: float, end: float, on_open: Callable[[JSONObject], None]
+    ) -> JSONObject:
         self._n += 1
         argv = self.wrap(
             injector_argv(
@@ -398,7 +399,7 @@ class InjectorProcess:
         )
         log_path = self.log_dir / f"rst-{self._n}.log"
         proc = await start_reporting_child(argv, log_path)
-        result: dict[str, Any] = {}
+        result: JSONObject = {}
         try:
             assert proc.stdout is not None
             async for raw in proc.stdout:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.json_types import JSONObject
 from testbed.deploy.fault_injection import FaultScheduler, FaultTarget, ProcessNodes, http_json, start_faults
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.local import LocalBackend, serve_argv
@@ -29,7 +30,7 @@ class LoopbackBackend:
         name: str,
         rs: ResolvedScenario,
         run_dir: Path,
-        extra: dict[str, Any] | None = None,
+        extra: JSONObject | None = None,
         host_port: int = 0,
         processes: bool = True,
     ) -> None:
@@ -49,7 +50,7 @@ class LoopbackBackend:
         """What `testbed down --prefix` takes for a local run ("" in-process: nothing outlives it)."""
         return self._impl.prefix if isinstance(self._impl, LocalBackend) else ""
 
-    def shaping(self) -> dict[str, Any]:
+    def shaping(self) -> dict[str, object]:
         # local: the prefix `testbed down --prefix` takes to stop what a killed run left
         return {**NO_SHAPING, "prefix": self.prefix} if self.prefix else dict(NO_SHAPING)
 
@@ -67,7 +68,7 @@ class LoopbackBackend:
             return FaultTarget(self.name)
         dep, dep_file = self.deployment, self.run_dir / "deployment.json"
 
-        async def request(node: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        async def request(node: str, path: str, body: JSONObject | None) -> JSONObject:
             return await asyncio.to_thread(
                 http_json, dep.nodes[node].http.url + path, body, 5.0, dep.credentials.runner_headers()
             )

@@ -12,11 +12,12 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from testbed.config.privilege import need_root
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.fault_timeline import FaultEvent, Link, faulted_links
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile, schedule_wire
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import Scenario
@@ -107,7 +108,7 @@ class NetnsBackend:
         rs: ResolvedScenario,
         run_dir: Path,
         method: str = "auto",
-        extra: dict[str, Any] | None = None,
+        extra: JSONObject | None = None,
         host_port: int = 0,
     ) -> None:
         self.rs = rs
@@ -142,8 +143,8 @@ class NetnsBackend:
         self._halt = threading.Event()
 
     # -- facts ----------------------------------------------------------------------------
-    def shaping(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"method": self.method, "backend": "netns", "prefix": self.prefix}
+    def shaping(self) -> dict[str, object]:
+        out: dict[str, object] = {"method": self.method, "backend": "netns", "prefix": self.prefix}
         if self.topo is not None and self.profile is not None:
             out["profile"] = self.profile.name
             out["mtu"] = self.topo.mtu
@@ -271,10 +272,10 @@ class NetnsBackend:
         delay line; link faults in force stay applied on top."""
         self._reshape(base=params)
 
-    async def set_link_faults(self, active: list[FaultEvent]) -> dict[str, Any]:
+    async def set_link_faults(self, active: list[FaultEvent]) -> JSONObject:
         return await asyncio.to_thread(self._reshape, None, active)
 
-    def _reshape(self, base: LinkParams | None = None, faults: list[FaultEvent] | None = None) -> dict[str, Any]:
+    def _reshape(self, base: LinkParams | None = None, faults: list[FaultEvent] | None = None) -> JSONObject:
         """Shape every direction with its base parameters and the link faults in force; apply
         only what changes, and record configured rates that changed in the WAN series."""
         assert self.topo is not None
@@ -304,7 +305,7 @@ class NetnsBackend:
         assert topo is not None
         dep_file = self.run_dir / "deployment.json"
 
-        async def request(node: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        async def request(node: str, path: str, body: JSONObject | None) -> JSONObject:
             # From the node's own namespace: a remote node stays reachable during a WAN outage.
             url = f"http://127.0.0.1:{HTTP_PORT}{path}"
             return await asyncio.to_thread(

@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:  # the CLI imports this module for its defaults: keep that cheap (asyncio too)
     import asyncio
 
+    from testbed.core.json_types import JSONObject
     from testbed.live.deployment import Deployment
 
 JOB = "testbed"
@@ -34,10 +35,17 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 
 
-def scrape_targets(dep: Deployment) -> list[dict[str, Any]]:
+class TargetGroup(TypedDict):
+    """One file_sd target group: addresses and the labels their series get."""
+
+    targets: list[str]
+    labels: dict[str, str]
+
+
+def scrape_targets(dep: Deployment) -> list[TargetGroup]:
     """file_sd target groups: the router and every node, each with its labels."""
     kinds = {c.name: c.kind for c in dep.scenario.clusters}
-    groups: list[dict[str, Any]] = [{"targets": [f"{dep.router.host}:{dep.router.port}"], "labels": {"role": "router"}}]
+    groups: list[TargetGroup] = [{"targets": [f"{dep.router.host}:{dep.router.port}"], "labels": {"role": "router"}}]
     for nid in sorted(dep.nodes):
         n = dep.nodes[nid]
         groups.append(
@@ -54,7 +62,7 @@ def scrape_targets(dep: Deployment) -> list[dict[str, Any]]:
     return groups
 
 
-def prometheus_config(targets_file: str, interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:
+def prometheus_config(targets_file: str, interval: str = SCRAPE_INTERVAL) -> JSONObject:
     """prometheus.yml: one job reading `targets_file` (file_sd, reread when it changes)."""
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},

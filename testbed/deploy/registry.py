@@ -19,6 +19,7 @@ from testbed.config.privilege import is_root
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
 from testbed.core.fault_timeline import datacenters
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.scenario import NODE_FAULTS
 from testbed.deploy.base import Backend
 from testbed.deploy.host_capacity import CONTAINER_HEALTH_TIMEOUT_S, PROCESS_HEALTH_TIMEOUT_S
@@ -46,7 +47,7 @@ class Capabilities:
 
 # (scenario, run directory, what goes into every service's deployment, the router's port on this
 # host: None not published, 0 any) -> a Backend not yet started
-Factory = Callable[[ResolvedScenario, Path, dict[str, Any] | None, int | None], Backend]
+Factory = Callable[[ResolvedScenario, Path, JSONObject | None, int | None], Backend]
 Need = Callable[[Capabilities], bool]
 
 
@@ -75,7 +76,7 @@ class BackendEntry:
     size_limit: Callable[[ResolvedScenario], str | None] = lambda rs: None
 
     def create(
-        self, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None, host_port: int | None = None
+        self, rs: ResolvedScenario, run_dir: Path, extra: JSONObject | None = None, host_port: int | None = None
     ) -> Backend:
         if self.factory is None:
             raise ValueError(f"the {self.name} backend runs without a Backend object")
@@ -319,19 +320,19 @@ def _netns_size(rs: ResolvedScenario) -> str | None:
     return None
 
 
-def _netns(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, host_port: int | None) -> Backend:
+def _netns(rs: ResolvedScenario, run_dir: Path, extra: JSONObject | None, host_port: int | None) -> Backend:
     from testbed.deploy.netns import NetnsBackend
 
     return NetnsBackend(rs, run_dir, extra=extra, host_port=host_port or 0)
 
 
-def _compose(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, host_port: int | None) -> Backend:
+def _compose(rs: ResolvedScenario, run_dir: Path, extra: JSONObject | None, host_port: int | None) -> Backend:
     from testbed.deploy.compose import ComposeBackend
 
     return ComposeBackend(rs, run_dir, extra=extra, host_port=host_port)
 
 
-def _swarm(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, host_port: int | None) -> Backend:
+def _swarm(rs: ResolvedScenario, run_dir: Path, extra: JSONObject | None, host_port: int | None) -> Backend:
     from testbed.deploy.swarm import SwarmBackend
 
     return SwarmBackend(rs, run_dir, extra=extra, host_port=host_port or 0)
@@ -359,7 +360,7 @@ def _sweep_docker(prefix: str, engine: Engine | None, warn: Warn, live: LiveRuns
 def loopback_factory(name: str, processes: bool) -> Factory:
     """Every service on 127.0.0.1: one process each (`processes`) or all in this event loop."""
 
-    def make(rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None, host_port: int | None) -> Backend:
+    def make(rs: ResolvedScenario, run_dir: Path, extra: JSONObject | None, host_port: int | None) -> Backend:
         from testbed.deploy.loopback import LoopbackBackend
 
         return LoopbackBackend(name, rs, run_dir, extra, host_port or 0, processes=processes)

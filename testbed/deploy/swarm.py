@@ -32,14 +32,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 from urllib.parse import quote
 
 import yaml
 
 from testbed.config.privilege import is_root
 from testbed.config.resolved import ResolvedScenario
-from testbed.core.schema.linkprofile import LinkProfile
+from testbed.core.json_types import JSONObject
+from testbed.core.schema.linkprofile import LinkParams, LinkProfile
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import node_specs
 from testbed.deploy import dockercli
@@ -50,13 +51,14 @@ from testbed.deploy.compose import (
     HEALTH_CMD,
     HTTP_PORT,
     IN_CONTAINER,
+    Layout,
     dc_subnets,
     deployment_for,
     layout,
     link_facts,
 )
 from testbed.deploy.discovery import ADDRESSES, EXTRA_KEY, FILES, with_hosts
-from testbed.deploy.engine import PROJECT_LABEL, Engine, Task, connect, try_connect
+from testbed.deploy.engine import PROJECT_LABEL, Engine, SwarmNode, Task, connect, try_connect
 from testbed.deploy.netns import wan_links
 from testbed.deploy.subnets import SWARM_BASES, pick_base, subnets_of
 from testbed.live.deployment import Deployment
@@ -96,15 +98,15 @@ def container_mtu(profile: LinkProfile) -> int:
     return profile.mtu if profile.mtu else OVERLAY_MTU - VXLAN_OVERHEAD
 
 
-def swarm_deployment(rs: ResolvedScenario, lay: dict[str, Any]) -> Deployment:
+def swarm_deployment(rs: ResolvedScenario, lay: Layout) -> Deployment:
     """The deployment every service reads: service names as hosts until discovery fills in
     addresses, and what discovery needs (who is in which DC, the DC subnets)."""
     dep = with_hosts(deployment_for(rs, lay), {sid: sid for sid in lay["hosts"]})
-    info = {"members": {sid: dc for sid, (dc, _) in lay["hosts"].items()}, "subnets": dc_subnets(lay)}
+    info: JSONObject = {"members": {sid: dc for sid, (dc, _) in lay["hosts"].items()}, "subnets": {**dc_subnets(lay)}}
     return replace(dep, extra={**dep.extra, EXTRA_KEY: info})
 
 
-def wan_stack_config(project: str, lay: dict[str, Any], links: dict[Any, Any], mtu: int) -> dict[str, Any]:
+def wan_stack_config(project: str, lay: Layout, links: dict[tuple[str, str], LinkParams], mtu: int) -> JSONObject:
     """wan.json for `testbed.deploy.swarm_wan`: addresses blank (found by subnet), method probed there."""
     cfg = wan_config(
         project,
@@ -121,7 +123,7 @@ def wan_stack_config(project: str, lay: dict[str, Any], links: dict[Any, Any], m
     return cfg
 
 
-def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, base: str = SUBNET_BASE) -> dict[str, Any]:
+def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, base: str = SUBNET_BASE) -> JSONObject:
     """The stack document (pure: no I/O). Config files are named relative to it; `base`: the
     block of the datacenter networks (deploy/subnets.py)."""
     lay = layout(sc, base)
@@ -132,36 +134,36 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, bas
         sysctls["net.ipv4.tcp_rmem"] = f"4096 131072 {tcp.rmem_max}"
     if tcp.wmem_max:
         sysctls["net.ipv4.tcp_wmem"] = f"4096 16384 {tcp.wmem_max}"
-    networks = {
+    networks: JSONObject = {
         f"dc-{dc}": {
             "driver": "overlay",
             "attachable": True,
             "driver_opts": {"com.docker.network.driver.mtu": str(container_mtu(profile) + VXLAN_OVERHEAD)},
             "ipam": {"config": [{"subnet": subnet}]},
-            "labels": dict(labels),
+            "labels": {**labels},
         }
         for dc, (_, subnet) in lay["dcs"].items()
     }
 
-    def common(label: str) -> dict[str, Any]:
+    def common(label: str) -> JSONObject:
         # restart none: a task that fails stays failed, and the run reports it (as compose does).
         return {
             "image": image,
             "cap_add": ["NET_ADMIN"],
-            "labels": dict(labels),
+            "labels": {**labels},
             "healthcheck": {"test": list(HEALTH_CMD), "interval": "2s", "timeout": "10s", "retries": 150},
             "stop_grace_period": "5s",
             "deploy": {
                 "endpoint_mode": "dnsrr",
                 "replicas": 1,
                 "restart_policy": {"condition": "none"},
-                "labels": dict(labels),
+                "labels": {**labels},
                 "placement": {"constraints": [_constraint(label)]},
             },
         }
 
     roles = {n.id: n.role for n in node_specs(sc)}
-    services: dict[str, Any] = {}
+    services: JSONObject = {}
     for sid, (dc, _) in lay["hosts"].items():
         services[sid] = {
             **common(dc_label(dc)),
@@ -177,15 +179,15 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, bas
                 "--serve-files",
             ],
             "networks": [f"dc-{dc}"],
-            "sysctls": dict(sysctls),
-            "environment": list(CREDENTIAL_ENV),  # values from the deploying CLI's environment
+            "sysctls": {**sysctls},
+            "environment": [*CREDENTIAL_ENV],  # values from the deploying CLI's environment
             "configs": [{"source": "deployment", "target": f"{CONFIG_DIR}/deployment.json"}],
         }
     services["wan"] = {
         **common(WAN_LABEL),
         "entrypoint": ["python3", "-m", "testbed.deploy.swarm_wan", f"{CONFIG_DIR}/wan.json"],
         "init": True,
-        "networks": list(networks),
+        "networks": [*networks],
         "sysctls": {
             "net.ipv4.ip_forward": "1",
             "net.ipv4.conf.all.rp_filter": "0",
@@ -193,11 +195,20 @@ def stack_spec(sc: Scenario, profile: LinkProfile, project: str, image: str, bas
         },
         "configs": [{"source": "wan", "target": f"{CONFIG_DIR}/wan.json"}],
     }
-    configs = {
-        "deployment": {"file": "./deployment.json", "labels": dict(labels)},
-        "wan": {"file": "./wan.json", "labels": dict(labels)},
+    configs: JSONObject = {
+        "deployment": {"file": "./deployment.json", "labels": {**labels}},
+        "wan": {"file": "./wan.json", "labels": {**labels}},
     }
     return {"version": "3.8", "services": services, "networks": networks, "configs": configs}
+
+
+class NodeFacts(TypedDict):
+    """A node that runs services, as run.json's shaping facts name it."""
+
+    id: str
+    address: str
+    state: str  # at start
+    labels: dict[str, str]  # the testbed's own (prfaas.*)
 
 
 # -- reading the swarm's state (pure) ------------------------------------------------------------
@@ -226,12 +237,12 @@ def all_running(tasks: list[Task], services: set[str]) -> bool:
     return services <= {t.service for t in tasks if t.state == "running"}
 
 
-def missing_labels(nodes: list[dict[str, Any]], wanted: list[str]) -> list[str]:
+def missing_labels(nodes: list[SwarmNode], wanted: list[str]) -> list[str]:
     """Labels of `wanted` that no node carries with the value "true"."""
     return [w for w in wanted if not any(n.get("labels", {}).get(w) == "true" for n in nodes)]
 
 
-def lost_services(placement: dict[str, str], nodes: list[dict[str, Any]]) -> dict[str, str]:
+def lost_services(placement: dict[str, str], nodes: list[SwarmNode]) -> dict[str, str]:
     """Service -> why it cannot be reached, for services whose node the manager no longer sees as
     ready (its engine or host gone): nothing would answer there, and asking would wait out timeouts."""
     state = {n["hostname"]: n.get("state", "") for n in nodes}
@@ -290,7 +301,7 @@ async def _answers(url: str, timeout: float) -> None:
             await r.read()
 
 
-async def _post_json(url: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
+async def _post_json(url: str, body: JSONObject, timeout: float = 10.0) -> Any:
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
@@ -332,7 +343,7 @@ class SwarmBackend:
         rs: ResolvedScenario,
         run_dir: Path,
         rebuild_image: bool = False,
-        extra: dict[str, Any] | None = None,
+        extra: JSONObject | None = None,
         host_port: int = 0,
     ) -> None:
         from testbed.net.topology import new_prefix
@@ -350,7 +361,7 @@ class SwarmBackend:
         self.rebuild_image = rebuild_image
         self.method = "unknown"  # the WAN router probes its own kernel and says
         self.placement: dict[str, str] = {}
-        self.nodes: dict[str, dict[str, Any]] = {}  # hostname -> id, address, labels, state at start
+        self.nodes: dict[str, NodeFacts] = {}  # hostname -> its facts at start
         self.lost: dict[str, str] = {}  # service -> why it was unreachable at the end
         self.nodes_at_end: dict[str, str] = {}  # hostname -> state when the run stopped
         self.labelled: list[str] = []
@@ -374,7 +385,7 @@ class SwarmBackend:
         self.template.extra.update(self._extra)
         self.deployment = self.template
 
-    def shaping(self) -> dict[str, Any]:
+    def shaping(self) -> dict[str, object]:
         return {
             "method": self.method,
             "backend": "swarm",

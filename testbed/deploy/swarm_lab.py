@@ -44,6 +44,7 @@ from typing import Any
 
 import docker
 
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import local_dc
 from testbed.deploy.base import BackendError
@@ -95,7 +96,7 @@ class Lab:
     def docker_host(self) -> str:
         return f"unix://{self.manager.socket}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"name": self.name, "docker_host": self.docker_host, "nodes": [asdict(n) for n in self.nodes]}
 
 

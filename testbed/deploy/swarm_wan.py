@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,7 @@ class Agent:
         return app
 
 
-def listen_hosts(dcs: list[dict[str, Any]]) -> list[str]:
+def listen_hosts(dcs: Sequence[Mapping[str, object]]) -> list[str]:
     """Its address on every DC network (found by subnet at start), and loopback for the health
     check: not 0.0.0.0, which would add whatever else the engine attaches (docker_gwbridge)."""
     return list(dict.fromkeys([str(d["address"]) for d in dcs] + ["127.0.0.1"]))

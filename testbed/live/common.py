@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from testbed.core.fault_timeline import MAX_SLOW_FACTOR, MIN_SLOW_FACTOR, SlowDown
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.scaling import Scale
 from testbed.live.auth import run_secret_middleware
 from testbed.live.clock import now
@@ -63,7 +64,39 @@ MAX_HEADERS = 64
 IDLE_TIMEOUT_S = 75.0
 
 
-def http_server_args(idle_timeout_s: float = IDLE_TIMEOUT_S) -> dict[str, Any]:
+class ServerArgs(TypedDict):
+    keepalive_timeout: float
+    max_line_size: int
+    max_field_size: int
+    max_headers: int
+
+
+class PrefillStatus(TypedDict):
+    """GET /status of a prefill node, wire units: queued modelled work (s), the KV sender's counters."""
+
+    t: float
+    queue_depth: int
+    running: int
+    backlog_s: float
+    queued_s: float
+    acked_bytes: int
+    retrans_segments: int
+    acked_segments: int
+    undelivered_bytes: int
+    kv_bytes_sent: int
+
+
+class DecodeStatus(TypedDict):
+    """GET /status of a decode node: its batch."""
+
+    running: int
+    waiting: int
+    bs_max: int
+    kv_used_bytes: int
+    kv_capacity_bytes: int
+
+
+def http_server_args(idle_timeout_s: float = IDLE_TIMEOUT_S) -> ServerArgs:
     """Keyword arguments for every aiohttp server the testbed runs (`web.AppRunner`,
     `web.run_app`). aiohttp keeps an idle connection for 3630 s by default (10,000 idle ones
     held the router's RSS 54 MB up); its keep-alive timer starts when a connection is accepted
@@ -82,17 +115,25 @@ def add_common_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
 
 
-async def fetch_status(session: aiohttp.ClientSession, url: str, timeout_s: float) -> dict[str, Any] | None:
+async def fetch_status(session: aiohttp.ClientSession, url: str, timeout_s: float) -> JSONObject | None:
     """A node's `/status` body, or None when it does not answer in time or well: the control loops
     count such a node as serving nothing rather than stall on it."""
     try:
         async with session.get(f"{url}/status", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
                 return None
-            body: dict[str, Any] = await r.json()
-            return body
+            body = await r.json()
+            return body if isinstance(body, dict) else None
     except (TimeoutError, aiohttp.ClientError, ValueError):
         return None
+
+
+def status_number(status: Mapping[str, object], key: str, default: float | None = None) -> float:
+    """A number of a node's /status body (`fetch_status`); ValueError naming the field otherwise."""
+    v = status.get(key, default)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ValueError(f"/status field {key!r} is not a number: {v!r}")
+    return float(v)
 
 
 def bad_request(msg: str) -> web.HTTPBadRequest:
@@ -101,7 +142,7 @@ def bad_request(msg: str) -> web.HTTPBadRequest:
     return web.HTTPBadRequest(text=body, content_type="application/json")
 
 
-async def node_request(request: web.Request) -> tuple[dict[str, Any], str]:
+async def node_request(request: web.Request) -> tuple[JSONObject, str]:
     """The JSON object of a router-to-node request and its request id; 400 naming the field."""
     try:
         body = await request.json()
@@ -115,7 +156,7 @@ async def node_request(request: web.Request) -> tuple[dict[str, Any], str]:
     return body, rid
 
 
-def int_field(body: dict[str, Any], name: str, minimum: int = 0, maximum: int = (1 << 63) - 1) -> int:
+def int_field(body: Mapping[str, object], name: str, minimum: int = 0, maximum: int = (1 << 63) - 1) -> int:
     v = body.get(name)
     if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v <= maximum:
         raise bad_request(f"field '{name}' must be an integer in [{minimum}, {maximum}]")

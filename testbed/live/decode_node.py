@@ -17,7 +17,6 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -28,9 +27,11 @@ from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import DecodeStepTime
 from testbed.core.failures import FailureKind as K
 from testbed.core.fault_timeline import SlowDown
+from testbed.core.json_types import JSONObject
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
     REGISTRY_KEY,
+    DecodeStatus,
     ServiceConfig,
     add_common_routes,
     add_fault_route,
@@ -54,7 +55,7 @@ class DecodeState:
     receiver: KVReceiver
     kv: KVModel
     stream_interval: int
-    streams: dict[str, asyncio.Queue[dict[str, Any]]] = field(default_factory=dict)
+    streams: dict[str, asyncio.Queue[JSONObject]] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     completed: int = 0
 
@@ -125,10 +126,10 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)
 
-    async def emit(ev: dict[str, Any]) -> None:
+    async def emit(ev: JSONObject) -> None:
         await resp.write(json.dumps(ev).encode() + b"\n")
 
-    q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    q: asyncio.Queue[JSONObject] = asyncio.Queue()
     st.streams[rid] = q
     try:
         result = await asyncio.wait_for(st.receiver.expect(vals["transfer_id"]), KV_TIMEOUT_S)
@@ -167,15 +168,14 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
 
 async def handle_status(request: web.Request) -> web.Response:
     b = request.app[STATE].batch
-    return web.json_response(
-        {
-            "running": len(b.running),
-            "waiting": len(b.waiting),
-            "bs_max": b.bs_max,
-            "kv_used_bytes": b.kv_used,
-            "kv_capacity_bytes": b.kv_capacity,
-        }
-    )
+    status: DecodeStatus = {
+        "running": len(b.running),
+        "waiting": len(b.waiting),
+        "bs_max": b.bs_max,
+        "kv_used_bytes": b.kv_used,
+        "kv_capacity_bytes": b.kv_capacity,
+    }
+    return web.json_response(status)
 
 
 def _collect(st: DecodeState) -> list[Sample]:

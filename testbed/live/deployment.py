@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import Scenario
 from testbed.live.credentials import Credentials
@@ -48,7 +48,7 @@ class Deployment:
     # HTTP also on 127.0.0.1 (containers: the engine's health check connects there; loopback is
     # reachable only from inside the container).
     bind_loopback: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JSONObject = field(default_factory=dict)
     # The API key and run secret: never written with the rest (`to_json`); a service started by a
     # backend reads them from its environment (`read`).
     credentials: Credentials = field(default_factory=Credentials.new, repr=False)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -29,7 +29,7 @@ HOLD_PATH = "/testbed/hold"
 MAX_PENDING = 10_000  # records kept while the t0 has not come (a client racing the hold's start)
 
 
-def hold_records_path(extra: dict[str, Any], run_dir: str | None) -> Path | None:
+def hold_records_path(extra: Mapping[str, object], run_dir: str | None) -> Path | None:
     """Where the router writes records, when the deployment is held and has a run directory."""
     cfg = extra.get(HOLD_KEY)
     if not isinstance(cfg, dict) or not run_dir:

@@ -12,7 +12,10 @@ ones (date-time, date, time, email, uri, uuid) are not honoured: the string is t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
+
+from testbed.core.json_types import JSONObject
 
 MAX_DEPTH = 32  # $ref cycles and deep schemas end here
 MAX_VALUES = 10_000  # values in one instance (minItems nest multiplicatively)
@@ -69,7 +72,7 @@ class _Builder:
         return _instance(self, s, depth)
 
 
-def _count(s: dict[str, Any], key: str, top: int) -> int:
+def _count(s: Mapping[str, object], key: str, top: int) -> int:
     v = s.get(key, 0)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise SchemaError(f"{key!r} must be a non-negative integer")
@@ -120,7 +123,7 @@ def _instance(b: _Builder, s: Any, depth: int) -> Any:
     if t == "object":
         props = s.get("properties") or {}
         req = s.get("required") or []
-        out: dict[str, Any] = {}
+        out: JSONObject = {}
         for name in req:
             out[name] = b.build(props.get(name, True), depth + 1)
         return out
@@ -150,7 +153,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _string(s: dict[str, Any]) -> str:
+def _string(s: Mapping[str, object]) -> str:
     fmt = s.get("format")
     if isinstance(fmt, str) and fmt in _FORMATS:
         return _FORMATS[fmt]
@@ -160,12 +163,12 @@ def _string(s: dict[str, Any]) -> str:
     return text[:hi] if isinstance(hi, int) and hi >= 0 else text
 
 
-def _num(s: dict[str, Any], key: str) -> float | None:
+def _num(s: Mapping[str, object], key: str) -> float | None:
     v = s.get(key)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _number(s: dict[str, Any], integer: bool) -> int | float:
+def _number(s: Mapping[str, object], integer: bool) -> int | float:
     """0 when the bounds allow it, else the lowest allowed value (a multiple of `multipleOf`)."""
     lo, hi = _num(s, "minimum"), _num(s, "maximum")
     xlo, xhi = _num(s, "exclusiveMinimum"), _num(s, "exclusiveMaximum")

@@ -14,15 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 
 from testbed.core.control.bandwidth import BandwidthController, ControlSample, ThresholdChange
 from testbed.core.control.short_term import Recent, SenderStatus, SignalMeter, change_line, control_series
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.scaling import Scale
 from testbed.live.clock import now
-from testbed.live.common import fetch_status
+from testbed.live.common import fetch_status, status_number
 from testbed.live.deployment import Deployment
 from testbed.metrics.series_format import Sample, SeriesWriter
 
@@ -59,7 +59,7 @@ class LinkControl:
         self.nodes = {nid: (kinds[n.cluster], n.http.url) for nid, n in dep.nodes.items() if n.role == "prefill"}
         self.meter = SignalMeter({nid: kind for nid, (kind, _) in self.nodes.items()}, self.scale)
 
-    async def _status(self, url: str) -> dict[str, Any] | None:
+    async def _status(self, url: str) -> JSONObject | None:
         return await fetch_status(self.session, url, max(self.interval_wire, 1.0))
 
     async def step(self) -> tuple[ControlSample, ThresholdChange | None] | None:
@@ -70,11 +70,11 @@ class LinkControl:
             nid: None
             if st is None
             else SenderStatus(
-                float(st["acked_bytes"]),
-                float(st["retrans_segments"]),
-                float(st["acked_segments"]),
-                float(st["undelivered_bytes"]),
-                float(st.get("queued_s", 0.0)),
+                status_number(st, "acked_bytes"),
+                status_number(st, "retrans_segments"),
+                status_number(st, "acked_segments"),
+                status_number(st, "undelivered_bytes"),
+                status_number(st, "queued_s", 0.0),
             )
             for nid, st in zip(ids, got)
         }

@@ -23,9 +23,11 @@ import json
 import math
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.core.json_types import JSONObject, JSONValue
 from testbed.core.record import RequestRecord, record_to_wire
 from testbed.core.router.request_ids import client_id
 from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
@@ -64,7 +66,7 @@ class ParsedRequest:
     include_usage: bool
     hash_ids: tuple[int, ...] = ()
     client_request_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JSONObject = field(default_factory=dict)
     content: bytes | tuple[int, ...] = b""  # what the prompt is made of, for block hashes
     logprobs: int | None = None  # top alternatives per token; None: no logprobs asked
     planned: Output | None = None  # what is generated; None: `output_tokens` of plain text
@@ -141,7 +143,7 @@ class Limits:
     max_output_tokens: int = MAX_TOKENS_LIMIT
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
+def _flag(body: Mapping[str, object], name: str) -> bool:
     # "false" must not mean True: clients that send JSON strings get the boolean they meant.
     v = body.get(name, False)
     if v is None or isinstance(v, bool):
@@ -279,7 +281,7 @@ def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
     )
 
 
-def record_extension(rec: RequestRecord) -> dict[str, Any]:
+def record_extension(rec: RequestRecord) -> JSONObject:
     """What the final chunk adds: the request's record, times in unix seconds."""
     return {EXTENSION: record_to_wire(rec)}
 
@@ -289,11 +291,11 @@ def call_id(cid: str) -> str:
     return "call_" + cid.rsplit("-", 1)[-1]
 
 
-def chat_logprobs(req: ParsedRequest, start: int, end: int) -> dict[str, Any] | None:
+def chat_logprobs(req: ParsedRequest, start: int, end: int) -> JSONObject | None:
     """Chat's `logprobs` for tokens [start, end) (`ChoiceLogprobs`), None when not asked."""
     if req.logprobs is None:
         return None
-    content = []
+    content: list[JSONValue] = []
     for i, tok in req.output.tokens(start, end):
         lp, top = token_logprobs(tok, i, req.logprobs)
         content.append(
@@ -307,22 +309,25 @@ def chat_logprobs(req: ParsedRequest, start: int, end: int) -> dict[str, Any] | 
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(req: ParsedRequest, start: int, end: int) -> dict[str, Any] | None:
+def completion_logprobs(req: ParsedRequest, start: int, end: int) -> JSONObject | None:
     """The legacy completions `logprobs` for tokens [start, end): parallel lists, offsets into the text."""
     if req.logprobs is None:
         return None
     out = req.output
-    tokens, lps, tops, offs = [], [], [], []
+    tokens: list[JSONValue] = []
+    lps: list[JSONValue] = []
+    tops: list[JSONValue] = []
+    offs: list[JSONValue] = []
     for i, tok in out.tokens(start, end):
         lp, top = token_logprobs(tok, i, req.logprobs)
         tokens.append(tok)
         lps.append(lp)
-        tops.append(dict(top))
+        tops.append({t: v for t, v in top})
         offs.append(out.offset(i))
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
 
-def _tool_call(req: ParsedRequest, cid: str, arguments: str, first: bool) -> dict[str, Any]:
+def _tool_call(req: ParsedRequest, cid: str, arguments: str, first: bool) -> JSONObject:
     if not first:
         return {"index": 0, "function": {"arguments": arguments}}
     return {
@@ -340,8 +345,8 @@ def chunk(
     start: int,
     new_tokens: int,
     finish: str | None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    extra: JSONObject | None = None,
+) -> JSONObject:
     """The streamed chunk of tokens [start, start + new_tokens) (the first when start is 0)."""
     created = int(time.time())
     first, end = start == 0, start + new_tokens
@@ -349,7 +354,7 @@ def chunk(
     text = out_.text(start, end)
     if req.kind == "chat":
         if out_.tool is not None:
-            delta: dict[str, Any] = {"tool_calls": [_tool_call(req, cid, text, first)]} if new_tokens else {}
+            delta: JSONObject = {"tool_calls": [_tool_call(req, cid, text, first)]} if new_tokens else {}
             if first:
                 delta = {"role": "assistant", "content": None, **delta}
         else:
@@ -357,8 +362,8 @@ def chunk(
             if first:
                 delta = {"role": "assistant", "content": text}
         logprobs = chat_logprobs(req, start, end) if new_tokens and out_.tool is None else None
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        out: dict[str, Any] = {
+        choice: JSONObject = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        out: JSONObject = {
             "id": cid,
             "object": "chat.completion.chunk",
             "created": created,
@@ -378,7 +383,7 @@ def chunk(
     return out
 
 
-def usage(req: ParsedRequest, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+def usage(req: ParsedRequest, completion_tokens: int, cached_tokens: int = 0) -> JSONObject:
     """OpenAI usage as vLLM reports it; `cached_tokens`: the prompt's prefix served from cache."""
     return {
         "prompt_tokens": req.input_tokens,
@@ -388,9 +393,7 @@ def usage(req: ParsedRequest, completion_tokens: int, cached_tokens: int = 0) ->
     }
 
 
-def usage_chunk(
-    req: ParsedRequest, cid: str, model: str, completion_tokens: int, cached_tokens: int = 0
-) -> dict[str, Any]:
+def usage_chunk(req: ParsedRequest, cid: str, model: str, completion_tokens: int, cached_tokens: int = 0) -> JSONObject:
     obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
     return {
         "id": cid,
@@ -403,14 +406,14 @@ def usage_chunk(
 
 
 def full_response(
-    req: ParsedRequest, cid: str, model: str, tokens: int, extra: dict[str, Any], cached_tokens: int = 0
-) -> dict[str, Any]:
+    req: ParsedRequest, cid: str, model: str, tokens: int, extra: JSONObject, cached_tokens: int = 0
+) -> JSONObject:
     """The whole response to a request whose `tokens` tokens were generated."""
     created = int(time.time())
     out_ = req.output
     text = out_.text(0, tokens)
     if req.kind == "chat":
-        message: dict[str, Any] = {"role": "assistant", "content": text}
+        message: JSONObject = {"role": "assistant", "content": text}
         logprobs = chat_logprobs(req, 0, tokens)
         if out_.tool is not None:
             message = {
@@ -421,7 +424,7 @@ def full_response(
                 ],
             }
             logprobs = None
-        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": out_.finish}
+        choice: JSONObject = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": out_.finish}
         obj = "chat.completion"
     else:
         choice = {
@@ -431,7 +434,7 @@ def full_response(
             "finish_reason": out_.finish,
         }
         obj = "text_completion"
-    out = {
+    out: JSONObject = {
         "id": cid,
         "object": obj,
         "created": created,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ class Generation:
     structured: str | None = None  # the JSON text generated (a call's arguments or the content)
 
 
-def _stops(body: dict[str, Any]) -> tuple[str, ...]:
+def _stops(body: Mapping[str, object]) -> tuple[str, ...]:
     v = body.get("stop")
     if v is None:
         return ()
@@ -50,7 +51,7 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _int_in(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
+def _int_in(body: Mapping[str, object], name: str, lo: int, hi: int) -> int | None:
     v = body.get(name)
     if v is None:
         return None
@@ -59,7 +60,7 @@ def _int_in(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
     return v
 
 
-def _logprobs(body: dict[str, Any], kind: str) -> int | None:
+def _logprobs(body: Mapping[str, object], kind: str) -> int | None:
     if kind == "completions":
         return _int_in(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     v = body.get("logprobs")
@@ -78,7 +79,7 @@ def _schema_text(schema: Any, field: str) -> str:
         raise RequestError(f"field {field!r}: {e}", field) from None
 
 
-def _response_format(body: dict[str, Any]) -> str | None:
+def _response_format(body: Mapping[str, object]) -> str | None:
     rf = body.get("response_format")
     if rf is None:
         return None
@@ -88,7 +89,7 @@ def _response_format(body: dict[str, Any]) -> str | None:
     if t == "json_object":
         return "{}"
     if t == "json_schema":
-        js = rf.get("json_schema")
+        js = rf.get("json_schema") if isinstance(rf, dict) else None
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), (dict, bool)):
             raise RequestError(
                 "field 'response_format.json_schema' must be an object with a 'schema'", "response_format"
@@ -97,7 +98,7 @@ def _response_format(body: dict[str, Any]) -> str | None:
     raise RequestError("field 'response_format.type' must be text, json_object or json_schema", "response_format")
 
 
-def _tools(body: dict[str, Any]) -> list[tuple[str, Any]]:
+def _tools(body: Mapping[str, object]) -> list[tuple[str, Any]]:
     """(name, parameters schema) of each function tool."""
     tools = body.get("tools")
     if tools is None:
@@ -124,7 +125,7 @@ def _tools(body: dict[str, Any]) -> list[tuple[str, Any]]:
     return out
 
 
-def _called(body: dict[str, Any], tools: list[tuple[str, Any]], last_is_tool_result: bool) -> int | None:
+def _called(body: Mapping[str, object], tools: list[tuple[str, Any]], last_is_tool_result: bool) -> int | None:
     """Which tool is called (its index), if any."""
     choice = body.get("tool_choice")
     if choice is None:
@@ -150,7 +151,7 @@ def _called(body: dict[str, Any], tools: list[tuple[str, Any]], last_is_tool_res
     raise RequestError(f"field 'tool_choice': no tool named {name!r} in 'tools'", "tool_choice")
 
 
-def generation(body: dict[str, Any], kind: str, last_is_tool_result: bool = False) -> Generation:
+def generation(body: Mapping[str, object], kind: str, last_is_tool_result: bool = False) -> Generation:
     """What `body` asks of the generated text (`kind`: completions or chat)."""
     stops = _stops(body)
     logprobs = _logprobs(body, kind)

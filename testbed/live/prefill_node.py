@@ -22,7 +22,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -37,6 +36,7 @@ from testbed.core.record import NAN, PrefillReport, StageTimes, report_to_wire
 from testbed.live.clock import now, sleep_until
 from testbed.live.common import (
     REGISTRY_KEY,
+    PrefillStatus,
     ServiceConfig,
     add_common_routes,
     add_fault_route,
@@ -235,7 +235,7 @@ async def handle_status(request: web.Request) -> web.Response:
     return web.json_response(_status(request.app[STATE]))
 
 
-def _status(st: PrefillState) -> dict[str, Any]:
+def _status(st: PrefillState) -> PrefillStatus:
     """Wire units: queued modelled work (s) and the KV sender's counters (bytes, segments)."""
     ls = st.sender.link_state()
     q = st.loop.queue

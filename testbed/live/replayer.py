@@ -11,12 +11,12 @@ import asyncio
 import json
 import math
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 
 from testbed.core.failures import Failure
 from testbed.core.failures import FailureKind as K
+from testbed.core.json_types import JSONObject
 from testbed.core.record import RequestRecord, record_from_wire
 from testbed.live.clock import now, sleep_until
 from testbed.live.openai_api import EXTENSION
@@ -27,7 +27,7 @@ from testbed.traces.types import Trace, TraceRequest
 START_LEAD_S = 0.5  # first request leaves this long after t0, so t0 is never in the past
 
 
-def request_body(tr: TraceRequest, model: str) -> dict[str, Any]:
+def request_body(tr: TraceRequest, model: str) -> JSONObject:
     """The completions request that replays `tr`: its exact lengths and hashes in the `testbed` field."""
     return {
         "model": model,

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from typing import Any
 
+from testbed.core.json_types import JSONObject, JSONValue
 from testbed.live.mock_output import Output, token_logprobs
 from testbed.live.openai_api import EXTENSION, Limits, ParsedRequest, RequestError, parse
 
@@ -42,9 +44,9 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(body: Mapping[str, object]) -> list[JSONValue]:
     inp = body.get("input")
-    out: list[dict[str, Any]] = []
+    out: list[JSONValue] = []
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
@@ -69,13 +71,13 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _tools(body: Mapping[str, object]) -> list[JSONValue] | None:
     tools = body.get("tools")
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise RequestError("field 'tools' must be a list", "tools")
-    out = []
+    out: list[JSONValue] = []
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
@@ -90,7 +92,7 @@ def _tool_choice(choice: Any) -> Any:
     return choice
 
 
-def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+def _response_format(body: Mapping[str, object]) -> JSONObject | None:
     text = body.get("text")
     if text is None:
         return None
@@ -104,7 +106,7 @@ def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
     return fmt
 
 
-def to_chat(body: Any) -> dict[str, Any]:
+def to_chat(body: Any) -> JSONObject:
     """The chat completions body a Responses API body amounts to."""
     if not isinstance(body, dict):
         raise RequestError("body must be a JSON object")
@@ -114,7 +116,7 @@ def to_chat(body: Any) -> dict[str, Any]:
             "previous_response_id",
         )
     include = body.get("include") or []
-    chat: dict[str, Any] = {
+    chat: JSONObject = {
         "model": body.get("model", ""),
         "messages": _messages(body),
         "stream": body.get("stream", False),
@@ -143,10 +145,10 @@ def parse_responses(body: Any, limits: Limits = Limits()) -> ParsedRequest:
     return dataclasses.replace(req, kind="responses", include_usage=True, extra=echo)
 
 
-def _logprobs(req: ParsedRequest, start: int, end: int) -> list[dict[str, Any]]:
+def _logprobs(req: ParsedRequest, start: int, end: int) -> list[JSONValue]:
     if req.logprobs is None:
         return []
-    out = []
+    out: list[JSONValue] = []
     for i, tok in req.output.tokens(start, end):
         lp, top = token_logprobs(tok, i, req.logprobs)
         out.append(
@@ -171,12 +173,12 @@ class ResponseEvents:
         self.item_id = ("fc_" if req.output.tool is not None else "msg_") + suffix
         self.call_id = "call_" + suffix
 
-    def _ev(self, type_: str, **fields: Any) -> dict[str, Any]:
+    def _ev(self, type_: str, **fields: Any) -> JSONObject:
         ev = {"type": type_, "sequence_number": self.seq, **fields}
         self.seq += 1
         return ev
 
-    def item(self, tokens: int, done: bool) -> dict[str, Any]:
+    def item(self, tokens: int, done: bool) -> JSONObject:
         out = self.req.output
         text = out.text(0, tokens)
         status = "in_progress" if not done else "incomplete" if out.finish == "length" else "completed"
@@ -189,10 +191,10 @@ class ResponseEvents:
                 "arguments": text,
                 "status": status,
             }
-        content = [self.part(tokens)] if done else []
+        content: list[JSONValue] = [self.part(tokens)] if done else []
         return {"type": "message", "id": self.item_id, "status": status, "role": "assistant", "content": content}
 
-    def part(self, tokens: int) -> dict[str, Any]:
+    def part(self, tokens: int) -> JSONObject:
         return {
             "type": "output_text",
             "text": self.req.output.text(0, tokens),
@@ -200,10 +202,10 @@ class ResponseEvents:
             "logprobs": _logprobs(self.req, 0, tokens),
         }
 
-    def response(self, tokens: int | None, cached: int = 0) -> dict[str, Any]:
+    def response(self, tokens: int | None, cached: int = 0) -> JSONObject:
         """The response object: in progress (`tokens` None) or done with that many tokens."""
         out: Output = self.req.output
-        resp: dict[str, Any] = {
+        resp: JSONObject = {
             "id": self.id,
             "object": "response",
             "created_at": self.created,
@@ -235,11 +237,11 @@ class ResponseEvents:
             }
         return resp
 
-    def opening(self) -> list[dict[str, Any]]:
+    def opening(self) -> list[JSONObject]:
         resp = self.response(None)
         return [self._ev("response.created", response=resp), self._ev("response.in_progress", response=resp)]
 
-    def tokens(self, start: int, new: int) -> list[dict[str, Any]]:
+    def tokens(self, start: int, new: int) -> list[JSONObject]:
         """The events of tokens [start, start + new): the output item's opening first."""
         evs = []
         where = {"item_id": self.item_id, "output_index": 0}
@@ -264,7 +266,7 @@ class ResponseEvents:
             )
         return evs
 
-    def closing(self, tokens: int, cached: int, ext: dict[str, Any]) -> list[dict[str, Any]]:
+    def closing(self, tokens: int, cached: int, ext: JSONObject) -> list[JSONObject]:
         """The last events: the item's, then `response.completed` (or `.incomplete`) carrying `ext`."""
         evs = self.tokens(0, 0) if not tokens else []
         where = {"item_id": self.item_id, "output_index": 0}
@@ -289,6 +291,6 @@ class ResponseEvents:
         evs.append({**self._ev(f"response.{final['status']}", response=final), **ext})
         return evs
 
-    def failed(self, message: str, ext: dict[str, Any]) -> dict[str, Any]:
+    def failed(self, message: str, ext: JSONObject) -> JSONObject:
         resp = {**self.response(None), "status": "failed", "error": {"code": "server_error", "message": message}}
         return {**self._ev("response.failed", response=resp), **ext}

@@ -17,16 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 
 from testbed.core.control.bandwidth import BandwidthController
 from testbed.core.control.longterm import DecodeSignals, LongTermController, RoleMeter, apply, role_series
 from testbed.core.control.short_term import Recent
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.scaling import Scale
 from testbed.live.clock import now
-from testbed.live.common import fetch_status
+from testbed.live.common import fetch_status, status_number
 from testbed.live.deployment import Deployment
 from testbed.metrics.series_format import Sample, SeriesWriter
 
@@ -64,7 +64,7 @@ class RoleControl:
         decode = sc.hardware[sc.cluster(ctl.roles.cluster).hardware].decode
         self.bs_max = decode.bs_max if decode is not None else 1
 
-    async def _status(self, node: str) -> dict[str, Any] | None:
+    async def _status(self, node: str) -> JSONObject | None:
         return await fetch_status(self.session, self.dep.nodes[node].http.url, max(self.interval_wire, 1.0))
 
     async def _decode(self, down: frozenset[str]) -> DecodeSignals:
@@ -73,8 +73,8 @@ class RoleControl:
         # An instance that did not answer counts as no capacity: it is not serving either.
         return DecodeSignals(
             len(got),
-            float(sum(int(g["running"]) for g in got)),
-            float(sum(int(g["waiting"]) for g in got)),
+            float(sum(int(status_number(g, "running")) for g in got)),
+            float(sum(int(status_number(g, "waiting")) for g in got)),
             self.bs_max,
         )
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
 
 from testbed.core.failures import FailureKind as K
 from testbed.core.failures import failure_kind
+from testbed.core.json_types import JSONObject
 from testbed.core.record import PrefillReport, RecordFormatError, report_from_wire
 from testbed.core.router.health import Outcome
 from testbed.core.router.route_step import RoutePlan, note_route
@@ -71,7 +72,7 @@ async def _move_cache(st: RouterState, rid: str, plan: RoutePlan, tid: int, prog
     prog.rec.times.cache_move_start = now()
     try:
         async with st.session.post(f"{src.http.url}/cache/send", json=body) as r:
-            res: dict[str, Any] = await r.json()
+            res: JSONObject = await r.json()
     except (aiohttp.ClientError, ValueError) as e:
         res = {"error": f"cache move source {plan.move_src} unreachable: {e}"}
     if "error" in res:
@@ -79,7 +80,7 @@ async def _move_cache(st: RouterState, rid: str, plan: RoutePlan, tid: int, prog
         log.warning("request %s: %s", rid, res["error"])
 
 
-def _decode_error(ev: dict[str, Any], node: str) -> RequestFailed:
+def _decode_error(ev: Mapping[str, object], node: str) -> RequestFailed:
     """The decode node's `error` event: its kind names what failed (its KV, or the node itself)."""
     try:
         kind = failure_kind(str(ev.get("kind", "")), f"decode node {node}'s error event") or K.DECODE_ERROR

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 from aiohttp import web
@@ -143,7 +143,20 @@ async def responses(request: web.Request) -> web.StreamResponse:
     return await _handle(request, "responses")
 
 
-def _model_object(request: web.Request) -> dict[str, Any]:
+class ModelObject(TypedDict):
+    """An entry of GET /v1/models (vLLM's fields)."""
+
+    id: str
+    object: str
+    created: int
+    owned_by: str
+    root: str
+    parent: None
+    max_model_len: int
+    permission: list[str]
+
+
+def _model_object(request: web.Request) -> ModelObject:
     spec = request.app[STATE].cfg.deployment.scenario.model
     return {
         "id": spec.name,

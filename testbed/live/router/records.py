@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from testbed.core.failures import Failure
 from testbed.core.failures import FailureKind as K
+from testbed.core.json_types import JSONObject
 from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import NAN, NO_TRACE_INDEX, RequestRecord
 from testbed.live.openai_api import record_extension
@@ -27,7 +27,7 @@ def replay_lifecycle(prog: Progress) -> None:
         raise RequestFailed(f"incomplete lifecycle: stopped in state {prog.life.state.value}", K.ROUTER_ERROR)
 
 
-def record_ext(prog: Progress, tokens: int) -> dict[str, Any]:
+def record_ext(prog: Progress, tokens: int) -> JSONObject:
     """The final chunk's `testbed` field: the record with the verdict and the tokens sent."""
     rec = prog.rec
     rec.outcome, rec.reason, rec.tokens_received = prog.life.state.value, prog.life.reason, tokens

@@ -7,24 +7,24 @@ bodies are OpenAI's (`{"error": {"message", "type", "param", "code"}}`)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from aiohttp import web
 
+from testbed.core.json_types import JSONObject
 from testbed.live.openai_api import ParsedRequest, chunk, full_response, usage_chunk
 from testbed.live.responses_api import ResponseEvents
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-def sse_frame(obj: dict[str, Any] | str, event: str | None = None) -> bytes:
+def sse_frame(obj: JSONObject | str, event: str | None = None) -> bytes:
     data = obj if isinstance(obj, str) else json.dumps(obj)
     return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
 
 
 def openai_error(
     message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | int | None = None
-) -> dict[str, Any]:
+) -> JSONObject:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -39,7 +39,7 @@ def error_response(
     return web.json_response(openai_error(message, type_, param, code), status=status, headers=headers)
 
 
-def error_body(message: str, extra: dict[str, Any]) -> dict[str, Any]:
+def error_body(message: str, extra: JSONObject) -> JSONObject:
     return {**openai_error(message, "server_error", None, 502), **extra}
 
 
@@ -56,7 +56,7 @@ class Reply:
             self.stream = web.StreamResponse(headers=SSE_HEADERS)
             await self.stream.prepare(request)
 
-    async def _send(self, obj: dict[str, Any] | str, event: str | None = None) -> None:
+    async def _send(self, obj: JSONObject | str, event: str | None = None) -> None:
         assert self.stream is not None
         await self.stream.write(sse_frame(obj, event))
 
@@ -74,7 +74,7 @@ class Reply:
         if not self._silent(new, before):
             await self._send(chunk(self.req, self.cid, self.model, before, new, None))
 
-    async def finish(self, sent: int, ext: dict[str, Any], cached: int) -> web.StreamResponse:
+    async def finish(self, sent: int, ext: JSONObject, cached: int) -> web.StreamResponse:
         """The end of a completed request: the final chunk with the record (and usage if asked),
         or the whole response."""
         req, cid, model = self.req, self.cid, self.model
@@ -86,11 +86,11 @@ class Reply:
         await self._send("[DONE]")
         return await self._end()
 
-    async def _stream_error(self, obj: dict[str, Any]) -> None:
+    async def _stream_error(self, obj: JSONObject) -> None:
         await self._send(obj)
         await self._send("[DONE]")
 
-    async def fail(self, message: str, ext: dict[str, Any]) -> web.StreamResponse:
+    async def fail(self, message: str, ext: JSONObject) -> web.StreamResponse:
         if self.stream is None:
             return web.json_response(error_body(message, ext), status=502)
         try:
@@ -108,9 +108,9 @@ class ResponsesReply(Reply):
         super().__init__(req, cid, model)
         self.events = ResponseEvents(req, cid, model)
 
-    async def _emit(self, evs: list[dict[str, Any]]) -> None:
+    async def _emit(self, evs: list[JSONObject]) -> None:
         for ev in evs:
-            await self._send(ev, ev["type"])
+            await self._send(ev, str(ev["type"]))
 
     async def open(self, request: web.Request) -> None:
         await super().open(request)
@@ -121,15 +121,16 @@ class ResponsesReply(Reply):
         if not self._silent(new, before):
             await self._emit(self.events.tokens(before, new))
 
-    async def finish(self, sent: int, ext: dict[str, Any], cached: int) -> web.StreamResponse:
+    async def finish(self, sent: int, ext: JSONObject, cached: int) -> web.StreamResponse:
         if self.stream is None:
             return web.json_response({**self.events.response(sent, cached), **ext})
         await self._emit(self.events.closing(sent, cached, ext))
         return await self._end()
 
-    async def _stream_error(self, obj: dict[str, Any]) -> None:
+    async def _stream_error(self, obj: JSONObject) -> None:
         ext = {k: v for k, v in obj.items() if k != "error"}
-        await self._emit([self.events.failed(str(obj["error"]["message"]), ext)])
+        err = obj["error"]
+        await self._emit([self.events.failed(str(err["message"] if isinstance(err, dict) else err), ext)])
 
 
 def make_reply(req: ParsedRequest, cid: str, model: str) -> Reply:
