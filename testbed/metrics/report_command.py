@@ -71,13 +71,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     # Imported here: matplotlib costs ~0.5 s, which every other `testbed` command would pay.
     from testbed.metrics.report import write_report
-    from testbed.metrics.summary import write_summary
+    from testbed.metrics.summary import load_records, load_run_meta, load_run_timeseries, write_summary
 
     run_dir: Path = args.run_dir
     # A missing or malformed run file raises a UserError naming it (RunDirError, RecordFormatError,
     # TimeseriesError): the CLI prints it; anything else is a bug and keeps its traceback.
-    summary = write_summary(run_dir)
-    report = write_report(run_dir, summary)
+    # The records and series are read once, for the summary and the report alike.
+    records = load_records(run_dir)
+    samples = load_run_timeseries(run_dir, load_run_meta(run_dir))
+    summary = write_summary(run_dir, records, samples)
+    report = write_report(run_dir, summary, records, samples)
     if args.json:
         print(json.dumps(summary.to_json_dict(), indent=2))
         return 0
