@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from testbed.core.record import RecordFormatError, RequestRecord, StageTimes
-from testbed.metrics.records import MAX_FIELD_CHARS, as_written, native_rows
+from testbed.metrics.records import MAX_FIELD_CHARS, RECORDS_VERSION, as_written, native_rows
 from testbed.metrics.series_format import RawSample, SeriesPoint, TimeseriesError
 
 # Rows per row group: a run holds at most this many records or decisions before writing them.
@@ -57,9 +57,11 @@ assert not set(FIELD_NAMES) & set(TIME_COLUMNS), "a record field and a stamp sha
 # Stamps as microsecond durations since the run's start (null: the stage never happened): the
 # integers of what records.csv holds, delta-encoded, take half the space of the same doubles.
 STAMP = pa.duration("us")
+VERSION_KEY = b"testbed.records_version"
 RECORD_SCHEMA = pa.schema(
     [pa.field(f.name, _arrow_type("RequestRecord", f), nullable=False) for f in _RECORD_FIELDS]
-    + [pa.field(f.name, STAMP) for f in _TIME_FIELDS]
+    + [pa.field(f.name, STAMP) for f in _TIME_FIELDS],
+    metadata={VERSION_KEY: str(RECORDS_VERSION).encode()},
 )
 _ENCODING = {f.name: "DELTA_BINARY_PACKED" for f in RECORD_SCHEMA if f.type in (STAMP, pa.int64())} | {
     f.name: "BYTE_STREAM_SPLIT" for f in RECORD_SCHEMA if f.type == pa.float64()
@@ -159,6 +161,12 @@ def _open(path: Path) -> pq.ParquetFile:
 
 
 def _check_schema(path: Path, schema: pa.Schema, expected: pa.Schema) -> None:
+    raw = (schema.metadata or {}).get(VERSION_KEY, b"3")
+    version = int(raw) if raw.isdigit() else -1
+    if version < 3 or version > RECORDS_VERSION:
+        raise RecordFormatError(
+            f"{path}: records version {raw.decode(errors='replace')}; this testbed reads 3 to {RECORDS_VERSION}"
+        )
     for f in schema:
         want = expected.field(f.name) if f.name in expected.names else None
         if want is None:
