@@ -77,8 +77,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     # A missing or malformed run file raises a UserError naming it (RunDirError, RecordFormatError,
     # TimeseriesError): the CLI prints it; anything else is a bug and keeps its traceback.
     # The records and series are read once, for the summary and the report alike.
+    meta = load_run_meta(run_dir)  # run.json first: its errors before the records'
     records = load_records(run_dir)
-    samples = load_run_timeseries(run_dir, load_run_meta(run_dir))
+    samples = load_run_timeseries(run_dir, meta)
     summary = write_summary(run_dir, records, samples)
     report = write_report(run_dir, summary, records, samples)
     if args.json:
