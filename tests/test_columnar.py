@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ import pytest
 
 from testbed.cli import main
 from testbed.core.record import TIME_NAMES, RecordFormatError, RequestRecord, StageTimes
+from testbed.metrics import columnar
 from testbed.metrics.columnar import FIELD_NAMES, RECORD_SCHEMA, ParquetRecordWriter, iter_parquet_records
 from testbed.metrics.records import MAX_FIELD_CHARS, format_line, read_records
 from testbed.metrics.run_files import (
@@ -25,7 +27,7 @@ from testbed.metrics.run_files import (
     read_series_file,
     records_file,
 )
-from testbed.metrics.series_format import read_series
+from testbed.metrics.series_format import BatchSeriesFile, read_series
 from testbed.metrics.summary import summarize
 from testbed.run.load import load
 from testbed.run.runner import run_sim
@@ -131,3 +133,30 @@ def test_a_file_cut_short_is_one_error_naming_it(tmp_path: Path) -> None:
     p.write_bytes(p.read_bytes()[:-20])
     with pytest.raises(RecordFormatError, match=f"{p}: not a readable Parquet file"):
         read_records_file(p)
+
+
+def test_records_go_out_a_row_group_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columnar, "ROW_GROUP", 10)
+    p = tmp_path / RECORDS_FILE
+    with ParquetRecordWriter(p) as w:
+        for i in range(25):
+            w.write(RequestRecord(f"r{i}", i, 10, 2))
+        assert w._held and len(w._held) == 5  # two groups of ten are out already
+    assert pq.ParquetFile(p).num_row_groups == 3
+    assert [r.trace_index for r in iter_parquet_records(p)] == list(range(25))
+
+
+def test_decisions_read_back_as_their_jsonl_lines(tmp_path: Path) -> None:
+    text = BatchSeriesFile(tmp_path / "decisions.jsonl", "router", 4.0, repeated_labels=False)
+    cols = columnar.ParquetSeriesFile(tmp_path / DECISIONS_FILE, "router", 4.0)
+    for f in (text, cols):
+        f.write(1.0, [("decision", 3.0, {"request_id": "a", "reason": 'l="x", t'})])
+        f.source_write(2.5, "pd-p0", [("health", math.inf, {}), ("health", math.nan, {"k": "v"})])
+        f.write(7.123456789, [("threshold_change", -2.0, {"old": "nan"})])
+        f.close()
+    a = read_series(tmp_path / "decisions.jsonl", 0.25)
+    b = read_series_file(tmp_path / DECISIONS_FILE, 0.25)
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b):
+        assert (x.t, x.source, x.metric, x.labels) == (y.t, y.source, y.metric, y.labels)
+        assert x.value == y.value or (math.isnan(x.value) and math.isnan(y.value))
