@@ -521,8 +521,9 @@ def simulate(
     options: SimOptions = SimOptions(),
     costs: LivePathCosts | None = None,
 ) -> SimStats:
-    """Simulate `trace` on the scenario; with `run_dir`, write records.csv, timeseries/,
-    decisions.jsonl and (with faults) faults.jsonl into it (run.json, summary and report are the
+    """Simulate `trace` on the scenario; with `run_dir`, write records.parquet, decisions.parquet
+    (and records.csv and decisions.jsonl up to `options.text_requests`), timeseries/ and (with
+    faults) faults.jsonl into it (run.json, summary and report are the
     caller's). `costs`: the live path's, default the scenario's (`sim.live_path`)."""
     return Simulation(rs, trace, run_dir, options, costs).run()
 
