@@ -30,6 +30,7 @@ COMMAND_MODULE = {
     "report": "testbed.metrics.report_command",
     "compare": "testbed.metrics.report_command",
     "plot": "testbed.metrics.report_command",
+    "export": "testbed.metrics.report_command",
     "regress": "testbed.metrics.regress",
     "crosscheck": "testbed.studies.crosscheck.crosscheck",
     "model": "testbed.model.model_command",

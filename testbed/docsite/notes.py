@@ -189,6 +189,7 @@ NOTES: dict[str, str] = {
     _REC + "RequestRecord.prefill_cluster": "Cluster that ran the prefill.",
     _REC + "RequestRecord.prefill_node": "Instance that ran the prefill.",
     _REC + "RequestRecord.decode_node": "Instance that decoded.",
+    _REC + "RequestRecord.decode_cluster": "Cluster that decoded.",
     _REC + "RequestRecord.tokens_received": "Tokens the client received.",
     _REC + "RequestRecord.reason": "Why it failed (empty when it completed).",
     _REC + "RequestRecord.cache_move_bytes_paper": "Paper bytes of the moved prefix.",

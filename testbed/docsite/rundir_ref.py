@@ -25,7 +25,21 @@ FILES: tuple[tuple[str, str], ...] = (
     ),
     ("scenario.yaml", "The resolved scenario, as run."),
     ("deployment.json", "Every service's address."),
-    ("records.csv", "One row per request (columns below), written as requests finish."),
+    (
+        "records.csv",
+        "One row per request (columns below), written as requests finish (a simulated run: up to 20,000 "
+        "requests; `testbed export RUN` writes it for a larger one).",
+    ),
+    (
+        "records.parquet",
+        "A simulated run: one row per request, every field of the record (columns below), a row group "
+        "per 65,536 requests as they finish. Read where there is no records.csv.",
+    ),
+    (
+        "decisions.parquet",
+        "A simulated run: decisions.jsonl's lines as the columns `ts`, `source`, `metric`, `value`, "
+        "`labels` (a map). Read where there is no decisions.jsonl.",
+    ),
     (
         "decisions.jsonl",
         "Every routing decision (cached prefix, bandwidth state, threshold in force, reason), every "
@@ -85,6 +99,17 @@ def record_columns() -> list[tuple[str, str, str]]:
     return out
 
 
+def parquet_columns() -> list[tuple[str, str, str]]:
+    """(column, type, what it holds) for every column of records.parquet, in file order."""
+    from testbed.metrics.columnar import RECORD_SCHEMA
+
+    out = []
+    for f in RECORD_SCHEMA:
+        cls: type = StageTimes if f.name in TIME_NAMES else RequestRecord
+        out.append((f.name, str(f.type), field_doc(cls, f.name)))
+    return out
+
+
 def _key_rows(model: type[BaseModel]) -> list[FieldRow]:
     return list(model_rows(model))
 
@@ -123,6 +148,18 @@ def page() -> str:
         "",
         table(("column", "type", "what it holds"), [(f"`{c}`", t, d) for c, t, d in record_columns()]),
         "",
+        "## `records.parquet`",
+        "",
+        "What a simulated run writes always (Parquet, zstd): records.csv's values, and every field and stamp "
+        "of the record, in the record's order (`testbed.core.record`), so a field added there is a column "
+        "here. Stamps are durations in microseconds since the run's t0 (null where a stage never happened: "
+        "pandas reads them as timedeltas); texts are cut as records.csv's. `testbed export RUN` writes "
+        "records.csv and decisions.jsonl from the Parquet files, the lines the run would have written; "
+        "`pandas.read_parquet(RUN / 'records.parquet')` reads it whole. A file is readable once its writer "
+        "closed it (a run stopped by Ctrl-C does; one killed outright leaves it unreadable).",
+        "",
+        table(("column", "type", "what it holds"), [(f"`{c}`", t, d) for c, t, d in parquet_columns()]),
+        "",
         "## `summary.json`",
         "",
         "Paper units unless a key ends in `_wire` or sits under `wire`; figures over an empty set are `null`. "
@@ -144,7 +181,8 @@ def page() -> str:
         "## Schema versions",
         "",
         f"`summary.json` is at version {summary_file.SUMMARY_VERSION}, `run.json` at {run_file.RUN_VERSION}, "
-        f"`records.csv`'s columns at {records.RECORDS_VERSION} (its header names them). "
+        f"the records at {records.RECORDS_VERSION} (records.csv's header names its columns; records.parquet "
+        "carries its version in its metadata). "
         "A file newer than the testbed knows is refused with one line naming the file and the version; a "
         "malformed one (a missing section, a wrong type, a key the model does not know) with one line naming "
         "the file and the field, e.g. `run/summary.json: ttft_s.mean: Input should be a valid number`. "
@@ -158,7 +196,7 @@ def page() -> str:
         "",
         _versions(run_file),
         "",
-        "### `records.csv`",
+        "### The records (`records.csv`, `records.parquet`)",
         "",
         _versions(records),
         "",

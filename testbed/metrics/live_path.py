@@ -23,7 +23,7 @@ from typing import Any
 
 from testbed.core.record import RequestRecord
 from testbed.core.schema.live_path import quantiles
-from testbed.metrics.records import read_records
+from testbed.metrics.run_files import read_run_records
 from testbed.metrics.timeseries import group_series, load_timeseries, select
 
 
@@ -52,7 +52,7 @@ def _stalls(run_dir: Path) -> tuple[int, float, float]:
 def live_path_figures(run_dir: Path, records: list[RequestRecord] | None = None) -> dict[str, Any]:
     """The figures of one run (`LivePathCosts` fields, plus how many requests and stalls they
     rest on)."""
-    recs = records if records is not None else read_records(run_dir / "records.csv")
+    recs = records if records is not None else read_run_records(run_dir)
     done = [r for r in recs if r.outcome == "completed"]
     t = [r.times for r in done]
     local = [r.times for r in done if not r.crossed_wan] or t

@@ -13,6 +13,9 @@ Schema versions (the file carries no number, its header names the columns):
   retried request by the instances it ran on only (the texts are for people, never parsed).
 - 2: `failure_kind` and `retry_kind` (a `testbed.core.failures.FailureKind`), `failure_node` and
   `retry_node` (the instance it happened at): what failed, as data.
+- 3: records.parquet (`testbed.metrics.columnar`): every field of the record and every stamp, the
+  stamps as microsecond durations; a simulated run writes it always and records.csv (columns as in
+  2) up to 20,000 requests; `testbed export` writes records.csv from it.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ COLUMNS: tuple[str, ...] = (
     "retry_kind",
     "retry_node",
 )
-RECORDS_VERSION = 2
+RECORDS_VERSION = 3
 # Columns added after the first release: a file without them reads as their default.
 OPTIONAL: dict[str, str] = {
     "retries": "0",

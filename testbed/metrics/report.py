@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from testbed.core.record import RequestRecord
 from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import RunInfo, Summary
 from testbed.metrics.artefacts.summary_file import Control, Fidelity, WanLink
@@ -470,17 +471,24 @@ def cut_short_note(s: Summary, prefix: str | None = None) -> str:
     )
 
 
-def write_report(run_dir: Path, summary: Summary | None = None) -> Path:
+def write_report(
+    run_dir: Path,
+    summary: Summary | None = None,
+    records: Sequence[RequestRecord] | None = None,
+    samples: Sequence[SeriesPoint] | None = None,
+) -> Path:
     """Write `report.md` and its plots into the run directory; returns the report's path.
 
     Without `summary`, recomputes it and rewrites `summary.json`, so the two always agree.
+    `records` and `samples`: the run's, as `load_records` and `load_run_timeseries` read them, for
+    a caller that holds them already (a million records take seconds to read).
     """
     run_dir = Path(run_dir)
-    s = summary if summary is not None else write_summary(run_dir)
+    s = summary if summary is not None else write_summary(run_dir, records, samples)
     run = s.run
     scale = Scale(run.speedup, run.byte_scale)
-    records = load_records(run_dir)
-    samples = load_run_timeseries(run_dir, load_run_meta(run_dir))
+    records = load_records(run_dir) if records is None else records
+    samples = load_run_timeseries(run_dir, load_run_meta(run_dir)) if samples is None else samples
     plots = _write_plots(run_dir, s, records, samples)
 
     out = [f"# Run report: {run.name}", "", _preamble(s), ""]

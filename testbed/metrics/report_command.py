@@ -57,17 +57,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pl.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="run directories whose plots to write")
     pl.set_defaults(func=cmd_plot)
 
+    ex = sub.add_parser(
+        "export",
+        help="write a run's records.csv and decisions.jsonl from its Parquet files",
+        description="Write records.csv and decisions.jsonl into each RUN_DIR from its records.parquet and "
+        "decisions.parquet (a simulated run of more than 20,000 requests writes only those): the lines "
+        "the run would have written. A file that exists already is left as it is.",
+    )
+    ex.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="run directories to export")
+    ex.set_defaults(func=cmd_export)
+
 
 def cmd_report(args: argparse.Namespace) -> int:
     # Imported here: matplotlib costs ~0.5 s, which every other `testbed` command would pay.
     from testbed.metrics.report import write_report
-    from testbed.metrics.summary import write_summary
+    from testbed.metrics.summary import load_records, load_run_meta, load_run_timeseries, write_summary
 
     run_dir: Path = args.run_dir
     # A missing or malformed run file raises a UserError naming it (RunDirError, RecordFormatError,
     # TimeseriesError): the CLI prints it; anything else is a bug and keeps its traceback.
-    summary = write_summary(run_dir)
-    report = write_report(run_dir, summary)
+    # The records and series are read once, for the summary and the report alike.
+    meta = load_run_meta(run_dir)  # run.json first: its errors before the records'
+    records = load_records(run_dir)
+    samples = load_run_timeseries(run_dir, meta)
+    summary = write_summary(run_dir, records, samples)
+    report = write_report(run_dir, summary, records, samples)
     if args.json:
         print(json.dumps(summary.to_json_dict(), indent=2))
         return 0
@@ -173,4 +187,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
     for d in args.run_dirs:
         plots = write_plots(d)
         print(f"{d}: " + ", ".join(str(p) for _, p in plots))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from testbed.metrics.run_files import export_text
+
+    for d in args.run_dirs:
+        written = export_text(d)
+        print(
+            f"{d}: "
+            + (", ".join(str(p) for p in written) if written else "records.csv and decisions.jsonl already there")
+        )
     return 0

@@ -30,8 +30,8 @@ from testbed.metrics.artefacts import Summary as Summary
 from testbed.metrics.artefacts.run_file import Slo, was_cut_short
 from testbed.metrics.control import cache_summary, control_summary, link_phases
 from testbed.metrics.fidelity import fidelity, validity
-from testbed.metrics.records import read_records
 from testbed.metrics.roles import long_term_summary
+from testbed.metrics.run_files import read_records_file, records_file
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.stats import percentile
 from testbed.metrics.timeseries import (
@@ -131,10 +131,10 @@ def read_summary(path: Path) -> Summary:
 
 
 def load_records(run_dir: Path) -> list[RequestRecord]:
-    p = Path(run_dir) / "records.csv"
+    p = records_file(Path(run_dir))
     if not p.is_file():
-        raise RunDirError(f"{p}: missing; is {run_dir} a run directory?")
-    return read_records(p)
+        raise RunDirError(f"{Path(run_dir) / 'records.csv'}: missing; is {run_dir} a run directory?")
+    return read_records_file(p)
 
 
 def load_run_timeseries(run_dir: Path, meta: RunMeta) -> list[SeriesPoint]:

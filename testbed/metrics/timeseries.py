@@ -14,6 +14,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from testbed.metrics.run_files import decisions_file, read_series_file
 from testbed.metrics.series_format import SeriesPoint, TimeseriesError, by_time, read_series
 
 FloatArray = npt.NDArray[np.float64]
@@ -164,8 +165,11 @@ def time_weighted_mean(series: Sequence[SeriesPoint]) -> float | None:
 
 
 def decision_points(run_dir: Path, t0: float | None, speedup: float, metric: str) -> list[SeriesPoint]:
-    """The router's `decisions.jsonl` points of one metric, `t` in paper seconds since t0."""
-    p = Path(run_dir) / "decisions.jsonl"
+    """The router's `decisions.jsonl` (or decisions.parquet) points of one metric, `t` in paper
+    seconds since t0."""
+    p = decisions_file(Path(run_dir))
     if not p.is_file() or t0 is None:
         return []
-    return [SeriesPoint(pt.t * speedup, pt.source, pt.metric, pt.value, pt.labels) for pt in read_series(p, t0, metric)]
+    return [
+        SeriesPoint(pt.t * speedup, pt.source, pt.metric, pt.value, pt.labels) for pt in read_series_file(p, t0, metric)
+    ]

@@ -38,7 +38,9 @@ from testbed.core.gc_pause import paused_gc
 from testbed.core.record import RequestRecord
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.topology import local_dc, node_specs
+from testbed.metrics.columnar import ParquetRecordWriter, ParquetSeriesFile
 from testbed.metrics.records import RecordWriter
+from testbed.metrics.run_files import DECISIONS_FILE, RECORDS_FILE
 from testbed.metrics.series_format import BatchSeriesFile as SeriesFile
 from testbed.metrics.series_format import RawSample as Sample
 from testbed.metrics.series_format import SeriesPoint, by_time
@@ -90,12 +92,16 @@ class SimOptions:
     `link_lines` link-counter samples; `decisions` False leaves out the per-request routing
     decisions (threshold changes are always written). `settle_records` makes the records the
     run returns what records.csv reads back (`testbed.metrics.records.as_written`) as they are
-    written, for a caller that summarises them (with a run directory only)."""
+    written, for a caller that summarises them (with a run directory only). Records and decisions
+    go to records.parquet and decisions.parquet, and to records.csv and decisions.jsonl too when the
+    trace has at most `text_requests` requests (the text a person reads or a script greps; a larger
+    run's is hundreds of MB: `testbed export RUN` writes it from the Parquet files)."""
 
     series_lines: int = 100_000
     link_lines: int = 20_000
     decisions: bool = True
     settle_records: bool = False
+    text_requests: int = 20_000
 
 
 @dataclass
@@ -213,8 +219,9 @@ class Simulation:
         self.open = len(trace)  # requests not finished yet
         self.run_dir = run_dir
         self.writer: RecordWriter | None = None
+        self.columns: ParquetRecordWriter | None = None
         self.series: dict[str, SeriesFile] = {}
-        self.decisions: SeriesFile | None = None
+        self.decisions: list[SeriesFile | ParquetSeriesFile] = []
         lead = START_LEAD_S * self.scale.speedup
         self._arrivals: Iterator[tuple[int, TraceRequest]] = iter(enumerate(trace))
         self._lead = lead
@@ -235,15 +242,19 @@ class Simulation:
             ts = self.run_dir / "timeseries"
             # Records and samples are held while the run goes and written when it ends (however it
             # ends: the files are closed below); formatted one by one they cost a quarter of it.
-            self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True, settle=self.options.settle_records)
+            settle = self.options.settle_records
             s = self.scale.speedup
+            self.columns = ParquetRecordWriter(self.run_dir / RECORDS_FILE, settle=settle)
+            self.decisions = [ParquetSeriesFile(self.run_dir / DECISIONS_FILE, "router", s)]
+            if len(self.trace) <= self.options.text_requests:
+                self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True, settle=settle)
+                self.decisions.append(
+                    SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True)
+                )
             self.series = {
                 name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True) for name in ("router", "wan")
             }
             self.series["nodes"] = SeriesFile(ts / "nodes.jsonl", "nodes", s, keep=True, deferred=True)
-            self.decisions = SeriesFile(
-                self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True
-            )
             self._write_link_rates(0.0)
         try:
             self.net.schedule_changes()
@@ -275,17 +286,19 @@ class Simulation:
             # held into the run directory follows (a whole `replay` process is timed as such).
             self.stats.wall_s = time.perf_counter() - wall
             self.stats.write_s = sum(
-                f.write_s for f in (self.writer, *self.series.values(), self.decisions) if f is not None
+                f.write_s for f in (self.writer, self.columns, *self.series.values(), *self.decisions) if f is not None
             )
         finally:
             if self.faults is not None:
                 self.faults.finish(self.stats.t_end or self.loop.now)
             if self.writer is not None:
                 self.writer.close()
+            if self.columns is not None:
+                self.columns.close()
             for f in self.series.values():
                 f.close()
-            if self.decisions is not None:
-                self.decisions.close()
+            for d in self.decisions:
+                d.close()
         # As `load_timeseries` reads them back: the files in name order, then by time.
         self.stats.series = sorted(
             (p for name in sorted(self.series) for p in self.series[name].points or ()), key=by_time
@@ -331,6 +344,8 @@ class Simulation:
         rec = req.record(self.scale)
         if self.writer is not None:
             self.writer.write(rec)
+        if self.columns is not None:
+            self.columns.write(rec)
         self.stats.records.append(rec)  # the summary's, without reading records.csv again
         self.open -= 1
         if self.open == 0:
@@ -342,8 +357,9 @@ class Simulation:
 
     def write_decision(self, t: float, samples: list[Sample], always: bool = False) -> None:
         """A line of `decisions.jsonl` (per-request decisions only when the options keep them)."""
-        if self.decisions is not None and (always or self.options.decisions):
-            self.decisions.write(t, samples)
+        if always or self.options.decisions:
+            for d in self.decisions:
+                d.write(t, samples)
 
     # -- the instances' processes (faults) --------------------------------------------------------
 
@@ -505,8 +521,9 @@ def simulate(
     options: SimOptions = SimOptions(),
     costs: LivePathCosts | None = None,
 ) -> SimStats:
-    """Simulate `trace` on the scenario; with `run_dir`, write records.csv, timeseries/,
-    decisions.jsonl and (with faults) faults.jsonl into it (run.json, summary and report are the
+    """Simulate `trace` on the scenario; with `run_dir`, write records.parquet, decisions.parquet
+    (and records.csv and decisions.jsonl up to `options.text_requests`), timeseries/ and (with
+    faults) faults.jsonl into it (run.json, summary and report are the
     caller's). `costs`: the live path's, default the scenario's (`sim.live_path`)."""
     return Simulation(rs, trace, run_dir, options, costs).run()
 

@@ -17,7 +17,7 @@ from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import Scenario
-from testbed.metrics.records import read_records
+from testbed.metrics.run_files import read_run_records
 from testbed.run.load import load
 from testbed.run.stoppable import run_stoppable
 
@@ -72,7 +72,7 @@ def fidelity(args: argparse.Namespace) -> int:
     sc = rs.spec
     out = Path(args.out or f"runs/bench-fidelity-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     res = run_stoppable(run_replay_async(rs, trace_from_workload(sc.workload), out, "local"))
-    fig = fidelity_figures(sc, read_records(res.run_dir / "records.csv"))
+    fig = fidelity_figures(sc, read_run_records(res.run_dir))
     fig["run_dir"] = str(res.run_dir)
     (res.run_dir / "fidelity.json").write_text(finite_dumps(fig, indent=1))
     if args.json:

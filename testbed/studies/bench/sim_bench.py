@@ -253,8 +253,8 @@ def faults_run(out: Path, seed: int, control: bool) -> dict[str, Any]:
     """One 15-minute run of the 10,000-GPU deployment with the faults, its run directory whole
     (records, series, faults.jsonl, summary, report with its Faults section)."""
     from testbed.metrics.fault_effects import fault_effects
-    from testbed.metrics.records import read_records
     from testbed.metrics.report import write_report
+    from testbed.metrics.run_files import read_run_records
     from testbed.metrics.summary import write_summary
     from testbed.model.analytical import evaluate
     from testbed.run.runner import run_sim
@@ -285,7 +285,7 @@ def faults_run(out: Path, seed: int, control: bool) -> dict[str, Any]:
     summary = write_summary(run_dir)
     write_report(run_dir, summary)
     s = rs.spec.scale.speedup
-    recs = read_records(run_dir / "records.csv")
+    recs = read_run_records(run_dir)
     effects = fault_effects(run_dir, recs, s)
     end = OUTAGE_AT_S + OUTAGE_S
     return {

@@ -26,7 +26,7 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
-from testbed.metrics.records import read_records
+from testbed.metrics.run_files import read_run_records
 from testbed.metrics.stats import percentile
 from testbed.traces.types import Trace
 
@@ -148,7 +148,7 @@ async def _probe(
         )
         if res.interrupted or res.summary.valid:
             break
-    recs = read_records(run_dir / "records.csv")
+    recs = read_run_records(run_dir)
     ok, reasons, fig = judge(recs, sc.scale.speedup, ttft_slo, sc.slo.tpot_s, growth_limit, growth_s)
     if not res.summary.valid and res.summary.validity is not None:
         reasons = reasons + [f"run invalid after {attempt + 1} tries: {'; '.join(res.summary.validity.reasons)}"]

@@ -30,7 +30,7 @@ from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
 from testbed.metrics.artefacts import Summary
-from testbed.metrics.records import read_records
+from testbed.metrics.run_files import read_run_records
 from testbed.metrics.stats import percentile
 from testbed.studies.capacity.capacity import (
     CapacityResult,
@@ -192,7 +192,7 @@ def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: 
         sc.name, sc.policy.name, model.get("threshold"), f"{n_pf or '-'} / {n_p or '-'} / {n_d or '-'}", cap, model
     )
     kinds: dict[str, str] = {c.name: c.kind for c in sc.clusters}
-    records = [r for p in cap.probes for r in read_records(Path(p.run_dir) / "records.csv")]
+    records = [r for p in cap.probes for r in read_run_records(Path(p.run_dir))]
     th = measured_thetas(sc, records, link_bps)
     dep.theta_prfaas_compute, dep.theta_prfaas_link = th["prfaas_compute"], th["prfaas_link"]
     dep.theta_pdp, dep.theta_pdd = th["pdp"], th["pdd"]
@@ -220,7 +220,7 @@ def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: 
         s = _summary(run_dir)
         if s is not None:
             dep.wan_mean_bps, dep.wan_records_bps = s.wan_link.mean_bps_paper, s.wan_link.records_bps_paper
-        recs = read_records(run_dir / "records.csv")
+        recs = read_run_records(run_dir)
         tails = [
             (r.times.transfer_end - r.times.prefill_end) * sc.scale.speedup for r in recs if r.outcome == "completed"
         ]
@@ -230,7 +230,7 @@ def analyse(sc: Scenario, cap: CapacityResult, model: dict[str, Any], link_bps: 
     dep.bs_max = hw[0].bs_max if hw and hw[0] is not None else None
     if unstable:
         low = min(unstable, key=lambda pr: pr.rate)
-        dep.waits_unstable = stage_waits(read_records(Path(low.run_dir) / "records.csv"), sc.scale.speedup, kinds)
+        dep.waits_unstable = stage_waits(read_run_records(Path(low.run_dir)), sc.scale.speedup, kinds)
     dep.explanation = explain(dep, best, min(unstable, key=lambda pr: pr.rate) if unstable else None)
     return dep
 

@@ -33,7 +33,7 @@ from testbed.config.scenarios import ScenarioError, dump_scenario
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
-from testbed.metrics.records import read_records
+from testbed.metrics.run_files import read_run_records
 from testbed.model.feasibility import Deployments, HomogeneousPoint, MapPoint, ModelMap, point_key
 from testbed.run.load import load
 from testbed.studies.capacity.capacity import CapacityResult, model_lambda, search, write_outputs
@@ -176,11 +176,12 @@ def _prune(run_dir: Path) -> None:
     and per-request decisions are 20x the rest and the map reads neither)."""
     shutil.rmtree(run_dir / "timeseries", ignore_errors=True)
     (run_dir / "decisions.jsonl").unlink(missing_ok=True)
+    (run_dir / "decisions.parquet").unlink(missing_ok=True)
 
 
 def _share(sc: Scenario, run_dir: Path) -> float | None:
     kinds = {c.name: c.kind for c in sc.clusters}
-    done = [r for r in read_records(run_dir / "records.csv") if r.outcome == "completed"]
+    done = [r for r in read_run_records(run_dir) if r.outcome == "completed"]
     return sum(kinds.get(r.prefill_cluster) == "prfaas" for r in done) / len(done) if done else None
 
 

@@ -1,0 +1,300 @@
+"""records.parquet and decisions.parquet: a run's records and decisions as Parquet, written in row
+groups as the run goes.
+
+A simulated run of a million requests wrote 560 MB of records.csv and decisions.jsonl; the same
+values as Parquet (zstd, dictionary-encoded texts) take a tenth of that and read column by column.
+The records' columns are `RequestRecord`'s fields and then its `StageTimes` stamps, in declaration
+order, derived from the dataclasses: a field added there is a column here without an edit (a file
+written before it reads as the field's default). Unlike records.csv, every field and stamp is
+stored (records.csv keeps its fixed columns). Values are what records.csv reads back: floats to the
+microsecond (NaN where a stage never happened), texts cut to `MAX_FIELD_CHARS`.
+
+decisions.parquet holds the lines of decisions.jsonl (`testbed.metrics.series_format`) as the
+columns `ts`, `source`, `metric`, `value` and `labels` (a map of text to text).
+
+A Parquet file is readable once closed (its footer lists the row groups): a run stopped by Ctrl-C
+closes it, one killed outright leaves it unreadable (records.csv keeps all but its last batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from testbed.core.record import RecordFormatError, RequestRecord, StageTimes
+from testbed.metrics.records import MAX_FIELD_CHARS, RECORDS_VERSION, as_written, native_rows
+from testbed.metrics.series_format import RawSample, SeriesPoint, TimeseriesError
+
+# Rows per row group: a run holds at most this many records or decisions before writing them.
+ROW_GROUP = 65_536
+_COMPRESSION = "zstd"
+
+_ARROW: dict[str, pa.DataType] = {"float": pa.float64(), "int": pa.int64(), "bool": pa.bool_(), "str": pa.string()}
+
+
+def _arrow_type(owner: str, f: dataclasses.Field[Any]) -> pa.DataType:
+    name = str(f.type)
+    t = _ARROW.get(name)
+    if t is None:
+        raise TypeError(f"{owner}.{f.name}: type {name!r} has no Parquet column type (add it to _ARROW)")
+    return t
+
+
+_RECORD_FIELDS = tuple(f for f in dataclasses.fields(RequestRecord) if f.name != "times")
+_TIME_FIELDS = dataclasses.fields(StageTimes)
+assert dataclasses.fields(RequestRecord)[-1].name == "times", "records are built with their times last"
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in _RECORD_FIELDS)
+TIME_COLUMNS: tuple[str, ...] = tuple(f.name for f in _TIME_FIELDS)
+assert not set(FIELD_NAMES) & set(TIME_COLUMNS), "a record field and a stamp share a column name"
+# Stamps as microsecond durations since the run's start (null: the stage never happened): the
+# integers of what records.csv holds, delta-encoded, take half the space of the same doubles.
+STAMP = pa.duration("us")
+VERSION_KEY = b"testbed.records_version"
+RECORD_SCHEMA = pa.schema(
+    [pa.field(f.name, _arrow_type("RequestRecord", f), nullable=False) for f in _RECORD_FIELDS]
+    + [pa.field(f.name, STAMP) for f in _TIME_FIELDS],
+    metadata={VERSION_KEY: str(RECORDS_VERSION).encode()},
+)
+_ENCODING = {f.name: "DELTA_BINARY_PACKED" for f in RECORD_SCHEMA if f.type in (STAMP, pa.int64())} | {
+    f.name: "BYTE_STREAM_SPLIT" for f in RECORD_SCHEMA if f.type == pa.float64()
+}
+_DICTIONARY = [f.name for f in RECORD_SCHEMA if f.type in (pa.string(), pa.bool_())]
+_FLOAT_FIELDS = frozenset(f.name for f in _RECORD_FIELDS if str(f.type) == "float")
+_STR_FIELDS = frozenset(f.name for f in _RECORD_FIELDS if str(f.type) == "str")
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+_DEFAULTS: dict[str, Any] = {f.name: _default(f) for f in (*_RECORD_FIELDS, *_TIME_FIELDS)}
+
+
+def _settle(records: list[RequestRecord]) -> None:
+    """Each record made what records.csv reads back, in place (the compiled writer where built)."""
+    rows = native_rows()
+    if rows is not None:
+        rows.lines(records, True)
+    else:
+        for r in records:
+            as_written(r)
+
+
+def _record_batch(records: list[RequestRecord], settled: bool) -> pa.RecordBatch:
+    cols: list[list[Any]] = []
+    for n in FIELD_NAMES:
+        col = [getattr(r, n) for r in records]
+        if not settled:
+            if n in _FLOAT_FIELDS:
+                col = [round(v, 6) for v in col]
+            elif n in _STR_FIELDS:
+                col = [v[:MAX_FIELD_CHARS] for v in col]
+        cols.append(col)
+    arrays = [pa.array(c, type=f.type) for c, f in zip(cols, RECORD_SCHEMA)]
+    times = [r.times for r in records]
+    for n in TIME_COLUMNS:
+        seconds = pa.array([getattr(t, n) for t in times], pa.float64(), from_pandas=True)  # NaN: null
+        arrays.append(pc.cast(pc.round(pc.multiply(seconds, 1e6)), pa.int64()).cast(STAMP))
+    return pa.RecordBatch.from_arrays(arrays, schema=RECORD_SCHEMA)
+
+
+class ParquetRecordWriter:
+    """Records to records.parquet, a row group per `ROW_GROUP` records. `settle` makes each record
+    `as_written` in place (for a writer that summarises the records it holds); without it the
+    stored values are rounded and cut the same way and the records left as they are."""
+
+    def __init__(self, path: Path, settle: bool = False) -> None:
+        self.path = path
+        self._out = pq.ParquetWriter(
+            path, RECORD_SCHEMA, compression=_COMPRESSION, use_dictionary=_DICTIONARY, column_encoding=_ENCODING
+        )
+        self._settle = settle
+        self._held: list[RequestRecord] = []
+        self.count = 0
+        self.write_s = 0.0
+
+    def write(self, rec: RequestRecord) -> None:
+        self.count += 1
+        self._held.append(rec)
+        if len(self._held) >= ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._held:
+            return
+        t = time.perf_counter()
+        if self._settle:
+            _settle(self._held)
+        self._out.write_batch(_record_batch(self._held, self._settle))
+        self._held = []
+        self.write_s += time.perf_counter() - t
+
+    def close(self) -> None:
+        if self._out.is_open:
+            self._flush()
+            self._out.close()
+
+    def __enter__(self) -> ParquetRecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _open(path: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise RecordFormatError(f"{path}: not a readable Parquet file (a run killed before closing it?): {e}") from None
+
+
+def _check_schema(path: Path, schema: pa.Schema, expected: pa.Schema) -> None:
+    raw = (schema.metadata or {}).get(VERSION_KEY, b"3")
+    version = int(raw) if raw.isdigit() else -1
+    if version < 3 or version > RECORDS_VERSION:
+        raise RecordFormatError(
+            f"{path}: records version {raw.decode(errors='replace')}; this testbed reads 3 to {RECORDS_VERSION}"
+        )
+    for f in schema:
+        want = expected.field(f.name) if f.name in expected.names else None
+        if want is None:
+            raise RecordFormatError(f"{path}: unknown column {f.name!r}")
+        if f.type != want.type:
+            raise RecordFormatError(f"{path}: column {f.name!r}: type {f.type}, expected {want.type}")
+    missing = [n for n in expected.names if n not in schema.names and _DEFAULTS.get(n) is dataclasses.MISSING]
+    if missing:
+        raise RecordFormatError(f"{path}: missing column {missing[0]!r}")
+
+
+def _column(table: pa.Table, have: set[str], name: str) -> list[Any]:
+    if name not in have:
+        return [_DEFAULTS[name]] * table.num_rows
+    col = table.column(name)
+    if col.type == STAMP:
+        # Microseconds / 1e6 is the double nearest the decimal, as float() of records.csv's text.
+        seconds: list[Any] = (col.cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e6).tolist()
+        return seconds
+    values: list[Any] = col.to_pylist()
+    return values
+
+
+def iter_parquet_records(path: Path) -> Iterator[RequestRecord]:
+    """Every record of a records.parquet, a row group at a time; a column the file lacks (written
+    before its field existed) reads as the field's default."""
+    pf = _open(path)
+    _check_schema(path, pf.schema_arrow, RECORD_SCHEMA)
+    have = set(pf.schema_arrow.names)
+    for i in range(pf.num_row_groups):
+        table = pf.read_row_group(i)
+        fields = [_column(table, have, name) for name in FIELD_NAMES]
+        stamps = [_column(table, have, name) for name in TIME_COLUMNS]
+        for row, t in zip(zip(*fields), zip(*stamps)):
+            # Positional (the fields in order, times last: asserted above): a dict per row costs more.
+            yield RequestRecord(*row, StageTimes(*t))  # type: ignore[call-arg]
+
+
+# -- decisions ------------------------------------------------------------------------------------
+
+DECISION_SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.float64(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("labels", pa.map_(pa.string(), pa.string()), nullable=False),
+    ]
+)
+_INF = math.inf
+
+
+class ParquetSeriesFile:
+    """`BatchSeriesFile`'s interface (times in paper seconds, written as wire seconds since the
+    run's start) writing decisions.parquet: the values decisions.jsonl's lines read back as."""
+
+    def __init__(self, path: Path, source: str, speedup: float) -> None:
+        self.path = path
+        self.source = source
+        self.speedup = speedup
+        self._out = pq.ParquetWriter(path, DECISION_SCHEMA, compression=_COMPRESSION)
+        self._held: list[tuple[float, str, Iterable[RawSample]]] = []
+        self.lines = 0
+        self.points: list[SeriesPoint] | None = None
+        self.write_s = 0.0
+
+    def write(self, t_paper: float, samples: Iterable[RawSample]) -> None:
+        self.source_write(t_paper, self.source, samples)
+
+    def source_write(self, t_paper: float, source: str, samples: Iterable[RawSample]) -> None:
+        self._held.append((t_paper, source, samples))
+        if len(self._held) >= ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._held:
+            return
+        t0 = time.perf_counter()
+        ts: list[float] = []
+        sources: list[str] = []
+        metrics: list[str] = []
+        values: list[float] = []
+        labels: list[list[tuple[str, str]]] = []
+        for t_paper, source, samples in self._held:
+            t = round(t_paper / self.speedup, 6)
+            for metric, value, lab in samples:
+                v = float(value)
+                ts.append(t)
+                sources.append(source)
+                metrics.append(metric)
+                values.append(v if -_INF < v < _INF else math.nan)  # decisions.jsonl: null, read as NaN
+                labels.append([(str(k), str(x)) for k, x in lab.items()])
+        arrays = [
+            pa.array(ts, pa.float64()),
+            pa.array(sources, pa.string()),
+            pa.array(metrics, pa.string()),
+            pa.array(values, pa.float64()),
+            pa.array(labels, pa.map_(pa.string(), pa.string())),
+        ]
+        self._out.write_batch(pa.RecordBatch.from_arrays(arrays, schema=DECISION_SCHEMA))
+        self.lines += len(ts)
+        self._held = []
+        self.write_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self._out.is_open:
+            self._flush()
+            self._out.close()
+
+
+def read_parquet_series(path: Path, t0: float = 0.0, metric: str | None = None) -> list[SeriesPoint]:
+    """decisions.parquet's points (with `metric`, only that metric's), in file order, `t`
+    relative to `t0`: what `read_series` reads from the same lines as JSONL."""
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise TimeseriesError(f"{path}: not a readable Parquet file (a run killed before closing it?): {e}") from None
+    schema = pf.schema_arrow
+    if schema.names != DECISION_SCHEMA.names:
+        raise TimeseriesError(f"{path}: columns {schema.names}, expected {DECISION_SCHEMA.names}")
+    out: list[SeriesPoint] = []
+    for i in range(pf.num_row_groups):
+        table = pf.read_row_group(i)
+        if metric is not None:
+            table = table.filter(pc.equal(table.column("metric"), metric))
+            if table.num_rows == 0:
+                continue
+        cols = [table.column(n).to_pylist() for n in DECISION_SCHEMA.names]
+        for ts, source, m, value, lab in zip(*cols):
+            out.append(SeriesPoint(ts - t0, source, m, value, dict(lab)))
+    return out

@@ -1,0 +1,162 @@
+"""records.parquet and decisions.parquet: a simulated run writes them (and the text files below
+`SimOptions.text_requests` requests); they hold what the text files read back, the summary and
+`testbed export` get from them what they get from the text, and a bad file is one clear error."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from testbed.cli import main
+from testbed.core.record import TIME_NAMES, RecordFormatError, RequestRecord, StageTimes
+from testbed.metrics import columnar
+from testbed.metrics.columnar import FIELD_NAMES, RECORD_SCHEMA, ParquetRecordWriter, iter_parquet_records
+from testbed.metrics.records import MAX_FIELD_CHARS, format_line, read_records
+from testbed.metrics.run_files import (
+    DECISIONS_FILE,
+    RECORDS_FILE,
+    decisions_file,
+    export_text,
+    read_records_file,
+    read_run_records,
+    read_series_file,
+    records_file,
+)
+from testbed.metrics.series_format import BatchSeriesFile, read_series
+from testbed.metrics.summary import summarize
+from testbed.run.load import load
+from testbed.run.runner import run_sim
+from testbed.sim import SimOptions, simulate
+from testbed.traces.types import Trace, TraceRequest
+
+pytestmark = pytest.mark.pure
+
+
+def _trace(n: int) -> Trace:
+    reqs = [
+        TraceRequest(f"r{i}", 0.4 * i, 1024 * (1 + i % 5) + 37, 24 + i % 7, tuple(range(2 * (1 + i % 5))))
+        for i in range(n)
+    ]
+    return Trace(reqs, "conversations")
+
+
+def test_the_schema_is_the_record_dataclass() -> None:
+    fields = [f.name for f in dataclasses.fields(RequestRecord) if f.name != "times"]
+    assert list(FIELD_NAMES) == fields
+    assert RECORD_SCHEMA.names == [*fields, *TIME_NAMES]
+
+
+def test_a_simulated_run_holds_the_same_records_and_decisions_in_both_forms(tmp_path: Path) -> None:
+    rs = load("paper-prfaas-adaptive")
+    res = run_sim(rs, _trace(60), tmp_path, report=False)
+    csv_recs = read_records(tmp_path / "records.csv")
+    pq_recs = read_records_file(tmp_path / RECORDS_FILE)
+    assert len(csv_recs) == len(pq_recs) == 60
+    assert [format_line(r) for r in csv_recs] == [format_line(r) for r in pq_recs]
+    text = read_series(tmp_path / "decisions.jsonl", 1.5)
+    assert text and read_series_file(tmp_path / DECISIONS_FILE, 1.5) == text
+    for metric in ("decision", "threshold_change", "none such"):
+        assert read_series_file(tmp_path / DECISIONS_FILE, 0.0, metric) == read_series(
+            tmp_path / "decisions.jsonl", 0.0, metric
+        )
+    # Without the text files the run reads from Parquet: the same summary, figure for figure.
+    (tmp_path / "records.csv").unlink()
+    (tmp_path / "decisions.jsonl").unlink()
+    assert records_file(tmp_path).name == RECORDS_FILE and decisions_file(tmp_path).name == DECISIONS_FILE
+    assert len(read_run_records(tmp_path)) == 60
+    assert summarize(tmp_path).to_json_dict() == res.summary.to_json_dict()
+
+
+def test_a_large_run_writes_parquet_only_and_export_gives_the_text_it_would_have_written(tmp_path: Path) -> None:
+    rs = load("paper-prfaas")
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.mkdir()
+    large.mkdir()
+    simulate(rs, _trace(40), small, SimOptions(settle_records=True))
+    simulate(rs, _trace(40), large, SimOptions(settle_records=True, text_requests=39))
+    assert not (large / "records.csv").exists() and not (large / "decisions.jsonl").exists()
+    assert (large / RECORDS_FILE).is_file() and (large / DECISIONS_FILE).is_file()
+    assert main(["export", str(large)]) == 0
+    for name in ("records.csv", "decisions.jsonl"):
+        assert (large / name).read_bytes() == (small / name).read_bytes(), name
+    assert export_text(large) == []  # what exists is left as it is
+
+
+def test_an_unsettled_writer_stores_what_the_csv_reads_back_and_leaves_the_records(tmp_path: Path) -> None:
+    rec = RequestRecord("a", 0, 10, 2, reason="x" * (MAX_FIELD_CHARS + 5), threshold=1.23456789)
+    rec.times = StageTimes(arrival=0.1234567891)
+    with ParquetRecordWriter(tmp_path / RECORDS_FILE) as w:
+        w.write(rec)
+    (back,) = iter_parquet_records(tmp_path / RECORDS_FILE)
+    assert back.times.arrival == 0.123457 and back.threshold == 1.234568 and len(back.reason) == MAX_FIELD_CHARS
+    assert rec.times.arrival == 0.1234567891 and len(rec.reason) == MAX_FIELD_CHARS + 5
+
+
+def test_a_file_without_a_newer_column_reads_it_as_its_default(tmp_path: Path) -> None:
+    p = tmp_path / RECORDS_FILE
+    with ParquetRecordWriter(p) as w:
+        w.write(RequestRecord("a", 0, 10, 2, retries=3, retry_node="pd-p0"))
+    pq.write_table(pq.read_table(p).drop_columns(["retries", "retry_node"]), p)
+    (back,) = iter_parquet_records(p)
+    assert back.retries == 0 and back.retry_node == "" and back.request_id == "a"
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda t: t.append_column("surprise", pa.array([1])), "unknown column 'surprise'"),
+        (lambda t: t.drop_columns(["request_id"]), "missing column 'request_id'"),
+        (
+            lambda t: t.set_column(t.schema.get_field_index("input_tokens"), "input_tokens", pa.array(["10"])),
+            "column 'input_tokens': type string, expected int64",
+        ),
+    ],
+)
+def test_a_bad_file_is_one_error_naming_it(tmp_path: Path, damage: object, message: str) -> None:
+    p = tmp_path / RECORDS_FILE
+    with ParquetRecordWriter(p) as w:
+        w.write(RequestRecord("a", 0, 10, 2))
+    pq.write_table(damage(pq.read_table(p)), p)  # type: ignore[operator]
+    with pytest.raises(RecordFormatError, match=message):
+        list(iter_parquet_records(p))
+
+
+def test_a_file_cut_short_is_one_error_naming_it(tmp_path: Path) -> None:
+    p = tmp_path / RECORDS_FILE
+    with ParquetRecordWriter(p) as w:
+        w.write(RequestRecord("a", 0, 10, 2))
+    p.write_bytes(p.read_bytes()[:-20])
+    with pytest.raises(RecordFormatError, match=f"{p}: not a readable Parquet file"):
+        read_records_file(p)
+
+
+def test_records_go_out_a_row_group_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columnar, "ROW_GROUP", 10)
+    p = tmp_path / RECORDS_FILE
+    with ParquetRecordWriter(p) as w:
+        for i in range(25):
+            w.write(RequestRecord(f"r{i}", i, 10, 2))
+        assert w._held and len(w._held) == 5  # two groups of ten are out already
+    assert pq.ParquetFile(p).num_row_groups == 3
+    assert [r.trace_index for r in iter_parquet_records(p)] == list(range(25))
+
+
+def test_decisions_read_back_as_their_jsonl_lines(tmp_path: Path) -> None:
+    text = BatchSeriesFile(tmp_path / "decisions.jsonl", "router", 4.0, repeated_labels=False)
+    cols = columnar.ParquetSeriesFile(tmp_path / DECISIONS_FILE, "router", 4.0)
+    for f in (text, cols):
+        f.write(1.0, [("decision", 3.0, {"request_id": "a", "reason": 'l="x", t'})])
+        f.source_write(2.5, "pd-p0", [("health", math.inf, {}), ("health", math.nan, {"k": "v"})])
+        f.write(7.123456789, [("threshold_change", -2.0, {"old": "nan"})])
+        f.close()
+    a = read_series(tmp_path / "decisions.jsonl", 0.25)
+    b = read_series_file(tmp_path / DECISIONS_FILE, 0.25)
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b):
+        assert (x.t, x.source, x.metric, x.labels) == (y.t, y.source, y.metric, y.labels)
+        assert x.value == y.value or (math.isnan(x.value) and math.isnan(y.value))
