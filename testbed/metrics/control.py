@@ -3,19 +3,25 @@ loop: what the caches saved, which cache moves crossed the WAN, how the threshol
 
 Summary keys (paper units):
 
-| Key | Meaning |
-|---|---|
-| `cache.requests_with_hit` | Completed requests that reused a cached prefix (`cached_tokens` > 0). |
-| `cache.cached_token_share` | Sum of `cached_tokens` / sum of `input_tokens` over completed requests: prefill work the caches saved. |
-| `cache.decode_cached_token_share` | The same for `decode_cached_tokens`: prompt KV the decode side already held, so it was not shipped. |
-| `cache.moves`, `.move_tokens`, `.move_bytes_paper` | Cross-cluster cache moves of completed requests, the tokens and paper bytes they carried. |
-| `cache.move_wait_s` | Mean wait of a prefill for its moved-in prefix (`prefill_start - max(prefill_queued, cache_move_start)` when positive), paper s. |
-| `control.threshold_changes` | Threshold changes the control loop made (`decisions.jsonl`). |
-| `control.changes` | The first 50: `t_s` (paper s since t0), `old`, `new`, `reason`. |
-| `control.threshold_min`, `.threshold_max`, `.threshold_mean` | Over the router's sampled `threshold` series; the mean is time-weighted. |
-| `control.bandwidth_estimate_min_bps` | Lowest estimate of the WAN bandwidth the loop made (paper bit/s). |
-| `control.abundant_share` | Share of control samples that judged the bandwidth abundant. |
-| `link_phases` | With a link schedule: one entry per stretch of constant configured rate on the KV direction (`start_s`, `end_s` paper s since t0, `rate_bps_paper`) with the requests that arrived in it: `requests`, `ttft_mean_s`, `ttft_p90_s`, `tail_mean_s` (offloaded requests), `offload_ratio`. Empty without a schedule. |
+- `cache.requests_with_hit`: Completed requests that reused a cached prefix (`cached_tokens` > 0).
+- `cache.cached_token_share`: Sum of `cached_tokens` / sum of `input_tokens` over completed requests:
+  prefill work the caches saved.
+- `cache.decode_cached_token_share`: The same for `decode_cached_tokens`: prompt KV the decode side
+  already held, so it was not shipped.
+- `cache.moves`, `.move_tokens`, `.move_bytes_paper`: Cross-cluster cache moves of completed requests,
+  the tokens and paper bytes they carried.
+- `cache.move_wait_s`: Mean wait of a prefill for its moved-in prefix
+  (`prefill_start - max(prefill_queued, cache_move_start)` when positive), paper s.
+- `control.threshold_changes`: Threshold changes the control loop made (`decisions.jsonl`).
+- `control.changes`: The first 50: `t_s` (paper s since t0), `old`, `new`, `reason`.
+- `control.threshold_min`, `.threshold_max`, `.threshold_mean`: Over the router's sampled `threshold`
+  series; the mean is time-weighted.
+- `control.bandwidth_estimate_min_bps`: Lowest estimate of the WAN bandwidth the loop made (paper bit/s).
+- `control.abundant_share`: Share of control samples that judged the bandwidth abundant.
+- `link_phases`: With a link schedule: one entry per stretch of constant configured rate on the KV
+  direction (`start_s`, `end_s` paper s since t0, `rate_bps_paper`) with the requests that arrived in it:
+  `requests`, `ttft_mean_s`, `ttft_p90_s`, `tail_mean_s` (offloaded requests), `offload_ratio`. Empty
+  without a schedule.
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 report's Faults section, and the bands that mark faults on the time-series plots.
 
 A request *touches* a fault's target when its prefill or decode node is the faulted instance,
-or its failed attempt there was retried elsewhere (its `retry_node`: node faults), or when its KV crossed the faulted WAN link (link faults and resets: every
-inter-DC link, or the two datacenters named). It is *affected* when it also was in flight
-during the fault: it arrived before the fault ended and, if it completed, it still needed the
-target after the fault began (its last token; on a prefill instance, the end of its prefill) (a failed record has no end time, so a failed request that touches the
-target and arrived before the end counts). *Failed* and *retried* count the affected ones
-(records' `retries`: routed again after a failed attempt). *Time to recover* runs from the fault's end
-(a kill: the kill) to the first token of the first request routed after it that touches the
-target (after a kill: one served by another instance of the killed one's role) and completed:
-service is back, whatever the output length.
+or its failed attempt there was retried elsewhere (its `retry_node`: node faults), or when its KV crossed
+the faulted WAN link (link faults and resets: every inter-DC link, or the two datacenters named). It is
+*affected* when it also was in flight during the fault: it arrived before the fault ended and, if it
+completed, it still needed the target after the fault began (its last token; on a prefill instance, the
+end of its prefill) (a failed record has no end time, so a failed request that touches the target and
+arrived before the end counts). *Failed* and *retried* count the affected ones (records' `retries`:
+routed again after a failed attempt). *Time to recover* runs from the fault's end (a kill: the kill) to
+the first token of the first request routed after it that touches the target (after a kill: one served by
+another instance of the killed one's role) and completed: service is back, whatever the output length.
 """
 
 from __future__ import annotations

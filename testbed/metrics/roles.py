@@ -4,13 +4,15 @@
 
 Summary keys (`long_term`, paper units; absent when the loop did not run):
 
-| Key | Meaning |
-|---|---|
-| `long_term.decisions` | Decisions by action: `drain` (an instance leaves its role's routing), `activate` (it serves in the other role), `retune` (threshold re-optimised), `hold` (a bottleneck the loop could not relieve). |
-| `long_term.conversions` | Role conversions completed (activations). |
-| `long_term.changes` | The first 50 decisions: `t_s` (paper s since t0), `action`, `node`, `role`, `prefill`, `decode`, `threshold`, `reason`. |
-| `long_term.split_start`, `.split_end` | PD prefill / decode instances at the first and last sample, e.g. `"3/5"`. |
-| `long_term.prefill_mean` | Time-weighted mean of the PD instances serving as prefill. |
+- `long_term.decisions`: Decisions by action: `drain` (an instance leaves its role's routing), `activate`
+  (it serves in the other role), `retune` (threshold re-optimised), `hold` (a bottleneck the loop could
+  not relieve).
+- `long_term.conversions`: Role conversions completed (activations).
+- `long_term.changes`: The first 50 decisions: `t_s` (paper s since t0), `action`, `node`, `role`,
+  `prefill`, `decode`, `threshold`, `reason`.
+- `long_term.split_start`, `.split_end`: PD prefill / decode instances at the first and last sample, e.g.
+  `"3/5"`.
+- `long_term.prefill_mean`: Time-weighted mean of the PD instances serving as prefill.
 """
 
 from __future__ import annotations

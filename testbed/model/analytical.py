@@ -516,7 +516,8 @@ def evaluate(
             t_raw = threshold if threshold is not None else scenario.policy.threshold
             if not isinstance(t_raw, int):
                 raise ModelError(
-                    f"scenario {scenario.name!r} has threshold {t_raw!r}: pass threshold= (see optimise.resolve_threshold)"
+                    f"scenario {scenario.name!r} has threshold {t_raw!r}: "
+                    "pass threshold= (see optimise.resolve_threshold)"
                 )
             t_used = t_raw
             if not dep.prfaas or not dep.pd_prefill:

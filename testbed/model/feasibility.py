@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -191,8 +192,7 @@ def best_homogeneous(sc: Scenario, split: SplitMode = "optimise") -> Homogeneous
     pools = StagePools.from_scenario(sc, (r.n_p, r.n_d)).pd_prefill
     mean_cap = 0.0
     for pool in pools:
-        curve = pool.prefill
-        mean_cap += pool.instances / dist.expect(lambda v: prefill_seconds(curve, v))
+        mean_cap += pool.instances / dist.expect(partial(prefill_seconds, pool.prefill))
     return HomogeneousPoint(r.lambda_max, r.n_p, r.n_d, r.bottleneck, r.ttft_p90_s, min(mean_cap, r.theta_pdd))
 
 
