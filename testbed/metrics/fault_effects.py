@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from testbed.core.fault_timeline import NODE_KINDS, FaultEvent, Phase
 from testbed.core.finite_json import dumps as finite_dumps
+from testbed.core.json_types import JSONObject
 from testbed.core.record import RequestRecord
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series, select
@@ -53,11 +54,9 @@ class FaultLogFile:
         self.speedup = speedup
         self._fh: IO[str] = path.open("a")
 
-    def write(
-        self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any] | None, t_wire: float
-    ) -> dict[str, Any]:
+    def write(self, ev: FaultEvent, phase: Phase, outcome: str, detail: JSONObject | None, t_wire: float) -> JSONObject:
         """One step, `t_wire` wire seconds after t0; returns the line written."""
-        line = {
+        line: JSONObject = {
             "t": round(t_wire * self.speedup, 4),
             "t_wire": round(t_wire, 6),
             "fault": ev.index,
@@ -87,7 +86,7 @@ class FaultWindow:
     start_s: float | None  # None: never started (skipped, unsupported before it acted)
     end_s: float | None  # None: lasted to the end of the run
     outcome: str  # "ok", or what went otherwise
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JSONObject = field(default_factory=dict)
 
 
 def load_faults(run_dir: Path) -> list[FaultWindow]:
