@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -46,7 +45,7 @@ from testbed.metrics.timeseries import decision_points, select, time_weighted_me
 MAX_CHANGES = 50
 
 
-def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, Any]:
+def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, object]:
     inp = sum(r.input_tokens for r in done)
     moves = [r for r in done if r.cache_move_tokens > 0]
     waits = []
@@ -64,7 +63,7 @@ def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, Any]
     }
 
 
-def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, Any]]:
+def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, object]]:
     """Threshold changes from `decisions.jsonl`, in paper seconds since t0."""
     out = []
     for p in decision_points(run_dir, t0, speedup, "threshold_change"):
@@ -74,7 +73,7 @@ def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[s
     return out
 
 
-def control_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesPoint], scale: Scale) -> dict[str, Any]:
+def control_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesPoint], scale: Scale) -> dict[str, object]:
     changes = read_changes(run_dir, t0, scale.speedup)
     thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
     est = select(samples, metric="wan_bandwidth_estimate_bps_paper")
@@ -204,13 +203,15 @@ def _kv_link_rates(samples: Sequence[SeriesPoint]) -> list[SeriesPoint]:
     return sorted(longest, key=lambda p: p.t)
 
 
-def link_phases(done: Sequence[RequestRecord], samples: Sequence[SeriesPoint], scale: Scale) -> list[dict[str, Any]]:
+def link_phases(
+    done: Sequence[RequestRecord], samples: Sequence[SeriesPoint], scale: Scale
+) -> list[dict[str, float | None]]:
     """TTFT and transfer tails by stretch of constant configured link rate (a link schedule)."""
     changes = _kv_link_rates(samples)
     if len(changes) < 2:
         return []
     s = scale.speedup
-    out = []
+    out: list[dict[str, float | None]] = []
     bounds = [p.t for p in changes[1:]] + [math.inf]
     for p, end in zip(changes, bounds):
         start = p.t if p is not changes[0] else -math.inf

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, TypedDict
 
 from testbed.core.fault_timeline import NODE_KINDS, FaultEvent, Phase
 from testbed.core.finite_json import dumps as finite_dumps
@@ -76,6 +76,21 @@ class FaultLogFile:
         self._fh.close()
 
 
+class FaultEffect(TypedDict):
+    """One fault's effects on the requests (`fault_effects`); paper seconds."""
+
+    fault: int
+    kind: str
+    target: str
+    start_s: float | None
+    end_s: float | None
+    outcome: str
+    affected: int
+    failed: int
+    retried: int
+    recover_s: float | None  # None: never recovered (or never started)
+
+
 @dataclass(frozen=True)
 class FaultWindow:
     """One fault as it happened: paper seconds after t0."""
@@ -94,7 +109,7 @@ def load_faults(run_dir: Path) -> list[FaultWindow]:
     path = Path(run_dir) / "faults.jsonl"
     if not path.is_file():
         return []
-    steps: dict[int, dict[str, dict[str, Any]]] = {}
+    steps: dict[int, dict[str, JSONObject]] = {}
     for line in path.read_text().splitlines():
         try:
             obj = json.loads(line)
@@ -112,19 +127,25 @@ def load_faults(run_dir: Path) -> list[FaultWindow]:
             cut = str(en.get("outcome", "?")).startswith("skipped")
             outcome = "ok (cut short by the end of the run)" if cut else f"end {en.get('outcome')}"
         end_t = en.get("t") if en is not None and en.get("outcome") == "ok" else None
-        detail = {**(st or {}).get("detail", {}), **(en or {}).get("detail", {})}
+        detail = {**_detail(st), **_detail(en)}
+        t_start = st.get("t") if ok_start and st is not None else None
         out.append(
             FaultWindow(
                 i,
                 str(first.get("kind", "?")),
                 str(first.get("target", "?")),
-                float(st["t"]) if ok_start and st is not None else None,
+                float(t_start) if isinstance(t_start, (int, float)) else None,
                 float(end_t) if isinstance(end_t, (int, float)) else None,
                 outcome,
                 detail,
             )
         )
     return out
+
+
+def _detail(step: JSONObject | None) -> JSONObject:
+    d = step.get("detail") if step is not None else None
+    return d if isinstance(d, dict) else {}
 
 
 def _node_dcs(run_dir: Path) -> dict[str, tuple[str, str]]:
@@ -173,14 +194,13 @@ def _busy_until(r: RequestRecord, w: FaultWindow) -> float:
 
 def fault_effects(
     run_dir: Path, records: Sequence[RequestRecord], speedup: float, faults: Sequence[FaultWindow] | None = None
-) -> list[dict[str, Any]]:
-    """Per fault: {fault, kind, target, start_s, end_s, outcome, affected, failed, retried,
-    recover_s} (paper seconds; recover_s None if never)."""
+) -> list[FaultEffect]:
+    """Per fault, what it did to the run's requests (paper seconds)."""
     faults = load_faults(run_dir) if faults is None else faults
     nodes = _node_dcs(run_dir)
     out = []
     for w in faults:
-        row: dict[str, Any] = {
+        row: FaultEffect = {
             "fault": w.index,
             "kind": w.kind,
             "target": w.target,

@@ -35,8 +35,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from testbed.core.json_types import JSONObject
-
 DRAWN = ("routing_s", "dispatch_s", "relay_s", "relay_last_s")
 
 
@@ -65,8 +63,8 @@ class LivePathCosts:
         i = min(int(x), len(q) - 2)
         return q[i] + (q[i + 1] - q[i]) * (x - i)
 
-    def to_dict(self) -> JSONObject:
-        out: JSONObject = {f.name: getattr(self, f.name) for f in fields(self)}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["quantiles"] = {k: list(v) for k, v in self.quantiles.items()}
         return out
 
