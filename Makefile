@@ -34,6 +34,17 @@ LINT_NATIVE = if [ "$(NATIVE)" != 0 ] && [ -n "$(CARGO_BIN)" ]; then export PATH
 	  echo "native/: rustfmt and clippy clean"; \
 	else echo "note: no clippy in this Rust toolchain: native/ not linted"; fi; fi
 
+# The Python checks: mypy (strict, on the package), the import contracts (import-linter), ruff's lint
+# and its layout (settings in pyproject.toml) over the package, the tests, the docs' scripts and the
+# notebooks. Every check runs; each failure is named on its own line and fails the whole.
+LINT_DIRS := testbed tests docs analysis
+CHECK_PY = bad=""; \
+	$(BIN)/mypy || bad="$$bad mypy"; \
+	$(BIN)/lint-imports || bad="$$bad lint-imports"; \
+	$(BIN)/ruff check $(LINT_DIRS) || bad="$$bad ruff-check"; \
+	$(BIN)/ruff format --check $(LINT_DIRS) || bad="$$bad ruff-format"; \
+	if [ -n "$$bad" ]; then echo "FAILED:$$bad (ruff: \`$(BIN)/ruff check --fix $(LINT_DIRS)\` and \`$(BIN)/ruff format $(LINT_DIRS)\` fix most)"; false; fi
+
 $(STAMP): pyproject.toml $(NATIVE_SRC)
 	@echo "make install: creating $(VENV) and installing the testbed with its dev, analysis, clients and profiles extras (about 2 minutes on a fresh clone)"
 	$(PYTHON) -m venv $(VENV)
@@ -128,11 +139,11 @@ plan-refine: $(STAMP)
 	done
 
 ## Every test tier this machine can run (tiers that need root or Docker skip with a reason).
-## The type checks, the import contracts and the Rust lint beside the pure tier (no I/O, no timing),
-## while the container image the docker tier needs builds (its log: build/image.log); then the
-## tiers that start services without containers, in two lanes side by side: the app tier (its
-## output in build/test-app.log, shown when it ends) beside the netns, clients and observability
-## tiers. Those tests wait on timers and sockets most of the time (about a third of two CPUs
+## The type checks, the import contracts, ruff's lint and layout and the Rust lint (CHECK_PY,
+## LINT_NATIVE) beside the pure tier (no I/O, no timing), while the container image the docker tier
+## needs builds (its log: build/image.log); then the tiers that start services without containers,
+## in two lanes side by side: the app tier (its output in build/test-app.log, shown when it ends)
+## beside the netns, clients and observability tiers. Those tests wait on timers and sockets most of the time (about a third of two CPUs
 ## busy, one lane alone), each lane is to the other what `make test-busy`'s one-core hog is, and
 ## none looks at what is not its own run's (every check of what is left goes by the run's prefix).
 ## The image may still be building beside their first tests. The docker tier once both lanes and
@@ -143,9 +154,9 @@ test: $(STAMP)
 	@$(NEED_PROMETHEUS)
 	@rc=0; \
 	$(BIN)/python -m testbed.deploy.image --if-possible > build/image.log 2>&1 & image=$$!; \
-	{ $(BIN)/mypy && $(BIN)/lint-imports && { $(LINT_NATIVE); }; } > build/typecheck.log 2>&1 & types=$$!; \
+	{ $(CHECK_PY) && { $(LINT_NATIVE); }; } > build/typecheck.log 2>&1 & types=$$!; \
 	$(BIN)/pytest -q -m "pure and not slow" --durations=5 || rc=1; \
-	wait $$types || rc=1; cat build/typecheck.log; \
+	wait $$types || { rc=1; echo "make test: the static checks failed (build/typecheck.log):"; }; cat build/typecheck.log; \
 	$(BIN)/pytest -q -p no:cacheprovider -m "app and not docker and not slow" --durations=15 \
 	  > build/test-app.log 2>&1 & app=$$!; \
 	$(BIN)/pytest -q -m "not pure and not app and not docker and not slow" --durations=15 || rc=1; \
@@ -217,8 +228,7 @@ test-busy: $(STAMP)
 	$(BIN)/pytest -q -m "(app or netns or docker) and not slow" --durations=10
 
 typecheck: $(STAMP)
-	$(BIN)/mypy
-	$(BIN)/lint-imports
+	@$(CHECK_PY)
 	@$(LINT_NATIVE)
 
 ## Benchmarks print figures; they are not pass/fail tests.

@@ -127,8 +127,8 @@ def test_trace_info_on_a_device_exits_2_with_one_line(capsys: pytest.CaptureFixt
 
 def test_calibration_inputs_refuse_devices_and_fifos(fifo: Path) -> None:
     for read in (read_prefill_csv, read_aiperf, read_vllm):
-        _refused(lambda: read(DEVICE), MeasurementError, f"{DEVICE}: not a regular file (character device)")
-        _refused(lambda: read(fifo), MeasurementError, f"{fifo}: not a regular file (FIFO)")
+        _refused(lambda read=read: read(DEVICE), MeasurementError, f"{DEVICE}: not a regular file (character device)")
+        _refused(lambda read=read: read(fifo), MeasurementError, f"{fifo}: not a regular file (FIFO)")
 
 
 def test_an_oversized_measurement_table_is_refused(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import socket
 import struct
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -361,7 +362,8 @@ def test_hostile_generators_cover_every_frame_type() -> None:
 
 FLOOD = r"""
 import socket, struct, sys
-ports, conns, per, hosts = [int(p) for p in sys.argv[1].split(",")], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ports = [int(p) for p in sys.argv[1].split(",")]
+conns, per, hosts = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 H = struct.Struct(">IBBHQHHIQQII")
 socks = []
 for j, port in enumerate(ports):

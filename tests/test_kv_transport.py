@@ -513,7 +513,7 @@ async def test_connections_reset_by_the_receiver_side_resume_on_new_ones() -> No
         for layer in range(8):
             t.send_layer(layer, 1 << 20)
             if layer in (2, 5):
-                await wait_until(lambda: rx.bytes_received > (layer - 1) << 20)
+                await wait_until(lambda layer=layer: rx.bytes_received > (layer - 1) << 20)
                 for transport in list(rx._transports.values()):  # reset from the receiver's side
                     rst(transport)
         await asyncio.wait_for(t.finish(), T)

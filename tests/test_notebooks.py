@@ -123,7 +123,8 @@ def test_notebook_executes(
     client = nbclient.NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ANALYSIS)}}
     )
-    client.execute()  # the kernel inherits the variables above; raises CellExecutionError naming the cell if any cell fails
+    # The kernel inherits the variables above; raises CellExecutionError naming the cell if any cell fails.
+    client.execute()
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert images, f"{name}: no figure drawn"
     text = json.dumps([c.outputs for c in nb.cells if c.cell_type == "code"])

@@ -23,7 +23,7 @@ def test_every_service_is_a_labelled_target(tmp_path: Path) -> None:
     by_target = {g["targets"][0]: g["labels"] for g in groups}
     assert len(by_target) == 1 + len(dep.nodes) == 13
     assert by_target[f"{dep.router.host}:{dep.router.port}"] == {"role": "router"}
-    for nid, n in dep.nodes.items():
+    for n in dep.nodes.values():
         labels = by_target[f"{n.http.host}:{n.http.port}"]
         assert labels["role"] == n.role and labels["cluster"] == n.cluster
         assert labels["cluster_kind"] == ("prfaas" if n.cluster == "prfaas" else "pd")

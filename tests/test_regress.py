@@ -388,8 +388,9 @@ def test_real_slow_decode_fails_on_tpot_and_rerun_passes(tmp_path: Path, capsys:
     """Two tiny real replays and a rerun. Speedup 5: at 40 a decode step is 0.6 ms on the wire and
     event-loop overhead hides a doubled base_s (TPOT 42 vs 53 ms measured); at 10 (2.5 ms steps,
     timers in whole milliseconds) CI once found 15-21% of the steps late in three runs in a row,
-    and the testbed rightly marked every one invalid. Tolerances are widened for this test (TTFT 100%, TPOT 40%, throughput 25%)
-    because a 12-request run on a shared 2-core machine swings that much when others load it."""
+    and the testbed rightly marked every one invalid. Tolerances are widened for this test (TTFT 100%,
+    TPOT 40%, throughput 25%) because a 12-request run on a shared 2-core machine swings that much when
+    others load it."""
     normal, rerun, slow = tmp_path / "normal", tmp_path / "rerun", tmp_path / "slow"
     # The comparison means something only between runs the testbed timed faithfully: a baseline
     # whose steps ran late already has the slowed TPOT. Three invalid runs in a row: this host cannot

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def live_path_costs(spec: Scenario, source: str = "") -> LivePathCosts:
     return read_costs(p, where)
 
 
-def save_host_costs(figures: dict[str, Any]) -> Path:
+def save_host_costs(figures: Mapping[str, object]) -> Path:
     f = host_file()
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(figures, indent=1) + "\n")

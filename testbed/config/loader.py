@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -47,7 +47,7 @@ def _first_key_line(text: str) -> str:
     return ""
 
 
-def read_mapping(path: Path, error: type[Exception], what: str = "", fields: Collection[str] = ()) -> dict[str, Any]:
+def read_mapping(path: Path, error: type[Exception], what: str = "", fields: Collection[str] = ()) -> dict[str, object]:
     """A YAML file whose top level is a mapping (an empty file is an empty mapping): a regular
     UTF-8 file of at most MAX_CONFIG_BYTES. With `fields` (the kind's top-level fields, `what`
     its name), a non-empty mapping holding none of them is refused as not that kind, its keys
@@ -112,7 +112,7 @@ def origin_of(origins: dict[str, str], loc: tuple[int | str, ...]) -> str | None
 
 def validate(
     model: type[M],
-    data: dict[str, Any],
+    data: Mapping[str, object],
     source: str,
     what: str,
     error: type[Exception],

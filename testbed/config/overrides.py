@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -22,7 +22,7 @@ def _index(part: str, lst: list[Any], path: str) -> int:
     return i
 
 
-def set_path(overrides: dict[str, Any], resolved: dict[str, Any], path: str, value: Any) -> None:
+def set_path(overrides: dict[str, object], resolved: Mapping[str, object], path: str, value: object) -> None:
     """Set dotted `path` to `value` in a sparse override dict meant for `load_scenario`.
 
     Dictionaries stay sparse (load_scenario deep-merges them). The first list on the path is copied
@@ -55,14 +55,14 @@ def set_path(overrides: dict[str, Any], resolved: dict[str, Any], path: str, val
         raise ScenarioError(f"field {path!r}: {last!r} is below a value that is neither a mapping nor a list")
 
 
-def build_overrides(resolved: dict[str, Any], assignments: Sequence[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def build_overrides(resolved: Mapping[str, object], assignments: Sequence[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for path, value in assignments:
         set_path(out, resolved, path, value)
     return out
 
 
-class Overrides(dict[str, Any]):
+class Overrides(dict[str, object]):
     """A sparse override dict that remembers which `--set` gave each dotted path (`origins`),
     so that an error in a value names the override rather than the scenario file."""
 
@@ -88,7 +88,7 @@ def parse_assignments(pairs: Sequence[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def overrides_for(name_or_path: str, pairs: Sequence[str]) -> dict[str, Any]:
+def overrides_for(name_or_path: str, pairs: Sequence[str]) -> dict[str, object]:
     """`--set` pairs as a sparse override dict for `load_scenario(name_or_path, ...)`; indexed
     paths are resolved against that scenario as loaded."""
     from testbed.config.scenarios import load_scenario

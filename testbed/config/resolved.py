@@ -3,15 +3,15 @@ threshold in force. Every layer above receives this; none reads YAML again."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from testbed.config.live_path import live_path_costs
 from testbed.config.profiles import ProfileError, load_profile
 from testbed.config.scenarios import ScenarioError, load_scenario, override_origins, resolve_path
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.scaling import Scale
@@ -45,7 +45,7 @@ class ResolvedScenario(BaseModel):
         wl = self.spec.workload.model_copy(update={"rate": rate})
         return self.model_copy(update={"spec": self.spec.model_copy(update={"workload": wl})})
 
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_json_dict(self) -> JSONObject:
         return self.model_dump(mode="json")
 
 
@@ -86,7 +86,7 @@ def _profile(spec: Scenario, field: str, source: str, origins: dict[str, str]) -
 
 
 def load(
-    name_or_path: str | Path, overrides: dict[str, Any] | None = None, solve: ThresholdSolver | None = None
+    name_or_path: str | Path, overrides: Mapping[str, object] | None = None, solve: ThresholdSolver | None = None
 ) -> ResolvedScenario:
     """Read, merge and validate a scenario file, then resolve it (profiles, threshold)."""
     spec = load_scenario(name_or_path, overrides)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -38,11 +38,11 @@ def resolve_path(name_or_path: str | Path) -> Path:
     raise ScenarioError(f"scenario {str(name_or_path)!r} not found (a path, or one of: {', '.join(known)})")
 
 
-def _same_kind(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _same_kind(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
     return "kind" not in a or "kind" not in b or a["kind"] == b["kind"]
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def _deep_merge(base: Mapping[str, object], over: Mapping[str, object]) -> dict[str, object]:
     """`over` on top of `base`, mappings merged key by key. A mapping of another `kind` (a prefill
     table over a polynomial) replaces the one below: the other kind's fields would not fit it."""
     out = dict(base)
@@ -55,7 +55,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, object]:
     if path.resolve() in seen:
         raise ScenarioError(f"{path}: 'extends' loops back to itself")
     out = read_mapping(path, ScenarioError, "scenario", _SCENARIO_KEYS)
@@ -66,7 +66,7 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         names = [parents] if isinstance(parents, str) else parents
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
             raise ScenarioError(f"{path}: field 'extends' must be a file name or a list of file names")
-        merged: dict[str, Any] = {}
+        merged: dict[str, object] = {}
         for name in names:
             ppath = (path.parent / name) if not Path(name).is_absolute() else Path(name)
             merged = _deep_merge(merged, _read_raw(ppath, seen + (path.resolve(),)))
@@ -74,7 +74,7 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return out
 
 
-def validate(data: dict[str, Any], source: str = "<scenario>", origins: dict[str, str] | None = None) -> Scenario:
+def validate(data: Mapping[str, object], source: str = "<scenario>", origins: dict[str, str] | None = None) -> Scenario:
     """`data` as a Scenario; `origins` (dotted path -> `--set a.b=v`) names the override an
     error is in instead of `source`."""
     found = origins or {}
@@ -83,12 +83,12 @@ def validate(data: dict[str, Any], source: str = "<scenario>", origins: dict[str
     )
 
 
-def override_origins(overrides: dict[str, Any] | None) -> dict[str, str]:
+def override_origins(overrides: Mapping[str, object] | None) -> dict[str, str]:
     """What `overrides` says of where its values came from (`overrides.Overrides`), else nothing."""
     return dict(getattr(overrides, "origins", None) or {})
 
 
-def load_scenario(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
+def load_scenario(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> Scenario:
     """Load, merge `extends` parents and `overrides` (a nested dict), validate."""
     path = resolve_path(name_or_path)
     data = _read_raw(path)

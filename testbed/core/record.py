@@ -18,6 +18,7 @@ from typing import Any
 
 from testbed.core.errors import UserError
 from testbed.core.failures import Failure, failure_kind
+from testbed.core.json_types import JSONObject
 from testbed.core.lifecycle import Event
 
 NAN = float("nan")
@@ -212,9 +213,9 @@ def _stamp(t: float, t0: float) -> float | None:
 _RECORD_WIRE: dict[str, str] = {**{n: FIELD_TYPES[n] for n in _WIRE_FIELDS}, **{n: "float" for n in TIME_NAMES}}
 
 
-def record_to_wire(rec: RequestRecord, t0: float = 0.0) -> dict[str, Any]:
+def record_to_wire(rec: RequestRecord, t0: float = 0.0) -> JSONObject:
     """The `testbed` object of the router's final chunk; record times are relative to `t0`."""
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for n in _WIRE_FIELDS:
         v = getattr(rec, n)
         out[n] = None if isinstance(v, float) and math.isnan(v) else v
@@ -266,8 +267,8 @@ _REPORT_WIRE: dict[str, str] = {
 }
 
 
-def report_to_wire(rep: PrefillReport) -> dict[str, Any]:
-    out: dict[str, Any] = {n: _stamp(getattr(rep.times, n), 0.0) for n in PREFILL_TIMES}
+def report_to_wire(rep: PrefillReport) -> JSONObject:
+    out: JSONObject = {n: _stamp(getattr(rep.times, n), 0.0) for n in PREFILL_TIMES}
     out.update(
         prefill_modelled=None if math.isnan(rep.prefill_modelled) else rep.prefill_modelled,
         cache_move_bytes_wire=rep.cache_move_bytes_wire,

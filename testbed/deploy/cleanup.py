@@ -329,7 +329,7 @@ def down(
     recorded = owners.read_owners(owner_dirs)
     live = LiveRuns({k: o for k, o in recorded.items() if o.live()}, frozenset(force))
     parts = [sweep(prefix, engine, warn, live) for sweep in sweepers]
-    for k, o in recorded.items():
+    for k in recorded:
         if k.startswith(prefix) and k not in live.owners:
             owners.forget(k, owner_dirs)  # its run is gone, and now what it left too
     spared = {

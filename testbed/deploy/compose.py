@@ -135,7 +135,7 @@ def compose_spec(
     if tcp.wmem_max:
         sysctls["net.ipv4.tcp_wmem"] = f"4096 16384 {tcp.wmem_max}"
     networks: JSONObject = {}
-    for dc, (i, subnet) in lay["dcs"].items():
+    for dc, (_, subnet) in lay["dcs"].items():
         # Not `internal`: Docker isolates internal networks with netfilter rules that (bridge
         # netfilter on) drop every frame whose destination lies outside the network's subnet, i.e.
         # all cross-datacenter traffic on its way to the WAN router.

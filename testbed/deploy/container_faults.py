@@ -1,10 +1,10 @@
 """Faults on a container deployment (the compose backend).
 
 Node faults go through `ContainerEngine`, four calls on a service's container, so the backend's
-way of talking to Docker stays its own (`SdkEngine` drives the engine's API). Slowdowns use the node's HTTP endpoint, which the
-host reaches on the container networks. Link faults reshape the WAN router container from the
-host: netlink into its namespace (/proc/PID/ns/net) for the rate class, and the delay line's
-control socket, bind-mounted on the host, for loss. Resets run the injector on the host inside
+way of talking to Docker stays its own (`SdkEngine` drives the engine's API). Slowdowns use the node's
+HTTP endpoint, which the host reaches on the container networks. Link faults reshape the WAN router
+container from the host: netlink into its namespace (/proc/PID/ns/net) for the rate class, and the delay
+line's control socket, bind-mounted on the host, for loss. Resets run the injector on the host inside
 that namespace (it needs root, as the netns backend does).
 """
 

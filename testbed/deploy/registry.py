@@ -192,7 +192,8 @@ def pick_backend(requested: str, flag: str = "--backend") -> tuple[str, str | No
         if e.caps.needs_root and not is_root():
             others = names(lambda c: not c.needs_root and not c.simulator)
             raise UserError(
-                f"{flag} {requested}: the {requested} backend needs root: run as root, or give {flag} {'|'.join(others)}"
+                f"{flag} {requested}: the {requested} backend needs root: run as root, "
+                f"or give {flag} {'|'.join(others)}"
             )
         return requested, None
     cands = _auto_candidates()

@@ -516,7 +516,10 @@ class SwarmBackend:
                 )
                 hint = ""
                 if "no suitable node" in bad.error:
-                    hint = f"\n(no node satisfies its placement: label the nodes with {DC_LABEL}<dc>=true, {WAN_LABEL}=true)"
+                    hint = (
+                        "\n(no node satisfies its placement: "
+                        f"label the nodes with {DC_LABEL}<dc>=true, {WAN_LABEL}=true)"
+                    )
                 elif "No such image" in bad.error:
                     hint = "\n(the image is missing on that node: docker save IMAGE | ssh NODE docker load)"
                 raise BackendError(

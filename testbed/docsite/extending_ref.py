@@ -32,36 +32,28 @@ def dispatch_sites() -> dict[str, list[Site]]:
     for f in sorted(PACKAGE.rglob("*.py")):
         if f.name == "kinds.py" and f.parent.name == "schema":
             continue
-        tree = ast.parse(f.read_text(), str(f))
-        stack: list[str] = []
-
-        def visit(node: ast.AST) -> None:
-            named = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                stack.append(node.name)
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id == "unknown_kind"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)
-            ):
-                out[node.args[0].value].append(
-                    Site(
-                        node.args[0].value,
-                        str(f.relative_to(PACKAGE.parent)),
-                        node.lineno,
-                        ".".join(stack) or "<module>",
-                    )
-                )
-            for child in ast.iter_child_nodes(node):
-                visit(child)
-            if named:
-                stack.pop()
-
-        visit(tree)
+        _visit(ast.parse(f.read_text(), str(f)), str(f.relative_to(PACKAGE.parent)), [], out)
     return dict(out)
+
+
+def _visit(node: ast.AST, path: str, stack: list[str], out: dict[str, list[Site]]) -> None:
+    """Record the `unknown_kind` calls under `node`; `stack` holds the enclosing function/class names."""
+    named = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        stack.append(node.name)
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "unknown_kind"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        out[node.args[0].value].append(Site(node.args[0].value, path, node.lineno, ".".join(stack) or "<module>"))
+    for child in ast.iter_child_nodes(node):
+        _visit(child, path, stack, out)
+    if named:
+        stack.pop()
 
 
 def members() -> dict[str, tuple[str, ...]]:

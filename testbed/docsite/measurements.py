@@ -263,7 +263,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "paper-prfaas and paper-prfaas-cache over the measured 14.7 Gbit/s cross-cloud profile.",
         "sim",
         (
-            f"testbed replay --compare paper-prfaas paper-prfaas-cache {CACHE_SET} --backend sim --report --out {{work}}",
+            f"testbed replay --compare paper-prfaas paper-prfaas-cache {CACHE_SET} "
+            "--backend sim --report --out {work}",
         ),
         runs_table(
             (("length-only", "paper-prfaas"), ("cache-aware", "paper-prfaas-cache")),
@@ -420,8 +421,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "(hybrid) at 100 Gbit/s and 30 ms RTT, gain over homogeneous PD by the model and by simulation.",
         "sim",
         (
-            "testbed feasibility --ttft-slo 30 --source aiconfigurator --model minimax-m2.5 --model qwen3.5-397b --rates 100 "
-            "--rtts 30 --no-break-even --out {work}",
+            "testbed feasibility --ttft-slo 30 --source aiconfigurator --model minimax-m2.5 --model qwen3.5-397b "
+            "--rates 100 --rtts 30 --no-break-even --out {work}",
         ),
         include("report.md", only=("Headline",)),
     ),

@@ -176,10 +176,13 @@ NOTES: dict[str, str] = {
     _R + "HoldInfo.ended": "Why the hold ended (stopped, or the deployment went away).",
     _R + "SimInfo.events": "Events the simulator processed.",
     _R + "SimInfo.rebalances": "Times the link model recomputed its fair shares.",
-    _R
-    + "SimInfo.wall_s": "Wall seconds the simulation took: its event loop, not the writing of the run directory that follows.",
-    _R
-    + "SimInfo.write_s": "Of `wall_s`, the seconds spent writing records and time series in batches while the loop ran; `wall_s` less this is the engine's own time.",
+    _R + "SimInfo.wall_s": (
+        "Wall seconds the simulation took: its event loop, not the writing of the run directory that follows."
+    ),
+    _R + "SimInfo.write_s": (
+        "Of `wall_s`, the seconds spent writing records and time series in batches while the loop ran; "
+        "`wall_s` less this is the engine's own time."
+    ),
     _R + "SimInfo.simulated_s_paper": "Paper seconds simulated.",
     # -- records.csv ---------------------------------------------------------------------------
     _REC + "RequestRecord.request_id": "The client's id (`X-Request-Id`, `testbed.request_id`) or the router's.",

@@ -128,8 +128,7 @@ def run(m: Measurement, env: dict[str, str]) -> None:
             shlex.split(cmd.removeprefix("! ")),
             cwd=ROOT,
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             text=True,
         )
         sys.stderr.write(p.stderr[-4000:])

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from testbed.core.errors import UserError
 
@@ -203,13 +203,31 @@ def check_request(req: EngineRequest, systems: list[str], models: list[str]) -> 
 # ---- the engine -------------------------------------------------------------------------------
 
 
+class AicProvenance(TypedDict):
+    """A profile's `provenance` block: where its figures came from; the profile command adds how
+    it was run (`command`), how closely the fit follows the source (`fit`) and its `notes`."""
+
+    source: str
+    tool: str
+    model: str
+    system: str
+    backend: str
+    backend_version: str
+    database_mode: str
+    parallel: dict[str, int]
+    quantization: dict[str, str]
+    command: NotRequired[str]
+    fit: NotRequired[dict[str, float]]
+    notes: NotRequired[list[str]]
+
+
 @dataclass
 class AicPredictor:
     """A compiled engine: prefill and decode-step times in seconds, and what they came from."""
 
     handle: Any
     request: EngineRequest
-    engine_config: dict[str, Any]
+    engine_config: dict[str, object]
     log: list[str] = field(default_factory=list)  # what the package warned of while loading
     queries: int = 0
     non_silicon: int = 0  # answers the package marks as not from measured data alone
@@ -240,7 +258,7 @@ class AicPredictor:
         )
         return {k: str(e[src]) for k, src in keys if e.get(src) is not None}
 
-    def provenance(self) -> dict[str, Any]:
+    def provenance(self) -> AicProvenance:
         e = self.engine_config
         return {
             "source": "aiconfigurator",

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import yaml
 
@@ -247,11 +247,19 @@ def _g(x: float) -> float | int:
     return int(v) if v.is_integer() and abs(v) < 1e15 else v
 
 
-def block_of(cal: Calibration, bs_max: int | None, kv_capacity: int | None) -> dict[str, Any]:
-    block: dict[str, Any] = {}
+class HardwareBlock(TypedDict, total=False):
+    """`hardware.NAME` as calibrated: the parts measured, and where they came from."""
+
+    prefill: dict[str, object]
+    decode: dict[str, object]
+    provenance: dict[str, object]
+
+
+def block_of(cal: Calibration, bs_max: int | None, kv_capacity: int | None) -> HardwareBlock:
+    block: HardwareBlock = {}
     if cal.prefill is not None:
         spec = cal.prefill.spec
-        d: dict[str, Any] = {"kind": spec.kind}
+        d: dict[str, object] = {"kind": spec.kind}
         if spec.kind == "table":
             d["points"] = [[_g(x), _g(y)] for x, y in spec.points]
         else:
@@ -262,7 +270,7 @@ def block_of(cal: Calibration, bs_max: int | None, kv_capacity: int | None) -> d
         block["prefill"] = d
     if cal.decode is not None:
         f = cal.decode
-        dd: dict[str, Any] = {
+        dd: dict[str, object] = {
             "base_s": _g(f.base_s),
             "per_seq_s": _g(f.per_seq_s),
             "per_context_token_s": _g(f.per_context_token_s),
@@ -272,7 +280,7 @@ def block_of(cal: Calibration, bs_max: int | None, kv_capacity: int | None) -> d
         if kv_capacity is not None:
             dd["kv_capacity_bytes"] = kv_capacity
         block["decode"] = dd
-    fit: dict[str, Any] = {}
+    fit: dict[str, object] = {}
     scores = (
         ("prefill", cal.prefill.train, cal.prefill.held_out) if cal.prefill is not None else None,
         ("decode", cal.decode.train, cal.decode.held_out) if cal.decode is not None else None,
@@ -377,7 +385,7 @@ def _validate_scenario(path: Path) -> None:
         raise CalibrationError(f"the calibrated scenario does not validate: {e}") from None
 
 
-def write_output(cal: Calibration, args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+def write_output(cal: Calibration, args: argparse.Namespace) -> tuple[HardwareBlock, str]:
     """(the hardware block, the YAML text written, or to print without --out). With --out and
     no --block-only: a scenario extending --scenario; otherwise `hardware: {NAME: block}`."""
     base: Scenario | None = None
@@ -501,7 +509,7 @@ def report_lines(cal: Calibration, args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def _point_json(e: PointError, keys: tuple[str, str]) -> dict[str, Any]:
+def _point_json(e: PointError, keys: tuple[str, str]) -> dict[str, object]:
     return {
         "label": e.label,
         keys[0]: e.inputs[0],
@@ -513,11 +521,11 @@ def _point_json(e: PointError, keys: tuple[str, str]) -> dict[str, Any]:
     }
 
 
-def figures(cal: Calibration, block: dict[str, Any], out: Path | None) -> dict[str, Any]:
-    def summ(s: ErrorSummary | None) -> dict[str, Any] | None:
+def figures(cal: Calibration, block: HardwareBlock, out: Path | None) -> dict[str, object]:
+    def summ(s: ErrorSummary | None) -> dict[str, object] | None:
         return asdict(s) if s is not None else None
 
-    doc: dict[str, Any] = {
+    doc: dict[str, object] = {
         "sources": cal.sources,
         "notes": cal.notes,
         "block": block,

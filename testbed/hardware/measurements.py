@@ -234,7 +234,7 @@ class ReadStats:
         return ", ".join(parts)
 
 
-def _metric(metrics: dict[str, Any], name: str, required: bool = True) -> tuple[object, str] | None:
+def _metric(metrics: dict[str, object], name: str, required: bool = True) -> tuple[object, str] | None:
     m = metrics.get(name)
     if m is None:
         if required:
@@ -253,7 +253,7 @@ def _metric(metrics: dict[str, Any], name: str, required: bool = True) -> tuple[
     return m["value"], str(m.get("unit", ""))
 
 
-def _seconds(metrics: dict[str, Any], name: str) -> float:
+def _seconds(metrics: dict[str, object], name: str) -> float:
     got = _metric(metrics, name)
     assert got is not None
     value, unit = got
@@ -262,7 +262,7 @@ def _seconds(metrics: dict[str, Any], name: str) -> float:
     return _number(value, f"metrics.{name}.value") * _TIME_UNITS[unit]
 
 
-def _tokens(metrics: dict[str, Any], *names: str) -> int | None:
+def _tokens(metrics: dict[str, object], *names: str) -> int | None:
     for name in names:
         got = _metric(metrics, name, required=False)
         if got is not None:
@@ -384,7 +384,7 @@ def read_vllm(path: str | Path, stats: ReadStats | None = None) -> list[RequestR
     return out
 
 
-def _list(doc: dict[str, Any], name: str, n: int | None) -> list[Any]:
+def _list(doc: dict[str, object], name: str, n: int | None) -> list[Any]:
     v = doc[name]
     if not isinstance(v, list):
         raise _Bad(name, f"expected a list, got {_show(v)}")

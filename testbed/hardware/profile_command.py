@@ -15,7 +15,6 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -204,7 +203,7 @@ def _kv_source(args: argparse.Namespace) -> str:
     return name
 
 
-def model_block(spec: ModelSpec, kv_dtype: str) -> tuple[dict[str, Any], str | None]:
+def model_block(spec: ModelSpec, kv_dtype: str) -> tuple[dict[str, object], str | None]:
     """The profile's model block, per-token KV bytes scaled from bf16 (what the shipped profiles
     count) to the KV cache's dtype; (block, a note when they were scaled)."""
     d = {k: _g(v) if isinstance(v, float) else v for k, v in spec.model_dump(mode="json").items()}
@@ -280,8 +279,8 @@ def settings_of(args: argparse.Namespace) -> SampleSettings:
 
 
 def profile_document(
-    sample: ProfileSample, model: dict[str, Any], hardware: str, provenance: dict[str, Any]
-) -> dict[str, Any]:
+    sample: ProfileSample, model: dict[str, object], hardware: str, provenance: aic.AicProvenance
+) -> dict[str, object]:
     pre = sample.prefill
     prefill = {
         "kind": "table",
@@ -301,7 +300,7 @@ def profile_document(
     return {"model": model, "hardware": {hardware: {"prefill": prefill, "decode": decode, "provenance": provenance}}}
 
 
-def header(sample: ProfileSample, prov: dict[str, Any], kv_from: str) -> list[str]:
+def header(sample: ProfileSample, prov: aic.AicProvenance, kv_from: str) -> list[str]:
     f = sample.fit_record()
     par = ", ".join(f"{k} {v}" for k, v in prov["parallel"].items())
     quant = ", ".join(f"{k} {v}" for k, v in prov["quantization"].items())
@@ -321,7 +320,7 @@ def header(sample: ProfileSample, prov: dict[str, Any], kv_from: str) -> list[st
         f"{100 * f['cached_max_rel_error']:.2f}%",
         f"decode: step = base_s + per_seq_s x batch + per_context_token_s x tokens held: {f['decode_probes']} probes, "
         f"mean {100 * f['decode_mean_rel_error']:.2f}%, max {100 * f['decode_max_rel_error']:.2f}%",
-        *(f"note: {n}" for n in prov["notes"]),
+        *(f"note: {n}" for n in prov.get("notes", [])),
     ]
 
 
@@ -357,7 +356,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     model, kv_note = model_block(base.model, args.kv_cache_quant)
     predictor = aic.compile_engine(req)
     try:
-        sample = sample_profile(predictor, KVModel.from_spec(ModelSpec(**model)), settings)
+        sample = sample_profile(predictor, KVModel.from_spec(ModelSpec.model_validate(model)), settings)
     except SampleError as e:
         raise ProfileCommandError(f"{req.describe()}: {e}") from None
     hardware = args.hardware or req.system.split("_")[0]
@@ -371,7 +370,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     }
     prov["notes"] = [*([kv_note] if kv_note else []), *sample.notes, *(f"{aic.PACKAGE}: {ln}" for ln in predictor.log)]
     doc = profile_document(sample, model, hardware, prov)
-    ModelProfile(**doc)  # what the loader will read back
+    ModelProfile.model_validate(doc)  # what the loader will read back
     kv_label = (
         kv_from if Path(kv_from).exists() else str((MODEL_DIR / f"{kv_from}.yaml").relative_to(MODEL_DIR.parent.parent))
     )

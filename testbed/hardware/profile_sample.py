@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -104,7 +104,7 @@ class ProfileSample:
     decode_at_bs_max: float  # the source's step at BS_max and decode_context, s
     notes: tuple[str, ...] = field(default=())
 
-    def fit_record(self) -> dict[str, Any]:
+    def fit_record(self) -> dict[str, float]:
         """For the profile's provenance: how closely each term follows the source."""
 
         def r(v: float) -> float:

@@ -3,19 +3,25 @@ loop: what the caches saved, which cache moves crossed the WAN, how the threshol
 
 Summary keys (paper units):
 
-| Key | Meaning |
-|---|---|
-| `cache.requests_with_hit` | Completed requests that reused a cached prefix (`cached_tokens` > 0). |
-| `cache.cached_token_share` | Sum of `cached_tokens` / sum of `input_tokens` over completed requests: prefill work the caches saved. |
-| `cache.decode_cached_token_share` | The same for `decode_cached_tokens`: prompt KV the decode side already held, so it was not shipped. |
-| `cache.moves`, `.move_tokens`, `.move_bytes_paper` | Cross-cluster cache moves of completed requests, the tokens and paper bytes they carried. |
-| `cache.move_wait_s` | Mean wait of a prefill for its moved-in prefix (`prefill_start - max(prefill_queued, cache_move_start)` when positive), paper s. |
-| `control.threshold_changes` | Threshold changes the control loop made (`decisions.jsonl`). |
-| `control.changes` | The first 50: `t_s` (paper s since t0), `old`, `new`, `reason`. |
-| `control.threshold_min`, `.threshold_max`, `.threshold_mean` | Over the router's sampled `threshold` series; the mean is time-weighted. |
-| `control.bandwidth_estimate_min_bps` | Lowest estimate of the WAN bandwidth the loop made (paper bit/s). |
-| `control.abundant_share` | Share of control samples that judged the bandwidth abundant. |
-| `link_phases` | With a link schedule: one entry per stretch of constant configured rate on the KV direction (`start_s`, `end_s` paper s since t0, `rate_bps_paper`) with the requests that arrived in it: `requests`, `ttft_mean_s`, `ttft_p90_s`, `tail_mean_s` (offloaded requests), `offload_ratio`. Empty without a schedule. |
+- `cache.requests_with_hit`: Completed requests that reused a cached prefix (`cached_tokens` > 0).
+- `cache.cached_token_share`: Sum of `cached_tokens` / sum of `input_tokens` over completed requests:
+  prefill work the caches saved.
+- `cache.decode_cached_token_share`: The same for `decode_cached_tokens`: prompt KV the decode side
+  already held, so it was not shipped.
+- `cache.moves`, `.move_tokens`, `.move_bytes_paper`: Cross-cluster cache moves of completed requests,
+  the tokens and paper bytes they carried.
+- `cache.move_wait_s`: Mean wait of a prefill for its moved-in prefix
+  (`prefill_start - max(prefill_queued, cache_move_start)` when positive), paper s.
+- `control.threshold_changes`: Threshold changes the control loop made (`decisions.jsonl`).
+- `control.changes`: The first 50: `t_s` (paper s since t0), `old`, `new`, `reason`.
+- `control.threshold_min`, `.threshold_max`, `.threshold_mean`: Over the router's sampled `threshold`
+  series; the mean is time-weighted.
+- `control.bandwidth_estimate_min_bps`: Lowest estimate of the WAN bandwidth the loop made (paper bit/s).
+- `control.abundant_share`: Share of control samples that judged the bandwidth abundant.
+- `link_phases`: With a link schedule: one entry per stretch of constant configured rate on the KV
+  direction (`start_s`, `end_s` paper s since t0, `rate_bps_paper`) with the requests that arrived in it:
+  `requests`, `ttft_mean_s`, `ttft_p90_s`, `tail_mean_s` (offloaded requests), `offload_ratio`. Empty
+  without a schedule.
 """
 
 from __future__ import annotations
@@ -23,7 +29,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -40,7 +45,7 @@ from testbed.metrics.timeseries import decision_points, select, time_weighted_me
 MAX_CHANGES = 50
 
 
-def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, Any]:
+def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, object]:
     inp = sum(r.input_tokens for r in done)
     moves = [r for r in done if r.cache_move_tokens > 0]
     waits = []
@@ -58,7 +63,7 @@ def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, Any]
     }
 
 
-def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, Any]]:
+def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, object]]:
     """Threshold changes from `decisions.jsonl`, in paper seconds since t0."""
     out = []
     for p in decision_points(run_dir, t0, speedup, "threshold_change"):
@@ -68,7 +73,7 @@ def read_changes(run_dir: Path, t0: float | None, speedup: float) -> list[dict[s
     return out
 
 
-def control_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesPoint], scale: Scale) -> dict[str, Any]:
+def control_summary(run_dir: Path, t0: float | None, samples: Sequence[SeriesPoint], scale: Scale) -> dict[str, object]:
     changes = read_changes(run_dir, t0, scale.speedup)
     thr = sorted(select(samples, metric="threshold"), key=lambda p: p.t)
     est = select(samples, metric="wan_bandwidth_estimate_bps_paper")
@@ -198,13 +203,15 @@ def _kv_link_rates(samples: Sequence[SeriesPoint]) -> list[SeriesPoint]:
     return sorted(longest, key=lambda p: p.t)
 
 
-def link_phases(done: Sequence[RequestRecord], samples: Sequence[SeriesPoint], scale: Scale) -> list[dict[str, Any]]:
+def link_phases(
+    done: Sequence[RequestRecord], samples: Sequence[SeriesPoint], scale: Scale
+) -> list[dict[str, float | None]]:
     """TTFT and transfer tails by stretch of constant configured link rate (a link schedule)."""
     changes = _kv_link_rates(samples)
     if len(changes) < 2:
         return []
     s = scale.speedup
-    out = []
+    out: list[dict[str, float | None]] = []
     bounds = [p.t for p in changes[1:]] + [math.inf]
     for p, end in zip(changes, bounds):
         start = p.t if p is not changes[0] else -math.inf

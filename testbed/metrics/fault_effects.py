@@ -2,15 +2,15 @@
 report's Faults section, and the bands that mark faults on the time-series plots.
 
 A request *touches* a fault's target when its prefill or decode node is the faulted instance,
-or its failed attempt there was retried elsewhere (its `retry_node`: node faults), or when its KV crossed the faulted WAN link (link faults and resets: every
-inter-DC link, or the two datacenters named). It is *affected* when it also was in flight
-during the fault: it arrived before the fault ended and, if it completed, it still needed the
-target after the fault began (its last token; on a prefill instance, the end of its prefill) (a failed record has no end time, so a failed request that touches the
-target and arrived before the end counts). *Failed* and *retried* count the affected ones
-(records' `retries`: routed again after a failed attempt). *Time to recover* runs from the fault's end
-(a kill: the kill) to the first token of the first request routed after it that touches the
-target (after a kill: one served by another instance of the killed one's role) and completed:
-service is back, whatever the output length.
+or its failed attempt there was retried elsewhere (its `retry_node`: node faults), or when its KV crossed
+the faulted WAN link (link faults and resets: every inter-DC link, or the two datacenters named). It is
+*affected* when it also was in flight during the fault: it arrived before the fault ended and, if it
+completed, it still needed the target after the fault began (its last token; on a prefill instance, the
+end of its prefill) (a failed record has no end time, so a failed request that touches the target and
+arrived before the end counts). *Failed* and *retried* count the affected ones (records' `retries`:
+routed again after a failed attempt). *Time to recover* runs from the fault's end (a kill: the kill) to
+the first token of the first request routed after it that touches the target (after a kill: one served by
+another instance of the killed one's role) and completed: service is back, whatever the output length.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, TypedDict
 
 from testbed.core.fault_timeline import NODE_KINDS, FaultEvent, Phase
 from testbed.core.finite_json import dumps as finite_dumps
+from testbed.core.json_types import JSONObject
 from testbed.core.record import RequestRecord
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series, select
@@ -53,11 +54,9 @@ class FaultLogFile:
         self.speedup = speedup
         self._fh: IO[str] = path.open("a")
 
-    def write(
-        self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any] | None, t_wire: float
-    ) -> dict[str, Any]:
+    def write(self, ev: FaultEvent, phase: Phase, outcome: str, detail: JSONObject | None, t_wire: float) -> JSONObject:
         """One step, `t_wire` wire seconds after t0; returns the line written."""
-        line = {
+        line: JSONObject = {
             "t": round(t_wire * self.speedup, 4),
             "t_wire": round(t_wire, 6),
             "fault": ev.index,
@@ -77,6 +76,21 @@ class FaultLogFile:
         self._fh.close()
 
 
+class FaultEffect(TypedDict):
+    """One fault's effects on the requests (`fault_effects`); paper seconds."""
+
+    fault: int
+    kind: str
+    target: str
+    start_s: float | None
+    end_s: float | None
+    outcome: str
+    affected: int
+    failed: int
+    retried: int
+    recover_s: float | None  # None: never recovered (or never started)
+
+
 @dataclass(frozen=True)
 class FaultWindow:
     """One fault as it happened: paper seconds after t0."""
@@ -87,7 +101,7 @@ class FaultWindow:
     start_s: float | None  # None: never started (skipped, unsupported before it acted)
     end_s: float | None  # None: lasted to the end of the run
     outcome: str  # "ok", or what went otherwise
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JSONObject = field(default_factory=dict)
 
 
 def load_faults(run_dir: Path) -> list[FaultWindow]:
@@ -95,7 +109,7 @@ def load_faults(run_dir: Path) -> list[FaultWindow]:
     path = Path(run_dir) / "faults.jsonl"
     if not path.is_file():
         return []
-    steps: dict[int, dict[str, dict[str, Any]]] = {}
+    steps: dict[int, dict[str, JSONObject]] = {}
     for line in path.read_text().splitlines():
         try:
             obj = json.loads(line)
@@ -113,19 +127,25 @@ def load_faults(run_dir: Path) -> list[FaultWindow]:
             cut = str(en.get("outcome", "?")).startswith("skipped")
             outcome = "ok (cut short by the end of the run)" if cut else f"end {en.get('outcome')}"
         end_t = en.get("t") if en is not None and en.get("outcome") == "ok" else None
-        detail = {**(st or {}).get("detail", {}), **(en or {}).get("detail", {})}
+        detail = {**_detail(st), **_detail(en)}
+        t_start = st.get("t") if ok_start and st is not None else None
         out.append(
             FaultWindow(
                 i,
                 str(first.get("kind", "?")),
                 str(first.get("target", "?")),
-                float(st["t"]) if ok_start and st is not None else None,
+                float(t_start) if isinstance(t_start, (int, float)) else None,
                 float(end_t) if isinstance(end_t, (int, float)) else None,
                 outcome,
                 detail,
             )
         )
     return out
+
+
+def _detail(step: JSONObject | None) -> JSONObject:
+    d = step.get("detail") if step is not None else None
+    return d if isinstance(d, dict) else {}
 
 
 def _node_dcs(run_dir: Path) -> dict[str, tuple[str, str]]:
@@ -174,14 +194,13 @@ def _busy_until(r: RequestRecord, w: FaultWindow) -> float:
 
 def fault_effects(
     run_dir: Path, records: Sequence[RequestRecord], speedup: float, faults: Sequence[FaultWindow] | None = None
-) -> list[dict[str, Any]]:
-    """Per fault: {fault, kind, target, start_s, end_s, outcome, affected, failed, retried,
-    recover_s} (paper seconds; recover_s None if never)."""
+) -> list[FaultEffect]:
+    """Per fault, what it did to the run's requests (paper seconds)."""
     faults = load_faults(run_dir) if faults is None else faults
     nodes = _node_dcs(run_dir)
     out = []
     for w in faults:
-        row: dict[str, Any] = {
+        row: FaultEffect = {
             "fault": w.index,
             "kind": w.kind,
             "target": w.target,

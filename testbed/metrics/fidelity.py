@@ -20,8 +20,7 @@ likely cause, not judged on its own (a busy host that keeps time is fine).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -51,7 +50,7 @@ def fidelity(
     speedup: float,
     slo_ttft_s: float | None,
     slo_tpot_s: float | None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     abs_err: list[float] = []
     rel_err: list[float] = []
     for r in records:
@@ -76,7 +75,7 @@ def fidelity(
         if _finite(r.times.routed - r.times.router_arrival)
     ]
     cpu = [s.value for s in select(samples, "cpu_busy")]
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "n": len(abs_err),
         "prefill_abs_err_median_s": float(np.median(abs_err)) if abs_err else None,
         "prefill_rel_err_median": rel,
@@ -95,7 +94,7 @@ def fidelity(
     return out
 
 
-def validity(fid: dict[str, Any]) -> dict[str, Any]:
+def validity(fid: Mapping[str, object]) -> dict[str, object]:
     """{valid, reasons}: every timing measure within its bound (unmeasured ones are not judged)."""
     names = {
         "prefill_rel_err_median": "prefill durations off the model by {v:.1%} (median; bound {b:.0%})",
@@ -105,11 +104,12 @@ def validity(fid: dict[str, Any]) -> dict[str, Any]:
     }
     reasons = []
     for key, text in names.items():
-        v, b = fid.get(key), fid["bounds"].get(key)
-        if v is not None and b is not None and v > b:
+        bounds = fid["bounds"]
+        v, b = fid.get(key), bounds.get(key) if isinstance(bounds, dict) else None
+        if isinstance(v, (int, float)) and isinstance(b, (int, float)) and v > b:
             reasons.append(text.format(v=v, b=b))
     sat = fid.get("cpu_saturated_share")
-    if reasons and sat is not None and sat > 0.2:
+    if reasons and isinstance(sat, (int, float)) and sat > 0.2:
         reasons.append(
             f"the host's CPUs were saturated {sat:.0%} of the run: emulate fewer instances or at a "
             "lower speedup (--speedup auto finds one)"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from testbed.core.record import RequestRecord
 from testbed.core.schema.live_path import quantiles
@@ -49,7 +49,31 @@ def _stalls(run_dir: Path) -> tuple[int, float, float]:
     return n, lost, decoding
 
 
-def live_path_figures(run_dir: Path, records: list[RequestRecord] | None = None) -> dict[str, Any]:
+class LivePathRun(TypedDict):
+    """One run's part of the figures: what they rest on (wire units)."""
+
+    run: str
+    requests: int
+    stalls: int
+    lost_s: float
+    decoding_s: float
+    samples: NotRequired[dict[str, list[float]]]  # per cost, every request's; dropped once pooled
+
+
+class LivePathFigures(TypedDict):
+    """`LivePathCosts` fields (mean wire seconds, their quantiles) and the runs they come from."""
+
+    routing_s: float
+    dispatch_s: float
+    relay_s: float
+    relay_last_s: float
+    stall_rate_per_s: float
+    stall_s: float
+    quantiles: dict[str, list[float]]
+    runs: list[LivePathRun]
+
+
+def live_path_figures(run_dir: Path, records: list[RequestRecord] | None = None) -> LivePathFigures:
     """The figures of one run (`LivePathCosts` fields, plus how many requests and stalls they
     rest on)."""
     recs = records if records is not None else read_run_records(run_dir)
@@ -63,22 +87,23 @@ def live_path_figures(run_dir: Path, records: list[RequestRecord] | None = None)
         "relay_last_s": _ok([x.last_token - x.decode_last_token for x in t]),
     }
     n, lost, decoding = _stalls(run_dir)
-    out: dict[str, Any] = {k: statistics.fmean(v) if v else 0.0 for k, v in costs.items()}
-    out.update(
-        {
-            "stall_rate_per_s": n / decoding if decoding > 0 else 0.0,
-            "stall_s": lost / n if n else 0.0,
-            "quantiles": {k: list(quantiles(v)) for k, v in costs.items() if len(v) > 1},  # one run's
-            "runs": [
-                {
-                    "run": str(run_dir),
-                    "requests": len(done),
-                    "stalls": n,
-                    "lost_s": lost,
-                    "decoding_s": decoding,
-                    "samples": {k: v for k, v in costs.items()},
-                }
-            ],
-        }
-    )
-    return out
+    mean = {k: statistics.fmean(v) if v else 0.0 for k, v in costs.items()}
+    return {
+        "routing_s": mean["routing_s"],
+        "dispatch_s": mean["dispatch_s"],
+        "relay_s": mean["relay_s"],
+        "relay_last_s": mean["relay_last_s"],
+        "stall_rate_per_s": n / decoding if decoding > 0 else 0.0,
+        "stall_s": lost / n if n else 0.0,
+        "quantiles": {k: list(quantiles(v)) for k, v in costs.items() if len(v) > 1},  # one run's
+        "runs": [
+            {
+                "run": str(run_dir),
+                "requests": len(done),
+                "stalls": n,
+                "lost_s": lost,
+                "decoding_s": decoding,
+                "samples": {k: v for k, v in costs.items()},
+            }
+        ],
+    }

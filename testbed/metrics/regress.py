@@ -256,7 +256,7 @@ class Verdict:
     def passed(self) -> bool:
         return not self.failed
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "verdict": "pass" if self.passed else "fail",
             "failed": [r.key for r in self.failed],

@@ -4,20 +4,21 @@
 
 Summary keys (`long_term`, paper units; absent when the loop did not run):
 
-| Key | Meaning |
-|---|---|
-| `long_term.decisions` | Decisions by action: `drain` (an instance leaves its role's routing), `activate` (it serves in the other role), `retune` (threshold re-optimised), `hold` (a bottleneck the loop could not relieve). |
-| `long_term.conversions` | Role conversions completed (activations). |
-| `long_term.changes` | The first 50 decisions: `t_s` (paper s since t0), `action`, `node`, `role`, `prefill`, `decode`, `threshold`, `reason`. |
-| `long_term.split_start`, `.split_end` | PD prefill / decode instances at the first and last sample, e.g. `"3/5"`. |
-| `long_term.prefill_mean` | Time-weighted mean of the PD instances serving as prefill. |
+- `long_term.decisions`: Decisions by action: `drain` (an instance leaves its role's routing), `activate`
+  (it serves in the other role), `retune` (threshold re-optimised), `hold` (a bottleneck the loop could
+  not relieve).
+- `long_term.conversions`: Role conversions completed (activations).
+- `long_term.changes`: The first 50 decisions: `t_s` (paper s since t0), `action`, `node`, `role`,
+  `prefill`, `decode`, `threshold`, `reason`.
+- `long_term.split_start`, `.split_end`: PD prefill / decode instances at the first and last sample, e.g.
+  `"3/5"`.
+- `long_term.prefill_mean`: Time-weighted mean of the PD instances serving as prefill.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import Summary
@@ -36,7 +37,7 @@ MARKS = {
 }
 
 
-def read_role_decisions(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, Any]]:
+def read_role_decisions(run_dir: Path, t0: float | None, speedup: float) -> list[dict[str, object]]:
     """The long-term loop's decisions from `decisions.jsonl`, in paper seconds since t0."""
     out = []
     for p in decision_points(run_dir, t0, speedup, "role_decision"):
@@ -63,7 +64,7 @@ def _counts(samples: Sequence[SeriesPoint], role: str) -> list[SeriesPoint]:
 
 def long_term_summary(
     run_dir: Path, t0: float | None, samples: Sequence[SeriesPoint], scale: Scale
-) -> dict[str, Any] | None:
+) -> dict[str, object] | None:
     pre, dec = _counts(samples, "prefill"), _counts(samples, "decode")
     ds = read_role_decisions(run_dir, t0, scale.speedup)
     if not pre and not ds:
@@ -115,7 +116,7 @@ def decision_rows(s: Summary, limit: int = 20) -> list[tuple[str, str, str, str,
 
 def plot_roles(
     samples: Sequence[SeriesPoint],
-    decisions: Sequence[dict[str, Any]],
+    decisions: Sequence[dict[str, object]],
     scale: Scale,
     path: Path,
     bands: Sequence[FaultWindow] = (),

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _text  # what json.dumps quotes text with
 from operator import attrgetter
 from pathlib import Path
-from typing import IO, Any, NamedTuple, TextIO
+from typing import IO, NamedTuple, TextIO
 
 from testbed.core.errors import UserError
 from testbed.core.finite_json import dumps as finite_dumps
+from testbed.core.json_types import JSONObject
 
 log = logging.getLogger("testbed.metrics")
 
@@ -83,7 +84,7 @@ def parse_line(line: str, t0: float = 0.0) -> SeriesPoint:
     return SeriesPoint(ts - t0, source, metric, value, {str(k): str(v) for k, v in labels.items()})
 
 
-def _number(obj: dict[str, Any], key: str) -> float:
+def _number(obj: JSONObject, key: str) -> float:
     v = obj.get(key)
     # bool is an int subclass; a boolean timestamp or value is a writer bug, not a number.
     if isinstance(v, bool) or not isinstance(v, (int, float)):

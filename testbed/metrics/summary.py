@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scaling import Scale
@@ -157,7 +158,7 @@ def completed_ttfts_wire(records: Sequence[RequestRecord]) -> list[float]:
     return [t for r in records if r.outcome == "completed" and _finite(t := r.ttft)]
 
 
-def ttft_halves(records: Sequence[RequestRecord], mult: float) -> dict[str, Any]:
+def ttft_halves(records: Sequence[RequestRecord], mult: float) -> dict[str, object]:
     """TTFT of the completed requests that arrived in the first and in the last half of the
     arrival span (paper s with `mult` = speedup): whether a run settled, and where."""
     arr = [r.times.arrival for r in records if _finite(r.times.arrival)]
@@ -172,7 +173,7 @@ def ttft_halves(records: Sequence[RequestRecord], mult: float) -> dict[str, Any]
     }
 
 
-def _stats(values: Sequence[float], mult: float) -> dict[str, Any]:
+def _stats(values: Sequence[float], mult: float) -> dict[str, object]:
     if not values:
         return {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
     a = np.asarray(values, dtype=np.float64) * mult
@@ -221,7 +222,7 @@ def _breakdown_means(done: Sequence[RequestRecord], mult: float) -> dict[str, fl
         return {k: None for k in BREAKDOWN_STAGES}
     table = np.array(ok, dtype=np.float64)
     col = {n: table[:, i] for i, n in enumerate(_BREAKDOWN_TIMES)}
-    parts: dict[str, Any] = {}
+    parts: dict[str, npt.NDArray[np.float64]] = {}
     for k, (end, start) in _BREAKDOWN_SPANS.items():
         d = col[end] - col[start]
         parts[k] = np.where(np.isfinite(d), d, 0.0)
@@ -275,8 +276,8 @@ def _rates(t: Sequence[SeriesPoint]) -> tuple[float, float | None, float | None]
 
 def _egress(
     samples: Sequence[SeriesPoint], wan_sources: set[str], scale: Scale
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    def both(total: float, mean: float | None, peak: float | None) -> dict[str, Any]:
+) -> tuple[dict[str, object], dict[str, object]]:
+    def both(total: float, mean: float | None, peak: float | None) -> dict[str, object]:
         return {
             "bytes_paper": scale.paper_bytes(total),
             "bytes_wire": total,
@@ -286,7 +287,7 @@ def _egress(
             "peak_Bps_wire": peak,
         }
 
-    links: dict[str, Any] = {}
+    links: dict[str, object] = {}
     wan: list[list[SeriesPoint]] = []
     for key, series in group_series(s for s in samples if s.metric in BYTE_COUNTERS).items():
         is_wan = series[0].source in wan_sources
@@ -359,7 +360,7 @@ def summarize(
     def paper_rate(wire: float | None) -> float | None:
         return None if wire is None else wire / s
 
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "schema_version": SUMMARY_VERSION,
         "schema": LAYOUT,
         "run": {

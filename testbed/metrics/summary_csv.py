@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core.errors import UserError
+from testbed.core.json_types import JSONObject
 from testbed.metrics.verdict import RunOutcome
 
 # Sections keyed by names (their columns would differ from run to run) or holding lists.
@@ -29,7 +30,7 @@ SKIPPED = frozenset(
 )
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+def flatten(d: JSONObject, prefix: str = "") -> Iterator[tuple[str, Any]]:
     for k, v in d.items():
         key = f"{prefix}{k}"
         if key in SKIPPED or isinstance(v, list):
@@ -42,9 +43,9 @@ def flatten(d: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 def write_summary_csv(path: Path, runs: Sequence[RunOutcome]) -> Path:
     """One row per run; columns in the order of first appearance, blank where a run lacks one."""
-    rows: list[dict[str, Any]] = []
+    rows: list[JSONObject] = []
     for r in runs:
-        row: dict[str, Any] = {
+        row: JSONObject = {
             "label": r.label,
             "run_dir": str(r.run_dir),
             "valid": r.summary.valid,

@@ -62,7 +62,7 @@ def _counter_at(series: Sequence[SeriesPoint], t: float) -> float:
 
 def link_usage(
     samples: Sequence[SeriesPoint], records: Sequence[RequestRecord], scale: Scale, duration_wire: float | None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Per-link usage. `mean_*` is over the arrival window (first to last request sent): the
     run's steady state, which is what a deployment sizing compares with; `run_mean_*` also
     counts the ramp-up and the drain after the last arrival."""
@@ -70,12 +70,12 @@ def link_usage(
     arrivals = [r.times.arrival for r in records if np.isfinite(r.times.arrival)]
     window = (min(arrivals), max(arrivals)) if len(arrivals) > 1 else None
     rates = {k: v for k, v in group_series(x for x in wan if x.metric == "link_rate_bps_wire").items()}
-    by_link: dict[str, dict[str, Any]] = {}
+    by_link: dict[str, dict[str, float | None]] = {}
     for series in group_series(x for x in wan if x.metric == "link_bytes").values():
         link = series[0].labels.get("link", "?")
         total = counter_total(series)
         changes = next((v for k, v in rates.items() if v and v[0].labels.get("link") == link), [])
-        entry: dict[str, Any] = {"bytes_wire": total, "bytes_paper": scale.paper_bytes(total)}
+        entry: dict[str, float | None] = {"bytes_wire": total, "bytes_paper": scale.paper_bytes(total)}
         run_Bps = total / duration_wire if duration_wire else None
         entry["run_mean_bps_wire"] = None if run_Bps is None else run_Bps * 8
         entry["run_mean_bps_paper"] = None if run_Bps is None else scale.paper_rate_bps(run_Bps * 8)
@@ -86,10 +86,9 @@ def link_usage(
         entry["mean_bps_paper"] = None if mean_Bps is None else scale.paper_rate_bps(mean_Bps * 8)
         if len(series) > 1:
             t_end, win_bps = window_rates(series)
-            entry["peak_bps_wire"] = float(win_bps.max()) if win_bps.size else None
-            entry["peak_bps_paper"] = (
-                None if entry["peak_bps_wire"] is None else scale.paper_rate_bps(entry["peak_bps_wire"])
-            )
+            peak = float(win_bps.max()) if win_bps.size else None
+            entry["peak_bps_wire"] = peak
+            entry["peak_bps_paper"] = None if peak is None else scale.paper_rate_bps(peak)
             if changes and win_bps.size:
                 cfg = _rate_in_force(changes, t_end)
                 util = win_bps / cfg
@@ -103,8 +102,9 @@ def link_usage(
     if not by_link:
         return {"links": {}}
     # The KV direction carries the most bytes; report it as the headline.
-    main = max(by_link, key=lambda k: by_link[k]["bytes_wire"])
+    main = max(by_link, key=lambda k: by_link[k]["bytes_wire"] or 0.0)
     m = by_link[main]
+    m_bytes = m["bytes_wire"] or 0.0
     offloaded = [r for r in records if r.outcome == "completed" and r.crossed_wan]
     rec_bytes = float(sum(r.kv_bytes_wire for r in offloaded))
     # The same traffic from the records: offloaded requests per second x mean KV bytes per
@@ -124,9 +124,9 @@ def link_usage(
         "configured_bps_paper": m.get("configured_bps_paper"),
         "mean_utilisation": m.get("mean_utilisation"),
         "peak_utilisation": m.get("peak_utilisation"),
-        "bytes_per_offloaded_request_paper": scale.paper_bytes(m["bytes_wire"]) / len(offloaded) if offloaded else None,
+        "bytes_per_offloaded_request_paper": scale.paper_bytes(m_bytes) / len(offloaded) if offloaded else None,
         "records_kv_bytes_wire": rec_bytes,
-        "counters_over_records": m["bytes_wire"] / rec_bytes if rec_bytes else None,
+        "counters_over_records": m_bytes / rec_bytes if rec_bytes else None,
         "links": by_link,
     }
 

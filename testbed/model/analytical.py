@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -446,7 +446,7 @@ class ModelResult:
             return 0.0
         return min(rate * self.p, self.theta_prfaas) * self.kv_long_bytes * 8.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["egress_fraction"] = self.egress_fraction
         return d
@@ -516,7 +516,8 @@ def evaluate(
             t_raw = threshold if threshold is not None else scenario.policy.threshold
             if not isinstance(t_raw, int):
                 raise ModelError(
-                    f"scenario {scenario.name!r} has threshold {t_raw!r}: pass threshold= (see optimise.resolve_threshold)"
+                    f"scenario {scenario.name!r} has threshold {t_raw!r}: "
+                    "pass threshold= (see optimise.resolve_threshold)"
                 )
             t_used = t_raw
             if not dep.prfaas or not dep.pd_prefill:

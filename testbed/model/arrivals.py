@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -213,8 +212,8 @@ class Arrivals:
     def gap_law(self) -> GapLaw | None:
         return GapLaw.from_gaps(np.diff(self.times))
 
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"rate_rps": self.rate, "gap_cv": self.gap_cv, "gap_scv": self.gap_scv}
+    def summary(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {"rate_rps": self.rate, "gap_cv": self.gap_cv, "gap_scv": self.gap_scv}
         for w in BUSY_WINDOWS_S:
             out[f"busiest_{w:g}s_over_mean"] = self.busiest(w)
             out[f"dispersion_{w:g}s"] = self.dispersion(w)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import PrefillTime
@@ -184,7 +183,7 @@ class BandwidthReport:
     def instances(self) -> float:
         return self.gpus / GPUS_PER_INSTANCE
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "gpus": self.gpus,
             "gpus_per_instance": GPUS_PER_INSTANCE,

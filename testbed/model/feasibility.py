@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -99,13 +100,13 @@ def _curve_lengths(pt: PrefillTime) -> list[float]:
 
 def model_overrides(
     model: str, pd_curve: PdCurve = "scaled", base: str = PRFAAS_BASE, source: str = "paper"
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Scenario overrides that swap profile `model` (name or path; a name from `source`) into the
     paper deployments."""
     prof = load_model_profile(model, source)
     if PROFILE_HARDWARE not in prof.hardware:
         raise ScenarioError(f"model profile {model!r} has no {PROFILE_HARDWARE!r} prefill curve")
-    hw: dict[str, Any] = {PROFILE_HARDWARE: prof.hardware[PROFILE_HARDWARE].model_dump(mode="json")}
+    hw: dict[str, object] = {PROFILE_HARDWARE: prof.hardware[PROFILE_HARDWARE].model_dump(mode="json")}
     if pd_curve == "scaled":
         parent = load_scenario(base)
         m200 = PrefillTime.from_spec(prof.hardware[PROFILE_HARDWARE].prefill)
@@ -127,7 +128,7 @@ class Deployments:
     kind: Kind
     prfaas: Scenario
     homogeneous: Scenario
-    overrides: dict[str, Any]  # what was swapped into the base scenarios
+    overrides: dict[str, object]  # what was swapped into the base scenarios
 
 
 def model_key(model: str) -> str:
@@ -191,8 +192,7 @@ def best_homogeneous(sc: Scenario, split: SplitMode = "optimise") -> Homogeneous
     pools = StagePools.from_scenario(sc, (r.n_p, r.n_d)).pd_prefill
     mean_cap = 0.0
     for pool in pools:
-        curve = pool.prefill
-        mean_cap += pool.instances / dist.expect(lambda v: prefill_seconds(curve, v))
+        mean_cap += pool.instances / dist.expect(partial(prefill_seconds, pool.prefill))
     return HomogeneousPoint(r.lambda_max, r.n_p, r.n_d, r.bottleneck, r.ttft_p90_s, min(mean_cap, r.theta_pdd))
 
 
@@ -250,7 +250,7 @@ class MapPoint:
     def key(self) -> str:
         return point_key(self.model, self.rate_gbps, self.rtt_ms)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -272,7 +272,7 @@ class BreakEven:
     hi_bps: float
     gain_at_hi: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -347,7 +347,7 @@ class ModelSummary:
     homogeneous: HomogeneousPoint
     break_even: BreakEven | None  # None: not searched
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "model": self.model,
             "kind": self.kind,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -17,7 +16,7 @@ from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import ModelResult, Workload, evaluate
 from testbed.model.bandwidth_command import DEFAULT_GPUS, run_bandwidth
 from testbed.model.optimise import OptimiseResult, optimise, optimise_threshold, resolve_threshold
-from testbed.model.workload import TraceWorkload
+from testbed.model.workload import TraceWorkload, WorkloadSummary
 from testbed.traces.formats import SUPPORTED_FORMATS
 from testbed.traces.loader import load_trace
 from testbed.traces.trace_command import WINDOW_HELP, window_arg
@@ -165,17 +164,17 @@ def _table(rows: list[tuple[ModelResult, OptimiseResult | None]], workload: str 
 
 
 def _json(
-    rows: list[tuple[ModelResult, OptimiseResult | None]], workloads: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
+    rows: list[tuple[ModelResult, OptimiseResult | None]], workloads: list[WorkloadSummary] | None = None
+) -> dict[str, object]:
     results = [r for r, _ in rows]
     base = _baseline(results)
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for r, o in rows:
         d = r.to_dict()
         d["relative"] = r.lambda_max / base.lambda_max
         d["optimised"] = o.to_dict() if o is not None else None
         out.append(d)
-    res: dict[str, Any] = {"baseline": base.scenario, "scenarios": out}
+    res: dict[str, object] = {"baseline": base.scenario, "scenarios": out}
     if workloads is not None:
         res["workloads"] = workloads
     return res

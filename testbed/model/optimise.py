@@ -10,7 +10,6 @@ the one closest to the paper's second condition, Theta_prfaas + Theta_pdp = Thet
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 
@@ -44,7 +43,7 @@ class OptimiseResult:
     p: float
     balanced: bool  # True when the balance condition holds at the chosen t (within 1%)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

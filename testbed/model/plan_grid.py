@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -75,6 +75,29 @@ class _Sides:
     es2_pd: FloatArray
     tail_long: FloatArray  # mean KV tail of offloaded requests
     kv_long: FloatArray  # E[S_kv | offloaded]
+
+
+class Grid(TypedDict):
+    """Arrays over (split j, threshold k) of one PrfaaS size (`Evaluator.grid`), and what scoring
+    one split adds (its threshold's sides, the stages' mean waits, span by span where windowed)."""
+
+    n_d: npt.NDArray[np.int64]
+    lam: FloatArray
+    th_prf: FloatArray
+    th_pdp: FloatArray
+    th_pdd: FloatArray
+    lim_prf: FloatArray
+    lim_pdp: FloatArray
+    mean: FloatArray
+    free: FloatArray
+    feasible: npt.NDArray[np.bool_]
+    w_prf: Wait
+    w_pdp: Wait
+    w_dec: Wait
+    sides: NotRequired[_Sides]
+    wait_pd: NotRequired[float]
+    wait_prfaas: NotRequired[float]
+    span_waits: NotRequired[tuple[FloatArray, FloatArray, FloatArray]]
 
 
 def _atoms(fam: Family, dist: DiscreteDistribution, kv: KVModel, link_bps: float) -> _Atoms:
@@ -231,7 +254,7 @@ class Evaluator:
 
     def grid(
         self, n_prf: int, n_p: npt.NDArray[np.int64], n_d: npt.NDArray[np.int64], sides: _Sides | None = None
-    ) -> dict[str, Any]:
+    ) -> Grid:
         """Arrays over (split j, threshold k)."""
         sd = sides or self.sides
         p, pb = sd.p[None, :], 1.0 - sd.p[None, :]
@@ -301,7 +324,7 @@ class Evaluator:
         out: FloatArray = np.asarray(wait, dtype=np.float64) + self.dec.step_s * (1.0 + 0.5 * busy)
         return out
 
-    def p90(self, g: dict[str, Any], j: int, k: int) -> float:
+    def p90(self, g: Grid, j: int, k: int) -> float:
         """The quantile of TTFT for grid cell (j, k)."""
         sd, a = self.sides if g.get("sides") is None else g["sides"], self.atoms
         t = float(sd.ts[k])
@@ -327,7 +350,7 @@ class Evaluator:
         return mixture_quantile(branches, self.s.quantile)
 
     def candidate(
-        self, g: dict[str, Any], n_prf: int, n_p: int, n_d: int, j: int, k: int, p90: float, threshold: int | None
+        self, g: Grid, n_prf: int, n_p: int, n_d: int, j: int, k: int, p90: float, threshold: int | None
     ) -> Candidate:
         sd = self.sides if g.get("sides") is None else g["sides"]
         kind = self.fam.kind
@@ -378,7 +401,7 @@ class Evaluator:
             meets_slo_model=meets,
         )
 
-    def _order(self, g: dict[str, Any], j: int) -> npt.NDArray[np.intp]:
+    def _order(self, g: Grid, j: int) -> npt.NDArray[np.intp]:
         """Thresholds of row j, best first by the objective (the P90 objective by mean here)."""
         lam, mean = g["lam"][j], g["mean"][j]
         ok = g["feasible"][j] & (mean <= self.s.ttft_slo_s)
@@ -448,7 +471,7 @@ class Evaluator:
         computed: npt.ArrayLike,
         cached: npt.ArrayLike,
         shipped: npt.ArrayLike,
-    ) -> tuple[Candidate, dict[str, Any]]:
+    ) -> tuple[Candidate, Grid]:
         """The figures of one configuration from its routing request by request (a
         `workload.CacheReplay`): whether each goes to PrfaaS, the tokens its prefill computes and
         reuses (the cached-token term of the prefill time counts here), and those whose KV
@@ -524,7 +547,7 @@ class Evaluator:
 
     def _windowed(
         self,
-        g: dict[str, Any],
+        g: Grid,
         win: Windows,
         times: FloatArray,
         n_prf: int,

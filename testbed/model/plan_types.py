@@ -188,7 +188,7 @@ class Candidate:
         t = "-" if self.threshold is None else f"t={kilo(self.threshold)}"
         return f"{self.kind} {t} {self.n_prfaas}/{self.n_p}/{self.n_d}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["instances"] = self.instances
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}

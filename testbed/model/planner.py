@@ -20,7 +20,6 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -230,7 +229,7 @@ def candidate_scenario(fam: Family, c: Candidate, name: str, cache_aware: bool) 
     return Scenario.model_validate(scenario_patch(fam, c, name, cache_aware, full=True))
 
 
-def scenario_patch(fam: Family, c: Candidate, name: str, cache_aware: bool, full: bool = False) -> dict[str, Any]:
+def scenario_patch(fam: Family, c: Candidate, name: str, cache_aware: bool, full: bool = False) -> dict[str, object]:
     """The fields a plan file sets over its base: name, policy, the whole cluster list (YAML
     lists replace, not merge). `full` returns the merged scenario as a dict instead."""
     clusters = []
@@ -241,7 +240,7 @@ def scenario_patch(fam: Family, c: Candidate, name: str, cache_aware: bool, full
         elif cl.kind == "prfaas":
             d.update(prefill=c.n_prfaas if cl.name == fam.prfaas_cluster else 0)
         clusters.append(d)
-    policy: dict[str, Any] = {"name": c.kind, "threshold": c.threshold, "cache_aware": cache_aware}
+    policy: dict[str, object] = {"name": c.kind, "threshold": c.threshold, "cache_aware": cache_aware}
     if not kind_pools(c.kind).threshold:  # only a threshold can move with the bandwidth
         policy["bandwidth_aware"] = False
     if not full:

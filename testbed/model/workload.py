@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -214,6 +214,23 @@ def _reuse_share(requests: Iterable[TraceRequest]) -> float:
     return reused / total if total else 0.0
 
 
+class WorkloadSummary(TypedDict):
+    """A trace's workload as the model sees it (`TraceWorkload.summary`); token figures are
+    {mean, p50, p90, max}."""
+
+    source: str
+    requests: int
+    duration_s: float
+    rate_rps: float
+    input_tokens: dict[str, float]
+    uncached_tokens: dict[str, float]
+    output_tokens: dict[str, float]
+    cached_share: float
+    reuse_share: float
+    cache_rule: str
+    arrivals: dict[str, float | None] | None  # `ArrivalProcess.summary`
+
+
 @dataclass(frozen=True, eq=False)
 class TraceWorkload:
     """A trace reduced to what the model reads, per request: input, cached prefix, output."""
@@ -302,7 +319,7 @@ class TraceWorkload:
             arrival_times=self.arrivals.times if self.arrivals is not None else None,
         )
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> WorkloadSummary:
         def stats(a: IntArray) -> dict[str, float]:
             p50, p90 = np.percentile(a, [50, 90])
             return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "max": float(a.max())}

@@ -18,10 +18,11 @@ import signal
 import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pyroute2 import IPRoute  # type: ignore[import-untyped]
 
+from testbed.core.json_types import JSONObject
 from testbed.core.schema.linkprofile import LinkParams, TcpSettings
 from testbed.net.capabilities import choose_method, probe_shaping
 from testbed.net.executor import Executor, NetError
@@ -33,6 +34,38 @@ HERE = ""  # the executor's name for the current namespace
 TUN_DEV = os.makedev(10, 200)
 
 
+class WanDC(TypedDict):
+    name: str
+    index: int
+    subnet: str
+    address: str  # blank until found by subnet (swarm)
+
+
+class WanLink(TypedDict):
+    """`LinkParams` as JSON."""
+
+    rate_bps: float
+    delay_s: float
+    jitter_s: float
+    loss: float
+    loss_correlation: float
+    queue_bytes: int
+    mtu: int | None
+
+
+class WanConfig(TypedDict):
+    """The WAN router container's JSON (`wan_config`), as the container reads it."""
+
+    prefix: str
+    method: str
+    mtu: int
+    control: str
+    stats: str | None
+    ready: str
+    dcs: list[WanDC]
+    links: dict[str, WanLink]  # "a->b"
+
+
 def wan_config(
     prefix: str,
     dcs: list[tuple[str, str, str]],
@@ -42,7 +75,7 @@ def wan_config(
     control: str,
     stats: str | None,
     ready: str,
-) -> dict[str, Any]:
+) -> JSONObject:
     """JSON the compose backend writes for the WAN router container. dcs: (name, subnet, address)."""
     return {
         "prefix": prefix,
@@ -56,7 +89,7 @@ def wan_config(
     }
 
 
-def topology_from_config(cfg: dict[str, Any], method: str) -> Topology:
+def topology_from_config(cfg: WanConfig, method: str) -> Topology:
     dcs = tuple(DCNet(d["name"], int(d["index"]), d["subnet"], HERE, d["address"]) for d in cfg["dcs"])
     links = {}
     for key, p in cfg["links"].items():
@@ -65,7 +98,7 @@ def topology_from_config(cfg: dict[str, Any], method: str) -> Topology:
     return Topology(cfg["prefix"], dcs, (), HERE, links, method, int(cfg["mtu"]), TcpSettings())  # type: ignore[arg-type]
 
 
-def addresses_by_subnet(dcs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def addresses_by_subnet(dcs: list[WanDC]) -> list[WanDC]:
     """`dcs` with each "address" set to this namespace's IPv4 address inside the DC's subnet."""
     subnets = {d["name"]: ipaddress.ip_network(d["subnet"]) for d in dcs}
     found: dict[str, str] = {}
@@ -125,7 +158,7 @@ def probe_netem() -> bool:
                 ipr.link("del", index=idx)
 
 
-def rename_interfaces(dcs: list[dict[str, Any]], mtu: int) -> None:
+def rename_interfaces(dcs: list[WanDC], mtu: int) -> None:
     """Give the interface holding each DC address the plan's name, and the emulation's MTU."""
     with IPRoute() as ipr:
         for d in dcs:
@@ -150,7 +183,7 @@ def healthy(ready: Path) -> bool:
     return not what.startswith("/") or os.path.exists(what)
 
 
-def apply_shaping(cfg: dict[str, Any], method: str) -> Topology:
+def apply_shaping(cfg: WanConfig, method: str) -> Topology:
     """Rename the DC interfaces and apply the shaping plan here (the delay line process is the caller's)."""
     topo = topology_from_config(cfg, method)
     rename_interfaces(cfg["dcs"], topo.mtu)
@@ -163,7 +196,7 @@ def apply_shaping(cfg: dict[str, Any], method: str) -> Topology:
     return topo
 
 
-def delayline_argv(cfg: dict[str, Any], topo: Topology) -> list[str]:
+def delayline_argv(cfg: WanConfig, topo: Topology) -> list[str]:
     """Write the delay line's config next to the ready file; the command that runs it on tun0."""
     from testbed.net.delayline import write_config
     from testbed.net.wanrouter import delayline_directions
@@ -181,8 +214,9 @@ def delayline_argv(cfg: dict[str, Any], topo: Topology) -> list[str]:
         "--control",
         cfg["control"],
     ]
-    if cfg.get("stats"):
-        argv += ["--stats", cfg["stats"]]
+    stats = cfg.get("stats")
+    if stats:
+        argv += ["--stats", stats]
     return argv
 
 

@@ -46,12 +46,13 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import TextIO
 
+from testbed.core.json_types import JSONObject, JSONValue
 from testbed.core.schema.linkprofile import LinkParams
 from testbed.metrics.series_format import Sample, encode_line
 from testbed.net.delayline_model import DelayLineModel
@@ -119,7 +120,7 @@ class DirectionSpec:
             raise ConfigError(f"{where} {spec.name!r}: {e}") from None
         return spec
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     def model(self) -> DelayLineModel:
@@ -418,7 +419,7 @@ class DelayLine:
                 except OSError as e:  # the client gave up and removed its socket
                     log.warning("control reply to %r failed: %s", addr, e)
 
-    def handle(self, msg: object) -> dict[str, Any]:
+    def handle(self, msg: object) -> dict[str, object]:
         """Apply one control message; the reply to send back."""
         if not isinstance(msg, dict):
             raise ValueError("a control message is a JSON object")
@@ -450,8 +451,8 @@ class DelayLine:
         log.info("set %s: %s", name, params)
         return {"ok": True}
 
-    def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def stats(self) -> dict[str, object]:
+        out: dict[str, object] = {}
         for d in self._all:
             m = d.model
             out[d.name] = {
@@ -509,14 +510,14 @@ def _client_socket() -> Iterator[socket.socket]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _decode_reply(data: bytes) -> dict[str, Any]:
+def _decode_reply(data: bytes) -> JSONObject:
     reply = json.loads(data)
     if not isinstance(reply, dict):
         raise ValueError(f"malformed delay-line reply: {data[:200]!r}")
     return reply
 
 
-def control(path: Path | str, msg: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
+def control(path: Path | str, msg: Mapping[str, object], timeout: float = 2.0) -> JSONObject:
     """Send one control message and return the reply (raises OSError/TimeoutError on failure;
     a rejected message comes back as {"ok": false, "error": ...})."""
     with _client_socket() as sock:
@@ -541,15 +542,24 @@ class Lateness:
 
 def lateness(path: Path | str) -> Lateness:
     """The lateness counters of the delay line behind control socket `path`."""
-    dirs = control(path, {"op": "stats"})["directions"].values()
+    dirs = control(path, {"op": "stats"}).get("directions")
+    if not isinstance(dirs, dict):
+        raise ValueError(f"malformed delay-line stats reply: directions {dirs!r}")
     return Lateness(
-        sum(float(d["late_s"]) for d in dirs),
-        sum(int(d["packets_out"]) for d in dirs),
-        sum(int(d["late_packets"]) for d in dirs),
+        sum(_stat(d, "late_s") for d in dirs.values()),
+        sum(int(_stat(d, "packets_out")) for d in dirs.values()),
+        sum(int(_stat(d, "late_packets")) for d in dirs.values()),
     )
 
 
-async def send_control(path: Path | str, msg: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
+def _stat(direction: JSONValue, key: str) -> float:
+    v = direction.get(key) if isinstance(direction, dict) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"malformed delay-line stats reply: {key} {v!r}")
+    return v
+
+
+async def send_control(path: Path | str, msg: Mapping[str, object], timeout: float = 2.0) -> JSONObject:
     """`control` for asyncio code."""
     loop = asyncio.get_running_loop()
     with _client_socket() as sock:

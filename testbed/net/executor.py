@@ -325,7 +325,7 @@ class Executor:
         self._ipr(op.ns).link("set", index=self._index(op.ns, op.ifname), state="up")
 
     def _add_route(self, op: AddRoute) -> None:
-        spec: dict[str, Any] = {"family": socket.AF_INET}
+        spec: dict[str, object] = {"family": socket.AF_INET}
         if op.dst != "default":
             net = ipaddress.ip_network(op.dst)
             spec.update(dst=str(net.network_address), dst_len=net.prefixlen)

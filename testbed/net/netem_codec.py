@@ -21,6 +21,7 @@ fractions, `limit` packets, `rate_bytes` per second or None for no netem rate).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pyroute2.netlink import nla  # type: ignore[import-untyped]
@@ -50,9 +51,16 @@ def gilbert(loss: float, correlation: float) -> dict[str, int]:
     }
 
 
-def get_parameters(kwarg: dict[str, Any]) -> dict[str, Any]:
-    loss_f = float(kwarg.get("loss", 0.0))
-    corr_f = float(kwarg.get("loss_corr", 0.0))
+def _num(kwarg: Mapping[str, object], key: str, default: float) -> float:
+    v = kwarg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"netem argument {key!r}: {v!r} is not a number")
+    return v
+
+
+def get_parameters(kwarg: Mapping[str, object]) -> dict[str, object]:
+    loss_f = float(_num(kwarg, "loss", 0.0))
+    corr_f = float(_num(kwarg, "loss_corr", 0.0))
     loss = fraction_to_u32(loss_f)
     attrs: list[list[Any]] = [
         # Always sent, zeros included, so a change resets what it does not set.
@@ -61,26 +69,25 @@ def get_parameters(kwarg: dict[str, Any]) -> dict[str, Any]:
     if loss and corr_f > 0:
         # Without TCA_NETEM_LOSS the kernel goes back to independent loss: a change resets it too.
         attrs.append(["TCA_NETEM_LOSS", {"attrs": [["NETEM_LOSS_GE", gilbert(loss_f, corr_f)]]}])
-    rate = kwarg.get("rate_bytes")
-    if rate is not None:
-        rate = int(rate)
+    if kwarg.get("rate_bytes") is not None:
+        rate = int(_num(kwarg, "rate_bytes", 0))
         attrs.append(
             ["TCA_NETEM_RATE", {"rate": min(rate, U32_MAX), "packet_overhead": 0, "cell_size": 0, "cell_overhead": 0}]
         )
         if rate > U32_MAX:
             attrs.append(["TCA_NETEM_RATE64", rate])
     return {
-        "delay": int(time2tick(int(kwarg.get("delay_us", 0)))),
-        "limit": int(kwarg.get("limit", 1000)),
+        "delay": int(time2tick(int(_num(kwarg, "delay_us", 0)))),
+        "limit": int(_num(kwarg, "limit", 1000)),
         "loss": loss,
         "gap": 0,
         "duplicate": 0,
-        "jitter": int(time2tick(int(kwarg.get("jitter_us", 0)))),
+        "jitter": int(time2tick(int(_num(kwarg, "jitter_us", 0)))),
         "attrs": attrs,
     }
 
 
-def fix_request(request: dict[str, Any]) -> None:
+def fix_request(request: dict[str, object]) -> None:
     """Drop the arguments get_parameters consumed, so none reaches the message as an attribute."""
     for k in ARG_KEYS:
         request.pop(k, None)

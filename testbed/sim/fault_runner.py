@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from testbed.core.fault_timeline import FaultEvent, Phase, fault_timeline
+from testbed.core.json_types import JSONObject
 from testbed.core.router.health import PROBE_INTERVAL_S, PROBE_TIMEOUT_S
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.live_path import LivePathCosts
@@ -84,7 +85,7 @@ class FaultRunner:
         self.timeline = fault_timeline(sim.sc)
         self.speedup = sim.scale.speedup
         self.log = FaultLogFile(run_dir / "faults.jsonl", self.speedup) if run_dir is not None else None
-        self.lines: list[dict[str, Any]] = []
+        self.lines: list[JSONObject] = []
         self.phase: dict[int, Phase] = {}
         self.links: list[FaultEvent] = []
         self.windows: dict[int, ResetWindow] = {}
@@ -95,7 +96,7 @@ class FaultRunner:
             if ev.end_s is not None:
                 self.sim.loop.at(ev.end_s, FAULT, self._step, (ev, "end"))
 
-    def _write(self, ev: FaultEvent, phase: Phase, outcome: str, detail: dict[str, Any], t: float) -> None:
+    def _write(self, ev: FaultEvent, phase: Phase, outcome: str, detail: JSONObject, t: float) -> None:
         t_wire = t / self.speedup
         if self.log is not None:
             self.lines.append(self.log.write(ev, phase, outcome, detail, t_wire))
@@ -122,7 +123,7 @@ class FaultRunner:
         t = sim.loop.now
         spec = ev.spec
         node = ev.node or ""
-        detail: dict[str, Any] = {"modelled": True}
+        detail: JSONObject = {"modelled": True}
         match spec:
             case KillFault():
                 sim.kill(node, t)
@@ -181,7 +182,7 @@ class FaultRunner:
             if phase is None:
                 self._write(ev, "start", "skipped: the run ended first", {}, t)
             elif phase == "start" and ev.end_s is not None:
-                detail: dict[str, Any] = {"cut_short": True}
+                detail: JSONObject = {"cut_short": True}
                 if isinstance(ev.spec, TcpResetFault) and ev.index in self.windows:
                     detail.update(self._net().faults.close_window(self.windows.pop(ev.index)))
                 self._write(ev, "end", "skipped: the run ended first", detail, t)

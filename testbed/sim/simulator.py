@@ -35,6 +35,7 @@ from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.failures import Failure
 from testbed.core.gc_pause import paused_gc
+from testbed.core.json_types import JSONObject
 from testbed.core.record import RequestRecord
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.topology import local_dc, node_specs
@@ -528,7 +529,7 @@ def simulate(
     return Simulation(rs, trace, run_dir, options, costs).run()
 
 
-def shaping(rs: ResolvedScenario) -> dict[str, Any]:
+def shaping(rs: ResolvedScenario) -> JSONObject:
     """run.json's `shaping` for a simulated run: the link model and its parameters."""
     sc = rs.spec
     scale = rs.scale

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from testbed.core.json_types import JSONObject
 from testbed.core.kv.kv_send import ACK_TIMEOUT_S, MAX_RESUMES
 from testbed.sim.events import LINK_CHANGE, Loop
 
@@ -139,7 +140,7 @@ class ResetWindow:
     def open(self, t: float) -> bool:
         return self.start <= t < self.end
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> JSONObject:
         return {
             "pairs_seen": len(self.seen),
             "connections_targeted": self.connections,
@@ -330,7 +331,7 @@ class WanFaults:
                 self._reset(p, t, w)
         return w
 
-    def close_window(self, w: ResetWindow) -> dict[str, object]:
+    def close_window(self, w: ResetWindow) -> JSONObject:
         if w in self.windows:
             self.windows.remove(w)
         return w.summary()

@@ -9,7 +9,7 @@ import re
 import sys
 from array import array
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -197,6 +197,21 @@ _HASH_BATCH = 1 << 20
 ESTIMATE_NOTE = "prefix reuse estimated (to about 1%): too many distinct sparse hash ids to count exactly"
 
 
+class TraceSummary(TypedDict):
+    """What `trace info` prints (and `trace check` counts) of a trace file."""
+
+    source: str
+    requests: int
+    duration_s: float
+    rate_rps: float | None  # None: no finite mean rate (one request, or a zero-length burst)
+    input_tokens: dict[str, float]  # mean, p50, p90, max
+    output_tokens: dict[str, float]
+    block_tokens: int
+    blocks: int
+    prefix_reuse_share: float
+    notes: list[str]
+
+
 class _Summary:
     """Summary figures accumulated one request at a time, so a file need not be held: token
     counts as int64 arrays (8 bytes a request, for exact percentiles) and the hashes as a
@@ -238,7 +253,7 @@ class _Summary:
         reused = blocks - min(self._distinct.count, blocks)
         return (reused / blocks if blocks else 0.0), blocks
 
-    def result(self, source: str, block_tokens: int, notes: Iterable[str]) -> dict[str, Any]:
+    def result(self, source: str, block_tokens: int, notes: Iterable[str]) -> TraceSummary:
         duration = self.last - self.first
         rate = 0.0 if self.n < 2 else ((self.n - 1) / duration if duration > 0 else math.inf)
         share, blocks = self.reuse()
@@ -274,7 +289,7 @@ def _stream_summary(
     window: Window | None,
     acc: _Summary | None = None,
     on_error: Callable[[TraceError], None] | None = None,
-) -> dict[str, Any]:
+) -> TraceSummary:
     """Summarise a file without holding its requests (the 2024 Azure files have millions)."""
     fmt = detect_format(args.path) if args.format == "auto" else args.format
     stats = LoadStats()

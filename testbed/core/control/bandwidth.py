@@ -13,15 +13,15 @@ the mean transfer tail exceeds `tail_limit_s`)
 the link was the limit, so what it delivered is what it has; otherwise, once `hold_s` has passed
 since the last saturation, the estimate grows by `probe_growth` per interval back toward the
 nominal rate (a recovered link is only seen by trying it; the hold keeps the loop from
-oscillating around a link that is still short). It judges the bandwidth abundant or scarce for the cache-aware rules, and, when it
-may adjust, it plans the threshold: for candidate thresholds it predicts, from the recent length
-sample, the load of the link and of both prefill stages, each with its existing backlog spread
-over `horizon_s`, and takes the candidate closest to the base threshold whose loads all stay at
-or below their targets (`link_target_utilisation`, `target_utilisation`), or the least loaded
-one if none does. It moves only when that
-lowers the predicted peak load by at least `min_gain` (or, all being fine, brings the threshold
-back toward the base by at most `recovery_step`), by more than `min_change`, and once
-`min_requests` have been seen. Every change comes back with its reason, for the run's records.
+oscillating around a link that is still short). It judges the bandwidth abundant or scarce for the
+cache-aware rules, and, when it may adjust, it plans the threshold: for candidate thresholds it predicts,
+from the recent length sample, the load of the link and of both prefill stages, each with its existing
+backlog spread over `horizon_s`, and takes the candidate closest to the base threshold whose loads all
+stay at or below their targets (`link_target_utilisation`, `target_utilisation`), or the least loaded one
+if none does. It moves only when that lowers the predicted peak load by at least `min_gain` (or, all
+being fine, brings the threshold back toward the base by at most `recovery_step`), by more than
+`min_change`, and once `min_requests` have been seen. Every change comes back with its reason, for the
+run's records.
 
 All figures are in paper units (seconds, bytes, bits/s).
 """

@@ -59,7 +59,7 @@ def stage_model(sc: Scenario) -> StageModel:
 
     n_pf, t_pf = first("prfaas")
     n_pd, t_pd = first("pd")
-    return StageModel(n_pf, n_pd, t_pf.uncached_time, t_pd.uncached_time, lambda l: float(kv.total(round(l))))
+    return StageModel(n_pf, n_pd, t_pf.uncached_time, t_pd.uncached_time, lambda length: float(kv.total(round(length))))
 
 
 def controller_for(sc: Scenario, threshold: float | None, nominal_bps: float) -> BandwidthController | None:

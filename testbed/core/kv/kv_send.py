@@ -15,8 +15,9 @@ one, and an unacknowledged END is sent again; the receiver takes a resent range 
 as a no-op. Bounded: a transfer fails with the last error once it has been without progress
 (no ACK for any of its frames) for `resume_timeout` after a loss or a failed connect, or once
 losses have interrupted its progress more than `max_resumes` times (losses while it is stalled
-anyway, reconnects into an outage, count against the deadline only). A connection whose oldest unacknowledged frame has waited
-`ack_timeout` with no ACK is declared lost (a black-holed path keeps TCP silent for minutes).
+anyway, reconnects into an outage, count against the deadline only). A connection whose oldest
+unacknowledged frame has waited `ack_timeout` with no ACK is declared lost (a black-holed path keeps TCP
+silent for minutes).
 
 The driver owns the I/O: it opens connections and reports them (`connection_opened`,
 `connection_lost`), loops `take` -> `begin_write` -> write the frame -> `chunk_written` on each

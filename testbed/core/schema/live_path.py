@@ -32,8 +32,8 @@ long tails, and a P90 TTFT feels them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
 
 DRAWN = ("routing_s", "dispatch_s", "relay_s", "relay_last_s")
 
@@ -63,13 +63,13 @@ class LivePathCosts:
         i = min(int(x), len(q) - 2)
         return q[i] + (q[i + 1] - q[i]) * (x - i)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["quantiles"] = {k: list(v) for k, v in self.quantiles.items()}
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str) -> LivePathCosts:
+    def from_dict(cls, d: Mapping[str, object], source: str) -> LivePathCosts:
         """Strict: every figure a finite number >= 0, each distribution increasing (`ValueError`
         naming the field)."""
         known = [f.name for f in fields(cls) if f.name not in ("source", "quantiles")]  # checked in this order
@@ -81,7 +81,7 @@ class LivePathCosts:
             qs0 = d.get("quantiles")
             if isinstance(qs0, dict) and "relay_s" in qs0 and "relay_last_s" not in qs0:
                 d["quantiles"] = {**qs0, "relay_last_s": qs0["relay_s"]}
-        vals: dict[str, Any] = {}
+        vals: dict[str, float] = {}
         for k in known:
             v = d.get(k, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or math.isinf(v):

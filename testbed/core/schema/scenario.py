@@ -7,7 +7,7 @@ All figures are in paper units (seconds, bytes, tokens) unless a name says `wire
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -117,7 +117,7 @@ class DecodeSpec(_Strict):
     kv_capacity_bytes: int = Field(gt=0)
 
 
-Scalar = Union[str, int, float, bool]
+Scalar = str | int | float | bool
 
 
 class Provenance(_Strict):

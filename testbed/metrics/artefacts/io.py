@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from testbed.core.errors import UserError
 from testbed.core.finite_json import dumps as finite_dumps
+from testbed.core.json_types import JSONObject
 
 LEGACY_VERSION = 1  # what a file without `schema_version` is
 
@@ -34,10 +35,10 @@ class Artefact(BaseModel):
 
     schema_version: int
 
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_json_dict(self) -> JSONObject:
         """The file's content: only the keys that were set, in field order, so a file read and
         written again keeps its keys (an absent section stays absent)."""
-        out: dict[str, Any] = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        out: JSONObject = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
         return out
 
 

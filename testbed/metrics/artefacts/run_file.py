@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
+from testbed.core.json_types import JSONObject
 from testbed.metrics.artefacts.io import Artefact, Section
 
 RUN_VERSION = 3
@@ -82,7 +83,7 @@ class SimInfo(Section):
     simulated_s_paper: float
     write_s: float | None = None  # of wall_s, writing records and series as the loop ran
     retries: int | None = None  # attempts routed again after a failed one
-    live_path: dict[str, Any] | None = None  # what the simulator added for the live path (wire s)
+    live_path: dict[str, object] | None = None  # what the simulator added for the live path (wire s)
     mechanisms: str | None = None  # "native" (compiled twins) or "python" (testbed.core.native)
 
 
@@ -119,7 +120,7 @@ def run_info(**fields: Any) -> RunInfo:
     return RunInfo.model_validate({"schema_version": RUN_VERSION, **fields})
 
 
-def this_process() -> dict[str, Any]:
+def this_process() -> JSONObject:
     """The `pid` and `host` fields of a run this process runs."""
     return {"pid": os.getpid(), "host": socket.gethostname()}
 

@@ -2,8 +2,8 @@
 
 Schema versions (`schema_version`; `schema` is the older layout counter, kept as it was):
 - 1: no `schema_version` key: written before the models. Read by the same model (its
-  `schema_version` is then 1); sections that older layouts lacked (`validity`, `ttft_halves_s`, `cache`, `control`, `long_term`,
-  `link_phases`, `wan_link`, the later fidelity measures) read as absent.
+  `schema_version` is then 1); sections that older layouts lacked (`validity`, `ttft_halves_s`, `cache`,
+  `control`, `long_term`, `link_phases`, `wan_link`, the later fidelity measures) read as absent.
 - 2: `schema_version` added; every other key and value as in version 1, so `testbed regress`
   compares a new run with a baseline written before.
 - 3: `run.cut_short` (its process died without closing the run: `run.json` still says `running`)

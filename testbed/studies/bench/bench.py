@@ -166,7 +166,7 @@ def live_path(args: argparse.Namespace) -> int:
     from testbed.config.overrides import overrides_for, set_path
     from testbed.core.schema.live_path import DRAWN, quantiles
     from testbed.deploy import registry
-    from testbed.metrics.live_path import live_path_figures
+    from testbed.metrics.live_path import LivePathRun, live_path_figures
     from testbed.run.runner import run_replay_async
     from testbed.traces.loader import load_trace, trace_from_workload
 
@@ -198,7 +198,7 @@ def live_path(args: argparse.Namespace) -> int:
         out = Path(args.out or f"runs/bench-live-path-{dt.now():%Y%m%d-%H%M%S}")
         res = run_stoppable(run_replay_async(rs, trace, out, backend, report=False))
         parts = [live_path_figures(res.run_dir)]
-    runs: list[dict[str, Any]] = [r for p in parts for r in p["runs"]]
+    runs: list[LivePathRun] = [r for p in parts for r in p["runs"]]
     stalls = sum(r["stalls"] for r in runs)
     decoding = sum(r["decoding_s"] for r in runs)
     fig: dict[str, Any] = {}

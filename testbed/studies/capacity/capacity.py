@@ -270,7 +270,8 @@ def write_outputs(res: CapacityResult, out: Path) -> None:
         f"Stable means: every request completed, P90 TPOT <= {res.tpot_slo_s * 1e3:.1f} ms, P90 TTFT <= "
         f"{res.ttft_slo_s:g} s, and waiting did not grow from the first to the last third of arrivals.",
         "",
-        "| rate (req/s) | verdict | completed | TTFT mean / P90 (s) | TPOT P90 (ms) | wait first -> last third (s) | why |",
+        "| rate (req/s) | verdict | completed | TTFT mean / P90 (s) | TPOT P90 (ms) "
+        "| wait first -> last third (s) | why |",
         "|---|---|---|---|---|---|---|",
     ]
     for p in sorted(res.probes, key=lambda p: p.rate):

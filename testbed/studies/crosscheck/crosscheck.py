@@ -6,8 +6,8 @@ replay the same seeded trace into `DIR/sim/` and `DIR/emulation/` (normal run di
 set the model's figures, the simulation's and the emulation's side by side with the
 simulation's difference and a verdict against the tolerances of `crosscheck_table`, and explain
 every difference that matters from the records. A fault scenario adds each fault's effects in
-both runs (`crosscheck_faults`), with the differences in failed and retried requests explained. A report, not a gate: exit 0 once compared;
-with `--check`, 1 when a judged metric is outside its tolerance.
+both runs (`crosscheck_faults`), with the differences in failed and retried requests explained. A report,
+not a gate: exit 0 once compared; with `--check`, 1 when a judged metric is outside its tolerance.
 """
 
 from __future__ import annotations

@@ -125,7 +125,8 @@ def _tpot(c: Context) -> str:
     med = st.median_paired(c.pairing.pairs, lambda r: r.tpot, c.a.speedup, c.b.speedup)
     f = c.emu.summary.fidelity
     return (
-        f"Per request, simulated minus emulated TPOT has median {_opt(None if med is None else med * 1e3, '{:+.2f} ms')}"
+        "Per request, simulated minus emulated TPOT has median "
+        f"{_opt(None if med is None else med * 1e3, '{:+.2f} ms')}"
         f"; the simulator's TPOT is the modelled decode step, while the emulation's decode steps fell "
         f"{_opt(f.decode_step_late_share, '{:.1%}')} behind the model and its token delivery lag P90 "
         f"was {_opt(f.token_lag_p90_s_paper, '{:.3f} s')}."

@@ -20,11 +20,10 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from testbed.core.fault_timeline import NODE_KINDS
 from testbed.core.record import RequestRecord
-from testbed.metrics.fault_effects import fault_effects
+from testbed.metrics.fault_effects import FaultEffect, fault_effects
 from testbed.metrics.summary import read_run_info
 from testbed.metrics.timeseries import decision_points
 from testbed.studies.crosscheck.crosscheck_explain import Side
@@ -148,7 +147,7 @@ def _taken_out(side: Side, node: str, after: float) -> float | None:
     return None
 
 
-def _side_text(side: Side, e: dict[str, Any]) -> str:
+def _side_text(side: Side, e: FaultEffect) -> str:
     s = side.speedup
     start = e["start_s"]
     end = e["end_s"] if e["end_s"] is not None else math.inf
@@ -177,7 +176,7 @@ def _side_text(side: Side, e: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def explain_fault(sim: Side, emu: Side, e: dict[str, Any]) -> str:
+def explain_fault(sim: Side, emu: Side, e: FaultEffect) -> str:
     """Why the runs failed and retried different requests for fault `e` (the simulation's effects)."""
     return (
         f"Simulation: {_side_text(sim, e)}. Emulation: {_side_text(emu, e)}. Requests that failed in one run "

@@ -291,7 +291,8 @@ def cmd_feasibility(args: argparse.Namespace) -> int:
         for c in conf:
             d = "n/a" if c.diff is None else f"{c.diff:+.1%}"
             print(
-                f"confirm {c.key}: emulated {_f(c.emulated.lambda_max)} vs simulated {_f(c.simulated.lambda_max)} req/s "
+                f"confirm {c.key}: emulated {_f(c.emulated.lambda_max)} "
+                f"vs simulated {_f(c.simulated.lambda_max)} req/s "
                 f"({d}; {'within' if c.within() else 'OUTSIDE'} {CONFIRM_TOLERANCE:.0%})"
             )
     print(f"-> {out / 'report.md'}, {out / 'map.csv'}, {out / 'map.png'}")

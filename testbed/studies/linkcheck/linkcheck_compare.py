@@ -131,7 +131,7 @@ def compare_rows(c: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
                 f"goodput, {g['connections']} conn",
                 f"{cfg['rate_bps_wire'] / 1e6:.1f} Mbit/s",
                 cells(
-                    lambda r: (
+                    lambda r, i=i: (
                         (
                             f"{r['goodput'][i]['bps'] / 1e6:.1f} Mbit/s" + _past_ramp(r["goodput"][i])
                             if r["goodput"][i]["bps"]

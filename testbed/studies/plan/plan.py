@@ -685,7 +685,8 @@ def _print_summary(res: dict[str, Any]) -> None:
         con = Console(width=120)
     con.print(
         f"trace {res['trace']}: {wl['requests']:,} requests, {wl['rate_rps']:.3f} req/s "
-        f"(inter-arrival CV {arr.get('gap_cv', 1.0):.2f}, busiest 10 s at {arr.get('busiest_10s_over_mean', 1.0):.1f}x), "
+        f"(inter-arrival CV {arr.get('gap_cv', 1.0):.2f}, "
+        f"busiest 10 s at {arr.get('busiest_10s_over_mean', 1.0):.1f}x), "
         f"input mean {wl['input_tokens']['mean']:,.0f} ({wl['cached_share']:.0%} seen before), "
         f"output mean {wl['output_tokens']['mean']:,.0f}"
     )
