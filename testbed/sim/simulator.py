@@ -161,7 +161,9 @@ class Simulation:
         for n in nodes:
             hw = sc.hardware[n.hardware]
             if n.role == "prefill":
-                self.prefill[n.id] = PrefillSim(n, PrefillTime.from_spec(hw.prefill), kv, self.scale.byte_scale, self)
+                self.prefill[n.id] = PrefillSim(
+                    n, PrefillTime.from_spec(hw.prefill), kv, self.scale.byte_scale, self, hw.scheduler
+                )
             else:
                 assert hw.decode is not None
                 self.decode[n.id] = DecodeSim(n, hw.decode, kv, self, stalls)

@@ -140,10 +140,25 @@ class Provenance(_Strict):
     notes: list[str] = []  # caveats in words (fit errors, choices made)
 
 
+class SchedulerSpec(_Strict):
+    """How an instance schedules its forward passes (`testbed.core.engine.prefill_batch`).
+
+    `fcfs`: one prompt per pass, whole, first come first served (the paper's throughput model;
+    the default). `vllm`: a pass fills a token budget (vLLM's max_num_batched_tokens), carries up
+    to `max_num_seqs` prompts, continues partly computed prompts first and chunks long ones
+    across passes when `chunked_prefill` is on."""
+
+    kind: Literal["fcfs", "vllm"] = "fcfs"
+    max_num_batched_tokens: int = Field(default=8192, gt=0)
+    max_num_seqs: int = Field(default=256, gt=0)
+    chunked_prefill: bool = True
+
+
 class HardwareSpec(_Strict):
     prefill: PrefillSpec
     decode: DecodeSpec | None = None
     provenance: Provenance | None = None
+    scheduler: SchedulerSpec = SchedulerSpec()
 
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*$", re.I)
