@@ -32,6 +32,7 @@ from testbed.core.control.longterm import RoleMeter
 from testbed.core.control.longterm import controller_for as longterm_for
 from testbed.core.control.short_term import controller_for
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.prefill_batch import PassStats
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.failures import Failure
 from testbed.core.gc_pause import paused_gc
@@ -111,6 +112,7 @@ class SimStats:
     write_s: float = 0.0  # of wall_s, writing records and series in batches while the loop ran
     records: list[RequestRecord] = field(default_factory=list)
     series: list[SeriesPoint] = field(default_factory=list)  # timeseries/ as read back, by time
+    prefill_passes: list[PassStats] = field(default_factory=list)  # each batching prefill instance's
 
 
 class Simulation:
@@ -295,6 +297,7 @@ class Simulation:
         self.stats.events = self.loop.processed
         self.stats.rebalances = self.net.rebalances
         self.stats.retries = self.router.books.retries
+        self.stats.prefill_passes = [p.loop.stats for p in self.prefill.values() if p.loop.batching]
         self.stats.wall_s = self.stats.wall_s or time.perf_counter() - wall
         return self.stats
 

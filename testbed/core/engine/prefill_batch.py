@@ -67,6 +67,20 @@ class PassStats:
     max_prompts: int = 0
 
 
+def merged(stats: list[PassStats]) -> PassStats:
+    """Several instances' stats as one (sums; maxima)."""
+    out = PassStats()
+    for st in stats:
+        out.passes += st.passes
+        out.tokens += st.tokens
+        out.chunks += st.chunks
+        out.prompts += st.prompts
+        out.busy_s += st.busy_s
+        out.max_tokens = max(out.max_tokens, st.max_tokens)
+        out.max_prompts = max(out.max_prompts, st.max_prompts)
+    return out
+
+
 def plan_pass(
     running: Iterable[PrefillJob], waiting: Iterable[PrefillJob], policy: BatchPolicy
 ) -> list[tuple[PrefillJob, int]]:
