@@ -254,8 +254,9 @@ def _run_sim(
         simulated_s_paper=st.t_end,
         retries=st.retries,
         live_path=rs.live_path.to_dict(),
-        mechanisms=native.implementation(),
+        mechanisms=_mechanisms(rs),
         prefill_passes=prefill_passes(st.prefill_passes),
+        preemptions=len(st.preemptions) if st.preemptions else None,
     )
     meta.state = "finished"
     write_run_json(meta_path, meta)
@@ -268,6 +269,15 @@ def _run_sim(
     if report:
         write_report(run_dir, summary)
     return RunResult(run_dir, stats, False, summary)
+
+
+def _mechanisms(rs: ResolvedScenario) -> str:
+    """What the run's mechanisms ran as; the compiled decode batch steps aside for the vLLM-like
+    scheduler's block-granular one (`testbed.core.engine.decode_blocks`), which is pure Python."""
+    mech = native.implementation()
+    if mech == "native" and any(h.scheduler.kind != "fcfs" for h in rs.spec.hardware.values()):
+        return "native; python for the vllm scheduler's decode batches (no compiled twin)"
+    return mech
 
 
 def prefill_passes(stats: list[PassStats]) -> PrefillPasses | None:

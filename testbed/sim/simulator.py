@@ -31,6 +31,7 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.core.control.longterm import RoleMeter
 from testbed.core.control.longterm import controller_for as longterm_for
 from testbed.core.control.short_term import controller_for
+from testbed.core.engine.decode_blocks import BlockBatch, Preemption
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.prefill_batch import PassStats
 from testbed.core.engine.servicetime import PrefillTime
@@ -39,6 +40,7 @@ from testbed.core.gc_pause import paused_gc
 from testbed.core.record import RequestRecord
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.topology import local_dc, node_specs
+from testbed.metrics.preemptions import PREEMPTIONS_CSV, write_preemptions
 from testbed.metrics.records import RecordWriter
 from testbed.metrics.series_format import BatchSeriesFile as SeriesFile
 from testbed.metrics.series_format import RawSample as Sample
@@ -113,6 +115,7 @@ class SimStats:
     records: list[RequestRecord] = field(default_factory=list)
     series: list[SeriesPoint] = field(default_factory=list)  # timeseries/ as read back, by time
     prefill_passes: list[PassStats] = field(default_factory=list)  # each batching prefill instance's
+    preemptions: list[tuple[str, Preemption]] = field(default_factory=list)  # (decode node, what happened)
 
 
 class Simulation:
@@ -168,7 +171,7 @@ class Simulation:
                 )
             else:
                 assert hw.decode is not None
-                self.decode[n.id] = DecodeSim(n, hw.decode, kv, self, stalls)
+                self.decode[n.id] = DecodeSim(n, hw, kv, self, stalls)
         self.router = SimRouter(self)
         books = self.router.books
         if isinstance(self.net, Network):  # what a fault does to the transport and the links
@@ -298,6 +301,11 @@ class Simulation:
         self.stats.rebalances = self.net.rebalances
         self.stats.retries = self.router.books.retries
         self.stats.prefill_passes = [p.loop.stats for p in self.prefill.values() if p.loop.batching]
+        self.stats.preemptions = [
+            (node, e) for node, d in self.decode.items() if isinstance(d.batch, BlockBatch) for e in d.batch.preemptions
+        ]
+        if self.run_dir is not None and self.stats.preemptions:
+            write_preemptions(self.run_dir / PREEMPTIONS_CSV, self.stats.preemptions, self.scale.wire_seconds)
         self.stats.wall_s = self.stats.wall_s or time.perf_counter() - wall
         return self.stats
 

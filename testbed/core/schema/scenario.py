@@ -146,12 +146,18 @@ class SchedulerSpec(_Strict):
     `fcfs`: one prompt per pass, whole, first come first served (the paper's throughput model;
     the default). `vllm`: a pass fills a token budget (vLLM's max_num_batched_tokens), carries up
     to `max_num_seqs` prompts, continues partly computed prompts first and chunks long ones
-    across passes when `chunked_prefill` is on."""
+    across passes when `chunked_prefill` is on; its decode instances hold KV in blocks and preempt
+    by recompute."""
 
     kind: Literal["fcfs", "vllm"] = "fcfs"
     max_num_batched_tokens: int = Field(default=8192, gt=0)
     max_num_seqs: int = Field(default=256, gt=0)
     chunked_prefill: bool = True
+    # Decode (`testbed.core.engine.decode_blocks`): KV held in blocks of `block_size` tokens,
+    # `kv_blocks` of them (default: the instance's kv_capacity_bytes at the model's
+    # full-attention bytes per token), preemption by recompute when they run out.
+    block_size: int = Field(default=16, gt=0)
+    kv_blocks: int | None = Field(default=None, gt=0)
 
 
 class HardwareSpec(_Strict):

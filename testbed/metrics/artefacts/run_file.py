@@ -100,6 +100,7 @@ class SimInfo(Section):
     live_path: dict[str, Any] | None = None  # what the simulator added for the live path (wire s)
     mechanisms: str | None = None  # "native" (compiled twins) or "python" (testbed.core.native)
     prefill_passes: PrefillPasses | None = None
+    preemptions: int | None = None  # decode preemptions by recompute (preemptions.csv lists them)
 
 
 class RunInfo(Artefact):
