@@ -209,6 +209,18 @@ async def _send_batched(st: PrefillState, p: _Pending) -> None:
         p.done.set_result(rep)
 
 
+async def _guarded(st: PrefillState, p: _Pending) -> None:
+    """`_send_batched`, answering the router whatever it raised (the passes go on)."""
+    try:
+        await _send_batched(st, p)
+    except asyncio.CancelledError:
+        _abandon(st, p, "cancelled: the router gave up on the request", K.ROUTER_ERROR)
+        raise
+    except Exception as e:
+        log.exception("prefill %s failed", p.job.request_id)
+        _abandon(st, p, f"prefill failed: {e}", K.PREFILL_ERROR)
+
+
 def _ran(st: PrefillState, request_id: str, _: asyncio.Task[None]) -> None:
     st.running.pop(request_id, None)
 
@@ -226,7 +238,7 @@ async def _pass_worker(st: PrefillState) -> None:
             if j.passes == 1:
                 st.started[j.request_id] = st.pending.pop(j.request_id)
         for j in got.done:
-            task = asyncio.create_task(_send_batched(st, st.started.pop(j.request_id)))
+            task = asyncio.create_task(_guarded(st, st.started.pop(j.request_id)))
             st.running[j.request_id] = task
             st.finishing.add(task)
             task.add_done_callback(st.finishing.discard)
@@ -404,7 +416,13 @@ def _metrics(reg: CollectorRegistry, st: PrefillState) -> None:
         lambda: st.loop.slow.at(now()),
     ).counter("testbed_kv_bytes_sent", "KV bytes written to TCP (wire)", lambda: st.sender.bytes_sent).counter(
         "testbed_prefills_completed", "Prefills whose KV was sent", lambda: st.completed
-    ).counter("testbed_prefills_failed", "Prefills whose KV transfer failed", lambda: st.failed).register(reg)
+    ).counter("testbed_prefills_failed", "Prefills whose KV transfer failed", lambda: st.failed).counter(
+        "testbed_prefill_passes", "Forward passes of a batching scheduler (0 under fcfs)", lambda: st.loop.stats.passes
+    ).counter(
+        "testbed_prefill_pass_tokens", "Uncached tokens computed in those passes", lambda: st.loop.stats.tokens
+    ).counter(
+        "testbed_prefill_pass_chunks", "Prompt chunks computed in those passes", lambda: st.loop.stats.chunks
+    ).register(reg)
 
 
 def make_app(cfg: ServiceConfig) -> web.Application:
