@@ -109,7 +109,6 @@ def test_many_steps_at_once_decide_as_one_at_a_time() -> None:
 def test_a_simulated_decode_pool_past_its_blocks_preempts_and_says_who_and_for_how_long(tmp_path: Path) -> None:
     # One decode instance whose KV holds ~40K tokens, four requests of 12K tokens generating 2K
     # each arriving together: all are admitted (12K each), then their growth runs the pool dry.
-    per_token = load("paper-homogeneous").spec.model.full_attention_bytes_per_token
     rs = load(
         "paper-homogeneous",
         {

@@ -149,15 +149,15 @@ class SchedulerSpec(_Strict):
     across passes when `chunked_prefill` is on; its decode instances hold KV in blocks and preempt
     by recompute."""
 
-    kind: Literal["fcfs", "vllm"] = "fcfs"
-    max_num_batched_tokens: int = Field(default=8192, gt=0)
-    max_num_seqs: int = Field(default=256, gt=0)
-    chunked_prefill: bool = True
+    kind: Literal["fcfs", "vllm"] = "fcfs"  # fcfs: one whole prompt a pass (the paper's); vllm: batched passes
+    max_num_batched_tokens: int = Field(default=8192, gt=0)  # token budget of one prefill pass (vllm)
+    max_num_seqs: int = Field(default=256, gt=0)  # prompts in one prefill pass at most (vllm)
+    chunked_prefill: bool = True  # cut the prompt that meets the end of the budget across passes (vllm)
     # Decode (`testbed.core.engine.decode_blocks`): KV held in blocks of `block_size` tokens,
     # `kv_blocks` of them (default: the instance's kv_capacity_bytes at the model's
     # full-attention bytes per token), preemption by recompute when they run out.
     block_size: int = Field(default=16, gt=0)
-    kv_blocks: int | None = Field(default=None, gt=0)
+    kv_blocks: int | None = Field(default=None, gt=0)  # decode KV memory in blocks (vllm; default: from bytes)
 
 
 class HardwareSpec(_Strict):

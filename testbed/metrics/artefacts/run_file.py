@@ -79,15 +79,15 @@ class PrefillPasses(Section):
     """What the batching prefill instances' scheduler did (`testbed.core.engine.prefill_batch`),
     over all of them; absent when every instance runs one whole prompt a pass (fcfs)."""
 
-    instances: int
-    passes: int
+    instances: int  # prefill instances with a batching scheduler
+    passes: int  # forward passes they ran
     prompts: int  # prompts whose last chunk was computed
     tokens_per_pass: float  # uncached tokens, mean
     prompts_per_pass: float  # chunks a pass, mean
     chunks_per_prompt: float  # passes a prompt took part in, mean
     busy_s_paper: float  # modelled time in passes, all instances
     max_tokens: int  # in one pass
-    max_prompts: int
+    max_prompts: int  # in one pass
 
 
 class SimInfo(Section):
