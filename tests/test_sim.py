@@ -20,7 +20,7 @@ from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.lifecycle import Event
 from testbed.core.schema.live_path import LivePathCosts
-from testbed.core.schema.scenario import DecodeSpec
+from testbed.core.schema.scenario import DecodeSpec, HardwareSpec, TablePrefill
 from testbed.core.schema.topology import NodeSpec
 from testbed.metrics.records import read_records
 from testbed.run.load import load
@@ -149,7 +149,8 @@ def _decode_run(
     node = NodeSpec("pd-d0", "pd", "dc", "pd", "decode", 0, "h20")
     kv = KVModel(0, 0.0, ("full",))
     host = _Host()
-    dec = DecodeSim(node, spec, kv, cast(Host, host))
+    hw = HardwareSpec(prefill=TablePrefill(kind="table", points=[(1.0, 1.0), (2.0, 2.0)]), decode=spec)
+    dec = DecodeSim(node, hw, kv, cast(Host, host))
     arrivals: list[tuple[float, DecodeSeq]] = []
     for i, (t, n) in enumerate(zip(times, outs)):
         req = SimRequest(i, TraceRequest(f"r{i}", t, 1000 + 700 * i, n), t)

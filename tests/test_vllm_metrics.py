@@ -128,6 +128,9 @@ TESTBED_PREFILL = {
     "testbed_kv_bytes_sent": "counter",
     "testbed_prefills_completed": "counter",
     "testbed_prefills_failed": "counter",
+    "testbed_prefill_passes": "counter",
+    "testbed_prefill_pass_tokens": "counter",
+    "testbed_prefill_pass_chunks": "counter",
     "testbed_kv_backlog_bytes": "gauge",
     "testbed_slowdown_factor": "gauge",
 }

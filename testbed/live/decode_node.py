@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from testbed.core.engine.decode_batch import AdmissionError, Batch, DecodeBatch
+from testbed.core.engine.decode_batch import AdmissionError, Batch
+from testbed.core.engine.decode_blocks import decode_batch_for
 from testbed.core.engine.decode_loop import KV_TIMEOUT_S, DecodeLoop, decode_seq
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.engine.servicetime import DecodeStepTime
 from testbed.core.failures import FailureKind as K
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.json_types import JSONObject
@@ -209,7 +209,6 @@ def make_app(cfg: ServiceConfig) -> web.Application:
     hw = sc.hardware[sc.cluster(node.cluster).hardware]
     if hw.decode is None:
         raise ValueError(f"{cfg.node_id}: hardware of cluster {node.cluster!r} has no decode profile")
-    dspec = hw.decode
     app = web.Application(client_max_size=1 << 20, middlewares=node_middlewares(cfg))
     reg = CollectorRegistry()
     app[REGISTRY_KEY] = reg
@@ -224,9 +223,7 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         )
         assert node.kv is not None
         await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
-        batch = DecodeBatch(
-            DecodeStepTime.from_spec(dspec), dspec.bs_max, dspec.kv_capacity_bytes, time_scale=sc.scale.speedup
-        )
+        batch = decode_batch_for(hw, KVModel.from_spec(sc.model), sc.scale.speedup, compiled=False)
         st = DecodeState(
             cfg, DecodeLoop(batch, slow), receiver, KVModel.from_spec(sc.model), sc.serving.stream_interval
         )

@@ -19,6 +19,7 @@ GET /status -> queue and sender state for the router's control loop (see `_statu
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.prefill_batch import BatchPolicy, PrefillPass, last_pass_layer_ready
 from testbed.core.engine.prefill_loop import CACHE_IN_TIMEOUT_S, PrefillLoop, layer_ready
 from testbed.core.engine.prefill_queue import PrefillJob
 from testbed.core.engine.servicetime import PrefillTime
@@ -63,6 +65,10 @@ class _Pending:
     ship_from: int  # leading tokens whose KV the decode side already holds
     cache_in: int | None  # transfer id of a cached prefix moved here first
     done: asyncio.Future[PrefillReport]
+    # batched: the moved-in prefix's arrival, before the job's first pass
+    cache_wait_start: float = NAN
+    cache_move_end: float = NAN
+    cache_move_bytes: int = 0
 
 
 @dataclass
@@ -75,6 +81,7 @@ class PrefillState:
     kv: KVModel
     pending: dict[str, _Pending] = field(default_factory=dict)
     running: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    started: dict[str, _Pending] = field(default_factory=dict)  # batched: in a pass, not yet ending
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     finishing: set[asyncio.Task[None]] = field(default_factory=set)
     completed: int = 0
@@ -140,6 +147,106 @@ async def _compute_and_send(st: PrefillState, p: _Pending) -> None:
     task.add_done_callback(st.finishing.discard)
 
 
+async def _await_prefix(st: PrefillState, p: _Pending) -> None:
+    """Batched: the prefix moved in for a queued job arrives (the job may then join a pass) or
+    fails (the job is dropped)."""
+    p.cache_wait_start = now()
+    try:
+        assert p.cache_in is not None
+        res = await asyncio.wait_for(st.receiver.expect(p.cache_in), CACHE_IN_TIMEOUT_S)
+        reason = None if res.ok else f"cache move failed: {res.reason}"
+    except TimeoutError:
+        reason = f"moved cached prefix did not arrive within {CACHE_IN_TIMEOUT_S:g} s"
+    if reason is not None:
+        if st.loop.queue.remove(p.job.request_id):
+            st.pending.pop(p.job.request_id, None)
+        log.warning("prefill %s failed: %s", p.job.request_id, reason)
+        _abandon(st, p, reason, K.CACHE_MOVE)
+        return
+    p.cache_move_end, p.cache_move_bytes = res.complete, res.bytes
+    st.loop.prefix_arrived(p.job.request_id, now())
+    st.wakeup.set()
+
+
+async def _send_batched(st: PrefillState, p: _Pending) -> None:
+    """Batched: a job whose last chunk is in the pass computing streams its KV over that pass
+    (`last_pass_layer_ready`); the pass's end is its last layer's."""
+    job = p.job
+    assert job.started_at is not None
+    # What the run is held to: its planned span from its first pass to its last's end.
+    rep = PrefillReport(StageTimes(prefill_queued=job.queued_at), job.pass_start + job.pass_s - job.started_at)
+    t = rep.times
+    t.prefill_start = job.started_at
+    if p.cache_in is not None:
+        t.cache_wait_start, t.cache_move_end, rep.cache_move_bytes_wire = (
+            p.cache_wait_start,
+            p.cache_move_end,
+            p.cache_move_bytes,
+        )
+    layer_bytes = st.kv.layer_bytes(p.tokens, p.ship_from, st.cfg.deployment.scenario.scale.byte_scale)
+    transfer = st.sender.start(p.dest, p.transfer_id, sum(layer_bytes), len(layer_bytes))
+    n = len(layer_bytes)
+    handoff = NAN
+    try:
+        for i, nbytes in enumerate(layer_bytes):
+            await sleep_until(last_pass_layer_ready(job, i, n))
+            transfer.send_layer(i, nbytes)
+            if i == 0:
+                handoff = now()
+    except asyncio.CancelledError:
+        transfer.abort("the request was cancelled")
+        raise
+    t.prefill_end = now()
+    try:
+        sent = await transfer.finish()
+        st.completed += 1
+        t.transfer_start, t.transfer_sent = handoff, sent
+        t.transfer_first_sent = NAN if transfer.first_send is None else transfer.first_send
+    except TransferFailed as e:
+        st.failed += 1
+        rep.error, rep.error_kind = f"kv transfer failed: {e}", K.KV_TRANSFER
+    if not p.done.done():
+        p.done.set_result(rep)
+
+
+async def _guarded(st: PrefillState, p: _Pending) -> None:
+    """`_send_batched`, answering the router whatever it raised (the passes go on)."""
+    try:
+        await _send_batched(st, p)
+    except asyncio.CancelledError:
+        _abandon(st, p, "cancelled: the router gave up on the request", K.ROUTER_ERROR)
+        raise
+    except Exception as e:
+        log.exception("prefill %s failed", p.job.request_id)
+        _abandon(st, p, f"prefill failed: {e}", K.PREFILL_ERROR)
+
+
+def _ran(st: PrefillState, request_id: str, _: asyncio.Task[None]) -> None:
+    st.running.pop(request_id, None)
+
+
+async def _pass_worker(st: PrefillState) -> None:
+    """Batched: one forward pass = a sleep until the pass's end; the jobs it ends stream their
+    layers meanwhile (`_send_batched`) and hand their last layer at its end."""
+    while True:
+        got = st.loop.next_pass(now())
+        if not isinstance(got, PrefillPass):  # nothing ready: a submit or an arrived prefix wakes it
+            st.wakeup.clear()
+            await st.wakeup.wait()
+            continue
+        for j, _ in got.chunks:
+            if j.passes == 1:
+                st.started[j.request_id] = st.pending.pop(j.request_id)
+        for j in got.done:
+            task = asyncio.create_task(_guarded(st, st.started.pop(j.request_id)))
+            st.running[j.request_id] = task
+            st.finishing.add(task)
+            task.add_done_callback(st.finishing.discard)
+            task.add_done_callback(functools.partial(_ran, st, j.request_id))
+        await sleep_until(got.end)
+        st.loop.end_pass(now())
+
+
 async def _worker(st: PrefillState) -> None:
     while True:
         job = st.loop.start_next(now())
@@ -197,6 +304,10 @@ async def handle_prefill(request: web.Request) -> web.Response:
     fut: asyncio.Future[PrefillReport] = asyncio.get_running_loop().create_future()
     st.pending[rid] = _Pending(job, tid, (dnode.kv.host, dnode.kv.port), tokens, ship_from, cache_in, fut)
     st.loop.submit(job, now())
+    if cache_in is not None and st.loop.batching:
+        waiter = asyncio.create_task(_await_prefix(st, st.pending[rid]))
+        st.finishing.add(waiter)
+        waiter.add_done_callback(st.finishing.discard)
     st.wakeup.set()
     try:
         rep = await fut
@@ -206,6 +317,8 @@ async def handle_prefill(request: web.Request) -> web.Response:
             st.pending.pop(rid, None)
         elif (task := st.running.get(rid)) is not None:
             task.cancel()
+        elif st.loop.batching and st.started.pop(rid, None) is not None:
+            st.loop.drop(rid)  # its remaining chunks are not computed
         raise
     return web.json_response(report_to_wire(rep), status=502 if rep.error else 200)
 
@@ -303,7 +416,13 @@ def _metrics(reg: CollectorRegistry, st: PrefillState) -> None:
         lambda: st.loop.slow.at(now()),
     ).counter("testbed_kv_bytes_sent", "KV bytes written to TCP (wire)", lambda: st.sender.bytes_sent).counter(
         "testbed_prefills_completed", "Prefills whose KV was sent", lambda: st.completed
-    ).counter("testbed_prefills_failed", "Prefills whose KV transfer failed", lambda: st.failed).register(reg)
+    ).counter("testbed_prefills_failed", "Prefills whose KV transfer failed", lambda: st.failed).counter(
+        "testbed_prefill_passes", "Forward passes of a batching scheduler (0 under fcfs)", lambda: st.loop.stats.passes
+    ).counter(
+        "testbed_prefill_pass_tokens", "Uncached tokens computed in those passes", lambda: st.loop.stats.tokens
+    ).counter(
+        "testbed_prefill_pass_chunks", "Prompt chunks computed in those passes", lambda: st.loop.stats.chunks
+    ).register(reg)
 
 
 def make_app(cfg: ServiceConfig) -> web.Application:
@@ -328,14 +447,14 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         )
         if node.kv is not None:
             await receiver.start(cfg.deployment.kv_bind(cfg.node_id), node.kv.port)
-        st = PrefillState(
-            cfg, PrefillLoop(slow), sender, receiver, PrefillTime.from_spec(hw.prefill), KVModel.from_spec(sc.model)
-        )
+        model_time = PrefillTime.from_spec(hw.prefill)
+        loop = PrefillLoop(slow, BatchPolicy.from_spec(hw.scheduler), model_time, cfg.scale.speedup)
+        st = PrefillState(cfg, loop, sender, receiver, model_time, KVModel.from_spec(sc.model))
         app[STATE] = st
         _metrics(reg, st)
         series = SeriesWriter(cfg.series_path(), cfg.node_id)
         tasks = [
-            asyncio.create_task(_worker(st)),
+            asyncio.create_task(_pass_worker(st) if st.loop.batching else _worker(st)),
             asyncio.create_task(sample_forever(series, lambda: _collect(st), cfg.sample_interval)),
         ]
         yield

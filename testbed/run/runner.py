@@ -24,12 +24,13 @@ from testbed.config.cli_args import check_out_dir, unwritable_out
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.scenarios import dump_scenario
 from testbed.core import native
+from testbed.core.engine.prefill_batch import PassStats, merged
 from testbed.core.errors import UserError
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy import registry
 from testbed.live.replay_stats import ReplayStats
 from testbed.metrics.artefacts import RunInfo, Summary, run_info, write_artefact
-from testbed.metrics.artefacts.run_file import Shaping, SimInfo, this_process
+from testbed.metrics.artefacts.run_file import PrefillPasses, Shaping, SimInfo, this_process
 from testbed.run.router_check import RouterLost, router_lost
 from testbed.traces.types import Trace, TraceRequest
 
@@ -255,7 +256,9 @@ def _run_sim(
         simulated_s_paper=st.t_end,
         retries=st.retries,
         live_path=rs.live_path.to_dict(),
-        mechanisms=native.implementation(),
+        mechanisms=_mechanisms(rs),
+        prefill_passes=prefill_passes(st.prefill_passes),
+        preemptions=len(st.preemptions) if st.preemptions else None,
     )
     meta.state = "finished"
     write_run_json(meta_path, meta)
@@ -268,6 +271,33 @@ def _run_sim(
     if report:
         write_report(run_dir, summary)
     return RunResult(run_dir, stats, False, summary)
+
+
+def _mechanisms(rs: ResolvedScenario) -> str:
+    """What the run's mechanisms ran as; the compiled decode batch steps aside for the vLLM-like
+    scheduler's block-granular one (`testbed.core.engine.decode_blocks`), which is pure Python."""
+    mech = native.implementation()
+    if mech == "native" and any(h.scheduler.kind != "fcfs" for h in rs.spec.hardware.values()):
+        return "native; python for the vllm scheduler's decode batches (no compiled twin)"
+    return mech
+
+
+def prefill_passes(stats: list[PassStats]) -> PrefillPasses | None:
+    """run.json's account of the batching prefill instances' passes (None: none batches)."""
+    if not stats:
+        return None
+    m = merged(stats)
+    return PrefillPasses(
+        instances=len(stats),
+        passes=m.passes,
+        prompts=m.prompts,
+        tokens_per_pass=m.tokens / m.passes if m.passes else 0.0,
+        prompts_per_pass=m.chunks / m.passes if m.passes else 0.0,
+        chunks_per_prompt=m.chunks / m.prompts if m.prompts else 0.0,
+        busy_s_paper=m.busy_s,
+        max_tokens=m.max_tokens,
+        max_prompts=m.max_prompts,
+    )
 
 
 def make_backend(

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import random
 
-from testbed.core.engine.decode_batch import AdmissionError, Batch, new_batch
+from testbed.core.engine.decode_batch import AdmissionError, Batch
+from testbed.core.engine.decode_blocks import decode_batch_for
 from testbed.core.engine.decode_loop import DecodeLoop, decode_seq
 from testbed.core.engine.kvsize import KVModel
-from testbed.core.engine.servicetime import DecodeStepTime
 from testbed.core.failures import Failure
 from testbed.core.failures import FailureKind as K
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.lifecycle import Event
-from testbed.core.schema.scenario import DecodeSpec
+from testbed.core.schema.scenario import HardwareSpec
 from testbed.core.schema.topology import NodeSpec
 from testbed.sim.events import DECODE
 from testbed.sim.host import Host
@@ -37,6 +37,7 @@ class DecodeSim:
         "sim",
         "loop",
         "spec",
+        "hw",
         "kv",
         "reqs",
         "version",
@@ -51,13 +52,16 @@ class DecodeSim:
     )
 
     def __init__(
-        self, node: NodeSpec, spec: DecodeSpec, kv: KVModel, sim: Host, stalls: tuple[float, float] = (0.0, 0.0)
+        self, node: NodeSpec, hw: HardwareSpec, kv: KVModel, sim: Host, stalls: tuple[float, float] = (0.0, 0.0)
     ) -> None:
+        spec = hw.decode
+        assert spec is not None
         self.node = node
         self.sim = sim
         self.spec = spec
         self.kv = kv
-        self.loop = DecodeLoop(new_batch(DecodeStepTime.from_spec(spec), spec.bs_max, spec.kv_capacity_bytes))
+        self.hw = hw
+        self.loop = DecodeLoop(decode_batch_for(hw, kv))
         self.reqs: dict[str, SimRequest] = {}
         self.version = 0
         self.due = 0.0  # the next boundary where membership changes
@@ -234,7 +238,7 @@ class DecodeSim:
         self.version += 1
         self.fresh = []
         slow = self.loop.slow
-        self.loop = DecodeLoop(new_batch(self.batch.step_time, self.batch.bs_max, self.batch.kv_capacity), slow)
+        self.loop = DecodeLoop(decode_batch_for(self.hw, self.kv), slow)
         self.paused = False
         return held
 

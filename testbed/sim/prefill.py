@@ -10,6 +10,11 @@ stays empty while the link keeps up, and holds the same bytes at the end when it
 the last layer at once when compute ends: what is left to send then is the transfer tail TTFT
 pays.
 
+With a batching scheduler (`testbed.core.engine.prefill_batch`) the instance runs forward
+passes: a prompt's KV streams over its last pass (`last_pass_layer_ready`), the prompts a pass
+ends streaming to the same decode node one after the other in the path's byte order, and each
+prompt's last layer enters at the pass's end.
+
 Faults: a paused instance (SIGSTOP) computes and sends nothing; on resume the layers whose time
 has passed go at once and the compute ends at its planned time or at once if that has passed
 (the live node's layer deadlines are absolute). A killed one loses its queue; its requests are
@@ -19,11 +24,13 @@ the caller's to fail (`kill` returns them).
 from __future__ import annotations
 
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.prefill_batch import BatchPolicy, PrefillPass, last_pass_layer_ready
 from testbed.core.engine.prefill_loop import Dropped, PrefillLoop, layer_ready
 from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.lifecycle import Event
+from testbed.core.schema.scenario import SchedulerSpec
 from testbed.core.schema.topology import NodeSpec
 from testbed.sim.events import PREFILL
 from testbed.sim.host import Host
@@ -48,12 +55,27 @@ class PrefillSim:
         "rate",
         "ends_at",
         "late_end",
+        "started",
+        "streams",
     )
 
-    def __init__(self, node: NodeSpec, time: PrefillTime, kv: KVModel, byte_scale: float, sim: Host) -> None:
+    def __init__(
+        self,
+        node: NodeSpec,
+        time: PrefillTime,
+        kv: KVModel,
+        byte_scale: float,
+        sim: Host,
+        scheduler: SchedulerSpec | None = None,
+    ) -> None:
         self.node = node
         self.sim = sim
-        self.loop = PrefillLoop()
+        self.loop = (
+            PrefillLoop(None, BatchPolicy.from_spec(scheduler), time) if scheduler is not None else PrefillLoop()
+        )
+        self.started: dict[str, SimRequest] = {}  # batched: the requests of the loop's active jobs
+        # batched: the present pass's KV streams, one per decode node: path, rate, tail bytes, requests
+        self.streams: list[tuple[PathHandle, float, float, list[SimRequest]]] = []
         self.time = time
         self.kv = kv
         self.byte_scale = byte_scale
@@ -102,7 +124,91 @@ class PrefillSim:
             self._next(self.sim.loop.now)
 
     def _next(self, t: float) -> None:
+        if self.loop.batching:
+            self._pass_next(t)
+            return
         self._started(self.loop.start_next(t), t)
+
+    # -- batched passes ----------------------------------------------------------------------------
+
+    def _pass_next(self, t: float) -> None:
+        got = self.loop.next_pass(t)
+        if got is None:
+            return
+        if isinstance(got, float):
+            self.version += 1
+            self.sim.loop.at(got, PREFILL, self._arrived, self.version)
+            return
+        self._run_pass(got, t)
+
+    def _run_pass(self, p: PrefillPass, t: float) -> None:
+        for j, _ in p.chunks:
+            if j.passes == 1:  # its first chunk
+                req = self.pending.pop(j.request_id)
+                req.job, req.modelled, req.start = j, j.duration, t
+                req.life.apply(Event.START_PREFILL, t)
+                self.started[j.request_id] = req
+        n, bs, dur, net = self.kv.layers, self.byte_scale, p.duration, self.sim.net
+        groups: dict[str, list[SimRequest]] = {}
+        for j in p.done:
+            req = self.started[j.request_id]
+            assert req.plan is not None
+            # What the run is held to: its planned span from its first pass to its last's end.
+            assert j.started_at is not None
+            req.modelled = j.pass_start + j.pass_s - j.started_at
+            req.transfer_start = last_pass_layer_ready(j, 0, n)
+            req.life.apply(Event.TRANSFER_START, req.transfer_start)
+            groups.setdefault(req.plan.d.decode_node, []).append(req)
+        self.streams = []
+        for dst, reqs in groups.items():
+            path = net.path(self.node.id, dst)
+            lo, early_sum, tails = net.position(path), 0.0, 0.0
+            for req in reqs:
+                assert req.plan is not None
+                total, last = self.kv.shipped(req.tr.input_tokens, req.plan.d.decode_cached_tokens, bs)
+                req.kv_wire = total
+                req.kv_range = (lo, lo + total * bs)
+                lo += total * bs
+                early = (total - last) * bs
+                if dur > 0 and early > 0:
+                    early_sum += early
+                    req.tail_bytes = last * bs
+                else:
+                    req.tail_bytes = total * bs
+                tails += req.tail_bytes
+            rate = early_sum / dur if dur > 0 else 0.0
+            if rate > 0:
+                net.stream(path, t, rate)
+            self.streams.append((path, rate, tails, reqs))
+        self.ends_at = p.end
+        self.version += 1
+        self.sim.loop.at(p.end, PREFILL, self._pass_end, self.version)
+
+    def _pass_end(self, version: int) -> None:
+        if version != self.version:
+            return
+        if self.loop.paused:
+            self.late_end = True
+            return
+        self._finish_pass(self.sim.loop.now)
+
+    def _finish_pass(self, t: float) -> None:
+        done = {j.request_id for j in self.loop.end_pass(t)}
+        net = self.sim.net
+        for path, _, tails, reqs in self.streams:
+            # A request given up on mid-pass leaves its bytes in the stream (they cross for nothing).
+            net.end_stream(path, t, tails)
+            for req in reqs:
+                if req.rid not in done:
+                    continue
+                self.started.pop(req.rid, None)
+                assert req.kv_range is not None
+                req.end = t
+                req.life.apply(Event.END_PREFILL, t)
+                self.sim.transfer_handed(req, path, req.kv_range[1])
+        self.streams = []
+        self.version += 1
+        self._next(t)
 
     def _started(self, got: PrefillJob | float | None, t: float) -> None:
         if got is None:
@@ -127,6 +233,8 @@ class PrefillSim:
         if self.loop.prefix_arrived(req.rid, t) is not None:
             self.blocked = None
             self._compute(req, t)
+        elif self.loop.batching and not self.loop.busy and not self.loop.paused:
+            self._next(t)
 
     def _compute(self, req: SimRequest, t: float) -> None:
         job = req.job
@@ -194,6 +302,9 @@ class PrefillSim:
         if how is Dropped.QUEUED:
             self.pending.pop(req.rid, None)
             return
+        if self.loop.batching:  # its chunks stop; the pass in flight runs on
+            self.started.pop(req.rid, None)
+            return
         if how is Dropped.BLOCKED:
             self.blocked = None
         else:
@@ -209,11 +320,29 @@ class PrefillSim:
         if not self.loop.pause():
             return
         self.paused_at = t
+        for path, rate, _, _ in self.streams:
+            if rate > 0:
+                self.sim.net.stream(path, t, 0.0)
         if self.current is not None and self.path is not None and self.rate > 0:
             self.sim.net.stream(self.path, t, 0.0)
 
     def resume(self, t: float) -> None:
         if not self.loop.paused:
+            return
+        if self.loop.batching:
+            self.loop.resume(t)
+            if self.loop.inflight is None:
+                self._next(t)
+                return
+            net = self.sim.net
+            for path, rate, _, _ in self.streams:
+                if rate > 0:  # the layers whose time passed while it was stopped go at once
+                    net.push(path, t, rate * (min(self.ends_at, t) - self.paused_at))
+                    if self.ends_at > t:
+                        net.stream(path, t, rate)
+            if self.late_end:
+                self.late_end = False
+                self._finish_pass(t)
             return
         req = self.current
         if req is not None and self.path is not None:
@@ -241,10 +370,16 @@ class PrefillSim:
     def kill(self, t: float) -> list[SimRequest]:
         """The process is gone with its queue; returns the requests it held (the caller fails
         them and drops what its senders had not delivered)."""
-        held = list(self.pending.values())
+        held = list(self.pending.values()) + list(self.started.values())
         for r in (self.blocked, self.current):
             if r is not None:
                 held.append(r)
+        if not self.loop.paused:
+            for path, rate, _, _ in self.streams:
+                if rate > 0:
+                    self.sim.net.stream(path, t, 0.0)
+        self.started.clear()
+        self.streams = []
         if self.current is not None and self.path is not None and self.rate > 0 and not self.loop.paused:
             self.sim.net.stream(self.path, t, 0.0)
         self.pending.clear()
@@ -257,4 +392,4 @@ class PrefillSim:
 
     @property
     def running(self) -> bool:
-        return self.current is not None or self.blocked is not None
+        return self.current is not None or self.blocked is not None or self.loop.inflight is not None

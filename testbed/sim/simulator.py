@@ -31,7 +31,9 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.core.control.longterm import RoleMeter
 from testbed.core.control.longterm import controller_for as longterm_for
 from testbed.core.control.short_term import controller_for
+from testbed.core.engine.decode_blocks import BlockBatch, Preemption
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.prefill_batch import PassStats
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.failures import Failure
 from testbed.core.gc_pause import paused_gc
@@ -40,6 +42,7 @@ from testbed.core.record import RequestRecord
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.topology import local_dc, node_specs
 from testbed.metrics.columnar import ParquetRecordWriter, ParquetSeriesFile
+from testbed.metrics.preemptions import PREEMPTIONS_CSV, write_preemptions
 from testbed.metrics.records import RecordWriter
 from testbed.metrics.run_files import DECISIONS_FILE, RECORDS_FILE
 from testbed.metrics.series_format import BatchSeriesFile as SeriesFile
@@ -118,6 +121,8 @@ class SimStats:
     write_s: float = 0.0  # of wall_s, writing records and series in batches while the loop ran
     records: list[RequestRecord] = field(default_factory=list)
     series: list[SeriesPoint] = field(default_factory=list)  # timeseries/ as read back, by time
+    prefill_passes: list[PassStats] = field(default_factory=list)  # each batching prefill instance's
+    preemptions: list[tuple[str, Preemption]] = field(default_factory=list)  # (decode node, what happened)
 
 
 class Simulation:
@@ -168,10 +173,12 @@ class Simulation:
         for n in nodes:
             hw = sc.hardware[n.hardware]
             if n.role == "prefill":
-                self.prefill[n.id] = PrefillSim(n, PrefillTime.from_spec(hw.prefill), kv, self.scale.byte_scale, self)
+                self.prefill[n.id] = PrefillSim(
+                    n, PrefillTime.from_spec(hw.prefill), kv, self.scale.byte_scale, self, hw.scheduler
+                )
             else:
                 assert hw.decode is not None
-                self.decode[n.id] = DecodeSim(n, hw.decode, kv, self, stalls)
+                self.decode[n.id] = DecodeSim(n, hw, kv, self, stalls)
         self.router = SimRouter(self)
         books = self.router.books
         if isinstance(self.net, Network):  # what a fault does to the transport and the links
@@ -307,6 +314,12 @@ class Simulation:
         self.stats.events = self.loop.processed
         self.stats.rebalances = self.net.rebalances
         self.stats.retries = self.router.books.retries
+        self.stats.prefill_passes = [p.loop.stats for p in self.prefill.values() if p.loop.batching]
+        self.stats.preemptions = [
+            (node, e) for node, d in self.decode.items() if isinstance(d.batch, BlockBatch) for e in d.batch.preemptions
+        ]
+        if self.run_dir is not None and self.stats.preemptions:
+            write_preemptions(self.run_dir / PREEMPTIONS_CSV, self.stats.preemptions, self.scale.wire_seconds)
         self.stats.wall_s = self.stats.wall_s or time.perf_counter() - wall
         return self.stats
 

@@ -11,7 +11,15 @@ moved-in prefix has not arrived; the instance is held, as attention needs that p
 slowdown in force when it starts multiplies its modelled duration. Layer i of n has its KV at
 `start + duration * (i + 1) / n` (`layer_ready`).
 
-Driving it:
+With a batching scheduler (`testbed.core.engine.prefill_batch`, `batching` true) the instance
+runs forward passes instead: each carries chunks of several jobs, a job is started at its first
+pass and ends with its last, and a job waiting for a moved-in prefix stays queued (it holds
+nothing). Driving it then:
+    got = loop.next_pass(now)      # a `PrefillPass`, a time to try again, None (idle, or paused)
+    ... until got.end ...
+    done = loop.end_pass(now)      # the jobs whose last chunk it computed
+
+Driving it (fcfs):
     loop.submit(job, now)
     got = loop.start_next(now)     # a job (computing, or `loop.blocked`), a time to try again, None
     loop.prefix_arrived(rid, now)  # the blocked job computes from now (returned)
@@ -22,7 +30,9 @@ from __future__ import annotations
 
 from enum import Enum
 
+from testbed.core.engine.prefill_batch import BatchPolicy, PassStats, PrefillPass, plan_pass
 from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.fault_timeline import SlowDown
 
 # Wire seconds a blocked job waits for its moved-in prefix before failing (the live node and the
@@ -45,7 +55,21 @@ def layer_ready(job: PrefillJob, layer: int, layers: int) -> float:
 
 
 class PrefillLoop:
-    def __init__(self, slow: SlowDown | None = None) -> None:
+    def __init__(
+        self,
+        slow: SlowDown | None = None,
+        batch: BatchPolicy | None = None,
+        time: PrefillTime | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
+        if batch is not None and time is None:
+            raise ValueError("a batching prefill scheduler needs the hardware's step times")
+        self.batch = batch
+        self.time = time
+        self.time_scale = time_scale  # batched passes' modelled seconds are divided by this (speedup)
+        self.active: list[PrefillJob] = []  # batched: started, not ended (oldest first)
+        self.inflight: PrefillPass | None = None  # batched: the pass computing
+        self.stats = PassStats()
         self.queue = PrefillQueue()
         self.slow = slow if slow is not None else SlowDown()
         self.blocked: PrefillJob | None = None  # started, waiting for its moved-in prefix
@@ -55,9 +79,78 @@ class PrefillLoop:
         self._arrived: set[str] = set()  # requests whose moved-in prefix is here
 
     @property
+    def batching(self) -> bool:
+        return self.batch is not None
+
+    @property
     def busy(self) -> bool:
-        """A job holds the instance (computing or blocked)."""
-        return self.queue.current is not None
+        """A job holds the instance (computing or blocked), or a batched pass computes."""
+        return self.queue.current is not None or self.inflight is not None
+
+    # -- batched passes ----------------------------------------------------------------------
+
+    def next_pass(self, now: float) -> PrefillPass | float | None:
+        """On an idle, running, batching instance: the next pass, started at `now`; or the time
+        the first call still on its way reaches the instance (try again then); or None."""
+        assert self.batch is not None and self.time is not None
+        if self.inflight is not None or self.paused:
+            return None
+        ready, later = [], None
+        for j in self.queue.waiting():
+            if j.queued_at > now:
+                later = j.queued_at if later is None else min(later, j.queued_at)
+            elif not j.awaits_prefix or j.request_id in self._arrived:
+                ready.append(j)
+        chunks = plan_pass(self.active, ready, self.batch)
+        if not chunks:
+            return later
+        fresh = [j for j, _ in chunks if j.passes == 0]
+        self.queue.take(fresh)
+        self.active.extend(fresh)
+        dur = self.time.pass_time([(j.done, n, j.cached_tokens) for j, n in chunks]) / self.time_scale
+        dur *= self.slow.at(now)
+        p = PrefillPass(now, dur, chunks)
+        for j, n in chunks:
+            if j.passes == 0:
+                j.started_at = now
+            j.done += n
+            j.passes += 1
+            j.pass_start, j.pass_s = now, dur
+            if j.done >= j.uncached_tokens:
+                p.done.append(j)
+        st = self.stats
+        st.passes += 1
+        st.tokens += p.tokens
+        st.chunks += len(chunks)
+        st.busy_s += dur
+        st.max_tokens = max(st.max_tokens, p.tokens)
+        st.max_prompts = max(st.max_prompts, len(chunks))
+        self.inflight = p
+        return p
+
+    def end_pass(self, now: float) -> list[PrefillJob]:
+        """The pass computing ended: the jobs whose last chunk it computed (given up ones left out)."""
+        p = self.inflight
+        assert p is not None
+        self.inflight = None
+        done = [j for j in p.done if j in self.active]
+        for j in done:
+            self.active.remove(j)
+            self._arrived.discard(j.request_id)
+        self.completed += len(done)
+        self.stats.prompts += len(done)
+        return done
+
+    def drop(self, request_id: str) -> PrefillJob | None:
+        """Batched: a started job failed or was given up: it computes no further."""
+        for j in self.active:
+            if j.request_id == request_id:
+                self.active.remove(j)
+                self._arrived.discard(request_id)
+                return j
+        return None
+
+    # -- one job at a time (fcfs) --------------------------------------------------------------
 
     def submit(self, job: PrefillJob, now: float) -> None:
         """Queue `job`; its call reaches the instance at `now` (a simulator may submit a call
@@ -108,6 +201,8 @@ class PrefillLoop:
         self._arrived.discard(request_id)
         if self.queue.remove(request_id):
             return Dropped.QUEUED
+        if self.batching:
+            return Dropped.COMPUTING if self.drop(request_id) is not None else None
         if self.blocked is not None and self.blocked.request_id == request_id:
             self.blocked = None
             self.queue.finish(now)
@@ -139,7 +234,7 @@ class PrefillLoop:
         None). A blocked job whose prefix arrived meanwhile computes from `now`; an idle instance
         starts its next job: either is returned as `start_next` returns it."""
         self.paused = False
-        if self.computing is not None:
+        if self.computing is not None or self.batching:  # a batching driver asks `next_pass`
             return None
         job = self.blocked
         if job is not None:
@@ -150,6 +245,7 @@ class PrefillLoop:
         """The process is gone with its queue (its driver fails the requests it held)."""
         self.queue = PrefillQueue()
         self.blocked = self.computing = None
+        self.active, self.inflight = [], None
         self.paused = False
         self._arrived.clear()
 

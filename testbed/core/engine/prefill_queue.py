@@ -17,6 +17,12 @@ class PrefillJob:
     queued_at: float = 0.0
     started_at: float | None = None
     awaits_prefix: bool = False  # a cached prefix moved in from another cluster must arrive first
+    # Batched passes (`testbed.core.engine.prefill_batch`): uncached tokens computed so far, the
+    # passes it was in, and its last pass's start and modelled time.
+    done: int = 0
+    passes: int = 0
+    pass_start: float = 0.0
+    pass_s: float = 0.0
 
 
 class PrefillQueue:
@@ -51,6 +57,15 @@ class PrefillQueue:
     def head(self) -> PrefillJob | None:
         """The job that starts next (None: none waits)."""
         return self._q[0] if self._q else None
+
+    def waiting(self) -> list[PrefillJob]:
+        """The waiting jobs, oldest first."""
+        return list(self._q)
+
+    def take(self, jobs: list[PrefillJob]) -> None:
+        """`jobs` (waiting) start in a batched pass: they leave the queue."""
+        gone = {id(j) for j in jobs}
+        self._q = deque(j for j in self._q if id(j) not in gone)
 
     def remove(self, request_id: str) -> bool:
         for job in self._q:

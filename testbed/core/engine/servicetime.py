@@ -74,6 +74,31 @@ class PrefillTime:
         x0, x1, y0, y1 = self.xs[0], self.xs[1], self.ys[0], self.ys[1]
         return self.overhead_s + y0 - (y1 - y0) * x0 / (x1 - x0)
 
+    def chunk_time(self, done: float, tokens: float, cached: float) -> float:
+        """A chunk's share of a batched forward pass: `tokens` uncached tokens of a prompt of
+        which `done` were computed in earlier passes, over a cached prefix of `cached` tokens.
+
+        The rule on the single-prompt curve: a chunk costs its increment on the curve,
+        T(done + tokens) - T(done), with T(0) read as the curve's fixed part (`fixed_time` less
+        the overhead, at least 0), since a pass pays that part once (`pass_time`); a prompt's
+        cached prefix costs `cached_token_s` per token in its first chunk and
+        `cached_attention_s` per cached token per uncached token in each. A whole prompt alone
+        in a pass therefore takes exactly `self(uncached, cached)`, and a prompt cut in chunks
+        the same plus the fixed part once per extra pass."""
+        base = self._intercept()
+        t = self.length_time(done + tokens) - (self.length_time(done) if done > 0 else base)
+        if cached:
+            t += cached * (self.cached_attention_s * tokens + (self.cached_token_s if done == 0 else 0.0))
+        return t
+
+    def pass_time(self, chunks: list[tuple[float, float, float]]) -> float:
+        """A forward pass over `chunks` (done, tokens, cached each; see `chunk_time`): the
+        overhead and the curve's fixed part once, each chunk's increment on the curve."""
+        return self.overhead_s + self._intercept() + sum(self.chunk_time(d, n, c) for d, n, c in chunks)
+
+    def _intercept(self) -> float:
+        return max(self.fixed_time() - self.overhead_s, 0.0)
+
 
 @dataclass(frozen=True)
 class DecodeStepTime:

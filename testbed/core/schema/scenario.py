@@ -140,10 +140,31 @@ class Provenance(_Strict):
     notes: list[str] = []  # caveats in words (fit errors, choices made)
 
 
+class SchedulerSpec(_Strict):
+    """How an instance schedules its forward passes (`testbed.core.engine.prefill_batch`).
+
+    `fcfs`: one prompt per pass, whole, first come first served (the paper's throughput model;
+    the default). `vllm`: a pass fills a token budget (vLLM's max_num_batched_tokens), carries up
+    to `max_num_seqs` prompts, continues partly computed prompts first and chunks long ones
+    across passes when `chunked_prefill` is on; its decode instances hold KV in blocks and preempt
+    by recompute."""
+
+    kind: Literal["fcfs", "vllm"] = "fcfs"  # fcfs: one whole prompt a pass (the paper's); vllm: batched passes
+    max_num_batched_tokens: int = Field(default=8192, gt=0)  # token budget of one prefill pass (vllm)
+    max_num_seqs: int = Field(default=256, gt=0)  # prompts in one prefill pass at most (vllm)
+    chunked_prefill: bool = True  # cut the prompt that meets the end of the budget across passes (vllm)
+    # Decode (`testbed.core.engine.decode_blocks`): KV held in blocks of `block_size` tokens,
+    # `kv_blocks` of them (default: the instance's kv_capacity_bytes at the model's
+    # full-attention bytes per token), preemption by recompute when they run out.
+    block_size: int = Field(default=16, gt=0)
+    kv_blocks: int | None = Field(default=None, gt=0)  # decode KV memory in blocks (vllm; default: from bytes)
+
+
 class HardwareSpec(_Strict):
     prefill: PrefillSpec
     decode: DecodeSpec | None = None
     provenance: Provenance | None = None
+    scheduler: SchedulerSpec = SchedulerSpec()
 
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*$", re.I)

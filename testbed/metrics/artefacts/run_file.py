@@ -76,6 +76,21 @@ class HoldInfo(Section):
     ended: str | None = None
 
 
+class PrefillPasses(Section):
+    """What the batching prefill instances' scheduler did (`testbed.core.engine.prefill_batch`),
+    over all of them; absent when every instance runs one whole prompt a pass (fcfs)."""
+
+    instances: int  # prefill instances with a batching scheduler
+    passes: int  # forward passes they ran
+    prompts: int  # prompts whose last chunk was computed
+    tokens_per_pass: float  # uncached tokens, mean
+    prompts_per_pass: float  # chunks a pass, mean
+    chunks_per_prompt: float  # passes a prompt took part in, mean
+    busy_s_paper: float  # modelled time in passes, all instances
+    max_tokens: int  # in one pass
+    max_prompts: int  # in one pass
+
+
 class SimInfo(Section):
     events: int
     rebalances: int
@@ -85,6 +100,8 @@ class SimInfo(Section):
     retries: int | None = None  # attempts routed again after a failed one
     live_path: dict[str, object] | None = None  # what the simulator added for the live path (wire s)
     mechanisms: str | None = None  # "native" (compiled twins) or "python" (testbed.core.native)
+    prefill_passes: PrefillPasses | None = None
+    preemptions: int | None = None  # decode preemptions by recompute (preemptions.csv lists them)
 
 
 class RunInfo(Artefact):
