@@ -7,9 +7,9 @@ must be replayable: token counts and timestamps within `testbed.core.schema.limi
 
 Sessions, optional, as the Alibaba Bailian traces state them: `chat_id` (this request's id, an
 integer or a string), `parent_chat_id` (the `chat_id` of the turn it follows, -1 or absent for a
-first turn; it must appear on an earlier line) and `think_time` (seconds between the parent's answer
-and this turn, where known). Without them the sessions may be inferred from `hash_ids`
-(`testbed.traces.sessions`).
+first turn; one no earlier line holds, as in an excerpt, makes a first turn) and `think_time`
+(seconds between the parent's answer and this turn, where known). Without them the sessions
+may be inferred from `hash_ids` (`testbed.traces.sessions`).
 """
 
 from __future__ import annotations
@@ -134,9 +134,12 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
                     if type(chat) not in (int, str):
                         raise TraceError(f"expected an integer or a string, got {_show(chat)}", field="chat_id")
                     if pchat != -1 and pchat is not None:
-                        if type(pchat) not in (int, str) or pchat not in chats:
-                            raise TraceError(f"{_show(pchat)} is no chat_id of an earlier line", field="parent_chat_id")
-                        parent = chats[pchat]
+                        if type(pchat) not in (int, str):
+                            raise TraceError(
+                                f"expected an integer or a string, got {_show(pchat)}", field="parent_chat_id"
+                            )
+                        # A parent the file does not hold (an excerpt of a longer trace): a first turn.
+                        parent = chats.get(pchat, "")
                     th = obj.get("think_time")
                     if th is not None:
                         if type(th) not in (int, float) or not 0 <= th < math.inf:
