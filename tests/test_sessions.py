@@ -135,3 +135,38 @@ def test_early_turns_count_follow_ups_sent_before_their_parent_finished() -> Non
     parent = [ROOT, 0, 0, 2]
     assert early_turns(parent, [0.0, 1.0, 3.0, 4.0], [2.0, 3.0, 5.0, 6.0]) == 2  # r1 (1 < 2), r3 (4 < 5)
     assert early_turns(parent, [0.0, 1.0, 3.0, 4.0], [nan, 3.0, 5.0, 6.0]) == 3  # r0 never finished
+
+
+def _sim_records(arrivals: str, trace: Trace):  # type: ignore[no-untyped-def]
+    from testbed.run.load import load
+    from testbed.sim import SimOptions, simulate
+
+    rs = load("paper-prfaas-cache")
+    st = simulate(rs, trace, options=SimOptions(arrivals=arrivals))  # type: ignore[arg-type]
+    return sorted(st.records, key=lambda r: r.trace_index)
+
+
+def _early(records) -> int:  # type: ignore[no-untyped-def]
+    done = [r.times.last_token if r.outcome == "completed" else math.nan for r in records]
+    return early_turns([r.parent_index for r in records], [r.times.arrival for r in records], done)
+
+
+def test_closed_loop_in_the_simulator_never_sends_a_turn_before_its_parent_finished() -> None:
+    # Overloaded on purpose: open loop sends follow-ups before their answers exist.
+    tr = synth_profile("chat", 400, 6.0, 4)
+    opened = _sim_records("open", tr)
+    closed = _sim_records("closed", tr)
+    assert len(opened) == len(closed) == 400
+    assert [r.parent_index for r in closed] == [r.parent_index for r in opened]
+    assert sum(r.parent_index != ROOT for r in closed) > 200
+    assert _early(closed) == 0
+    assert _early(opened) > 0
+    # each turn leaves at max(parent done + think, parent sent + trace gap): never before its timestamp's pacing
+    by = {r.trace_index: r for r in closed}
+    for r in closed:
+        if r.parent_index != ROOT:
+            p = by[r.parent_index]
+            assert r.times.arrival >= p.times.last_token - 1e-9
+    # what closed loop restores: the prefix the follow-up reuses is cached by the time it leaves
+    share = [sum(r.cached_tokens for r in rs) / sum(r.input_tokens for r in rs) for rs in (opened, closed)]
+    assert share[1] > share[0]

@@ -25,8 +25,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 ROOT = -1  # parent index of a first turn
+# How a run sends a trace: open (each request at its timestamp) or closed (the rule above).
+ArrivalMode = Literal["open", "closed"]
+ARRIVAL_MODES: tuple[ArrivalMode, ...] = ("open", "closed")
 
 
 @dataclass(frozen=True, slots=True)

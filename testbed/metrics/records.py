@@ -13,6 +13,8 @@ Schema versions (the file carries no number, its header names the columns):
   retried request by the instances it ran on only (the texts are for people, never parsed).
 - 2: `failure_kind` and `retry_kind` (a `testbed.core.failures.FailureKind`), `failure_node` and
   `retry_node` (the instance it happened at): what failed, as data.
+- 3: `session_id`, `turn` and `parent_index` (the trace index of the turn it follows, -1 for none):
+  the trace's sessions (`testbed.core.sessions`). A version 2 file reads as a trace without them.
 """
 
 from __future__ import annotations
@@ -73,8 +75,11 @@ COLUMNS: tuple[str, ...] = (
     "failure_node",
     "retry_kind",
     "retry_node",
+    "session_id",
+    "turn",
+    "parent_index",
 )
-RECORDS_VERSION = 2
+RECORDS_VERSION = 3
 # Columns added after the first release: a file without them reads as their default.
 OPTIONAL: dict[str, str] = {
     "retries": "0",
@@ -86,6 +91,9 @@ OPTIONAL: dict[str, str] = {
     "failure_node": "",
     "retry_kind": "",
     "retry_node": "",
+    "session_id": "",
+    "turn": "0",
+    "parent_index": "-1",
 }
 _KIND_COLUMNS = frozenset({"failure_kind", "retry_kind"})
 # The longest value a records.csv field holds, in characters, for the writer and the reader alike:

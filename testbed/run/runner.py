@@ -235,7 +235,7 @@ def _run_sim(
     meta_path = run_dir / "run.json"
     write_run_json(meta_path, meta)
     try:
-        st = simulate(rs, trace, run_dir, SimOptions(settle_records=True))
+        st = simulate(rs, trace, run_dir, SimOptions(settle_records=True, arrivals=rs.spec.workload.arrivals))
     except KeyboardInterrupt:
         # The records written so far stay, and run.json says the run was interrupted. Their
         # summary is left to `testbed report`: over a long trace it takes far longer than the
@@ -353,6 +353,7 @@ async def _run_replay_async(
                     client_timeout(sc),
                     t0=t0,
                     api_key=key,
+                    arrivals=sc.workload.arrivals,
                 )
             )
         except asyncio.CancelledError:

@@ -20,8 +20,18 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.core.sessions import ROOT, SessionPlan, plan_sessions
+from testbed.core.sessions import ROOT, ArrivalMode, SessionPlan, plan_sessions
 from testbed.traces.types import Trace, TraceRequest
+
+
+def run_sessions(trace: Trace, arrivals: ArrivalMode) -> SessionPlan | None:
+    """The sessions a run records and (closed loop) follows: the trace's stated ones; inferred
+    from hash_ids only for a closed-loop run (inference reads the whole trace, which an open-loop
+    run of a large trace without sessions need not pay for). None: no request follows another."""
+    if arrivals == "open" and not has_stated_sessions(trace):
+        return None
+    plan, _ = session_plan(trace)
+    return plan if plan.has_sessions else None
 
 
 def has_stated_sessions(trace: Trace) -> bool:
