@@ -170,7 +170,7 @@ def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str
         shaping=shaping,
         slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
         offered_rate=trace.offered_rate,
-        trace={"source": trace.source, "requests": len(trace)},
+        trace={"source": trace.source, "requests": len(trace), "arrivals": sc.workload.arrivals},
         threshold=rs.threshold,
         versions=_versions(),
         interrupted=False,
