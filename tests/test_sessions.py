@@ -170,3 +170,30 @@ def test_closed_loop_in_the_simulator_never_sends_a_turn_before_its_parent_finis
     # what closed loop restores: the prefix the follow-up reuses is cached by the time it leaves
     share = [sum(r.cached_tokens for r in rs) / sum(r.input_tokens for r in rs) for rs in (opened, closed)]
     assert share[1] > share[0]
+
+
+def test_a_closed_loop_run_reports_sessions_by_turn(tmp_path: Path) -> None:
+    import asyncio
+
+    from testbed.metrics.artefacts import Summary
+    from testbed.metrics.artefacts.io import read_artefact
+    from testbed.metrics.report import write_report
+    from testbed.run.load import load
+    from testbed.run.runner import run_replay_async
+
+    rs = load("paper-prfaas-cache", {"workload": {"arrivals": "closed"}})
+    tr = synth_profile("chat", 300, 4.0, 6)
+    asyncio.run(run_replay_async(rs, tr, tmp_path, backend="sim"))
+    s = read_artefact(tmp_path / "summary.json", Summary)
+    ss = s.sessions
+    assert ss is not None and ss.arrivals == "closed" and ss.early_turns == 0
+    assert ss.sessions == len(_truth(tr))
+    assert ss.follow_ups == sum(1 for r in tr.requests if r.parent_id)
+    assert sum(t.requests for t in ss.by_turn) == 300
+    assert ss.by_turn[0].turn == 1 and ss.by_turn[0].requests == ss.sessions
+    # follow-ups reuse their parent's prefix: far more of their prompt is cached than a first turn's
+    first, second = ss.by_turn[0].cached_token_share, ss.by_turn[1].cached_token_share
+    assert first is not None and second is not None and second > first + 0.3
+    write_report(tmp_path, s)
+    assert (tmp_path / "turns.png").exists()
+    assert "## Sessions" in (tmp_path / "report.md").read_text()

@@ -82,3 +82,32 @@ def sessions_summary(records: Sequence[RequestRecord], speedup: float, arrivals:
         session_duration_s_mean=sum(spans) / len(spans) * speedup if spans else None,
         by_turn=turn_figures(records, speedup),
     )
+
+
+def session_rows(s: Sessions) -> list[tuple[str, str]]:
+    """The report's session table: (what, value)."""
+    dur = s.session_duration_s_mean
+    return [
+        ("Arrivals", s.arrivals or "open (before sessions were recorded)"),
+        ("Sessions", f"{s.sessions:,}"),
+        ("Turns per session (mean)", f"{s.turns_per_session_mean:.2f}"),
+        ("Follow-up turns", f"{s.follow_ups:,}"),
+        ("Turns sent before their parent finished", f"{s.early_turns:,}"),
+        ("Session duration, mean (paper s)", "n/a" if dur is None else f"{dur:,.2f}"),
+    ]
+
+
+def turn_rows(s: Sessions) -> list[tuple[str, str, str, str, str]]:
+    def f(x: float | None, spec: str) -> str:
+        return "n/a" if x is None else format(x, spec)
+
+    return [
+        (
+            f"{t.turn}+" if t.turn == LAST_TURN_ROW else str(t.turn),
+            f"{t.requests:,}",
+            f(t.ttft_mean_s, ".3f"),
+            f(t.ttft_p90_s, ".3f"),
+            f(None if t.cached_token_share is None else 100 * t.cached_token_share, ".1f"),
+        )
+        for t in s.by_turn
+    ]
