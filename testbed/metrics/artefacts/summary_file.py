@@ -194,10 +194,13 @@ class TurnFigures(Section):
     turn: int
     """Turn index (1 = a session's first turn); the last row also holds every later turn."""
     requests: int
+    """Requests at this turn index."""
     completed: int
+    """Of them, completed."""
     ttft_mean_s: float | None
     """Paper seconds, over completed requests."""
     ttft_p90_s: float | None
+    """Paper seconds, over completed requests."""
     cached_token_share: float | None
     """Share of the prompt tokens of completed requests served from a prefix cache."""
 
@@ -206,14 +209,17 @@ class Sessions(Section):
     arrivals: str | None
     """open | closed (`testbed.core.sessions`); None: run.json predates it."""
     sessions: int
+    """Sessions with a request in the run (a first turn alone is a session of one)."""
     follow_ups: int
     """Requests that follow another (turn 2 and later)."""
     early_turns: int
     """Follow-ups sent before their parent had finished (0 in closed loop; open loop's shortfall)."""
     turns_per_session_mean: float
+    """Requests per session."""
     session_duration_s_mean: float | None
     """Paper seconds from a session's first send to its last answer (sessions whose turns all completed)."""
     by_turn: list[TurnFigures]
+    """TTFT and the cached prompt share by turn index."""
 
 
 class ThresholdChange(Section):
