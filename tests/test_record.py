@@ -256,18 +256,19 @@ GOLDEN = (
     "transfer_end,decode_admitted,first_token,last_token,tokens_received,kv_bytes_paper,kv_bytes_wire,outcome,"
     "reason,decode_cached_tokens,cache_move_tokens,cache_move_start,cache_move_end,cache_move_bytes_paper,"
     "cache_move_bytes_wire,retries,retry_reason,router_arrival,decode_first_token,decode_last_token,failure_kind,"
-    "failure_node,retry_kind,retry_node\n"
+    "failure_node,retry_kind,retry_node,session_id,turn,parent_index\n"
     "r1,3,30000,16,512,1.500000,1.501000,prfaas,prfaas-p0,pd-d0,1,19400.000000,1.502000,1.600000,2.250000,"
     "0.650000,1.610000,2.400000,2.410000,2.450000,3.200000,16,123456789,482253,completed,,0,1024,1.510000,"
-    "1.580000,4096000,16000,1,prefill node prfaas-p1 unreachable,1.500500,,,,,prefill_node_down,prfaas-p1\n"
+    "1.580000,4096000,16000,1,prefill node prfaas-p1 unreachable,1.500500,,,,,prefill_node_down,prfaas-p1,,0,-1\n"
     'r2,4,100,2,0,2.000000,,,,,0,,,,,,,,,,,0,0,0,failed,"decode node ""x"", gone",0,0,,,0,0,0,,,,,'
-    "decode_node_down,x,,\n"
+    "decode_node_down,x,,,,0,-1\n"
 )
 
 
 def test_csv_bytes_are_the_external_format(tmp_path: Path) -> None:
-    """The file written before the record moved to core, byte for byte (plus the retry columns
-    and the failure columns, added later, which a file without them reads as 0 and empty)."""
+    """The file written before the record moved to core, byte for byte (plus the retry columns,
+    the failure columns and the session columns, added later, which a file without them reads as
+    0, empty and -1)."""
     times = StageTimes(
         arrival=1.5,
         routed=1.501,
@@ -431,7 +432,7 @@ def test_a_bad_csv_file_names_file_line_and_column(tmp_path: Path) -> None:
 
 def test_a_file_written_before_the_retry_columns_still_reads(tmp_path: Path) -> None:
     head, *rows = GOLDEN.splitlines()
-    old = [head.split(",retries,")[0]] + [r.rsplit(",", 9)[0] for r in rows]
+    old = [head.split(",retries,")[0]] + [r.rsplit(",", 12)[0] for r in rows]
     (tmp_path / "records.csv").write_text("\n".join(old) + "\n")
     recs = read_records(tmp_path / "records.csv")
     assert [(r.request_id, r.retries, r.retry_reason) for r in recs] == [("r1", 0, ""), ("r2", 0, "")]
@@ -439,12 +440,23 @@ def test_a_file_written_before_the_retry_columns_still_reads(tmp_path: Path) -> 
 
 def test_a_file_written_before_the_failure_columns_reads_them_empty(tmp_path: Path) -> None:
     head, *rows = GOLDEN.splitlines()
-    old = [head.split(",failure_kind,")[0]] + [r.rsplit(",", 4)[0] for r in rows]
+    old = [head.split(",failure_kind,")[0]] + [r.rsplit(",", 7)[0] for r in rows]
     (tmp_path / "records.csv").write_text("\n".join(old) + "\n")
     recs = read_records(tmp_path / "records.csv")
     assert [(r.request_id, r.retries, r.failure_kind, r.failure_node, r.retry_kind, r.retry_node) for r in recs] == [
         ("r1", 1, "", "", "", ""),
         ("r2", 0, "", "", "", ""),
+    ]
+
+
+def test_a_version_2_file_reads_as_a_trace_without_sessions(tmp_path: Path) -> None:
+    head, *rows = GOLDEN.splitlines()
+    old = [head.split(",session_id,")[0]] + [r.rsplit(",", 3)[0] for r in rows]
+    (tmp_path / "records.csv").write_text("\n".join(old) + "\n")
+    recs = read_records(tmp_path / "records.csv")
+    assert [(r.request_id, r.failure_kind, r.session_id, r.turn, r.parent_index) for r in recs] == [
+        ("r1", "", "", 0, -1),
+        ("r2", "decode_node_down", "", 0, -1),
     ]
 
 

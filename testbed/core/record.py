@@ -125,6 +125,10 @@ class RequestRecord:
     failure_node: str = ""  # the instance it failed at (empty: none, e.g. a KV transfer, a deadline)
     retry_kind: str = ""  # what failed the attempt before (a `FailureKind`; empty without a retry)
     retry_node: str = ""  # the instance the attempt before failed at (empty: none)
+    # The trace's session (`testbed.core.sessions`): the client's knowledge, never on the wire.
+    session_id: str = ""  # empty: the trace has no sessions
+    turn: int = 0  # 1 = a session's first turn; 0: no sessions
+    parent_index: int = -1  # trace index of the turn this one follows (-1: none)
     times: StageTimes = field(default_factory=StageTimes)
 
     @property
@@ -154,11 +158,12 @@ class RequestRecord:
 
 # Field name -> type name ("float", "int", "bool", "str"): annotations are strings here.
 FIELD_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(RequestRecord) if f.name != "times"}
-_IDENTITY = frozenset({"request_id", "trace_index", "input_tokens", "output_tokens"})
+_SESSION = frozenset({"session_id", "turn", "parent_index"})
+_IDENTITY = frozenset({"request_id", "trace_index", "input_tokens", "output_tokens", *_SESSION})
 _CLIENT_VERDICT = frozenset({"tokens_received", "outcome", "reason", "failure_kind", "failure_node"})
 SERVED_FIELDS: tuple[str, ...] = tuple(n for n in FIELD_TYPES if n not in _IDENTITY | _CLIENT_VERDICT)
-# The wire carries everything but the trace index.
-_WIRE_FIELDS: tuple[str, ...] = tuple(n for n in FIELD_TYPES if n != "trace_index")
+# The wire carries everything but the trace index and the session (the client's alone).
+_WIRE_FIELDS: tuple[str, ...] = tuple(n for n in FIELD_TYPES if n != "trace_index" and n not in _SESSION)
 
 
 def _wire_value(name: str, kind: str, v: Any) -> Any:

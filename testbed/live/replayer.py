@@ -1,8 +1,11 @@
-"""Open-loop trace replay against the router's OpenAI-style streaming API.
+"""Trace replay against the router's OpenAI-style streaming API.
 
-Each trace request is sent at its (time-scaled) timestamp whatever happened to earlier ones,
-and lands in the records exactly once: completed, failed with the reason, or, when the run is
-interrupted, failed as interrupted / not sent.
+Open loop: each trace request is sent at its (time-scaled) timestamp whatever happened to earlier
+ones. Closed loop: a session's first turn is sent at its timestamp and each later turn when the
+rule of `testbed.core.sessions` releases it (after its parent's answer), as the simulator does.
+Each request lands in the records exactly once: completed, failed with the reason, or, when the
+run is interrupted, failed as interrupted / not sent. A request of a session carries its session
+id to the router in the `X-Session-ID` header (as aiperf sends it), so sticky routing may use it.
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from testbed.core.failures import Failure
 from testbed.core.failures import FailureKind as K
 from testbed.core.json_types import JSONObject
 from testbed.core.record import RequestRecord, record_from_wire
+from testbed.core.sessions import ArrivalMode, ClosedLoop
 from testbed.live.clock import now, sleep_until
 from testbed.live.openai_api import EXTENSION
 from testbed.live.replay_stats import ReplayStats as ReplayStats  # re-exported
 from testbed.metrics.records import RecordWriter
+from testbed.traces.sessions import run_sessions
 from testbed.traces.types import Trace, TraceRequest
 
 START_LEAD_S = 0.5  # first request leaves this long after t0, so t0 is never in the past
+SESSION_HEADER = "X-Session-ID"
 
 
 def request_body(tr: TraceRequest, model: str) -> JSONObject:
@@ -48,7 +54,8 @@ async def send_one(
     served: RequestRecord | None = None
     error: str | None = None
     tokens = 0
-    async with session.post(f"{url}/v1/completions", json=body) as resp:
+    headers = {SESSION_HEADER: rec.session_id} if rec.session_id else None
+    async with session.post(f"{url}/v1/completions", json=body, headers=headers) as resp:
         if resp.status != 200:
             text = await resp.text()
             kind = K.NO_CAPACITY if resp.status == 503 else K.BAD_REQUEST if resp.status < 500 else K.ROUTER_ERROR
@@ -104,14 +111,28 @@ async def replay(
     request_timeout: float | Callable[[TraceRequest], float] | None = None,
     t0: float | None = None,
     api_key: str | None = None,
+    arrivals: ArrivalMode = "open",
 ) -> ReplayStats:
     """Replay `trace` (paper-time timestamps divided by `speedup`); record times are relative
-    to `t0` (default: now). `api_key`: sent as `Authorization: Bearer KEY`, as OpenAI clients do."""
+    to `t0` (default: now). `api_key`: sent as `Authorization: Bearer KEY`, as OpenAI clients do.
+    `arrivals`: open or closed loop (the module's docstring)."""
     stats = ReplayStats(total=len(trace))
     t0 = now() if t0 is None else t0
     first = START_LEAD_S
     records = [RequestRecord(r.request_id, i, r.input_tokens, r.output_tokens) for i, r in enumerate(trace)]
+    plan = run_sessions(trace, arrivals)
+    if plan is not None:
+        for i, rec in enumerate(records):
+            rec.session_id, rec.turn, rec.parent_index = plan.session[i], plan.turn[i], plan.parent[i]
+    closed = ClosedLoop(plan) if arrivals == "closed" and plan is not None else None
     written = [False] * len(records)
+
+    # Paper seconds on the trace's axis <-> the clock: the rule works in the former.
+    def paper(t: float) -> float:
+        return (t - t0 - first) * speedup
+
+    def clock(p: float) -> float:
+        return t0 + first + p / speedup
 
     def finish(i: int) -> None:
         if not written[i]:
@@ -123,6 +144,25 @@ async def replay(
                 stats.failed += 1
             if on_progress:
                 on_progress(stats)
+
+    def release(i: int) -> None:
+        """Closed loop: request i is done; start the turns it releases."""
+        if closed is None:
+            return
+        for c, at in closed.done(i, paper(now())):
+            tasks.append(asyncio.create_task(turn(c, at)))
+
+    async def turn(i: int, at: float) -> None:
+        await sleep_until(clock(at))
+        start(i)
+        await run(i, trace.requests[i])
+
+    def start(i: int) -> None:
+        if closed is not None:
+            closed.sent(i, paper(now()))
+        stats.sent += 1
+        if on_progress:
+            on_progress(stats)
 
     async def run(i: int, tr: TraceRequest) -> None:
         rec = records[i]
@@ -138,19 +178,26 @@ async def replay(
         except (aiohttp.ClientError, ValueError, KeyError) as e:
             rec.fail(Failure(K.CLIENT_ERROR), f"client error: {type(e).__name__}: {e}")
         finish(i)
+        release(i)
 
     tasks: list[asyncio.Task[None]] = []
     connector = aiohttp.TCPConnector(limit=0)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key is not None else None
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), headers=headers)
     try:
-        for i, tr in enumerate(trace):
-            await sleep_until(t0 + first + tr.timestamp / speedup)
+        order = closed.first_turns() if closed is not None else range(len(trace))
+        reqs = trace.requests
+        for i in order:
+            tr = reqs[i]
+            await sleep_until(clock(tr.timestamp))
             tasks.append(asyncio.create_task(run(i, tr)))
-            stats.sent += 1
-            if on_progress:
-                on_progress(stats)
-        await asyncio.gather(*tasks)
+            start(i)
+        # Closed loop: turns released while waiting add tasks of their own; wait for those too.
+        done = 0
+        while done < len(tasks):
+            n = len(tasks)
+            await asyncio.gather(*tasks[done:n])
+            done = n
     finally:
         for t in tasks:
             t.cancel()

@@ -13,9 +13,11 @@ Schema versions (the file carries no number, its header names the columns):
   retried request by the instances it ran on only (the texts are for people, never parsed).
 - 2: `failure_kind` and `retry_kind` (a `testbed.core.failures.FailureKind`), `failure_node` and
   `retry_node` (the instance it happened at): what failed, as data.
-- 3: records.parquet (`testbed.metrics.columnar`): every field of the record and every stamp, the
-  stamps as microsecond durations; a simulated run writes it always and records.csv (columns as in
-  2) up to 20,000 requests; `testbed export` writes records.csv from it.
+- 3: `session_id`, `turn` and `parent_index` (the trace index of the turn it follows, -1 for none):
+  the trace's sessions (`testbed.core.sessions`). A version 2 file reads as a trace without them.
+  And records.parquet (`testbed.metrics.columnar`): every field of the record and every stamp, the
+  stamps as microsecond durations; a simulated run writes it always and records.csv up to 20,000
+  requests; `testbed export` writes records.csv from it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ COLUMNS: tuple[str, ...] = (
     "failure_node",
     "retry_kind",
     "retry_node",
+    "session_id",
+    "turn",
+    "parent_index",
 )
 RECORDS_VERSION = 3
 # Columns added after the first release: a file without them reads as their default.
@@ -89,6 +94,9 @@ OPTIONAL: dict[str, str] = {
     "failure_node": "",
     "retry_kind": "",
     "retry_node": "",
+    "session_id": "",
+    "turn": "0",
+    "parent_index": "-1",
 }
 _KIND_COLUMNS = frozenset({"failure_kind", "retry_kind"})
 # The longest value a records.csv field holds, in characters, for the writer and the reader alike:

@@ -16,12 +16,13 @@ import numpy as np
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scaling import Scale
 from testbed.metrics.artefacts import RunInfo, Summary
-from testbed.metrics.artefacts.summary_file import Control, Fidelity, WanLink
+from testbed.metrics.artefacts.summary_file import Control, Fidelity, Sessions, WanLink
 from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
 from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands, faults_section, load_faults
 from testbed.metrics.plot_style import line_styles, run_title, stamp
 from testbed.metrics.roles import decision_rows, long_term_rows, plot_roles, read_role_decisions, roles_cell
 from testbed.metrics.series_format import SeriesPoint
+from testbed.metrics.sessions import session_rows, turn_rows
 from testbed.metrics.summary import (
     BREAKDOWN_STAGES,
     BYTE_COUNTERS,
@@ -254,6 +255,8 @@ def comparison_rows(summaries: Sequence[Summary]) -> list[tuple[str, list[str]]]
         row("WAN bytes / request (KV + cache moves)", lambda s: fmt_bytes(s.bytes.wan_per_request_paper)),
         row("Prompt tokens from cache", lambda s: fmt_pct(s.cache.cached_token_share if s.cache else None)),
         row("Cache moves", lambda s: fmt(s.cache.moves if s.cache else None)),
+        row("Arrivals / turns sent before their parent finished", _sessions_cell),
+        row("TTFT mean turn 1 / turn 2+ (s)", _turn_ttft_cell),
         row("Threshold changes / mean", lambda s: _thr_cell(s.control)),
         row("Role conversions -> PD split at the end", roles_cell),
         row("WAN egress mean (senders)", lambda s: fmt_rate(s.wan_egress.mean_Bps_paper)),
@@ -262,6 +265,21 @@ def comparison_rows(summaries: Sequence[Summary]) -> list[tuple[str, list[str]]]
         row("Timing fidelity", _validity_cell),
     ]
     return rows
+
+
+def _sessions_cell(s: Summary) -> str:
+    ss = s.sessions
+    return NA if ss is None else f"{ss.arrivals or 'open'} / {ss.early_turns:,} of {ss.follow_ups:,}"
+
+
+def _turn_ttft_cell(s: Summary) -> str:
+    ss = s.sessions
+    if ss is None or not ss.by_turn:
+        return NA
+    later = [t for t in ss.by_turn if t.turn > 1 and t.ttft_mean_s is not None]
+    n = sum(t.completed for t in later)
+    rest = sum(t.ttft_mean_s * t.completed for t in later if t.ttft_mean_s is not None) / n if n else None
+    return f"{fmt(ss.by_turn[0].ttft_mean_s)} / {fmt(rest)}"
 
 
 def _halves_cell(s: Summary) -> str:
@@ -354,6 +372,32 @@ def plot_ttft_cdf(
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize="small")
+    return _save(fig, path, title)
+
+
+def plot_turns(s: Sessions, path: Path, title: str = "") -> Path:
+    """TTFT (mean, P90) and the cached share of the prompt by turn index."""
+    fig = _figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    turns = [t.turn for t in s.by_turn]
+    nan = float("nan")  # a turn with no completed request: a gap in the line
+    ax.plot(turns, [nan if t.ttft_mean_s is None else t.ttft_mean_s for t in s.by_turn], marker="o", label="TTFT mean")
+    ax.plot(
+        turns, [nan if t.ttft_p90_s is None else t.ttft_p90_s for t in s.by_turn], marker="^", ls="--", label="TTFT P90"
+    )
+    ax.set_xlabel(f"turn index (the last point: turn {turns[-1]} and later)" if turns else "turn index")
+    ax.set_ylabel("TTFT (paper seconds)")
+    ax.grid(alpha=0.3)
+    hit = ax.twinx()
+    shares = [nan if t.cached_token_share is None else 100 * t.cached_token_share for t in s.by_turn]
+    hit.plot(turns, shares, color="tab:green", marker="s", label="cached prompt share")
+    hit.set_ylabel("prompt tokens from cache (%)")
+    hit.set_ylim(0, 100)
+    lines = ax.get_legend_handles_labels()
+    more = hit.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="center right", fontsize="small")
+    if not turns:
+        _no_data(ax, "no session turns")
     return _save(fig, path, title)
 
 
@@ -522,6 +566,15 @@ def write_report(
     crows = cache_rows(s)
     if crows:
         out += ["## Prefix caches", "", md_table(["Cache", "Value"], crows), ""]
+    if s.sessions is not None:
+        out += [
+            "## Sessions",
+            "",
+            md_table(["Sessions", "Value"], session_rows(s.sessions)),
+            "",
+            md_table(["Turn", "Requests", "TTFT mean (s)", "TTFT P90 (s)", "Cached prompt (%)"], turn_rows(s.sessions)),
+            "",
+        ]
     krows = control_rows(s)
     if krows:
         out += ["## Control loop", "", md_table(["Control", "Value"], krows), ""]
@@ -599,6 +652,8 @@ def _write_plots(
             plot_ttft_cdf([(run_label(s), ttfts)], run_dir / "ttft_cdf.png", s.run.slo_ttft_s, title("TTFT CDF")),
         )
     ]
+    if s.sessions is not None:
+        plots.append(("TTFT and cache hit by turn", plot_turns(s.sessions, run_dir / "turns.png", title("by turn"))))
     for name, p in (
         ("Queues", plot_queues(samples, scale.speedup, run_dir / "queues.png", faults, title("queues"))),
         ("KV egress", plot_links(samples, scale, run_dir / "links.png", wan_series, faults, title("KV egress"))),

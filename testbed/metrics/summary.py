@@ -34,6 +34,7 @@ from testbed.metrics.fidelity import fidelity, validity
 from testbed.metrics.roles import long_term_summary
 from testbed.metrics.run_files import read_records_file, records_file
 from testbed.metrics.series_format import SeriesPoint
+from testbed.metrics.sessions import sessions_summary
 from testbed.metrics.stats import percentile
 from testbed.metrics.timeseries import (
     counter_rate,
@@ -91,6 +92,7 @@ class RunMeta:
     cut_short: bool = False  # run.json says `running` and its process is gone
     trace_requests: int | None = None
     pid: int | None = None
+    arrivals: str | None = None  # open | closed; None: run.json predates it
 
 
 def load_run_meta(run_dir: Path) -> RunMeta:
@@ -114,6 +116,7 @@ def load_run_meta(run_dir: Path) -> RunMeta:
         cut_short=cut,
         trace_requests=info.trace.requests if info.trace else None,
         pid=info.pid,
+        arrivals=info.trace.arrivals if info.trace else None,
     )
 
 
@@ -356,6 +359,7 @@ def summarize(
         return None if n is None or not dur else n / dur
 
     fid = fidelity(records, samples, s, meta.slo_ttft_s, meta.slo_tpot_s)
+    sessions = sessions_summary(records, s, meta.arrivals)
 
     def paper_rate(wire: float | None) -> float | None:
         return None if wire is None else wire / s
@@ -418,6 +422,7 @@ def summarize(
             "wan_per_request_wire": _ratio(wan_w + move_w, len(done)),
         },
         "cache": cache_summary(done, scale),
+        "sessions": None if sessions is None else sessions.model_dump(),
         "control": control_summary(run_dir, meta.t0, samples, scale),
         "long_term": long_term_summary(run_dir, meta.t0, samples, scale),
         "link_phases": link_phases(done, samples, scale),

@@ -97,6 +97,13 @@ def add_run_args(
         )
     p.add_argument("--requests", action=StoreOnce, type=int, default=requests_default, help=requests_help)
     p.add_argument(
+        "--arrivals",
+        action=StoreOnce,
+        choices=("open", "closed"),
+        help="open: every request at its timestamp (default); closed: each turn of a session once its "
+        "parent's answer arrived plus its think time, never before (as --set workload.arrivals=...)",
+    )
+    p.add_argument(
         "--force-capacity",
         action="store_true",
         help="start the deployment even where the host check finds it too large for this host's free "
@@ -140,6 +147,8 @@ def run_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     if getattr(args, "speedup", None) not in (None, "auto"):
         out.append(("scale.speedup", float(args.speedup)))
+    if getattr(args, "arrivals", None) is not None:
+        out.append(("workload.arrivals", args.arrivals))
     if args.trace is None:
         only = [
             f

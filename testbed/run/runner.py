@@ -173,7 +173,7 @@ def _run_meta(rs: ResolvedScenario, trace: Trace, name: str | None, backend: str
         shaping=shaping,
         slo={"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
         offered_rate=trace.offered_rate,
-        trace={"source": trace.source, "requests": len(trace)},
+        trace={"source": trace.source, "requests": len(trace), "arrivals": sc.workload.arrivals},
         threshold=rs.threshold,
         versions=_versions(),
         interrupted=False,
@@ -238,7 +238,7 @@ def _run_sim(
     meta_path = run_dir / "run.json"
     write_run_json(meta_path, meta)
     try:
-        st = simulate(rs, trace, run_dir, SimOptions(settle_records=True))
+        st = simulate(rs, trace, run_dir, SimOptions(settle_records=True, arrivals=rs.spec.workload.arrivals))
     except KeyboardInterrupt:
         # The records written so far stay, and run.json says the run was interrupted. Their
         # summary is left to `testbed report`: over a long trace it takes far longer than the
@@ -385,6 +385,7 @@ async def _run_replay_async(
                     client_timeout(sc),
                     t0=t0,
                     api_key=key,
+                    arrivals=sc.workload.arrivals,
                 )
             )
         except asyncio.CancelledError:

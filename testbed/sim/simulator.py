@@ -41,6 +41,7 @@ from testbed.core.json_types import JSONObject
 from testbed.core.record import RequestRecord
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.topology import local_dc, node_specs
+from testbed.core.sessions import ArrivalMode, ClosedLoop
 from testbed.metrics.columnar import ParquetRecordWriter, ParquetSeriesFile
 from testbed.metrics.preemptions import PREEMPTIONS_CSV, write_preemptions
 from testbed.metrics.records import RecordWriter
@@ -61,6 +62,7 @@ from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter
 from testbed.sim.wan import rto_instant
+from testbed.traces.sessions import run_sessions
 from testbed.traces.types import Trace, TraceRequest
 
 START_LEAD_S = 0.5  # wire seconds before the first request, as the live replayer waits
@@ -106,6 +108,7 @@ class SimOptions:
     decisions: bool = True
     settle_records: bool = False
     text_requests: int = 20_000
+    arrivals: ArrivalMode = "open"  # closed: each turn waits for its parent (`testbed.core.sessions`)
 
 
 @dataclass
@@ -231,7 +234,14 @@ class Simulation:
         self.series: dict[str, SeriesFile] = {}
         self.decisions: list[SeriesFile | ParquetSeriesFile] = []
         lead = START_LEAD_S * self.scale.speedup
-        self._arrivals: Iterator[tuple[int, TraceRequest]] = iter(enumerate(trace))
+        # Sessions: the trace's stated ones; inferred from hash_ids only for a closed-loop run.
+        self.sessions = run_sessions(trace, options.arrivals)
+        self.closed_loop = ClosedLoop(self.sessions) if options.arrivals == "closed" and self.sessions else None
+        if self.closed_loop is not None:
+            firsts = self.closed_loop.first_turns()
+            self._arrivals: Iterator[tuple[int, TraceRequest]] = ((i, trace.requests[i]) for i in firsts)
+        else:
+            self._arrivals = iter(enumerate(trace))
         self._lead = lead
         span = (trace.requests[-1].timestamp if len(trace) else 0.0) + lead + 60.0
         per_sample = len(self.prefill) * (7 if sc.faults else 4) + len(self.decode) * 6 + len(self.prefill) + 16
@@ -336,7 +346,15 @@ class Simulation:
     def _arrive(self, arg: tuple[int, TraceRequest]) -> None:
         i, tr = arg
         self._next_arrival()
+        self._send(i, tr)
+
+    def _send(self, i: int, tr: TraceRequest) -> None:
+        if self.closed_loop is not None:
+            self.closed_loop.sent(i, self.loop.now - self._lead)
         self.router.arrive(i, tr, self.loop.now)
+
+    def _turn(self, arg: tuple[int, TraceRequest]) -> None:
+        self._send(*arg)
 
     # -- what the instances and the router call (`testbed.sim.host.Host`) ------------------------
 
@@ -356,6 +374,14 @@ class Simulation:
         else:
             self.stats.failed += 1
         rec = req.record(self.scale)
+        plan = self.sessions
+        if plan is not None:
+            i = req.index
+            rec.session_id, rec.turn, rec.parent_index = plan.session[i], plan.turn[i], plan.parent[i]
+        if self.closed_loop is not None:
+            reqs, lead = self.trace.requests, self._lead
+            for c, d in self.closed_loop.done(req.index, t - lead):
+                self.loop.at(lead + d, ARRIVAL, self._turn, (c, reqs[c]))
         if self.writer is not None:
             self.writer.write(rec)
         if self.columns is not None:

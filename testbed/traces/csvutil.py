@@ -198,7 +198,16 @@ def _slot_setters() -> tuple[Callable[[TraceRequest, object], None], ...]:
     each field through object.__setattr__; setting the slots directly builds the same object in
     about half the time, which is a sixth of the cost of a CSV row."""
     names = tuple(f.name for f in dataclasses.fields(TraceRequest))
-    if names != ("request_id", "timestamp", "input_tokens", "output_tokens", "hash_ids"):
+    if names != (
+        "request_id",
+        "timestamp",
+        "input_tokens",
+        "output_tokens",
+        "hash_ids",
+        "session_id",
+        "parent_id",
+        "think_s",
+    ):
         raise RuntimeError(f"csvutil builds TraceRequest by its fields; update it for {names}")
     return tuple(cast(Callable[[TraceRequest, object], None], getattr(TraceRequest, n).__set__) for n in names)
 
@@ -413,7 +422,7 @@ def scan(
     stem = plain_name(path).stem
     ncols = len(header.columns)
     new = object.__new__
-    set_id, set_time, set_input, set_output, set_hashes = _SETTERS
+    set_id, set_time, set_input, set_output, set_hashes, set_session, set_parent, set_think = _SETTERS
     no_hashes = ()
     line_base = first_line - 1
     prev = -math.inf
@@ -480,6 +489,9 @@ def scan(
                     set_input(r, inp)
                     set_output(r, out)
                     set_hashes(r, no_hashes)
+                    set_session(r, "")
+                    set_parent(r, "")
+                    set_think(r, math.nan)
                     yield r
                     kept += 1
                     if kept == limit:

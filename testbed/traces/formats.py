@@ -9,6 +9,7 @@ and one case in `_format` (mypy names the case a new name lacks).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -138,11 +139,7 @@ def windowed(reqs: Iterator[TraceRequest], window: Window | None, limit: int | N
             break
         if t0 is None:
             t0 = r.timestamp
-        yield (
-            r
-            if t0 == 0.0
-            else TraceRequest(r.request_id, r.timestamp - t0, r.input_tokens, r.output_tokens, r.hash_ids)
-        )
+        yield (r if t0 == 0.0 else dataclasses.replace(r, timestamp=r.timestamp - t0))
         kept += 1
         if kept == limit:
             break

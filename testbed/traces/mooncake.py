@@ -4,11 +4,18 @@ One JSON object per line: `timestamp` (ms, int or float), `input_length`, `outpu
 (tokens) and `hash_ids` (one id per 512-token block of the prompt; equal id = equal prefix
 block). Blank lines are skipped; other keys are ignored so newer releases still load. Values
 must be replayable: token counts and timestamps within `testbed.core.schema.limits`.
+
+Sessions, optional, as the Alibaba Bailian traces state them: `chat_id` (this request's id, an
+integer or a string), `parent_chat_id` (the `chat_id` of the turn it follows, -1 or absent for a
+first turn; one no earlier line holds, as in an excerpt, makes a first turn) and `think_time`
+(seconds between the parent's answer and this turn, where known). Without them the sessions
+may be inferred from `hash_ids` (`testbed.traces.sessions`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +73,7 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
         prev_ts: int | float = 0
         prev_line = 0
         max_hash = MAX_HASH_ID
+        chats: dict[object, str] = {}  # chat_id -> request id
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -119,6 +127,25 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
                     if type(h) is not int or h < 0 or h > _SMALL:
                         if not (type(h) is int and 0 <= h <= max_hash):
                             raise _hash_error(ids, h)
+                parent = ""
+                think = math.nan
+                if "chat_id" in obj:
+                    chat, pchat = obj["chat_id"], obj.get("parent_chat_id", -1)
+                    if type(chat) not in (int, str):
+                        raise TraceError(f"expected an integer or a string, got {_show(chat)}", field="chat_id")
+                    if pchat != -1 and pchat is not None:
+                        if type(pchat) not in (int, str):
+                            raise TraceError(
+                                f"expected an integer or a string, got {_show(pchat)}", field="parent_chat_id"
+                            )
+                        # A parent the file does not hold (an excerpt of a longer trace): a first turn.
+                        parent = chats.get(pchat, "")
+                    th = obj.get("think_time")
+                    if th is not None:
+                        if type(th) not in (int, float) or not 0 <= th < math.inf:
+                            raise TraceError(f"expected seconds >= 0, got {_show(th)}", field="think_time")
+                        think = float(th)
+                    chats[chat] = f"{stem}-{lineno}"
             except TraceError as e:
                 located = TraceError(e.detail, path=p, line=lineno, field=e.field)
                 if on_error is None:
@@ -128,7 +155,7 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
             if t0 is None:
                 t0 = ts
             prev_ts, prev_line = ts, lineno
-            yield TraceRequest(f"{stem}-{lineno}", (ts - t0) / 1000.0, inp, out, tuple(ids))
+            yield TraceRequest(f"{stem}-{lineno}", (ts - t0) / 1000.0, inp, out, tuple(ids), "", parent, think)
 
 
 def load_mooncake(path: str | Path) -> Trace:
@@ -146,7 +173,8 @@ def write_mooncake(path: str | Path, trace: Trace) -> None:
     """Write `trace` as Mooncake JSONL (keys in the original order, ms timestamps).
 
     The format fixes 512-token blocks, so a trace with another block size is refused rather
-    than written with hash ids that would be misread.
+    than written with hash ids that would be misread. A trace with sessions writes them as
+    `chat_id` (the request id), `parent_chat_id` and `think_time` (see the module).
     """
     if trace.block_tokens != MOONCAKE_BLOCK_TOKENS:
         raise ValueError(
@@ -154,13 +182,19 @@ def write_mooncake(path: str | Path, trace: Trace) -> None:
         )
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    sessions = any(r.parent_id or r.session_id for r in trace.requests)
     with p.open("w", encoding="utf-8", newline="\n") as f:
         for r in trace.requests:
-            rec = {
+            rec: dict[str, object] = {
                 "timestamp": _ms(r.timestamp),
                 "input_length": r.input_tokens,
                 "output_length": r.output_tokens,
                 "hash_ids": list(r.hash_ids),
             }
+            if sessions:
+                rec["chat_id"] = r.request_id
+                rec["parent_chat_id"] = r.parent_id or -1
+                if math.isfinite(r.think_s):
+                    rec["think_time"] = round(r.think_s, 6)
             f.write(json.dumps(rec))
             f.write("\n")

@@ -10,6 +10,7 @@ variation (`arrival_times`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 
@@ -191,6 +192,7 @@ REUSE_PROFILES: dict[str, dict[str, object]] = {
         "first_turn": LengthDist(mu=8.8, sigma=0.8, min=512, max=40000),
         "follow_up": LengthDist(mu=7.6, sigma=0.9, min=64, max=16384),
         "output": LengthDist(mu=5.5, sigma=0.6, min=32, max=1024),
+        "think_median_s": 0.3,
     },
 }
 
@@ -231,6 +233,7 @@ def synth_with_prefixes(
     max_input: int = 131072,
     arrival_cv: float = 1.0,
     burst_peak: float = DEFAULT_BURST_PEAK,
+    think_median_s: float | None = None,
 ) -> Trace:
     """Multi-turn conversations with prefix reuse, `n` requests arriving as Poisson at `rate`
     (or as `arrival_times` of `arrival_cv` and `burst_peak`).
@@ -245,6 +248,10 @@ def synth_with_prefixes(
       input blocks; the rest (the partial tail block, now extended, and new text) get new ids.
     - A turn that would exceed `max_input` starts the conversation afresh (as users do).
     - len(hash_ids) == ceil(input_tokens / block_tokens) for every request.
+    - Every request states its session (`session_id`; a restarted conversation is a new one) and
+      the turn it follows (`parent_id`); with `think_median_s`, follow-ups also state a think time,
+      log-normal about that median (sigma 0.6) and under 1 s (tool calls: an agent answers at once).
+      Those draws come after all others, so the rest of the trace is the same with or without.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -284,6 +291,9 @@ def synth_with_prefixes(
     pending = deque(range(n_sessions))
     open_: list[int] = []
     reqs: list[TraceRequest] = []
+    prev_id = [""] * n_sessions  # the session's latest request: the next turn's parent
+    name = [f"s{s}" for s in range(n_sessions)]
+    restarts = [0] * n_sessions
     for i in range(n):
         while len(open_) < concurrency and pending:
             open_.append(pending.popleft())
@@ -296,13 +306,19 @@ def synth_with_prefixes(
         if fresh:
             shared[s] = prompt_ids[int(prompt_of[s])]
             inp = system_prompt_tokens + int(first[i])
+            if taken[s]:  # a conversation begun afresh: a session of its own
+                restarts[s] += 1
+                name[s] = f"s{s}-r{restarts[s]}"
+            prev_id[s] = ""
         inp = min(inp, max_input)
         keep = shared[s]
         new = _blocks(inp, block_tokens) - len(keep)
         ids = keep + tuple(range(next_id, next_id + new))
         next_id += new
         taken[s] += 1
-        reqs.append(TraceRequest(f"s{s}-t{taken[s]}", float(times[i]), inp, int(outs[i]), ids))
+        rid = f"s{s}-t{taken[s]}"
+        reqs.append(TraceRequest(rid, float(times[i]), inp, int(outs[i]), ids, name[s], prev_id[s]))
+        prev_id[s] = rid
         shared[s] = ids[: inp // block_tokens]
         ctx[s] = inp + int(outs[i])
         left[s] -= 1
@@ -310,6 +326,9 @@ def synth_with_prefixes(
             # Swap-remove: O(1), and deterministic since the pick is by index.
             open_[k] = open_[-1]
             open_.pop()
+    if think_median_s is not None:
+        thinks = np.minimum(rng.lognormal(math.log(think_median_s), 0.6, size=n), 0.999)
+        reqs = [r if not r.parent_id else dataclasses.replace(r, think_s=float(thinks[i])) for i, r in enumerate(reqs)]
     source = (
         f"synth_with_prefixes(n={n}, rate={rate}, seed={seed}, sessions={n_sessions}"
         f"{_arrivals_note(arrival_cv, burst_peak)})"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
 import sys
 from array import array
 from collections.abc import Callable, Iterable
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -19,7 +20,8 @@ from testbed.traces.burstgpt import MODELS
 from testbed.traces.csvutil import LoadStats, Window
 from testbed.traces.distinct import DistinctCounter
 from testbed.traces.formats import FORMATS, SUPPORTED_FORMATS, WriteOptions
-from testbed.traces.loader import block_tokens_of, detect_format, iter_trace, notes_for
+from testbed.traces.loader import block_tokens_of, detect_format, iter_trace, load_trace, notes_for
+from testbed.traces.sessions import SessionStats, session_stats
 from testbed.traces.synthetic import DEFAULT_BURST_PEAK, REUSE_PROFILES, synth_profile, synthetic_trace
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
@@ -200,6 +202,8 @@ ESTIMATE_NOTE = "prefix reuse estimated (to about 1%): too many distinct sparse 
 class TraceSummary(TypedDict):
     """What `trace info` prints (and `trace check` counts) of a trace file."""
 
+    sessions: NotRequired[dict[str, object]]  # the sessions found (`trace info` only)
+
     source: str
     requests: int
     duration_s: float
@@ -309,12 +313,43 @@ def _stream_summary(
     return acc.result(source, block_tokens_of(fmt), notes_for(fmt, stats))
 
 
+def _session_summary(args: argparse.Namespace) -> SessionStats | None:
+    """The sessions of a format that can hold them (stated or inferable from hash_ids)."""
+    fmt = detect_format(args.path) if args.format == "auto" else args.format
+    if fmt != "mooncake":
+        return None
+    return session_stats(load_trace(args.path, fmt, window=args.window))
+
+
+def _print_sessions(ss: SessionStats) -> None:
+    if ss.source == "none":
+        print("sessions      none (no request follows another)")
+        return
+    mean, p50, p90, most = ss.turns_per_session
+    print(
+        f"sessions      {ss.sessions:,} ({ss.source}), {ss.multi_turn_sessions:,} of two or more turns "
+        f"holding {ss.turns:,} requests"
+    )
+    print(f"turns/session mean {mean:,.2f}  p50 {p50:,.0f}  p90 {p90:,.0f}  max {most:,}")
+    if ss.think_s is not None:
+        print("think time    mean {:,.3f}  p50 {:,.3f}  p90 {:,.3f} s (stated)".format(*ss.think_s))
+    if ss.gap_s is not None:
+        print(
+            "turn gap      mean {:,.2f}  p50 {:,.2f}  p90 {:,.2f} s (trace: parent's arrival to the turn's)".format(
+                *ss.gap_s
+            )
+        )
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     try:
         s = _stream_summary(args, args.window)
+        ss = _session_summary(args)
     except TraceError as e:
         print(f"trace info: {e}", file=sys.stderr)
         return 2
+    if ss is not None:
+        s["sessions"] = dataclasses.asdict(ss)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
@@ -332,6 +367,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         )
     else:
         print("prefix reuse  none (no prefix block hashes)")
+    if ss is not None:
+        _print_sessions(ss)
     for note in s["notes"]:
         print(f"note          {note}")
     return 0

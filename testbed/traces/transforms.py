@@ -6,6 +6,7 @@ chain for provenance in run reports.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 
@@ -18,8 +19,18 @@ def _rebuild(trace: Trace, requests: Iterable[TraceRequest], what: str, scale: f
     reqs = list(requests)
     t0 = reqs[0].timestamp if reqs else 0.0
     if t0 != 0.0 or scale != 1.0:
+        # `replace` keeps the session fields (a turn's think time is the user's, never rescaled).
         reqs = [
-            TraceRequest(r.request_id, (r.timestamp - t0) / scale, r.input_tokens, r.output_tokens, r.hash_ids)
+            TraceRequest(
+                r.request_id,
+                (r.timestamp - t0) / scale,
+                r.input_tokens,
+                r.output_tokens,
+                r.hash_ids,
+                r.session_id,
+                r.parent_id,
+                r.think_s,
+            )
             for r in reqs
         ]
     return Trace(reqs, source=f"{trace.source} | {what}", block_tokens=trace.block_tokens, notes=trace.notes)
@@ -83,9 +94,6 @@ def cap_output(trace: Trace, max_output: int) -> Trace:
     if max_output < 0:
         raise ValueError(f"max_output must be >= 0, got {max_output}")
     reqs = (
-        r
-        if r.output_tokens <= max_output
-        else TraceRequest(r.request_id, r.timestamp, r.input_tokens, max_output, r.hash_ids)
-        for r in trace.requests
+        r if r.output_tokens <= max_output else dataclasses.replace(r, output_tokens=max_output) for r in trace.requests
     )
     return _rebuild(trace, reqs, f"cap_output({max_output})")

@@ -38,13 +38,21 @@ class TraceError(UserError, ValueError):
 class TraceRequest:
     """One request. `timestamp` is seconds since the trace's first request (paper time);
     `hash_ids` are the prefix block hashes (block size = the trace's `block_tokens`);
-    equal hash at equal position = equal prefix block. Empty when the source has none."""
+    equal hash at equal position = equal prefix block. Empty when the source has none.
+
+    Sessions, where the source states them: `session_id` names the conversation, `parent_id` the
+    request_id of the turn this one follows (empty: a first turn), `think_s` the paper seconds the
+    user (or agent) takes between the parent's answer and this turn (NaN: the source gives none;
+    `testbed.core.sessions` says what closed-loop replay does then)."""
 
     request_id: str
     timestamp: float
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...] = ()
+    session_id: str = ""
+    parent_id: str = ""
+    think_s: float = math.nan
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
+from testbed.core.sessions import ArrivalMode
 
 MIB = 1024 * 1024
 
@@ -350,6 +351,10 @@ class WorkloadSpec(_Strict):
     rate: float = Field(default=1.0, gt=0)
     requests: int = Field(default=200, gt=0)
     seed: int = 1
+    # How a run sends its trace (this workload's or --trace's): open loop, each request at its
+    # timestamp, or closed loop, each turn of a session after its parent's answer
+    # (`testbed.core.sessions`); a trace without sessions runs the same either way.
+    arrivals: ArrivalMode = "open"
     # The trace (and window) a `testbed plan` file was sized for, as `--trace FILE [--window W]`:
     # a run of the file without --trace warns that it replays this synthetic workload instead.
     planned_for: str | None = None

@@ -67,6 +67,7 @@ class Slo(Section):
 class TraceInfo(Section):
     source: str
     requests: int | None = None  # None: outside clients (`testbed up --hold`)
+    arrivals: Literal["open", "closed"] | None = None  # how it was sent; None: written before sessions
 
 
 class HoldInfo(Section):

@@ -13,6 +13,8 @@ Schema versions (`schema_version`; `schema` is the older layout counter, kept as
   `warn` judged is one of its bounds). Files of versions 1-3 keep their `warn` and read as before.
   `requests.failure_kinds` (failed records by their `failure_kind`; records.csv version 2) and
   `requests.failure_nodes` (by their `failure_node`); an older file reads with both empty.
+- 5: `sessions` (a run of a trace with sessions: the arrival mode, sessions, early turns, figures by
+  turn index; records.csv version 3); absent in older files and in runs of traces without sessions.
 
 Unknown keys are errors everywhere except where the keys are names (links, nodes, failure
 reasons, decision actions): a dict of typed values there.
@@ -26,7 +28,7 @@ from pydantic import Field
 
 from testbed.metrics.artefacts.io import Artefact, Section
 
-SUMMARY_VERSION = 4
+SUMMARY_VERSION = 5
 LAYOUT = 2  # `schema`: 2 added `validity` and the fidelity section's decode, lag, router and CPU measures
 
 
@@ -186,6 +188,38 @@ class Cache(Section):
     """Paper bytes those moves carried."""
     move_wait_s: float | None
     """Mean wait of a prefill for its moved prefix, paper seconds."""
+
+
+class TurnFigures(Section):
+    turn: int
+    """Turn index (1 = a session's first turn); the last row also holds every later turn."""
+    requests: int
+    """Requests at this turn index."""
+    completed: int
+    """Of them, completed."""
+    ttft_mean_s: float | None
+    """Paper seconds, over completed requests."""
+    ttft_p90_s: float | None
+    """Paper seconds, over completed requests."""
+    cached_token_share: float | None
+    """Share of the prompt tokens of completed requests served from a prefix cache."""
+
+
+class Sessions(Section):
+    arrivals: str | None
+    """open | closed (`testbed.core.sessions`); None: run.json predates it."""
+    sessions: int
+    """Sessions with a request in the run (a first turn alone is a session of one)."""
+    follow_ups: int
+    """Requests that follow another (turn 2 and later)."""
+    early_turns: int
+    """Follow-ups sent before their parent had finished (0 in closed loop; open loop's shortfall)."""
+    turns_per_session_mean: float
+    """Requests per session."""
+    session_duration_s_mean: float | None
+    """Paper seconds from a session's first send to its last answer (sessions whose turns all completed)."""
+    by_turn: list[TurnFigures]
+    """TTFT and the cached prompt share by turn index."""
 
 
 class ThresholdChange(Section):
@@ -456,6 +490,8 @@ class Summary(Artefact):
     """KV bytes moved, from the records."""
     cache: Cache | None = None
     """Prefix-cache reuse and cross-cluster cache moves (`testbed.metrics.control`)."""
+    sessions: Sessions | None = None
+    """A run of a trace with sessions: its arrival mode, early turns and figures by turn index."""
     control: Control | None = None
     """The short-term control loop's threshold changes and bandwidth estimates (`null` without it)."""
     long_term: LongTerm | None = None
