@@ -366,6 +366,23 @@ class ServingSpec(_Strict):
     idle_timeout_s: float = Field(default=75.0, gt=0, le=3600)
 
 
+# vLLM's NixlConnector frees a prefill's KV that no decode pulled after this long
+# (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s).
+VLLM_KV_HOLD_TIMEOUT_S = 480.0
+
+
+class NodesSpec(_Strict):
+    """Which PD protocol the mock nodes speak (`testbed.live.engine_protocol`): `testbed` (the
+    router opens the decode stream, then asks the prefill, which pushes the KV layer by layer),
+    `vllm` (two stages; the decode pulls the KV after the prefill has ended, from where the
+    prefill's `kv_transfer_params` say) or `sglang` (one stage to both; a bootstrap room; the
+    prefill pushes)."""
+
+    protocol: Literal["testbed", "vllm", "sglang"] = "testbed"
+    # vllm: wire seconds a finished prefill holds KV that no decode pulled before freeing it.
+    kv_hold_timeout_s: float = Field(default=VLLM_KV_HOLD_TIMEOUT_S, gt=0, le=86400)
+
+
 class LivePathSpec(_Strict):
     """What the live path costs a request, wire seconds (`testbed.core.schema.live_path`)."""
 
@@ -529,6 +546,7 @@ class Scenario(_Strict):
     workload: WorkloadSpec = WorkloadSpec()
     transfer: TransferSpec = TransferSpec()
     serving: ServingSpec = ServingSpec()
+    nodes: NodesSpec = NodesSpec()
     # Timed fault events (see `testbed.core.fault_timeline` for their timeline).
     faults: list[FaultSpec] = []
     sim: SimSpec = SimSpec()
