@@ -45,7 +45,8 @@ def vllm_deployment(tmp_path: Path, hold_s: float = 480.0) -> Deployment:
         {
             "scale": {"speedup": 40, "byte_scale": 1024},
             "workload": {"requests": 4, "rate": 4.0, "output_tokens": 4, "seed": 3},
-            "nodes": {"protocol": "vllm", "kv_hold_timeout_s": hold_s},
+            "router": {"kind": "vllm-router"},
+            "nodes": {"kv_hold_timeout_s": hold_s},
         },
     )
     return loopback_deployment(resolve(sc), str(tmp_path))
@@ -127,9 +128,11 @@ async def test_vllm_router_requests_replayed_against_the_mock_nodes(tmp_path: Pa
         pre, pull, dec = by["prefill"], by["kv_pull"], by["decode"]
         # vLLM's discipline: the KV moves only after the prefill has ended, and arrives whole.
         assert pre["prefill_start"] <= pre["prefill_end"] <= dec["kv_pull_sent"] <= pull["transfer_start"]
-        assert pull["transfer_start"] <= dec["kv_first_byte"] <= dec["kv_complete"] <= dec["first_token"]
+        assert (
+            pull["transfer_start"] <= dec["transfer_first_received"] <= dec["transfer_end"] <= dec["decode_first_token"]
+        )
         assert dec["kv_bytes_received"] == pull["kv_bytes_wire"] == pre["kv_bytes_held"] > 0
-        assert dec["first_token"] <= dec["last_token"] and dec["output_tokens"] > 0
+        assert dec["decode_first_token"] <= dec["decode_last_token"] and dec["output_tokens"] > 0
 
 
 async def test_held_kv_is_freed_after_the_hold_timeout_and_a_late_pull_fails(tmp_path: Path) -> None:

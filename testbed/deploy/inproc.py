@@ -17,7 +17,7 @@ def make_service_app(dep: Deployment, node_id: str) -> web.Application:
     if node_id == "router":
         return router.make_app(cfg)
     role = dep.nodes[node_id].role
-    if dep.scenario.nodes.protocol == "vllm":
+    if dep.scenario.node_protocol == "vllm":
         return vllm_pd.make_prefill_app(cfg) if role == "prefill" else vllm_pd.make_decode_app(cfg)
     return prefill_node.make_app(cfg) if role == "prefill" else decode_node.make_app(cfg)
 

@@ -159,7 +159,7 @@ def node_middlewares(cfg: ServiceConfig) -> list[Any]:
     """A node serves its deployment only: every route but /health and /metrics needs the run
     secret, which the router and the runner send (`testbed.live.auth`)."""
     dep = cfg.deployment
-    if dep.scenario.nodes.protocol == "testbed":
+    if dep.scenario.node_protocol == "testbed":
         return [run_secret_middleware(dep.credentials.run_secret)]
     # A foreign router calls the engine routes without the run secret: they check its address.
     hosts = dep.node_hosts() | {dep.router.host} | ({"127.0.0.1"} if dep.bind_loopback else set())

@@ -16,6 +16,8 @@ StageValue = float | int | str | None
 class StageLog:
     def __init__(self, cfg: ServiceConfig) -> None:
         self.node = cfg.node_id
+        n = cfg.deployment.nodes.get(cfg.node_id)
+        self.where = {"cluster": n.cluster, "datacenter": n.datacenter} if n is not None else {}
         rd = cfg.deployment.run_dir
         self._f: IO[str] | None = None
         if rd:
@@ -25,7 +27,7 @@ class StageLog:
         self.lines: list[dict[str, StageValue]] = []  # kept for tests when there is no run directory
 
     def write(self, request_id: str, **stamps: StageValue) -> None:
-        line: dict[str, StageValue] = {"request_id": request_id, "node": self.node, **stamps}
+        line: dict[str, StageValue] = {"request_id": request_id, "node": self.node, **self.where, **stamps}
         if self._f is not None:
             self._f.write(json.dumps(line) + "\n")
         else:

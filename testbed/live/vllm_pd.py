@@ -154,7 +154,9 @@ async def prefill_completion(request: web.Request) -> web.Response:
         prefill_start=t.prefill_start,
         prefill_end=t.prefill_end,
         input_tokens=tokens,
+        prefill_modelled=duration,
         kv_bytes_held=held.bytes,
+        kv_bytes_paper=sum(st.kv.layer_bytes(tokens, 0, 1.0)),
         remote_request_id=remote_id,
     )
     http = st.cfg.deployment.nodes[st.cfg.node_id].http
@@ -296,7 +298,11 @@ async def decode_completion(request: web.Request) -> web.StreamResponse:
             reason = "kv transfer failed: " + (f"not complete within {KV_TIMEOUT_S:g} s" if res is None else res.reason)
             vd.log.write(rid, stage="decode", **stamps, error=reason)
             return _error(502, reason)
-        stamps |= {"kv_first_byte": res.first_byte, "kv_complete": res.complete, "kv_bytes_received": res.bytes}
+        stamps |= {
+            "transfer_first_received": res.first_byte,
+            "transfer_end": res.complete,
+            "kv_bytes_received": res.bytes,
+        }
         try:
             st.loop.submit(decode_seq(st.kv, rid, req.input_tokens, req.output_tokens))
         except AdmissionError as e:
@@ -332,13 +338,13 @@ async def _answer(
         elif ev["event"] == "tokens":
             n = min(int(ev["n"]), req.output_tokens)
             if sent == 0:
-                stamps["first_token"] = ev["t"]
+                stamps["decode_first_token"] = ev["t"]
             if resp is not None and n > sent:
                 fin = req.output.finish if n >= req.output_tokens else None
                 await resp.write(_sse(chunk(req, rid, model, sent, n - sent, fin)))
             sent = max(sent, n)
         elif ev["event"] == "done":
-            stamps |= {"last_token": ev["t"], "output_tokens": sent}
+            stamps |= {"decode_last_token": ev["t"], "output_tokens": sent}
             break
     log.write(rid, stage="decode", input_tokens=req.input_tokens, **stamps)
     if resp is None:

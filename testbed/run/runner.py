@@ -65,6 +65,7 @@ def _versions() -> dict[str, str]:
 # rerun into the same directory must start from none of the previous run's, or the two mix.
 RUN_ARTEFACTS = (
     "timeseries",
+    "stages",
     "logs",
     "decisions.jsonl",
     "faults.jsonl",
@@ -313,6 +314,7 @@ async def _run_replay_async(
     from testbed.live.clock import now
     from testbed.live.hostload import sample_host
     from testbed.live.replayer import replay
+    from testbed.metrics.node_stages import NodeStages
     from testbed.metrics.records import RecordWriter
     from testbed.metrics.report import write_report
     from testbed.metrics.series_format import SeriesWriter
@@ -353,6 +355,8 @@ async def _run_replay_async(
                     client_timeout(sc),
                     t0=t0,
                     api_key=key,
+                    foreign=NodeStages(run_dir) if sc.router.kind != "testbed" else None,
+                    block_tokens=trace.block_tokens,
                 )
             )
         except asyncio.CancelledError:
