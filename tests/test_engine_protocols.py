@@ -39,21 +39,21 @@ NIXL_PREFILL_ANSWER = {
 KEPT_HEADERS = ("Content-Type", "Authorization", "X-Request-ID", "Accept")
 
 
-def vllm_deployment(tmp_path: Path, hold_s: float = 480.0) -> Deployment:
+def vllm_deployment(tmp_path: Path, hold_s: float = 480.0, router: str = "vllm-router") -> Deployment:
     sc = load_scenario(
         "paper-prfaas",
         {
             "scale": {"speedup": 40, "byte_scale": 1024},
             "workload": {"requests": 4, "rate": 4.0, "output_tokens": 4, "seed": 3},
-            "router": {"kind": "vllm-router"},
+            "router": {"kind": router},
             "nodes": {"kv_hold_timeout_s": hold_s},
         },
     )
     return loopback_deployment(resolve(sc), str(tmp_path))
 
 
-def recorded(router: str) -> list[dict[str, Any]]:
-    return [e for e in json.loads((FIXTURES / f"{router}.json").read_text()) if e["phase"] != "client"]
+def recorded(name: str) -> list[dict[str, Any]]:
+    return [e for e in json.loads((FIXTURES / f"{name}.json").read_text()) if e["phase"] != "client"]
 
 
 def stages(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
@@ -75,15 +75,18 @@ async def _sse(r: aiohttp.ClientResponse) -> list[Any]:
     return events
 
 
-async def test_vllm_router_requests_replayed_against_the_mock_nodes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fixture", ["vllm-router", "vllm-router-power_of_two"])
+async def test_vllm_router_requests_replayed_against_the_mock_nodes(tmp_path: Path, fixture: str) -> None:
     dep = vllm_deployment(tmp_path)
     p, d = dep.nodes["pd-p0"].http.url, dep.nodes["pd-d0"].http.url
-    rec = recorded("vllm-router")
+    rec = recorded(fixture)
     async with InProcessBackend(dep, skip=frozenset({"router"})), aiohttp.ClientSession() as s:
-        # Start-up: /health and /metrics on every worker, without credentials.
+        # Start-up: /health, /metrics (and /get_load for power_of_two) on every worker.
         for e in (e for e in rec if e["phase"] == "startup"):
             async with s.request(e["method"], (p if e["worker"] == "prefill" else d) + e["path"]) as r:
                 assert r.status == 200, (e["path"], await r.text())
+                if e["path"] == "/get_load":
+                    assert set((await r.json())[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
         # Per request: stage 1 to the prefill, its kv_transfer_params copied into stage 2.
         reqs = [e for e in rec if e["phase"] == "request"]
         assert [e["worker"] for e in reqs] == ["prefill", "decode"] * (len(reqs) // 2)
@@ -166,3 +169,55 @@ async def test_requests_the_pair_cannot_serve_are_refused_saying_why(tmp_path: P
         # The testbed's own routes still need the run secret.
         async with s.post(p + "/testbed/kv/pull", json={}) as r:
             assert r.status == 403
+
+
+async def test_sglang_router_requests_replayed_against_the_mock_nodes(tmp_path: Path) -> None:
+    """sglang-router posts each request to a prefill and a decode node at once with a bootstrap
+    room; the decode registers with the prefill's bootstrap service and the prefill pushes."""
+    dep = vllm_deployment(tmp_path, router="sglang-router")
+    pn = dep.nodes["pd-p0"].http
+    p, d = pn.url, dep.nodes["pd-d0"].http.url
+    rec = recorded("sglang-router")
+    async with InProcessBackend(dep, skip=frozenset({"router"})), aiohttp.ClientSession() as s:
+        for e in (e for e in rec if e["phase"] == "startup"):
+            # The deployment starts the router without --api-key: it sends workers no key.
+            async with s.request(e["method"], (p if e["worker"] == "prefill" else d) + e["path"]) as r:
+                assert r.status == 200, (e["path"], await r.text())
+                if e["path"] == "/server_info":
+                    assert (await r.json())["disaggregation_mode"] == e["worker"]
+        rooms: dict[int, dict[str, dict[str, Any]]] = {}
+        for e in (e for e in rec if e["phase"] == "request"):
+            rooms.setdefault(e["body"]["bootstrap_room"], {})[e["worker"]] = e
+        assert rooms and all(set(v) == {"prefill", "decode"} for v in rooms.values())
+
+        async def post(url: str, e: dict[str, Any]) -> tuple[int, str, str]:
+            # As the deployment's router would send it: the bootstrap port is the prefill's HTTP port.
+            body = dict(e["body"], bootstrap_host=pn.host, bootstrap_port=pn.port)
+            hdrs = {k: v for k, v in e["headers"].items() if k in ("Content-Type", "Accept")}
+            async with s.post(url + e["path"], json=body, headers=hdrs) as r:
+                return r.status, r.headers.get("Content-Type", ""), await r.text()
+
+        for room, pair in rooms.items():
+            (ps, _, ptxt), (ds, dtype, dtxt) = await asyncio.gather(post(p, pair["prefill"]), post(d, pair["decode"]))
+            assert ps == 200 and ds == 200, (ptxt, dtxt)
+            dec = pair["decode"]
+            stream = dec["body"].get("stream")
+            if stream:
+                assert dtype.startswith("text/event-stream") and dtxt.rstrip().endswith("data: [DONE]")
+                last = json.loads(dtxt.rstrip().split("\n\n")[-2][len("data: ") :])
+            else:
+                last = json.loads(dtxt)
+            if dec["path"] == "/generate":
+                assert last["meta_info"]["finish_reason"]["type"] == "length"
+                assert last["meta_info"]["completion_tokens"] == dec["body"]["sampling_params"]["max_new_tokens"]
+                assert last["meta_info"]["id"] == f"room-{room}"
+            else:
+                assert last["choices"][0]["finish_reason"] == "length" and last["id"] == f"room-{room}"
+    st = stages(tmp_path)
+    for room in rooms:
+        by = {x["stage"]: x for x in st[f"room-{room}"]}
+        pre, dec = by["prefill"], by["decode"]
+        # SGLang's discipline: the decode registered first, the KV is pushed as layers are computed.
+        assert dec["registered"] <= pre["prefill_start"] <= pre["transfer_start"] <= pre["prefill_end"]
+        assert pre["transfer_start"] <= dec["transfer_first_received"] <= dec["transfer_end"]
+        assert dec["kv_bytes_received"] == pre["kv_bytes_wire"] > 0

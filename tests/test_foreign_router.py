@@ -5,6 +5,7 @@ vllm-router on the local backend whose records come from the nodes' own logs."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from testbed.traces.types import TraceRequest
 
 VLLM_ROUTER = Path(sys.executable).parent / "vllm-router"
 HAS_VLLM_ROUTER = VLLM_ROUTER.exists() or shutil.which("vllm-router") is not None
+HAS_SGLANG_ROUTER = importlib.util.find_spec("sglang_router") is not None
 
 
 @pytest.mark.pure
@@ -34,7 +36,7 @@ HAS_VLLM_ROUTER = VLLM_ROUTER.exists() or shutil.which("vllm-router") is not Non
         ({"kind": "vllm-router", "policy": "kv_aware"}, "'kv_aware' is refused: it routes on vLLM's KV-cache events"),
         ({"kind": "vllm-router", "policy": "least_busy"}, "vllm-router has no policy 'least_busy'"),
         ({"kind": "vllm-router", "decode_policy": "kv_aware"}, "router.decode_policy"),
-        ({"kind": "sglang-router"}, "nodes.protocol: 'sglang'"),
+        ({"kind": "sglang-router", "policy": "bucket"}, "prefill side only"),
         ({"kind": "testbed", "policy": "random"}, "for a foreign router"),
     ],
 )
@@ -55,6 +57,14 @@ def test_every_vllm_router_policy_runs_or_is_refused() -> None:
         except ScenarioError:
             refused.append(p)
     assert refused == ["kv_aware"] and len(ran) == 6
+
+
+@pytest.mark.pure
+def test_every_sglang_router_policy_runs_on_its_side() -> None:
+    _, policies = ROUTERS["sglang-router"]
+    for p in sorted(policies):
+        side = "prefill_policy" if p == "bucket" else "policy"
+        load_scenario("paper-prfaas", {"router": {"kind": "sglang-router", side: p}})
 
 
 @pytest.mark.pure
@@ -89,10 +99,22 @@ def test_standard_prompts_have_the_trace_length_and_share_prefixes_exactly_where
 
 
 @pytest.mark.app
-@pytest.mark.skipif(not HAS_VLLM_ROUTER, reason="vllm-router not installed (the routers extra)")
-def test_a_replay_through_vllm_router_has_its_records_from_the_nodes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "router",
+    [
+        pytest.param(
+            "vllm-router",
+            marks=pytest.mark.skipif(not HAS_VLLM_ROUTER, reason="vllm-router not installed (routers extra)"),
+        ),
+        pytest.param(
+            "sglang-router",
+            marks=pytest.mark.skipif(not HAS_SGLANG_ROUTER, reason="sglang-router not installed (routers extra)"),
+        ),
+    ],
+)
+def test_a_replay_through_a_real_router_has_its_records_from_the_nodes(tmp_path: Path, router: str) -> None:
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "testbed", "replay", "--scenario", "paper-prfaas", "--router", "vllm-router"]
+    argv = [sys.executable, "-m", "testbed", "replay", "--scenario", "paper-prfaas", "--router", router]
     argv += ["--router-policy", "round_robin", "--backend", "local", "--requests", "16", "--out", str(out)]
     argv += ["--set", "scale.speedup=40", "--set", "scale.byte_scale=1024", "--set", "workload.output_tokens=16"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
@@ -104,8 +126,10 @@ def test_a_replay_through_vllm_router_has_its_records_from_the_nodes(tmp_path: P
     for x in rows:
         t = {k: float(x[k]) for k in stamps}
         assert not any(math.isnan(v) for v in t.values()), x
-        # vLLM's discipline: each transfer starts only once its prefill has ended.
-        assert t["prefill_start"] <= t["prefill_end"] <= t["transfer_start"] <= t["transfer_end"]
+        if router == "vllm-router":  # pulled: each transfer starts only once its prefill has ended
+            assert t["prefill_start"] <= t["prefill_end"] <= t["transfer_start"] <= t["transfer_end"]
+        else:  # pushed as computed, to a decode node registered before
+            assert t["prefill_start"] <= t["transfer_start"] <= t["prefill_end"] <= t["transfer_end"]
         assert t["transfer_end"] <= t["decode_admitted"] <= t["decode_first_token"] <= t["first_token"]
         assert int(x["kv_bytes_wire"]) > 0 and x["prefill_node"] and x["decode_node"]
         assert x["crossed_wan"] == ("1" if x["prefill_cluster"] == "prfaas" else "0")

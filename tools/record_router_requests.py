@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+POLICY = os.environ.get("ROUTER_POLICY", "round_robin")
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "routers"
 
 
@@ -136,7 +137,7 @@ async def record(router: str) -> list[dict[str, object]]:
             "--decode",
             D,
             "--policy",
-            "round_robin",
+            POLICY,
             "--host",
             "127.0.0.1",
             "--port",
@@ -160,7 +161,7 @@ async def record(router: str) -> list[dict[str, object]]:
             "--decode",
             D,
             "--policy",
-            "round_robin",
+            POLICY,
             "--host",
             "127.0.0.1",
             "--port",
@@ -216,7 +217,7 @@ def main() -> None:
     router = sys.argv[1]
     rec = asyncio.run(record(router))
     FIXTURES.mkdir(parents=True, exist_ok=True)
-    path = FIXTURES / f"{router}.json"
+    path = FIXTURES / (f"{router}.json" if POLICY == "round_robin" else f"{router}-{POLICY}.json")
     path.write_text(json.dumps(rec, indent=1) + "\n")
     print(f"{path}: {len(rec) - 1} requests recorded")
 

@@ -5,6 +5,7 @@ address, pointed at every prefill and decode node, its Prometheus endpoint on a 
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -27,7 +28,14 @@ def binary(kind: str) -> list[str]:
                 "(pip install -e '.[routers]', or `make install`)"
             )
         return [found]
-    raise UserError(f"router.kind {kind!r}: not startable by this testbed yet")
+    if kind == "sglang-router":
+        if importlib.util.find_spec("sglang_router") is None:
+            raise UserError(
+                "router.kind sglang-router: the sglang_router package is not installed; install the routers "
+                "extra (pip install -e '.[routers]', or `make install`)"
+            )
+        return [sys.executable, "-m", "sglang_router.launch_router"]
+    raise UserError(f"router.kind {kind!r}: not a foreign router")
 
 
 def router_argv(dep: Deployment, prometheus_port: int) -> list[str]:
@@ -35,10 +43,11 @@ def router_argv(dep: Deployment, prometheus_port: int) -> list[str]:
     spec = dep.scenario.router
     host = dep.http_binds("router")[0]
     argv = binary(spec.kind)
-    if spec.kind == "vllm-router":
-        argv.append("--vllm-pd-disaggregation")
+    argv.append("--vllm-pd-disaggregation" if spec.kind == "vllm-router" else "--pd-disaggregation")
     for n in sorted(dep.nodes.values(), key=lambda n: (n.role, n.id)):
         argv += [f"--{n.role}", n.http.url]
+        if n.role == "prefill" and spec.kind == "sglang-router":
+            argv.append(str(n.http.port))  # the bootstrap service is on the node's HTTP port
     for flag, v in (
         ("--policy", spec.policy),
         ("--prefill-policy", spec.prefill_policy),

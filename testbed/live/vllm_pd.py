@@ -40,6 +40,7 @@ from testbed.live import decode_node, prefill_node
 from testbed.live.clock import now
 from testbed.live.common import REGISTRY_KEY, ServiceConfig, bad_request, int_field
 from testbed.live.credentials import SECRET_HEADER
+from testbed.live.engine_load import add_load_route
 from testbed.live.kv_transport import TransferFailed
 from testbed.live.openai_api import Limits, ParsedRequest, RequestError, chunk, full_response, parse, usage_chunk
 from testbed.live.prom import ScrapeTimeMetrics
@@ -87,11 +88,11 @@ VLLM_PREFILL = web.AppKey("vllm_prefill", VllmPrefill)
 VLLM_DECODE = web.AppKey("vllm_decode", VllmDecode)
 
 
-def _kind(request: web.Request) -> str:
+def openai_kind(request: web.Request) -> str:
     return "chat" if request.path.endswith("/chat/completions") else "completions"
 
 
-async def _body(request: web.Request) -> dict[str, object]:
+async def read_body(request: web.Request) -> dict[str, object]:
     try:
         body = await request.json()
     except ValueError:
@@ -101,14 +102,14 @@ async def _body(request: web.Request) -> dict[str, object]:
     return body
 
 
-def _parse(body: dict[str, object], kind: str, limits: Limits) -> ParsedRequest:
+def parse_request(body: dict[str, object], kind: str, limits: Limits) -> ParsedRequest:
     try:
         return parse(body, kind, limits)
     except RequestError as e:
         raise bad_request(str(e)) from None
 
 
-def _error(status: int, message: str) -> web.Response:
+def error_response(status: int, message: str) -> web.Response:
     body = {"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error"}}
     return web.json_response(body, status=status)
 
@@ -120,7 +121,7 @@ async def prefill_completion(request: web.Request) -> web.Response:
     st = request.app[prefill_node.STATE]
     vs = request.app[VLLM_PREFILL]
     sc = st.cfg.deployment.scenario
-    body = await _body(request)
+    body = await read_body(request)
     ktp = body.get("kv_transfer_params")
     if not isinstance(ktp, dict) or ktp.get("do_remote_decode") is not True:
         raise bad_request(
@@ -129,7 +130,7 @@ async def prefill_completion(request: web.Request) -> web.Response:
         )
     if ktp.get("do_remote_prefill"):
         raise bad_request("'kv_transfer_params.do_remote_prefill' on a prefill node: it cannot decode")
-    req = _parse(body, _kind(request), Limits(sc.model.max_context_tokens, sc.serving.max_output_tokens))
+    req = parse_request(body, openai_kind(request), Limits(sc.model.max_context_tokens, sc.serving.max_output_tokens))
     rid = request.headers.get(REQUEST_ID_HEADER) or f"cmpl-{uuid.uuid4().hex}"
     if rid in st.pending or rid in vs.held:
         raise bad_request(f"request {rid!r} is already here")
@@ -140,7 +141,7 @@ async def prefill_completion(request: web.Request) -> web.Response:
     t = rep.times
     if rep.error:
         vs.log.write(rid, stage="prefill", prefill_arrival=arrival, error=rep.error)
-        return _error(500, rep.error)
+        return error_response(500, rep.error)
     layer_bytes = st.kv.layer_bytes(tokens, 0, sc.scale.byte_scale)
     held = Held(rid, tokens, layer_bytes, t.prefill_end)
     remote_id = f"{rid}-{uuid.uuid4().hex[:8]}"
@@ -186,14 +187,14 @@ async def handle_pull(request: web.Request) -> web.Response:
     that decode node's receiver; answers once every byte is handed to TCP (404: not held)."""
     st = request.app[prefill_node.STATE]
     vs = request.app[VLLM_PREFILL]
-    body = await _body(request)
+    body = await read_body(request)
     remote_id, tid = body.get("remote_request_id"), int_field(body, "transfer_id")
     dnode = st.cfg.deployment.nodes.get(str(body.get("decode_node")))
     if dnode is None or dnode.role != "decode" or dnode.kv is None:
         raise bad_request(f"field 'decode_node': unknown decode node {body.get('decode_node')!r}")
     held = vs.held.pop(str(remote_id), None)
     if held is None:
-        return _error(404, f"no KV held for {remote_id!r}: never prefilled here, already pulled, or timed out")
+        return error_response(404, f"no KV held for {remote_id!r}: never prefilled here, already pulled, or timed out")
     if held.expiry is not None:
         held.expiry.cancel()
     start = now()
@@ -204,7 +205,7 @@ async def handle_pull(request: web.Request) -> web.Response:
         sent = await transfer.finish()
     except TransferFailed as e:
         vs.log.write(held.request_id, stage="kv_pull", transfer_start=start, error=f"kv transfer failed: {e.reason}")
-        return _error(502, f"kv transfer failed: {e.reason}")
+        return error_response(502, f"kv transfer failed: {e.reason}")
     vs.pulled += 1
     first = transfer.first_send
     vs.log.write(
@@ -226,6 +227,7 @@ def make_prefill_app(cfg: ServiceConfig) -> web.Application:
     app.router.add_post("/v1/completions", prefill_completion)
     app.router.add_post("/v1/chat/completions", prefill_completion)
     app.router.add_post(PULL_PATH, handle_pull)
+    add_load_route(app, "prefill")
     ScrapeTimeMetrics({"model_name": cfg.deployment.scenario.model.name, "engine": cfg.node_id}).gauge(
         "testbed_kv_held_bytes", "KV of finished prefills waiting to be pulled", lambda: vs.held_bytes
     ).register(app[REGISTRY_KEY])
@@ -264,9 +266,9 @@ async def decode_completion(request: web.Request) -> web.StreamResponse:
     st = request.app[decode_node.STATE]
     vd = request.app[VLLM_DECODE]
     sc = st.cfg.deployment.scenario
-    body = await _body(request)
+    body = await read_body(request)
     host, port, rrid = _remote(body.get("kv_transfer_params"))
-    req = _parse(body, _kind(request), Limits(sc.model.max_context_tokens, sc.serving.max_output_tokens))
+    req = parse_request(body, openai_kind(request), Limits(sc.model.max_context_tokens, sc.serving.max_output_tokens))
     rid = request.headers.get(REQUEST_ID_HEADER) or f"cmpl-{uuid.uuid4().hex}"
     if rid in st.streams:
         raise bad_request(f"request {rid!r} is already decoding here")
@@ -286,10 +288,10 @@ async def decode_completion(request: web.Request) -> web.StreamResponse:
                 if r.status != 200:
                     reason = f"kv pull from {host}:{port} answered {r.status}: {(await r.text())[:300]}"
                     vd.log.write(rid, stage="decode", **stamps, error=reason)
-                    return _error(502 if r.status >= 500 else 500, reason)
+                    return error_response(502 if r.status >= 500 else 500, reason)
         except aiohttp.ClientError as e:
             vd.log.write(rid, stage="decode", **stamps, error=f"kv pull from {host}:{port} failed: {e}")
-            return _error(502, f"kv pull from {host}:{port} failed: {e}")
+            return error_response(502, f"kv pull from {host}:{port} failed: {e}")
         try:
             res = await asyncio.wait_for(arrived, KV_TIMEOUT_S)
         except TimeoutError:
@@ -297,7 +299,7 @@ async def decode_completion(request: web.Request) -> web.StreamResponse:
         if res is None or not res.ok:
             reason = "kv transfer failed: " + (f"not complete within {KV_TIMEOUT_S:g} s" if res is None else res.reason)
             vd.log.write(rid, stage="decode", **stamps, error=reason)
-            return _error(502, reason)
+            return error_response(502, reason)
         stamps |= {
             "transfer_first_received": res.first_byte,
             "transfer_end": res.complete,
@@ -307,16 +309,16 @@ async def decode_completion(request: web.Request) -> web.StreamResponse:
             st.loop.submit(decode_seq(st.kv, rid, req.input_tokens, req.output_tokens))
         except AdmissionError as e:
             vd.log.write(rid, stage="decode", **stamps, error=str(e))
-            return _error(500, str(e))
+            return error_response(500, str(e))
         st.wakeup.set()
-        return await _answer(request, req, rid, model, q, stamps, vd.log)
+        return await answer(request, req, rid, model, q, stamps, vd.log)
     finally:
         st.streams.pop(rid, None)
         if st.loop.abort(rid):
             st.wakeup.set()
 
 
-async def _answer(
+async def answer(
     request: web.Request,
     req: ParsedRequest,
     rid: str,
@@ -324,8 +326,10 @@ async def _answer(
     q: asyncio.Queue[decode_node.StreamEvent],
     stamps: dict[str, float | int | str | None],
     log: StageLog,
+    generate: bool = False,
 ) -> web.StreamResponse:
-    """Tokens as the decode loop makes them: SSE chunks as vLLM streams them, or one response."""
+    """Tokens as the decode loop makes them: SSE chunks as vLLM streams them, or one response
+    (`generate`: SGLang's /generate shape, cumulative text and meta_info)."""
     resp: web.StreamResponse | None = None
     if req.stream:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -341,19 +345,34 @@ async def _answer(
                 stamps["decode_first_token"] = ev["t"]
             if resp is not None and n > sent:
                 fin = req.output.finish if n >= req.output_tokens else None
-                await resp.write(_sse(chunk(req, rid, model, sent, n - sent, fin)))
+                out = generate_answer(req, rid, n, fin) if generate else chunk(req, rid, model, sent, n - sent, fin)
+                await resp.write(_sse(out))
             sent = max(sent, n)
         elif ev["event"] == "done":
             stamps |= {"decode_last_token": ev["t"], "output_tokens": sent}
             break
     log.write(rid, stage="decode", input_tokens=req.input_tokens, **stamps)
     if resp is None:
+        if generate:
+            return web.json_response(generate_answer(req, rid, sent, req.output.finish))
         return web.json_response(full_response(req, rid, model, sent, {}))
     if req.include_usage:
         await resp.write(_sse(usage_chunk(req, rid, model, sent)))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+def generate_answer(req: ParsedRequest, rid: str, tokens: int, finish: str | None) -> dict[str, object]:
+    """SGLang's /generate answer after `tokens` tokens (streamed chunks carry the text so far)."""
+    meta = {
+        "id": rid,
+        "finish_reason": None if finish is None else {"type": finish, "length": tokens},
+        "prompt_tokens": req.input_tokens,
+        "completion_tokens": tokens,
+        "cached_tokens": 0,
+    }
+    return {"text": req.output.text(0, tokens), "meta_info": meta}
 
 
 def _sse(obj: Mapping[str, object]) -> bytes:
@@ -375,4 +394,5 @@ def make_decode_app(cfg: ServiceConfig) -> web.Application:
     app.cleanup_ctx.append(session)
     app.router.add_post("/v1/completions", decode_completion)
     app.router.add_post("/v1/chat/completions", decode_completion)
+    add_load_route(app, "decode")
     return app

@@ -73,7 +73,7 @@ def fill_record(rec: RequestRecord, lines: list[StageLine], t0: float) -> str | 
         elif stage == "decode":
             rec.decode_node, rec.decode_cluster = node, cluster
             rec.kv_bytes_wire = _i(line.get("kv_bytes_received"))
-        if error is None and isinstance(line.get("error"), str):
+        if error is None and isinstance(line.get("error"), str) and line["error"]:
             error = f"{node}: {line['error']}"
     dcs = {str(x.get("datacenter", "")) for x in lines if x.get("stage") in ("prefill", "decode")}
     rec.crossed_wan = len(dcs) == 2

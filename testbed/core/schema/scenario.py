@@ -591,15 +591,10 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _protocols(self) -> Scenario:
         proto, kind = self.node_protocol, self.router.kind
-        if proto == "sglang":
-            raise ValueError(
-                "nodes.protocol: 'sglang' (the bootstrap room, the prefill pushing) is not spoken by the "
-                "mock nodes yet; sglang-router needs it"
-            )
         if kind == "testbed" and proto != "testbed":
             raise ValueError(
                 f"nodes.protocol {proto!r} needs a router that speaks it: router.kind vllm-router "
-                "(the testbed's router drives only its own protocol so far)"
+                "or sglang-router (the testbed's router drives only its own protocol so far)"
             )
         if kind != "testbed" and proto != ROUTERS[kind][0]:
             raise ValueError(
