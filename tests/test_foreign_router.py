@@ -135,3 +135,17 @@ def test_a_replay_through_a_real_router_has_its_records_from_the_nodes(tmp_path:
         assert x["crossed_wan"] == ("1" if x["prefill_cluster"] == "prfaas" else "0")
     # round_robin spreads over every prefill node, the remote cluster's too.
     assert {x["prefill_cluster"] for x in rows} == {"pd", "prfaas"}
+
+
+@pytest.mark.pure
+def test_a_hold_through_a_foreign_router_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from testbed.cli import main
+
+    rc = main(
+        ["up", "--hold", "--scenario", "paper-prfaas", "--router", "vllm-router", "--backend", "local"]
+        + ["--out", str(tmp_path / "held")]
+    )
+    assert rc != 0 and "a held deployment's records come from the testbed's router" in capsys.readouterr().err
+    assert not (tmp_path / "held" / "deployment.json").exists()
