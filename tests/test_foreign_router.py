@@ -135,6 +135,9 @@ def test_a_replay_through_a_real_router_has_its_records_from_the_nodes(tmp_path:
         assert x["crossed_wan"] == ("1" if x["prefill_cluster"] == "prfaas" else "0")
     # round_robin spreads over every prefill node, the remote cluster's too.
     assert {x["prefill_cluster"] for x in rows} == {"pd", "prfaas"}
+    # The router's own Prometheus metrics, scraped at the end of the replay.
+    prom = (out / "router-metrics.prom").read_text()
+    assert any(line and not line.startswith("#") for line in prom.splitlines()), prom[:300]
 
 
 @pytest.mark.pure

@@ -15,6 +15,10 @@ from testbed.live.deployment import Deployment
 
 # Where a router in its own network namespace serves its Prometheus metrics (vllm-router's default).
 NAMESPACE_PROMETHEUS_PORT = 29000
+# In the run directory: the URL of the foreign router's Prometheus endpoint (the runner scrapes
+# it at the end of the replay into ROUTER_METRICS).
+ROUTER_METRICS_URL = "router-metrics-url"
+ROUTER_METRICS = "router-metrics.prom"
 
 
 def binary(kind: str) -> list[str]:
@@ -57,4 +61,6 @@ def router_argv(dep: Deployment, prometheus_port: int) -> list[str]:
             argv += [flag, v]
     argv += ["--host", host, "--port", str(dep.router.port)]
     argv += ["--prometheus-host", host, "--prometheus-port", str(prometheus_port)]
+    if dep.run_dir:
+        (Path(dep.run_dir) / ROUTER_METRICS_URL).write_text(f"http://{host}:{prometheus_port}/metrics\n")
     return argv + list(spec.options)
