@@ -46,11 +46,11 @@ CHECK_PY = bad=""; \
 	if [ -n "$$bad" ]; then echo "FAILED:$$bad (ruff: \`$(BIN)/ruff check --fix $(LINT_DIRS)\` and \`$(BIN)/ruff format $(LINT_DIRS)\` fix most)"; false; fi
 
 $(STAMP): pyproject.toml $(NATIVE_SRC)
-	@echo "make install: creating $(VENV) and installing the testbed with its dev, analysis, clients and profiles extras (about 2 minutes on a fresh clone)"
+	@echo "make install: creating $(VENV) and installing the testbed with its dev, analysis, clients, profiles and routers extras (about 2 minutes on a fresh clone)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv || $(BIN)/pip install -q --upgrade pip
 	@echo "make install: resolving and installing the packages (the slow step)"
-	$(PIP_INSTALL) -e '.[dev,analysis,clients,profiles]'
+	$(PIP_INSTALL) -e '.[dev,analysis,clients,profiles,routers]'
 	@echo "make install: building the compiled twins (native/) where a Rust toolchain is"
 	@$(BUILD_NATIVE)
 	@echo "make install: compiling the package's bytecode"

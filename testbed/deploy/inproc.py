@@ -7,7 +7,7 @@ from types import TracebackType
 
 from aiohttp import web
 
-from testbed.live import decode_node, prefill_node, router
+from testbed.live import decode_node, prefill_node, router, sglang_pd, vllm_pd
 from testbed.live.common import ServiceConfig, http_server_args
 from testbed.live.deployment import Deployment
 
@@ -17,6 +17,10 @@ def make_service_app(dep: Deployment, node_id: str) -> web.Application:
     if node_id == "router":
         return router.make_app(cfg)
     role = dep.nodes[node_id].role
+    if dep.scenario.node_protocol == "vllm":
+        return vllm_pd.make_prefill_app(cfg) if role == "prefill" else vllm_pd.make_decode_app(cfg)
+    if dep.scenario.node_protocol == "sglang":
+        return sglang_pd.make_prefill_app(cfg) if role == "prefill" else sglang_pd.make_decode_app(cfg)
     return prefill_node.make_app(cfg) if role == "prefill" else decode_node.make_app(cfg)
 
 

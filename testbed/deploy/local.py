@@ -15,7 +15,9 @@ import aiohttp
 
 # BackendError lives with the other backends' base; re-exported for importers of this module.
 from testbed.deploy.base import BackendError as BackendError
+from testbed.deploy.foreign_router import router_argv
 from testbed.deploy.host_capacity import PROCESS_HEALTH_TIMEOUT_S, StartGuard
+from testbed.deploy.ports import free_ports
 from testbed.live.deployment import Deployment
 from testbed.net.procs import JOURNAL_DIR, ProcessGroup
 from testbed.net.topology import new_prefix
@@ -25,6 +27,14 @@ HEALTH_TIMEOUT_S = PROCESS_HEALTH_TIMEOUT_S  # what the capacity check budgets s
 
 def serve_argv(role: str, dep_file: Path, node_id: str) -> list[str]:
     return [sys.executable, "-m", "testbed", "serve", role, "--deployment", str(dep_file), "--id", node_id]
+
+
+def service_argv(dep: Deployment, dep_file: Path, node_id: str, prometheus_port: int | None = None) -> list[str]:
+    """A service's command: a node, the testbed's router, or the foreign router in its place
+    (its Prometheus endpoint on `prometheus_port`, or a free loopback port)."""
+    if node_id == "router" and dep.scenario.router.kind != "testbed":
+        return router_argv(dep, prometheus_port if prometheus_port is not None else free_ports(1)[0])
+    return serve_argv(dep.nodes[node_id].role if node_id != "router" else "router", dep_file, node_id)
 
 
 async def wait_healthy(urls: dict[str, str], procs: ProcessGroup, timeout: float = HEALTH_TIMEOUT_S) -> None:
@@ -67,9 +77,9 @@ class LocalBackend:
         self.procs.env = self.dep.credentials.env()
         guard = StartGuard(len(self.dep.nodes) + 1)
         try:
-            for nid, n in [*self.dep.nodes.items(), ("router", None)]:
+            for nid in [*self.dep.nodes, "router"]:
                 guard.before()
-                self.procs.spawn(nid, serve_argv(n.role if n else "router", dep_file, nid))
+                self.procs.spawn(nid, service_argv(self.dep, dep_file, nid))
                 guard.started(self.procs.procs[nid].pid)
                 # Between services, Ctrl-C or SIGTERM (a cancellation) can land: thousands of
                 # services take minutes to spawn, and the stop must not wait for the last one.

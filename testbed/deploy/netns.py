@@ -31,8 +31,9 @@ from testbed.deploy.fault_injection import (
     http_json,
     start_faults,
 )
+from testbed.deploy.foreign_router import NAMESPACE_PROMETHEUS_PORT
 from testbed.deploy.host_capacity import StartGuard
-from testbed.deploy.local import serve_argv, wait_healthy
+from testbed.deploy.local import serve_argv, service_argv, wait_healthy
 from testbed.live.clock import sleep_until
 from testbed.live.deployment import Deployment, Endpoint, NodeEndpoint
 from testbed.metrics.series_format import Sample, SeriesWriter
@@ -232,7 +233,8 @@ class NetnsBackend:
                 return
             guard.before()
             host = ROUTER_HOST if n is None else nid
-            self._spawn(nid, self.topo.host(host).netns, serve_argv(n.role if n else "router", dep_file, nid))
+            argv = service_argv(self.deployment, dep_file, nid, NAMESPACE_PROMETHEUS_PORT)
+            self._spawn(nid, self.topo.host(host).netns, argv)
             guard.started(self._procs.procs[nid].pid)
 
     async def _wait_healthy(self) -> None:

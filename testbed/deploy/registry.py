@@ -43,6 +43,7 @@ class Capabilities:
     needs_docker: bool = False
     can_hold: bool = False  # `testbed up --hold`: open for outside clients
     simulator: bool = False  # virtual time, no services (run by `run_sim`)
+    foreign_router: bool = False  # a real PD router (router.kind) can start in the router's place
 
 
 # (scenario, run directory, what goes into every service's deployment, the router's port on this
@@ -264,6 +265,14 @@ def requests(rs: ResolvedScenario) -> list[Request]:
                 lambda c: c.link_schedules,
             )
         )
+    if sc.router.kind != "testbed":
+        out.append(
+            Request(
+                f"router.kind={sc.router.kind!r}",
+                "a foreign router (its binary started in the router's place)",
+                lambda c: c.foreign_router,
+            )
+        )
     if sc.serving.deadline_s is not None:
         out.append(
             Request(f"serving.deadline_s={sc.serving.deadline_s:g}", "a per-request deadline", lambda c: c.deadlines)
@@ -374,7 +383,13 @@ register(
         "netns",
         "a namespace per service and shaped WAN links (root)",
         Capabilities(
-            wan_shaping=True, link_schedules=True, node_faults=True, link_faults=True, needs_root=True, can_hold=True
+            wan_shaping=True,
+            link_schedules=True,
+            node_faults=True,
+            link_faults=True,
+            needs_root=True,
+            can_hold=True,
+            foreign_router=True,
         ),
         _netns,
         auto_rank=0,
@@ -411,7 +426,7 @@ register(
     BackendEntry(
         "local",
         "one process per service on loopback",
-        Capabilities(node_faults=True, can_hold=True),
+        Capabilities(node_faults=True, can_hold=True, foreign_router=True),
         loopback_factory("local", processes=True),
         auto_rank=1,
         leftovers=_sweep_processes,

@@ -90,3 +90,44 @@ def run_secret_middleware(
         return await handler(request)
 
     return check
+
+
+# What foreign routers call on a node speaking an engine's protocol (`nodes.protocol` vllm or
+# sglang): they cannot send the run secret. vllm-router 0.1.17 sends workers an empty
+# `Authorization: Bearer` whatever the client sent; sglang-router 0.3.2 sends its own --api-key.
+ENGINE_PATHS = frozenset(
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/generate",
+        "/server_info",
+        "/get_server_info",
+        "/model_info",
+        "/get_model_info",
+        "/get_load",
+        "/v1/models",
+    }
+)
+
+
+def engine_route_middleware(
+    allowed_hosts: Iterable[str], api_key: str, paths: Iterable[str] = ENGINE_PATHS
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Engine routes answer only the deployment's own addresses (its router's and nodes', as the
+    KV receiver does) with 403, and 401 a non-empty Bearer token that is not the API key (an
+    empty one is what vllm-router sends)."""
+    hosts, guarded = frozenset(allowed_hosts), frozenset(paths)
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in guarded:
+            if request.remote not in hosts:
+                return _error(
+                    403, f"{request.method} {request.path} answers only this deployment's router", "forbidden"
+                )
+            token = bearer(request)
+            if token is not None and not _same(token, api_key):
+                return _error(401, "Incorrect API key provided", "invalid_api_key")
+        return await handler(request)
+
+    return check

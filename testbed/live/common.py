@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from testbed.core.fault_timeline import MAX_SLOW_FACTOR, MIN_SLOW_FACTOR, SlowDown
 from testbed.core.json_types import JSONObject
 from testbed.core.schema.scaling import Scale
-from testbed.live.auth import run_secret_middleware
+from testbed.live.auth import ENGINE_PATHS, OPEN_PATHS, engine_route_middleware, run_secret_middleware
 from testbed.live.clock import now
 from testbed.live.deployment import Deployment
 
@@ -199,4 +199,12 @@ def add_fault_route(app: web.Application, slow: SlowDown) -> None:
 def node_middlewares(cfg: ServiceConfig) -> list[Any]:
     """A node serves its deployment only: every route but /health and /metrics needs the run
     secret, which the router and the runner send (`testbed.live.auth`)."""
-    return [run_secret_middleware(cfg.deployment.credentials.run_secret)]
+    dep = cfg.deployment
+    if dep.scenario.node_protocol == "testbed":
+        return [run_secret_middleware(dep.credentials.run_secret)]
+    # A foreign router calls the engine routes without the run secret: they check its address.
+    hosts = dep.node_hosts() | {dep.router.host} | ({"127.0.0.1"} if dep.bind_loopback else set())
+    return [
+        engine_route_middleware(hosts, dep.credentials.api_key),
+        run_secret_middleware(dep.credentials.run_secret, guarded=lambda p: p not in OPEN_PATHS | ENGINE_PATHS),
+    ]

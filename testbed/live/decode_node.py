@@ -47,6 +47,8 @@ from testbed.metrics.series_format import Sample, SeriesWriter
 
 log = logging.getLogger("testbed.decode")
 
+StreamEvent = JSONObject  # one event of a request's decode stream ({"event": ..., ...})
+
 
 @dataclass
 class DecodeState:
@@ -55,7 +57,7 @@ class DecodeState:
     receiver: KVReceiver
     kv: KVModel
     stream_interval: int
-    streams: dict[str, asyncio.Queue[JSONObject]] = field(default_factory=dict)
+    streams: dict[str, asyncio.Queue[StreamEvent]] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     completed: int = 0
 
@@ -126,10 +128,10 @@ async def handle_decode(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)
 
-    async def emit(ev: JSONObject) -> None:
+    async def emit(ev: StreamEvent) -> None:
         await resp.write(json.dumps(ev).encode() + b"\n")
 
-    q: asyncio.Queue[JSONObject] = asyncio.Queue()
+    q: asyncio.Queue[StreamEvent] = asyncio.Queue()
     st.streams[rid] = q
     try:
         result = await asyncio.wait_for(st.receiver.expect(vals["transfer_id"]), KV_TIMEOUT_S)
@@ -203,7 +205,8 @@ def _metrics(reg: CollectorRegistry, st: DecodeState) -> None:
     ).counter("testbed_decode_completed", "Sequences finished", lambda: st.completed).register(reg)
 
 
-def make_app(cfg: ServiceConfig) -> web.Application:
+def make_app(cfg: ServiceConfig, testbed_routes: bool = True) -> web.Application:
+    """The node's app; without `testbed_routes`, no work route: an engine protocol adds its own."""
     sc = cfg.deployment.scenario
     node = cfg.deployment.nodes[cfg.node_id]
     hw = sc.hardware[sc.cluster(node.cluster).hardware]
@@ -242,7 +245,8 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         series.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/decode", handle_decode)
+    if testbed_routes:
+        app.router.add_post("/decode", handle_decode)
     app.router.add_get("/status", handle_status)
     add_common_routes(app)
     add_fault_route(app, slow)

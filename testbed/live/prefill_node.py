@@ -60,7 +60,7 @@ log = logging.getLogger("testbed.prefill")
 class _Pending:
     job: PrefillJob
     transfer_id: int
-    dest: tuple[str, int]
+    dest: tuple[str, int] | None  # None: the KV stays here until pulled (vLLM's protocol)
     tokens: int
     ship_from: int  # leading tokens whose KV the decode side already holds
     cache_in: int | None  # transfer id of a cached prefix moved here first
@@ -111,6 +111,14 @@ async def _compute_and_send(st: PrefillState, p: _Pending) -> None:
         st.loop.prefix_arrived(job.request_id, now())
     assert st.loop.computing is job and job.started_at is not None
     rep.times.prefill_start = job.started_at
+    if p.dest is None:  # held for a pull: nothing moves while computing
+        await sleep_until(layer_ready(job, 0, 1))
+        rep.times.prefill_end = end = now()
+        st.loop.finish(end)
+        st.completed += 1
+        if not p.done.done():
+            p.done.set_result(rep)
+        return
     sc = st.cfg.deployment.scenario
     layer_bytes = st.kv.layer_bytes(p.tokens, p.ship_from, sc.scale.byte_scale)
     transfer = st.sender.start(p.dest, p.transfer_id, sum(layer_bytes), len(layer_bytes))
@@ -184,6 +192,9 @@ async def _send_batched(st: PrefillState, p: _Pending) -> None:
             p.cache_move_bytes,
         )
     layer_bytes = st.kv.layer_bytes(p.tokens, p.ship_from, st.cfg.deployment.scenario.scale.byte_scale)
+    # Batched passes run only under the testbed's protocol (the scenario refuses the others), whose
+    # prefill always names where its KV goes.
+    assert p.dest is not None
     transfer = st.sender.start(p.dest, p.transfer_id, sum(layer_bytes), len(layer_bytes))
     n = len(layer_bytes)
     handoff = NAN
@@ -301,8 +312,23 @@ async def handle_prefill(request: web.Request) -> web.Response:
     scale = st.cfg.scale
     duration = scale.wire_seconds(st.model_time(tokens - cached, cached))
     job = PrefillJob(rid, tokens - cached, cached, duration, awaits_prefix=cache_in is not None)
+    rep = await run_job(st, job, (dnode.kv.host, dnode.kv.port), tokens, ship_from, cache_in, tid)
+    return web.json_response(report_to_wire(rep), status=502 if rep.error else 200)
+
+
+async def run_job(
+    st: PrefillState,
+    job: PrefillJob,
+    dest: tuple[str, int] | None,
+    tokens: int,
+    ship_from: int,
+    cache_in: int | None,
+    transfer_id: int = 0,
+) -> PrefillReport:
+    """Queue a prefill and wait for its report; with `dest` None its KV is not sent (held)."""
+    rid = job.request_id
     fut: asyncio.Future[PrefillReport] = asyncio.get_running_loop().create_future()
-    st.pending[rid] = _Pending(job, tid, (dnode.kv.host, dnode.kv.port), tokens, ship_from, cache_in, fut)
+    st.pending[rid] = _Pending(job, transfer_id, dest, tokens, ship_from, cache_in, fut)
     st.loop.submit(job, now())
     if cache_in is not None and st.loop.batching:
         waiter = asyncio.create_task(_await_prefix(st, st.pending[rid]))
@@ -310,7 +336,7 @@ async def handle_prefill(request: web.Request) -> web.Response:
         waiter.add_done_callback(st.finishing.discard)
     st.wakeup.set()
     try:
-        rep = await fut
+        return await fut
     except asyncio.CancelledError:
         # The router gave up (its client left, or a deadline passed): drop the job, or stop it.
         if st.loop.queue.remove(rid):
@@ -320,7 +346,6 @@ async def handle_prefill(request: web.Request) -> web.Response:
         elif st.loop.batching and st.started.pop(rid, None) is not None:
             st.loop.drop(rid)  # its remaining chunks are not computed
         raise
-    return web.json_response(report_to_wire(rep), status=502 if rep.error else 200)
 
 
 async def handle_cache_send(request: web.Request) -> web.Response:
@@ -425,7 +450,8 @@ def _metrics(reg: CollectorRegistry, st: PrefillState) -> None:
     ).register(reg)
 
 
-def make_app(cfg: ServiceConfig) -> web.Application:
+def make_app(cfg: ServiceConfig, testbed_routes: bool = True) -> web.Application:
+    """The node's app; without `testbed_routes`, no work route: an engine protocol adds its own."""
     sc = cfg.deployment.scenario
     node = cfg.deployment.nodes[cfg.node_id]
     hw = sc.hardware[sc.cluster(node.cluster).hardware]
@@ -466,8 +492,9 @@ def make_app(cfg: ServiceConfig) -> web.Application:
         series.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/prefill", handle_prefill)
-    app.router.add_post("/cache/send", handle_cache_send)
+    if testbed_routes:
+        app.router.add_post("/prefill", handle_prefill)
+        app.router.add_post("/cache/send", handle_cache_send)
     app.router.add_get("/status", handle_status)
     add_common_routes(app)
     add_fault_route(app, slow)

@@ -11,6 +11,7 @@ id to the router in the `X-Session-ID` header (as aiperf sends it), so sticky ro
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from testbed.core.sessions import ArrivalMode, ClosedLoop
 from testbed.live.clock import now, sleep_until
 from testbed.live.openai_api import EXTENSION
 from testbed.live.replay_stats import ReplayStats as ReplayStats  # re-exported
+from testbed.metrics.node_stages import NodeStages, fill_record
 from testbed.metrics.records import RecordWriter
 from testbed.traces.sessions import run_sessions
 from testbed.traces.types import Trace, TraceRequest
@@ -43,6 +45,100 @@ def request_body(tr: TraceRequest, model: str) -> JSONObject:
         "stream_options": {"include_usage": True},
         EXTENSION: {"input_tokens": tr.input_tokens, "hash_ids": list(tr.hash_ids), "request_id": tr.request_id},
     }
+
+
+def _spelled(seed: str, tokens: int, sep: str) -> str:
+    """`tokens` tokens of text as the nodes count it (4 bytes each), spelled from `seed`'s digest:
+    three hex digits and `sep` per token."""
+    digest = hashlib.blake2b(seed.encode(), digest_size=24).hexdigest()  # 16 distinct tokens, repeated
+    words = [digest[i : i + 3] + sep for i in range(0, 48, 3)]
+    return "".join(words[i % len(words)] for i in range(tokens))
+
+
+def standard_prompt(tr: TraceRequest, block_tokens: int) -> str:
+    """Prompt text of exactly `tr.input_tokens` tokens as the mock nodes count text (4 UTF-8 bytes
+    a token), whose blocks are equal exactly where the trace's hash_ids are: block i is spelled
+    from hash_ids[i], the rest from the request id, so two requests share a prefix only as far
+    as their hashes do."""
+    parts: list[str] = []
+    left = tr.input_tokens
+    for h in tr.hash_ids:
+        if left <= 0:
+            break
+        n = min(block_tokens, left)
+        parts.append(_spelled(f"block {h}", n, " "))
+        left -= n
+    if left > 0:
+        parts.append(_spelled(f"request {tr.request_id}", left, "."))
+    return "".join(parts)
+
+
+def standard_body(tr: TraceRequest, model: str, block_tokens: int) -> dict[str, object]:
+    """The completions request a foreign router can pass on unchanged: no testbed extension."""
+    return {
+        "model": model,
+        "prompt": standard_prompt(tr, block_tokens),
+        "max_tokens": tr.output_tokens,
+        "min_tokens": tr.output_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def send_standard(
+    session: aiohttp.ClientSession,
+    url: str,
+    tr: TraceRequest,
+    rec: RequestRecord,
+    t0: float,
+    model: str,
+    block_tokens: int,
+    stages: NodeStages,
+) -> None:
+    """One request through a foreign router: the client's stamps here, the rest from the nodes'
+    stage logs joined by the response id (the request id the nodes saw)."""
+    times = rec.times
+    times.arrival = now() - t0
+    rid: str | None = None
+    tokens = 0
+    async with session.post(f"{url}/v1/completions", json=standard_body(tr, model, block_tokens)) as resp:
+        if resp.status != 200:
+            text = await resp.text()
+            kind = K.NO_CAPACITY if resp.status == 503 else K.BAD_REQUEST if resp.status < 500 else K.ROUTER_ERROR
+            rec.fail(Failure(kind), f"router answered {resp.status}: {text[:200]}")
+            return
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            obj = json.loads(data)
+            if "error" in obj:
+                rec.fail(Failure(K.ROUTER_ERROR), str(obj["error"].get("message", obj["error"]))[:300])
+                return
+            rid = obj.get("id", rid)
+            if obj.get("usage"):
+                tokens = int(obj["usage"].get("completion_tokens", tokens))
+            for ch in obj.get("choices", []):
+                if ch.get("text"):
+                    t = now() - t0
+                    if math.isnan(times.first_token):
+                        times.first_token = t
+                    times.last_token = t
+    rec.tokens_received = tokens
+    lines = stages.lines(rid) if rid else []
+    error = fill_record(rec, lines, t0)
+    if error is not None:
+        rec.fail(Failure(K.KV_TRANSFER if "kv " in error.lower() else K.DECODE_ERROR), error)
+    elif not {"prefill", "decode"} <= {x.get("stage") for x in lines}:
+        rec.fail(Failure(K.CLIENT_ERROR), f"the nodes logged no prefill and decode for response id {rid!r}")
+    elif tokens != tr.output_tokens:
+        rec.fail(Failure(K.CLIENT_ERROR), f"received {tokens} of {tr.output_tokens} tokens")
+    else:
+        rec.outcome = "completed"
 
 
 async def send_one(
@@ -112,10 +208,14 @@ async def replay(
     t0: float | None = None,
     api_key: str | None = None,
     arrivals: ArrivalMode = "open",
+    foreign: NodeStages | None = None,
+    block_tokens: int = 512,
 ) -> ReplayStats:
     """Replay `trace` (paper-time timestamps divided by `speedup`); record times are relative
     to `t0` (default: now). `api_key`: sent as `Authorization: Bearer KEY`, as OpenAI clients do.
-    `arrivals`: open or closed loop (the module's docstring)."""
+    `arrivals`: open or closed loop (the module's docstring). `foreign`: a foreign router is in the
+    router's place; requests are standard ones (trace blocks of `block_tokens`) and records come
+    from these node stage logs."""
     stats = ReplayStats(total=len(trace))
     t0 = now() if t0 is None else t0
     first = START_LEAD_S
@@ -168,7 +268,12 @@ async def replay(
         rec = records[i]
         limit = request_timeout(tr) if callable(request_timeout) else request_timeout
         try:
-            await asyncio.wait_for(send_one(session, url, tr, rec, t0, model), limit)
+            one = (
+                send_one(session, url, tr, rec, t0, model)
+                if foreign is None
+                else send_standard(session, url, tr, rec, t0, model, block_tokens, foreign)
+            )
+            await asyncio.wait_for(one, limit)
         except asyncio.CancelledError:
             rec.fail(Failure(K.INTERRUPTED), "interrupted: run stopped before the request finished")
             finish(i)

@@ -37,6 +37,7 @@ import aiohttp
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.scenarios import dump_scenario
+from testbed.core.errors import UserError
 from testbed.deploy.base import Backend
 from testbed.deploy.prometheus import PrometheusProcess, find_binary, unavailable
 from testbed.live.clock import now
@@ -145,6 +146,13 @@ async def hold_async(
     """Bring the deployment up, call `on_ready`, keep it until `stop` is set or it disappears,
     then tear it down and write the run directory. `prometheus`: the listen address of a
     Prometheus to run against the deployment (`testbed.deploy.prometheus`)."""
+    if rs.spec.router.kind != "testbed":
+        # A hold's records are written by the testbed's router as it answers outside clients;
+        # a foreign router's requests are known only to the nodes, joined by the replayer.
+        raise UserError(
+            f"testbed up with router.kind {rs.spec.router.kind!r}: a held deployment's records come from the "
+            "testbed's router, which a foreign router replaces; replay through it instead (testbed replay --router)"
+        )
     with owning_run_dir(run_dir):
         return await _hold(rs, run_dir, backend, stop, on_ready, host_port, prometheus)
 
@@ -331,6 +339,9 @@ def cmd_hold(args: argparse.Namespace) -> int:
         return 2
     # --speedup means what it means in every run (scale.speedup); without it a hold keeps paper time.
     sets = with_hold_speedup(args.set) if args.speedup is None else [*args.set, f"scale.speedup={args.speedup}"]
+    if getattr(args, "router", None) not in (None, "testbed"):
+        # Refused before anything starts (`hold_async` says why), not silently dropped.
+        sets = [*sets, f"router.kind={args.router}"]
     rs = load(args.scenario, overrides_for(args.scenario, with_hold_streaming(sets)))
     backend, warning = pick_backend(args.backend)
     refuse_unhonoured(backend, [rs])

@@ -32,6 +32,19 @@ def add_run_args(
         "--trace", action=StoreOnce, help="trace file to replay instead of the scenario's synthetic workload"
     )
     p.add_argument(
+        "--router",
+        action=StoreOnce,
+        choices=("testbed", "vllm-router", "sglang-router"),
+        help="what stands in the router's place (router.kind): the testbed's router, or a real PD router "
+        "from the routers extra, driving the nodes in its engine's protocol",
+    )
+    p.add_argument(
+        "--router-policy",
+        action=StoreOnce,
+        metavar="POLICY",
+        help="a foreign router's policy (router.policy; default its own, cache_aware)",
+    )
+    p.add_argument(
         "--format",
         action=StoreOnce,
         default="auto",
@@ -145,6 +158,10 @@ def run_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
     --rate/--requests/--seed -> workload.*), after checking the flags that need --trace have it.
     TraceError (a UserError) names the flag."""
     out: list[tuple[str, Any]] = []
+    if getattr(args, "router", None) is not None:
+        out.append(("router.kind", args.router))
+    if getattr(args, "router_policy", None) is not None:
+        out.append(("router.policy", args.router_policy))
     if getattr(args, "speedup", None) not in (None, "auto"):
         out.append(("scale.speedup", float(args.speedup)))
     if getattr(args, "arrivals", None) is not None:

@@ -66,6 +66,9 @@ def _versions() -> dict[str, str]:
 # rerun into the same directory must start from none of the previous run's, or the two mix.
 RUN_ARTEFACTS = (
     "timeseries",
+    "stages",
+    "router-metrics-url",
+    "router-metrics.prom",
     "logs",
     "decisions.jsonl",
     "decisions.parquet",
@@ -300,6 +303,28 @@ def prefill_passes(stats: list[PassStats]) -> PrefillPasses | None:
     )
 
 
+async def scrape_router_metrics(run_dir: Path) -> None:
+    """Keep a foreign router's own Prometheus metrics (its counters and latency histograms) in the
+    run directory, as they stand at the end of the replay; a missing endpoint is noted, not fatal."""
+    import aiohttp
+
+    from testbed.deploy.foreign_router import ROUTER_METRICS, ROUTER_METRICS_URL
+
+    url_file = run_dir / ROUTER_METRICS_URL
+    if not url_file.exists():
+        return
+    url = url_file.read_text().strip()
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s,
+            s.get(url) as r,
+        ):
+            text = await r.text() if r.status == 200 else f"# {url} answered {r.status}\n"
+    except (TimeoutError, aiohttp.ClientError) as e:
+        text = f"# {url} could not be scraped: {e}\n"
+    (run_dir / ROUTER_METRICS).write_text(text)
+
+
 def make_backend(
     kind: str, rs: ResolvedScenario, run_dir: Path, extra: dict[str, Any] | None = None, host_port: int | None = None
 ) -> Backend:
@@ -345,6 +370,7 @@ async def _run_replay_async(
     from testbed.live.clock import now
     from testbed.live.hostload import sample_host
     from testbed.live.replayer import replay
+    from testbed.metrics.node_stages import NodeStages
     from testbed.metrics.records import RecordWriter
     from testbed.metrics.report import write_report
     from testbed.metrics.series_format import SeriesWriter
@@ -386,6 +412,8 @@ async def _run_replay_async(
                     t0=t0,
                     api_key=key,
                     arrivals=sc.workload.arrivals,
+                    foreign=NodeStages(run_dir) if sc.router.kind != "testbed" else None,
+                    block_tokens=trace.block_tokens,
                 )
             )
         except asyncio.CancelledError:
@@ -394,6 +422,8 @@ async def _run_replay_async(
         finally:
             # The run ends with the last record, not after teardown (compose down takes seconds).
             meta.t_end = now()
+        if sc.router.kind != "testbed":
+            await be.run_client(lambda: scrape_router_metrics(run_dir))
         exit_code = getattr(be, "exit_code", None)
         lost = await be.run_client(lambda: router_lost(url, exit_code("router") if exit_code else None))
         if lost is not None:  # the run failed, its records kept: run.json says "failed"

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
+from testbed.core.schema.routers import ROUTERS, policy_refusal
 from testbed.core.sessions import ArrivalMode
 
 MIB = 1024 * 1024
@@ -392,6 +393,51 @@ class ServingSpec(_Strict):
     idle_timeout_s: float = Field(default=75.0, gt=0, le=3600)
 
 
+# vLLM's NixlConnector frees a prefill's KV that no decode pulled after this long
+# (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s).
+VLLM_KV_HOLD_TIMEOUT_S = 480.0
+
+
+class NodesSpec(_Strict):
+    """Which PD protocol the mock nodes speak (`testbed.live.engine_protocol`): `testbed` (the
+    router opens the decode stream, then asks the prefill, which pushes the KV layer by layer),
+    `vllm` (two stages; the decode pulls the KV after the prefill has ended, from where the
+    prefill's `kv_transfer_params` say) or `sglang` (one stage to both; a bootstrap room; the
+    prefill pushes)."""
+
+    # None: the protocol of `router.kind` (testbed for the testbed's router).
+    protocol: Literal["testbed", "vllm", "sglang"] | None = None
+    # vllm: wire seconds a finished prefill holds KV that no decode pulled before freeing it.
+    kv_hold_timeout_s: float = Field(default=VLLM_KV_HOLD_TIMEOUT_S, gt=0, le=86400)
+
+
+class RouterSpec(_Strict):
+    """What stands in the router's place: the testbed's own router, or a real PD router
+    installed from PyPI (the `routers` extra), started with its policy and options
+    (`testbed.core.schema.routers`). A foreign router drives the nodes in its engine's protocol."""
+
+    kind: Literal["testbed", "vllm-router", "sglang-router"] = "testbed"  # what stands in the router's place
+    policy: str | None = None  # None: the router's default (cache_aware for both)
+    prefill_policy: str | None = None  # the prefill side's own policy (--prefill-policy)
+    decode_policy: str | None = None  # the decode side's own policy (--decode-policy)
+    options: list[str] = []  # extra command-line arguments, passed as given
+
+    @model_validator(mode="after")
+    def _known_policies(self) -> RouterSpec:
+        if self.kind == "testbed":
+            if self.policy or self.prefill_policy or self.decode_policy or self.options:
+                raise ValueError(
+                    "router.policy/prefill_policy/decode_policy/options are for a foreign router "
+                    "(router.kind vllm-router | sglang-router); the testbed's router takes policy.kind"
+                )
+            return self
+        for side in ("policy", "prefill_policy", "decode_policy"):
+            v = getattr(self, side)
+            if v is not None and (why := policy_refusal(self.kind, side, v)) is not None:
+                raise ValueError(f"router.{side}: {why}")
+        return self
+
+
 class LivePathSpec(_Strict):
     """What the live path costs a request, wire seconds (`testbed.core.schema.live_path`)."""
 
@@ -555,9 +601,38 @@ class Scenario(_Strict):
     workload: WorkloadSpec = WorkloadSpec()
     transfer: TransferSpec = TransferSpec()
     serving: ServingSpec = ServingSpec()
+    nodes: NodesSpec = NodesSpec()
+    router: RouterSpec = RouterSpec()
     # Timed fault events (see `testbed.core.fault_timeline` for their timeline).
     faults: list[FaultSpec] = []
     sim: SimSpec = SimSpec()
+
+    @property
+    def node_protocol(self) -> str:
+        """The PD protocol the nodes speak: `nodes.protocol`, else the router's."""
+        if self.nodes.protocol is not None:
+            return self.nodes.protocol
+        return ROUTERS[self.router.kind][0] if self.router.kind != "testbed" else "testbed"
+
+    @model_validator(mode="after")
+    def _protocols(self) -> Scenario:
+        proto, kind = self.node_protocol, self.router.kind
+        if kind == "testbed" and proto != "testbed":
+            raise ValueError(
+                f"nodes.protocol {proto!r} needs a router that speaks it: router.kind vllm-router "
+                "or sglang-router (the testbed's router drives only its own protocol so far)"
+            )
+        if kind != "testbed" and proto != ROUTERS[kind][0]:
+            raise ValueError(
+                f"router.kind {kind!r} speaks the {ROUTERS[kind][0]!r} protocol, not nodes.protocol {proto!r}"
+            )
+        batching = sorted(n for n, h in self.hardware.items() if h.scheduler.kind != "fcfs")
+        if proto != "testbed" and batching:
+            raise ValueError(
+                f"nodes.protocol {proto!r} with the batching scheduler of hardware {batching}: the engine "
+                "protocols' prefill nodes run one prompt at a time so far (scheduler kind fcfs)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
