@@ -204,16 +204,31 @@ def _workload_lines(wl: dict[str, Any]) -> list[str]:
     return lines
 
 
-def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str], verified_note: str | None) -> str:
-    wl: dict[str, Any] = ctx["workload"]
-    s: PlanSettings = ctx["settings"]
+@dataclass(frozen=True)
+class ReportContext:
+    """What plan.md says beside the rows."""
+
+    workload: dict[str, Any]  # TraceWorkload.summary()
+    settings: PlanSettings
+    link: str
+    notes: Sequence[str]
+    show: int  # ranking rows shown
+    vary_counts: bool
+    budgets: dict[str, str]
+    simulated: dict[str, Candidate]
+    seconds: float
+
+
+def report_md(ctx: ReportContext, rows: Rows, files: dict[tuple[Any, ...], str], verified_note: str | None) -> str:
+    wl = ctx.workload
+    s = ctx.settings
     lines = [
         f"# Deployment plan for {wl['source']}",
         "",
         f"Objective: **{s.objective}** ({_objective_text(s)}); TTFT SLO {s.ttft_slo_s:g} s on the "
-        f"P{s.quantile * 100:.0f}, TPOT SLO {s.tpot_slo_s * 1e3:g} ms. Link: {ctx['link']}.",
+        f"P{s.quantile * 100:.0f}, TPOT SLO {s.tpot_slo_s * 1e3:g} ms. Link: {ctx.link}.",
         "",
-        "Instances in force per kind: " + "; ".join(f"{k}: {v}" for k, v in ctx["budgets"].items()) + ".",
+        "Instances in force per kind: " + "; ".join(f"{k}: {v}" for k, v in ctx.budgets.items()) + ".",
         "",
         "## Workload (as the model reads the trace)",
         "",
@@ -258,16 +273,16 @@ def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str]
             for n in r.notes:
                 lines.append(f"- {label(r)}: {n}")
     lines += ["", "## Ranking (every kind)", ""]
-    shown = rows.ranking[: ctx["show"]]
+    shown = rows.ranking[: ctx.show]
     lines += _md_table([_row(c, files.get(key(c), "")) for c in shown])
     if any(c.simulated is None for c in shown) and any(c.simulated is not None for c in shown):
         lines.append(
             "\nRows without simulated figures were not simulated: their SLO verdict is the model's, and "
             "they rank after every simulated row."
         )
-    if len(rows.ranking) > ctx["show"]:
-        lines.append(f"\n({len(rows.ranking) - ctx['show']} more in plan.json)")
-    if ctx.get("vary_counts"):
+    if len(rows.ranking) > ctx.show:
+        lines.append(f"\n({len(rows.ranking) - ctx.show} more in plan.json)")
+    if ctx.vary_counts:
         lines += ["", "## Fewest instances meeting the SLOs at the trace's rate, per kind", ""]
         lines += (
             _md_table([_row(c, files.get(key(c), "")) for c in rows.fewest]) if rows.fewest else ["none meets the SLOs"]
@@ -283,7 +298,7 @@ def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str]
         )
         lines.append("")
         lines += _md_table(
-            _sim_rows(ctx["simulated"]),
+            _sim_rows(ctx.simulated),
             [
                 "run",
                 "Λ_max model",
@@ -300,8 +315,8 @@ def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str]
         )
     lines += ["", "## How the figures are made", ""]
     lines += [f"- {a}" for a in ASSUMPTIONS]
-    lines += [f"- {n}" for n in ctx["notes"]]
-    lines.append(f"- planning took {ctx['seconds']:.1f} s")
+    lines += [f"- {n}" for n in ctx.notes]
+    lines.append(f"- planning took {ctx.seconds:.1f} s")
     return "\n".join(lines) + "\n"
 
 
