@@ -184,7 +184,7 @@ def run_testbed(trace: Path, sc: Scale, out: Path, cpu: int) -> Sample:
     )
 
 
-def run_mocker(kwargs: dict[str, Any], cpu: int) -> Sample:
+def run_mocker(kwargs: peer_dynamo.MockerArgs, cpu: int) -> Sample:
     env = dict(os.environ, DYN_LOG=os.environ.get("DYN_LOG", "warn"))
     wall, rss, out = _run(["taskset", "-c", str(cpu), sys.executable, "-c", MOCKER_RUN, json.dumps(kwargs)], env)
     fig = json.loads(out.strip().splitlines()[-1])
@@ -238,6 +238,7 @@ def bench_peers(args: Any) -> int:
         path = base if sc.speed == 1 else compressed(trace, sc.speed, out / f"trace-{sc.speed:g}x.jsonl")
         t = load_trace(path)
         rs = load(SCENARIO, overrides_for(SCENARIO, _sets(sc)))
+        kwargs: peer_dynamo.MockerArgs
         if args.peer_config == "defaults":
             kwargs = {
                 "trace_files": [str(path)],
