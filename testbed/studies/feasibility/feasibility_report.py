@@ -10,7 +10,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from testbed.config.scenarios import load_model_profile
 from testbed.core.engine.servicetime import PrefillTime
@@ -22,6 +21,10 @@ from testbed.studies.feasibility.feasibility import (
     SimResults,
     confirm_table,
 )
+
+# A row of map.csv (or source-map.csv): column -> a number, a label, a bound, None where
+# undefined; as read back from the file, a string.
+MapRow = dict[str, object]
 
 SIM_COLUMNS = (
     "lambda_max_sim",
@@ -52,12 +55,12 @@ class Timing:
     total_wall_s: float
 
 
-def rows(mm: ModelMap, sim: SimResults) -> list[dict[str, Any]]:
+def rows(mm: ModelMap, sim: SimResults) -> list[MapRow]:
     """map.csv's rows: the model's figures of every point, the simulated ones where simulated."""
     be = {m.model: m.break_even for m in mm.models}
     out = []
     for p in mm.points:
-        r: dict[str, Any] = {"label": label(p.model), **p.to_dict()}
+        r: MapRow = {"label": label(p.model), **p.to_dict()}
         b = be.get(p.model)
         r["break_even_gbps"] = None if b is None or b.rate_bps is None else b.rate_bps / 1e9
         r["break_even_bound"] = None if b is None else b.bound
@@ -78,7 +81,7 @@ def rows(mm: ModelMap, sim: SimResults) -> list[dict[str, Any]]:
     return out
 
 
-def write_csv(table: Sequence[dict[str, Any]], path: Path) -> None:
+def write_csv(table: Sequence[MapRow], path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0]))
         w.writeheader()
@@ -122,14 +125,21 @@ def write_json(
 # The heatmap
 
 
-def _num(v: Any) -> float | None:
+def _float(v: object) -> float:
+    """A number cell, as computed or as read back from map.csv (text)."""
+    if isinstance(v, (int, float, str)):
+        return float(v)
+    raise ValueError(f"not a number: {v!r}")
+
+
+def _num(v: object) -> float | None:
     if v is None or v == "":
         return None
-    x = float(v)
+    x = _float(v)
     return None if math.isnan(x) else x
 
 
-def plot_heatmap(table: Sequence[dict[str, Any]], path: Path) -> str:
+def plot_heatmap(table: Sequence[MapRow], path: Path) -> str:
     """map.png from map.csv-shaped rows; colour = the simulated gain when every cell has one,
     else the model's (the other source, where present, is the cell's second line). Returns
     the colour's source."""
@@ -140,9 +150,9 @@ def plot_heatmap(table: Sequence[dict[str, Any]], path: Path) -> str:
     from matplotlib.figure import Figure
 
     models = list(dict.fromkeys(str(r["model"]) for r in table))
-    rates = sorted({float(r["rate_gbps"]) for r in table})
-    rtts = sorted({float(r["rtt_ms"]) for r in table})
-    cell = {(str(r["model"]), float(r["rate_gbps"]), float(r["rtt_ms"])): r for r in table}
+    rates = sorted({_float(r["rate_gbps"]) for r in table})
+    rtts = sorted({_float(r["rtt_ms"]) for r in table})
+    cell = {(str(r["model"]), _float(r["rate_gbps"]), _float(r["rtt_ms"])): r for r in table}
     source = "sim" if all(_num(r.get("gain_sim")) is not None for r in table) else "model"
     key, other = ("gain_sim", "gain") if source == "sim" else ("gain", "gain_sim")
     vals = [v for r in table if (v := _num(r.get(key))) is not None]
@@ -192,7 +202,7 @@ def plot_heatmap(table: Sequence[dict[str, Any]], path: Path) -> str:
     return source
 
 
-def cell_kind(table: Sequence[dict[str, Any]], model: str) -> str:
+def cell_kind(table: Sequence[MapRow], model: str) -> str:
     return next(str(r["kind"]) for r in table if r["model"] == model)
 
 
@@ -308,9 +318,9 @@ def _curve(model: str, source: str) -> PrefillTime | None:
         return None
 
 
-def source_rows(sm: SourceMaps) -> list[dict[str, Any]]:
+def source_rows(sm: SourceMaps) -> list[MapRow]:
     """sources.csv: one row per model x source x rate (the first RTT: Λ_max and t do not depend on it)."""
-    out: list[dict[str, Any]] = []
+    out: list[MapRow] = []
     for src, mm in sm.maps.items():
         rtt = mm.rtts_ms[0]
         for m in mm.models:
