@@ -18,7 +18,7 @@ from testbed.deploy import registry
 from testbed.deploy.prometheus import DEFAULT_LISTEN
 from testbed.live.credentials import API_KEY_ENV, API_KEY_FILE, check_api_key
 from testbed.run.load import load
-from testbed.run.run_args import add_run_args, run_overrides, trace_for
+from testbed.run.run_args import RunArgs, add_run_args, run_overrides, trace_for
 from testbed.traces.types import Trace
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print("replay: give --scenario NAME or --compare NAME...", file=sys.stderr)
         return 2
     use_api_key(args)
-    scenarios = [load(n, run_overrides(args, n)) for n in names]
+    scenarios = [load(n, run_overrides(RunArgs.from_args(args), n)) for n in names]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
     show = not args.json
@@ -174,7 +174,7 @@ def _replay_into(
     try:
         for rs in scenarios:
             sc = rs.spec
-            trace = trace_for(sc, args)
+            trace = trace_for(sc, RunArgs.from_args(args))
             began = True
             out = base / sc.name if len(scenarios) > 1 else base
             if args.speedup == "auto":

@@ -42,7 +42,7 @@ from testbed.deploy import registry
 from testbed.metrics.artefacts import Summary
 from testbed.model.errors import ModelError
 from testbed.run.load import load
-from testbed.run.run_args import add_run_args, run_assignments, trace_for, warn_if_planned
+from testbed.run.run_args import RunArgs, add_run_args, run_assignments, trace_for, warn_if_planned
 from testbed.run.stoppable import run_stoppable
 from testbed.traces.types import Trace
 
@@ -482,14 +482,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if link_bps <= 0:
             raise ScenarioError("--link-gbps must be > 0")
         params = [parse_param(s) for s in args.param]
-        base = [*parse_assignments(args.set), *run_assignments(args)]
+        base = [*parse_assignments(args.set), *run_assignments(RunArgs.from_args(args))]
         points = plan_points(args.scenario, base, build_grid(params))
     except ScenarioError as e:
         print(f"sweep: {e}", file=sys.stderr)
         return 2
     fields = [k for k, _ in params]
     first = points[0].scenario
-    trace = trace_for(None, args) if args.trace is not None else None
+    trace = trace_for(None, RunArgs.from_args(args)) if args.trace is not None else None
     if trace is None:
         warn_if_planned(first)
     args.backend, warning = registry.pick_backend(args.backend)
