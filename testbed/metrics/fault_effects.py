@@ -25,6 +25,7 @@ from typing import IO, TYPE_CHECKING, Any
 from testbed.core.fault_timeline import NODE_KINDS, FaultEvent, Phase
 from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.record import RequestRecord
+from testbed.metrics.markdown_table import table_lines
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series, select
 
@@ -277,9 +278,6 @@ def faults_section(
             ]
         )
 
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
     out = [
         "## Faults",
         "",
@@ -289,9 +287,7 @@ def faults_section(
         "(after a kill: to another instance of its role) that completed. Bands on the time-series plots mark "
         "each fault.",
         "",
-        line(header),
-        "|" + "---|" * len(header),
-        *(line(r) for r in rows),
+        *table_lines(header, rows),
     ]
     for w in faults:
         if w.kind == "tcp_reset" and w.detail.get("modelled") and w.detail.get("connections_targeted") is not None:

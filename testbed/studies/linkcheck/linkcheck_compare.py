@@ -14,6 +14,7 @@ from typing import cast
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scaling import Scale
 from testbed.live.kv_transport import KVReceiver
+from testbed.metrics.markdown_table import md_table, table_lines
 from testbed.net.capabilities import probe_shaping
 from testbed.net.topology import Method
 from testbed.studies.linkcheck.linkcheck import (
@@ -159,12 +160,15 @@ def compare_markdown(results: list[MethodComparison]) -> str:
         "linkcheck's bar: RTT 1 ms or 3% over the unshaped path, loss 0.3 points, goodput on "
         "N connections past TCP's ramp 90% of the rate)",
         "",
-        "| profile | measure | configured | " + " | ".join(COMPARED) + " |",
-        "|---|---|---|" + "---|" * len(COMPARED),
+        *table_lines(
+            ["profile", "measure", "configured", *COMPARED],
+            [
+                [c["profile"] if k == 0 else "", measure, conf, *cells]
+                for c in results
+                for k, (measure, conf, cells) in enumerate(compare_rows(c))
+            ],
+        ),
     ]
-    for c in results:
-        for k, (measure, conf, cells) in enumerate(compare_rows(c)):
-            lines.append(f"| {c['profile'] if k == 0 else ''} | {measure} | {conf} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,11 +191,18 @@ def compare_summary(results: list[MethodComparison]) -> str:
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x * 1e3:.2f}"
 
-    lines = [
-        "| profile | RTT (ms) | RTT added | RTT sd | one-way delay sd | loss (corr) | measured "
-        "| goodput, 4 conn (Mbit/s) | 1 conn |",
-        "|---|---|---|---|---|---|---|---|---|",
+    head = [
+        "profile",
+        "RTT (ms)",
+        "RTT added",
+        "RTT sd",
+        "one-way delay sd",
+        "loss (corr)",
+        "measured",
+        "goodput, 4 conn (Mbit/s)",
+        "1 conn",
     ]
+    rows: list[list[str]] = []
     for c in results:
         cfg = c["methods"][COMPARED[0]]["configured"]
         corr = f" ({cfg['loss_correlation']:g})" if cfg["loss_correlation"] else ""
@@ -206,8 +217,8 @@ def compare_summary(results: list[MethodComparison]) -> str:
             f"{cfg['rate_bps_wire'] / 1e6:.0f}: " + pair(c, lambda r: mbit(r["goodput"][0])),
             pair(c, lambda r: mbit(r["goodput"][1])),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return md_table(head, rows) + "\n"
 
 
 def print_compare(c: MethodComparison) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from testbed.metrics.markdown_table import table_lines
 from testbed.model.planner import Candidate, Family, PlanSettings, kilo, scenario_patch
 from testbed.traces.csvutil import Window
 
@@ -156,9 +157,7 @@ def _row(c: Candidate, file: str = "") -> list[str]:
 
 
 def _md_table(rows: list[list[str]], head: Sequence[str] = _HEAD) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
+    return table_lines(head, rows)
 
 
 def _err(model: float, sim: Any) -> str:
