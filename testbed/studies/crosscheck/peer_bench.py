@@ -195,7 +195,20 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def bench_peers(args: Any) -> int:
+@dataclass(frozen=True)
+class PeerBenchOptions:
+    """`testbed bench peers`'s flags, one field each."""
+
+    out: Path | None = None
+    cpu: int | None = None
+    trace: str | None = None
+    requests: int | None = None
+    seed: int = 1
+    peer_config: str = "native"
+    repeats: int = 3
+
+
+def bench_peers(args: PeerBenchOptions) -> int:
     from testbed.config.overrides import overrides_for
     from testbed.run.load import load
     from testbed.traces.loader import load_trace
