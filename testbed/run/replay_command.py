@@ -223,7 +223,7 @@ def _replay_into(
                 s, tried = run_stoppable(pick_speedup(rs, trace, backend, out / "speedup-probes"))
                 print(
                     f"--speedup auto: {s:g} ("
-                    + ", ".join(f"{t['speedup']:g}: {'valid' if t['valid'] else 'invalid'}" for t in tried)
+                    + ", ".join(f"{t.speedup:g}: {'valid' if t.valid else 'invalid'}" for t in tried)
                     + ")",
                     file=sys.stderr,
                 )
