@@ -206,7 +206,8 @@ def _cmd_table(args: CapacityOptions, scenarios: list[ResolvedScenario], backend
     ttft_slo = args.ttft_slo or max(rs.spec.slo.ttft_s for rs in scenarios)
     growth = args.wait_growth if args.wait_growth is not None else DEFAULT_GROWTH_S
     print(
-        f"Table 6 by {'simulation' if registry.is_simulated(backend) else 'emulation'}: {', '.join(rs.name for rs in scenarios)}; "
+        f"Table 6 by {'simulation' if registry.is_simulated(backend) else 'emulation'}: "
+        f"{', '.join(rs.name for rs in scenarios)}; "
         f"{args.probes} probes of {args.run.requests if trace is None else len(trace)} "
         f"requests each, backend {backend} -> {out}",
         file=sys.stderr,

@@ -63,7 +63,7 @@ def write_plan_figure(result: PlanResult, path: Path) -> Path | None:
     p90 = [_figure(s, "ttft_p90_s", c.ttft_p90_s) for s, c in zip(sims, best)]
     ax_t.barh([v + 0.14 for v in y], mean, height=0.28, color="#5c6bc0", label="mean")
     ax_t.barh([v - 0.14 for v in y], p90, height=0.28, color="#9fa8da", label="P90")
-    for yi, m, p, s in zip(y, mean, p90, sims):
+    for yi, p, s in zip(y, p90, sims):
         ax_t.text(p, yi - 0.14, f" {p:.2f} s ({'simulated' if s else 'model'})", va="center", fontsize=8)
     top = max(p90)
     if slo <= 3 * top:
