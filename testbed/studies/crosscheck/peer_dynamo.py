@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict, cast
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
@@ -40,6 +40,9 @@ from testbed.core.record import NAN, RequestRecord, StageTimes
 from testbed.core.schema.scenario import ClusterSpec
 from testbed.studies.crosscheck.peer_timing import MockerTiming, mocker_timing
 from testbed.traces.types import Trace
+
+if TYPE_CHECKING:  # the optional `peer` extra; without it, untyped
+    from dynamo._core import KvRouterConfig
 
 PACKAGE = "ai-dynamo-runtime"
 PIN = "1.6.1"  # the release whose API and report fields this module reads
@@ -106,12 +109,12 @@ class MockerArgs(TypedDict, total=False):
     decode_engine_args: PoolArgs
     num_prefill_workers: int
     num_decode_workers: int
-    replay_mode: str
-    router_mode: str
+    replay_mode: Literal["offline"]
+    router_mode: Literal["kv_router"]
     trace_block_size: int
-    trace_format: str
+    trace_format: Literal["mooncake"]
     capture_per_request: bool
-    router_config: object  # a KvRouterConfig
+    router_config: KvRouterConfig
 
 
 class RoutingHop(TypedDict, total=False):
@@ -319,7 +322,9 @@ def run(s: PeerSetup, trace_path: Path) -> PeerRun:
     wall = time.perf_counter() - t
     summary = dict(res.summary)
     ms = summary.get("wall_time_ms")
-    return PeerRun(summary, list(res.per_request or []), wall, ms / 1e3 if isinstance(ms, (int, float)) else None)
+    # The report's requests as this module reads them (MockerRequest: the fields it uses, each checked).
+    per_request = cast(list[MockerRequest], list(res.per_request or []))
+    return PeerRun(summary, per_request, wall, ms / 1e3 if isinstance(ms, (int, float)) else None)
 
 
 def _ms(v: object) -> float:
