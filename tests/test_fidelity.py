@@ -105,7 +105,7 @@ async def test_speedup_auto_takes_the_highest_faithful_speedup(tmp_path: Path) -
     rs = load("paper-prfaas")
     s, tried = await pick_speedup(rs, trace_from_workload(rs.spec.workload), "inproc", tmp_path, run=fake_run)
     assert s == 2 and seen == [8, 4, 2]
-    assert [t["valid"] for t in tried] == [False, False, True] and tried[0]["reasons"] == ["late"]
+    assert [t.valid for t in tried] == [False, False, True] and tried[0].reasons == ["late"]
 
 
 async def test_speedup_auto_slows_time_down_when_real_time_is_not_faithful(tmp_path: Path) -> None:

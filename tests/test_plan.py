@@ -213,15 +213,25 @@ def test_round_threshold_costs_at_most_the_tolerance(workload: TraceWorkload) ->
 # The command
 
 
-def _args(trace: Path, out: Path, *extra: str) -> argparse.Namespace:
+def _ns(trace: Path, out: Path, *extra: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     plan_cmd.register(ap.add_subparsers())
     return ap.parse_args(["plan", "--trace", str(trace), "--out", str(out), *extra])
 
 
+def _args(trace: Path, out: Path, *extra: str) -> plan_cmd.PlanOptions:
+    """The options as `cmd_plan` fills them from the flags."""
+    return plan_cmd.PlanOptions.from_args(_ns(trace, out, *extra))
+
+
+def _plan(opts: plan_cmd.PlanOptions, **kw: Any) -> dict[str, Any]:
+    """plan.json's content of one run."""
+    return plan_cmd.run_plan(opts, **kw).to_json()
+
+
 def test_plan_command_writes_loadable_scenarios(surrogate_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "plan"
-    res = plan_cmd.run_plan(_args(surrogate_file, out, "--top", "2"), simulate=None)
+    res = _plan(_args(surrogate_file, out, "--top", "2"), simulate=None)
     files = sorted(p.name for p in out.glob("plan-*.yaml"))
     assert files == [
         "plan-homogeneous-1.yaml",
@@ -279,7 +289,7 @@ def _fake_sim(seen: list[tuple[Path, Path, str]], fail: str = "naive", slow: str
 def test_plan_command_simulates_every_written_or_recommended_row(surrogate_file: Path, tmp_path: Path) -> None:
     seen: list[tuple[Path, Path, str]] = []
     out = tmp_path / "plan"
-    res = plan_cmd.run_plan(
+    res = _plan(
         _args(surrogate_file, out, "--refine", "4", "--top", "2", "--kinds", "prfaas,homogeneous"),
         simulate=_fake_sim(seen, fail="homogeneous-0-9-3", slow="paper-prfaas"),
     )
@@ -317,7 +327,7 @@ def test_plan_command_simulates_every_written_or_recommended_row(surrogate_file:
 def test_plan_command_fewest_instances_are_simulated(surrogate_file: Path, tmp_path: Path) -> None:
     seen: list[tuple[Path, Path, str]] = []
     out = tmp_path / "plan"
-    res = plan_cmd.run_plan(
+    res = _plan(
         _args(surrogate_file, out, "--kinds", "homogeneous", "--vary-counts", "--top", "1"),
         simulate=_fake_sim(seen, fail=""),
     )
@@ -332,16 +342,14 @@ def test_plan_command_fewest_instances_are_simulated(surrogate_file: Path, tmp_p
 
 
 def test_budget_without_a_kind_is_said_to_cap_every_kind(surrogate_file: Path, tmp_path: Path) -> None:
-    res = plan_cmd.run_plan(
-        _args(surrogate_file, tmp_path / "p", "--budget", "h200=4,h20=8", "--top", "1"), simulate=None
-    )
+    res = _plan(_args(surrogate_file, tmp_path / "p", "--budget", "h200=4,h20=8", "--top", "1"), simulate=None)
     assert res["settings"]["budgets"]["homogeneous"] == "h20=8 (--budget every kind)"
     assert res["settings"]["budgets"]["prfaas"] == "h200=4 (--budget every kind), h20=8 (--budget every kind)"
     note = next(n for n in res["notes"] if n.startswith("homogeneous:"))
     assert "caps it below its base's 12 h20" in note and "prfaas:h20=8" in note
     best = res["kinds"]["homogeneous"]["best"]
     assert best["n_p"] + best["n_d"] == 8
-    res = plan_cmd.run_plan(
+    res = _plan(
         _args(
             surrogate_file, tmp_path / "q", "--budget", "prfaas:h20=6", "--top", "1", "--kinds", "prfaas,homogeneous"
         ),
@@ -352,11 +360,11 @@ def test_budget_without_a_kind_is_said_to_cap_every_kind(surrogate_file: Path, t
 
 
 def test_plan_command_cli(surrogate_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = _args(surrogate_file, tmp_path / "p", "--kinds", "homogeneous", "--json", "--no-sim")
+    args = _ns(surrogate_file, tmp_path / "p", "--kinds", "homogeneous", "--json", "--no-sim")
     assert args.func is plan_cmd.cmd_plan and args.func(args) == 0
     res = json.loads(capsys.readouterr().out)
     assert list(res["kinds"]) == ["homogeneous"]
-    assert plan_cmd.cmd_plan(_args(surrogate_file, tmp_path / "q", "--kinds", "nope")) == 2
+    assert plan_cmd.cmd_plan(_ns(surrogate_file, tmp_path / "q", "--kinds", "nope")) == 2
     assert "--kinds" in capsys.readouterr().err
 
 
@@ -377,7 +385,7 @@ def test_verify_stops_when_the_simulator_is_unavailable(surrogate_file: Path, tm
         calls.append(scenario)
         raise plan_cmd.SimUnavailable("unknown backend 'sim'")
 
-    res = plan_cmd.run_plan(_args(surrogate_file, tmp_path / "p", "--kinds", "homogeneous,naive"), simulate=unavailable)
+    res = _plan(_args(surrogate_file, tmp_path / "p", "--kinds", "homogeneous,naive"), simulate=unavailable)
     assert len(calls) == 1 and not res["verified"]
     assert "no sim backend" in res["verification"] and all(r["simulated"] is None for r in res["ranking"])
 
@@ -388,7 +396,7 @@ def test_sim_simulator_against_the_runner(tmp_path: Path) -> None:
     trace = tmp_path / "small.jsonl"
     write_mooncake(trace, synth_with_prefixes(30, 2.0, 4))
     out = tmp_path / "p"
-    res = plan_cmd.run_plan(_args(trace, out, "--kinds", "homogeneous", "--top", "1"))
+    res = _plan(_args(trace, out, "--kinds", "homogeneous", "--top", "1"))
     if res["verified"]:
         sim = res["kinds"]["homogeneous"]["best"]["simulated"]
         assert sim is not None and set(plan_cmd.SIM_FIGURES) <= set(sim)

@@ -222,7 +222,7 @@ def test_refine_on_the_simulator(trace: Trace, tmp_path: Path) -> None:
     args = ap.parse_args(
         ["plan", "--trace", str(path), "--refine", "3", "--top", "2", "--out", str(out), "--objective", "ttft"]
     )
-    res = plan_cmd.run_plan(args)
+    res = plan_cmd.run_plan(plan_cmd.PlanOptions.from_args(args)).to_json()
     if not res["verified"]:
         pytest.skip(res["verification"])
     s = _settings()

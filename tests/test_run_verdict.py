@@ -3,7 +3,6 @@ summaries of several runs as CSV, and the plots of a run on their own."""
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import time
@@ -64,8 +63,7 @@ def test_replay_says_invalid_first_and_last(
     from testbed.run.runner import RunResult
 
     res = RunResult(tmp_path / "run", ReplayStats(), False, _summary(False))
-    args = argparse.Namespace(json=False, accept_invalid=accept)
-    assert _finish(args, [res], tmp_path / "run", report=False) == rc
+    assert _finish(False, accept, [res], tmp_path / "run", report=False) == rc
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("INVALID RUN run: ") and LATE in lines[0]
     assert lines[-1].startswith("verdict: INVALID") and LATE in lines[-1]

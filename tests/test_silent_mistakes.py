@@ -4,7 +4,6 @@ the trace it was sized for, a --budget naming hardware no base has, an empty tra
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from testbed.cli import main
 from testbed.config.scenarios import load_scenario
-from testbed.run.run_args import trace_for
+from testbed.run.run_args import RunArgs, trace_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "traces" / "samples" / "mooncake-sample.jsonl"
@@ -47,7 +46,7 @@ def test_a_plan_file_without_its_trace_warns(tmp_path: Path, capsys: pytest.Capt
     capsys.readouterr()
     sc = load_scenario(str(tmp_path / "plan" / "plan-prfaas-1.yaml"))
     assert sc.workload.planned_for == f"--trace {SAMPLE}"
-    none = argparse.Namespace(trace=None)
+    none = RunArgs()  # no --trace
     trace_for(sc, none)
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("warning: plan-prfaas-1 was planned for --trace ") and "synthetic workload" in line

@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -666,8 +667,13 @@ def test_cli_window_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_trace_for_order(tmp_path: Path) -> None:
-    from testbed.run.run_args import run_overrides as _overrides
-    from testbed.run.run_args import trace_for as _trace_for
+    from testbed.run.run_args import RunArgs, run_overrides, trace_for
+
+    def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
+        return run_overrides(RunArgs.from_args(ns))
+
+    def _trace_for(sc: None, ns: argparse.Namespace) -> Trace:
+        return trace_for(sc, RunArgs.from_args(ns))
 
     p = _azure_file(tmp_path, 400)
     full = load_trace(p)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from testbed.cli import build_parser
-from testbed.docsite.markdown import code, escape_cell, escape_text, table
+from testbed.docsite.markdown import code, escape_text, table
 
 
 @dataclass(frozen=True)
@@ -141,9 +141,9 @@ def render(cmds: list[Command] | None = None) -> str:
         "",
     ]
     top = cmds[0]
-    out += ["| command | what it does |", "|---|---|"]
-    for c in cmds[1:]:
-        out.append(f"| [`{c.name}`](#{c.anchor}) | {escape_cell(c.summary or c.description)} |")
+    out += table(
+        ["command", "what it does"], [[f"[`{c.name}`](#{c.anchor})", c.summary or c.description] for c in cmds[1:]]
+    ).split("\n")
     out.append("")
     out += _section(top, level=2, title="testbed (global flags)")
     for c in cmds[1:]:

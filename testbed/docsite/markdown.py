@@ -5,6 +5,9 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Sequence
 
+from testbed.metrics.markdown_table import escape_cell as table_cell
+from testbed.metrics.markdown_table import md_table
+
 
 def escape_text(text: str) -> str:
     """`<`, `>` and `&` outside code spans as entities, so help texts like `runs/<time>` are
@@ -14,15 +17,13 @@ def escape_text(text: str) -> str:
 
 
 def escape_cell(text: str) -> str:
-    """Text safe inside a table cell: one line, pipes escaped (unless they are already)."""
-    one = " ".join(text.split())
-    return escape_text(one if "\\|" in one else one.replace("|", "\\|"))
+    """Text safe inside a table cell of a page: one line with single spaces, HTML-like text as
+    entities, then the reports' cell rule (`testbed.metrics.markdown_table`)."""
+    return table_cell(escape_text(" ".join(text.split())))
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(escape_cell(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
+    return md_table(header, rows, cell=escape_cell)
 
 
 def code(text: str, lang: str = "") -> str:

@@ -26,6 +26,7 @@ from testbed.core.fault_timeline import NODE_KINDS, FaultEvent, Phase
 from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.json_types import JSONObject
 from testbed.core.record import RequestRecord
+from testbed.metrics.markdown_table import table_lines
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.timeseries import counter_total, group_series, select
 
@@ -296,9 +297,6 @@ def faults_section(
             ]
         )
 
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
     out = [
         "## Faults",
         "",
@@ -308,9 +306,7 @@ def faults_section(
         "(after a kill: to another instance of its role) that completed. Bands on the time-series plots mark "
         "each fault.",
         "",
-        line(header),
-        "|" + "---|" * len(header),
-        *(line(r) for r in rows),
+        *table_lines(header, rows),
     ]
     for w in faults:
         if w.kind == "tcp_reset" and w.detail.get("modelled") and w.detail.get("connections_targeted") is not None:

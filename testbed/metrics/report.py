@@ -19,6 +19,7 @@ from testbed.metrics.artefacts import RunInfo, Summary
 from testbed.metrics.artefacts.summary_file import Control, Fidelity, Sessions, WanLink
 from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
 from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands, faults_section, load_faults
+from testbed.metrics.markdown_table import md_table
 from testbed.metrics.plot_style import line_styles, run_title, stamp
 from testbed.metrics.roles import decision_rows, long_term_rows, plot_roles, read_role_decisions, roles_cell
 from testbed.metrics.series_format import SeriesPoint
@@ -118,13 +119,6 @@ def fmt_change(value: float | None, base: float | None) -> str:
         return NA
     pct = (value / base - 1) * 100
     return f"{pct:+.0f}%" if abs(pct) >= 10 else f"{pct:+.1f}%"
-
-
-def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-    return "\n".join([line(header), "|" + "---|" * len(header), *(line(r) for r in rows)])
 
 
 # ---------------------------------------------------------------- rows shared by markdown and terminal

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import aiohttp
 
@@ -73,8 +72,8 @@ class HoldInfo:
         """The OpenAI base URL (the `openai` package's base_url)."""
         return f"{self.url}/v1"
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> dict[str, str | float]:
+        out: dict[str, str | float] = {
             "base_url": self.base_url,
             "url": self.url,
             "run_dir": str(self.run_dir),

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from testbed.deploy import registry
 from testbed.deploy.prometheus import DEFAULT_LISTEN
 from testbed.live.credentials import API_KEY_ENV, API_KEY_FILE, check_api_key
 from testbed.run.load import load
-from testbed.run.run_args import add_run_args, run_overrides, trace_for
+from testbed.run.run_args import RunArgs, add_run_args, run_overrides, trace_for
 from testbed.traces.types import Trace
 
 if TYPE_CHECKING:
@@ -72,10 +73,44 @@ def _add_scenario_args(p: argparse.ArgumentParser, backends: dict[str, Any]) -> 
     )
 
 
-def wants_report(args: argparse.Namespace, backend: str) -> bool:
+@dataclass(frozen=True)
+class ReplayOptions:
+    """`testbed replay`'s flags (and `up`'s without --hold), one field each (the workload flags
+    and --set in `run`)."""
+
+    run: RunArgs
+    scenario: str | None = None
+    compare: tuple[str, ...] = ()
+    out: Path | None = None
+    overwrite: bool = False
+    backend: str = registry.AUTO
+    prometheus: str | None = None
+    api_key: str | None = None
+    json: bool = False
+    accept_invalid: bool = False
+    report: bool | None = None  # None: the backend's default (`wants_report`)
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> ReplayOptions:
+        return cls(
+            run=RunArgs.from_args(ns),
+            scenario=ns.scenario,
+            compare=tuple(ns.compare or ()),
+            out=ns.out,
+            overwrite=ns.overwrite,
+            backend=ns.backend,
+            prometheus=ns.prometheus,
+            api_key=ns.api_key,
+            json=ns.json,
+            accept_invalid=ns.accept_invalid,
+            report=ns.report,
+        )
+
+
+def wants_report(report: bool | None, backend: str) -> bool:
     """--report as given, else yes unless the backend simulates (plots cost a simulated run more
     than its simulation)."""
-    return bool(args.report) if args.report is not None else not registry.get(backend).caps.simulator
+    return report if report is not None else not registry.get(backend).caps.simulator
 
 
 async def _run_one(
@@ -123,32 +158,36 @@ def run_one(
     return run_stoppable(_run_one(rs, trace, out, backend, show, prometheus, report))
 
 
-def use_api_key(args: argparse.Namespace) -> None:
+def use_api_key(api_key: str | None) -> None:
     """--api-key is $TESTBED_API_KEY for this run: every deployment it builds takes the key from there
     (`testbed.live.credentials.Credentials.new`)."""
-    if args.api_key is not None:
-        check_api_key(args.api_key)
-        os.environ[API_KEY_ENV] = args.api_key
+    if api_key is not None:
+        check_api_key(api_key)
+        os.environ[API_KEY_ENV] = api_key
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    return replay(ReplayOptions.from_args(args))
 
-    names = args.compare or [args.scenario]
-    if not names or names == [None]:
+
+def replay(args: ReplayOptions) -> int:
+    """The command on its options: each scenario replayed into its run directory."""
+    names = list(args.compare) or ([args.scenario] if args.scenario else [])
+    if not names:
         print("replay: give --scenario NAME or --compare NAME...", file=sys.stderr)
         return 2
-    use_api_key(args)
-    scenarios = [load(n, run_overrides(args, n)) for n in names]
+    use_api_key(args.api_key)
+    scenarios = [load(n, run_overrides(args.run, n)) for n in names]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(args.out) if args.out else Path("runs") / f"{stamp}-{'-vs-'.join(s.name for s in scenarios)}"
     show = not args.json
     from testbed.deploy.registry import pick_backend, refuse_unhonoured
 
     backend, warning = pick_backend(args.backend)
-    report = wants_report(args, backend)
+    report = wants_report(args.report, backend)
     refuse_unhonoured(backend, scenarios)
     registry.check_host(backend)
-    registry.check_capacity(backend, scenarios, args.force_capacity)
+    registry.check_capacity(backend, scenarios, args.run.force_capacity)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     if args.prometheus is not None:
@@ -166,7 +205,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _replay_into(
-    args: argparse.Namespace, scenarios: list[ResolvedScenario], base: Path, backend: str, report: bool, show: bool
+    args: ReplayOptions, scenarios: list[ResolvedScenario], base: Path, backend: str, report: bool, show: bool
 ) -> int:
     """The runs of `replay`/`up` into `base`, which this command holds."""
     results = []
@@ -174,17 +213,17 @@ def _replay_into(
     try:
         for rs in scenarios:
             sc = rs.spec
-            trace = trace_for(sc, args)
+            trace = trace_for(sc, args.run)
             began = True
             out = base / sc.name if len(scenarios) > 1 else base
-            if args.speedup == "auto":
+            if args.run.speedup == "auto":
                 from testbed.run.speedup import pick_speedup, with_speedup
                 from testbed.run.stoppable import run_stoppable
 
                 s, tried = run_stoppable(pick_speedup(rs, trace, backend, out / "speedup-probes"))
                 print(
                     f"--speedup auto: {s:g} ("
-                    + ", ".join(f"{t['speedup']:g}: {'valid' if t['valid'] else 'invalid'}" for t in tried)
+                    + ", ".join(f"{t.speedup:g}: {'valid' if t.valid else 'invalid'}" for t in tried)
                     + ")",
                     file=sys.stderr,
                 )
@@ -216,10 +255,10 @@ def _replay_into(
         else:
             print(f"interrupted: services stopped, records so far kept under {base}", file=sys.stderr)
         return 130
-    return _finish(args, results, base, report)
+    return _finish(args.json, args.accept_invalid, results, base, report)
 
 
-def _finish(args: argparse.Namespace, results: list[RunResult], base: Path, report: bool) -> int:
+def _finish(as_json: bool, accept_invalid: bool, results: list[RunResult], base: Path, report: bool) -> int:
     """Figures, closing block and exit status: an invalid run says so first (before its figures)
     and last (the verdict line), and exits EXIT_INVALID unless --accept-invalid."""
     from rich.console import Console
@@ -236,10 +275,10 @@ def _finish(args: argparse.Namespace, results: list[RunResult], base: Path, repo
             comparison = write_comparison([r.run_dir for r in results], base)
     outcomes = [RunOutcome(r.run_dir.name, r.run_dir, r.summary) for r in results]
     # With --json stdout is the JSON alone: the verdict goes to stderr.
-    console = Console(stderr=bool(args.json), highlight=False, soft_wrap=True)
+    console = Console(stderr=as_json, highlight=False, soft_wrap=True)
     for line in invalid_headline(outcomes):
         console.print(Text(line, style="bold red"))
-    if args.json:
+    if as_json:
         print(
             json.dumps(
                 {r.run_dir.name: r.summary.to_json_dict() for r in results}
@@ -259,8 +298,8 @@ def _finish(args: argparse.Namespace, results: list[RunResult], base: Path, repo
         from testbed.metrics.report import verdicts
 
         lines = verdicts([r.summary for r in results], [o.label for o in outcomes])
-    block = closing_block(outcomes, comparison, lines, args.accept_invalid)
-    rc = exit_code(outcomes, args.accept_invalid)
+    block = closing_block(outcomes, comparison, lines, accept_invalid)
+    rc = exit_code(outcomes, accept_invalid)
     for line in block[:-1]:
         console.print(Text(line))
     console.print(Text(block[-1], style="bold red" if invalid(outcomes) else "bold green"))
@@ -309,7 +348,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    use_api_key(args)
+    use_api_key(args.api_key)
     if args.hold:
         from testbed.run.hold import cmd_hold
 

@@ -6,12 +6,55 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from testbed.config.cli_args import StoreOnce
 from testbed.config.overrides import overrides_for, set_path
 from testbed.core.schema.scenario import Scenario
+from testbed.traces.csvutil import Window
 from testbed.traces.types import Trace, TraceError
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """The workload flags of `add_run_args` (and `--set` where the command has it), one field each."""
+
+    trace: str | None = None
+    format: str = "auto"
+    window: Window | None = None
+    sample: int | None = None
+    seed: int | None = None
+    keep_failed: bool = False
+    trace_models: tuple[str, ...] = ()
+    rate: float | None = None
+    speedup: str | None = None  # a number, or "auto" where the command allows it
+    requests: int | None = None
+    force_capacity: bool = False
+    set: tuple[str, ...] = ()
+    arrivals: str | None = None  # open | closed (`testbed.core.sessions`)
+    router: str | None = None  # where the command has --router
+    router_policy: str | None = None
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> RunArgs:
+        return cls(
+            trace=ns.trace,
+            format=ns.format,
+            window=ns.window,
+            sample=ns.sample,
+            seed=ns.seed,
+            keep_failed=ns.keep_failed,
+            trace_models=tuple(ns.trace_models or ()),
+            rate=ns.rate,
+            speedup=ns.speedup,
+            requests=ns.requests,
+            force_capacity=ns.force_capacity,
+            set=tuple(getattr(ns, "set", None) or ()),
+            arrivals=getattr(ns, "arrivals", None),
+            router=getattr(ns, "router", None),
+            router_policy=getattr(ns, "router_policy", None),
+        )
 
 
 def add_run_args(
@@ -153,18 +196,18 @@ def _positive(v: str) -> bool:
         return False
 
 
-def run_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
+def run_assignments(args: RunArgs) -> list[tuple[str, Any]]:
     """The workload flags as scenario fields (`--speedup` -> scale.speedup; without --trace,
     --rate/--requests/--seed -> workload.*), after checking the flags that need --trace have it.
     TraceError (a UserError) names the flag."""
     out: list[tuple[str, Any]] = []
-    if getattr(args, "router", None) is not None:
+    if args.router is not None:
         out.append(("router.kind", args.router))
-    if getattr(args, "router_policy", None) is not None:
+    if args.router_policy is not None:
         out.append(("router.policy", args.router_policy))
-    if getattr(args, "speedup", None) not in (None, "auto"):
+    if args.speedup is not None and args.speedup != "auto":
         out.append(("scale.speedup", float(args.speedup)))
-    if getattr(args, "arrivals", None) is not None:
+    if args.arrivals is not None:
         out.append(("workload.arrivals", args.arrivals))
     if args.trace is None:
         only = [
@@ -194,9 +237,9 @@ def run_assignments(args: argparse.Namespace) -> list[tuple[str, Any]]:
     return out
 
 
-def run_overrides(args: argparse.Namespace, name: str | None = None) -> dict[str, Any]:
+def run_overrides(args: RunArgs, name: str | None = None) -> dict[str, Any]:
     """Scenario overrides of `--set` (when the command has it) and the workload flags; the flags win."""
-    ov = overrides_for(name, getattr(args, "set", None) or []) if name is not None else {}
+    ov = overrides_for(name, list(args.set)) if name is not None else {}
     for path, value in run_assignments(args):
         set_path(ov, {}, path, value)
     return ov
@@ -212,7 +255,7 @@ def warn_if_planned(sc: Scenario) -> None:
         )
 
 
-def trace_for(sc: Scenario | None, args: argparse.Namespace) -> Trace:
+def trace_for(sc: Scenario | None, args: RunArgs) -> Trace:
     """The scenario's workload, or --trace: --window and (without --sample) --requests are read
     from the file alone; then --sample, --requests, --rate in that order."""
     from testbed.traces import transforms
@@ -229,7 +272,7 @@ def trace_for(sc: Scenario | None, args: argparse.Namespace) -> Trace:
         window=args.window,
         limit=args.requests if head_in_loader else None,
         keep_failed=args.keep_failed,
-        models=args.trace_models,
+        models=list(args.trace_models) or None,
     )
     for note in tr.notes:
         print(f"note: {args.trace}: {note}", file=sys.stderr)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.run.runner import RunResult, run_replay_async
@@ -41,6 +41,16 @@ def probe_trace(trace: Trace) -> Trace:
 Runner = Callable[..., Awaitable[RunResult]]
 
 
+@dataclass(frozen=True)
+class SpeedupProbe:
+    """What one probe found at one speedup."""
+
+    speedup: float
+    valid: bool
+    reasons: list[str]
+    tpot_mean_s: float | None
+
+
 async def pick_speedup(
     rs: ResolvedScenario,
     trace: Trace,
@@ -48,10 +58,10 @@ async def pick_speedup(
     probe_dir: Path,
     candidates: tuple[float, ...] = CANDIDATES,
     run: Runner = run_replay_async,
-) -> tuple[float, list[dict[str, Any]]]:
+) -> tuple[float, list[SpeedupProbe]]:
     """(speedup, what each probe found). Falls back to the lowest candidate if none is valid."""
     probe = probe_trace(trace)
-    tried: list[dict[str, Any]] = []
+    tried: list[SpeedupProbe] = []
     for s in sorted(candidates, reverse=True):
         out = probe_dir / f"speedup-{s:g}"
         print(f"--speedup auto: probing {len(probe)} requests at speedup {s:g} -> {out}", file=sys.stderr, flush=True)
@@ -62,7 +72,7 @@ async def pick_speedup(
             if res.summary.validity
             else (False, ["no validity in the summary"])
         )
-        tried.append({"speedup": s, "valid": valid, "reasons": list(reasons), "tpot_mean_s": res.summary.tpot_s.mean})
+        tried.append(SpeedupProbe(s, valid, list(reasons), res.summary.tpot_s.mean))
         if valid:
             return s, tried
         print(f"  speedup {s:g}: not faithful: {'; '.join(reasons)}", file=sys.stderr, flush=True)

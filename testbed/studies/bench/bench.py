@@ -8,6 +8,7 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from testbed.core.schema.scenario import Scenario
 from testbed.metrics.run_files import read_run_records
 from testbed.run.load import load
 from testbed.run.stoppable import run_stoppable
+from testbed.studies.crosscheck.peer_bench import PeerBenchOptions
+from testbed.traces.csvutil import Window
 
 FIDELITY_RATE = 0.3  # paper req/s: low enough that queues stay empty on the paper deployments
 
@@ -64,7 +67,63 @@ def fidelity_figures(sc: Scenario, records: list[RequestRecord]) -> dict[str, An
     }
 
 
-def fidelity(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class BenchOptions:
+    """`testbed bench`'s flags, one field each (each benchmark reads its own)."""
+
+    which: str
+    scenario: str = "paper-prfaas"
+    requests: int | None = None
+    seed: int = 1
+    repeats: int = 3
+    cpu: int | None = None
+    peer_config: str = "native"
+    out: Path | None = None
+    overwrite: bool = False
+    json: bool = False
+    bytes: int = 10**9
+    connections: int = 4
+    chunk_bytes: int = 256 * 1024
+    runs: int = 5
+    backend: str = "auto"
+    from_runs: tuple[str, ...] = ()
+    no_save: bool = False
+    trace: str | None = None
+    window: Window | None = None
+    set: tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> BenchOptions:
+        return cls(
+            which=ns.which,
+            scenario=ns.scenario,
+            requests=ns.requests,
+            seed=ns.seed,
+            repeats=ns.repeats,
+            cpu=ns.cpu,
+            peer_config=ns.peer_config,
+            out=ns.out,
+            overwrite=ns.overwrite,
+            json=ns.json,
+            bytes=ns.bytes,
+            connections=ns.connections,
+            chunk_bytes=ns.chunk_bytes,
+            runs=ns.runs,
+            backend=ns.backend,
+            from_runs=tuple(ns.from_runs or ()),
+            no_save=ns.no_save,
+            trace=ns.trace,
+            window=ns.window,
+            set=tuple(ns.set),
+        )
+
+    def peers(self) -> PeerBenchOptions:
+        return PeerBenchOptions(
+            self.out, self.cpu, self.trace, self.requests, self.seed, self.peer_config, self.repeats
+        )
+
+
+def fidelity(args: BenchOptions) -> int:
     from testbed.run.runner import run_replay_async
     from testbed.traces.loader import trace_from_workload
 
@@ -129,7 +188,7 @@ async def kv_loopback_once(nbytes: int, connections: int, chunk_bytes: int, laye
         await rx.close()
 
 
-def kv(args: argparse.Namespace) -> int:
+def kv(args: BenchOptions) -> int:
     runs = [asyncio.run(kv_loopback_once(args.bytes, args.connections, args.chunk_bytes)) for _ in range(args.runs)]
     rate, cpu = _median([r for r, _ in runs]), _median([c for _, c in runs])
     fig = {
@@ -154,7 +213,7 @@ def kv(args: argparse.Namespace) -> int:
 LIVE_PATH_PROBE = {"workload": {"rate": 1.2, "output_tokens": 256, "seed": 5}}
 
 
-def live_path(args: argparse.Namespace) -> int:
+def live_path(args: BenchOptions) -> int:
     """What the live path costs on this host (`testbed.metrics.live_path`): a short replay of the
     paper's PrfaaS-PD deployment on the backend, or runs recorded before (`--from`); the figures
     go to the run directory and, unless --no-save, to this host's file the simulator reads with
@@ -186,7 +245,7 @@ def live_path(args: argparse.Namespace) -> int:
             return 2
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
-        over = overrides_for(args.scenario, args.set)
+        over = overrides_for(args.scenario, list(args.set))
         if args.trace is None:
             set_path(over, {}, "workload", {**LIVE_PATH_PROBE["workload"], "requests": args.requests or 120})
         rs = load(args.scenario, over)
@@ -246,7 +305,8 @@ def live_path(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
+def cmd_bench(ns: argparse.Namespace) -> int:
+    args = BenchOptions.from_args(ns)
     if args.out is not None and not (args.which == "live-path" and args.from_runs):
         run_lock.acquire(args.out, args.overwrite)  # this command's until it returns
     if args.which == "live-path":
@@ -254,15 +314,15 @@ def _bench(args: argparse.Namespace) -> int:
     if args.which == "sim":
         from testbed.studies.bench.sim_bench import bench_sim
 
-        return bench_sim(args)
+        return bench_sim(args.out, args.seed)
     if args.which == "sim-faults":
         from testbed.studies.bench.sim_bench import bench_sim_faults
 
-        return bench_sim_faults(args)
+        return bench_sim_faults(args.out, args.seed)
     if args.which == "peers":
         from testbed.studies.crosscheck.peer_bench import bench_peers
 
-        return bench_peers(args)
+        return bench_peers(args.peers())
     if args.which == "kv":
         return kv(args)
     return fidelity(args)
@@ -343,4 +403,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="FIELD=VALUE",
         help="live-path: override a scenario field (repeatable)",
     )
-    b.set_defaults(func=_bench)
+    b.set_defaults(func=cmd_bench)

@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import resource
@@ -168,10 +167,10 @@ def scale_run(out: Path, seed: int) -> dict[str, Any]:
     }
 
 
-def bench_sim(args: argparse.Namespace) -> int:
-    out = Path(args.out or f"runs/bench-sim-{datetime.now():%Y%m%d-%H%M%S}")
+def bench_sim(out_dir: Path | None, seed: int) -> int:
+    out = out_dir or Path(f"runs/bench-sim-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
-    hour = hour_run(out, args.seed)
+    hour = hour_run(out, seed)
     print(
         f"one-hour Mooncake-format trace on paper-prfaas: {hour['requests']} requests over "
         f"{hour['trace_s'] / 60:.0f} min (mean input {hour['mean_input'] / 1e3:.1f}K, output "
@@ -183,7 +182,7 @@ def bench_sim(args: argparse.Namespace) -> int:
         f"({hour['rps_cpu']:,.0f} requests/s); bar: under 5 s, >= 2,400 requests/s",
         flush=True,
     )
-    big = scale_run(out, args.seed)
+    big = scale_run(out, seed)
     pf, pd = big["clusters"].get("prfaas", (0, 0)), big["clusters"].get("pd", (0, 0))
     print(
         f"10,000-GPU deployment: {big['instances']} instances ({big['gpus']} GPUs: {pf[0]} PrfaaS, {pd[0]} PD-P, "
@@ -316,12 +315,12 @@ def _fmt(v: float | None, f: str = "{:.2f}") -> str:
     return "n/a" if v is None else f.format(v)
 
 
-def bench_sim_faults(args: argparse.Namespace) -> int:
-    out = Path(args.out or f"runs/bench-sim-faults-{datetime.now():%Y%m%d-%H%M%S}")
+def bench_sim_faults(out_dir: Path | None, seed: int) -> int:
+    out = out_dir or Path(f"runs/bench-sim-faults-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for control in (False, True):
-        r = faults_run(out, args.seed, control)
+        r = faults_run(out, seed, control)
         runs.append(r)
         name = "short-term bandwidth loop on" if control else "fixed threshold"
         print(

@@ -26,6 +26,7 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
+from testbed.metrics.markdown_table import table_lines
 from testbed.metrics.run_files import read_run_records
 from testbed.metrics.stats import percentile
 from testbed.traces.types import Trace
@@ -270,16 +271,30 @@ def write_outputs(res: CapacityResult, out: Path) -> None:
         f"Stable means: every request completed, P90 TPOT <= {res.tpot_slo_s * 1e3:.1f} ms, P90 TTFT <= "
         f"{res.ttft_slo_s:g} s, and waiting did not grow from the first to the last third of arrivals.",
         "",
-        "| rate (req/s) | verdict | completed | TTFT mean / P90 (s) | TPOT P90 (ms) "
-        "| wait first -> last third (s) | why |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for p in sorted(res.probes, key=lambda p: p.rate):
-        lines.append(
-            f"| {p.rate:.3f} | {'stable' if p.stable else 'unstable'} | {p.completed}/{p.total} | "
-            f"{_f(p.ttft_mean_s)} / {_f(p.ttft_p90_s)} | {_f(None if p.tpot_p90_s is None else p.tpot_p90_s * 1e3)} | "
-            f"{_f(p.wait_first_s)} -> {_f(p.wait_last_s)} | {'; '.join(p.reasons)} |"
-        )
+    lines += table_lines(
+        [
+            "rate (req/s)",
+            "verdict",
+            "completed",
+            "TTFT mean / P90 (s)",
+            "TPOT P90 (ms)",
+            "wait first -> last third (s)",
+            "why",
+        ],
+        [
+            [
+                f"{p.rate:.3f}",
+                "stable" if p.stable else "unstable",
+                f"{p.completed}/{p.total}",
+                f"{_f(p.ttft_mean_s)} / {_f(p.ttft_p90_s)}",
+                _f(None if p.tpot_p90_s is None else p.tpot_p90_s * 1e3),
+                f"{_f(p.wait_first_s)} -> {_f(p.wait_last_s)}",
+                "; ".join(p.reasons),
+            ]
+            for p in sorted(res.probes, key=lambda p: p.rate)
+        ],
+    )
     (out / "capacity.md").write_text("\n".join(lines) + "\n")
 
 

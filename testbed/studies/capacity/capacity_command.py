@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -15,11 +15,52 @@ from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.resolved import ResolvedScenario
 from testbed.deploy import registry
 from testbed.run.load import load
-from testbed.run.run_args import add_run_args, run_overrides, trace_for, warn_if_planned
+from testbed.run.run_args import RunArgs, add_run_args, run_overrides, trace_for, warn_if_planned
 from testbed.run.stoppable import run_stoppable
 from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
 from testbed.studies.capacity.paper_table import DEFAULT_GROWTH_S, rebuild_table, run_table
 from testbed.traces.types import Trace
+
+
+@dataclass(frozen=True)
+class CapacityOptions:
+    """`testbed capacity`'s flags, one field each (the workload flags in `run`)."""
+
+    scenario: tuple[str, ...]
+    run: RunArgs
+    backend: str = "auto"
+    lo: float | None = None
+    hi: float | None = None
+    probes: int = 6
+    ttft_slo: float | None = None
+    growth_limit: float = 0.25
+    wait_growth: float | None = None
+    common_rate: float | None = None
+    table_only: bool = False
+    spread: float = 0.25
+    out: Path | None = None
+    overwrite: bool = False
+    json: bool = False
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> CapacityOptions:
+        return cls(
+            scenario=tuple(ns.scenario),
+            run=RunArgs.from_args(ns),
+            backend=ns.backend,
+            lo=ns.lo,
+            hi=ns.hi,
+            probes=ns.probes,
+            ttft_slo=ns.ttft_slo,
+            growth_limit=ns.growth_limit,
+            wait_growth=ns.wait_growth,
+            common_rate=ns.common_rate,
+            table_only=ns.table_only,
+            spread=ns.spread,
+            out=ns.out,
+            overwrite=ns.overwrite,
+            json=ns.json,
+        )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -99,18 +140,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
+    return capacity(CapacityOptions.from_args(args))
+
+
+def capacity(args: CapacityOptions) -> int:
+    """The command on its options: one scenario's Lambda_max, or with several the Table 6 study."""
     from testbed.deploy.registry import pick_backend, refuse_unhonoured
 
-    scenarios = [load(name, run_overrides(args, name)) for name in args.scenario]
-    trace = trace_for(None, args) if args.trace is not None else None
+    scenarios = [load(name, run_overrides(args.run, name)) for name in args.scenario]
+    trace = trace_for(None, args.run) if args.run.trace is not None else None
     if trace is None:
         for rs in scenarios:
             warn_if_planned(rs.spec)
-    n = args.requests if trace is None else len(trace)
+    n = args.run.requests if trace is None else len(trace)
     backend, warning = pick_backend(args.backend)
     refuse_unhonoured(backend, scenarios)
     registry.check_host(backend)
-    registry.check_capacity(backend, scenarios, args.force_capacity)
+    registry.check_capacity(backend, scenarios, args.run.force_capacity)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     if len(scenarios) > 1:
@@ -154,7 +200,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], backend: str, trace: Trace | None) -> int:
+def _cmd_table(args: CapacityOptions, scenarios: list[ResolvedScenario], backend: str, trace: Trace | None) -> int:
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-table6"
     run_lock.acquire(out, args.overwrite)
     ttft_slo = args.ttft_slo or max(rs.spec.slo.ttft_s for rs in scenarios)
@@ -162,7 +208,7 @@ def _cmd_table(args: argparse.Namespace, scenarios: list[ResolvedScenario], back
     print(
         f"Table 6 by {'simulation' if registry.is_simulated(backend) else 'emulation'}: "
         f"{', '.join(rs.name for rs in scenarios)}; "
-        f"{args.probes} probes of {args.requests if trace is None else len(trace)} "
+        f"{args.probes} probes of {args.run.requests if trace is None else len(trace)} "
         f"requests each, backend {backend} -> {out}",
         file=sys.stderr,
     )

@@ -30,6 +30,7 @@ from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
 from testbed.metrics.artefacts import Summary
+from testbed.metrics.markdown_table import table_lines
 from testbed.metrics.run_files import read_run_records
 from testbed.metrics.stats import percentile
 from testbed.studies.capacity.capacity import (
@@ -460,9 +461,7 @@ def write_table(deps: Sequence[TableRow], out: Path, ttft_slo: float, growth_s: 
     ]
     if len(common) == 1 and None not in common:
         lines += [f"Common load for TTFT: {common.pop():.3f} req/s.", ""]
-    lines.append("| metric | " + " | ".join(d.scenario for d in deps) + " |")
-    lines.append("|---|" + "---|" * len(deps))
-    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    lines += table_lines(["metric", *(d.scenario for d in deps)], [[name, *cells] for name, cells in rows])
     lines += ["", "## Where measured and model differ", ""]
     lines += [f"- **{d.scenario}**: {d.explanation}" for d in deps]
     lines += ["", "## Probes", ""]

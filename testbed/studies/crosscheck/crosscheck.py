@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.config import run_lock
@@ -24,7 +25,7 @@ from testbed.core.errors import UserError
 from testbed.deploy import registry
 from testbed.metrics.artefacts import Summary
 from testbed.model.errors import ModelError
-from testbed.run.run_args import add_run_args, run_overrides, trace_for
+from testbed.run.run_args import RunArgs, add_run_args, run_overrides, trace_for
 from testbed.run.stoppable import run_stoppable
 from testbed.studies.crosscheck.crosscheck_explain import Side
 from testbed.studies.crosscheck.crosscheck_table import Crosscheck, compare
@@ -33,6 +34,41 @@ from testbed.traces.types import Trace
 
 class CrosscheckError(UserError, ValueError):
     """Unusable input: the message names the run directory or file."""
+
+
+@dataclass(frozen=True)
+class CrosscheckOptions:
+    """`testbed crosscheck`'s flags, one field each (the workload flags and --set in `run`)."""
+
+    scenario: tuple[str, ...]
+    run: RunArgs
+    backend: str = registry.AUTO
+    out: Path | None = None
+    overwrite: bool = False
+    skip_emulation: bool = False
+    emulated: Path | None = None
+    check: bool = False
+    peer: str | None = None
+    peer_scheduler: str = "matched"
+    peer_router: str = "kv"
+    json: bool = False
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> CrosscheckOptions:
+        return cls(
+            scenario=tuple(ns.scenario),
+            run=RunArgs.from_args(ns),
+            backend=ns.backend,
+            out=ns.out,
+            overwrite=ns.overwrite,
+            skip_emulation=ns.skip_emulation,
+            emulated=ns.emulated,
+            check=ns.check,
+            peer=ns.peer,
+            peer_scheduler=ns.peer_scheduler,
+            peer_router=ns.peer_router,
+            json=ns.json,
+        )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -190,7 +226,7 @@ def _side(label: str, run_dir: Path, summary: Summary | None = None) -> Side:
 
 
 def crosscheck_one(
-    rs: ResolvedScenario, trace: Trace, out: Path, args: argparse.Namespace, several: bool
+    rs: ResolvedScenario, trace: Trace, out: Path, args: CrosscheckOptions, several: bool, backend: str
 ) -> Crosscheck:
     from testbed.run.replay_command import _run_one
     from testbed.run.runner import run_sim
@@ -208,24 +244,29 @@ def crosscheck_one(
     sim = _side("sim", out / "sim", res.summary)
     if emu is None and not args.skip_emulation:
         print(
-            f"emulating the same on the {args.backend} backend (speedup {sc.scale.speedup:g}, byte_scale "
+            f"emulating the same on the {backend} backend (speedup {sc.scale.speedup:g}, byte_scale "
             f"{sc.scale.byte_scale:g}) -> {out / 'emulation'}",
             file=sys.stderr,
         )
-        r = run_stoppable(_run_one(rs, trace, out / "emulation", args.backend, show))
+        r = run_stoppable(_run_one(rs, trace, out / "emulation", backend, show))
         emu = _side("emulation", out / "emulation", r.summary)
-    model, note = model_figures(rs, trace, args.trace is not None)
+    model, note = model_figures(rs, trace, args.run.trace is not None)
     c = compare(sc.name, sim, emu, model, note)
     write([c], out)
     return c
 
 
-def cmd_crosscheck(args: argparse.Namespace) -> int:
+def cmd_crosscheck(ns: argparse.Namespace) -> int:
+    args = CrosscheckOptions.from_args(ns)
+    if args.peer is not None:
+        return peer_crosscheck(args)
+    return crosscheck(args)
+
+
+def crosscheck(args: CrosscheckOptions) -> int:
+    """The command on its options: model, simulation and emulation of each scenario."""
     from testbed.run.load import load
     from testbed.studies.crosscheck.crosscheck_report import print_table, write
-
-    if args.peer is not None:
-        return cmd_peer(args)
 
     if args.skip_emulation and (args.emulated is not None or args.check):
         print(
@@ -235,16 +276,17 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
         return 2
     emulate = args.emulated is None and not args.skip_emulation
     warning = None
+    backend = args.backend
     if emulate:
-        args.backend, warning = registry.pick_backend(args.backend)
+        backend, warning = registry.pick_backend(args.backend)
     names: list[str] = list(dict.fromkeys(args.scenario))
     several = len(names) > 1
-    scenarios = [load(n, run_overrides(args, n)) for n in names]
-    for backend in ("sim", args.backend) if emulate else ("sim",):  # crosscheck always simulates
-        registry.refuse_unhonoured(backend, scenarios)
+    scenarios = [load(n, run_overrides(args.run, n)) for n in names]
+    for b in ("sim", backend) if emulate else ("sim",):  # crosscheck always simulates
+        registry.refuse_unhonoured(b, scenarios)
     if emulate:
-        registry.check_host(args.backend)
-        registry.check_capacity(args.backend, scenarios, args.force_capacity)
+        registry.check_host(backend)
+        registry.check_capacity(backend, scenarios, args.run.force_capacity)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     base: Path = args.out or Path("runs") / f"crosscheck-{'-'.join(rs.name for rs in scenarios)}"
@@ -253,7 +295,7 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     try:
         for rs in scenarios:
             out = base / rs.name if several else base
-            checks.append(crosscheck_one(rs, trace_for(rs.spec, args), out, args, several))
+            checks.append(crosscheck_one(rs, trace_for(rs.spec, args.run), out, args, several, backend))
     except KeyboardInterrupt:
         print(f"interrupted: what ran is kept under {base}", file=sys.stderr)
         return 130
@@ -271,8 +313,9 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_peer(args: argparse.Namespace) -> int:
+def peer_crosscheck(args: CrosscheckOptions) -> int:
     """`crosscheck --peer`: the testbed's simulator beside a peer simulator (`peer_check`)."""
+    assert args.peer is not None, "cmd_crosscheck sends only --peer here"
     from testbed.run.load import load
     from testbed.studies.crosscheck.peer_check import check_peer, print_table, run_peer_check
 
@@ -286,13 +329,13 @@ def cmd_peer(args: argparse.Namespace) -> int:
     if len(names) > 1:
         print("crosscheck: --peer compares one scenario at a time", file=sys.stderr)
         return 2
-    rs = load(names[0], run_overrides(args, names[0]))
+    rs = load(names[0], run_overrides(args.run, names[0]))
     registry.refuse_unhonoured("sim", [rs])
     check_peer(args.peer, rs)
     out: Path = args.out or Path("runs") / f"crosscheck-{rs.name}-{args.peer}"
     run_lock.acquire(out, args.overwrite)
     try:
-        c = run_peer_check(rs, trace_for(rs.spec, args), out, args.peer_scheduler, args.peer_router)
+        c = run_peer_check(rs, trace_for(rs.spec, args.run), out, args.peer_scheduler, args.peer_router)
     except KeyboardInterrupt:
         print(f"interrupted: what ran is kept under {out}", file=sys.stderr)
         return 130

@@ -24,6 +24,7 @@ from pathlib import Path
 from testbed.core.fault_timeline import NODE_KINDS
 from testbed.core.record import RequestRecord
 from testbed.metrics.fault_effects import FaultEffect, fault_effects
+from testbed.metrics.markdown_table import table_lines
 from testbed.metrics.summary import read_run_info
 from testbed.metrics.timeseries import decision_points
 from testbed.studies.crosscheck.crosscheck_explain import Side
@@ -204,10 +205,8 @@ def markdown(rows: list[FaultRow], h: str) -> list[str]:
         "",
         "What each fault did (`faults.jsonl` against the records, the report's Faults section) in both runs.",
         "",
-        "| " + " | ".join(cols) + " |",
-        "|---|---|---:|---:|---|---|",
+        *table_lines(cols, (r.cells() for r in rows), ["", "", "right", "right"]),
     ]
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r.cells()) + " |" for r in rows]
     seen: set[str] = set()
     for r in rows:
         if r.explanation and r.explanation not in seen:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from testbed.metrics.markdown_table import Align, table_lines
 from testbed.studies.crosscheck import crosscheck_faults
 from testbed.studies.crosscheck.crosscheck_table import Crosscheck
 
@@ -36,8 +37,8 @@ def markdown(c: Crosscheck, level: int = 1) -> list[str]:
     ]
     if c.model_note:
         lines += [c.model_note, ""]
-    lines += ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 2) + "---|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in _cells(c)]
+    figures: list[Align] = ["right"] * (len(COLUMNS) - 2)  # the label and the verdict stay left
+    lines += table_lines(COLUMNS, _cells(c), ["", *figures])
     explained = [r for r in c.rows if r.explanation]
     if explained or c.notes:
         lines += ["", f"{h}# Where simulation and emulation differ", ""]

@@ -184,7 +184,7 @@ def run_testbed(trace: Path, sc: Scale, out: Path, cpu: int) -> Sample:
     )
 
 
-def run_mocker(kwargs: dict[str, Any], cpu: int) -> Sample:
+def run_mocker(kwargs: peer_dynamo.MockerArgs, cpu: int) -> Sample:
     env = dict(os.environ, DYN_LOG=os.environ.get("DYN_LOG", "warn"))
     wall, rss, out = _run(["taskset", "-c", str(cpu), sys.executable, "-c", MOCKER_RUN, json.dumps(kwargs)], env)
     fig = json.loads(out.strip().splitlines()[-1])
@@ -195,7 +195,20 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def bench_peers(args: Any) -> int:
+@dataclass(frozen=True)
+class PeerBenchOptions:
+    """`testbed bench peers`'s flags, one field each."""
+
+    out: Path | None = None
+    cpu: int | None = None
+    trace: str | None = None
+    requests: int | None = None
+    seed: int = 1
+    peer_config: str = "native"
+    repeats: int = 3
+
+
+def bench_peers(args: PeerBenchOptions) -> int:
     from testbed.config.overrides import overrides_for
     from testbed.run.load import load
     from testbed.traces.loader import load_trace
@@ -238,6 +251,7 @@ def bench_peers(args: Any) -> int:
         path = base if sc.speed == 1 else compressed(trace, sc.speed, out / f"trace-{sc.speed:g}x.jsonl")
         t = load_trace(path)
         rs = load(SCENARIO, overrides_for(SCENARIO, _sets(sc)))
+        kwargs: peer_dynamo.MockerArgs
         if args.peer_config == "defaults":
             kwargs = {
                 "trace_files": [str(path)],

@@ -20,6 +20,7 @@ from typing import Any
 from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import HardwareSpec
+from testbed.metrics.markdown_table import Align, table_lines
 from testbed.studies.crosscheck import crosscheck_stages as st
 from testbed.studies.crosscheck.crosscheck_explain import Side, finite, rel
 
@@ -390,6 +391,7 @@ def compare(
 
 
 COLUMNS = ("metric", "testbed sim", "peer", "testbed vs peer", "bar")
+FIGURES: list[Align] = ["right"] * (len(COLUMNS) - 2)  # the label and the bar stay left
 
 
 def _cells(c: PeerCheck) -> list[list[str]]:
@@ -413,10 +415,8 @@ def markdown(c: PeerCheck) -> list[str]:
         f"testbed's against {c.peer}'s. Mean TTFT and ITL are held to ±{BAR:.0%} (or explained); every "
         f"difference above {EXPLAIN_ABOVE:.0%} is explained from the records below.",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|---|" + "---:|" * (len(COLUMNS) - 2) + "---|",
+        *table_lines(COLUMNS, _cells(c), ["", *FIGURES]),
     ]
-    lines += ["| " + " | ".join(cells) + " |" for cells in _cells(c)]
     if c.notes:
         lines += ["", "## What each side was given", ""] + [f"- {n}" for n in c.notes]
     explained = [r for r in c.rows if r.explanation]

@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict, cast
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
@@ -40,6 +40,9 @@ from testbed.core.record import NAN, RequestRecord, StageTimes
 from testbed.core.schema.scenario import ClusterSpec
 from testbed.studies.crosscheck.peer_timing import MockerTiming, mocker_timing
 from testbed.traces.types import Trace
+
+if TYPE_CHECKING:  # the optional `peer` extra; without it, untyped
+    from dynamo._core import KvRouterConfig
 
 PACKAGE = "ai-dynamo-runtime"
 PIN = "1.6.1"  # the release whose API and report fields this module reads
@@ -80,6 +83,65 @@ def quiet_logs() -> None:
     os.environ.setdefault("DYN_LOG", "warn")
 
 
+class EngineArgs(TypedDict, total=False):
+    """One pool's engine arguments as the mocker reads them (its vLLM-like names)."""
+
+    worker_type: str
+    timing_model: dict[str, object]
+    max_num_seqs: int
+    enable_chunked_prefill: bool
+    block_size: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_prefix_caching: bool
+    num_gpu_blocks: int
+
+
+class PoolArgs(TypedDict):
+    engine: EngineArgs
+
+
+class MockerArgs(TypedDict, total=False):
+    """`run_mocker_trace_replay`'s keyword arguments."""
+
+    trace_files: list[str]
+    prefill_engine_args: PoolArgs
+    decode_engine_args: PoolArgs
+    num_prefill_workers: int
+    num_decode_workers: int
+    replay_mode: Literal["offline"]
+    router_mode: Literal["kv_router"]
+    trace_block_size: int
+    trace_format: Literal["mooncake"]
+    capture_per_request: bool
+    router_config: KvRouterConfig
+
+
+class RoutingHop(TypedDict, total=False):
+    pool: str
+    released_at_ms: float
+
+
+class MockerRequest(TypedDict, total=False):
+    """One request of the mocker's per-request report (ms since the replay's start); the fields
+    this module reads, each possibly missing or None."""
+
+    arrival_time_ms: float | None
+    input_length: int | None
+    output_length: int | None
+    terminal_status: str | None
+    routing_history: list[RoutingHop] | None
+    source_held_ms: float | None
+    prefill_admit_ms: float | None
+    decode_admit_ms: float | None
+    first_token_ms: float | None
+    last_token_ms: float | None
+    reused_input_tokens: int | None
+    decode_reused_input_tokens: int | None
+    prefill_worker_idx: int | None
+    decode_worker_idx: int | None
+
+
 @dataclass(frozen=True)
 class PeerSetup:
     """What the mocker is given, and the facts the comparison states about it."""
@@ -89,12 +151,12 @@ class PeerSetup:
     timing: MockerTiming
     timing_path: Path
     block_tokens: int
-    prefill_engine: dict[str, Any]
-    decode_engine: dict[str, Any]
+    prefill_engine: PoolArgs
+    decode_engine: PoolArgs
     notes: list[str] = field(default_factory=list)
     router: str = "kv"  # kv: the KV router's defaults; load: the same with no credit for cached overlap
 
-    def kwargs(self, trace_path: Path, capture: bool = True) -> dict[str, Any]:
+    def kwargs(self, trace_path: Path, capture: bool = True) -> MockerArgs:
         """`run_mocker_trace_replay`'s arguments."""
         return {
             "trace_files": [str(trace_path)],
@@ -146,32 +208,40 @@ def setup(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str = "match
     path = timing.write(out / "dynamo-timing.npz")
     block = trace.block_tokens
     model_len = _round_up(longest + 1, block)
-    timing_model = {"type": "external", "provider": "dynamo_profile", "config": {"path": str(path.resolve())}}
+    timing_model: dict[str, object] = {
+        "type": "external",
+        "provider": "dynamo_profile",
+        "config": {"path": str(path.resolve())},
+    }
     per_token = sc.model.full_attention_bytes_per_token
     notes = [f"timing: the {c.hardware} profile exported as the mocker's tables, {timing.describe()}"]
-    prefill: dict[str, Any] = {"worker_type": "prefill", "timing_model": timing_model}
-    decode: dict[str, Any] = {"worker_type": "decode", "timing_model": timing_model}
+    prefill: EngineArgs = {"worker_type": "prefill", "timing_model": timing_model}
+    decode: EngineArgs = {"worker_type": "decode", "timing_model": timing_model}
     if scheduler == "matched":
         # One prompt a pass, whole, FCFS: a testbed prefill instance.
-        prefill |= {
-            "max_num_seqs": 1,
-            "enable_chunked_prefill": False,
-            "block_size": block,
-            "max_num_batched_tokens": model_len,
-            "max_model_len": model_len,
-        }
+        prefill.update(
+            {
+                "max_num_seqs": 1,
+                "enable_chunked_prefill": False,
+                "block_size": block,
+                "max_num_batched_tokens": model_len,
+                "max_model_len": model_len,
+            }
+        )
         cache_tokens = c.cache_bytes / max(per_token, 1) / c.prefill if c.cache_bytes and per_token else 0
         prefill["enable_prefix_caching"] = cache_tokens > 0
         # The blocks hold the prompt being computed and, beyond it, the cached prefixes.
         prefill["num_gpu_blocks"] = max(_blocks(cache_tokens, block), 2 * model_len // block)
         kv_tokens = hw.decode.kv_capacity_bytes / max(per_token, 1)
-        decode |= {
-            "max_num_seqs": hw.decode.bs_max,
-            "block_size": block,
-            "max_model_len": model_len,
-            "max_num_batched_tokens": model_len,
-            "num_gpu_blocks": max(_blocks(kv_tokens, block), 2 * model_len // block),
-        }
+        decode.update(
+            {
+                "max_num_seqs": hw.decode.bs_max,
+                "block_size": block,
+                "max_model_len": model_len,
+                "max_num_batched_tokens": model_len,
+                "num_gpu_blocks": max(_blocks(kv_tokens, block), 2 * model_len // block),
+            }
+        )
         notes.append(
             f"scheduler matched: prefill workers compute one prompt at a time, whole (max_num_seqs 1, no "
             f"chunked prefill), {prefill['num_gpu_blocks']:,} blocks of {block} tokens each "
@@ -228,8 +298,8 @@ def write_trace(path: Path, trace: Trace) -> Path:
 
 @dataclass
 class PeerRun:
-    summary: dict[str, Any]
-    per_request: list[dict[str, Any]]
+    summary: dict[str, object]  # the mocker's own report, written as it is
+    per_request: list[MockerRequest]
     wall_s: float  # the replay call
     sim_wall_s: float | None  # the mocker's own measure of its simulation
 
@@ -252,22 +322,24 @@ def run(s: PeerSetup, trace_path: Path) -> PeerRun:
     wall = time.perf_counter() - t
     summary = dict(res.summary)
     ms = summary.get("wall_time_ms")
-    return PeerRun(summary, list(res.per_request or []), wall, ms / 1e3 if isinstance(ms, (int, float)) else None)
+    # The report's requests as this module reads them (MockerRequest: the fields it uses, each checked).
+    per_request = cast(list[MockerRequest], list(res.per_request or []))
+    return PeerRun(summary, per_request, wall, ms / 1e3 if isinstance(ms, (int, float)) else None)
 
 
-def _ms(v: Any) -> float:
+def _ms(v: object) -> float:
     return v / 1e3 if isinstance(v, (int, float)) else NAN
 
 
-def _routed(req: dict[str, Any]) -> float:
+def _routed(req: MockerRequest) -> float:
     """When the router released the request to a prefill worker (its arrival when it did at once)."""
     for hop in req.get("routing_history") or ():
-        if hop.get("pool") == "prefill" and isinstance(hop.get("released_at_ms"), (int, float)):
-            return float(hop["released_at_ms"]) / 1e3
+        if hop.get("pool") == "prefill" and isinstance(at := hop.get("released_at_ms"), (int, float)):
+            return float(at) / 1e3
     return _ms(req.get("arrival_time_ms"))
 
 
-def records(per_request: list[dict[str, Any]], trace: Trace, cluster: str) -> list[RequestRecord]:
+def records(per_request: list[MockerRequest], trace: Trace, cluster: str) -> list[RequestRecord]:
     """The mocker's per-request report as the testbed's records (paper seconds), paired with the
     trace by arrival order; PeerError when the two do not hold the same requests."""
     if len(per_request) != len(trace):
@@ -304,10 +376,10 @@ def records(per_request: list[dict[str, Any]], trace: Trace, cluster: str) -> li
         rec.cached_tokens = int(q.get("reused_input_tokens") or 0)
         rec.decode_cached_tokens = int(q.get("decode_reused_input_tokens") or 0)
         rec.prefill_cluster = rec.decode_cluster = cluster
-        if isinstance(q.get("prefill_worker_idx"), int):
-            rec.prefill_node = f"{cluster}-mocker-prefill-{q['prefill_worker_idx']}"
-        if isinstance(q.get("decode_worker_idx"), int):
-            rec.decode_node = f"{cluster}-mocker-decode-{q['decode_worker_idx']}"
+        if isinstance(w := q.get("prefill_worker_idx"), int):
+            rec.prefill_node = f"{cluster}-mocker-prefill-{w}"
+        if isinstance(w := q.get("decode_worker_idx"), int):
+            rec.decode_node = f"{cluster}-mocker-decode-{w}"
         rec.outcome = "completed" if done else "failed"
         rec.reason = "" if done else str(q.get("terminal_status") or "unknown")
         rec.tokens_received = int(q.get("output_length") or 0) if done else 0

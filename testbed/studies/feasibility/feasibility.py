@@ -33,6 +33,7 @@ from testbed.config.scenarios import ScenarioError, dump_scenario
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import Scenario
 from testbed.deploy.registry import is_simulated
+from testbed.metrics.markdown_table import table_lines
 from testbed.metrics.run_files import read_run_records
 from testbed.model.feasibility import Deployments, HomogeneousPoint, MapPoint, ModelMap, point_key
 from testbed.run.load import load
@@ -490,19 +491,30 @@ async def confirm(
 
 
 def confirm_table(conf: Sequence[Confirmation], tolerance: float = CONFIRM_TOLERANCE) -> list[str]:
-    lines = [
-        "| point | backend | Λ_max emulated | Λ_max simulated | difference | within "
-        f"{tolerance:.0%} | Λ_max model | P90 TTFT emulated / simulated (s) |",
-        "|---|---|---|---|---|---|---|---|",
+    head = [
+        "point",
+        "backend",
+        "Λ_max emulated",
+        "Λ_max simulated",
+        "difference",
+        f"within {tolerance:.0%}",
+        "Λ_max model",
+        "P90 TTFT emulated / simulated (s)",
     ]
-    for c in conf:
-        e, m = c.emulated, c.simulated
-        lines.append(
-            f"| {c.key} | {e.backend} | {_f(e.lambda_max)} | {_f(m.lambda_max)} | "
-            f"{'n/a' if c.diff is None else f'{c.diff:+.1%}'} | {'yes' if c.within(tolerance) else 'NO'} | "
-            f"{_f(m.model_lambda_max)} | {_f(e.ttft_p90_s)} / {_f(m.ttft_p90_s)} |"
-        )
-    return lines
+    rows = [
+        [
+            c.key,
+            c.emulated.backend,
+            _f(c.emulated.lambda_max),
+            _f(c.simulated.lambda_max),
+            "n/a" if c.diff is None else f"{c.diff:+.1%}",
+            "yes" if c.within(tolerance) else "NO",
+            _f(c.simulated.model_lambda_max),
+            f"{_f(c.emulated.ttft_p90_s)} / {_f(c.simulated.ttft_p90_s)}",
+        ]
+        for c in conf
+    ]
+    return table_lines(head, rows)
 
 
 def write_confirm(conf: Sequence[Confirmation], out: Path, tolerance: float = CONFIRM_TOLERANCE) -> None:

@@ -10,10 +10,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from testbed.config.scenarios import load_model_profile
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.metrics.markdown_table import table_lines
 from testbed.model.feasibility import PROFILE_HARDWARE, BreakEven, MapPoint, ModelMap, SourceMaps, label
 from testbed.studies.feasibility.feasibility import (
     CONFIRM_TOLERANCE,
@@ -22,6 +22,10 @@ from testbed.studies.feasibility.feasibility import (
     SimResults,
     confirm_table,
 )
+
+# A row of map.csv (or source-map.csv): column -> a number, a label, a bound, None where
+# undefined; as read back from the file, a string.
+MapRow = dict[str, object]
 
 SIM_COLUMNS = (
     "lambda_max_sim",
@@ -52,12 +56,12 @@ class Timing:
     total_wall_s: float
 
 
-def rows(mm: ModelMap, sim: SimResults) -> list[dict[str, Any]]:
+def rows(mm: ModelMap, sim: SimResults) -> list[MapRow]:
     """map.csv's rows: the model's figures of every point, the simulated ones where simulated."""
     be = {m.model: m.break_even for m in mm.models}
     out = []
     for p in mm.points:
-        r: dict[str, Any] = {"label": label(p.model), **p.to_dict()}
+        r: MapRow = {"label": label(p.model), **p.to_dict()}
         b = be.get(p.model)
         r["break_even_gbps"] = None if b is None or b.rate_bps is None else b.rate_bps / 1e9
         r["break_even_bound"] = None if b is None else b.bound
@@ -78,7 +82,7 @@ def rows(mm: ModelMap, sim: SimResults) -> list[dict[str, Any]]:
     return out
 
 
-def write_csv(table: Sequence[dict[str, Any]], path: Path) -> None:
+def write_csv(table: Sequence[MapRow], path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0]))
         w.writeheader()
@@ -122,14 +126,21 @@ def write_json(
 # The heatmap
 
 
-def _num(v: Any) -> float | None:
+def _float(v: object) -> float:
+    """A number cell, as computed or as read back from map.csv (text)."""
+    if isinstance(v, (int, float, str)):
+        return float(v)
+    raise ValueError(f"not a number: {v!r}")
+
+
+def _num(v: object) -> float | None:
     if v is None or v == "":
         return None
-    x = float(v)
+    x = _float(v)
     return None if math.isnan(x) else x
 
 
-def plot_heatmap(table: Sequence[dict[str, Any]], path: Path) -> str:
+def plot_heatmap(table: Sequence[MapRow], path: Path) -> str:
     """map.png from map.csv-shaped rows; colour = the simulated gain when every cell has one,
     else the model's (the other source, where present, is the cell's second line). Returns
     the colour's source."""
@@ -140,9 +151,9 @@ def plot_heatmap(table: Sequence[dict[str, Any]], path: Path) -> str:
     from matplotlib.figure import Figure
 
     models = list(dict.fromkeys(str(r["model"]) for r in table))
-    rates = sorted({float(r["rate_gbps"]) for r in table})
-    rtts = sorted({float(r["rtt_ms"]) for r in table})
-    cell = {(str(r["model"]), float(r["rate_gbps"]), float(r["rtt_ms"])): r for r in table}
+    rates = sorted({_float(r["rate_gbps"]) for r in table})
+    rtts = sorted({_float(r["rtt_ms"]) for r in table})
+    cell = {(str(r["model"]), _float(r["rate_gbps"]), _float(r["rtt_ms"])): r for r in table}
     source = "sim" if all(_num(r.get("gain_sim")) is not None for r in table) else "model"
     key, other = ("gain_sim", "gain") if source == "sim" else ("gain", "gain_sim")
     vals = [v for r in table if (v := _num(r.get(key))) is not None]
@@ -192,7 +203,7 @@ def plot_heatmap(table: Sequence[dict[str, Any]], path: Path) -> str:
     return source
 
 
-def cell_kind(table: Sequence[dict[str, Any]], model: str) -> str:
+def cell_kind(table: Sequence[MapRow], model: str) -> str:
     return next(str(r["kind"]) for r in table if r["model"] == model)
 
 
@@ -308,9 +319,9 @@ def _curve(model: str, source: str) -> PrefillTime | None:
         return None
 
 
-def source_rows(sm: SourceMaps) -> list[dict[str, Any]]:
+def source_rows(sm: SourceMaps) -> list[MapRow]:
     """sources.csv: one row per model x source x rate (the first RTT: Λ_max and t do not depend on it)."""
-    out: list[dict[str, Any]] = []
+    out: list[MapRow] = []
     for src, mm in sm.maps.items():
         rtt = mm.rtts_ms[0]
         for m in mm.models:
@@ -355,36 +366,58 @@ def source_lines(sm: SourceMaps, rate: float) -> list[str]:
         "",
         f"At {rate:g} Gbit/s (Λ_max and t do not depend on the RTT):",
         "",
-        "| model | source | fixed s / prefill | T(32K) s | t | split | offload share | Λ PrfaaS-PD | Λ homog. | gain "
-        "| egress Gbit/s | bottleneck | break-even |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    rows: list[list[str]] = []
     for model in sm.models():
         for src in srcs:
             p, ms = sm.point(src, model, rate, rtt), sm.summary(src, model)
             if p is None or ms is None:
                 continue
             c = _curve(model, src)
-            L.append(
-                f"| {label(model)} | {_tag(src)} | {_f(None if c is None else c.fixed_time(), '{:.3f}')} | "
-                f"{_f(None if c is None else c.uncached_time(32768), '{:.3f}')} | {p.threshold:,} | "
-                f"{p.n_p}/{p.n_d} | {_pct(p.offload_share)} | {p.lambda_max:.2f} | "
-                f"{p.homogeneous_lambda_max:.2f} | {p.gain:.2f} | {_gbps(p.egress_gbps)} | {p.bottleneck} | "
-                f"{_be(ms.break_even)} |"
+            rows.append(
+                [
+                    label(model),
+                    _tag(src),
+                    _f(None if c is None else c.fixed_time(), "{:.3f}"),
+                    _f(None if c is None else c.uncached_time(32768), "{:.3f}"),
+                    f"{p.threshold:,}",
+                    f"{p.n_p}/{p.n_d}",
+                    _pct(p.offload_share),
+                    f"{p.lambda_max:.2f}",
+                    f"{p.homogeneous_lambda_max:.2f}",
+                    f"{p.gain:.2f}",
+                    _gbps(p.egress_gbps),
+                    p.bottleneck,
+                    _be(ms.break_even),
+                ]
             )
-    L += [
-        "",
-        "Gain by link rate and source:",
-        "",
-        "| model | source | " + " | ".join(f"{r:g}G" for r in first.rates_gbps) + " |",
-        "|---|---|" + "---|" * len(first.rates_gbps),
-    ]
+    L += table_lines(
+        [
+            "model",
+            "source",
+            "fixed s / prefill",
+            "T(32K) s",
+            "t",
+            "split",
+            "offload share",
+            "Λ PrfaaS-PD",
+            "Λ homog.",
+            "gain",
+            "egress Gbit/s",
+            "bottleneck",
+            "break-even",
+        ],
+        rows,
+    )
+    L += ["", "Gain by link rate and source:", ""]
+    gains: list[list[str]] = []
     for model in sm.models():
         for src in srcs:
             pts = [sm.point(src, model, r, rtt) for r in first.rates_gbps]
             if any(p is None for p in pts):
                 continue
-            L.append(f"| {label(model)} | {_tag(src)} | " + " | ".join(f"{p.gain:.2f}" for p in pts if p) + " |")
+            gains.append([label(model), _tag(src), *(f"{p.gain:.2f}" for p in pts if p)])
+    L += table_lines(["model", "source", *(f"{r:g}G" for r in first.rates_gbps)], gains)
     return L
 
 
@@ -454,10 +487,8 @@ def write_report(
     L += [
         f"Gain at {rate:g} Gbit/s, {first:g} ms RTT, and the link rate at which each model breaks even (gain 1):",
         "",
-        "| model | kind | gain, model | gain, sim | bottleneck (model) | link utilisation | offload share model / sim "
-        "| break-even (model) |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    headline: list[list[str]] = []
     for m in mm.models:
         p = mm.point(m.model, rate, first)
         be = m.break_even
@@ -471,23 +502,44 @@ def write_report(
             }[be.bound]
         )
         s = sim.points.get(p.key)
-        L.append(
-            f"| {label(m.model)} | {m.kind} | {p.gain:.2f} | {_f(sim.gain(p))} | {p.bottleneck}"
-            f"{f' ({p.prfaas_bound})' if p.bottleneck == 'prfaas' else ''} | {_pct(p.link_utilisation)} | "
-            f"{_pct(p.offload_share)} / {_pct(None if s is None else s.offload_share)} | {bes} |"
+        headline.append(
+            [
+                label(m.model),
+                m.kind,
+                f"{p.gain:.2f}",
+                _f(sim.gain(p)),
+                f"{p.bottleneck}{f' ({p.prfaas_bound})' if p.bottleneck == 'prfaas' else ''}",
+                _pct(p.link_utilisation),
+                f"{_pct(p.offload_share)} / {_pct(None if s is None else s.offload_share)}",
+                bes,
+            ]
         )
+    L += table_lines(
+        [
+            "model",
+            "kind",
+            "gain, model",
+            "gain, sim",
+            "bottleneck (model)",
+            "link utilisation",
+            "offload share model / sim",
+            "break-even (model)",
+        ],
+        headline,
+    )
     L += ["", "The paper's claim (on a 100 Gbit/s cross-region link hybrid models gain, dense ones do not):", ""]
     L += claim_lines(mm, sim) or ["- (the map has no ~100 Gbit/s point)"]
     for rtt in mm.rtts_ms:
         L += ["", f"## Gain by model and link rate, RTT {rtt:g} ms (model / simulation)", ""]
-        L += ["| model | " + " | ".join(f"{r:g}G" for r in mm.rates_gbps) + " |", "|---|" + "---|" * len(mm.rates_gbps)]
+        grid: list[list[str]] = []
         for m in mm.models:
-            cells = []
+            cells = [label(m.model)]
             for r in mm.rates_gbps:
                 p = mm.point(m.model, r, rtt)
                 g = sim.gain(p)
                 cells.append(f"{p.gain:.2f}" + ("" if g is None else f" / {g:.2f}"))
-            L.append(f"| {label(m.model)} | " + " | ".join(cells) + " |")
+            grid.append(cells)
+        L += table_lines(["model", *(f"{r:g}G" for r in mm.rates_gbps)], grid)
     L += [
         "",
         "## Every point",
@@ -495,21 +547,43 @@ def write_report(
         "t: best threshold (tokens); split N_p/N_d of the PD instances; Λ in req/s; TTFT P90 in s (model: queue-free "
         "with the WAN; sim: at the light load).",
         "",
-        "| model | rate | RTT | t | split | share model/sim | Λ PrfaaS model/sim | Λ homog. model/sim | gain model/sim "
-        "| TTFT P90 model/sim | bound | link util. |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    every: list[list[str]] = []
     for p in mm.points:
         s, h = sim.points.get(p.key), sim.homogeneous.get(p.model)
-        L.append(
-            f"| {label(p.model)} | {p.rate_gbps:g} | {p.rtt_ms:g} | {p.threshold:,} | {p.n_p}/{p.n_d} | "
-            f"{_pct(p.offload_share)}/{_pct(None if s is None else s.offload_share)} | "
-            f"{p.lambda_max:.2f}/{_f(None if s is None else s.lambda_max)} | "
-            f"{p.homogeneous_lambda_max:.2f}/{_f(None if s is None or h is None else h.lambda_max)} | "
-            f"{p.gain:.2f}/{_f(sim.gain(p))} | {p.ttft_p90_s:.2f}/{_f(None if s is None else s.ttft_p90_s)} | "
-            f"{p.bottleneck}{f' ({p.prfaas_bound})' if p.bottleneck == 'prfaas' else ''} | "
-            f"{_pct(p.link_utilisation)} |"
+        every.append(
+            [
+                label(p.model),
+                f"{p.rate_gbps:g}",
+                f"{p.rtt_ms:g}",
+                f"{p.threshold:,}",
+                f"{p.n_p}/{p.n_d}",
+                f"{_pct(p.offload_share)}/{_pct(None if s is None else s.offload_share)}",
+                f"{p.lambda_max:.2f}/{_f(None if s is None else s.lambda_max)}",
+                f"{p.homogeneous_lambda_max:.2f}/{_f(None if s is None or h is None else h.lambda_max)}",
+                f"{p.gain:.2f}/{_f(sim.gain(p))}",
+                f"{p.ttft_p90_s:.2f}/{_f(None if s is None else s.ttft_p90_s)}",
+                f"{p.bottleneck}{f' ({p.prfaas_bound})' if p.bottleneck == 'prfaas' else ''}",
+                _pct(p.link_utilisation),
+            ]
         )
+    L += table_lines(
+        [
+            "model",
+            "rate",
+            "RTT",
+            "t",
+            "split",
+            "share model/sim",
+            "Λ PrfaaS model/sim",
+            "Λ homog. model/sim",
+            "gain model/sim",
+            "TTFT P90 model/sim",
+            "bound",
+            "link util.",
+        ],
+        every,
+    )
     L += [
         "",
         "Homogeneous PD per model (N_p/N_d, Λ_max by the model, bottleneck; Λ_max with PD-P's capacity "

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from testbed.core.schema.linkprofile import LinkParams, LinkProfile
 from testbed.core.schema.scaling import Scale
@@ -37,6 +37,14 @@ from testbed.net.procs import ProcessGroup
 from testbed.net.teardown import teardown
 from testbed.net.topology import Method, Topology, build_topology, new_prefix
 from testbed.net.wanrouter import start_delayline
+from testbed.studies.linkcheck.linkcheck_types import (
+    Goodput,
+    Iperf3,
+    LinkCheckResult,
+    LossFigures,
+    RateChange,
+    RttFigures,
+)
 
 ECHO_PORT, SINK_PORT, KV_PORT, IPERF_PORT = 7000, 7001, 9000, 5201
 SRC, DST = "dc-a", "dc-b"
@@ -67,7 +75,7 @@ def _goodput(
     tid: int,
     congestion: str | None,
     timeout: float,
-) -> dict[str, Any]:
+) -> Goodput:
     """One transfer of `nbytes`; goodput is bytes over first-byte-sent .. last-byte-received."""
     fut = lb.submit(receiver_wait(receiver, tid, timeout))
 
@@ -135,13 +143,13 @@ def steady_rate(received: list[tuple[float, int]], nbytes: int) -> float | None:
     return (b1 - b0) * 8 / (t1 - t0)
 
 
-def multi_goodput_bps(g: dict[str, Any]) -> float | None:
+def multi_goodput_bps(g: Goodput) -> float | None:
     """The figure the goodput bar judges: past the ramp where it was measured, else the whole transfer's."""
     steady = g.get("steady_bps")
     return float(steady) if steady is not None else g.get("bps")
 
 
-def _predict(g: dict[str, Any], rate_bps: float, rtt_s: float) -> dict[str, Any]:
+def _predict(g: Goodput, rate_bps: float, rtt_s: float) -> Goodput:
     """One connection moves at most its window per round trip: min(rate, window / RTT), with the
     window the peer advertised during the transfer (read from the sender's TCP_INFO)."""
     w = g.get("peer_window_bytes")
@@ -154,7 +162,7 @@ async def receiver_wait(receiver: KVReceiver, tid: int, timeout: float) -> tuple
     return res.ok, res.complete, res.reason
 
 
-def _iperf3(topo: Topology, connections: int, seconds: float) -> dict[str, Any] | None:
+def _iperf3(topo: Topology, connections: int, seconds: float) -> Iperf3 | None:
     exe = shutil.which("iperf3")
     if exe is None:
         return None
@@ -195,7 +203,7 @@ def _track_rate_change(
     new: LinkParams,
     tid: int,
     workdir: Path,
-) -> dict[str, Any]:
+) -> RateChange:
     """Bulk transfer on N connections; after 1.5 s the rate changes; measure (10 ms counter
     samples, 50 ms windows) how long until throughput is within 10% of the new rate."""
     old = topo.links[(SRC, DST)]
@@ -311,7 +319,7 @@ def _rtt(la: NetnsLoop, lb: NetnsLoop, ip: str, probes: int) -> RttResult:
         echo.cancel()
 
 
-def _rtt_dict(rtt: RttResult, base: RttResult) -> dict[str, Any]:
+def _rtt_dict(rtt: RttResult, base: RttResult) -> RttFigures:
     return {
         "median_s": rtt.median_s,
         "p10_s": rtt.p10_s,
@@ -332,7 +340,7 @@ def rtt_tolerance(rtt_s: float) -> float:
     return max(0.001, 0.03 * rtt_s)
 
 
-def judge_rtt(d: dict[str, Any], line: Lateness, tolerance: float) -> None:
+def judge_rtt(d: RttFigures, line: Lateness, tolerance: float) -> None:
     """Mark the RTT figure invalid when the delay line wrote the probes late: the loaded host's
     doing, not the link model's (the kernel stamps already keep the hosts' readers out of it).
     Invalid when the lateness a round trip met (two crossings) averages half the bar or more."""
@@ -350,22 +358,22 @@ def judge_rtt(d: dict[str, Any], line: Lateness, tolerance: float) -> None:
         )
 
 
-def rtt_valid(r: dict[str, Any]) -> bool:
+def rtt_valid(r: LinkCheckResult) -> bool:
     """Whether the RTT figure measured the link (results written before it was judged: yes)."""
     return bool(r["rtt"].get("valid", True))
 
 
-def rtt_invalid_cell(r: dict[str, Any]) -> str:
+def rtt_invalid_cell(r: LinkCheckResult) -> str:
     return "INVALID: " + "; ".join(r["rtt"]["reasons"])
 
 
-def measure_rtt_checked(link: ShapedLink, probes: int, tolerance: float) -> dict[str, Any]:
+def measure_rtt_checked(link: ShapedLink, probes: int, tolerance: float) -> RttFigures:
     """The RTT over the shaped link, measured once more when the host made it invalid (a stall
     of a busy machine passes; a misconfigured link fails both times). The last run stands, with
     every attempt recorded."""
     ip = link.topo.host("b").ip
     no_line = Lateness(0.0, 0, 0)
-    attempts: list[dict[str, Any]] = []
+    attempts: list[RttFigures] = []
     for _ in range(2):
         before = lateness(link.delay_line) if link.delay_line is not None else no_line
         d = _rtt_dict(_rtt(link.la, link.lb, ip, probes), link.base_rtt)
@@ -374,7 +382,7 @@ def measure_rtt_checked(link: ShapedLink, probes: int, tolerance: float) -> dict
         attempts.append(d)
         if d["valid"]:
             break
-    out = dict(attempts[-1])
+    out = attempts[-1].copy()
     if len(attempts) > 1:
         out["attempts"] = attempts
     return out
@@ -466,25 +474,25 @@ def _probe_stream(link: ShapedLink, count: int | None, rcvbuf: int = 32 << 20) -
     return ProbeRun(st, acc, sent, pps)
 
 
-def measure_loss(link: ShapedLink, count: int | None) -> tuple[ProbeRun, dict[str, Any]]:
+def measure_loss(link: ShapedLink, count: int | None) -> tuple[ProbeRun, LossFigures]:
     """The probe stream, measured once more when the host's drops made its loss figure invalid
     (a stall of a slow machine passes; a misconfigured link fails both times). The last run
     stands, with every attempt's account recorded."""
-    attempts: list[dict[str, Any]] = []
+    attempts: list[LossFigures] = []
     for _ in range(2):
         run = _probe_stream(link, count)
         attempts.append(_loss_dict(run))
         if run.account.valid:
             break
-    out = dict(attempts[-1])
+    out = attempts[-1].copy()
     if len(attempts) > 1:
         out["attempts"] = attempts
     return run, out
 
 
-def _loss_dict(run: ProbeRun) -> dict[str, Any]:
+def _loss_dict(run: ProbeRun) -> LossFigures:
     a = run.account
-    return {
+    out: LossFigures = {
         "sent": a.sent,
         "received": a.received,
         "measured": a.measured,
@@ -499,11 +507,12 @@ def _loss_dict(run: ProbeRun) -> dict[str, Any]:
         "pps": run.pps,
         "sender_stalls": run.send.stalls,
         "sender_stalled_s": run.send.stalled_s,
-        **a.extra,
     }
+    # The account's own extra figures (the netem queue's) follow, as they come.
+    return cast(LossFigures, {**out, **a.extra})
 
 
-def _configured(cfg: LinkCheckConfig, method: Method, mtu: int) -> dict[str, Any]:
+def _configured(cfg: LinkCheckConfig, method: Method, mtu: int) -> LinkCheckResult:
     p, params = cfg.profile, cfg.profile.wire(cfg.scale)
     return {
         "profile": p.name,
@@ -523,7 +532,7 @@ def _configured(cfg: LinkCheckConfig, method: Method, mtu: int) -> dict[str, Any
     }
 
 
-def run_linkcheck(cfg: LinkCheckConfig) -> dict[str, Any]:
+def run_linkcheck(cfg: LinkCheckConfig) -> LinkCheckResult:
     p = cfg.profile
     method = choose_method(probe_shaping(), cfg.method)
     ids = itertools.count(1)
@@ -590,13 +599,13 @@ def run_linkcheck(cfg: LinkCheckConfig) -> dict[str, Any]:
     return out
 
 
-def shaped_rtt(r: dict[str, Any]) -> float:
+def shaped_rtt(r: LinkCheckResult) -> float:
     """The RTT the shaping adds: measured median less the unshaped path's (0 when not measured)."""
     base = r["rtt"].get("base_median_s")
     return float(r["rtt"]["median_s"]) - (float(base) if base is not None and math.isfinite(base) else 0.0)
 
 
-def loss_cell(lo: dict[str, Any]) -> str:
+def loss_cell(lo: LossFigures) -> str:
     """The loss figure as measured: the link's, with what the host dropped beside it, or the
     probes' figure marked INVALID with why (never shown as the link's)."""
     lost = lo["sent"] - lo["received"]
@@ -615,7 +624,7 @@ def _places(drops: dict[str, int]) -> str:
     return ", ".join(f"{n} at {p}" for p, n in drops.items() if "netem" not in p and "packets_dropped" not in p)
 
 
-def verdicts(r: dict[str, Any]) -> dict[str, bool | None]:
+def verdicts(r: LinkCheckResult) -> dict[str, bool | None]:
     c = r["configured"]
     rtt = shaped_rtt(r)
     multi = r["goodput"][0]
@@ -625,7 +634,7 @@ def verdicts(r: dict[str, Any]) -> dict[str, bool | None]:
         "rtt": (None if not rtt_valid(r) else abs(rtt - c["rtt_s_wire"]) <= rtt_tolerance(c["rtt_s_wire"])),
         "goodput_multi": (g := multi_goodput_bps(multi)) is not None and g >= 0.9 * c["rate_bps_wire"],
         # An invalid figure measured nothing of the link: None, neither pass nor fail.
-        "loss": None if not loss["valid"] else abs(loss["link"] - c["loss"]) <= LOSS_BAR,
+        "loss": None if not loss["valid"] or (link := loss["link"]) is None else abs(link - c["loss"]) <= LOSS_BAR,
     }
     if "rate_change" in r:
         f = r["rate_change"]["follow_s"]
@@ -633,7 +642,7 @@ def verdicts(r: dict[str, Any]) -> dict[str, bool | None]:
     return out
 
 
-def print_report(r: dict[str, Any]) -> None:
+def print_report(r: LinkCheckResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -667,8 +676,8 @@ def print_report(r: dict[str, Any]) -> None:
             (mark[v["goodput_multi"]] + " (past the ramp >= 90% of rate)")
             if g is r["goodput"][0]
             else (
-                f"{ach / pred:.0%} of min(rate, window {g['peer_window_bytes'] / 1e6:.2f} MB / RTT)"
-                if ach and g.get("peer_window_bytes")
+                f"{ach / pred:.0%} of min(rate, window {w / 1e6:.2f} MB / RTT)"
+                if ach and (w := g.get("peer_window_bytes"))
                 else "-"
             )
         )
@@ -679,8 +688,7 @@ def print_report(r: dict[str, Any]) -> None:
             f"{sc.paper_rate_bps(ach) / 1e9:.2f} Gbit/s" if ach else "-",
             bar,
         )
-    if r.get("iperf3"):
-        ip = r["iperf3"]
+    if ip := r.get("iperf3"):
         t.add_row(
             f"iperf3, {ip['connections']} conn",
             f"{c['rate_bps_wire'] / 1e6:.1f} Mbit/s",
@@ -745,8 +753,8 @@ def main_linkcheck(
     return 1 if failed else 0
 
 
-def _past_ramp(g: dict[str, Any]) -> str:
-    return f" (past the ramp {g['steady_bps'] / 1e6:.1f})" if g.get("steady_bps") else ""
+def _past_ramp(g: Goodput) -> str:
+    return f" (past the ramp {steady / 1e6:.1f})" if (steady := g.get("steady_bps")) else ""
 
 
 def scale_for(profile: LinkProfile, speedup: float, byte_scale: float | None, wire_rate: float | None) -> Scale:

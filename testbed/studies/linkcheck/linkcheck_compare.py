@@ -9,11 +9,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scaling import Scale
 from testbed.live.kv_transport import KVReceiver
+from testbed.metrics.markdown_table import md_table, table_lines
 from testbed.net.capabilities import probe_shaping
 from testbed.net.topology import Method
 from testbed.studies.linkcheck.linkcheck import (
@@ -31,11 +32,18 @@ from testbed.studies.linkcheck.linkcheck import (
     shaped_rtt,
     verdicts,
 )
+from testbed.studies.linkcheck.linkcheck_types import (
+    Goodput,
+    LinkCheckResult,
+    MethodComparison,
+    ProbeFigures,
+    ScaleFigures,
+)
 
 COMPARED: tuple[Method, Method] = ("netem", "fallback")
 
 
-def measure_method(cfg: LinkCheckConfig, method: Method) -> dict[str, Any]:
+def measure_method(cfg: LinkCheckConfig, method: Method) -> LinkCheckResult:
     """What `method` makes of the profile: RTT and its spread, the probe stream's loss, loss
     correlation, reordering and one-way delay spread, goodput on 1 and N connections."""
     with shaped_link(cfg, method) as link:
@@ -43,7 +51,7 @@ def measure_method(cfg: LinkCheckConfig, method: Method) -> dict[str, Any]:
         b = link.topo.host("b")
         out["rtt"] = measure_rtt_checked(link, cfg.rtt_probes, rtt_tolerance(2 * link.params.delay_s))
         run, out["loss"] = measure_loss(link, cfg.loss_probes)
-        out["probes"] = asdict(run.stats)
+        out["probes"] = cast(ProbeFigures, asdict(run.stats))
         receiver = KVReceiver()
         link.lb.run(receiver.start(b.ip, KV_PORT))
         nbytes = int(link.params.rate_bps / 8 * cfg.duration_s)
@@ -60,7 +68,7 @@ def measure_method(cfg: LinkCheckConfig, method: Method) -> dict[str, Any]:
     return out
 
 
-def compare_methods(cfg: LinkCheckConfig) -> dict[str, Any]:
+def compare_methods(cfg: LinkCheckConfig) -> MethodComparison:
     return {"profile": cfg.profile.name, "methods": {m: measure_method(cfg, m) for m in COMPARED}}
 
 
@@ -72,13 +80,13 @@ def _pct(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}%}" if x is not None else "-"
 
 
-def compare_rows(c: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
+def compare_rows(c: MethodComparison) -> list[tuple[str, str, list[str]]]:
     """(measure, configured, one cell per method in COMPARED) for one profile."""
     rs = [c["methods"][m] for m in COMPARED]
     cfg = rs[0]["configured"]
     fail = {True: "", False: " FAIL", None: ""}
 
-    def cells(f: Any) -> list[str]:
+    def cells(f: Callable[[LinkCheckResult], str]) -> list[str]:
         return [f(r) for r in rs]
 
     rows = [
@@ -126,65 +134,66 @@ def compare_rows(c: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
         )
     rows.append(("reordered probes", "0", cells(lambda r: _pct(r["probes"]["reordered"], 3))))
     for i, g in enumerate(rs[0]["goodput"]):
-        rows.append(
-            (
-                f"goodput, {g['connections']} conn",
-                f"{cfg['rate_bps_wire'] / 1e6:.1f} Mbit/s",
-                cells(
-                    lambda r, i=i: (
-                        (
-                            f"{r['goodput'][i]['bps'] / 1e6:.1f} Mbit/s" + _past_ramp(r["goodput"][i])
-                            if r["goodput"][i]["bps"]
-                            else f"failed: {r['goodput'][i]['reason']}"
-                        )
-                        + (fail[r["verdicts"]["goodput_multi"]] if i == 0 else "")
-                    )
-                ),
-            )
-        )
+
+        def goodput(r: LinkCheckResult, i: int = i) -> str:
+            gi = r["goodput"][i]
+            text = f"{bps / 1e6:.1f} Mbit/s" + _past_ramp(gi) if (bps := gi["bps"]) else f"failed: {gi['reason']}"
+            return text + (fail[r["verdicts"]["goodput_multi"]] if i == 0 else "")
+
+        rows.append((f"goodput, {g['connections']} conn", f"{cfg['rate_bps_wire'] / 1e6:.1f} Mbit/s", cells(goodput)))
     return rows
 
 
-def compare_markdown(results: list[dict[str, Any]]) -> str:
-    s = results[0]["methods"][COMPARED[0]]["scale"] if results else {"speedup": 1.0, "byte_scale": 1.0}
+def compare_markdown(results: list[MethodComparison]) -> str:
+    s: ScaleFigures = results[0]["methods"][COMPARED[0]]["scale"] if results else {"speedup": 1.0, "byte_scale": 1.0}
     lines = [
         f"linkcheck --compare-methods (speedup {s['speedup']:g}; wire figures; FAIL: outside "
         "linkcheck's bar: RTT 1 ms or 3% over the unshaped path, loss 0.3 points, goodput on "
         "N connections past TCP's ramp 90% of the rate)",
         "",
-        "| profile | measure | configured | " + " | ".join(COMPARED) + " |",
-        "|---|---|---|" + "---|" * len(COMPARED),
+        *table_lines(
+            ["profile", "measure", "configured", *COMPARED],
+            [
+                [c["profile"] if k == 0 else "", measure, conf, *cells]
+                for c in results
+                for k, (measure, conf, cells) in enumerate(compare_rows(c))
+            ],
+        ),
     ]
-    for c in results:
-        for k, (measure, conf, cells) in enumerate(compare_rows(c)):
-            lines.append(f"| {c['profile'] if k == 0 else ''} | {measure} | {conf} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _loss_with_corr(r: dict[str, Any]) -> str:
+def _loss_with_corr(r: LinkCheckResult) -> str:
     if not r["loss"]["valid"]:
         return "INVALID"
     corr = r["probes"]["loss_correlation"]
     return _pct(r["loss"]["link"]) + (f" ({corr:.2f})" if corr is not None and r["configured"]["loss"] else "")
 
 
-def compare_summary(results: list[dict[str, Any]]) -> str:
+def compare_summary(results: list[MethodComparison]) -> str:
     """One row per profile, netem / the delay line in each cell: the table the README quotes."""
 
-    def pair(c: dict[str, Any], f: Callable[[dict[str, Any]], str]) -> str:
+    def pair(c: MethodComparison, f: Callable[[LinkCheckResult], str]) -> str:
         return " / ".join(f(c["methods"][m]) for m in COMPARED)
 
-    def mbit(g: dict[str, Any]) -> str:
+    def mbit(g: Goodput) -> str:
         return f"{g['bps'] / 1e6:.1f}" if g["bps"] else "failed"
 
-    def ms(x: float) -> str:
-        return f"{x * 1e3:.2f}"
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.2f}"
 
-    lines = [
-        "| profile | RTT (ms) | RTT added | RTT sd | one-way delay sd | loss (corr) | measured "
-        "| goodput, 4 conn (Mbit/s) | 1 conn |",
-        "|---|---|---|---|---|---|---|---|---|",
+    head = [
+        "profile",
+        "RTT (ms)",
+        "RTT added",
+        "RTT sd",
+        "one-way delay sd",
+        "loss (corr)",
+        "measured",
+        "goodput, 4 conn (Mbit/s)",
+        "1 conn",
     ]
+    rows: list[list[str]] = []
     for c in results:
         cfg = c["methods"][COMPARED[0]]["configured"]
         corr = f" ({cfg['loss_correlation']:g})" if cfg["loss_correlation"] else ""
@@ -199,11 +208,11 @@ def compare_summary(results: list[dict[str, Any]]) -> str:
             f"{cfg['rate_bps_wire'] / 1e6:.0f}: " + pair(c, lambda r: mbit(r["goodput"][0])),
             pair(c, lambda r: mbit(r["goodput"][1])),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return md_table(head, rows) + "\n"
 
 
-def print_compare(c: dict[str, Any]) -> None:
+def print_compare(c: MethodComparison) -> None:
     from rich.console import Console
     from rich.table import Table
 

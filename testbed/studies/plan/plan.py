@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -52,7 +53,8 @@ from testbed.model.planner import (
 from testbed.model.workload import TraceWorkload
 from testbed.studies.plan.plan_figure import write_plan_figure
 from testbed.studies.plan.plan_progress import PlanProgress
-from testbed.studies.plan.plan_report import Rows, key, report_md, scenario_file, slug, write_plan_file
+from testbed.studies.plan.plan_report import ReportContext, Rows, key, report_md, scenario_file, slug, write_plan_file
+from testbed.studies.plan.plan_result import KindPlan, PlanOptions, PlanResult
 from testbed.studies.plan.plan_sim import (
     NOT_VERIFIED,
     SIM_FIGURES,
@@ -77,6 +79,8 @@ __all__ = [
     "parse_budget",
     "pick_bases",
     "Base",
+    "PlanOptions",
+    "PlanResult",
 ]
 
 DEFAULT_SCENARIOS = ("paper-prfaas", "paper-homogeneous", "paper-naive")
@@ -370,9 +374,9 @@ def reference(
 
 
 def run_plan(
-    args: argparse.Namespace, simulate: Simulate | None | str = "auto", progress: PlanProgress | None = None
-) -> dict[str, Any]:
-    """The whole command; returns plan.json's content. `simulate`: "auto" uses the sim backend
+    args: PlanOptions, simulate: Simulate | None | str = "auto", progress: PlanProgress | None = None
+) -> PlanResult:
+    """The whole command; writes plan.json (the result's `to_json()`). `simulate`: "auto" uses the sim backend
     when it exists (unless --no-sim); None never simulates; a callable is used as is. `progress`
     hears each step (None: silent)."""
     from testbed.traces.loader import load_trace
@@ -382,7 +386,7 @@ def run_plan(
     t0 = time.monotonic()
     if args.top < 1 or args.refine < 0:
         raise PlanError("--top must be >= 1 and --refine >= 0")
-    given = [Base(n, resolve_path(n), load_scenario(n)) for n in (args.scenario or [])]
+    given = [Base(n, resolve_path(n), load_scenario(n)) for n in args.scenario]
     for b in given:
         if b.spec.policy.name not in KINDS:
             raise PlanError(f"scenario {b.name!r}: policy {b.spec.policy.name!r} is not a kind")
@@ -556,58 +560,48 @@ def run_plan(
         if done
         else {},
     )
-    ctx = {
-        "workload": tw0.summary(),
-        "settings": settings,
-        "link": link_text,
-        "notes": notes,
-        "show": max(10, args.top * len(plans)),
-        "vary_counts": args.vary_counts,
-        "budgets": budget_text,
-        "simulated": done,
-        "seconds": time.monotonic() - t0,
-    }
+    ctx = ReportContext(
+        workload=tw0.summary(),
+        settings=settings,
+        link=link_text,
+        notes=notes,
+        show=max(10, args.top * len(plans)),
+        vary_counts=args.vary_counts,
+        budgets=budget_text,
+        simulated=done,
+        seconds=time.monotonic() - t0,
+    )
     (out_dir / "plan.md").write_text(report_md(ctx, report_rows, files, why))
     ref_by_kind = {k: done.get(bases[k].name, c) for k, (c, _) in refs.items()}
-    result = {
-        "trace": str(trace_path),
-        "window": list(args.window) if args.window else None,
-        "workload": tw0.summary(),
-        "settings": {
-            "objective": settings.objective,
-            "ttft_slo_s": settings.ttft_slo_s,
-            "tpot_slo_s": settings.tpot_slo_s,
-            "link_bps": link_bps,
-            "link_delay_s": delay,
-            "vary_counts": args.vary_counts,
-            "cache_aware": cache_aware,
-            "simulated_per_kind": pool,
-            "budgets": budget_text,
-        },
-        "bases": {k: str(b.path) for k, b in bases.items()},
-        "notes": notes,
-        "verified": why is None,
-        "verification": why or "simulated",
-        "kinds": {
-            fp.family.kind: {
-                "best": (
-                    {**fp.candidates[0].to_dict(), "file": files.get(key(fp.candidates[0]))} if fp.candidates else None
-                ),
-                "model_first": model_first[fp.family.kind].to_dict() if fp.family.kind in model_first else None,
-                "reference": ref_by_kind[fp.family.kind].to_dict() if fp.family.kind in ref_by_kind else None,
-                "fewest": next(
-                    ({**c.to_dict(), "file": files.get(key(c))} for c in fewest if c.kind == fp.family.kind), None
-                ),
-                "candidates": len(fp.candidates),
-            }
+    result = PlanResult(
+        trace=trace_path,
+        window=args.window,
+        workload=tw0.summary(),
+        settings=settings,
+        vary_counts=args.vary_counts,
+        cache_aware=cache_aware,
+        simulated_per_kind=pool,
+        budgets=budget_text,
+        bases={k: b.path for k, b in bases.items()},
+        notes=notes,
+        verification=why,
+        kinds={
+            fp.family.kind: KindPlan(
+                best=fp.candidates[0] if fp.candidates else None,
+                model_first=model_first.get(fp.family.kind),
+                reference=ref_by_kind.get(fp.family.kind),
+                fewest=next((c for c in fewest if c.kind == fp.family.kind), None),
+                candidates=len(fp.candidates),
+            )
             for fp in plans
         },
-        "ranking": [{**c.to_dict(), "file": files.get(key(c))} for c in ranked],
-        "simulated": {name: c.to_dict() for name, c in done.items()},
-        "out": str(out_dir),
-        "seconds": time.monotonic() - t0,
-    }
-    (out_dir / "plan.json").write_text(finite_dumps(result, indent=1))
+        ranking=ranked,
+        simulated=done,
+        files=files,
+        out=out_dir,
+        seconds=time.monotonic() - t0,
+    )
+    (out_dir / "plan.json").write_text(finite_dumps(result.to_json(), indent=1))
     write_plan_figure(result, out_dir / "plan.png")
     return result
 
@@ -654,44 +648,45 @@ def _fewest(
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    opts = PlanOptions.from_args(args)
     progress = PlanProgress()
     try:
         with progress:
-            res = run_plan(args, progress=progress)
+            res = run_plan(opts, progress=progress)
     except (PlanError, ScenarioError) as e:
         print(f"plan: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or the SIGTERM the CLI turns into one
         print(progress.interrupted(), file=sys.stderr)
         return 130
-    if args.json:
-        print(json.dumps(res, indent=1))
+    if opts.json:
+        print(json.dumps(res.to_json(), indent=1))
         return 0
     _print_summary(res)
     return 0
 
 
-def _print_summary(res: dict[str, Any]) -> None:
+def _print_summary(res: PlanResult) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from testbed.model.planner import kilo
 
-    wl = res["workload"]
+    wl = res.workload
     arr = wl.get("arrivals") or {}
     con = Console()
     if not con.is_terminal:  # a pipe or a file: no terminal width to fit, keep the table whole
         con = Console(width=120)
     con.print(
-        f"trace {res['trace']}: {wl['requests']:,} requests, {wl['rate_rps']:.3f} req/s "
+        f"trace {res.trace}: {wl['requests']:,} requests, {wl['rate_rps']:.3f} req/s "
         f"(inter-arrival CV {arr.get('gap_cv', 1.0):.2f}, "
         f"busiest 10 s at {arr.get('busiest_10s_over_mean', 1.0):.1f}x), "
         f"input mean {wl['input_tokens']['mean']:,.0f} ({wl['cached_share']:.0%} seen before), "
         f"output mean {wl['output_tokens']['mean']:,.0f}"
     )
     tab = Table(
-        title=f"objective {res['settings']['objective']}; TTFT mean/P90 (s) at {wl['rate_rps']:.2f} req/s",
+        title=f"objective {res.settings.objective}; TTFT mean/P90 (s) at {wl['rate_rps']:.2f} req/s",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
         pad_edge=False,
@@ -700,13 +695,13 @@ def _print_summary(res: dict[str, Any]) -> None:
         tab.add_column(h, justify="left" if not h else "right", no_wrap=True)
     files: list[str] = []
 
-    def ttft(x: float | None) -> str:
-        return "sat." if x is None else f"{x:.2f}"  # JSON keeps an infinite TTFT as null
+    def ttft(x: float | str | None) -> str:
+        return "sat." if not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.2f}"
 
-    def add(tag: str, c: dict[str, Any]) -> None:
-        t = "-" if c["threshold"] is None else kilo(c["threshold"])
-        counts = "/".join(str(n) if n else "-" for n in (c["n_prfaas"], c["n_p"], c["n_d"]))
-        sim = c.get("simulated")
+    def add(tag: str, c: Candidate) -> None:
+        t = "-" if c.threshold is None else kilo(c.threshold)
+        counts = "/".join(str(n) if n else "-" for n in (c.n_prfaas, c.n_p, c.n_d))
+        sim = c.simulated
         simt = (
             "-"
             if not sim
@@ -719,20 +714,20 @@ def _print_summary(res: dict[str, Any]) -> None:
             tag,
             t,
             counts,
-            f"{c['lambda_max']:.2f}",
-            f"{ttft(c['ttft_mean_s'])}/{ttft(c['ttft_p90_s'])}",
+            f"{c.lambda_max:.2f}",
+            f"{ttft(c.ttft_mean_s)}/{ttft(c.ttft_p90_s)}",
             simt,
-            f"{'yes' if c['meets_slo'] else 'no'} ({by})",
+            f"{'yes' if c.meets_slo else 'no'} ({by})",
         )
 
-    for kind, k in res["kinds"].items():
-        if k["best"]:
-            add(kind, k["best"])
-            files.append(f"{kind}: {res['out']}/{k['best']['file']} (bottleneck {k['best']['bottleneck']})")
-        if k["reference"]:
-            add("  as given", k["reference"])
-        if k.get("fewest"):
-            add("  fewest", k["fewest"])
+    for kind, k in res.kinds.items():
+        if k.best:
+            add(kind, k.best)
+            files.append(f"{kind}: {res.out}/{res.file(k.best)} (bottleneck {k.best.bottleneck})")
+        if k.reference:
+            add("  as given", k.reference)
+        if k.fewest:
+            add("  fewest", k.fewest)
     con.print(tab)
     con.print(
         "PrfaaS/P/D: instances of PrfaaS prefill / PD prefill / PD decode; t: the length threshold; "
@@ -741,8 +736,8 @@ def _print_summary(res: dict[str, Any]) -> None:
     )
     for f in files:
         con.print(f"plan {f}")
-    for n in res["notes"]:
+    for n in res.notes:
         con.print(f"note: {n}")
-    if not res["verified"]:
-        con.print(f"{res['verification']}")
-    con.print(f"report: {res['out']}/plan.md  ({res['seconds']:.1f} s)")
+    if res.verification is not None:
+        con.print(res.verification)
+    con.print(f"report: {res.out}/plan.md  ({res.seconds:.1f} s)")

@@ -12,7 +12,9 @@ from typing import Any
 
 import yaml
 
+from testbed.metrics.markdown_table import table_lines
 from testbed.model.planner import Candidate, Family, PlanSettings, kilo, scenario_patch
+from testbed.model.workload import WorkloadSummary
 from testbed.traces.csvutil import Window
 
 
@@ -156,9 +158,7 @@ def _row(c: Candidate, file: str = "") -> list[str]:
 
 
 def _md_table(rows: list[list[str]], head: Sequence[str] = _HEAD) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
+    return table_lines(head, rows)
 
 
 def _err(model: float, sim: Any) -> str:
@@ -175,7 +175,7 @@ def _objective_text(s: PlanSettings) -> str:
     }[s.objective]
 
 
-def _workload_lines(wl: dict[str, Any]) -> list[str]:
+def _workload_lines(wl: WorkloadSummary) -> list[str]:
     arr = wl.get("arrivals") or {}
     lines = [
         f"- {wl['requests']:,} requests over {wl['duration_s']:,.0f} s: **{wl['rate_rps']:.3f} req/s**, "
@@ -204,16 +204,31 @@ def _workload_lines(wl: dict[str, Any]) -> list[str]:
     return lines
 
 
-def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str], verified_note: str | None) -> str:
-    wl: dict[str, Any] = ctx["workload"]
-    s: PlanSettings = ctx["settings"]
+@dataclass(frozen=True)
+class ReportContext:
+    """What plan.md says beside the rows."""
+
+    workload: WorkloadSummary  # TraceWorkload.summary()
+    settings: PlanSettings
+    link: str
+    notes: Sequence[str]
+    show: int  # ranking rows shown
+    vary_counts: bool
+    budgets: dict[str, str]
+    simulated: dict[str, Candidate]
+    seconds: float
+
+
+def report_md(ctx: ReportContext, rows: Rows, files: dict[tuple[Any, ...], str], verified_note: str | None) -> str:
+    wl = ctx.workload
+    s = ctx.settings
     lines = [
         f"# Deployment plan for {wl['source']}",
         "",
         f"Objective: **{s.objective}** ({_objective_text(s)}); TTFT SLO {s.ttft_slo_s:g} s on the "
-        f"P{s.quantile * 100:.0f}, TPOT SLO {s.tpot_slo_s * 1e3:g} ms. Link: {ctx['link']}.",
+        f"P{s.quantile * 100:.0f}, TPOT SLO {s.tpot_slo_s * 1e3:g} ms. Link: {ctx.link}.",
         "",
-        "Instances in force per kind: " + "; ".join(f"{k}: {v}" for k, v in ctx["budgets"].items()) + ".",
+        "Instances in force per kind: " + "; ".join(f"{k}: {v}" for k, v in ctx.budgets.items()) + ".",
         "",
         "## Workload (as the model reads the trace)",
         "",
@@ -258,16 +273,16 @@ def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str]
             for n in r.notes:
                 lines.append(f"- {label(r)}: {n}")
     lines += ["", "## Ranking (every kind)", ""]
-    shown = rows.ranking[: ctx["show"]]
+    shown = rows.ranking[: ctx.show]
     lines += _md_table([_row(c, files.get(key(c), "")) for c in shown])
     if any(c.simulated is None for c in shown) and any(c.simulated is not None for c in shown):
         lines.append(
             "\nRows without simulated figures were not simulated: their SLO verdict is the model's, and "
             "they rank after every simulated row."
         )
-    if len(rows.ranking) > ctx["show"]:
-        lines.append(f"\n({len(rows.ranking) - ctx['show']} more in plan.json)")
-    if ctx.get("vary_counts"):
+    if len(rows.ranking) > ctx.show:
+        lines.append(f"\n({len(rows.ranking) - ctx.show} more in plan.json)")
+    if ctx.vary_counts:
         lines += ["", "## Fewest instances meeting the SLOs at the trace's rate, per kind", ""]
         lines += (
             _md_table([_row(c, files.get(key(c), "")) for c in rows.fewest]) if rows.fewest else ["none meets the SLOs"]
@@ -283,7 +298,7 @@ def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str]
         )
         lines.append("")
         lines += _md_table(
-            _sim_rows(ctx["simulated"]),
+            _sim_rows(ctx.simulated),
             [
                 "run",
                 "Λ_max model",
@@ -300,8 +315,8 @@ def report_md(ctx: dict[str, Any], rows: Rows, files: dict[tuple[Any, ...], str]
         )
     lines += ["", "## How the figures are made", ""]
     lines += [f"- {a}" for a in ASSUMPTIONS]
-    lines += [f"- {n}" for n in ctx["notes"]]
-    lines.append(f"- planning took {ctx['seconds']:.1f} s")
+    lines += [f"- {n}" for n in ctx.notes]
+    lines.append(f"- planning took {ctx.seconds:.1f} s")
     return "\n".join(lines) + "\n"
 
 

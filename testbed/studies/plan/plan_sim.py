@@ -14,13 +14,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from testbed.metrics.artefacts.summary_file import Summary
 from testbed.model.planner import Candidate, Objective, PlanSettings
 from testbed.traces.csvutil import Window
 
-Simulate = Callable[[Path, Path, str], dict[str, Any]]
+# A replay's figures by SIM_FIGURES name (None: undefined), or {"error": why} when it failed.
+SimFigures = dict[str, float | str | None]
+Simulate = Callable[[Path, Path, str], SimFigures]
 SIM_FIGURES = (
     "ttft_mean_s",
     "ttft_p90_s",
@@ -42,7 +43,7 @@ class SimUnavailable(Exception):
     """The runner has no simulator backend: the plans stay unverified."""
 
 
-def figures(summary: Summary) -> dict[str, Any]:
+def figures(summary: Summary) -> SimFigures:
     """The SIM_FIGURES of a run summary (`testbed.metrics.summary`)."""
     dur = summary.run.duration_s_paper
     wan = summary.bytes.wan_total_paper
@@ -72,7 +73,7 @@ def sim_simulator(out_dir: Path, window: Window | None, fmt: str) -> Simulate:
 
     traces: dict[Path, Trace] = {}
 
-    def simulate(scenario_path: Path, trace_path: Path, run_name: str) -> dict[str, Any]:
+    def simulate(scenario_path: Path, trace_path: Path, run_name: str) -> SimFigures:
         rs = load(scenario_path)
         if trace_path not in traces:
             traces[trace_path] = load_trace(trace_path, fmt, window=window)
@@ -91,11 +92,11 @@ def sim_simulator(out_dir: Path, window: Window | None, fmt: str) -> Simulate:
     return simulate
 
 
-def _ok(x: Any, limit: float) -> bool:
-    return x is not None and math.isfinite(x) and x <= limit * SLO_SLACK
+def _ok(x: float | str | None, limit: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x <= limit * SLO_SLACK
 
 
-def sim_verdict(figs: dict[str, Any], s: PlanSettings) -> tuple[bool, str | None]:
+def sim_verdict(figs: SimFigures, s: PlanSettings) -> tuple[bool, str | None]:
     """Whether a simulated replay meets the SLOs (every request completed, P90 TTFT and P90 TPOT
     within them), and why not."""
     if "error" in figs:
@@ -106,12 +107,13 @@ def sim_verdict(figs: dict[str, Any], s: PlanSettings) -> tuple[bool, str | None
     if not _ok(p90, s.ttft_slo_s):
         got = "none" if p90 is None else f"{p90:.2f} s"
         return False, f"simulated P{s.quantile * 100:.0f} TTFT {got} over the SLO {s.ttft_slo_s:g} s"
-    if figs.get("tpot_p90_s") is not None and not _ok(figs["tpot_p90_s"], s.tpot_slo_s):
-        return False, f"simulated P90 TPOT {figs['tpot_p90_s'] * 1e3:.1f} ms over the SLO {s.tpot_slo_s * 1e3:g} ms"
+    tpot = figs.get("tpot_p90_s")
+    if isinstance(tpot, (int, float)) and not _ok(tpot, s.tpot_slo_s):
+        return False, f"simulated P90 TPOT {tpot * 1e3:.1f} ms over the SLO {s.tpot_slo_s * 1e3:g} ms"
     return True, None
 
 
-def with_simulation(c: Candidate, figs: dict[str, Any], s: PlanSettings) -> Candidate:
+def with_simulation(c: Candidate, figs: SimFigures, s: PlanSettings) -> Candidate:
     """`c` with its simulated figures, the simulator's verdict in force and why it fails."""
     ok, why = sim_verdict(figs, s)
     notes = c.notes if why is None else (*c.notes, why)

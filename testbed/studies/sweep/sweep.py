@@ -23,11 +23,11 @@ import json
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -42,9 +42,19 @@ from testbed.deploy import registry
 from testbed.metrics.artefacts import Summary
 from testbed.model.errors import ModelError
 from testbed.run.load import load
-from testbed.run.run_args import add_run_args, run_assignments, trace_for, warn_if_planned
+from testbed.run.run_args import RunArgs, add_run_args, run_assignments, trace_for, warn_if_planned
 from testbed.run.stoppable import run_stoppable
 from testbed.traces.types import Trace
+
+if TYPE_CHECKING:
+    from testbed.studies.capacity.capacity import CapacityResult
+
+# A swept or set field's value as YAML gives it (a number, a string, a bool, a list, ...).
+FieldValue = object
+# A figure of a row: a number, a status or bottleneck text, None where undefined.
+Figure = float | str | None
+# One row of sweep.csv (and of --json's points): the point's field values, then its figures.
+Row = dict[str, object]
 
 MAX_PARAMS = 2
 THRESHOLD_FIELD = "policy.threshold"
@@ -105,7 +115,7 @@ CURVE_COLUMNS: tuple[str, ...] = (
 # ---------------------------------------------------------------------------------- grid
 
 
-def parse_param(spec: str) -> tuple[str, list[Any]]:
+def parse_param(spec: str) -> tuple[str, list[FieldValue]]:
     """`field.path=v1,v2,...` -> (field, values); each value is parsed as YAML (10, 0.5, auto, true)."""
     key, sep, raw = spec.partition("=")
     key = key.strip()
@@ -117,7 +127,7 @@ def parse_param(spec: str) -> tuple[str, list[Any]]:
     return key, values
 
 
-def build_grid(params: Sequence[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+def build_grid(params: Sequence[tuple[str, list[FieldValue]]]) -> list[dict[str, FieldValue]]:
     """Cartesian product, the first field varying slowest."""
     if not params:
         raise ScenarioError("give at least one --param field=V1,V2,...")
@@ -129,20 +139,20 @@ def build_grid(params: Sequence[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
     return [dict(zip(fields, combo)) for combo in itertools.product(*(v for _, v in params))]
 
 
-def point_label(index: int, point: dict[str, Any]) -> str:
+def point_label(index: int, point: Mapping[str, FieldValue]) -> str:
     """Directory name of a point: `03-policy.threshold=19400`, safe characters only."""
     body = "_".join(f"{k}={_value_text(v)}" for k, v in point.items())
     return f"{index:02d}-" + re.sub(r"[^A-Za-z0-9._=+-]+", "-", body)[:120]
 
 
-def _value_text(v: Any) -> str:
+def _value_text(v: object) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
 @dataclass
 class Point:
     index: int
-    values: dict[str, Any]
+    values: dict[str, FieldValue]
     resolved: ResolvedScenario
     overrides: dict[str, Any]
 
@@ -155,7 +165,9 @@ class Point:
         return point_label(self.index, self.values)
 
 
-def plan_points(scenario: str, base: Sequence[tuple[str, Any]], grid: Sequence[dict[str, Any]]) -> list[Point]:
+def plan_points(
+    scenario: str, base: Sequence[tuple[str, FieldValue]], grid: Sequence[Mapping[str, FieldValue]]
+) -> list[Point]:
     """Load and validate every point's scenario before anything runs: a bad value fails the sweep
     at once, naming the point, rather than after an hour of runs."""
     resolved = load_scenario(scenario).model_dump(mode="json")
@@ -174,7 +186,7 @@ def plan_points(scenario: str, base: Sequence[tuple[str, Any]], grid: Sequence[d
 # ---------------------------------------------------------------------------------- figures
 
 
-def measured_figures(summary: Summary | None, status: str) -> dict[str, Any]:
+def measured_figures(summary: Summary | None, status: str) -> dict[str, Figure]:
     """A row's measured columns; all None when the point left no readable summary."""
     if summary is None:
         return {
@@ -208,10 +220,10 @@ def _model_threshold(sc: Scenario, link_bps: float) -> int | None:
     return resolve_threshold(sc, link_bps) if sc.policy.name == "prfaas" else None
 
 
-def model_figures(sc: Scenario, link_bps: float) -> dict[str, Any]:
+def model_figures(sc: Scenario, link_bps: float) -> dict[str, Figure]:
     from testbed.model.analytical import evaluate
 
-    out: dict[str, Any] = {k: None for k in MODEL_COLUMNS}
+    out: dict[str, Figure] = {k: None for k in MODEL_COLUMNS}
     try:
         r = evaluate(sc, link_bps, threshold=_model_threshold(sc, link_bps))
     except ModelError as e:  # e.g. a field value the model cannot evaluate; the run still counts
@@ -251,7 +263,7 @@ def threshold_grid(sc: Scenario, extra: Sequence[float] = (), points: int | None
     return np.unique(np.round(ts))
 
 
-def model_curve(sc: Scenario, link_bps: float, extra: Sequence[float] = ()) -> list[dict[str, Any]]:
+def model_curve(sc: Scenario, link_bps: float, extra: Sequence[float] = ()) -> list[dict[str, float | None]]:
     """Analytical figures of the `prfaas` policy for each t of `threshold_grid` (paper units);
     queue-free TTFT only on the coarser TTFT grid (empty elsewhere)."""
     from testbed.core.engine.kvsize import KVModel
@@ -298,7 +310,7 @@ def model_curve(sc: Scenario, link_bps: float, extra: Sequence[float] = ()) -> l
 # ---------------------------------------------------------------------------------- outputs
 
 
-def _cell(v: Any) -> str:
+def _cell(v: object) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
@@ -308,7 +320,7 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+def write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, object]]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with tmp.open("w", newline="") as f:
         w = csv.writer(f)
@@ -322,12 +334,24 @@ def table_columns(fields: Sequence[str]) -> list[str]:
     return ["point", *fields, "run_dir", *MEASURED_COLUMNS, *MODEL_COLUMNS]
 
 
-def sweep_markdown(
-    rows: Sequence[dict[str, Any]], fields: Sequence[str], facts: dict[str, Any], curve: Path | None
-) -> str:
-    from testbed.metrics.report import fmt, fmt_ms, fmt_pct, fmt_rate, md_table
+@dataclass(frozen=True)
+class SweepFacts:
+    """What sweep.md says of the sweep as a whole."""
 
-    def opt(v: Any, f: Any = fmt) -> str:
+    scenario: str
+    backend: str
+    requests: int
+    rate: float
+    speedup: float
+    byte_scale: float
+    started: str
+
+
+def sweep_markdown(rows: Sequence[Row], fields: Sequence[str], facts: SweepFacts, curve: Path | None) -> str:
+    from testbed.metrics.markdown_table import md_table
+    from testbed.metrics.report import fmt, fmt_ms, fmt_pct, fmt_rate
+
+    def opt(v: object, f: Callable[[float], str] = fmt) -> str:
         return f(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
 
     head = [
@@ -352,7 +376,7 @@ def sweep_markdown(
         body.append(
             [
                 *(_value_text(r[f]) for f in fields),
-                r["status"],
+                str(r["status"]),
                 f"{opt(r['completed'])} / {opt(r['requests'])}",
                 opt(r["failed"]),
                 opt(r["throughput_rps"]),
@@ -369,10 +393,10 @@ def sweep_markdown(
             ]
         )
     lines = [
-        f"# Sweep of {facts['scenario']} over {', '.join(fields)}",
+        f"# Sweep of {facts.scenario} over {', '.join(fields)}",
         "",
-        f"Backend {facts['backend']}; {facts['requests']} requests per point at {fmt(facts['rate'])} req/s offered "
-        f"(paper units); speedup {facts['speedup']:g}, byte_scale {facts['byte_scale']:g}; started {facts['started']}.",
+        f"Backend {facts.backend}; {facts.requests} requests per point at {fmt(facts.rate)} req/s offered "
+        f"(paper units); speedup {facts.speedup:g}, byte_scale {facts.byte_scale:g}; started {facts.started}.",
         "Measured figures are paper units from each point's summary.json; `model` columns are the queue-free "
         "analytical model (`testbed model`) for the point's scenario, load ρ = offered rate / model Λ_max.",
         "",
@@ -459,14 +483,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if link_bps <= 0:
             raise ScenarioError("--link-gbps must be > 0")
         params = [parse_param(s) for s in args.param]
-        base = [*parse_assignments(args.set), *run_assignments(args)]
+        base = [*parse_assignments(args.set), *run_assignments(RunArgs.from_args(args))]
         points = plan_points(args.scenario, base, build_grid(params))
     except ScenarioError as e:
         print(f"sweep: {e}", file=sys.stderr)
         return 2
     fields = [k for k, _ in params]
     first = points[0].scenario
-    trace = trace_for(None, args) if args.trace is not None else None
+    trace = trace_for(None, RunArgs.from_args(args)) if args.trace is not None else None
     if trace is None:
         warn_if_planned(first)
     args.backend, warning = registry.pick_backend(args.backend)
@@ -477,19 +501,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     out: Path = args.out or Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-sweep-{first.name}"
     run_lock.acquire(out, args.overwrite)  # this command's until it returns
-    facts = {
-        "scenario": first.name,
-        "backend": args.backend,
-        "requests": first.workload.requests if trace is None else len(trace),
-        "rate": first.workload.rate if trace is None else trace.rate,
-        "speedup": first.scale.speedup,
-        "byte_scale": first.scale.byte_scale,
-        "started": f"{datetime.now():%Y-%m-%d %H:%M:%S}",
-    }
+    facts = SweepFacts(
+        scenario=first.name,
+        backend=args.backend,
+        requests=first.workload.requests if trace is None else len(trace),
+        rate=first.workload.rate if trace is None else trace.rate,
+        speedup=first.scale.speedup,
+        byte_scale=first.scale.byte_scale,
+        started=f"{datetime.now():%Y-%m-%d %H:%M:%S}",
+    )
 
     curve_path = _write_curve(out, points, fields, link_bps)
     columns = table_columns(fields)
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     interrupted = errors = False
 
     def flush() -> None:
@@ -500,7 +524,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for pt in points:
             if _run_and_record(pt, out, args.backend, link_bps, len(points), rows, args.capacity_probes, trace):
                 interrupted = True
-            errors = errors or rows[-1]["status"].startswith("error")
+            errors = errors or str(rows[-1]["status"]).startswith("error")
             flush()
             if interrupted:
                 break
@@ -523,7 +547,7 @@ def _run_and_record(
     backend: str,
     link_bps: float,
     n: int,
-    rows: list[dict[str, Any]],
+    rows: list[Row],
     capacity_probes: int = 0,
     trace: Trace | None = None,
 ) -> bool:
@@ -538,7 +562,7 @@ def _run_and_record(
         f"-> {run_dir}"
     )
     status, interrupted = "ok", False
-    extra: dict[str, Any] = {}
+    extra: dict[str, Figure] = {}
     summary_dir = run_dir
     try:
         if capacity_probes:
@@ -553,7 +577,7 @@ def _run_and_record(
         status, interrupted = "interrupted", True
     except Exception as e:  # one broken point must not lose the others: record it and go on
         status = f"error: {type(e).__name__}: {e}"
-    row = {
+    row: Row = {
         "point": pt.index,
         **pt.values,
         "run_dir": pt.label,
@@ -570,13 +594,13 @@ def _run_and_record(
     return interrupted
 
 
-def _short(v: Any) -> str:
+def _short(v: object) -> str:
     return f"{v:.3g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
 
 
 async def _capacity_point(
     pt: Point, run_dir: Path, backend: str, probes: int, link_bps: float, trace: Trace | None = None
-) -> Any:
+) -> CapacityResult:
     from testbed.studies.capacity.capacity import model_lambda, search, write_outputs
 
     model = model_lambda(pt.scenario, link_bps, trace) or 1.0
@@ -602,7 +626,7 @@ def _write_curve(out: Path, points: Sequence[Point], fields: Sequence[str], link
     if THRESHOLD_FIELD not in fields:
         return None
     others = [f for f in fields if f != THRESHOLD_FIELD]
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     seen: set[str] = set()
     for pt in points:
         key = json.dumps([pt.values[f] for f in others])
@@ -610,9 +634,10 @@ def _write_curve(out: Path, points: Sequence[Point], fields: Sequence[str], link
             continue
         seen.add(key)
         swept = [
-            float(p.values[THRESHOLD_FIELD])
+            float(t)
             for p in points
-            if isinstance(p.values[THRESHOLD_FIELD], (int, float)) and json.dumps([p.values[f] for f in others]) == key
+            if isinstance(t := p.values[THRESHOLD_FIELD], (int, float))
+            and json.dumps([p.values[f] for f in others]) == key
         ]
         try:
             curve = model_curve(pt.scenario, link_bps, swept)
