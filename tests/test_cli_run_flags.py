@@ -53,7 +53,7 @@ def test_capacity_on_a_trace_takes_the_run_flags(tmp_path: Path, capsys: pytest.
     for p in probes:
         meta = _meta(Path(p["run_dir"]))
         assert meta["scale"]["speedup"] == 3.0
-        assert meta["trace"] == {"source": f"{PICKED} | rescale_rate({p['rate']:g})", "requests": 8}
+        assert meta["trace"] == {"source": f"{PICKED} | rescale_rate({p['rate']:g})", "requests": 8, "arrivals": "open"}
         assert meta["offered_rate"] == pytest.approx(p["rate"])
 
 
@@ -83,7 +83,7 @@ def test_sweep_on_a_trace_takes_the_run_flags(tmp_path: Path, capsys: pytest.Cap
         assert p["status"] == "ok" and p["requests"] == 8
         meta = _meta(tmp_path / p["run_dir"])
         assert meta["scale"]["speedup"] == 3.0 and meta["threshold"] == p["policy.threshold"]
-        assert meta["trace"] == {"source": f"{PICKED} | rescale_rate(2)", "requests": 8}
+        assert meta["trace"] == {"source": f"{PICKED} | rescale_rate(2)", "requests": 8, "arrivals": "open"}
     assert "8 requests per point at 2.00 req/s offered" in (tmp_path / "sweep.md").read_text()
 
 

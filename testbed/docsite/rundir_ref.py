@@ -27,8 +27,8 @@ FILES: tuple[tuple[str, str], ...] = (
     ("deployment.json", "Every service's address."),
     (
         "records.csv",
-        "One row per request (columns below), written as requests finish (a simulated run: up to 20,000 "
-        "requests; `testbed export RUN` writes it for a larger one).",
+        "One row per request (columns below), written as requests finish (a simulated run writes it beside "
+        "records.parquet; `testbed export RUN` writes it from the Parquet file where it is missing).",
     ),
     (
         "records.parquet",

@@ -16,8 +16,8 @@ Schema versions (the file carries no number, its header names the columns):
 - 3: `session_id`, `turn` and `parent_index` (the trace index of the turn it follows, -1 for none):
   the trace's sessions (`testbed.core.sessions`). A version 2 file reads as a trace without them.
   And records.parquet (`testbed.metrics.columnar`): every field of the record and every stamp, the
-  stamps as microsecond durations; a simulated run writes it always and records.csv up to 20,000
-  requests; `testbed export` writes records.csv from it.
+  stamps as microsecond durations; a simulated run writes it beside records.csv (the file a run
+  killed outright keeps); `testbed export` writes records.csv from it.
 """
 
 from __future__ import annotations

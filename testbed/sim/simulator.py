@@ -99,15 +99,17 @@ class SimOptions:
     decisions (threshold changes are always written). `settle_records` makes the records the
     run returns what records.csv reads back (`testbed.metrics.records.as_written`) as they are
     written, for a caller that summarises them (with a run directory only). Records and decisions
-    go to records.parquet and decisions.parquet, and to records.csv and decisions.jsonl too when the
-    trace has at most `text_requests` requests (the text a person reads or a script greps; a larger
-    run's is hundreds of MB: `testbed export RUN` writes it from the Parquet files)."""
+    go to records.parquet and decisions.parquet, and to records.csv and decisions.jsonl too unless the
+    trace has more than `text_requests` requests (None: always). The text files are what survives a
+    run killed outright (a Parquet file is readable only once its footer is written at the end), so
+    they are written by default; a caller that wants a small run directory caps them, and `testbed
+    export RUN` writes them from the Parquet files."""
 
     series_lines: int = 100_000
     link_lines: int = 20_000
     decisions: bool = True
     settle_records: bool = False
-    text_requests: int = 20_000
+    text_requests: int | None = None
     arrivals: ArrivalMode = "open"  # closed: each turn waits for its parent (`testbed.core.sessions`)
 
 
@@ -264,7 +266,8 @@ class Simulation:
             s = self.scale.speedup
             self.columns = ParquetRecordWriter(self.run_dir / RECORDS_FILE, settle=settle)
             self.decisions = [ParquetSeriesFile(self.run_dir / DECISIONS_FILE, "router", s)]
-            if len(self.trace) <= self.options.text_requests:
+            cap = self.options.text_requests
+            if cap is None or len(self.trace) <= cap:
                 self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True, settle=settle)
                 self.decisions.append(
                     SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True)
