@@ -41,7 +41,7 @@ COMMAND_MODULE = {
     "sweep": "testbed.studies.sweep.sweep",
     "calibrate": "testbed.hardware.calibrate_command",
     "profile": "testbed.hardware.profile_command",
-    "plan": "testbed.studies.plan.plan",
+    "plan": "testbed.studies.plan.plan_command",
     "feasibility": "testbed.studies.feasibility.feasibility_command",
     "tokenizer": "testbed.run.tokenizer_command",
 }

@@ -29,7 +29,7 @@ from testbed.cli import main
 from testbed.config.scenarios import SCENARIO_DIR, load_scenario
 from testbed.core.engine.decode_batch import DecodeBatch, DecodeSeq
 from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
-from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
+from testbed.core.schema.hardware import PolynomialPrefill, TablePrefill
 from testbed.hardware.calibrate import (
     CalibrationError,
     DecodePoint,

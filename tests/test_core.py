@@ -71,7 +71,7 @@ def test_prefill_time_table_interpolates_and_extrapolates() -> None:
 
 
 def test_prefill_time_cached_term() -> None:
-    from testbed.core.schema.scenario import PolynomialPrefill
+    from testbed.core.schema.hardware import PolynomialPrefill
 
     pt = PrefillTime.from_spec(PolynomialPrefill(kind="polynomial", coefficients=[0.1, 1e-4], cached_token_s=1e-6))
     assert pt(1000, 5000) == pytest.approx(0.1 + 0.1 + 0.005)

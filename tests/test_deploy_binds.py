@@ -17,7 +17,7 @@ from testbed.deploy.discovery import with_hosts
 from testbed.deploy.inproc import InProcessBackend
 from testbed.deploy.netns import ROUTER_HOST, build_netns_topology, netns_deployment
 from testbed.deploy.plan import loopback_deployment
-from testbed.deploy.swarm import SUBNET_BASE, swarm_deployment
+from testbed.deploy.swarm_stack import SUBNET_BASE, swarm_deployment
 from testbed.deploy.swarm_wan import listen_hosts
 from testbed.live.deployment import Deployment
 from testbed.run.load import resolve

@@ -38,7 +38,8 @@ from testbed.core.kv.frames import (
     encode_data,
     encode_end,
 )
-from testbed.core.kv.kv_receive import Reassembler, Send
+from testbed.core.kv.kv_receive import Reassembler
+from testbed.core.kv.kv_receive_types import Send
 from testbed.core.kv.kv_send import SendPath
 
 pytestmark = pytest.mark.pure

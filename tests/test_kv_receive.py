@@ -24,14 +24,12 @@ from testbed.core.kv.frames import (
     encode_end,
     payload_pattern,
 )
-from testbed.core.kv.kv_receive import (
-    MAX_TRANSFERS,
-    MAX_TRANSFERS_PER_PEER,
+from testbed.core.kv.kv_receive import MAX_TRANSFERS, MAX_TRANSFERS_PER_PEER, Reassembler
+from testbed.core.kv.kv_receive_types import (
     CloseConnection,
     ConnectionLost,
     ConnId,
     IncomingTransfer,
-    Reassembler,
     ReceiveEvent,
     Send,
     TransferCompleted,

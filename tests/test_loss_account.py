@@ -11,7 +11,8 @@ import pytest
 from testbed.core.schema.linkprofile import LinkParams
 from testbed.net.drop_counters import IfDrops, PathLayout, QdiscDrops, parse_snmp, read_path
 from testbed.net.loss_account import Counter, QueueBound, account_loss, peak_in_flight
-from testbed.studies.linkcheck.linkcheck import loss_cell, probe_rate, verdicts
+from testbed.studies.linkcheck.linkcheck import probe_rate
+from testbed.studies.linkcheck.linkcheck_report import loss_cell, verdicts
 
 pytestmark = pytest.mark.pure
 

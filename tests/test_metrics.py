@@ -12,8 +12,9 @@ import pytest
 
 from testbed.core.record import TIME_NAMES, RequestRecord, StageTimes
 from testbed.metrics.records import write_records
-from testbed.metrics.report import fmt, fmt_bytes, fmt_change, write_comparison, write_report
+from testbed.metrics.report import write_comparison, write_report
 from testbed.metrics.report_command import print_summary_table, register
+from testbed.metrics.report_format import fmt, fmt_bytes, fmt_change
 from testbed.metrics.series_format import SeriesPoint, TimeseriesError
 from testbed.metrics.summary import RunDirError, summarize, write_summary
 from testbed.metrics.timeseries import (

@@ -15,7 +15,7 @@ import pytest
 
 from testbed.cli import main
 from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
-from testbed.core.schema.scenario import DecodeSpec, HardwareSpec, PolynomialPrefill, TablePrefill
+from testbed.core.schema.hardware import DecodeSpec, HardwareSpec, PolynomialPrefill, TablePrefill
 from testbed.run.load import load
 from testbed.studies.crosscheck import peer_dynamo
 from testbed.studies.crosscheck.peer_bench import _run

@@ -27,6 +27,7 @@ from testbed.model.planner import (
 from testbed.model.queueing import Branch, erlang_c, mgc_wait, mixture_quantile
 from testbed.model.workload import TraceWorkload
 from testbed.studies.plan import plan as plan_cmd
+from testbed.studies.plan import plan_command
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import synth_with_prefixes
 from testbed.traces.trace_command import prefix_reuse_share
@@ -215,7 +216,7 @@ def test_round_threshold_costs_at_most_the_tolerance(workload: TraceWorkload) ->
 
 def _ns(trace: Path, out: Path, *extra: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    plan_cmd.register(ap.add_subparsers())
+    plan_command.register(ap.add_subparsers())
     return ap.parse_args(["plan", "--trace", str(trace), "--out", str(out), *extra])
 
 
@@ -361,10 +362,10 @@ def test_budget_without_a_kind_is_said_to_cap_every_kind(surrogate_file: Path, t
 
 def test_plan_command_cli(surrogate_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = _ns(surrogate_file, tmp_path / "p", "--kinds", "homogeneous", "--json", "--no-sim")
-    assert args.func is plan_cmd.cmd_plan and args.func(args) == 0
+    assert args.func is plan_command.cmd_plan and args.func(args) == 0
     res = json.loads(capsys.readouterr().out)
     assert list(res["kinds"]) == ["homogeneous"]
-    assert plan_cmd.cmd_plan(_ns(surrogate_file, tmp_path / "q", "--kinds", "nope")) == 2
+    assert plan_command.cmd_plan(_ns(surrogate_file, tmp_path / "q", "--kinds", "nope")) == 2
     assert "--kinds" in capsys.readouterr().err
 
 

@@ -29,6 +29,7 @@ from testbed.model.planner import (
 )
 from testbed.model.workload import TraceWorkload
 from testbed.studies.plan import plan as plan_cmd
+from testbed.studies.plan import plan_command
 from testbed.studies.plan.plan_sim import refined_key, sim_verdict, simulate_rows, with_simulation
 from testbed.traces.mooncake import write_mooncake
 from testbed.traces.synthetic import synth_with_prefixes
@@ -217,7 +218,7 @@ def test_refine_on_the_simulator(trace: Trace, tmp_path: Path) -> None:
     path = tmp_path / "chat-10m.jsonl"
     write_mooncake(path, trace)
     ap = argparse.ArgumentParser()
-    plan_cmd.register(ap.add_subparsers())
+    plan_command.register(ap.add_subparsers())
     out = tmp_path / "plan"
     args = ap.parse_args(
         ["plan", "--trace", str(path), "--refine", "3", "--top", "2", "--out", str(out), "--objective", "ttft"]

@@ -11,7 +11,7 @@ from testbed.core.engine.prefill_loop import Dropped, PrefillLoop
 from testbed.core.engine.prefill_queue import PrefillJob
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.fault_timeline import SlowDown
-from testbed.core.schema.scenario import SchedulerSpec, TablePrefill
+from testbed.core.schema.hardware import SchedulerSpec, TablePrefill
 
 pytestmark = pytest.mark.pure
 

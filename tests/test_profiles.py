@@ -25,7 +25,7 @@ from testbed.config.scenarios import (
 )
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import PrefillTime
-from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
+from testbed.core.schema.hardware import PolynomialPrefill, TablePrefill
 from testbed.hardware import aiconfigurator as aic
 from testbed.hardware.calibrate import (
     CalibrationError,

@@ -16,7 +16,8 @@ import pytest
 
 from testbed.net.delayline import LATE_S, DelayLine, DirectionSpec, Lateness
 from testbed.net.probes import measure_rtt, udp_echo_server
-from testbed.studies.linkcheck.linkcheck import judge_rtt, rtt_tolerance, verdicts
+from testbed.studies.linkcheck.linkcheck import judge_rtt, rtt_tolerance
+from testbed.studies.linkcheck.linkcheck_report import verdicts
 
 
 def _rtt(valid: bool = True, median: float = 0.0305) -> dict[str, Any]:

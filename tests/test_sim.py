@@ -19,8 +19,8 @@ from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.lifecycle import Event
+from testbed.core.schema.hardware import DecodeSpec, HardwareSpec, TablePrefill
 from testbed.core.schema.live_path import LivePathCosts
-from testbed.core.schema.scenario import DecodeSpec, HardwareSpec, TablePrefill
 from testbed.core.schema.topology import NodeSpec
 from testbed.metrics.records import read_records
 from testbed.run.load import load

@@ -38,18 +38,8 @@ from testbed.deploy.discovery import (
     with_hosts,
 )
 from testbed.deploy.engine import parse_tasks
-from testbed.deploy.swarm import (
-    DC_LABEL,
-    SUBNET_BASE,
-    WAN_LABEL,
-    all_running,
-    engine_start_failure,
-    missing_labels,
-    stack_spec,
-    swarm_deployment,
-    task_problem,
-    wan_stack_config,
-)
+from testbed.deploy.swarm import all_running, engine_start_failure, missing_labels, task_problem
+from testbed.deploy.swarm_stack import DC_LABEL, SUBNET_BASE, WAN_LABEL, stack_spec, swarm_deployment, wan_stack_config
 from testbed.run.load import resolve
 
 PROJECT_LABEL = "prfaas-testbed.project"

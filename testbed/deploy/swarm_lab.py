@@ -51,7 +51,7 @@ from testbed.deploy.base import BackendError
 from testbed.deploy.cleanup import LAB_DIR, remove_compose_project, remove_lab_dirs
 from testbed.deploy.engine import PROJECT_LABEL, Engine, connect, engine_errors
 from testbed.deploy.image import BASE, IMAGE, REPO_ROOT, SOURCE_LABEL, ensure_image
-from testbed.deploy.swarm import WAN_LABEL, dc_label
+from testbed.deploy.swarm_stack import WAN_LABEL, dc_label
 
 NODE_REPO = "prfaas-testbed-node"
 NODE_HASH_LABEL = "io.prfaas-testbed.node-hash"

@@ -58,7 +58,7 @@ def _visit(node: ast.AST, path: str, stack: list[str], out: dict[str, list[Site]
 
 def members() -> dict[str, tuple[str, ...]]:
     """The members each family has now."""
-    from testbed.core.schema.scenario import PrefillSpec
+    from testbed.core.schema.hardware import PrefillSpec
 
     prefill = tuple(str(get_args(m.model_fields["kind"].annotation)[0]) for m in get_args(get_args(PrefillSpec)[0]))
     return {

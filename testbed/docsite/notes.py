@@ -6,6 +6,7 @@ can go stale."""
 from __future__ import annotations
 
 _S = "testbed.core.schema.scenario."
+_H = "testbed.core.schema.hardware."
 _L = "testbed.core.schema.linkprofile."
 _R = "testbed.metrics.artefacts.run_file."
 _REC = "testbed.core.record."
@@ -36,24 +37,24 @@ NOTES: dict[str, str] = {
     _S + "ModelSpec.window_tokens": "Sliding window length, tokens (0: no sliding-window layers).",
     _S + "ModelSpec.window_bytes_per_token": "KV bytes per token held by the sliding-window layers, up to "
     "`window_tokens`.",
-    _S + "HardwareSpec.prefill": "Prefill time as a function of uncached tokens: a `table` or a `polynomial`.",
-    _S + "HardwareSpec.decode": "Decode step model; `null` for hardware that only prefills.",
-    _S + "TablePrefill.points": "`[tokens, seconds]` pairs with strictly increasing tokens.",
-    _S + "TablePrefill.cached_token_s": "Seconds per cached prefix token (reading it back).",
-    _S + "PolynomialPrefill.coefficients": "c_0, c_1, ...: seconds = sum(c_i * l^i) over uncached tokens l.",
-    _S + "PolynomialPrefill.cached_token_s": "Seconds per cached prefix token (reading it back).",
-    _S + "TablePrefill.overhead_s": "Fixed seconds per prefill whatever its length (scheduling, launches).",
-    _S + "TablePrefill.cached_attention_s": "Seconds per cached token per uncached token: the new tokens' "
+    _H + "HardwareSpec.prefill": "Prefill time as a function of uncached tokens: a `table` or a `polynomial`.",
+    _H + "HardwareSpec.decode": "Decode step model; `null` for hardware that only prefills.",
+    _H + "TablePrefill.points": "`[tokens, seconds]` pairs with strictly increasing tokens.",
+    _H + "TablePrefill.cached_token_s": "Seconds per cached prefix token (reading it back).",
+    _H + "PolynomialPrefill.coefficients": "c_0, c_1, ...: seconds = sum(c_i * l^i) over uncached tokens l.",
+    _H + "PolynomialPrefill.cached_token_s": "Seconds per cached prefix token (reading it back).",
+    _H + "TablePrefill.overhead_s": "Fixed seconds per prefill whatever its length (scheduling, launches).",
+    _H + "TablePrefill.cached_attention_s": "Seconds per cached token per uncached token: the new tokens' "
     "attention over the cached prefix.",
-    _S + "PolynomialPrefill.overhead_s": "Fixed seconds per prefill whatever its length (scheduling, launches).",
-    _S + "PolynomialPrefill.cached_attention_s": "Seconds per cached token per uncached token: the new tokens' "
+    _H + "PolynomialPrefill.overhead_s": "Fixed seconds per prefill whatever its length (scheduling, launches).",
+    _H + "PolynomialPrefill.cached_attention_s": "Seconds per cached token per uncached token: the new tokens' "
     "attention over the cached prefix.",
-    _S + "HardwareSpec.provenance": "Where the profile's figures come from (source, tool, system, parallelism).",
-    _S + "DecodeSpec.base_s": "Fixed part of a decode step, seconds.",
-    _S + "DecodeSpec.per_seq_s": "Seconds per sequence in the batch.",
-    _S + "DecodeSpec.per_context_token_s": "Seconds per context token held by the whole batch.",
-    _S + "DecodeSpec.bs_max": "Most sequences in a decode batch (BS_max).",
-    _S + "DecodeSpec.kv_capacity_bytes": "KV memory of a decode instance, paper bytes: admission waits for room.",
+    _H + "HardwareSpec.provenance": "Where the profile's figures come from (source, tool, system, parallelism).",
+    _H + "DecodeSpec.base_s": "Fixed part of a decode step, seconds.",
+    _H + "DecodeSpec.per_seq_s": "Seconds per sequence in the batch.",
+    _H + "DecodeSpec.per_context_token_s": "Seconds per context token held by the whole batch.",
+    _H + "DecodeSpec.bs_max": "Most sequences in a decode batch (BS_max).",
+    _H + "DecodeSpec.kv_capacity_bytes": "KV memory of a decode instance, paper bytes: admission waits for room.",
     _S + "ClusterSpec.name": "The cluster's name; instance ids are `{name}-p{i}` and `{name}-d{i}`.",
     _S + "ClusterSpec.datacenter": "The datacenter it sits in; clusters in different datacenters talk over the "
     "inter-DC link.",

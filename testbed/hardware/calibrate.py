@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.errors import UserError
-from testbed.core.schema.scenario import PolynomialPrefill, TablePrefill
+from testbed.core.schema.hardware import PolynomialPrefill, TablePrefill
 
 Array = NDArray[np.float64]
 # Request-overlap matrices are built a block of rows at a time, at most this many cells a block

@@ -21,7 +21,8 @@ import yaml
 
 from testbed.config.cli_args import StoreOnce, out_file
 from testbed.config.scenarios import ScenarioError, load_scenario, resolve_path
-from testbed.core.schema.scenario import DecodeSpec, Scenario, size_bytes
+from testbed.core.schema.hardware import DecodeSpec
+from testbed.core.schema.scenario import Scenario, size_bytes
 from testbed.hardware.calibrate import (
     CalibrationError,
     DecodeFit,

@@ -31,7 +31,7 @@ import numpy as np
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.errors import UserError
-from testbed.core.schema.scenario import DecodeSpec, TablePrefill
+from testbed.core.schema.hardware import DecodeSpec, TablePrefill
 from testbed.hardware.calibrate import DecodeFit, DecodePoint, fit_decode
 
 # The batch sizes tried for BS_max, at most.

@@ -24,10 +24,12 @@ from testbed.core.kv.kv_receive import (
     MAX_TRANSFERS,
     MAX_TRANSFERS_PER_CONNECTION,
     MAX_TRANSFERS_PER_PEER,
+    Reassembler,
+)
+from testbed.core.kv.kv_receive_types import (
     CloseConnection,
     ConnectionLost,
     ConnId,
-    Reassembler,
     ReceiveEvent,
     Send,
     TransferCompleted,

@@ -25,7 +25,7 @@ KV bytes are dummies: zeros, or `payload_pattern` with CRC-32 when checksumming.
 
 from __future__ import annotations
 
-from testbed.core.kv.kv_receive import TransferResult
+from testbed.core.kv.kv_receive_types import TransferResult
 from testbed.core.kv.kv_send import ACK_TIMEOUT_S
 from testbed.live.kv_receiver import KVReceiver
 from testbed.live.kv_sender import (

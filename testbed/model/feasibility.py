@@ -35,7 +35,8 @@ import numpy as np
 from testbed.config.scenarios import ScenarioError, load_model_profile, load_scenario, model_profiles, profile_sources
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import PrefillTime
-from testbed.core.schema.scenario import Scenario, TablePrefill
+from testbed.core.schema.hardware import TablePrefill
+from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import (
     LengthDistribution,
     ModelResult,

@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import PrefillTime
-from testbed.core.schema.scenario import DecodeSpec
+from testbed.core.schema.hardware import DecodeSpec
 from testbed.model.analytical import (
     DiscreteDistribution,
     FloatArray,

@@ -24,7 +24,7 @@ from testbed.core.failures import Failure
 from testbed.core.failures import FailureKind as K
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.lifecycle import Event
-from testbed.core.schema.scenario import HardwareSpec
+from testbed.core.schema.hardware import HardwareSpec
 from testbed.core.schema.topology import NodeSpec
 from testbed.sim.events import DECODE
 from testbed.sim.host import Host

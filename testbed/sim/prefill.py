@@ -30,7 +30,7 @@ from testbed.core.engine.prefill_queue import PrefillJob, PrefillQueue
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.fault_timeline import SlowDown
 from testbed.core.lifecycle import Event
-from testbed.core.schema.scenario import SchedulerSpec
+from testbed.core.schema.hardware import SchedulerSpec
 from testbed.core.schema.topology import NodeSpec
 from testbed.sim.events import PREFILL
 from testbed.sim.host import Host

@@ -22,15 +22,12 @@ from pathlib import Path
 
 from testbed.config.profiles import PROFILE_DIR, load_profile
 from testbed.core.schema.linkprofile import parse_rate
-from testbed.studies.linkcheck.linkcheck import (
-    LinkCheckConfig,
+from testbed.studies.linkcheck.linkcheck import LinkCheckConfig, multi_goodput_bps, run_linkcheck, scale_for
+from testbed.studies.linkcheck.linkcheck_report import (
     loss_cell,
-    multi_goodput_bps,
     print_report,
     rtt_invalid_cell,
     rtt_valid,
-    run_linkcheck,
-    scale_for,
     shaped_rtt,
     verdicts,
 )

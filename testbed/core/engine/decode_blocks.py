@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from testbed.core.engine.decode_batch import AdmissionError, Batch, DecodeBatch, DecodeSeq, StepResult, new_batch
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
-from testbed.core.schema.scenario import HardwareSpec
+from testbed.core.schema.hardware import HardwareSpec
 
 
 @dataclass

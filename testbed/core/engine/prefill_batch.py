@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from testbed.core.engine.prefill_queue import PrefillJob
-from testbed.core.schema.scenario import SchedulerSpec
+from testbed.core.schema.hardware import SchedulerSpec
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from testbed.core.schema.hardware import DecodeSpec, PolynomialPrefill, PrefillSpec, TablePrefill
 from testbed.core.schema.kinds import unknown_kind
-from testbed.core.schema.scenario import DecodeSpec, PolynomialPrefill, PrefillSpec, TablePrefill
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,7 @@ clock the driver passes as `now`.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from itertools import count
 
 from testbed.core.kv.frames import (
@@ -65,8 +63,19 @@ from testbed.core.kv.frames import (
     encode_end,
     payload_pattern,
 )
-
-ConnId = int
+from testbed.core.kv.kv_receive_types import (
+    CloseConnection,
+    ConnectionLost,
+    ConnId,
+    ConnState,
+    IncomingTransfer,
+    ReceiveEvent,
+    Send,
+    TransferCompleted,
+    TransferFailed,
+    TransferResult,
+    peer_host,
+)
 
 # Defaults: far above what a deployment needs (tens of senders x a few connections, a few
 # transfers in flight per sender), low enough that a hostile peer's cost stays bounded.
@@ -89,155 +98,6 @@ MAX_FRAGMENTS = 16384
 def fragment_cap(total: int, ceiling: int = MAX_FRAGMENTS) -> int:
     """The separate byte ranges a transfer of `total` bytes may hold (see MAX_FRAGMENTS)."""
     return min(ceiling, MAX_LAYERS + -(-total // MIN_FRAGMENT_BYTES))
-
-
-@dataclass(frozen=True, slots=True)
-class TransferResult:
-    """Outcome of one received transfer, times in the driver's clock. `layers_done` is the
-    layer count announced by END when ok, else the number of distinct layers that delivered
-    data; `connections` counts the distinct connections that carried its DATA frames."""
-
-    transfer_id: int
-    ok: bool
-    bytes: int
-    first_byte: float
-    complete: float
-    reason: str
-    layers_done: int
-    connections: int
-
-
-# -- events
-
-
-@dataclass(frozen=True, slots=True)
-class TransferCompleted:
-    result: TransferResult
-    claimed: bool  # an expect() waits for it; else the result is kept for a later expect()
-
-
-@dataclass(frozen=True, slots=True)
-class TransferFailed:
-    result: TransferResult
-    claimed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class CloseConnection:
-    """The connection is unusable (a bad frame, or a frame not finished in time): close it."""
-
-    conn: ConnId
-    peer: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionLost:
-    """The connection went away mid-frame or with an error (for the log: nothing failed)."""
-
-    conn: ConnId
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Frames for the sender at the other end of `conn` (ACK, END, ABORT), to write as they are."""
-
-    conn: ConnId
-    data: bytes
-
-
-ReceiveEvent = TransferCompleted | TransferFailed | CloseConnection | ConnectionLost | Send
-
-
-@dataclass(eq=False, slots=True)
-class IncomingTransfer:
-    """One transfer being reassembled: changed only by its Reassembler, read by anyone."""
-
-    transfer_id: int
-    total: int
-    first_byte: float
-    last_activity: float
-    received: int = 0  # distinct bytes
-    duplicate_bytes: int = 0  # resent bytes that had already arrived
-    end_seen: bool = False
-    layers: int = 0  # announced by END
-    # Received byte ranges, merged and sorted: duplicates and overlaps are caught exactly.
-    starts: list[int] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)
-    conns: set[ConnId] = field(default_factory=set)  # carried any frame
-    data_conns: set[ConnId] = field(default_factory=set)  # carried accepted DATA
-    layers_seen: set[int] = field(default_factory=set)
-    owner: _Conn | None = None  # the connection it counts against; None: gone (an orphan of `host`)
-    host: str = ""  # the peer it counts against
-
-    @property
-    def complete(self) -> bool:
-        return self.end_seen and self.received == self.total
-
-    def add_range(self, off: int, n: int) -> bool:
-        """Record [off, off+n); False if it overlaps bytes already received."""
-        if n == 0:
-            return True
-        starts, ends = self.starts, self.ends
-        end = off + n
-        i = bisect_right(starts, off)
-        if i > 0 and ends[i - 1] > off:
-            return False
-        if i < len(starts) and starts[i] < end:
-            return False
-        join_prev = i > 0 and ends[i - 1] == off
-        join_next = i < len(starts) and starts[i] == end
-        if join_prev and join_next:
-            ends[i - 1] = ends[i]
-            del starts[i], ends[i]
-        elif join_prev:
-            ends[i - 1] = end
-        elif join_next:
-            starts[i] = off
-        else:
-            starts.insert(i, off)
-            ends.insert(i, end)
-        return True
-
-    def covered(self, off: int, n: int) -> bool:
-        """Every byte of [off, off+n) has been received already."""
-        i = bisect_right(self.starts, off)
-        return i > 0 and self.ends[i - 1] >= off + n
-
-    def result(self, ok: bool, reason: str, now: float) -> TransferResult:
-        return TransferResult(
-            self.transfer_id,
-            ok,
-            self.received,
-            self.first_byte,
-            now,
-            reason,
-            self.layers if ok else len(self.layers_seen),
-            len(self.data_conns),
-        )
-
-
-def peer_host(peer: str) -> str:
-    """The address of a peer label `host:port` (the label itself without a port)."""
-    host, sep, port = peer.rpartition(":")
-    return host if sep and port.isdigit() else peer
-
-
-@dataclass(eq=False, slots=True)
-class _Conn:
-    peer: str
-    decoder: FrameDecoder
-    full: str  # the reason a transfer beyond its cap fails
-    host: str = ""
-    peer_full: str = ""  # the reason a transfer beyond its peer's cap fails
-    # Open transfers that count against this connection, least recently active first.
-    owned: OrderedDict[int, IncomingTransfer] = field(default_factory=OrderedDict)
-    carried: set[IncomingTransfer] = field(default_factory=set)  # unfinished, with a frame from here
-    broken: bool = False
-    fed: int = 0  # bytes of the stream so far
-    frame_since: float | None = None  # when the partial frame being received began
-    replies: list[bytes] = field(default_factory=list)  # to go out with this read's ACK
 
 
 class Reassembler:
@@ -288,11 +148,11 @@ class Reassembler:
         self.transfers_refused = 0  # failed at once by a limit (counted in transfers_failed too)
         self.connections_refused = 0
         self.transfers_evicted = 0  # places taken back for a fairer holder (counted in transfers_failed too)
-        self._conns: dict[ConnId, _Conn] = {}
+        self._conns: dict[ConnId, ConnState] = {}
         # Per peer: open transfers counted against it, its connections, its transfers whose
         # connection is gone (least recently active first).
         self._peer_open: dict[str, int] = {}
-        self._peer_conns: dict[str, set[_Conn]] = {}
+        self._peer_conns: dict[str, set[ConnState]] = {}
         self._orphans: dict[str, OrderedDict[int, IncomingTransfer]] = {}
         self._ids = count()
         self._transfers: dict[int, IncomingTransfer] = {}
@@ -315,7 +175,7 @@ class Reassembler:
             return None
         cid = next(self._ids)
         cap, host, pcap = self.max_transfers_per_connection, peer_host(peer), self.max_transfers_per_peer
-        c = self._conns[cid] = _Conn(
+        c = self._conns[cid] = ConnState(
             peer,
             FrameDecoder(keep_data=self.verify),
             f"connection from {peer} carries {cap} open transfers (limit {cap})",
@@ -474,7 +334,7 @@ class Reassembler:
 
     # -- internals
 
-    def _on_frame(self, conn: ConnId, c: _Conn, f: Frame, now: float, out: list[ReceiveEvent]) -> None:
+    def _on_frame(self, conn: ConnId, c: ConnState, f: Frame, now: float, out: list[ReceiveEvent]) -> None:
         if c.broken:
             return
         h = f.header
@@ -570,7 +430,7 @@ class Reassembler:
             reason = f.payload.decode("utf-8", "replace")
             self._finish(t, False, f"aborted by sender: {reason}", now, out, notify=False)
 
-    def _over_limit(self, c: _Conn, now: float, out: list[ReceiveEvent], evict: bool = True) -> str | None:
+    def _over_limit(self, c: ConnState, now: float, out: list[ReceiveEvent], evict: bool = True) -> str | None:
         # The counts never pass their limits, so each reason is one string, shared by every
         # refusal's result and tombstone rather than built anew for each.
         if len(c.carried) >= self.max_transfers_per_connection:
@@ -589,7 +449,7 @@ class Reassembler:
 
     # -- fair share
 
-    def _own(self, t: IncomingTransfer, c: _Conn) -> None:
+    def _own(self, t: IncomingTransfer, c: ConnState) -> None:
         t.owner, t.host = c, c.host
         c.owned[t.transfer_id] = t
         self._peer_open[c.host] = self._peer_open.get(c.host, 0) + 1
@@ -610,7 +470,7 @@ class Reassembler:
             del self._peer_open[t.host]
         t.owner = None
 
-    def _touch(self, t: IncomingTransfer, c: _Conn) -> None:
+    def _touch(self, t: IncomingTransfer, c: ConnState) -> None:
         """A frame of `t` came on `c`: it is the most recently active of its holder's; an orphan
         is adopted by the connection that resumed it."""
         if t.owner is None:
@@ -619,7 +479,7 @@ class Reassembler:
         else:
             t.owner.owned.move_to_end(t.transfer_id)
 
-    def _disown(self, c: _Conn) -> None:
+    def _disown(self, c: ConnState) -> None:
         """`c` is gone: what it held stays open (it may resume elsewhere), held by its peer."""
         conns = self._peer_conns.get(c.host)
         if conns is not None:
@@ -633,7 +493,7 @@ class Reassembler:
                 orphans[tid] = t
             c.owned.clear()
 
-    def _victim_in(self, host: str, newcomer: _Conn | None) -> IncomingTransfer | None:
+    def _victim_in(self, host: str, newcomer: ConnState | None) -> IncomingTransfer | None:
         """The transfer of `host` to give up a place: its longest silent one whose connection is
         gone, else that of its connection holding the most (if more than one more than `newcomer`)."""
         orphans = self._orphans.get(host)
@@ -647,7 +507,7 @@ class Reassembler:
             return None
         return next(iter(big.owned.values()))
 
-    def _fair_victim(self, c: _Conn) -> IncomingTransfer | None:
+    def _fair_victim(self, c: ConnState) -> IncomingTransfer | None:
         mine = self._peer_open.get(c.host, 0)
         host, most = max(self._peer_open.items(), key=lambda kv: kv[1])
         if host == c.host:
@@ -665,7 +525,7 @@ class Reassembler:
             out,
         )
 
-    def _refuse(self, tid: int, c: _Conn, answer: bool, reason: str, now: float, out: list[ReceiveEvent]) -> None:
+    def _refuse(self, tid: int, c: ConnState, answer: bool, reason: str, now: float, out: list[ReceiveEvent]) -> None:
         """Fail a transfer beyond a limit before it costs anything but its result."""
         self.transfers_refused += 1
         self.transfers_failed += 1
@@ -680,7 +540,7 @@ class Reassembler:
         reason: str,
         now: float,
         out: list[ReceiveEvent],
-        via: _Conn | None = None,
+        via: ConnState | None = None,
         notify: bool = True,
     ) -> None:
         """Settle a transfer. The sender hears of it (unless `notify` is off): on `via`, the
@@ -725,7 +585,7 @@ class Reassembler:
         if len(self._results) > self.max_results:
             self._results.popitem(last=False)
 
-    def _frame_error(self, conn: ConnId, c: _Conn, e: FrameError, now: float, out: list[ReceiveEvent]) -> None:
+    def _frame_error(self, conn: ConnId, c: ConnState, e: FrameError, now: float, out: list[ReceiveEvent]) -> None:
         if c.broken:
             return
         c.broken = True

@@ -19,7 +19,7 @@ from typing import Any
 
 from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.core.record import RequestRecord
-from testbed.core.schema.scenario import HardwareSpec
+from testbed.core.schema.hardware import HardwareSpec
 from testbed.metrics.markdown_table import Align, table_lines
 from testbed.studies.crosscheck import crosscheck_stages as st
 from testbed.studies.crosscheck.crosscheck_explain import Side, finite, rel

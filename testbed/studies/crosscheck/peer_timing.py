@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from testbed.core.engine.servicetime import PrefillTime
-from testbed.core.schema.scenario import DecodeSpec, HardwareSpec, TablePrefill
+from testbed.core.schema.hardware import DecodeSpec, HardwareSpec, TablePrefill
 
 PREFILL_TOL = 0.002  # relative error of the exported prefill curve at any point
 DECODE_TOL = 0.002  # relative error of the exported decode step at any grid midpoint

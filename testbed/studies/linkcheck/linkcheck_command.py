@@ -9,8 +9,9 @@ from pathlib import Path
 
 from testbed.config.cli_args import add_overwrite
 from testbed.config.privilege import need_root
-from testbed.studies.linkcheck.linkcheck import main_linkcheck, scale_for
+from testbed.studies.linkcheck.linkcheck import scale_for
 from testbed.studies.linkcheck.linkcheck_compare import main_compare
+from testbed.studies.linkcheck.linkcheck_report import main_linkcheck
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -22,16 +22,12 @@ from testbed.studies.linkcheck.linkcheck import (
     LinkCheckConfig,
     _configured,
     _goodput,
-    _past_ramp,
     measure_loss,
     measure_rtt_checked,
-    rtt_invalid_cell,
     rtt_tolerance,
-    rtt_valid,
     shaped_link,
-    shaped_rtt,
-    verdicts,
 )
+from testbed.studies.linkcheck.linkcheck_report import _past_ramp, rtt_invalid_cell, rtt_valid, shaped_rtt, verdicts
 from testbed.studies.linkcheck.linkcheck_types import (
     Goodput,
     LinkCheckResult,

@@ -349,7 +349,7 @@ class SweepFacts:
 
 def sweep_markdown(rows: Sequence[Row], fields: Sequence[str], facts: SweepFacts, curve: Path | None) -> str:
     from testbed.metrics.markdown_table import md_table
-    from testbed.metrics.report import fmt, fmt_ms, fmt_pct, fmt_rate
+    from testbed.metrics.report_format import fmt, fmt_ms, fmt_pct, fmt_rate
 
     def opt(v: object, f: Callable[[float], str] = fmt) -> str:
         return f(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
