@@ -15,6 +15,7 @@ import pytest
 import yaml
 from deployment_sizes import ONE_PER_ROLE, SERVICES_ONE_PER_ROLE
 from held import answers, check_api_key, check_held_run, drive_with_openai, start_hold
+from replay_exit import RAN
 from wan_bound import counters_bound
 
 from testbed.config.profiles import load_profile
@@ -102,7 +103,7 @@ def test_compose_replay_and_teardown(tmp_path: Path) -> None:
         )
     finally:
         subprocess.run(["docker", "network", "rm", squatter], capture_output=True)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode in RAN, r.stderr[-3000:]  # 3: the run is recorded, this host could not time it
     subnets = json.loads((out / "run.json").read_text())["shaping"]["subnets"]
     assert not any(s.startswith("10.232.") for s in subnets.values()), subnets
     s = json.loads(r.stdout)
@@ -202,6 +203,8 @@ def test_hold_serves_the_openai_package_then_ctrl_c_removes_everything(tmp_path:
     t = time.monotonic()
     held = start_hold(
         out,
+        "--backend",
+        "compose",
         "--scenario",
         "paper-prfaas",
         "--set",
