@@ -90,8 +90,12 @@ def _overrides(scheduler: str = "fcfs") -> dict[str, Any]:
         ("paper-prfaas-cache", "fcfs"),
         ("paper-prfaas-load-aware", "fcfs"),
         ("paper-prfaas-bw", "fcfs"),
-        ("paper-prfaas", "vllm"),
-        ("paper-prfaas-cache", "vllm"),
+        # The batching scheduler's passes leave this workload a margin of milliseconds between a KV's
+        # arrival and another request's event (its 50 ms margin holds for fcfs): a loaded runner
+        # reorders them now and then, so these cases run in the slow tier until the workload is
+        # spaced for them.
+        pytest.param("paper-prfaas", "vllm", marks=pytest.mark.slow),
+        pytest.param("paper-prfaas-cache", "vllm", marks=pytest.mark.slow),
     ],
 )
 def test_the_simulator_and_the_live_services_place_every_request_alike(
