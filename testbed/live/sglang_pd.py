@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from testbed.core.engine.decode_batch import AdmissionError
-from testbed.core.engine.decode_loop import KV_TIMEOUT_S, decode_seq
 from testbed.core.engine.prefill_queue import PrefillJob
 from testbed.live import decode_node, prefill_node
 from testbed.live.clock import now
@@ -35,7 +33,14 @@ from testbed.live.credentials import SECRET_HEADER
 from testbed.live.engine_load import add_load_route
 from testbed.live.openai_api import Limits, ParsedRequest, full_response
 from testbed.live.stage_log import StageLog
-from testbed.live.vllm_pd import answer, error_response, generate_answer, openai_kind, parse_request, read_body
+from testbed.live.vllm_pd import (
+    admit_and_answer,
+    error_response,
+    generate_answer,
+    openai_kind,
+    parse_request,
+    read_body,
+)
 
 BOOTSTRAP_PATH = "/testbed/bootstrap"
 # How long a prefill waits for its decode node to register for the room (SGLang's
@@ -207,26 +212,8 @@ async def decode_request(request: web.Request) -> web.StreamResponse:
             sd.log.write(rid, stage="decode", **stamps, error=f"bootstrap at {host}:{port} failed: {e}")
             return error_response(502, f"bootstrap at {host}:{port} failed: {e}")
         stamps["registered"] = now()
-        try:
-            res = await asyncio.wait_for(arrived, KV_TIMEOUT_S)
-        except TimeoutError:
-            res = None
-        if res is None or not res.ok:
-            reason = "kv transfer failed: " + (f"not complete within {KV_TIMEOUT_S:g} s" if res is None else res.reason)
-            sd.log.write(rid, stage="decode", **stamps, error=reason)
-            return error_response(502, reason)
-        stamps |= {
-            "transfer_first_received": res.first_byte,
-            "transfer_end": res.complete,
-            "kv_bytes_received": res.bytes,
-        }
-        try:
-            st.loop.submit(decode_seq(st.kv, rid, req.input_tokens, req.output_tokens))
-        except AdmissionError as e:
-            sd.log.write(rid, stage="decode", **stamps, error=str(e))
-            return error_response(500, str(e))
-        st.wakeup.set()
-        return await answer(request, req, rid, req.model or sc.model.name, q, stamps, sd.log, generate)
+        model = req.model or sc.model.name
+        return await admit_and_answer(request, st, req, rid, model, q, stamps, sd.log, arrived, generate)
     finally:
         st.streams.pop(rid, None)
         if st.loop.abort(rid):

@@ -37,6 +37,7 @@ from testbed.core.engine.decode_batch import AdmissionError
 from testbed.core.engine.decode_loop import KV_TIMEOUT_S, decode_seq
 from testbed.core.engine.prefill_queue import PrefillJob
 from testbed.core.json_types import JSONObject
+from testbed.core.kv.kv_receive_types import TransferResult
 from testbed.live import decode_node, prefill_node
 from testbed.live.clock import now
 from testbed.live.common import REGISTRY_KEY, ServiceConfig, bad_request, int_field
@@ -300,30 +301,49 @@ async def decode_completion(request: web.Request) -> web.StreamResponse:
         except aiohttp.ClientError as e:
             vd.log.write(rid, stage="decode", **stamps, error=f"kv pull from {host}:{port} failed: {e}")
             return error_response(502, f"kv pull from {host}:{port} failed: {e}")
-        try:
-            res = await asyncio.wait_for(arrived, KV_TIMEOUT_S)
-        except TimeoutError:
-            res = None
-        if res is None or not res.ok:
-            reason = "kv transfer failed: " + (f"not complete within {KV_TIMEOUT_S:g} s" if res is None else res.reason)
-            vd.log.write(rid, stage="decode", **stamps, error=reason)
-            return error_response(502, reason)
-        stamps |= {
-            "transfer_first_received": res.first_byte,
-            "transfer_end": res.complete,
-            "kv_bytes_received": res.bytes,
-        }
-        try:
-            st.loop.submit(decode_seq(st.kv, rid, req.input_tokens, req.output_tokens))
-        except AdmissionError as e:
-            vd.log.write(rid, stage="decode", **stamps, error=str(e))
-            return error_response(500, str(e))
-        st.wakeup.set()
-        return await answer(request, req, rid, model, q, stamps, vd.log)
+        return await admit_and_answer(request, st, req, rid, model, q, stamps, vd.log, arrived)
     finally:
         st.streams.pop(rid, None)
         if st.loop.abort(rid):
             st.wakeup.set()
+
+
+async def admit_and_answer(
+    request: web.Request,
+    st: decode_node.DecodeState,
+    req: ParsedRequest,
+    rid: str,
+    model: str,
+    q: asyncio.Queue[decode_node.StreamEvent],
+    stamps: dict[str, float | int | str | None],
+    log: StageLog,
+    arrived: asyncio.Future[TransferResult],
+    generate: bool = False,
+) -> web.StreamResponse:
+    """The decode side of both engine protocols once its KV is on its way (pulled, or pushed by the
+    prefill): wait for it, stamp it, have the decode loop admit the request and answer its tokens;
+    a KV that fails or does not come within KV_TIMEOUT_S, or a request that cannot fit, is a logged
+    error answer."""
+    try:
+        res: TransferResult | None = await asyncio.wait_for(arrived, KV_TIMEOUT_S)
+    except TimeoutError:
+        res = None
+    if res is None or not res.ok:
+        reason = "kv transfer failed: " + (f"not complete within {KV_TIMEOUT_S:g} s" if res is None else res.reason)
+        log.write(rid, stage="decode", **stamps, error=reason)
+        return error_response(502, reason)
+    stamps |= {
+        "transfer_first_received": res.first_byte,
+        "transfer_end": res.complete,
+        "kv_bytes_received": res.bytes,
+    }
+    try:
+        st.loop.submit(decode_seq(st.kv, rid, req.input_tokens, req.output_tokens))
+    except AdmissionError as e:
+        log.write(rid, stage="decode", **stamps, error=str(e))
+        return error_response(500, str(e))
+    st.wakeup.set()
+    return await answer(request, req, rid, model, q, stamps, log, generate)
 
 
 async def answer(
