@@ -160,6 +160,8 @@ def _testbed_cmd(trace: Path, sc: Scale, out: Path) -> list[str]:
         str(trace),
         "--out",
         str(out),
+        # each interleaved run replaces the previous one's directory
+        "--overwrite",
     ]
 
 
