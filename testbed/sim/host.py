@@ -19,6 +19,10 @@ class Host(Protocol):
     def transfer_handed(self, req: SimRequest, path: PathHandle, pos: float) -> None:
         """A prefill's compute ended with its KV up to byte `pos` of `path`."""
 
+    def kv_held(self, req: SimRequest, path: PathHandle, t: float) -> None:
+        """A prefill's compute ended with its KV held for the decode node to pull (`path`: where it
+        will go)."""
+
     def finished(self, req: SimRequest, t: float) -> None:
         """The request's last token is out."""
 

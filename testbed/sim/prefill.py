@@ -57,6 +57,7 @@ class PrefillSim:
         "late_end",
         "started",
         "streams",
+        "layerwise",
     )
 
     def __init__(
@@ -67,8 +68,11 @@ class PrefillSim:
         byte_scale: float,
         sim: Host,
         scheduler: SchedulerSpec | None = None,
+        layerwise: bool = True,
     ) -> None:
         self.node = node
+        # False: the KV is held when the compute ends, for the decode node to pull (`testbed.sim.transfer`).
+        self.layerwise = layerwise
         self.sim = sim
         self.loop = (
             PrefillLoop(None, BatchPolicy.from_spec(scheduler), time) if scheduler is not None else PrefillLoop()
@@ -243,27 +247,31 @@ class PrefillSim:
         dur = job.duration
         n = self.kv.layers
         req.start = t
-        req.transfer_start = layer_ready(job, 0, n)
         req.life.apply(Event.START_PREFILL, t)
-        req.life.apply(Event.TRANSFER_START, req.transfer_start)
         # The wire bytes `kv.layer_bytes` gives the live sender: their total and the last layer.
         total, last = self.kv.shipped(req.tr.input_tokens, d.decode_cached_tokens, self.byte_scale)
         req.kv_wire = total
-        early = (total - last) * self.byte_scale
         net = self.sim.net
         path = net.path(self.node.id, d.decode_node)
-        lo = net.position(path)
-        req.kv_range = (lo, lo + total * self.byte_scale)
         self.current, self.path = req, path
         self.rate = 0.0
+        self.ends_at = t + dur
+        self.version += 1
+        if not self.layerwise:  # held: nothing moves before the pull (`_finish`)
+            req.tail_bytes = total * self.byte_scale
+            self.sim.loop.at(self.ends_at, PREFILL, self._end, (req, self.version))
+            return
+        req.transfer_start = layer_ready(job, 0, n)
+        req.life.apply(Event.TRANSFER_START, req.transfer_start)
+        early = (total - last) * self.byte_scale
+        lo = net.position(path)
+        req.kv_range = (lo, lo + total * self.byte_scale)
         if dur > 0 and early > 0:
             self.rate = early / dur
             net.stream(path, t, self.rate)
             req.tail_bytes = last * self.byte_scale
         else:
             req.tail_bytes = req.kv_wire * self.byte_scale
-        self.ends_at = t + dur
-        self.version += 1
         self.sim.loop.at(self.ends_at, PREFILL, self._end, (req, self.version))
 
     def _arrived(self, version: int) -> None:
@@ -288,8 +296,11 @@ class PrefillSim:
         net = self.sim.net
         self.current, self.path = None, None
         self.version += 1
-        net.end_stream(path, t, req.tail_bytes)
-        self.sim.transfer_handed(req, path, net.position(path))
+        if self.layerwise:
+            net.end_stream(path, t, req.tail_bytes)
+            self.sim.transfer_handed(req, path, net.position(path))
+        else:
+            self.sim.kv_held(req, path, t)
         self._next(t)
 
     # -- requests given up, faults ---------------------------------------------------------------

@@ -50,6 +50,7 @@ from testbed.sim.net_view import Net
 from testbed.sim.net_view import PathHandle as NetPath
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
+from testbed.sim.transfer import KvDiscipline, pull_arrives, registered_at
 from testbed.traces.types import TraceRequest
 
 PAPER_TIME = Scale()  # the simulator's clock is paper time: routing books paper seconds
@@ -100,6 +101,7 @@ class SimRouter:
         self.relay_last = c.relay_last_s * s
         self.hop = c.relay_s * s / 2  # one HTTP hop back to the router
         self.hops = c.any  # the router's calls pay their network delay too (across the WAN: its delay)
+        self.xfer = KvDiscipline.of(sc.node_protocol)  # how the KV moves (`testbed.sim.transfer`)
         # With their distributions, each request draws its own costs (a seeded stream, in event order).
         self.rng = random.Random(20260518) if c.quantiles else None
         self.decisions = sim.keeps_decisions  # per-request decisions go to decisions.jsonl
@@ -204,7 +206,11 @@ class SimRouter:
             self._move(req, plan.move_src, t)
         # With the live path's costs, the call reaches a prefill node elsewhere a WAN delay later
         # (its queue takes it then).
-        sim.prefill[d.prefill_node].submit(req, t + sim.http_delay(d.prefill_node) if self.hops else t)
+        at = t + sim.http_delay(d.prefill_node) if self.hops else t
+        if self.xfer.bootstrap:  # and not before the decode node's registration (`testbed.sim.transfer`)
+            way = sim.net.path(d.prefill_node, d.decode_node).delay
+            at = max(at, registered_at(t, sim.http_delay(d.decode_node), way))
+        sim.prefill[d.prefill_node].submit(req, at)
 
     def _move(self, req: SimRequest, src: str, t: float) -> None:
         sim = self.sim
@@ -250,6 +256,33 @@ class SimRouter:
         KV once the last byte has crossed; the prefill node answers the router once the receiver
         has confirmed it (END's answer back over the path)."""
         self.sim.net.mark(path, pos, self._kv_sent, (req, path))
+
+    def kv_held(self, req: SimRequest, path: NetPath, t: float) -> None:
+        """vLLM's discipline: the prefill ended at `t` holding its KV. Its answer reaches the router,
+        which sends the request on to the decode node, which pulls the KV from the prefill node:
+        its transport takes all of it when the pull arrives (`testbed.sim.transfer`)."""
+        sim = self.sim
+        assert req.plan is not None
+        d = req.plan.d
+        back = sim.http_delay(d.prefill_node)
+        sim.loop.at(t + back + self.hop, KV_ARRIVAL, self._prefill_answered, req)
+        pulled = pull_arrives(t, back, sim.http_delay(d.decode_node), path.delay, self.hop if self.hops else 0.0)
+        sim.loop.at(pulled, KV_ARRIVAL, self._pulled, (req, path))
+
+    def _pulled(self, arg: tuple[SimRequest, NetPath]) -> None:
+        req, path = arg
+        if req.gone:
+            return
+        sim = self.sim
+        t = sim.loop.now
+        req.transfer_start = t
+        req.life.apply(Event.TRANSFER_START, t)
+        net = sim.net
+        lo = net.position(path)
+        nbytes = req.kv_wire * sim.scale.byte_scale
+        req.kv_range = (lo, lo + nbytes)
+        net.push(path, t, nbytes)
+        self.transfer_handed(req, path, lo + nbytes)
 
     def _kv_sent(self, arg: tuple[SimRequest, NetPath], t: float) -> None:
         req, path = arg

@@ -5,8 +5,9 @@ faults `faults.jsonl`).
 Every request goes through the same core code the live services run, in the live order: the
 router's books and `testbed.core.routing.route` (prefix lookup, policy, load tracker, cache
 book, recent arrivals, health), its attempts, retries and deadlines (`testbed.sim.router`), the
-prefill queue and service times, layer-wise KV into the flow-level network
-(`testbed.sim.network`), the decode batch loop with KV admission (`testbed.core.engine.decode_loop`),
+prefill queue and service times, the KV into the flow-level network (`testbed.sim.network`) as
+the nodes' protocol moves it (layer-wise push, pull after the prefill, or push once the decode
+node registered: `testbed.sim.transfer`), the decode batch loop with KV admission (`testbed.core.engine.decode_loop`),
 and the short-term bandwidth controller fed from the network's own byte accounting. Requests
 arrive open loop at their trace times (after the same start lead as the live replayer). The
 scenario's faults act at their times (`testbed.sim.fault_runner`). What the live path itself costs
@@ -35,6 +36,7 @@ from testbed.core.engine.decode_blocks import BlockBatch, Preemption
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.prefill_batch import PassStats
 from testbed.core.engine.servicetime import PrefillTime
+from testbed.core.errors import UserError
 from testbed.core.failures import Failure
 from testbed.core.gc_pause import paused_gc
 from testbed.core.json_types import JSONObject
@@ -61,6 +63,7 @@ from testbed.sim.network import Network
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter
+from testbed.sim.transfer import KvDiscipline
 from testbed.sim.wan import rto_instant
 from testbed.traces.sessions import run_sessions
 from testbed.traces.types import Trace, TraceRequest
@@ -171,6 +174,12 @@ class Simulation:
         )
         kv = KVModel.from_spec(sc.model)
         self.kv = kv
+        xfer = KvDiscipline.of(sc.node_protocol)
+        if sc.faults and xfer.protocol != "testbed":
+            raise UserError(
+                f"scenario {rs.name!r}: faults with nodes.protocol {xfer.protocol!r}: the simulator models "
+                "faults for the testbed's protocol only so far (a pull or a registration meeting a fault is not)"
+            )
         c, s = self.costs, self.scale.speedup
         stalls = (c.stall_rate_per_s / s, c.stall_s * s) if c.stall_rate_per_s > 0 and c.stall_s > 0 else (0.0, 0.0)
         self.prefill: dict[str, PrefillSim] = {}
@@ -179,7 +188,13 @@ class Simulation:
             hw = sc.hardware[n.hardware]
             if n.role == "prefill":
                 self.prefill[n.id] = PrefillSim(
-                    n, PrefillTime.from_spec(hw.prefill), kv, self.scale.byte_scale, self, hw.scheduler
+                    n,
+                    PrefillTime.from_spec(hw.prefill),
+                    kv,
+                    self.scale.byte_scale,
+                    self,
+                    hw.scheduler,
+                    xfer.layerwise,
                 )
             else:
                 assert hw.decode is not None
@@ -363,6 +378,9 @@ class Simulation:
 
     def transfer_handed(self, req: SimRequest, path: NetPath, pos: float) -> None:
         self.router.transfer_handed(req, path, pos)
+
+    def kv_held(self, req: SimRequest, path: NetPath, t: float) -> None:
+        self.router.kv_held(req, path, t)
 
     def finished(self, req: SimRequest, t: float) -> None:
         self.router.finished(req, t)
