@@ -95,6 +95,9 @@ class _Host:
     def transfer_handed(self, req: SimRequest, path: Any, pos: float) -> None:
         raise AssertionError("no transfers here")
 
+    def kv_held(self, req: SimRequest, path: Any, t: float) -> None:
+        raise AssertionError("no transfers here")
+
     def finished(self, req: SimRequest, t: float) -> None:
         self.done[req.rid] = req
 

@@ -17,7 +17,9 @@
   computes and pushes layer by layer, as `testbed`.
 
 What each message costs: the network's one-way delay between its two ends (the KV path's
-delay, which is the same both ways; the router sits in the decode cluster's datacenter), and,
+delay, which is the same both ways; the router sits in the decode cluster's datacenter), a
+round trip more where it opens a connection (`Connections`: the first contact of a pair, or
+after its keep-alive connection was closed idle), and,
 with the live path's costs, host time: one HTTP hop each for the pull's three calls
 (`SimRouter.hop`), the dispatch cost for the registration's two (`dispatch_s`). The router's
 first call to the prefill node stays as for every protocol (its WAN delay with the live path's
@@ -26,8 +28,12 @@ costs only, `testbed.sim.router`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
+
+from testbed.config.resolved import ResolvedScenario
+from testbed.sim.tcp import TcpModel
 
 Protocol = Literal["testbed", "vllm", "sglang"]
 
@@ -58,17 +64,111 @@ class KvDiscipline:
         return self.protocol == "sglang"
 
 
-def pull_arrives(end: float, to_router: float, to_decode: float, to_prefill: float, hop: float) -> float:
-    """When a vLLM-style pull reaches the prefill node (the transfer's start): the prefill ended at
-    `end`, its answer crossed to the router (`to_router`), the router called the decode node
-    (`to_decode`) and the decode node called the prefill node back (`to_prefill`), three HTTP
-    hops of `hop` host time each."""
-    return end + to_router + to_decode + to_prefill + 3.0 * hop
+# Wire seconds aiohttp's client keeps an idle keep-alive connection (TCPConnector's default
+# keepalive_timeout): the decode node's session to the prefill nodes (the pull, the registration).
+HTTP_KEEPALIVE_S = 15.0
 
 
-def registered_at(sent: float, to_decode: float, to_prefill: float) -> float:
-    """When an SGLang-style registration reaches the prefill node's bootstrap service: the router
-    sent the request to both nodes at `sent` (after its dispatch cost, which stands for two HTTP
-    calls: here the router's to the decode node and the decode node's to the prefill node); the
-    decode node got it after `to_decode` and registered across `to_prefill`."""
-    return sent + to_decode + to_prefill
+INITIAL_WINDOW_SEGMENTS = 10  # Linux's initial congestion window (RFC 6928)
+
+
+def slow_start(nbytes: float, conns: int, cwnd: float, window: float, rtt: float) -> tuple[float, float]:
+    """A transfer of `nbytes` striped over `conns` connections whose congestion windows are `cwnd`
+    bytes, doubling each round trip up to `window`: how long after its start its last byte can
+    leave (the link's rate aside: the network model has it), and the windows then."""
+    c = min(cwnd, window)
+    sent, rounds = conns * c, 0
+    while sent < nbytes:
+        rounds += 1
+        c = min(2.0 * c, window)
+        sent += conns * c
+    return rounds * rtt, c
+
+
+@dataclass(frozen=True, slots=True)
+class TcpStart:
+    """What a transfer on the KV transport's connections starts from (paper bytes and seconds)."""
+
+    initial: float  # the initial congestion window
+    window: float  # the most a connection has in flight (its socket buffers)
+    connections: int  # the transport's connections per destination
+    chunk: float  # a chunk goes to one connection: a transfer of n chunks uses at most n
+
+    @classmethod
+    def of(cls, rs: ResolvedScenario, crosses: bool) -> TcpStart:
+        """For the WAN's paths (`crosses`) or the datacenter's, in the run's paper units."""
+        profile = rs.inter_dc if crosses else rs.intra_dc
+        transfer, b = rs.spec.transfer, rs.scale.byte_scale
+        tcp = TcpModel.of(profile, transfer, b)
+        return cls(
+            INITIAL_WINDOW_SEGMENTS * tcp.mss_bytes,
+            tcp.window_bytes,
+            transfer.connections,
+            transfer.chunk_bytes * b,
+        )
+
+
+class Connections:
+    """The connections the engine protocols' node-to-node calls travel on, as the mock nodes keep
+    them. A decode node's HTTP client keeps idle connections to each prefill node for `keepalive`
+    (paper s) and reuses the one freed last: a call that finds none opens one, a TCP handshake (a
+    round trip) before its request goes. A prefill node's KV transport opens its connections to a
+    decode node at its first transfer there (a round trip before the first byte) and keeps them;
+    a pulled KV goes at once onto them, so it pays their slow start from the initial window when
+    they are new (the flow-level network has no slow start), and goes on from the window the last
+    transfer left otherwise: the emulator's connections were measured to keep it across idle gaps
+    (netns, vllm-router: a pull after 3.3 s idle took no longer than one after 0.3 s), though
+    Linux's slow start after idle would restart it. Layer-wise push (`testbed`, `sglang`) is charged
+    neither: its first layers' trickle opens and grows the connections while the prefill computes."""
+
+    __slots__ = ("keepalive", "idle", "kv_up", "kv_cwnd")
+
+    def __init__(self, keepalive: float) -> None:
+        self.keepalive = keepalive
+        self.idle: dict[tuple[str, str], list[float]] = {}  # per (client, server): when each idle one was freed
+        self.kv_up: dict[tuple[str, str], float] = {}  # per (sender, receiver): when its connections are open
+        self.kv_cwnd: dict[tuple[str, str], float] = {}  # their congestion window after the last transfer
+
+    def reuse(self, client: str, server: str, t: float) -> bool:
+        """A call from `client` to `server` at `t` takes an idle connection (True) or opens one."""
+        idle = self.idle.get((client, server))
+        if not idle:
+            return False
+        free = [x for x in idle if t - self.keepalive <= x]  # the others were closed idle
+        for i in range(len(free) - 1, -1, -1):
+            if free[i] <= t:
+                del free[i]
+                self.idle[(client, server)] = free
+                return True
+        self.idle[(client, server)] = free
+        return False
+
+    def free(self, client: str, server: str, t: float) -> None:
+        """A call's connection is idle again from `t` (its answer is back)."""
+        self.idle.setdefault((client, server), []).append(t)
+
+    def kv_send(self, pair: tuple[str, str], t: float, nbytes: float, tcp: TcpStart, rtt: float) -> tuple[float, float]:
+        """A held KV of `nbytes` handed to the transport at `t` (striped over as many connections as
+        it has chunks, up to the transport's): when its first byte can go (the connections open),
+        and the earliest its last byte can."""
+        up = self.kv_up.get(pair)
+        if up is None:
+            up = self.kv_up[pair] = t + rtt
+        cwnd = self.kv_cwnd.get(pair, tcp.initial)
+        first = max(t, up)
+        conns = max(1, min(tcp.connections, math.ceil(nbytes / tcp.chunk - 1e-9))) if tcp.chunk > 0 else tcp.connections
+        span, self.kv_cwnd[pair] = slow_start(nbytes, conns, cwnd, tcp.window, rtt)
+        return first, first + span
+
+
+def pull_sent(end: float, to_router: float, to_decode: float, hop: float) -> float:
+    """When a vLLM-style decode node sends its pull: the prefill ended at `end`, its answer crossed
+    to the router (`to_router`) and the router called the decode node (`to_decode`), two HTTP hops
+    of `hop` host time."""
+    return end + to_router + to_decode + 2.0 * hop
+
+
+def call_arrives(sent: float, way: float, reused: bool, hop: float = 0.0) -> float:
+    """When a call sent at `sent` across a one-way delay `way` reaches its server: a new connection
+    first takes a round trip (its handshake); `hop`: the call's host time."""
+    return sent + (0.0 if reused else 2.0 * way) + way + hop
