@@ -43,7 +43,6 @@ from testbed.core.router.router_books import RouterBooks, decision_line, health_
 from testbed.core.routing.policy import NoCapacity
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.scaling import Scale
-from testbed.core.schema.topology import node_specs
 from testbed.metrics.series_format import RawSample
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, KV_ARRIVAL, PREFILL, Loop
@@ -51,7 +50,7 @@ from testbed.sim.net_view import Net
 from testbed.sim.net_view import PathHandle as NetPath
 from testbed.sim.prefill import PrefillSim
 from testbed.sim.request import SimRequest
-from testbed.sim.transfer import HTTP_KEEPALIVE_S, Connections, KvDiscipline, TcpStart, call_arrives, pull_sent
+from testbed.sim.transfer import EngineTransfers, KvDiscipline
 from testbed.traces.types import TraceRequest
 
 PAPER_TIME = Scale()  # the simulator's clock is paper time: routing books paper seconds
@@ -103,9 +102,9 @@ class SimRouter:
         self.hop = c.relay_s * s / 2  # one HTTP hop back to the router
         self.hops = c.any  # the router's calls pay their network delay too (across the WAN: its delay)
         self.xfer = KvDiscipline.of(sc.node_protocol)  # how the KV moves (`testbed.sim.transfer`)
-        self.conns = Connections(HTTP_KEEPALIVE_S * s)
-        self.dc = {n.id: n.datacenter for n in node_specs(sc)}
-        self.tcp = {crosses: TcpStart.of(rs, crosses) for crosses in (False, True)}
+        self.engine = EngineTransfers(
+            rs, sim.loop, sim.net, sim.http_delay, self.hop, self._prefill_answered, self._kv_sent
+        )
         # With their distributions, each request draws its own costs (a seeded stream, in event order).
         self.rng = random.Random(20260518) if c.quantiles else None
         self.decisions = sim.keeps_decisions  # per-request decisions go to decisions.jsonl
@@ -212,7 +211,7 @@ class SimRouter:
         # (its queue takes it then).
         at = t + sim.http_delay(d.prefill_node) if self.hops else t
         if self.xfer.bootstrap:  # and not before the decode node's registration (`testbed.sim.transfer`)
-            at = max(at, self._register(d.decode_node, d.prefill_node, t + sim.http_delay(d.decode_node)))
+            at = max(at, self.engine.register(d.decode_node, d.prefill_node, t + sim.http_delay(d.decode_node)))
         sim.prefill[d.prefill_node].submit(req, at)
 
     def _move(self, req: SimRequest, src: str, t: float) -> None:
@@ -261,75 +260,8 @@ class SimRouter:
         self.sim.net.mark(path, pos, self._kv_sent, (req, path))
 
     def kv_held(self, req: SimRequest, path: NetPath, t: float) -> None:
-        """vLLM's discipline: the prefill ended at `t` holding its KV. Its answer reaches the router,
-        which sends the request on to the decode node, which pulls the KV from the prefill node:
-        its transport takes all of it when the pull arrives (`testbed.sim.transfer`)."""
-        sim = self.sim
-        assert req.plan is not None
-        d = req.plan.d
-        back = sim.http_delay(d.prefill_node)
-        sim.loop.at(t + back + self.hop, KV_ARRIVAL, self._prefill_answered, req)
-        sent = pull_sent(t, back, sim.http_delay(d.decode_node), self.hop)
-        sim.loop.at(sent, KV_ARRIVAL, self._pull_sent, (req, path))
-
-    def _register(self, decode: str, prefill: str, t: float) -> float:
-        """SGLang's discipline: the decode node registers with the prefill node's bootstrap service
-        at `t`; returns when the registration is there (its answer frees the connection a way later)."""
-        way = self.sim.net.path(prefill, decode).delay
-        there = call_arrives(t, way, self.conns.reuse(decode, prefill, t))
-        self.conns.free(decode, prefill, there + way)
-        return there
-
-    def _pull_sent(self, arg: tuple[SimRequest, NetPath]) -> None:
-        req, path = arg
-        if req.gone:
-            return
-        assert req.plan is not None
-        d = req.plan.d
-        t = self.sim.loop.now
-        there = call_arrives(t, path.delay, self.conns.reuse(d.decode_node, d.prefill_node, t), self.hop)
-        self.sim.loop.at(there, KV_ARRIVAL, self._pulled, (req, path))
-
-    def _pulled(self, arg: tuple[SimRequest, NetPath]) -> None:
-        """The pull is at the prefill node: the transfer starts; its transport sends the whole KV
-        once its connections to the decode node are open."""
-        req, path = arg
-        if req.gone:
-            return
-        assert req.plan is not None
-        d = req.plan.d
-        t = self.sim.loop.now
-        req.transfer_start = t
-        req.life.apply(Event.TRANSFER_START, t)
-        pair = (d.prefill_node, d.decode_node)
-        tcp = self.tcp[self.dc[pair[0]] != self.dc[pair[1]]]
-        nbytes = req.kv_wire * self.sim.scale.byte_scale
-        first, last = self.conns.kv_send(pair, t, nbytes, tcp, 2.0 * path.delay)
-        if first > t:
-            self.sim.loop.at(first, KV_ARRIVAL, self._push_held, (req, path, last))
-        else:
-            self._push_held((req, path, last))
-
-    def _push_held(self, arg: tuple[SimRequest, NetPath, float]) -> None:
-        req, path, last = arg
-        if req.gone:
-            return
-        net = self.sim.net
-        lo = net.position(path)
-        nbytes = req.kv_wire * self.sim.scale.byte_scale
-        req.kv_range = (lo, lo + nbytes)
-        net.push(path, self.sim.loop.now, nbytes)
-        net.mark(path, lo + nbytes, self._held_sent, (req, path, last))
-
-    def _held_sent(self, arg: tuple[SimRequest, NetPath, float], t: float) -> None:
-        """The pulled KV's last byte has left at `t` as the network has it, or later as slow start
-        lets it (`last`). The pull is answered then: its connection is free a way later."""
-        req, path, last = arg
-        t = max(t, last)
-        assert req.plan is not None
-        d = req.plan.d
-        self.conns.free(d.decode_node, d.prefill_node, t + path.delay)
-        self._kv_sent((req, path), t)
+        """The prefill ended at `t` holding its KV for the decode node to pull (`testbed.sim.transfer`)."""
+        self.engine.held(req, path, t)
 
     def _kv_sent(self, arg: tuple[SimRequest, NetPath], t: float) -> None:
         req, path = arg

@@ -29,10 +29,17 @@ costs only, `testbed.sim.router`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.lifecycle import Event
+from testbed.core.schema.topology import node_specs
+from testbed.sim.events import KV_ARRIVAL, Loop
+from testbed.sim.net_view import Net
+from testbed.sim.net_view import PathHandle as NetPath
+from testbed.sim.request import SimRequest
 from testbed.sim.tcp import TcpModel
 
 Protocol = Literal["testbed", "vllm", "sglang"]
@@ -172,3 +179,94 @@ def call_arrives(sent: float, way: float, reused: bool, hop: float = 0.0) -> flo
     """When a call sent at `sent` across a one-way delay `way` reaches its server: a new connection
     first takes a round trip (its handshake); `hop`: the call's host time."""
     return sent + (0.0 if reused else 2.0 * way) + way + hop
+
+
+class EngineTransfers:
+    """The engine protocols' node-to-node steps for the router (`testbed.sim.router`): SGLang's
+    registration before the prefill queues, vLLM's answer, second hop and pull after it ends.
+    `answered(req)`: the prefill's answer is at the router; `sent((req, path), t)`: the KV's last
+    byte left the prefill node at `t` (the router takes it from there as for any KV)."""
+
+    def __init__(
+        self,
+        rs: ResolvedScenario,
+        loop: Loop,
+        net: Net,
+        http_delay: Callable[[str], float],
+        hop: float,
+        answered: Callable[[SimRequest], None],
+        sent: Callable[[tuple[SimRequest, NetPath], float], None],
+    ) -> None:
+        self.loop, self.net, self.http_delay, self.hop = loop, net, http_delay, hop
+        self.answered, self.sent = answered, sent
+        self.byte_scale = rs.scale.byte_scale
+        self.conns = Connections(HTTP_KEEPALIVE_S * rs.scale.speedup)
+        self.dc = {n.id: n.datacenter for n in node_specs(rs.spec)}
+        self.tcp = {crosses: TcpStart.of(rs, crosses) for crosses in (False, True)}
+
+    def register(self, decode: str, prefill: str, t: float) -> float:
+        """SGLang: the decode node registers with the prefill node's bootstrap service at `t`;
+        returns when the registration is there (its answer frees the connection a way later)."""
+        way = self.net.path(prefill, decode).delay
+        there = call_arrives(t, way, self.conns.reuse(decode, prefill, t))
+        self.conns.free(decode, prefill, there + way)
+        return there
+
+    def held(self, req: SimRequest, path: NetPath, t: float) -> None:
+        """vLLM: the prefill ended at `t` holding its KV. Its answer goes to the router, which sends
+        the request on to the decode node, which pulls the KV from the prefill node."""
+        assert req.plan is not None
+        d = req.plan.d
+        back = self.http_delay(d.prefill_node)
+        self.loop.at(t + back + self.hop, KV_ARRIVAL, self.answered, req)
+        self.loop.at(pull_sent(t, back, self.http_delay(d.decode_node), self.hop), KV_ARRIVAL, self._pull, (req, path))
+
+    def _pull(self, arg: tuple[SimRequest, NetPath]) -> None:
+        req, path = arg
+        if req.gone:
+            return
+        assert req.plan is not None
+        d = req.plan.d
+        t = self.loop.now
+        there = call_arrives(t, path.delay, self.conns.reuse(d.decode_node, d.prefill_node, t), self.hop)
+        self.loop.at(there, KV_ARRIVAL, self._pulled, (req, path))
+
+    def _pulled(self, arg: tuple[SimRequest, NetPath]) -> None:
+        """The pull is at the prefill node: the transfer starts; its transport sends the whole KV
+        once its connections to the decode node are open."""
+        req, path = arg
+        if req.gone:
+            return
+        assert req.plan is not None
+        d = req.plan.d
+        t = self.loop.now
+        req.transfer_start = t
+        req.life.apply(Event.TRANSFER_START, t)
+        pair = (d.prefill_node, d.decode_node)
+        tcp = self.tcp[self.dc[pair[0]] != self.dc[pair[1]]]
+        first, last = self.conns.kv_send(pair, t, req.kv_wire * self.byte_scale, tcp, 2.0 * path.delay)
+        if first > t:
+            self.loop.at(first, KV_ARRIVAL, self._push, (req, path, last))
+        else:
+            self._push((req, path, last))
+
+    def _push(self, arg: tuple[SimRequest, NetPath, float]) -> None:
+        req, path, last = arg
+        if req.gone:
+            return
+        net = self.net
+        lo = net.position(path)
+        nbytes = req.kv_wire * self.byte_scale
+        req.kv_range = (lo, lo + nbytes)
+        net.push(path, self.loop.now, nbytes)
+        net.mark(path, lo + nbytes, self._sent, (req, path, last))
+
+    def _sent(self, arg: tuple[SimRequest, NetPath, float], t: float) -> None:
+        """The pulled KV's last byte has left at `t` as the network has it, or later as slow start
+        lets it (`last`). The pull is answered then: its connection is free a way later."""
+        req, path, last = arg
+        t = max(t, last)
+        assert req.plan is not None
+        d = req.plan.d
+        self.conns.free(d.decode_node, d.prefill_node, t + path.delay)
+        self.sent((req, path), t)
