@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from testbed.config.scenarios import ScenarioError
 from testbed.core.errors import UserError
 from testbed.core.record import StageTimes
 from testbed.deploy import registry
 from testbed.run.load import load
 from testbed.sim import simulate
 from testbed.sim.transfer import INITIAL_WINDOW_SEGMENTS, Connections, TcpStart, call_arrives, pull_sent, slow_start
+from testbed.traces.loader import trace_from_workload
 from testbed.traces.types import Trace, TraceRequest
 
 pytestmark = pytest.mark.pure
@@ -144,14 +144,18 @@ def test_the_kv_transport_opens_once_per_pair_and_keeps_its_window() -> None:
     assert (first, last) == (20.0, 20.0)
 
 
-def test_the_testbed_router_speaks_the_engine_protocols_only_in_the_simulator() -> None:
-    rs = _rs("vllm")
-    assert rs.spec.node_protocol == "vllm" and rs.spec.router.kind == "testbed"
-    registry.refuse_unhonoured("sim", [rs])
-    with pytest.raises(UserError, match="nodes.protocol='vllm'.*backends that can: sim"):
-        registry.refuse_unhonoured("local", [rs])
-    with pytest.raises(ScenarioError, match="speaks the 'vllm' protocol, not nodes.protocol 'sglang'"):
-        load("paper-prfaas", {"router": {"kind": "vllm-router"}, "nodes": {"protocol": "sglang"}})
+def test_the_simulator_runs_the_testbed_router_in_each_protocol() -> None:
+    for p in ("testbed", "vllm", "sglang"):
+        rs = load("paper-prfaas", {"nodes": {"protocol": p}, "workload": {"requests": 30, "seed": 3}})
+        assert rs.spec.node_protocol == p and rs.spec.router.kind == "testbed"
+        registry.refuse_unhonoured("sim", [rs])
+        st = simulate(rs, trace_from_workload(rs.spec.workload))
+        assert st.completed == 30
+        for r in st.records:
+            if p == "vllm":
+                assert r.times.transfer_start > r.times.prefill_end
+            else:
+                assert r.times.transfer_start < r.times.prefill_end
 
 
 def test_the_simulator_refuses_faults_with_an_engine_protocol() -> None:

@@ -273,14 +273,6 @@ def requests(rs: ResolvedScenario) -> list[Request]:
                 lambda c: c.foreign_router,
             )
         )
-    if sc.router.kind == "testbed" and sc.node_protocol != "testbed":
-        out.append(
-            Request(
-                f"nodes.protocol={sc.node_protocol!r}",
-                "the testbed's router driving the nodes in an engine's PD protocol (so far only simulated)",
-                lambda c: c.simulator,
-            )
-        )
     if sc.serving.deadline_s is not None:
         out.append(
             Request(f"serving.deadline_s={sc.serving.deadline_s:g}", "a per-request deadline", lambda c: c.deadlines)

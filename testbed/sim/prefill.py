@@ -8,7 +8,8 @@ exists, so KV streams into the path to the decode node while the prefill compute
 simulator releases the first n - 1 layers as a steady stream over the compute (the path's queue
 stays empty while the link keeps up, and holds the same bytes at the end when it does not) and
 the last layer at once when compute ends: what is left to send then is the transfer tail TTFT
-pays.
+pays. Under vLLM's protocol (`layerwise` False) nothing streams: the KV is held when compute
+ends, for the decode node to pull (`testbed.sim.transfer`).
 
 With a batching scheduler (`testbed.core.engine.prefill_batch`) the instance runs forward
 passes: a prompt's KV streams over its last pass (`last_pass_layer_ready`), the prompts a pass
@@ -243,35 +244,48 @@ class PrefillSim:
     def _compute(self, req: SimRequest, t: float) -> None:
         job = req.job
         assert job is not None and req.plan is not None and job.started_at == t
+        if not self.layerwise:
+            self._compute_held(req, job, t)
+            return
         d = req.plan.d
         dur = job.duration
         n = self.kv.layers
         req.start = t
+        req.transfer_start = layer_ready(job, 0, n)
         req.life.apply(Event.START_PREFILL, t)
+        req.life.apply(Event.TRANSFER_START, req.transfer_start)
         # The wire bytes `kv.layer_bytes` gives the live sender: their total and the last layer.
         total, last = self.kv.shipped(req.tr.input_tokens, d.decode_cached_tokens, self.byte_scale)
         req.kv_wire = total
+        early = (total - last) * self.byte_scale
         net = self.sim.net
         path = net.path(self.node.id, d.decode_node)
-        self.current, self.path = req, path
-        self.rate = 0.0
-        self.ends_at = t + dur
-        self.version += 1
-        if not self.layerwise:  # held: nothing moves before the pull (`_finish`)
-            req.tail_bytes = total * self.byte_scale
-            self.sim.loop.at(self.ends_at, PREFILL, self._end, (req, self.version))
-            return
-        req.transfer_start = layer_ready(job, 0, n)
-        req.life.apply(Event.TRANSFER_START, req.transfer_start)
-        early = (total - last) * self.byte_scale
         lo = net.position(path)
         req.kv_range = (lo, lo + total * self.byte_scale)
+        self.current, self.path = req, path
+        self.rate = 0.0
         if dur > 0 and early > 0:
             self.rate = early / dur
             net.stream(path, t, self.rate)
             req.tail_bytes = last * self.byte_scale
         else:
             req.tail_bytes = req.kv_wire * self.byte_scale
+        self.ends_at = t + dur
+        self.version += 1
+        self.sim.loop.at(self.ends_at, PREFILL, self._end, (req, self.version))
+
+    def _compute_held(self, req: SimRequest, job: PrefillJob, t: float) -> None:
+        """Compute without sending: the KV is held from the end until the decode node pulls it."""
+        assert req.plan is not None
+        req.start = t
+        req.life.apply(Event.START_PREFILL, t)
+        total, _ = self.kv.shipped(req.tr.input_tokens, req.plan.d.decode_cached_tokens, self.byte_scale)
+        req.kv_wire = total
+        req.tail_bytes = total * self.byte_scale
+        self.current, self.path = req, self.sim.net.path(self.node.id, req.plan.d.decode_node)
+        self.rate = 0.0
+        self.ends_at = t + job.duration
+        self.version += 1
         self.sim.loop.at(self.ends_at, PREFILL, self._end, (req, self.version))
 
     def _arrived(self, version: int) -> None:

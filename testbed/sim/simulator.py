@@ -36,7 +36,6 @@ from testbed.core.engine.decode_blocks import BlockBatch, Preemption
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.prefill_batch import PassStats
 from testbed.core.engine.servicetime import PrefillTime
-from testbed.core.errors import UserError
 from testbed.core.failures import Failure
 from testbed.core.gc_pause import paused_gc
 from testbed.core.json_types import JSONObject
@@ -174,12 +173,7 @@ class Simulation:
         )
         kv = KVModel.from_spec(sc.model)
         self.kv = kv
-        xfer = KvDiscipline.of(sc.node_protocol)
-        if sc.faults and xfer.protocol != "testbed":
-            raise UserError(
-                f"scenario {rs.name!r}: faults with nodes.protocol {xfer.protocol!r}: the simulator models "
-                "faults for the testbed's protocol only so far (a pull or a registration meeting a fault is not)"
-            )
+        xfer = KvDiscipline.for_scenario(sc)
         c, s = self.costs, self.scale.speedup
         stalls = (c.stall_rate_per_s / s, c.stall_s * s) if c.stall_rate_per_s > 0 and c.stall_s > 0 else (0.0, 0.0)
         self.prefill: dict[str, PrefillSim] = {}

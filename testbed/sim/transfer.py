@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from testbed.config.resolved import ResolvedScenario
+from testbed.core.errors import UserError
 from testbed.core.lifecycle import Event
+from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import node_specs
 from testbed.sim.events import KV_ARRIVAL, Loop
 from testbed.sim.net_view import Net
@@ -48,6 +50,17 @@ Protocol = Literal["testbed", "vllm", "sglang"]
 @dataclass(frozen=True, slots=True)
 class KvDiscipline:
     protocol: Protocol = "testbed"
+
+    @classmethod
+    def for_scenario(cls, sc: Scenario) -> KvDiscipline:
+        """The scenario's (`nodes.protocol`); a UserError for what the simulator does not model."""
+        d = cls.of(sc.node_protocol)
+        if sc.faults and d.protocol != "testbed":
+            raise UserError(
+                f"scenario {sc.name!r}: faults with nodes.protocol {d.protocol!r}: the simulator models "
+                "faults for the testbed's protocol only so far (a pull or a registration meeting a fault is not)"
+            )
+        return d
 
     @classmethod
     def of(cls, protocol: str) -> KvDiscipline:

@@ -514,9 +514,9 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _protocols(self) -> Scenario:
+        # The testbed's router speaks every protocol (`testbed.live.router.engines`); a foreign
+        # router only its engine's.
         proto, kind = self.node_protocol, self.router.kind
-        # The testbed's router with an engine's protocol: backends that cannot run it refuse it
-        # (`testbed.deploy.registry.requests`).
         if kind != "testbed" and proto != ROUTERS[kind][0]:
             raise ValueError(
                 f"router.kind {kind!r} speaks the {ROUTERS[kind][0]!r} protocol, not nodes.protocol {proto!r}"
