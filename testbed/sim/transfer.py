@@ -19,8 +19,8 @@
 What each message costs: the network's one-way delay between its two ends (the KV path's
 delay, which is the same both ways; the router sits in the decode cluster's datacenter), a
 round trip more where it opens a connection (`Connections`: the first contact of a pair, or
-after its keep-alive connection was closed idle), and,
-with the live path's costs, host time: one HTTP hop each for the pull's three calls
+after its keep-alive connection was closed idle), and, with the live path's costs, host
+time: one HTTP hop each for the pull's three calls
 (`SimRouter.hop`), the dispatch cost for the registration's two (`dispatch_s`). The router's
 first call to the prefill node stays as for every protocol (its WAN delay with the live path's
 costs only, `testbed.sim.router`).
@@ -44,12 +44,12 @@ from testbed.sim.net_view import PathHandle as NetPath
 from testbed.sim.request import SimRequest
 from testbed.sim.tcp import TcpModel
 
-Protocol = Literal["testbed", "vllm", "sglang"]
+NodeProtocol = Literal["testbed", "vllm", "sglang"]
 
 
 @dataclass(frozen=True, slots=True)
 class KvDiscipline:
-    protocol: Protocol = "testbed"
+    protocol: NodeProtocol = "testbed"
 
     @classmethod
     def for_scenario(cls, sc: Scenario) -> KvDiscipline:
@@ -72,11 +72,6 @@ class KvDiscipline:
     def layerwise(self) -> bool:
         """The KV streams to the decode node while the prefill computes."""
         return self.protocol != "vllm"
-
-    @property
-    def pulls(self) -> bool:
-        """The decode node pulls the KV once the prefill has ended and answered."""
-        return self.protocol == "vllm"
 
     @property
     def bootstrap(self) -> bool:
