@@ -28,6 +28,7 @@ from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.scenario import Scenario
 from testbed.model.analytical import Workload
+from testbed.model.batching import scheduler_text
 from testbed.model.optimise import resolve_threshold
 from testbed.model.planner import (
     KINDS,
@@ -470,7 +471,14 @@ def run_plan(
         if done
         else {},
     )
+    schedulers = {
+        hw: scheduler_text(bases[fp.family.kind].spec.hardware[hw].scheduler)
+        for fp in plans
+        for hw in (fp.family.prfaas_hw, fp.family.pd_hw)
+        if hw is not None
+    }
     ctx = ReportContext(
+        schedulers=schedulers,
         workload=tw0.summary(),
         settings=settings,
         link=link_text,
@@ -510,6 +518,7 @@ def run_plan(
         files=files,
         out=out_dir,
         seconds=time.monotonic() - t0,
+        schedulers=schedulers,
     )
     (out_dir / "plan.json").write_text(finite_dumps(result.to_json(), indent=1))
     write_plan_figure(result, out_dir / "plan.png")

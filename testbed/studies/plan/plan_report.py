@@ -217,6 +217,7 @@ class ReportContext:
     budgets: dict[str, str]
     simulated: dict[str, Candidate]
     seconds: float
+    schedulers: dict[str, str] = field(default_factory=dict)  # hardware -> the prefill scheduler assumed
 
 
 def report_md(ctx: ReportContext, rows: Rows, files: dict[tuple[Any, ...], str], verified_note: str | None) -> str:
@@ -229,6 +230,10 @@ def report_md(ctx: ReportContext, rows: Rows, files: dict[tuple[Any, ...], str],
         f"P{s.quantile * 100:.0f}, TPOT SLO {s.tpot_slo_s * 1e3:g} ms. Link: {ctx.link}.",
         "",
         "Instances in force per kind: " + "; ".join(f"{k}: {v}" for k, v in ctx.budgets.items()) + ".",
+        "",
+        "Prefill scheduler assumed (the capacities follow it, `testbed.model.batching`): "
+        + "; ".join(f"{hw}: {text}" for hw, text in ctx.schedulers.items())
+        + ".",
         "",
         "## Workload (as the model reads the trace)",
         "",

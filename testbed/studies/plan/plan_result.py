@@ -4,7 +4,7 @@ typed data; `PlanResult.to_json()` writes the file)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.model.planner import KINDS, Candidate, Objective, PlanSettings
@@ -91,6 +91,7 @@ class PlanResult:
     files: dict[tuple[object, ...], str]  # the scenario file written per candidate key
     out: Path
     seconds: float
+    schedulers: dict[str, str] = field(default_factory=dict)  # hardware -> the prefill scheduler assumed
 
     @property
     def verified(self) -> bool:
@@ -118,6 +119,7 @@ class PlanResult:
                 "cache_aware": self.cache_aware,
                 "simulated_per_kind": self.simulated_per_kind,
                 "budgets": self.budgets,
+                "schedulers": self.schedulers,
             },
             "bases": {k: str(p) for k, p in self.bases.items()},
             "notes": self.notes,
