@@ -26,13 +26,18 @@ CURVE = TablePrefill(
     cached_token_s=1e-6,
 )
 TIME = PrefillTime.from_spec(CURVE)
+# The same curve with a batched pass's token-bound part: linear in the pass's tokens past a floor,
+# so the attention T(l) - P(l) is what grows faster than linearly.
+SPLIT = PrefillTime.from_spec(
+    CURVE.model_copy(update={"pass_tokens": [(float(x), 0.1 + x / 1e4) for x in (1000, 8192, 65536, 262144)]})
+)
 
 
-def _saturated_busy_per_prompt(tokens: int, policy: BatchPolicy, prompts: int = 64) -> float:
+def _saturated_busy_per_prompt(tokens: int, policy: BatchPolicy, time: PrefillTime, prompts: int = 64) -> float:
     """Every prompt queued at 0: the loop's passes back to back; busy seconds per prompt."""
-    loop = PrefillLoop(SlowDown(), policy, TIME)
+    loop = PrefillLoop(SlowDown(), policy, time)
     for i in range(prompts):
-        loop.submit(PrefillJob(f"r{i}", tokens, 0, TIME(tokens)), 0.0)
+        loop.submit(PrefillJob(f"r{i}", tokens, 0, time(tokens)), 0.0)
     t = 0.0
     while loop.completed < prompts:
         p = loop.next_pass(t)
@@ -42,14 +47,17 @@ def _saturated_busy_per_prompt(tokens: int, policy: BatchPolicy, prompts: int = 
     return loop.stats.busy_s / prompts
 
 
+@pytest.mark.parametrize("time", [TIME, SPLIT], ids=["curve", "pass_tokens"])
 @pytest.mark.parametrize("chunked", [True, False])
 @pytest.mark.parametrize("tokens", [500, 2048, 3000, 8192, 20000])
-def test_the_model_spends_what_a_saturated_batching_instance_spends(tokens: int, chunked: bool) -> None:
+def test_the_model_spends_what_a_saturated_batching_instance_spends(
+    tokens: int, chunked: bool, time: PrefillTime
+) -> None:
     policy = BatchPolicy(token_budget=8192, max_seqs=8, chunked=chunked)
     model = float(
-        prefill_seconds(TIME, np.array([tokens]))[0] + batching_adjustment(TIME, np.array([tokens]), policy)[0]
+        prefill_seconds(time, np.array([tokens]))[0] + batching_adjustment(time, np.array([tokens]), policy)[0]
     )
-    measured = _saturated_busy_per_prompt(tokens, policy)
+    measured = _saturated_busy_per_prompt(tokens, policy, time)
     # Chunked, the last pass of the run is not full (64 prompts rarely divide the budget): the
     # model's share is the full-pass figure, the run's under 1% more here.
     assert measured == pytest.approx(model, rel=0.01)
@@ -81,3 +89,17 @@ def test_the_paper_deployments_keep_fcfs_and_a_vllm_scheduler_reaches_the_model(
     assert all(p.batch == BatchPolicy(8192, 256, True) for p in (*batched.prfaas, *batched.pd_prefill))
     assert scheduler_text(SchedulerSpec()) == "fcfs (one whole prompt a pass)"
     assert "token budget 8192" in scheduler_text(SchedulerSpec(kind="vllm"))
+
+
+def test_with_pass_tokens_a_pass_is_its_tokens_bound_part_and_each_chunks_attention() -> None:
+    # A whole prompt alone: the single-prompt time, as without the table.
+    for tokens, cached in ((1000, 0), (5000, 2048), (30000, 0)):
+        assert SPLIT.pass_time([(0, tokens, cached)]) == pytest.approx(SPLIT(tokens, cached), rel=1e-12)
+    # Four short prompts share the token-bound part of their 8,000 tokens; each adds its attention.
+    four = SPLIT.pass_time([(0, 2000, 0)] * 4)
+    attention = SPLIT.length_time(2000) - SPLIT.token_pass_time(2000)
+    assert four == pytest.approx(CURVE.overhead_s + SPLIT.token_pass_time(8000) + 4 * attention, rel=1e-12)
+    # A continued chunk adds the attention of its tokens over the longer context.
+    cont = SPLIT.pass_time([(8192, 8192, 0)])
+    grown = SPLIT.attention_time(16384) - SPLIT.attention_time(8192)
+    assert cont == pytest.approx(CURVE.overhead_s + SPLIT.token_pass_time(8192) + grown, rel=1e-12)
