@@ -15,7 +15,14 @@ from testbed.metrics.records import read_records, write_records
 from testbed.metrics.summary import summarize
 from testbed.studies.crosscheck import crosscheck_stages as st
 from testbed.studies.crosscheck.crosscheck_explain import Side
-from testbed.studies.crosscheck.peer_attribution import attribute, describe, placed_waits, prefill_load
+from testbed.studies.crosscheck.peer_attribution import (
+    Placement,
+    attribute,
+    describe,
+    placed_waits,
+    placement,
+    prefill_load,
+)
 
 pure = pytest.mark.pure
 
@@ -89,8 +96,11 @@ def test_the_mean_ttft_difference_splits_into_terms_that_sum_to_it(tmp_path: Pat
     assert a.total == pytest.approx(sum(ttft) / 3)
     assert a.without("cache", "placed") == pytest.approx(a.batching + a.queue + a.other)
     assert placed_waits(tb) == {} and placed_waits(peer) == {1: pytest.approx(0.8)}
-    text = describe(a, "peer", 1.0, (0, 1), (prefill_load(tb, HW), prefill_load(peer, HW)))
+    loads = (prefill_load(tb, HW), prefill_load(peer, HW))
+    text = describe(a, "peer", 1.0, (0, 1), loads, (placement(tb), placement(peer)))
     assert "router placement -266.7 ms" in text and "0 requests in the testbed, 1 in peer" in text
+    # r2 went to p1 while r1 computed there (no instance idle); r1 to p0 while r0 computed, p1 idle.
+    assert placement(tb) == Placement(1, 0, 0) and placement(peer) == Placement(1, 1, 0)
     assert "difference is +100.0 ms (+10.0% of peer's mean TTFT)" in text
 
 
@@ -110,5 +120,7 @@ def test_a_batching_instance_is_busy_while_any_of_its_prompts_computes(tmp_path:
         ],
     )
     assert placed_waits(s) == {4: pytest.approx(1.1)}
+    # r1 (p0 busy with r0; p1 idle), r2 (p1 busy, p0 too) and r4 (p1 busy, p0 idle); r0 and r1 share passes
+    assert placement(s) == Placement(3, 2, 2)
     mean, busiest = prefill_load(s, HW)
     assert busiest > mean > 0

@@ -20,6 +20,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.record import RequestRecord
 from testbed.core.schema.hardware import HardwareSpec
@@ -84,6 +86,45 @@ def prefill_load(side: Side, hw: HardwareSpec) -> tuple[float, float]:
     if not work or span <= 0:
         return math.nan, math.nan
     return statistics.fmean(work.values()) / span, max(work.values()) / span
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the router sent prompts, from the records: to an instance already computing another
+    prompt (then it waits for the pass in flight and may share the next ones), and how many of those
+    while another instance was idle; and how many prompts shared a pass with another."""
+
+    sent_busy: int
+    sent_busy_idle_elsewhere: int
+    shared: int
+
+
+def placement(side: Side) -> Placement:
+    done = [r for r in side.records if r.outcome == "completed" and r.prefill_node]
+    by: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in done:
+        by[r.prefill_node].append(r)
+    cols = {
+        n: (
+            np.array([x.times.prefill_start for x in v]),
+            np.array([x.times.prefill_end for x in v]),
+            np.array([x.trace_index for x in v]),
+        )
+        for n, v in by.items()
+    }
+
+    def busy(node: str, t: float, me: int = -1) -> bool:
+        a, b, i = cols[node]
+        return bool(np.any((a <= t) & (b > t) & (i != me)))
+
+    sent = idle = shared = 0
+    for r in done:
+        t, a, b, i = r.times.prefill_queued, *cols[r.prefill_node]
+        if busy(r.prefill_node, t, r.trace_index):
+            sent += 1
+            idle += any(n != r.prefill_node and not busy(n, t) for n in cols)
+        shared += bool(np.any((a < r.times.prefill_end) & (b > r.times.prefill_start) & (i != r.trace_index)))
+    return Placement(sent, idle, shared)
 
 
 def instances(side: Side) -> int:
@@ -171,10 +212,12 @@ def describe(
     peer_ttft: float,
     placed_counts: tuple[int, int],
     loads: tuple[tuple[float, float], tuple[float, float]],
+    placements: tuple[Placement, Placement],
 ) -> str:
     """The split in one paragraph, with what is left once the cache and the router's placement
     (the two deployments' differences, not the scheduler's) are taken out."""
     left = a.without("cache", "placed")
+    pa, pb = placements
     share = f" ({left / peer_ttft * 100:+.1f}% of {peer_name}'s mean TTFT)" if peer_ttft > 0 else ""
     return (
         f"Split of the mean TTFT difference ({_dt(a.total)} over {a.n} requests), from the paired records: "
@@ -183,8 +226,11 @@ def describe(
         f"{placed_counts[0]} requests in the testbed, {placed_counts[1]} in {peer_name}); "
         f"batching {_dt(a.batching)} (prefill compute beyond the single-prompt time: {a.stretch_testbed:.3f}x in "
         f"the testbed, {a.stretch_peer:.3f}x in {peer_name}); other prefill queueing {_dt(a.queue)}; the other "
-        f"stages {_dt(a.other)}. Prefill load (single-prompt time of the computed tokens over the run, mean and "
-        f"busiest instance): testbed {loads[0][0]:.0%} / {loads[0][1]:.0%}, {peer_name} {loads[1][0]:.0%} / "
-        f"{loads[1][1]:.0%}: the batching and queueing terms follow it. "
+        f"stages {_dt(a.other)}. Prompts the router sent to a prefill instance already computing another: "
+        f"{pa.sent_busy} in the testbed ({pa.sent_busy_idle_elsewhere} while another was idle), {pb.sent_busy} in "
+        f"{peer_name} ({pb.sent_busy_idle_elsewhere}); prompts that shared a forward pass: {pa.shared} and "
+        f"{pb.shared}: the batching and queueing terms follow where the router sends prompts. Prefill load (the "
+        f"single-prompt time of the computed tokens over the run, mean and busiest instance): testbed "
+        f"{loads[0][0]:.0%} / {loads[0][1]:.0%}, {peer_name} {loads[1][0]:.0%} / {loads[1][1]:.0%}. "
         f"Without the cache and placement terms, the difference is {_dt(left)}{share}."
     )

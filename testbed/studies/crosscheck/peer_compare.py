@@ -28,6 +28,7 @@ from testbed.studies.crosscheck.peer_attribution import (
     describe,
     instances,
     placed_waits,
+    placement,
     prefill_load,
 )
 
@@ -239,7 +240,14 @@ def _split(c: Ctx) -> str:
         return ""
     peer_ttft = finite(c.peer.summary.ttft_s.mean) or 0.0
     placed = (len(placed_waits(c.tb)), len(placed_waits(c.peer)))
-    return describe(a, c.peer_name, peer_ttft, placed, (prefill_load(c.tb, c.hw), prefill_load(c.peer, c.hw)))
+    return describe(
+        a,
+        c.peer_name,
+        peer_ttft,
+        placed,
+        (prefill_load(c.tb, c.hw), prefill_load(c.peer, c.hw)),
+        (placement(c.tb), placement(c.peer)),
+    )
 
 
 def _why_prefill(c: Ctx) -> str:
