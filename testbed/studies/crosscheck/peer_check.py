@@ -61,8 +61,12 @@ def run_peer_check(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str
         f"trace: {len(trace)} requests of {trace.source} ({peer_dir / 'trace.jsonl'} as the mocker read it), "
         f"{s.cluster.prefill} prefill and {s.cluster.decode} decode instances of {s.cluster.hardware}",
         *s.notes,
-        f"routing: the testbed's {rs.spec.policy.name} policy; the mocker's KV router (kv_router"
-        + (", its defaults)" if router == "kv" else ", no credit for cached overlap)"),
+        f"routing: the testbed's {rs.spec.policy.name} policy sends a prompt to the prefill instance with the "
+        "least modelled work queued (with one cluster pool its new tokens are the same on every instance); the "
+        "mocker's KV router (kv_router"
+        + (", its defaults)" if router == "kv" else ", no credit for cached overlap)")
+        + " to the worker with the fewest prompt blocks not cached there plus prefill blocks active there, so "
+        "a prompt may wait behind a busy worker that holds its prefix while another is idle",
     ]
     c = compare(rs.name, name, tb, peer, hw, notes)
     c.speed = {"testbed simulation + run directory": tb_s, "mocker replay call": pr.wall_s}

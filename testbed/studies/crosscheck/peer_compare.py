@@ -9,7 +9,6 @@ testbed's form, so every figure comes from the same summary code.
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from collections import defaultdict
@@ -23,6 +22,15 @@ from testbed.core.schema.hardware import HardwareSpec
 from testbed.metrics.markdown_table import Align, table_lines
 from testbed.studies.crosscheck import crosscheck_stages as st
 from testbed.studies.crosscheck.crosscheck_explain import Side, finite, rel
+from testbed.studies.crosscheck.peer_attribution import (
+    WAITED_S,
+    attribute,
+    describe,
+    instances,
+    placed_waits,
+    placement,
+    prefill_load,
+)
 
 EXPLAIN_ABOVE = 0.05
 BAR = 0.10
@@ -168,39 +176,21 @@ class Queueing:
     wait_all_s: float  # mean wait over every completed request
 
 
-WAITED_S = 1e-3
-
-
 def queueing(side: Side) -> Queueing:
     """From the records: each prefill instance's busy spans, and for every request that waited,
     whether some other instance was idle when it was queued (then it was placed, not forced, to
     wait: by routing)."""
     s = side.speedup
     done = [r for r in side.records if r.outcome == "completed" and r.prefill_node]
-    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for r in done:
-        a, b = r.times.prefill_start, r.times.prefill_end
-        if math.isfinite(a) and math.isfinite(b):
-            spans[r.prefill_node].append((a, b))
-    starts = {}
-    for node, sp in spans.items():
-        sp.sort()
-        starts[node] = [a for a, _ in sp]
-
-    def busy(node: str, t: float) -> bool:
-        i = bisect.bisect_right(starts[node], t) - 1
-        return i >= 0 and spans[node][i][1] > t
-
-    waits = [(r, (r.times.prefill_start - r.times.prefill_queued) * s) for r in done]
-    waits = [(r, w) for r, w in waits if math.isfinite(w)]
-    waited = [(r, w) for r, w in waits if w > WAITED_S]
-    idle = [w for r, w in waited if any(n != r.prefill_node and not busy(n, r.times.prefill_queued) for n in spans)]
+    waits = [(r.times.prefill_start - r.times.prefill_queued) * s for r in done]
+    waits = [w for w in waits if math.isfinite(w)]
+    idle = list(placed_waits(side).values())
     return Queueing(
-        len(spans),
-        len(waited),
+        instances(side),
+        sum(w > WAITED_S for w in waits),
         len(idle),
         statistics.fmean(idle) if idle else 0.0,
-        statistics.fmean(w for _, w in waits) if waits else 0.0,
+        statistics.fmean(waits) if waits else 0.0,
     )
 
 
@@ -238,9 +228,26 @@ def _ttft(band: tuple[float, float] | None, over: str) -> Callable[[Ctx], str]:
             f"Over {over} ({d.n} requests), the testbed minus {c.peer_name} is {_dt(d.total)} per request; by "
             f"stage: {parts or 'none above 0.5 ms'}."
         )
-        return out + " " + _why_prefill(c) + " " + _why_queue(c)
+        out += " " + _why_prefill(c) + " " + _why_queue(c)
+        return out if band is not None else out + " " + _split(c)
 
     return text
+
+
+def _split(c: Ctx) -> str:
+    a = attribute(c.tb, c.peer, c.pairs, c.hw)
+    if a is None:
+        return ""
+    peer_ttft = finite(c.peer.summary.ttft_s.mean) or 0.0
+    placed = (len(placed_waits(c.tb)), len(placed_waits(c.peer)))
+    return describe(
+        a,
+        c.peer_name,
+        peer_ttft,
+        placed,
+        (prefill_load(c.tb, c.hw), prefill_load(c.peer, c.hw)),
+        (placement(c.tb), placement(c.peer)),
+    )
 
 
 def _why_prefill(c: Ctx) -> str:

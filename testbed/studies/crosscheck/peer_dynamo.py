@@ -252,8 +252,16 @@ def setup(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str = "match
     else:
         notes.append(
             f"scheduler native: the mocker's vLLM defaults (chunked prefill of {NATIVE_CHUNK:,} tokens a "
-            "forward pass, up to 256 sequences a batch, 16,384 blocks of 64 tokens a worker)"
+            "forward pass, up to 256 sequences a batch, 16,384 blocks of 64 tokens a worker); a pass takes the "
+            "table's time for the new tokens of all its prompts together"
         )
+    notes.append(
+        f"prefix cache: the testbed's {c.name} cluster holds one pool ({c.cache_bytes / 2**40:g} TiB) that every "
+        "prefill instance reads; each of the mocker's prefill workers keeps its own block cache, so a prefix "
+        "cached on another worker is computed again or waited for. The mocker's shared tiers cannot stand for the "
+        f"pool in a disaggregated replay ({PACKAGE} {PIN}: g3_offload is for aggregated workers only, and a "
+        "cluster_shared host tier fails the KV router's replay of its cache events)"
+    )
     if router == "load":
         notes.append(
             "router load: the KV router with no credit for cached prefix blocks (overlap_score_credit 0): "
