@@ -47,7 +47,8 @@ def recorder(node: str, role: str, seen: list[dict[str, Any]]) -> Callable[..., 
     @web.middleware
     async def record(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.method != "POST" or request.path not in ENGINE_ROUTES:
-            return await handler(request)
+            passed: web.StreamResponse = await handler(request)
+            return passed
         e: dict[str, Any] = {
             "node": node,
             "role": role,
