@@ -71,8 +71,11 @@ def test_every_sglang_router_policy_runs_on_its_side() -> None:
 def test_node_protocol_follows_the_router_and_must_match_it() -> None:
     assert load_scenario("paper-prfaas", {"router": {"kind": "vllm-router"}}).node_protocol == "vllm"
     assert load_scenario("paper-prfaas").node_protocol == "testbed"
-    with pytest.raises(ScenarioError, match="needs a router that speaks it"):
-        load_scenario("paper-prfaas", {"nodes": {"protocol": "vllm"}})
+    # The testbed's router speaks every protocol; a foreign router only its engine's.
+    for proto in ("vllm", "sglang"):
+        assert load_scenario("paper-prfaas", {"nodes": {"protocol": proto}}).node_protocol == proto
+    with pytest.raises(ScenarioError, match="speaks the 'vllm' protocol"):
+        load_scenario("paper-prfaas", {"router": {"kind": "vllm-router"}, "nodes": {"protocol": "sglang"}})
 
 
 @pytest.mark.pure

@@ -414,6 +414,10 @@ async def _run_replay_async(
                     arrivals=sc.workload.arrivals,
                     foreign=NodeStages(run_dir) if sc.router.kind != "testbed" else None,
                     block_tokens=trace.block_tokens,
+                    # The testbed's router over an engine protocol: the stamps are the nodes'.
+                    stages=NodeStages(run_dir)
+                    if sc.router.kind == "testbed" and sc.node_protocol != "testbed"
+                    else None,
                 )
             )
         except asyncio.CancelledError:

@@ -15,13 +15,16 @@ from testbed.core.lifecycle import Lifecycle
 from testbed.core.record import NAN, NO_TRACE_INDEX, RequestRecord
 from testbed.live.openai_api import record_extension
 from testbed.live.router.state import Progress, RequestFailed
+from testbed.live.stage_log import NODE_REQUEST_ID
 
 
 def replay_lifecycle(prog: Progress) -> None:
     """Drive the request's state machine through its stamps in time order. Stamps come from
     three processes over two connections, so they are checked once all are in: an order the
-    machine rejects (say, admitted before its KV arrived) is a testbed bug worth failing on."""
-    for t, ev in prog.rec.times.lifecycle_events():
+    machine rejects (say, admitted before its KV arrived) is a testbed bug worth failing on.
+    Over an engine protocol, through the events the router observed instead."""
+    events = prog.observed if prog.observed is not None else prog.rec.times.lifecycle_events()
+    for t, ev in events:
         prog.life.apply(ev, t)
     if not prog.life.done:
         raise RequestFailed(f"incomplete lifecycle: stopped in state {prog.life.state.value}", K.ROUTER_ERROR)
@@ -31,7 +34,10 @@ def record_ext(prog: Progress, tokens: int) -> JSONObject:
     """The final chunk's `testbed` field: the record with the verdict and the tokens sent."""
     rec = prog.rec
     rec.outcome, rec.reason, rec.tokens_received = prog.life.state.value, prog.life.reason, tokens
-    return record_extension(rec)
+    ext = record_extension(rec)
+    if prog.node_request_id:
+        ext[NODE_REQUEST_ID] = prog.node_request_id
+    return ext
 
 
 def retry_progress(old: Progress, e: RequestFailed) -> Progress:
