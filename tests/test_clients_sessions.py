@@ -93,6 +93,12 @@ def test_aiperf_multi_turn_every_turn_recorded_and_ttft_per_turn(
     want_tokens = {(r.session_id, int(r.request_id.rsplit("#", 1)[1])): r.input_tokens for r in want}
     assert set(sent) == set(want_tokens)
     assert all(abs(int(rec["input_tokens"]) - want_tokens[k]) <= 0.01 * want_tokens[k] for k, rec in sent.items())
+    # The records name each conversation's session from aiperf's own header (X-Correlation-ID, one
+    # per conversation) and number its turns as they arrived.
+    sessions = {conv: {rec["session_id"] for (c, _), rec in sent.items() if c == conv} for conv, _ in sent}
+    assert all(len(ids) == 1 and "" not in ids for ids in sessions.values()), sessions
+    assert len({next(iter(ids)) for ids in sessions.values()}) == len(sessions)
+    assert all(int(rec["turn"]) == k for (_, k), rec in sent.items())
     # Closed loop: aiperf sent each follow-up after the answer it follows had ended (router's clock).
     for (conv, k), rec in sent.items():
         if k > 1:

@@ -50,6 +50,14 @@ class HeldRecords:
         self._writer: RecordWriter | None = None
         self._pending: list[RequestRecord] = []
         self.count = 0
+        self._turns: dict[str, int] = {}  # session -> turns that arrived so far
+
+    def next_turn(self, session: str) -> int:
+        """The turn index (1, 2, ...) of a request of `session` arriving now; 0 without a session."""
+        if not session:
+            return 0
+        self._turns[session] = turn = self._turns.get(session, 0) + 1
+        return turn
 
     def set_t0(self, t0: float) -> None:
         if self.t0 is not None and self.t0 != t0:

@@ -26,7 +26,7 @@ from testbed.live.responses_api import parse_responses
 from testbed.live.router.attempts import Attempts
 from testbed.live.router.drive import drive, note_decision, route
 from testbed.live.router.engines import drive_for
-from testbed.live.router.records import Seen, held_record, record_ext, replay_lifecycle
+from testbed.live.router.records import Seen, held_record, record_ext, replay_lifecycle, session_header
 from testbed.live.router.reply import error_response, make_reply, openai_error
 from testbed.live.router.state import STATE, Progress, RequestFailed, RouterState, log
 from testbed.live.router.vllm_metrics import note_arrival, note_departure, observe_finished
@@ -35,6 +35,9 @@ from testbed.live.router.vllm_metrics import note_arrival, note_departure, obser
 async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
     st = request.app[STATE]
     seen = Seen(now())
+    if st.held is not None:
+        seen.session = session_header(request.headers)
+        seen.turn = st.held.next_turn(seen.session)
     try:
         return await _serve(request, kind, st, seen)
     finally:

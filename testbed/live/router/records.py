@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from testbed.core.failures import Failure
@@ -69,6 +70,24 @@ class Seen:
     error: str = ""  # why it ended without a lifecycle verdict (bad request, no capacity)
     error_kind: K = K.CLIENT_GONE  # its kind
     rid: str = ""  # the id claimed for it (`RouterState.ids`), released at the end
+    session: str = ""  # the client's session (`session_header`), for a held deployment's records
+    turn: int = 0  # its turn in that session, by arrival (1, 2, ...)
+
+
+# The headers a client names its session by: the testbed's replayer and aiperf with
+# `--session-header X-Session-ID` send X-Session-ID; aiperf by default X-Correlation-ID.
+SESSION_HEADERS = ("X-Session-ID", "X-Correlation-ID")
+MAX_SESSION_CHARS = 128
+
+
+def session_header(headers: Mapping[str, str]) -> str:
+    """The request's session id from its headers ("" without one); printable and at most
+    MAX_SESSION_CHARS, since it lands in the records as it came."""
+    for name in SESSION_HEADERS:
+        v = headers.get(name, "")
+        if v:
+            return "".join(c for c in v[:MAX_SESSION_CHARS] if c.isprintable() and c not in ',"\n')
+    return ""
 
 
 def held_record(seen: Seen) -> RequestRecord:
@@ -82,4 +101,6 @@ def held_record(seen: Seen) -> RequestRecord:
     t = rec.times
     t.arrival, t.first_token, t.last_token = seen.arrival, seen.first, seen.last
     rec.tokens_received = seen.sent
+    if seen.session and not rec.session_id:
+        rec.session_id, rec.turn = seen.session, seen.turn
     return rec
