@@ -143,8 +143,9 @@ def _bools(col: list[Any]) -> pa.Array:
     return pa.Array.from_buffers(pa.bool_(), len(col), [None, pa.py_buffer(bits)])
 
 
-class _TooLong(Exception):
-    """A text column of a batch holds more than a 32-bit offset reaches: the batch is split."""
+class _TooLong(ValueError):
+    """A text column of a batch holds more than a 32-bit offset reaches: a batch of records is
+    split (decisions' short texts never come near)."""
 
 
 _MAX_OFFSET = 2**31 - 1
@@ -156,7 +157,7 @@ def _texts(col: list[Any]) -> pa.Array:
     # All ASCII (the usual case): each text's bytes are its characters.
     sizes = map(len, col) if len(data) == len(joined) else (len(v.encode()) for v in col)
     if len(data) > _MAX_OFFSET:
-        raise _TooLong
+        raise _TooLong(f"{len(data):,} bytes of text in one column, more than a 32-bit offset reaches")
     offsets = np.zeros(len(col) + 1, dtype=np.int32)
     np.cumsum(np.fromiter(sizes, dtype=np.int32, count=len(col)), out=offsets[1:])
     return pa.Array.from_buffers(pa.string(), len(col), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
