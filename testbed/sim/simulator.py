@@ -264,7 +264,6 @@ class Simulation:
             # ends: the files are closed below); formatted one by one they cost a quarter of it.
             settle = self.options.settle_records
             s = self.scale.speedup
-            self.columns = ParquetRecordWriter(self.run_dir / RECORDS_FILE, settle=settle)
             self.decisions = [ParquetSeriesFile(self.run_dir / DECISIONS_FILE, "router", s)]
             cap = self.options.text_requests
             if cap is None or len(self.trace) <= cap:
@@ -272,6 +271,7 @@ class Simulation:
                 self.decisions.append(
                     SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True)
                 )
+            self.columns = ParquetRecordWriter(self.run_dir / RECORDS_FILE, settle=settle, settled_by=self.writer)
             self.series = {
                 name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True) for name in ("router", "wan")
             }
