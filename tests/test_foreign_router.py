@@ -139,17 +139,3 @@ def test_a_replay_through_a_real_router_has_its_records_from_the_nodes(tmp_path:
     # The router's own Prometheus metrics, scraped at the end of the replay.
     prom = (out / "router-metrics.prom").read_text()
     assert any(line and not line.startswith("#") for line in prom.splitlines()), prom[:300]
-
-
-@pytest.mark.pure
-def test_a_hold_through_a_foreign_router_is_refused_before_anything_starts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from testbed.cli import main
-
-    rc = main(
-        ["up", "--hold", "--scenario", "paper-prfaas", "--router", "vllm-router", "--backend", "local"]
-        + ["--out", str(tmp_path / "held")]
-    )
-    assert rc != 0 and "a held deployment's records come from the testbed's router" in capsys.readouterr().err
-    assert not (tmp_path / "held" / "deployment.json").exists()
