@@ -80,7 +80,14 @@ def test_backends_without_a_foreign_router_refuse_it_before_starting() -> None:
     rs = resolve(load_scenario("paper-prfaas", {"router": {"kind": "vllm-router"}}))
     with pytest.raises(UserError, match="router.kind='vllm-router'.*backends that can: .*local"):
         registry.refuse_unhonoured("inproc", [rs])
-    registry.refuse_unhonoured("local", [rs])
+    # Swarm would have to learn the router's address before its health check and scrape its
+    # metrics over the overlay: not done, so refused by name.
+    with pytest.raises(
+        UserError, match="which the swarm backend cannot honour; backends that can: netns, compose, local"
+    ):
+        registry.refuse_unhonoured("swarm", [rs])
+    for backend in ("local", "netns", "compose"):
+        registry.refuse_unhonoured(backend, [rs])
 
 
 @pytest.mark.pure
