@@ -24,8 +24,8 @@ from testbed.live.held import stage_records
 REQUESTS = 50
 OSL = 12
 # Measured on the shared 2-core host (load average 8 to 16; 50 requests, concurrency 4,
-# 3000-token prompts, TTFT about 0.7 s): aiperf's mean TTFT over the records' +1.35%, +1.41%,
-# +1.45% with round_robin (per-request median |diff| 0.9% to 1.5%: 7 ms mean from aiperf's send
+# 3000-token prompts, TTFT about 0.7 s): aiperf's mean TTFT over the records' +1.16%, +1.35%,
+# +1.41%, +1.45% with round_robin (per-request median |diff| 0.8% to 1.5%: 6-7 ms mean from aiperf's send
 # to the prefill node, 2 ms from the decode node's first token to aiperf), +3.3% and +3.4% with
 # vllm-router's default cache_aware (its inbound hop, 23 ms mean, is the router matching the
 # prompt text). The bound leaves room for a busier host: each hop and aiperf's own event loop
