@@ -160,7 +160,7 @@ class SimRouter:
         if self.decisions:
             self.write_decision(t, [decision_line(tr.request_id, d, b.bandwidth)])
         # What the request moves: the KV the decode side lacks (paper bytes).
-        req.kv_paper = b.kv.incremental(tr.input_tokens, d.decode_cached_tokens)
+        req.kv_bytes_paper = b.kv.incremental(tr.input_tokens, d.decode_cached_tokens)
         self.active[req.rid] = req
         dispatch = self._cost("dispatch_s", self.dispatch)
         if dispatch > 0:
@@ -212,12 +212,12 @@ class SimRouter:
             self.loop.at(t + CACHE_IN_TIMEOUT_S * self.speedup, PREFILL, self._move_lost, req)
             return
         self.books.cache_moves += 1
-        req.move_start = t
-        req.move_wire = max(self.scale.wire_bytes(req.plan.move_bytes_paper), 1)
+        req.cache_move_start = t
+        req.cache_move_bytes_wire = max(self.scale.wire_bytes(req.plan.move_bytes_paper), 1)
         net = self.net
         path = net.path(src, req.plan.d.prefill_node)
         lo = net.position(path)
-        nbytes = req.move_wire * self.scale.byte_scale
+        nbytes = req.cache_move_bytes_wire * self.scale.byte_scale
         req.move_range = (lo, lo + nbytes)
         net.push(path, t, nbytes)
         net.mark(path, net.position(path), self._move_sent, (req, path))
@@ -300,7 +300,7 @@ class SimRouter:
     def _note_tail(self, req: SimRequest) -> None:
         plan = req.plan
         if plan is not None and plan.d.crossed_wan and req.prefill_seen and not math.isnan(req.transfer_end):
-            self.books.tails.append(max(req.transfer_end - req.end, 0.0))
+            self.books.tails.append(max(req.transfer_end - req.prefill_end, 0.0))
 
     # -- the end of an attempt, of a request -------------------------------------------------------
 
@@ -317,7 +317,7 @@ class SimRouter:
                 self.reach.when_reachable(node, lambda _: self.finished(req, t))
                 return
             self._prefill_answered(req, now=True)
-        req.life.apply(Event.FIRST_TOKEN, req.first)
+        req.life.apply(Event.FIRST_TOKEN, req.decode_first_token)
         req.life.apply(Event.FINISH, t)
         self.note_health(plan.d.decode_node, "ok", t)
         req.outcome = "completed"
