@@ -120,6 +120,12 @@ class Ctx:
     pairs: list[tuple[RequestRecord, RequestRecord]]
     hw: HardwareSpec
     peer_name: str
+    own_caches: bool = False  # the testbed's prefill instances keep a prefix cache each (cache_scope instance)
+    placement: str = "least_loaded"  # the testbed's placement of prompts on prefill instances
+
+    @property
+    def tb_pool(self) -> str:
+        return "per-instance caches" if self.own_caches else "cluster pool"
 
     @property
     def a(self) -> st.RunRecords:
@@ -255,7 +261,7 @@ def _why_prefill(c: Ctx) -> str:
     ratio, off = _compute_vs_table(c.peer, c.hw)
     out = (
         f"Cache: the two found different cached prefixes for {more_tb + more_peer} requests (more in the testbed's "
-        f"cluster pool for {more_tb}, more in {c.peer_name}'s per-worker caches for {more_peer}); by the timing "
+        f"{c.tb_pool} for {more_tb}, more in {c.peer_name}'s per-worker caches for {more_peer}); by the timing "
         f"table that alone makes the testbed's prefill compute {_dt(eff)} per request."
     )
     if math.isfinite(ratio):
@@ -280,11 +286,16 @@ def _why_queue(c: Ctx) -> str:
             f"was idle (mean wait {q.wait_idle_s:.3f} s)"
         )
 
+    how = (
+        f"the testbed places by {c.placement} over its instances' own caches"
+        + (" (the same cost, ties by load where Dynamo draws at random)" if c.placement == "kv_overlap" else "")
+        if c.own_caches or c.placement != "least_loaded"
+        else "the testbed routes to the least-loaded instance (any of them reads the cluster's prefix pool)"
+    )
     return (
         f"Router: {one(qa, 'testbed')}; {one(qb, c.peer_name)}. A request that waits while another instance is "
-        "idle was placed there: the testbed routes to the least-loaded instance (any of them reads the cluster's "
-        f"prefix pool), {c.peer_name}'s KV router credits a worker for the prefix blocks it holds and may queue a "
-        "request behind it."
+        f"idle was placed there: {how}, {c.peer_name}'s KV router credits a worker for the prefix blocks it holds "
+        "and may queue a request behind it."
     )
 
 
@@ -310,12 +321,19 @@ def _cache(c: Ctx) -> str:
     _, more_tb, more_peer = _prefill_effect(c)
     tok_tb = sum(max(x.cached_tokens - y.cached_tokens, 0) for x, y in c.pairs)
     tok_peer = sum(max(y.cached_tokens - x.cached_tokens, 0) for x, y in c.pairs)
+    tb = (
+        "The testbed's prefill instances keep a prefix cache each, as the mocker's workers do, but its hybrid "
+        "model reuses a prefix only up to a linear state taken at exactly that length (a prefix shared by "
+        "prompts that end elsewhere, e.g. a common system prompt, is not reusable; the mocker reuses any "
+        "matching block), in blocks of the model's block_tokens"
+        if c.own_caches
+        else "The testbed's cluster holds one prefix pool every prefill instance reads"
+    )
     return (
         f"Of {len(c.pairs)} requests completed on both sides, {more_tb} found more cached in the testbed "
-        f"({tok_tb:,} tokens more in all) and {more_peer} in {c.peer_name} ({tok_peer:,}). The testbed's cluster "
-        f"holds one prefix pool every prefill instance reads; {c.peer_name} keeps a block cache per worker and its "
-        "router sends a request where its prefix is cached unless that worker is loaded, so a prefix cached on "
-        "another worker is computed again."
+        f"({tok_tb:,} tokens more in all) and {more_peer} in {c.peer_name} ({tok_peer:,}). {tb}; {c.peer_name} "
+        "keeps a block cache per worker and its router sends a request where its prefix is cached unless that "
+        "worker is loaded, so a prefix cached on another worker is computed again."
     )
 
 
@@ -365,10 +383,17 @@ def _cell(m: PeerMetric, v: float | None) -> str:
 
 
 def compare(
-    scenario: str, peer_name: str, tb: Side, peer: Side, hw: HardwareSpec, notes: Sequence[str] = ()
+    scenario: str,
+    peer_name: str,
+    tb: Side,
+    peer: Side,
+    hw: HardwareSpec,
+    notes: Sequence[str] = (),
+    own_caches: bool = False,
+    placement: str = "least_loaded",
 ) -> PeerCheck:
     pairing = st.pair(tb.runrecords(), peer.runrecords())
-    c = Ctx(tb, peer, pairing.pairs, hw, peer_name)
+    c = Ctx(tb, peer, pairing.pairs, hw, peer_name, own_caches, placement)
     rows: list[PeerRow] = []
     for m in METRICS:
         a, b = m.measure(tb), m.measure(peer)
