@@ -51,7 +51,7 @@ class CrosscheckOptions:
     peer: str | None = None
     peer_scheduler: str = "matched"
     peer_router: str = "kv"
-    peer_deployment: str = "auto"
+    peer_deployment: str = "scenario"
     json: bool = False
 
     @classmethod
@@ -138,11 +138,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--peer-deployment",
         action=StoreOnce,
-        choices=("auto", "peer", "scenario"),
-        default="auto",
-        help="with --peer dynamo: the testbed side's prefix caches and placement: peer deploys them as the "
-        "mocker does (a cache per prefill instance, kv_overlap placement with its router's weight), scenario "
-        "keeps the scenario's; auto (default): peer with --peer-scheduler native, else scenario",
+        choices=("scenario", "peer"),
+        default="scenario",
+        help="with --peer dynamo: the testbed side's prefix caches and placement: scenario (default) keeps the "
+        "scenario's; peer deploys them as the mocker does (a cache per prefill instance, kv_overlap placement "
+        "with its router's weight)",
     )
     p.add_argument("--json", action="store_true", help="print crosscheck.json instead of tables")
     p.set_defaults(func=cmd_crosscheck)

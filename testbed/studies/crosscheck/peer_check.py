@@ -36,7 +36,7 @@ def check_peer(peer: str, rs: ResolvedScenario) -> None:
 
 
 def run_peer_check(
-    rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str, router: str = "kv", deployment: str = "auto"
+    rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str, router: str = "kv", deployment: str = "scenario"
 ) -> PeerCheck:
     from testbed.run.runner import run_sim
 

@@ -277,7 +277,7 @@ def setup(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str = "match
     return PeerSetup(c, scheduler, timing, path, block, {"engine": prefill}, {"engine": decode}, notes, router)
 
 
-DEPLOYMENTS: tuple[str, ...] = ("auto", "peer", "scenario")
+DEPLOYMENTS: tuple[str, ...] = ("scenario", "peer")
 
 
 def router_weight() -> float:
@@ -294,8 +294,8 @@ def router_weight() -> float:
 def deploy_like_peer(
     rs: ResolvedScenario, scheduler: str, router: str, deployment: str
 ) -> tuple[ResolvedScenario, str]:
-    """The testbed side of the comparison, and a note saying how it is deployed: with `peer` (and
-    `auto` under the mocker's native scheduler) the PD cluster's prefill instances keep a prefix
+    """The testbed side of the comparison, and a note saying how it is deployed: with `peer` the PD
+    cluster's prefill instances keep a prefix
     cache each (the cluster's pool split evenly) and take prompts by Dynamo's KV router cost
     (`kv_overlap`, the mocker's weight), or by load alone with `--peer-router load`; with
     `scenario` as the scenario says."""
@@ -303,7 +303,7 @@ def deploy_like_peer(
         raise PeerError(f"--peer-deployment: {deployment!r} is not one of {', '.join(DEPLOYMENTS)}")
     c = peer_cluster(rs)
     pol = rs.spec.policy
-    if deployment == "scenario" or (deployment == "auto" and scheduler != "native"):
+    if deployment == "scenario":
         return rs, (
             f"testbed deployment: the scenario's ({c.name}: cache_scope {c.cache_scope}, placement {pol.placement}; "
             "--peer-deployment peer deploys it as the mocker is)"
