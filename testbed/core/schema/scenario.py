@@ -95,7 +95,7 @@ class ClusterSpec(_Strict):
     # engine's own block cache), each of `instance_cache_bytes`, by default `cache_bytes` split
     # evenly over the cluster's prefill instances.
     cache_scope: Literal["cluster", "instance"] = "cluster"
-    instance_cache_bytes: int | None = Field(default=None, ge=0)
+    instance_cache_bytes: int | None = Field(default=None, ge=0)  # a prefill instance's own pool (cache_scope instance)
 
     @field_validator("cache_bytes", "instance_cache_bytes", mode="before")
     @classmethod
@@ -216,7 +216,7 @@ class PolicySpec(_Strict):
     # of the prompts in flight there, in blocks) + blocks of the prompts in flight there and of
     # this one; least cost wins, ties by the least-loaded order.
     placement: Literal["least_loaded", "kv_overlap"] = "least_loaded"
-    kv_overlap_weight: float = Field(default=1.0, ge=0)
+    kv_overlap_weight: float = Field(default=1.0, ge=0)  # kv_overlap: weight of the uncached blocks against the load
     control: ControlSpec = ControlSpec()
 
     @model_validator(mode="after")
