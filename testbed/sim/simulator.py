@@ -147,7 +147,6 @@ class Simulation:
         self.costs = rs.live_path if costs is None else costs
         self.loop = new_loop()
         nodes = node_specs(sc)
-        self.node_ids = [n.id for n in nodes]
         self.roles = {n.id: n.role for n in nodes}
         self.net = new_network(
             self.loop,
