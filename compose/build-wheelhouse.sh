@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fill compose/wheels/ with the project's wheel and the wheels of its runtime dependencies (not the
-# dev or analysis extras), for the image's Python (CPython 3.11, glibc 2.36, x86_64 = Debian
+# Fill compose/wheels/ with the project's wheel and the wheels of its runtime dependencies and of its
+# routers extra (vllm-router and sglang-router run in the router's container; not the dev or
+# analysis extras), for the image's Python (CPython 3.11, glibc 2.36, x86_64 = Debian
 # bookworm amd64), so that `docker build` installs with `pip install --no-index` and needs no network.
 #
 # Usage: compose/build-wheelhouse.sh [--clean]
@@ -79,6 +80,8 @@ print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"
     build_wheel || die "building the project's wheel failed"
 fi
 project_whl=$(ls "$WHEELHOUSE"/prfaas_testbed-*.whl)
+# With the routers extra: `--router vllm-router | sglang-router` runs the real router in the image.
+wanted="$project_whl[routers]"
 
 # 2. Its runtime dependencies, as binary wheels for the target (manylinux_2_17 .. manylinux_<glibc>).
 platforms=()
@@ -88,12 +91,12 @@ platforms+=(--platform "manylinux2014_${TARGET_ARCH}")
 target=(--only-binary=:all: "${platforms[@]}" --python-version "$TARGET_PYTHON"
         --implementation cp --abi "cp${TARGET_PYTHON/./}")
 if "$PYTHON" -m pip download -q --no-index --find-links "$WHEELHOUSE" "${target[@]}" \
-        -d "$WHEELHOUSE" "$project_whl" >/dev/null 2>&1; then
+        -d "$WHEELHOUSE" "$wanted" >/dev/null 2>&1; then
     log "dependencies: every one already in the wheelhouse (no index contacted)"
 else
     log "dependencies: pip download from the index"
     nice -n "$NICE" "$PYTHON" -m pip download -q --find-links "$WHEELHOUSE" "${target[@]}" \
-        -d "$WHEELHOUSE" "$project_whl" || die "downloading the dependencies failed"
+        -d "$WHEELHOUSE" "$wanted" || die "downloading the dependencies failed"
 fi
 
 n=$(ls "$WHEELHOUSE"/*.whl | wc -l)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -160,3 +162,79 @@ def test_decisions_read_back_as_their_jsonl_lines(tmp_path: Path) -> None:
     for x, y in zip(a, b):
         assert (x.t, x.source, x.metric, x.labels) == (y.t, y.source, y.metric, y.labels)
         assert x.value == y.value or (math.isnan(x.value) and math.isnan(y.value))
+
+
+def _odd_records() -> list[RequestRecord]:
+    """Texts beyond ASCII and the cut, stamps at half microseconds and before the start, NaNs."""
+    recs = [
+        RequestRecord("é-ü", 1, 2, 3, reason="x" * (MAX_FIELD_CHARS + 3) + "ß", threshold=1.23456789, crossed_wan=True),
+        RequestRecord(
+            "b", 2, 2, 3, route_reason="日本", times=StageTimes(arrival=5e-7, first_token=1.5e-6, last_token=-0.75)
+        ),
+        RequestRecord("c", 3, 4, 5, cache_move_src="", prefill_modelled=0.1234565),
+    ]
+    recs[2].times = StageTimes(*[0.25 * i for i in range(len(TIME_NAMES))])
+    return recs
+
+
+def test_records_read_back_as_given_whatever_their_texts_and_stamps(tmp_path: Path) -> None:
+    p = tmp_path / RECORDS_FILE
+    with ParquetRecordWriter(p) as w:
+        for r in _odd_records():
+            w.write(r)
+    back = list(iter_parquet_records(p))
+    # What records.csv reads back is what the Parquet file reads back.
+    assert [format_line(r) for r in back] == [format_line(r) for r in _odd_records()]
+    assert back[0].request_id == "é-ü" and back[0].reason.endswith("x") and back[1].route_reason == "日本"
+    assert back[1].times.arrival == 0.0 and back[1].times.first_token == 0.000002  # half to even
+    assert math.isnan(back[1].times.routed) and back[2].times.last_token == 0.25 * (len(TIME_NAMES) - 1)
+
+
+def test_a_batch_whose_texts_overflow_32_bit_offsets_goes_out_in_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(columnar, "_MAX_OFFSET", 300)  # a few records' texts
+    p = tmp_path / RECORDS_FILE
+    with ParquetRecordWriter(p) as w:
+        for i in range(20):
+            w.write(RequestRecord(f"r{i}", i, 10, 2, reason="y" * 40))
+    assert [r.trace_index for r in iter_parquet_records(p)] == list(range(20))
+    assert pq.ParquetFile(p).metadata.num_row_groups > 1
+
+
+def test_records_settled_by_the_csv_writer_are_stored_as_when_settled_here(tmp_path: Path) -> None:
+    from testbed.metrics.records import RecordWriter
+
+    alone, shared = tmp_path / "alone.parquet", tmp_path / "shared.parquet"
+    mine, theirs = _odd_records(), _odd_records()
+    with ParquetRecordWriter(alone, settle=True) as w:
+        for r in mine:
+            w.write(r)
+    text = RecordWriter(tmp_path / "records.csv", deferred=True, settle=True)
+    with ParquetRecordWriter(shared, settle=True, settled_by=text) as w:
+        for r in theirs:
+            text.write(r)
+            w.write(r)
+        w.close()  # before the text writer: its held records are settled first all the same
+    text.close()
+    assert alone.read_bytes() == shared.read_bytes()
+    assert [format_line(r) for r in mine] == [format_line(r) for r in theirs]
+    for r in (mine[0], theirs[0]):  # one the compiled writer leaves to Python (a text to cut)
+        assert r.threshold == 1.234568 and len(r.reason) == MAX_FIELD_CHARS
+
+
+def test_writing_records_and_decisions_needs_no_pandas(tmp_path: Path) -> None:
+    """pyarrow imports pandas for `pa.array` of a list (0.2 s and 100 MiB a simulated run
+    does not need): the writers build their arrays from buffers."""
+    code = (
+        "import sys\nfrom pathlib import Path\n"
+        "from testbed.metrics.columnar import ParquetRecordWriter, ParquetSeriesFile\n"
+        "from testbed.core.record import RequestRecord\n"
+        f"d = Path({str(tmp_path)!r})\n"
+        "with ParquetRecordWriter(d / 'r.parquet') as w:\n    w.write(RequestRecord('a', 0, 1, 2))\n"
+        "s = ParquetSeriesFile(d / 'd.parquet', 'router', 1.0)\n"
+        "s.write(1.0, [('decision', 2.0, {'k': 'v'})])\ns.close()\n"
+        "print(sorted(m for m in ('pandas', 'pyarrow.compute') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

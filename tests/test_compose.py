@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from deployment_sizes import ONE_PER_ROLE, SERVICES_ONE_PER_ROLE
-from held import answers, check_api_key, check_held_run, drive_with_openai, start_hold
+from held import LONG_PROMPT, answers, check_api_key, check_held_run, drive_with_openai, start_hold
 from replay_exit import RAN
 from wan_bound import counters_bound
 
@@ -57,6 +57,93 @@ def test_compose_file_has_one_container_per_instance_and_a_wan_router(tmp_path: 
     assert set(spec) == {"services", "networks"}
     yaml.safe_load(yaml.safe_dump(spec))
     assert set(wan_links(sc, prof, Scale.from_spec(sc.scale))) == {("dc-remote", "dc-local"), ("dc-local", "dc-remote")}
+
+
+@pytest.mark.pure
+def test_a_foreign_router_container_is_health_checked_on_its_own_address(tmp_path: Path) -> None:
+    sc = load_scenario("paper-prfaas", {"router": {"kind": "vllm-router"}})
+    spec = compose_spec(sc, load_profile(sc.links.inter_dc), "ptb1234", "img", tmp_path, tmp_path / "ctl")
+    router = spec["services"]["router"]
+    ip = layout(sc)["hosts"]["router"][1]
+    # `testbed serve router` adds the routes, then execs the router bound to this address alone.
+    assert router["command"][:2] == ["serve", "router"]
+    assert f"/dev/tcp/{ip}/8000" in router["healthcheck"]["test"][-1]
+    assert "/dev/tcp/127.0.0.1/8000" in spec["services"]["pd-p0"]["healthcheck"]["test"][-1]
+
+
+def _sse(url: str, prompt: str, max_tokens: int) -> tuple[str, int]:
+    """A streamed chat completion: (the answer's id, the chunks that carried text)."""
+    import urllib.request
+
+    body = {"model": "kimi-linear-1t", "max_tokens": max_tokens, "stream": True}
+    body["messages"] = [{"role": "user", "content": prompt}]
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    rid, chunks = "", 0
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                obj = json.loads(line[5:])
+                rid = obj["id"]
+                chunks += bool(obj["choices"] and obj["choices"][0]["delta"].get("content"))
+    return rid, chunks
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not _docker_ok(), reason="no Docker engine reachable")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the WAN router and the link monitor need root")
+def test_vllm_router_held_on_compose_serves_then_testbed_down_removes_everything(tmp_path: Path) -> None:
+    import urllib.request
+
+    out = tmp_path / "run"
+    held = start_hold(
+        out,
+        "--backend",
+        "compose",
+        "--scenario",
+        "paper-prfaas",
+        "--router",
+        "vllm-router",
+        "--router-policy",
+        "round_robin",
+        "--set",
+        "scale.byte_scale=1000",
+        *ONE_PER_ROLE,
+        ready_timeout=600,
+    )
+    project = held.info["prefix"]
+    try:
+        assert held.info["backend"] == "compose" and project.startswith("ptb")
+        # Round robin over the two prefill nodes: one of the two requests is prefilled remotely.
+        got = [_sse(held.info["url"], LONG_PROMPT, 5), _sse(held.info["url"], LONG_PROMPT, 5)]
+        assert all(rid.startswith("___prefill_addr_") and n == 5 for rid, n in got), got
+        # vllm-router's own Prometheus endpoint, on its container's address, reached from this host.
+        metrics_url = (out / "router-metrics-url").read_text().strip()
+        with urllib.request.urlopen(metrics_url, timeout=10) as r:
+            assert "vllm_router" in r.read().decode()
+    except BaseException:
+        held.kill()
+        raise
+    down = subprocess.run(
+        [sys.executable, "-m", "testbed", "down", "--force", project], capture_output=True, text=True, timeout=300
+    )
+    assert down.returncode == 0, down.stderr
+    last = held.wait(timeout=300)
+    assert last["ended"].startswith("the deployment went away") and last["requests"] == 2, last
+    from testbed.metrics.records import read_records
+
+    recs = {r.request_id: r for r in read_records(out / "records.csv")}
+    assert set(recs) == {rid for rid, _ in got}
+    assert all(r.outcome == "completed" and r.tokens_received == 5 and r.kv_bytes_wire > 0 for r in recs.values())
+    assert sorted(r.crossed_wan for r in recs.values()) == [False, True]
+    for kind in (["ps", "-aq"], ["network", "ls", "-q"], ["volume", "ls", "-q"]):
+        left = subprocess.run(
+            ["docker", *kind, "--filter", f"label=prfaas-testbed.project={project}"], capture_output=True, text=True
+        ).stdout.split()
+        assert left == [], kind
+    assert not Path(f"/tmp/{project}-ctl").exists() and not answers(held.info["url"])
 
 
 @pytest.mark.docker

@@ -121,7 +121,7 @@ def test_a_simulated_decode_pool_past_its_blocks_preempts_and_says_who_and_for_h
         },
     )
     trace = Trace([TraceRequest(f"r{i}", 0.01 * i, 12000, 2000) for i in range(4)], "preemption workload")
-    res = asyncio.run(run_replay_async(rs, trace, tmp_path, backend="sim", report=False))
+    res = asyncio.run(run_replay_async(rs, trace, tmp_path, backend="sim", report=True))
     assert res.stats.completed == 4
     rows = read_preemptions(tmp_path / PREEMPTIONS_CSV)
     assert rows, "the pool ran out of blocks and nothing was preempted"
@@ -133,3 +133,8 @@ def test_a_simulated_decode_pool_past_its_blocks_preempts_and_says_who_and_for_h
         assert recs[row.request_id].times.last_token > row.resumed_at
     # The latest admitted goes first: the first request is never preempted.
     assert "r0" not in {r.request_id for r in rows}
+    # The report says what the scheduler did: its passes and the preemptions, who and how long.
+    report = (tmp_path / "report.md").read_text()
+    assert "## Scheduler" in report and "| Forward passes |" in report
+    n = len({r.request_id for r in rows})
+    assert f"| Decode preemptions (by recompute) | {len(rows)} of {n} requests |" in report

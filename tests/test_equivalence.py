@@ -15,11 +15,16 @@ begins), and every prompt is long enough that no prefill answers while its burst
 arriving. Within a burst the load-aware policy sees the backlog the burst's earlier requests
 left; across bursts the cache-aware ones see the prefixes earlier bursts left in each cluster's
 pool (sessions whose later turns extend their earlier ones).
+
+The testbed's router over the engines' PD protocols (`nodes.protocol` vllm and sglang) places
+the same workload as in the testbed protocol: the simulator's placement (which the live testbed
+protocol matches, above) is held against the live router driving mock vLLM and SGLang nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -135,3 +140,47 @@ def test_the_simulator_and_the_live_services_place_every_request_alike(
     assert any(crossed) and not all(crossed)
     if rs.spec.policy.cache_aware:
         assert sum(v[3] > 0 for v in a.values()) >= len(a) // 3
+
+
+def _placement(recs: list[RequestRecord]) -> dict[str, tuple[Any, ...]]:
+    return {r.request_id: (r.prefill_cluster, r.prefill_node, r.decode_node, r.crossed_wan) for r in recs}
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang"])
+@pytest.mark.parametrize(
+    "scenario", ["paper-prfaas", "paper-prfaas-cache", "paper-prfaas-load-aware", "paper-prfaas-bw"]
+)
+def test_the_router_over_an_engine_protocol_places_every_request_as_over_the_testbeds(
+    scenario: str, protocol: str, tmp_path: Path
+) -> None:
+    trace = _workload()
+    testbed_rs = load(scenario, _overrides())
+    engine_rs = load(scenario, {**_overrides(), "nodes": {"protocol": protocol}})
+    assert engine_rs.spec.node_protocol == protocol and engine_rs.spec.router.kind == "testbed"
+    asyncio.run(run_replay_async(testbed_rs, trace, tmp_path / "testbed", backend="sim", report=False))
+    live = asyncio.run(run_replay_async(engine_rs, trace, tmp_path / "live", backend="inproc", report=False))
+    assert live.stats.completed == len(trace)
+    want = read_records(tmp_path / "testbed" / "records.csv")
+    got = {r.request_id: r for r in read_records(tmp_path / "live" / "records.csv")}
+    # Where each request ran is read from the nodes' own stage logs (the engines report no stamps
+    # to the router), so this holds the router's choice and the nodes' execution of it alike.
+    a, b = _placement(want), _placement(list(got.values()))
+    differ = {rid: (a[rid], b.get(rid)) for rid in a if a[rid] != b.get(rid)}
+    assert not differ, f"{len(differ)} of {len(a)} requests placed differently (testbed, {protocol}): {differ}"
+    for r in want:
+        g = got[r.request_id]
+        # The same cached prefix, except that a cross-cluster cache move has no step in the
+        # engines' protocols: the prefill cluster then reuses only its own prefix.
+        assert g.cached_tokens == (
+            r.cached_tokens if not r.cache_move_tokens else r.cached_tokens - r.cache_move_tokens
+        )
+        assert g.cache_move_tokens == 0
+        t = g.times
+        stamps = (t.prefill_queued, t.prefill_start, t.prefill_end, t.transfer_start, t.transfer_end)
+        stamps += (t.decode_admitted, t.decode_first_token, t.decode_last_token)
+        assert all(math.isfinite(x) for x in stamps), (r.request_id, t)
+        assert g.kv_bytes_wire > 0
+        if protocol == "vllm":  # pulled once the prefill has ended
+            assert t.prefill_end <= t.transfer_start, (r.request_id, t)
+        else:  # pushed as computed to a decode node registered before
+            assert t.transfer_start <= t.prefill_end, (r.request_id, t)

@@ -46,9 +46,11 @@ def test_linkcheck_measures_rtt_goodput_loss_and_rate_change() -> None:
     # Run again only when linkcheck itself says the host was too busy to time the link.
     for _ in range(3):
         out = _linkcheck()
-        if out["rtt"]["valid"]:
+        limited = out["goodput"][2]
+        if out["rtt"]["valid"] and limited["valid"]:
             break
     assert out["rtt"]["valid"], out["rtt"]["reasons"]
+    assert out["goodput"][2]["valid"], out["goodput"][2]["reasons"]
     cfg = out["configured"]
     assert cfg["rate_bps_wire"] == pytest.approx(400e6)
     assert cfg["rtt_s_wire"] == pytest.approx(2 * 0.015 / 4)

@@ -348,6 +348,12 @@ def test_budget_without_a_kind_is_said_to_cap_every_kind(surrogate_file: Path, t
     assert res["settings"]["budgets"]["prfaas"] == "h200=4 (--budget every kind), h20=8 (--budget every kind)"
     note = next(n for n in res["notes"] if n.startswith("homogeneous:"))
     assert "caps it below its base's 12 h20" in note and "prfaas:h20=8" in note
+    # The plan says which prefill scheduler its capacities assumed, per hardware.
+    assert res["settings"]["schedulers"] == {
+        "h200": "fcfs (one whole prompt a pass)",
+        "h20": "fcfs (one whole prompt a pass)",
+    }
+    assert "Prefill scheduler assumed" in (tmp_path / "p" / "plan.md").read_text()
     best = res["kinds"]["homogeneous"]["best"]
     assert best["n_p"] + best["n_d"] == 8
     res = _plan(

@@ -289,6 +289,32 @@ def test_start_knots_bracket_every_power_of_two() -> None:
     assert start_knots(100, 1000) == [100, 128, 129, 256, 257, 512, 513, 1000]
 
 
+class ClosedBatch(Closed):
+    """A batched pass: 20 ms, 10 us a token of the pass, and each prompt's attention 1e-10 s a token squared."""
+
+    def prefill_s(self, uncached: int, cached: int) -> float:
+        return self.prefill_batch_s(1, uncached) + 3e-10 * uncached * cached
+
+    def prefill_batch_s(self, batch: int, tokens: int) -> float:
+        return 0.02 + 1e-5 * batch * tokens + 1e-10 * batch * tokens**2
+
+
+def test_a_batched_source_gives_the_pass_tokens_split_and_scores_it() -> None:
+    sample = sample_profile(ClosedBatch(), _kv(), SampleSettings(max_tokens=32768))
+    assert sample.prefill.pass_tokens is not None
+    assert sample.batched is not None and sample.batched_curve_only is not None
+    t = PrefillTime.from_spec(sample.prefill)
+    src = ClosedBatch()
+    for b, n in ((3, 700), (5, 3000)):
+        assert t.pass_time([(0, n, 0)] * b) == pytest.approx(src.prefill_batch_s(b, n), rel=0.02)
+    fit = sample.fit_record()
+    # Nine probes less the one past max_tokens (8 prompts of 8,192).
+    assert fit["batch_probes"] == 8 and float(fit["batch_max_rel_error"]) < 0.02
+    assert float(fit["batch_curve_only_max_rel_error"]) > 5 * float(fit["batch_max_rel_error"])
+    # A source without batched passes leaves the profile on the curve alone.
+    assert sample_profile(Closed(), _kv(), SampleSettings(max_tokens=32768)).prefill.pass_tokens is None
+
+
 def test_the_sampled_profile_recovers_the_closed_forms() -> None:
     s = sample_profile(Closed(), _kv(), SampleSettings(overhead_s=0.05))
     pre = s.prefill

@@ -89,6 +89,22 @@ def test_the_written_profile_follows_direct_calls_within_one_percent(written: Pa
     assert max(abs(e) for e in cached) <= float(prov.fit["cached_max_rel_error"]) * 1.01 + 1e-4
     # BS_max meets the TPOT target by the source's own step time.
     assert direct.predict_decode_latency(bs=hw.decode.bs_max, isl=28672, osl=2) / 1e3 <= 0.025
+    # A batched pass: the profile's pass_tokens split against the source's own batched times,
+    # within what the file states, and far closer than the single-prompt curve alone prices it.
+    assert hw.prefill.pass_tokens is not None
+    curve = PrefillTime.from_spec(hw.prefill.model_copy(update={"pass_tokens": None}))
+    batched = [
+        (
+            t.pass_time([(0, n, 0)] * b),
+            curve.pass_time([(0, n, 0)] * b),
+            direct.predict_prefill_latency(bs=b, isl=n, prefix=0) / 1e3,
+        )
+        for b in (3, 6)
+        for n in (1024, 4096)
+    ]
+    split_err = max(abs(a / ref - 1) for a, _, ref in batched)
+    assert split_err <= max(float(prov.fit["batch_max_rel_error"]) * 1.5, 0.02), split_err
+    assert max(abs(c / ref - 1) for _, c, ref in batched) > 3 * split_err
 
 
 def test_provenance_says_what_was_compiled(written: Path) -> None:

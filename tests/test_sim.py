@@ -177,7 +177,7 @@ def _decode_run(
         ref = _Window(factor, start, end)
     host.loop.run()
     want, steps = _stepped(spec, arrivals, ref)
-    got = {rid: (r.admitted, r.first, r.last) for rid, r in host.done.items()}
+    got = {rid: (r.decode_admitted, r.decode_first_token, r.decode_last_token) for rid, r in host.done.items()}
     return want, got, steps, dec.steps
 
 

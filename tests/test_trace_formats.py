@@ -20,7 +20,10 @@ pytestmark = pytest.mark.pure
 
 
 def test_unknown_format_name_refused_naming_it_and_the_known_ones() -> None:
-    with pytest.raises(TraceError, match=r"unsupported format 'parquet' \(supported: mooncake, azure, burstgpt\)"):
+    with pytest.raises(
+        TraceError,
+        match=r"unsupported format 'parquet' \(supported: mooncake, azure, burstgpt, bailian, aiperf-multi-turn\)",
+    ):
         trace_format("parquet")
     assert trace_format("azure") is FORMATS["azure"]
 

@@ -3,13 +3,16 @@ run the client where the router is reachable, and stop everything it started."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from testbed.core.errors import UserError
-from testbed.live.deployment import Deployment
+
+if TYPE_CHECKING:
+    # Types only: the registry imports this module, and a simulated run needs neither the live
+    # deployment nor asyncio (a tenth of its fixed start-up cost).
+    from testbed.live.deployment import Deployment
 
 T = TypeVar("T")
 
@@ -73,6 +76,8 @@ async def in_thread_halting(fn: Callable[[], T], halt: threading.Event) -> T:
     SIGTERM during a start-up), set `halt` and wait for the thread to return before raising: a
     thread left running would go on creating namespaces, processes or containers after the
     teardown had looked for them."""
+    import asyncio
+
     work = asyncio.ensure_future(asyncio.to_thread(fn))
     try:
         return await asyncio.shield(work)

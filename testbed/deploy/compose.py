@@ -60,14 +60,23 @@ WAN_HOST = 254  # the WAN router's host number on every datacenter network
 FIRST_HOST = 10
 IN_CONTAINER = "/run/testbed"  # the run directory, bind-mounted
 CTL_DIR = "/ctl"  # short path for the delay line's UNIX socket
-# bash's /dev/tcp, not Python: a Python health check every second in each of a dozen containers
-# costs more than a core of interpreter start-ups and skews the very timings the run measures.
-HEALTH_CMD: list[JSONValue] = [
-    "CMD",
-    "bash",
-    "-c",
-    "exec 3<>/dev/tcp/127.0.0.1/8000 && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 && head -1 <&3 | grep -q ' 200 '",
-]
+
+
+def health_cmd(host: str = "127.0.0.1") -> list[JSONValue]:
+    """GET /health on the service's HTTP port at `host`. bash's /dev/tcp, not Python: a Python
+    health check every second in each of a dozen containers costs more than a core of interpreter
+    start-ups and skews the very timings the run measures."""
+    return [
+        "CMD",
+        "bash",
+        "-c",
+        f"exec 3<>/dev/tcp/{host}/{HTTP_PORT} && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 "
+        "&& head -1 <&3 | grep -q ' 200 '",
+    ]
+
+
+# The testbed's services answer on loopback too; a foreign router (one --host) on its address only.
+HEALTH_CMD = health_cmd()
 
 
 def _ip(net: ipaddress.IPv4Network | ipaddress.IPv6Network | str, host: int) -> str:
@@ -162,7 +171,12 @@ def compose_spec(
             # By name only: compose passes the values from its own environment, so the file holds
             # no secret (`testbed.live.credentials`).
             "environment": [*CREDENTIAL_ENV],
-            "healthcheck": {"test": HEALTH_CMD, "interval": "2s", "timeout": "10s", "retries": 150},
+            "healthcheck": {
+                "test": health_cmd(ip) if sid == "router" and sc.router.kind != "testbed" else HEALTH_CMD,
+                "interval": "2s",
+                "timeout": "10s",
+                "retries": 150,
+            },
             "labels": {**labels},
             "depends_on": ["wan"],
         }

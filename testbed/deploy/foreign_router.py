@@ -1,19 +1,24 @@
 """A real PD router in the router's place (`router.kind`: vllm-router, sglang-router; the
-`routers` extra installs both): its command line from the deployment, bound to the router's
-address, pointed at every prefill and decode node, its Prometheus endpoint on a port of its own
-(vllm-router's default 127.0.0.1:29000 would collide between two runs)."""
+`routers` extra installs both, and the testbed's image has them): its command line from the
+deployment, bound to the router's address, pointed at every prefill and decode node, its
+Prometheus endpoint on a port of its own (vllm-router's default 127.0.0.1:29000 would collide
+between two runs). Local and netns start it as the router's process; in a container
+(`testbed serve router`, compose) it replaces the serve process (`exec_router`)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from testbed.core.errors import UserError
 from testbed.live.deployment import Deployment
 
-# Where a router in its own network namespace serves its Prometheus metrics (vllm-router's default).
+# Where a router in its own network namespace (or container) serves its Prometheus metrics
+# (vllm-router's default port, on the router's address).
 NAMESPACE_PROMETHEUS_PORT = 29000
 # In the run directory: the URL of the foreign router's Prometheus endpoint (the runner scrapes
 # it at the end of the replay into ROUTER_METRICS).
@@ -64,3 +69,14 @@ def router_argv(dep: Deployment, prometheus_port: int) -> list[str]:
     if dep.run_dir:
         (Path(dep.run_dir) / ROUTER_METRICS_URL).write_text(f"http://{host}:{prometheus_port}/metrics\n")
     return argv + list(spec.options)
+
+
+def exec_router(dep: Deployment) -> NoReturn:
+    """Replace this process (`testbed serve router` in the router's container, its routes to the
+    other datacenters already added) with the foreign router: bound to the router's address in
+    `dep`, Prometheus on NAMESPACE_PROMETHEUS_PORT of that address (the container has it alone),
+    the URL written into the run directory for the runner to scrape."""
+    argv = router_argv(dep, NAMESPACE_PROMETHEUS_PORT)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)

@@ -404,7 +404,14 @@ register(
     BackendEntry(
         "compose",
         "one container per service, a WAN router container (Docker)",
-        Capabilities(wan_shaping=True, node_faults=True, link_faults=True, needs_docker=True, can_hold=True),
+        Capabilities(
+            wan_shaping=True,
+            node_faults=True,
+            link_faults=True,
+            needs_docker=True,
+            can_hold=True,
+            foreign_router=True,
+        ),
         _compose,
         leftovers=_sweep_docker,
         preflight=compose_host,

@@ -28,6 +28,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from testbed.net.routes import add_routes
 
         add_routes(routes)
+    if args.id == "router" and dep.scenario.router.kind != "testbed":
+        from testbed.deploy.foreign_router import exec_router
+
+        exec_router(dep)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.id} %(name)s %(levelname)s %(message)s", force=True
     )

@@ -172,6 +172,54 @@ def _three(sub: str) -> tuple[tuple[str, str], ...]:
     return tuple((label, f"{sub}/{sc}") for label, sc in zip(LABELS3, PAPER3))
 
 
+# The routers study (#routers): each deployment's PD stacks on the one-hour chat surrogate's first
+# ten minutes, emulated: the testbed's router with each node protocol, the real PD routers with
+# their policies.
+ROUTER_STACKS: tuple[tuple[str, str, str], ...] = (
+    ("testbed router, layer-wise push", "testbed-push", ""),
+    ("testbed router, vLLM protocol", "testbed-vllm", "--set nodes.protocol=vllm"),
+    ("testbed router, SGLang protocol", "testbed-sglang", "--set nodes.protocol=sglang"),
+    ("vllm-router cache_aware", "vllm-cache", "--router vllm-router --router-policy cache_aware"),
+    ("vllm-router power_of_two", "vllm-p2", "--router vllm-router --router-policy power_of_two"),
+    ("vllm-router round_robin", "vllm-rr", "--router vllm-router --router-policy round_robin"),
+    ("sglang-router cache_aware", "sglang-cache", "--router sglang-router --router-policy cache_aware"),
+)
+ROUTER_DEPLOYMENTS = (("PrfaaS-PD", "paper-prfaas"), ("homogeneous PD across regions", "pd-cross-region"))
+ROUTER_ROWS: tuple[tuple[str, SummaryCell], ...] = (
+    ("completed / total", completed),
+    ("TTFT mean / P90 (s)", ttft_mean_p90),
+    ("prefill queue / compute, mean (s)", queue_compute),
+    ("KV transfer tail, mean (ms)", tail_ms),
+    ("offload ratio", offload),
+    ("WAN KV per offloaded request", wan_bytes_per_request),
+    ("WAN link mean / peak (counters)", wan_link),
+    ("cached prompt share", cached_share),
+    ("timing", validity),
+)
+
+
+def routers_steps() -> tuple[str, ...]:
+    steps = [f"{SURROGATE_1H} --format mooncake --out {{work}}/chat-1h.jsonl"]
+    for _, scenario in ROUTER_DEPLOYMENTS:
+        for _, stem, flags in ROUTER_STACKS:
+            steps.append(
+                f"testbed replay --scenario {scenario} --backend netns --trace {{work}}/chat-1h.jsonl "
+                f"--window :10m {flags} --out {{work}}/{scenario}/{stem} --accept-invalid".replace("  ", " ")
+            )
+    return tuple(steps)
+
+
+def routers_render() -> Render:
+    def render(d: Done) -> str:
+        parts = []
+        for label, scenario in ROUTER_DEPLOYMENTS:
+            runs = tuple((name, f"{scenario}/{stem}") for name, stem, _ in ROUTER_STACKS)
+            parts.append(f"### {label} (`{scenario}`)\n\n" + runs_table(runs, ROUTER_ROWS)(d))
+        return "\n\n".join(parts)
+
+    return render
+
+
 PAPER_TABLE = "--probes 6 --requests 300 --ttft-slo 30 --wait-growth 2.5 --set workload.seed=45"
 CACHE_SET = "--trace traces/samples/mooncake-agent-sample.jsonl --set links.inter_dc=cross-region-15g-measured"
 BW_SET = "--set links.inter_dc=cross-region-100g-fluctuating --rate 2.2 --requests 400 --set workload.seed=45"
@@ -520,6 +568,19 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         ),
         needs_root=True,
         reads=("plan-refine",),
+    ),
+    Measurement(
+        "routers",
+        "PD stacks across datacenters: the testbed's router and the real PD routers",
+        "The one-hour chat surrogate's first 10 minutes (2,000 requests) on PrfaaS-PD and on homogeneous PD "
+        "with its prefill in the other region, over cross-region-100g, netns, speedup 4: the testbed's router "
+        "with layer-wise push and with vLLM's and SGLang's PD protocols, vllm-router with cache_aware, "
+        "power_of_two and round_robin, sglang-router with cache_aware; records from the nodes' own logs.",
+        "netns",
+        routers_steps(),
+        routers_render(),
+        needs_root=True,
+        extra="routers:vllm_router",
     ),
     Measurement(
         "sim-1m",

@@ -242,6 +242,11 @@ class AicPredictor:
         self._count()
         return v
 
+    def prefill_batch_s(self, batch: int, tokens: int) -> float:
+        v = float(self.handle.predict_prefill_latency(int(batch), int(tokens), 0)) / 1e3
+        self._count()
+        return v
+
     def decode_step_s(self, batch: int, context: int) -> float:
         # (osl - 1) steps of the batch at `isl` tokens each: osl 2 is one step.
         v = float(self.handle.predict_decode_latency(int(batch), int(context), 2)) / 1e3

@@ -289,6 +289,8 @@ def profile_document(
         "cached_attention_s": _g(pre.cached_attention_s),
         "points": [[_g(x), _g(y)] for x, y in pre.points],
     }
+    if pre.pass_tokens is not None:
+        prefill["pass_tokens"] = [[_g(x), _g(y)] for x, y in pre.pass_tokens]
     d = sample.decode
     decode = {
         "base_s": _g(d.base_s),
@@ -331,6 +333,11 @@ def _summary(sample: ProfileSample, predictor: aic.AicPredictor) -> list[str]:
         "prefill s (profile / source): "
         + ", ".join(f"{n // 1024}K {t(n):.4g} / {predictor.prefill_s(n, 0):.4g}" for n in SUMMARY_TOKENS)
     ]
+    if sample.batched is not None and sample.batched_curve_only is not None:
+        lines.append(
+            f"batched passes ({sample.batched.n} probes of 2-8 prompts): within {sample.batched.max_abs:.1%} of the "
+            f"source by pass_tokens (on the single-prompt curve alone {sample.batched_curve_only.max_abs:.1%})"
+        )
     b, c = 20, 28672
     lines.append(
         f"decode step at batch {b}, {c // 1024}K tokens each: {step(b, b * c) * 1e3:.2f} ms (source "

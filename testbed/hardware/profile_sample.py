@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -52,6 +52,15 @@ class Predictor(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchPredictor(Protocol):
+    """A source that also times a batched prefill pass (aiconfigurator does)."""
+
+    def prefill_batch_s(self, batch: int, tokens: int) -> float:
+        """One forward pass over `batch` prompts of `tokens` uncached tokens each."""
+        ...
+
+
 @dataclass(frozen=True)
 class SampleSettings:
     min_tokens: int = 1
@@ -66,6 +75,10 @@ class SampleSettings:
     bs_max: int | None = None  # None: the largest batch meeting tpot_s (and the KV capacity)
     kv_capacity_bytes: int | None = None
     decode_contexts: tuple[int, ...] = (1024, 4096, 16384, 32768, 65536, 131072)
+    # A batched pass's token-bound part is read from passes of prompts this short (attention
+    # negligible), and the split it gives is scored on these (batch, tokens) passes.
+    pass_unit: int = 128
+    batch_probes: tuple[tuple[int, int], ...] = tuple((b, t) for t in (512, 2048, 8192) for b in (2, 4, 8))
 
     def check(self) -> None:
         if not 1 <= self.min_tokens < self.max_tokens:
@@ -103,6 +116,8 @@ class ProfileSample:
     decode_fit: Scores  # decode step model vs source over the fitted grid
     decode_at_bs_max: float  # the source's step at BS_max and decode_context, s
     notes: tuple[str, ...] = field(default=())
+    batched: Scores | None = None  # batched passes by the pass_tokens split vs the source
+    batched_curve_only: Scores | None = None  # the same passes priced on the curve alone
 
     def fit_record(self) -> dict[str, float]:
         """For the profile's provenance: how closely each term follows the source."""
@@ -120,6 +135,16 @@ class ProfileSample:
             "decode_max_rel_error": r(self.decode_fit.max_abs),
             "decode_mean_rel_error": r(self.decode_fit.mean_abs),
             "decode_step_at_bs_max_s": r(self.decode_at_bs_max),
+            **(
+                {
+                    "batch_probes": self.batched.n,
+                    "batch_max_rel_error": r(self.batched.max_abs),
+                    "batch_mean_rel_error": r(self.batched.mean_abs),
+                    "batch_curve_only_max_rel_error": r(self.batched_curve_only.max_abs),
+                }
+                if self.batched is not None and self.batched_curve_only is not None
+                else {}
+            ),
         }
 
 
@@ -289,6 +314,14 @@ def sample_profile(pred: Predictor, kv: KVModel, settings: SampleSettings) -> Pr
         cached_token_s=cached_s,
         cached_attention_s=attention_s,
     )
+    batched: tuple[Scores, Scores] | None = None
+    if isinstance(pred, BatchPredictor):
+        prefill, batched = pass_tokens_table(pred, prefill, s)
+        notes.append(
+            f"batched passes: the token-bound part read from passes of {s.pass_unit}-token prompts; "
+            f"{batched[0].n} batched passes priced by it within {batched[0].max_abs:.1%} of the source "
+            f"(on the single-prompt curve alone: {batched[1].max_abs:.1%})"
+        )
 
     ctx = s.decode_context
 
@@ -330,5 +363,50 @@ def sample_profile(pred: Predictor, kv: KVModel, settings: SampleSettings) -> Pr
         kv_capacity_bytes=int(capacity),
     )
     return ProfileSample(
-        prefill, decode, interp, cached_scores, Scores.of([e.rel_error for e in fit.points]), step(bs_max), tuple(notes)
+        prefill,
+        decode,
+        interp,
+        cached_scores,
+        Scores.of([e.rel_error for e in fit.points]),
+        step(bs_max),
+        tuple(notes),
+        batched[0] if batched else None,
+        batched[1] if batched else None,
     )
+
+
+def pass_grid(unit: int, hi: int) -> list[int]:
+    """Pass sizes in tokens: the unit times 1, 2, 3, 4, 6, 8, 12, ... up to `hi` (and `hi`'s own
+    multiple), at most MAX_BATCH prompts a pass."""
+    top = min(max(hi // unit, 1), MAX_BATCH)
+    ks = {1, top}
+    p = 1
+    while p <= top:
+        ks |= {k for k in (p, 3 * p // 2) if 1 <= k <= top}
+        p *= 2
+    return [unit * k for k in sorted(ks)]
+
+
+def pass_tokens_table(
+    pred: BatchPredictor, prefill: TablePrefill, s: SampleSettings
+) -> tuple[TablePrefill, tuple[Scores, Scores]]:
+    """The profile's `pass_tokens` (a batched pass's token-bound time over its tokens) read from
+    passes of short prompts, and the scores of batched passes priced with it and without it."""
+    u = s.pass_unit
+    table = [
+        (float(n), _checked(f"a pass of {n // u} prompts of {u} tokens", pred.prefill_batch_s(n // u, u)))
+        for n in pass_grid(u, s.max_tokens)
+    ]
+    with_table = prefill.model_copy(update={"pass_tokens": table, "overhead_s": 0.0})
+    split, curve = (
+        PrefillTime.from_spec(with_table),
+        PrefillTime.from_spec(with_table.model_copy(update={"pass_tokens": None})),
+    )
+    errors: tuple[list[float], list[float]] = ([], [])
+    for b, t in s.batch_probes:
+        if b * t > s.max_tokens:
+            continue
+        ref = _checked(f"a pass of {b} prompts of {t} tokens", pred.prefill_batch_s(b, t))
+        errors[0].append((split.pass_time([(0, t, 0)] * b) - ref) / ref)
+        errors[1].append((curve.pass_time([(0, t, 0)] * b) - ref) / ref)
+    return prefill.model_copy(update={"pass_tokens": table}), (Scores.of(errors[0]), Scores.of(errors[1]))

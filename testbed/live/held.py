@@ -7,19 +7,28 @@ router: when the request came in and when its first and last token chunks went o
 relative to the hold's t0, which the hold posts once every service is up (`POST /testbed/hold`);
 a request that ends before that waits in memory, and at shutdown without one the router's own
 start is the base.
+
+Behind a foreign router (`router.kind`) nothing is stamped at the router: at the end of the hold
+`write_stage_records` writes the records from the nodes' own stage logs joined by the request id
+the nodes saw (`testbed.metrics.node_stages`), the client's stamps taken at the serving edge
+(arrival: the first node the request reached; first and last token: the decode node's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
 from aiohttp import web
 
+from testbed.core.failures import Failure
+from testbed.core.failures import FailureKind as K
 from testbed.core.record import RequestRecord
 from testbed.live.clock import now
+from testbed.metrics.node_stages import NodeStages, StageLine, fill_record
 from testbed.metrics.records import RecordWriter
 
 log = logging.getLogger("testbed.held")
@@ -50,6 +59,14 @@ class HeldRecords:
         self._writer: RecordWriter | None = None
         self._pending: list[RequestRecord] = []
         self.count = 0
+        self._turns: dict[str, int] = {}  # session -> turns that arrived so far
+
+    def next_turn(self, session: str) -> int:
+        """The turn index (1, 2, ...) of a request of `session` arriving now; 0 without a session."""
+        if not session:
+            return 0
+        self._turns[session] = turn = self._turns.get(session, 0) + 1
+        return turn
 
     def set_t0(self, t0: float) -> None:
         if self.t0 is not None and self.t0 != t0:
@@ -107,3 +124,65 @@ async def post_hold(request: web.Request) -> web.Response:
     except (ValueError, KeyError, TypeError) as e:
         raise web.HTTPBadRequest(text=f'expected {{"t0": unix seconds}}: {e}') from None
     return web.json_response({"records": str(held.path), "written": held.count})
+
+
+def _num(line: StageLine, key: str) -> float:
+    v = line.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def _first(lines: list[StageLine], stage: str, key: str) -> float:
+    return next((v for x in lines if x.get("stage") == stage and not math.isnan(v := _num(x, key))), math.nan)
+
+
+def stage_record(request_id: str, index: int, lines: list[StageLine], t0: float) -> RequestRecord:
+    """One request of a held deployment behind a foreign router, from what the nodes logged
+    (unix-second stamps; the record's relative to `t0`)."""
+    rec = RequestRecord(request_id, index, 0, 0)
+    error = fill_record(rec, lines, t0)
+    inp = _first(lines, "prefill", "input_tokens")
+    if math.isnan(inp):
+        inp = _first(lines, "decode", "input_tokens")
+    out = _first(lines, "decode", "output_tokens")
+    rec.input_tokens = 0 if math.isnan(inp) else int(inp)
+    rec.output_tokens = rec.tokens_received = 0 if math.isnan(out) else int(out)
+    arrivals = (_first(lines, "prefill", "prefill_arrival"), _first(lines, "decode", "decode_arrival"))
+    known = [v for v in arrivals if not math.isnan(v)]
+    t = rec.times
+    t.arrival = min(known) - t0 if known else math.nan
+    t.first_token, t.last_token = t.decode_first_token, t.decode_last_token
+    stages = {x.get("stage") for x in lines}
+    if error is not None:
+        rec.fail(Failure(K.KV_TRANSFER if "kv " in error.lower() else K.DECODE_ERROR), error)
+    elif "decode" not in stages:
+        why = "its KV expired unpulled" if "kv_expired" in stages else "no decode node logged it"
+        rec.fail(Failure(K.ROUTER_ERROR), f"prefilled, never decoded: {why}")
+    elif "prefill" not in stages:
+        rec.fail(Failure(K.ROUTER_ERROR), "decoded, but no prefill node logged it")
+    elif math.isnan(t.first_token):
+        rec.fail(Failure(K.CLIENT_GONE), "the decode node sent no token")
+    else:
+        rec.outcome = "completed"
+    return rec
+
+
+def stage_records(run_dir: Path, t0: float) -> list[RequestRecord]:
+    """Every request the nodes of `run_dir` logged, in arrival order."""
+    by_id = NodeStages(run_dir).requests()
+    recs = [stage_record(rid, 0, lines, t0) for rid, lines in by_id.items()]
+    recs.sort(key=lambda r: (math.inf if math.isnan(r.times.arrival) else r.times.arrival, r.request_id))
+    for i, r in enumerate(recs):
+        r.trace_index = i
+    return recs
+
+
+def write_stage_records(run_dir: Path, t0: float, name: str = "records.csv") -> int:
+    """records.csv of a held deployment behind a foreign router; returns how many."""
+    recs = stage_records(run_dir, t0)
+    w = RecordWriter(run_dir / name)
+    try:
+        for r in recs:
+            w.write(r)
+    finally:
+        w.close()
+    return len(recs)

@@ -70,6 +70,8 @@ class ParsedRequest:
     content: bytes | tuple[int, ...] = b""  # what the prompt is made of, for block hashes
     logprobs: int | None = None  # top alternatives per token; None: no logprobs asked
     planned: Output | None = None  # what is generated; None: `output_tokens` of plain text
+    # stream_options.continuous_usage_stats (vLLM, SGLang): usage in every streamed chunk
+    continuous_usage: bool = False
 
     @property
     def output(self) -> Output:
@@ -265,6 +267,7 @@ def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
     stream = _flag(body, "stream")
     so = body.get("stream_options") or {}
     include_usage = bool(so.get("include_usage", False)) if isinstance(so, dict) else False
+    continuous = bool(so.get("continuous_usage_stats", False)) if isinstance(so, dict) else False
     rid = ext.get("request_id")
     return ParsedRequest(
         kind,
@@ -278,6 +281,7 @@ def parse(body: Any, kind: str, limits: Limits = Limits()) -> ParsedRequest:
         content=content,
         logprobs=gen.logprobs,
         planned=out if (gen.stops or gen.structured is not None) else None,
+        continuous_usage=continuous,
     )
 
 

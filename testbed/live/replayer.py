@@ -26,6 +26,7 @@ from testbed.core.sessions import ArrivalMode, ClosedLoop
 from testbed.live.clock import now, sleep_until
 from testbed.live.openai_api import EXTENSION
 from testbed.live.replay_stats import ReplayStats as ReplayStats  # re-exported
+from testbed.live.stage_log import NODE_REQUEST_ID
 from testbed.metrics.node_stages import NodeStages, fill_record
 from testbed.metrics.records import RecordWriter
 from testbed.traces.sessions import run_sessions
@@ -129,22 +130,25 @@ async def send_standard(
                         times.first_token = t
                     times.last_token = t
     rec.tokens_received = tokens
-    lines = stages.lines(rid) if rid else []
-    error = fill_record(rec, lines, t0)
-    if error is not None:
-        rec.fail(Failure(K.KV_TRANSFER if "kv " in error.lower() else K.DECODE_ERROR), error)
-    elif not {"prefill", "decode"} <= {x.get("stage") for x in lines}:
-        rec.fail(Failure(K.CLIENT_ERROR), f"the nodes logged no prefill and decode for response id {rid!r}")
-    elif tokens != tr.output_tokens:
+    _join_stages(rec, stages, rid, t0)
+    if rec.outcome == "completed" and tokens != tr.output_tokens:
         rec.fail(Failure(K.CLIENT_ERROR), f"received {tokens} of {tr.output_tokens} tokens")
-    else:
-        rec.outcome = "completed"
 
 
 async def send_one(
-    session: aiohttp.ClientSession, url: str, tr: TraceRequest, rec: RequestRecord, t0: float, model: str
+    session: aiohttp.ClientSession,
+    url: str,
+    tr: TraceRequest,
+    rec: RequestRecord,
+    t0: float,
+    model: str,
+    stages: NodeStages | None = None,
 ) -> None:
+    """One request through the testbed's router: its record from the final chunk, and with
+    `stages` (the nodes speak an engine's protocol, which carries no stamps to the router) the
+    stage stamps and bytes from the nodes' logs under the id the final chunk names."""
     body = request_body(tr, model)
+    node_rid: str | None = None
     times = rec.times
     times.arrival = now() - t0
     served: RequestRecord | None = None
@@ -170,6 +174,7 @@ async def send_one(
             if EXTENSION in obj:
                 # The router's stamps are unix seconds; the record's are relative to t0.
                 served = record_from_wire(obj[EXTENSION], rec.trace_index, t0)
+                node_rid = obj.get(NODE_REQUEST_ID, node_rid)
             if obj.get("usage"):
                 tokens = int(obj["usage"].get("completion_tokens", tokens))
             for ch in obj.get("choices", []):
@@ -193,6 +198,23 @@ async def send_one(
         rec.fail(Failure(K.CLIENT_ERROR), "stream ended without a completed record")
     elif tokens != tr.output_tokens:
         rec.fail(Failure(K.CLIENT_ERROR), f"received {tokens} of {tr.output_tokens} tokens")
+    elif stages is not None:
+        _join_stages(rec, stages, node_rid, t0)
+    else:
+        rec.outcome = "completed"
+
+
+def _join_stages(rec: RequestRecord, stages: NodeStages, node_rid: str | None, t0: float) -> None:
+    """A request's stamps and bytes from the nodes' stage logs, joined by the id the nodes saw;
+    it completes unless failed already, a node logged an error, or the nodes logged nothing."""
+    lines = stages.lines(node_rid) if node_rid else []
+    error = fill_record(rec, lines, t0)
+    if rec.outcome == "failed":
+        return
+    if error is not None:
+        rec.fail(Failure(K.KV_TRANSFER if "kv " in error.lower() else K.DECODE_ERROR), error)
+    elif not {"prefill", "decode"} <= {x.get("stage") for x in lines}:
+        rec.fail(Failure(K.CLIENT_ERROR), f"the nodes logged no prefill and decode for request id {node_rid!r}")
     else:
         rec.outcome = "completed"
 
@@ -210,12 +232,14 @@ async def replay(
     arrivals: ArrivalMode = "open",
     foreign: NodeStages | None = None,
     block_tokens: int = 512,
+    stages: NodeStages | None = None,
 ) -> ReplayStats:
     """Replay `trace` (paper-time timestamps divided by `speedup`); record times are relative
     to `t0` (default: now). `api_key`: sent as `Authorization: Bearer KEY`, as OpenAI clients do.
     `arrivals`: open or closed loop (the module's docstring). `foreign`: a foreign router is in the
     router's place; requests are standard ones (trace blocks of `block_tokens`) and records come
-    from these node stage logs."""
+    from these node stage logs. `stages`: the testbed's router drives nodes that speak an engine's
+    protocol; its records take their stamps from these logs (`send_one`)."""
     stats = ReplayStats(total=len(trace))
     t0 = now() if t0 is None else t0
     first = START_LEAD_S
@@ -269,7 +293,7 @@ async def replay(
         limit = request_timeout(tr) if callable(request_timeout) else request_timeout
         try:
             one = (
-                send_one(session, url, tr, rec, t0, model)
+                send_one(session, url, tr, rec, t0, model, stages)
                 if foreign is None
                 else send_standard(session, url, tr, rec, t0, model, block_tokens, foreign)
             )

@@ -39,6 +39,7 @@ from testbed.live.vllm_pd import (
     generate_answer,
     openai_kind,
     parse_request,
+    prefix_hint,
     read_body,
 )
 
@@ -152,11 +153,12 @@ async def prefill_request(request: web.Request) -> web.StreamResponse:
     kv = st.cfg.deployment.nodes[dnode_id].kv
     assert kv is not None
     tokens = req.input_tokens
-    duration = st.cfg.scale.wire_seconds(st.model_time(tokens, 0))
-    job = PrefillJob(rid, tokens, 0, duration)
-    rep = await prefill_node.run_job(st, job, (kv.host, kv.port), tokens, 0, None, transfer_id(room))
+    cached, ship_from = prefix_hint(body, tokens)
+    duration = st.cfg.scale.wire_seconds(st.model_time(tokens - cached, cached))
+    job = PrefillJob(rid, tokens - cached, cached, duration)
+    rep = await prefill_node.run_job(st, job, (kv.host, kv.port), tokens, ship_from, None, transfer_id(room))
     t = rep.times
-    layer_bytes = st.kv.layer_bytes(tokens, 0, sc.scale.byte_scale)
+    layer_bytes = st.kv.layer_bytes(tokens, ship_from, sc.scale.byte_scale)
     rooms.log.write(
         rid,
         stage="prefill",
@@ -170,7 +172,7 @@ async def prefill_request(request: web.Request) -> web.StreamResponse:
         input_tokens=tokens,
         prefill_modelled=duration,
         kv_bytes_wire=sum(layer_bytes),
-        kv_bytes_paper=sum(st.kv.layer_bytes(tokens, 0, 1.0)),
+        kv_bytes_paper=sum(st.kv.layer_bytes(tokens, ship_from, 1.0)),
         error=rep.error or None,
     )
     if rep.error:

@@ -11,6 +11,9 @@ from typing import IO
 from testbed.live.common import ServiceConfig
 
 StageValue = float | int | str | None
+# The field of the testbed router's final chunk naming the id the nodes logged a request under,
+# when they speak an engine's protocol (the join key of its stage lines).
+NODE_REQUEST_ID = "testbed_node_request_id"
 
 
 class StageLog:

@@ -44,7 +44,17 @@ from testbed.live.common import REGISTRY_KEY, ServiceConfig, bad_request, int_fi
 from testbed.live.credentials import SECRET_HEADER
 from testbed.live.engine_load import add_load_route
 from testbed.live.kv_transport import TransferFailed
-from testbed.live.openai_api import Limits, ParsedRequest, RequestError, chunk, full_response, parse, usage_chunk
+from testbed.live.openai_api import (
+    EXTENSION,
+    Limits,
+    ParsedRequest,
+    RequestError,
+    chunk,
+    full_response,
+    parse,
+    usage,
+    usage_chunk,
+)
 from testbed.live.prom import ScrapeTimeMetrics
 from testbed.live.stage_log import StageLog
 
@@ -116,6 +126,24 @@ def error_response(status: int, message: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
+def prefix_hint(body: Mapping[str, object], tokens: int) -> tuple[int, int]:
+    """The mock engine's prefix-cache hit and the prefix its decode node holds, in tokens: a real
+    engine finds these in its own prefix cache (vLLM's, SGLang's radix tree); the mock has none
+    and takes the testbed router's `testbed.cached_tokens` / `decode_cached_tokens` (its books'
+    view, as the testbed protocol's prefill request carries it), 0 without them."""
+    ext = body.get(EXTENSION)
+    hint = ext if isinstance(ext, dict) else {}
+
+    def tok(key: str, default: int) -> int:
+        v = hint.get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= tokens:
+            raise bad_request(f"field 'testbed.{key}' must be an integer in [0, {tokens}]")
+        return v
+
+    cached = tok("cached_tokens", 0)
+    return cached, tok("decode_cached_tokens", cached)
+
+
 # -- prefill side
 
 
@@ -138,13 +166,15 @@ async def prefill_completion(request: web.Request) -> web.Response:
         raise bad_request(f"request {rid!r} is already here")
     arrival = now()
     tokens = req.input_tokens
-    duration = st.cfg.scale.wire_seconds(st.model_time(tokens, 0))
-    rep = await prefill_node.run_job(st, PrefillJob(rid, tokens, 0, duration), None, tokens, 0, None)
+    cached, ship_from = prefix_hint(body, tokens)
+    duration = st.cfg.scale.wire_seconds(st.model_time(tokens - cached, cached))
+    rep = await prefill_node.run_job(st, PrefillJob(rid, tokens - cached, cached, duration), None, tokens, 0, None)
     t = rep.times
     if rep.error:
         vs.log.write(rid, stage="prefill", prefill_arrival=arrival, error=rep.error)
         return error_response(500, rep.error)
-    layer_bytes = st.kv.layer_bytes(tokens, 0, sc.scale.byte_scale)
+    # The decode pulls the blocks it lacks (vLLM's decode computes its own prefix hit first).
+    layer_bytes = st.kv.layer_bytes(tokens, ship_from, sc.scale.byte_scale)
     held = Held(rid, tokens, layer_bytes, t.prefill_end)
     remote_id = f"{rid}-{uuid.uuid4().hex[:8]}"
     vs.held[remote_id] = held
@@ -159,7 +189,7 @@ async def prefill_completion(request: web.Request) -> web.Response:
         input_tokens=tokens,
         prefill_modelled=duration,
         kv_bytes_held=held.bytes,
-        kv_bytes_paper=sum(st.kv.layer_bytes(tokens, 0, 1.0)),
+        kv_bytes_paper=sum(st.kv.layer_bytes(tokens, ship_from, 1.0)),
         remote_request_id=remote_id,
     )
     http = st.cfg.deployment.nodes[st.cfg.node_id].http
@@ -373,7 +403,13 @@ async def answer(
                 stamps["decode_first_token"] = _number(ev, "t")
             if resp is not None and n > sent:
                 fin = req.output.finish if n >= req.output_tokens else None
-                out = generate_answer(req, rid, n, fin) if generate else chunk(req, rid, model, sent, n - sent, fin)
+                # continuous_usage_stats: the count so far in every chunk (a router counts tokens by it)
+                extra: JSONObject | None = {"usage": usage(req, n)} if req.continuous_usage else None
+                out = (
+                    generate_answer(req, rid, n, fin)
+                    if generate
+                    else chunk(req, rid, model, sent, n - sent, fin, extra)
+                )
                 await resp.write(_sse(out))
             sent = max(sent, n)
         elif ev["event"] == "done":

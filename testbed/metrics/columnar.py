@@ -21,16 +21,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from testbed.core.record import RecordFormatError, RequestRecord, StageTimes
-from testbed.metrics.records import MAX_FIELD_CHARS, RECORDS_VERSION, as_written, native_rows
+from testbed.metrics.records import MAX_FIELD_CHARS, RECORDS_VERSION, RecordWriter, as_written, native_rows
 from testbed.metrics.series_format import RawSample, SeriesPoint, TimeseriesError
 
 # Rows per row group: a run holds at most this many records or decisions before writing them.
@@ -69,6 +70,10 @@ _ENCODING = {f.name: "DELTA_BINARY_PACKED" for f in RECORD_SCHEMA if f.type in (
 _DICTIONARY = [f.name for f in RECORD_SCHEMA if f.type in (pa.string(), pa.bool_())]
 _FLOAT_FIELDS = frozenset(f.name for f in _RECORD_FIELDS if str(f.type) == "float")
 _STR_FIELDS = frozenset(f.name for f in _RECORD_FIELDS if str(f.type) == "str")
+_INT_NAMES = tuple(f.name for f in _RECORD_FIELDS if str(f.type) == "int")
+# Each a tuple, however many names (attrgetter of one name gives the value alone).
+_INT_GET = attrgetter(*_INT_NAMES, *(_INT_NAMES[:1] if len(_INT_NAMES) == 1 else ()))
+_TIME_GET = attrgetter(*TIME_COLUMNS)
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
@@ -85,42 +90,121 @@ _DEFAULTS: dict[str, Any] = {f.name: _default(f) for f in (*_RECORD_FIELDS, *_TI
 def _settle(records: list[RequestRecord]) -> None:
     """Each record made what records.csv reads back, in place (the compiled writer where built)."""
     rows = native_rows()
-    if rows is not None:
-        rows.lines(records, True)
-    else:
-        for r in records:
+    lines = rows.lines(records, True) if rows is not None else [None] * len(records)
+    for line, r in zip(lines, records):
+        if line is None:  # what the compiled writer leaves (a text to cut, say) or all without it
             as_written(r)
 
 
+def _matrix(get: Callable[[Any], tuple[Any, ...]], items: list[Any], dtype: type[np.generic]) -> np.ndarray[Any, Any]:
+    """The values `get` takes from each item, a row per column (each row contiguous): one pass
+    over the items for a whole group of columns."""
+    return np.array(list(map(get, items)), dtype=dtype).reshape(len(items), -1).T.copy()
+
+
 def _record_batch(records: list[RequestRecord], settled: bool) -> pa.RecordBatch:
-    cols: list[list[Any]] = []
-    for n in FIELD_NAMES:
+    ints = dict(zip(_INT_NAMES, _matrix(_INT_GET, records, np.int64)))
+    stamps = _matrix(_TIME_GET, [r.times for r in records], np.float64)
+    arrays: list[pa.Array] = []
+    for f in _RECORD_FIELDS:
+        n = f.name
+        held = ints.get(n)
+        if held is not None:
+            arrays.append(_plain(pa.int64(), held))
+            continue
         col = [getattr(r, n) for r in records]
         if not settled:
             if n in _FLOAT_FIELDS:
                 col = [round(v, 6) for v in col]
             elif n in _STR_FIELDS:
                 col = [v[:MAX_FIELD_CHARS] for v in col]
-        cols.append(col)
-    arrays = [pa.array(c, type=f.type) for c, f in zip(cols, RECORD_SCHEMA)]
-    times = [r.times for r in records]
-    for n in TIME_COLUMNS:
-        seconds = pa.array([getattr(t, n) for t in times], pa.float64(), from_pandas=True)  # NaN: null
-        arrays.append(pc.cast(pc.round(pc.multiply(seconds, 1e6)), pa.int64()).cast(STAMP))
+        arrays.append(_BUILD[str(f.type)](col))
+    arrays += [_stamps(t) for t in stamps]
     return pa.RecordBatch.from_arrays(arrays, schema=RECORD_SCHEMA)
+
+
+# Arrays from their buffers: `pa.array` of a list or an ndarray imports pandas (pyarrow's pandas
+# shim asks whether the values are a pandas object), 0.2 s of CPU and 100 MiB the run otherwise
+# never needs.
+def _plain(t: pa.DataType, values: np.ndarray[Any, Any]) -> pa.Array:
+    return pa.Array.from_buffers(t, len(values), [None, pa.py_buffer(values)])
+
+
+def _floats(col: list[Any]) -> pa.Array:
+    return _plain(pa.float64(), np.array(col, dtype=np.float64))
+
+
+def _ints(col: list[Any]) -> pa.Array:
+    return _plain(pa.int64(), np.array(col, dtype=np.int64))
+
+
+def _bools(col: list[Any]) -> pa.Array:
+    bits = np.packbits(np.array(col, dtype=np.bool_), bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(col), [None, pa.py_buffer(bits)])
+
+
+class _TooLong(ValueError):
+    """A text column of a batch holds more than a 32-bit offset reaches: a batch of records is
+    split (decisions' short texts never come near)."""
+
+
+_MAX_OFFSET = 2**31 - 1
+
+
+def _texts(col: list[Any]) -> pa.Array:
+    joined = "".join(col)
+    data = joined.encode()
+    # All ASCII (the usual case): each text's bytes are its characters.
+    sizes = map(len, col) if len(data) == len(joined) else (len(v.encode()) for v in col)
+    if len(data) > _MAX_OFFSET:
+        raise _TooLong(f"{len(data):,} bytes of text in one column, more than a 32-bit offset reaches")
+    offsets = np.zeros(len(col) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(sizes, dtype=np.int32, count=len(col)), out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(col), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _stamps(t: np.ndarray[Any, Any]) -> pa.Array:
+    """Seconds to whole microseconds, rounded half to even; NaN (the stage never happened): null."""
+    never = np.isnan(t)
+    if np.isinf(t).any():
+        raise ValueError("a stage stamp is infinite")
+    us = np.rint(t * 1e6)
+    us[never] = 0.0
+    valid = None if not never.any() else pa.py_buffer(np.packbits(~never, bitorder="little"))
+    return pa.Array.from_buffers(STAMP, len(t), [valid, pa.py_buffer(us.astype(np.int64))])
+
+
+_BUILD: dict[str, Callable[[list[Any]], pa.Array]] = {"float": _floats, "int": _ints, "bool": _bools, "str": _texts}
+
+
+def _write_records(out: pq.ParquetWriter, records: list[RequestRecord], settled: bool) -> None:
+    try:
+        batch = _record_batch(records, settled)
+    except _TooLong:
+        if len(records) == 1:
+            raise ValueError("a record's texts exceed 2 GiB") from None
+        half = len(records) // 2
+        _write_records(out, records[:half], settled)
+        _write_records(out, records[half:], settled)
+        return
+    out.write_batch(batch)
 
 
 class ParquetRecordWriter:
     """Records to records.parquet, a row group per `ROW_GROUP` records. `settle` makes each record
     `as_written` in place (for a writer that summarises the records it holds); without it the
-    stored values are rounded and cut the same way and the records left as they are."""
+    stored values are rounded and cut the same way and the records left as they are.
+    `settled_by`: a records.csv writer that is given the same records and settles them as it
+    writes them; its held records are written before each row group, which then need not be
+    settled again (a twentieth of a simulated run's writing)."""
 
-    def __init__(self, path: Path, settle: bool = False) -> None:
+    def __init__(self, path: Path, settle: bool = False, settled_by: RecordWriter | None = None) -> None:
         self.path = path
         self._out = pq.ParquetWriter(
             path, RECORD_SCHEMA, compression=_COMPRESSION, use_dictionary=_DICTIONARY, column_encoding=_ENCODING
         )
         self._settle = settle
+        self._settled_by = settled_by if settled_by is not None and settled_by.settles else None
         self._held: list[RequestRecord] = []
         self.count = 0
         self.write_s = 0.0
@@ -135,9 +219,11 @@ class ParquetRecordWriter:
         if not self._held:
             return
         t = time.perf_counter()
-        if self._settle:
+        if self._settled_by is not None:
+            self._settled_by.drain()
+        elif self._settle:
             _settle(self._held)
-        self._out.write_batch(_record_batch(self._held, self._settle))
+        _write_records(self._out, self._held, self._settle or self._settled_by is not None)
         self._held = []
         self.write_s += time.perf_counter() - t
 
@@ -249,7 +335,9 @@ class ParquetSeriesFile:
         sources: list[str] = []
         metrics: list[str] = []
         values: list[float] = []
-        labels: list[list[tuple[str, str]]] = []
+        counts: list[int] = []  # labels per line
+        keys: list[str] = []
+        texts: list[str] = []
         for t_paper, source, samples in self._held:
             t = round(t_paper / self.speedup, 6)
             for metric, value, lab in samples:
@@ -258,14 +346,15 @@ class ParquetSeriesFile:
                 sources.append(source)
                 metrics.append(metric)
                 values.append(v if -_INF < v < _INF else math.nan)  # decisions.jsonl: null, read as NaN
-                labels.append([(str(k), str(x)) for k, x in lab.items()])
-        arrays = [
-            pa.array(ts, pa.float64()),
-            pa.array(sources, pa.string()),
-            pa.array(metrics, pa.string()),
-            pa.array(values, pa.float64()),
-            pa.array(labels, pa.map_(pa.string(), pa.string())),
-        ]
+                counts.append(len(lab))
+                keys.extend(map(str, lab))
+                texts.extend(map(str, lab.values()))
+        offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+        np.cumsum(np.array(counts, dtype=np.int32), out=offsets[1:])
+        labels = pa.MapArray.from_arrays(
+            _plain(pa.int32(), offsets), _texts(keys), _texts(texts), type=DECISION_SCHEMA.field("labels").type
+        )
+        arrays = [_floats(ts), _texts(sources), _texts(metrics), _floats(values), labels]
         self._out.write_batch(pa.RecordBatch.from_arrays(arrays, schema=DECISION_SCHEMA))
         self.lines += len(ts)
         self._held = []
@@ -287,6 +376,8 @@ def read_parquet_series(path: Path, t0: float = 0.0, metric: str | None = None) 
     schema = pf.schema_arrow
     if schema.names != DECISION_SCHEMA.names:
         raise TimeseriesError(f"{path}: columns {schema.names}, expected {DECISION_SCHEMA.names}")
+    import pyarrow.compute as pc  # here: the writers, which a simulated run imports, need none of it
+
     out: list[SeriesPoint] = []
     for i in range(pf.num_row_groups):
         table = pf.read_row_group(i)

@@ -38,6 +38,11 @@ class NodeStages:
                     self._by_request.setdefault(line["request_id"], []).append(line)
             self._offsets[path] = start + end
 
+    def requests(self) -> dict[str, list[StageLine]]:
+        """Every request id the logs hold so far, with its lines, in the order first read."""
+        self._refresh()
+        return dict(self._by_request)
+
     def lines(self, request_id: str, last_stage: str = "decode") -> list[StageLine]:
         """What the nodes logged for `request_id`, read afresh unless `last_stage` is there (its
         earlier stages may have been read while the request was still running)."""

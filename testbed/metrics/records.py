@@ -347,9 +347,17 @@ class RecordWriter:
 
     def close(self) -> None:
         if not self._fh.closed:
-            if self._later:
-                self._write_later()
+            self.drain()
             self._fh.close()
+
+    @property
+    def settles(self) -> bool:
+        return self._settle
+
+    def drain(self) -> None:
+        """Write the records held back (each then `as_written`, if this writer settles them)."""
+        if self._later and not self._fh.closed:
+            self._write_later()
 
     def _write_later(self) -> None:
         assert self._later is not None

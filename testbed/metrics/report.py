@@ -20,6 +20,7 @@ from testbed.metrics.plot_style import run_title
 from testbed.metrics.report_format import NA, fmt, fmt_bytes, fmt_change, fmt_factor, fmt_ms, fmt_pct, fmt_rate
 from testbed.metrics.report_plots import plot_links, plot_queues, plot_ttft_cdf, plot_turns
 from testbed.metrics.roles import decision_rows, long_term_rows, plot_roles, read_role_decisions, roles_cell
+from testbed.metrics.scheduler_report import scheduler_rows
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.sessions import session_rows, turn_rows
 from testbed.metrics.summary import (
@@ -334,6 +335,9 @@ def write_report(
             md_table(["Turn", "Requests", "TTFT mean (s)", "TTFT P90 (s)", "Cached prompt (%)"], turn_rows(s.sessions)),
             "",
         ]
+    srows = scheduler_rows(run_dir, read_run_info(run_dir), scale)
+    if srows:
+        out += ["## Scheduler", "", md_table(["Scheduler", "Value"], srows), ""]
     krows = control_rows(s)
     if krows:
         out += ["## Control loop", "", md_table(["Control", "Value"], krows), ""]

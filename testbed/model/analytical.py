@@ -13,6 +13,9 @@ paper's numbers support the plain form.  TTFT figures are the mean and the P90 o
 TTFT *distribution* (T_prefill of the cluster each length is routed to), which matches
 Table 6 within ~3%.
 
+A batching prefill scheduler (`hardware.<hw>.scheduler: vllm`) shares each pass's fixed part among
+the prompts in it: its capacity follows `testbed.model.batching` (FCFS, the default, is unchanged).
+
 Decode capacity uses only base_s (T_decode) and bs_max of the PD hardware's decode profile;
 per_seq_s and per_context_token_s are ignored, as in the paper's Theta_pdd formula.
 """
@@ -30,10 +33,12 @@ import numpy as np
 import numpy.typing as npt
 
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.prefill_batch import BatchPolicy
 from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.scenario import LengthDist, Scenario
 from testbed.model.arrivals import GapLaw, Windows
+from testbed.model.batching import batching_adjustment
 from testbed.model.errors import ModelError
 
 FloatArray = npt.NDArray[np.float64]
@@ -254,9 +259,11 @@ class Pool:
     cluster: str
     instances: int
     prefill: PrefillTime
+    batch: BatchPolicy | None = None  # a batching scheduler's passes (None: FCFS, the paper's)
 
     def capacity(self, lengths: FloatArray) -> FloatArray:
-        out: FloatArray = self.instances / prefill_seconds(self.prefill, lengths)
+        busy = prefill_seconds(self.prefill, lengths) + batching_adjustment(self.prefill, lengths, self.batch)
+        out: FloatArray = self.instances / busy
         return out
 
 
@@ -302,7 +309,12 @@ class StagePools:
             if split[0] < 0 or split[1] < 1:
                 raise ModelError(f"split {split} needs N_p >= 0 and N_d >= 1")
         prfaas = tuple(
-            Pool(c.name, c.prefill, PrefillTime.from_spec(scenario.hardware[c.hardware].prefill))
+            Pool(
+                c.name,
+                c.prefill,
+                PrefillTime.from_spec(scenario.hardware[c.hardware].prefill),
+                BatchPolicy.from_spec(scenario.hardware[c.hardware].scheduler),
+            )
             for c in scenario.clusters
             if c.kind == "prfaas" and c.prefill > 0
         )
@@ -316,7 +328,9 @@ class StagePools:
             n_p, n_d = split if split is not None else (c.prefill, c.decode)
             hw = scenario.hardware[c.hardware]
             if n_p > 0:
-                pd_prefill.append(Pool(c.name, n_p, PrefillTime.from_spec(hw.prefill)))
+                pd_prefill.append(
+                    Pool(c.name, n_p, PrefillTime.from_spec(hw.prefill), BatchPolicy.from_spec(hw.scheduler))
+                )
             if n_d > 0:
                 if hw.decode is None:
                     raise ModelError(f"cluster {c.name!r}: hardware {c.hardware!r} has no decode profile")

@@ -27,8 +27,9 @@ import numpy as np
 import numpy.typing as npt
 
 from testbed.core.engine.kvsize import KVModel
+from testbed.core.engine.prefill_batch import BatchPolicy
 from testbed.core.engine.servicetime import PrefillTime
-from testbed.core.schema.hardware import DecodeSpec
+from testbed.core.schema.hardware import DecodeSpec, HardwareSpec
 from testbed.model.analytical import (
     DiscreteDistribution,
     FloatArray,
@@ -39,6 +40,7 @@ from testbed.model.analytical import (
     prefill_seconds,
 )
 from testbed.model.arrivals import GapLaw, Windows
+from testbed.model.batching import batching_adjustment
 from testbed.model.plan_types import Candidate, Family, PlanError, PlanSettings, kind_pools
 from testbed.model.queueing import Branch, Wait, gim_wait, mgc_wait, mixture_quantile, split_scv, windowed_wait
 
@@ -100,6 +102,15 @@ class Grid(TypedDict):
     span_waits: NotRequired[tuple[FloatArray, FloatArray, FloatArray]]
 
 
+def busy_seconds(spec: HardwareSpec, pt: PrefillTime, tokens: FloatArray) -> FloatArray:
+    """Instance-seconds a prompt occupies at saturation under the hardware's scheduler
+    (`testbed.model.batching`): the capacity units; the waits keep the single-prompt time."""
+    out: FloatArray = prefill_seconds(pt, tokens) + batching_adjustment(
+        pt, tokens, BatchPolicy.from_spec(spec.scheduler)
+    )
+    return out
+
+
 def _atoms(fam: Family, dist: DiscreteDistribution, kv: KVModel, link_bps: float) -> _Atoms:
     hw = fam.base.hardware
     v = dist.values
@@ -128,13 +139,13 @@ def _sides(dist: DiscreteDistribution, a: _Atoms, kv: KVModel, link_bps: float, 
     l_short_eval = np.where(np.isnan(l_short), dist.lo, l_short)
     hw = fam.base.hardware
     pd_pt = PrefillTime.from_spec(hw[fam.pd_hw].prefill)
-    unit_pd = 1.0 / prefill_seconds(pd_pt, l_short_eval)
+    unit_pd = 1.0 / busy_seconds(hw[fam.pd_hw], pd_pt, l_short_eval)
     sd_pd, _ = split(a.t_pd)
     sq_pd, _ = split(a.t_pd * a.t_pd)
     zeros = np.zeros_like(ts)
     if a.t_prf is not None and fam.prfaas_hw is not None:
         prf_pt = PrefillTime.from_spec(hw[fam.prfaas_hw].prefill)
-        unit_prf = 1.0 / prefill_seconds(prf_pt, l_long_eval)
+        unit_prf = 1.0 / busy_seconds(hw[fam.prfaas_hw], prf_pt, l_long_eval)
         _, s_prf = split(a.t_prf)
         _, q_prf = split(a.t_prf * a.t_prf)
         es_prf, es2_prf = per(s_prf, p), per(q_prf, p)
@@ -505,9 +516,13 @@ class Evaluator:
         sides = _Sides(
             ts=one(-1.0 if threshold is None else threshold),
             p=one(float(up.mean())),
-            unit_prf=one(1.0 / prefill_seconds(prf_pt, one(l_long))[0] if prf_pt is not None else 0.0),
+            unit_prf=one(
+                1.0 / busy_seconds(hw[self.fam.prfaas_hw], prf_pt, one(l_long))[0]
+                if prf_pt is not None and self.fam.prfaas_hw is not None
+                else 0.0
+            ),
             link_cap=one(link / (8.0 * kv_bytes(kv, one(cond(ship, up, a.v[-1])))[0])),
-            unit_pd=one(1.0 / prefill_seconds(pd_pt, one(l_short))[0]),
+            unit_pd=one(1.0 / busy_seconds(hw[self.fam.pd_hw], pd_pt, one(l_short))[0]),
             es_prf=one(cond(t_prf, up)),
             es2_prf=one(cond(t_prf * t_prf, up)),
             es_pd=one(cond(t_pd, down)),

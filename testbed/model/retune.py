@@ -18,9 +18,6 @@ from testbed.core.control.longterm import Planner, ThresholdPlan, WorkloadSample
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.scenario import Scenario
-from testbed.model.analytical import StagePools, Workload, stage_capacity, threshold_curves
-from testbed.model.optimise import optimise_threshold
-from testbed.model.workload import EmpiricalDistribution
 
 
 def _load(rate: float, limit: float) -> float:
@@ -42,6 +39,12 @@ def role_planner(sc: Scenario, link_bps: float) -> Planner:
             unknown_kind("policy", sc.policy.name)
 
     def plan(smp: WorkloadSample, n_p: int, n_d: int, threshold: float | None) -> ThresholdPlan:
+        # Imported at the first plan: every simulated run builds a planner, few long-term loops
+        # run, and the model is a tenth of a short run's start-up.
+        from testbed.model.analytical import StagePools, Workload, stage_capacity, threshold_curves
+        from testbed.model.optimise import optimise_threshold
+        from testbed.model.workload import EmpiricalDistribution
+
         if offload is None:
             raise ValueError("role re-planning needs policy 'prfaas' or 'homogeneous', not 'naive'")
         out = float(np.mean(smp.outputs)) if len(smp.outputs) else float(sc.workload.output_tokens)

@@ -36,16 +36,22 @@ import aiohttp
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.config.scenarios import dump_scenario
-from testbed.core.errors import UserError
 from testbed.deploy.base import Backend
 from testbed.deploy.prometheus import PrometheusProcess, find_binary, unavailable
 from testbed.live.clock import now
 from testbed.live.credentials import API_KEY_FILE
-from testbed.live.held import HOLD_KEY, HOLD_PATH
+from testbed.live.held import HOLD_KEY, HOLD_PATH, write_stage_records
 from testbed.metrics.artefacts import Summary, run_info
 from testbed.metrics.artefacts.run_file import HoldInfo as HoldFacts
 from testbed.metrics.artefacts.run_file import RunState, Shaping, this_process
-from testbed.run.runner import _versions, clear_previous_run, make_backend, owning_run_dir, write_run_json
+from testbed.run.runner import (
+    _versions,
+    clear_previous_run,
+    make_backend,
+    owning_run_dir,
+    scrape_router_metrics,
+    write_run_json,
+)
 from testbed.run.stoppable import default_in_forked_child
 
 HOLD_SPEEDUP = 1.0
@@ -145,13 +151,6 @@ async def hold_async(
     """Bring the deployment up, call `on_ready`, keep it until `stop` is set or it disappears,
     then tear it down and write the run directory. `prometheus`: the listen address of a
     Prometheus to run against the deployment (`testbed.deploy.prometheus`)."""
-    if rs.spec.router.kind != "testbed":
-        # A hold's records are written by the testbed's router as it answers outside clients;
-        # a foreign router's requests are known only to the nodes, joined by the replayer.
-        raise UserError(
-            f"testbed up with router.kind {rs.spec.router.kind!r}: a held deployment's records come from the "
-            "testbed's router, which a foreign router replaces; replay through it instead (testbed replay --router)"
-        )
     with owning_run_dir(run_dir):
         return await _hold(rs, run_dir, backend, stop, on_ready, host_port, prometheus)
 
@@ -169,6 +168,7 @@ async def _hold(
     from testbed.metrics.summary import write_summary
 
     sc = rs.spec
+    foreign = sc.router.kind != "testbed"
     run_dir.mkdir(parents=True, exist_ok=True)
     clear_previous_run(run_dir)
     (run_dir / "timeseries").mkdir(exist_ok=True)
@@ -207,7 +207,8 @@ async def _hold(
         url = await be.host_url()
         meta.t0 = t0 = now()
         creds = be.deployment.credentials
-        await be.run_client(lambda: _post_t0(be.deployment.router.url, t0, creds.runner_headers()))
+        if not foreign:  # a foreign router stamps nothing: the records come from the nodes' logs
+            await be.run_client(lambda: _post_t0(be.deployment.router.url, t0, creds.runner_headers()))
         write_api_key(run_dir / API_KEY_FILE, creds.api_key)
         meta.hold = HoldFacts(url=url, base_url=f"{url}/v1", prefix=_prefix(be))
         write_run_json(meta_path, meta)
@@ -229,6 +230,8 @@ async def _hold(
                 t.cancel()
             await asyncio.gather(stopped, gone, return_exceptions=True)
         meta.t_end = now()
+        if foreign:
+            await be.run_client(lambda: scrape_router_metrics(run_dir))
     except (asyncio.CancelledError, KeyboardInterrupt):
         state = "interrupted"
         raise
@@ -246,6 +249,8 @@ async def _hold(
             meta.hold = held
             meta.state = state
             write_run_json(meta_path, meta)
+            if foreign:
+                write_stage_records(run_dir, meta.t0)
             if not (run_dir / "records.csv").exists():
                 # The router never wrote (it did not come up): an empty file keeps the directory readable.
                 from testbed.metrics.records import RecordWriter
@@ -338,9 +343,10 @@ def cmd_hold(args: argparse.Namespace) -> int:
         return 2
     # --speedup means what it means in every run (scale.speedup); without it a hold keeps paper time.
     sets = with_hold_speedup(args.set) if args.speedup is None else [*args.set, f"scale.speedup={args.speedup}"]
-    if getattr(args, "router", None) not in (None, "testbed"):
-        # Refused before anything starts (`hold_async` says why), not silently dropped.
+    if getattr(args, "router", None) is not None:
         sets = [*sets, f"router.kind={args.router}"]
+    if getattr(args, "router_policy", None) is not None:
+        sets = [*sets, f"router.policy={args.router_policy}"]
     rs = load(args.scenario, overrides_for(args.scenario, with_hold_streaming(sets)))
     backend, warning = pick_backend(args.backend)
     refuse_unhonoured(backend, [rs])

@@ -9,7 +9,14 @@ from typing import Any
 from testbed import config
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.schema.scenario import Scenario
-from testbed.model.optimise import solve_threshold
+
+
+def solve_threshold(scenario: Scenario, link_bps: float) -> float:
+    """`testbed.model.optimise.solve_threshold`, imported when a scenario's threshold is `auto`:
+    the optimiser (numpy, the analytical model) is most of a command's start-up otherwise."""
+    from testbed.model.optimise import solve_threshold as solve
+
+    return solve(scenario, link_bps)
 
 
 def load(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> ResolvedScenario:

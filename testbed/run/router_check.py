@@ -8,7 +8,6 @@ runs the router as a process of its own (`exit_code`) adds how it ended.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 
 from testbed.core.errors import UserError
@@ -36,6 +35,8 @@ def _ended(code: int | None) -> str:
 
 
 async def _answers(url: str) -> bool:
+    import asyncio  # here: the runner imports this module, and a simulated run needs no asyncio
+
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as s:

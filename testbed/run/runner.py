@@ -230,7 +230,6 @@ def _run_sim(
     on_progress: Callable[[ReplayStats], None] | None,
     report: bool,
 ) -> RunResult:
-    from testbed.metrics.report import write_report
     from testbed.metrics.summary import write_summary
     from testbed.sim import SimOptions, shaping, simulate
 
@@ -272,6 +271,8 @@ def _run_sim(
     # records.csv and timeseries/ back cost more than the rest of the summary.
     summary = write_summary(run_dir, st.records, st.series)
     if report:
+        from testbed.metrics.report import write_report  # here: most runs are not reported
+
         write_report(run_dir, summary)
     return RunResult(run_dir, stats, False, summary)
 
@@ -414,6 +415,10 @@ async def _run_replay_async(
                     arrivals=sc.workload.arrivals,
                     foreign=NodeStages(run_dir) if sc.router.kind != "testbed" else None,
                     block_tokens=trace.block_tokens,
+                    # The testbed's router over an engine protocol: the stamps are the nodes'.
+                    stages=NodeStages(run_dir)
+                    if sc.router.kind == "testbed" and sc.node_protocol != "testbed"
+                    else None,
                 )
             )
         except asyncio.CancelledError:

@@ -121,7 +121,7 @@ class DecodeSim:
         admitted, end = self.loop.begin(t)
         for s in admitted:
             req = self.reqs[s.request_id]
-            req.admitted = t
+            req.decode_admitted = t
             req.life.apply(Event.ADMIT, t)
             self.fresh.append(req)
         if end is None:
@@ -129,7 +129,7 @@ class DecodeSim:
             return
         # The first step from this boundary decides every fresh sequence's first token.
         for req in self.fresh:
-            req.first = end
+            req.decode_first_token = end
         # Whatever waits now waits for memory or a slot: only a finish changes that.
         self._set_due(self.batch.steps_to_finish())
 
@@ -163,7 +163,7 @@ class DecodeSim:
         """Run `m` steps at once; sequences finishing at their end are done at `t`."""
         for seq in self.loop.run_finished(m):
             req = self.reqs.pop(seq.request_id)
-            req.last = t
+            req.decode_last_token = t
             self.completed += 1
             self.sim.finished(req, t)
 
@@ -228,7 +228,7 @@ class DecodeSim:
                 return
             self._steps(1, t)
             for req in self.fresh:
-                req.first = t
+                req.decode_first_token = t
         self._boundary(t)
 
     def kill(self) -> list[SimRequest]:

@@ -48,6 +48,7 @@ from testbed.metrics.fault_effects import FaultLogFile
 from testbed.sim.events import FAULT, SAMPLE, Loop
 from testbed.sim.net_view import Net
 from testbed.sim.network import Network
+from testbed.sim.reach import Reach
 from testbed.sim.router import SimRouter
 from testbed.sim.wan import ResetWindow
 
@@ -68,10 +69,9 @@ class FaultHost(Protocol):
     @property
     def router(self) -> SimRouter: ...
     @property
-    def life(self) -> dict[str, str]: ...
+    def reach(self) -> Reach: ...
     @property
     def busy(self) -> bool: ...
-    def reachable(self, node: str) -> bool: ...
     def kill(self, node: str, t: float) -> None: ...
     def start(self, node: str, t: float) -> None: ...
     def pause(self, node: str, t: float) -> None: ...
@@ -202,10 +202,10 @@ class Prober:
     def _round(self, _: Any) -> None:
         sim = self.sim
         t = sim.loop.now
-        router = sim.router
+        router, reach = sim.router, sim.reach
         for n in router.books.health.due_probes(t):
-            match sim.life[n]:
-                case "up" if not sim.reachable(n):  # across a dark WAN: no answer in time
+            match reach.life[n]:
+                case "up" if not reach.reachable(n):  # across a dark WAN: no answer in time
                     sim.loop.at(t + self.timeout, SAMPLE, self._unanswered, n)
                 case "up":
                     router.note_health(n, "ok", t, "health probe answered 200", probe=True)
@@ -220,7 +220,7 @@ class Prober:
 
     def _unanswered(self, node: str) -> None:
         sim = self.sim
-        if sim.life[node] == "up" and sim.reachable(node):  # it resumed (or the link came back) in time
+        if sim.reach.life[node] == "up" and sim.reach.reachable(node):  # it resumed (or the link came back) in time
             sim.router.note_health(node, "ok", sim.loop.now, "health probe answered 200", probe=True)
             return
         sim.router.note_health(

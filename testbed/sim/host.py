@@ -1,4 +1,5 @@
-"""What the instances need from the simulation that drives them (so they need not import it)."""
+"""What the instances need of the router that drives them (`testbed.sim.router.SimRouter`, so
+they need not import it): the clock, the network, and where a request goes on from them."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ class PrefillSim:
             self.time(d.incremental_tokens, d.cached_tokens),
             awaits_prefix=d.cache_move is not None,
         )
-        req.queued = t
+        req.prefill_queued = t
         req.life.apply(Event.ENQUEUE_PREFILL, t)
         self.pending[req.rid] = req
         self.loop.submit(job, t)
@@ -150,7 +150,7 @@ class PrefillSim:
         for j, _ in p.chunks:
             if j.passes == 1:  # its first chunk
                 req = self.pending.pop(j.request_id)
-                req.job, req.modelled, req.start = j, j.duration, t
+                req.job, req.prefill_modelled, req.prefill_start = j, j.duration, t
                 req.life.apply(Event.START_PREFILL, t)
                 self.started[j.request_id] = req
         n, bs, dur, net = self.kv.layers, self.byte_scale, p.duration, self.sim.net
@@ -160,7 +160,7 @@ class PrefillSim:
             assert req.plan is not None
             # What the run is held to: its planned span from its first pass to its last's end.
             assert j.started_at is not None
-            req.modelled = j.pass_start + j.pass_s - j.started_at
+            req.prefill_modelled = j.pass_start + j.pass_s - j.started_at
             req.transfer_start = last_pass_layer_ready(j, 0, n)
             req.life.apply(Event.TRANSFER_START, req.transfer_start)
             groups.setdefault(req.plan.d.decode_node, []).append(req)
@@ -171,7 +171,7 @@ class PrefillSim:
             for req in reqs:
                 assert req.plan is not None
                 total, last = self.kv.shipped(req.tr.input_tokens, req.plan.d.decode_cached_tokens, bs)
-                req.kv_wire = total
+                req.kv_bytes_wire = total
                 req.kv_range = (lo, lo + total * bs)
                 lo += total * bs
                 early = (total - last) * bs
@@ -208,7 +208,7 @@ class PrefillSim:
                     continue
                 self.started.pop(req.rid, None)
                 assert req.kv_range is not None
-                req.end = t
+                req.prefill_end = t
                 req.life.apply(Event.END_PREFILL, t)
                 self.sim.transfer_handed(req, path, req.kv_range[1])
         self.streams = []
@@ -225,7 +225,7 @@ class PrefillSim:
             return
         req = self.pending.pop(got.request_id)
         req.job = got
-        req.modelled = got.duration
+        req.prefill_modelled = got.duration
         if self.loop.blocked is got:
             self.blocked = req
             return
@@ -234,7 +234,7 @@ class PrefillSim:
     def move_arrived(self, req: SimRequest, t: float) -> None:
         """The cached prefix moved in for `req` is here."""
         req.moved = True
-        req.move_end = t
+        req.cache_move_end = t
         if self.loop.prefix_arrived(req.rid, t) is not None:
             self.blocked = None
             self._compute(req, t)
@@ -250,13 +250,13 @@ class PrefillSim:
         d = req.plan.d
         dur = job.duration
         n = self.kv.layers
-        req.start = t
+        req.prefill_start = t
         req.transfer_start = layer_ready(job, 0, n)
         req.life.apply(Event.START_PREFILL, t)
         req.life.apply(Event.TRANSFER_START, req.transfer_start)
         # The wire bytes `kv.layer_bytes` gives the live sender: their total and the last layer.
         total, last = self.kv.shipped(req.tr.input_tokens, d.decode_cached_tokens, self.byte_scale)
-        req.kv_wire = total
+        req.kv_bytes_wire = total
         early = (total - last) * self.byte_scale
         net = self.sim.net
         path = net.path(self.node.id, d.decode_node)
@@ -269,7 +269,7 @@ class PrefillSim:
             net.stream(path, t, self.rate)
             req.tail_bytes = last * self.byte_scale
         else:
-            req.tail_bytes = req.kv_wire * self.byte_scale
+            req.tail_bytes = req.kv_bytes_wire * self.byte_scale
         self.ends_at = t + dur
         self.version += 1
         self.sim.loop.at(self.ends_at, PREFILL, self._end, (req, self.version))
@@ -277,10 +277,10 @@ class PrefillSim:
     def _compute_held(self, req: SimRequest, job: PrefillJob, t: float) -> None:
         """Compute without sending: the KV is held from the end until the decode node pulls it."""
         assert req.plan is not None
-        req.start = t
+        req.prefill_start = t
         req.life.apply(Event.START_PREFILL, t)
         total, _ = self.kv.shipped(req.tr.input_tokens, req.plan.d.decode_cached_tokens, self.byte_scale)
-        req.kv_wire = total
+        req.kv_bytes_wire = total
         req.tail_bytes = total * self.byte_scale
         self.current, self.path = req, self.sim.net.path(self.node.id, req.plan.d.decode_node)
         self.rate = 0.0
@@ -304,7 +304,7 @@ class PrefillSim:
     def _finish(self, req: SimRequest, t: float) -> None:
         job = self.loop.finish(t)
         assert job.request_id == req.rid and self.path is not None
-        req.end = t
+        req.prefill_end = t
         req.life.apply(Event.END_PREFILL, t)
         path = self.path
         net = self.sim.net

@@ -21,6 +21,8 @@ NAN = math.nan
 
 
 class SimRequest:
+    # Its stamps (paper seconds) and what it moved are named as their fields of the record
+    # (`RequestRecord`, `StageTimes`), which `record` copies by the same names.
     __slots__ = (
         "index",
         "tr",
@@ -30,21 +32,21 @@ class SimRequest:
         "job",
         "arrival",
         "routed",
-        "queued",
-        "start",
-        "end",
-        "modelled",
+        "prefill_queued",
+        "prefill_start",
+        "prefill_end",
+        "prefill_modelled",
         "transfer_start",
         "transfer_end",
-        "admitted",
-        "first",
-        "last",
-        "kv_paper",
-        "kv_wire",
+        "decode_admitted",
+        "decode_first_token",
+        "decode_last_token",
+        "kv_bytes_paper",
+        "kv_bytes_wire",
         "tail_bytes",
-        "move_start",
-        "move_end",
-        "move_wire",
+        "cache_move_start",
+        "cache_move_end",
+        "cache_move_bytes_wire",
         "moved",
         "prefill_seen",
         "outcome",
@@ -76,21 +78,21 @@ class SimRequest:
         self.job: PrefillJob | None = None
         self.arrival = arrival
         self.routed = NAN
-        self.queued = NAN
-        self.start = NAN
-        self.end = NAN
-        self.modelled = NAN
+        self.prefill_queued = NAN
+        self.prefill_start = NAN
+        self.prefill_end = NAN
+        self.prefill_modelled = NAN
         self.transfer_start = NAN
         self.transfer_end = NAN
-        self.admitted = NAN
-        self.first = NAN  # the decode node's first and last token
-        self.last = NAN
-        self.kv_paper = 0
-        self.kv_wire = 0
+        self.decode_admitted = NAN
+        self.decode_first_token = NAN  # the client sees them `relay`, `relay_last` later
+        self.decode_last_token = NAN
+        self.kv_bytes_paper = 0
+        self.kv_bytes_wire = 0
         self.tail_bytes = 0.0  # paper bytes the prefill releases when its compute ends
-        self.move_start = NAN
-        self.move_end = NAN
-        self.move_wire = 0
+        self.cache_move_start = NAN
+        self.cache_move_end = NAN
+        self.cache_move_bytes_wire = 0
         self.moved = False  # the moved cached prefix has reached the prefill node
         self.prefill_seen = False  # the router has the prefill's answer (its KV is delivered)
         self.outcome = "pending"
@@ -109,7 +111,7 @@ class SimRequest:
 
     def tokens_sent(self, t: float) -> bool:
         """The client has seen a token by `t` (a retry could not take it back)."""
-        return not math.isnan(self.first) and self.first + self.relay <= t
+        return not math.isnan(self.decode_first_token) and self.decode_first_token + self.relay <= t
 
     def record(self, scale: Scale) -> RequestRecord:
         """The request's row of records.csv: wire seconds, wire and paper bytes."""
@@ -119,16 +121,16 @@ class SimRequest:
             arrival=self.arrival / s,
             router_arrival=self.arrival / s,
             routed=self.routed / s,
-            prefill_queued=self.queued / s,
-            prefill_start=self.start / s,
-            prefill_end=self.end / s,
+            prefill_queued=self.prefill_queued / s,
+            prefill_start=self.prefill_start / s,
+            prefill_end=self.prefill_end / s,
             transfer_start=self.transfer_start / s,
             transfer_end=self.transfer_end / s,
-            decode_admitted=self.admitted / s,
-            first_token=(self.first + self.relay) / s,
-            last_token=(self.last + self.relay_last) / s,
-            decode_first_token=self.first / s,
-            decode_last_token=self.last / s,
+            decode_admitted=self.decode_admitted / s,
+            first_token=(self.decode_first_token + self.relay) / s,
+            last_token=(self.decode_last_token + self.relay_last) / s,
+            decode_first_token=self.decode_first_token / s,
+            decode_last_token=self.decode_last_token / s,
         )
         rec = RequestRecord(
             tr.request_id, self.index, tr.input_tokens, tr.output_tokens, times=times, retries=self.retries
@@ -136,9 +138,9 @@ class SimRequest:
         if self.retried is not None:
             f = self.retried
             rec.retry_reason, rec.retry_kind, rec.retry_node = f.detail, f.kind.value, f.node
-        rec.prefill_modelled = self.modelled / s
-        rec.kv_bytes_paper = self.kv_paper
-        rec.kv_bytes_wire = self.kv_wire
+        rec.prefill_modelled = self.prefill_modelled / s
+        rec.kv_bytes_paper = self.kv_bytes_paper
+        rec.kv_bytes_wire = self.kv_bytes_wire
         rec.outcome = self.outcome
         rec.reason = self.reason
         if self.failure is not None:
@@ -149,7 +151,7 @@ class SimRequest:
         if plan is not None:
             note_route(rec, plan)
             if plan.d.cache_move is not None:
-                rec.times.cache_move_start = self.move_start / s
-                rec.times.cache_move_end = self.move_end / s
-                rec.cache_move_bytes_wire = self.move_wire
+                rec.times.cache_move_start = self.cache_move_start / s
+                rec.times.cache_move_end = self.cache_move_end / s
+                rec.cache_move_bytes_wire = self.cache_move_bytes_wire
         return rec

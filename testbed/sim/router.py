@@ -27,8 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.engine.decode_loop import KV_TIMEOUT_S
@@ -43,12 +42,14 @@ from testbed.core.router.router_books import RouterBooks, decision_line, health_
 from testbed.core.routing.policy import NoCapacity
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.scaling import Scale
+from testbed.core.schema.topology import node_specs
 from testbed.metrics.series_format import RawSample
 from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, KV_ARRIVAL, PREFILL, Loop
 from testbed.sim.net_view import Net
 from testbed.sim.net_view import PathHandle as NetPath
 from testbed.sim.prefill import PrefillSim
+from testbed.sim.reach import Reach
 from testbed.sim.request import SimRequest
 from testbed.sim.transfer import EngineTransfers, KvDiscipline
 from testbed.traces.types import TraceRequest
@@ -56,45 +57,41 @@ from testbed.traces.types import TraceRequest
 PAPER_TIME = Scale()  # the simulator's clock is paper time: routing books paper seconds
 
 
-class RouterHost(Protocol):
-    """What the router needs of the simulation (`testbed.sim.simulator.Simulation`)."""
-
-    @property
-    def rs(self) -> ResolvedScenario: ...
-    @property
-    def scale(self) -> Scale: ...
-    @property
-    def costs(self) -> LivePathCosts: ...
-    @property
-    def node_ids(self) -> list[str]: ...
-    @property
-    def loop(self) -> Loop: ...
-    @property
-    def net(self) -> Net: ...
-    @property
-    def life(self) -> dict[str, str]: ...
-    @property
-    def prefill(self) -> dict[str, PrefillSim]: ...
-    @property
-    def decode(self) -> dict[str, DecodeSim]: ...
-    def when_resumed(self, node: str, fn: Callable[[Any], None]) -> None: ...
-    def reachable(self, node: str) -> bool: ...
-    def when_reachable(self, node: str, fn: Callable[[Any], None]) -> None: ...
-    def http_delay(self, node: str) -> float: ...
-    @property
-    def keeps_decisions(self) -> bool: ...
-    def write_decision(self, t: float, samples: list[RawSample], always: bool = False) -> None: ...
-    def closed(self, req: SimRequest, t: float) -> None: ...
+# Where the router's decision lines go (decisions.jsonl: per-request decisions, health changes).
+DecisionSink = Callable[[float, list[RawSample]], None]
 
 
 class SimRouter:
-    def __init__(self, sim: RouterHost) -> None:
-        self.sim = sim
-        rs = sim.rs
+    """The router of a simulated run, and the host its instances call back
+    (`testbed.sim.host.Host`): a request's path reads top-down from `arrive` (route, dispatch)
+    through the prefill instance (`transfer_handed`), its KV's arrival at the decode instance
+    (`_kv_arrived`) and its last token (`finished`) to `closed`, where the simulation takes its
+    record."""
+
+    def __init__(
+        self,
+        rs: ResolvedScenario,
+        costs: LivePathCosts,
+        loop: Loop,
+        net: Net,
+        prefill: Mapping[str, PrefillSim],
+        decode: Mapping[str, DecodeSim],
+        reach: Reach,
+        decisions: DecisionSink,
+        keep_decisions: bool,
+        closed: Callable[[SimRequest, float], None],
+    ) -> None:
+        self.loop = loop
+        self.net = net
+        self.prefill = prefill  # the instances, by node id (filled by the caller: they call back here)
+        self.decode = decode
+        self.reach = reach
+        self.scale = rs.scale
         self.sc = sc = rs.spec
         self.speedup = s = rs.scale.speedup
-        self.books = RouterBooks.for_scenario(sc, rs.threshold, rs.intra_dc, rs.inter_dc, sim.node_ids, per_wire_s=s)
-        c = self.costs = sim.costs
+        node_ids = [n.id for n in node_specs(sc)]
+        self.books = RouterBooks.for_scenario(sc, rs.threshold, rs.intra_dc, rs.inter_dc, node_ids, per_wire_s=s)
+        c = self.costs = costs
         self.routing = c.routing_s * s
         self.dispatch = c.dispatch_s * s
         self.relay = c.relay_s * s
@@ -102,12 +99,12 @@ class SimRouter:
         self.hop = c.relay_s * s / 2  # one HTTP hop back to the router
         self.hops = c.any  # the router's calls pay their network delay too (across the WAN: its delay)
         self.xfer = KvDiscipline.of(sc.node_protocol)  # how the KV moves (`testbed.sim.transfer`)
-        self.engine = EngineTransfers(
-            rs, sim.loop, sim.net, sim.http_delay, self.hop, self._prefill_answered, self._kv_sent
-        )
+        self.engine = EngineTransfers(rs, loop, net, reach, self.hop, self._prefill_answered, self._kv_sent)
         # With their distributions, each request draws its own costs (a seeded stream, in event order).
         self.rng = random.Random(20260518) if c.quantiles else None
-        self.decisions = sim.keeps_decisions  # per-request decisions go to decisions.jsonl
+        self.write_decision = decisions
+        self.decisions = keep_decisions  # per-request decisions go to decisions.jsonl
+        self.closed = closed
         # Instances can be down, paused or out of reach only with faults, or a link that goes dark.
         self.watch = bool(sc.faults) or any(c.loss is not None and c.loss >= 1.0 for c in rs.inter_dc.schedule)
         self.active: dict[str, SimRequest] = {}  # attempts in flight, by the id the nodes know
@@ -131,12 +128,12 @@ class SimRouter:
         self._deadline_at(t + deadline_paper_s(self.sc, tr.output_tokens), i)
         routing = self._cost("routing_s", self.routing)
         if routing > 0:
-            self.sim.loop.at(t + routing, ARRIVAL, self._route_first, req)
+            self.loop.at(t + routing, ARRIVAL, self._route_first, req)
         else:
             self._route_first(req)
 
     def _route_first(self, req: SimRequest) -> None:
-        t = self.sim.loop.now
+        t = self.loop.now
         try:
             self._route(req, t)
         except NoCapacity as e:
@@ -164,13 +161,13 @@ class SimRouter:
         req.routed = t
         req.life.apply(Event.ROUTE, t)
         if self.decisions:
-            self.sim.write_decision(t, [decision_line(tr.request_id, d, b.bandwidth)])
+            self.write_decision(t, [decision_line(tr.request_id, d, b.bandwidth)])
         # What the request moves: the KV the decode side lacks (paper bytes).
-        req.kv_paper = b.kv.incremental(tr.input_tokens, d.decode_cached_tokens)
+        req.kv_bytes_paper = b.kv.incremental(tr.input_tokens, d.decode_cached_tokens)
         self.active[req.rid] = req
         dispatch = self._cost("dispatch_s", self.dispatch)
         if dispatch > 0:
-            self.sim.loop.at(t + dispatch, ARRIVAL, self._dispatch, req)
+            self.loop.at(t + dispatch, ARRIVAL, self._dispatch, req)
         else:
             self._dispatch(req)
 
@@ -178,14 +175,14 @@ class SimRouter:
         """The router calls the decode node, then the prefill node (and a cache move's source)."""
         if req.gone:
             return
-        sim = self.sim
-        t = sim.loop.now
+        reach = self.reach
+        t = self.loop.now
         plan = req.plan
         assert plan is not None
         d = plan.d
         for node in (d.decode_node, d.prefill_node) if self.watch else ():
             role = "decode" if node == d.decode_node else "prefill"
-            match sim.life[node]:
+            match reach.life[node]:
                 case "down":
                     f = Failure(
                         NODE_KINDS[role, False],
@@ -195,39 +192,38 @@ class SimRouter:
                     self.attempt_failed(req, f, t, node, "refused")
                     return
                 case "paused":
-                    sim.when_resumed(node, lambda _: self._dispatch(req))
+                    reach.when_resumed(node, lambda _: self._dispatch(req))
                     return
                 case _:
                     pass
-            if not sim.reachable(node):
-                sim.when_reachable(node, lambda _: self._dispatch(req))
+            if not reach.reachable(node):
+                reach.when_reachable(node, lambda _: self._dispatch(req))
                 return
         kv_by = t + KV_TIMEOUT_S * self.speedup
         if req.arrival + deadline_paper_s(self.sc, req.tr.output_tokens) > kv_by:
-            sim.loop.at(kv_by, PREFILL, self._kv_timeout, req)
+            self.loop.at(kv_by, PREFILL, self._kv_timeout, req)
         if d.cache_move is not None and plan.move_src is not None:
             self._move(req, plan.move_src, t)
         # With the live path's costs, the call reaches a prefill node elsewhere a WAN delay later
         # (its queue takes it then).
-        at = t + sim.http_delay(d.prefill_node) if self.hops else t
+        at = t + reach.http_delay(d.prefill_node) if self.hops else t
         if self.xfer.bootstrap:  # and not before the decode node's registration (`testbed.sim.transfer`)
-            at = max(at, self.engine.register(d.decode_node, d.prefill_node, t + sim.http_delay(d.decode_node)))
-        sim.prefill[d.prefill_node].submit(req, at)
+            at = max(at, self.engine.register(d.decode_node, d.prefill_node, t + reach.http_delay(d.decode_node)))
+        self.prefill[d.prefill_node].submit(req, at)
 
     def _move(self, req: SimRequest, src: str, t: float) -> None:
-        sim = self.sim
         assert req.plan is not None
-        if sim.life[src] != "up":
+        if self.reach.life[src] != "up":
             # Nothing starts the transfer: the prefill waits for it until its timeout.
-            sim.loop.at(t + CACHE_IN_TIMEOUT_S * self.speedup, PREFILL, self._move_lost, req)
+            self.loop.at(t + CACHE_IN_TIMEOUT_S * self.speedup, PREFILL, self._move_lost, req)
             return
         self.books.cache_moves += 1
-        req.move_start = t
-        req.move_wire = max(sim.scale.wire_bytes(req.plan.move_bytes_paper), 1)
-        net = sim.net
+        req.cache_move_start = t
+        req.cache_move_bytes_wire = max(self.scale.wire_bytes(req.plan.move_bytes_paper), 1)
+        net = self.net
         path = net.path(src, req.plan.d.prefill_node)
         lo = net.position(path)
-        nbytes = req.move_wire * sim.scale.byte_scale
+        nbytes = req.cache_move_bytes_wire * self.scale.byte_scale
         req.move_range = (lo, lo + nbytes)
         net.push(path, t, nbytes)
         net.mark(path, net.position(path), self._move_sent, (req, path))
@@ -237,19 +233,19 @@ class SimRouter:
             self.attempt_failed(
                 req,
                 Failure(K.CACHE_MOVE, "", f"moved cached prefix did not arrive within {CACHE_IN_TIMEOUT_S:g} s"),
-                self.sim.loop.now,
+                self.loop.now,
             )
 
     def _move_sent(self, arg: tuple[SimRequest, NetPath], t: float) -> None:
         req, path = arg
-        self.sim.loop.at(t + path.delay, KV_ARRIVAL, self._move_arrived, req)
+        self.loop.at(t + path.delay, KV_ARRIVAL, self._move_arrived, req)
 
     def _move_arrived(self, req: SimRequest) -> None:
         if req.gone:
             return
         assert req.plan is not None
         node = req.plan.d.prefill_node
-        self.sim.prefill[node].move_arrived(req, self.sim.loop.now)
+        self.prefill[node].move_arrived(req, self.loop.now)
 
     # -- the KV and the prefill's answer -----------------------------------------------------------
 
@@ -257,7 +253,7 @@ class SimRouter:
         """The prefill's compute ended with its KV up to `pos` in `path`: the decode node holds the
         KV once the last byte has crossed; the prefill node answers the router once the receiver
         has confirmed it (END's answer back over the path)."""
-        self.sim.net.mark(path, pos, self._kv_sent, (req, path))
+        self.net.mark(path, pos, self._kv_sent, (req, path))
 
     def kv_held(self, req: SimRequest, path: NetPath, t: float) -> None:
         """The prefill ended at `t` holding its KV for the decode node to pull (`testbed.sim.transfer`)."""
@@ -267,32 +263,31 @@ class SimRouter:
         req, path = arg
         if req.gone:
             return
-        self.sim.loop.at(t + path.delay, KV_ARRIVAL, self._kv_arrived, (req, path.delay))
+        self.loop.at(t + path.delay, KV_ARRIVAL, self._kv_arrived, (req, path.delay))
 
     def _kv_arrived(self, arg: tuple[SimRequest, float]) -> None:
         req, back = arg
         if req.gone:
             return
-        sim = self.sim
         plan = req.plan
         assert plan is not None
         node = plan.d.decode_node
-        if sim.life[node] == "paused":
-            sim.when_resumed(node, lambda _: self._kv_arrived(arg))
+        if self.reach.life[node] == "paused":
+            self.reach.when_resumed(node, lambda _: self._kv_arrived(arg))
             return
-        t = sim.loop.now
+        t = self.loop.now
         req.transfer_end = t
         req.life.apply(Event.KV_COMPLETE, t)
         self._note_tail(req)
         self.books.kv_complete(req.tr.request_id, plan, req.tr.input_tokens)
         if self.watch:
-            away = sim.http_delay(plan.d.prefill_node) if self.hops else 0.0
-            sim.loop.at(t + back + self.hop + away, KV_ARRIVAL, self._prefill_answered, req)
+            away = self.reach.http_delay(plan.d.prefill_node) if self.hops else 0.0
+            self.loop.at(t + back + self.hop + away, KV_ARRIVAL, self._prefill_answered, req)
         else:
             # Without faults the answer's way back (END's, then an HTTP hop: milliseconds) changes
             # nothing but when the tracker sees it: taken with the KV, an event less per request.
             self._prefill_answered(req)
-        sim.decode[node].kv_arrived(req, t)
+        self.decode[node].kv_arrived(req, t)
 
     def _prefill_answered(self, req: SimRequest, now: bool = False) -> None:
         """The prefill node's answer is at the router (`now`: take it as arrived, the request is
@@ -301,10 +296,10 @@ class SimRouter:
             return
         plan = req.plan
         assert plan is not None
-        if not now and self.watch and not self.sim.reachable(plan.d.prefill_node):
-            self.sim.when_reachable(plan.d.prefill_node, lambda _: self._prefill_answered(req))
+        if not now and self.watch and not self.reach.reachable(plan.d.prefill_node):
+            self.reach.when_reachable(plan.d.prefill_node, lambda _: self._prefill_answered(req))
             return
-        t = self.sim.loop.now
+        t = self.loop.now
         b = self.books
         req.prefill_seen = True
         b.tracker.prefill_done(plan.d, plan.work)
@@ -315,7 +310,7 @@ class SimRouter:
     def _note_tail(self, req: SimRequest) -> None:
         plan = req.plan
         if plan is not None and plan.d.crossed_wan and req.prefill_seen and not math.isnan(req.transfer_end):
-            self.books.tails.append(max(req.transfer_end - req.end, 0.0))
+            self.books.tails.append(max(req.transfer_end - req.prefill_end, 0.0))
 
     # -- the end of an attempt, of a request -------------------------------------------------------
 
@@ -328,16 +323,16 @@ class SimRouter:
         assert plan is not None
         if not req.prefill_seen:
             node = plan.d.prefill_node
-            if self.watch and not self.sim.reachable(node):
-                self.sim.when_reachable(node, lambda _: self.finished(req, t))
+            if self.watch and not self.reach.reachable(node):
+                self.reach.when_reachable(node, lambda _: self.finished(req, t))
                 return
             self._prefill_answered(req, now=True)
-        req.life.apply(Event.FIRST_TOKEN, req.first)
+        req.life.apply(Event.FIRST_TOKEN, req.decode_first_token)
         req.life.apply(Event.FINISH, t)
         self.note_health(plan.d.decode_node, "ok", t)
         req.outcome = "completed"
         self.active.pop(req.rid, None)
-        self._close(req, max(t + req.relay_last, self.sim.loop.now))
+        self._close(req, max(t + req.relay_last, self.loop.now))
 
     def attempt_failed(
         self, req: SimRequest, f: Failure, t: float, node: str = "", outcome: Outcome = "failed", retryable: bool = True
@@ -371,16 +366,15 @@ class SimRouter:
         plan = req.plan
         if plan is None:
             return
-        sim = self.sim
         d = plan.d
-        net = sim.net
+        net = self.net
         if not req.prefill_seen:
-            sim.prefill[d.prefill_node].abort(req, t)
+            self.prefill[d.prefill_node].abort(req, t)
             if req.kv_range is not None and math.isnan(req.transfer_end):
                 net.withdraw(net.path(d.prefill_node, d.decode_node), *req.kv_range)
             if req.move_range is not None and not req.moved and plan.move_src is not None:
                 net.withdraw(net.path(plan.move_src, d.prefill_node), *req.move_range)
-        sim.decode[d.decode_node].leave(req, t)
+        self.decode[d.decode_node].leave(req, t)
         self.books.attempt_over(req.tr.request_id, plan, req.prefill_seen)
         self.books.tracker.decode_done(d)
 
@@ -403,7 +397,7 @@ class SimRouter:
             assert plan is not None
             self.books.attempt_over(req.tr.request_id, plan, req.prefill_seen)
             self.books.tracker.decode_done(plan.d)
-        self.sim.closed(req, t)
+        self.closed(req, t)
 
     # Deadlines are kept in a heap of their own and swept when the earliest one of a request
     # still open is due: most requests end long before theirs, so the event loop's heap does
@@ -417,12 +411,12 @@ class SimRouter:
     def _arm_sweep(self, t: float) -> None:
         self._sweep_at = t
         self._sweeps += 1
-        self.sim.loop.at(t, PREFILL, self._sweep, self._sweeps)
+        self.loop.at(t, PREFILL, self._sweep, self._sweeps)
 
     def _sweep(self, version: int) -> None:
         if version != self._sweeps:
             return
-        now = self.sim.loop.now
+        now = self.loop.now
         h = self._deadlines
         while h:
             t, index = h[0]
@@ -441,7 +435,7 @@ class SimRouter:
     def _kv_timeout(self, req: SimRequest) -> None:
         if not req.gone and math.isnan(req.transfer_end):
             f = Failure(K.KV_TRANSFER, "", f"kv transfer did not complete within {KV_TIMEOUT_S:g} s")
-            self.attempt_failed(req, f, self.sim.loop.now)
+            self.attempt_failed(req, f, self.loop.now)
 
     # -- faults ----------------------------------------------------------------------------------
 
@@ -459,7 +453,7 @@ class SimRouter:
                 f = Failure(K.PREFILL_DOWN, node, f"prefill node {node} unreachable: the instance was killed")
                 self.attempt_failed(req, f, t, node)
             elif role == "prefill" and plan.move_src == node and not req.moved and d.cache_move is not None:
-                self.sim.loop.at(t + CACHE_IN_TIMEOUT_S * self.speedup, PREFILL, self._move_lost, req)
+                self.loop.at(t + CACHE_IN_TIMEOUT_S * self.speedup, PREFILL, self._move_lost, req)
 
     def transfers_failed(self, src: str, dst: str, reason: str, t: float) -> None:
         """The pair's KV transfers could not resume: the prefill node reports them failed."""
@@ -483,4 +477,4 @@ class SimRouter:
             return  # nothing is ever out: an answer changes nothing
         ch = self.books.note_health(node, outcome, t, reason, probe)
         if ch is not None:
-            self.sim.write_decision(t, [health_line(ch)], always=True)
+            self.write_decision(t, [health_line(ch)])

@@ -23,7 +23,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,6 @@ from testbed.core.engine.decode_blocks import BlockBatch, Preemption
 from testbed.core.engine.kvsize import KVModel
 from testbed.core.engine.prefill_batch import PassStats
 from testbed.core.engine.servicetime import PrefillTime
-from testbed.core.failures import Failure
 from testbed.core.gc_pause import paused_gc
 from testbed.core.json_types import JSONObject
 from testbed.core.record import RequestRecord
@@ -56,14 +55,13 @@ from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, FAULT, SAMPLE, new_loop
 from testbed.sim.fault_runner import FaultRunner, Prober
 from testbed.sim.longterm import RoleLoop
-from testbed.sim.net_view import PathHandle as NetPath
 from testbed.sim.net_view import new_network
 from testbed.sim.network import Network
 from testbed.sim.prefill import PrefillSim
+from testbed.sim.reach import Reach
 from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter
 from testbed.sim.transfer import KvDiscipline
-from testbed.sim.wan import rto_instant
 from testbed.traces.sessions import run_sessions
 from testbed.traces.types import Trace, TraceRequest
 
@@ -151,16 +149,7 @@ class Simulation:
         self.costs = rs.live_path if costs is None else costs
         self.loop = new_loop()
         nodes = node_specs(sc)
-        self.node_ids = [n.id for n in nodes]
         self.roles = {n.id: n.role for n in nodes}
-        # Each instance's process: up, paused (answers nothing until resumed) or down (killed).
-        self.life: dict[str, str] = dict.fromkeys(self.node_ids, "up")
-        self._resumed: dict[str, list[Callable[[Any], None]]] = {}
-        # The router sits in the decode cluster's datacenter, as every emulating backend puts it:
-        # its calls to instances elsewhere cross the WAN (its delay, and nothing while it is dark).
-        self.router_dc = local_dc(sc)
-        self.node_dc = {n.id: n.datacenter for n in nodes}
-        self._unreachable: dict[str, list[tuple[float, Callable[[Any], None]]]] = {}
         self.net = new_network(
             self.loop,
             {n.id: n.datacenter for n in nodes},
@@ -176,8 +165,25 @@ class Simulation:
         xfer = KvDiscipline.for_scenario(sc)
         c, s = self.costs, self.scale.speedup
         stalls = (c.stall_rate_per_s / s, c.stall_s * s) if c.stall_rate_per_s > 0 and c.stall_s > 0 else (0.0, 0.0)
+        # What the router's calls meet at each instance: its process (up, paused or down: the
+        # faults') and the way to it (the router sits in the decode cluster's datacenter).
+        self.reach = Reach(self.loop, self.net, {n.id: n.datacenter for n in nodes}, local_dc(sc), s)
         self.prefill: dict[str, PrefillSim] = {}
         self.decode: dict[str, DecodeSim] = {}
+        # The router drives each request through the instances, which call it back; a request's
+        # record comes back here when it closes.
+        self.router = SimRouter(
+            rs,
+            self.costs,
+            self.loop,
+            self.net,
+            self.prefill,
+            self.decode,
+            self.reach,
+            self._write_decisions,
+            run_dir is not None and options.decisions,
+            self.closed,
+        )
         for n in nodes:
             hw = sc.hardware[n.hardware]
             if n.role == "prefill":
@@ -186,19 +192,18 @@ class Simulation:
                     PrefillTime.from_spec(hw.prefill),
                     kv,
                     self.scale.byte_scale,
-                    self,
+                    self.router,
                     hw.scheduler,
                     xfer.layerwise,
                 )
             else:
                 assert hw.decode is not None
-                self.decode[n.id] = DecodeSim(n, hw, kv, self, stalls)
-        self.router = SimRouter(self)
+                self.decode[n.id] = DecodeSim(n, hw, kv, self.router, stalls)
         books = self.router.books
         if isinstance(self.net, Network):  # what a fault does to the transport and the links
             self.net.faults.on_fail = self.router.transfers_failed
             self.net.faults.busy = lambda: self.busy
-            self.net.on_back = self._links_back
+            self.net.on_back = self.reach.links_back
         ctl = controller_for(sc, rs.threshold, rs.inter_dc.rate)
         self.control = (
             None
@@ -213,7 +218,7 @@ class Simulation:
                 sc.policy.bandwidth_aware,
                 sc.policy.bandwidth_state == "auto",
                 lambda: self.busy,
-                self.answers,
+                self.reach.answers,
                 lambda t, samples: self._write("router", t, samples),
                 self._write_decisions,
             )
@@ -230,7 +235,7 @@ class Simulation:
                 RoleMeter(sc, books.tracker, lt.roles),
                 lambda: None if self.control is None else self.control.ctl,
                 lambda: self.busy,
-                self.answers,
+                self.reach.answers,
                 lambda t, samples: self._write("router", t, samples),
                 self._write_decisions,
             )
@@ -273,7 +278,6 @@ class Simulation:
             # ends: the files are closed below); formatted one by one they cost a quarter of it.
             settle = self.options.settle_records
             s = self.scale.speedup
-            self.columns = ParquetRecordWriter(self.run_dir / RECORDS_FILE, settle=settle)
             self.decisions = [ParquetSeriesFile(self.run_dir / DECISIONS_FILE, "router", s)]
             cap = self.options.text_requests
             if cap is None or len(self.trace) <= cap:
@@ -281,6 +285,7 @@ class Simulation:
                 self.decisions.append(
                     SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True)
                 )
+            self.columns = ParquetRecordWriter(self.run_dir / RECORDS_FILE, settle=settle, settled_by=self.writer)
             self.series = {
                 name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True) for name in ("router", "wan")
             }
@@ -368,19 +373,7 @@ class Simulation:
     def _turn(self, arg: tuple[int, TraceRequest]) -> None:
         self._send(*arg)
 
-    # -- what the instances and the router call (`testbed.sim.host.Host`) ------------------------
-
-    def transfer_handed(self, req: SimRequest, path: NetPath, pos: float) -> None:
-        self.router.transfer_handed(req, path, pos)
-
-    def kv_held(self, req: SimRequest, path: NetPath, t: float) -> None:
-        self.router.kv_held(req, path, t)
-
-    def finished(self, req: SimRequest, t: float) -> None:
-        self.router.finished(req, t)
-
-    def attempt_failed(self, req: SimRequest, f: Failure, t: float) -> None:
-        self.router.attempt_failed(req, f, t)
+    # -- the end of a request ------------------------------------------------------------------
 
     def closed(self, req: SimRequest, t: float) -> None:
         """The request is done, completed or failed: its record is written."""
@@ -406,53 +399,12 @@ class Simulation:
         if self.open == 0:
             self.stats.t_end = t
 
-    @property
-    def keeps_decisions(self) -> bool:
-        return self.run_dir is not None and self.options.decisions
-
-    def write_decision(self, t: float, samples: list[Sample], always: bool = False) -> None:
-        """A line of `decisions.jsonl` (per-request decisions only when the options keep them)."""
-        if always or self.options.decisions:
-            for d in self.decisions:
-                d.write(t, samples)
-
     # -- the instances' processes (faults) --------------------------------------------------------
 
-    def answers(self, node: str) -> bool:
-        return self.life[node] == "up"
-
-    def when_resumed(self, node: str, fn: Callable[[Any], None]) -> None:
-        """Run `fn` once the paused `node` resumes (dropped if it is killed instead)."""
-        self._resumed.setdefault(node, []).append(fn)
-
-    def reachable(self, node: str) -> bool:
-        """The router's calls get through to `node` now."""
-        return not self.net.dark(self.router_dc, self.node_dc[node])
-
-    def http_delay(self, node: str) -> float:
-        """One way from the router to `node` and back the same: the WAN's delay if it is elsewhere."""
-        dc = self.node_dc[node]
-        return 0.0 if dc == self.router_dc else self.net.wan[(self.router_dc, dc)].delay
-
-    def when_reachable(self, node: str, fn: Callable[[Any], None]) -> None:
-        """Run `fn` when a call sent to `node` now gets through: TCP retransmits it on its timer,
-        so at the first retransmission after the link is back."""
-        self._unreachable.setdefault(self.node_dc[node], []).append((self.loop.now, fn))
-
-    def _links_back(self, t: float) -> None:
-        for dc, waiting in list(self._unreachable.items()):
-            if self.net.dark(self.router_dc, dc):
-                continue
-            del self._unreachable[dc]
-            rtt = 2.0 * self.net.wan[(self.router_dc, dc)].delay
-            for sent, fn in waiting:
-                self.loop.at(rto_instant(sent, t, rtt, self.scale.speedup), ARRIVAL, fn)
-
     def kill(self, node: str, t: float) -> None:
-        if self.life[node] == "down":
+        if self.reach.life[node] == "down":
             return
-        self.life[node] = "down"
-        self._resumed.pop(node, None)
+        self.reach.killed(node)
         net = self.net
         assert isinstance(net, Network)  # a run with faults has the Python network
         if self.roles[node] == "prefill":
@@ -470,28 +422,27 @@ class Simulation:
 
     def start(self, node: str, t: float) -> None:
         """A killed instance runs again, empty."""
-        if self.life[node] == "down":
-            self.life[node] = "up"
+        if self.reach.life[node] == "down":
+            self.reach.life[node] = "up"
 
     def pause(self, node: str, t: float) -> None:
-        if self.life[node] != "up":
+        if self.reach.life[node] != "up":
             return
-        self.life[node] = "paused"
+        self.reach.life[node] = "paused"
         if self.roles[node] == "prefill":
             self.prefill[node].pause(t)
         else:
             self.decode[node].pause(t)
 
     def resume(self, node: str, t: float) -> None:
-        if self.life[node] != "paused":
+        if self.reach.life[node] != "paused":
             return
-        self.life[node] = "up"
+        self.reach.life[node] = "up"
         if self.roles[node] == "prefill":
             self.prefill[node].resume(t)
         else:
             self.decode[node].resume(t)
-        for fn in self._resumed.pop(node, []):
-            fn(None)
+        self.reach.resumed(node)
 
     def slow(self, node: str, factor: float, until: float | None, t: float) -> None:
         if self.roles[node] == "prefill":
@@ -566,7 +517,10 @@ class Simulation:
             f.write(t, samples)
 
     def _write_decisions(self, t: float, samples: list[Sample]) -> None:
-        self.write_decision(t, samples, always=True)
+        """A line of `decisions.jsonl` (the router writes per-request decisions only when the
+        options keep them)."""
+        for d in self.decisions:
+            d.write(t, samples)
 
 
 def simulate(

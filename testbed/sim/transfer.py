@@ -37,10 +37,10 @@ from testbed.config.resolved import ResolvedScenario
 from testbed.core.errors import UserError
 from testbed.core.lifecycle import Event
 from testbed.core.schema.scenario import Scenario
-from testbed.core.schema.topology import node_specs
 from testbed.sim.events import KV_ARRIVAL, Loop
 from testbed.sim.net_view import Net
 from testbed.sim.net_view import PathHandle as NetPath
+from testbed.sim.reach import Reach
 from testbed.sim.request import SimRequest
 from testbed.sim.tcp import TcpModel
 
@@ -200,16 +200,15 @@ class EngineTransfers:
         rs: ResolvedScenario,
         loop: Loop,
         net: Net,
-        http_delay: Callable[[str], float],
+        reach: Reach,
         hop: float,
         answered: Callable[[SimRequest], None],
         sent: Callable[[tuple[SimRequest, NetPath], float], None],
     ) -> None:
-        self.loop, self.net, self.http_delay, self.hop = loop, net, http_delay, hop
+        self.loop, self.net, self.reach, self.hop = loop, net, reach, hop
         self.answered, self.sent = answered, sent
         self.byte_scale = rs.scale.byte_scale
         self.conns = Connections(HTTP_KEEPALIVE_S * rs.scale.speedup)
-        self.dc = {n.id: n.datacenter for n in node_specs(rs.spec)}
         self.tcp = {crosses: TcpStart.of(rs, crosses) for crosses in (False, True)}
 
     def register(self, decode: str, prefill: str, t: float) -> float:
@@ -225,9 +224,11 @@ class EngineTransfers:
         the request on to the decode node, which pulls the KV from the prefill node."""
         assert req.plan is not None
         d = req.plan.d
-        back = self.http_delay(d.prefill_node)
+        back = self.reach.http_delay(d.prefill_node)
         self.loop.at(t + back + self.hop, KV_ARRIVAL, self.answered, req)
-        self.loop.at(pull_sent(t, back, self.http_delay(d.decode_node), self.hop), KV_ARRIVAL, self._pull, (req, path))
+        self.loop.at(
+            pull_sent(t, back, self.reach.http_delay(d.decode_node), self.hop), KV_ARRIVAL, self._pull, (req, path)
+        )
 
     def _pull(self, arg: tuple[SimRequest, NetPath]) -> None:
         req, path = arg
@@ -251,8 +252,9 @@ class EngineTransfers:
         req.transfer_start = t
         req.life.apply(Event.TRANSFER_START, t)
         pair = (d.prefill_node, d.decode_node)
-        tcp = self.tcp[self.dc[pair[0]] != self.dc[pair[1]]]
-        first, last = self.conns.kv_send(pair, t, req.kv_wire * self.byte_scale, tcp, 2.0 * path.delay)
+        dc = self.reach.node_dc
+        tcp = self.tcp[dc[pair[0]] != dc[pair[1]]]
+        first, last = self.conns.kv_send(pair, t, req.kv_bytes_wire * self.byte_scale, tcp, 2.0 * path.delay)
         if first > t:
             self.loop.at(first, KV_ARRIVAL, self._push, (req, path, last))
         else:
@@ -264,7 +266,7 @@ class EngineTransfers:
             return
         net = self.net
         lo = net.position(path)
-        nbytes = req.kv_wire * self.byte_scale
+        nbytes = req.kv_bytes_wire * self.byte_scale
         req.kv_range = (lo, lo + nbytes)
         net.push(path, self.loop.now, nbytes)
         net.mark(path, lo + nbytes, self._sent, (req, path, last))

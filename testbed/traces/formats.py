@@ -4,12 +4,15 @@ A format is an object that says whether a file looks like it (`detect`), reads a
 requests (`read`), writes requests to a file (`write`) and which block size its hash ids mean.
 `FORMATS` holds one of each, in detection order; the loader, `testbed trace ...` and every
 `--format` choice come from it. Adding a format is a class here, its name in `FormatName`
-and one case in `_format` (mypy names the case a new name lacks).
+and one case in `_format` (mypy names the case a new name lacks). JSONL formats are told apart by
+their first object's keys (`FileLook.first_object`): aiperf's multi-turn conversations have
+`turns`, Bailian lines `chat_id`, `parent_chat_id` and `turn`; any other `.jsonl` is Mooncake.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -21,12 +24,14 @@ from typing import Final, Literal, Protocol, get_args
 from testbed.config.input_files import InputFileError, refuse_special
 from testbed.core.schema.kinds import unknown_kind
 from testbed.traces import azure, burstgpt
+from testbed.traces.aiperf_multiturn import AIPERF_BLOCK_TOKENS, iter_aiperf, looks_like_aiperf, write_aiperf
+from testbed.traces.bailian import BAILIAN_BLOCK_TOKENS, iter_bailian, looks_like_bailian, write_bailian
 from testbed.traces.csvutil import LoadStats, Window, describe_header, read_header, sniff_columns
-from testbed.traces.files import compression, plain_name
+from testbed.traces.files import compression, open_trace, plain_name
 from testbed.traces.mooncake import MOONCAKE_BLOCK_TOKENS, iter_mooncake, write_mooncake
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
-FormatName = Literal["mooncake", "azure", "burstgpt"]
+FormatName = Literal["mooncake", "azure", "burstgpt", "bailian", "aiperf-multi-turn"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,18 @@ class FileLook:
     @cached_property
     def columns(self) -> list[str]:
         return sniff_columns(self.path)
+
+    @cached_property
+    def first_object(self) -> object:
+        """A JSONL file's first non-blank line, parsed (None: none, or not JSON)."""
+        try:
+            with open_trace(self.path) as f:
+                for raw in f:
+                    if raw.strip():
+                        return json.loads(raw)
+        except (ValueError, RecursionError, TraceError):
+            return None
+        return None
 
     @cached_property
     def raw_columns(self) -> list[str]:
@@ -162,7 +179,10 @@ class Mooncake:
     filters_models = False
 
     def detect(self, look: FileLook) -> bool:
-        return look.suffix == self.suffix
+        if look.suffix != self.suffix:
+            return False
+        first = look.first_object
+        return not (looks_like_bailian(first) or looks_like_aiperf(first))
 
     def read(self, path: str | Path, opts: ReadOptions) -> Iterator[TraceRequest]:
         return windowed(iter_mooncake(path, on_error=opts.on_error), opts.window, opts.limit)
@@ -233,6 +253,58 @@ class BurstGPT:
         )
 
 
+class Bailian:
+    """Alibaba Bailian JSONL: stated sessions, seconds, 16-token blocks (`testbed.traces.bailian`)."""
+
+    name: Final = "bailian"
+    label = "Bailian"
+    suffix = ".jsonl"
+    header = None
+    block_tokens = BAILIAN_BLOCK_TOKENS
+    token_columns = None
+    variants: tuple[str, ...] = ()
+    default_variant = None
+    variant_noun = "layout"
+    carries_hashes = True
+    writes_failed = False
+    filters_models = False
+
+    def detect(self, look: FileLook) -> bool:
+        return look.suffix == self.suffix and looks_like_bailian(look.first_object)
+
+    def read(self, path: str | Path, opts: ReadOptions) -> Iterator[TraceRequest]:
+        return windowed(iter_bailian(path, on_error=opts.on_error), opts.window, opts.limit)
+
+    def write(self, path: str | Path, trace: Trace, opts: WriteOptions) -> None:
+        write_bailian(path, trace)
+
+
+class AiperfMultiTurn:
+    """aiperf's multi-turn custom dataset JSONL (`testbed.traces.aiperf_multiturn`)."""
+
+    name: Final = "aiperf-multi-turn"
+    label = "aiperf multi-turn"
+    suffix = ".jsonl"
+    header = None
+    block_tokens = AIPERF_BLOCK_TOKENS
+    token_columns = None
+    variants: tuple[str, ...] = ()
+    default_variant = None
+    variant_noun = "layout"
+    carries_hashes = True
+    writes_failed = False
+    filters_models = False
+
+    def detect(self, look: FileLook) -> bool:
+        return look.suffix == self.suffix and looks_like_aiperf(look.first_object)
+
+    def read(self, path: str | Path, opts: ReadOptions) -> Iterator[TraceRequest]:
+        return windowed(iter_aiperf(path, on_error=opts.on_error), opts.window, opts.limit)
+
+    def write(self, path: str | Path, trace: Trace, opts: WriteOptions) -> None:
+        write_aiperf(path, trace)
+
+
 def _format(name: FormatName) -> TraceFormat:
     match name:
         case "mooncake":
@@ -241,6 +313,10 @@ def _format(name: FormatName) -> TraceFormat:
             return Azure()
         case "burstgpt":
             return BurstGPT()
+        case "bailian":
+            return Bailian()
+        case "aiperf-multi-turn":
+            return AiperfMultiTurn()
         case _:
             unknown_kind("trace format", name)
 
@@ -259,8 +335,9 @@ def trace_format(name: str, path: str | Path | None = None) -> TraceFormat:
 
 
 def detect_format(path: str | Path) -> FormatName:
-    """The first format whose `detect` takes the file: `.jsonl` is Mooncake; a `.csv` is Azure
-    or BurstGPT by its header's column names."""
+    """The first format whose `detect` takes the file: a `.jsonl` is aiperf multi-turn or
+    Bailian by its first object's keys, else Mooncake; a `.csv` is Azure or BurstGPT by its
+    header's column names."""
     try:
         refuse_special(path)
     except InputFileError as e:

@@ -28,7 +28,6 @@ from testbed.traces.types import Trace, TraceError, TraceRequest
 MOONCAKE_BLOCK_TOKENS = 512
 _NONNEG_INT = "expected a non-negative integer"
 _TOKENS = f"expected a token count from {MIN_TOKENS} to {{:,}}"
-_MS = f"expected a number of milliseconds from 0 to {MAX_TIMESTAMP_MS:,}"
 _SMALL = (1 << 30) - 1  # the largest int CPython compares on its fast path
 
 
@@ -58,16 +57,23 @@ def _hash_error(ids: list[Any], h: Any) -> TraceError:
     return TraceError(f"element {k}: {_NONNEG_INT}, got {_show(h)}", field="hash_ids")
 
 
-def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | None = None) -> Iterator[TraceRequest]:
+def iter_mooncake(
+    path: str | Path, *, on_error: Callable[[TraceError], None] | None = None, seconds: bool = False
+) -> Iterator[TraceRequest]:
     """Stream requests from a Mooncake JSONL file, validating each line as it is read.
 
-    Timestamps are rebased so the first request is at 0 s. Request ids are
+    Timestamps are rebased so the first request is at 0 s; `seconds`: they are in seconds, not
+    ms (the Bailian traces, `testbed.traces.bailian`). Request ids are
     `"{file stem}-{line number}"` (1-based physical line, blank lines counted). A bad line
     raises TraceError, or with `on_error` is passed to it and left out; the next lines are then
     checked against the last good one.
     """
     p = Path(path)
     stem = plain_name(p).stem
+    # Seconds are checked against the same span as ms (the limit / 1000) and scaled to ms.
+    scale, most, unit = (1000.0, MAX_TIMESTAMP_MS / 1000, "s") if seconds else (1.0, MAX_TIMESTAMP_MS, "ms")
+    small = -1 if seconds else _SMALL  # seconds take the full check (they are floats anyway)
+    bad_ts = f"expected a number of {'seconds' if seconds else 'milliseconds'} from 0 to {most:,}"
     with open_trace(p) as f:
         t0: int | float | None = None
         prev_ts: int | float = 0
@@ -105,12 +111,12 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
                 # The bound also refuses NaN and the infinities, and keeps `ts - t0` a float;
                 # below 2^30 the comparisons take CPython's fast int path, the rest the full check.
                 tt = type(ts)
-                if tt is not int or ts < 0 or ts > _SMALL:
-                    if not ((tt is int or tt is float) and 0 <= ts <= MAX_TIMESTAMP_MS):
-                        raise TraceError(f"{_MS}, got {_show(ts)}", field="timestamp")
+                if tt is not int or ts < 0 or ts > small:
+                    if not ((tt is int or tt is float) and 0 <= ts <= most):
+                        raise TraceError(f"{bad_ts}, got {_show(ts)}", field="timestamp")
                 if t0 is not None and ts < prev_ts:
                     raise TraceError(
-                        f"goes backwards: {_show(ts)} ms after {_show(prev_ts)} ms on line {prev_line}",
+                        f"goes backwards: {_show(ts)} {unit} after {_show(prev_ts)} {unit} on line {prev_line}",
                         field="timestamp",
                     )
                 if type(inp) is not int:
@@ -155,7 +161,7 @@ def iter_mooncake(path: str | Path, *, on_error: Callable[[TraceError], None] | 
             if t0 is None:
                 t0 = ts
             prev_ts, prev_line = ts, lineno
-            yield TraceRequest(f"{stem}-{lineno}", (ts - t0) / 1000.0, inp, out, tuple(ids), "", parent, think)
+            yield TraceRequest(f"{stem}-{lineno}", (ts - t0) * scale / 1000.0, inp, out, tuple(ids), "", parent, think)
 
 
 def load_mooncake(path: str | Path) -> Trace:

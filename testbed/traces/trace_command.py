@@ -71,9 +71,15 @@ def _models_arg(p: argparse.ArgumentParser, flag: str) -> None:
     )
 
 
+AUTO_HELP = (
+    "trace format (default auto: a .jsonl is aiperf multi-turn or Bailian by its keys, else Mooncake; "
+    "a .csv is told by its header)"
+)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("trace", help="generate, summarise and validate request traces")
-    tsub = p.add_subparsers(dest="trace_command", required=True, metavar="{synth,info,validate}")
+    tsub = p.add_subparsers(dest="trace_command", required=True, metavar="{synth,info,validate,convert}")
 
     s = tsub.add_parser("synth", help="write a generated trace")
     s.add_argument(
@@ -135,7 +141,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--format",
         default="auto",
         choices=("auto", *SUPPORTED_FORMATS),
-        help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)",
+        help=AUTO_HELP,
     )
     i.add_argument("--window", type=window_arg, metavar="START:END", help=WINDOW_HELP)
     i.add_argument("--keep-failed", action="store_true", help="BurstGPT: count failed requests in (1 output token)")
@@ -149,9 +155,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--format",
         default="auto",
         choices=("auto", *SUPPORTED_FORMATS),
-        help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)",
+        help=AUTO_HELP,
     )
     v.set_defaults(func=cmd_validate)
+
+    c = tsub.add_parser(
+        "convert",
+        help="write a trace in another format (e.g. a session trace as aiperf multi-turn JSONL, "
+        "which aiperf replays closed loop: --custom-dataset-type multi_turn)",
+    )
+    c.add_argument("path", metavar="PATH", help="the trace file")
+    c.add_argument("--format", default="auto", choices=("auto", *SUPPORTED_FORMATS), help=AUTO_HELP)
+    c.add_argument("--to", required=True, choices=SUPPORTED_FORMATS, help="the format to write")
+    c.add_argument("--window", type=window_arg, metavar="START:END", help=WINDOW_HELP)
+    c.add_argument(
+        "--out", action=StoreOnce, type=out_file, required=True, metavar="FILE", help="the trace file to write"
+    )
+    c.set_defaults(func=cmd_convert)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -316,7 +336,7 @@ def _stream_summary(
 def _session_summary(args: argparse.Namespace) -> SessionStats | None:
     """The sessions of a format that can hold them (stated or inferable from hash_ids)."""
     fmt = detect_format(args.path) if args.format == "auto" else args.format
-    if fmt != "mooncake":
+    if not FORMATS[fmt].carries_hashes:  # neither stated sessions nor hashes to infer them from
         return None
     return session_stats(load_trace(args.path, fmt, window=args.window))
 
@@ -418,4 +438,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.path}: ok, {s['requests']:,} requests over {s['duration_s']:,.1f} s")
     for note in s["notes"]:
         print(f"  {note}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    try:
+        trace = load_trace(args.path, args.format, window=args.window)
+        FORMATS[args.to].write(args.out, trace, WriteOptions())
+    except (TraceError, ValueError) as e:
+        print(f"trace convert: {e}", file=sys.stderr)
+        return 2
+    ss = session_stats(trace) if trace.requests else None
+    sessions = "" if ss is None or ss.source == "none" else f", {ss.sessions:,} sessions ({ss.source})"
+    print(f"wrote {len(trace):,} requests{sessions} as {args.to} to {args.out}")
     return 0

@@ -9,7 +9,8 @@ from __future__ import annotations
 from testbed.core.record import NAN, RequestRecord
 from testbed.core.router.router_books import RoutePlan as RoutePlan
 from testbed.core.router.router_books import RouterBooks
-from testbed.core.routing.policy import NoCapacity, RoutingRequest, least_loaded_prefill
+from testbed.core.routing.placement import Placement
+from testbed.core.routing.policy import Decision, NoCapacity, RoutingRequest, least_loaded_prefill
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.scenario import Scenario
 
@@ -32,11 +33,12 @@ def route(
     long-term loop, to its longer `history` with the request's `output_tokens`."""
     cached = st.book.index.usable(hashes, input_tokens) if st.book is not None else {}
     rreq = RoutingRequest(rid, input_tokens, cached)
+    out = down | avoid
     try:
         view = st.tracker.view(
             st.threshold,
             now,
-            down=down | avoid,
+            down=out,
             bandwidth=st.bandwidth,
             bandwidth_bps=st.bandwidth_bps,
             backlog_scale=scale.speedup,
@@ -45,15 +47,19 @@ def route(
     except NoCapacity:
         if not avoid:
             raise
+        out = down
         view = st.tracker.view(
             st.threshold,
             now,
-            down=down,
+            down=out,
             bandwidth=st.bandwidth,
             bandwidth_bps=st.bandwidth_bps,
             backlog_scale=scale.speedup,
         )
         d = st.policy(view, rreq)
+    pl = st.placement
+    if pl is not None and pl.applies(d):
+        d = _place(st, pl, d, input_tokens, hashes, out)
     hw = sc.cluster(d.prefill_cluster).hardware
     work = scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))
     st.tracker.assign(d, work)
@@ -61,9 +67,12 @@ def route(
     if d.cache_move is not None:
         src = next(c for c in view.clusters if c.name == d.cache_move.src_cluster)
         plan.move_src = least_loaded_prefill(src).node_id
+        if pl is not None and st.book is not None and src.name in pl.instance_scoped:
+            at = st.book.index.usable_at(src.name, hashes, input_tokens)
+            plan.move_src = pl.move_source(st.tracker.prefill_loads(src.name, out), at)
         plan.move_bytes_paper = st.kv.incremental(d.cache_move.tokens, d.cache_move.from_tokens)
     if st.book is not None:
-        st.book.routed(rid, hashes, d)
+        st.book.routed(rid, hashes, d, plan.move_src)
     # The planner judges the length the PD cluster would compute (the scarce rule's l).
     pd_cached = max((v for k, v in cached.items() if sc.cluster(k).kind == "pd"), default=0)
     length = input_tokens - (pd_cached if st.cache_aware else 0)
@@ -71,6 +80,15 @@ def route(
     if st.history is not None:
         st.history.add(scale.paper_seconds(now), length, output_tokens)
     return plan
+
+
+def _place(
+    st: RouterBooks, pl: Placement, d: Decision, input_tokens: int, hashes: tuple[int, ...], out: frozenset[str]
+) -> Decision:
+    """The decision with the scenario's placement inside the chosen prefill cluster."""
+    c = d.prefill_cluster
+    at = st.book.index.usable_at(c, hashes, input_tokens) if st.book is not None and c in pl.instance_scoped else {}
+    return pl.place(d, input_tokens, st.tracker.prefill_loads(c, out), at)
 
 
 def note_route(rec: RequestRecord, plan: RoutePlan) -> None:

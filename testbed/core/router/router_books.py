@@ -23,6 +23,7 @@ from testbed.core.router.health import PROBE_INTERVAL_S, STARTUP_GRACE_S, Health
 from testbed.core.routing.cache_book import CacheBook, cache_book_for
 from testbed.core.routing.load_aware import router_policy
 from testbed.core.routing.load_tracker import LoadTracker
+from testbed.core.routing.placement import Placement, placement_for
 from testbed.core.routing.policy import BandwidthState, Decision, Policy
 from testbed.core.schema.linkprofile import LinkProfile
 from testbed.core.schema.scenario import Scenario
@@ -48,6 +49,7 @@ class RouterBooks:
     threshold: float | None
     health: HealthBook = field(default_factory=lambda: HealthBook(()))
     book: CacheBook | None = None
+    placement: Placement | None = None  # None: least-loaded placement over cluster-wide pools
     recent: Recent = field(default_factory=lambda: Recent(200))
     cache_aware: bool = False
     bandwidth: BandwidthState = "scarce"
@@ -82,6 +84,7 @@ class RouterBooks:
             prefill_time={name: PrefillTime.from_spec(hw.prefill) for name, hw in sc.hardware.items()},
             threshold=threshold,
             book=cache_book_for(sc, kv),
+            placement=placement_for(sc),
             recent=Recent(pol.control.window),
             cache_aware=pol.cache_aware,
             bandwidth="scarce" if pol.bandwidth_state == "auto" else pol.bandwidth_state,
@@ -108,7 +111,7 @@ class RouterBooks:
         """The prefill answered with its KV delivered (`moved`: a cached prefix moved in for it)."""
         if self.book is not None:
             if moved:
-                self.book.moved(rid, plan.hashes, plan.d)
+                self.book.moved(rid, plan.hashes, plan.d, plan.move_src)
             self.book.prefilled(rid, plan.hashes, input_tokens, plan.d)
 
     def kv_complete(self, rid: str, plan: RoutePlan, input_tokens: int) -> None:
@@ -121,7 +124,7 @@ class RouterBooks:
         if not prefill_seen:
             self.tracker.prefill_done(plan.d, plan.work)
         if self.book is not None:
-            self.book.finished(rid, plan.d)
+            self.book.finished(rid, plan.d, plan.move_src)
 
     def samples(self) -> list[SeriesSample]:
         """What the router samples into its time series."""
@@ -140,6 +143,13 @@ class RouterBooks:
                     ("cache_hit_tokens", float(pool.stats.hit_tokens), lab),
                     ("cache_evicted_bytes_paper", float(pool.stats.evicted_bytes), lab),
                 ]
+            for name, by_node in self.book.index.instance_pools.items():
+                for node, pool in by_node.items():
+                    lab = {"cluster": name, "node": node}
+                    out += [
+                        ("cache_used_bytes_paper", float(pool.used_bytes), lab),
+                        ("cache_hit_tokens", float(pool.stats.hit_tokens), lab),
+                    ]
         return out
 
 

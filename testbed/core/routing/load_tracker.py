@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 
+from testbed.core.routing.placement import PrefillLoad
 from testbed.core.routing.policy import BandwidthState, ClusterView, Decision, InstanceLoad, View
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import role_slots
@@ -27,10 +28,15 @@ _COMPACT = 4
 
 class LoadTracker:
     """`assigned_work` adds up each prefill instance's routed work for good (the long-term loop
-    reads stage loads from it)."""
+    reads stage loads from it). `inflight_tokens` and `inflight_blocks` count, per prefill
+    instance, the uncached tokens and the blocks of the prompts routed there and not done (what
+    `kv_overlap` placement weighs)."""
 
     def __init__(self, sc: Scenario) -> None:
         self._clusters = sc.clusters
+        self._block = sc.model.block_tokens
+        self.inflight_tokens: dict[str, int] = {}
+        self.inflight_blocks: dict[str, int] = {}
         self.prefill_backlog: dict[str, float] = {}
         self.assigned_work: dict[str, float] = {}
         self.active: dict[str, int] = {}
@@ -42,6 +48,7 @@ class LoadTracker:
             dn = [f"{c.name}-d{i}" for i in range(n_d)]
             self._ids[c.name] = (pn, dn)
             for n in pn:
+                self.inflight_tokens[n] = self.inflight_blocks[n] = 0
                 self.prefill_backlog[n] = 0.0
                 self.assigned_work[n] = 0.0
                 self.active[n] = 0
@@ -62,6 +69,9 @@ class LoadTracker:
     # -- book-keeping --------------------------------------------------------------------------
 
     def assign(self, d: Decision, prefill_work: float) -> None:
+        n = d.prefill_node
+        self.inflight_tokens[n] += d.incremental_tokens
+        self.inflight_blocks[n] += -(-(d.incremental_tokens + d.cached_tokens) // self._block)
         self.prefill_backlog[d.prefill_node] += prefill_work
         self.assigned_work[d.prefill_node] += prefill_work
         self.active[d.prefill_node] += 1
@@ -70,6 +80,9 @@ class LoadTracker:
         self._push_decode(d.decode_node)
 
     def prefill_done(self, d: Decision, prefill_work: float) -> None:
+        n = d.prefill_node
+        self.inflight_tokens[n] -= d.incremental_tokens
+        self.inflight_blocks[n] -= -(-(d.incremental_tokens + d.cached_tokens) // self._block)
         self.prefill_backlog[d.prefill_node] = max(self.prefill_backlog[d.prefill_node] - prefill_work, 0.0)
         self.active[d.prefill_node] -= 1
         self._push_prefill(d.prefill_node)
@@ -79,6 +92,14 @@ class LoadTracker:
         self._push_decode(d.decode_node)
 
     # -- views ---------------------------------------------------------------------------------
+
+    def prefill_loads(self, cluster: str, down: frozenset[str]) -> list[PrefillLoad]:
+        """Every prefill instance of `cluster` not `down`, with what placement weighs."""
+        return [
+            PrefillLoad(n, self.prefill_backlog[n], self.active[n], self.inflight_tokens[n], self.inflight_blocks[n])
+            for n in self._ids[cluster][0]
+            if n not in down
+        ]
 
     def view(
         self,

@@ -24,7 +24,7 @@ Everything is in paper bytes and tokens; nothing here does I/O or reads a clock.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -442,10 +442,15 @@ def new_pool(kv: KVModel, block_tokens: int, capacity_bytes: int) -> PrefixPool:
 
 class CacheIndex:
     """The global KV cache manager's view: every cluster's pool, answering "longest usable
-    cached prefix per cluster" for the router."""
+    cached prefix per cluster" for the router. A cluster with `cache_scope: instance` has a pool
+    per prefill instance (`instance_pools`) instead: it answers with the longest of them, and
+    `usable_at` with each."""
 
-    def __init__(self, pools: Mapping[str, PrefixPool]) -> None:
+    def __init__(
+        self, pools: Mapping[str, PrefixPool], instance_pools: Mapping[str, Mapping[str, PrefixPool]] | None = None
+    ) -> None:
         self.pools = dict(pools)
+        self.instance_pools = {c: dict(by_node) for c, by_node in (instance_pools or {}).items()}
 
     def lookup(self, hash_ids: Iterable[int], input_tokens: int) -> dict[str, MatchView]:
         ids = list(hash_ids)
@@ -453,7 +458,18 @@ class CacheIndex:
 
     def usable(self, hash_ids: Iterable[int], input_tokens: int) -> dict[str, int]:
         ids = hash_ids if isinstance(hash_ids, (tuple, list)) else list(hash_ids)
-        return {name: p.usable_tokens(ids, input_tokens) for name, p in self.pools.items()}
+        out = {name: p.usable_tokens(ids, input_tokens) for name, p in self.pools.items()}
+        for c, by_node in self.instance_pools.items():
+            out[c] = max((p.usable_tokens(ids, input_tokens) for p in by_node.values()), default=0)
+        return out
 
-    def pool(self, cluster: str) -> PrefixPool | None:
+    def usable_at(self, cluster: str, hash_ids: Sequence[int], input_tokens: int) -> dict[str, int]:
+        """Per prefill instance of an instance-scoped cluster, its own pool's usable prefix."""
+        return {n: p.usable_tokens(hash_ids, input_tokens) for n, p in self.instance_pools.get(cluster, {}).items()}
+
+    def pool(self, cluster: str, node: str | None = None) -> PrefixPool | None:
+        """The pool a node of `cluster` reads (`node` matters for instance-scoped clusters only)."""
+        by_node = self.instance_pools.get(cluster)
+        if by_node is not None:
+            return by_node.get(node) if node is not None else None
         return self.pools.get(cluster)

@@ -27,6 +27,23 @@ class _Strict(BaseModel):
 #   cached prefix, which grows with both.
 
 
+# - pass_tokens (optional): a batched forward pass's token-bound time over N uncached tokens in all,
+#   (N, seconds) points: short prompts batched, where the GEMMs and MoE grow with the pass's total
+#   and attention is negligible. With it a batched pass costs pass_tokens(sum of its chunks) plus
+#   each chunk's attention, T(l) - pass_tokens(l), over its own context; without it, the pass pays
+#   the curve's fixed part once and each chunk its increment on T
+#   (`testbed.core.engine.servicetime.PrefillTime.pass_time`). A whole prompt alone takes T either way.
+
+
+def _table_points(v: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    xs = [p[0] for p in v]
+    if any(b <= a for a, b in zip(xs, xs[1:])):
+        raise ValueError("points must have strictly increasing token counts")
+    if any(p[1] <= 0 or p[0] < 0 for p in v):
+        raise ValueError("points must have non-negative tokens and positive seconds")
+    return v
+
+
 class TablePrefill(_Strict):
     """Prefill time interpolated piecewise-linearly over uncached tokens (extrapolated at the ends)."""
 
@@ -35,16 +52,12 @@ class TablePrefill(_Strict):
     overhead_s: float = Field(default=0.0, ge=0)
     cached_token_s: float = Field(default=0.0, ge=0)
     cached_attention_s: float = Field(default=0.0, ge=0)
+    pass_tokens: list[tuple[float, float]] | None = Field(default=None, min_length=2)  # batched pass, see above
 
-    @field_validator("points")
+    @field_validator("points", "pass_tokens")
     @classmethod
-    def _sorted(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
-        xs = [p[0] for p in v]
-        if any(b <= a for a, b in zip(xs, xs[1:])):
-            raise ValueError("points must have strictly increasing token counts")
-        if any(p[1] <= 0 or p[0] < 0 for p in v):
-            raise ValueError("points must have non-negative tokens and positive seconds")
-        return v
+    def _sorted(cls, v: list[tuple[float, float]] | None) -> list[tuple[float, float]] | None:
+        return None if v is None else _table_points(v)
 
 
 class PolynomialPrefill(_Strict):
@@ -55,6 +68,12 @@ class PolynomialPrefill(_Strict):
     overhead_s: float = Field(default=0.0, ge=0)
     cached_token_s: float = Field(default=0.0, ge=0)
     cached_attention_s: float = Field(default=0.0, ge=0)
+    pass_tokens: list[tuple[float, float]] | None = Field(default=None, min_length=2)  # batched pass, see above
+
+    @field_validator("pass_tokens")
+    @classmethod
+    def _sorted(cls, v: list[tuple[float, float]] | None) -> list[tuple[float, float]] | None:
+        return None if v is None else _table_points(v)
 
 
 PrefillSpec = Annotated[TablePrefill | PolynomialPrefill, Field(discriminator="kind")]

@@ -90,11 +90,29 @@ class ClusterSpec(_Strict):
     decode: int = Field(ge=0, le=4096)
     # The cluster's hybrid prefix cache pool (host DRAM/SSD), paper bytes; 0 = no prefix cache.
     cache_bytes: int = Field(default=0, ge=0)
+    # Who reads the prefix cache: `cluster`, one pool every prefill instance reads (the paper's);
+    # `instance`, a pool per prefill instance that only its own prefills fill and read (as an
+    # engine's own block cache), each of `instance_cache_bytes`, by default `cache_bytes` split
+    # evenly over the cluster's prefill instances.
+    cache_scope: Literal["cluster", "instance"] = "cluster"
+    instance_cache_bytes: int | None = Field(default=None, ge=0)  # a prefill instance's own pool (cache_scope instance)
 
-    @field_validator("cache_bytes", mode="before")
+    @field_validator("cache_bytes", "instance_cache_bytes", mode="before")
     @classmethod
     def _size(cls, v: object) -> object:
         return size_bytes(v)
+
+    @model_validator(mode="after")
+    def _scope(self) -> ClusterSpec:
+        if self.instance_cache_bytes is not None and self.cache_scope != "instance":
+            raise ValueError("instance_cache_bytes needs cache_scope: instance")
+        return self
+
+    def instance_pool_bytes(self) -> int:
+        """Each prefill instance's pool with `cache_scope: instance`."""
+        if self.instance_cache_bytes is not None:
+            return self.instance_cache_bytes
+        return self.cache_bytes // max(self.prefill, 1)
 
 
 class LinksSpec(_Strict):
@@ -192,6 +210,13 @@ class PolicySpec(_Strict):
     load_aware: LoadAwareSpec = LoadAwareSpec()
     # For the cache-aware rules: judged from the measured link (auto), or fixed.
     bandwidth_state: Literal["auto", "scarce", "abundant"] = "auto"
+    # Which prefill instance of the chosen cluster takes a prompt: `least_loaded` (least modelled
+    # work queued, then fewest assigned, then name) or `kv_overlap`, Dynamo's KV router's cost
+    # (`testbed.core.routing.placement`): kv_overlap_weight x (uncached prompt tokens plus those
+    # of the prompts in flight there, in blocks) + blocks of the prompts in flight there and of
+    # this one; least cost wins, ties by the least-loaded order.
+    placement: Literal["least_loaded", "kv_overlap"] = "least_loaded"
+    kv_overlap_weight: float = Field(default=1.0, ge=0)  # kv_overlap: weight of the uncached blocks against the load
     control: ControlSpec = ControlSpec()
 
     @model_validator(mode="after")

@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from testbed.core.failures import FailureKind as K
+from testbed.core.json_types import JSONObject
 from testbed.core.lifecycle import Event, InvalidTransition, Lifecycle
 from testbed.core.record import NO_TRACE_INDEX, RequestRecord
 from testbed.core.router.request_ids import client_id
@@ -23,8 +24,9 @@ from testbed.live.clock import now
 from testbed.live.openai_api import Limits, ParsedRequest, RequestError, load_body, parse
 from testbed.live.responses_api import parse_responses
 from testbed.live.router.attempts import Attempts
-from testbed.live.router.drive import note_decision, route
-from testbed.live.router.records import Seen, held_record, record_ext, replay_lifecycle
+from testbed.live.router.drive import drive, note_decision, route
+from testbed.live.router.engines import drive_for
+from testbed.live.router.records import Seen, held_record, record_ext, replay_lifecycle, session_header
 from testbed.live.router.reply import error_response, make_reply, openai_error
 from testbed.live.router.state import STATE, Progress, RequestFailed, RouterState, log
 from testbed.live.router.vllm_metrics import note_arrival, note_departure, observe_finished
@@ -33,6 +35,9 @@ from testbed.live.router.vllm_metrics import note_arrival, note_departure, obser
 async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
     st = request.app[STATE]
     seen = Seen(now())
+    if st.held is not None:
+        seen.session = session_header(request.headers)
+        seen.turn = st.held.next_turn(seen.session)
     try:
         return await _serve(request, kind, st, seen)
     finally:
@@ -42,7 +47,8 @@ async def _handle(request: web.Request, kind: str) -> web.StreamResponse:
             st.held.add(held_record(seen))
 
 
-async def _parse(request: web.Request, kind: str, st: RouterState, seen: Seen) -> ParsedRequest:
+async def _parse(request: web.Request, kind: str, st: RouterState, seen: Seen) -> tuple[ParsedRequest, JSONObject]:
+    """The request as the router reads it, and its body (what an engine protocol passes on)."""
     sc = st.cfg.deployment.scenario
     try:
         text = await request.text()
@@ -52,7 +58,12 @@ async def _parse(request: web.Request, kind: str, st: RouterState, seen: Seen) -
     try:
         body = load_body(text)
         limits = Limits(sc.model.max_context_tokens, sc.serving.max_output_tokens)
-        return parse_responses(body, limits) if kind == "responses" else parse(body, kind, limits)
+        if kind == "responses" and sc.node_protocol != "testbed":
+            raise RequestError(
+                f"/v1/responses is not served over nodes.protocol {sc.node_protocol!r}: the engines' PD "
+                "protocols run over /v1/completions and /v1/chat/completions"
+            )
+        return (parse_responses(body, limits) if kind == "responses" else parse(body, kind, limits)), body
     except RequestError as e:
         seen.error, seen.error_kind = f"bad request: {e}", K.BAD_REQUEST
         raise _bad_request(str(e), getattr(e, "param", None)) from None
@@ -73,7 +84,7 @@ def _claim_id(request: web.Request, req: ParsedRequest, st: RouterState, seen: S
 
 
 async def _serve(request: web.Request, kind: str, st: RouterState, seen: Seen) -> web.StreamResponse:
-    req = await _parse(request, kind, st, seen)
+    req, body = await _parse(request, kind, st, seen)
     model = req.model or st.cfg.deployment.scenario.model.name
     rid = _claim_id(request, req, st, seen)
     cid = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_"}[kind] + uuid.uuid4().hex[:24]
@@ -99,7 +110,9 @@ async def _serve(request: web.Request, kind: str, st: RouterState, seen: Seen) -
             if math.isnan(seen.first):
                 seen.first = seen.last
 
-    att = Attempts(st, req, rid, plan, prog, seen, relay)
+    proto = st.cfg.deployment.scenario.node_protocol
+    # The nodes' protocol is the one seam between routing and the nodes (`engines`).
+    att = Attempts(st, req, rid, plan, prog, seen, relay, drive_for(proto, body) if proto != "testbed" else drive)
     note_arrival(st.metrics, req.output_tokens)
     try:
         await att.run()

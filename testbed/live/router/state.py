@@ -12,7 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from testbed.core.failures import Failure, FailureKind
-from testbed.core.lifecycle import Lifecycle
+from testbed.core.lifecycle import Event, Lifecycle
 from testbed.core.record import RequestRecord
 from testbed.core.router.health import HealthChange, Outcome
 from testbed.core.router.request_ids import RequestIds
@@ -105,7 +105,12 @@ def outcome_of(e: BaseException) -> Outcome:
 
 @dataclass
 class Progress:
-    """One request as the router sees it: its lifecycle and the record the final chunk carries."""
+    """One request as the router sees it: its lifecycle and the record the final chunk carries.
+    Over an engine protocol (`testbed.live.router.engines`) the nodes report no stamps: the
+    lifecycle runs on the events the router `observed`, and `node_request_id` is the id the
+    nodes logged the attempt's stamps under (`testbed.live.stage_log`)."""
 
     life: Lifecycle
     rec: RequestRecord
+    observed: list[tuple[float, Event]] | None = None
+    node_request_id: str = ""

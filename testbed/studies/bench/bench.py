@@ -78,6 +78,7 @@ class BenchOptions:
     repeats: int = 3
     cpu: int | None = None
     peer_config: str = "native"
+    schedulers: tuple[str, ...] = ("fcfs", "vllm")
     out: Path | None = None
     overwrite: bool = False
     json: bool = False
@@ -102,6 +103,7 @@ class BenchOptions:
             repeats=ns.repeats,
             cpu=ns.cpu,
             peer_config=ns.peer_config,
+            schedulers=tuple(ns.schedulers),
             out=ns.out,
             overwrite=ns.overwrite,
             json=ns.json,
@@ -119,8 +121,16 @@ class BenchOptions:
 
     def peers(self) -> PeerBenchOptions:
         return PeerBenchOptions(
-            self.out, self.cpu, self.trace, self.requests, self.seed, self.peer_config, self.repeats
+            self.out, self.cpu, self.trace, self.requests, self.seed, self.peer_config, self.repeats, self.schedulers
         )
+
+
+def _schedulers(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in names if x not in ("fcfs", "vllm")]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"schedulers {text!r}: give fcfs and/or vllm, comma-separated")
+    return names
 
 
 def fidelity(args: BenchOptions) -> int:
@@ -358,6 +368,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "vLLM scheduler defaults (as crosscheck --peer-scheduler native); matched: the same tables, "
         "prefill workers one whole prompt at a time (crosscheck's default); defaults: nothing but the "
         "worker roles (its own timing model, as `run_mocker_trace_replay` runs by default)",
+    )
+    b.add_argument(
+        "--schedulers",
+        type=_schedulers,
+        default=("fcfs", "vllm"),
+        help="peers: the testbed's schedulers to time, comma-separated (default fcfs,vllm): the first is "
+        "judged against the bars, the others reported beside it",
     )
     b.add_argument("--out", action=StoreOnce, type=out_dir, help="run directory")
     add_overwrite(b)

@@ -12,7 +12,11 @@
    Prints wall time, peak RSS, and the PrfaaS egress in the steady state (the senders' bytes
    from one minute after the first arrival to the last arrival) beside the model's B_out at
    the same load.
-3. Faults at scale (`testbed bench sim-faults`): the same deployment and traffic with a 60 s WAN
+3. Sessions at scale: the same deployment with its prefix caches, fed 15 minutes of the agent
+   surrogate (`trace synth --prefix-reuse agent`: ~10-turn sessions of 30-120K-token contexts,
+   sub-second think times) at the same request rate, closed loop (each turn waits for the
+   answer it follows): wall and CPU time, peak RSS, the cached-prefix share; bar: under 3 min.
+4. Faults at scale (`testbed bench sim-faults`): the same deployment and traffic with a 60 s WAN
    outage at 5 minutes and a rack of 8 decode instances lost at 9 minutes, once with the fixed
    threshold and once with the short-term bandwidth loop on: wall time and peak RSS of each,
    the report's Faults section, and what the loop changes for the requests caught by the
@@ -40,11 +44,13 @@ SCALE_INSTANCES = 1250  # 10,000 GPUs of 8-GPU instances
 SCALE_LOAD = 0.8
 SCALE_MINUTES = 15.0
 WARMUP_S = 60.0
+AGENT_BAR_S = 180.0  # the closed-loop agent case's wall-time bar
 
 
-def scaled(rs: ResolvedScenario, instances: int) -> tuple[ResolvedScenario, float]:
+def scaled(rs: ResolvedScenario, instances: int, caches: bool = False) -> tuple[ResolvedScenario, float]:
     """The deployment with `instances` instances in the same proportions (largest remainders),
-    its inter-DC link scaled with it, and no prefix caches. Returns it and the factor."""
+    its inter-DC link scaled with it, and no prefix caches unless `caches` (each instance then
+    keeps the scenario's own). Returns it and the factor."""
     sc = rs.spec
     roles = [(i, role) for i, c in enumerate(sc.clusters) for role in ("prefill", "decode") if getattr(c, role) > 0]
     total = sum(getattr(sc.clusters[i], role) for i, role in roles)
@@ -57,7 +63,11 @@ def scaled(rs: ResolvedScenario, instances: int) -> tuple[ResolvedScenario, floa
         counts[key] += 1
     clusters = [
         c.model_copy(
-            update={"prefill": counts.get((i, "prefill"), 0), "decode": counts.get((i, "decode"), 0), "cache_bytes": 0}
+            update={
+                "prefill": counts.get((i, "prefill"), 0),
+                "decode": counts.get((i, "decode"), 0),
+                **({} if caches else {"cache_bytes": 0}),
+            }
         )
         for i, c in enumerate(sc.clusters)
     ]
@@ -167,6 +177,59 @@ def scale_run(out: Path, seed: int) -> dict[str, Any]:
     }
 
 
+def agent_run(out: Path, seed: int) -> dict[str, Any]:
+    """The 10,000-GPU deployment (prefix caches kept) fed `SCALE_MINUTES` of the agent surrogate
+    at the scale run's request rate, closed loop."""
+    from testbed.model.analytical import evaluate
+    from testbed.sim.simulator import SimOptions, Simulation
+    from testbed.traces.synthetic import synth_profile
+
+    base = load("paper-prfaas")
+    rs, _ = scaled(base, SCALE_INSTANCES, caches=True)
+    threshold = None if rs.threshold is None else int(rs.threshold)
+    rate = SCALE_LOAD * evaluate(rs.spec, link_bps=rs.inter_dc.rate, threshold=threshold).lambda_max
+    n = int(rate * SCALE_MINUTES * 60)
+    trace = synth_profile("agent", n, rate, seed)
+    run_dir = out / "agent-10k-closed"
+    (run_dir / "timeseries").mkdir(parents=True, exist_ok=True)
+    cpu, wall = time.process_time(), time.perf_counter()
+    st = Simulation(rs, trace, run_dir, SimOptions(arrivals="closed")).run()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    sessions = len({r.session_id for r in trace})
+    ins = [r.input_tokens for r in trace]
+    return {
+        "instances": sum(c.prefill + c.decode for c in rs.spec.clusters),
+        "rate": rate,
+        "requests": n,
+        "sessions": sessions,
+        "mean_input": sum(ins) / len(ins),
+        "trace_s": trace.duration,
+        "completed": st.completed,
+        "failed": st.failed,
+        "events": st.events,
+        "wall_s": wall,  # the simulation built and run, its run directory written
+        "cpu_s": cpu,
+        "peak_rss_mib": _rss_mib(),
+        "simulated_s": st.t_end,
+        "run_dir": str(run_dir),
+    }
+
+
+def print_agent(a: dict[str, Any]) -> None:
+    print(
+        f"agent sessions at scale: {a['requests']:,} requests in {a['sessions']:,} sessions (mean input "
+        f"{a['mean_input'] / 1e3:.1f}K tokens) over {a['trace_s'] / 60:.1f} min at {a['rate']:.1f} req/s on "
+        f"{a['instances']:,} instances with prefix caches, closed loop; {a['completed']:,} completed, "
+        f"{a['failed']:,} failed, {a['events']:,} events, {a['simulated_s'] / 60:.1f} simulated min",
+        flush=True,
+    )
+    print(
+        f"  {a['wall_s']:.1f} s wall, {a['cpu_s']:.1f} s CPU (the simulation built and run), peak RSS "
+        f"{a['peak_rss_mib']:,.0f} MiB; bar: under {AGENT_BAR_S:g} s wall",
+        flush=True,
+    )
+
+
 def bench_sim(out_dir: Path | None, seed: int) -> int:
     out = out_dir or Path(f"runs/bench-sim-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
@@ -199,7 +262,9 @@ def bench_sim(out_dir: Path | None, seed: int) -> int:
         f"{big['model_b_out_bps'] / 1e9:,.1f} Gbit/s at the same load ({big['egress_over_model'] - 1:+.1%}; "
         f"bar: within 5%)"
     )
-    (out / "bench-sim.json").write_text(json.dumps({"hour": hour, "scale": big}, indent=1))
+    agent = agent_run(out, seed)
+    print_agent(agent)
+    (out / "bench-sim.json").write_text(json.dumps({"hour": hour, "scale": big, "agent": agent}, indent=1))
     print(f"  figures: {out / 'bench-sim.json'}")
     return 0
 

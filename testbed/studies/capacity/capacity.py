@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scenario import Scenario
+from testbed.core.sessions import ROOT, ArrivalMode
 from testbed.deploy.registry import is_simulated
 from testbed.metrics.markdown_table import table_lines
 from testbed.metrics.run_files import read_run_records
@@ -65,6 +66,31 @@ class CapacityResult:
     ttft_slo_s: float
     tpot_slo_s: float
     probes: list[Probe] = field(default_factory=list)
+    arrivals: str = "open"  # how the probes sent the workload (the scenario's workload.arrivals)
+    sessions: int = 0  # sessions of two or more turns the probes' workload holds (as the replay finds them)
+
+
+def arrivals_line(arrivals: str, sessions: int) -> str:
+    """What capacity.md (and the command's first line) say of the arrival mode assumed."""
+    if not sessions:
+        return f"Arrivals: **{arrivals}**; the workload has no sessions, so every request leaves at its timestamp."
+    if arrivals == "closed":
+        return (
+            f"Arrivals: **closed**: each follow-up turn of the {sessions:,} sessions leaves only after the answer it "
+            "follows (plus its think time), so a slower deployment is offered its turns later."
+        )
+    return (
+        f"Arrivals: **open**: every request at its timestamp, follow-ups of the {sessions:,} sessions "
+        "included, whether or not their parent has been answered."
+    )
+
+
+def count_sessions(trace: Trace | None, arrivals: ArrivalMode) -> int:
+    """Sessions of two or more turns in `trace` as a replay in `arrivals` mode finds them."""
+    from testbed.traces.sessions import run_sessions
+
+    plan = None if trace is None else run_sessions(trace, arrivals)
+    return 0 if plan is None else len({plan.session[i] for i, p in enumerate(plan.parent) if p != ROOT})
 
 
 def judge(
@@ -213,6 +239,8 @@ async def search(
     replays the scenario's workload, or `trace`, at its rate."""
     sc = rs.spec
     res = CapacityResult(sc.name, None, None, model_lambda(sc, rs.inter_dc.rate, trace), ttft_slo, sc.slo.tpot_s)
+    res.arrivals = sc.workload.arrivals
+    res.sessions = count_sessions(trace, sc.workload.arrivals)
 
     async def run(rate: float) -> bool:
         if verbose:
@@ -270,6 +298,8 @@ def write_outputs(res: CapacityResult, out: Path) -> None:
         "",
         f"Stable means: every request completed, P90 TPOT <= {res.tpot_slo_s * 1e3:.1f} ms, P90 TTFT <= "
         f"{res.ttft_slo_s:g} s, and waiting did not grow from the first to the last third of arrivals.",
+        "",
+        arrivals_line(res.arrivals, res.sessions),
         "",
     ]
     lines += table_lines(

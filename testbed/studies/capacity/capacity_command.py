@@ -171,7 +171,8 @@ def capacity(args: CapacityOptions) -> int:
     ttft_slo = args.ttft_slo or sc.slo.ttft_s
     print(
         f"capacity of {sc.name}: bisection in [{lo:.3f}, {hi:.3f}] req/s, {args.probes} probes of "
-        f"{n} requests{'' if trace is None else ' of ' + trace.source}, backend {backend} -> {out}",
+        f"{n} requests{'' if trace is None else ' of ' + trace.source}, backend {backend}, "
+        f"{sc.workload.arrivals} arrivals -> {out}",
         file=sys.stderr,
     )
     try:

@@ -51,6 +51,7 @@ class CrosscheckOptions:
     peer: str | None = None
     peer_scheduler: str = "matched"
     peer_router: str = "kv"
+    peer_deployment: str = "scenario"
     json: bool = False
 
     @classmethod
@@ -67,6 +68,7 @@ class CrosscheckOptions:
             peer=ns.peer,
             peer_scheduler=ns.peer_scheduler,
             peer_router=ns.peer_router,
+            peer_deployment=ns.peer_deployment,
             json=ns.json,
         )
 
@@ -132,6 +134,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="kv",
         help="with --peer dynamo: kv (default) is its KV router as shipped, which sends a request where its "
         "prefix is cached; load gives cached blocks no credit, placing by load alone",
+    )
+    p.add_argument(
+        "--peer-deployment",
+        action=StoreOnce,
+        choices=("scenario", "peer"),
+        default="scenario",
+        help="with --peer dynamo: the testbed side's prefix caches and placement: scenario (default) keeps the "
+        "scenario's; peer deploys them as the mocker does (a cache per prefill instance, kv_overlap placement "
+        "with its router's weight)",
     )
     p.add_argument("--json", action="store_true", help="print crosscheck.json instead of tables")
     p.set_defaults(func=cmd_crosscheck)
@@ -335,7 +346,9 @@ def peer_crosscheck(args: CrosscheckOptions) -> int:
     out: Path = args.out or Path("runs") / f"crosscheck-{rs.name}-{args.peer}"
     run_lock.acquire(out, args.overwrite)
     try:
-        c = run_peer_check(rs, trace_for(rs.spec, args.run), out, args.peer_scheduler, args.peer_router)
+        c = run_peer_check(
+            rs, trace_for(rs.spec, args.run), out, args.peer_scheduler, args.peer_router, args.peer_deployment
+        )
     except KeyboardInterrupt:
         print(f"interrupted: what ran is kept under {out}", file=sys.stderr)
         return 130

@@ -144,8 +144,9 @@ def _sets(sc: Scale) -> list[str]:
     return [f"clusters.0.prefill={sc.prefill}", f"clusters.0.decode={sc.decode}"]
 
 
-def _testbed_cmd(trace: Path, sc: Scale, out: Path) -> list[str]:
-    sets = [x for s in _sets(sc) for x in ("--set", s)]
+def _testbed_cmd(trace: Path, sc: Scale, out: Path, scheduler: str = "fcfs") -> list[str]:
+    sched = [] if scheduler == "fcfs" else [f"hardware.h20.scheduler.kind={scheduler}"]
+    sets = [x for s in (*_sets(sc), *sched) for x in ("--set", s)]
     return [
         sys.executable,
         "-m",
@@ -165,8 +166,8 @@ def _testbed_cmd(trace: Path, sc: Scale, out: Path) -> list[str]:
     ]
 
 
-def run_testbed(trace: Path, sc: Scale, out: Path, cpu: int) -> Sample:
-    wall, rss, _ = _run(["taskset", "-c", str(cpu), *_testbed_cmd(trace, sc, out)])
+def run_testbed(trace: Path, sc: Scale, out: Path, cpu: int, scheduler: str = "fcfs") -> Sample:
+    wall, rss, _ = _run(["taskset", "-c", str(cpu), *_testbed_cmd(trace, sc, out, scheduler)])
     info = json.loads((out / "run.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
     sim = info["sim"]
@@ -208,6 +209,9 @@ class PeerBenchOptions:
     seed: int = 1
     peer_config: str = "native"
     repeats: int = 3
+    # The testbed's prefill/decode schedulers timed (the first is judged against the bars; the
+    # rest are reported beside it): fcfs, the default, and the vLLM-like batching one.
+    schedulers: tuple[str, ...] = ("fcfs", "vllm")
 
 
 def bench_peers(args: PeerBenchOptions) -> int:
@@ -270,20 +274,31 @@ def bench_peers(args: PeerBenchOptions) -> int:
             s = peer_dynamo.setup(rs, t, out / f"mocker-{sc.prefill}x{sc.decode}", args.peer_config)
             kwargs = s.kwargs(path, capture=False)
         plans.append((sc, path, kwargs))
-    samples: dict[str, dict[str, list[Sample]]] = {sc.label: {"testbed": [], "mocker": []} for sc, _, _ in plans}
+    main, *beside = args.schedulers or ("fcfs",)
+    samples: dict[str, dict[str, list[Sample]]] = {
+        sc.label: {"testbed": [], "mocker": [], **{f"testbed-{k}": [] for k in beside}} for sc, _, _ in plans
+    }
     for i in range(args.repeats):
         for sc, path, kwargs in plans:
-            tb = run_testbed(path, sc, out / f"testbed-{sc.prefill}x{sc.decode}", cpu)
+            tb = run_testbed(path, sc, out / f"testbed-{sc.prefill}x{sc.decode}", cpu, main)
             mk = run_mocker(kwargs, cpu)
             samples[sc.label]["testbed"].append(tb)
             samples[sc.label]["mocker"].append(mk)
             print(
-                f"  run {i + 1} {sc.label}: testbed ({tb.extra['mechanisms']} mechanisms) {tb.whole_s:.2f} s whole, "
-                f"{tb.sim_s:.2f} s sim "
+                f"  run {i + 1} {sc.label}: testbed {main} ({tb.extra['mechanisms']} mechanisms) {tb.whole_s:.2f} s "
+                f"whole, {tb.sim_s:.2f} s sim "
                 f"(+{tb.extra['write_s']:.2f} s writing), "
                 f"{tb.rss_mib:.0f} MiB; mocker {mk.whole_s:.2f} s whole, {mk.sim_s:.2f} s sim, {mk.rss_mib:.0f} MiB",
                 flush=True,
             )
+            for k in beside:
+                other = run_testbed(path, sc, out / f"testbed-{k}-{sc.prefill}x{sc.decode}", cpu, k)
+                samples[sc.label][f"testbed-{k}"].append(other)
+                print(
+                    f"  run {i + 1} {sc.label}: testbed {k} {other.whole_s:.2f} s whole, {other.sim_s:.2f} s sim, "
+                    f"{other.rss_mib:.0f} MiB",
+                    flush=True,
+                )
     met = True
     print(f"{'':24}{'testbed':>10}{'mocker':>10}{'ratio':>9}  bar")
     for sc, _, _ in plans:
@@ -310,6 +325,22 @@ def bench_peers(args: PeerBenchOptions) -> int:
             f"  {'peak RSS (MiB)':22}{fig['rss_mib']['testbed']:>10.0f}{fig['rss_mib']['mocker']:>10.0f}"
             f"{mem:>8.2f}x  testbed/mocker <= 1: {'met' if ok['memory'] else 'NOT met'}"
         )
+        others: dict[str, dict[str, float]] = {}
+        for k in beside:
+            xs = samples[sc.label][f"testbed-{k}"]
+            w, m = _med([x.whole_s for x in xs]), _med([x.sim_s for x in xs])
+            others[k] = {
+                "whole_s": w,
+                "sim_s": m,
+                "rss_mib": _med([x.rss_mib for x in xs]),
+                "whole_mocker_over_testbed": fig["whole_s"]["mocker"] / w,
+                "sim_mocker_over_testbed": fig["sim_s"]["mocker"] / m,
+            }
+            print(
+                f"  testbed {k} scheduler: whole {w:.2f} s ({others[k]['whole_mocker_over_testbed']:.2f}x), "
+                f"simulation {m:.2f} s ({others[k]['sim_mocker_over_testbed']:.2f}x), "
+                f"{others[k]['rss_mib']:.0f} MiB (reported beside the {main} scheduler's; not judged)"
+            )
         results["scales"][sc.label] = {
             "prefill": sc.prefill,
             "decode": sc.decode,
@@ -322,6 +353,8 @@ def bench_peers(args: PeerBenchOptions) -> int:
             },
             "bars": {"whole": sc.whole_bar, "sim": sc.sim_bar},
             "met": ok,
+            "scheduler": main,
+            "beside": others,
             "runs": {k: [vars(x) for x in v] for k, v in samples[sc.label].items()},
         }
     (out / "bench-peers.json").write_text(json.dumps(results, indent=1, default=str) + "\n")

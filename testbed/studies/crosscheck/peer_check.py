@@ -35,10 +35,15 @@ def check_peer(peer: str, rs: ResolvedScenario) -> None:
     peer_dynamo.peer_cluster(rs)
 
 
-def run_peer_check(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str, router: str = "kv") -> PeerCheck:
+def run_peer_check(
+    rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str, router: str = "kv", deployment: str = "scenario"
+) -> PeerCheck:
     from testbed.run.runner import run_sim
 
     name = "Dynamo's mocker"
+    rs, deployed = peer_dynamo.deploy_like_peer(rs, scheduler, router, deployment)
+    own_caches = any(c.cache_scope == "instance" for c in rs.spec.clusters)
+    own = own_caches or rs.spec.policy.placement != "least_loaded"
     print(f"simulating {len(trace)} requests of {trace.source} on {rs.name} -> {out / 'sim'}", file=sys.stderr)
     t = time.perf_counter()
     res = run_sim(rs, trace, out / "sim", report=False)
@@ -61,10 +66,20 @@ def run_peer_check(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str
         f"trace: {len(trace)} requests of {trace.source} ({peer_dir / 'trace.jsonl'} as the mocker read it), "
         f"{s.cluster.prefill} prefill and {s.cluster.decode} decode instances of {s.cluster.hardware}",
         *s.notes,
-        f"routing: the testbed's {rs.spec.policy.name} policy; the mocker's KV router (kv_router"
-        + (", its defaults)" if router == "kv" else ", no credit for cached overlap)"),
+        deployed,
+        (
+            f"routing: the testbed's {rs.spec.policy.name} policy with {rs.spec.policy.placement} placement over "
+            "the instances' own caches; the mocker's KV router (kv_router"
+            if own
+            else f"routing: the testbed's {rs.spec.policy.name} policy sends a prompt to the prefill instance with "
+            "the least modelled work queued (with one cluster pool its new tokens are the same on every instance); "
+            "the mocker's KV router (kv_router"
+        )
+        + (", its defaults)" if router == "kv" else ", no credit for cached overlap)")
+        + " to the worker with the fewest prompt blocks not cached there plus prefill blocks active there, so "
+        "a prompt may wait behind a busy worker that holds its prefix while another is idle",
     ]
-    c = compare(rs.name, name, tb, peer, hw, notes)
+    c = compare(rs.name, name, tb, peer, hw, notes, own_caches, rs.spec.policy.placement)
     c.speed = {"testbed simulation + run directory": tb_s, "mocker replay call": pr.wall_s}
     write(c, out)
     return c

@@ -9,7 +9,6 @@ testbed's form, so every figure comes from the same summary code.
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from collections import defaultdict
@@ -23,6 +22,15 @@ from testbed.core.schema.hardware import HardwareSpec
 from testbed.metrics.markdown_table import Align, table_lines
 from testbed.studies.crosscheck import crosscheck_stages as st
 from testbed.studies.crosscheck.crosscheck_explain import Side, finite, rel
+from testbed.studies.crosscheck.peer_attribution import (
+    WAITED_S,
+    attribute,
+    describe,
+    instances,
+    placed_waits,
+    placement,
+    prefill_load,
+)
 
 EXPLAIN_ABOVE = 0.05
 BAR = 0.10
@@ -112,6 +120,12 @@ class Ctx:
     pairs: list[tuple[RequestRecord, RequestRecord]]
     hw: HardwareSpec
     peer_name: str
+    own_caches: bool = False  # the testbed's prefill instances keep a prefix cache each (cache_scope instance)
+    placement: str = "least_loaded"  # the testbed's placement of prompts on prefill instances
+
+    @property
+    def tb_pool(self) -> str:
+        return "per-instance caches" if self.own_caches else "cluster pool"
 
     @property
     def a(self) -> st.RunRecords:
@@ -168,39 +182,21 @@ class Queueing:
     wait_all_s: float  # mean wait over every completed request
 
 
-WAITED_S = 1e-3
-
-
 def queueing(side: Side) -> Queueing:
     """From the records: each prefill instance's busy spans, and for every request that waited,
     whether some other instance was idle when it was queued (then it was placed, not forced, to
     wait: by routing)."""
     s = side.speedup
     done = [r for r in side.records if r.outcome == "completed" and r.prefill_node]
-    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for r in done:
-        a, b = r.times.prefill_start, r.times.prefill_end
-        if math.isfinite(a) and math.isfinite(b):
-            spans[r.prefill_node].append((a, b))
-    starts = {}
-    for node, sp in spans.items():
-        sp.sort()
-        starts[node] = [a for a, _ in sp]
-
-    def busy(node: str, t: float) -> bool:
-        i = bisect.bisect_right(starts[node], t) - 1
-        return i >= 0 and spans[node][i][1] > t
-
-    waits = [(r, (r.times.prefill_start - r.times.prefill_queued) * s) for r in done]
-    waits = [(r, w) for r, w in waits if math.isfinite(w)]
-    waited = [(r, w) for r, w in waits if w > WAITED_S]
-    idle = [w for r, w in waited if any(n != r.prefill_node and not busy(n, r.times.prefill_queued) for n in spans)]
+    waits = [(r.times.prefill_start - r.times.prefill_queued) * s for r in done]
+    waits = [w for w in waits if math.isfinite(w)]
+    idle = list(placed_waits(side).values())
     return Queueing(
-        len(spans),
-        len(waited),
+        instances(side),
+        sum(w > WAITED_S for w in waits),
         len(idle),
         statistics.fmean(idle) if idle else 0.0,
-        statistics.fmean(w for _, w in waits) if waits else 0.0,
+        statistics.fmean(waits) if waits else 0.0,
     )
 
 
@@ -238,9 +234,26 @@ def _ttft(band: tuple[float, float] | None, over: str) -> Callable[[Ctx], str]:
             f"Over {over} ({d.n} requests), the testbed minus {c.peer_name} is {_dt(d.total)} per request; by "
             f"stage: {parts or 'none above 0.5 ms'}."
         )
-        return out + " " + _why_prefill(c) + " " + _why_queue(c)
+        out += " " + _why_prefill(c) + " " + _why_queue(c)
+        return out if band is not None else out + " " + _split(c)
 
     return text
+
+
+def _split(c: Ctx) -> str:
+    a = attribute(c.tb, c.peer, c.pairs, c.hw)
+    if a is None:
+        return ""
+    peer_ttft = finite(c.peer.summary.ttft_s.mean) or 0.0
+    placed = (len(placed_waits(c.tb)), len(placed_waits(c.peer)))
+    return describe(
+        a,
+        c.peer_name,
+        peer_ttft,
+        placed,
+        (prefill_load(c.tb, c.hw), prefill_load(c.peer, c.hw)),
+        (placement(c.tb), placement(c.peer)),
+    )
 
 
 def _why_prefill(c: Ctx) -> str:
@@ -248,7 +261,7 @@ def _why_prefill(c: Ctx) -> str:
     ratio, off = _compute_vs_table(c.peer, c.hw)
     out = (
         f"Cache: the two found different cached prefixes for {more_tb + more_peer} requests (more in the testbed's "
-        f"cluster pool for {more_tb}, more in {c.peer_name}'s per-worker caches for {more_peer}); by the timing "
+        f"{c.tb_pool} for {more_tb}, more in {c.peer_name}'s per-worker caches for {more_peer}); by the timing "
         f"table that alone makes the testbed's prefill compute {_dt(eff)} per request."
     )
     if math.isfinite(ratio):
@@ -273,11 +286,16 @@ def _why_queue(c: Ctx) -> str:
             f"was idle (mean wait {q.wait_idle_s:.3f} s)"
         )
 
+    how = (
+        f"the testbed places by {c.placement} over its instances' own caches"
+        + (" (the same cost, ties by load where Dynamo draws at random)" if c.placement == "kv_overlap" else "")
+        if c.own_caches or c.placement != "least_loaded"
+        else "the testbed routes to the least-loaded instance (any of them reads the cluster's prefix pool)"
+    )
     return (
         f"Router: {one(qa, 'testbed')}; {one(qb, c.peer_name)}. A request that waits while another instance is "
-        "idle was placed there: the testbed routes to the least-loaded instance (any of them reads the cluster's "
-        f"prefix pool), {c.peer_name}'s KV router credits a worker for the prefix blocks it holds and may queue a "
-        "request behind it."
+        f"idle was placed there: {how}, {c.peer_name}'s KV router credits a worker for the prefix blocks it holds "
+        "and may queue a request behind it."
     )
 
 
@@ -303,12 +321,19 @@ def _cache(c: Ctx) -> str:
     _, more_tb, more_peer = _prefill_effect(c)
     tok_tb = sum(max(x.cached_tokens - y.cached_tokens, 0) for x, y in c.pairs)
     tok_peer = sum(max(y.cached_tokens - x.cached_tokens, 0) for x, y in c.pairs)
+    tb = (
+        "The testbed's prefill instances keep a prefix cache each, as the mocker's workers do, but its hybrid "
+        "model reuses a prefix only up to a linear state taken at exactly that length (a prefix shared by "
+        "prompts that end elsewhere, e.g. a common system prompt, is not reusable; the mocker reuses any "
+        "matching block), in blocks of the model's block_tokens"
+        if c.own_caches
+        else "The testbed's cluster holds one prefix pool every prefill instance reads"
+    )
     return (
         f"Of {len(c.pairs)} requests completed on both sides, {more_tb} found more cached in the testbed "
-        f"({tok_tb:,} tokens more in all) and {more_peer} in {c.peer_name} ({tok_peer:,}). The testbed's cluster "
-        f"holds one prefix pool every prefill instance reads; {c.peer_name} keeps a block cache per worker and its "
-        "router sends a request where its prefix is cached unless that worker is loaded, so a prefix cached on "
-        "another worker is computed again."
+        f"({tok_tb:,} tokens more in all) and {more_peer} in {c.peer_name} ({tok_peer:,}). {tb}; {c.peer_name} "
+        "keeps a block cache per worker and its router sends a request where its prefix is cached unless that "
+        "worker is loaded, so a prefix cached on another worker is computed again."
     )
 
 
@@ -358,10 +383,17 @@ def _cell(m: PeerMetric, v: float | None) -> str:
 
 
 def compare(
-    scenario: str, peer_name: str, tb: Side, peer: Side, hw: HardwareSpec, notes: Sequence[str] = ()
+    scenario: str,
+    peer_name: str,
+    tb: Side,
+    peer: Side,
+    hw: HardwareSpec,
+    notes: Sequence[str] = (),
+    own_caches: bool = False,
+    placement: str = "least_loaded",
 ) -> PeerCheck:
     pairing = st.pair(tb.runrecords(), peer.runrecords())
-    c = Ctx(tb, peer, pairing.pairs, hw, peer_name)
+    c = Ctx(tb, peer, pairing.pairs, hw, peer_name, own_caches, placement)
     rows: list[PeerRow] = []
     for m in METRICS:
         a, b = m.measure(tb), m.measure(peer)

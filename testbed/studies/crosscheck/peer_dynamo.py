@@ -252,7 +252,22 @@ def setup(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str = "match
     else:
         notes.append(
             f"scheduler native: the mocker's vLLM defaults (chunked prefill of {NATIVE_CHUNK:,} tokens a "
-            "forward pass, up to 256 sequences a batch, 16,384 blocks of 64 tokens a worker)"
+            "forward pass, up to 256 sequences a batch, 16,384 blocks of 64 tokens a worker); a pass takes the "
+            "table's time for the new tokens of all its prompts together"
+        )
+    if c.cache_scope == "instance":
+        notes.append(
+            f"prefix cache: each of the testbed's {c.prefill} prefill instances keeps its own pool "
+            f"({c.instance_pool_bytes() / 2**40:g} TiB) filled by its own prefills, as each of the mocker's prefill "
+            "workers keeps its own block cache"
+        )
+    else:
+        notes.append(
+            f"prefix cache: the testbed's {c.name} cluster holds one pool ({c.cache_bytes / 2**40:g} TiB) that every "
+            "prefill instance reads; each of the mocker's prefill workers keeps its own block cache, so a prefix "
+            "cached on another worker is computed again or waited for. The mocker's shared tiers cannot stand for "
+            f"the pool in a disaggregated replay ({PACKAGE} {PIN}: g3_offload is for aggregated workers only, and a "
+            "cluster_shared host tier fails the KV router's replay of its cache events)"
         )
     if router == "load":
         notes.append(
@@ -260,6 +275,53 @@ def setup(rs: ResolvedScenario, trace: Trace, out: Path, scheduler: str = "match
             "it places requests by load alone, as the testbed's least-loaded routing does"
         )
     return PeerSetup(c, scheduler, timing, path, block, {"engine": prefill}, {"engine": decode}, notes, router)
+
+
+DEPLOYMENTS: tuple[str, ...] = ("scenario", "peer")
+
+
+def router_weight() -> float:
+    """The mocker's KV router overlap score weight as shipped (1.0 where its config does not say)."""
+    try:
+        from dynamo import _core  # type: ignore[attr-defined,unused-ignore]
+
+        w = getattr(_core.KvRouterConfig(), "overlap_score_weight", None)
+    except (ImportError, TypeError, ValueError):
+        return 1.0
+    return float(w) if isinstance(w, (int, float)) else 1.0
+
+
+def deploy_like_peer(
+    rs: ResolvedScenario, scheduler: str, router: str, deployment: str
+) -> tuple[ResolvedScenario, str]:
+    """The testbed side of the comparison, and a note saying how it is deployed: with `peer` the PD
+    cluster's prefill instances keep a prefix
+    cache each (the cluster's pool split evenly) and take prompts by Dynamo's KV router cost
+    (`kv_overlap`, the mocker's weight), or by load alone with `--peer-router load`; with
+    `scenario` as the scenario says."""
+    if deployment not in DEPLOYMENTS:
+        raise PeerError(f"--peer-deployment: {deployment!r} is not one of {', '.join(DEPLOYMENTS)}")
+    c = peer_cluster(rs)
+    pol = rs.spec.policy
+    if deployment == "scenario":
+        return rs, (
+            f"testbed deployment: the scenario's ({c.name}: cache_scope {c.cache_scope}, placement {pol.placement}; "
+            "--peer-deployment peer deploys it as the mocker is)"
+        )
+    placement = "kv_overlap" if router == "kv" else "least_loaded"
+    weight = router_weight()
+    sc = rs.spec
+    clusters = [x.model_copy(update={"cache_scope": "instance"}) if x.name == c.name else x for x in sc.clusters]
+    pol = pol.model_copy(update={"placement": placement, "kv_overlap_weight": weight})
+    spec = sc.model_copy(update={"clusters": clusters, "policy": pol})
+    per = clusters[[x.name for x in clusters].index(c.name)].instance_pool_bytes()
+    how = f"kv_overlap (weight {weight:g}, the mocker's KV router cost)" if router == "kv" else "least_loaded"
+    return rs.model_copy(update={"spec": spec}), (
+        f"testbed deployment like the mocker's: each of the {c.prefill} prefill instances keeps its own prefix "
+        f"cache ({per / 2**40:g} TiB, the cluster's {c.cache_bytes / 2**40:g} TiB split evenly; cache_scope "
+        f"instance) and prompts are placed by {how} (--peer-deployment scenario keeps the scenario's: "
+        f"cache_scope {c.cache_scope}, placement {rs.spec.policy.placement})"
+    )
 
 
 def _round_up(n: int, block: int) -> int:

@@ -156,6 +156,33 @@ def _predict(g: Goodput, rate_bps: float, rtt_s: float) -> Goodput:
     return g
 
 
+WINDOW_LATE_SHARE = 0.25  # of the round trip: past it the window-limited figure measured the host
+
+
+def line_lateness(link: ShapedLink) -> Lateness:
+    """The delay line's lateness counters so far (none: the kernel shapes the link)."""
+    return lateness(link.delay_line) if link.delay_line is not None else Lateness(0.0, 0, 0)
+
+
+def judge_window_limited(g: Goodput, line: Lateness, rtt_s: float) -> Goodput:
+    """A window-limited connection moves one window per round trip, so every millisecond the
+    delay line writes late lengthens its round trip and lowers its rate: the lateness per trip
+    is recorded beside the prediction, and the figure is invalid (the host's, not the link's)
+    when it reaches WINDOW_LATE_SHARE of the round trip."""
+    g["valid"], g["reasons"] = True, []
+    if not line.packets:
+        return g
+    per_trip = 2 * line.late_s / line.packets
+    g["line_late_per_trip_s"] = per_trip
+    if per_trip >= WINDOW_LATE_SHARE * rtt_s:
+        g["valid"] = False
+        g["reasons"].append(
+            f"the delay line wrote the transfer's packets {per_trip * 1e3:.2f} ms late per round trip "
+            f"(round trip {rtt_s * 1e3:.2f} ms): the host was too busy to time a window-limited connection"
+        )
+    return g
+
+
 async def receiver_wait(receiver: KVReceiver, tid: int, timeout: float) -> tuple[bool, float, str]:
     res = await asyncio.wait_for(receiver.expect(tid), timeout)
     return res.ok, res.complete, res.reason
@@ -569,12 +596,16 @@ def run_linkcheck(cfg: LinkCheckConfig) -> LinkCheckResult:
             small = max(int(params.rate_bps / 8 * rtt_s / 4), 32 * 1024)
             limited_rx = KVReceiver(rcvbuf=small)
             lb.run(limited_rx.start(b.ip, KV_PORT + 1))
+            before = line_lateness(link)
             limited = _goodput(
                 la, lb, limited_rx, (b.ip, KV_PORT + 1), max(nbytes // 2, 1 << 20), 1, next(ids), cc, timeout
             )
             lb.run(limited_rx.close())
             limited["rcvbuf"] = small
-            out["goodput"].append(_predict(limited, params.rate_bps, rtt_s))
+            limited = judge_window_limited(
+                _predict(limited, params.rate_bps, rtt_s), line_lateness(link) - before, rtt_s
+            )
+            out["goodput"].append(limited)
             step("window")
         out["window_sysctls"] = {"tcp_wmem_max": wmem, "tcp_rmem_max": rmem}
         out["iperf3"] = _iperf3(topo, cfg.connections, cfg.duration_s)

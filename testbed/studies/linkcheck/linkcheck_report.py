@@ -103,6 +103,8 @@ def print_report(r: LinkCheckResult) -> None:
         bar = (
             (mark[v["goodput_multi"]] + " (past the ramp >= 90% of rate)")
             if g is r["goodput"][0]
+            else "INVALID: " + "; ".join(g["reasons"])
+            if not g.get("valid", True)
             else (
                 f"{ach / pred:.0%} of min(rate, window {w / 1e6:.2f} MB / RTT)"
                 if ach and (w := g.get("peer_window_bytes"))

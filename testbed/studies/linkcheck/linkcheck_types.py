@@ -92,6 +92,11 @@ class Goodput(TypedDict, total=False):
     peer_window_bytes: int | None
     rcvbuf: int  # the receiver's SO_RCVBUF when it was made small (window-limited)
     predicted_bps: float | None  # min(rate, window / RTT) on one connection
+    # window-limited transfer only: the delay line's lateness per round trip, and whether the
+    # host let the figure measure the link (`reasons` say why not)
+    line_late_per_trip_s: float
+    valid: bool
+    reasons: list[str]
 
 
 class Iperf3(TypedDict, total=False):

@@ -27,7 +27,9 @@ from testbed.core.engine.kvsize import KVModel
 from testbed.core.finite_json import dumps as finite_dumps
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.scenario import Scenario
+from testbed.core.sessions import ROOT, ArrivalMode
 from testbed.model.analytical import Workload
+from testbed.model.batching import scheduler_text
 from testbed.model.optimise import resolve_threshold
 from testbed.model.planner import (
     KINDS,
@@ -60,6 +62,7 @@ from testbed.studies.plan.plan_sim import (
     simulate_rows,
 )
 from testbed.traces.files import open_trace
+from testbed.traces.sessions import run_sessions
 from testbed.traces.types import Trace
 
 __all__ = [
@@ -317,6 +320,10 @@ def run_plan(
         )
     link_bps, delay, link_text = _link(bases, args.link_gbps)
     first = next(iter(bases.values())).spec
+    arrivals: ArrivalMode = args.arrivals or first.workload.arrivals
+    # As the simulator finds them: stated, or (closed loop only) inferred from the hash ids.
+    splan = run_sessions(trace, arrivals)
+    sessions = 0 if splan is None else len({splan.session[i] for i, p in enumerate(splan.parent) if p != ROOT})
     settings = PlanSettings(
         ttft_slo_s=args.ttft_slo if args.ttft_slo is not None else first.slo.ttft_s,
         tpot_slo_s=args.tpot_slo if args.tpot_slo is not None else first.slo.tpot_s,
@@ -333,7 +340,7 @@ def run_plan(
         old.unlink()
     sim: Simulate | None
     if simulate == "auto":
-        sim = None if args.no_sim else sim_simulator(out_dir, args.window, args.format)
+        sim = None if args.no_sim else sim_simulator(out_dir, args.window, args.format, arrivals)
     else:
         sim = simulate if callable(simulate) else None
     pool = max(args.refine, args.top) if sim is not None else 0
@@ -470,7 +477,14 @@ def run_plan(
         if done
         else {},
     )
+    schedulers = {
+        hw: scheduler_text(bases[fp.family.kind].spec.hardware[hw].scheduler)
+        for fp in plans
+        for hw in (fp.family.prfaas_hw, fp.family.pd_hw)
+        if hw is not None
+    }
     ctx = ReportContext(
+        schedulers=schedulers,
         workload=tw0.summary(),
         settings=settings,
         link=link_text,
@@ -480,6 +494,7 @@ def run_plan(
         budgets=budget_text,
         simulated=done,
         seconds=time.monotonic() - t0,
+        arrivals=arrivals,
     )
     (out_dir / "plan.md").write_text(report_md(ctx, report_rows, files, why))
     ref_by_kind = {k: done.get(bases[k].name, c) for k, (c, _) in refs.items()}
@@ -510,6 +525,9 @@ def run_plan(
         files=files,
         out=out_dir,
         seconds=time.monotonic() - t0,
+        schedulers=schedulers,
+        arrivals=arrivals,
+        sessions=sessions,
     )
     (out_dir / "plan.json").write_text(finite_dumps(result.to_json(), indent=1))
     write_plan_figure(result, out_dir / "plan.png")

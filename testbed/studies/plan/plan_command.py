@@ -10,6 +10,7 @@ import sys
 
 from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.scenarios import ScenarioError
+from testbed.core.sessions import ARRIVAL_MODES
 from testbed.model.planner import KINDS, OBJECTIVES, Candidate, PlanError
 from testbed.studies.plan.plan import DEFAULT_SCENARIOS, run_plan
 from testbed.studies.plan.plan_progress import PlanProgress
@@ -40,7 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--format",
         default="auto",
         choices=("auto", *SUPPORTED_FORMATS),
-        help="trace format (default auto: .jsonl is Mooncake, a .csv is told by its header)",
+        help="trace format (default auto: a .jsonl is aiperf multi-turn or Bailian by its keys, else Mooncake; "
+        "a .csv is told by its header)",
     )
     p.add_argument(
         "--window", type=window_arg, metavar="START:END", help=f"plan for this part of the trace: {WINDOW_HELP}"
@@ -86,7 +88,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: the --top written; every written or recommended row is simulated)",
     )
     p.add_argument(
-        "--no-sim", action="store_true", help="the model alone: nothing simulated, the SLO verdicts the model's"
+        "--no-sim", action="store_true", help="the model alone: nothing simulated, the SLOs judged by the model"
+    )
+    p.add_argument(
+        "--arrivals",
+        choices=ARRIVAL_MODES,
+        help="how the simulated replays send a session trace: open (each request at its timestamp) or "
+        "closed (a turn after its parent's answer plus its think time); default: the first base "
+        "scenario's workload.arrivals (open unless it says otherwise). The report says which it assumed",
     )
     p.add_argument("--out", action=StoreOnce, type=out_dir, help="output directory (default runs/plan-<trace name>)")
     add_overwrite(p)
@@ -183,6 +192,8 @@ def _print_summary(res: PlanResult) -> None:
     )
     for f in files:
         con.print(f"plan {f}")
+    sessions = f", {res.sessions:,} multi-turn sessions in the trace" if res.sessions else ""
+    con.print(f"arrivals assumed: {res.arrivals}{sessions}", highlight=False)
     for n in res.notes:
         con.print(f"note: {n}")
     if res.verification is not None:

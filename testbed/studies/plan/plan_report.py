@@ -217,6 +217,18 @@ class ReportContext:
     budgets: dict[str, str]
     simulated: dict[str, Candidate]
     seconds: float
+    schedulers: dict[str, str] = field(default_factory=dict)  # hardware -> the prefill scheduler assumed
+    arrivals: str = "open"  # the arrival mode the plan assumed (`arrivals_text`)
+
+
+def arrivals_text(mode: str) -> str:
+    """What an arrival mode means for a plan's two judges (README "Sessions: open and closed loop")."""
+    if mode == "closed":
+        return (
+            "The simulated replays send each follow-up turn only after the answer it follows (plus its "
+            "think time), never before; the model reads the trace's arrival times as they stand."
+        )
+    return "Every request leaves at its trace timestamp, in the model and in the simulated replays."
 
 
 def report_md(ctx: ReportContext, rows: Rows, files: dict[tuple[Any, ...], str], verified_note: str | None) -> str:
@@ -229,6 +241,12 @@ def report_md(ctx: ReportContext, rows: Rows, files: dict[tuple[Any, ...], str],
         f"P{s.quantile * 100:.0f}, TPOT SLO {s.tpot_slo_s * 1e3:g} ms. Link: {ctx.link}.",
         "",
         "Instances in force per kind: " + "; ".join(f"{k}: {v}" for k, v in ctx.budgets.items()) + ".",
+        "",
+        "Prefill scheduler assumed (the capacities follow it, `testbed.model.batching`): "
+        + "; ".join(f"{hw}: {text}" for hw, text in ctx.schedulers.items())
+        + ".",
+        "",
+        f"Arrivals assumed: **{ctx.arrivals}**. {arrivals_text(ctx.arrivals)}",
         "",
         "## Workload (as the model reads the trace)",
         "",

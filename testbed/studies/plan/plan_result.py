@@ -4,9 +4,10 @@ typed data; `PlanResult.to_json()` writes the file)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.core.sessions import ArrivalMode
 from testbed.model.planner import KINDS, Candidate, Objective, PlanSettings
 from testbed.model.workload import WorkloadSummary
 from testbed.studies.plan.plan_report import key
@@ -31,6 +32,7 @@ class PlanOptions:
     top: int = 3
     refine: int = 0
     no_sim: bool = False
+    arrivals: ArrivalMode | None = None  # None: the first base scenario's workload.arrivals
     out: Path | None = None
     overwrite: bool = False
     json: bool = False
@@ -52,6 +54,7 @@ class PlanOptions:
             top=ns.top,
             refine=ns.refine,
             no_sim=ns.no_sim,
+            arrivals=ns.arrivals,
             out=ns.out,
             overwrite=ns.overwrite,
             json=ns.json,
@@ -91,6 +94,9 @@ class PlanResult:
     files: dict[tuple[object, ...], str]  # the scenario file written per candidate key
     out: Path
     seconds: float
+    schedulers: dict[str, str] = field(default_factory=dict)  # hardware -> the prefill scheduler assumed
+    arrivals: ArrivalMode = "open"  # the mode the simulated replays used (the model reads arrivals as open)
+    sessions: int = 0  # sessions of two or more turns in the trace (stated or inferred)
 
     @property
     def verified(self) -> bool:
@@ -118,6 +124,9 @@ class PlanResult:
                 "cache_aware": self.cache_aware,
                 "simulated_per_kind": self.simulated_per_kind,
                 "budgets": self.budgets,
+                "schedulers": self.schedulers,
+                "arrivals": self.arrivals,
+                "sessions": self.sessions,
             },
             "bases": {k: str(p) for k, p in self.bases.items()},
             "notes": self.notes,

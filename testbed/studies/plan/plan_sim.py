@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from testbed.core.sessions import ArrivalMode
 from testbed.metrics.artefacts.summary_file import Summary
 from testbed.model.planner import Candidate, Objective, PlanSettings
 from testbed.traces.csvutil import Window
@@ -60,10 +61,11 @@ def figures(summary: Summary) -> SimFigures:
     }
 
 
-def sim_simulator(out_dir: Path, window: Window | None, fmt: str) -> Simulate:
+def sim_simulator(out_dir: Path, window: Window | None, fmt: str, arrivals: ArrivalMode | None = None) -> Simulate:
     """A Simulate replaying on `runner.run_replay_async(..., backend="sim", report=False)` into
-    `out_dir/sim/<run_name>` (`testbed report RUN` renders a report later); the trace is read
-    once. Raises SimUnavailable while the runner knows no `sim` backend."""
+    `out_dir/sim/<run_name>` (`testbed report RUN` renders a report later), in `arrivals` mode
+    (None: each scenario's own `workload.arrivals`); the trace is read once. Raises
+    SimUnavailable while the runner knows no `sim` backend."""
     import shutil
 
     from testbed.run import runner
@@ -75,6 +77,9 @@ def sim_simulator(out_dir: Path, window: Window | None, fmt: str) -> Simulate:
 
     def simulate(scenario_path: Path, trace_path: Path, run_name: str) -> SimFigures:
         rs = load(scenario_path)
+        if arrivals is not None and rs.spec.workload.arrivals != arrivals:
+            wl = rs.spec.workload.model_copy(update={"arrivals": arrivals})
+            rs = rs.model_copy(update={"spec": rs.spec.model_copy(update={"workload": wl})})
         if trace_path not in traces:
             traces[trace_path] = load_trace(trace_path, fmt, window=window)
         run_dir = out_dir / "sim" / run_name

@@ -1,0 +1,47 @@
+"""What a simulated `testbed replay` process imports: only what the command needs. The live
+machinery (asyncio, the deployment), the analytical model (for a fixed threshold), pandas
+(which pyarrow would import for `pa.array` of a list) and the installed version (`--version`
+only) each cost a whole process tens to hundreds of milliseconds, a large share of a short run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.app
+
+UNNEEDED = (
+    "pandas",
+    "pyarrow.compute",
+    "asyncio",
+    "testbed.live.deployment",
+    "testbed.model.optimise",
+    "matplotlib",
+)
+
+
+def test_a_simulated_replay_imports_none_of_what_it_does_not_need(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": 250 * i, "input_length": 600 + 50 * i, "output_length": 20, "hash_ids": [i]})
+            + "\n"
+            for i in range(8)
+        )
+    )
+    argv = ["replay", "--scenario", "paper-homogeneous", "--backend", "sim", "--trace", str(trace)]
+    argv += ["--out", str(tmp_path / "run")]
+    code = (
+        "import json, sys\nfrom testbed.cli import main\n"
+        f"rc = main({argv!r})\n"
+        f"print(json.dumps([rc, [m for m in {UNNEEDED!r} if m in sys.modules]]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    rc, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rc == 0, out.stderr
+    assert loaded == []
+    assert (tmp_path / "run" / "records.parquet").is_file() and (tmp_path / "run" / "summary.json").is_file()
