@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from testbed.core.record import RecordFormatError, RequestRecord
-from testbed.metrics.columnar import FIELD_NAMES, STAMP, TIME_COLUMNS
+from testbed.core.record import RequestRecord
+from testbed.metrics.columnar import _DEFAULTS, FIELD_NAMES, RECORD_SCHEMA, STAMP, TIME_COLUMNS, _check_schema, _open
 
 Column = Sequence[Any]
 
@@ -72,8 +72,6 @@ class _Columns(dict[str, Column]):
 
 
 def _default(name: str) -> Any:
-    from testbed.metrics.columnar import _DEFAULTS
-
     return _DEFAULTS[name]
 
 
@@ -124,12 +122,10 @@ class RecordTable(Sequence[RequestRecord]):
     """A records.parquet's records in file order, as read-only rows (see the module)."""
 
     def __init__(self, path: Path) -> None:
-        try:
-            meta = pq.read_metadata(path)
-        except (pa.ArrowException, OSError) as e:
-            raise RecordFormatError(f"{path}: not a readable Parquet file: {e}") from None
+        pf = _open(path)  # the errors `iter_parquet_records` gives, naming the file
+        _check_schema(path, pf.schema_arrow, RECORD_SCHEMA)
         self.path = path
-        self._n = int(meta.num_rows)
+        self._n = int(pf.metadata.num_rows)
         self._cols = _Columns(path, self._n)
         self._row = _row_class(self._cols)
 
