@@ -15,8 +15,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, cast, overload
+from typing import Any, overload
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -50,18 +51,11 @@ class _Columns(dict[str, Column]):
         t = data.type
         if t == STAMP:
             # As `columnar._column`: microseconds / 1e6, the double records.csv's text reads as.
-            seconds = data.cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e6
-            out = array("d")
-            out.frombytes(seconds.astype("float64").tobytes())
-            return out
+            return _flat("d", data.cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e6)
         if t == pa.float64():
-            out = array("d")
-            out.frombytes(data.to_numpy(zero_copy_only=False).astype("float64").tobytes())
-            return out
+            return _flat("d", data.to_numpy(zero_copy_only=False))
         if t == pa.int64():
-            ints = array("q")
-            ints.frombytes(data.to_numpy(zero_copy_only=False).astype("int64").tobytes())
-            return ints
+            return _flat("q", data.to_numpy(zero_copy_only=False))
         if t == pa.string():
             # A few distinct texts (nodes, outcomes, reasons): one object each, shared by the rows.
             enc = pc.dictionary_encode(data).combine_chunks()
@@ -69,6 +63,13 @@ class _Columns(dict[str, Column]):
             return [distinct[c] for c in enc.indices.to_numpy(zero_copy_only=False).tolist()]
         values: list[Any] = data.to_pylist()  # booleans: the shared True and False
         return values
+
+
+def _flat(code: str, values: Any) -> array[Any]:
+    """`values` (a numpy array of the type `code` names) as an array."""
+    out = array(code)
+    out.frombytes(np.ascontiguousarray(values, dtype=out.typecode).tobytes())
+    return out
 
 
 def _default(name: str) -> Any:
@@ -128,28 +129,34 @@ class RecordTable(Sequence[RequestRecord]):
         self._n = int(pf.metadata.num_rows)
         self._cols = _Columns(path, self._n)
         self._row = _row_class(self._cols)
+        self._made: list[RequestRecord] | None = None
 
     def __len__(self) -> int:
         return self._n
 
-    def _make(self, i: int) -> RequestRecord:
-        row = self._row.__new__(self._row)
-        row._i = i
-        return cast(RequestRecord, row)  # duck-typed: the fields and properties readers use
+    @property
+    def _rows(self) -> list[RequestRecord]:
+        # One view per record, made once: a summary filters the records into several lists
+        # (completed, failed, offloaded...), which then share the views instead of each making
+        # its own (a view is ~80 bytes with its index; a list entry 8).
+        rows = self._made
+        if rows is None:
+            cls = self._row
+            new = cls.__new__
+            rows = []
+            for i in range(self._n):
+                row = new(cls)
+                row._i = i
+                rows.append(row)
+            self._made = rows
+        return rows
 
     @overload
     def __getitem__(self, i: int) -> RequestRecord: ...
     @overload
     def __getitem__(self, i: slice) -> Sequence[RequestRecord]: ...
     def __getitem__(self, i: int | slice) -> RequestRecord | Sequence[RequestRecord]:
-        if isinstance(i, slice):
-            return [self._make(j) for j in range(*i.indices(self._n))]
-        k = i + self._n if i < 0 else i
-        if not 0 <= k < self._n:
-            raise IndexError(i)
-        return self._make(k)
+        return self._rows[i]
 
     def __iter__(self) -> Iterator[RequestRecord]:
-        make = self._make
-        for i in range(self._n):
-            yield make(i)
+        return iter(self._rows)
