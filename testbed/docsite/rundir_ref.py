@@ -28,7 +28,8 @@ FILES: tuple[tuple[str, str], ...] = (
     (
         "records.csv",
         "One row per request (columns below), written as requests finish (a simulated run writes it beside "
-        "records.parquet; `testbed export RUN` writes it from the Parquet file where it is missing).",
+        "records.parquet, and a `replay` of more than 20,000 requests removes it when it ends; `testbed "
+        "export RUN` writes it from the Parquet file where it is missing).",
     ),
     (
         "records.parquet",
@@ -44,7 +45,8 @@ FILES: tuple[tuple[str, str], ...] = (
         "decisions.jsonl",
         "Every routing decision (cached prefix, bandwidth state, threshold in force, reason), every "
         "threshold change the control loops made, every long-term decision (`role_decision`: "
-        "drain, activate, retune, hold) and every health change, each with its reason.",
+        "drain, activate, retune, hold) and every health change, each with its reason (a simulated `replay` "
+        "of more than 20,000 requests keeps decisions.parquet alone).",
     ),
     (
         "timeseries/*.jsonl",

@@ -17,7 +17,8 @@ Schema versions (the file carries no number, its header names the columns):
   the trace's sessions (`testbed.core.sessions`). A version 2 file reads as a trace without them.
   And records.parquet (`testbed.metrics.columnar`): every field of the record and every stamp, the
   stamps as microsecond durations; a simulated run writes it beside records.csv (the file a run
-  killed outright keeps); `testbed export` writes records.csv from it.
+  killed outright keeps; a `replay` of more than 20,000 requests removes it when it ends);
+  `testbed export` writes records.csv from it.
 """
 
 from __future__ import annotations

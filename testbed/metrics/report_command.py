@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -12,6 +14,9 @@ from rich.text import Text
 
 from testbed.config.cli_args import StoreOnce, out_dir
 from testbed.metrics.artefacts import Summary
+
+if TYPE_CHECKING:
+    from testbed.core.record import RequestRecord
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,14 +76,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     # Imported here: matplotlib costs ~0.5 s, which every other `testbed` command would pay.
     from testbed.metrics.report import write_report
-    from testbed.metrics.summary import load_records, load_run_meta, load_run_timeseries, write_summary
+    from testbed.metrics.summary import load_run_meta, load_run_timeseries, write_summary
 
     run_dir: Path = args.run_dir
     # A missing or malformed run file raises a UserError naming it (RunDirError, RecordFormatError,
     # TimeseriesError): the CLI prints it; anything else is a bug and keeps its traceback.
     # The records and series are read once, for the summary and the report alike.
     meta = load_run_meta(run_dir)  # run.json first: its errors before the records'
-    records = load_records(run_dir)
+    records = _records(run_dir)
     samples = load_run_timeseries(run_dir, meta)
     summary = write_summary(run_dir, records, samples)
     report = write_report(run_dir, summary, records, samples)
@@ -91,6 +96,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     print_summary_table(summary, console=console, prefix=leftover_prefix(run_dir))
     console.print(Text(f"wrote {run_dir / 'summary.json'} and {report}"))
     return 0
+
+
+def _records(run_dir: Path) -> Sequence[RequestRecord]:
+    """The run's records; from records.parquet alone (a long simulated run), read column by column
+    (`RecordTable`), not as an object per request."""
+    from testbed.metrics.run_files import RECORDS_FILE, records_file
+    from testbed.metrics.summary import load_records
+
+    p = records_file(run_dir)
+    if p.name == RECORDS_FILE and p.is_file():
+        from testbed.metrics.record_table import RecordTable
+
+        return RecordTable(p)
+    return load_records(run_dir)
 
 
 def print_summary_table(

@@ -19,11 +19,12 @@ from testbed.deploy import registry
 from testbed.deploy.prometheus import DEFAULT_LISTEN
 from testbed.live.credentials import API_KEY_ENV, API_KEY_FILE, check_api_key
 from testbed.run.load import load
-from testbed.run.run_args import RunArgs, add_run_args, run_overrides, trace_for
+from testbed.run.run_args import RunArgs, add_run_args, run_overrides, streamed_trace_for, trace_for
 from testbed.traces.types import Trace
 
 if TYPE_CHECKING:
     from testbed.run.runner import RunResult
+    from testbed.traces.stream import TraceFile
 
 
 def _add_scenario_args(p: argparse.ArgumentParser, backends: dict[str, Any]) -> None:
@@ -132,7 +133,7 @@ async def _run_one(
         )
 
 
-def expected_wall_s(trace: Trace, speedup: float) -> float:
+def expected_wall_s(trace: Trace | TraceFile, speedup: float) -> float:
     """Wall seconds from the first arrival to the last: the trace's span over the speedup (the
     drain after the last arrival and the deployment's start come on top)."""
     return trace.duration / speedup if len(trace) > 1 else 0.0
@@ -140,7 +141,7 @@ def expected_wall_s(trace: Trace, speedup: float) -> float:
 
 def run_one(
     rs: ResolvedScenario,
-    trace: Trace,
+    trace: Trace | TraceFile,
     out: Path,
     backend: str,
     show: bool,
@@ -155,6 +156,7 @@ def run_one(
         return run_sim(rs, trace, out, report=report)
     from testbed.run.stoppable import run_stoppable
 
+    assert isinstance(trace, Trace), "a live run holds its trace"
     return run_stoppable(_run_one(rs, trace, out, backend, show, prometheus, report))
 
 
@@ -213,12 +215,16 @@ def _replay_into(
     try:
         for rs in scenarios:
             sc = rs.spec
-            trace = trace_for(sc, args.run)
+            # A simulated run reads a trace file as it goes (`testbed.traces.stream`).
+            simulated = registry.get(backend).caps.simulator and args.run.speedup != "auto"
+            trace = streamed_trace_for(sc, args.run) if simulated else trace_for(sc, args.run)
             began = True
             out = base / sc.name if len(scenarios) > 1 else base
             if args.run.speedup == "auto":
                 from testbed.run.speedup import pick_speedup, with_speedup
                 from testbed.run.stoppable import run_stoppable
+
+                assert isinstance(trace, Trace), "an automatic speedup probes a held trace"
 
                 s, tried = run_stoppable(pick_speedup(rs, trace, backend, out / "speedup-probes"))
                 print(

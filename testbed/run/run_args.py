@@ -7,13 +7,16 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.config.cli_args import StoreOnce
 from testbed.config.overrides import overrides_for, set_path
 from testbed.core.schema.scenario import Scenario
 from testbed.traces.csvutil import Window
 from testbed.traces.types import Trace, TraceError
+
+if TYPE_CHECKING:
+    from testbed.traces.stream import TraceFile
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,46 @@ def warn_if_planned(sc: Scenario) -> None:
         )
 
 
+def streamed_trace_for(sc: Scenario, args: RunArgs) -> Trace | TraceFile:
+    """`trace_for`, read from the file as the run needs it (`testbed.traces.stream`) where that
+    gives the same run: a trace file taken as it is (no --sample, no --rate) replayed open loop
+    without stated sessions. Otherwise the trace `trace_for` loads."""
+    from testbed.traces.stream import open_trace_file
+
+    if args.trace is None or args.sample is not None or args.rate is not None or sc.workload.arrivals != "open":
+        return trace_for(sc, args)
+    tf = open_trace_file(
+        args.trace,
+        args.format,
+        window=args.window,
+        limit=args.requests,
+        keep_failed=args.keep_failed,
+        models=list(args.trace_models) or None,
+    )
+    _notes(args, tf)
+    _check_selected(args, tf)
+    return tf.load() if tf.stated_sessions else tf
+
+
+def _notes(args: RunArgs, tr: Trace | TraceFile) -> None:
+    for note in tr.notes:
+        print(f"note: {args.trace}: {note}", file=sys.stderr)
+
+
+def _check_selected(args: RunArgs, tr: Trace | TraceFile) -> None:
+    """No request selected is an error; all at one instant, a burst (said)."""
+    if len(tr) == 0:
+        raise TraceError(
+            "no requests to replay" + (" in the window" if args.window is not None else ""), path=args.trace
+        )
+    if tr.is_burst and args.rate is None:
+        print(
+            f"note: {args.trace}: the {len(tr)} requests selected all arrive at one instant: they are "
+            "sent as one burst, and run.json's offered_rate is null (a burst has no rate)",
+            file=sys.stderr,
+        )
+
+
 def trace_for(sc: Scenario | None, args: RunArgs) -> Trace:
     """The scenario's workload, or --trace: --window and (without --sample) --requests are read
     from the file alone; then --sample, --requests, --rate in that order."""
@@ -274,8 +317,7 @@ def trace_for(sc: Scenario | None, args: RunArgs) -> Trace:
         keep_failed=args.keep_failed,
         models=list(args.trace_models) or None,
     )
-    for note in tr.notes:
-        print(f"note: {args.trace}: {note}", file=sys.stderr)
+    _notes(args, tr)
     if args.sample is not None:
         if args.sample > len(tr):
             raise TraceError(
@@ -285,16 +327,7 @@ def trace_for(sc: Scenario | None, args: RunArgs) -> Trace:
         tr = transforms.sample(tr, args.sample, 1 if args.seed is None else args.seed)
     if args.requests is not None and not head_in_loader:
         tr = transforms.head(tr, args.requests)
-    if len(tr) == 0:
-        raise TraceError(
-            "no requests to replay" + (" in the window" if args.window is not None else ""), path=args.trace
-        )
-    if tr.is_burst and args.rate is None:
-        print(
-            f"note: {args.trace}: the {len(tr)} requests selected all arrive at one instant: they are "
-            "sent as one burst, and run.json's offered_rate is null (a burst has no rate)",
-            file=sys.stderr,
-        )
+    _check_selected(args, tr)
     if args.rate is not None:
         tr = at_rate(tr, args.rate, "--rate")
     return tr

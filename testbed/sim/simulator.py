@@ -63,6 +63,7 @@ from testbed.sim.request import SimRequest
 from testbed.sim.router import SimRouter
 from testbed.sim.transfer import KvDiscipline
 from testbed.traces.sessions import run_sessions
+from testbed.traces.stream import TraceFile
 from testbed.traces.types import Trace, TraceRequest
 
 START_LEAD_S = 0.5  # wire seconds before the first request, as the live replayer waits
@@ -98,18 +99,21 @@ class SimOptions:
     `link_lines` link-counter samples; `decisions` False leaves out the per-request routing
     decisions (threshold changes are always written). `settle_records` makes the records the
     run returns what records.csv reads back (`testbed.metrics.records.as_written`) as they are
-    written, for a caller that summarises them (with a run directory only). Records and decisions
-    go to records.parquet and decisions.parquet, and to records.csv and decisions.jsonl too unless the
-    trace has more than `text_requests` requests (None: always). The text files are what survives a
+    written, for a caller that summarises them (with a run directory only); `keep_records` False
+    leaves them out of `SimStats.records` once written (memory then follows the requests in flight,
+    and the caller reads records.parquet back). Records and decisions go to records.parquet and
+    decisions.parquet, and to records.csv and decisions.jsonl too. The text files are what survives a
     run killed outright (a Parquet file is readable only once its footer is written at the end), so
-    they are written by default; a caller that wants a small run directory caps them, and `testbed
-    export RUN` writes them from the Parquet files."""
+    they are written as the run goes; a run that ends with more than `text_requests` requests
+    (None: no limit) removes them then, as the Parquet files hold the same (`testbed export RUN`
+    writes them from those)."""
 
     series_lines: int = 100_000
     link_lines: int = 20_000
     decisions: bool = True
     settle_records: bool = False
     text_requests: int | None = None
+    keep_records: bool = True
     arrivals: ArrivalMode = "open"  # closed: each turn waits for its parent (`testbed.core.sessions`)
 
 
@@ -134,12 +138,14 @@ class Simulation:
     def __init__(
         self,
         rs: ResolvedScenario,
-        trace: Trace,
+        trace: Trace | TraceFile,
         run_dir: Path | None = None,
         options: SimOptions = SimOptions(),
         costs: LivePathCosts | None = None,
     ) -> None:
         sc = rs.spec
+        if isinstance(trace, TraceFile) and (trace.stated_sessions or options.arrivals == "closed"):
+            trace = trace.load()  # the session plan maps parents over the whole trace
         self.rs = rs
         self.sc = sc
         self.scale = rs.scale
@@ -251,15 +257,18 @@ class Simulation:
         self.decisions: list[SeriesFile | ParquetSeriesFile] = []
         lead = START_LEAD_S * self.scale.speedup
         # Sessions: the trace's stated ones; inferred from hash_ids only for a closed-loop run.
-        self.sessions = run_sessions(trace, options.arrivals)
+        # A streamed trace (`TraceFile`) has neither (its arrivals are read as the run goes).
+        self.sessions = run_sessions(trace, options.arrivals) if isinstance(trace, Trace) else None
         self.closed_loop = ClosedLoop(self.sessions) if options.arrivals == "closed" and self.sessions else None
         if self.closed_loop is not None:
+            assert isinstance(trace, Trace)
+            self._turns = reqs = trace.requests
             firsts = self.closed_loop.first_turns()
-            self._arrivals: Iterator[tuple[int, TraceRequest]] = ((i, trace.requests[i]) for i in firsts)
+            self._arrivals: Iterator[tuple[int, TraceRequest]] = ((i, reqs[i]) for i in firsts)
         else:
             self._arrivals = iter(enumerate(trace))
         self._lead = lead
-        span = (trace.requests[-1].timestamp if len(trace) else 0.0) + lead + 60.0
+        span = trace.last_timestamp + lead + 60.0
         per_sample = len(self.prefill) * (7 if sc.faults else 4) + len(self.decode) * 6 + len(self.prefill) + 16
         self.node_interval = max(NODE_SAMPLE_S * self.scale.speedup, span * per_sample / options.series_lines)
         self.wan_interval = max(WAN_SAMPLE_S * self.scale.speedup, span * len(self.net.wan) / options.link_lines)
@@ -279,12 +288,10 @@ class Simulation:
             settle = self.options.settle_records
             s = self.scale.speedup
             self.decisions = [ParquetSeriesFile(self.run_dir / DECISIONS_FILE, "router", s)]
-            cap = self.options.text_requests
-            if cap is None or len(self.trace) <= cap:
-                self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True, settle=settle)
-                self.decisions.append(
-                    SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True)
-                )
+            self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True, settle=settle)
+            self.decisions.append(
+                SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True)
+            )
             self.columns = ParquetRecordWriter(self.run_dir / RECORDS_FILE, settle=settle, settled_by=self.writer)
             self.series = {
                 name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True) for name in ("router", "wan")
@@ -334,6 +341,7 @@ class Simulation:
                 f.close()
             for d in self.decisions:
                 d.close()
+        self._drop_text()
         # As `load_timeseries` reads them back: the files in name order, then by time.
         self.stats.series = sorted(
             (p for name in sorted(self.series) for p in self.series[name].points or ()), key=by_time
@@ -349,6 +357,14 @@ class Simulation:
             write_preemptions(self.run_dir / PREEMPTIONS_CSV, self.stats.preemptions, self.scale.wire_seconds)
         self.stats.wall_s = self.stats.wall_s or time.perf_counter() - wall
         return self.stats
+
+    def _drop_text(self) -> None:
+        """A run that ended (not one stopped) above `text_requests` keeps the Parquet files alone."""
+        cap = self.options.text_requests
+        if self.run_dir is None or cap is None or self.columns is None or self.columns.count <= cap:
+            return
+        for name in ("records.csv", "decisions.jsonl"):
+            (self.run_dir / name).unlink(missing_ok=True)
 
     @property
     def busy(self) -> bool:
@@ -387,14 +403,15 @@ class Simulation:
             i = req.index
             rec.session_id, rec.turn, rec.parent_index = plan.session[i], plan.turn[i], plan.parent[i]
         if self.closed_loop is not None:
-            reqs, lead = self.trace.requests, self._lead
+            reqs, lead = self._turns, self._lead
             for c, d in self.closed_loop.done(req.index, t - lead):
                 self.loop.at(lead + d, ARRIVAL, self._turn, (c, reqs[c]))
         if self.writer is not None:
             self.writer.write(rec)
         if self.columns is not None:
             self.columns.write(rec)
-        self.stats.records.append(rec)  # the summary's, without reading records.csv again
+        if self.options.keep_records:
+            self.stats.records.append(rec)  # the summary's, without reading records.csv again
         self.open -= 1
         if self.open == 0:
             self.stats.t_end = t
@@ -525,7 +542,7 @@ class Simulation:
 
 def simulate(
     rs: ResolvedScenario,
-    trace: Trace,
+    trace: Trace | TraceFile,
     run_dir: Path | None = None,
     options: SimOptions = SimOptions(),
     costs: LivePathCosts | None = None,

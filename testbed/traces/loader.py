@@ -30,6 +30,8 @@ __all__ = [
     "iter_trace",
     "load_trace",
     "notes_for",
+    "resolve_format",
+    "source_of",
     "trace_from_workload",
 ]
 
@@ -43,6 +45,11 @@ def check_window(window: Window) -> Window:
 
 def _resolve(path: str | Path, format: str) -> TraceFormat:
     return FORMATS[detect_format(path)] if format == "auto" else trace_format(format, path)
+
+
+def resolve_format(path: str | Path, format: str = "auto") -> FormatName:
+    """The format `format` names for `path` ("auto": detected from the file)."""
+    return _resolve(path, format).name
 
 
 def iter_trace(
@@ -96,11 +103,21 @@ def load_trace(
     instead of skipping them; `models` keeps only those models. The Trace's `notes` count what
     was skipped or changed.
     """
-    fmt = _resolve(path, format).name
+    fmt = resolve_format(path, format)
     stats = LoadStats()
     reqs = iter_trace(path, fmt, window=window, limit=limit, keep_failed=keep_failed, models=models, stats=stats)
     with paused_gc():
         requests = list(reqs)
+    return Trace(
+        requests,
+        source=source_of(path, window, limit, models),
+        block_tokens=block_tokens_of(fmt),
+        notes=tuple(notes_for(fmt, stats)),
+    )
+
+
+def source_of(path: str | Path, window: Window | None, limit: int | None, models: Collection[str] | None) -> str:
+    """A loaded trace's `source`: the file and what was kept of it."""
     source = str(path)
     if window is not None:
         source += f" | window({window[0]:g}, {window[1]:g})"
@@ -108,7 +125,7 @@ def load_trace(
         source += f" | head({limit})"
     if models is not None:
         source += f" | models({', '.join(sorted(models))})"
-    return Trace(requests, source=source, block_tokens=block_tokens_of(fmt), notes=tuple(notes_for(fmt, stats)))
+    return source
 
 
 def block_tokens_of(fmt: FormatName) -> int:

@@ -91,6 +91,11 @@ class Trace:
         return self.requests[-1].timestamp - self.requests[0].timestamp
 
     @property
+    def last_timestamp(self) -> float:
+        """The last request's timestamp (0 for none)."""
+        return self.requests[-1].timestamp if self.requests else 0.0
+
+    @property
     def rate(self) -> float:
         """Mean arrival rate in requests/s, i.e. 1 / mean inter-arrival gap: (n - 1) / duration.
         0 for fewer than two requests; inf when they all arrive at once."""
