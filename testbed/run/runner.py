@@ -234,8 +234,6 @@ def _run_sim(
     on_progress: Callable[[ReplayStats], None] | None,
     report: bool,
 ) -> RunResult:
-    from testbed.metrics.record_table import RecordTable
-    from testbed.metrics.run_files import RECORDS_FILE
     from testbed.metrics.summary import write_summary
     from testbed.sim import SimOptions, shaping, simulate
 
@@ -246,10 +244,13 @@ def _run_sim(
     meta_path = run_dir / "run.json"
     write_run_json(meta_path, meta)
     try:
-        # The records go to the files as they settle and are not held: the summary reads them back.
+        # The records go to the files as they settle; a long run holds none of them (the summary
+        # reads records.parquet back by column), a short one keeps its few for the summary, which
+        # is cheaper than reading them back.
+        keep = len(trace) <= TEXT_REQUESTS
         opts = SimOptions(
             settle_records=True,
-            keep_records=False,
+            keep_records=keep,
             text_requests=TEXT_REQUESTS,
             arrivals=rs.spec.workload.arrivals,
         )
@@ -284,9 +285,16 @@ def _run_sim(
     stats = ReplayStats(sent=len(trace), completed=st.completed, failed=st.failed, total=len(trace))
     if on_progress:
         on_progress(stats)
-    # What the simulation wrote: its series as it holds them, its records read back column by
-    # column (`RecordTable`: a few arrays, where records.csv read back is an object per request).
-    summary = write_summary(run_dir, RecordTable(run_dir / RECORDS_FILE), st.series)
+    # What the simulation wrote: its series as it holds them, its records as it kept them or, for
+    # a long run, read back column by column (`RecordTable`: a few arrays, where records.csv read
+    # back is an object per request).
+    if keep:
+        summary = write_summary(run_dir, st.records, st.series)
+    else:
+        from testbed.metrics.record_table import RecordTable
+        from testbed.metrics.run_files import RECORDS_FILE
+
+        summary = write_summary(run_dir, RecordTable(run_dir / RECORDS_FILE), st.series)
     if report:
         from testbed.metrics.report import write_report  # here: most runs are not reported
 
