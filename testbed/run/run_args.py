@@ -276,7 +276,7 @@ def streamed_trace_for(sc: Scenario, args: RunArgs) -> Trace | TraceFile:
     )
     _notes(args, tf)
     _check_selected(args, tf)
-    return tf.load() if tf.stated_sessions else tf
+    return tf.load() if tf.stated_sessions or tf.held is not None else tf
 
 
 def _notes(args: RunArgs, tr: Trace | TraceFile) -> None:

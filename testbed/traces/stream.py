@@ -22,6 +22,8 @@ from testbed.traces.csvutil import LoadStats, Window
 from testbed.traces.loader import block_tokens_of, iter_trace, notes_for, resolve_format, source_of
 from testbed.traces.types import Trace, TraceRequest
 
+HOLD_REQUESTS = 20_000  # a trace of at most this many requests is held once read
+
 
 @dataclass(frozen=True)
 class TraceFile:
@@ -41,6 +43,9 @@ class TraceFile:
     count: int
     last_timestamp: float  # the last request's (the first's is 0)
     stated_sessions: bool  # some request names a session or a parent
+    # The requests themselves when there were at most `HOLD_REQUESTS` (a short trace is read once
+    # and held: a second pass would cost more than holding it); None: read again at each pass.
+    held: list[TraceRequest] | None = None
 
     def __len__(self) -> int:
         return self.count
@@ -78,6 +83,8 @@ class TraceFile:
 
     def load(self) -> Trace:
         """The requests held, as `load_trace` returns them."""
+        if self.held is not None:
+            return Trace(self.held, source=self.source, block_tokens=self.block_tokens, notes=self.notes)
         with paused_gc():
             requests = list(self)
         return Trace(requests, source=self.source, block_tokens=self.block_tokens, notes=self.notes)
@@ -100,6 +107,7 @@ def open_trace_file(
     last = 0.0
     prev = -math.inf
     stated = False
+    held: list[TraceRequest] | None = []
     source = source_of(path, window, limit, models)
     for r in iter_trace(path, fmt, window=window, limit=limit, keep_failed=keep_failed, models=models, stats=stats):
         t = r.timestamp
@@ -109,6 +117,10 @@ def open_trace_file(
         prev = t
         count += 1
         stated = stated or bool(r.parent_id or r.session_id)
+        if held is not None:
+            held = held if count <= HOLD_REQUESTS else None
+            if held is not None:
+                held.append(r)
     if count:
         last = prev
     return TraceFile(
@@ -124,4 +136,5 @@ def open_trace_file(
         count=count,
         last_timestamp=last,
         stated_sessions=stated,
+        held=held,
     )
