@@ -257,8 +257,9 @@ def _run_sim(
         st = simulate(rs, trace, run_dir, opts)
         # What the simulation built (its pools, its loop and the callbacks that reach it) is
         # cyclic garbage now, which the paused collector would keep through the summary: a few
-        # hundred MB of a long run for a tenth of a second.
-        gc.collect()
+        # hundred MB of a long run for a tenth of a second (a short run's few MB are not worth it).
+        if not keep:
+            gc.collect()
     except KeyboardInterrupt:
         # The records written so far stay, and run.json says the run was interrupted. Their
         # summary is left to `testbed report`: over a long trace it takes far longer than the
