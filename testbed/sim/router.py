@@ -96,6 +96,7 @@ class SimRouter:
         self.dispatch = c.dispatch_s * s
         self.relay = c.relay_s * s
         self.relay_last = c.relay_last_s * s
+        self.relays = (self.relay, self.relay_last)
         self.hop = c.relay_s * s / 2  # one HTTP hop back to the router
         self.hops = c.any  # the router's calls pay their network delay too (across the WAN: its delay)
         self.xfer = KvDiscipline.of(sc.node_protocol)  # how the KV moves (`testbed.sim.transfer`)
@@ -122,11 +123,14 @@ class SimRouter:
         return self.costs.draw(name, self.rng.random()) * self.speedup
 
     def arrive(self, i: int, tr: TraceRequest, t: float) -> None:
-        relay = (self._cost("relay_s", self.relay), self._cost("relay_last_s", self.relay_last))
+        if self.rng is None:  # the costs' means (no draws): what `_cost` gives, without its calls
+            relay, routing = self.relays, self.routing
+        else:
+            relay = (self._cost("relay_s", self.relay), self._cost("relay_last_s", self.relay_last))
+            routing = self._cost("routing_s", self.routing)
         req = SimRequest(i, tr, t, relay=relay)
         self.current[i] = req
         self._deadline_at(t + deadline_paper_s(self.sc, tr.output_tokens), i)
-        routing = self._cost("routing_s", self.routing)
         if routing > 0:
             self.loop.at(t + routing, ARRIVAL, self._route_first, req)
         else:
@@ -165,7 +169,7 @@ class SimRouter:
         # What the request moves: the KV the decode side lacks (paper bytes).
         req.kv_bytes_paper = b.kv.incremental(tr.input_tokens, d.decode_cached_tokens)
         self.active[req.rid] = req
-        dispatch = self._cost("dispatch_s", self.dispatch)
+        dispatch = self.dispatch if self.rng is None else self._cost("dispatch_s", self.dispatch)
         if dispatch > 0:
             self.loop.at(t + dispatch, ARRIVAL, self._dispatch, req)
         else:

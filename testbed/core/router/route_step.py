@@ -6,6 +6,7 @@ with their own books (`testbed.core.router_books.RouterBooks`) and clock.
 
 from __future__ import annotations
 
+from testbed.core.engine.servicetime import PrefillTime
 from testbed.core.record import NAN, RequestRecord
 from testbed.core.router.router_books import RoutePlan as RoutePlan
 from testbed.core.router.router_books import RouterBooks
@@ -33,35 +34,21 @@ def route(
     long-term loop, to its longer `history` with the request's `output_tokens`."""
     cached = st.book.index.usable(hashes, input_tokens) if st.book is not None else {}
     rreq = RoutingRequest(rid, input_tokens, cached)
-    out = down | avoid
+    out = down | avoid if avoid else down
     try:
-        view = st.tracker.view(
-            st.threshold,
-            now,
-            down=out,
-            bandwidth=st.bandwidth,
-            bandwidth_bps=st.bandwidth_bps,
-            backlog_scale=scale.speedup,
-        )
+        view = st.tracker.view(st.threshold, now, out, st.bandwidth, st.bandwidth_bps, scale.speedup)
         d = st.policy(view, rreq)
     except NoCapacity:
         if not avoid:
             raise
         out = down
-        view = st.tracker.view(
-            st.threshold,
-            now,
-            down=out,
-            bandwidth=st.bandwidth,
-            bandwidth_bps=st.bandwidth_bps,
-            backlog_scale=scale.speedup,
-        )
+        view = st.tracker.view(st.threshold, now, out, st.bandwidth, st.bandwidth_bps, scale.speedup)
         d = st.policy(view, rreq)
     pl = st.placement
     if pl is not None and pl.applies(d):
         d = _place(st, pl, d, input_tokens, hashes, out)
-    hw = sc.cluster(d.prefill_cluster).hardware
-    work = scale.wire_seconds(st.prefill_time[hw](d.incremental_tokens, d.cached_tokens))
+    consts = st.per_cluster or _per_cluster(st, sc)
+    work = scale.wire_seconds(consts[d.prefill_cluster][0](d.incremental_tokens, d.cached_tokens))
     st.tracker.assign(d, work)
     plan = RoutePlan(d, work, hashes)
     if d.cache_move is not None:
@@ -74,12 +61,21 @@ def route(
     if st.book is not None:
         st.book.routed(rid, hashes, d, plan.move_src)
     # The planner judges the length the PD cluster would compute (the scarce rule's l).
-    pd_cached = max((v for k, v in cached.items() if sc.cluster(k).kind == "pd"), default=0)
-    length = input_tokens - (pd_cached if st.cache_aware else 0)
-    st.recent.add(scale.paper_seconds(now), length)
+    length = input_tokens
+    if st.cache_aware:
+        length -= max((v for k, v in cached.items() if consts[k][1]), default=0)
+    paper_now = scale.paper_seconds(now)
+    st.recent.add(paper_now, length)
     if st.history is not None:
-        st.history.add(scale.paper_seconds(now), length, output_tokens)
+        st.history.add(paper_now, length, output_tokens)
     return plan
+
+
+def _per_cluster(st: RouterBooks, sc: Scenario) -> dict[str, tuple[PrefillTime, bool]]:
+    """Each cluster's prefill time model and whether it is a PD cluster, read once per books
+    (a scenario's clusters never change under a router)."""
+    st.per_cluster = {c.name: (st.prefill_time[c.hardware], c.kind == "pd") for c in sc.clusters}
+    return st.per_cluster
 
 
 def _place(

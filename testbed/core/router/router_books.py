@@ -61,6 +61,9 @@ class RouterBooks:
     retries: int = 0
     # KV transfer tails of offloaded requests (the driver's seconds), for the short-term loop.
     tails: list[float] = field(default_factory=list)
+    # Per cluster, its prefill time model and whether it is a PD cluster (`route_step`: filled
+    # on the first request routed).
+    per_cluster: dict[str, tuple[PrefillTime, bool]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def for_scenario(

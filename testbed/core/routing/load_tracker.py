@@ -34,6 +34,7 @@ class LoadTracker:
 
     def __init__(self, sc: Scenario) -> None:
         self._clusters = sc.clusters
+        self._where = [(c.name, c.kind, c.datacenter) for c in sc.clusters]  # what a view names of each
         self._block = sc.model.block_tokens
         self.inflight_tokens: dict[str, int] = {}
         self.inflight_blocks: dict[str, int] = {}
@@ -111,12 +112,10 @@ class LoadTracker:
         backlog_scale: float = 1.0,
     ) -> View:
         """What routing reads: the least-loaded instances of each cluster not `down`."""
-        if down != self._down:
+        if down is not self._down and down != self._down:
             self._rebuild(down)
-        cvs = tuple(
-            ClusterView(c.name, c.kind, c.datacenter, self._best_prefill(c.name), self._best_decode(c.name))
-            for c in self._clusters
-        )
+        best_p, best_d = self._best_prefill, self._best_decode
+        cvs = tuple(ClusterView(name, kind, dc, best_p(name), best_d(name)) for name, kind, dc in self._where)
         return View(cvs, threshold, now, bandwidth, bandwidth_bps, backlog_scale)
 
     def full_view(

@@ -53,6 +53,11 @@ class View(NamedTuple):
     backlog_scale: float = 1.0
 
     def by_kind(self, kind: str, role: str) -> list[ClusterView]:
+        # Each request asks this about three times: the roles by name rather than getattr.
+        if role == "prefill":
+            return [c for c in self.clusters if c.kind == kind and c.prefill]
+        if role == "decode":
+            return [c for c in self.clusters if c.kind == kind and c.decode]
         return [c for c in self.clusters if c.kind == kind and getattr(c, role)]
 
 
