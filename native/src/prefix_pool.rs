@@ -21,12 +21,36 @@ struct Hid {
     big: bool,
 }
 
-/// ("b", block index, hash) or ("s", blocks, hash of the last block), as in the Python pool.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+/// ("b", block index, hash) or ("s", blocks, hash of the last block), as in the Python pool,
+/// in 16 bytes: a long run's pool holds about a million entries, and evicting and adding them
+/// is mostly waiting on the index's and the slab's memory, so the smaller the entry the better.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Key {
+    value: i64,
+    pos: u32,
     kind: u8,
-    pos: i64,
-    hid: Hid,
+    big: bool,
+}
+
+impl Key {
+    /// None for a position no entry can have (negative, or past any prompt's blocks).
+    fn new(kind: u8, pos: i64, hid: Hid) -> Option<Key> {
+        let pos = u32::try_from(pos).ok()?;
+        Some(Key { value: hid.value, pos, kind, big: hid.big })
+    }
+
+    /// A key of the prompt being stored (its positions are its blocks').
+    fn stored(kind: u8, pos: i64, hid: Hid) -> Key {
+        Key::new(kind, pos, hid).expect("a block position fits 32 bits")
+    }
+}
+
+impl std::hash::Hash for Key {
+    // Two words rather than four fields: the hasher's rounds are per write.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_i64(self.value);
+        state.write_u64(u64::from(self.pos) << 16 | u64::from(self.kind) << 8 | u64::from(self.big));
+    }
 }
 
 struct Slot {
@@ -206,7 +230,7 @@ impl PrefixPool {
     }
 
     fn find(&self, kind: u8, pos: i64, hid: Option<Hid>) -> Option<u32> {
-        hid.and_then(|hid| self.index.get(&Key { kind, pos, hid }).copied())
+        hid.and_then(|hid| Key::new(kind, pos, hid)).and_then(|key| self.index.get(&key).copied())
     }
 
     // -- hash ids -------------------------------------------------------------------------------
@@ -325,26 +349,39 @@ impl PrefixPool {
         }
     }
 
-    fn insert_fitting(&mut self, ids: &[Option<Hid>], blocks: i64) -> i64 {
+    /// Where a prompt's entries are now: its state's slot (if the pool keeps states) and each
+    /// block's (if it keeps blocks), looked up once for all of `insert`.
+    fn slots_of(&self, ids: &[Option<Hid>], blocks: i64) -> (Option<u32>, Vec<Option<u32>>) {
+        let state = if self.state_bytes != 0 { self.find(STATE, blocks, ids[blocks as usize - 1]) } else { None };
+        let mut out = Vec::new();
+        if self.block_bytes != 0 {
+            out.extend((0..blocks).map(|i| self.find(BLOCK, i, ids[i as usize])));
+        }
+        (state, out)
+    }
+
+    /// `insert` where everything fits: `state`, `found`, where its entries were (`slots_of`;
+    /// still so: nothing has removed an entry of this prompt since).
+    fn insert_fitting(&mut self, ids: &[Option<Hid>], blocks: i64, state: Option<u32>, found: &[Option<u32>]) -> i64 {
         let (sb, bb) = (self.state_bytes, self.block_bytes);
         let mut added = 0;
         if sb != 0 {
-            let hid = ids[blocks as usize - 1].expect("stored");
-            match self.find(STATE, blocks, Some(hid)) {
+            match state {
                 Some(s) => self.move_to_end(s),
                 None => {
-                    self.add(Key { kind: STATE, pos: blocks, hid }, sb);
+                    let hid = ids[blocks as usize - 1].expect("stored");
+                    self.add(Key::stored(STATE, blocks, hid), sb);
                     added += sb;
                 }
             }
         }
         if bb != 0 {
             for i in (0..blocks).rev() {
-                let hid = ids[i as usize].expect("stored");
-                match self.find(BLOCK, i, Some(hid)) {
+                match found[i as usize] {
                     Some(s) => self.move_to_end(s),
                     None => {
-                        self.add(Key { kind: BLOCK, pos: i, hid }, bb);
+                        let hid = ids[i as usize].expect("stored");
+                        self.add(Key::stored(BLOCK, i, hid), bb);
                         added += bb;
                     }
                 }
@@ -439,7 +476,7 @@ impl PrefixPool {
 
     fn state_lengths(&self) -> Vec<i64> {
         let mut out: Vec<i64> =
-            self.index.keys().filter(|k| k.kind == STATE).map(|k| k.pos * self.block_tokens).collect();
+            self.index.keys().filter(|k| k.kind == STATE).map(|k| i64::from(k.pos) * self.block_tokens).collect();
         out.sort_unstable();
         out
     }
@@ -458,42 +495,42 @@ impl PrefixPool {
             return Ok(0);
         }
         let (bb, sb) = (self.block_bytes, self.state_bytes);
+        let (state, found) = self.slots_of(&ids, blocks);
         if self.capacity_bytes - self.used_bytes >= blocks * bb + sb {
-            return Ok(self.insert_fitting(&ids, blocks));
+            return Ok(self.insert_fitting(&ids, blocks, state, &found));
         }
         // As the Python pool: refresh what is there, then room for every missing entry at once
         // where older entries can give it, else block by block as far as it goes.
-        self.refresh(&ids, blocks);
+        if let Some(s) = state {
+            self.move_to_end(s);
+        }
+        for &s in found.iter().rev().flatten() {
+            self.move_to_end(s);
+        }
         if bb != 0 {
-            let mut missing = 0;
-            let mut own = 0;
-            for i in 0..blocks {
-                match self.find(BLOCK, i, ids[i as usize]) {
-                    None => missing += 1,
-                    Some(s) => {
-                        let slot = &self.slots[s as usize];
-                        if slot.pins == 0 {
-                            own += slot.nbytes;
-                        }
-                    }
+            let unpinned = |s: u32| {
+                let slot = &self.slots[s as usize];
+                if slot.pins == 0 {
+                    slot.nbytes
+                } else {
+                    0
                 }
-            }
+            };
+            let missing = found.iter().filter(|s| s.is_none()).count() as i64;
+            let mut own: i64 = found.iter().flatten().map(|&s| unpinned(s)).sum();
             let mut need = missing * bb;
             if sb != 0 {
-                match self.find(STATE, blocks, ids[blocks as usize - 1]) {
+                match state {
                     None => need += sb,
-                    Some(s) => {
-                        let slot = &self.slots[s as usize];
-                        if slot.pins == 0 {
-                            own += slot.nbytes;
-                        }
-                    }
+                    Some(s) => own += unpinned(s),
                 }
             }
             let free = self.capacity_bytes - self.used_bytes;
             let older = self.used_bytes - self.held_bytes - self.pinned_entry_bytes - own;
+            // make_room takes the oldest unpinned entries first, and this prompt's are the newest
+            // now: `older` covers what it takes, so none of them goes and `found` stands.
             if free >= need || (need <= free + older && self.make_room(need)) {
-                return Ok(self.insert_fitting(&ids, blocks));
+                return Ok(self.insert_fitting(&ids, blocks, state, &found));
             }
         }
         let mut added = 0;
@@ -508,7 +545,7 @@ impl PrefixPool {
                 self.stats.refused_bytes += bb * (blocks - i);
                 break;
             }
-            self.add(Key { kind: BLOCK, pos: i, hid }, bb);
+            self.add(Key::stored(BLOCK, i, hid), bb);
             self.used_bytes += bb;
             added += bb;
             present = i + 1;
@@ -517,7 +554,7 @@ impl PrefixPool {
             let hid = ids[blocks as usize - 1].expect("stored");
             if self.find(STATE, blocks, Some(hid)).is_none() {
                 if self.make_room(sb) {
-                    self.add(Key { kind: STATE, pos: blocks, hid }, sb);
+                    self.add(Key::stored(STATE, blocks, hid), sb);
                     self.used_bytes += sb;
                     added += sb;
                 } else {
@@ -643,12 +680,8 @@ impl PrefixPool {
         while s != NIL {
             let slot = &self.slots[s as usize];
             let k = slot.key;
-            let hid = if k.hid.big {
-                back[&k.hid.value].clone_ref(py)
-            } else {
-                k.hid.value.into_pyobject(py)?.into_any().unbind()
-            };
-            out.push((if k.kind == STATE { "s" } else { "b" }, k.pos, hid, slot.nbytes, slot.pins));
+            let hid = if k.big { back[&k.value].clone_ref(py) } else { k.value.into_pyobject(py)?.into_any().unbind() };
+            out.push((if k.kind == STATE { "s" } else { "b" }, i64::from(k.pos), hid, slot.nbytes, slot.pins));
             s = slot.next;
         }
         Ok(out)
