@@ -113,6 +113,7 @@ class SimRouter:
         self._sweep_at = math.inf
         self._sweeps = 0
         self.current: dict[int, SimRequest] = {}  # each open request's present attempt
+        self._deadline_by_len: dict[int, float] = {}
 
     # -- arrival and routing ---------------------------------------------------------------------
 
@@ -130,11 +131,18 @@ class SimRouter:
             routing = self._cost("routing_s", self.routing)
         req = SimRequest(i, tr, t, relay=relay)
         self.current[i] = req
-        self._deadline_at(t + deadline_paper_s(self.sc, tr.output_tokens), i)
+        self._deadline_at(t + self._deadline_s(tr.output_tokens), i)
         if routing > 0:
             self.loop.at(t + routing, ARRIVAL, self._route_first, req)
         else:
             self._route_first(req)
+
+    def _deadline_s(self, output_tokens: int) -> float:
+        """`deadline_paper_s`, remembered by output length (a trace has few distinct ones)."""
+        dl = self._deadline_by_len.get(output_tokens)
+        if dl is None:
+            dl = self._deadline_by_len[output_tokens] = deadline_paper_s(self.sc, output_tokens)
+        return dl
 
     def _route_first(self, req: SimRequest) -> None:
         t = self.loop.now
@@ -204,7 +212,7 @@ class SimRouter:
                 reach.when_reachable(node, lambda _: self._dispatch(req))
                 return
         kv_by = t + KV_TIMEOUT_S * self.speedup
-        if req.arrival + deadline_paper_s(self.sc, req.tr.output_tokens) > kv_by:
+        if req.arrival + self._deadline_s(req.tr.output_tokens) > kv_by:
             self.loop.at(kv_by, PREFILL, self._kv_timeout, req)
         if d.cache_move is not None and plan.move_src is not None:
             self._move(req, plan.move_src, t)
@@ -282,7 +290,8 @@ class SimRouter:
         t = self.loop.now
         req.transfer_end = t
         req.life.apply(Event.KV_COMPLETE, t)
-        self._note_tail(req)
+        if plan.d.crossed_wan:
+            self._note_tail(req)
         self.books.kv_complete(req.tr.request_id, plan, req.tr.input_tokens)
         if self.watch:
             away = self.reach.http_delay(plan.d.prefill_node) if self.hops else 0.0
@@ -307,9 +316,11 @@ class SimRouter:
         b = self.books
         req.prefill_seen = True
         b.tracker.prefill_done(plan.d, plan.work)
-        self.note_health(plan.d.prefill_node, "ok", t)
+        if self.watch:  # else an answer changes no instance's health (`note_health`)
+            self.note_health(plan.d.prefill_node, "ok", t)
         b.prefilled(req.tr.request_id, plan, req.tr.input_tokens, moved=plan.d.cache_move is not None)
-        self._note_tail(req)
+        if plan.d.crossed_wan:
+            self._note_tail(req)
 
     def _note_tail(self, req: SimRequest) -> None:
         plan = req.plan
@@ -333,7 +344,8 @@ class SimRouter:
             self._prefill_answered(req, now=True)
         req.life.apply(Event.FIRST_TOKEN, req.decode_first_token)
         req.life.apply(Event.FINISH, t)
-        self.note_health(plan.d.decode_node, "ok", t)
+        if self.watch:
+            self.note_health(plan.d.decode_node, "ok", t)
         req.outcome = "completed"
         self.active.pop(req.rid, None)
         self._close(req, max(t + req.relay_last, self.loop.now))

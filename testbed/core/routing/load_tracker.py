@@ -70,23 +70,25 @@ class LoadTracker:
     # -- book-keeping --------------------------------------------------------------------------
 
     def assign(self, d: Decision, prefill_work: float) -> None:
-        n = d.prefill_node
-        self.inflight_tokens[n] += d.incremental_tokens
-        self.inflight_blocks[n] += -(-(d.incremental_tokens + d.cached_tokens) // self._block)
-        self.prefill_backlog[d.prefill_node] += prefill_work
-        self.assigned_work[d.prefill_node] += prefill_work
-        self.active[d.prefill_node] += 1
-        self.active[d.decode_node] += 1
-        self._push_prefill(d.prefill_node)
-        self._push_decode(d.decode_node)
+        n, dn, inc = d.prefill_node, d.decode_node, d.incremental_tokens
+        self.inflight_tokens[n] += inc
+        self.inflight_blocks[n] += -(-(inc + d.cached_tokens) // self._block)
+        self.prefill_backlog[n] += prefill_work
+        self.assigned_work[n] += prefill_work
+        active = self.active
+        active[n] += 1
+        active[dn] += 1
+        self._push_prefill(n)
+        self._push_decode(dn)
 
     def prefill_done(self, d: Decision, prefill_work: float) -> None:
-        n = d.prefill_node
-        self.inflight_tokens[n] -= d.incremental_tokens
-        self.inflight_blocks[n] -= -(-(d.incremental_tokens + d.cached_tokens) // self._block)
-        self.prefill_backlog[d.prefill_node] = max(self.prefill_backlog[d.prefill_node] - prefill_work, 0.0)
-        self.active[d.prefill_node] -= 1
-        self._push_prefill(d.prefill_node)
+        n, inc = d.prefill_node, d.incremental_tokens
+        self.inflight_tokens[n] -= inc
+        self.inflight_blocks[n] -= -(-(inc + d.cached_tokens) // self._block)
+        left = self.prefill_backlog[n] - prefill_work
+        self.prefill_backlog[n] = 0.0 if 0.0 > left else left  # max(left, 0.0), without the call
+        self.active[n] -= 1
+        self._push_prefill(n)
 
     def decode_done(self, d: Decision) -> None:
         self.active[d.decode_node] -= 1
