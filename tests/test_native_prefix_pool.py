@@ -145,3 +145,31 @@ def test_new_pool_is_the_compiled_one_where_built() -> None:
     pool = new_pool(KVModel.from_spec(sc.model), sc.model.block_tokens, 10**12)
     assert type(pool).__module__ == "testbed_native"
     assert native.implementation() == "native"
+
+
+@pytest.mark.pure
+def test_a_position_beyond_32_bits_is_no_entry() -> None:
+    """The compiled pool keys positions in 32 bits: one past them (or below zero) names no entry,
+    rather than the entry at its low 32 bits."""
+    py, nat = HybridPrefixCache(1000, B, 10, 7), ext.PrefixPool(1000, B, 10, 7)
+    for p in (py, nat):
+        p.insert([5, 6], 2 * B)
+    for pos in (2**32, 2**32 + 1, 2**40 + 2, -1, -(2**32)):
+        for kind, h in (("b", 5), ("b", 6), ("s", 6)):
+            assert nat.holds((kind, pos, h)) is py.holds((kind, pos, h)) is False
+    assert nat.holds(("b", 0, 5)) and nat.holds(("s", 2, 6))
+
+
+@pytest.mark.pure
+def test_a_full_pool_keeps_the_prompts_own_entries_while_it_evicts_for_the_rest() -> None:
+    """A prompt half in a full pool: its entries there are refreshed and kept, the oldest others
+    go for its missing ones (the compiled pool looks each entry up once, before evicting)."""
+    py, nat = HybridPrefixCache(120, B, 10, 0), ext.PrefixPool(120, B, 10, 0)
+    for p in (py, nat):
+        p.insert([1, 2, 3, 4], 4 * B)  # the prompt's first half, oldest
+        p.insert([20, 21, 22, 23], 4 * B)
+        p.insert([30, 31, 32, 33], 4 * B)  # full: 12 blocks of 10 bytes
+        p.insert([1, 2, 3, 4, 5, 6, 7, 8], 8 * B)
+    _same(py, nat)
+    held = {e[2] for e in nat.entries()}
+    assert {1, 2, 3, 4, 5, 6, 7, 8} <= held and not held & {20, 21, 22, 23}
