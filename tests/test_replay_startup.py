@@ -22,6 +22,8 @@ UNNEEDED = (
     "testbed.live.deployment",
     "testbed.model.optimise",
     "matplotlib",
+    "secrets",  # and the hashlib (OpenSSL) it imports: the live run's credentials, a lock's token
+    "hashlib",
 )
 
 
