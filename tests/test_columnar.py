@@ -1,6 +1,7 @@
-"""records.parquet and decisions.parquet: a simulated run writes them (and the text files below
-`SimOptions.text_requests` requests); they hold what the text files read back, the summary and
-`testbed export` get from them what they get from the text, and a bad file is one clear error."""
+"""records.parquet and decisions.parquet: a simulated run above `SimOptions.text_requests`
+requests writes them (and the text files only up to it); they hold what the text files read back,
+the summary and `testbed export` get from them what they get from the text, and a bad file is one
+clear error."""
 
 from __future__ import annotations
 
@@ -53,25 +54,28 @@ def test_the_schema_is_the_record_dataclass() -> None:
     assert RECORD_SCHEMA.names == [*fields, *TIME_NAMES]
 
 
-def test_a_simulated_run_holds_the_same_records_and_decisions_in_both_forms(tmp_path: Path) -> None:
+def test_a_run_above_its_text_limit_holds_in_parquet_what_a_shorter_limit_writes_as_text(tmp_path: Path) -> None:
     rs = load("paper-prfaas-adaptive")
-    res = run_sim(rs, _trace(60), tmp_path, report=False)
-    csv_recs = read_records(tmp_path / "records.csv")
-    pq_recs = read_records_file(tmp_path / RECORDS_FILE)
+    text, columns = tmp_path / "text", tmp_path / "columns"
+    res = run_sim(rs, _trace(60), text, report=False)
+    res_pq = run_sim(rs, _trace(60), columns, report=False, text_requests=59)
+    assert not (text / RECORDS_FILE).exists() and not (text / DECISIONS_FILE).exists()
+    assert not (columns / "records.csv").exists() and not (columns / "decisions.jsonl").exists()
+    csv_recs = read_records(text / "records.csv")
+    pq_recs = read_records_file(columns / RECORDS_FILE)
     assert len(csv_recs) == len(pq_recs) == 60
     assert [format_line(r) for r in csv_recs] == [format_line(r) for r in pq_recs]
-    text = read_series(tmp_path / "decisions.jsonl", 1.5)
-    assert text and read_series_file(tmp_path / DECISIONS_FILE, 1.5) == text
+    decisions = read_series(text / "decisions.jsonl", 1.5)
+    assert decisions and read_series_file(columns / DECISIONS_FILE, 1.5) == decisions
     for metric in ("decision", "threshold_change", "none such"):
-        assert read_series_file(tmp_path / DECISIONS_FILE, 0.0, metric) == read_series(
-            tmp_path / "decisions.jsonl", 0.0, metric
+        assert read_series_file(columns / DECISIONS_FILE, 0.0, metric) == read_series(
+            text / "decisions.jsonl", 0.0, metric
         )
-    # Without the text files the run reads from Parquet: the same summary, figure for figure.
-    (tmp_path / "records.csv").unlink()
-    (tmp_path / "decisions.jsonl").unlink()
-    assert records_file(tmp_path).name == RECORDS_FILE and decisions_file(tmp_path).name == DECISIONS_FILE
-    assert len(read_run_records(tmp_path)) == 60
-    assert summarize(tmp_path).to_json_dict() == res.summary.to_json_dict()
+    # The summary from the records read back by column is the held records' figure for figure.
+    assert records_file(columns).name == RECORDS_FILE and decisions_file(columns).name == DECISIONS_FILE
+    assert len(read_run_records(columns)) == 60
+    assert res_pq.summary.to_json_dict() == res.summary.to_json_dict()
+    assert summarize(columns).to_json_dict() == res.summary.to_json_dict()
 
 
 def test_a_large_run_writes_parquet_only_and_export_gives_the_text_it_would_have_written(tmp_path: Path) -> None:
@@ -79,10 +83,13 @@ def test_a_large_run_writes_parquet_only_and_export_gives_the_text_it_would_have
     small, large = tmp_path / "small", tmp_path / "large"
     small.mkdir()
     large.mkdir()
-    simulate(rs, _trace(40), small, SimOptions(settle_records=True))
+    simulate(rs, _trace(40), small, SimOptions(settle_records=True, text_requests=40))
     simulate(rs, _trace(40), large, SimOptions(settle_records=True, text_requests=39))
     assert not (large / "records.csv").exists() and not (large / "decisions.jsonl").exists()
     assert (large / RECORDS_FILE).is_file() and (large / DECISIONS_FILE).is_file()
+    # Up to its limit a run writes the text alone.
+    assert (small / "records.csv").is_file() and (small / "decisions.jsonl").is_file()
+    assert not (small / RECORDS_FILE).exists() and not (small / DECISIONS_FILE).exists()
     assert main(["export", str(large)]) == 0
     for name in ("records.csv", "decisions.jsonl"):
         assert (large / name).read_bytes() == (small / name).read_bytes(), name

@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from testbed.cli import COMMAND_MODULE, COMMAND_MODULES, build_parser, main
+from testbed.metrics.control import control_summary, link_phases
+from testbed.metrics.fidelity import fidelity
 from testbed.metrics.records import COLUMNS, as_written, format_row, parse_row
-from testbed.metrics.summary import summarize
+from testbed.metrics.roles import long_term_summary
+from testbed.metrics.run_files import read_run_records
+from testbed.metrics.summary import load_run_meta, load_run_timeseries, summarize
+from testbed.metrics.timeseries import IndexedPoints, metrics_of, select
+from testbed.metrics.wanlink import link_usage
 from testbed.run.load import load
 from testbed.run.runner import run_sim
 from testbed.sim import simulate
@@ -92,3 +98,45 @@ def test_each_command_is_registered_by_the_module_the_cli_imports_for_it() -> No
     every = next(a for a in build_parser([])._actions if a.dest == "command")
     # One map: every command the modules register is in it (so running it imports only its module).
     assert set(COMMAND_MODULE) == set(every.choices)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "scenario, overrides",
+    [
+        ("paper-prfaas-adaptive", {}),
+        ("paper-prfaas-bw", {"workload": {"requests": 60, "output_tokens": 32, "seed": 4}}),
+    ],
+)
+def test_the_indexed_points_answer_every_question_as_the_plain_list(
+    tmp_path: Path, scenario: str, overrides: dict[str, object]
+) -> None:
+    rs = load(scenario, overrides)
+    res = run_sim(rs, trace_from_workload(rs.spec.workload) if overrides else _trace(60), tmp_path, report=False)
+    meta = load_run_meta(tmp_path)
+    plain = load_run_timeseries(tmp_path, meta)
+    indexed = IndexedPoints(plain)
+    assert metrics_of(indexed) == metrics_of(plain) and len(metrics_of(plain)) > 3
+    sources = sorted({p.source for p in plain})
+    assert "wan" in sources
+    for m in [*metrics_of(plain), "none such"]:
+        assert select(indexed, m) == select(plain, m)
+        for src in sources:
+            assert select(indexed, m, source=src) == select(plain, m, source=src)
+    for src in [*sources, "none such"]:
+        assert select(indexed, source=src) == select(plain, source=src)
+    labelled = next(p for p in plain if p.labels)
+    assert select(indexed, labelled.metric, labels=labelled.labels) == select(
+        plain, labelled.metric, labels=labelled.labels
+    )
+    assert select(indexed, labels=labelled.labels) == select(plain, labels=labelled.labels)
+    records = read_run_records(tmp_path)
+    done = [r for r in records if r.outcome == "completed"]
+    for figures in (
+        lambda pts: control_summary(tmp_path, meta.t0, pts, meta.scale),
+        lambda pts: long_term_summary(tmp_path, meta.t0, pts, meta.scale),
+        lambda pts: link_phases(done, pts, meta.scale),
+        lambda pts: link_usage(pts, records, meta.scale, None),
+        lambda pts: fidelity(records, pts, meta.scale.speedup, 1.0, 0.1),
+    ):
+        assert figures(indexed) == figures(plain)
+    assert res.summary.to_json_dict()["timeseries"]["metrics"] == metrics_of(plain)

@@ -80,6 +80,9 @@ _DROP = object()
     ("bad", "field", "fragment"),
     [
         ('{"timestamp": 2000, "input_length": ', None, "invalid JSON"),
+        # A whole object and then more: what json.loads says of the line (no fast path takes it).
+        (_rec() + " x", None, "invalid JSON (Extra data at column 82)"),
+        (_rec() + "\v", None, "invalid JSON (Extra data at column 81)"),
         ("[1, 2]", None, "expected a JSON object"),
         ('"just a string"', None, "expected a JSON object"),
         (_rec(timestamp=_DROP), "timestamp", "missing"),
@@ -114,6 +117,12 @@ def test_malformed_line(tmp_path: Path, bad: str, field: str | None, fragment: s
     if field is not None:
         assert f"field {field!r}" in msg
     assert fragment in msg
+
+
+def test_json_whitespace_around_a_line_is_taken(tmp_path: Path) -> None:
+    p = _write(tmp_path, "spaced.jsonl", [GOOD, " \t" + _rec() + " \t\r", _rec(timestamp=3000) + "  "])
+    t = load_trace(p)
+    assert [r.timestamp for r in t.requests] == [0.0, 1.0, 2.0] and t.requests[1].hash_ids == (1, 3)
 
 
 def test_not_utf8_names_line(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import json
 import os
-import secrets
 import shlex
 import socket
 from collections.abc import Iterator, Sequence
@@ -67,7 +66,15 @@ class _Held:
 
 _held: dict[Path, _Held] = {}
 _command = "testbed"
-_invocation = secrets.token_hex(8)
+
+
+def _token() -> str:
+    # `secrets.token_hex` itself (random bytes as hex), without importing secrets, hmac and
+    # hashlib (OpenSSL's set-up) into every command.
+    return os.urandom(8).hex()
+
+
+_invocation = _token()
 
 
 def begin_command(argv: Sequence[str]) -> None:
@@ -75,7 +82,7 @@ def begin_command(argv: Sequence[str]) -> None:
     outputs of an earlier invocation count as previous ones."""
     global _command, _invocation
     _command = "testbed " + shlex.join(argv)
-    _invocation = secrets.token_hex(8)
+    _invocation = _token()
 
 
 @contextlib.contextmanager

@@ -27,19 +27,19 @@ FILES: tuple[tuple[str, str], ...] = (
     ("deployment.json", "Every service's address."),
     (
         "records.csv",
-        "One row per request (columns below), written as requests finish (a simulated run writes it beside "
-        "records.parquet, and a `replay` of more than 20,000 requests removes it when it ends; `testbed "
-        "export RUN` writes it from the Parquet file where it is missing).",
+        "One row per request (columns below), written as requests finish (a simulated `replay` of more than "
+        "20,000 requests writes it beside records.parquet and removes it when it ends; `testbed export RUN` "
+        "writes it from the Parquet file where it is missing).",
     ),
     (
         "records.parquet",
-        "A simulated run: one row per request, every field of the record (columns below), a row group "
-        "per 65,536 requests as they finish. Read where there is no records.csv.",
+        "A simulated `replay` of more than 20,000 requests: one row per request, every field of the record "
+        "(columns below), a row group per 8,192 requests as they finish. Read where there is no records.csv.",
     ),
     (
         "decisions.parquet",
-        "A simulated run: decisions.jsonl's lines as the columns `ts`, `source`, `metric`, `value`, "
-        "`labels` (a map). Read where there is no decisions.jsonl.",
+        "A simulated `replay` of more than 20,000 requests: decisions.jsonl's lines as the columns `ts`, "
+        "`source`, `metric`, `value`, `labels` (a map). Read where there is no decisions.jsonl.",
     ),
     (
         "decisions.jsonl",
@@ -152,7 +152,8 @@ def page() -> str:
         "",
         "## `records.parquet`",
         "",
-        "What a simulated run writes always (Parquet, zstd): records.csv's values, and every field and stamp "
+        "What a simulated `replay` of more than 20,000 requests writes (Parquet, zstd; a shorter one writes "
+        "records.csv alone): records.csv's values, and every field and stamp "
         "of the record, in the record's order (`testbed.core.record`), so a field added there is a column "
         "here. Stamps are durations in microseconds since the run's t0 (null where a stage never happened: "
         "pandas reads them as timedeltas); texts are cut as records.csv's. `testbed export RUN` writes "

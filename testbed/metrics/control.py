@@ -196,8 +196,8 @@ def _kv_link_rates(samples: Sequence[SeriesPoint]) -> list[SeriesPoint]:
     """Configured-rate samples (wire bit/s) of the link whose rate changed most: the KV
     direction (both directions change together in the shipped profiles)."""
     by_link: dict[str, list[SeriesPoint]] = {}
-    for p in samples:
-        if p.source == "wan" and p.metric == "link_rate_bps_wire" and p.t >= -1.0:
+    for p in select(samples, "link_rate_bps_wire", source="wan"):
+        if p.t >= -1.0:
             by_link.setdefault(p.labels.get("link", ""), []).append(p)
     longest: list[SeriesPoint] = max(by_link.values(), key=lambda v: len(v), default=[])
     return sorted(longest, key=lambda p: p.t)

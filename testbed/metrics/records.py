@@ -16,9 +16,9 @@ Schema versions (the file carries no number, its header names the columns):
 - 3: `session_id`, `turn` and `parent_index` (the trace index of the turn it follows, -1 for none):
   the trace's sessions (`testbed.core.sessions`). A version 2 file reads as a trace without them.
   And records.parquet (`testbed.metrics.columnar`): every field of the record and every stamp, the
-  stamps as microsecond durations; a simulated run writes it beside records.csv (the file a run
-  killed outright keeps; a `replay` of more than 20,000 requests removes it when it ends);
-  `testbed export` writes records.csv from it.
+  stamps as microsecond durations; a simulated `replay` of more than 20,000 requests writes it
+  beside records.csv (the file a run killed outright keeps), which it removes when it ends (a
+  shorter one writes records.csv alone); `testbed export` writes records.csv from it.
 """
 
 from __future__ import annotations

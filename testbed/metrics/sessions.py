@@ -23,11 +23,19 @@ def turn_figures(records: Sequence[RequestRecord], speedup: float) -> list[TurnF
     for r in records:
         if r.turn > 0:
             by.setdefault(min(r.turn, LAST_TURN_ROW), []).append(r)
+    return _turn_rows(by, speedup)
+
+
+def _turn_rows(by: dict[int, list[RequestRecord]], speedup: float) -> list[TurnFigures]:
     out: list[TurnFigures] = []
     for k in sorted(by):
         rs = by[k]
         done = [r for r in rs if r.outcome == "completed"]
-        ttft = [r.ttft * speedup for r in done if math.isfinite(r.ttft)]
+        ttft: list[float] = []
+        for r in done:
+            t = r.times
+            if _finite(v := t.first_token - t.arrival):  # the record's `ttft`
+                ttft.append(v * speedup)
         tokens = sum(r.input_tokens for r in done)
         out.append(
             TurnFigures(
@@ -40,6 +48,9 @@ def turn_figures(records: Sequence[RequestRecord], speedup: float) -> list[TurnF
             )
         )
     return out
+
+
+_finite = math.isfinite
 
 
 def count_early_turns(records: Sequence[RequestRecord]) -> int:
@@ -64,10 +75,26 @@ def sessions_summary(records: Sequence[RequestRecord], speedup: float, arrivals:
     """None when no record belongs to a session."""
     if not any(r.session_id for r in records):
         return None
+    # One pass over the records for every figure (a summary's largest share otherwise).
     members: dict[str, list[RequestRecord]] = {}
+    by_turn: dict[int, list[RequestRecord]] = {}
+    follow_ups = 0
     for r in records:
         if r.session_id:
-            members.setdefault(r.session_id, []).append(r)
+            m = members.get(r.session_id)
+            if m is None:
+                members[r.session_id] = [r]
+            else:
+                m.append(r)
+        if r.turn > 0:
+            k = r.turn if r.turn < LAST_TURN_ROW else LAST_TURN_ROW
+            b = by_turn.get(k)
+            if b is None:
+                by_turn[k] = [r]
+            else:
+                b.append(r)
+        if r.parent_index >= 0:
+            follow_ups += 1
     spans = [
         max(r.times.last_token for r in rs) - min(r.times.arrival for r in rs)
         for rs in members.values()
@@ -76,11 +103,11 @@ def sessions_summary(records: Sequence[RequestRecord], speedup: float, arrivals:
     return Sessions(
         arrivals=arrivals,
         sessions=len(members),
-        follow_ups=sum(1 for r in records if r.parent_index >= 0),
+        follow_ups=follow_ups,
         early_turns=count_early_turns(records),
-        turns_per_session_mean=sum(len(rs) for rs in members.values()) / len(members),
+        turns_per_session_mean=sum(map(len, members.values())) / len(members),
         session_duration_s_mean=sum(spans) / len(spans) * speedup if spans else None,
-        by_turn=turn_figures(records, speedup),
+        by_turn=_turn_rows(by_turn, speedup),
     )
 
 

@@ -37,6 +37,7 @@ from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.sessions import sessions_summary
 from testbed.metrics.stats import percentile
 from testbed.metrics.timeseries import (
+    IndexedPoints,
     counter_rate,
     counter_total,
     group_series,
@@ -326,7 +327,8 @@ def summarize(
     run_dir = Path(run_dir)
     meta = load_run_meta(run_dir)
     records = load_records(run_dir) if records is None else records
-    samples = load_run_timeseries(run_dir, meta) if samples is None else samples
+    # Indexed by metric and source: the figures below ask for a few metrics each.
+    samples = IndexedPoints(load_run_timeseries(run_dir, meta) if samples is None else samples)
     scale, s = meta.scale, meta.scale.speedup
 
     done = [r for r in records if r.outcome == "completed"]

@@ -52,13 +52,66 @@ def _run_t0(run_dir: Path) -> float:
     return float(t0)
 
 
+class IndexedPoints(list[SeriesPoint]):
+    """A run's points with, made at the first question, each metric's and each source's points in
+    their order: `select` by metric or source and `metrics_of` then read only those. A summary asks
+    a score of questions of a run's points, each otherwise a pass over all of them (a third of
+    it). The list must not change once asked."""
+
+    __slots__ = ("_metrics", "_sources")
+
+    def __init__(self, points: Iterable[SeriesPoint] = ()) -> None:
+        super().__init__(points)
+        self._metrics: dict[str, list[SeriesPoint]] | None = None
+        self._sources: dict[str, list[SeriesPoint]] | None = None
+
+    def metrics(self) -> dict[str, list[SeriesPoint]]:
+        if self._metrics is None:
+            self._index()
+        assert self._metrics is not None
+        return self._metrics
+
+    def sources(self) -> dict[str, list[SeriesPoint]]:
+        if self._sources is None:
+            self._index()
+        assert self._sources is not None
+        return self._sources
+
+    def _index(self) -> None:
+        metrics: dict[str, list[SeriesPoint]] = {}
+        sources: dict[str, list[SeriesPoint]] = {}
+        by_metric, by_source = metrics.get, sources.get
+        for s in self:
+            m = by_metric(s.metric)
+            if m is None:
+                metrics[s.metric] = [s]
+            else:
+                m.append(s)
+            o = by_source(s.source)
+            if o is None:
+                sources[s.source] = [s]
+            else:
+                o.append(s)
+        self._metrics, self._sources = metrics, sources
+
+
 def select(
     samples: Iterable[SeriesPoint],
     metric: str | None = None,
     source: str | None = None,
     labels: dict[str, str] | None = None,
 ) -> list[SeriesPoint]:
-    """Points matching `metric`, `source` and every given label (None matches anything)."""
+    """Points matching `metric`, `source` and every given label (None matches anything), in
+    their order."""
+    if isinstance(samples, IndexedPoints):
+        if metric is not None:
+            samples = samples.metrics().get(metric, [])
+            metric = None
+        elif source is not None:
+            samples = samples.sources().get(source, [])
+            source = None
+        if metric is None and source is None and labels is None:
+            return list(samples)
     if source is None and labels is None and metric is not None:
         # The usual question (one metric of a whole run's points): one comparison per point.
         return [s for s in samples if s.metric == metric]
@@ -87,6 +140,8 @@ def group_series(samples: Iterable[SeriesPoint]) -> dict[str, list[SeriesPoint]]
 
 
 def metrics_of(samples: Iterable[SeriesPoint]) -> list[str]:
+    if isinstance(samples, IndexedPoints):
+        return sorted(samples.metrics())
     return sorted({s.metric for s in samples})
 
 

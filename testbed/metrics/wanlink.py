@@ -20,7 +20,7 @@ from testbed.metrics.artefacts.summary_file import WanLink
 from testbed.metrics.fault_effects import FaultWindow, draw_fault_bands
 from testbed.metrics.plot_style import stamp
 from testbed.metrics.series_format import SeriesPoint
-from testbed.metrics.timeseries import counter_total, group_series
+from testbed.metrics.timeseries import counter_total, group_series, select
 
 WINDOW_S = 0.1
 
@@ -66,7 +66,7 @@ def link_usage(
     """Per-link usage. `mean_*` is over the arrival window (first to last request sent): the
     run's steady state, which is what a deployment sizing compares with; `run_mean_*` also
     counts the ramp-up and the drain after the last arrival."""
-    wan = [s for s in samples if s.source == "wan"]
+    wan = select(samples, source="wan")
     arrivals = [r.times.arrival for r in records if np.isfinite(r.times.arrival)]
     window = (min(arrivals), max(arrivals)) if len(arrivals) > 1 else None
     rates = {k: v for k, v in group_series(x for x in wan if x.metric == "link_rate_bps_wire").items()}
@@ -138,7 +138,7 @@ def plot_wan(
     force drawn under it."""
     from matplotlib.figure import Figure
 
-    wan = [s for s in samples if s.source == "wan"]
+    wan = select(samples, source="wan")
     byte_series = group_series(x for x in wan if x.metric == "link_bytes")
     if not byte_series:
         return None

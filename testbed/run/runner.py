@@ -215,15 +215,19 @@ def run_sim(
     name: str | None = None,
     on_progress: Callable[[ReplayStats], None] | None = None,
     report: bool = True,
+    text_requests: int | None = None,
 ) -> RunResult:
     """The same run directory as a live replay, from the discrete-event simulator (`testbed.sim`):
-    virtual time starts at t0 = 0, so records and series are wire seconds since the start."""
+    virtual time starts at t0 = 0, so records and series are wire seconds since the start.
+    `text_requests`: the most requests a run keeps as records.csv and decisions.jsonl alone
+    (default `TEXT_REQUESTS`); a longer one keeps records.parquet and decisions.parquet alone."""
     from testbed.core.gc_pause import keep_heap_to_exit, paused_gc
 
     keep_heap_to_exit()
+    cap = TEXT_REQUESTS if text_requests is None else text_requests
     # The summary and report walk what the simulation left: no collections meanwhile.
     with owning_run_dir(run_dir), paused_gc():
-        return _run_sim(rs, trace, run_dir, name, on_progress, report)
+        return _run_sim(rs, trace, run_dir, name, on_progress, report, cap)
 
 
 def _run_sim(
@@ -233,6 +237,7 @@ def _run_sim(
     name: str | None,
     on_progress: Callable[[ReplayStats], None] | None,
     report: bool,
+    text_requests: int,
 ) -> RunResult:
     from testbed.metrics.summary import write_summary
     from testbed.sim import SimOptions, shaping, simulate
@@ -245,13 +250,13 @@ def _run_sim(
     write_run_json(meta_path, meta)
     try:
         # The records go to the files as they settle; a long run holds none of them (the summary
-        # reads records.parquet back by column), a short one keeps its few for the summary, which
-        # is cheaper than reading them back.
-        keep = len(trace) <= TEXT_REQUESTS
+        # reads records.parquet back by column), a short one (which writes no Parquet) keeps its
+        # few for the summary, which is cheaper than reading them back.
+        keep = len(trace) <= text_requests
         opts = SimOptions(
             settle_records=True,
             keep_records=keep,
-            text_requests=TEXT_REQUESTS,
+            text_requests=text_requests,
             arrivals=rs.spec.workload.arrivals,
         )
         st = simulate(rs, trace, run_dir, opts)
@@ -304,7 +309,8 @@ def _run_sim(
 
 
 # A simulated run of more requests keeps records.parquet and decisions.parquet alone once it ends
-# (records.csv and decisions.jsonl, written as it goes, are what a run killed outright keeps).
+# (records.csv and decisions.jsonl, written as it goes, are what a run killed outright keeps); one
+# of at most this many writes the text files alone (`testbed.sim.SimOptions.text_requests`).
 TEXT_REQUESTS = 20_000
 
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.config.resolved import ResolvedScenario
 from testbed.core.control.longterm import RoleMeter
@@ -42,7 +42,6 @@ from testbed.core.record import RequestRecord
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.topology import local_dc, node_specs
 from testbed.core.sessions import ArrivalMode, ClosedLoop
-from testbed.metrics.columnar import ParquetRecordWriter, ParquetSeriesFile
 from testbed.metrics.preemptions import PREEMPTIONS_CSV, write_preemptions
 from testbed.metrics.records import RecordWriter
 from testbed.metrics.run_files import DECISIONS_FILE, RECORDS_FILE
@@ -65,6 +64,9 @@ from testbed.sim.transfer import KvDiscipline
 from testbed.traces.sessions import run_sessions
 from testbed.traces.stream import TraceFile
 from testbed.traces.types import Trace, TraceRequest
+
+if TYPE_CHECKING:  # pyarrow is imported only by a run that writes Parquet
+    from testbed.metrics.columnar import ParquetRecordWriter, ParquetSeriesFile
 
 START_LEAD_S = 0.5  # wire seconds before the first request, as the live replayer waits
 NODE_SAMPLE_S = 0.1  # wire seconds between node samples, as live services sample
@@ -101,12 +103,14 @@ class SimOptions:
     run returns what records.csv reads back (`testbed.metrics.records.as_written`) as they are
     written, for a caller that summarises them (with a run directory only); `keep_records` False
     leaves them out of `SimStats.records` once written (memory then follows the requests in flight,
-    and the caller reads records.parquet back). Records and decisions go to records.parquet and
-    decisions.parquet, and to records.csv and decisions.jsonl too. The text files are what survives a
+    and the caller reads records.parquet back). Records and decisions go to records.csv and
+    decisions.jsonl, and to records.parquet and decisions.parquet too unless the trace has at most
+    `text_requests` requests (None: no limit, both forms always). The text files are what survives a
     run killed outright (a Parquet file is readable only once its footer is written at the end), so
     they are written as the run goes; a run that ends with more than `text_requests` requests
-    (None: no limit) removes them then, as the Parquet files hold the same (`testbed export RUN`
-    writes them from those)."""
+    removes them then, as the Parquet files hold the same (`testbed export RUN` writes them from
+    those). A short run writes the text files alone: the Parquet writers (and importing pyarrow)
+    cost a tenth of its whole process, and every reader takes the text."""
 
     series_lines: int = 100_000
     link_lines: int = 20_000
@@ -268,6 +272,8 @@ class Simulation:
         else:
             self._arrivals = iter(enumerate(trace))
         self._lead = lead
+        cap = options.text_requests
+        self.parquet = cap is None or len(trace) > cap
         span = trace.last_timestamp + lead + 60.0
         per_sample = len(self.prefill) * (7 if sc.faults else 4) + len(self.decode) * 6 + len(self.prefill) + 16
         self.node_interval = max(NODE_SAMPLE_S * self.scale.speedup, span * per_sample / options.series_lines)
@@ -287,12 +293,15 @@ class Simulation:
             # ends: the files are closed below); formatted one by one they cost a quarter of it.
             settle = self.options.settle_records
             s = self.scale.speedup
-            self.decisions = [ParquetSeriesFile(self.run_dir / DECISIONS_FILE, "router", s)]
             self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True, settle=settle)
-            self.decisions.append(
-                SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True)
-            )
-            self.columns = ParquetRecordWriter(self.run_dir / RECORDS_FILE, settle=settle, settled_by=self.writer)
+            text = SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True)
+            if self.parquet:
+                from testbed.metrics.columnar import ParquetRecordWriter, ParquetSeriesFile
+
+                self.decisions = [ParquetSeriesFile(self.run_dir / DECISIONS_FILE, "router", s), text]
+                self.columns = ParquetRecordWriter(self.run_dir / RECORDS_FILE, settle=settle, settled_by=self.writer)
+            else:
+                self.decisions = [text]
             self.series = {
                 name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True) for name in ("router", "wan")
             }
@@ -547,8 +556,9 @@ def simulate(
     options: SimOptions = SimOptions(),
     costs: LivePathCosts | None = None,
 ) -> SimStats:
-    """Simulate `trace` on the scenario; with `run_dir`, write records.parquet, decisions.parquet
-    (and records.csv and decisions.jsonl up to `options.text_requests`), timeseries/ and (with
+    """Simulate `trace` on the scenario; with `run_dir`, write records.csv and decisions.jsonl (up
+    to `options.text_requests` requests), records.parquet and decisions.parquet (above it, or with
+    no limit), timeseries/ and (with
     faults) faults.jsonl into it (run.json, summary and report are the
     caller's). `costs`: the live path's, default the scenario's (`sim.live_path`)."""
     return Simulation(rs, trace, run_dir, options, costs).run()

@@ -15,6 +15,7 @@ may be inferred from `hash_ids` (`testbed.traces.sessions`).
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +38,26 @@ def _show(value: Any) -> str:
 
 
 _BOM = b"\xef\xbb\xbf"
-_loads_text = json.JSONDecoder().decode  # json.loads of text with default options
+_DECODER = json.JSONDecoder()
+_loads_text = _DECODER.decode  # json.loads of text with default options
+# The decoder's own scanner (C where built): `decode` without its whitespace matching and checks,
+# a tenth of the parse. A line it does not take whole as one object goes the full way, which gives
+# the same value or the same error.
+# (typeshed has the scanner take a scanner; it takes the decoder whose settings it follows)
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]
+_JSON_SPACE = " \t\n\r"
+
+
+def _loads_line(text: str) -> Any:
+    if text[:1] == "{":
+        try:
+            obj, end = _scan_once(text, 0)
+        except (StopIteration, ValueError, RecursionError):
+            pass
+        else:
+            if end == len(text) or not text[end:].strip(_JSON_SPACE):
+                return obj
+    return _loads_text(text)
 
 
 def _json_error(e: ValueError | RecursionError) -> str:
@@ -91,7 +111,7 @@ def iter_mooncake(
                     try:
                         if raw[:3] == _BOM or b"\0" in raw:
                             raise ValueError
-                        obj = _loads_text(raw.decode("utf-8", "surrogatepass"))
+                        obj = _loads_line(raw.decode("utf-8", "surrogatepass"))
                     except (ValueError, RecursionError):
                         obj = json.loads(raw)
                 except (ValueError, RecursionError) as e:
@@ -133,7 +153,7 @@ def iter_mooncake(
                     if type(h) is not int or h < 0 or h > _SMALL:
                         if not (type(h) is int and 0 <= h <= max_hash):
                             raise _hash_error(ids, h)
-                parent = ""
+                parent = rid = ""
                 think = math.nan
                 if "chat_id" in obj:
                     chat, pchat = obj["chat_id"], obj.get("parent_chat_id", -1)
@@ -151,7 +171,7 @@ def iter_mooncake(
                         if type(th) not in (int, float) or not 0 <= th < math.inf:
                             raise TraceError(f"expected seconds >= 0, got {_show(th)}", field="think_time")
                         think = float(th)
-                    chats[chat] = f"{stem}-{lineno}"
+                    chats[chat] = rid = f"{stem}-{lineno}"
             except TraceError as e:
                 located = TraceError(e.detail, path=p, line=lineno, field=e.field)
                 if on_error is None:
@@ -161,7 +181,8 @@ def iter_mooncake(
             if t0 is None:
                 t0 = ts
             prev_ts, prev_line = ts, lineno
-            yield TraceRequest(f"{stem}-{lineno}", (ts - t0) * scale / 1000.0, inp, out, tuple(ids), "", parent, think)
+            rid = rid or f"{stem}-{lineno}"
+            yield TraceRequest(rid, (ts - t0) * scale / 1000.0, inp, out, tuple(ids), "", parent, think)
 
 
 def load_mooncake(path: str | Path) -> Trace:

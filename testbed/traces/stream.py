@@ -109,18 +109,21 @@ def open_trace_file(
     stated = False
     held: list[TraceRequest] | None = []
     source = source_of(path, window, limit, models)
-    for r in iter_trace(path, fmt, window=window, limit=limit, keep_failed=keep_failed, models=models, stats=stats):
-        t = r.timestamp
-        # `Trace`'s own check, which `load_trace` makes of the requests it holds.
-        if not t >= prev or t == math.inf:
-            raise ValueError(f"{source}: request {r.request_id!r} at {t} s is out of order or not finite")
-        prev = t
-        count += 1
-        stated = stated or bool(r.parent_id or r.session_id)
-        if held is not None:
-            held = held if count <= HOLD_REQUESTS else None
+    # The collector paused: a short trace's requests are held (and the lines' objects freed by
+    # reference counting), so its collections would find nothing.
+    with paused_gc():
+        for r in iter_trace(path, fmt, window=window, limit=limit, keep_failed=keep_failed, models=models, stats=stats):
+            t = r.timestamp
+            # `Trace`'s own check, which `load_trace` makes of the requests it holds.
+            if not t >= prev or t == math.inf:
+                raise ValueError(f"{source}: request {r.request_id!r} at {t} s is out of order or not finite")
+            prev = t
+            count += 1
+            stated = stated or bool(r.parent_id or r.session_id)
             if held is not None:
-                held.append(r)
+                held = held if count <= HOLD_REQUESTS else None
+                if held is not None:
+                    held.append(r)
     if count:
         last = prev
     return TraceFile(
