@@ -53,6 +53,12 @@ def test_the_closing_block_says_where_each_runs_files_are(tmp_path: Path) -> Non
         f"report {d / 'report.md'}, plots ttft_cdf.png" in text and f"comparison: {tmp_path / 'comparison.md'}" in text
     )
     assert "  run: +3% mean TTFT" in block
+    # A long simulated run keeps records.parquet alone: the block names the file that is there.
+    (d / "records.parquet").write_bytes(b"x")
+    text = "\n".join(closing_block([RunOutcome("run", d, _summary(False))], None))
+    assert f"records {d / 'records.parquet'}, summary" in text
+    (d / "records.csv").write_text("x")
+    assert f"records {d / 'records.csv'}," in "\n".join(closing_block([RunOutcome("run", d, _summary(False))], None))
 
 
 @pytest.mark.parametrize("accept, rc", [(False, EXIT_INVALID), (True, EXIT_OK)])

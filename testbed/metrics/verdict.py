@@ -93,7 +93,13 @@ def closing_block(
         state = "valid" if r.summary.valid else "INVALID"
         out.append(f"{r.label:<{width}}  {state:<7}  {r.run_dir}")
         d = r.run_dir
-        out.append(f"{'':<{width}}  records {d / 'records.csv'}, summary {d / 'summary.json'}")
+        # A long simulated run keeps records.parquet alone (`testbed export` writes the CSV).
+        recs = (
+            d / "records.csv"
+            if (d / "records.csv").exists() or not (d / "records.parquet").exists()
+            else d / "records.parquet"
+        )
+        out.append(f"{'':<{width}}  records {recs}, summary {d / 'summary.json'}")
         report = d / "report.md"
         plots = _files(d, PLOTS)
         if report.exists():
