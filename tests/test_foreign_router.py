@@ -143,9 +143,9 @@ def test_a_replay_through_a_real_router_has_its_records_from_the_nodes(tmp_path:
         assert t["transfer_end"] <= t["decode_admitted"] <= t["decode_first_token"] <= t["first_token"]
         assert int(x["kv_bytes_wire"]) > 0 and x["prefill_node"] and x["decode_node"]
         assert x["crossed_wan"] == ("1" if x["prefill_cluster"] == "prfaas" else "0")
-    # round_robin spreads over the prefill nodes the router holds healthy (which of them it holds so
-    # is the router's own view: under load it can set some aside), the remote cluster's among them.
-    assert "prfaas" in {x["prefill_cluster"] for x in rows} and len({x["prefill_node"] for x in rows}) >= 2
+    # round_robin reaches the remote cluster. Over which of the prefill nodes it spreads is the
+    # router's own view of their health: under load sglang-router has set all but one aside.
+    assert "prfaas" in {x["prefill_cluster"] for x in rows}
     # The router's own Prometheus metrics, scraped at the end of the replay.
     prom = (out / "router-metrics.prom").read_text()
     assert any(line and not line.startswith("#") for line in prom.splitlines()), prom[:300]
