@@ -10,8 +10,10 @@ start is the base.
 
 Behind a foreign router (`router.kind`) nothing is stamped at the router: at the end of the hold
 `write_stage_records` writes the records from the nodes' own stage logs joined by the request id
-the nodes saw (`testbed.metrics.node_stages`), the client's stamps taken at the serving edge
-(arrival: the first node the request reached; first and last token: the decode node's).
+the nodes saw (`testbed.metrics.node_stages`). The client's stamps come from the serving edge in
+front of the router (`testbed.live.edge`: arrival when the request came in, first and last token
+when they went out); a request the edge did not see (a client that reached the router directly)
+takes its arrival at the first node it reached and its tokens at the decode node.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from testbed.core.failures import Failure
 from testbed.core.failures import FailureKind as K
 from testbed.core.record import RequestRecord
 from testbed.live.clock import now
+from testbed.live.edge import EDGE_LOG, EdgeLine, read_edge_log
 from testbed.metrics.node_stages import NodeStages, StageLine, fill_record
 from testbed.metrics.records import RecordWriter
 
@@ -135,9 +138,12 @@ def _first(lines: list[StageLine], stage: str, key: str) -> float:
     return next((v for x in lines if x.get("stage") == stage and not math.isnan(v := _num(x, key))), math.nan)
 
 
-def stage_record(request_id: str, index: int, lines: list[StageLine], t0: float) -> RequestRecord:
+def stage_record(
+    request_id: str, index: int, lines: list[StageLine], t0: float, edge: EdgeLine | None = None
+) -> RequestRecord:
     """One request of a held deployment behind a foreign router, from what the nodes logged
-    (unix-second stamps; the record's relative to `t0`)."""
+    (unix-second stamps; the record's relative to `t0`) and, when the serving edge passed it,
+    the client's stamps from there."""
     rec = RequestRecord(request_id, index, 0, 0)
     error = fill_record(rec, lines, t0)
     inp = _first(lines, "prefill", "input_tokens")
@@ -151,8 +157,14 @@ def stage_record(request_id: str, index: int, lines: list[StageLine], t0: float)
     t = rec.times
     t.arrival = min(known) - t0 if known else math.nan
     t.first_token, t.last_token = t.decode_first_token, t.decode_last_token
+    if edge is not None:
+        t.arrival = edge.arrival - t0
+        if edge.first_token is not None and edge.last_token is not None:
+            t.first_token, t.last_token = edge.first_token - t0, edge.last_token - t0
     stages = {x.get("stage") for x in lines}
-    if error is not None:
+    if not lines:  # the edge passed it, no node logged it
+        rec.fail(Failure(K.ROUTER_ERROR), (edge.error if edge is not None else "") or "no node logged it")
+    elif error is not None:
         rec.fail(Failure(K.KV_TRANSFER if "kv " in error.lower() else K.DECODE_ERROR), error)
     elif "decode" not in stages:
         why = "its KV expired unpulled" if "kv_expired" in stages else "no decode node logged it"
@@ -167,9 +179,11 @@ def stage_record(request_id: str, index: int, lines: list[StageLine], t0: float)
 
 
 def stage_records(run_dir: Path, t0: float) -> list[RequestRecord]:
-    """Every request the nodes of `run_dir` logged, in arrival order."""
+    """Every request the nodes of `run_dir` logged or its serving edge passed, in arrival order."""
     by_id = NodeStages(run_dir).requests()
-    recs = [stage_record(rid, 0, lines, t0) for rid, lines in by_id.items()]
+    edge = read_edge_log(run_dir / EDGE_LOG)
+    recs = [stage_record(rid, 0, lines, t0, edge.get(rid)) for rid, lines in by_id.items()]
+    recs += [stage_record(rid, 0, [], t0, e) for rid, e in edge.items() if rid not in by_id]
     recs.sort(key=lambda r: (math.inf if math.isnan(r.times.arrival) else r.times.arrival, r.request_id))
     for i, r in enumerate(recs):
         r.trace_index = i

@@ -40,6 +40,7 @@ from testbed.deploy.base import Backend
 from testbed.deploy.prometheus import PrometheusProcess, find_binary, unavailable
 from testbed.live.clock import now
 from testbed.live.credentials import API_KEY_FILE
+from testbed.live.edge import EDGE_LOG, Edge
 from testbed.live.held import HOLD_KEY, HOLD_PATH, write_stage_records
 from testbed.metrics.artefacts import Summary, run_info
 from testbed.metrics.artefacts.run_file import HoldInfo as HoldFacts
@@ -173,7 +174,11 @@ async def _hold(
     clear_previous_run(run_dir)
     (run_dir / "timeseries").mkdir(exist_ok=True)
     (run_dir / "scenario.yaml").write_text(dump_scenario(sc))
-    be = make_backend(backend, rs, run_dir, extra={HOLD_KEY: {"records": "records.csv"}}, host_port=host_port)
+    # Behind a foreign router the client's port is the serving edge's (`testbed.live.edge`), which
+    # stamps what the router cannot; the router's own way in is on a port of its own.
+    be = make_backend(
+        backend, rs, run_dir, extra={HOLD_KEY: {"records": "records.csv"}}, host_port=0 if foreign else host_port
+    )
     meta = run_info(
         name=sc.name,
         scenario=sc.name,
@@ -198,6 +203,7 @@ async def _hold(
     ended = "stopped before the deployment was up"
     state: RunState = "failed"  # until the hold ends as told, or is interrupted
     prom: PrometheusProcess | None = None
+    edge: Edge | None = None
     try:
         await be.start()
         if prometheus is not None:
@@ -205,6 +211,10 @@ async def _hold(
             await prom.start()
         meta.shaping = Shaping.model_validate(be.shaping())
         url = await be.host_url()
+        if foreign:
+            edge = Edge(url, run_dir / EDGE_LOG, host_port)
+            await edge.start()
+            url = edge.url
         meta.t0 = t0 = now()
         creds = be.deployment.credentials
         if not foreign:  # a foreign router stamps nothing: the records come from the nodes' logs
@@ -237,6 +247,8 @@ async def _hold(
         raise
     finally:
         try:
+            if edge is not None:
+                await asyncio.shield(edge.stop())
             if prom is not None:
                 await asyncio.shield(prom.stop())
             await asyncio.shield(be.stop())

@@ -69,6 +69,7 @@ def _versions() -> dict[str, str]:
 RUN_ARTEFACTS = (
     "timeseries",
     "stages",
+    "edge.jsonl",
     "router-metrics-url",
     "router-metrics.prom",
     "logs",
