@@ -267,9 +267,13 @@ def test_replay_with_a_decode_instance_killed(tmp_path: Path) -> None:
     kill = f[(0, "start")]
     assert kill["outcome"] == "ok" and kill["detail"]["signal"] == "SIGKILL" and kill["detail"]["returncode"] == -9
     assert kill["t"] == pytest.approx(20, abs=1.0)
-    # No token came from the killed instance after the kill; every request elsewhere completed.
+    # No token came from the killed instance after the kill; every request elsewhere completed. A
+    # token sent just before the kill still reaches the client as late as this run delivered any
+    # (node's first-token stamp to the client's, its most on a loaded host), plus 50 ms.
+    delivery = [_f(r["first_token"]) - _f(r["decode_first_token"]) for r in rows if r["outcome"] == "completed"]
+    late = max([d for d in delivery if d == d], default=0.0)
     on_it = [r for r in rows if r["decode_node"] == "pd-d0"]
-    assert on_it and all(_f(r["last_token"]) <= kill["t_wire"] + 0.05 for r in on_it if r["last_token"])
+    assert on_it and all(_f(r["last_token"]) <= kill["t_wire"] + late + 0.05 for r in on_it if r["last_token"]), late
     assert all(r["outcome"] == "failed" for r in on_it if _f(r["routed"]) > kill["t_wire"])
     elsewhere = [r for r in rows if r["decode_node"] and r["decode_node"] != "pd-d0"]
     assert elsewhere and all(r["outcome"] == "completed" for r in elsewhere), [
