@@ -33,7 +33,7 @@ def test_sglang_generate_answers_carry_their_id_in_meta_info() -> None:
     assert (scan.request_id, scan.first_token) == ("room-7", 5.0)
     whole = AnswerScan(streamed=False)
     whole.feed(json.dumps({"id": "r2", "choices": [{"text": "x"}]}).encode(), 1.0)
-    whole.end(1.5)
+    whole.end()
     assert (whole.request_id, whole.first_token) == ("r2", None)
 
 

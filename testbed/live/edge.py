@@ -71,7 +71,8 @@ class AnswerScan:
                 if line.startswith(b"data:"):
                     self._event(line[5:].strip(), t)
 
-    def end(self, t: float) -> None:
+    def end(self) -> None:
+        """The answer is whole: a non-streamed one gives its id now."""
         if not self.streamed and self._body:
             obj = _json(bytes(self._body))
             if obj is not None:
@@ -239,7 +240,7 @@ class Edge:
                     if up.status >= 400 and len(kept) < ERROR_TEXT:
                         kept += data
                     await resp.write(data)
-                scan.end(self._clock())
+                scan.end()
                 await resp.write_eof()
             finally:
                 if logged:
