@@ -11,9 +11,11 @@ prefills answered, KV complete, requests finished), the cache book's events, the
 view, the control loop's signals. The workload is built so that the answer does not hang on a
 millisecond: requests come in bursts of a few, well apart within a burst (their order is the
 same in both) and far apart between bursts (every request of a burst is done before the next
-begins), and every prompt is long enough that no prefill answers while its burst is still
-arriving. Within a burst the load-aware policy sees the backlog the burst's earlier requests
-left; across bursts the cache-aware ones see the prefixes earlier bursts left in each cluster's
+begins). Each prefill answers well before the next arrival, and each answer is long enough to
+decode until its burst has all arrived, so the decode choice reads only the burst's earlier
+assignments, never how soon a short answer's last token reached the router (on a loaded host that
+came over 130 ms late). Within a burst the load-aware policy sees the backlog the burst's earlier
+requests left; across bursts the cache-aware ones see the prefixes earlier bursts left in each cluster's
 pool (sessions whose later turns extend their earlier ones).
 
 The testbed's router over the engines' PD protocols (`nodes.protocol` vllm and sglang) places
@@ -43,10 +45,12 @@ SPEEDUP = 10
 BURSTS = 5
 PER_BURST = 4
 GAP_S = 0.3 * SPEEDUP  # paper seconds between requests of a burst (0.3 s wire)
-QUIET_S = 20.0  # paper seconds from one burst to the next (a burst takes about 11)
+QUIET_S = 30.0  # paper seconds from one burst to the next (a burst takes about 25)
+OUTPUT = 500  # tokens: about 17 paper seconds of decode, past the burst's last arrival
 BLOCK = 512
 SEED = 9
-MARGIN_S = 0.05  # wire seconds between an arrival and any other request's KV or end
+MARGIN_S = 0.05  # wire seconds between an arrival and any other request's prefill or KV
+END_MARGIN_S = 0.3  # wire seconds between an arrival and any other request's last token
 
 
 def _workload(seed: int = SEED) -> Trace:
@@ -62,8 +66,22 @@ def _workload(seed: int = SEED) -> Trace:
             s.extend(range(next_block, next_block + grow))
             next_block += grow
             tokens = len(s) * BLOCK - rng.randrange(BLOCK)
-            reqs.append(TraceRequest(f"b{b}r{j}", b * QUIET_S + j * GAP_S, tokens, 8, tuple(s)))
+            reqs.append(TraceRequest(f"b{b}r{j}", b * QUIET_S + j * GAP_S, tokens, OUTPUT, tuple(s)))
     return Trace(reqs, "equivalence workload")
+
+
+def _margin(recs: list[RequestRecord], events: list[tuple[float, str]]) -> float:
+    return min(abs(r.times.arrival - t) for r in recs for t, rid in events if rid != r.request_id)
+
+
+def _assert_margins(recs: list[RequestRecord]) -> None:
+    """The workload leaves room for the live run's timing: no arrival falls near a moment another
+    request's prefill answers or its KV completes, nor near one where its last token goes out."""
+    kv = [(t, r.request_id) for r in recs for t in (r.times.prefill_end, r.times.transfer_end)]
+    ends = [(r.times.last_token, r.request_id) for r in recs]
+    m, e = _margin(recs, kv), _margin(recs, ends)
+    assert m >= MARGIN_S, f"the workload leaves {m:.3f} s (wire) between an arrival and another's prefill or KV"
+    assert e >= END_MARGIN_S, f"the workload leaves {e:.3f} s (wire) between an arrival and another's last token"
 
 
 def _decisions(recs: list[RequestRecord]) -> dict[str, tuple[Any, ...]]:
@@ -112,11 +130,7 @@ def test_the_simulator_and_the_live_services_place_every_request_alike(
     live = asyncio.run(run_replay_async(rs, trace, tmp_path / "live", backend="inproc", report=False))
     assert sim.stats.completed == live.stats.completed == len(trace)
     sim_recs = read_records(tmp_path / "sim" / "records.csv")
-    # The workload leaves room for the live run's timing: no arrival falls near a moment another
-    # request's KV completes (its prefill answers just after) or its last token goes out.
-    events = [(t, r.request_id) for r in sim_recs for t in (r.times.transfer_end, r.times.last_token)]
-    margin = min(abs(r.times.arrival - t) for r in sim_recs for t, rid in events if rid != r.request_id)
-    assert margin >= MARGIN_S, f"the workload leaves {margin:.3f} s (wire) between an arrival and another's event"
+    _assert_margins(sim_recs)
     a = _decisions(sim_recs)
     b = _decisions(read_records(tmp_path / "live" / "records.csv"))
     assert a.keys() == b.keys()
@@ -171,6 +185,7 @@ def test_the_router_over_an_engine_protocol_places_every_request_as_over_the_tes
     assert engine_rs.spec.node_protocol == protocol and engine_rs.spec.router.kind == "testbed"
     asyncio.run(run_replay_async(testbed_rs, trace, tmp_path / "testbed", backend="sim", report=False))
     want = read_records(tmp_path / "testbed" / "records.csv")
+    _assert_margins(want)
     a = _placement(want)
     # Run again only when the testbed marks the live run invalid (a loaded host's timers late past
     # the run's own bound): its load-aware choices then met other timing than the scenario's.
