@@ -174,7 +174,9 @@ def _three(sub: str) -> tuple[tuple[str, str], ...]:
 
 # The routers study (#routers): each deployment's PD stacks on the one-hour chat surrogate's first
 # ten minutes, emulated: the testbed's router with each node protocol, the real PD routers with
-# their policies.
+# their policies. Closed loop (each turn once its parent's answer arrived, then its think time), as
+# chat users send: open loop, the window's follow-ups outrun their answers, lose their prefix hits
+# and saturate every stack's prefill (TTFT ~60 s), which would compare queues, not routers.
 ROUTER_STACKS: tuple[tuple[str, str, str], ...] = (
     ("testbed router, layer-wise push", "testbed-push", ""),
     ("testbed router, vLLM protocol", "testbed-vllm", "--set nodes.protocol=vllm"),
@@ -202,10 +204,11 @@ def routers_steps() -> tuple[str, ...]:
     steps = [f"{SURROGATE_1H} --format mooncake --out {{work}}/chat-1h.jsonl"]
     for _, scenario in ROUTER_DEPLOYMENTS:
         for _, stem, flags in ROUTER_STACKS:
-            steps.append(
+            cmd = (
                 f"testbed replay --scenario {scenario} --backend netns --trace {{work}}/chat-1h.jsonl "
-                f"--window :10m {flags} --out {{work}}/{scenario}/{stem} --accept-invalid".replace("  ", " ")
+                f"--window :10m --arrivals closed {flags} --out {{work}}/{scenario}/{stem} --accept-invalid"
             )
+            steps.append(cmd.replace("  ", " "))
     return tuple(steps)
 
 
@@ -572,7 +575,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         "routers",
         "PD stacks across datacenters: the testbed's router and the real PD routers",
-        "The one-hour chat surrogate's first 10 minutes (2,000 requests) on PrfaaS-PD and on homogeneous PD "
+        "The one-hour chat surrogate's first 10 minutes (2,022 requests), closed loop (each turn once its "
+        "parent's answer arrived, then its think time), on PrfaaS-PD and on homogeneous PD "
         "with its prefill in the other region, over cross-region-100g, netns, speedup 4: the testbed's router "
         "with layer-wise push and with vLLM's and SGLang's PD protocols, vllm-router with cache_aware, "
         "power_of_two and round_robin, sglang-router with cache_aware; records from the nodes' own logs.",
