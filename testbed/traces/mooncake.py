@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import json.scanner
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -207,11 +207,17 @@ def write_mooncake(path: str | Path, trace: Trace) -> None:
         raise ValueError(
             f"Mooncake traces use {MOONCAKE_BLOCK_TOKENS}-token blocks; this trace has {trace.block_tokens}"
         )
+    sessions = any(r.parent_id or r.session_id for r in trace.requests)
+    write_mooncake_requests(path, trace.requests, sessions)
+
+
+def write_mooncake_requests(path: str | Path, requests: Iterable[TraceRequest], sessions: bool = False) -> None:
+    """`write_mooncake`'s lines for requests (in arrival order, 512-token blocks) taken as they
+    come: a trace too long to hold is written without holding it."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    sessions = any(r.parent_id or r.session_id for r in trace.requests)
     with p.open("w", encoding="utf-8", newline="\n") as f:
-        for r in trace.requests:
+        for r in requests:
             rec: dict[str, object] = {
                 "timestamp": _ms(r.timestamp),
                 "input_length": r.input_tokens,

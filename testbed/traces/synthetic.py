@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
+from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -149,26 +150,51 @@ def synthetic_trace(
     request gets fresh block hashes (ceil(input / block_tokens) of them), so the trace states
     "no prefix reuse" explicitly and round-trips through the Mooncake format.
     """
-    rng = np.random.default_rng(spec.seed)
-    times = arrival_times(rng, spec.requests, spec.rate, arrival_cv, burst_peak)
-    lengths = sample_lengths(rng, spec.requests, spec.input)
-    reqs: list[TraceRequest] = []
-    next_id = 0
-    for i in range(spec.requests):
-        inp = int(lengths[i])
-        nb = _blocks(inp, block_tokens)
-        reqs.append(
-            TraceRequest(
-                f"synthetic-{i + 1}", float(times[i]), inp, spec.output_tokens, tuple(range(next_id, next_id + nb))
-            )
+    s = SyntheticStream(spec, block_tokens, arrival_cv=arrival_cv, burst_peak=burst_peak)
+    return Trace(list(s), source=s.source, block_tokens=block_tokens)
+
+
+class SyntheticStream:
+    """`synthetic_trace`'s requests, made one at a time as they are iterated: what `trace synth`
+    writes of a trace too long to hold (ten million requests held took ~27 GB). The draws are
+    taken up front (three numbers a request), so every pass gives the same requests."""
+
+    def __init__(
+        self,
+        spec: WorkloadSpec,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        *,
+        arrival_cv: float = 1.0,
+        burst_peak: float = DEFAULT_BURST_PEAK,
+    ) -> None:
+        rng = np.random.default_rng(spec.seed)
+        self.times = arrival_times(rng, spec.requests, spec.rate, arrival_cv, burst_peak)
+        self.lengths = sample_lengths(rng, spec.requests, spec.input)
+        self.spec, self.block_tokens = spec, block_tokens
+        d = spec.input
+        self.source = (
+            f"synthetic(lognormal mu={d.mu} sigma={d.sigma} [{d.min}, {d.max}], output={spec.output_tokens}, "
+            f"rate={spec.rate}, requests={spec.requests}, seed={spec.seed}{_arrivals_note(arrival_cv, burst_peak)})"
         )
-        next_id += nb
-    d = spec.input
-    source = (
-        f"synthetic(lognormal mu={d.mu} sigma={d.sigma} [{d.min}, {d.max}], output={spec.output_tokens}, "
-        f"rate={spec.rate}, requests={spec.requests}, seed={spec.seed}{_arrivals_note(arrival_cv, burst_peak)})"
-    )
-    return Trace(reqs, source=source, block_tokens=block_tokens)
+
+    def __len__(self) -> int:
+        return self.spec.requests
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        out, block = self.spec.output_tokens, self.block_tokens
+        next_id, i = 0, 0
+        step = 1 << 16  # numbers become Python objects a slice at a time
+        for lo in range(0, len(self.times), step):
+            for t, inp in zip(self.times[lo : lo + step].tolist(), self.lengths[lo : lo + step].tolist()):
+                i += 1
+                nb = _blocks(inp, block)
+                yield TraceRequest(f"synthetic-{i}", t, inp, out, tuple(range(next_id, next_id + nb)))
+                next_id += nb
+
+    @property
+    def duration(self) -> float:
+        """As `Trace.duration`."""
+        return float(self.times[-1] - self.times[0]) if len(self.times) else 0.0
 
 
 # Defaults in the spirit of Mooncake's conversation trace: inputs mostly 1K-60K tokens (mean

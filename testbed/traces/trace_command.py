@@ -21,8 +21,15 @@ from testbed.traces.csvutil import LoadStats, Window
 from testbed.traces.distinct import DistinctCounter
 from testbed.traces.formats import FORMATS, SUPPORTED_FORMATS, WriteOptions
 from testbed.traces.loader import block_tokens_of, detect_format, iter_trace, load_trace, notes_for
+from testbed.traces.mooncake import write_mooncake_requests
 from testbed.traces.sessions import SessionStats, session_stats
-from testbed.traces.synthetic import DEFAULT_BURST_PEAK, REUSE_PROFILES, synth_profile, synthetic_trace
+from testbed.traces.synthetic import (
+    DEFAULT_BURST_PEAK,
+    REUSE_PROFILES,
+    SyntheticStream,
+    synth_profile,
+    synthetic_trace,
+)
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
 _SPAN = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", re.ASCII)
@@ -198,6 +205,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print("trace synth: --burst-peak must be a rate ratio above 1", file=sys.stderr)
         return 2
     arrivals = {"arrival_cv": args.arrival_cv, "burst_peak": args.burst_peak}
+    if not args.prefix_reuse and fmt.name == "mooncake":
+        # Written as drawn: a week of traffic (tens of millions of requests) is never held.
+        stream = SyntheticStream(WorkloadSpec(requests=args.requests, rate=args.rate, seed=args.seed), **arrivals)
+        write_mooncake_requests(args.out, stream)
+        n, dur = len(stream), stream.duration
+        rate = 0.0 if n < 2 else (n - 1) / dur if dur > 0 else math.inf  # as Trace.rate
+        print(f"wrote {n} requests ({dur:.1f} s, {rate:.3f} req/s) to {args.out}")
+        return 0
     if args.prefix_reuse:
         trace = synth_profile(args.prefix_reuse, args.requests, args.rate, args.seed, **arrivals)
     else:
