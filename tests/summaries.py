@@ -1,9 +1,11 @@
 """A complete, valid `Summary` for tests that need one by hand (regress, plan, fidelity gates):
-every section the model requires, with plausible figures; override any figure by its path."""
+every section the model requires, with plausible figures; override any figure by its path. And
+`alike`, for summaries whose floats may differ in their last bits (sums taken in another order)."""
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from testbed.metrics.artefacts import Summary
@@ -117,3 +119,18 @@ def summary_figures(**over: Any) -> dict[str, Any]:
 def make_summary(**over: Any) -> Summary:
     """`summary_figures(**over)` validated as the model."""
     return Summary.model_validate(summary_figures(**over))
+
+
+def alike(a: Any, b: Any, where: str = "") -> list[str]:
+    """Where `a` and `b` differ: keys, lengths, values (floats to 1e-9 relative, the rest exactly)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{where}: keys {sorted(a.keys() ^ b.keys())}"]
+        return [p for k in a for p in alike(a[k], b[k], f"{where}.{k}")]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{where}: {len(a)} against {len(b)} entries"]
+        return [p for i, (x, y) in enumerate(zip(a, b)) for p in alike(x, y, f"{where}[{i}]")]
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return [] if math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) else [f"{where}: {a!r} against {b!r}"]
+    return [] if a == b and type(a) is type(b) else [f"{where}: {a!r} against {b!r}"]

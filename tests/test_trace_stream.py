@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from summaries import alike
 
 from testbed.cli import main
 from testbed.metrics.columnar import iter_parquet_records
@@ -147,5 +148,7 @@ def test_report_reads_a_parquet_only_run_as_it_reads_the_text(tmp_path: Path) ->
     assert not (columns / "decisions.jsonl").exists()
     for d in (text, columns):
         assert main(["report", str(d)]) == 0
-    assert (text / "summary.json").read_bytes() == (columns / "summary.json").read_bytes()
+    # The same figures (a long run's are taken a column at a time: only the order of sums differs).
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (text, columns))
+    assert not alike(a, b), alike(a, b)
     assert (text / "report.md").read_text() == (columns / "report.md").read_text()

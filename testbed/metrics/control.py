@@ -27,10 +27,12 @@ Summary keys (paper units):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from testbed.core.record import RequestRecord
 from testbed.core.schema.scaling import Scale
@@ -52,14 +54,44 @@ def cache_summary(done: Sequence[RequestRecord], scale: Scale) -> dict[str, obje
     for t in (r.times for r in moves):
         if math.isfinite(t.prefill_start) and math.isfinite(t.cache_move_start):
             waits.append(max(t.prefill_start - max(t.prefill_queued, t.cache_move_start), 0.0) * scale.speedup)
+    return cache_figures(
+        CacheSums(
+            input_tokens=inp,
+            with_hit=sum(1 for r in done if r.cached_tokens > 0),
+            cached=sum(r.cached_tokens for r in done),
+            decode_cached=sum(r.decode_cached_tokens for r in done),
+            moves=len(moves),
+            move_tokens=sum(r.cache_move_tokens for r in moves),
+            move_bytes_paper=sum(r.cache_move_bytes_paper for r in moves),
+        ),
+        waits,
+    )
+
+
+@dataclass(frozen=True)
+class CacheSums:
+    """The completed requests' prompt tokens and prefix-cache counts `cache_summary` reads."""
+
+    input_tokens: int
+    with_hit: int
+    cached: int
+    decode_cached: int
+    moves: int
+    move_tokens: int
+    move_bytes_paper: int
+
+
+def cache_figures(c: CacheSums, move_waits: Sequence[float] | npt.NDArray[np.float64]) -> dict[str, object]:
+    """summary.json's `cache` from the sums and each cache move's wait (paper s)."""
+    inp = c.input_tokens
     return {
-        "requests_with_hit": sum(1 for r in done if r.cached_tokens > 0),
-        "cached_token_share": sum(r.cached_tokens for r in done) / inp if inp else None,
-        "decode_cached_token_share": sum(r.decode_cached_tokens for r in done) / inp if inp else None,
-        "moves": len(moves),
-        "move_tokens": sum(r.cache_move_tokens for r in moves),
-        "move_bytes_paper": float(sum(r.cache_move_bytes_paper for r in moves)),
-        "move_wait_s": float(np.mean(waits)) if waits else None,
+        "requests_with_hit": c.with_hit,
+        "cached_token_share": c.cached / inp if inp else None,
+        "decode_cached_token_share": c.decode_cached / inp if inp else None,
+        "moves": c.moves,
+        "move_tokens": c.move_tokens,
+        "move_bytes_paper": float(c.move_bytes_paper),
+        "move_wait_s": float(np.mean(move_waits)) if len(move_waits) else None,
     }
 
 
@@ -207,31 +239,51 @@ def link_phases(
     done: Sequence[RequestRecord], samples: Sequence[SeriesPoint], scale: Scale
 ) -> list[dict[str, float | None]]:
     """TTFT and transfer tails by stretch of constant configured link rate (a link schedule)."""
+    if len(_kv_link_rates(samples)) < 2:
+        return []
+
+    def col(get: Callable[[RequestRecord], float]) -> npt.NDArray[np.float64]:
+        return np.fromiter(map(get, done), np.float64, len(done))
+
+    crossed = np.fromiter((r.crossed_wan for r in done), np.bool_, len(done))
+    tail = col(lambda r: r.times.transfer_end - r.times.prefill_end)
+    return link_phases_of(col(lambda r: r.times.arrival), col(lambda r: r.ttft), crossed, tail, samples, scale)
+
+
+def link_phases_of(
+    arrival: npt.NDArray[np.float64],
+    ttft: npt.NDArray[np.float64],
+    crossed: npt.NDArray[np.bool_],
+    tail: npt.NDArray[np.float64],
+    samples: Sequence[SeriesPoint],
+    scale: Scale,
+) -> list[dict[str, float | None]]:
+    """`link_phases` from the completed requests' arrivals, TTFTs, offload flags and transfer
+    tails (wire s; one entry a request, in record order)."""
     changes = _kv_link_rates(samples)
     if len(changes) < 2:
         return []
     s = scale.speedup
     out: list[dict[str, float | None]] = []
     bounds = [p.t for p in changes[1:]] + [math.inf]
+    timed = np.isfinite(ttft)
     for p, end in zip(changes, bounds):
         start = p.t if p is not changes[0] else -math.inf
-        rs = [r for r in done if start <= r.times.arrival < end and math.isfinite(r.ttft)]
-        ttft = np.array([r.ttft * s for r in rs])
-        tails = [
-            (r.times.transfer_end - r.times.prefill_end) * s
-            for r in rs
-            if r.crossed_wan and math.isfinite(r.times.transfer_end - r.times.prefill_end)
-        ]
+        inside = (arrival >= start) & (arrival < end) & timed
+        n = int(inside.sum())
+        ttft_s = ttft[inside] * s
+        t = tail[inside & crossed]
+        tails = t[np.isfinite(t)] * s
         out.append(
             {
                 "start_s": max(p.t, 0.0) * s,
                 "end_s": None if math.isinf(end) else end * s,
                 "rate_bps_paper": scale.paper_rate_bps(p.value),
-                "requests": len(rs),
-                "ttft_mean_s": float(ttft.mean()) if rs else None,
-                "ttft_p90_s": percentile(ttft, 90),
-                "tail_mean_s": float(np.mean(tails)) if tails else None,
-                "offload_ratio": sum(r.crossed_wan for r in rs) / len(rs) if rs else None,
+                "requests": n,
+                "ttft_mean_s": float(ttft_s.mean()) if n else None,
+                "ttft_p90_s": percentile(ttft_s, 90),
+                "tail_mean_s": float(np.mean(tails)) if tails.size else None,
+                "offload_ratio": int((inside & crossed).sum()) / n if n else None,
             }
         )
     return out

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from testbed.core.record import RequestRecord
 from testbed.metrics.series_format import SeriesPoint
@@ -44,13 +46,28 @@ def _counter_sum(samples: Sequence[SeriesPoint], metric: str) -> float:
     return sum(counter_total(g) for g in group_series(select(samples, metric)).values())
 
 
-def fidelity(
-    records: Sequence[RequestRecord],
-    samples: Sequence[SeriesPoint],
-    speedup: float,
-    slo_ttft_s: float | None,
-    slo_tpot_s: float | None,
-) -> dict[str, object]:
+@dataclass(frozen=True)
+class TimingErrors:
+    """What `fidelity` reads from the records: how many prefills were timed against the model,
+    the median of their |measured - modelled| (wire s) and of that over the model (where it is
+    above 0), and the P90 of the completed requests' token delivery lag and of the requests'
+    router overhead (paper s)."""
+
+    n: int
+    abs_err_median: float | None
+    rel_err_median: float | None
+    lag_p90: float | None
+    overhead_p90: float | None
+
+
+def median(values: Sequence[float] | npt.NDArray[np.float64], mine: bool = False) -> float | None:
+    """The median, None of nothing; `mine`: an array the caller gives up (sorted in place, not copied)."""
+    if not len(values):
+        return None
+    return float(np.median(values, overwrite_input=mine and isinstance(values, np.ndarray)))
+
+
+def timing_errors(records: Sequence[RequestRecord], speedup: float) -> TimingErrors:
     abs_err: list[float] = []
     rel_err: list[float] = []
     for r in records:
@@ -60,9 +77,6 @@ def fidelity(
             abs_err.append(err)
             if r.prefill_modelled > 0:
                 rel_err.append(err / r.prefill_modelled)
-    rel = float(np.median(rel_err)) if rel_err else None
-    modelled = _counter_sum(samples, "decode_step_modelled_s")
-    late = _counter_sum(samples, "decode_step_late_s")
     done = [r for r in records if r.outcome == "completed"]
     lag = [
         (r.times.last_token - r.times.decode_last_token) * speedup
@@ -74,14 +88,30 @@ def fidelity(
         for r in records
         if _finite(r.times.routed - r.times.router_arrival)
     ]
+    return TimingErrors(len(abs_err), median(abs_err), median(rel_err), percentile(lag, 90), percentile(overhead, 90))
+
+
+def fidelity(
+    records: Sequence[RequestRecord] | TimingErrors,
+    samples: Sequence[SeriesPoint],
+    speedup: float,
+    slo_ttft_s: float | None,
+    slo_tpot_s: float | None,
+) -> dict[str, object]:
+    """The fidelity measures of the records (or of their `TimingErrors`, taken already) and the
+    run's samples."""
+    e = records if isinstance(records, TimingErrors) else timing_errors(records, speedup)
+    rel = e.rel_err_median
+    modelled = _counter_sum(samples, "decode_step_modelled_s")
+    late = _counter_sum(samples, "decode_step_late_s")
     cpu = [s.value for s in select(samples, "cpu_busy")]
     out: dict[str, object] = {
-        "n": len(abs_err),
-        "prefill_abs_err_median_s": float(np.median(abs_err)) if abs_err else None,
+        "n": e.n,
+        "prefill_abs_err_median_s": e.abs_err_median,
         "prefill_rel_err_median": rel,
         "decode_step_late_share": late / modelled if modelled > 0 else None,
-        "token_lag_p90_s_paper": percentile(lag, 90),
-        "router_overhead_p90_s_paper": percentile(overhead, 90),
+        "token_lag_p90_s_paper": e.lag_p90,
+        "router_overhead_p90_s_paper": e.overhead_p90,
         "cpu_busy_mean": float(np.mean(cpu)) if cpu else None,
         "cpu_saturated_share": float(np.mean([c >= CPU_SATURATED for c in cpu])) if cpu else None,
     }

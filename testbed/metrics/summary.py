@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -31,11 +31,16 @@ from testbed.metrics.artefacts import Summary as Summary
 from testbed.metrics.artefacts.run_file import Slo, was_cut_short
 from testbed.metrics.control import cache_summary, control_summary, link_phases
 from testbed.metrics.fidelity import fidelity, validity
+from testbed.metrics.record_figures import BREAKDOWN_SPANS as BREAKDOWN_SPANS
+from testbed.metrics.record_figures import BREAKDOWN_STAGES as BREAKDOWN_STAGES
+from testbed.metrics.record_figures import BREAKDOWN_TIMES as BREAKDOWN_TIMES
+from testbed.metrics.record_figures import SLO_TIMING_TOLERANCE as SLO_TIMING_TOLERANCE
+from testbed.metrics.record_figures import TIME_FIELDS as TIME_FIELDS
+from testbed.metrics.record_figures import RecordFigures, RunMeta, scaled, stats_of, wire_stats
 from testbed.metrics.roles import long_term_summary
 from testbed.metrics.run_files import read_records_file, records_file
 from testbed.metrics.series_format import SeriesPoint
 from testbed.metrics.sessions import sessions_summary
-from testbed.metrics.stats import percentile
 from testbed.metrics.timeseries import (
     IndexedPoints,
     counter_rate,
@@ -50,50 +55,7 @@ from testbed.metrics.wanlink import link_usage
 log = logging.getLogger("testbed.metrics")
 
 SCHEMA_VERSION = LAYOUT  # `schema`; the file's model version is `schema_version` (artefacts.SUMMARY_VERSION)
-BREAKDOWN_STAGES: tuple[str, ...] = (
-    "routing",
-    "prefill_queue",
-    "prefill_compute",
-    "transfer_tail",
-    "decode_queue",
-    "first_step",
-    "other",
-)
 BYTE_COUNTERS: frozenset[str] = frozenset({"bytes_sent", "kv_bytes_sent"})
-_TIME_FIELDS: tuple[str, ...] = (
-    "arrival",
-    "routed",
-    "prefill_queued",
-    "prefill_start",
-    "prefill_end",
-    "transfer_start",
-    "transfer_end",
-    "decode_admitted",
-    "first_token",
-    "last_token",
-)
-
-
-@dataclass(frozen=True)
-class RunMeta:
-    """What the summary needs from `run.json`."""
-
-    name: str
-    scenario: str
-    policy: str
-    t0: float | None  # None: the run died before it started sending (no time base for series)
-    t_end: float | None
-    scale: Scale
-    shaping_method: str
-    slo_ttft_s: float | None
-    slo_tpot_s: float | None
-    offered_rate_rps: float | None
-    threshold: float | None
-    interrupted: bool = False
-    cut_short: bool = False  # run.json says `running` and its process is gone
-    trace_requests: int | None = None
-    pid: int | None = None
-    arrivals: str | None = None  # open | closed; None: run.json predates it
 
 
 def load_run_meta(run_dir: Path) -> RunMeta:
@@ -167,39 +129,14 @@ def ttft_halves(records: Sequence[RequestRecord], mult: float) -> dict[str, obje
     arrival span (paper s with `mult` = speedup): whether a run settled, and where."""
     arr = [r.times.arrival for r in records if _finite(r.times.arrival)]
     if not arr:
-        return {"split_s": None, "first": _stats([], mult), "last": _stats([], mult)}
+        return {"split_s": None, "first": stats_of([], mult), "last": stats_of([], mult)}
     mid = (min(arr) + max(arr)) / 2
     ok = [r for r in records if r.outcome == "completed" and _finite(r.ttft) and _finite(r.times.arrival)]
     return {
         "split_s": (mid - min(arr)) * mult,
-        "first": _stats([r.ttft for r in ok if r.times.arrival < mid], mult),
-        "last": _stats([r.ttft for r in ok if r.times.arrival >= mid], mult),
+        "first": stats_of([r.ttft for r in ok if r.times.arrival < mid], mult),
+        "last": stats_of([r.ttft for r in ok if r.times.arrival >= mid], mult),
     }
-
-
-def _stats(values: Sequence[float], mult: float) -> dict[str, object]:
-    if not values:
-        return {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
-    a = np.asarray(values, dtype=np.float64) * mult
-    return {
-        "n": int(a.size),
-        "mean": float(a.mean()),
-        "p50": percentile(a, 50),
-        "p90": percentile(a, 90),
-        "p99": percentile(a, 99),
-    }
-
-
-# breakdown_wire's stages as (end, start) stamps, in its order.
-_BREAKDOWN_SPANS: dict[str, tuple[str, str]] = {
-    "routing": ("routed", "arrival"),
-    "prefill_queue": ("prefill_start", "prefill_queued"),
-    "prefill_compute": ("prefill_end", "prefill_start"),
-    "transfer_tail": ("transfer_end", "prefill_end"),
-    "decode_queue": ("decode_admitted", "transfer_end"),
-    "first_step": ("first_token", "decode_admitted"),
-}
-_BREAKDOWN_TIMES = sorted({n for pair in _BREAKDOWN_SPANS.values() for n in pair})
 
 
 def breakdown_wire(r: RequestRecord) -> dict[str, float]:
@@ -224,9 +161,9 @@ def _breakdown_means(done: Sequence[RequestRecord], mult: float) -> dict[str, fl
     if not ok:
         return {k: None for k in BREAKDOWN_STAGES}
     # A column at a time: a tuple of stamps per record took ~400 bytes each over a million.
-    col = {n: np.fromiter(map(attrgetter(n), ok), np.float64, len(ok)) for n in _BREAKDOWN_TIMES}
+    col = {n: np.fromiter(map(attrgetter(n), ok), np.float64, len(ok)) for n in BREAKDOWN_TIMES}
     parts: dict[str, npt.NDArray[np.float64]] = {}
-    for k, (end, start) in _BREAKDOWN_SPANS.items():
+    for k, (end, start) in BREAKDOWN_SPANS.items():
         d = col[end] - col[start]
         parts[k] = np.where(np.isfinite(d), d, 0.0)
     total: Any = 0.0
@@ -248,14 +185,9 @@ def _duration_wire(meta: RunMeta, records: Sequence[RequestRecord]) -> float | N
     if meta.t0 is not None and meta.t_end is not None and meta.t_end > meta.t0:
         return meta.t_end - meta.t0
     # An interrupted run may lack t_end: the latest thing any record saw bounds it.
-    times = [v for r in records for f in _TIME_FIELDS if _finite(v := getattr(r.times, f))]
+    times = [v for r in records for f in TIME_FIELDS if _finite(v := getattr(r.times, f))]
     latest = max(times, default=0.0)
     return latest if latest > 0 else None
-
-
-# Slack on SLO checks for the testbed's own timing error: the paper's decode instance runs
-# exactly at the 40 tokens/s SLO, and sub-millisecond timer lateness must not flip it.
-SLO_TIMING_TOLERANCE = 0.01
 
 
 def _meets_slo(r: RequestRecord, meta: RunMeta) -> bool:
@@ -317,50 +249,73 @@ def _egress(
     return links, both(total, total / (hi - lo) if hi > lo else None, peak)
 
 
+def record_figures(records: Sequence[RequestRecord], meta: RunMeta, samples: Sequence[SeriesPoint]) -> RecordFigures:
+    scale, s = meta.scale, meta.scale.speedup
+    done = [r for r in records if r.outcome == "completed"]
+    failed = [r for r in records if r.outcome == "failed"]
+    dur = _duration_wire(meta, records)
+    slo_met: int | None = None
+    if meta.slo_ttft_s is not None and meta.slo_tpot_s is not None:
+        slo_met = sum(1 for r in done if _meets_slo(r, meta))
+    offloaded = [r for r in done if r.crossed_wan]
+    return RecordFigures(
+        total=len(records),
+        completed=len(done),
+        failed=len(failed),
+        reasons=Counter(r.reason or "unknown" for r in failed),
+        kinds=Counter(r.failure_kind or "unknown" for r in failed),
+        at_nodes=Counter(r.failure_node for r in failed if r.failure_node),
+        dur=dur,
+        ttft_w=wire_stats(completed_ttfts_wire(records)),
+        halves=ttft_halves(records, s),
+        breakdown_w=_breakdown_means(done, 1.0),
+        tpot_w=wire_stats([t for r in done if _finite(t := r.tpot)]),
+        slo_met=slo_met,
+        tokens=sum(r.tokens_received for r in done),
+        offloaded=len(offloaded),
+        kv_p=sum(_kv_paper(r, scale) for r in done),
+        kv_w=sum(_kv_wire(r, scale) for r in done),
+        wan_p=sum(_kv_paper(r, scale) for r in offloaded),
+        wan_w=sum(_kv_wire(r, scale) for r in offloaded),
+        move_p=float(sum(r.cache_move_bytes_paper for r in done)),
+        move_w=float(sum(r.cache_move_bytes_wire for r in done)),
+        wan_sources={r.prefill_node for r in records if r.crossed_wan and r.prefill_node},
+        fidelity=fidelity(records, samples, s, meta.slo_ttft_s, meta.slo_tpot_s),
+        sessions=sessions_summary(records, s, meta.arrivals),
+        cache=cache_summary(done, scale),
+        link_phases=link_phases(done, samples, scale),
+        wan_link=link_usage(samples, records, scale, dur),
+    )
+
+
 def summarize(
     run_dir: Path, records: Sequence[RequestRecord] | None = None, samples: Sequence[SeriesPoint] | None = None
 ) -> Summary:
     """The summary of one run directory (see the module docstring for every key). A writer that
     still holds what it wrote may pass it: `records` as `records.csv` reads back, `samples` as
     `timeseries/` reads back (`load_run_timeseries`: times since t0, sorted by time); the run's
-    other files are read as always."""
+    other files are read as always. Records read back from records.parquet (`RecordTable`) are
+    summarised a column at a time, in memory that does not grow with a record's fields."""
     run_dir = Path(run_dir)
     meta = load_run_meta(run_dir)
-    records = load_records(run_dir) if records is None else records
+    if records is None:
+        records = load_records(run_dir)
     # Indexed by metric and source: the figures below ask for a few metrics each.
     samples = IndexedPoints(load_run_timeseries(run_dir, meta) if samples is None else samples)
     scale, s = meta.scale, meta.scale.speedup
+    # Only a RecordTable has a path; its module (and pyarrow) stays unimported for the rest.
+    table = sys.modules.get("testbed.metrics.record_table")
+    if table is not None and isinstance(records, table.RecordTable):
+        from testbed.metrics.summary_columns import column_figures
 
-    done = [r for r in records if r.outcome == "completed"]
-    failed = [r for r in records if r.outcome == "failed"]
-    reasons = Counter(r.reason or "unknown" for r in failed)
-    kinds = Counter(r.failure_kind or "unknown" for r in failed)
-    at_nodes = Counter(r.failure_node for r in failed if r.failure_node)
-    dur = _duration_wire(meta, records)
-
-    ttft_w = completed_ttfts_wire(records)
-    breakdown_w = _breakdown_means(done, 1.0)
-    tpot_w = [t for r in done if _finite(t := r.tpot)]
-    slo_met: int | None = None
-    if meta.slo_ttft_s is not None and meta.slo_tpot_s is not None:
-        slo_met = sum(1 for r in done if _meets_slo(r, meta))
-    tokens = sum(r.tokens_received for r in done)
-
-    offloaded = [r for r in done if r.crossed_wan]
-    kv_p = sum(_kv_paper(r, scale) for r in done)
-    kv_w = sum(_kv_wire(r, scale) for r in done)
-    wan_p = sum(_kv_paper(r, scale) for r in offloaded)
-    wan_w = sum(_kv_wire(r, scale) for r in offloaded)
-    move_p = float(sum(r.cache_move_bytes_paper for r in done))
-    move_w = float(sum(r.cache_move_bytes_wire for r in done))
-    wan_sources = {r.prefill_node for r in records if r.crossed_wan and r.prefill_node}
-    links, wan_egress = _egress(samples, wan_sources, scale)
+        f = column_figures(records.path, meta, samples)
+    else:
+        f = record_figures(records, meta, samples)
+    dur = f.dur
+    links, wan_egress = _egress(samples, f.wan_sources, scale)
 
     def per_s(n: float | None) -> float | None:
         return None if n is None or not dur else n / dur
-
-    fid = fidelity(records, samples, s, meta.slo_ttft_s, meta.slo_tpot_s)
-    sessions = sessions_summary(records, s, meta.arrivals)
 
     def paper_rate(wire: float | None) -> float | None:
         return None if wire is None else wire / s
@@ -385,58 +340,58 @@ def summarize(
             "trace_requests": meta.trace_requests,
         },
         "requests": {
-            "total": len(records),
-            "completed": len(done),
-            "failed": len(failed),
-            "pending": len(records) - len(done) - len(failed),
-            "failure_reasons": dict(reasons.most_common()),
-            "failure_kinds": dict(kinds.most_common()),
-            "failure_nodes": dict(at_nodes.most_common()),
+            "total": f.total,
+            "completed": f.completed,
+            "failed": f.failed,
+            "pending": f.total - f.completed - f.failed,
+            "failure_reasons": dict(f.reasons.most_common()),
+            "failure_kinds": dict(f.kinds.most_common()),
+            "failure_nodes": dict(f.at_nodes.most_common()),
         },
         "throughput": {
-            "completed_rps_paper": paper_rate(per_s(len(done))),
-            "completed_rps_wire": per_s(len(done)),
-            "output_tokens_per_s_paper": paper_rate(per_s(tokens)),
-            "output_tokens_per_s_wire": per_s(tokens),
-            "goodput_rps_paper": paper_rate(per_s(slo_met)),
-            "goodput_rps_wire": per_s(slo_met),
-            "slo_met": slo_met,
-            "slo_attainment": None if slo_met is None else _ratio(slo_met, len(records)),
+            "completed_rps_paper": paper_rate(per_s(f.completed)),
+            "completed_rps_wire": per_s(f.completed),
+            "output_tokens_per_s_paper": paper_rate(per_s(f.tokens)),
+            "output_tokens_per_s_wire": per_s(f.tokens),
+            "goodput_rps_paper": paper_rate(per_s(f.slo_met)),
+            "goodput_rps_wire": per_s(f.slo_met),
+            "slo_met": f.slo_met,
+            "slo_attainment": None if f.slo_met is None else _ratio(f.slo_met, f.total),
         },
-        "ttft_s": _stats(ttft_w, s),
-        "ttft_halves_s": ttft_halves(records, s),
-        "ttft_breakdown_s": {k: None if v is None else v * s for k, v in breakdown_w.items()},
-        "tpot_s": _stats(tpot_w, s),
-        "offload": {"ratio": _ratio(len(offloaded), len(done)), "requests": len(offloaded)},
+        "ttft_s": scaled(f.ttft_w, s),
+        "ttft_halves_s": f.halves,
+        "ttft_breakdown_s": {k: None if v is None else v * s for k, v in f.breakdown_w.items()},
+        "tpot_s": scaled(f.tpot_w, s),
+        "offload": {"ratio": _ratio(f.offloaded, f.completed), "requests": f.offloaded},
         "bytes": {
-            "kv_total_paper": kv_p,
-            "kv_total_wire": kv_w,
-            "kv_per_request_paper": _ratio(kv_p, len(done)),
-            "kv_per_request_wire": _ratio(kv_w, len(done)),
-            "wan_total_paper": wan_p,
-            "wan_total_wire": wan_w,
-            "wan_per_offloaded_request_paper": _ratio(wan_p, len(offloaded)),
-            "wan_per_offloaded_request_wire": _ratio(wan_w, len(offloaded)),
-            "cache_move_paper": move_p,
-            "cache_move_wire": move_w,
-            "wan_per_request_paper": _ratio(wan_p + move_p, len(done)),
-            "wan_per_request_wire": _ratio(wan_w + move_w, len(done)),
+            "kv_total_paper": f.kv_p,
+            "kv_total_wire": f.kv_w,
+            "kv_per_request_paper": _ratio(f.kv_p, f.completed),
+            "kv_per_request_wire": _ratio(f.kv_w, f.completed),
+            "wan_total_paper": f.wan_p,
+            "wan_total_wire": f.wan_w,
+            "wan_per_offloaded_request_paper": _ratio(f.wan_p, f.offloaded),
+            "wan_per_offloaded_request_wire": _ratio(f.wan_w, f.offloaded),
+            "cache_move_paper": f.move_p,
+            "cache_move_wire": f.move_w,
+            "wan_per_request_paper": _ratio(f.wan_p + f.move_p, f.completed),
+            "wan_per_request_wire": _ratio(f.wan_w + f.move_w, f.completed),
         },
-        "cache": cache_summary(done, scale),
-        "sessions": None if sessions is None else sessions.model_dump(),
+        "cache": f.cache,
+        "sessions": None if f.sessions is None else f.sessions.model_dump(),
         "control": control_summary(run_dir, meta.t0, samples, scale),
         "long_term": long_term_summary(run_dir, meta.t0, samples, scale),
-        "link_phases": link_phases(done, samples, scale),
+        "link_phases": f.link_phases,
         "wan_egress": wan_egress,
-        "wan_link": link_usage(samples, records, scale, dur),
+        "wan_link": f.wan_link,
         "links": links,
-        "fidelity": fid,
-        "validity": validity(fid),
+        "fidelity": f.fidelity,
+        "validity": validity(f.fidelity),
         "wire": {
             "duration_s": dur,
-            "ttft_s": _stats(ttft_w, 1.0),
-            "ttft_breakdown_s": breakdown_w,
-            "tpot_s": _stats(tpot_w, 1.0),
+            "ttft_s": scaled(f.ttft_w, 1.0),
+            "ttft_breakdown_s": f.breakdown_w,
+            "tpot_s": scaled(f.tpot_w, 1.0),
         },
         "timeseries": {"samples": len(samples), "metrics": metrics_of(samples)},
     }

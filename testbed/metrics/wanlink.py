@@ -66,9 +66,24 @@ def link_usage(
     """Per-link usage. `mean_*` is over the arrival window (first to last request sent): the
     run's steady state, which is what a deployment sizing compares with; `run_mean_*` also
     counts the ramp-up and the drain after the last arrival."""
-    wan = select(samples, source="wan")
     arrivals = [r.times.arrival for r in records if np.isfinite(r.times.arrival)]
     window = (min(arrivals), max(arrivals)) if len(arrivals) > 1 else None
+    offloaded = [r for r in records if r.outcome == "completed" and r.crossed_wan]
+    rec_bytes = float(sum(r.kv_bytes_wire for r in offloaded))
+    return link_usage_of(samples, window, len(offloaded), rec_bytes, scale, duration_wire)
+
+
+def link_usage_of(
+    samples: Sequence[SeriesPoint],
+    window: tuple[float, float] | None,
+    offloaded: int,
+    rec_bytes: float,
+    scale: Scale,
+    duration_wire: float | None,
+) -> dict[str, object]:
+    """`link_usage` from what it reads of the records: the arrival window (first and last finite
+    arrival, None with fewer than two), the completed offloaded requests and their KV bytes (wire)."""
+    wan = select(samples, source="wan")
     rates = {k: v for k, v in group_series(x for x in wan if x.metric == "link_rate_bps_wire").items()}
     by_link: dict[str, dict[str, float | None]] = {}
     for series in group_series(x for x in wan if x.metric == "link_bytes").values():
@@ -105,14 +120,12 @@ def link_usage(
     main = max(by_link, key=lambda k: by_link[k]["bytes_wire"] or 0.0)
     m = by_link[main]
     m_bytes = m["bytes_wire"] or 0.0
-    offloaded = [r for r in records if r.outcome == "completed" and r.crossed_wan]
-    rec_bytes = float(sum(r.kv_bytes_wire for r in offloaded))
     # The same traffic from the records: offloaded requests per second x mean KV bytes per
     # offloaded request, over the arrival window the mean usage above covers.
     rec_bps: float | None = None
     if window is not None and window[1] > window[0] and offloaded:
-        per_s = len(offloaded) / (window[1] - window[0])
-        rec_bps = scale.paper_rate_bps(per_s * rec_bytes / len(offloaded) * 8)
+        per_s = offloaded / (window[1] - window[0])
+        rec_bps = scale.paper_rate_bps(per_s * rec_bytes / offloaded * 8)
     return {
         "link": main,
         "records_bps_paper": rec_bps,
@@ -124,7 +137,7 @@ def link_usage(
         "configured_bps_paper": m.get("configured_bps_paper"),
         "mean_utilisation": m.get("mean_utilisation"),
         "peak_utilisation": m.get("peak_utilisation"),
-        "bytes_per_offloaded_request_paper": scale.paper_bytes(m_bytes) / len(offloaded) if offloaded else None,
+        "bytes_per_offloaded_request_paper": scale.paper_bytes(m_bytes) / offloaded if offloaded else None,
         "records_kv_bytes_wire": rec_bytes,
         "counters_over_records": m_bytes / rec_bytes if rec_bytes else None,
         "links": by_link,

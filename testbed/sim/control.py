@@ -50,6 +50,7 @@ class ControlLoop:
         self.loop = loop
         self.net = net
         self.router = router
+        router.keep_tails = True  # the tails this loop drains each step
         self.prefill = prefill
         self.ctl = controller
         self.interval = interval_s

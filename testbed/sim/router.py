@@ -325,7 +325,7 @@ class SimRouter:
     def _note_tail(self, req: SimRequest) -> None:
         plan = req.plan
         if plan is not None and plan.d.crossed_wan and req.prefill_seen and not math.isnan(req.transfer_end):
-            self.books.tails.append(max(req.transfer_end - req.prefill_end, 0.0))
+            self.books.note_tail(max(req.transfer_end - req.prefill_end, 0.0))
 
     # -- the end of an attempt, of a request -------------------------------------------------------
 

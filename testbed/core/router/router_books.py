@@ -59,11 +59,19 @@ class RouterBooks:
     inflight: int = 0
     cache_moves: int = 0
     retries: int = 0
-    # KV transfer tails of offloaded requests (the driver's seconds), for the short-term loop.
+    # KV transfer tails of offloaded requests (the driver's seconds), for the short-term loop,
+    # which drains them each step; without that loop none is kept (a long run grew by a float
+    # per offloaded request).
     tails: list[float] = field(default_factory=list)
+    keep_tails: bool = False
     # Per cluster, its prefill time model and whether it is a PD cluster (`route_step`: filled
     # on the first request routed).
     per_cluster: dict[str, tuple[PrefillTime, bool]] = field(default_factory=dict, repr=False)
+
+    def note_tail(self, seconds: float) -> None:
+        """An offloaded request's KV transfer tail, for the short-term loop if one reads them."""
+        if self.keep_tails:
+            self.tails.append(seconds)
 
     @classmethod
     def for_scenario(

@@ -122,7 +122,7 @@ async def drive(
 
     def note_tail() -> None:
         if d.crossed_wan and math.isfinite(times.prefill_end) and math.isfinite(times.transfer_end):
-            st.tails.append(max(times.transfer_end - times.prefill_end, 0.0))
+            st.note_tail(max(times.transfer_end - times.prefill_end, 0.0))
 
     prefill_blame: list[tuple[str, Outcome]] = []  # set when the prefill node itself failed
 

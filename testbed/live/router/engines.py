@@ -207,7 +207,7 @@ class EngineAttempt:
         for ev in (Event.KV_COMPLETE, Event.ADMIT, Event.FIRST_TOKEN):
             self.see(t, ev)
         if self.plan.d.crossed_wan and math.isfinite(self.answer_t):
-            self.st.tails.append(max(t - self.answer_t, 0.0))
+            self.st.note_tail(max(t - self.answer_t, 0.0))
         self.st.kv_complete(self.rid, self.plan, self.req.input_tokens)
 
     def finished(self) -> None:

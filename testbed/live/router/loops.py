@@ -48,6 +48,8 @@ def start_loops(st: RouterState, series: SeriesWriter, decisions: SeriesWriter) 
             out, st.tails = st.tails, []
             return out
 
+        st.keep_tails = True
+
         loop = LinkControl(
             cfg.deployment,
             ctl,
