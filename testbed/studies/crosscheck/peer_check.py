@@ -79,7 +79,8 @@ def run_peer_check(
         + " to the worker with the fewest prompt blocks not cached there plus prefill blocks active there, so "
         "a prompt may wait behind a busy worker that holds its prefix while another is idle",
     ]
-    c = compare(rs.name, name, tb, peer, hw, notes, own_caches, rs.spec.policy.placement)
+    linear = "linear" in rs.spec.model.layer_kinds()
+    c = compare(rs.name, name, tb, peer, hw, notes, own_caches, rs.spec.policy.placement, linear)
     c.speed = {"testbed simulation + run directory": tb_s, "mocker replay call": pr.wall_s}
     write(c, out)
     return c

@@ -122,6 +122,7 @@ class Ctx:
     peer_name: str
     own_caches: bool = False  # the testbed's prefill instances keep a prefix cache each (cache_scope instance)
     placement: str = "least_loaded"  # the testbed's placement of prompts on prefill instances
+    linear_state: bool = True  # the model keeps a linear state, reusable only at exactly its length
 
     @property
     def tb_pool(self) -> str:
@@ -321,11 +322,15 @@ def _cache(c: Ctx) -> str:
     _, more_tb, more_peer = _prefill_effect(c)
     tok_tb = sum(max(x.cached_tokens - y.cached_tokens, 0) for x, y in c.pairs)
     tok_peer = sum(max(y.cached_tokens - x.cached_tokens, 0) for x, y in c.pairs)
+    reuse = (
+        "but its hybrid model reuses a prefix only up to a linear state taken at exactly that length (a prefix "
+        "shared by prompts that end elsewhere, e.g. a common system prompt, is not reusable; the mocker reuses "
+        "any matching block), in blocks of the model's block_tokens"
+        if c.linear_state
+        else "and its model (full attention alone) reuses any matching prefix, in blocks of the model's block_tokens"
+    )
     tb = (
-        "The testbed's prefill instances keep a prefix cache each, as the mocker's workers do, but its hybrid "
-        "model reuses a prefix only up to a linear state taken at exactly that length (a prefix shared by "
-        "prompts that end elsewhere, e.g. a common system prompt, is not reusable; the mocker reuses any "
-        "matching block), in blocks of the model's block_tokens"
+        f"The testbed's prefill instances keep a prefix cache each, as the mocker's workers do, {reuse}"
         if c.own_caches
         else "The testbed's cluster holds one prefix pool every prefill instance reads"
     )
@@ -391,9 +396,10 @@ def compare(
     notes: Sequence[str] = (),
     own_caches: bool = False,
     placement: str = "least_loaded",
+    linear_state: bool = True,
 ) -> PeerCheck:
     pairing = st.pair(tb.runrecords(), peer.runrecords())
-    c = Ctx(tb, peer, pairing.pairs, hw, peer_name, own_caches, placement)
+    c = Ctx(tb, peer, pairing.pairs, hw, peer_name, own_caches, placement, linear_state)
     rows: list[PeerRow] = []
     for m in METRICS:
         a, b = m.measure(tb), m.measure(peer)
