@@ -31,12 +31,14 @@ Column = Sequence[Any]
 class _Columns(dict[str, Column]):
     """Column name -> values, each read from the file when first asked for."""
 
-    def __init__(self, path: Path, rows: int) -> None:
+    def __init__(self, path: Path, rows: int, names: set[str]) -> None:
         super().__init__()
         self.path = path
         self.rows = rows
-        self._file = pq.ParquetFile(path)
-        self._names = set(self._file.schema_arrow.names)
+        self._names = names
+        # Opened when a column is first read: an open file holds its footer (every row group's
+        # column chunks: ~60 MB for ten million records), which a summary by columns never needs.
+        self._file: pq.ParquetFile | None = None
 
     def __missing__(self, name: str) -> Column:
         col = self._read(name)
@@ -47,6 +49,8 @@ class _Columns(dict[str, Column]):
         if name not in self._names:
             default = _default(name)
             return _Repeat(default, self.rows)
+        if self._file is None:
+            self._file = pq.ParquetFile(self.path)
         data = self._file.read([name]).column(name)
         t = data.type
         if t == STAMP:
@@ -127,7 +131,7 @@ class RecordTable(Sequence[RequestRecord]):
         _check_schema(path, pf.schema_arrow, RECORD_SCHEMA)
         self.path = path
         self._n = int(pf.metadata.num_rows)
-        self._cols = _Columns(path, self._n)
+        self._cols = _Columns(path, self._n, set(pf.schema_arrow.names))
         self._row = _row_class(self._cols)
         self._made: list[RequestRecord] | None = None
 
