@@ -45,7 +45,7 @@ SPEEDUP = 10
 BURSTS = 5
 PER_BURST = 4
 GAP_S = 0.3 * SPEEDUP  # paper seconds between requests of a burst (0.3 s wire)
-QUIET_S = 30.0  # paper seconds from one burst to the next (a burst takes about 25)
+QUIET_S = 40.0  # paper seconds from one burst to the next (a burst takes about 26)
 OUTPUT = 500  # tokens: about 17 paper seconds of decode, past the burst's last arrival
 BLOCK = 512
 SEED = 9
@@ -127,19 +127,25 @@ def test_the_simulator_and_the_live_services_place_every_request_alike(
     rs = load(scenario, _overrides(scheduler))
     trace = _workload()
     sim = asyncio.run(run_replay_async(rs, trace, tmp_path / "sim", backend="sim", report=False))
-    live = asyncio.run(run_replay_async(rs, trace, tmp_path / "live", backend="inproc", report=False))
+    # Run again only when the testbed marks the live run invalid (a loaded host's timers late past
+    # the run's own bound): its choices then met other timing than the scenario's.
+    for attempt in range(3):
+        out = tmp_path / f"live{attempt}"
+        live = asyncio.run(run_replay_async(rs, trace, out, backend="inproc", report=False))
+        if live.summary is None or live.summary.valid:
+            break
     assert sim.stats.completed == live.stats.completed == len(trace)
     sim_recs = read_records(tmp_path / "sim" / "records.csv")
     _assert_margins(sim_recs)
     a = _decisions(sim_recs)
-    b = _decisions(read_records(tmp_path / "live" / "records.csv"))
+    b = _decisions(read_records(out / "records.csv"))
     assert a.keys() == b.keys()
     differ = {rid: (a[rid], b[rid]) for rid in a if a[rid] != b[rid]}
     assert not differ, f"{len(differ)} of {len(a)} requests placed differently (sim, live): {differ}"
     if scheduler != "fcfs":
         # And timed alike: each prefill's span from its first pass to its last's end (wire), to
         # what the live host's timers add (held to the run's own validity bound, 3% median).
-        live_recs = {r.request_id: r for r in read_records(tmp_path / "live" / "records.csv")}
+        live_recs = {r.request_id: r for r in read_records(out / "records.csv")}
         spans = [
             (
                 r.times.prefill_end - r.times.prefill_start,
