@@ -221,6 +221,21 @@ async def test_nodes_reject_bad_requests_naming_the_field(tmp_path: Path) -> Non
                 {"request_id": "x", "transfer_id": 1, "input_tokens": 10, "cached_tokens": 0, "decode_node": "nope"},
                 "decode_node",
             ),
+            *(
+                (
+                    f"{p}/prefill",
+                    {
+                        "request_id": "x",
+                        "transfer_id": 1,
+                        "input_tokens": 10,
+                        "cached_tokens": 0,
+                        "decode_node": "pd-d0",
+                        "prefix_after": bad,
+                    },
+                    "prefix_after",
+                )
+                for bad in (7, ["a"], None, "r" * 5000)
+            ),
             (f"{dn}/decode", {"request_id": "", "transfer_id": 1}, "request_id"),
             (
                 f"{dn}/decode",

@@ -224,3 +224,60 @@ def test_the_router_over_an_engine_protocol_places_every_request_as_over_the_tes
             assert t.prefill_end <= t.transfer_start, (r.request_id, t)
         else:  # pushed as computed to a decode node registered before
             assert t.transfer_start <= t.prefill_end, (r.request_id, t)
+
+
+# Instance pools that count what their prompts in flight compute: each session's second turn is
+# long and mostly new, and its third turn arrives while it computes, extending it.
+IN_FLIGHT = (
+    "scale.speedup=10",
+    "serving.stream_interval=4",
+    "clusters.0.prefill=3",
+    "clusters.0.cache_scope=instance",
+    "policy.placement=kv_overlap",
+    "model.layer_pattern=[full]",
+    "model.linear_state_bytes=0",
+    "hardware.h20.scheduler.kind=vllm",
+)
+
+
+def _turns_in_flight() -> Trace:
+    reqs: list[TraceRequest] = []
+    for b in range(4):
+        t0, base = b * QUIET_S, 1000 * (b + 1)
+        first = tuple(range(base, base + 4))
+        second = (*first, *range(base + 4, base + 44))
+        third = (*second, *range(base + 44, base + 48))
+        for i, (at, blocks) in enumerate(((0.0, first), (5.0, second), (6.0, third))):
+            reqs.append(TraceRequest(f"s{b}t{i}", t0 + at, len(blocks) * BLOCK - 100, OUTPUT, blocks))
+        reqs.append(TraceRequest(f"s{b}x", t0 + 8.0, 3 * BLOCK, OUTPUT, (base + 900, base + 901, base + 902)))
+    return Trace(reqs, "turns in flight")
+
+
+def test_a_turn_that_arrives_while_its_history_computes_waits_for_it_alike_live_and_simulated(tmp_path: Path) -> None:
+    from testbed.config.overrides import overrides_for
+
+    rs = load("paper-homogeneous", overrides_for("paper-homogeneous", list(IN_FLIGHT)))
+    trace = _turns_in_flight()
+    asyncio.run(run_replay_async(rs, trace, tmp_path / "sim", backend="sim", report=False))
+    for attempt in range(3):
+        out = tmp_path / f"live{attempt}"
+        live = asyncio.run(run_replay_async(rs, trace, out, backend="inproc", report=False))
+        if live.summary is None or live.summary.valid:
+            break
+    runs = {"sim": read_records(tmp_path / "sim" / "records.csv"), "live": read_records(out / "records.csv")}
+    _assert_margins(runs["sim"])
+    a, b = _decisions(runs["sim"]), _decisions(runs["live"])
+    differ = {rid: (a[rid], b[rid]) for rid in a if a[rid] != b.get(rid)}
+    assert not differ, f"{len(differ)} of {len(a)} requests placed differently (sim, live): {differ}"
+    for side, recs in runs.items():
+        by = {r.request_id: r for r in recs}
+        for s in range(4):
+            second, third = by[f"s{s}t1"], by[f"s{s}t2"]
+            # The third turn goes where the second computes, counts its blocks as cached there and
+            # starts once the second's last pass ended (it would share that pass otherwise).
+            assert third.prefill_node == second.prefill_node, side
+            assert third.cached_tokens == 43 * BLOCK, side  # the second's full blocks
+            # (Live, the second's end is stamped as its last layer is sent, a few timer ticks past
+            # its pass's end; sharing that pass would have started the third 0.1 s or more before.)
+            assert third.times.prefill_start >= second.times.prefill_end - 0.01, (side, s)
+            assert third.times.arrival < second.times.prefill_end, (side, s)

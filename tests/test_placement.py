@@ -90,7 +90,7 @@ def _done(b: RouterBooks, rs: ResolvedScenario, rid: str, tokens: int, hashes: t
     """Route, prefill and finish one request; its decision."""
     plan = route(b, rs.spec, rid, tokens, hashes, 0.0, PAPER)
     b.prefilled(rid, plan, tokens, moved=False)
-    b.tracker.prefill_done(plan.d, plan.work)
+    b.tracker.prefill_done(plan.d, plan.work, plan.rid, plan.hashes)
     b.attempt_over(rid, plan, True)
     b.tracker.decode_done(plan.d)
     return plan.d
@@ -128,3 +128,57 @@ def test_a_follow_up_finds_the_prefix_where_the_deployment_keeps_it(
         assert pools["pd-p0"].usable_tokens(FOLLOW, 10 * BT) == 4096
         assert pools["pd-p1"].usable_tokens(FOLLOW, 10 * BT) == 0
         assert b.book.index.usable(FOLLOW, 10 * BT) == {"pd": 4096}
+
+
+FULL = ("model.layer_pattern=[full]", "model.linear_state_bytes=0")  # every cached block reusable
+
+
+@pytest.mark.pure
+def test_blocks_shared_by_prompts_in_flight_count_once_as_dynamo_counts_active_blocks() -> None:
+    rs = _rs("policy.placement=kv_overlap")
+    b = _books(rs)
+    a = route(b, rs.spec, "a", 8 * BT, PROMPT, 0.0, PAPER)
+    assert a.d.prefill_node == "pd-p0" and b.tracker.inflight_blocks["pd-p0"] == 8
+    # The next turn on the same instance adds only its 2 new blocks to the instance's active ones.
+    d = _route(b, rs, "b", 10 * BT, FOLLOW)
+    assert d.prefill_node == "pd-p1"  # p0 is computing 8 * BT tokens: the idle one costs less
+    assert b.tracker.new_blocks("pd-p0", FOLLOW, 10 * BT) == 2
+    assert b.tracker.new_blocks("pd-p1", FOLLOW, 10 * BT) == 0  # p1 holds all 10 now
+    assert b.tracker.new_blocks("pd-p2", FOLLOW + (7,), 11 * BT) == 11
+    # A prompt without hashes: every block its own.
+    assert b.tracker.new_blocks("pd-p0", (), 3 * BT) == 3
+    b.tracker.prefill_done(a.d, a.work, a.rid, a.hashes)
+    assert b.tracker.inflight_blocks["pd-p0"] == 0
+    assert b.tracker.new_blocks("pd-p0", FOLLOW, 10 * BT) == 10
+
+
+@pytest.mark.pure
+def test_an_instance_counts_the_prefix_its_prompts_in_flight_compute_and_waits_for_them() -> None:
+    rs = _rs("clusters.0.cache_scope=instance", "policy.placement=kv_overlap", *FULL)
+    b = _books(rs)
+    assert _done(b, rs, "z", 6 * BT, PROMPT[:6]).prefill_node == "pd-p0"  # p0's pool: PROMPT's first 6 blocks
+    a = route(b, rs.spec, "a", 8 * BT + 100, PROMPT, 0.0, PAPER)
+    assert (a.d.prefill_node, a.d.cached_tokens, a.d.prefix_after) == ("pd-p0", 6 * BT, "")
+    # The next turn arrives while "a" computes: p0 will hold a's 8 full blocks when "b" starts there,
+    # (1124 in flight + 5120 - 4096) / 512 + 9 active + 2 new = 15.2 blocks against p1's 10 + 10.
+    d = _route(b, rs, "b", 10 * BT, FOLLOW)
+    assert (d.prefill_node, d.cached_tokens, d.incremental_tokens, d.prefix_after) == ("pd-p0", 8 * BT, 2 * BT, "a")
+    assert "pd-p0's own cache 4096 once a's prefill ends" in d.reason
+    # What p0's pool holds already waits for nobody.
+    assert b.tracker.held_prefix("pd-p0", (*PROMPT[:3], 300, 301, 302), 6 * BT, 3 * BT) == (3 * BT, "")
+    # Once "a" answered, its blocks are in p0's pool: "b"'s full blocks are what p0 computes next.
+    b.prefilled("a", a, 8 * BT + 100, moved=False)
+    b.tracker.prefill_done(a.d, a.work, a.rid, a.hashes)
+    assert b.tracker.held_prefix("pd-p0", (*FOLLOW, 600), 11 * BT, 8 * BT) == (10 * BT, "b")
+    assert b.tracker.held_prefix("pd-p1", (*FOLLOW, 600), 11 * BT, 0) == (0, "")
+
+
+@pytest.mark.pure
+def test_a_hybrid_model_counts_only_what_the_pool_holds() -> None:
+    # A linear state is kept only at a prompt's own length: what a prompt in flight computes is
+    # reusable only once its prefill put the state in the pool, so nothing in flight counts.
+    rs = _rs("clusters.0.cache_scope=instance", "policy.placement=kv_overlap")
+    b = _books(rs)
+    route(b, rs.spec, "a", 8 * BT + 100, PROMPT, 0.0, PAPER)
+    d = _route(b, rs, "b", 10 * BT, FOLLOW)
+    assert (d.cached_tokens, d.prefix_after) == (0, "")

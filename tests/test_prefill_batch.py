@@ -114,6 +114,30 @@ def test_a_prompt_waiting_for_its_moved_prefix_holds_nothing() -> None:
     assert not isinstance(q, float) and q is not None and [j.request_id for j, _ in q.chunks] == ["moved"]
 
 
+def test_a_prompt_whose_prefix_another_here_computes_waits_for_its_last_pass() -> None:
+    loop = _loop()
+    loop.submit(_job("parent", 12000), 0.0)
+    child = PrefillJob("child", 1000, 12000, TIME(1000, 12000), after="parent")
+    loop.submit(child, 0.0)
+    loop.submit(_job("other", 1000), 0.0)
+    p1 = loop.next_pass(0.0)
+    assert not isinstance(p1, float) and p1 is not None
+    assert [j.request_id for j, _ in p1.chunks] == ["parent"]  # 8,192 of 12,000: the budget
+    loop.end_pass(p1.end)
+    p2 = loop.next_pass(p1.end)
+    assert not isinstance(p2, float) and p2 is not None
+    # The parent's last chunk and the unrelated prompt share the pass; the child is not in it.
+    assert [j.request_id for j, _ in p2.chunks] == ["parent", "other"]
+    assert [j.request_id for j in loop.end_pass(p2.end)] == ["parent", "other"]
+    p3 = loop.next_pass(p2.end)
+    assert not isinstance(p3, float) and p3 is not None and [j.request_id for j, _ in p3.chunks] == ["child"]
+    # A holder given up on (not here any more) holds nobody back.
+    loop.end_pass(p3.end)
+    loop.submit(PrefillJob("orphan", 1000, 4096, TIME(1000, 4096), after="gone"), p3.end)
+    p4 = loop.next_pass(p3.end)
+    assert not isinstance(p4, float) and p4 is not None and [j.request_id for j, _ in p4.chunks] == ["orphan"]
+
+
 def test_a_call_on_its_way_is_waited_for_and_a_slowdown_stretches_the_pass() -> None:
     slow = SlowDown()
     slow.set(2.0, None)

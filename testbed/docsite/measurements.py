@@ -46,6 +46,10 @@ PEER_CHECK = (
     "testbed crosscheck --peer dynamo --scenario paper-homogeneous --set clusters.0.prefill=8 "
     "--set clusters.0.decode=4 --trace {work}/mooncake-chat-1h.jsonl"
 )
+# The testbed served and deployed as the mocker models it, against the mocker's own scheduler.
+PEER_LIKE = (
+    "--peer-scheduler native --peer-deployment peer --set 'model.layer_pattern=[full]' --set model.linear_state_bytes=0"
+)
 TIME_FORMAT = "'%e s wall, %U s user, %M KiB peak RSS, exit %x'"
 
 
@@ -483,15 +487,25 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "`testbed crosscheck --peer dynamo` on the one-hour Mooncake-format conversation surrogate (12,000 "
         "requests), paper-homogeneous at 8 prefill / 4 decode instances, the same timing tables; then the same "
         "with the mocker's router crediting no cached blocks (`--peer-router load`) and with its own scheduler "
-        "(`--peer-scheduler native`).",
+        "(`--peer-scheduler native`); last, the model served as the mocker models it (full attention alone) and "
+        "deployed as the mocker is (`--peer-deployment peer`) against its own scheduler, with the testbed's FCFS "
+        "scheduler (`native-peer-fcfs`) and its vLLM-like one (`native-peer-vllm`).",
         "sim",
         (
             f"{SURROGATE_1H} --format mooncake --out {{work}}/mooncake-chat-1h.jsonl",
             f"{PEER_CHECK} --out {{work}}/matched",
             f"{PEER_CHECK} --peer-router load --out {{work}}/load",
             f"{PEER_CHECK} --peer-scheduler native --out {{work}}/native",
+            f"{PEER_CHECK} {PEER_LIKE} --out {{work}}/native-peer-fcfs",
+            f"{PEER_CHECK} {PEER_LIKE} --set hardware.h20.scheduler.kind=vllm --out {{work}}/native-peer-vllm",
         ),
-        both(include("matched/peer-crosscheck.md"), peer_variants(("matched", "load", "native"))),
+        both(
+            include("matched/peer-crosscheck.md"),
+            peer_variants(("matched", "load", "native", "native-peer-fcfs", "native-peer-vllm")),
+            titled(
+                "Deployed as the mocker, with the vLLM-like scheduler", include("native-peer-vllm/peer-crosscheck.md")
+            ),
+        ),
         extra="peer:dynamo",
     ),
     Measurement(

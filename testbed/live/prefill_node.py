@@ -92,6 +92,7 @@ class PrefillState:
 
 
 STATE = web.AppKey("prefill_state", PrefillState)
+MAX_ID_CHARS = 1024  # a `prefix_after` longer than any request id the router writes is refused
 
 
 async def _compute_and_send(st: PrefillState, p: _Pending) -> None:
@@ -311,7 +312,10 @@ async def handle_prefill(request: web.Request) -> web.Response:
         raise bad_request(f"request {rid!r} is already queued here")
     scale = st.cfg.scale
     duration = scale.wire_seconds(st.model_time(tokens - cached, cached))
-    job = PrefillJob(rid, tokens - cached, cached, duration, awaits_prefix=cache_in is not None)
+    after = body.get("prefix_after", "")
+    if not isinstance(after, str) or len(after) > MAX_ID_CHARS:
+        raise bad_request(f"field 'prefix_after' must be a request id (a string of at most {MAX_ID_CHARS} characters)")
+    job = PrefillJob(rid, tokens - cached, cached, duration, awaits_prefix=cache_in is not None, after=after)
     rep = await run_job(st, job, (dnode.kv.host, dnode.kv.port), tokens, ship_from, cache_in, tid)
     return web.json_response(report_to_wire(rep), status=502 if rep.error else 200)
 

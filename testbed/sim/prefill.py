@@ -120,6 +120,7 @@ class PrefillSim:
             d.cached_tokens,
             self.time(d.incremental_tokens, d.cached_tokens),
             awaits_prefix=d.cache_move is not None,
+            after=d.prefix_after,
         )
         req.prefill_queued = t
         req.life.apply(Event.ENQUEUE_PREFILL, t)

@@ -315,7 +315,7 @@ class SimRouter:
         t = self.loop.now
         b = self.books
         req.prefill_seen = True
-        b.tracker.prefill_done(plan.d, plan.work)
+        b.tracker.prefill_done(plan.d, plan.work, plan.rid, plan.hashes)
         if self.watch:  # else an answer changes no instance's health (`note_health`)
             self.note_health(plan.d.prefill_node, "ok", t)
         b.prefilled(req.tr.request_id, plan, req.tr.input_tokens, moved=plan.d.cache_move is not None)

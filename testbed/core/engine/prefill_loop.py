@@ -14,7 +14,9 @@ slowdown in force when it starts multiplies its modelled duration. Layer i of n 
 With a batching scheduler (`testbed.core.engine.prefill_batch`, `batching` true) the instance
 runs forward passes instead: each carries chunks of several jobs, a job is started at its first
 pass and ends with its last, and a job waiting for a moved-in prefix stays queued (it holds
-nothing). Driving it then:
+nothing), as does a job whose cached prefix another job here is still computing (`after`: an
+engine's prompt finds the blocks its running prompts computed once they are; one prompt at a
+time in FCFS order gives that alone). Driving it then:
     got = loop.next_pass(now)      # a `PrefillPass`, a time to try again, None (idle, or paused)
     ... until got.end ...
     done = loop.end_pass(now)      # the jobs whose last chunk it computed
@@ -96,10 +98,19 @@ class PrefillLoop:
         if self.inflight is not None or self.paused:
             return None
         ready, later = [], None
-        for j in self.queue.waiting():
+        waiting = self.queue.waiting()
+        computing: set[str] | None = None  # ids not ended here, read once a job waits on one
+        for j in waiting:
             if j.queued_at > now:
                 later = j.queued_at if later is None else min(later, j.queued_at)
-            elif not j.awaits_prefix or j.request_id in self._arrived:
+            elif j.awaits_prefix and j.request_id not in self._arrived:
+                continue
+            elif j.after:
+                if computing is None:
+                    computing = {x.request_id for x in waiting} | {x.request_id for x in self.active}
+                if j.after not in computing:
+                    ready.append(j)
+            else:
                 ready.append(j)
         chunks = plan_pass(self.active, ready, self.batch)
         if not chunks:

@@ -17,6 +17,7 @@ class PrefillJob:
     queued_at: float = 0.0
     started_at: float | None = None
     awaits_prefix: bool = False  # a cached prefix moved in from another cluster must arrive first
+    after: str = ""  # a request on this instance computing the end of the cached prefix: it ends first
     # Batched passes (`testbed.core.engine.prefill_batch`): uncached tokens computed so far, the
     # passes it was in, and its last pass's start and modelled time.
     done: int = 0

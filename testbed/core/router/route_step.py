@@ -49,8 +49,8 @@ def route(
         d = _place(st, pl, d, input_tokens, hashes, out)
     consts = st.per_cluster or _per_cluster(st, sc)
     work = scale.wire_seconds(consts[d.prefill_cluster][0](d.incremental_tokens, d.cached_tokens))
-    st.tracker.assign(d, work)
-    plan = RoutePlan(d, work, hashes)
+    st.tracker.assign(d, work, rid, hashes)
+    plan = RoutePlan(d, work, hashes, rid=rid)
     if d.cache_move is not None:
         src = next(c for c in view.clusters if c.name == d.cache_move.src_cluster)
         plan.move_src = least_loaded_prefill(src).node_id
@@ -84,7 +84,11 @@ def _place(
     """The decision with the scenario's placement inside the chosen prefill cluster."""
     c = d.prefill_cluster
     at = st.book.index.usable_at(c, hashes, input_tokens) if st.book is not None and c in pl.instance_scoped else {}
-    return pl.place(d, input_tokens, st.tracker.prefill_loads(c, out), at)
+    after: dict[str, str] = {}
+    if pl.in_flight and at and d.cache_move is None:
+        for n, pooled in at.items():
+            at[n], after[n] = st.tracker.held_prefix(n, hashes, input_tokens, pooled)
+    return pl.place(d, input_tokens, st.tracker.prefill_loads(c, out, hashes, input_tokens), at, after)
 
 
 def note_route(rec: RequestRecord, plan: RoutePlan) -> None:

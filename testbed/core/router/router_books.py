@@ -38,6 +38,7 @@ class RoutePlan:
     hashes: tuple[int, ...]
     move_src: str | None = None  # prefill node that sends the moved cached prefix
     move_bytes_paper: int = 0
+    rid: str = ""  # the request's id as the tracker booked it
 
 
 @dataclass(kw_only=True)
@@ -133,7 +134,7 @@ class RouterBooks:
         """An attempt ended (done, failed or given up): its prefill's work if it never answered,
         and what it pinned in the cache pools, are released (its decode slot: `decode_done`)."""
         if not prefill_seen:
-            self.tracker.prefill_done(plan.d, plan.work)
+            self.tracker.prefill_done(plan.d, plan.work, plan.rid, plan.hashes)
         if self.book is not None:
             self.book.finished(rid, plan.d, plan.move_src)
 

@@ -30,12 +30,23 @@ class LoadTracker:
     """`assigned_work` adds up each prefill instance's routed work for good (the long-term loop
     reads stage loads from it). `inflight_tokens` and `inflight_blocks` count, per prefill
     instance, the uncached tokens and the blocks of the prompts routed there and not done (what
-    `kv_overlap` placement weighs)."""
+    `kv_overlap` placement weighs).
+
+    Where placement reads blocks (`kv_overlap`, or a cluster whose prefill instances keep their own
+    pools) the tracker also knows which blocks those prompts hold, by prefix hash: a block shared
+    by several of them counts once in `inflight_blocks`, as Dynamo's router counts active blocks,
+    and `held_prefix` tells how far a new prompt extends into blocks that prompts in flight on an
+    instance will have computed when they end (`testbed.core.routing.placement`)."""
 
     def __init__(self, sc: Scenario) -> None:
         self._clusters = sc.clusters
         self._where = [(c.name, c.kind, c.datacenter) for c in sc.clusters]  # what a view names of each
         self._block = sc.model.block_tokens
+        self._by_hash = sc.policy.placement == "kv_overlap" or any(c.cache_scope == "instance" for c in sc.clusters)
+        # Per prefill instance: block hash -> the prompts in flight there holding it (oldest first),
+        # and the same for their full blocks alone (what the instance caches when they end).
+        self._held: dict[str, dict[int, list[str]]] = {}
+        self._full: dict[str, dict[int, list[str]]] = {}
         self.inflight_tokens: dict[str, int] = {}
         self.inflight_blocks: dict[str, int] = {}
         self.prefill_backlog: dict[str, float] = {}
@@ -50,6 +61,7 @@ class LoadTracker:
             self._ids[c.name] = (pn, dn)
             for n in pn:
                 self.inflight_tokens[n] = self.inflight_blocks[n] = 0
+                self._held[n], self._full[n] = {}, {}
                 self.prefill_backlog[n] = 0.0
                 self.assigned_work[n] = 0.0
                 self.active[n] = 0
@@ -69,10 +81,11 @@ class LoadTracker:
 
     # -- book-keeping --------------------------------------------------------------------------
 
-    def assign(self, d: Decision, prefill_work: float) -> None:
+    def assign(self, d: Decision, prefill_work: float, rid: str = "", hashes: tuple[int, ...] = ()) -> None:
+        """Book request `rid` (its prompt's block `hashes`, where it has them) on its instances."""
         n, dn, inc = d.prefill_node, d.decode_node, d.incremental_tokens
         self.inflight_tokens[n] += inc
-        self.inflight_blocks[n] += -(-(inc + d.cached_tokens) // self._block)
+        self.inflight_blocks[n] += self._hold(n, rid, hashes, inc + d.cached_tokens)
         self.prefill_backlog[n] += prefill_work
         self.assigned_work[n] += prefill_work
         active = self.active
@@ -81,25 +94,106 @@ class LoadTracker:
         self._push_prefill(n)
         self._push_decode(dn)
 
-    def prefill_done(self, d: Decision, prefill_work: float) -> None:
+    def prefill_done(self, d: Decision, prefill_work: float, rid: str = "", hashes: tuple[int, ...] = ()) -> None:
+        """Request `rid`'s prefill answered or was given up (the arguments `assign` had)."""
         n, inc = d.prefill_node, d.incremental_tokens
         self.inflight_tokens[n] -= inc
-        self.inflight_blocks[n] -= -(-(inc + d.cached_tokens) // self._block)
+        self.inflight_blocks[n] -= self._release(n, rid, hashes, inc + d.cached_tokens)
         left = self.prefill_backlog[n] - prefill_work
-        self.prefill_backlog[n] = 0.0 if 0.0 > left else left  # max(left, 0.0), without the call
         self.active[n] -= 1
+        # max(left, 0.0) without the call; none left in flight is none, not the float residue of
+        # adding and taking the same works in another order (which then broke ties by backlog).
+        self.prefill_backlog[n] = 0.0 if 0.0 > left or not self.active[n] else left
         self._push_prefill(n)
 
     def decode_done(self, d: Decision) -> None:
         self.active[d.decode_node] -= 1
         self._push_decode(d.decode_node)
 
+    def _hold(self, node: str, rid: str, hashes: tuple[int, ...], tokens: int) -> int:
+        """Book the prompt's blocks as held on `node`: the blocks no other prompt there held."""
+        blocks = -(-tokens // self._block)
+        if not self._by_hash or not hashes:
+            return blocks
+        held, full = self._held[node], self._full[node]
+        ids = hashes[:blocks]
+        new = blocks - len(ids)  # blocks without a hash are the prompt's own
+        for h in ids:
+            who = held.get(h)
+            if who is None:
+                held[h] = [rid]
+                new += 1
+            else:
+                who.append(rid)
+        for h in hashes[: tokens // self._block]:
+            full.setdefault(h, []).append(rid)
+        return new
+
+    def _release(self, node: str, rid: str, hashes: tuple[int, ...], tokens: int) -> int:
+        """Undo `_hold`: the blocks no prompt there holds any more."""
+        blocks = -(-tokens // self._block)
+        if not self._by_hash or not hashes:
+            return blocks
+        held, full = self._held[node], self._full[node]
+        ids = hashes[:blocks]
+        gone = blocks - len(ids)
+        for h in ids:
+            who = held[h]
+            who.remove(rid)
+            if not who:
+                del held[h]
+                gone += 1
+        for h in hashes[: tokens // self._block]:
+            who = full[h]
+            who.remove(rid)
+            if not who:
+                del full[h]
+        return gone
+
+    def new_blocks(self, node: str, hashes: tuple[int, ...], input_tokens: int) -> int:
+        """The prompt's blocks that no prompt in flight on `node` holds (Dynamo's new blocks)."""
+        blocks = -(-input_tokens // self._block)
+        if not self._by_hash or not hashes:
+            return blocks
+        held = self._held[node]
+        ids = hashes[:blocks]
+        return blocks - len(ids) + sum(1 for h in ids if h not in held)
+
+    def held_prefix(self, node: str, hashes: tuple[int, ...], input_tokens: int, cached: int) -> tuple[int, str]:
+        """How far past `cached` (tokens, whole blocks) the prompt's leading blocks are full blocks
+        of prompts in flight on `node`, and the one of them the last such block waits for (the
+        oldest holding it; "" when none extends the prefix). At most every block but the one with
+        the prompt's last token, as a pool lookup gives."""
+        full = self._full.get(node)
+        if not full or not hashes:
+            return cached, ""
+        bt = self._block
+        limit = min(max(input_tokens - 1, 0) // bt, len(hashes))
+        i, holder = cached // bt, ""
+        while i < limit:
+            who = full.get(hashes[i])
+            if who is None:
+                break
+            holder = who[0]
+            i += 1
+        return (i * bt, holder) if holder else (cached, "")
+
     # -- views ---------------------------------------------------------------------------------
 
-    def prefill_loads(self, cluster: str, down: frozenset[str]) -> list[PrefillLoad]:
-        """Every prefill instance of `cluster` not `down`, with what placement weighs."""
+    def prefill_loads(
+        self, cluster: str, down: frozenset[str], hashes: tuple[int, ...] = (), input_tokens: int = 0
+    ) -> list[PrefillLoad]:
+        """Every prefill instance of `cluster` not `down`, with what placement weighs (for a
+        prompt of `input_tokens` with block `hashes`: its blocks new to each instance)."""
         return [
-            PrefillLoad(n, self.prefill_backlog[n], self.active[n], self.inflight_tokens[n], self.inflight_blocks[n])
+            PrefillLoad(
+                n,
+                self.prefill_backlog[n],
+                self.active[n],
+                self.inflight_tokens[n],
+                self.inflight_blocks[n],
+                self.new_blocks(n, hashes, input_tokens) if input_tokens else -1,
+            )
             for n in self._ids[cluster][0]
             if n not in down
         ]

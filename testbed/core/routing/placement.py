@@ -17,9 +17,17 @@ placement (`least_loaded`). Two things change that:
   "In flight" is what the router booked on the instance and has not seen finish: the uncached
   tokens of its prefills (Dynamo's active prefill tokens) and their prompts' blocks (its active
   blocks; each prompt's blocks counted whole, where Dynamo counts blocks shared among active
-  prompts once). `w` is `policy.kv_overlap_weight` (Dynamo's overlap score weight). Dynamo breaks
-  ties at random; here they go by the least-loaded order (backlog, assigned, name), so the live
-  router and the simulator place alike.
+  prompts once, where the prompts have block hashes; `LoadTracker`), and "the prompt's blocks"
+  are those none of them holds, as Dynamo counts new blocks. `w` is `policy.kv_overlap_weight`
+  (Dynamo's overlap score weight). Dynamo breaks ties at random; here they go by the least-loaded
+  order (backlog, assigned, name), so the live router and the simulator place alike.
+
+With its own pool, an instance also finds what prompts in flight on it will have computed by the
+time this one starts: full blocks of theirs that extend the prefix its pool holds count as cached
+there, and the prefill waits for the prompt computing the last of them (`Decision.prefix_after`),
+as an engine's waiting queue finds the prefix its running prompts computed. That holds where any
+cached block is reusable (a model of full attention alone); a hybrid model reuses a prefix only
+where a linear state was kept, so there only the pool counts.
 """
 
 from __future__ import annotations
@@ -39,24 +47,28 @@ class PrefillLoad(NamedTuple):
     backlog: float  # modelled work queued (the tracker's unit)
     active: int  # prompts assigned and not answered
     inflight_tokens: int  # their uncached tokens
-    inflight_blocks: int  # their prompts' blocks
+    inflight_blocks: int  # their prompts' blocks (a block shared among them once)
+    new_blocks: int = -1  # the prompt's blocks none of them holds (-1: all of the prompt's)
 
 
 def kv_overlap_cost(weight: float, block: int, input_tokens: int, cached: int, load: PrefillLoad) -> float:
     """Dynamo's KV router cost of putting a prompt on an instance (blocks; lower is better)."""
     prefill = max(load.inflight_tokens + input_tokens - cached, 0) / block
-    return weight * prefill + load.inflight_blocks + -(-input_tokens // block)
+    new = load.new_blocks if load.new_blocks >= 0 else -(-input_tokens // block)
+    return weight * prefill + load.inflight_blocks + new
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The placement rule of a deployment: `kv_overlap` (else least-loaded) and the clusters
-    whose prefill instances keep their own pools."""
+    """The placement rule of a deployment: `kv_overlap` (else least-loaded), the clusters
+    whose prefill instances keep their own pools, and whether an instance's prompts in flight
+    count towards its cached prefix (`in_flight`: a model whose every cached block is reusable)."""
 
     kv_overlap: bool
     weight: float
     block: int
     instance_scoped: frozenset[str]
+    in_flight: bool = False
 
     def applies(self, d: Decision) -> bool:
         """Whether `place` can change the decision (default deployments skip it)."""
@@ -68,10 +80,12 @@ class Placement:
         input_tokens: int,
         loads: Sequence[PrefillLoad],
         cached_at: Mapping[str, int],
+        after: Mapping[str, str] | None = None,
     ) -> Decision:
         """`d` with its prefill instance and cached prefix as this rule has them. `loads`: the
         prefill cluster's instances in service; `cached_at`: the prefix each instance's own pool
-        holds (instance-scoped clusters only)."""
+        holds (instance-scoped clusters only), with what its prompts in flight compute; `after`:
+        for an instance where those extend it, the request the prefill then waits for."""
         own = d.prefill_cluster in self.instance_scoped
         mv = d.cache_move
         node, why = d.prefill_node, ""
@@ -101,7 +115,11 @@ class Placement:
             mv = mv._replace(from_tokens=min(cached_at.get(node, 0), mv.tokens))
         # Decode instances read no prefill instance's pool: with instance scope they hold nothing.
         dec = 0 if d.decode_cluster in self.instance_scoped else d.decode_cached_tokens
+        wait = (after or {}).get(node, "") if own and mv is None else ""
+        if wait:
+            why += f" once {wait}'s prefill ends"
         return d._replace(
+            prefix_after=wait,
             prefill_node=node,
             cached_tokens=use,
             incremental_tokens=max(input_tokens - use, 0),
@@ -123,4 +141,6 @@ def placement_for(sc: Scenario) -> Placement | None:
     own = frozenset(c.name for c in sc.clusters if c.cache_scope == "instance")
     if pol.placement == "least_loaded" and not own:
         return None
-    return Placement(pol.placement == "kv_overlap", pol.kv_overlap_weight, sc.model.block_tokens, own)
+    m = sc.model
+    blockwise = m.linear_state_bytes == 0 and m.window_bytes_per_token == 0
+    return Placement(pol.placement == "kv_overlap", pol.kv_overlap_weight, m.block_tokens, own, blockwise)

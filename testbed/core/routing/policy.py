@@ -93,6 +93,9 @@ class Decision(NamedTuple):
     reason: str
     decode_cached_tokens: int = 0  # prefix the decode cluster holds: KV below it is not shipped
     cache_move: CacheMove | None = None
+    # A request in flight on the prefill instance whose prompt computes the end of `cached_tokens`:
+    # the prefill starts once that one's has ended ("" when the pool holds it all already).
+    prefix_after: str = ""
 
 
 class NoCapacity(RuntimeError):

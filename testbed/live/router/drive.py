@@ -118,6 +118,8 @@ async def drive(
         "cache_in_transfer": move_tid,
         "decode_node": d.decode_node,
     }
+    if d.prefix_after:
+        prefill_body["prefix_after"] = d.prefix_after
     rec, times = prog.rec, prog.rec.times
 
     def note_tail() -> None:
@@ -127,7 +129,7 @@ async def drive(
     prefill_blame: list[tuple[str, Outcome]] = []  # set when the prefill node itself failed
 
     def prefill_finished(rep: PrefillReport) -> None:
-        st.tracker.prefill_done(d, plan.work)
+        st.tracker.prefill_done(d, plan.work, plan.rid, plan.hashes)
         times.merge(rep.times)
         rec.prefill_modelled, rec.cache_move_bytes_wire = rep.prefill_modelled, rep.cache_move_bytes_wire
         if rep.error:

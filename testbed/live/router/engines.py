@@ -194,7 +194,7 @@ class EngineAttempt:
         self.answer_t = t = now()
         self.prefill_answered = True
         self._prefill_over(t)
-        st.tracker.prefill_done(d, self.plan.work)
+        st.tracker.prefill_done(d, self.plan.work, self.plan.rid, self.plan.hashes)
         st.note_health(d.prefill_node, "ok", t)
         st.prefilled(self.rid, self.plan, self.req.input_tokens, moved=False)
 
