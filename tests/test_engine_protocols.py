@@ -169,6 +169,16 @@ async def test_requests_the_pair_cannot_serve_are_refused_saying_why(tmp_path: P
         # The testbed's own routes still need the run secret.
         async with s.post(p + "/testbed/kv/pull", json={}) as r:
             assert r.status == 403
+        # The testbed router's hints name their field when they are not what it writes.
+        remote = {**plain, "kv_transfer_params": {"do_remote_decode": True}}
+        for hint, field in (
+            ({"cached_tokens": -1}, "testbed.cached_tokens"),
+            ({"prefix_after": 5}, "testbed.prefix_after"),
+            ({"prefix_after": "x" * 5000}, "testbed.prefix_after"),
+        ):
+            body = {**remote, "testbed": {"input_tokens": 100, "output_tokens": 2, **hint}}
+            async with s.post(p + "/v1/completions", json=body) as r:
+                assert r.status == 400 and field in (await r.json())["error"]["message"], (hint, await r.text())
 
 
 async def test_sglang_router_requests_replayed_against_the_mock_nodes(tmp_path: Path) -> None:

@@ -236,7 +236,6 @@ IN_FLIGHT = (
     "policy.placement=kv_overlap",
     "model.layer_pattern=[full]",
     "model.linear_state_bytes=0",
-    "hardware.h20.scheduler.kind=vllm",
 )
 
 
@@ -249,19 +248,27 @@ def _turns_in_flight() -> Trace:
         third = (*second, *range(base + 44, base + 48))
         for i, (at, blocks) in enumerate(((0.0, first), (5.0, second), (6.0, third))):
             reqs.append(TraceRequest(f"s{b}t{i}", t0 + at, len(blocks) * BLOCK - 100, OUTPUT, blocks))
-        reqs.append(TraceRequest(f"s{b}x", t0 + 8.0, 3 * BLOCK, OUTPUT, (base + 900, base + 901, base + 902)))
+        reqs.append(TraceRequest(f"s{b}x", t0 + 17.0, 3 * BLOCK, OUTPUT, (base + 900, base + 901, base + 902)))
     return Trace(reqs, "turns in flight")
 
 
-def test_a_turn_that_arrives_while_its_history_computes_waits_for_it_alike_live_and_simulated(tmp_path: Path) -> None:
+# The engines' protocols run their prefill nodes one prompt at a time (FCFS): the wait is the queue's.
+@pytest.mark.parametrize(
+    ("protocol", "scheduler"), [("testbed", "vllm"), ("testbed", "fcfs"), ("vllm", "fcfs"), ("sglang", "fcfs")]
+)
+def test_a_turn_that_arrives_while_its_history_computes_waits_for_it_alike_live_and_simulated(
+    protocol: str, scheduler: str, tmp_path: Path
+) -> None:
     from testbed.config.overrides import overrides_for
 
-    rs = load("paper-homogeneous", overrides_for("paper-homogeneous", list(IN_FLIGHT)))
+    sets = [*IN_FLIGHT, f"hardware.h20.scheduler.kind={scheduler}"]
+    rs = load("paper-homogeneous", overrides_for("paper-homogeneous", sets))
+    live_rs = load("paper-homogeneous", overrides_for("paper-homogeneous", [*sets, f"nodes.protocol={protocol}"]))
     trace = _turns_in_flight()
     asyncio.run(run_replay_async(rs, trace, tmp_path / "sim", backend="sim", report=False))
     for attempt in range(3):
         out = tmp_path / f"live{attempt}"
-        live = asyncio.run(run_replay_async(rs, trace, out, backend="inproc", report=False))
+        live = asyncio.run(run_replay_async(live_rs, trace, out, backend="inproc", report=False))
         if live.summary is None or live.summary.valid:
             break
     runs = {"sim": read_records(tmp_path / "sim" / "records.csv"), "live": read_records(out / "records.csv")}

@@ -39,6 +39,7 @@ from testbed.live.vllm_pd import (
     generate_answer,
     openai_kind,
     parse_request,
+    prefix_after_hint,
     prefix_hint,
     read_body,
 )
@@ -154,8 +155,9 @@ async def prefill_request(request: web.Request) -> web.StreamResponse:
     assert kv is not None
     tokens = req.input_tokens
     cached, ship_from = prefix_hint(body, tokens)
+    after = prefix_after_hint(body)
     duration = st.cfg.scale.wire_seconds(st.model_time(tokens - cached, cached))
-    job = PrefillJob(rid, tokens - cached, cached, duration)
+    job = PrefillJob(rid, tokens - cached, cached, duration, after=after)
     rep = await prefill_node.run_job(st, job, (kv.host, kv.port), tokens, ship_from, None, transfer_id(room))
     t = rep.times
     layer_bytes = st.kv.layer_bytes(tokens, ship_from, sc.scale.byte_scale)

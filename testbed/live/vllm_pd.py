@@ -144,6 +144,20 @@ def prefix_hint(body: Mapping[str, object], tokens: int) -> tuple[int, int]:
     return cached, tok("decode_cached_tokens", cached)
 
 
+def prefix_after_hint(body: Mapping[str, object]) -> str:
+    """The request on this node whose prompt computes the end of the cached prefix, which the
+    prefill then waits for (`testbed.prefix_after`, as the testbed protocol's `prefix_after`); ""
+    without it. A real engine finds such blocks in its own cache once they are computed."""
+    ext = body.get(EXTENSION)
+    v = ext.get("prefix_after", "") if isinstance(ext, dict) else ""
+    if not isinstance(v, str) or len(v) > prefill_node.MAX_ID_CHARS:
+        raise bad_request(
+            f"field 'testbed.prefix_after' must be a request id (a string of at most {prefill_node.MAX_ID_CHARS} "
+            "characters)"
+        )
+    return v
+
+
 # -- prefill side
 
 
@@ -167,8 +181,10 @@ async def prefill_completion(request: web.Request) -> web.Response:
     arrival = now()
     tokens = req.input_tokens
     cached, ship_from = prefix_hint(body, tokens)
+    after = prefix_after_hint(body)
     duration = st.cfg.scale.wire_seconds(st.model_time(tokens - cached, cached))
-    rep = await prefill_node.run_job(st, PrefillJob(rid, tokens - cached, cached, duration), None, tokens, 0, None)
+    job = PrefillJob(rid, tokens - cached, cached, duration, after=after)
+    rep = await prefill_node.run_job(st, job, None, tokens, 0, None)
     t = rep.times
     if rep.error:
         vs.log.write(rid, stage="prefill", prefill_arrival=arrival, error=rep.error)

@@ -171,7 +171,12 @@ class EngineAttempt:
         if not isinstance(ext, dict):
             return body
         rec = self.prog.rec
-        hint = {"cached_tokens": rec.cached_tokens, "decode_cached_tokens": rec.decode_cached_tokens}
+        hint: dict[str, object] = {"cached_tokens": rec.cached_tokens, "decode_cached_tokens": rec.decode_cached_tokens}
+        after = self.plan.d.prefix_after
+        if after:
+            # The request the prefill waits for, by the id the engine's node knows it by.
+            sglang = self.st.cfg.deployment.scenario.node_protocol == "sglang"
+            hint["prefix_after"] = f"room-{room_of(after)}" if sglang else after
         return {**body, EXTENSION: {**ext, **hint}}
 
     def sent_prefill(self) -> None:
