@@ -213,8 +213,9 @@ class PolicySpec(_Strict):
     # Which prefill instance of the chosen cluster takes a prompt: `least_loaded` (least modelled
     # work queued, then fewest assigned, then name) or `kv_overlap`, Dynamo's KV router's cost
     # (`testbed.core.routing.placement`): kv_overlap_weight x (uncached prompt tokens plus those
-    # of the prompts in flight there, in blocks) + blocks of the prompts in flight there and of
-    # this one; least cost wins, ties by the least-loaded order.
+    # of the prompts in flight there, in blocks) + blocks held by the prompts in flight there and
+    # this one's blocks none of them holds (a shared block counted once); least cost wins, ties by
+    # the least-loaded order.
     placement: Literal["least_loaded", "kv_overlap"] = "least_loaded"
     kv_overlap_weight: float = Field(default=1.0, ge=0)  # kv_overlap: weight of the uncached blocks against the load
     control: ControlSpec = ControlSpec()
