@@ -252,9 +252,16 @@ def _turns_in_flight() -> Trace:
     return Trace(reqs, "turns in flight")
 
 
-# The engines' protocols run their prefill nodes one prompt at a time (FCFS): the wait is the queue's.
 @pytest.mark.parametrize(
-    ("protocol", "scheduler"), [("testbed", "vllm"), ("testbed", "fcfs"), ("vllm", "fcfs"), ("sglang", "fcfs")]
+    ("protocol", "scheduler"),
+    [
+        ("testbed", "vllm"),
+        ("testbed", "fcfs"),
+        ("vllm", "vllm"),
+        ("vllm", "fcfs"),
+        ("sglang", "vllm"),
+        ("sglang", "fcfs"),
+    ],
 )
 def test_a_turn_that_arrives_while_its_history_computes_waits_for_it_alike_live_and_simulated(
     protocol: str, scheduler: str, tmp_path: Path

@@ -192,10 +192,14 @@ async def _send_batched(st: PrefillState, p: _Pending) -> None:
             p.cache_move_end,
             p.cache_move_bytes,
         )
+    if p.dest is None:  # held for a pull (vLLM's protocol): nothing moves while computing
+        await sleep_until(last_pass_layer_ready(job, 0, 1))
+        t.prefill_end = now()
+        st.completed += 1
+        if not p.done.done():
+            p.done.set_result(rep)
+        return
     layer_bytes = st.kv.layer_bytes(p.tokens, p.ship_from, st.cfg.deployment.scenario.scale.byte_scale)
-    # Batched passes run only under the testbed's protocol (the scenario refuses the others), whose
-    # prefill always names where its KV goes.
-    assert p.dest is not None
     transfer = st.sender.start(p.dest, p.transfer_id, sum(layer_bytes), len(layer_bytes))
     n = len(layer_bytes)
     handoff = NAN

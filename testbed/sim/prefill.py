@@ -162,10 +162,20 @@ class PrefillSim:
             # What the run is held to: its planned span from its first pass to its last's end.
             assert j.started_at is not None
             req.prefill_modelled = j.pass_start + j.pass_s - j.started_at
-            req.transfer_start = last_pass_layer_ready(j, 0, n)
-            req.life.apply(Event.TRANSFER_START, req.transfer_start)
+            if self.layerwise:
+                req.transfer_start = last_pass_layer_ready(j, 0, n)
+                req.life.apply(Event.TRANSFER_START, req.transfer_start)
             groups.setdefault(req.plan.d.decode_node, []).append(req)
         self.streams = []
+        if not self.layerwise:
+            # vLLM's protocol: each prompt's KV is held from its last pass's end for the pull.
+            for dst, reqs in groups.items():
+                for req in reqs:
+                    assert req.plan is not None
+                    total, _ = self.kv.shipped(req.tr.input_tokens, req.plan.d.decode_cached_tokens, bs)
+                    req.kv_bytes_wire, req.tail_bytes = total, total * bs
+                self.streams.append((net.path(self.node.id, dst), 0.0, 0.0, reqs))
+            groups = {}
         for dst, reqs in groups.items():
             path = net.path(self.node.id, dst)
             lo, early_sum, tails = net.position(path), 0.0, 0.0
@@ -203,14 +213,18 @@ class PrefillSim:
         net = self.sim.net
         for path, _, tails, reqs in self.streams:
             # A request given up on mid-pass leaves its bytes in the stream (they cross for nothing).
-            net.end_stream(path, t, tails)
+            if self.layerwise:
+                net.end_stream(path, t, tails)
             for req in reqs:
                 if req.rid not in done:
                     continue
                 self.started.pop(req.rid, None)
-                assert req.kv_range is not None
                 req.prefill_end = t
                 req.life.apply(Event.END_PREFILL, t)
+                if not self.layerwise:
+                    self.sim.kv_held(req, path, t)
+                    continue
+                assert req.kv_range is not None
                 self.sim.transfer_handed(req, path, req.kv_range[1])
         self.streams = []
         self.version += 1

@@ -547,12 +547,6 @@ class Scenario(_Strict):
             raise ValueError(
                 f"router.kind {kind!r} speaks the {ROUTERS[kind][0]!r} protocol, not nodes.protocol {proto!r}"
             )
-        batching = sorted(n for n, h in self.hardware.items() if h.scheduler.kind != "fcfs")
-        if proto != "testbed" and batching:
-            raise ValueError(
-                f"nodes.protocol {proto!r} with the batching scheduler of hardware {batching}: the engine "
-                "protocols' prefill nodes run one prompt at a time so far (scheduler kind fcfs)"
-            )
         return self
 
     @model_validator(mode="after")
