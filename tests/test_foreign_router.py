@@ -122,11 +122,16 @@ def test_standard_prompts_have_the_trace_length_and_share_prefixes_exactly_where
         ),
     ],
 )
-def test_a_replay_through_a_real_router_has_its_records_from_the_nodes(tmp_path: Path, router: str) -> None:
+@pytest.mark.parametrize("scheduler", ["fcfs", "vllm"])
+def test_a_replay_through_a_real_router_has_its_records_from_the_nodes(
+    tmp_path: Path, router: str, scheduler: str
+) -> None:
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "testbed", "replay", "--scenario", "paper-prfaas", "--router", router]
     argv += ["--router-policy", "round_robin", "--backend", "local", "--requests", "16", "--out", str(out)]
     argv += ["--set", "scale.speedup=40", "--set", "scale.byte_scale=1024", "--set", "workload.output_tokens=16"]
+    # The nodes behind the router batch and chunk their prefills as vLLM does, or run one at a time.
+    argv += [f"--set=hardware.{hw}.scheduler.kind={scheduler}" for hw in ("h20", "h200")]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert r.returncode in RAN, r.stderr[-2000:]
     rows = list(csv.DictReader((out / "records.csv").open()))
