@@ -405,30 +405,44 @@ async def test_scheduler_runs_each_fault_on_time_and_logs_it(tmp_path: Path) -> 
         )
     )
     calls: list[tuple[str, str, float]] = []
-    speedup = 40.0  # 1 paper s = 25 ms wire
+    speedup = 10.0  # 1 paper s = 100 ms wire
     t0 = time.time() + 0.05
     target = FaultTarget("fake", FakeNodes(calls), FakeLinks(calls), FakeResets())
     sched = FaultScheduler(fault_timeline(sc), target, t0, speedup, tmp_path / "faults.jsonl")
+    late = 0.0  # the event loop's worst lateness meanwhile (wire s): what a busy host adds to any timer
+
+    async def probe() -> None:
+        nonlocal late
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(0.002)
+            late = max(late, time.monotonic() - t - 0.002)
+
+    watch = asyncio.create_task(probe())
     sched.start()
     await sched.wait()
     await sched.stop()
-    got = [(what, who, round((t - t0) * speedup)) for what, who, t in calls]
-    assert sorted(got, key=lambda c: (c[2], c[0])) == sorted(
-        [
-            ("slow 3 until", "pd-p0", 1),
-            ("pause", "pd-d1", 2),
-            ("kill", "pd-d2", 2),
-            ("slow 1 cleared", "pd-p0", 3),
-            ("links", "outage", 3),
-            ("kill", "pd-d0", 4),
-            ("start", "pd-d2", 4),
-            ("links", "outage,rate_drop", 4),
-            ("links", "outage", 5),
-            ("resume", "pd-d1", 6),
-            ("links", "", 6),
-        ],
-        key=lambda c: (c[2], c[0]),
-    )
+    watch.cancel()
+    slack = 0.4 + late * speedup  # paper s: 40 ms wire of scheduling noise, plus what the host held back
+    got = sorted(((what, who, (t - t0) * speedup) for what, who, t in calls), key=lambda c: c[2])
+    want = [
+        ("slow 3 until", "pd-p0", 1),
+        ("pause", "pd-d1", 2),
+        ("kill", "pd-d2", 2),
+        ("slow 1 cleared", "pd-p0", 3),
+        ("links", "outage", 3),
+        ("kill", "pd-d0", 4),
+        ("start", "pd-d2", 4),
+        ("links", "outage,rate_drop", 4),
+        ("links", "outage", 5),
+        ("resume", "pd-d1", 6),
+        ("links", "", 6),
+    ]
+    assert len(got) == len(want), got
+    for what, who, at in want:
+        match = next((g for g in got if g[:2] == (what, who) and abs(g[2] - at) <= slack), None)
+        assert match is not None, (what, who, at, got, slack)
+        got.remove(match)
     lines = _lines(tmp_path / "faults.jsonl")
     assert all(x["outcome"] == "ok" for x in lines)
     by = {(x["fault"], x["phase"]): x for x in lines}
@@ -436,7 +450,7 @@ async def test_scheduler_runs_each_fault_on_time_and_logs_it(tmp_path: Path) -> 
     assert by[(0, "start")]["target"] == "pd-d0" and by[(0, "start")]["at_s"] == 4
     assert by[(6, "start")]["kind"] == "tcp_reset" and by[(6, "end")]["detail"]["rsts_sent"] == 2
     for x in lines:  # executed on time (paper seconds after t0), within scheduling noise
-        assert x["t"] == pytest.approx(x["at_s"], abs=0.4), x
+        assert x["t"] == pytest.approx(x["at_s"], abs=slack), (x, slack)
 
 
 @pytest.mark.app
