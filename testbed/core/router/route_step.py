@@ -88,7 +88,9 @@ def _place(
     if pl.in_flight and at and d.cache_move is None:
         for n, pooled in at.items():
             at[n], after[n] = st.tracker.held_prefix(n, hashes, input_tokens, pooled)
-    return pl.place(d, input_tokens, st.tracker.prefill_loads(c, out, hashes, input_tokens), at, after)
+    # Each instance's new blocks for the prompt only where the cost reads them.
+    loads = st.tracker.prefill_loads(c, out, hashes, input_tokens if pl.kv_overlap else 0)
+    return pl.place(d, input_tokens, loads, at, after)
 
 
 def note_route(rec: RequestRecord, plan: RoutePlan) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 
-from testbed.core.routing.placement import PrefillLoad
+from testbed.core.routing.placement import PrefillLoad, reads_held_blocks
 from testbed.core.routing.policy import BandwidthState, ClusterView, Decision, InstanceLoad, View
 from testbed.core.schema.scenario import Scenario
 from testbed.core.schema.topology import role_slots
@@ -42,11 +42,12 @@ class LoadTracker:
         self._clusters = sc.clusters
         self._where = [(c.name, c.kind, c.datacenter) for c in sc.clusters]  # what a view names of each
         self._block = sc.model.block_tokens
-        self._by_hash = sc.policy.placement == "kv_overlap" or any(c.cache_scope == "instance" for c in sc.clusters)
-        # Per prefill instance: block hash -> the prompts in flight there holding it (oldest first),
-        # and the same for their full blocks alone (what the instance caches when they end).
+        self._by_hash = reads_held_blocks(sc)
+        # Per prefill instance: block hash -> the prompts in flight there holding it (oldest first);
+        # and per prompt in flight, how many of its leading blocks are full (what its instance
+        # caches when it ends).
         self._held: dict[str, dict[int, list[str]]] = {}
-        self._full: dict[str, dict[int, list[str]]] = {}
+        self._full_blocks: dict[str, int] = {}
         self.inflight_tokens: dict[str, int] = {}
         self.inflight_blocks: dict[str, int] = {}
         self.prefill_backlog: dict[str, float] = {}
@@ -61,7 +62,7 @@ class LoadTracker:
             self._ids[c.name] = (pn, dn)
             for n in pn:
                 self.inflight_tokens[n] = self.inflight_blocks[n] = 0
-                self._held[n], self._full[n] = {}, {}
+                self._held[n] = {}
                 self.prefill_backlog[n] = 0.0
                 self.assigned_work[n] = 0.0
                 self.active[n] = 0
@@ -115,7 +116,7 @@ class LoadTracker:
         blocks = -(-tokens // self._block)
         if not self._by_hash or not hashes:
             return blocks
-        held, full = self._held[node], self._full[node]
+        held = self._held[node]
         ids = hashes[:blocks]
         new = blocks - len(ids)  # blocks without a hash are the prompt's own
         for h in ids:
@@ -125,8 +126,7 @@ class LoadTracker:
                 new += 1
             else:
                 who.append(rid)
-        for h in hashes[: tokens // self._block]:
-            full.setdefault(h, []).append(rid)
+        self._full_blocks[rid] = tokens // self._block
         return new
 
     def _release(self, node: str, rid: str, hashes: tuple[int, ...], tokens: int) -> int:
@@ -134,7 +134,7 @@ class LoadTracker:
         blocks = -(-tokens // self._block)
         if not self._by_hash or not hashes:
             return blocks
-        held, full = self._held[node], self._full[node]
+        held = self._held[node]
         ids = hashes[:blocks]
         gone = blocks - len(ids)
         for h in ids:
@@ -143,11 +143,7 @@ class LoadTracker:
             if not who:
                 del held[h]
                 gone += 1
-        for h in hashes[: tokens // self._block]:
-            who = full[h]
-            who.remove(rid)
-            if not who:
-                del full[h]
+        del self._full_blocks[rid]
         return gone
 
     def new_blocks(self, node: str, hashes: tuple[int, ...], input_tokens: int) -> int:
@@ -164,17 +160,18 @@ class LoadTracker:
         of prompts in flight on `node`, and the one of them the last such block waits for (the
         oldest holding it; "" when none extends the prefix). At most every block but the one with
         the prompt's last token, as a pool lookup gives."""
-        full = self._full.get(node)
-        if not full or not hashes:
+        held = self._held.get(node)
+        if not held or not hashes:
             return cached, ""
-        bt = self._block
+        bt, full = self._block, self._full_blocks
         limit = min(max(input_tokens - 1, 0) // bt, len(hashes))
         i, holder = cached // bt, ""
         while i < limit:
-            who = full.get(hashes[i])
-            if who is None:
+            # The oldest prompt holding this block as one of its full blocks.
+            r = next((r for r in held.get(hashes[i], ()) if full[r] > i), None)
+            if r is None:
                 break
-            holder = who[0]
+            holder = r
             i += 1
         return (i * bt, holder) if holder else (cached, "")
 

@@ -141,6 +141,16 @@ def placement_for(sc: Scenario) -> Placement | None:
     own = frozenset(c.name for c in sc.clusters if c.cache_scope == "instance")
     if pol.placement == "least_loaded" and not own:
         return None
-    m = sc.model
-    blockwise = m.linear_state_bytes == 0 and m.window_bytes_per_token == 0
-    return Placement(pol.placement == "kv_overlap", pol.kv_overlap_weight, m.block_tokens, own, blockwise)
+    return Placement(pol.placement == "kv_overlap", pol.kv_overlap_weight, sc.model.block_tokens, own, _blockwise(sc))
+
+
+def _blockwise(sc: Scenario) -> bool:
+    """Any cached block is reusable: a model with no linear state (full attention alone)."""
+    return sc.model.linear_state_bytes == 0 and sc.model.window_bytes_per_token == 0
+
+
+def reads_held_blocks(sc: Scenario) -> bool:
+    """Whether placement reads which blocks the prompts in flight on an instance hold: for
+    `kv_overlap`'s counts, or for instance pools that count what those prompts compute."""
+    own = any(c.cache_scope == "instance" for c in sc.clusters)
+    return sc.policy.placement == "kv_overlap" or (own and _blockwise(sc))
