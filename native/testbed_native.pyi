@@ -44,6 +44,13 @@ class EventLoop(Loop):
     """`testbed.sim.events.EventLoop`, compiled (`testbed.sim.events.Loop`)."""
     def __init__(self) -> None: ...
 
+def mooncake_rows(block: bytes, max_timestamp: int, min_tokens: int, max_input: int, max_output: int,
+                  max_hash: int) -> list[tuple[int | float, int, int, tuple[int, ...]] | list[Any] | bytes]:
+    """Each line of `block` (whole lines) as `testbed.traces.mooncake.iter_mooncake` reads a plain
+    good row (timestamp, input_length, output_length, hash_ids); with `chat_id`, a list of those
+    and chat_id, parent_chat_id (-1 where absent, None for null) and think_time (a float or None);
+    else the line's bytes."""
+
 class RecordRows(RecordRowsView):
     """`testbed.metrics.records.format_line` / `written_line` for a batch, compiled."""
     def __init__(self, columns: list[tuple[str, str, bool]], time_names: list[str], times_cls: type[StageTimes],

@@ -27,11 +27,12 @@ macro_rules! order_by_ord {
 mod decode_batch;
 mod event_loop;
 mod flow_net;
+mod mooncake_rows;
 mod prefix_pool;
 mod record_rows;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 6;
+const ABI: u32 = 7;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -45,5 +46,6 @@ fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_pool::PoolMatch>()?;
     m.add_class::<prefix_pool::PoolStats>()?;
     m.add_class::<record_rows::RecordRows>()?;
+    m.add_function(wrap_pyfunction!(mooncake_rows::mooncake_rows, m)?)?;
     Ok(())
 }

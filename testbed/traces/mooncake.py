@@ -14,14 +14,19 @@ may be inferred from `hash_ids` (`testbed.traces.sessions`).
 
 from __future__ import annotations
 
+import io
 import json
 import json.scanner
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from testbed.config.input_files import json_kind
+from testbed.core import native
 from testbed.core.schema.limits import MAX_HASH_ID, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS, MIN_TOKENS
 from testbed.traces.files import open_trace, plain_name
 from testbed.traces.types import Trace, TraceError, TraceRequest
@@ -30,6 +35,7 @@ MOONCAKE_BLOCK_TOKENS = 512
 _NONNEG_INT = "expected a non-negative integer"
 _TOKENS = f"expected a token count from {MIN_TOKENS} to {{:,}}"
 _SMALL = (1 << 30) - 1  # the largest int CPython compares on its fast path
+_MAX_SECONDS = sys.float_info.max  # a larger int is one float() overflows on, a float infinite
 
 
 def _show(value: Any) -> str:
@@ -77,8 +83,54 @@ def _hash_error(ids: list[Any], h: Any) -> TraceError:
     return TraceError(f"element {k}: {_NONNEG_INT}, got {_show(h)}", field="hash_ids")
 
 
+# A line's values as the compiled reader gives them: (timestamp, input_length, output_length, hash_ids).
+_Row = tuple[int | float, int, int, tuple[int, ...]]
+# A line with `chat_id`, as a list (told apart from a _Row by type): the same values, then chat_id
+# (int | str), parent_chat_id (int | str | None, -1 where absent) and think_time (float | None).
+_ChatRow = list[Any]
+_Rows = Callable[[bytes], list[_Row | _ChatRow | bytes]]
+# The lines handed to the compiled reader at a time: enough to spare the calls, and a block
+# malloc reuses (one of 1 MB is mapped and zeroed afresh each time, a tenth of the time).
+_BLOCK_BYTES = 1 << 16
+
+
+def _compiled_rows() -> _Rows | None:
+    """`testbed_native.mooncake_rows` with this module's limits, where built (`testbed.core.native`):
+    for a block of whole lines, each line's values where it is a plain good row, else its bytes."""
+    ext = native.module()
+    if ext is None:
+        return None
+    rows: _Rows = partial(
+        ext.mooncake_rows,
+        max_timestamp=MAX_TIMESTAMP_MS,
+        min_tokens=MIN_TOKENS,
+        max_input=MAX_INPUT_TOKENS,
+        max_output=MAX_OUTPUT_TOKENS,
+        max_hash=MAX_HASH_ID,
+    )
+    return rows
+
+
+def _lines(f: io.BufferedReader, rows: _Rows | None) -> Iterator[bytes | _Row | _ChatRow]:
+    """Each line of `f` (bytes), or its values where `rows` reads them."""
+    if rows is None:
+        return f
+    # A block and the rest of the line it ends in: whole lines, the same lines as iterating `f`.
+    return chain.from_iterable(map(rows, iter(lambda: f.read(_BLOCK_BYTES) + f.readline(), b"")))
+
+
+def _row_line(ts: int | float, inp: int, out: int, hids: tuple[int, ...]) -> bytes:
+    """A compiled row's line as json reads it the same (its session keys left out: a line that goes
+    backwards fails on that before they are read)."""
+    return json.dumps({"timestamp": ts, "input_length": inp, "output_length": out, "hash_ids": list(hids)}).encode()
+
+
 def iter_mooncake(
-    path: str | Path, *, on_error: Callable[[TraceError], None] | None = None, seconds: bool = False
+    path: str | Path,
+    *,
+    on_error: Callable[[TraceError], None] | None = None,
+    seconds: bool = False,
+    compiled: bool = True,
 ) -> Iterator[TraceRequest]:
     """Stream requests from a Mooncake JSONL file, validating each line as it is read.
 
@@ -86,7 +138,9 @@ def iter_mooncake(
     ms (the Bailian traces, `testbed.traces.bailian`). Request ids are
     `"{file stem}-{line number}"` (1-based physical line, blank lines counted). A bad line
     raises TraceError, or with `on_error` is passed to it and left out; the next lines are then
-    checked against the last good one.
+    checked against the last good one. `compiled`: where the extension is built, plain rows (with
+    or without sessions) are read by `testbed_native.mooncake_rows` (the same requests, the same
+    errors); other lines, and all of a `seconds` trace, are read here.
     """
     p = Path(path)
     stem = plain_name(p).stem
@@ -94,13 +148,42 @@ def iter_mooncake(
     scale, most, unit = (1000.0, MAX_TIMESTAMP_MS / 1000, "s") if seconds else (1.0, MAX_TIMESTAMP_MS, "ms")
     small = -1 if seconds else _SMALL  # seconds take the full check (they are floats anyway)
     bad_ts = f"expected a number of {'seconds' if seconds else 'milliseconds'} from 0 to {most:,}"
+    rows = _compiled_rows() if compiled and not seconds else None
+    nan = math.nan
     with open_trace(p) as f:
         t0: int | float | None = None
         prev_ts: int | float = 0
         prev_line = 0
         max_hash = MAX_HASH_ID
         chats: dict[object, str] = {}  # chat_id -> request id
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(_lines(f, rows), 1):
+            if isinstance(raw, tuple):
+                # Read compiled: a valid row as it stands, its timestamp >= 0 (so never before the
+                # first). Going backwards, it goes through the checks below as a line json reads
+                # the same, and they word the error.
+                ts, inp, out, hids = raw
+                if ts >= prev_ts:
+                    if t0 is None:
+                        t0 = ts
+                    prev_ts, prev_line = ts, lineno
+                    yield TraceRequest(f"{stem}-{lineno}", (ts - t0) * scale / 1000.0, inp, out, hids, "", "", nan)
+                    continue
+                raw = _row_line(ts, inp, out, hids)
+            elif isinstance(raw, list):
+                # The same with sessions, their values of the types and in the ranges the checks
+                # below pass (a chat id an int or a str; the think time a finite float >= 0):
+                # what they do from there.
+                ts, inp, out, hids, chat, pchat, th = raw
+                if ts >= prev_ts:
+                    if t0 is None:
+                        t0 = ts
+                    prev_ts, prev_line = ts, lineno
+                    parent = chats.get(pchat, "") if pchat != -1 and pchat is not None else ""
+                    chats[chat] = rid = f"{stem}-{lineno}"
+                    think = nan if th is None else th
+                    yield TraceRequest(rid, (ts - t0) * scale / 1000.0, inp, out, hids, "", parent, think)
+                    continue
+                raw = _row_line(ts, inp, out, hids)
             if not raw.strip():
                 continue
             try:
@@ -168,7 +251,7 @@ def iter_mooncake(
                         parent = chats.get(pchat, "")
                     th = obj.get("think_time")
                     if th is not None:
-                        if type(th) not in (int, float) or not 0 <= th < math.inf:
+                        if type(th) not in (int, float) or not 0 <= th <= _MAX_SECONDS:
                             raise TraceError(f"expected seconds >= 0, got {_show(th)}", field="think_time")
                         think = float(th)
                     chats[chat] = rid = f"{stem}-{lineno}"
