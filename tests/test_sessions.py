@@ -64,6 +64,24 @@ def test_trace_info_reports_the_synthesisers_sessions(tmp_path: Path, capsys: py
     assert info["turns_per_session"][3] == max(len(s) for s in truth.values())
 
 
+def test_trace_info_summarises_a_long_traces_sessions_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from testbed.traces import trace_command
+
+    monkeypatch.setattr(trace_command, "SESSION_REQUESTS", 500)  # 900 requests: a "long" trace here
+    f = tmp_path / "chat.jsonl"
+    assert main(["trace", "synth", "--prefix-reuse", "chat", "--requests", "900", "--rate", "3", "--out", str(f)]) == 0
+    capsys.readouterr()
+    assert main(["trace", "info", str(f), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert "sessions" not in info
+    assert any("sessions not summarised: 900 requests, more than 500" in n for n in info["notes"])
+    assert main(["trace", "info", str(f), "--json", "--sessions"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["sessions"]["source"] == "stated" and not any("sessions not" in n for n in info["notes"])
+
+
 def test_sessions_inferred_from_hash_ids_match_the_synthesisers(tmp_path: Path) -> None:
     for profile, least in (("chat", 0.99), ("agent", 0.99)):
         tr = synth_profile(profile, 2000, 5.0, 2)

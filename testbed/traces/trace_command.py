@@ -154,6 +154,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     i.add_argument("--keep-failed", action="store_true", help="BurstGPT: count failed requests in (1 output token)")
     _models_arg(i, "--model")
     i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.add_argument(
+        "--sessions",
+        action="store_true",
+        help=f"summarise the sessions of a trace of more than {SESSION_REQUESTS:,} requests too (which holds the "
+        "whole trace: about a kilobyte a request, more where sessions are inferred from hash_ids)",
+    )
     i.set_defaults(func=cmd_info)
 
     v = tsub.add_parser("validate", help="check a whole trace file; exit 0 if valid, 2 if not")
@@ -348,11 +354,23 @@ def _stream_summary(
     return acc.result(source, block_tokens_of(fmt), notes_for(fmt, stats))
 
 
-def _session_summary(args: argparse.Namespace) -> SessionStats | None:
-    """The sessions of a format that can hold them (stated or inferable from hash_ids)."""
+# `trace info` summarises the sessions of a trace of at most this many requests, unless asked to:
+# that holds the whole trace, and inferring them from hash_ids a trie of its every block (some
+# 300 bytes a distinct block), where the rest of the summary streams in bounded memory.
+SESSION_REQUESTS = 20_000
+
+
+def _session_summary(args: argparse.Namespace, requests: int) -> SessionStats | str | None:
+    """The sessions of a format that can hold them (stated or inferable from hash_ids); a note
+    where the trace is too long to summarise them unasked."""
     fmt = detect_format(args.path) if args.format == "auto" else args.format
     if not FORMATS[fmt].carries_hashes:  # neither stated sessions nor hashes to infer them from
         return None
+    if requests > SESSION_REQUESTS and not args.sessions:
+        return (
+            f"sessions not summarised: {requests:,} requests, more than {SESSION_REQUESTS:,}; "
+            "`--sessions` summarises them (holding the whole trace)"
+        )
     return session_stats(load_trace(args.path, fmt, window=args.window))
 
 
@@ -379,10 +397,13 @@ def _print_sessions(ss: SessionStats) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     try:
         s = _stream_summary(args, args.window)
-        ss = _session_summary(args)
+        ss = _session_summary(args, int(s["requests"]))
     except TraceError as e:
         print(f"trace info: {e}", file=sys.stderr)
         return 2
+    if isinstance(ss, str):
+        s["notes"] = [*s["notes"], ss]
+        ss = None
     if ss is not None:
         s["sessions"] = dataclasses.asdict(ss)
     if args.json:
