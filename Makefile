@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+PKG_STAMP := $(VENV)/.installed-packages
 RUNS   ?= runs
 
 .PHONY: docs docs-serve docs-check docs-results install profiles replay test test-pure test-app test-netns test-netem test-docker test-slow test-clients test-profiles test-observability test-busy typecheck bench model clean down notebooks linkcheck replay-wan image image-rebuild base-image replay-compose replay-swarm replay-swarm-multi replay-paper replay-cache replay-bandwidth plan replay-sim replay-paper-sim bench-sim crosscheck models replay-longterm plan-refine bench-sim-faults bench-peers crosscheck-dynamo
@@ -27,6 +28,16 @@ BUILD_NATIVE = if [ "$(NATIVE)" = 0 ]; then $(BIN)/python -m pip uninstall -q -y
 	else export PATH="$(CARGO_BIN):$$PATH"; $(PIP_INSTALL) --reinstall ./native || \
 	  echo "note: building native/ failed (above): the simulator runs its pure-Python mechanisms"; fi
 
+# The simulator's hot modules (testbed/compiled.py: plain typed Python) compiled to C by mypyc where a C
+# compiler is, unless COMPILED=0 (which removes a build). The sources stay what runs without a build,
+# with TESTBED_COMPILED=0, or where one has changed since (a stale build is never loaded).
+COMPILED ?= 1
+HOT_SRC := testbed/compiled.py $(shell sed -n 's/^    "\(testbed\.[a-z_.]*\)",$$/\1/p' testbed/compiled.py | tr . / | sed 's/$$/.py/')
+BUILD_COMPILED = if [ "$(COMPILED)" = 0 ]; then $(BIN)/python tools/build_compiled.py --clean; \
+	elif ! command -v cc >/dev/null 2>&1; then echo "note: no C compiler (cc): the simulator runs its hot modules as Python"; \
+	else $(BIN)/python tools/build_compiled.py || { $(BIN)/python tools/build_compiled.py --clean; \
+	  echo "note: compiling the hot modules failed (above): they run as Python"; }; fi
+
 # The compiled twins' lint, where they are built: rustfmt's layout (native/rustfmt.toml) and clippy's
 # warnings as errors. Their behaviour is the differential tests' (tests/test_native_*.py).
 LINT_NATIVE = if [ "$(NATIVE)" != 0 ] && [ -n "$(CARGO_BIN)" ]; then export PATH="$(CARGO_BIN):$$PATH"; \
@@ -45,7 +56,7 @@ CHECK_PY = bad=""; \
 	$(BIN)/ruff format --check $(LINT_DIRS) || bad="$$bad ruff-format"; \
 	if [ -n "$$bad" ]; then echo "FAILED:$$bad (ruff: \`$(BIN)/ruff check --fix $(LINT_DIRS)\` and \`$(BIN)/ruff format $(LINT_DIRS)\` fix most)"; false; fi
 
-$(STAMP): pyproject.toml $(NATIVE_SRC)
+$(PKG_STAMP): pyproject.toml $(NATIVE_SRC)
 	@echo "make install: creating $(VENV) and installing the testbed with its dev, analysis, clients, profiles and routers extras (about 2 minutes on a fresh clone)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv || $(BIN)/pip install -q --upgrade pip
@@ -55,6 +66,11 @@ $(STAMP): pyproject.toml $(NATIVE_SRC)
 	@$(BUILD_NATIVE)
 	@echo "make install: compiling the package's bytecode"
 	$(BYTECODE)
+	touch $(PKG_STAMP)
+
+$(STAMP): $(PKG_STAMP) $(HOT_SRC) tools/build_compiled.py
+	@echo "make install: compiling the simulator's hot modules (testbed/compiled.py) where a C compiler is"
+	@$(BUILD_COMPILED)
 	touch $(STAMP)
 	@echo "make install: done ($(VENV))"
 
@@ -350,7 +366,8 @@ down: $(STAMP)
 	$(BIN)/testbed down
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache compose/wheels
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache compose/wheels testbed/_compiled.stamp
+	find testbed -name '*.so' -delete
 
 ## Analysis notebooks (analysis/*.ipynb) executed headless to $(RUNS)/notebooks-html; fails if a cell errors.
 ## Inputs: $(RUNS)/paper-compare when `make replay` made it, else a tiny comparison; a tiny threshold sweep;

@@ -58,10 +58,12 @@ if [ "$clean" = 1 ]; then rm -rf "$WHEELHOUSE"/*.whl "$WHEELHOUSE/build-backend"
 rm -f "$WHEELHOUSE"/prfaas_testbed-*.whl
 
 # 1. The project's wheel, built from a clean copy of its sources: an in-tree build would leave
-#    build/ and *.egg-info behind, and a stale build/lib can put deleted modules into the wheel.
+#    build/ and *.egg-info behind, and a stale build/lib can put deleted modules into the wheel. The
+#    hot modules' compiled build (testbed.compiled) is the host's, not the image's: left out.
 src=$(mktemp -d "${TMPDIR:-/tmp}/prfaas-wheel.XXXXXX")
 trap 'rm -rf "$src"' EXIT
-tar -C "$repo" --exclude=__pycache__ --exclude='*.pyc' -cf - pyproject.toml README.md testbed \
+tar -C "$repo" --exclude=__pycache__ --exclude='*.pyc' --exclude='*.so' --exclude=_compiled.stamp \
+    -cf - pyproject.toml README.md testbed \
     $(cd "$repo" && ls -d LICENSE* 2>/dev/null || true) | tar -C "$src" -xf -
 # The build backend (pyproject's build-system.requires) is kept in wheels/build-backend/, so a
 # rebuild after a source change needs no index either.

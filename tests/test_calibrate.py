@@ -598,10 +598,10 @@ def test_exact_data_is_fitted_exactly() -> None:
 
 
 def test_decode_terms_that_cannot_be_told_apart_are_fixed_at_zero() -> None:
-    pts = [DecodePoint(8.0, float(c), DECODE(8, c)) for c in (1e4, 5e4, 2e5)]
+    pts = [DecodePoint(8.0, float(c), DECODE(8, c)) for c in (10_000, 50_000, 200_000)]
     fit = fit_decode(pts, 0)
     assert fit.per_seq_s == 0 and any("batch size never varies" in n for n in fit.notes)
-    assert fit.step(8, 5e4) == pytest.approx(DECODE(8, 5e4))
+    assert fit.step(8, 5e4) == pytest.approx(DECODE(8, 50_000))
     # A negative slope is not a cost: the term is dropped, base stays positive.
     falling = [DecodePoint(float(b), 0.0, 0.05 - 0.001 * b) for b in (1, 2, 4, 8)]
     f2 = fit_decode(falling, 0)

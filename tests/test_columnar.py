@@ -30,7 +30,8 @@ from testbed.metrics.run_files import (
     read_series_file,
     records_file,
 )
-from testbed.metrics.series_format import BatchSeriesFile, read_series
+from testbed.metrics.series_batch import BatchSeriesFile
+from testbed.metrics.series_format import read_series
 from testbed.metrics.summary import summarize
 from testbed.run.load import load
 from testbed.run.runner import run_sim

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _text  # what json.dumps quotes text with
 from operator import attrgetter
 from pathlib import Path
-from typing import IO, NamedTuple, TextIO
+from typing import NamedTuple, TextIO
 
 from testbed.core.errors import UserError
 from testbed.core.finite_json import dumps as finite_dumps
@@ -153,9 +153,6 @@ class SeriesWriter:
                 self._fh = None
 
 
-_NO_LABELS: dict[str, str] = {}
-
-
 def encode_labels(labels: dict[str, str]) -> str:
     """`json.dumps(labels)`, at half its cost for the usual all-text labels (a decision line per
     request carries a fresh set)."""
@@ -168,119 +165,3 @@ def encode_labels(labels: dict[str, str]) -> str:
 
 
 RawSample = tuple[str, float, dict[str, str]]  # a Sample as a plain tuple, as hot loops build them
-
-
-class BatchSeriesFile:
-    """A writer for hot loops that emit many samples at known times (the simulator): the same
-    lines as `encode_line`, label sets encoded once, one write per batch; times in paper
-    seconds, written as wire seconds since the run's start. With `keep`, the points are also
-    kept in `points` as `read_series` would read them back (times since the start), for a
-    summary of the run that need not read its own files again. With `deferred`, samples are
-    held as given and the lines written (and points kept) in batches of `BATCH` and at `close`:
-    the loop pays only for holding them, and a run killed outright loses only its last batch."""
-
-    BATCH = 2048
-
-    __slots__ = ("source", "_fh", "_head", "speedup", "lines", "_labels", "points", "_sources", "_later", "write_s")
-
-    def __init__(
-        self,
-        path: Path,
-        source: str,
-        speedup: float,
-        repeated_labels: bool = True,
-        keep: bool = False,
-        deferred: bool = False,
-    ) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.source = source
-        self._fh: IO[str] = path.open("w")
-        self._head = f', "source": {json.dumps(source)}, "metric": '
-        self.speedup = speedup
-        self.lines = 0
-        # Samples repeat the same few label sets: encode each once (not for one-off labels).
-        self._labels: dict[tuple[tuple[str, str], ...], tuple[str, dict[str, str]]] | None = (
-            {} if repeated_labels else None
-        )
-        self.points: list[SeriesPoint] | None = [] if keep else None
-        self._sources: dict[str, str] = {}  # each source's name, JSON-encoded once
-        self._later: list[tuple[float, str | None, Iterable[RawSample]]] | None = [] if deferred else None
-        self.write_s = 0.0  # seconds spent writing held batches (the simulator tells its engine's time apart)
-
-    def write(self, t_paper: float, samples: Iterable[RawSample]) -> None:
-        self._take(t_paper, None, samples)
-
-    def source_write(self, t_paper: float, source: str, samples: Iterable[RawSample]) -> None:
-        """Samples of another source into this file (a file may hold many sources)."""
-        self._take(t_paper, source, samples)
-
-    def _take(self, t_paper: float, source: str | None, samples: Iterable[RawSample]) -> None:
-        if self._later is None:
-            out: list[str] = []
-            self._emit(out, t_paper, source, samples)
-            self._fh.write("".join(out))
-            self.lines += len(out)
-            return
-        self._later.append((t_paper, source, samples))
-        if len(self._later) >= self.BATCH:
-            self._drain()
-
-    def _emit(self, out: list[str], t_paper: float, source: str | None, samples: Iterable[RawSample]) -> None:
-        t = t_paper / self.speedup
-        if source is None:
-            self._write(out, f'{{"ts": {t:.6f}{self._head}', samples, t, self.source)
-            return
-        name = self._sources.get(source)
-        if name is None:
-            name = self._sources[source] = json.dumps(source)
-        self._write(out, f'{{"ts": {t:.6f}, "source": {name}, "metric": ', samples, t, source)
-
-    def _write(self, out: list[str], ts: str, samples: Iterable[RawSample], t: float, source: str) -> None:
-        """Appends the samples' lines to `out` (and keeps their points)."""
-        line = out.append
-        cache = self._labels
-        keep = self.points
-        point = keep.append if keep is not None else None
-        t6 = round(t, 6)  # what the line's "ts" reads back as
-        for metric, value, labels in samples:
-            v = float(value)
-            vs = repr(v) if -_INF < v < _INF else "null"  # JSON has no inf/nan: null reads back as nan
-            if not labels:
-                line(f'{ts}"{metric}", "value": {vs}, "labels": {{}}}}\n')
-                if point is not None:
-                    # Points without labels share one empty mapping (nothing writes to a point's labels).
-                    point(SeriesPoint(t6, source, metric, v, _NO_LABELS))
-                continue
-            if cache is None:
-                line(f'{ts}"{metric}", "value": {vs}, "labels": {encode_labels(labels)}}}\n')
-                if point is not None:
-                    point(SeriesPoint(t6, source, metric, v, {str(k): str(x) for k, x in labels.items()}))
-                continue
-            key = tuple(labels.items())
-            known = cache.get(key)
-            if known is None:
-                # The points of a label set share its mapping, as they share the empty one.
-                known = cache[key] = (encode_labels(labels), {str(k): str(x) for k, x in labels.items()})
-            line(f'{ts}"{metric}", "value": {vs}, "labels": {known[0]}}}\n')
-            if point is not None:
-                point(SeriesPoint(t6, source, metric, v, known[1]))
-
-    def _drain(self) -> None:
-        t = time.perf_counter()
-        if self._later:
-            # One write per batch: the samples of an instant are often a line or two.
-            out: list[str] = []
-            for t_paper, source, samples in self._later:
-                self._emit(out, t_paper, source, samples)
-            self._fh.write("".join(out))
-            self.lines += len(out)
-        self._fh.flush()
-        if self._later is not None:
-            self._later = []
-        self.write_s += time.perf_counter() - t
-
-    def close(self) -> None:
-        if self._fh.closed:
-            return
-        self._drain()
-        self._fh.close()

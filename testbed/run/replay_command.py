@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 # frame stack, each crossing an mmap and a munmap (3,676 of them; 40 ms of the import).
 import numpy  # noqa: F401
 
+from testbed import compiled
 from testbed.config import run_lock
 from testbed.config.cli_args import StoreOnce, add_overwrite, out_dir
 from testbed.config.resolved import ResolvedScenario
@@ -255,6 +256,8 @@ def _replay_into(
                     file=sys.stderr,
                     flush=True,
                 )
+                if compiled.implementation() == compiled.STALE:
+                    print(compiled.STALE_NOTE, file=sys.stderr)
             results.append(run_one(rs, trace, out, backend, show, args.prometheus, report))
     except KeyboardInterrupt:
         if not began and not results:  # stopped while the trace was read: no run had begun

@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from testbed import compiled
 from testbed.config import run_lock
 from testbed.config.cli_args import check_out_dir, unwritable_out
 from testbed.config.resolved import ResolvedScenario
@@ -284,6 +285,7 @@ def _run_sim(
         retries=st.retries,
         live_path=rs.live_path.to_dict(),
         mechanisms=_mechanisms(rs),
+        modules=compiled.implementation(),
         prefill_passes=prefill_passes(st.prefill_passes),
         preemptions=len(st.preemptions) if st.preemptions else None,
     )

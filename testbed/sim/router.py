@@ -44,11 +44,10 @@ from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.scaling import Scale
 from testbed.core.schema.topology import node_specs
 from testbed.metrics.series_format import RawSample
-from testbed.sim.decode import DecodeSim
 from testbed.sim.events import ARRIVAL, KV_ARRIVAL, PREFILL, Loop
+from testbed.sim.host import DecodePort, PrefillPort
 from testbed.sim.net_view import Net
 from testbed.sim.net_view import PathHandle as NetPath
-from testbed.sim.prefill import PrefillSim
 from testbed.sim.reach import Reach
 from testbed.sim.request import SimRequest
 from testbed.sim.transfer import EngineTransfers, KvDiscipline
@@ -74,8 +73,8 @@ class SimRouter:
         costs: LivePathCosts,
         loop: Loop,
         net: Net,
-        prefill: Mapping[str, PrefillSim],
-        decode: Mapping[str, DecodeSim],
+        prefill: Mapping[str, PrefillPort],
+        decode: Mapping[str, DecodePort],
         reach: Reach,
         decisions: DecisionSink,
         keep_decisions: bool,

@@ -45,7 +45,7 @@ from testbed.core.sessions import ArrivalMode, ClosedLoop
 from testbed.metrics.preemptions import PREEMPTIONS_CSV, write_preemptions
 from testbed.metrics.records import RecordWriter
 from testbed.metrics.run_files import DECISIONS_FILE, RECORDS_FILE
-from testbed.metrics.series_format import BatchSeriesFile as SeriesFile
+from testbed.metrics.series_batch import BatchSeriesFile as SeriesFile
 from testbed.metrics.series_format import RawSample as Sample
 from testbed.metrics.series_format import SeriesPoint, by_time
 from testbed.model.retune import role_planner

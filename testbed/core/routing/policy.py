@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Literal, NamedTuple, get_args
 
+from testbed.core.routing.no_capacity import NoCapacity as NoCapacity
 from testbed.core.schema.kinds import unknown_kind
 from testbed.core.schema.scenario import PolicyName
 
@@ -96,10 +97,6 @@ class Decision(NamedTuple):
     # A request in flight on the prefill instance whose prompt computes the end of `cached_tokens`:
     # the prefill starts once that one's has ended ("" when the pool holds it all already).
     prefix_after: str = ""
-
-
-class NoCapacity(RuntimeError):
-    """No instance can take the request (e.g. a cluster with zero instances)."""
 
 
 Policy = Callable[[View, RoutingRequest], Decision]

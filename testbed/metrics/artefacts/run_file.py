@@ -101,6 +101,7 @@ class SimInfo(Section):
     retries: int | None = None  # attempts routed again after a failed one
     live_path: dict[str, object] | None = None  # what the simulator added for the live path (wire s)
     mechanisms: str | None = None  # "native" (compiled twins) or "python" (testbed.core.native)
+    modules: str | None = None  # the hot modules: "compiled" or "python", "python (stale build)" (testbed.compiled)
     prefill_passes: PrefillPasses | None = None
     preemptions: int | None = None  # decode preemptions by recompute (preemptions.csv lists them)
 
