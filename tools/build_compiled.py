@@ -40,6 +40,9 @@ def build() -> None:
     from setuptools import Distribution
 
     clean()
+    # Taken before compiling: a source edited during the build then makes the build stale, never
+    # a build of the old text stamped with the new one's signature.
+    signature = compiled.signature()
     sources = [str(compiled.source_path(m)) for m in compiled.MODULES]
     with tempfile.TemporaryDirectory(prefix="testbed-compiled-") as tmp:
         here = os.getcwd()
@@ -64,7 +67,7 @@ def build() -> None:
                 dest = ROOT / so.relative_to(lib)
                 shutil.copy2(so, dest)
     # Written last: a build that failed half-way has no stamp, and nothing of it is used.
-    (ROOT / "testbed" / compiled.STAMP_FILE).write_text(compiled.signature() + "\n")
+    (ROOT / "testbed" / compiled.STAMP_FILE).write_text(signature + "\n")
 
 
 def main() -> None:

@@ -219,6 +219,8 @@ def _replay_into(
     results = []
     began = False
     try:
+        if not args.json and registry.get(backend).caps.simulator and compiled.implementation() == compiled.STALE:
+            print(compiled.STALE_NOTE, file=sys.stderr)  # once, not per scenario
         for rs in scenarios:
             sc = rs.spec
             # A simulated run reads a trace file as it goes (`testbed.traces.stream`).
@@ -256,8 +258,6 @@ def _replay_into(
                     file=sys.stderr,
                     flush=True,
                 )
-                if compiled.implementation() == compiled.STALE:
-                    print(compiled.STALE_NOTE, file=sys.stderr)
             results.append(run_one(rs, trace, out, backend, show, args.prometheus, report))
     except KeyboardInterrupt:
         if not began and not results:  # stopped while the trace was read: no run had begun
