@@ -45,25 +45,45 @@ fn kind_of(name: &str) -> PyResult<u8> {
     })
 }
 
-/// The float's text in a field, or None when it is not a float (an int, say: the Python
-/// way keeps it an int when settling).
+/// The float's text in a field and the value that text reads back as, or None when it is not
+/// a float (an int, say: the Python way keeps it an int when settling).
 fn float_text(v: &Bound<'_, PyAny>, out: &mut String) -> Option<f64> {
     if !v.is_exact_instance_of::<PyFloat>() {
         return None;
     }
     let x = v.cast::<PyFloat>().ok()?.value();
-    if !x.is_nan() {
-        let _ = write!(out, "{x:.6}");
+    if x.is_nan() {
+        return Some(x);
     }
-    Some(x)
+    if let Some(micros) = whole_micros(x) {
+        // "%.6f" of the microseconds: the sign (of -0.0 too, as Python writes it), the seconds,
+        // six digits; the value read back is the double nearest micros / 10^6, which is what
+        // dividing the two exact doubles gives.
+        let sign = if x.is_sign_negative() { "-" } else { "" };
+        let _ = write!(out, "{sign}{}.{:06}", micros / 1_000_000, micros % 1_000_000);
+        let back = micros as f64 / 1e6;
+        return Some(if x.is_sign_negative() { -back } else { back });
+    }
+    let _ = write!(out, "{x:.6}");
+    Some(out.parse().unwrap_or(x))
 }
 
-fn settled(text: &str, x: f64) -> f64 {
-    if x.is_nan() {
-        x
-    } else {
-        text.parse().unwrap_or(x)
+/// |x| in whole microseconds, rounded as "%.6f" rounds (to nearest, ties to even on the exact
+/// binary value), where a double's product with 10^6 settles it: that product is within half
+/// an ulp of the exact one, so any fraction farther than that from one half rounds alike. None
+/// (the exact formatting then) near a tie and past 10^9 s.
+fn whole_micros(x: f64) -> Option<u64> {
+    let a = x.abs();
+    if a >= 1e9 {
+        return None;
     }
+    let y = a * 1e6;
+    let whole = y.floor();
+    let frac = y - whole; // exact: whole is y's integer part
+    if (frac - 0.5).abs() <= y * 4.0 * f64::EPSILON + f64::MIN_POSITIVE {
+        return None;
+    }
+    Some(whole as u64 + u64::from(frac > 0.5))
 }
 
 impl RecordRows {
@@ -81,10 +101,10 @@ impl RecordRows {
             match c.kind {
                 FLOAT => {
                     field.clear();
-                    let Some(x) = float_text(&v, &mut field) else { return Ok(None) };
+                    let Some(back) = float_text(&v, &mut field) else { return Ok(None) };
                     line.push_str(&field);
                     if settle && !c.timed {
-                        floats.push(settled(&field, x));
+                        floats.push(back);
                     }
                 }
                 INT => {
@@ -120,8 +140,8 @@ impl RecordRows {
             for n in &self.time_names {
                 let v = times.getattr(n.bind(py))?;
                 field.clear();
-                let Some(x) = float_text(&v, &mut field) else { return Ok(None) };
-                stamps.push(settled(&field, x));
+                let Some(back) = float_text(&v, &mut field) else { return Ok(None) };
+                stamps.push(back);
             }
         }
         Ok(Some((line, floats, stamps)))
