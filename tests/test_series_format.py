@@ -101,3 +101,24 @@ def test_one_owner_of_the_format() -> None:
         assert "testbed.live.series" not in _imports(path), path.name
     own = _imports(PKG / "metrics" / "series_format.py")
     assert not any(m.startswith(("testbed.live", "testbed.net")) for m in own)
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_the_batch_writer_writes_every_point_and_holds_all_but_the_unheld(tmp_path: Path, deferred: bool) -> None:
+    """Points of an unheld metric (`testbed.metrics.plot_only`) are written and counted, not held:
+    what is held is what the file reads back, less those."""
+    from testbed.metrics.series_batch import BatchSeriesFile
+
+    path = tmp_path / "nodes.jsonl"
+    f = BatchSeriesFile(path, "nodes", 2.0, keep=True, deferred=deferred, unheld=frozenset({"queue_depth"}))
+    for i in range(5):
+        f.source_write(
+            2.0 * i,
+            "p0",
+            [("queue_depth", float(i), {}), ("kv_bytes_sent", 10.0 * i, {}), ("queue_depth", 1.0, {"q": "x"})],
+        )
+    f.close()
+    back = read_series(path, 0.0)
+    assert len(back) == 15
+    assert f.points == [p for p in back if p.metric != "queue_depth"]
+    assert f.unheld_counts == {"queue_depth": 10}

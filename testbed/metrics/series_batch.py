@@ -21,13 +21,27 @@ class BatchSeriesFile:
     lines as `encode_line`, label sets encoded once, one write per batch; times in paper
     seconds, written as wire seconds since the run's start. With `keep`, the points are also
     kept in `points` as `read_series` would read them back (times since the start), for a
-    summary of the run that need not read its own files again. With `deferred`, samples are
+    summary of the run that need not read its own files again, but for those of the metrics in
+    `unheld`, which are only counted (`unheld_counts`, lines by metric). With `deferred`, samples are
     held as given and the lines written (and points kept) in batches of `BATCH` and at `close`:
     the loop pays only for holding them, and a run killed outright loses only its last batch."""
 
     BATCH = 2048
 
-    __slots__ = ("source", "_fh", "_head", "speedup", "lines", "_labels", "points", "_sources", "_later", "write_s")
+    __slots__ = (
+        "source",
+        "_fh",
+        "_head",
+        "speedup",
+        "lines",
+        "_labels",
+        "points",
+        "_unheld",
+        "unheld_counts",
+        "_sources",
+        "_later",
+        "write_s",
+    )
 
     def __init__(
         self,
@@ -37,6 +51,7 @@ class BatchSeriesFile:
         repeated_labels: bool = True,
         keep: bool = False,
         deferred: bool = False,
+        unheld: frozenset[str] = frozenset(),
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.source = source
@@ -49,6 +64,8 @@ class BatchSeriesFile:
             {} if repeated_labels else None
         )
         self.points: list[SeriesPoint] | None = [] if keep else None
+        self._unheld = unheld
+        self.unheld_counts: dict[str, int] = {}
         self._sources: dict[str, str] = {}  # each source's name, JSON-encoded once
         self._later: list[tuple[float, str | None, Iterable[RawSample]]] | None = [] if deferred else None
         self.write_s = 0.0  # seconds spent writing held batches (the simulator tells its engine's time apart)
@@ -87,20 +104,26 @@ class BatchSeriesFile:
         cache = self._labels
         keep = self.points
         point = keep.append if keep is not None else None
+        unheld = self._unheld
+        counts = self.unheld_counts
         t6 = round(t, 6)  # what the line's "ts" reads back as
         for metric, value, labels in samples:
             v = float(value)
             vs = repr(v) if -_INF < v < _INF else "null"  # JSON has no inf/nan: null reads back as nan
+            held = point
+            if held is not None and metric in unheld:
+                counts[metric] = counts.get(metric, 0) + 1
+                held = None
             if not labels:
                 line(f'{ts}"{metric}", "value": {vs}, "labels": {{}}}}\n')
-                if point is not None:
+                if held is not None:
                     # Points without labels share one empty mapping (nothing writes to a point's labels).
-                    point(SeriesPoint(t6, source, metric, v, _NO_LABELS))
+                    held(SeriesPoint(t6, source, metric, v, _NO_LABELS))
                 continue
             if cache is None:
                 line(f'{ts}"{metric}", "value": {vs}, "labels": {encode_labels(labels)}}}\n')
-                if point is not None:
-                    point(SeriesPoint(t6, source, metric, v, {str(k): str(x) for k, x in labels.items()}))
+                if held is not None:
+                    held(SeriesPoint(t6, source, metric, v, {str(k): str(x) for k, x in labels.items()}))
                 continue
             key = tuple(labels.items())
             known = cache.get(key)
@@ -108,8 +131,8 @@ class BatchSeriesFile:
                 # The points of a label set share its mapping, as they share the empty one.
                 known = cache[key] = (encode_labels(labels), {str(k): str(x) for k, x in labels.items()})
             line(f'{ts}"{metric}", "value": {vs}, "labels": {known[0]}}}\n')
-            if point is not None:
-                point(SeriesPoint(t6, source, metric, v, known[1]))
+            if held is not None:
+                held(SeriesPoint(t6, source, metric, v, known[1]))
 
     def _drain(self) -> None:
         t = time.perf_counter()

@@ -15,7 +15,7 @@ import logging
 import math
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -289,13 +289,18 @@ def record_figures(records: Sequence[RequestRecord], meta: RunMeta, samples: Seq
 
 
 def summarize(
-    run_dir: Path, records: Sequence[RequestRecord] | None = None, samples: Sequence[SeriesPoint] | None = None
+    run_dir: Path,
+    records: Sequence[RequestRecord] | None = None,
+    samples: Sequence[SeriesPoint] | None = None,
+    unheld: Mapping[str, int] | None = None,
 ) -> Summary:
     """The summary of one run directory (see the module docstring for every key). A writer that
     still holds what it wrote may pass it: `records` as `records.csv` reads back, `samples` as
-    `timeseries/` reads back (`load_run_timeseries`: times since t0, sorted by time); the run's
-    other files are read as always. Records read back from records.parquet (`RecordTable`) are
-    summarised a column at a time, in memory that does not grow with a record's fields."""
+    `timeseries/` reads back (`load_run_timeseries`: times since t0, sorted by time), where the
+    points of metrics only plots read (`testbed.metrics.plot_only`) may be left out and counted
+    in `unheld` (points by metric); the run's other files are read as always. Records read back
+    from records.parquet (`RecordTable`) are summarised a column at a time, in memory that does
+    not grow with a record's fields."""
     run_dir = Path(run_dir)
     meta = load_run_meta(run_dir)
     if records is None:
@@ -393,7 +398,10 @@ def summarize(
             "ttft_breakdown_s": f.breakdown_w,
             "tpot_s": scaled(f.tpot_w, 1.0),
         },
-        "timeseries": {"samples": len(samples), "metrics": metrics_of(samples)},
+        "timeseries": {
+            "samples": len(samples) + sum(unheld.values()) if unheld else len(samples),
+            "metrics": sorted({*metrics_of(samples), *unheld}) if unheld else metrics_of(samples),
+        },
     }
     # Validated against the model (unknown keys refused): a writer change that the model does
     # not follow fails here, not in a reader later.
@@ -416,11 +424,14 @@ def _json_safe(v: Any) -> Any:
 
 
 def write_summary(
-    run_dir: Path, records: Sequence[RequestRecord] | None = None, samples: Sequence[SeriesPoint] | None = None
+    run_dir: Path,
+    records: Sequence[RequestRecord] | None = None,
+    samples: Sequence[SeriesPoint] | None = None,
+    unheld: Mapping[str, int] | None = None,
 ) -> Summary:
-    """Recompute the summary and write `summary.json` into the run directory (`records` and
-    `samples` as `summarize` takes them)."""
-    summary = summarize(run_dir, records, samples)
+    """Recompute the summary and write `summary.json` into the run directory (`records`,
+    `samples` and `unheld` as `summarize` takes them)."""
+    summary = summarize(run_dir, records, samples, unheld)
     # Write-then-rename: a reader never sees a half-written summary.
     write_artefact(Path(run_dir) / "summary.json", summary)
     return summary

@@ -298,12 +298,12 @@ def _run_sim(
     # a long run, read back column by column (`RecordTable`: a few arrays, where records.csv read
     # back is an object per request).
     if keep:
-        summary = write_summary(run_dir, st.records, st.series)
+        summary = write_summary(run_dir, st.records, st.series, st.series_unheld)
     else:
         from testbed.metrics.record_table import RecordTable
         from testbed.metrics.run_files import RECORDS_FILE
 
-        summary = write_summary(run_dir, RecordTable(run_dir / RECORDS_FILE), st.series)
+        summary = write_summary(run_dir, RecordTable(run_dir / RECORDS_FILE), st.series, st.series_unheld)
     if report:
         from testbed.metrics.report import write_report  # here: most runs are not reported
 

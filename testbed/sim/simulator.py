@@ -42,6 +42,7 @@ from testbed.core.record import RequestRecord
 from testbed.core.schema.live_path import LivePathCosts
 from testbed.core.schema.topology import local_dc, node_specs
 from testbed.core.sessions import ArrivalMode, ClosedLoop
+from testbed.metrics.plot_only import PLOT_ONLY
 from testbed.metrics.preemptions import PREEMPTIONS_CSV, write_preemptions
 from testbed.metrics.records import RecordWriter
 from testbed.metrics.run_files import DECISIONS_FILE, RECORDS_FILE
@@ -133,7 +134,10 @@ class SimStats:
     wall_s: float = 0.0
     write_s: float = 0.0  # of wall_s, writing records and series in batches while the loop ran
     records: list[RequestRecord] = field(default_factory=list)
-    series: list[SeriesPoint] = field(default_factory=list)  # timeseries/ as read back, by time
+    # timeseries/ as read back, by time, but for the points of the metrics only plots read
+    # (`testbed.metrics.plot_only`): written, and counted here by metric.
+    series: list[SeriesPoint] = field(default_factory=list)
+    series_unheld: dict[str, int] = field(default_factory=dict)
     prefill_passes: list[PassStats] = field(default_factory=list)  # each batching prefill instance's
     preemptions: list[tuple[str, Preemption]] = field(default_factory=list)  # (decode node, what happened)
 
@@ -303,9 +307,9 @@ class Simulation:
             else:
                 self.decisions = [text]
             self.series = {
-                name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True) for name in ("router", "wan")
+                name: SeriesFile(ts / f"{name}.jsonl", name, s, keep=True, deferred=True, unheld=PLOT_ONLY)
+                for name in ("router", "wan", "nodes")
             }
-            self.series["nodes"] = SeriesFile(ts / "nodes.jsonl", "nodes", s, keep=True, deferred=True)
             self._write_link_rates(0.0)
         try:
             self.net.schedule_changes()
@@ -355,6 +359,9 @@ class Simulation:
         self.stats.series = sorted(
             (p for name in sorted(self.series) for p in self.series[name].points or ()), key=by_time
         )
+        for f in self.series.values():
+            for metric, n in f.unheld_counts.items():
+                self.stats.series_unheld[metric] = self.stats.series_unheld.get(metric, 0) + n
         self.stats.events = self.loop.processed
         self.stats.rebalances = self.net.rebalances
         self.stats.retries = self.router.books.retries
