@@ -165,3 +165,23 @@ def test_a_settling_writer_writes_the_same_file_either_way(tmp_path: Path) -> No
                 w.write(r)
         out.append(((tmp_path / f"{name}.csv").read_bytes(), repr(held)))
     assert out[0] == out[1]
+
+
+@pytest.mark.pure
+@settings(max_examples=200, deadline=None)
+@given(
+    micros=st.integers(0, 10**15),
+    nudge=st.sampled_from([0.0, 0.5, 0.4999999, 0.5000001, 0.49999999999, 0.50000000001]),
+    sign=st.sampled_from([1.0, -1.0]),
+)
+def test_stamps_near_a_rounding_tie_are_written_and_settled_as_python_does(
+    micros: int, nudge: float, sign: float
+) -> None:
+    """The compiled writer rounds a float to the microsecond from its product with 10^6 where
+    that settles it, and formats it exactly near a tie and past 10^9 s: either way "%.6f"."""
+    x = sign * (micros + nudge) / 1e6
+    rec = RequestRecord("r", 0, 1, 1)
+    rec.times = StageTimes(*([x] * len(TIME_NAMES)))
+    assert ROWS is not None and ROWS.lines([_copy(rec)], False)[0] is not None  # the compiled way
+    for settle in (False, True):
+        assert _compiled([_copy(rec)], settle) == _python([_copy(rec)], settle)
