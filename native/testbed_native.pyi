@@ -51,6 +51,11 @@ def mooncake_rows(block: bytes, max_timestamp: int, min_tokens: int, max_input: 
     and chat_id, parent_chat_id (-1 where absent, None for null) and think_time (a float or None);
     else the line's bytes."""
 
+def series_lines(batch: list[tuple[float, str | None, Iterable[tuple[str, float, dict[str, str]]]]], speedup: float,
+                 own: str) -> tuple[str, int] | None:
+    """`testbed.metrics.series_batch.BatchSeriesFile`'s lines of a held batch and how many, or None
+    where the batch must be written the Python way."""
+
 class RecordRows(RecordRowsView):
     """`testbed.metrics.records.format_line` / `written_line` for a batch, compiled."""
     def __init__(self, columns: list[tuple[str, str, bool]], time_names: list[str], times_cls: type[StageTimes],

@@ -30,9 +30,10 @@ mod flow_net;
 mod mooncake_rows;
 mod prefix_pool;
 mod record_rows;
+mod series_lines;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 7;
+const ABI: u32 = 8;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -47,5 +48,6 @@ fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_pool::PoolStats>()?;
     m.add_class::<record_rows::RecordRows>()?;
     m.add_function(wrap_pyfunction!(mooncake_rows::mooncake_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(series_lines::series_lines, m)?)?;
     Ok(())
 }

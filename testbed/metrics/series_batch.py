@@ -1,6 +1,7 @@
 """`BatchSeriesFile`: the time-series writer of the simulator's hot loops, compiled where built
 (`testbed.compiled`): the lines of `testbed.metrics.series_format`'s format (`encode_line`'s, each
-value written as the float it is taken as)."""
+value written as the float it is taken as). A held batch's lines are made by the compiled twin
+(`testbed_native.series_lines`) where built, and its points kept here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
+from testbed.core import native
 from testbed.metrics.series_format import RawSample, SeriesPoint, encode_labels
 
 _INF = float("inf")
@@ -134,15 +136,53 @@ class BatchSeriesFile:
             if held is not None:
                 held(SeriesPoint(t6, source, metric, v, known[1]))
 
+    def _hold(self, t_paper: float, source: str | None, samples: Iterable[RawSample]) -> None:
+        """Keeps the points of samples whose lines were made elsewhere (`_write` keeps its own)."""
+        keep = self.points
+        if keep is None:
+            return
+        src = self.source if source is None else source
+        t6 = round(t_paper / self.speedup, 6)
+        unheld = self._unheld
+        counts = self.unheld_counts
+        for metric, value, labels in samples:
+            if metric in unheld:
+                counts[metric] = counts.get(metric, 0) + 1
+            else:
+                keep.append(SeriesPoint(t6, src, metric, float(value), self._mapping(labels)))
+
+    def _mapping(self, labels: dict[str, str]) -> dict[str, str]:
+        """A point's labels, shared by the points of the same label set as `_write` shares them."""
+        if not labels:
+            return _NO_LABELS
+        cache = self._labels
+        if cache is None:
+            return {str(k): str(x) for k, x in labels.items()}
+        key = tuple(labels.items())
+        known = cache.get(key)
+        if known is None:
+            known = cache[key] = (encode_labels(labels), {str(k): str(x) for k, x in labels.items()})
+        return known[1]
+
     def _drain(self) -> None:
         t = time.perf_counter()
         if self._later:
-            # One write per batch: the samples of an instant are often a line or two.
-            out: list[str] = []
-            for t_paper, source, samples in self._later:
-                self._emit(out, t_paper, source, samples)
-            self._fh.write("".join(out))
-            self.lines += len(out)
+            ext = native.module()
+            done = None if ext is None else ext.series_lines(self._later, self.speedup, self._head)
+            if done is None:
+                # One write per batch: the samples of an instant are often a line or two.
+                out: list[str] = []
+                for t_paper, source, samples in self._later:
+                    self._emit(out, t_paper, source, samples)
+                self._fh.write("".join(out))
+                self.lines += len(out)
+            else:
+                text, n = done
+                self._fh.write(text)
+                self.lines += n
+                if self.points is not None:
+                    for t_paper, source, samples in self._later:
+                        self._hold(t_paper, source, samples)
         self._fh.flush()
         if self._later is not None:
             self._later = []
