@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from quiet_host import wait_for_quiet_host
 
+from testbed.config.resolved import ResolvedScenario
 from testbed.core.record import RequestRecord
 from testbed.metrics.records import read_records
 from testbed.run.load import load
-from testbed.run.runner import run_replay_async
+from testbed.run.runner import RunResult, run_replay_async
 from testbed.traces.types import Trace, TraceRequest
 
 pytestmark = pytest.mark.app
@@ -51,6 +53,9 @@ BLOCK = 512
 SEED = 9
 MARGIN_S = 0.05  # wire seconds between an arrival and any other request's prefill or KV
 END_MARGIN_S = 0.3  # wire seconds between an arrival and any other request's last token
+# Live runs, each after the host has eased: a CI runner's other tiers kept every core busy through
+# three runs back to back, and each was invalid (decode steps 20-78% late).
+LIVE_TRIES = 5
 
 
 def _workload(seed: int = SEED) -> Trace:
@@ -106,6 +111,21 @@ def _overrides(scheduler: str = "fcfs") -> dict[str, Any]:
     return out
 
 
+def _live(rs: ResolvedScenario, trace: Trace, tmp_path: Path) -> tuple[RunResult, Path]:
+    """The in-process live replay of `trace`, run again only when the testbed marks it invalid (a
+    loaded host's timers late past the run's own bound: its choices then met other timing than the
+    scenario's), each time once the host has eased; the run and its directory. Every run invalid
+    fails: nothing was measured to compare."""
+    for attempt in range(LIVE_TRIES):
+        out = tmp_path / f"live{attempt}"
+        live = asyncio.run(run_replay_async(rs, trace, out, backend="inproc", report=False))
+        if live.summary is None or live.summary.valid:
+            return live, out
+        wait_for_quiet_host()
+    reasons = live.summary.validity.reasons if live.summary and live.summary.validity else []
+    raise AssertionError(f"all {LIVE_TRIES} live runs invalid, the last for: {reasons}")
+
+
 @pytest.mark.parametrize(
     ("scenario", "scheduler"),
     [
@@ -127,13 +147,7 @@ def test_the_simulator_and_the_live_services_place_every_request_alike(
     rs = load(scenario, _overrides(scheduler))
     trace = _workload()
     sim = asyncio.run(run_replay_async(rs, trace, tmp_path / "sim", backend="sim", report=False))
-    # Run again only when the testbed marks the live run invalid (a loaded host's timers late past
-    # the run's own bound): its choices then met other timing than the scenario's.
-    for attempt in range(3):
-        out = tmp_path / f"live{attempt}"
-        live = asyncio.run(run_replay_async(rs, trace, out, backend="inproc", report=False))
-        if live.summary is None or live.summary.valid:
-            break
+    live, out = _live(rs, trace, tmp_path)
     assert sim.stats.completed == live.stats.completed == len(trace)
     sim_recs = read_records(tmp_path / "sim" / "records.csv")
     _assert_margins(sim_recs)
@@ -193,14 +207,8 @@ def test_the_router_over_an_engine_protocol_places_every_request_as_over_the_tes
     want = read_records(tmp_path / "testbed" / "records.csv")
     _assert_margins(want)
     a = _placement(want)
-    # Run again only when the testbed marks the live run invalid (a loaded host's timers late past
-    # the run's own bound): its load-aware choices then met other timing than the scenario's.
-    for attempt in range(3):
-        out = tmp_path / f"live{attempt}"
-        live = asyncio.run(run_replay_async(engine_rs, trace, out, backend="inproc", report=False))
-        assert live.stats.completed == len(trace)
-        if live.summary is None or live.summary.valid:
-            break
+    live, out = _live(engine_rs, trace, tmp_path)
+    assert live.stats.completed == len(trace)
     got = {r.request_id: r for r in read_records(out / "records.csv")}
     # Where each request ran is read from the nodes' own stage logs (the engines report no stamps
     # to the router), so this holds the router's choice and the nodes' execution of it alike.
@@ -273,11 +281,7 @@ def test_a_turn_that_arrives_while_its_history_computes_waits_for_it_alike_live_
     live_rs = load("paper-homogeneous", overrides_for("paper-homogeneous", [*sets, f"nodes.protocol={protocol}"]))
     trace = _turns_in_flight()
     asyncio.run(run_replay_async(rs, trace, tmp_path / "sim", backend="sim", report=False))
-    for attempt in range(3):
-        out = tmp_path / f"live{attempt}"
-        live = asyncio.run(run_replay_async(live_rs, trace, out, backend="inproc", report=False))
-        if live.summary is None or live.summary.valid:
-            break
+    _, out = _live(live_rs, trace, tmp_path)
     runs = {"sim": read_records(tmp_path / "sim" / "records.csv"), "live": read_records(out / "records.csv")}
     _assert_margins(runs["sim"])
     a, b = _decisions(runs["sim"]), _decisions(runs["live"])
