@@ -173,3 +173,53 @@ def test_a_full_pool_keeps_the_prompts_own_entries_while_it_evicts_for_the_rest(
     _same(py, nat)
     held = {e[2] for e in nat.entries()}
     assert {1, 2, 3, 4, 5, 6, 7, 8} <= held and not held & {20, 21, 22, 23}
+
+
+@pytest.mark.pure
+def test_ids_the_index_places_by_number_collide_and_grow_alike() -> None:
+    """The compiled index takes a key's bucket from its hash id's number (`Key::spread`): thousands
+    of prompts whose ids run on, stride by powers of two (the folds' widths among them), repeat at
+    other positions or share prefixes, through the index's growth and a full pool's evictions, leave
+    both pools alike."""
+    import random
+
+    rng = random.Random(7)
+    py = HybridPrefixCache(60_000, B, 10, 7)  # some 5,000 entries held: the index grows
+    nat = ext.PrefixPool(60_000, B, 10, 7)
+    prompts: list[list[int]] = []
+    fresh = 0
+    for i in range(3000):
+        kind = i % 5
+        n = rng.randint(1, 12)
+        if kind == 0:  # numbered one past the last, as traces number new blocks
+            ids = list(range(fresh, fresh + n))
+            fresh += n
+        elif kind == 1:
+            stride = rng.choice([2**21, 2**42, 2**20, 2**41, 2**63 // 3])
+            base = rng.randint(-4, 4)
+            ids = [base + stride * j for j in range(n)]
+        elif kind == 2 and prompts:  # a shared prefix, then new blocks
+            old = rng.choice(prompts)
+            ids = old[: rng.randint(1, len(old))] + list(range(fresh, fresh + n))
+            fresh += n
+        elif kind == 3 and prompts:  # the same ids one position on
+            ids = [rng.randint(0, 5), *rng.choice(prompts)]
+        else:
+            ids = [rng.getrandbits(64) - 2**63 for _ in range(n)]
+        prompts.append(ids)
+        tokens = len(ids) * B + rng.randint(0, B)
+        assert nat.insert(ids, tokens) == py.insert(ids, tokens)
+        if i % 7 == 0:
+            owner = f"r{i}"
+            nat.touch_and_pin(owner, ids, tokens)
+            py.touch_and_pin(owner, ids, tokens)
+        if i % 7 == 3:
+            nat.unpin(f"r{i - 3}")
+            py.unpin(f"r{i - 3}")
+        if i % 500 == 499:
+            _same(py, nat)
+            for ids in rng.sample(prompts, 50):
+                m, got = py.match(ids, len(ids) * B), nat.match(ids, len(ids) * B)
+                assert (got.tokens, got.full_tokens) == (m.tokens, m.full_tokens)
+    _same(py, nat)
+    assert nat.stats.evictions > 1000

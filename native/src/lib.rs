@@ -27,10 +27,14 @@ macro_rules! order_by_ord {
 mod decode_batch;
 mod event_loop;
 mod flow_net;
+mod huge_pages;
 mod mooncake_rows;
 mod prefix_pool;
 mod record_rows;
 mod series_lines;
+
+#[global_allocator]
+static ALLOCATOR: huge_pages::HugePages = huge_pages::HugePages;
 
 /// Bumped whenever a twin's behaviour or interface changes.
 const ABI: u32 = 8;

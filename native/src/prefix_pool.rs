@@ -46,12 +46,51 @@ impl Key {
 }
 
 impl std::hash::Hash for Key {
-    // Two words rather than four fields: the hasher's rounds are per write.
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_i64(self.value);
-        state.write_u64(u64::from(self.pos) << 16 | u64::from(self.kind) << 8 | u64::from(self.big));
+        state.write_u64(self.spread());
     }
 }
+
+impl Key {
+    /// The key's hash, laid out for the index (a `hashbrown` table: the low bits pick the bucket,
+    /// the top seven are the tag its probes compare first). Traces number a new block one past
+    /// the last (Mooncake's `hash_ids`, ours), and a pool inserts and evicts a prompt's blocks
+    /// together: with the bucket taken from the number itself, folded so that a stride does not
+    /// pile keys into one bucket, a prompt's keys share a few cache lines of a table far larger
+    /// than the cache, where a mixed hash sends each to its own (a miss each, most of a long
+    /// run's eviction time). The tag mixes every field, so probes still tell keys apart at once.
+    fn spread(&self) -> u64 {
+        let v = self.value as u64;
+        let fields = u64::from(self.pos) << 16 | u64::from(self.kind) << 8 | u64::from(self.big);
+        let tag =
+            (v ^ fields.rotate_left(40)).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ v.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        let fold = v ^ (v >> 21) ^ (v >> 42) ^ u64::from(self.big) << 20;
+        let bucket = fold << 1 | u64::from(self.kind);
+        (tag & TAG_BITS) | (bucket & !TAG_BITS)
+    }
+}
+
+const TAG_BITS: u64 = 0x7F << 57;
+
+/// Hands `Key::spread` to the table as it is.
+#[derive(Default, Clone, Copy)]
+struct KeyHash(u64);
+
+impl std::hash::Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("a Key hashes as one word")
+    }
+
+    fn write_u64(&mut self, h: u64) {
+        self.0 = h;
+    }
+}
+
+type KeyIndex = std::collections::HashMap<Key, u32, std::hash::BuildHasherDefault<KeyHash>>;
 
 struct Slot {
     key: Key,
@@ -140,7 +179,7 @@ pub struct PrefixPool {
     #[pyo3(get)]
     used_bytes: i64,
     stats: PoolStats,
-    index: FxHashMap<Key, u32>,
+    index: KeyIndex,
     slots: Vec<Slot>,
     free: Vec<u32>,
     head: u32,
@@ -430,7 +469,7 @@ impl PrefixPool {
             state_bytes,
             used_bytes: 0,
             stats: PoolStats::default(),
-            index: FxHashMap::default(),
+            index: KeyIndex::default(),
             slots: Vec::new(),
             free: Vec::new(),
             head: NIL,
