@@ -56,6 +56,12 @@ def series_lines(batch: list[tuple[float, str | None, Iterable[tuple[str, float,
     """`testbed.metrics.series_batch.BatchSeriesFile`'s lines of a held batch and how many, or None
     where the batch must be written the Python way."""
 
+def record_columns(records: list[Any], fields: list[tuple[str, str]],
+                   time_names: list[str]) -> list[bytes | tuple[bytes, bytes]] | None:
+    """`testbed.metrics.columnar`'s column buffers of a batch of settled records (each field in
+    order, then each stamp; a text's as (data, offsets)), or None where the batch must be built
+    the Python way."""
+
 class RecordRows(RecordRowsView):
     """`testbed.metrics.records.format_line` / `written_line` for a batch, compiled."""
     def __init__(self, columns: list[tuple[str, str, bool]], time_names: list[str], times_cls: type[StageTimes],

@@ -49,6 +49,7 @@ MODULES: tuple[str, ...] = (
     "testbed.core.router.route_step",
     "testbed.core.control.short_term",
     "testbed.metrics.series_batch",
+    "testbed.metrics.decision_columns",
 )
 
 _PACKAGE = Path(__file__).resolve().parent

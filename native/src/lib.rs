@@ -30,6 +30,7 @@ mod flow_net;
 mod huge_pages;
 mod mooncake_rows;
 mod prefix_pool;
+mod record_columns;
 mod record_rows;
 mod series_lines;
 
@@ -37,7 +38,7 @@ mod series_lines;
 static ALLOCATOR: huge_pages::HugePages = huge_pages::HugePages;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 8;
+const ABI: u32 = 9;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -52,6 +53,7 @@ fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_pool::PoolStats>()?;
     m.add_class::<record_rows::RecordRows>()?;
     m.add_function(wrap_pyfunction!(mooncake_rows::mooncake_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(record_columns::record_columns, m)?)?;
     m.add_function(wrap_pyfunction!(series_lines::series_lines, m)?)?;
     Ok(())
 }

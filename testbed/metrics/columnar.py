@@ -19,7 +19,6 @@ closes it, one killed outright leaves it unreadable (records.csv keeps all but i
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from operator import attrgetter
@@ -30,7 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from testbed.core import native
 from testbed.core.record import RecordFormatError, RequestRecord, StageTimes
+from testbed.metrics.decision_columns import decision_columns
 from testbed.metrics.records import MAX_FIELD_CHARS, RECORDS_VERSION, RecordWriter, as_written, native_rows
 from testbed.metrics.series_format import RawSample, SeriesPoint, TimeseriesError
 
@@ -104,7 +105,33 @@ def _matrix(get: Callable[[Any], tuple[Any, ...]], items: list[Any], dtype: type
     return np.array(list(map(get, items)), dtype=dtype).reshape(len(items), -1).T.copy()
 
 
-def _record_batch(records: list[RequestRecord], settled: bool) -> pa.RecordBatch:
+_NATIVE_FIELDS = [(f.name, str(f.type)) for f in _RECORD_FIELDS]
+
+
+def _native_batch(records: list[RequestRecord]) -> pa.RecordBatch | None:
+    """A batch of settled records from the compiled twin's buffers (`testbed_native.record_columns`),
+    where built; None: the Python way (no twin, or a value of another type than its column's)."""
+    ext = native.module()
+    bufs = None if ext is None else ext.record_columns(records, _NATIVE_FIELDS, list(TIME_COLUMNS))
+    if bufs is None:
+        return None
+    n = len(records)
+    arrays: list[pa.Array] = []
+    for f, buf in zip(RECORD_SCHEMA, bufs):
+        if isinstance(buf, tuple):
+            data, offsets = buf
+            arrays.append(pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]))
+        elif f.type == STAMP:
+            arrays.append(_stamps(np.frombuffer(buf, dtype=np.float64)))
+        else:
+            arrays.append(pa.Array.from_buffers(f.type, n, [None, pa.py_buffer(buf)]))
+    return pa.RecordBatch.from_arrays(arrays, schema=RECORD_SCHEMA)
+
+
+def _record_batch(records: list[RequestRecord], settled: bool, compiled: bool = True) -> pa.RecordBatch:
+    """`compiled`: settled records' batch from the compiled twin's buffers where it is built."""
+    if settled and compiled and (batch := _native_batch(records)) is not None:
+        return batch
     ints = dict(zip(_INT_NAMES, _matrix(_INT_GET, records, np.int64)))
     stamps = _matrix(_TIME_GET, [r.times for r in records], np.float64)
     arrays: list[pa.Array] = []
@@ -220,10 +247,10 @@ class ParquetRecordWriter:
     def _flush(self) -> None:
         if not self._held:
             return
-        t = time.perf_counter()
         if self._settled_by is not None:
-            self._settled_by.drain()
-        elif self._settle:
+            self._settled_by.drain()  # timed as that writer's (`write_s`), not again as this one's
+        t = time.perf_counter()
+        if self._settled_by is None and self._settle:
             _settle(self._held)
         _write_records(self._out, self._held, self._settle or self._settled_by is not None)
         self._held = []
@@ -304,7 +331,6 @@ DECISION_SCHEMA = pa.schema(
         pa.field("labels", pa.map_(pa.string(), pa.string()), nullable=False),
     ]
 )
-_INF = math.inf
 
 
 class ParquetSeriesFile:
@@ -333,24 +359,9 @@ class ParquetSeriesFile:
         if not self._held:
             return
         t0 = time.perf_counter()
-        ts: list[float] = []
-        sources: list[str] = []
-        metrics: list[str] = []
-        values: list[float] = []
-        counts: list[int] = []  # labels per line
-        keys: list[str] = []
-        texts: list[str] = []
-        for t_paper, source, samples in self._held:
-            t = round(t_paper / self.speedup, 6)
-            for metric, value, lab in samples:
-                v = float(value)
-                ts.append(t)
-                sources.append(source)
-                metrics.append(metric)
-                values.append(v if -_INF < v < _INF else math.nan)  # decisions.jsonl: null, read as NaN
-                counts.append(len(lab))
-                keys.extend(map(str, lab))
-                texts.extend(map(str, lab.values()))
+        cols = decision_columns(self._held, self.speedup)
+        ts, sources, metrics, values, counts = cols.ts, cols.sources, cols.metrics, cols.values, cols.counts
+        keys, texts = cols.keys, cols.texts
         offsets = np.zeros(len(counts) + 1, dtype=np.int32)
         np.cumsum(np.array(counts, dtype=np.int32), out=offsets[1:])
         labels = pa.MapArray.from_arrays(

@@ -1,0 +1,120 @@
+//! `record_columns`: a batch of settled records as the column buffers of records.parquet
+//! (`testbed.metrics.columnar`), each read off the records in one pass: what the Python way builds
+//! field by field through lists and NumPy arrays, a fifth of a long simulated run's writing.
+//!
+//! Each field's values are laid out as Arrow holds them: a float's or stamp's little-endian
+//! doubles, an int's 64-bit integers, a bool's bits (least significant first), a text's UTF-8
+//! bytes with 32-bit offsets. A value of any other type than its column's (an int where a float is
+//! declared, a subclass, a lone surrogate, an int past 64 bits) or texts past a 32-bit offset give
+//! None: the caller builds that batch the Python way, which converts or refuses it as it always has.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
+
+enum Buffer {
+    Doubles(Vec<u8>),
+    Ints(Vec<u8>),
+    Bits(Vec<u8>),
+    Texts(Vec<u8>, Vec<u8>),
+}
+
+fn buffer(kind: &str, n: usize) -> PyResult<Buffer> {
+    Ok(match kind {
+        "float" => Buffer::Doubles(Vec::with_capacity(n * 8)),
+        "int" => Buffer::Ints(Vec::with_capacity(n * 8)),
+        "bool" => Buffer::Bits(vec![0; n.div_ceil(8)]),
+        "str" => {
+            let mut offsets = Vec::with_capacity((n + 1) * 4);
+            offsets.extend_from_slice(&0i32.to_le_bytes());
+            Buffer::Texts(Vec::with_capacity(n * 8), offsets)
+        }
+        _ => return Err(pyo3::exceptions::PyValueError::new_err(format!("unknown column type {kind:?}"))),
+    })
+}
+
+/// `v` appended as row `row` of `buf`; false: not of the column's type (the Python way then).
+fn push(buf: &mut Buffer, row: usize, v: &Bound<'_, PyAny>) -> bool {
+    match buf {
+        Buffer::Doubles(out) => {
+            if !v.is_exact_instance_of::<PyFloat>() {
+                return false;
+            }
+            let Ok(f) = v.cast::<PyFloat>() else { return false };
+            out.extend_from_slice(&f.value().to_le_bytes());
+        }
+        Buffer::Ints(out) => {
+            if !v.is_exact_instance_of::<PyInt>() {
+                return false;
+            }
+            let Ok(n) = v.extract::<i64>() else { return false };
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        Buffer::Bits(out) => {
+            if !v.is_exact_instance_of::<PyBool>() {
+                return false;
+            }
+            if v.is_truthy().unwrap_or(false) {
+                out[row / 8] |= 1 << (row % 8);
+            }
+        }
+        Buffer::Texts(data, offsets) => {
+            if !v.is_exact_instance_of::<PyString>() {
+                return false;
+            }
+            let Ok(s) = v.cast::<PyString>() else { return false };
+            let Ok(text) = s.to_str() else { return false };
+            data.extend_from_slice(text.as_bytes());
+            let Ok(end) = i32::try_from(data.len()) else { return false };
+            offsets.extend_from_slice(&end.to_le_bytes());
+        }
+    }
+    true
+}
+
+/// The columns of `records` (each with the attributes `fields` names and a `times` whose
+/// attributes `time_names` names): for each field in order, then each stamp, its buffer as bytes
+/// (a text's as (data, offsets)); None where a value is not of its column's type.
+#[pyfunction]
+pub fn record_columns(
+    py: Python<'_>,
+    records: &Bound<'_, PyList>,
+    fields: Vec<(Bound<'_, PyString>, String)>,
+    time_names: Vec<Bound<'_, PyString>>,
+) -> PyResult<Option<Py<PyList>>> {
+    let n = records.len();
+    let mut bufs = Vec::with_capacity(fields.len() + time_names.len());
+    for (_, kind) in &fields {
+        bufs.push(buffer(kind, n)?);
+    }
+    let mut stamps: Vec<Vec<u8>> = time_names.iter().map(|_| Vec::with_capacity(n * 8)).collect();
+    let times = pyo3::intern!(py, "times");
+    for (row, rec) in records.iter().enumerate() {
+        for ((name, _), buf) in fields.iter().zip(bufs.iter_mut()) {
+            if !push(buf, row, &rec.getattr(name)?) {
+                return Ok(None);
+            }
+        }
+        let t = rec.getattr(times)?;
+        for (name, out) in time_names.iter().zip(stamps.iter_mut()) {
+            let v = t.getattr(name)?;
+            if !v.is_exact_instance_of::<PyFloat>() {
+                return Ok(None);
+            }
+            let Ok(f) = v.cast::<PyFloat>() else { return Ok(None) };
+            out.extend_from_slice(&f.value().to_le_bytes());
+        }
+    }
+    let out = PyList::empty(py);
+    for buf in bufs {
+        match buf {
+            Buffer::Doubles(b) | Buffer::Ints(b) | Buffer::Bits(b) => out.append(PyBytes::new(py, &b))?,
+            Buffer::Texts(data, offsets) => {
+                out.append(PyTuple::new(py, [PyBytes::new(py, &data), PyBytes::new(py, &offsets)])?)?
+            }
+        }
+    }
+    for b in stamps {
+        out.append(PyBytes::new(py, &b))?;
+    }
+    Ok(Some(out.unbind()))
+}
