@@ -62,6 +62,11 @@ def record_columns(records: list[Any], fields: list[tuple[str, str]],
     order, then each stamp; a text's as (data, offsets)), or None where the batch must be built
     the Python way."""
 
+def decision_columns(held: list[Any], speedup: float) -> list[Any] | None:
+    """`testbed.metrics.columnar.decision_batch`'s buffers of a held batch of decision lines (ts,
+    source and metric texts as (data, offsets), values, label offsets, label keys and values as
+    texts), or None where the batch must be built the Python way."""
+
 class RecordRows(RecordRowsView):
     """`testbed.metrics.records.format_line` / `written_line` for a batch, compiled."""
     def __init__(self, columns: list[tuple[str, str, bool]], time_names: list[str], times_cls: type[StageTimes],

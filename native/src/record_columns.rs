@@ -11,11 +11,38 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
+/// Texts as Arrow holds them: their UTF-8 bytes end to end and each one's end as a 32-bit offset.
+pub struct Texts {
+    data: Vec<u8>,
+    offsets: Vec<u8>,
+}
+
+impl Default for Texts {
+    fn default() -> Self {
+        Texts { data: Vec::new(), offsets: 0i32.to_le_bytes().to_vec() }
+    }
+}
+
+impl Texts {
+    /// None past a 32-bit offset.
+    pub fn push(&mut self, text: &str) -> Option<()> {
+        self.data.extend_from_slice(text.as_bytes());
+        let end = i32::try_from(self.data.len()).ok()?;
+        self.offsets.extend_from_slice(&end.to_le_bytes());
+        Some(())
+    }
+
+    /// (data, offsets) as bytes.
+    pub fn into_py(self, py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
+        PyTuple::new(py, [PyBytes::new(py, &self.data), PyBytes::new(py, &self.offsets)])
+    }
+}
+
 enum Buffer {
     Doubles(Vec<u8>),
     Ints(Vec<u8>),
     Bits(Vec<u8>),
-    Texts(Vec<u8>, Vec<u8>),
+    Texts(Texts),
 }
 
 fn buffer(kind: &str, n: usize) -> PyResult<Buffer> {
@@ -23,11 +50,7 @@ fn buffer(kind: &str, n: usize) -> PyResult<Buffer> {
         "float" => Buffer::Doubles(Vec::with_capacity(n * 8)),
         "int" => Buffer::Ints(Vec::with_capacity(n * 8)),
         "bool" => Buffer::Bits(vec![0; n.div_ceil(8)]),
-        "str" => {
-            let mut offsets = Vec::with_capacity((n + 1) * 4);
-            offsets.extend_from_slice(&0i32.to_le_bytes());
-            Buffer::Texts(Vec::with_capacity(n * 8), offsets)
-        }
+        "str" => Buffer::Texts(Texts::default()),
         _ => return Err(pyo3::exceptions::PyValueError::new_err(format!("unknown column type {kind:?}"))),
     })
 }
@@ -57,15 +80,15 @@ fn push(buf: &mut Buffer, row: usize, v: &Bound<'_, PyAny>) -> bool {
                 out[row / 8] |= 1 << (row % 8);
             }
         }
-        Buffer::Texts(data, offsets) => {
+        Buffer::Texts(texts) => {
             if !v.is_exact_instance_of::<PyString>() {
                 return false;
             }
             let Ok(s) = v.cast::<PyString>() else { return false };
             let Ok(text) = s.to_str() else { return false };
-            data.extend_from_slice(text.as_bytes());
-            let Ok(end) = i32::try_from(data.len()) else { return false };
-            offsets.extend_from_slice(&end.to_le_bytes());
+            if texts.push(text).is_none() {
+                return false;
+            }
         }
     }
     true
@@ -108,9 +131,7 @@ pub fn record_columns(
     for buf in bufs {
         match buf {
             Buffer::Doubles(b) | Buffer::Ints(b) | Buffer::Bits(b) => out.append(PyBytes::new(py, &b))?,
-            Buffer::Texts(data, offsets) => {
-                out.append(PyTuple::new(py, [PyBytes::new(py, &data), PyBytes::new(py, &offsets)])?)?
-            }
+            Buffer::Texts(texts) => out.append(texts.into_py(py)?)?,
         }
     }
     for b in stamps {

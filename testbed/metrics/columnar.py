@@ -333,6 +333,47 @@ DECISION_SCHEMA = pa.schema(
 )
 
 
+_LABELS = DECISION_SCHEMA.field("labels").type
+
+
+def _text_buffers(n: int, buf: tuple[bytes, bytes]) -> pa.Array:
+    data, offsets = buf
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def decision_batch(
+    held: list[tuple[float, str, Iterable[RawSample]]], speedup: float, compiled: bool = True
+) -> pa.RecordBatch:
+    """A held batch of decision lines ((paper time, source, samples)) as decisions.parquet's rows:
+    from the compiled twin's buffers where built (`testbed_native.decision_columns`, unless not
+    `compiled`), else from `decision_columns`' lists; the same batch either way."""
+    ext = native.module() if compiled else None
+    bufs = None if ext is None else ext.decision_columns(held, speedup)
+    if bufs is not None:
+        ts, sources, metrics, values, counts, keys, texts = bufs
+        n = len(ts) // 8
+        labels = pa.MapArray.from_arrays(
+            pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(counts)]),
+            _text_buffers(len(keys[1]) // 4 - 1, keys),
+            _text_buffers(len(texts[1]) // 4 - 1, texts),
+            type=_LABELS,
+        )
+        arrays = [
+            pa.Array.from_buffers(pa.float64(), n, [None, pa.py_buffer(ts)]),
+            _text_buffers(n, sources),
+            _text_buffers(n, metrics),
+            pa.Array.from_buffers(pa.float64(), n, [None, pa.py_buffer(values)]),
+            labels,
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=DECISION_SCHEMA)
+    cols = decision_columns(held, speedup)
+    offsets = np.zeros(len(cols.counts) + 1, dtype=np.int32)
+    np.cumsum(np.array(cols.counts, dtype=np.int32), out=offsets[1:])
+    labels = pa.MapArray.from_arrays(_plain(pa.int32(), offsets), _texts(cols.keys), _texts(cols.texts), type=_LABELS)
+    arrays = [_floats(cols.ts), _texts(cols.sources), _texts(cols.metrics), _floats(cols.values), labels]
+    return pa.RecordBatch.from_arrays(arrays, schema=DECISION_SCHEMA)
+
+
 class ParquetSeriesFile:
     """`BatchSeriesFile`'s interface (times in paper seconds, written as wire seconds since the
     run's start) writing decisions.parquet: the values decisions.jsonl's lines read back as."""
@@ -359,17 +400,9 @@ class ParquetSeriesFile:
         if not self._held:
             return
         t0 = time.perf_counter()
-        cols = decision_columns(self._held, self.speedup)
-        ts, sources, metrics, values, counts = cols.ts, cols.sources, cols.metrics, cols.values, cols.counts
-        keys, texts = cols.keys, cols.texts
-        offsets = np.zeros(len(counts) + 1, dtype=np.int32)
-        np.cumsum(np.array(counts, dtype=np.int32), out=offsets[1:])
-        labels = pa.MapArray.from_arrays(
-            _plain(pa.int32(), offsets), _texts(keys), _texts(texts), type=DECISION_SCHEMA.field("labels").type
-        )
-        arrays = [_floats(ts), _texts(sources), _texts(metrics), _floats(values), labels]
-        self._out.write_batch(pa.RecordBatch.from_arrays(arrays, schema=DECISION_SCHEMA))
-        self.lines += len(ts)
+        batch = decision_batch(self._held, self.speedup)
+        self._out.write_batch(batch)
+        self.lines += batch.num_rows
         self._held = []
         self.write_s += time.perf_counter() - t0
 
