@@ -133,21 +133,33 @@ def plan_tables(subdirs: Sequence[str]) -> Render:
     return render
 
 
-def million_run(stop_after_s: float = 120) -> Render:
+def million_run(stop_after_s: float = 30) -> Render:
     """The whole run and the stopped one: `/usr/bin/time`'s line of each (the last of its stderr),
-    the simulator's own figures, and how long the stop took after the signal."""
+    the simulator's own figures, how long the stop took after the signal, the whole run's directory
+    and `testbed report` on it."""
 
     def render(d: Done) -> str:
         whole = read_artefact(d.work / "whole" / "summary.json", Summary)
         info = json.loads((d.work / "whole" / "run.json").read_text())
         stopped = json.loads((d.work / "stopped" / "run.json").read_text())
         kept = sum(1 for _ in (d.work / "stopped" / "records.csv").open()) - 1
-        timed = [d.stderr[i].strip().splitlines()[-1] for i in (1, 2)]
+        timed = [d.stderr[i].strip().splitlines()[-1] for i in (1, 2, 3)]
         stop_wall = float(timed[1].split(" s wall")[0])
+        # The report's own files (report.md, its plots) came after.
+        made = [
+            f for f in (d.work / "whole").rglob("*") if f.is_file() and f.name != "report.md" and f.suffix != ".png"
+        ]
+        size = sum(f.stat().st_size for f in made)
+        sim = info["sim"]
         rows = [
             ("requests completed / total", completed(whole)),
-            ("events; simulated in (wall)", f"{info['sim'].get('events', 0):,}; {info['sim']['wall_s']:.1f} s"),
+            (
+                "events; simulated in (wall), of which writing",
+                f"{sim.get('events', 0):,}; {sim['wall_s']:.1f} s, {sim.get('write_s', 0.0):.1f} s",
+            ),
             ("the whole command (`/usr/bin/time`)", timed[0]),
+            ("its run directory, before the report", f"{size / 1e6:.0f} MB"),
+            ("`testbed report` on it (`/usr/bin/time`)", timed[2]),
             (f"stopped by SIGTERM {stop_after_s:g} s in (`/usr/bin/time`)", timed[1]),
             ("the stop: exit after the signal", f"{stop_wall - stop_after_s:.2f} s"),
             ("stopped run: run.json state; records kept", f"{stopped['state']}; {kept:,}"),
@@ -604,14 +616,16 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "sim-1m",
         "A million requests over ten days, simulated, and stopped",
         "A 1,000,000-request trace of the paper's workload spanning 10 days replayed on paper-prfaas by the "
-        "simulator under `/usr/bin/time`, then the same run sent SIGTERM 120 s in.",
+        "simulator under `/usr/bin/time`, then the same run sent SIGTERM 30 s in, and `testbed report` on the "
+        "whole run.",
         "sim",
         (
             "testbed trace synth --requests 1000000 --rate 1.1574074 --seed 7 --out {work}/trace-1m.jsonl",
             f"/usr/bin/time -f {TIME_FORMAT} testbed replay --backend sim --scenario paper-prfaas "
             "--trace {work}/trace-1m.jsonl --out {work}/whole",
-            f"! /usr/bin/time -f {TIME_FORMAT} timeout --preserve-status -s TERM 120 testbed replay --backend sim "
+            f"! /usr/bin/time -f {TIME_FORMAT} timeout --preserve-status -s TERM 30 testbed replay --backend sim "
             "--scenario paper-prfaas --trace {work}/trace-1m.jsonl --out {work}/stopped",
+            f"/usr/bin/time -f {TIME_FORMAT} testbed report {{work}}/whole",
         ),
         million_run(),
     ),
