@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from native_ext import required
+from test_native_record_columns import arrow_bytes
 
 from testbed.metrics import columnar
 
@@ -74,17 +75,9 @@ HELD = st.one_of(
 )
 
 
-def _bytes(batch: pa.RecordBatch) -> bytes:
-    """The batch as Arrow's stream format writes it, bit for bit (NaN included)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as w:
-        w.write_batch(batch)
-    return bytes(sink.getvalue())
-
-
 def _batch(held: list[Any], speedup: float, compiled: bool) -> bytes | type[BaseException]:
     try:
-        return _bytes(columnar.decision_batch(held, speedup, compiled=compiled))
+        return arrow_bytes(columnar.decision_batch(held, speedup, compiled=compiled))
     except (UnicodeEncodeError, TypeError, ValueError, OverflowError, IndexError, pa.ArrowException) as e:
         return type(e)
 

@@ -41,7 +41,7 @@ def _batch(recs: list[RequestRecord], compiled: bool) -> pa.RecordBatch | type[B
         return type(e)
 
 
-def _bytes(batch: pa.RecordBatch) -> bytes:
+def arrow_bytes(batch: pa.RecordBatch) -> bytes:
     """The batch as Arrow's stream format writes it: schema and every buffer, bit for bit (NaN
     included, which `equals` takes as unequal to itself)."""
     sink = pa.BufferOutputStream()
@@ -72,7 +72,7 @@ def test_both_ways_build_the_same_batch(raw: list[RequestRecord], odd: Any) -> N
         assert got is want
         return
     assert isinstance(got, pa.RecordBatch)
-    assert _bytes(got) == _bytes(want), (got.to_pylist(), want.to_pylist())
+    assert arrow_bytes(got) == arrow_bytes(want), (got.to_pylist(), want.to_pylist())
 
 
 @pytest.mark.pure
@@ -100,6 +100,6 @@ def test_a_simulated_runs_records_take_the_compiled_way() -> None:
     as_written(rec)
     cols = ext.record_columns([rec, rec], columnar._NATIVE_FIELDS, list(columnar.TIME_COLUMNS))
     assert cols is not None and len(cols) == len(columnar.RECORD_SCHEMA)
-    assert _bytes(columnar._record_batch([rec, rec], True)) == _bytes(
+    assert arrow_bytes(columnar._record_batch([rec, rec], True)) == arrow_bytes(
         columnar._record_batch([rec, rec], True, compiled=False)
     )

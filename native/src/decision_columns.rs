@@ -10,9 +10,9 @@
 //! way, which converts or refuses it as before.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyFloat, PyInt, PyList, PyTuple};
 
-use crate::record_columns::Texts;
+use crate::record_columns::{text, Texts};
 
 /// `float(v)` of an exact float or 64-bit int (an int's nearest double, ties to even, as Python
 /// converts it); None for anything else.
@@ -36,13 +36,6 @@ fn round6(x: f64, scratch: &mut String) -> f64 {
     scratch.clear();
     let _ = write!(scratch, "{x:.6}");
     scratch.parse().unwrap_or(x)
-}
-
-fn text<'a>(v: &'a Bound<'_, PyAny>) -> Option<&'a Bound<'a, PyString>> {
-    if !v.is_exact_instance_of::<PyString>() {
-        return None;
-    }
-    v.cast::<PyString>().ok()
 }
 
 /// The items of an exact list or tuple.
@@ -74,13 +67,13 @@ impl Columns {
         let entry = items(entry)?;
         let [t, source, samples] = entry.as_slice() else { return None };
         let t = round6(as_float(t)? / speedup, scratch);
-        let source = text(source)?;
+        let source = text(source)?.to_str().ok()?;
         for sample in items(samples)? {
             let [metric, value, labels] = items(&sample)?.try_into().ok()?;
             let v = as_float(&value)?;
             let labels = labels.cast_exact::<PyDict>().ok()?;
             self.ts.extend_from_slice(&t.to_le_bytes());
-            self.sources.push(source.to_str().ok()?)?;
+            self.sources.push(source)?;
             self.metrics.push(text(&metric)?.to_str().ok()?)?;
             let v = if v.is_finite() { v } else { f64::NAN };
             self.values.extend_from_slice(&v.to_le_bytes());

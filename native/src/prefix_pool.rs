@@ -43,15 +43,7 @@ impl Key {
     fn stored(kind: u8, pos: i64, hid: Hid) -> Key {
         Key::new(kind, pos, hid).expect("a block position fits 32 bits")
     }
-}
 
-impl std::hash::Hash for Key {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.spread());
-    }
-}
-
-impl Key {
     /// The key's hash, laid out for the index (a `hashbrown` table: the low bits pick the bucket,
     /// the top seven are the tag its probes compare first). Traces number a new block one past
     /// the last (Mooncake's `hash_ids`, ours), and a pool inserts and evicts a prompt's blocks
@@ -67,6 +59,12 @@ impl Key {
         let fold = v ^ (v >> 21) ^ (v >> 42) ^ u64::from(self.big) << 20;
         let bucket = fold << 1 | u64::from(self.kind);
         (tag & TAG_BITS) | (bucket & !TAG_BITS)
+    }
+}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.spread());
     }
 }
 

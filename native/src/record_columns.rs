@@ -11,6 +11,14 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
+/// `v` if it is exactly a `str` (not a subclass).
+pub fn text<'a>(v: &'a Bound<'_, PyAny>) -> Option<&'a Bound<'a, PyString>> {
+    if !v.is_exact_instance_of::<PyString>() {
+        return None;
+    }
+    v.cast::<PyString>().ok()
+}
+
 /// Texts as Arrow holds them: their UTF-8 bytes end to end and each one's end as a 32-bit offset.
 pub struct Texts {
     data: Vec<u8>,
@@ -81,12 +89,8 @@ fn push(buf: &mut Buffer, row: usize, v: &Bound<'_, PyAny>) -> bool {
             }
         }
         Buffer::Texts(texts) => {
-            if !v.is_exact_instance_of::<PyString>() {
-                return false;
-            }
-            let Ok(s) = v.cast::<PyString>() else { return false };
-            let Ok(text) = s.to_str() else { return false };
-            if texts.push(text).is_none() {
+            let Some(Ok(s)) = text(v).map(|s| s.to_str()) else { return false };
+            if texts.push(s).is_none() {
                 return false;
             }
         }
@@ -109,7 +113,7 @@ pub fn record_columns(
     for (_, kind) in &fields {
         bufs.push(buffer(kind, n)?);
     }
-    let mut stamps: Vec<Vec<u8>> = time_names.iter().map(|_| Vec::with_capacity(n * 8)).collect();
+    let mut stamps: Vec<Buffer> = time_names.iter().map(|_| Buffer::Doubles(Vec::with_capacity(n * 8))).collect();
     let times = pyo3::intern!(py, "times");
     for (row, rec) in records.iter().enumerate() {
         for ((name, _), buf) in fields.iter().zip(bufs.iter_mut()) {
@@ -118,24 +122,18 @@ pub fn record_columns(
             }
         }
         let t = rec.getattr(times)?;
-        for (name, out) in time_names.iter().zip(stamps.iter_mut()) {
-            let v = t.getattr(name)?;
-            if !v.is_exact_instance_of::<PyFloat>() {
+        for (name, buf) in time_names.iter().zip(stamps.iter_mut()) {
+            if !push(buf, row, &t.getattr(name)?) {
                 return Ok(None);
             }
-            let Ok(f) = v.cast::<PyFloat>() else { return Ok(None) };
-            out.extend_from_slice(&f.value().to_le_bytes());
         }
     }
     let out = PyList::empty(py);
-    for buf in bufs {
+    for buf in bufs.into_iter().chain(stamps) {
         match buf {
             Buffer::Doubles(b) | Buffer::Ints(b) | Buffer::Bits(b) => out.append(PyBytes::new(py, &b))?,
             Buffer::Texts(texts) => out.append(texts.into_py(py)?)?,
         }
-    }
-    for b in stamps {
-        out.append(PyBytes::new(py, &b))?;
     }
     Ok(Some(out.unbind()))
 }

@@ -108,6 +108,12 @@ def _matrix(get: Callable[[Any], tuple[Any, ...]], items: list[Any], dtype: type
 _NATIVE_FIELDS = [(f.name, str(f.type)) for f in _RECORD_FIELDS]
 
 
+def _text_buffers(n: int, buf: tuple[bytes, bytes]) -> pa.Array:
+    """`n` texts from the compiled twins' (UTF-8 data, 32-bit offsets) buffers."""
+    data, offsets = buf
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
 def _native_batch(records: list[RequestRecord]) -> pa.RecordBatch | None:
     """A batch of settled records from the compiled twin's buffers (`testbed_native.record_columns`),
     where built; None: the Python way (no twin, or a value of another type than its column's)."""
@@ -119,8 +125,7 @@ def _native_batch(records: list[RequestRecord]) -> pa.RecordBatch | None:
     arrays: list[pa.Array] = []
     for f, buf in zip(RECORD_SCHEMA, bufs):
         if isinstance(buf, tuple):
-            data, offsets = buf
-            arrays.append(pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]))
+            arrays.append(_text_buffers(n, buf))
         elif f.type == STAMP:
             arrays.append(_stamps(np.frombuffer(buf, dtype=np.float64)))
         else:
@@ -334,11 +339,6 @@ DECISION_SCHEMA = pa.schema(
 
 
 _LABELS = DECISION_SCHEMA.field("labels").type
-
-
-def _text_buffers(n: int, buf: tuple[bytes, bytes]) -> pa.Array:
-    data, offsets = buf
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def decision_batch(
