@@ -51,6 +51,11 @@ def mooncake_rows(block: bytes, max_timestamp: int, min_tokens: int, max_input: 
     and chat_id, parent_chat_id (-1 where absent, None for null) and think_time (a float or None);
     else the line's bytes."""
 
+def mooncake_scan(block: bytes, max_timestamp: int, min_tokens: int, max_input: int, max_output: int,
+                  max_hash: int) -> tuple[int, int | float, int | float] | None:
+    """Where every line of `block` is a row `mooncake_rows` reads as a plain one (no `chat_id`) and
+    the timestamps never go back: (rows, first timestamp, last timestamp); else None."""
+
 def series_lines(batch: list[tuple[float, str | None, Iterable[tuple[str, float, dict[str, str]]]]], speedup: float,
                  own: str) -> tuple[str, int] | None:
     """`testbed.metrics.series_batch.BatchSeriesFile`'s lines of a held batch and how many, or None

@@ -20,7 +20,13 @@ from hypothesis import strategies as st
 from native_ext import required
 
 from testbed.core.schema.limits import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_TIMESTAMP_MS
-from testbed.traces.mooncake import _BLOCK_BYTES, _compiled_rows, iter_mooncake, write_mooncake_requests
+from testbed.traces.mooncake import (
+    _BLOCK_BYTES,
+    _compiled_rows,
+    iter_mooncake,
+    scan_mooncake,
+    write_mooncake_requests,
+)
 from testbed.traces.types import TraceError, TraceRequest
 
 required()
@@ -58,7 +64,30 @@ def _same(path: Path) -> Read:
     want = _read(path, compiled=False)
     assert _read(path, compiled=True) == want
     assert _strict(path, compiled=True) == _strict(path, compiled=False)
+    _scanned_alike(path)
     return want
+
+
+# Files the scan counted, of those `_scanned_alike` saw: [counted, all].
+scanned = [0, 0]
+
+
+def _scanned_alike(path: Path) -> None:
+    """`scan_mooncake` counts exactly the files whose every line the compiled reader takes as a
+    plain row, in order, and then tells what reading them through does: how many requests, the
+    last one's timestamp (by repr: -0.0 too)."""
+    data = path.read_bytes()
+    rows = ROWS(data) if ROWS is not None and data else []
+    stamps = [r[0] for r in rows if type(r) is tuple]
+    plain = bool(rows) and len(stamps) == len(rows) and all(a <= b for a, b in zip(stamps, stamps[1:]))
+    got = scan_mooncake(path)
+    scanned[0] += got is not None
+    scanned[1] += 1
+    if not plain:
+        assert got is None
+        return
+    reqs = list(iter_mooncake(path, compiled=False))
+    assert got is not None and (got[0], repr(got[1])) == (len(reqs), repr(reqs[-1].timestamp))
 
 
 def _taken(data: bytes) -> list[bytes | tuple[Any, ...] | list[Any]]:
@@ -280,6 +309,23 @@ def test_the_plain_edge_lines_take_the_compiled_way() -> None:
     assert sum(isinstance(r, tuple) for r in rows) >= 25
     k = next(i for i, line in enumerate(EDGE_LINES) if b"611.305" in line)
     assert rows[k] == (611.305, 12181, 1024, (16, 17, 18))
+
+
+def test_a_plain_trace_of_many_blocks_is_counted_and_a_step_back_is_not(tmp_path: Path) -> None:
+    """Counted across blocks, ints and floats mixed; a timestamp going back, within a block or at
+    the start of the next, or a blank line, leaves the file to the line-by-line reading."""
+    lines = [_line(timestamp=i * 1.25 if i % 3 else i * 5 // 4, hash_ids=list(range(i % 90))) for i in range(4000)]
+    data = b"\n".join(lines) + b"\n"
+    assert len(data) > 5 * _BLOCK_BYTES
+    path = _file(tmp_path, data)
+    assert scan_mooncake(path) == (4000, 4.998)  # the last line is 3999 * 5 // 4 ms
+    _scanned_alike(path)
+    at_block = data.index(b"\n", _BLOCK_BYTES) + 1  # the first line of the second block
+    for cut in (at_block, len(data) // 2):
+        back = data[:cut] + _line(timestamp=0) + b"\n" + data[cut:]
+        assert scan_mooncake(_file(tmp_path, back, "back.jsonl")) is None
+    assert scan_mooncake(_file(tmp_path, data + b"\n", "blank.jsonl")) is None
+    assert scan_mooncake(_file(tmp_path, b"", "empty.jsonl")) is None
 
 
 def test_lines_across_blocks_read_alike(tmp_path: Path) -> None:
@@ -642,3 +688,11 @@ def test_the_generated_lines_often_took_the_compiled_way() -> None:
         pytest.skip("runs after test_generated_lines_read_alike")
     assert taken[0] / taken[1] > 0.03
     assert taken_chats[0] / taken_chats[1] > 0.03
+
+
+def test_some_files_were_counted_by_the_scan() -> None:
+    """`_scanned_alike`'s comparisons are not vacuous: of the files the tests above read, some
+    were counted by the scan."""
+    if not scanned[1]:
+        pytest.skip("runs after the tests that read files")
+    assert scanned[0] >= 5

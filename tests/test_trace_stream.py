@@ -20,7 +20,7 @@ from testbed.run.runner import run_sim
 from testbed.sim import SimOptions, simulate
 from testbed.traces.formats import FORMATS, WriteOptions
 from testbed.traces.loader import load_trace
-from testbed.traces.stream import open_trace_file
+from testbed.traces.stream import HOLD_REQUESTS, open_trace_file
 from testbed.traces.types import Trace, TraceError, TraceRequest
 
 pytestmark = pytest.mark.pure
@@ -88,6 +88,31 @@ def test_stated_sessions_are_seen_and_a_bad_line_is_refused_up_front(tmp_path: P
     lines[9] = json.dumps({"timestamp": 99999, "input_length": "many", "output_length": 3, "hash_ids": []})
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(TraceError, match=r":10: field 'input_length'"):
+        open_trace_file(path)
+
+
+def test_a_long_plain_trace_is_counted_as_reading_it_would(tmp_path: Path) -> None:
+    """Past `HOLD_REQUESTS`, a plain Mooncake file is counted without making its requests
+    (`scan_mooncake`, where the extension is built): what a run records at its start is what
+    reading it through gives; and a bad line near its end is still refused up front."""
+    n = HOLD_REQUESTS + 500
+    path = _write(tmp_path, "mooncake", _trace(n))
+    tf = open_trace_file(path)
+    whole = load_trace(path)
+    assert tf.held is None and not tf.stated_sessions
+    assert (len(tf), tf.last_timestamp, tf.duration, tf.rate, tf.source, tf.notes) == (
+        len(whole),
+        whole.last_timestamp,
+        whole.duration,
+        whole.rate,
+        whole.source,
+        whole.notes,
+    )
+    assert list(tf) == whole.requests
+    lines = path.read_text().splitlines()
+    lines[n - 3] = json.dumps({"timestamp": 1, "input_length": 5, "output_length": 3, "hash_ids": []})
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=rf":{n - 2}: field .timestamp.: goes backwards"):
         open_trace_file(path)
 
 

@@ -39,7 +39,7 @@ mod series_lines;
 static ALLOCATOR: huge_pages::HugePages = huge_pages::HugePages;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 10;
+const ABI: u32 = 11;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -54,6 +54,7 @@ fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_pool::PoolStats>()?;
     m.add_class::<record_rows::RecordRows>()?;
     m.add_function(wrap_pyfunction!(mooncake_rows::mooncake_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(mooncake_rows::mooncake_scan, m)?)?;
     m.add_function(wrap_pyfunction!(record_columns::record_columns, m)?)?;
     m.add_function(wrap_pyfunction!(decision_columns::decision_columns, m)?)?;
     m.add_function(wrap_pyfunction!(series_lines::series_lines, m)?)?;

@@ -36,6 +36,21 @@ struct Limits {
     max_hash: u64,
 }
 
+impl Limits {
+    fn new(max_ts: u64, min_tokens: u64, max_input: u64, max_output: u64, max_hash: u64) -> Self {
+        let max_ts_float = max_ts as f64;
+        Limits {
+            max_ts,
+            max_ts_float: (max_ts_float < u64::MAX as f64 && max_ts_float as u64 == max_ts).then_some(max_ts_float),
+            min_tokens,
+            max_input,
+            max_output,
+            max_hash,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
 enum Stamp {
     Int(u64),
     Float(f64),
@@ -363,15 +378,7 @@ pub fn mooncake_rows<'py>(
     max_output: u64,
     max_hash: u64,
 ) -> PyResult<Bound<'py, PyList>> {
-    let max_ts_float = max_timestamp as f64;
-    let lim = Limits {
-        max_ts: max_timestamp,
-        max_ts_float: (max_ts_float < u64::MAX as f64 && max_ts_float as u64 == max_timestamp).then_some(max_ts_float),
-        min_tokens,
-        max_input,
-        max_output,
-        max_hash,
-    };
+    let lim = Limits::new(max_timestamp, min_tokens, max_input, max_output, max_hash);
     let s = block.as_bytes();
     let mut ids = Vec::new();
     let mut rows = Vec::new();
@@ -407,4 +414,66 @@ pub fn mooncake_rows<'py>(
         rows.push(row);
     }
     PyList::new(py, rows)
+}
+
+/// A timestamp as Python compares it with another: exactly, as both are within 2^53 (the caller's
+/// limit), where an int is a float exactly.
+fn stamp_value(t: Stamp) -> f64 {
+    match t {
+        Stamp::Int(n) => n as f64,
+        Stamp::Float(x) => x,
+    }
+}
+
+fn stamp_object(py: Python<'_>, t: Stamp) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match t {
+        Stamp::Int(n) => n.into_pyobject(py)?.into_any(),
+        Stamp::Float(x) => PyFloat::new(py, x).into_any(),
+    })
+}
+
+/// A block's rows and its first and last timestamps, as Python objects.
+type Counted<'py> = (usize, Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// What a first pass over a trace needs of `block` (whole lines, as `mooncake_rows` takes them)
+/// where every line is a row `mooncake_rows` reads as a plain one (no `chat_id`) and their
+/// timestamps never go back: `(rows, first timestamp, last timestamp)`, the timestamps the
+/// objects `mooncake_rows` gives. None for any other block, an empty one too: the caller reads it
+/// line by line, which words what is wrong. No row's values become objects, which is where
+/// `mooncake_rows` spends most of its time.
+#[pyfunction]
+pub fn mooncake_scan<'py>(
+    py: Python<'py>,
+    block: &Bound<'py, PyBytes>,
+    max_timestamp: u64,
+    min_tokens: u64,
+    max_input: u64,
+    max_output: u64,
+    max_hash: u64,
+) -> PyResult<Option<Counted<'py>>> {
+    let lim = Limits::new(max_timestamp, min_tokens, max_input, max_output, max_hash);
+    let s = block.as_bytes();
+    let mut ids = Vec::new();
+    let mut start = 0;
+    let mut rows = 0usize;
+    let (mut first, mut last): (Option<Stamp>, Option<Stamp>) = (None, None);
+    while start < s.len() {
+        ids.clear();
+        let mut session = Session::ABSENT;
+        let mut scan = Scan { s, i: start };
+        let Some((ts, _, _)) = scan.row(&lim, &mut ids, &mut session) else {
+            return Ok(None);
+        };
+        if session.chat.is_some() || last.is_some_and(|p| stamp_value(ts) < stamp_value(p)) {
+            return Ok(None);
+        }
+        start = scan.i;
+        rows += 1;
+        first.get_or_insert(ts);
+        last = Some(ts);
+    }
+    match (first, last) {
+        (Some(f), Some(l)) => Ok(Some((rows, stamp_object(py, f)?, stamp_object(py, l)?))),
+        _ => Ok(None),
+    }
 }

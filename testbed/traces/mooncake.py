@@ -111,6 +111,56 @@ def _compiled_rows() -> _Rows | None:
     return rows
 
 
+_Scan = Callable[[bytes], tuple[int, int | float, int | float] | None]
+
+
+def _compiled_scan() -> _Scan | None:
+    """`testbed_native.mooncake_scan` with `_compiled_rows`'s limits, where built."""
+    ext = native.module()
+    if ext is None:
+        return None
+    scan: _Scan = partial(
+        ext.mooncake_scan,
+        max_timestamp=MAX_TIMESTAMP_MS,
+        min_tokens=MIN_TOKENS,
+        max_input=MAX_INPUT_TOKENS,
+        max_output=MAX_OUTPUT_TOKENS,
+        max_hash=MAX_HASH_ID,
+    )
+    return scan
+
+
+def scan_mooncake(path: str | Path) -> tuple[int, float] | None:
+    """What reading a Mooncake file through tells when every line is a plain good row (no session
+    keys, no blank line) and the timestamps never go back: how many requests `iter_mooncake`
+    yields and the last one's timestamp as it gives it, found without making the requests
+    (`testbed_native.mooncake_scan`; their hash ids made into objects are most of a pass's time).
+    None where the extension is not built, the file is empty or any line is otherwise:
+    `iter_mooncake` then reads it and says what is wrong."""
+    scan = _compiled_scan()
+    if scan is None:
+        return None
+    count = 0
+    t0: int | float | None = None
+    prev: int | float = 0
+    with open_trace(Path(path)) as f:
+        # The blocks `_lines` hands `mooncake_rows`: whole lines.
+        for block in iter(lambda: f.read(_BLOCK_BYTES) + f.readline(), b""):
+            got = scan(block)
+            if got is None:
+                return None
+            n, first, last = got
+            if first < prev:
+                return None
+            if t0 is None:
+                t0 = first
+            count += n
+            prev = last
+    if t0 is None:
+        return None
+    return count, (prev - t0) * 1.0 / 1000.0  # `iter_mooncake`'s rebasing of a ms timestamp
+
+
 def _lines(f: io.BufferedReader, rows: _Rows | None) -> Iterator[bytes | _Row | _ChatRow]:
     """Each line of `f` (bytes), or its values where `rows` reads them."""
     if rows is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from testbed.core.gc_pause import paused_gc
 from testbed.traces.csvutil import LoadStats, Window
 from testbed.traces.loader import block_tokens_of, iter_trace, notes_for, resolve_format, source_of
+from testbed.traces.mooncake import scan_mooncake
 from testbed.traces.types import Trace, TraceRequest
 
 HOLD_REQUESTS = 20_000  # a trace of at most this many requests is held once read
@@ -102,13 +103,32 @@ def open_trace_file(
     """The trace `load_trace` would load with the same arguments (the same errors, the same
     `source` and `notes`), read once through and not held."""
     fmt = resolve_format(path, format)
+    source = source_of(path, window, limit, models)
+    if fmt == "mooncake" and window is None and limit is None and models is None:
+        # A long plain trace is counted without making its requests; anything else (a short
+        # trace, which is held, one with sessions, a line to complain of) is read below.
+        scanned = scan_mooncake(path)
+        if scanned is not None and scanned[0] > HOLD_REQUESTS:
+            return TraceFile(
+                path=Path(path),
+                format=fmt,
+                window=None,
+                limit=None,
+                keep_failed=keep_failed,
+                models=None,
+                source=source,
+                block_tokens=block_tokens_of(fmt),
+                notes=tuple(notes_for(fmt, LoadStats())),
+                count=scanned[0],
+                last_timestamp=scanned[1],
+                stated_sessions=False,
+            )
     stats = LoadStats()
     count = 0
     last = 0.0
     prev = -math.inf
     stated = False
     held: list[TraceRequest] | None = []
-    source = source_of(path, window, limit, models)
     # The collector paused: a short trace's requests are held (and the lines' objects freed by
     # reference counting), so its collections would find nothing.
     with paused_gc():
