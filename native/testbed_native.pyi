@@ -61,11 +61,12 @@ def series_lines(batch: list[tuple[float, str | None, Iterable[tuple[str, float,
     """`testbed.metrics.series_batch.BatchSeriesFile`'s lines of a held batch and how many, or None
     where the batch must be written the Python way."""
 
-def record_columns(records: list[Any], fields: list[tuple[str, str]],
-                   time_names: list[str]) -> list[bytes | tuple[bytes, bytes]] | None:
+def record_columns(records: list[Any], fields: list[tuple[str, str]], time_names: list[str],
+                   settle: bool = False, max_chars: int = 0) -> list[bytes | tuple[bytes, bytes]] | None:
     """`testbed.metrics.columnar`'s column buffers of a batch of settled records (each field in
     order, then each stamp; a text's as (data, offsets)), or None where the batch must be built
-    the Python way."""
+    the Python way. `settle`: of records not settled, their values as settling makes them (a text
+    of more than `max_chars` characters: None)."""
 
 def decision_columns(held: list[Any], speedup: float) -> list[Any] | None:
     """`testbed.metrics.columnar.decision_batch`'s buffers of a held batch of decision lines (ts,

@@ -39,7 +39,7 @@ mod series_lines;
 static ALLOCATOR: huge_pages::HugePages = huge_pages::HugePages;
 
 /// Bumped whenever a twin's behaviour or interface changes.
-const ABI: u32 = 11;
+const ABI: u32 = 12;
 
 #[pymodule]
 fn testbed_native(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -1,6 +1,9 @@
-//! `record_columns`: a batch of settled records as the column buffers of records.parquet
+//! `record_columns`: a batch of records as the column buffers of records.parquet
 //! (`testbed.metrics.columnar`), each read off the records in one pass: what the Python way builds
-//! field by field through lists and NumPy arrays, a fifth of a long simulated run's writing.
+//! field by field through lists and NumPy arrays, a fifth of a long simulated run's writing. The
+//! records are settled (made what records.csv reads back) or, with `settle`, their values are
+//! stored as settling would make them (floats and stamps to the microsecond, as "%.6f" reads back;
+//! a text longer than the cut gives None) and the records left as they are.
 //!
 //! Each field's values are laid out as Arrow holds them: a float's or stamp's little-endian
 //! doubles, an int's 64-bit integers, a bool's bits (least significant first), a text's UTF-8
@@ -10,6 +13,15 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
+
+use crate::record_rows::written_value;
+
+/// How values are laid out: as they are (settled records), or as settling would make them.
+struct Settle {
+    on: bool,
+    max_chars: usize,
+    scratch: String,
+}
 
 /// `v` if it is exactly a `str` (not a subclass).
 pub fn text<'a>(v: &'a Bound<'_, PyAny>) -> Option<&'a Bound<'a, PyString>> {
@@ -63,15 +75,17 @@ fn buffer(kind: &str, n: usize) -> PyResult<Buffer> {
     })
 }
 
-/// `v` appended as row `row` of `buf`; false: not of the column's type (the Python way then).
-fn push(buf: &mut Buffer, row: usize, v: &Bound<'_, PyAny>) -> bool {
+/// `v` appended as row `row` of `buf`; false: not of the column's type, or with `settle` a text
+/// past the cut (the Python way then).
+fn push(buf: &mut Buffer, row: usize, v: &Bound<'_, PyAny>, settle: &mut Settle) -> bool {
     match buf {
         Buffer::Doubles(out) => {
             if !v.is_exact_instance_of::<PyFloat>() {
                 return false;
             }
             let Ok(f) = v.cast::<PyFloat>() else { return false };
-            out.extend_from_slice(&f.value().to_le_bytes());
+            let x = if settle.on { written_value(f.value(), &mut settle.scratch) } else { f.value() };
+            out.extend_from_slice(&x.to_le_bytes());
         }
         Buffer::Ints(out) => {
             if !v.is_exact_instance_of::<PyInt>() {
@@ -90,6 +104,9 @@ fn push(buf: &mut Buffer, row: usize, v: &Bound<'_, PyAny>) -> bool {
         }
         Buffer::Texts(texts) => {
             let Some(Ok(s)) = text(v).map(|s| s.to_str()) else { return false };
+            if settle.on && s.chars().count() > settle.max_chars {
+                return false;
+            }
             if texts.push(s).is_none() {
                 return false;
             }
@@ -100,14 +117,19 @@ fn push(buf: &mut Buffer, row: usize, v: &Bound<'_, PyAny>) -> bool {
 
 /// The columns of `records` (each with the attributes `fields` names and a `times` whose
 /// attributes `time_names` names): for each field in order, then each stamp, its buffer as bytes
-/// (a text's as (data, offsets)); None where a value is not of its column's type.
+/// (a text's as (data, offsets)); None where a value is not of its column's type. `settle`: the
+/// values as settling would make them, a text of more than `max_chars` characters giving None.
 #[pyfunction]
+#[pyo3(signature = (records, fields, time_names, settle = false, max_chars = 0))]
 pub fn record_columns(
     py: Python<'_>,
     records: &Bound<'_, PyList>,
     fields: Vec<(Bound<'_, PyString>, String)>,
     time_names: Vec<Bound<'_, PyString>>,
+    settle: bool,
+    max_chars: usize,
 ) -> PyResult<Option<Py<PyList>>> {
+    let mut settle = Settle { on: settle, max_chars, scratch: String::new() };
     let n = records.len();
     let mut bufs = Vec::with_capacity(fields.len() + time_names.len());
     for (_, kind) in &fields {
@@ -117,13 +139,13 @@ pub fn record_columns(
     let times = pyo3::intern!(py, "times");
     for (row, rec) in records.iter().enumerate() {
         for ((name, _), buf) in fields.iter().zip(bufs.iter_mut()) {
-            if !push(buf, row, &rec.getattr(name)?) {
+            if !push(buf, row, &rec.getattr(name)?, &mut settle) {
                 return Ok(None);
             }
         }
         let t = rec.getattr(times)?;
         for (name, buf) in time_names.iter().zip(stamps.iter_mut()) {
-            if !push(buf, row, &t.getattr(name)?) {
+            if !push(buf, row, &t.getattr(name)?, &mut settle) {
                 return Ok(None);
             }
         }

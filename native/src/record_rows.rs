@@ -57,15 +57,38 @@ fn float_text(v: &Bound<'_, PyAny>, out: &mut String) -> Option<f64> {
     }
     if let Some(micros) = whole_micros(x) {
         // "%.6f" of the microseconds: the sign (of -0.0 too, as Python writes it), the seconds,
-        // six digits; the value read back is the double nearest micros / 10^6, which is what
-        // dividing the two exact doubles gives.
+        // six digits.
         let sign = if x.is_sign_negative() { "-" } else { "" };
         let _ = write!(out, "{sign}{}.{:06}", micros / 1_000_000, micros % 1_000_000);
-        let back = micros as f64 / 1e6;
-        return Some(if x.is_sign_negative() { -back } else { back });
+        return Some(micros_back(x, micros));
     }
     let _ = write!(out, "{x:.6}");
     Some(out.parse().unwrap_or(x))
+}
+
+/// What x's "%.6f" text reads back as (Python's `round(x, 6)`), without writing the text where
+/// `whole_micros` settles it.
+pub fn written_value(x: f64, scratch: &mut String) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    if let Some(micros) = whole_micros(x) {
+        return micros_back(x, micros);
+    }
+    scratch.clear();
+    let _ = write!(scratch, "{x:.6}");
+    scratch.parse().unwrap_or(x)
+}
+
+/// The double nearest micros / 10^6 (what dividing the two exact doubles gives), with x's sign:
+/// what the text of x's microseconds reads back as.
+fn micros_back(x: f64, micros: u64) -> f64 {
+    let back = micros as f64 / 1e6;
+    if x.is_sign_negative() {
+        -back
+    } else {
+        back
+    }
 }
 
 /// |x| in whole microseconds, rounded as "%.6f" rounds (to nearest, ties to even on the exact

@@ -13,7 +13,7 @@ import os
 from functools import cache
 from types import ModuleType
 
-ABI = 11  # native/src/lib.rs's: the twins' behaviour and interface this code expects
+ABI = 12  # native/src/lib.rs's: the twins' behaviour and interface this code expects
 ENV = "TESTBED_NATIVE"  # "0": the pure-Python modules, even where the extension is built
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,14 @@ import pyarrow.parquet as pq
 from testbed.core import native
 from testbed.core.record import RecordFormatError, RequestRecord, StageTimes
 from testbed.metrics.decision_columns import decision_columns
-from testbed.metrics.records import MAX_FIELD_CHARS, RECORDS_VERSION, RecordWriter, as_written, native_rows
+from testbed.metrics.records import (
+    CUT_FIELDS,
+    MAX_FIELD_CHARS,
+    RECORDS_VERSION,
+    RecordWriter,
+    as_written,
+    native_rows,
+)
 from testbed.metrics.series_format import RawSample, SeriesPoint, TimeseriesError
 
 # Rows per row group: a run holds at most this many records or decisions before writing them.
@@ -72,7 +79,6 @@ _ENCODING = {f.name: "DELTA_BINARY_PACKED" for f in RECORD_SCHEMA if f.type in (
 }
 _DICTIONARY = [f.name for f in RECORD_SCHEMA if f.type in (pa.string(), pa.bool_())]
 _FLOAT_FIELDS = frozenset(f.name for f in _RECORD_FIELDS if str(f.type) == "float")
-_STR_FIELDS = frozenset(f.name for f in _RECORD_FIELDS if str(f.type) == "str")
 _INT_NAMES = tuple(f.name for f in _RECORD_FIELDS if str(f.type) == "int")
 # Each a tuple, however many names (attrgetter of one name gives the value alone).
 _INT_GET = attrgetter(*_INT_NAMES, *(_INT_NAMES[:1] if len(_INT_NAMES) == 1 else ()))
@@ -114,11 +120,16 @@ def _text_buffers(n: int, buf: tuple[bytes, bytes]) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def _native_batch(records: list[RequestRecord]) -> pa.RecordBatch | None:
-    """A batch of settled records from the compiled twin's buffers (`testbed_native.record_columns`),
-    where built; None: the Python way (no twin, or a value of another type than its column's)."""
+def _native_batch(records: list[RequestRecord], settled: bool = True) -> pa.RecordBatch | None:
+    """A batch from the compiled twin's buffers (`testbed_native.record_columns`), where built, of
+    settled records or (not `settled`) of the values settling would give them; None: the Python way
+    (no twin, a value of another type than its column's, a text to cut)."""
     ext = native.module()
-    bufs = None if ext is None else ext.record_columns(records, _NATIVE_FIELDS, list(TIME_COLUMNS))
+    bufs = (
+        None
+        if ext is None
+        else ext.record_columns(records, _NATIVE_FIELDS, list(TIME_COLUMNS), not settled, MAX_FIELD_CHARS)
+    )
     if bufs is None:
         return None
     n = len(records)
@@ -134,11 +145,13 @@ def _native_batch(records: list[RequestRecord]) -> pa.RecordBatch | None:
 
 
 def _record_batch(records: list[RequestRecord], settled: bool, compiled: bool = True) -> pa.RecordBatch:
-    """`compiled`: settled records' batch from the compiled twin's buffers where it is built."""
-    if settled and compiled and (batch := _native_batch(records)) is not None:
+    """`compiled`: the batch from the compiled twin's buffers where it is built."""
+    if compiled and (batch := _native_batch(records, settled)) is not None:
         return batch
     ints = dict(zip(_INT_NAMES, _matrix(_INT_GET, records, np.int64)))
     stamps = _matrix(_TIME_GET, [r.times for r in records], np.float64)
+    if not settled:  # as `as_written` rounds them, before `_stamps` takes them to microseconds
+        stamps = np.array([[round(v, 6) for v in row] for row in stamps.tolist()], dtype=np.float64)
     arrays: list[pa.Array] = []
     for f in _RECORD_FIELDS:
         n = f.name
@@ -150,7 +163,7 @@ def _record_batch(records: list[RequestRecord], settled: bool, compiled: bool = 
         if not settled:
             if n in _FLOAT_FIELDS:
                 col = [round(v, 6) for v in col]
-            elif n in _STR_FIELDS:
+            elif n in CUT_FIELDS:  # as settling cuts them: records.csv's own texts
                 col = [v[:MAX_FIELD_CHARS] for v in col]
         arrays.append(_BUILD[str(f.type)](col))
     arrays += [_stamps(t) for t in stamps]
@@ -211,15 +224,15 @@ def _stamps(t: np.ndarray[Any, Any]) -> pa.Array:
 _BUILD: dict[str, Callable[[list[Any]], pa.Array]] = {"float": _floats, "int": _ints, "bool": _bools, "str": _texts}
 
 
-def _write_records(out: pq.ParquetWriter, records: list[RequestRecord], settled: bool) -> None:
+def _write_records(out: pq.ParquetWriter, records: list[RequestRecord], settled: bool, compiled: bool = True) -> None:
     try:
-        batch = _record_batch(records, settled)
+        batch = _record_batch(records, settled, compiled)
     except _TooLong:
         if len(records) == 1:
             raise ValueError("a record's texts exceed 2 GiB") from None
         half = len(records) // 2
-        _write_records(out, records[:half], settled)
-        _write_records(out, records[half:], settled)
+        _write_records(out, records[:half], settled, compiled)
+        _write_records(out, records[half:], settled, compiled)
         return
     out.write_batch(batch)
 
@@ -230,14 +243,18 @@ class ParquetRecordWriter:
     stored values are rounded and cut the same way and the records left as they are.
     `settled_by`: a records.csv writer that is given the same records and settles them as it
     writes them; its held records are written before each row group, which then need not be
-    settled again (a twentieth of a simulated run's writing)."""
+    settled again (a twentieth of a simulated run's writing). `compiled`: batches from the compiled
+    twin where it is built."""
 
-    def __init__(self, path: Path, settle: bool = False, settled_by: RecordWriter | None = None) -> None:
+    def __init__(
+        self, path: Path, settle: bool = False, settled_by: RecordWriter | None = None, compiled: bool = True
+    ) -> None:
         self.path = path
         self._out = pq.ParquetWriter(
             path, RECORD_SCHEMA, compression=_COMPRESSION, use_dictionary=_DICTIONARY, column_encoding=_ENCODING
         )
         self._settle = settle
+        self._compiled = compiled
         self._settled_by = settled_by if settled_by is not None and settled_by.settles else None
         self._held: list[RequestRecord] = []
         self.count = 0
@@ -257,7 +274,7 @@ class ParquetRecordWriter:
         t = time.perf_counter()
         if self._settled_by is None and self._settle:
             _settle(self._held)
-        _write_records(self._out, self._held, self._settle or self._settled_by is not None)
+        _write_records(self._out, self._held, self._settle or self._settled_by is not None, self._compiled)
         self._held = []
         self.write_s += time.perf_counter() - t
 

@@ -251,6 +251,7 @@ def _parse(col: str, kind: str, raw: str, where: str) -> Any:
 _ALL_TIMES = attrgetter(*TIME_NAMES)
 _OTHER_FLOATS = tuple(c for timed, c, fmt in _ROW_FIELDS if fmt is _fmt_float and not timed)
 _STR_FIELDS = tuple(c for timed, c, fmt in _ROW_FIELDS if fmt is _fmt_str)
+CUT_FIELDS = frozenset(_STR_FIELDS)  # the texts `as_written` cuts: records.csv's columns
 
 
 def as_written(rec: RequestRecord) -> RequestRecord:

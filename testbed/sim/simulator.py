@@ -104,9 +104,10 @@ class SimOptions:
     run returns what records.csv reads back (`testbed.metrics.records.as_written`) as they are
     written, for a caller that summarises them (with a run directory only); `keep_records` False
     leaves them out of `SimStats.records` once written (memory then follows the requests in flight,
-    and the caller reads records.parquet back). Records and decisions go to records.csv and
-    decisions.jsonl, and to records.parquet and decisions.parquet too unless the trace has at most
-    `text_requests` requests (None: no limit, both forms always). The text files are what survives a
+    and the caller reads records.parquet back), and then none is settled (the files hold the same).
+    Records and decisions go to records.csv and decisions.jsonl, and to records.parquet and
+    decisions.parquet too unless the trace has at most `text_requests` requests (None: no limit,
+    both forms always). The text files are what survives a
     run killed outright (a Parquet file is readable only once its footer is written at the end), so
     they are written as the run goes; a run that ends with more than `text_requests` requests
     removes them then, as the Parquet files hold the same (`testbed export RUN` writes them from
@@ -295,7 +296,8 @@ class Simulation:
             ts = self.run_dir / "timeseries"
             # Records and samples are held while the run goes and written when it ends (however it
             # ends: the files are closed below); formatted one by one they cost a quarter of it.
-            settle = self.options.settle_records
+            # Records the run does not return are written as settling would make them, not settled.
+            settle = self.options.settle_records and self.options.keep_records
             s = self.scale.speedup
             self.writer = RecordWriter(self.run_dir / "records.csv", deferred=True, settle=settle)
             text = SeriesFile(self.run_dir / "decisions.jsonl", "router", s, repeated_labels=False, deferred=True)
