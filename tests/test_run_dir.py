@@ -4,11 +4,13 @@ never touches a directory that held no run."""
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import pytest
 
 from testbed.config.scenarios import ScenarioError, load_scenario
+from testbed.run import runner
 from testbed.run.runner import clear_previous_run
 
 pytestmark = pytest.mark.pure
@@ -82,3 +84,12 @@ def test_a_new_empty_or_previous_run_directory_is_accepted(tmp_path: Path) -> No
     other.mkdir()
     (other / "notes.txt").write_text("nothing a run writes")
     check_run_dir(other)
+
+
+def test_run_json_names_the_platform_as_python_does_without_running_uname() -> None:
+    """`platform.platform()` but for the processor, which Linux asks `uname -p` for: the same words
+    where the processor is the machine or unknown, as on the usual Linux machine."""
+    u = platform.uname()
+    if u.system != "Linux" or u.processor not in ("", "unknown", u.machine):
+        pytest.skip(f"platform.platform() words a {u.system} machine with processor {u.processor!r} otherwise")
+    assert runner._platform() == platform.platform()

@@ -55,8 +55,16 @@ class RunResult:
     summary: Summary
 
 
+def _platform() -> str:
+    """`platform.platform()`'s words but the processor's (system, release, machine, C library),
+    which Linux reads by running `uname -p`: a process spawned per run for what `machine` says."""
+    u = platform.uname()
+    lib, version = platform.libc_ver()
+    return "-".join(x for x in (u.system, u.release, u.machine, "with" if lib else "", lib + version) if x)
+
+
 def _versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    out = {"python": sys.version.split()[0], "platform": _platform()}
     for pkg in ("prfaas-testbed", "aiohttp", "numpy", "pydantic"):
         try:
             out[pkg] = metadata.version(pkg)
