@@ -94,20 +94,23 @@ _Rows = Callable[[bytes], list[_Row | _ChatRow | bytes]]
 _BLOCK_BYTES = 1 << 16
 
 
+# What the compiled readers check a row against: the module's own limits.
+_LIMITS = {
+    "max_timestamp": MAX_TIMESTAMP_MS,
+    "min_tokens": MIN_TOKENS,
+    "max_input": MAX_INPUT_TOKENS,
+    "max_output": MAX_OUTPUT_TOKENS,
+    "max_hash": MAX_HASH_ID,
+}
+
+
 def _compiled_rows() -> _Rows | None:
     """`testbed_native.mooncake_rows` with this module's limits, where built (`testbed.core.native`):
     for a block of whole lines, each line's values where it is a plain good row, else its bytes."""
     ext = native.module()
     if ext is None:
         return None
-    rows: _Rows = partial(
-        ext.mooncake_rows,
-        max_timestamp=MAX_TIMESTAMP_MS,
-        min_tokens=MIN_TOKENS,
-        max_input=MAX_INPUT_TOKENS,
-        max_output=MAX_OUTPUT_TOKENS,
-        max_hash=MAX_HASH_ID,
-    )
+    rows: _Rows = partial(ext.mooncake_rows, **_LIMITS)
     return rows
 
 
@@ -115,18 +118,11 @@ _Scan = Callable[[bytes], tuple[int, int | float, int | float] | None]
 
 
 def _compiled_scan() -> _Scan | None:
-    """`testbed_native.mooncake_scan` with `_compiled_rows`'s limits, where built."""
+    """`testbed_native.mooncake_scan` with this module's limits, where built."""
     ext = native.module()
     if ext is None:
         return None
-    scan: _Scan = partial(
-        ext.mooncake_scan,
-        max_timestamp=MAX_TIMESTAMP_MS,
-        min_tokens=MIN_TOKENS,
-        max_input=MAX_INPUT_TOKENS,
-        max_output=MAX_OUTPUT_TOKENS,
-        max_hash=MAX_HASH_ID,
-    )
+    scan: _Scan = partial(ext.mooncake_scan, **_LIMITS)
     return scan
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from testbed.core.gc_pause import paused_gc
 from testbed.traces.csvutil import LoadStats, Window
+from testbed.traces.formats import FormatName
 from testbed.traces.loader import block_tokens_of, iter_trace, notes_for, resolve_format, source_of
 from testbed.traces.mooncake import scan_mooncake
 from testbed.traces.types import Trace, TraceRequest
@@ -104,28 +105,45 @@ def open_trace_file(
     `source` and `notes`), read once through and not held."""
     fmt = resolve_format(path, format)
     source = source_of(path, window, limit, models)
-    if fmt == "mooncake" and window is None and limit is None and models is None:
-        # A long plain trace is counted without making its requests; anything else (a short
-        # trace, which is held, one with sessions, a line to complain of) is read below.
-        scanned = scan_mooncake(path)
-        if scanned is not None and scanned[0] > HOLD_REQUESTS:
-            return TraceFile(
-                path=Path(path),
-                format=fmt,
-                window=None,
-                limit=None,
-                keep_failed=keep_failed,
-                models=None,
-                source=source,
-                block_tokens=block_tokens_of(fmt),
-                notes=tuple(notes_for(fmt, LoadStats())),
-                count=scanned[0],
-                last_timestamp=scanned[1],
-                stated_sessions=False,
-            )
     stats = LoadStats()
+    # A long plain trace is counted without making its requests; anything else (a short trace,
+    # which is held, one with sessions, a line to complain of) is read through.
+    plain = fmt == "mooncake" and window is None and limit is None and models is None
+    scanned = scan_mooncake(path) if plain else None
+    if scanned is not None and scanned[0] > HOLD_REQUESTS:
+        (count, last), stated, held = scanned, False, None
+    else:
+        count, last, stated, held = _read_through(path, fmt, source, window, limit, keep_failed, models, stats)
+    return TraceFile(
+        path=Path(path),
+        format=fmt,
+        window=window,
+        limit=limit,
+        keep_failed=keep_failed,
+        models=None if models is None else tuple(models),
+        source=source,
+        block_tokens=block_tokens_of(fmt),
+        notes=tuple(notes_for(fmt, stats)),
+        count=count,
+        last_timestamp=last,
+        stated_sessions=stated,
+        held=held,
+    )
+
+
+def _read_through(
+    path: str | Path,
+    fmt: FormatName,
+    source: str,
+    window: Window | None,
+    limit: int | None,
+    keep_failed: bool,
+    models: Collection[str] | None,
+    stats: LoadStats,
+) -> tuple[int, float, bool, list[TraceRequest] | None]:
+    """Every request checked as `load_trace` checks them: how many, the last one's timestamp,
+    whether any states a session, and the requests themselves if at most `HOLD_REQUESTS`."""
     count = 0
-    last = 0.0
     prev = -math.inf
     stated = False
     held: list[TraceRequest] | None = []
@@ -144,20 +162,4 @@ def open_trace_file(
                 held = held if count <= HOLD_REQUESTS else None
                 if held is not None:
                     held.append(r)
-    if count:
-        last = prev
-    return TraceFile(
-        path=Path(path),
-        format=fmt,
-        window=window,
-        limit=limit,
-        keep_failed=keep_failed,
-        models=None if models is None else tuple(models),
-        source=source,
-        block_tokens=block_tokens_of(fmt),
-        notes=tuple(notes_for(fmt, stats)),
-        count=count,
-        last_timestamp=last,
-        stated_sessions=stated,
-        held=held,
-    )
+    return count, prev if count else 0.0, stated, held
