@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyFloat, PyInt, PyList, PyTuple};
 
 use crate::record_columns::{text, Texts};
+use crate::record_rows::written_value;
 
 /// `float(v)` of an exact float or 64-bit int (an int's nearest double, ties to even, as Python
 /// converts it); None for anything else.
@@ -24,18 +25,6 @@ fn as_float(v: &Bound<'_, PyAny>) -> Option<f64> {
         return Some(v.extract::<i64>().ok()? as f64);
     }
     None
-}
-
-/// Python's `round(x, 6)`: the decimal of six places nearest x's exact value (ties to even, as
-/// both Rust's fixed-precision formatting and Python's dtoa round), read back.
-fn round6(x: f64, scratch: &mut String) -> f64 {
-    use std::fmt::Write;
-    if !x.is_finite() {
-        return x;
-    }
-    scratch.clear();
-    let _ = write!(scratch, "{x:.6}");
-    scratch.parse().unwrap_or(x)
 }
 
 /// The items of an exact list or tuple.
@@ -66,7 +55,7 @@ impl Columns {
     fn line(&mut self, entry: &Bound<'_, PyAny>, speedup: f64, scratch: &mut String) -> Option<()> {
         let entry = items(entry)?;
         let [t, source, samples] = entry.as_slice() else { return None };
-        let t = round6(as_float(t)? / speedup, scratch);
+        let t = written_value(as_float(t)? / speedup, scratch);
         let source = text(source)?.to_str().ok()?;
         for sample in items(samples)? {
             let [metric, value, labels] = items(&sample)?.try_into().ok()?;

@@ -363,6 +363,21 @@ fn session_row<'py>(py: Python<'py>, row: [Bound<'py, PyAny>; 4], session: Sessi
     Ok(untracked(PyList::new(py, row)?).into_any())
 }
 
+/// The row starting at `start` of `s` (`Scan::row`, its hash ids into `ids`), its session keys,
+/// and where the scan stopped: past the row's line where it is a row.
+fn row_at<'a>(
+    s: &'a [u8],
+    start: usize,
+    lim: &Limits,
+    ids: &mut Vec<u64>,
+) -> (Option<(Stamp, u64, u64)>, Session<'a>, usize) {
+    ids.clear();
+    let mut session = Session::ABSENT;
+    let mut scan = Scan { s, i: start };
+    let row = scan.row(lim, ids, &mut session);
+    (row, session, scan.i)
+}
+
 /// Per line of `block` (whole lines, each but the last ending in b"\n"), `(timestamp,
 /// input_length, output_length, hash_ids tuple)` where it is a good row of the one shape this
 /// reads, `[timestamp, input_length, output_length, hash_ids tuple, chat_id, parent_chat_id,
@@ -384,22 +399,17 @@ pub fn mooncake_rows<'py>(
     let mut rows = Vec::new();
     let mut start = 0;
     while start < s.len() {
-        ids.clear();
-        let mut session = Session::ABSENT;
-        let mut scan = Scan { s, i: start };
-        let row = match scan.row(&lim, &mut ids, &mut session) {
+        let (row, session, at) = row_at(s, start, &lim, &mut ids);
+        let row = match row {
             None => {
-                let end = s[scan.i..].iter().position(|&c| c == b'\n').map_or(s.len(), |k| scan.i + k + 1);
+                let end = s[at..].iter().position(|&c| c == b'\n').map_or(s.len(), |k| at + k + 1);
                 let line = PyBytes::new(py, &s[start..end]).into_any();
                 start = end;
                 line
             }
             Some((ts, inp, out)) => {
-                start = scan.i;
-                let ts = match ts {
-                    Stamp::Int(n) => n.into_pyobject(py)?.into_any(),
-                    Stamp::Float(x) => PyFloat::new(py, x).into_any(),
-                };
+                start = at;
+                let ts = stamp_object(py, ts)?;
                 let ids = untracked(PyTuple::new(py, &ids)?);
                 match session.chat {
                     None => untracked((ts, inp, out, ids).into_pyobject(py)?).into_any(),
@@ -458,16 +468,13 @@ pub fn mooncake_scan<'py>(
     let mut rows = 0usize;
     let (mut first, mut last): (Option<Stamp>, Option<Stamp>) = (None, None);
     while start < s.len() {
-        ids.clear();
-        let mut session = Session::ABSENT;
-        let mut scan = Scan { s, i: start };
-        let Some((ts, _, _)) = scan.row(&lim, &mut ids, &mut session) else {
+        let (Some((ts, _, _)), session, at) = row_at(s, start, &lim, &mut ids) else {
             return Ok(None);
         };
         if session.chat.is_some() || last.is_some_and(|p| stamp_value(ts) < stamp_value(p)) {
             return Ok(None);
         }
-        start = scan.i;
+        start = at;
         rows += 1;
         first.get_or_insert(ts);
         last = Some(ts);

@@ -140,8 +140,7 @@ def scan_mooncake(path: str | Path) -> tuple[int, float] | None:
     t0: int | float | None = None
     prev: int | float = 0
     with open_trace(Path(path)) as f:
-        # The blocks `_lines` hands `mooncake_rows`: whole lines.
-        for block in iter(lambda: f.read(_BLOCK_BYTES) + f.readline(), b""):
+        for block in _blocks(f):
             got = scan(block)
             if got is None:
                 return None
@@ -161,8 +160,13 @@ def _lines(f: io.BufferedReader, rows: _Rows | None) -> Iterator[bytes | _Row | 
     """Each line of `f` (bytes), or its values where `rows` reads them."""
     if rows is None:
         return f
-    # A block and the rest of the line it ends in: whole lines, the same lines as iterating `f`.
-    return chain.from_iterable(map(rows, iter(lambda: f.read(_BLOCK_BYTES) + f.readline(), b"")))
+    return chain.from_iterable(map(rows, _blocks(f)))
+
+
+def _blocks(f: io.BufferedReader) -> Iterator[bytes]:
+    """`f` a block at a time, each with the rest of the line it ends in: whole lines, the same
+    lines as iterating `f`, as the compiled readers take them."""
+    return iter(lambda: f.read(_BLOCK_BYTES) + f.readline(), b"")
 
 
 def _row_line(ts: int | float, inp: int, out: int, hids: tuple[int, ...]) -> bytes:
