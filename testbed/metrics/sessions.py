@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from testbed.core.record import RequestRecord
 from testbed.core.sessions import early_turns
@@ -30,21 +31,25 @@ def _turn_rows(by: dict[int, list[RequestRecord]], speedup: float) -> list[TurnF
     out: list[TurnFigures] = []
     for k in sorted(by):
         rs = by[k]
-        done = [r for r in rs if r.outcome == "completed"]
+        completed = tokens = cached = 0
         ttft: list[float] = []
-        for r in done:
+        for r in rs:  # one pass: each completed record's figures in turn
+            if r.outcome != "completed":
+                continue
+            completed += 1
             t = r.times
             if _finite(v := t.first_token - t.arrival):  # the record's `ttft`
                 ttft.append(v * speedup)
-        tokens = sum(r.input_tokens for r in done)
+            tokens += r.input_tokens
+            cached += r.cached_tokens
         out.append(
             TurnFigures(
                 turn=k,
                 requests=len(rs),
-                completed=len(done),
+                completed=completed,
                 ttft_mean_s=sum(ttft) / len(ttft) if ttft else None,
                 ttft_p90_s=_p90(ttft) if ttft else None,
-                cached_token_share=sum(r.cached_tokens for r in done) / tokens if tokens else None,
+                cached_token_share=cached / tokens if tokens else None,
             )
         )
     return out
@@ -75,17 +80,25 @@ def sessions_summary(records: Sequence[RequestRecord], speedup: float, arrivals:
     """None when no record belongs to a session."""
     if not any(r.session_id for r in records):
         return None
-    # One pass over the records for every figure (a summary's largest share otherwise).
-    members: dict[str, list[RequestRecord]] = {}
+    # One pass over the records for every figure (a summary's largest share otherwise). Per
+    # session: [turns, all completed, latest last token, earliest arrival].
+    sessions: dict[str, list[Any]] = {}
     by_turn: dict[int, list[RequestRecord]] = {}
     follow_ups = 0
     for r in records:
-        if r.session_id:
-            m = members.get(r.session_id)
+        if sid := r.session_id:
+            t = r.times
+            m = sessions.get(sid)
             if m is None:
-                members[r.session_id] = [r]
+                sessions[sid] = [1, r.outcome == "completed", t.last_token, t.arrival]
             else:
-                m.append(r)
+                m[0] += 1
+                if r.outcome != "completed":
+                    m[1] = False
+                if t.last_token > m[2]:  # max()'s and min()'s own tests, NaN included
+                    m[2] = t.last_token
+                if t.arrival < m[3]:
+                    m[3] = t.arrival
         if r.turn > 0:
             k = r.turn if r.turn < LAST_TURN_ROW else LAST_TURN_ROW
             b = by_turn.get(k)
@@ -95,17 +108,13 @@ def sessions_summary(records: Sequence[RequestRecord], speedup: float, arrivals:
                 b.append(r)
         if r.parent_index >= 0:
             follow_ups += 1
-    spans = [
-        max(r.times.last_token for r in rs) - min(r.times.arrival for r in rs)
-        for rs in members.values()
-        if all(r.outcome == "completed" for r in rs)
-    ]
+    spans = [m[2] - m[3] for m in sessions.values() if m[1]]
     return Sessions(
         arrivals=arrivals,
-        sessions=len(members),
+        sessions=len(sessions),
         follow_ups=follow_ups,
         early_turns=count_early_turns(records),
-        turns_per_session_mean=sum(map(len, members.values())) / len(members),
+        turns_per_session_mean=sum(m[0] for m in sessions.values()) / len(sessions),
         session_duration_s_mean=sum(spans) / len(spans) * speedup if spans else None,
         by_turn=_turn_rows(by_turn, speedup),
     )

@@ -204,9 +204,16 @@ def counter_rate(samples: Sequence[SeriesPoint]) -> tuple[FloatArray, FloatArray
 def counter_total(samples: Sequence[SeriesPoint]) -> float:
     """Amount a cumulative counter grew over the samples (restarts skipped, like `counter_rate`)."""
     ordered = sorted(samples, key=by_time)
-    return float(
-        sum(max(b.value - a.value, 0.0) for a, b in zip(ordered, ordered[1:]) if not math.isnan(b.value - a.value))
-    )
+    # The growths summed in order (a fall or a NaN adds nothing): a generator of max() took a
+    # tenth of a short run's summary.
+    total = 0.0
+    prev = ordered[0].value if ordered else 0.0
+    for p in ordered[1:]:
+        v = p.value
+        if (d := v - prev) > 0:
+            total += d
+        prev = v
+    return total
 
 
 def time_weighted_mean(series: Sequence[SeriesPoint]) -> float | None:

@@ -8,6 +8,7 @@ beside the counters as a check of both.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ def link_usage(
     """Per-link usage. `mean_*` is over the arrival window (first to last request sent): the
     run's steady state, which is what a deployment sizing compares with; `run_mean_*` also
     counts the ramp-up and the drain after the last arrival."""
-    arrivals = [r.times.arrival for r in records if np.isfinite(r.times.arrival)]
+    arrivals = [a for r in records if math.isfinite(a := r.times.arrival)]
     window = (min(arrivals), max(arrivals)) if len(arrivals) > 1 else None
     offloaded = [r for r in records if r.outcome == "completed" and r.crossed_wan]
     rec_bytes = float(sum(r.kv_bytes_wire for r in offloaded))
