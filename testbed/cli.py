@@ -88,8 +88,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     p.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True)
-    one = COMMAND_MODULE.get(_command_of(argv) or "") if argv is not None else None
-    names = (one,) if one is not None else COMMAND_MODULES
+    command = _command_of(argv) if argv is not None else None
+    one = COMMAND_MODULE.get(command or "")
+    if one is not None:
+        names: tuple[str, ...] = (one,)
+    elif command is None and argv is not None and "--version" in argv and not {"-h", "--help"} & set(argv):
+        names = ()  # the version alone: no command's module is needed to print it
+    else:
+        names = COMMAND_MODULES
     for name in names:
         importlib.import_module(name).register(sub)
     return p

@@ -50,3 +50,18 @@ def test_a_simulated_replay_imports_none_of_what_it_does_not_need(tmp_path: Path
     run = tmp_path / "run"
     assert (run / "records.csv").is_file() and (run / "decisions.jsonl").is_file() and (run / "summary.json").is_file()
     assert not (run / "records.parquet").exists() and not (run / "decisions.parquet").exists()
+
+
+def test_the_version_alone_imports_no_command() -> None:
+    """`testbed --version` prints the version without any command's module (it imported them all:
+    0.7 s for one line)."""
+    code = (
+        "import json, sys\nfrom testbed.cli import COMMAND_MODULES, main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit as e:\n    rc = e.code\n"
+        "print(json.dumps([rc, [m for m in COMMAND_MODULES if m in sys.modules]]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    rc, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rc == 0, out.stderr
+    assert out.stdout.startswith("testbed "), out.stdout
+    assert loaded == []
