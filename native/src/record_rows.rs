@@ -25,6 +25,8 @@ struct Column {
     name: Py<PyString>,
     kind: u8,
     timed: bool,
+    /// A stamp's place in `time_names` (its settled value is the one its field reads back as).
+    stamp: Option<usize>,
 }
 
 #[pyclass(module = "testbed_native")]
@@ -116,6 +118,9 @@ impl RecordRows {
         let mut line = String::with_capacity(400);
         let mut floats = Vec::new();
         let mut field = String::with_capacity(32);
+        // Each stamp's settled value, from its field where the line has one (read and written
+        // once); None: not in the line.
+        let mut stamps: Vec<Option<f64>> = if settle { vec![None; self.time_names.len()] } else { Vec::new() };
         for (i, c) in self.columns.iter().enumerate() {
             if i > 0 {
                 line.push(',');
@@ -126,8 +131,12 @@ impl RecordRows {
                     field.clear();
                     let Some(back) = float_text(&v, &mut field) else { return Ok(None) };
                     line.push_str(&field);
-                    if settle && !c.timed {
-                        floats.push(back);
+                    if settle {
+                        match c.stamp {
+                            Some(k) => stamps[k] = Some(back),
+                            None if !c.timed => floats.push(back),
+                            None => {}
+                        }
                     }
                 }
                 INT => {
@@ -157,17 +166,26 @@ impl RecordRows {
             }
         }
         line.push_str("\r\n");
-        let mut stamps = Vec::new();
+        let mut settled = Vec::new();
         if settle {
-            stamps.reserve(self.time_names.len());
-            for n in &self.time_names {
-                let v = times.getattr(n.bind(py))?;
-                field.clear();
-                let Some(back) = float_text(&v, &mut field) else { return Ok(None) };
-                stamps.push(back);
+            settled.reserve(self.time_names.len());
+            for (n, got) in self.time_names.iter().zip(stamps) {
+                let back = match got {
+                    Some(back) => back,
+                    None => {
+                        // A stamp records.csv has no column for: settled as a field's would be.
+                        let v = times.getattr(n.bind(py))?;
+                        if !v.is_exact_instance_of::<PyFloat>() {
+                            return Ok(None);
+                        }
+                        let Ok(f) = v.cast::<PyFloat>() else { return Ok(None) };
+                        written_value(f.value(), &mut field)
+                    }
+                };
+                settled.push(back);
             }
         }
-        Ok(Some((line, floats, stamps)))
+        Ok(Some((line, floats, settled)))
     }
 }
 
@@ -182,9 +200,13 @@ impl RecordRows {
         times_cls: Bound<'_, PyAny>,
         max_field: usize,
     ) -> PyResult<Self> {
+        let names: Vec<String> = time_names.iter().map(|n| n.to_string()).collect();
         let mut cols = Vec::with_capacity(columns.len());
         for (name, kind, timed) in columns {
-            cols.push(Column { name: name.intern_self(), kind: kind_of(&kind)?, timed });
+            let kind = kind_of(&kind)?;
+            let text = name.to_string();
+            let stamp = if timed && kind == FLOAT { names.iter().position(|n| *n == text) } else { None };
+            cols.push(Column { name: name.intern_self(), kind, timed, stamp });
         }
         Ok(RecordRows {
             columns: cols,
