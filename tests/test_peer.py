@@ -18,7 +18,7 @@ from testbed.core.engine.servicetime import DecodeStepTime, PrefillTime
 from testbed.core.schema.hardware import DecodeSpec, HardwareSpec, PolynomialPrefill, TablePrefill
 from testbed.run.load import load
 from testbed.studies.crosscheck import peer_dynamo
-from testbed.studies.crosscheck.peer_bench import _run
+from testbed.studies.crosscheck.peer_bench import Sample, _run, outside_s
 from testbed.studies.crosscheck.peer_timing import DECODE_TOL, PREFILL_TOL, mocker_timing
 from testbed.traces.types import Trace, TraceRequest
 
@@ -221,3 +221,13 @@ def test_the_bench_launcher_measures_each_runs_own_peak_memory() -> None:
     assert out.strip() == "ok" and wall > 0
     assert 64 <= rss < 200, rss
     assert math.isfinite(wall)
+
+
+@pytest.mark.pure
+def test_outside_the_engine_is_the_whole_less_the_engine_and_its_writing() -> None:
+    """The testbed's engine is run.json's whole `sim.wall_s` (its writing included); the mocker's is its own
+    `wall_time_ms` (it writes nothing)."""
+    testbed = Sample(1.25, 0.5, 110.0, {"sim_wall_s": 0.625, "write_s": 0.125})
+    mocker = Sample(4.0, 3.5, 680.0, {"import_s": 0.3})
+    assert outside_s(testbed) == pytest.approx(0.625)
+    assert outside_s(mocker) == pytest.approx(0.5)
