@@ -270,33 +270,60 @@ def rtts(topo: Topo, n: int) -> list[float]:
     return out
 
 
-def median_rtt(topo: Topo, line: Line, n: int, target: float, attempts: int = 3) -> float:
-    """Median RTT of `n` echoes. The kernels' stamps keep the hosts' late wake-ups out; what they
-    cannot remove is the delay line itself writing late on a loaded machine, which it counts: a
-    median off target is measured again only when linkcheck's rule (`judge_rtt`) says that
-    lateness made the figure the host's, not the line's model's."""
+@dataclass(frozen=True)
+class Rtt:
+    """The echoes' figures over every attempt `checked_rtt` made."""
+
+    median: float  # of the last attempt
+    valid: bool  # the last attempt's verdict (linkcheck's `judge_rtt`)
+    least: float  # the fastest round trip of all attempts
+    host_per_trip: float  # what the host added per round trip, on average over all attempts
+
+
+def checked_rtt(topo: Topo, line: Line, n: int, target: float, attempts: int = 3) -> Rtt:
+    """`n` echoes. The kernels' stamps keep the hosts' late wake-ups out; what they cannot
+    remove is the delay line writing late, or reading late because it waited for a CPU, on a
+    loaded machine. It counts both: a median off target is measured again only when linkcheck's
+    rule (`judge_rtt`) says the host, not the line's model, made the figure."""
+    first = lateness(line.ctl)
+    least = float("inf")
     for _ in range(attempts):
         before = lateness(line.ctl)
         samples = rtts(topo, n)
-        late = lateness(line.ctl) - before
+        host = lateness(line.ctl) - before
         med = statistics.median(samples)
+        least = min(least, *samples)
         judged: dict[str, Any] = {"valid": True, "reasons": []}
-        judge_rtt(judged, late, rtt_tolerance(target))
+        judge_rtt(judged, host, rtt_tolerance(target))
         print(
             f"\nUDP RTT: median {med * 1e3:.3f} ms, min {min(samples) * 1e3:.3f}, "
-            f"max {max(samples) * 1e3:.3f} (target {target * 1e3:.1f}); the line wrote "
-            f"{judged.get('line_late_per_trip_s', 0.0) * 1e3:.3f} ms late per round trip",
+            f"max {max(samples) * 1e3:.3f} (target {target * 1e3:.1f}); per round trip the line wrote "
+            f"{judged.get('line_late_per_trip_s', 0.0) * 1e3:.3f} ms late and waited "
+            f"{judged.get('line_cpu_wait_per_trip_s', 0.0) * 1e3:.3f} ms for a CPU",
             end="",
         )
         # Never early: the delay line releases at most EARLY_S (50 us) before the due time.
         assert min(samples) >= target - 2 * 50e-6
-        if abs(med - target) < 0.001 or judged["valid"]:
+        if abs(med - target) < rtt_tolerance(target) or judged["valid"]:
             break
-    return med
+    total = lateness(line.ctl) - first
+    trips = max(total.packets / 2, 1)
+    return Rtt(med, judged["valid"], least, (total.late_s + total.cpu_wait_s) / trips)
+
+
+def assert_rtt(rtt: Rtt, target: float) -> None:
+    """The median within linkcheck's bar; or, where every attempt was the busy host's, the
+    fastest round trip: the host only adds delay, and the trip it delayed least met no more than
+    the average it measured adding to each."""
+    tol = rtt_tolerance(target)
+    if abs(rtt.median - target) < tol:
+        return
+    assert not rtt.valid, f"off target on a host that timed it: {rtt}"
+    assert rtt.least - target < tol + rtt.host_per_trip, rtt
 
 
 def test_rtt_matches_configured_delay(topo: Topo, line: Line) -> None:
-    assert abs(median_rtt(topo, line, 60, 0.020) - 0.020) < 0.001
+    assert_rtt(checked_rtt(topo, line, 60, 0.020), 0.020)
 
 
 def test_loss_rate_matches_configured(topo: Topo) -> None:
@@ -334,13 +361,12 @@ def test_loss_rate_matches_configured(topo: Topo) -> None:
 
 
 def test_runtime_set_changes_delay(topo: Topo, line: Line) -> None:
-    before = median_rtt(topo, line, 20, 0.020)
+    assert_rtt(checked_rtt(topo, line, 20, 0.020), 0.020)
     line.set(direction="dc0->dc1", delay_s=0.030)
-    after = median_rtt(topo, line, 20, 0.040)
+    assert_rtt(checked_rtt(topo, line, 20, 0.040), 0.040)
     reply = asyncio.run(send_control(line.ctl, {"op": "set", "direction": "*", "delay_s": 0.002}))
     assert reply == {"ok": True}
-    both = median_rtt(topo, line, 20, 0.004)
-    assert abs(before - 0.020) < 0.001 and abs(after - 0.040) < 0.001 and abs(both - 0.004) < 0.001
+    assert_rtt(checked_rtt(topo, line, 20, 0.004), 0.004)
     assert line.counters("dc0->dc1")["delay_s"] == 0.002
     bad = control(line.ctl, {"op": "set", "direction": "nowhere", "delay_s": 0.1})
     assert bad["ok"] is False and "nowhere" in bad["error"]

@@ -52,6 +52,12 @@ def test_a_delay_line_late_by_half_the_bar_per_round_trip_makes_the_figure_inval
         "the delay line wrote the probes 0.50 ms late per round trip (390 of 400 packets "
         "over 1 ms late): the host was too busy to time the link"
     ]
+    waiting = _rtt()  # written on time, but read late: the line waited for a CPU
+    judge_rtt(waiting, Lateness(late_s=0.0, packets=400, late_packets=0, cpu_wait_s=100 * tol), tol)
+    assert not waiting["valid"] and waiting["line_cpu_wait_per_trip_s"] == pytest.approx(tol / 2)
+    assert waiting["reasons"] == [
+        "the delay line waited 0.50 ms per round trip for a CPU: the host was too busy to time the link"
+    ]
     quiet = _rtt()
     judge_rtt(quiet, Lateness(0.0, 0, 0), tol)  # netem: no delay line, nothing to judge
     assert quiet["valid"] and "line_late_per_trip_s" not in quiet

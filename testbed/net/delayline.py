@@ -462,7 +462,13 @@ class DelayLine:
                 "loss": m.loss,
                 "loss_correlation": m.loss_correlation,
             }
-        return {"ok": True, "ts": time.time(), "write_blocked": self.write_blocked, "directions": out}
+        return {
+            "ok": True,
+            "ts": time.time(),
+            "write_blocked": self.write_blocked,
+            "cpu_wait_s": cpu_wait_s(),
+            "directions": out,
+        }
 
     def _write_stats(self) -> None:
         if self._stats_fh is None:
@@ -475,6 +481,17 @@ class DelayLine:
         ]
         self._stats_fh.write("\n".join(lines) + "\n")
         self._stats_fh.flush()
+
+
+def cpu_wait_s() -> float:
+    """Seconds this thread has been runnable but waiting for a CPU (the scheduler's run_delay).
+    A packet that reaches the TUN while the line waits is read, and so released, that much late,
+    and no write's lateness shows it. 0.0 where the kernel keeps no such account."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _bind_control(path: Path) -> socket.socket:
@@ -533,27 +550,33 @@ class Lateness:
     late_s: float  # lateness summed
     packets: int  # packets written
     late_packets: int  # of them, more than LATE_S late
+    cpu_wait_s: float = 0.0  # the line's time runnable but off a CPU (`cpu_wait_s()`)
 
     def __sub__(self, before: Lateness) -> Lateness:
         return Lateness(
-            self.late_s - before.late_s, self.packets - before.packets, self.late_packets - before.late_packets
+            self.late_s - before.late_s,
+            self.packets - before.packets,
+            self.late_packets - before.late_packets,
+            self.cpu_wait_s - before.cpu_wait_s,
         )
 
 
 def lateness(path: Path | str) -> Lateness:
     """The lateness counters of the delay line behind control socket `path`."""
-    dirs = control(path, {"op": "stats"}).get("directions")
+    reply = control(path, {"op": "stats"})
+    dirs = reply.get("directions")
     if not isinstance(dirs, dict):
         raise ValueError(f"malformed delay-line stats reply: directions {dirs!r}")
     return Lateness(
         sum(_stat(d, "late_s") for d in dirs.values()),
         sum(int(_stat(d, "packets_out")) for d in dirs.values()),
         sum(int(_stat(d, "late_packets")) for d in dirs.values()),
+        _stat(reply, "cpu_wait_s"),
     )
 
 
-def _stat(direction: JSONValue, key: str) -> float:
-    v = direction.get(key) if isinstance(direction, dict) else None
+def _stat(obj: JSONValue, key: str) -> float:
+    v = obj.get(key) if isinstance(obj, dict) else None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"malformed delay-line stats reply: {key} {v!r}")
     return v

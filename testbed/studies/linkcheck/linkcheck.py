@@ -367,19 +367,28 @@ def rtt_tolerance(rtt_s: float) -> float:
 
 
 def judge_rtt(d: RttFigures, line: Lateness, tolerance: float) -> None:
-    """Mark the RTT figure invalid when the delay line wrote the probes late: the loaded host's
-    doing, not the link model's (the kernel stamps already keep the hosts' readers out of it).
-    Invalid when the lateness a round trip met (two crossings) averages half the bar or more."""
+    """Mark the RTT figure invalid when the loaded host, not the link model, delayed the probes
+    (the kernel stamps already keep the hosts' readers out of it): when the delay line wrote
+    them late, or waited for a CPU while they queued to be read, by half the bar or more per
+    round trip (two crossings) on average."""
     if not line.packets:
         return
     per_trip = 2 * line.late_s / line.packets
+    wait_per_trip = 2 * line.cpu_wait_s / line.packets
     d["line_late_per_trip_s"] = per_trip
     d["line_late_packets"] = line.late_packets
+    d["line_cpu_wait_per_trip_s"] = wait_per_trip
     if per_trip >= tolerance / 2:
         d["valid"] = False
         d["reasons"].append(
             f"the delay line wrote the probes {per_trip * 1e3:.2f} ms late per round trip "
             f"({line.late_packets} of {line.packets} packets over {LATE_S * 1e3:g} ms late): "
+            f"the host was too busy to time the link"
+        )
+    if wait_per_trip >= tolerance / 2:
+        d["valid"] = False
+        d["reasons"].append(
+            f"the delay line waited {wait_per_trip * 1e3:.2f} ms per round trip for a CPU: "
             f"the host was too busy to time the link"
         )
 

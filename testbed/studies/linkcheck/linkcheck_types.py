@@ -40,6 +40,7 @@ class RttFigures(TypedDict, total=False):
     reasons: list[str]
     line_late_per_trip_s: float
     line_late_packets: int
+    line_cpu_wait_per_trip_s: float
     attempts: list[RttFigures]  # every run when the first was invalid
 
 
