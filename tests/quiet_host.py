@@ -12,11 +12,13 @@ BUSY_BELOW = 0.6  # share of all cores busy under which a rerun is tried
 WINDOW_S = 1.0
 
 
-def wait_for_quiet_host(max_s: float = 60.0) -> float | None:
-    """Sample /proc/stat every `WINDOW_S` until the share of all cores busy falls below
-    `BUSY_BELOW`, for at most `max_s`; the last share (None where /proc/stat says nothing)."""
+def wait_for_quiet_host(max_s: float = 60.0, windows: int = 1) -> float | None:
+    """Sample /proc/stat every `WINDOW_S` until the share of all cores busy stays below
+    `BUSY_BELOW` for `windows` windows in a row, for at most `max_s`; the last share (None where
+    /proc/stat says nothing)."""
     end = time.monotonic() + max_s
     share: float | None = None
+    quiet = 0
     prev = cpu_times(PROC_STAT.read_text())
     while prev is not None and time.monotonic() < end:
         time.sleep(WINDOW_S)
@@ -24,7 +26,8 @@ def wait_for_quiet_host(max_s: float = 60.0) -> float | None:
         if cur is None:
             return None
         share = busy_share(prev, cur)
-        if share is not None and share < BUSY_BELOW:
+        quiet = quiet + 1 if share is not None and share < BUSY_BELOW else 0
+        if quiet >= windows:
             break
         prev = cur
     return share
