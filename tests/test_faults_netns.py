@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from quiet_host import wait_for_quiet_host
 from replay_exit import RAN
 
 from testbed.core.schema.linkprofile import LinkParams
+from testbed.metrics.verdict import EXIT_INVALID
 from testbed.net import plan as P
 from testbed.net.delayline import control
 from testbed.net.executor import Executor
@@ -168,31 +170,36 @@ def _scenario(tmp_path: Path, faults: str) -> Path:
 
 
 def _replay(tmp_path: Path, scenario: Path, requests: int, rate: float, *more: str) -> tuple[Path, dict[str, Any]]:
+    """The replay's run directory and summary; run again (at most three times in all, each after the
+    host has eased) while the testbed marks it invalid, e.g. a fault step that took effect late."""
     out = tmp_path / "run"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "testbed",
-            "replay",
-            "--scenario",
-            str(scenario),
-            "--requests",
-            str(requests),
-            "--rate",
-            str(rate),
-            "--out",
-            str(out),
-            "--json",
-            *FAST,
-            *more,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert r.returncode in RAN, r.stderr[-3000:]
-    return out, json.loads(r.stdout)
+    argv = [
+        sys.executable,
+        "-m",
+        "testbed",
+        "replay",
+        "--scenario",
+        str(scenario),
+        "--requests",
+        str(requests),
+        "--rate",
+        str(rate),
+        "--out",
+        str(out),
+        "--json",
+        *FAST,
+        *more,
+    ]
+    for attempt in range(3):
+        if attempt:
+            wait_for_quiet_host(120.0, windows=5)
+        r = subprocess.run([*argv, *(["--overwrite"] if attempt else [])], capture_output=True, text=True, timeout=400)
+        assert r.returncode in RAN, r.stderr[-3000:]
+        s = json.loads(r.stdout)
+        if r.returncode != EXIT_INVALID:
+            break
+        print(f"try {attempt + 1}: the testbed marked the run invalid: {s['validity']['reasons']}")
+    return out, s
 
 
 def _records(out: Path) -> list[dict[str, str]]:
@@ -230,7 +237,7 @@ def test_replay_through_a_wan_outage_with_resets(tmp_path: Path) -> None:
     )
     f = _faults(out)
     assert set(f) == {(0, "start"), (0, "end"), (1, "start"), (1, "end")}
-    assert all(x["outcome"] == "ok" for x in f.values()), f
+    assert all(x["outcome"] == "ok" for x in f.values()), {k: (x["t"], x["outcome"]) for k, x in f.items()}
     assert f[(0, "start")]["t"] == pytest.approx(20, abs=1.0) and f[(0, "end")]["t"] == pytest.approx(30, abs=1.0)
     assert f[(0, "start")]["detail"]["links"]["dc-remote->dc-local"]["loss"] == 1.0
     assert f[(0, "end")]["detail"]["links"]["dc-remote->dc-local"]["loss"] == 0.0

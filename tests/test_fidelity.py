@@ -10,7 +10,7 @@ from summaries import make_summary
 
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.live.hostload import busy_share, cpu_times
-from testbed.metrics.fidelity import fidelity, validity
+from testbed.metrics.fidelity import FAULT_LATE_BOUND_S_PAPER, fault_timing, fidelity, validity, with_fault_timing
 from testbed.metrics.regress import Baseline, TakenFrom, check
 from testbed.metrics.series_format import SeriesPoint
 
@@ -64,6 +64,42 @@ def test_slow_prefill_and_token_lag_are_judged_against_their_bounds() -> None:
     val = validity(fidelity(recs, [], 4.0, 10.0, 0.025))
     assert len(val["reasons"]) == 2 and "prefill durations off the model by 10.0%" in val["reasons"][0]
     assert "token delivery lag P90 0.04 s paper" in val["reasons"][1]
+
+
+def _step(fault: int, kind: str, phase: str, t: float, at: float, outcome: str = "ok", **detail: Any) -> dict[str, Any]:
+    return {"fault": fault, "kind": kind, "phase": phase, "t": t, "at_s": at, "outcome": outcome, "detail": detail}
+
+
+def test_fault_steps_are_judged_by_when_they_took_effect() -> None:
+    speedup = 10.0
+    on_time = [
+        _step(0, "outage", "start", 20.01, 20.0, took_s_wire=0.002),
+        _step(1, "tcp_reset", "start", 20.2, 20.0),
+        _step(0, "outage", "end", 30.0, 30.0, took_s_wire=0.002),
+        _step(1, "tcp_reset", "end", 30.5, 30.0),
+        _step(2, "restart", "end", 41.0, 34.0),  # answered /health 7 s on: not a schedule
+        _step(3, "kill", "start", 0.0, 1000.0, "skipped: the run ended first"),
+    ]
+    ft = fault_timing(on_time, speedup)
+    assert ft.late_max_s_paper == pytest.approx(0.5) and ft.failed == ()
+    base = fidelity([_rec(i) for i in range(20)], [], speedup, 10.0, 0.025)
+    assert validity(with_fault_timing(base, ft))["valid"]
+    # A reset window that closed 1.8 s wire late; a link change whose call took 0.2 s wire.
+    late = fault_timing([*on_time[:3], _step(1, "tcp_reset", "end", 47.9, 30.0)], speedup)
+    assert late.late_max_s_paper == pytest.approx(17.9)
+    slow_call = fault_timing([_step(0, "outage", "end", 30.0, 30.0, took_s_wire=0.2)], speedup)
+    assert slow_call.late_max_s_paper == pytest.approx(2.0) and 2.0 > FAULT_LATE_BOUND_S_PAPER
+    for ft_bad in (late, slow_call):
+        val = validity(with_fault_timing(base, ft_bad))
+        assert not val["valid"] and "after its schedule (bound 1 s)" in val["reasons"][0], val
+    # A step that failed: the run did not do what its scenario says.
+    failed = fault_timing([_step(0, "outage", "end", 30.0, 30.0, "failed: TimeoutError: timed out")], speedup)
+    val = validity(with_fault_timing(base, failed))
+    assert val["reasons"] == [
+        "fault #0 (outage end) failed: TimeoutError: timed out (the run did not carry out its scenario's faults)"
+    ]
+    # No faults: nothing judged.
+    assert fault_timing([], speedup) == type(ft)(None, ())
 
 
 def test_regress_fails_an_invalid_run_whatever_its_figures() -> None:

@@ -105,19 +105,30 @@ class FaultWindow:
     detail: JSONObject = field(default_factory=dict)
 
 
-def load_faults(run_dir: Path) -> list[FaultWindow]:
-    """The faults in `faults.jsonl` (empty when the run had none), in scenario order."""
+def load_fault_steps(run_dir: Path) -> list[JSONObject]:
+    """The steps in `faults.jsonl`, in the order they were written (empty when the run had no
+    faults; a line that is not a step, e.g. cut by a full disk, is passed over)."""
     path = Path(run_dir) / "faults.jsonl"
     if not path.is_file():
         return []
-    steps: dict[int, dict[str, JSONObject]] = {}
+    out: list[JSONObject] = []
     for line in path.read_text().splitlines():
         try:
             obj = json.loads(line)
         except ValueError:
             continue
         if isinstance(obj, dict) and isinstance(obj.get("fault"), int):
-            steps.setdefault(obj["fault"], {})[str(obj.get("phase"))] = obj
+            out.append(obj)
+    return out
+
+
+def load_faults(run_dir: Path) -> list[FaultWindow]:
+    """The faults in `faults.jsonl` (empty when the run had none), in scenario order."""
+    steps: dict[int, dict[str, JSONObject]] = {}
+    for obj in load_fault_steps(run_dir):
+        fault = obj["fault"]
+        assert isinstance(fault, int)
+        steps.setdefault(fault, {})[str(obj.get("phase"))] = obj
     out = []
     for i in sorted(steps):
         st, en = steps[i].get("start"), steps[i].get("end")

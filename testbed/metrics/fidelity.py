@@ -11,16 +11,19 @@ deployment's):
 - token delivery lag: from the decode node emitting the last token to the client receiving it
   (P90, paper seconds), through the router;
 - router overhead: from the router receiving a request to routing it (P90, paper seconds);
-- host CPU: share of all cores busy over the run (`cpu_busy` samples of the host sampler).
+- host CPU: share of all cores busy over the run (`cpu_busy` samples of the host sampler);
+- fault steps (`faults.jsonl`, when the scenario has faults): the latest any step took effect
+  after its schedule (paper seconds), and the steps that failed.
 
-A run is invalid when a timing measure exceeds its bound; CPU saturation is reported as the
-likely cause, not judged on its own (a busy host that keeps time is fine).
+A run is invalid when a timing measure exceeds its bound, or when a fault step failed (the run
+did not carry out its scenario); CPU saturation is reported as the likely cause, not judged on
+its own (a busy host that keeps time is fine).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +39,9 @@ DECODE_LATE_BOUND = 0.03
 TOKEN_LAG_SHARE_OF_TPOT_SLO = 1.0  # P90 lag bound: one decode step at the TPOT SLO
 ROUTER_OVERHEAD_SHARE_OF_TTFT_SLO = 0.01  # P90 bound: 1% of the TTFT SLO (100 ms of 10 s)
 CPU_SATURATED = 0.95  # busy share counted as saturated
+FAULT_LATE_BOUND_S_PAPER = 1.0  # a fault step's effect after its schedule, paper s
+# Link faults take effect when the call that applies them returns (delay line, then kernel).
+_LINK_FAULTS = frozenset({"outage", "rate_drop", "partition"})
 
 
 # The C function itself, not a wrapper: called once or twice per record.
@@ -89,6 +95,54 @@ def timing_errors(records: Sequence[RequestRecord], speedup: float) -> TimingErr
     return TimingErrors(len(abs_err), median(abs_err), median(rel_err), percentile(lag, 90), percentile(overhead, 90))
 
 
+@dataclass(frozen=True)
+class FaultTiming:
+    """What `fault_timing` reads from a run's fault steps."""
+
+    late_max_s_paper: float | None  # None: no step executed on a schedule
+    failed: tuple[str, ...]  # "fault #i (kind phase) failed: ...", one per failed step
+
+
+def fault_timing(steps: Iterable[Mapping[str, object]], speedup: float) -> FaultTiming:
+    """How late the steps of `faults.jsonl` took effect against their schedule (`at_s`), and
+    which failed. A step's lateness is its time less its schedule, plus for a link fault the wire
+    time the change took to apply. A restart's end is not judged: its time is when the instance
+    answered again, not a schedule. Skipped and unsupported steps are the report's, not timing."""
+    late: float | None = None
+    failed: list[str] = []
+    for x in steps:
+        outcome, kind, phase = str(x.get("outcome", "")), x.get("kind"), x.get("phase")
+        if outcome.startswith("failed"):
+            failed.append(f"fault #{x.get('fault')} ({kind} {phase}) {outcome}")
+            continue
+        t, at = x.get("t"), x.get("at_s")
+        if outcome != "ok" or (kind == "restart" and phase == "end"):
+            continue
+        if not isinstance(t, (int, float)) or not isinstance(at, (int, float)):
+            continue
+        lag = float(t) - float(at)
+        detail = x.get("detail")
+        took = detail.get("took_s_wire") if isinstance(detail, Mapping) else None
+        if kind in _LINK_FAULTS and isinstance(took, (int, float)):
+            lag += float(took) * speedup
+        late = lag if late is None else max(late, lag)
+    return FaultTiming(late, tuple(failed))
+
+
+def with_fault_timing(fid: Mapping[str, object], ft: FaultTiming) -> dict[str, object]:
+    """`fid` (from `fidelity`) with the fault steps' measures and bound."""
+    bounds = fid.get("bounds")
+    return {
+        **fid,
+        "fault_late_max_s_paper": ft.late_max_s_paper,
+        "fault_steps_failed": list(ft.failed),
+        "bounds": {
+            **(bounds if isinstance(bounds, Mapping) else {}),
+            "fault_late_max_s_paper": FAULT_LATE_BOUND_S_PAPER,
+        },
+    }
+
+
 def fidelity(
     records: Sequence[RequestRecord] | TimingErrors,
     samples: Sequence[SeriesPoint],
@@ -129,6 +183,7 @@ def validity(fid: Mapping[str, object]) -> dict[str, object]:
         "decode_step_late_share": "decode steps {v:.1%} late against the model (bound {b:.0%})",
         "token_lag_p90_s_paper": "token delivery lag P90 {v:.3g} s paper (bound {b:.3g} s)",
         "router_overhead_p90_s_paper": "router overhead P90 {v:.3g} s paper (bound {b:.3g} s)",
+        "fault_late_max_s_paper": "a fault step took effect {v:.3g} s paper after its schedule (bound {b:.3g} s)",
     }
     reasons = []
     for key, text in names.items():
@@ -136,6 +191,9 @@ def validity(fid: Mapping[str, object]) -> dict[str, object]:
         v, b = fid.get(key), bounds.get(key) if isinstance(bounds, dict) else None
         if isinstance(v, (int, float)) and isinstance(b, (int, float)) and v > b:
             reasons.append(text.format(v=v, b=b))
+    failed = fid.get("fault_steps_failed")
+    if isinstance(failed, list):
+        reasons += [f"{f} (the run did not carry out its scenario's faults)" for f in failed]
     sat = fid.get("cpu_saturated_share")
     if reasons and isinstance(sat, (int, float)) and sat > 0.2:
         reasons.append(

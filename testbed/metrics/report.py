@@ -510,6 +510,13 @@ def _fidelity_line(fid: Fidelity) -> str:
             f"Router overhead P90 {fmt_ms(fid.router_overhead_p90_s_paper)} paper "
             f"(bound {fmt_ms(b.router_overhead_p90_s_paper)})."
         )
+    if fid.fault_late_max_s_paper is not None:
+        parts.append(
+            f"Fault steps took effect at most {fmt_ms(fid.fault_late_max_s_paper)} paper after their schedule "
+            f"(bound {fmt_ms(b.fault_late_max_s_paper)})."
+        )
+    if fid.fault_steps_failed:
+        parts.append(f"{len(fid.fault_steps_failed)} fault step(s) failed: {'; '.join(fid.fault_steps_failed)}.")
     if fid.cpu_busy_mean is not None:
         parts.append(
             f"Host CPUs {fmt_pct(fid.cpu_busy_mean)} busy on average, saturated "

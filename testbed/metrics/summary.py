@@ -30,7 +30,8 @@ from testbed.metrics.artefacts import RunDirError as RunDirError  # re-exported
 from testbed.metrics.artefacts import Summary as Summary
 from testbed.metrics.artefacts.run_file import Slo, was_cut_short
 from testbed.metrics.control import cache_summary, control_summary, link_phases
-from testbed.metrics.fidelity import fidelity, validity
+from testbed.metrics.fault_effects import load_fault_steps
+from testbed.metrics.fidelity import fault_timing, fidelity, validity, with_fault_timing
 from testbed.metrics.record_figures import BREAKDOWN_SPANS as BREAKDOWN_SPANS
 from testbed.metrics.record_figures import BREAKDOWN_STAGES as BREAKDOWN_STAGES
 from testbed.metrics.record_figures import BREAKDOWN_TIMES as BREAKDOWN_TIMES
@@ -335,6 +336,7 @@ def summarize(
     else:
         f = record_figures(records, meta, samples)
     dur = f.dur
+    fid = with_fault_timing(f.fidelity, fault_timing(load_fault_steps(run_dir), s))
     links, wan_egress = _egress(samples, f.wan_sources, scale)
 
     def per_s(n: float | None) -> float | None:
@@ -408,8 +410,8 @@ def summarize(
         "wan_egress": wan_egress,
         "wan_link": f.wan_link,
         "links": links,
-        "fidelity": f.fidelity,
-        "validity": validity(f.fidelity),
+        "fidelity": fid,
+        "validity": validity(fid),
         "wire": {
             "duration_s": dur,
             "ttft_s": scaled(f.ttft_w, 1.0),

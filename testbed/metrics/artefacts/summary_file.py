@@ -15,6 +15,8 @@ Schema versions (`schema_version`; `schema` is the older layout counter, kept as
   `requests.failure_nodes` (by their `failure_node`); an older file reads with both empty.
 - 5: `sessions` (a run of a trace with sessions: the arrival mode, sessions, early turns, figures by
   turn index; records.csv version 3); absent in older files and in runs of traces without sessions.
+- 6: `fidelity.fault_late_max_s_paper` (with its bound) and `fidelity.fault_steps_failed`: a run whose fault
+  steps took effect late or failed is invalid. An older file reads with neither (not judged).
 
 Unknown keys are errors everywhere except where the keys are names (links, nodes, failure
 reasons, decision actions): a dict of typed values there.
@@ -28,7 +30,7 @@ from pydantic import Field
 
 from testbed.metrics.artefacts.io import Artefact, Section
 
-SUMMARY_VERSION = 5
+SUMMARY_VERSION = 6
 LAYOUT = 2  # `schema`: 2 added `validity` and the fidelity section's decode, lag, router and CPU measures
 
 
@@ -408,6 +410,8 @@ class FidelityBounds(Section):
     """Bound on `fidelity.token_lag_p90_s_paper`."""
     router_overhead_p90_s_paper: float | None = None
     """Bound on `fidelity.router_overhead_p90_s_paper`."""
+    fault_late_max_s_paper: float | None = None
+    """Bound on `fidelity.fault_late_max_s_paper` (summaries before version 6: none)."""
 
 
 class Fidelity(Section):
@@ -428,6 +432,13 @@ class Fidelity(Section):
     """Host CPU busy share over the run."""
     cpu_saturated_share: float | None = None
     """Share of host CPU samples at >= 95%."""
+    fault_late_max_s_paper: float | None = None
+    """The latest a fault step took effect after its schedule (`faults.jsonl`: its time less `at_s`, plus a link
+    change's `took_s_wire`; a restart's end, the instance answering again, is not judged), paper seconds; None
+    without faults. Since version 6."""
+    fault_steps_failed: list[str] = Field(default_factory=list)
+    """One line per fault step whose outcome was `failed: ...`: the run did not carry out its scenario. Since
+    version 6."""
     warn: bool | None = None
     """Versions 1-3 only: `prefill_rel_err_median` above 3%. Version 4 leaves it out: `validity` is the verdict."""
     bounds: FidelityBounds = Field(default_factory=FidelityBounds)
