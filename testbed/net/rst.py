@@ -6,9 +6,11 @@ why: `testbed.net.tcp_reset`).
         [--count N|all] [--ends both|receiver|sender] [--netns NAME|PATH]
 
 Runs inside the WAN router's namespace (or enters `--netns` first: a name under /run/netns or a
-path such as /proc/PID/ns/net). It imports scapy at once, says `armed`, waits for `--start`,
-then sniffs every `--iface` until `--end` and injects as it goes. Progress is JSON lines on
-stdout: {"event": "armed"}, {"event": "open", "t"}, {"event": "done", "t", ...summary}.
+path such as /proc/PID/ns/net). It imports scapy and opens its sockets at once, says `armed`,
+waits for `--start`, empties the sockets, then sniffs every `--iface` until `--end` and injects
+as it goes. Progress is JSON lines on stdout: {"event": "armed"}, {"event": "open", "t"},
+{"event": "done", "t", ...summary} ("t" of "done": when sniffing stopped, the window's end as it
+took effect).
 
 Sniffing: an AF_PACKET socket per interface with a classic BPF filter (IPv4, TCP, either port =
 the KV port) that keeps only the first SNAPLEN bytes, so the kernel copies headers, not 64 KiB
@@ -211,6 +213,19 @@ class Injector:
             self.send_errors += 1
             log.warning("RST to %s:%d failed: %s", r.dst[0], r.dst[1], e)
 
+    def drain(self) -> None:
+        """Discard what the sniffing sockets queued so far (before the window)."""
+        for s in self.listen:
+            sock: socket.socket = s.ins
+            sock.setblocking(False)
+            try:
+                while True:
+                    sock.recv(SNAPLEN)
+            except BlockingIOError:
+                pass
+            finally:
+                sock.setblocking(True)
+
     def run(self, until: float) -> None:
         from scapy.sendrecv import sniff
 
@@ -281,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     inj: Injector | None = None
+    stopped: float | None = None  # when sniffing ended: the window's end as it took effect
     planner = ResetPlanner(args.port, count, args.ends)
     trace = args.trace.open("w") if args.trace else None
     try:
@@ -294,11 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         import scapy.layers.l2  # noqa: F401
         import scapy.sendrecv  # noqa: F401
 
+        # Sockets opened ahead (tens of ms), emptied at the window's start: it opens on time.
+        inj = Injector(args.iface, planner, trace)
         _say("armed", pid=os.getpid())
         time.sleep(max(args.start - time.time(), 0.0))
-        inj = Injector(args.iface, planner, trace)
+        inj.drain()
         _say("open", ifaces=args.iface, qdisc_bypass=inj.bypass)
         inj.run(args.end)
+        stopped = time.time()
     except _Stop:
         pass
     except OSError as e:
@@ -310,7 +329,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if trace is not None:
             trace.close()
     _say(
-        "done", send_errors=inj.send_errors if inj else 0, unroutable=inj.unroutable if inj else 0, **planner.summary()
+        "done",
+        **({} if stopped is None else {"t": stopped}),
+        send_errors=inj.send_errors if inj else 0,
+        unroutable=inj.unroutable if inj else 0,
+        **planner.summary(),
     )
     return 0
 
