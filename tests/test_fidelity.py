@@ -10,7 +10,16 @@ from summaries import make_summary
 
 from testbed.core.record import RequestRecord, StageTimes
 from testbed.live.hostload import busy_share, cpu_times
-from testbed.metrics.fidelity import FAULT_LATE_BOUND_S_PAPER, fault_timing, fidelity, validity, with_fault_timing
+from testbed.metrics.fidelity import (
+    FAULT_LATE_BOUND_S_PAPER,
+    LINE_LATE_S,
+    delay_line_timing,
+    fault_timing,
+    fidelity,
+    validity,
+    with_fault_timing,
+)
+from testbed.net.delayline import LATE_S
 from testbed.metrics.regress import Baseline, TakenFrom, check
 from testbed.metrics.series_format import SeriesPoint
 
@@ -100,6 +109,29 @@ def test_fault_steps_are_judged_by_when_they_took_effect() -> None:
     ]
     # No faults: nothing judged.
     assert fault_timing([], speedup) == type(ft)(None, ())
+
+
+def test_the_delay_lines_lateness_is_reported_from_its_counters_and_not_judged() -> None:
+    def line(direction: str, t: float, out: float, late: float, late_packets: float) -> list[SeriesPoint]:
+        labels = {"direction": direction}
+        return [
+            SeriesPoint(t, "delayline", "packets_out", out, labels),
+            SeriesPoint(t, "delayline", "late_s", late, labels),
+            SeriesPoint(t, "delayline", "late_packets", late_packets, labels),
+        ]
+
+    # Two directions; 1000 packets written over the run, 0.2 s late in all, 30 by more than LATE_S.
+    samples = [*line("a->b", 0.0, 100, 0.01, 0), *line("a->b", 5.0, 700, 0.15, 20)]
+    samples += [*line("b->a", 0.0, 0, 0.0, 0), *line("b->a", 5.0, 400, 0.06, 10)]
+    got = delay_line_timing(samples, one_way_delay_s_wire=0.002)
+    assert got["wan_line_late_mean_s_wire"] == pytest.approx(0.2 / 1000)
+    assert got["wan_line_late_share_of_delay"] == pytest.approx(0.1)
+    assert got["wan_line_late_packets"] == pytest.approx(0.03)
+    fid = {**fidelity([_rec(i) for i in range(20)], samples, 4.0, 10.0, 0.025), **got}
+    assert validity(fid)["valid"]  # reported, not judged
+    assert delay_line_timing(samples, None)["wan_line_late_share_of_delay"] is None
+    assert set(delay_line_timing([], 0.002).values()) == {None}  # no line
+    assert LINE_LATE_S == LATE_S  # the report's threshold is the line's
 
 
 def test_regress_fails_an_invalid_run_whatever_its_figures() -> None:

@@ -13,7 +13,11 @@ deployment's):
 - router overhead: from the router receiving a request to routing it (P90, paper seconds);
 - host CPU: share of all cores busy over the run (`cpu_busy` samples of the host sampler);
 - fault steps (`faults.jsonl`, when the scenario has faults): the latest any step took effect
-  after its schedule (paper seconds), and the steps that failed.
+  after its schedule (paper seconds), and the steps that failed;
+- the WAN delay line (fallback shaping): how late it wrote packets on average, against the
+  one-way delay configured, and the share it wrote more than `LINE_LATE_S` late. Reported, not judged:
+  a late packet lengthens a window-limited transfer more than a bulk one, and no bound is
+  established yet that separates a faithful link from one that is not.
 
 A run is invalid when a timing measure exceeds its bound, or when a fault step failed (the run
 did not carry out its scenario); CPU saturation is reported as the likely cause, not judged on
@@ -39,6 +43,9 @@ DECODE_LATE_BOUND = 0.03
 TOKEN_LAG_SHARE_OF_TPOT_SLO = 1.0  # P90 lag bound: one decode step at the TPOT SLO
 ROUTER_OVERHEAD_SHARE_OF_TTFT_SLO = 0.01  # P90 bound: 1% of the TTFT SLO (100 ms of 10 s)
 CPU_SATURATED = 0.95  # busy share counted as saturated
+# What the delay line counts as a late packet (`testbed.net.delayline.LATE_S`, a layer above this
+# one; a test holds the two equal).
+LINE_LATE_S = 1e-3
 FAULT_LATE_BOUND_S_PAPER = 1.0  # a fault step's effect after its schedule, paper s
 # Link faults take effect when the call that applies them returns (delay line, then kernel).
 _LINK_FAULTS = frozenset({"outage", "rate_drop", "partition"})
@@ -140,6 +147,20 @@ def with_fault_timing(fid: Mapping[str, object], ft: FaultTiming) -> dict[str, o
             **(bounds if isinstance(bounds, Mapping) else {}),
             "fault_late_max_s_paper": FAULT_LATE_BOUND_S_PAPER,
         },
+    }
+
+
+def delay_line_timing(samples: Sequence[SeriesPoint], one_way_delay_s_wire: float | None) -> dict[str, object]:
+    """The delay line's lateness over the run, from its counters in the run's series (`late_s`,
+    `late_packets`, `packets_out`, summed over its directions); None where no line wrote."""
+    packets = _counter_sum(samples, "packets_out")
+    if packets <= 0:
+        return {"wan_line_late_mean_s_wire": None, "wan_line_late_share_of_delay": None, "wan_line_late_packets": None}
+    mean = _counter_sum(samples, "late_s") / packets
+    return {
+        "wan_line_late_mean_s_wire": mean,
+        "wan_line_late_share_of_delay": mean / one_way_delay_s_wire if one_way_delay_s_wire else None,
+        "wan_line_late_packets": _counter_sum(samples, "late_packets") / packets,
     }
 
 

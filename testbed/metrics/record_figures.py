@@ -74,6 +74,7 @@ class RunMeta:
     trace_requests: int | None = None
     pid: int | None = None
     arrivals: str | None = None  # open | closed; None: run.json predates it
+    wan_delay_s_wire: float | None = None  # the least one-way delay configured on a shaped WAN direction
 
 
 def stats_of(values: Sequence[float] | npt.NDArray[np.float64], mult: float, mine: bool = False) -> dict[str, object]:

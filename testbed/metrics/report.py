@@ -15,6 +15,7 @@ from testbed.metrics.artefacts import RunInfo, Summary
 from testbed.metrics.artefacts.summary_file import Control, Fidelity, WanLink
 from testbed.metrics.control import cache_rows, change_rows, control_rows, phase_label, phase_rows, plot_control
 from testbed.metrics.fault_effects import faults_section, load_faults
+from testbed.metrics.fidelity import LINE_LATE_S
 from testbed.metrics.markdown_table import md_table
 from testbed.metrics.plot_style import run_title
 from testbed.metrics.report_format import NA, fmt, fmt_bytes, fmt_change, fmt_factor, fmt_ms, fmt_pct, fmt_rate
@@ -517,6 +518,14 @@ def _fidelity_line(fid: Fidelity) -> str:
         )
     if fid.fault_steps_failed:
         parts.append(f"{len(fid.fault_steps_failed)} fault step(s) failed: {'; '.join(fid.fault_steps_failed)}.")
+    if fid.wan_line_late_mean_s_wire is not None:
+        share = fid.wan_line_late_share_of_delay
+        parts.append(
+            f"The WAN delay line wrote packets {fmt_ms(fid.wan_line_late_mean_s_wire)} wire late on average"
+            + ("" if share is None else f" ({fmt_pct(share)} of the one-way delay)")
+            + f", {fmt_pct(fid.wan_line_late_packets)} of them by more than "
+            f"{fmt_ms(LINE_LATE_S)} (reported, not judged)."
+        )
     if fid.cpu_busy_mean is not None:
         parts.append(
             f"Host CPUs {fmt_pct(fid.cpu_busy_mean)} busy on average, saturated "

@@ -31,7 +31,7 @@ from testbed.metrics.artefacts import Summary as Summary
 from testbed.metrics.artefacts.run_file import Slo, was_cut_short
 from testbed.metrics.control import cache_summary, control_summary, link_phases
 from testbed.metrics.fault_effects import load_fault_steps
-from testbed.metrics.fidelity import fault_timing, fidelity, validity, with_fault_timing
+from testbed.metrics.fidelity import delay_line_timing, fault_timing, fidelity, validity, with_fault_timing
 from testbed.metrics.record_figures import BREAKDOWN_SPANS as BREAKDOWN_SPANS
 from testbed.metrics.record_figures import BREAKDOWN_STAGES as BREAKDOWN_STAGES
 from testbed.metrics.record_figures import BREAKDOWN_TIMES as BREAKDOWN_TIMES
@@ -81,6 +81,9 @@ def load_run_meta(run_dir: Path) -> RunMeta:
         trace_requests=info.trace.requests if info.trace else None,
         pid=info.pid,
         arrivals=info.trace.arrivals if info.trace else None,
+        wan_delay_s_wire=min(
+            (d for link in info.shaping.links.values() if (d := link.delay_s_wire) is not None and d > 0), default=None
+        ),
     )
 
 
@@ -336,7 +339,10 @@ def summarize(
     else:
         f = record_figures(records, meta, samples)
     dur = f.dur
-    fid = with_fault_timing(f.fidelity, fault_timing(load_fault_steps(run_dir), s))
+    fid = {
+        **with_fault_timing(f.fidelity, fault_timing(load_fault_steps(run_dir), s)),
+        **delay_line_timing(samples, meta.wan_delay_s_wire),
+    }
     links, wan_egress = _egress(samples, f.wan_sources, scale)
 
     def per_s(n: float | None) -> float | None:

@@ -16,7 +16,8 @@ Schema versions (`schema_version`; `schema` is the older layout counter, kept as
 - 5: `sessions` (a run of a trace with sessions: the arrival mode, sessions, early turns, figures by
   turn index; records.csv version 3); absent in older files and in runs of traces without sessions.
 - 6: `fidelity.fault_late_max_s_paper` (with its bound) and `fidelity.fault_steps_failed`: a run whose fault
-  steps took effect late or failed is invalid. An older file reads with neither (not judged).
+  steps took effect late or failed is invalid. An older file reads with neither (not judged). And the WAN
+  delay line's lateness (`fidelity.wan_line_*`), reported, not judged.
 
 Unknown keys are errors everywhere except where the keys are names (links, nodes, failure
 reasons, decision actions): a dict of typed values there.
@@ -439,6 +440,14 @@ class Fidelity(Section):
     fault_steps_failed: list[str] = Field(default_factory=list)
     """One line per fault step whose outcome was `failed: ...`: the run did not carry out its scenario. Since
     version 6."""
+    wan_line_late_mean_s_wire: float | None = None
+    """How late the WAN delay line (fallback shaping) wrote a packet on average, against its schedule, wire
+    seconds; None without a delay line. Reported, not judged. Since version 6."""
+    wan_line_late_share_of_delay: float | None = None
+    """That mean over the least one-way delay configured on a WAN direction (`run.json` shaping.links). Since
+    version 6."""
+    wan_line_late_packets: float | None = None
+    """Share of the delay line's packets written more than `testbed.net.delayline.LATE_S` late. Since version 6."""
     warn: bool | None = None
     """Versions 1-3 only: `prefill_rel_err_median` above 3%. Version 4 leaves it out: `validity` is the verdict."""
     bounds: FidelityBounds = Field(default_factory=FidelityBounds)
