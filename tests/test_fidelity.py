@@ -19,9 +19,9 @@ from testbed.metrics.fidelity import (
     validity,
     with_fault_timing,
 )
-from testbed.net.delayline import LATE_S
 from testbed.metrics.regress import Baseline, TakenFrom, check
 from testbed.metrics.series_format import SeriesPoint
+from testbed.net.delayline import LATE_S
 
 pytestmark = pytest.mark.pure
 
