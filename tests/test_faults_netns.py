@@ -21,11 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from quiet_host import wait_for_quiet_host
-from replay_exit import RAN
+from replay_exit import RAN, until_valid
 
 from testbed.core.schema.linkprofile import LinkParams
-from testbed.metrics.verdict import EXIT_INVALID
 from testbed.net import plan as P
 from testbed.net.delayline import control
 from testbed.net.executor import Executor
@@ -190,16 +188,11 @@ def _replay(tmp_path: Path, scenario: Path, requests: int, rate: float, *more: s
         *FAST,
         *more,
     ]
-    for attempt in range(3):
-        if attempt:
-            wait_for_quiet_host(120.0, windows=5)
-        r = subprocess.run([*argv, *(["--overwrite"] if attempt else [])], capture_output=True, text=True, timeout=400)
-        assert r.returncode in RAN, r.stderr[-3000:]
-        s = json.loads(r.stdout)
-        if r.returncode != EXIT_INVALID:
-            break
-        print(f"try {attempt + 1}: the testbed marked the run invalid: {s['validity']['reasons']}")
-    return out, s
+    r = until_valid(
+        lambda a: subprocess.run(a, capture_output=True, text=True, timeout=400), lambda r: r.returncode, argv
+    )
+    assert r.returncode in RAN, r.stderr[-3000:]
+    return out, json.loads(r.stdout)
 
 
 def _records(out: Path) -> list[dict[str, str]]:

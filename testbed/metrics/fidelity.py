@@ -122,9 +122,9 @@ def fault_timing(steps: Iterable[Mapping[str, object]], speedup: float) -> Fault
         if outcome.startswith("failed"):
             failed.append(f"fault #{x.get('fault')} ({kind} {phase}) {outcome}")
             continue
-        t, at = x.get("t"), x.get("at_s")
         if outcome != "ok" or (kind == "restart" and phase == "end"):
             continue
+        t, at = x.get("t"), x.get("at_s")
         if not isinstance(t, (int, float)) or not isinstance(at, (int, float)):
             continue
         lag = float(t) - float(at)
